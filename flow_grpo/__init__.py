@@ -1,0 +1,1 @@
+"""flow_grpo: GRPO for flow-matching generators (SD3, FLUX)."""
