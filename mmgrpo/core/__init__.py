@@ -1,0 +1,40 @@
+"""The shared group-advantage core: pure torch functions, no model code.
+
+* :mod:`mmgrpo.core.advantages` - group advantages (group / batch / no std scaling), multi-reward (GDPO),
+  pairwise win rates (Pref-GRPO), TempSamp-R1 shaping, anchoring and diagnostics, per-prompt stat tracker.
+* :mod:`mmgrpo.core.losses` - PPO-clip (clip-higher, dual-clip), GSPO sequence ratios, Reg-GRPO, token
+  weights, loss aggregation modes, k1/k2/k3 KL.
+* :mod:`mmgrpo.core.step_credit` - step-level credit: TP-GRPO turning points, per-step advantages.
+* :mod:`mmgrpo.core.distributed` - groups split across processes.
+"""
+from .advantages import (
+    AdvantageOutput,
+    PerPromptStatTracker,
+    anchor_offpolicy_advantages,
+    group_advantages,
+    multi_reward_advantages,
+    offpolicy_diagnostics,
+    pairwise_win_rate,
+    tempsamp_shape,
+    win_rate_from_scores,
+)
+from .distributed import distributed_group_advantages, gather_groups, global_sum, world_info
+from .losses import PolicyLossOutput, aggregate_loss, kl_penalty, masked_mean, policy_loss
+from .step_credit import (
+    StepCredit,
+    balance_turning_points,
+    incremental_rewards,
+    outcome_broadcast,
+    step_advantages,
+    turning_point_rewards,
+    turning_points,
+)
+
+__all__ = [
+    "AdvantageOutput", "PerPromptStatTracker", "anchor_offpolicy_advantages", "group_advantages",
+    "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
+    "win_rate_from_scores", "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
+    "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
+    "balance_turning_points", "incremental_rewards", "outcome_broadcast", "step_advantages",
+    "turning_point_rewards", "turning_points",
+]

@@ -1,0 +1,93 @@
+"""Groups whose samples sit on several processes.
+
+Each process holds a slice of the batch; a group may be split across processes (Flow-GRPO's
+``DistributedKRepeatSampler`` does that on purpose). Advantages must then be computed on the gathered batch and
+each process keeps its own rows, so the result equals the single-process computation bit for bit.
+
+Built on ``torch.distributed`` as initialised by ``accelerate`` (``Accelerator()`` / ``PartialState()``):
+every process calls these functions collectively. Without an initialised process group they are identities.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .advantages import AdvantageOutput, group_advantages
+
+__all__ = ["gather_groups", "distributed_group_advantages", "global_sum", "world_info"]
+
+
+def world_info() -> tuple[int, int]:
+    """(rank, world_size); (0, 1) when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
+    """All-gather variable-length tensors along dim 0, concatenated in rank order.
+
+    Args:
+        tensors: local tensors that share their first dimension n_local (which may differ per process).
+
+    Returns:
+        (gathered tensors, slice of this process's rows in the gathered tensors).
+    """
+    rank, world = world_info()
+    n_local = tensors[0].shape[0]
+    if any(t.shape[0] != n_local for t in tensors):
+        raise ValueError("all tensors passed to gather_groups must share dim 0")
+    if world == 1:
+        return list(tensors), slice(0, n_local)
+    dev = tensors[0].device
+    sizes_t = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(world)]
+    dist.all_gather(sizes_t, torch.tensor([n_local], dtype=torch.long, device=dev))
+    sizes = [int(s.item()) for s in sizes_t]
+    max_n = max(sizes)
+    offset = sum(sizes[:rank])
+    out = []
+    for t in tensors:
+        pad = torch.zeros((max_n - n_local,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        padded = torch.cat([t.contiguous(), pad], dim=0)
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded)
+        out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
+    return out, slice(offset, offset + n_local)
+
+
+def global_sum(x: float | Tensor) -> float:
+    """Sum a scalar over processes (e.g. the global token count for ``aggregate_loss(num_tokens=...)``)."""
+    t = torch.as_tensor(float(x), dtype=torch.float64)
+    _, world = world_info()
+    if world > 1:
+        if dist.get_backend() == "nccl" and torch.cuda.is_available():
+            t = t.cuda()
+        dist.all_reduce(t)
+    return float(t.item())
+
+
+def distributed_group_advantages(
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, **adv_kwargs
+) -> AdvantageOutput:
+    """:func:`group_advantages` over the samples of all processes; returns this process's rows.
+
+    ``group_ids`` must be global (the same id on every process for the same group). ``zero_std_fraction`` and
+    ``num_groups`` describe the whole gathered batch.
+    """
+    r = torch.as_tensor(rewards)
+    g = torch.as_tensor(group_ids, device=r.device)
+    v = torch.ones(r.shape[0], dtype=torch.bool, device=r.device) if valid is None else torch.as_tensor(
+        valid, dtype=torch.bool, device=r.device)
+    (r_all, g_all, v_all), sl = gather_groups([r, g, v])
+    full = group_advantages(r_all, g_all, valid=v_all, **adv_kwargs)
+    return AdvantageOutput(
+        advantages=full.advantages[sl],
+        zero_std_mask=full.zero_std_mask[sl],
+        zero_std_fraction=full.zero_std_fraction,
+        group_mean=full.group_mean[sl],
+        group_std=full.group_std[sl],
+        num_groups=full.num_groups,
+    )
