@@ -124,6 +124,8 @@ def group_advantages(
         bad = torch.nonzero(~torch.isfinite(r2).all(dim=1) & valid_b).flatten().tolist()
         raise ValueError(f"non-finite rewards at sample indices {bad[:20]}; drop them via `valid` or fix the reward")
 
+    # Invalid rows may hold NaN (a failed reward): zero them first, since NaN * 0 is still NaN.
+    r2 = torch.where(valid_b.unsqueeze(1), r2, torch.zeros_like(r2))
     uniq, inv = torch.unique(group_ids, return_inverse=True)
     num_g = uniq.numel()
     w = valid_b.to(r2.dtype).unsqueeze(1).expand(n, k)  # (N, K) participation weights
@@ -145,7 +147,9 @@ def group_advantages(
         0, idx, torch.where(w > 0, r2, torch.full_like(r2, big)), reduce="amin"
     )
     present = count > 0
-    constant_g = present & (mx == mn)  # single-member groups are constant too
+    # Single-member groups are constant too; std == 0 also catches differences so tiny (subnormal) that their
+    # square underflows, which would otherwise divide by zero when eps = 0.
+    constant_g = present & ((mx == mn) | (std_g == 0))
 
     centered = r2 - mean_g[inv]
     if scale == "group":
