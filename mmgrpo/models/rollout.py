@@ -1,0 +1,376 @@
+"""Rollouts (sampling G completions per prompt) and the token log-prob function shared by trainer and rollout.
+
+Layout conventions (used everywhere in mmgrpo):
+  * a *prompt item* is the processor output for ONE prompt (``input_ids`` of shape (1, P_i), plus its pixel
+    tensors); ``collate_prompts`` left-pads a list of them into a batch (B, P);
+  * completions are right-padded: ``completion_ids`` (N, T) with ``completion_mask`` (N, T), 1 up to and
+    including the first EOS;
+  * G generations of prompt i occupy rows i*G .. i*G+G-1 (``group_ids`` = row // G).
+
+``compute_token_logprobs`` is the ONE function that turns (prompt batch, completions) into per-token
+log-probs; the trainer uses it for the current policy, the old policy and the reference, with identical
+padding, so an on-policy ratio is exactly 1.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
+CAT_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# batching
+# ----------------------------------------------------------------------------------------------------------
+def collate_prompts(items: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad per-prompt processor outputs into one batch.
+
+    Text keys (``input_ids``, ``attention_mask``, ``mm_token_type_ids``): (1, P_i) -> (B, max P_i), left padded
+    (pad id / 0 / 0).  Vision keys are concatenated along dim 0 in item order, which is the order the model
+    assigns images/videos to placeholder tokens (row-major over the batch).
+    """
+    if not items:
+        raise ValueError("collate_prompts: empty list of prompt items")
+    P = max(int(it["input_ids"].shape[-1]) for it in items)
+    out: dict[str, Any] = {}
+    for key in TEXT_KEYS:
+        if key not in items[0]:
+            continue
+        pad = pad_token_id if key == "input_ids" else 0
+        rows = []
+        for it in items:
+            x = it[key].reshape(-1)
+            rows.append(torch.cat([x.new_full((P - x.shape[0],), pad), x]))
+        out[key] = torch.stack(rows)
+    for key in CAT_KEYS:
+        vals = [it[key] for it in items if key in it and it[key] is not None]
+        if vals:
+            out[key] = torch.cat([v.reshape(-1) if v.dim() == 0 else v for v in vals], dim=0)
+    return out
+
+
+def batch_to(batch: dict, device) -> dict:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor,
+                           completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Model inputs for (left-padded prompt) ++ (right-padded completion); (N, P+T)."""
+    if completion_ids.shape != completion_mask.shape:
+        raise ValueError(f"completion_ids {tuple(completion_ids.shape)} vs mask {tuple(completion_mask.shape)}")
+    N = completion_ids.shape[0]
+    if prompt_batch["input_ids"].shape[0] != N:
+        raise ValueError(f"prompt batch has {prompt_batch['input_ids'].shape[0]} rows, completions {N}")
+    full = dict(prompt_batch)
+    full["input_ids"] = torch.cat([prompt_batch["input_ids"], completion_ids.to(prompt_batch["input_ids"])], 1)
+    am = prompt_batch["attention_mask"]
+    full["attention_mask"] = torch.cat([am, completion_mask.to(am.dtype)], 1)
+    if "mm_token_type_ids" in prompt_batch:
+        mm = prompt_batch["mm_token_type_ids"]
+        full["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(completion_ids.shape)], 1)
+    return full
+
+
+def _suppress(logits: torch.Tensor, suppress_token_ids: Sequence[int] | None) -> torch.Tensor:
+    if suppress_token_ids:
+        logits = logits.clone()
+        logits[..., list(suppress_token_ids)] = float("-inf")
+    return logits
+
+
+def token_logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0,
+                               suppress_token_ids: Sequence[int] | None = None) -> torch.Tensor:
+    """log softmax(logits / temperature)[ids] with suppressed tokens removed from the support.
+
+    logits (..., V) float, ids (...) int64 -> (...) float32.  The policy whose log-probs we compute is the
+    *sampling* distribution: temperature-scaled, vision tokens suppressed (top-p / top-k truncation is a
+    sampling heuristic and is NOT part of it, as in TRL).
+    """
+    x = logits.float() / float(temperature)
+    x = _suppress(x, suppress_token_ids)
+    return torch.gather(x, -1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+def compute_token_logprobs(
+    model,
+    batch: dict[str, torch.Tensor],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    suppress_token_ids: Sequence[int] | None = None,
+    return_logits: bool = False,
+):
+    """Per-token log-probs of ``completion_ids`` under ``model`` given the left-padded prompt ``batch``.
+
+    batch: collated prompt inputs with N rows (P columns); completion_ids/mask: (N, T).
+    Returns logp (N, T) float32 with 0 where mask == 0; with ``return_logits`` also the temperature-scaled,
+    vision-suppressed logits (N, T, V) (for entropy / TW-GRPO token weights).
+    Only the last T+1 positions go through the LM head (``logits_to_keep``), so memory is O(N*T*V).
+    """
+    full = join_prompt_completion(batch, completion_ids, completion_mask)
+    T = completion_ids.shape[1]
+    out = model(**full, use_cache=False, logits_to_keep=T + 1)
+    logits = out.logits[:, :T]  # position P-1+t predicts completion token t
+    lp = token_logprobs_from_logits(logits, completion_ids, temperature, suppress_token_ids)
+    lp = lp * completion_mask.to(lp.dtype)
+    if return_logits:
+        return lp, _suppress(logits.float() / float(temperature), suppress_token_ids)
+    return lp
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sampling
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = field(default=256, metadata={"help": "max completion length (tokens)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (also used in log-probs)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (sampling only)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling, 0 = off (sampling only)"})
+    greedy: bool = field(default=False, metadata={"help": "argmax decoding (evaluation)"})
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class RolloutOutput:
+    """G completions for each of B prompts, rows ordered prompt-major (row = i*G + g)."""
+
+    completion_ids: torch.Tensor  # (N, T) int64, right padded with pad id
+    completion_mask: torch.Tensor  # (N, T) int64, 1 up to and including the first EOS
+    texts: list[str]  # decoded completions (special tokens skipped)
+    truncated: torch.Tensor  # (N,) bool: no EOS within max_new_tokens
+    logprobs: torch.Tensor | None = None  # (N, T) float32 sampling log-probs (0 where masked), if available
+    prompt_index: torch.Tensor | None = None  # (N,) int64: which input prompt each row belongs to
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(1)
+
+
+class RolloutBackend(abc.ABC):
+    """Interface: sample ``num_generations`` completions for each prompt.
+
+    ``prompts`` are per-prompt processor outputs (see ``collate_prompts``); ``raw_prompts`` (optional) carry the
+    un-processed text / images / video frames for engines that run their own processor (vLLM).  ``seeds`` gives
+    one integer per output row; a row's sample then depends only on its seed and its logits, not on batch
+    composition (up to float non-associativity of batched matmuls).
+    """
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[dict], num_generations: int, params: SamplingParams,
+                 seeds: Sequence[int] | None = None, raw_prompts: Sequence[dict] | None = None) -> RolloutOutput:
+        ...
+
+    def sync_weights(self, model) -> None:  # noqa: B027 - HF backend shares the module; nothing to do
+        """Push the trainer's current weights into the engine (no-op when the engine IS the trained module)."""
+
+
+class _PerRowSampler:
+    """LogitsProcessor that samples each row with its own ``torch.Generator`` and returns a one-hot mask.
+
+    Used with greedy ``generate`` so the argmax picks the sampled token.  Temperature / top-k / top-p are
+    applied here on the already-processed scores (vision tokens suppressed by ``suppress_tokens``).
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, top_k: int):
+        self.gens = []
+        for s in seeds:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(int(s) & 0xFFFF_FFFF_FFFF_FFFF)
+            self.gens.append(g)
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        x = scores.float() / self.temperature
+        if self.top_k and self.top_k > 0:
+            kth = torch.topk(x, min(self.top_k, x.shape[-1]), dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sx, si = torch.sort(x, dim=-1, descending=True)
+            cum = torch.softmax(sx, -1).cumsum(-1)
+            drop = cum - torch.softmax(sx, -1) >= self.top_p  # keep the smallest prefix with mass >= top_p
+            x = x.scatter(-1, si, sx.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1).cpu()
+        choice = torch.stack([torch.multinomial(probs[i], 1, generator=self.gens[i]) for i in range(len(self.gens))])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, choice.to(scores.device), 0.0)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    return eos
+
+
+def completion_mask_from_ids(ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, truncated): mask 1 up to and including the first EOS; truncated = no EOS in the row."""
+    is_eos = torch.isin(ids, torch.tensor(list(eos_ids), device=ids.device))
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(ids[:, 0], ids.shape[1]))
+    pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    mask = (pos <= first.unsqueeze(1)).long()
+    return mask, ~is_eos.any(1)
+
+
+class HFRolloutBackend(RolloutBackend):
+    """``model.generate`` with KV cache, left padding, several prompts per call, G per prompt.
+
+    Prompts are repeated G times (processor outputs repeated, including pixel tensors) and generated in chunks
+    of ``max_batch_size`` rows.  Returns the sampling log-probs recomputed from the raw step logits with the
+    same formula as ``compute_token_logprobs`` (temperature, suppressed vision tokens).
+    """
+
+    def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
+                 max_batch_size: int = 64, device=None):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.suppress_token_ids = list(suppress_token_ids or [])
+        self.max_batch_size = max_batch_size
+        self.device = device
+
+    @torch.no_grad()
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        model = getattr(self.model, "module", self.model)  # unwrap DDP
+        G = int(num_generations)
+        rows = [p for p in prompts for _ in range(G)]
+        prompt_index = torch.arange(len(prompts)).repeat_interleave(G)
+        N = len(rows)
+        if seeds is None:
+            seeds = torch.randint(0, 2**62, (N,)).tolist()
+        if len(seeds) != N:
+            raise ValueError(f"need one seed per row: got {len(seeds)} seeds for {N} rows")
+        pad = self.tokenizer.pad_token_id
+        eos = _eos_ids(model, self.tokenizer)
+        device = self.device or next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        ids_chunks, lp_chunks = [], []
+        try:
+            for s in range(0, N, self.max_batch_size):
+                chunk = rows[s:s + self.max_batch_size]
+                batch = batch_to(collate_prompts(chunk, pad), device)
+                gc = GenerationConfig(
+                    max_new_tokens=params.max_new_tokens, do_sample=False, num_beams=1,
+                    eos_token_id=eos, pad_token_id=pad, suppress_tokens=self.suppress_token_ids or None,
+                    output_logits=True, return_dict_in_generate=True, use_cache=True,
+                )
+                procs = LogitsProcessorList()
+                if not params.greedy:
+                    procs.append(_PerRowSampler(seeds[s:s + len(chunk)], params.temperature, params.top_p,
+                                                params.top_k))
+                out = model.generate(**batch, generation_config=gc, logits_processor=procs)
+                P = batch["input_ids"].shape[1]
+                ids = out.sequences[:, P:]
+                logits = torch.stack(out.logits, 1)  # (n, T, V) raw logits
+                temp = 1.0 if params.greedy else params.temperature
+                lp = token_logprobs_from_logits(logits, ids, temp, self.suppress_token_ids)
+                ids_chunks.append(ids.cpu())
+                lp_chunks.append(lp.cpu())
+        finally:
+            model.train(was_training)
+        T = max(x.shape[1] for x in ids_chunks)
+        ids = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=pad) for x in ids_chunks])
+        lps = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=0.0) for x in lp_chunks])
+        mask, truncated = completion_mask_from_ids(ids, eos)
+        ids = ids.masked_fill(mask == 0, pad)
+        texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+        return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
+                             logprobs=lps * mask, prompt_index=prompt_index)
+
+
+class VLLMRolloutBackend(RolloutBackend):
+    """vLLM engine (colocated, GPU only).  Import-guarded; NOT tested on this CPU machine.
+
+    Prompts go to vLLM as raw text + ``multi_modal_data`` with the SAME ``mm_processor_kwargs`` as the trainer's
+    processor (vlm.md §14 trap 3), one ``SamplingParams(n=G, seed=...)`` per prompt.  Sampling log-probs from
+    vLLM are returned but the trainer always recomputes old log-probs with ``compute_token_logprobs``.
+    """
+
+    def __init__(self, model_path: str, tokenizer, mm_processor_kwargs: dict | None = None,
+                 gpu_memory_utilization: float = 0.3, max_model_len: int = 8192, **engine_kwargs):
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("VLLMRolloutBackend needs `pip install mmgrpo[vllm]` and a GPU; "
+                              "use rollout.backend=hf on CPU") from e
+        from vllm import LLM
+
+        self.tokenizer = tokenizer
+        self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
+        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, mm_processor_kwargs=self.mm_processor_kwargs,
+                       enable_prefix_caching=True, **engine_kwargs)
+
+    def sync_weights(self, model) -> None:  # pragma: no cover - GPU only
+        base = getattr(model, "module", model)
+        if hasattr(base, "merge_and_unload"):
+            raise NotImplementedError("vLLM weight sync for LoRA policies: merge the adapter into a copy first")
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.model.load_weights(base.state_dict().items())
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:  # pragma: no cover
+        from vllm import SamplingParams as VSP
+
+        if raw_prompts is None:
+            raise ValueError("VLLMRolloutBackend needs raw_prompts (text + images/videos)")
+        G = int(num_generations)
+        reqs, sps = [], []
+        for i, rp in enumerate(raw_prompts):
+            mm = {}
+            if rp.get("images"):
+                mm["image"] = rp["images"]
+            if rp.get("video") is not None:
+                mm["video"] = [rp["video"]]
+            reqs.append({"prompt": rp["text"], "multi_modal_data": mm})
+            seed = None if seeds is None else int(seeds[i * G]) % (2**31)
+            sps.append(VSP(n=G, temperature=params.temperature, top_p=params.top_p,
+                           top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_new_tokens,
+                           logprobs=0, seed=seed))
+        outs = self.llm.generate(reqs, sps, use_tqdm=False)
+        pad = self.tokenizer.pad_token_id
+        ids_l, lp_l = [], []
+        for o in outs:
+            for c in o.outputs:
+                ids_l.append(torch.tensor(list(c.token_ids), dtype=torch.long))
+                lp_l.append(torch.tensor([next(iter(d.values())).logprob for d in (c.logprobs or [])]))
+        T = max(1, max(len(x) for x in ids_l))
+        ids = torch.stack([torch.nn.functional.pad(x, (0, T - len(x)), value=pad) for x in ids_l])
+        lps = torch.stack([torch.nn.functional.pad(x.float(), (0, T - len(x))) for x in lp_l])
+        eos = [self.tokenizer.eos_token_id]
+        mask, truncated = completion_mask_from_ids(ids, eos)
+        texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+        return RolloutOutput(ids.masked_fill(mask == 0, pad), mask, texts, truncated, lps * mask,
+                             torch.arange(len(raw_prompts)).repeat_interleave(G))
+
+
+def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_generations: int) -> list[int]:
+    """Deterministic per-row sampling seeds from (seed, step, global sample index, generation index).
+
+    Independent of the number of processes: a sample's seeds depend on its global dataset index only.
+    """
+    from mmgrpo.utils.seeding import sample_seed
+
+    return [sample_seed(base_seed, step, int(gi), g) for gi in global_indices for g in range(num_generations)]
+
+
+__all__ = [
+    "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
+    "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
+    "completion_mask_from_ids", "make_seeds", "batch_to",
+]
