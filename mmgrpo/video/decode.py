@@ -1,0 +1,182 @@
+"""Video decoding backends: decord first, PyAV as the fallback.  Every failure becomes a :class:`VideoError`.
+
+Both backends report the same two numbers the frame-sampling rules need: the number of decoded frames and the
+container's average fps (decord ``len(vr)`` / ``get_avg_fps()``; PyAV ``stream.frames`` or a packet count /
+``stream.average_rate``).  Frames come back as uint8 arrays (n, H, W, 3), RGB.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+BACKENDS = ("auto", "decord", "pyav")
+
+
+class VideoError(RuntimeError):
+    """A video could not be read; the message names the path and the problem."""
+
+    def __init__(self, path: str | os.PathLike | None, problem: str):
+        self.path = None if path is None else os.fspath(path)
+        self.problem = problem
+        super().__init__(f"{self.path if self.path is not None else '<frames>'}: {problem}")
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """Container facts: ``total_frames`` decodable frames at ``fps`` (average); ``duration = total_frames / fps``."""
+
+    total_frames: int
+    fps: float
+    height: int
+    width: int
+
+    @property
+    def duration(self) -> float:
+        return self.total_frames / self.fps
+
+
+class _Reader:
+    info: VideoInfo
+    name: str
+    open_errors: tuple[str, ...] = ()  # failures of backends tried before this one
+
+    def get_frames(self, indices: Sequence[int]):  # -> np.ndarray (n, H, W, 3) uint8
+        raise NotImplementedError
+
+
+class _DecordReader(_Reader):
+    name = "decord"
+
+    def __init__(self, path: str):
+        import decord
+
+        # Never touch decord.bridge here: set_bridge("torch") breaks qwen-vl-utils' reader process-wide.
+        self._vr = decord.VideoReader(path, ctx=decord.cpu(0))
+        n = len(self._vr)
+        fps = float(self._vr.get_avg_fps()) if n else 0.0
+        h, w = (self._vr[0].shape[:2] if n else (0, 0))
+        self.info = VideoInfo(n, fps, int(h), int(w))
+
+    def get_frames(self, indices):
+        return self._vr.get_batch(list(indices)).asnumpy()
+
+
+class _PyAVReader(_Reader):
+    name = "pyav"
+
+    def __init__(self, path: str):
+        import av
+
+        self._path = path
+        with av.open(path) as c:
+            if not c.streams.video:
+                raise ValueError("no video stream in the file")
+            s = c.streams.video[0]
+            rate = s.average_rate or s.guessed_rate or s.base_rate
+            fps = float(rate) if rate else 0.0
+            n = int(s.frames or 0)
+            if n <= 0:  # not in the header: count packets that carry a frame (demux only, no decoding)
+                n = sum(1 for p in c.demux(s) if p.size > 0)
+            self.info = VideoInfo(n, fps, int(s.codec_context.height or 0), int(s.codec_context.width or 0))
+
+    def get_frames(self, indices):
+        import av
+        import numpy as np
+
+        wanted = sorted(set(int(i) for i in indices))
+        last = wanted[-1]
+        got: dict[int, np.ndarray] = {}
+        pos = set(wanted)
+        k = -1
+        with av.open(self._path) as c:
+            s = c.streams.video[0]
+            s.thread_type = "AUTO"
+            for k, frame in enumerate(c.decode(s)):
+                if k in pos:
+                    got[k] = frame.to_ndarray(format="rgb24")
+                if k >= last:
+                    break
+        if len(got) != len(pos):
+            missing = [i for i in wanted if i not in got]
+            raise ValueError(f"truncated stream: decoded {k + 1} frames, {len(missing)} requested frame(s) missing "
+                             f"(first missing index {missing[0]}, header says {self.info.total_frames} frames)")
+        return np.stack([got[int(i)] for i in indices])
+
+
+_READERS = {"decord": _DecordReader, "pyav": _PyAVReader}
+
+
+def _available(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("decord" if name == "decord" else "av") is not None
+
+
+def open_video(path: str | os.PathLike, backend: str = "auto") -> _Reader:
+    """Open ``path`` with ``backend`` ("auto" = decord, falling back to PyAV on any error)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    path = os.fspath(path)
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if not os.path.exists(path):
+        raise VideoError(path, "file not found")
+    if os.path.isdir(path):
+        raise VideoError(path, "is a directory, not a video file")
+    if os.path.getsize(path) == 0:
+        raise VideoError(path, "empty file (0 bytes)")
+    order = ["decord", "pyav"] if backend == "auto" else [backend]
+    errors = []
+    for name in order:
+        if not _available(name):
+            errors.append(f"{name}: not installed")
+            continue
+        try:
+            reader = _READERS[name](path)
+        except Exception as e:  # decord raises DECORDError/RuntimeError, PyAV av.error.*: all mean "unreadable"
+            errors.append(f"{name}: {type(e).__name__}: {_short(e)}")
+            continue
+        if reader.info.total_frames <= 0:
+            errors.append(f"{name}: zero frames")
+            continue
+        if reader.info.fps <= 0:
+            errors.append(f"{name}: no frame rate in the container")
+            continue
+        reader.open_errors = tuple(errors)
+        return reader
+    raise VideoError(path, "cannot read video (corrupt, truncated or not a video?): " + "; ".join(errors))
+
+
+def read_frames(path: str | os.PathLike, indices: Sequence[int], backend: str = "auto"):
+    """``(frames uint8 (n,H,W,3), info, backend_name)`` for the given frame indices; VideoError on any failure."""
+    reader = open_video(path, backend)
+    return _get(reader, os.fspath(path), indices, backend)
+
+
+def _get(reader: _Reader, path: str, indices: Sequence[int], backend: str):
+    try:
+        return reader.get_frames(indices), reader.info, reader.name
+    except Exception as e:
+        first = "; ".join(reader.open_errors + (f"{reader.name}: {type(e).__name__}: {_short(e)}",))
+    if backend == "auto" and reader.name == "decord" and _available("pyav"):
+        # A file decord opens but cannot decode (e.g. truncated mid-stream) gets a second chance with PyAV.
+        try:
+            r2 = _PyAVReader(path)
+            if r2.info.total_frames != reader.info.total_frames:
+                raise ValueError(f"frame count differs between backends ({reader.info.total_frames} vs "
+                                 f"{r2.info.total_frames})")
+            return r2.get_frames(indices), r2.info, r2.name
+        except Exception as e:
+            first += f"; pyav: {type(e).__name__}: {_short(e)}"
+    raise VideoError(path, "cannot decode frames (corrupt or truncated?): " + first)
+
+
+def probe_video(path: str | os.PathLike, backend: str = "auto") -> VideoInfo:
+    """Frame count, average fps and size of a video file (no frame decoding with decord)."""
+    return open_video(path, backend).info
+
+
+def _short(e: Exception, n: int = 300) -> str:
+    s = " ".join(str(e).split())
+    return s if len(s) <= n else s[:n] + "..."
