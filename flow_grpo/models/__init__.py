@@ -1,0 +1,70 @@
+"""Thin per-architecture adapters (SD3, FLUX) over diffusers pipelines, plus hub-free tiny builders."""
+from __future__ import annotations
+
+import json
+import os
+
+from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
+from .flux import FluxAdapter
+from .sd3 import SD3Adapter
+
+ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter}
+_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux"}
+
+
+def detect_kind(pipeline_dir: str) -> str:
+    """Read ``model_index.json`` and map the pipeline class to an adapter kind."""
+    path = os.path.join(pipeline_dir, "model_index.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: pipeline_dir must be a diffusers pipeline folder")
+    with open(path) as f:
+        cls = json.load(f).get("_class_name")
+    if cls not in _PIPELINE_TO_KIND:
+        raise ValueError(f"{path}: unsupported pipeline class {cls!r}; supported: {sorted(_PIPELINE_TO_KIND)}")
+    return _PIPELINE_TO_KIND[cls]
+
+
+def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None, max_sequence_length=None,
+                 **adapter_kwargs) -> FlowModelAdapter:
+    """``from_pretrained`` the pipeline folder (same path as a full-size checkpoint) and wrap it in its adapter.
+
+    SD3 folders without T5 (``text_encoder_3`` missing from model_index or saved as null) are loaded with
+    ``text_encoder_3=None, tokenizer_3=None``."""
+    import torch
+
+    dtype = dtype or torch.float32
+    if kind == "auto":
+        kind = detect_kind(pipeline_dir)
+    if kind not in ADAPTERS:
+        raise ValueError(f"unknown adapter kind {kind!r}; expected 'auto' or one of {sorted(ADAPTERS)}")
+    if kind == "sd3":
+        from diffusers import StableDiffusion3Pipeline
+
+        with open(os.path.join(pipeline_dir, "model_index.json")) as f:
+            index = json.load(f)
+        extra = {}
+        te3 = index.get("text_encoder_3")
+        if te3 is None or te3 == [None, None] or not os.path.isdir(os.path.join(pipeline_dir, "text_encoder_3")):
+            extra = {"text_encoder_3": None, "tokenizer_3": None}
+        pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir, torch_dtype=dtype, **extra)
+    else:
+        from diffusers import FluxPipeline
+
+        pipe = FluxPipeline.from_pretrained(pipeline_dir, torch_dtype=dtype)
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    kw = dict(adapter_kwargs)
+    if max_sequence_length is not None:
+        kw["max_sequence_length"] = max_sequence_length
+    return ADAPTERS[kind](pipe, device=device, dtype=dtype, **kw)
+
+
+def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
+    name = type(pipe).__name__
+    if name not in _PIPELINE_TO_KIND:
+        raise ValueError(f"unsupported pipeline class {name}")
+    return ADAPTERS[_PIPELINE_TO_KIND[name]](pipe, **kwargs)
+
+
+__all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "load_adapter", "adapter_from_pipeline",
+           "detect_kind", "DEFAULT_LORA_TARGETS"]

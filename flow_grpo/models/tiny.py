@@ -1,0 +1,161 @@
+"""Hub-free tiny SD3 / FLUX pipelines (random weights, built from configs) for CPU tests and smoke runs.
+
+Tokenizers are built offline:
+* CLIP: a truncated copy of the real CLIP BPE (open_clip ships ``bpe_simple_vocab_16e6.txt.gz``): the 512 byte
+  symbols (plain and ``</w>``-terminated), the first ``n_merges`` merges and the two special tokens, in the same order
+  as CLIP's own vocab. ``CLIPTokenizer(vocab=dict, merges=[tuple])`` (transformers v5 ignores file paths).
+* T5 (FLUX ``tokenizer_2``): a tiny ``tokenizers`` word-piece-free BPE trained on a fixed corpus.
+
+Configs follow /work/shared/reference/environment.md §3 (verified combinations).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from functools import lru_cache
+from typing import Any, Optional
+
+_CORPUS = [
+    "a photo of a cat", "a photo of a dog", "a red apple on a table", "a blue car in the street",
+    "two birds on a wire", "an astronaut riding a horse", "a bowl of fruit", "a green tree in a field",
+    "a yellow banana and a purple grape", "the quick brown fox jumps over the lazy dog",
+    "a painting of a mountain at sunset", "a black and white photograph of a city",
+]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # CLIP/GPT-2 reversible byte -> printable unicode mapping (a standard, documented construction)
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+@lru_cache(maxsize=4)
+def _clip_vocab_merges(n_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    import open_clip
+
+    path = os.path.join(os.path.dirname(open_clip.__file__), "bpe_simple_vocab_16e6.txt.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    merges = [tuple(line.split()) for line in lines[1 : 1 + n_merges]]
+    vocab = list(_bytes_to_unicode().values())
+    vocab = vocab + [v + "</w>" for v in vocab]
+    vocab += ["".join(m) for m in merges]
+    vocab += ["<|startoftext|>", "<|endoftext|>"]
+    return {tok: i for i, tok in enumerate(vocab)}, merges
+
+
+def build_clip_tokenizer(n_merges: int = 256, model_max_length: int = 77):
+    from transformers import CLIPTokenizer
+
+    vocab, merges = _clip_vocab_merges(n_merges)
+    return CLIPTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=model_max_length)
+
+
+def build_t5_tokenizer(vocab_size: int = 300, model_max_length: int = 64):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"])
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=model_max_length
+    )
+
+
+def _clip_text_config(vocab_size: int, tok, hidden: int, proj: int):
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, projection_dim=proj,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+
+
+def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None):
+    from diffusers import AutoencoderKL
+
+    # 4 blocks -> VAE scale factor 8 (like the real models); 64 px images -> 8x8 latents.
+    return AutoencoderKL(
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[8, 16, 16, 16], layers_per_block=1, latent_channels=4, norm_num_groups=8,
+        sample_size=64, scaling_factor=1.5305 if shift_factor is not None and shift_factor < 0.1 else 0.3611,
+        shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
+    )
+
+
+def build_tiny_sd3_pipeline(seed: int = 0):
+    """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders, no T5 (``text_encoder_3=None``)."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    tok = build_clip_tokenizer()
+    tok2 = build_clip_tokenizer()
+    te = CLIPTextModelWithProjection(_clip_text_config(len(tok), tok, 32, 32))
+    te2 = CLIPTextModelWithProjection(_clip_text_config(len(tok2), tok2, 32, 32))
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=64, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4,
+    )
+    vae = _tiny_vae(shift_factor=0.0609)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok,
+        text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=None, tokenizer_3=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
+    """FluxPipeline with a tiny CLIP (pooled) + tiny T5 (sequence) and a guidance-distilled tiny transformer."""
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    tok = build_clip_tokenizer()
+    t5_tok = build_t5_tokenizer()
+    te = CLIPTextModel(_clip_text_config(len(tok), tok, 32, 32))
+    te2 = T5EncoderModel(T5Config(
+        vocab_size=len(t5_tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=t5_tok.pad_token_id, eos_token_id=t5_tok.eos_token_id,
+        decoder_start_token_id=t5_tok.pad_token_id,
+    ))
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance_embeds,
+        axes_dims_rope=[4, 6, 6],
+    )
+    vae = _tiny_vae(shift_factor=0.1159)
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipe = FluxPipeline(
+        scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok, text_encoder_2=te2, tokenizer_2=t5_tok,
+        transformer=transformer,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
+    """Build a tiny pipeline of ``kind`` ('sd3' | 'flux') and ``save_pretrained`` it into ``directory``."""
+    builders: dict[str, Any] = {"sd3": build_tiny_sd3_pipeline, "flux": build_tiny_flux_pipeline}
+    if kind not in builders:
+        raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")
+    pipe = builders[kind](seed=seed)
+    pipe.save_pretrained(directory)
+    return directory
