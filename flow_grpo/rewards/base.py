@@ -1,0 +1,602 @@
+"""Typed reward interface for the diffusion front-end.
+
+Contract
+--------
+A reward is a callable::
+
+    reward(images, prompts, metadata=None, **kwargs) -> dict[str, torch.Tensor]
+
+* ``images``: a batch of N RGB images in one of these layouts (converted once by :func:`to_uint8_nhwc`):
+    - uint8 NHWC, ``torch.Tensor`` or ``numpy.ndarray`` of shape (N, H, W, 3) (C=1 is broadcast to 3);
+    - float NCHW in [0, 1], ``torch.Tensor`` or ``numpy.ndarray`` of shape (N, 3, H, W)
+      (a VAE decode that is still in [-1, 1] is rejected, not silently clipped);
+    - a list of N ``PIL.Image.Image`` of equal size (any mode; converted to RGB).
+* ``prompts``: N strings.  ``metadata``: None or N mappings (GenEval-style per-sample dicts).
+* Returns a dict of CPU float32 tensors of shape (N,):
+    - key ``<name>`` is the reward the trainer optimises;
+    - keys ``<name>/<aux>`` are per-sample diagnostics (logged, never optimised);
+    - key ``"valid"`` (bool, (N,)) is present only when ``nan_policy="drop"`` (see below).
+
+Non-finite scores
+-----------------
+Every output of :meth:`Reward.__call__` is checked.  With ``nan_policy="raise"`` (default) a NaN/inf raises
+:class:`RewardError` naming the reward, the key and the sample indices.  With ``nan_policy="drop"`` the scores
+are returned unchanged (non-finite entries stay non-finite, so they can never pass for a real score) together
+with ``out["valid"]``: True where *every* key of that sample is finite.  The trainer must then exclude invalid
+samples, e.g. ``group_advantages(r[valid], gid[valid])`` and a zero loss mask for the rest.
+
+Aggregation
+-----------
+:class:`MultiReward` runs several rewards and returns every component plus ``"total" = sum_k w_k r_k``.
+In ``mode="weighted_sum"`` the trainer normalises ``total`` per group.  In ``mode="per_reward"`` normalisation
+is left to the core: the trainer calls ``mmgrpo.core.multi_reward_advantages({k: out[k]}, weights,
+mode="normalize_then_sum")`` (GDPO: z-score each reward in its group, then sum with weights);
+``"total"`` is still returned for logging.
+
+Pairwise preference (Pref-GRPO)
+-------------------------------
+:class:`PairwisePreferenceReward` wraps a pairwise scorer and returns per-sample win rates inside each group:
+``r_i = 1/(G-1) * sum_{j != i, g(j) = g(i)} w_ij`` with ``w_ij = 1[i > j]``, ties ``0.5``.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+ImageBatch = Union["torch.Tensor", np.ndarray, Sequence[Any]]
+Metadata = Union[Sequence[Mapping[str, Any]], None]
+RewardOutput = dict  # dict[str, torch.Tensor]
+NanPolicy = Literal["raise", "drop"]
+
+__all__ = [
+    "RewardError",
+    "Reward",
+    "RewardFn",
+    "FunctionReward",
+    "MultiReward",
+    "PairwisePreferenceReward",
+    "PairwiseScorer",
+    "ScoreComparator",
+    "to_uint8_nhwc",
+    "normalize_metadata",
+    "win_rate",
+    "register_reward",
+    "build_reward",
+    "available_rewards",
+    "check_finite",
+    "check_finite_numpy",
+]
+
+
+class RewardError(RuntimeError):
+    """A reward produced unusable output (non-finite, wrong shape) or could not be computed.
+
+    Attributes: ``reward`` (name), ``indices`` (offending sample indices, possibly empty), ``key``.
+    """
+
+    def __init__(self, message: str, reward: str = "?", indices: Sequence[int] = (), key: str | None = None):
+        super().__init__(message)
+        self.reward = reward
+        self.indices = list(indices)
+        self.key = key
+
+
+class RewardFn(Protocol):
+    """Structural type of every reward: ``(images, prompts, metadata) -> {name: (N,) float32}``."""
+
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
+                 **kwargs: Any) -> RewardOutput: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# image conversion
+# ----------------------------------------------------------------------------------------------------------
+_FLOAT_TOL = 1e-3  # decoders overshoot [0, 1] by rounding error; anything beyond this is a range bug
+
+
+def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
+    """Convert a batch of images to a contiguous ``numpy.uint8`` array of shape (N, H, W, 3).
+
+    Accepted: uint8 NHWC (torch/numpy), float NCHW in [0, 1] (torch/numpy; float16/bfloat16/float32/float64),
+    a list of PIL images of equal size.  Float -> uint8 is ``round(clip(x, 0, 1) * 255)``.
+    The result never aliases the input (safe to hand to a background thread).
+    """
+    if isinstance(images, (list, tuple)):
+        return _pil_list_to_uint8(images)
+    arr: np.ndarray
+    if hasattr(images, "detach") and hasattr(images, "dtype"):  # torch.Tensor without importing torch
+        t = images.detach()
+        if t.is_floating_point():
+            t = t.float()
+        arr = t.cpu().numpy()
+    elif isinstance(images, np.ndarray):
+        arr = images
+    else:
+        raise TypeError(f"images: expected torch.Tensor, numpy.ndarray or list of PIL images, got {type(images)!r}")
+    if arr.ndim != 4:
+        raise ValueError(f"images: expected a 4-d batch (N,H,W,C) uint8 or (N,C,H,W) float, got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        if arr.shape[-1] not in (1, 3):
+            raise ValueError(
+                f"images: uint8 images must be NHWC with C in (1, 3), got shape {arr.shape}"
+                + (" (looks like NCHW: uint8 must be NHWC)" if arr.shape[1] in (1, 3) else ""))
+        if arr.shape[-1] == 1:
+            arr = np.repeat(arr, 3, axis=-1)
+        return np.ascontiguousarray(arr).copy()
+    if np.issubdtype(arr.dtype, np.floating):
+        if arr.shape[1] not in (1, 3):
+            raise ValueError(f"images: float images must be NCHW with C in (1, 3) and values in [0, 1], "
+                             f"got shape {arr.shape}")
+        arr = arr.astype(np.float32, copy=False)
+        finite = np.isfinite(arr)
+        if not finite.all():
+            bad = np.nonzero(~finite.reshape(arr.shape[0], -1).all(axis=1))[0].tolist()
+            raise ValueError(f"images: non-finite pixel values in samples {bad}")
+        lo, hi = float(arr.min()), float(arr.max())
+        if lo < -_FLOAT_TOL or hi > 1 + _FLOAT_TOL:
+            raise ValueError(f"images: float images must be in [0, 1], got range [{lo:.4g}, {hi:.4g}] "
+                             "(a [-1, 1] VAE output needs (x + 1) / 2 first)")
+        out = np.rint(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
+        out = np.transpose(out, (0, 2, 3, 1))
+        if out.shape[-1] == 1:
+            out = np.repeat(out, 3, axis=-1)
+        return np.ascontiguousarray(out)
+    raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
+
+
+def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
+    if len(images) == 0:
+        raise ValueError("images: empty list")
+    arrs = []
+    for i, im in enumerate(images):
+        if not hasattr(im, "convert") or not hasattr(im, "size"):
+            raise TypeError(f"images[{i}]: a list must hold PIL images, got {type(im)!r}")
+        a = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        if arrs and a.shape != arrs[0].shape:
+            raise ValueError(f"images[{i}]: size {a.shape[1]}x{a.shape[0]} differs from images[0] "
+                             f"{arrs[0].shape[1]}x{arrs[0].shape[0]}; resize before scoring")
+        arrs.append(a)
+    return np.ascontiguousarray(np.stack(arrs, axis=0))
+
+
+def normalize_metadata(metadata: Metadata, n: int, reward: str = "?") -> list[Mapping[str, Any]]:
+    """Return ``metadata`` as a list of N mappings (``None`` -> N empty dicts)."""
+    if metadata is None:
+        return [{} for _ in range(n)]
+    if isinstance(metadata, Mapping):
+        raise TypeError(f"reward {reward!r}: metadata must be a sequence of N per-sample dicts, got one dict")
+    md = list(metadata)
+    if len(md) != n:
+        raise ValueError(f"reward {reward!r}: got {len(md)} metadata entries for {n} images")
+    for i, m in enumerate(md):
+        if m is None:
+            md[i] = {}
+        elif not isinstance(m, Mapping):
+            raise TypeError(f"reward {reward!r}: metadata[{i}] must be a dict, got {type(m)!r}")
+    return md
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output checking
+# ----------------------------------------------------------------------------------------------------------
+def _as_scores(value: Any, n: int, reward: str, key: str) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor (any dtype/device)
+        value = value.detach().float().cpu().numpy()
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise RewardError(f"reward {reward!r}: output {key!r} is not numeric ({e})", reward, key=key) from e
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    if a.shape != (n,):
+        raise RewardError(f"reward {reward!r}: output {key!r} has shape {a.shape}, expected ({n},)",
+                          reward, key=key)
+    return np.ascontiguousarray(a.astype(np.float32))
+
+
+def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: NanPolicy = "raise"
+                       ) -> dict[str, np.ndarray]:
+    """Validate a raw reward output and apply ``nan_policy`` (numpy core of :func:`check_finite`).
+
+    Every value becomes a float32 array of shape (N,) (a ``"valid"`` entry stays bool).
+    ``nan_policy="raise"``: any non-finite entry raises :class:`RewardError` with reward, key and indices.
+    ``nan_policy="drop"``: returns the scores unchanged plus ``"valid"[i] = all_k isfinite(out[k][i])``
+    (AND-ed with an incoming ``"valid"``), and logs how many samples were dropped.
+    An incoming ``"valid"`` that is not all True is always passed on.
+    """
+    if nan_policy not in ("raise", "drop"):
+        raise ValueError(f"nan_policy must be 'raise' or 'drop', got {nan_policy!r}")
+    if not isinstance(out, Mapping):
+        raise RewardError(f"reward {reward!r}: must return a dict of (N,) scores, got {type(out)!r}", reward)
+    res: dict[str, np.ndarray] = {}
+    valid = np.ones(n, dtype=bool)
+    for key, value in out.items():
+        if key == "valid":
+            if hasattr(value, "detach"):
+                value = value.detach().cpu().numpy()
+            v = np.asarray(value).reshape(-1).astype(bool)
+            if v.shape != (n,):
+                raise RewardError(f"reward {reward!r}: 'valid' has shape {v.shape}, expected ({n},)", reward)
+            valid &= v
+            continue
+        a = _as_scores(value, n, reward, key)
+        bad = ~np.isfinite(a)
+        if bad.any():
+            idx = np.nonzero(bad)[0].tolist()
+            if nan_policy == "raise":
+                raise RewardError(
+                    f"reward {reward!r}: non-finite values in {key!r} at sample indices {idx} "
+                    f"(values {[float(a[i]) for i in idx[:8]]}); pass nan_policy='drop' to mask them instead",
+                    reward, idx, key)
+            valid &= ~bad
+        res[key] = a
+    if nan_policy == "drop":
+        n_bad = int((~valid).sum())
+        if n_bad:
+            logger.warning("reward %r: %d/%d samples have non-finite scores; marked invalid", reward, n_bad, n)
+        res["valid"] = valid
+    elif not valid.all():
+        res["valid"] = valid
+    return res
+
+
+def _to_torch(out: Mapping[str, np.ndarray]) -> RewardOutput:
+    import torch
+
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+
+
+def check_finite(out: Mapping[str, Any], n: int, reward: str, nan_policy: NanPolicy = "raise") -> RewardOutput:
+    """:func:`check_finite_numpy`, returning CPU torch tensors (float32 scores, bool ``"valid"``)."""
+    return _to_torch(check_finite_numpy(out, n, reward, nan_policy))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# base class
+# ----------------------------------------------------------------------------------------------------------
+class Reward:
+    """Base class: converts inputs once, calls :meth:`score`, validates the output.
+
+    Subclasses implement ``score(images_u8: np.ndarray (N,H,W,3), prompts: list[str], metadata: list[dict],
+    **kwargs) -> dict[str, array-like (N,)] | array-like (N,)``; a bare array becomes ``{self.name: array}``.
+    """
+
+    name: str = "reward"
+
+    def __init__(self, name: str | None = None, nan_policy: NanPolicy = "raise"):
+        if name is not None:
+            self.name = name
+        if nan_policy not in ("raise", "drop"):
+            raise ValueError(f"nan_policy must be 'raise' or 'drop', got {nan_policy!r}")
+        self.nan_policy: NanPolicy = nan_policy
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[Mapping[str, Any]],
+              **kwargs: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
+                 **kwargs: Any) -> RewardOutput:
+        return _to_torch(self.evaluate(images, prompts, metadata, **kwargs))
+
+    def evaluate(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
+                 **kwargs: Any) -> dict[str, np.ndarray]:
+        """Same as calling the reward, but returns numpy arrays (float32 scores, bool ``valid``).
+
+        Lets numpy-only rewards run without importing torch (e.g. in the reward server).
+        """
+        imgs = to_uint8_nhwc(images)
+        n = imgs.shape[0]
+        return self._evaluate(imgs, _check_prompts(prompts, n, self.name),
+                              normalize_metadata(metadata, n, self.name), **kwargs)
+
+    def _evaluate(self, imgs: np.ndarray, prompts: list[str], md: list[Mapping[str, Any]],
+                  **kwargs: Any) -> dict[str, np.ndarray]:
+        raw = self.score(imgs, prompts, md, **kwargs)
+        if not isinstance(raw, Mapping):
+            raw = {self.name: raw}
+        return check_finite_numpy(raw, imgs.shape[0], self.name, self.nan_policy)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _check_prompts(prompts: Sequence[str], n: int, reward: str) -> list[str]:
+    if isinstance(prompts, str):
+        raise TypeError(f"reward {reward!r}: prompts must be a sequence of N strings, got one string")
+    p = list(prompts)
+    if len(p) != n:
+        raise ValueError(f"reward {reward!r}: got {len(p)} prompts for {n} images")
+    for i, s in enumerate(p):
+        if not isinstance(s, str):
+            raise TypeError(f"reward {reward!r}: prompts[{i}] must be str, got {type(s)!r}")
+    return p
+
+
+class FunctionReward(Reward):
+    """Adapt a plain function ``fn(images_u8 (N,H,W,3), prompts, metadata) -> (N,) | dict`` to a :class:`Reward`."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, nan_policy: NanPolicy = "raise"):
+        super().__init__(name=name, nan_policy=nan_policy)
+        self.fn = fn
+
+    def score(self, images, prompts, metadata, **kwargs):
+        return self.fn(images, prompts, metadata, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# registry
+# ----------------------------------------------------------------------------------------------------------
+# Built-ins are registered as "module:attr" strings so that listing rewards never imports torch/open_clip.
+_REGISTRY: dict[str, Callable[..., Any] | str] = {
+    "jpeg_compressibility": "flow_grpo.rewards.compression:JpegCompressibility",
+    "jpeg_incompressibility": "flow_grpo.rewards.compression:JpegIncompressibility",
+    "brightness": "flow_grpo.rewards.toy:Brightness",
+    "color_target": "flow_grpo.rewards.toy:ColorTarget",
+    "clip_score": "flow_grpo.rewards.clip:CLIPScoreReward",
+    "aesthetic": "flow_grpo.rewards.clip:AestheticReward",
+    "clip_preference": "flow_grpo.rewards.clip:CLIPPreferenceReward",
+    "pickscore": "flow_grpo.rewards.clip:pickscore",
+    "hps": "flow_grpo.rewards.clip:hps",
+    "ocr": "flow_grpo.rewards.ocr:OCRReward",
+    "remote": "flow_grpo.rewards.remote:RemoteReward",
+    "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+}
+
+
+def register_reward(name: str, factory: Callable[..., Any] | str | None = None, *, overwrite: bool = False):
+    """Register ``factory(**kwargs) -> reward`` under ``name``; usable as a decorator when ``factory`` is None."""
+
+    def _do(f):
+        if name in _REGISTRY and not overwrite:
+            raise KeyError(f"reward {name!r} is already registered (pass overwrite=True to replace it)")
+        _REGISTRY[name] = f
+        return f
+
+    return _do if factory is None else _do(factory)
+
+
+def _resolve(spec: str) -> Callable[..., Any]:
+    mod, _, attr = spec.partition(":")
+    if not attr:
+        raise KeyError(f"bad factory spec {spec!r}: expected 'package.module:attr'")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def available_rewards() -> list[str]:
+    """Sorted names accepted by :func:`build_reward` (besides ``'package.module:factory'`` import paths)."""
+    return sorted(_REGISTRY)
+
+
+def build_reward(name: str, **kwargs: Any) -> RewardFn:
+    """Build a registered reward by name, or any factory given as ``'package.module:factory'``.
+
+    ``kwargs`` go to the factory (e.g. ``nan_policy``, weight paths, ``device``).
+    """
+    if name in _REGISTRY:
+        f = _REGISTRY[name]
+        factory = _resolve(f) if isinstance(f, str) else f
+    elif ":" in name:
+        factory = _resolve(name)
+    else:
+        raise KeyError(f"unknown reward {name!r}; available: {available_rewards()} "
+                       "(or pass 'package.module:factory')")
+    return factory(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# multi-reward
+# ----------------------------------------------------------------------------------------------------------
+class MultiReward(Reward):
+    """Run several rewards; return every component's outputs plus ``"total" = sum_k w_k * r_k``.
+
+    Args:
+        weights: ``{name: w_k}``; ``name`` is a registry name unless a ready reward is given in ``rewards``.
+        mode: ``"weighted_sum"`` -> the trainer uses ``out["total"]`` as the scalar reward.
+            ``"per_reward"`` -> the trainer normalises each component inside its group and sums them:
+            ``mmgrpo.core.multi_reward_advantages(multi.components(out), multi.weights,
+            mode="normalize_then_sum")`` (GDPO).  ``"total"`` is still returned for logging.
+        rewards: optional ``{name: reward callable}`` overriding the registry.
+        reward_kwargs: optional ``{name: kwargs}`` for :func:`build_reward`.
+        nan_policy: applied to each component's outputs (and to ``total``); with ``"drop"``, ``valid`` is the
+            AND of all components' validity.
+
+    Output keys: the union of every component's keys (``<name>``, ``<name>/<aux>``), ``"total"``, and ``"valid"``
+    under ``nan_policy="drop"``.  Component outputs must not collide.
+    """
+
+    name = "multi"
+
+    def __init__(self, weights: Mapping[str, float], mode: Literal["weighted_sum", "per_reward"] = "weighted_sum",
+                 rewards: Mapping[str, RewardFn] | None = None,
+                 reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+                 nan_policy: NanPolicy = "raise"):
+        super().__init__(nan_policy=nan_policy)
+        if mode not in ("weighted_sum", "per_reward"):
+            raise ValueError(f"mode must be 'weighted_sum' or 'per_reward', got {mode!r}")
+        if not weights:
+            raise ValueError("MultiReward needs at least one {name: weight}")
+        for k, w in weights.items():
+            if not math.isfinite(float(w)):
+                raise ValueError(f"weight for reward {k!r} is not finite: {w!r}")
+        if "total" in weights or "valid" in weights:
+            raise ValueError("'total' and 'valid' are reserved output keys")
+        self.weights = {k: float(w) for k, w in weights.items()}
+        self.mode = mode
+        rewards = dict(rewards or {})
+        reward_kwargs = dict(reward_kwargs or {})
+        unknown = set(reward_kwargs) - set(self.weights)
+        if unknown:
+            raise KeyError(f"reward_kwargs for rewards without a weight: {sorted(unknown)}")
+        self.rewards: dict[str, RewardFn] = {}
+        for k in self.weights:
+            self.rewards[k] = rewards[k] if k in rewards else build_reward(k, **dict(reward_kwargs.get(k, {})))
+
+    def components(self, out: Mapping[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+        """The per-reward (N,) scores to normalise in ``per_reward`` mode: ``{name: out[name]}``."""
+        return {k: out[k] for k in self.weights}
+
+    def _evaluate(self, imgs: np.ndarray, prompts: list[str], md: list[Mapping[str, Any]],
+                  **kwargs: Any) -> dict[str, np.ndarray]:
+        n = imgs.shape[0]  # images were converted once (Reward.evaluate); components reuse the array
+        res: dict[str, np.ndarray] = {}
+        valid = np.ones(n, dtype=bool)
+        total = np.zeros(n, dtype=np.float32)
+        for k, fn in self.rewards.items():
+            if isinstance(fn, Reward):
+                raw: Mapping[str, Any] = fn._evaluate(imgs, prompts, md, **kwargs)
+            else:
+                raw = fn(imgs, prompts, md, **kwargs)
+            out = check_finite_numpy(raw, n, k, self.nan_policy)
+            if k not in out:
+                raise RewardError(f"reward {k!r} returned keys {sorted(out)} without its own key {k!r}", k)
+            if "valid" in out:
+                valid &= out.pop("valid")
+            for key, v in out.items():
+                if key in res or key == "total":
+                    raise RewardError(f"MultiReward: output key {key!r} produced by more than one reward", k, key=key)
+                res[key] = v
+            total = total + np.float32(self.weights[k]) * out[k]
+        res["total"] = total.astype(np.float32)
+        if self.nan_policy == "drop" or not valid.all():
+            res["valid"] = valid
+        return res
+
+    def __repr__(self) -> str:
+        return f"MultiReward({self.weights}, mode={self.mode!r})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# pairwise preference (Pref-GRPO)
+# ----------------------------------------------------------------------------------------------------------
+class PairwiseScorer(Protocol):
+    """``compare(images_a, images_b, prompts, metadata) -> (M,)`` with values in [0, 1]:
+    1 = a preferred, 0 = b preferred, 0.5 = tie (a probability P(a > b) is also accepted).
+    ``images_a``/``images_b`` are uint8 (M, H, W, 3); ``prompts``/``metadata`` are those of the pair (same group)."""
+
+    def __call__(self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str],
+                 metadata: list[Mapping[str, Any]]) -> Any: ...
+
+
+class ScoreComparator:
+    """Turn a pointwise reward into a pairwise scorer: ``P(a > b) = 1[s_a > s_b] + 0.5 * 1[s_a == s_b]``.
+
+    Useful to run Pref-GRPO's win-rate reward on top of any pointwise model (and as a reference in tests).
+    """
+
+    def __init__(self, reward: RewardFn, key: str | None = None):
+        self.reward = reward
+        self.key = key or getattr(reward, "name", None)
+        if self.key is None:
+            raise ValueError("ScoreComparator: pass key= for a reward without a .name")
+
+    def __call__(self, images_a, images_b, prompts, metadata):
+        m = images_a.shape[0]
+        out = self.reward(np.concatenate([images_a, images_b]), list(prompts) * 2, list(metadata) * 2)
+        s = out[self.key]
+        sa, sb = s[:m], s[m:]
+        return (sa > sb).float() + 0.5 * (sa == sb).float()
+
+
+def win_rate(pref: "torch.Tensor", group_ids: "torch.Tensor") -> "torch.Tensor":
+    """Per-sample win rate from a preference matrix.
+
+    ``pref``: (N, N), ``pref[i, j]`` = preference of i over j in [0, 1] (only same-group pairs are read).
+    ``group_ids``: (N,) int.  Returns (N,) float32 ``r_i = 1/(G_i - 1) * sum_{j != i, g_j = g_i} pref[i, j]``;
+    a singleton group (G_i = 1) gets the neutral 0.5.
+    """
+    import torch
+
+    gid = torch.as_tensor(group_ids).reshape(-1)
+    n = gid.shape[0]
+    if tuple(pref.shape) != (n, n):
+        raise ValueError(f"win_rate: pref has shape {tuple(pref.shape)}, expected ({n}, {n})")
+    same = (gid[:, None] == gid[None, :]) & ~torch.eye(n, dtype=torch.bool)
+    wins = torch.where(same, pref.float(), torch.zeros((), dtype=torch.float32)).sum(dim=1)
+    opp = same.sum(dim=1).float()
+    return torch.where(opp > 0, wins / opp.clamp(min=1), torch.full_like(wins, 0.5))
+
+
+class PairwisePreferenceReward(Reward):
+    """Pref-GRPO win-rate reward: ``r_i = 1/(G-1) * sum_{j != i in group} w_ij``, ``w_ij = 1[i > j]``, tie = 0.5.
+
+    Args:
+        scorer: a :class:`PairwiseScorer`.
+        name: output key (default ``"pref_win_rate"``).
+        symmetric: if True, each unordered pair is judged in both orders and
+            ``w_ij = (c(i, j) + 1 - c(j, i)) / 2`` (cancels a position bias of the judge, 2x cost);
+            otherwise ``w_ij = c(i, j)`` and ``w_ji = 1 - w_ij`` for ``i < j``.
+        hard: if True (default), ``w = 1[c > 0.5] + 0.5 * 1[c == 0.5]`` (the indicator of the formula);
+            if False the judge's probability is used as is (soft win rate).
+
+    Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
+    (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
+    """
+
+    def __init__(self, scorer: PairwiseScorer, name: str = "pref_win_rate", symmetric: bool = False,
+                 hard: bool = True, nan_policy: NanPolicy = "raise"):
+        super().__init__(name=name, nan_policy=nan_policy)
+        self.scorer = scorer
+        self.symmetric = symmetric
+        self.hard = hard
+
+    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]) -> "torch.Tensor":
+        import torch
+
+        c = self.scorer(images[a_idx], images[b_idx], [prompts[i] for i in a_idx], [metadata[i] for i in a_idx])
+        c = torch.as_tensor(np.asarray(c.detach().cpu() if hasattr(c, "detach") else c, dtype=np.float64)
+                            ).float().reshape(-1)
+        if c.shape[0] != len(a_idx):
+            raise RewardError(f"reward {self.name!r}: scorer returned {c.shape[0]} judgements for "
+                              f"{len(a_idx)} pairs", self.name)
+        bad = ~torch.isfinite(c) | (c < 0) | (c > 1)
+        if bool(bad.any()):
+            pairs = [(a_idx[k], b_idx[k]) for k in torch.nonzero(bad).flatten().tolist()]
+            raise RewardError(f"reward {self.name!r}: scorer returned non-finite or out-of-[0,1] judgements "
+                              f"for pairs {pairs[:8]}", self.name, sorted({i for p in pairs for i in p}))
+        return c
+
+    def score(self, images, prompts, metadata, group_ids=None, **kwargs):
+        import torch
+
+        n = images.shape[0]
+        if group_ids is None:
+            missing = [i for i, m in enumerate(metadata) if "group_id" not in m]
+            if missing:
+                raise RewardError(f"reward {self.name!r}: no group_ids kwarg and metadata lacks 'group_id' for "
+                                  f"samples {missing[:8]}", self.name, missing)
+            group_ids = [m["group_id"] for m in metadata]
+        gid = torch.as_tensor(np.asarray(group_ids)).reshape(-1)
+        if gid.shape[0] != n:
+            raise ValueError(f"reward {self.name!r}: got {gid.shape[0]} group ids for {n} images")
+        a_idx, b_idx = [], []
+        for i in range(n):
+            for j in range(i + 1, n):
+                if gid[i] == gid[j]:
+                    a_idx.append(i)
+                    b_idx.append(j)
+        pref = torch.zeros(n, n)
+        if a_idx:
+            c = self._judge(images, prompts, metadata, a_idx, b_idx)
+            if self.symmetric:
+                c_rev = self._judge(images, prompts, metadata, b_idx, a_idx)
+                c = (c + 1.0 - c_rev) / 2.0
+            if self.hard:
+                c = (c > 0.5).float() + 0.5 * (c == 0.5).float()
+            ai, bi = torch.tensor(a_idx), torch.tensor(b_idx)
+            pref[ai, bi] = c
+            pref[bi, ai] = 1.0 - c
+        sizes = torch.bincount(torch.unique(gid, return_inverse=True)[1])
+        if bool((sizes == 1).any()):
+            logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
+                           self.name, int((sizes == 1).sum()))
+        return {self.name: win_rate(pref, gid)}
