@@ -120,6 +120,9 @@ class _ConfigDumper(yaml.SafeDumper):
 
 def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
     # Strings that our loader would read as null must be quoted to survive a round trip.
+    if any(ch in "\x85\u2028\u2029\ufeff" for ch in data):
+        # Unicode line breaks would be emitted raw (with allow_unicode) and read back as newlines: escape them.
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
     if data.strip().lower() in _NULL_WORDS:
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="'")
     return dumper.represent_str(data)
@@ -296,7 +299,12 @@ def _parse_str(v: Any) -> str:
 def _to_plain(v: Any) -> Any:
     """Raw YAML value -> what standard YAML would give (for ``Any`` fields)."""
     if isinstance(v, _Scalar):
-        return str(v) if v.quoted else _yaml_resolve_plain(str(v))
+        if v.quoted:
+            return str(v)
+        try:
+            return _yaml_resolve_plain(str(v))
+        except Exception:  # e.g. an impossible date that the timestamp resolver matched: keep the text
+            return str(v)
     if isinstance(v, list):
         return [_to_plain(x) for x in v]
     if isinstance(v, dict):
@@ -309,8 +317,8 @@ def _maybe_yaml(v: Any, from_cli: bool) -> Any:
     if from_cli and isinstance(v, _Scalar) and not v.quoted:
         try:
             return _raw_yaml(str(v))
-        except yaml.YAMLError as exc:
-            msg = str(exc).replace("\n", " ")
+        except Exception as exc:  # YAMLError, or errors of explicitly tagged scalars (`!!int x`)
+            msg = " ".join(str(exc).split())
             raise _BadValue(f"invalid YAML: {msg}") from None
     return v
 
@@ -514,7 +522,7 @@ def _describe(v: Any) -> str:
 
 def _bad_value_error(key: str, v: Any, tp: Any, exc: Exception, source: str | None) -> ValueError:
     where = f"{source}: " if source else ""
-    return ValueError(f"{where}invalid value {_describe(v)} for '{key}': expected {type_name(tp)} ({exc})")
+    return ValueError(f"{where}config key '{key}': invalid value {_describe(v)}, expected {type_name(tp)} ({exc})")
 
 
 def _set_path(
@@ -556,7 +564,10 @@ def _set_path(
         if optional and _plain_null(raw):
             tree.values[name] = None
             return
-        val = _maybe_yaml(raw, from_cli) if from_cli else raw
+        try:
+            val = _maybe_yaml(raw, from_cli)
+        except _BadValue as exc:
+            raise _bad_value_error(full_key, raw, tp, exc, source) from None
         if isinstance(val, dict):
             sub = tree.values.get(name)
             if not isinstance(sub, _Tree):
