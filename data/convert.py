@@ -1,0 +1,84 @@
+"""Convert public annotation formats to the canonical JSONL schema.
+
+    python data/convert.py FORMAT IN OUT [options]
+
+FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | nextgqa | video_r1 | refcoco.
+See ``mmgrpo.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script from a checkout: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+FORMATS = ("charades_sta", "dense_captions", "activitynet", "time_r1", "tvgbench", "nextgqa", "video_r1", "refcoco")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("format", choices=FORMATS)
+    p.add_argument("input", help="annotation file (txt / json / jsonl)")
+    p.add_argument("output", help="canonical JSONL to write")
+    p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                   help="stop at the first bad record (default) or skip and count it")
+    p.add_argument("--swap-reversed", action="store_true", help="swap reversed spans instead of failing")
+    p.add_argument("--clamp-tolerance", type=float, default=5.0,
+                   help="clamp span ends up to this many seconds past the duration (default 5)")
+    p.add_argument("--video-dir", default=None, help="prefix for video paths written to the JSONL")
+    p.add_argument("--video-template", default="{vid}.mp4", help="file name of a video id (default {vid}.mp4)")
+    p.add_argument("--durations", default=None,
+                   help="charades_sta: Charades CSV (id,length) or a JSON {vid: seconds}")
+    p.add_argument("--probe-root", default=None, help="charades_sta: read durations from the videos here")
+    p.add_argument("--bbox-format", choices=("xyxy", "xywh"), default="xyxy", help="refcoco box layout")
+    p.add_argument("--image-dir", default=None, help="refcoco/video_r1: prefix for media paths")
+    p.add_argument("--read-sizes-from", default=None, help="refcoco: image folder to read missing sizes from")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    from mmgrpo.data import write_jsonl
+    from mmgrpo.data import converters as C
+
+    span_kw = dict(on_error=a.on_error, swap_reversed=a.swap_reversed, clamp_tolerance=a.clamp_tolerance)
+    if a.format == "charades_sta":
+        durations = a.durations
+        if durations is not None and durations.endswith(".json"):
+            with open(durations, encoding="utf-8") as fh:
+                durations = json.load(fh)
+        samples, report = C.convert_charades_sta(a.input, durations=durations, video_dir=a.video_dir,
+                                                 video_template=a.video_template, probe_root=a.probe_root,
+                                                 **span_kw)
+    elif a.format in ("dense_captions", "activitynet"):
+        samples, report = C.convert_dense_captions(a.input, video_dir=a.video_dir, video_template=a.video_template,
+                                                   **span_kw)
+    elif a.format in ("time_r1", "tvgbench"):
+        samples, report = C.convert_time_r1(a.input, video_dir=a.video_dir, **span_kw)
+    elif a.format == "nextgqa":
+        samples, report = C.convert_nextgqa(a.input, video_dir=a.video_dir, video_template=a.video_template,
+                                            **span_kw)
+    elif a.format == "video_r1":
+        samples, report = C.convert_video_r1(a.input, media_dir=a.image_dir or a.video_dir, on_error=a.on_error)
+    else:
+        samples, report = C.convert_refcoco(a.input, image_dir=a.image_dir, bbox_format=a.bbox_format,
+                                            read_sizes_from=a.read_sizes_from, on_error=a.on_error)
+    n = write_jsonl(samples, a.output)
+    print(f"{report.summary()} -> wrote {n} to {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except Exception as e:  # a clean one-line error for data problems
+        from mmgrpo.data import DataError
+
+        if isinstance(e, DataError):
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(1)
+        raise
