@@ -1,0 +1,1 @@
+"""Evaluation harness: ``eval/score.py`` turns prediction files into metrics (no torch needed)."""
