@@ -1,0 +1,427 @@
+"""Crash-safe checkpoints, retention and RNG state.
+
+Layout under ``root``::
+
+    step-00000100/           one complete checkpoint
+        model.pt             one file per entry of the saved ``state`` dict (torch.save)
+        <extra files>        written by ``extra_files`` callables (may be directories, e.g. save_pretrained)
+        manifest.json        written LAST: step, metric, entries, size + sha256 of every other file
+    .tmp-step-00000200-<pid>/   a save in progress (or a killed one: ignored, cleaned when its pid is gone)
+
+Protocol of :meth:`CheckpointManager.save`: write everything into the temp dir, fsync every file, write the
+manifest, fsync the directory, ``os.rename`` it to ``step-XXXXXXXX`` (atomic on POSIX), fsync ``root``. A process
+killed at any moment therefore leaves either no new ``step-*`` directory or a complete one; checkpoints damaged
+later (truncation, bit rot, partial copies) fail manifest verification and are logged and skipped on load.
+
+Files are loaded with ``torch.load(weights_only=False)``: they are this run's own files, verified against their
+manifest, and may hold optimizer/RNG state that is not plain tensors. Do not load checkpoints you don't trust.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from mmgrpo.utils._fsio import atomic_write, atomic_write_text, fsync_dir
+
+__all__ = [
+    "CheckpointManager",
+    "CheckpointError",
+    "capture_rng_state",
+    "restore_rng_state",
+    "atomic_write_text",
+    "atomic_torch_save",
+    "verify_checkpoint",
+    "MANIFEST_NAME",
+]
+
+logger = logging.getLogger("mmgrpo.checkpoint")
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_TMP_RE = re.compile(r"^\.tmp-.*-(\d+)$")
+_ENTRY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or corrupt (message names the path and the problem)."""
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj, path)`` atomically (temp file + fsync + rename)."""
+    import torch
+
+    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def _sha256(path: Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(bufsize)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _files_under(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file())
+
+
+def verify_checkpoint(path: str | os.PathLike, check_hashes: bool = True) -> dict:
+    """Return the manifest of checkpoint dir ``path``; raise :class:`CheckpointError` naming the problem if it
+    is incomplete or corrupt (missing manifest, missing file, size or sha256 mismatch)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
+    mpath = path / MANIFEST_NAME
+    if not mpath.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {MANIFEST_NAME}")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST_NAME}: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"checkpoint {path}: malformed {MANIFEST_NAME}")
+    for rel, info in manifest["files"].items():
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path}: file {rel} listed in the manifest is missing")
+        size = f.stat().st_size
+        if size != info.get("size"):
+            raise CheckpointError(
+                f"checkpoint {path}: file {rel} has {size} bytes, manifest says {info.get('size')} (truncated?)"
+            )
+        if check_hashes and _sha256(f) != info.get("sha256"):
+            raise CheckpointError(f"checkpoint {path}: file {rel} fails its sha256 check (corrupt)")
+    for key in manifest.get("entries", []):
+        if f"{key}.pt" not in manifest["files"]:
+            raise CheckpointError(f"checkpoint {path}: entry {key!r} has no file in the manifest")
+    return manifest
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:  # pragma: no cover
+        return False
+    return True
+
+
+class CheckpointManager:
+    """Atomic checkpoints under ``root`` keeping the last ``keep_last`` plus the best by metric.
+
+    Args:
+        root: directory holding ``step-XXXXXXXX`` checkpoint dirs (created on first save).
+        keep_last: number of most recent checkpoints kept (``None``: keep all).
+        keep_best: also keep the checkpoint with the best ``metric`` ("max" or "min" per ``best_mode``).
+        best_mode: ``"max"`` or ``"min"``.
+        check_hashes: verify sha256 on load (sizes are always checked).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        keep_last: int | None = 3,
+        keep_best: bool = True,
+        best_mode: str = "max",
+        check_hashes: bool = True,
+    ):
+        if best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.best_mode = best_mode
+        self.check_hashes = check_hashes
+
+    # ----------------------------------------------------------------------------------------------- listing
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"step-{int(step):08d}"
+
+    def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every ``step-*`` directory (valid or not), oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
+    def clean_stale_tmp(self) -> list[Path]:
+        """Delete ``.tmp-*`` dirs left by processes that no longer exist (a live writer's dir is left alone)."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for p in self.root.iterdir():
+            m = _TMP_RE.match(p.name)
+            if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+                continue
+            logger.info("removing stale partial checkpoint %s", p)
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        return removed
+
+    # ----------------------------------------------------------------------------------------------- saving
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        metric: float | None = None,
+        extra_files: Mapping[str, Callable[[Path], Any]] | None = None,
+    ) -> Path:
+        """Atomically write checkpoint ``step``; returns its directory ``root/step-XXXXXXXX``.
+
+        Each ``state[key]`` goes to ``<key>.pt`` (torch.save). ``extra_files[name](path)`` must write the file or
+        directory ``path`` (= ``<tmpdir>/<name>``), e.g. ``lambda p: model.save_pretrained(p)``. An existing
+        checkpoint of the same step is replaced. Retention runs afterwards and never deletes this checkpoint.
+        """
+        import torch
+
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        extra_files = dict(extra_files or {})
+        names = list(state) + list(extra_files)
+        for name in names:
+            if not isinstance(name, str) or not _ENTRY_RE.match(name) or name == MANIFEST_NAME:
+                raise ValueError(f"invalid checkpoint entry name {name!r} (use letters, digits, _ . -)")
+        files = [f"{k}.pt" for k in state] + list(extra_files)
+        if len(set(files)) != len(files):
+            raise ValueError(f"checkpoint entry names collide: {files}")
+        if metric is not None:
+            metric = float(metric)
+            if not math.isfinite(metric):
+                logger.warning("checkpoint step %d: non-finite metric %r recorded as null", step, metric)
+                metric = None
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.clean_stale_tmp()
+        tmp = self.root / f".tmp-step-{step:08d}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            for key, value in state.items():
+                torch.save(value, tmp / f"{key}.pt")
+            for name, writer in extra_files.items():
+                writer(tmp / name)
+                if not (tmp / name).exists():
+                    raise RuntimeError(f"extra_files[{name!r}] did not create {tmp / name}")
+            file_info = {}
+            for f in _files_under(tmp):
+                _fsync_file(f)
+                file_info[f.relative_to(tmp).as_posix()] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+            for d in sorted({f.parent for f in _files_under(tmp)}, key=lambda p: len(p.parts), reverse=True):
+                fsync_dir(d)
+            manifest = {
+                "format": FORMAT_VERSION,
+                "step": step,
+                "metric": metric,
+                "time": time.time(),
+                "entries": list(state),
+                "extra_files": list(extra_files),
+                "files": file_info,
+            }
+            atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1))
+            final = self.step_dir(step)
+            if final.exists():  # re-saving a step: move the old one out of the way first
+                trash = self.root / f".tmp-replaced-{final.name}-{os.getpid()}"
+                shutil.rmtree(trash, ignore_errors=True)
+                os.rename(final, trash)
+                os.rename(tmp, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.rename(tmp, final)
+            fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        logger.info("saved checkpoint %s (metric=%s)", final, metric)
+        self._apply_retention(protect=final)
+        return final
+
+    def _read_manifest(self, path: Path) -> dict | None:
+        try:
+            m = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+            return m if isinstance(m, dict) else None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+
+    def best_checkpoint(self) -> Path | None:
+        """Checkpoint dir with the best recorded metric (ties: the later step), or None."""
+        best: tuple[float, int, Path] | None = None
+        for step, p in self.list_checkpoints():
+            m = self._read_manifest(p)
+            if not m or m.get("metric") is None:
+                continue
+            val = float(m["metric"])
+            score = val if self.best_mode == "max" else -val
+            if best is None or (score, step) >= (best[0], best[1]):
+                best = (score, step, p)
+        return best[2] if best else None
+
+    def _apply_retention(self, protect: Path) -> None:
+        if self.keep_last is None:
+            return
+        ckpts = [(s, p) for s, p in self.list_checkpoints() if (p / MANIFEST_NAME).is_file()]
+        keep = {p for _, p in ckpts[-self.keep_last :]}
+        keep.add(protect)
+        if self.keep_best:
+            best = self.best_checkpoint()
+            if best is not None:
+                keep.add(best)
+        for _, p in ckpts:
+            if p in keep:
+                continue
+            # Rename first so a crash mid-delete never leaves a half-deleted dir that looks like a checkpoint.
+            trash = self.root / f".tmp-delete-{p.name}-{os.getpid()}"
+            try:
+                os.rename(p, trash)
+            except OSError as exc:
+                logger.warning("retention: could not remove %s: %s", p, exc)
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+            logger.info("retention: removed %s", p)
+
+    # ----------------------------------------------------------------------------------------------- loading
+    def verify(self, path: str | os.PathLike) -> dict:
+        """Manifest of ``path`` if it verifies, else :class:`CheckpointError`."""
+        return verify_checkpoint(path, check_hashes=self.check_hashes)
+
+    def load(self, path: str | os.PathLike, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
+        """Verify checkpoint ``path`` and load its entries: ``{key: torch.load(<key>.pt)}``."""
+        import torch
+
+        path = Path(path)
+        manifest = self.verify(path) if verify else (self._read_manifest(path) or {})
+        state = {}
+        for key in manifest.get("entries", []):
+            f = path / f"{key}.pt"
+            try:
+                state[key] = torch.load(f, map_location=map_location, weights_only=False)
+            except Exception as exc:  # unpickling errors come in many types
+                raise CheckpointError(f"checkpoint {path}: cannot load {f.name}: {type(exc).__name__}: {exc}") from exc
+        return state
+
+    def latest_valid(self) -> Path | None:
+        """Newest checkpoint dir whose manifest verifies (invalid ones are logged and skipped)."""
+        self.clean_stale_tmp()
+        for _, p in reversed(self.list_checkpoints()):
+            try:
+                self.verify(p)
+                return p
+            except CheckpointError as exc:
+                logger.warning("skipping invalid checkpoint: %s", exc)
+        return None
+
+    def load_latest(self, map_location: Any = "cpu") -> tuple[dict[str, Any] | None, Path | None]:
+        """``(state, path)`` of the newest checkpoint that verifies and loads; ``(None, None)`` if there is none.
+
+        Corrupt or incomplete checkpoints are logged (logger ``mmgrpo.checkpoint``) and skipped; stale temp dirs
+        of killed writers are ignored and removed.
+        """
+        self.clean_stale_tmp()
+        for _, p in reversed(self.list_checkpoints()):
+            try:
+                return self.load(p, map_location=map_location), p
+            except CheckpointError as exc:
+                logger.warning("skipping invalid checkpoint: %s", exc)
+        return None, None
+
+    def resolve(self, resume_from: str | os.PathLike | None) -> Path | None:
+        """``resume_from`` semantics: ``"auto"`` -> latest valid checkpoint under ``root`` or None;
+        ``None``/``""``/``"none"`` -> None; a path -> that checkpoint (verified) or, if it is a directory of
+        ``step-*`` checkpoints, its latest valid one. Raises :class:`CheckpointError` naming the problem."""
+        if resume_from is None:
+            return None
+        s = str(resume_from).strip()
+        if s.lower() in ("", "none", "null", "false", "no"):
+            return None
+        if s.lower() in ("auto", "latest"):
+            return self.latest_valid()
+        p = Path(s).expanduser()
+        if not p.exists():
+            raise CheckpointError(f"resume_from={s!r}: path does not exist")
+        if p.is_dir() and not (p / MANIFEST_NAME).exists():
+            sub = CheckpointManager(p, keep_last=None, check_hashes=self.check_hashes)
+            if sub.list_checkpoints():
+                found = sub.latest_valid()
+                if found is None:
+                    raise CheckpointError(f"resume_from={s!r}: no valid checkpoint in this directory")
+                return found
+        try:
+            self.verify(p)
+        except CheckpointError as exc:
+            raise CheckpointError(f"resume_from={s!r}: {exc}") from None
+        return p
+
+
+# --------------------------------------------------------------------------------------------------- RNG state
+def capture_rng_state() -> dict[str, Any]:
+    """States of python ``random``, numpy's global RNG, torch CPU and (if available) every CUDA device."""
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (CUDA states restored for the devices present, with a warning if
+    the device count differs)."""
+    import numpy as np
+    import torch
+
+    if "python" in state:
+        py = state["python"]
+        if isinstance(py, list):  # JSON/pickle round trips may turn the tuple into a list
+            py = (py[0], tuple(py[1]), py[2])
+        random.setstate(py)
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        t = state["torch"]
+        torch.set_rng_state(t if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=torch.uint8))
+    if "cuda" in state and state["cuda"] is not None:
+        if not torch.cuda.is_available():
+            logger.warning("checkpoint has CUDA RNG states but CUDA is not available: not restored")
+            return
+        cuda_states = list(state["cuda"])
+        n = torch.cuda.device_count()
+        if len(cuda_states) != n:
+            logger.warning("CUDA RNG states for %d devices, %d present: restoring the first %d",
+                           len(cuda_states), n, min(n, len(cuda_states)))
+        for i, s in enumerate(cuda_states[:n]):
+            torch.cuda.set_rng_state(s, device=i)
