@@ -16,6 +16,13 @@ def brightness_reward(images, prompts, metadata):
     return {"brightness": x.mean(dim=(1, 2, 3)) / 255.0}
 
 
+def block_reward(images, prompts, metadata):
+    """Toy reward sensitive to the noise seed: mean of the top-left 8x8 block in [0, 1] (the tiny model's global
+    brightness barely depends on x_T, so tests that must tell two x_T apart use this one)."""
+    x = torch.as_tensor(images).float()
+    return {"block": x[:, :8, :8].mean(dim=(1, 2, 3)) / 255.0}
+
+
 @pytest.fixture
 def toy_reward():
     return brightness_reward

@@ -1,0 +1,197 @@
+"""``flow_grpo train`` configuration: nested dataclasses (YAML + ``key=value`` via :mod:`mmgrpo.utils.config`).
+
+No heavy imports here: ``flow_grpo train --help`` must be instant.
+
+Method presets (all are plain config; ``method=<name>`` sets these defaults before YAML/overrides are applied):
+
+* ``flow``     Flow-GRPO:   sample.sde_kind=flow, noise_level=0.7, step_mode=all, credit=outcome
+* ``dance``    DanceGRPO:   sde_kind=dance, noise_level=0.3, step_mode=fraction, timestep_fraction=0.6
+* ``fast``     Flow-GRPO-Fast: sde_kind=cps, noise_level=0.8, step_mode=window (size 3, random start)
+* ``mix``      MixGRPO:     step_mode=window, window_policy=sliding
+* ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo
+* ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class SamplingConfig:
+    """How trajectories are sampled (see :mod:`flow_grpo.sampler`)."""
+
+    num_steps: int = _f(10, "denoising steps K of a rollout (the last step is never trained)")
+    height: int = _f(512, "image height in pixels")
+    width: int = _f(512, "image width in pixels")
+    guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
+    cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
+    sde_kind: str = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
+    noise_level: float = _f(0.8, "a for flow/cps, eta for dance")
+    cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
+    step_mode: str = _f("window", "all | fraction | window | single")
+    timestep_fraction: float = _f(0.6, "fraction mode: share of the K-1 steps trained per sample (DanceGRPO)")
+    window_size: int = _f(3, "window mode: number of SDE (= trained) steps")
+    window_range: list[int] = _f([0, 5], "window mode: the window lies in step indices [lo, hi) (hi capped at K-1)")
+    window_policy: str = _f("random", "fixed (start=lo) | random (per group, seeded) | sliding (MixGRPO progressive)")
+    window_shift_every: int = _f(25, "sliding: optimizer steps between window moves")
+    window_stride: int = _f(1, "sliding: steps moved per shift (wraps around = MixGRPO roll-back)")
+    single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
+    credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
+    granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
+    batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
+    completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
+    same_noise_per_group: bool = _f(False, "one x_T per group (G2RPO / TempFlow seed groups); seeded by the global group id, so identical on every process")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _f(True, "train a LoRA adapter (false = full fine-tune of the transformer)")
+    rank: int = _f(32, "LoRA rank r")
+    alpha: float = _f(64.0, "LoRA alpha")
+    target_modules: list[str] = _f(
+        ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+        "module names to adapt (missing names are skipped)")
+    init: str = _f("gaussian", "peft init_lora_weights (gaussian | true | pissa ...)")
+
+
+@dataclass
+class ModelConfig:
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline or FluxPipeline); empty + tiny=... builds a tiny one")
+    kind: str = _f("auto", "auto | sd3 | flux")
+    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
+    dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs are always fp32)")
+    max_sequence_length: int = _f(256, "text sequence length (T5)")
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
+
+
+@dataclass
+class DataConfig:
+    train_path: str = _f("", "prompts: .txt (one per line) or .jsonl ({'prompt': ..., **metadata}, GenEval style)")
+    eval_path: str = _f("", "eval prompts (same formats); empty = no eval")
+    group_size: int = _f(8, "G: images per prompt (one group)")
+    groups_per_epoch: int = _f(8, "prompt groups sampled per epoch (over all processes)")
+    eval_num_prompts: int = _f(8, "number of eval prompts used")
+    prompts: list[str] = _f([], "inline prompts (used when train_path is empty)")
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, **kwargs[name])")
+    kwargs: dict[str, dict] = _f({}, "per-reward constructor kwargs")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(3e-4, "AdamW learning rate")
+    weight_decay: float = _f(1e-4, "AdamW weight decay")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.999, "AdamW beta2")
+    eps: float = _f(1e-8, "AdamW eps")
+    max_grad_norm: float = _f(1.0, "gradient clipping (<=0 disables)")
+    clip_range: float = _f(1e-4, "PPO clip epsilon on the per-step ratio")
+    adv_clip_max: float = _f(5.0, "advantages are clamped to +-this")
+    adv_scale: str = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")
+    beta: float = _f(0.0, "KL coefficient")
+    kl_type: str = _f("mean", "mean (Flow-GRPO: (mu-mu_ref)^2/(2 g^2), |dt| dropped) | mean_exact (true Gaussian KL) | velocity ((v-v_ref)^2)")
+    updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
+    inner_epochs: int = _f(1, "passes over the epoch's rollouts")
+    drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
+
+
+@dataclass
+class EMAConfig:
+    enabled: bool = _f(True, "keep an EMA of the trainable weights (used for eval and saved LoRA)")
+    decay: float = _f(0.9, "EMA decay")
+    update_every: int = _f(8, "optimizer steps between EMA updates")
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = _f("runs/flow_grpo", "run directory (logs, checkpoints, LoRA, grids)")
+    seed: int = _f(42, "base seed; every noise/plan seed is a hash of (seed, epoch, global index)")
+    num_epochs: int = _f(100, "epochs to train (an epoch = sample groups_per_epoch groups, then update)")
+    save_every: int = _f(10, "epochs between checkpoints (0 = only at the end)")
+    eval_every: int = _f(0, "epochs between evals (0 = never)")
+    image_grid_every: int = _f(10, "epochs between PNG sample grids (0 = never)")
+    resume_from: str = _f("auto", "auto | none | path to a checkpoint")
+    keep_last: int = _f(3, "checkpoints kept")
+    mixed_precision: str = _f("no", "accelerate mixed precision: no | bf16 | fp16")
+    tensorboard: bool = _f(True, "write tensorboard logs")
+    cpu: bool = _f(False, "force CPU")
+
+
+@dataclass
+class TrainConfig:
+    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | tp_grpo | g2rpo (empty = none)")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sample: SamplingConfig = field(default_factory=SamplingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+METHOD_PRESETS: dict[str, dict[str, object]] = {
+    "flow": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "all", "sample.credit": "outcome"},
+    "dance": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "fraction",
+              "sample.timestep_fraction": 0.6, "sample.credit": "outcome"},
+    "fast": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
+             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_range": 1e-5},
+    "mix": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
+            "sample.window_policy": "sliding", "sample.credit": "outcome"},
+    "tp_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
+                "sample.credit": "tp_grpo", "optim.clip_range": 1e-5},
+    "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
+              "sample.credit": "g2rpo", "sample.same_noise_per_group": True},
+}
+
+
+def preset_overrides(method: str) -> list[str]:
+    if not method:
+        return []
+    if method not in METHOD_PRESETS:
+        raise ValueError(f"unknown method {method!r}; presets: {sorted(METHOD_PRESETS)}")
+    return [f"{k}={v}" for k, v in METHOD_PRESETS[method].items()]
+
+
+def load_train_config(yaml_path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:
+    """defaults < method preset < YAML < key=value. The method is read from the overrides or the YAML."""
+    from mmgrpo.utils.config import load_config
+
+    overrides = list(overrides or [])
+    first = load_config(TrainConfig, yaml_path, overrides)
+    if not first.method:
+        return first
+    return load_config(TrainConfig, yaml_path, preset_overrides(first.method) + overrides) if yaml_path is None \
+        else _with_preset_under_yaml(first.method, yaml_path, overrides)
+
+
+def _with_preset_under_yaml(method: str, yaml_path: str, overrides: list[str]) -> TrainConfig:
+    """Preset below the YAML: apply preset, then YAML keys, then overrides (YAML keys flattened as overrides)."""
+    import yaml
+
+    from mmgrpo.utils.config import load_config
+
+    with open(yaml_path) as f:
+        raw = yaml.safe_load(f) or {}
+
+    def flat(d, prefix=""):
+        out = []
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and k not in ("weights", "kwargs"):
+                out += flat(v, key + ".")
+            else:
+                out.append(f"{key}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}")
+        return out
+
+    return load_config(TrainConfig, None, preset_overrides(method) + flat(raw) + overrides)

@@ -1,0 +1,421 @@
+"""Trajectory sampling with per-sample step plans, exact log-prob recording and batched ODE completions.
+
+One code path serves every method; they differ only in the *step plan* (which steps are SDE, which are trained)
+and in the *step credit* (what extra rewards are computed):
+
+=================  =====================================================  ==============================
+``step_mode``      SDE steps / trained steps (the last step is never)      method
+=================  =====================================================  ==============================
+``all``            all but the last / all but the last                     Flow-GRPO, TP-GRPO (full)
+``fraction``       all but the last / a seeded random subset per sample    DanceGRPO (``timestep_fraction``)
+``window``         ``[w0, w0+n)`` / same; ODE elsewhere                    Flow-GRPO-Fast, MixGRPO, TP-GRPO
+``single``         one step k / k; ODE elsewhere                           G²RPO
+=================  =====================================================  ==============================
+
+``credit``: ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE completions after every SDE step;
+R_0 is the ODE completion from the window-start latent, i.e. from the trajectory's *own* x_T through the shared
+ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granularities after the single SDE step).
+
+Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample i at step k from a generator
+seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
+group to share windows within a group). Nothing depends on batch layout or process count.
+
+Exactness: the model is called on the same chunks (``batch_size``) during rollout and during
+:func:`score_column` (the training path), so log-probs recomputed on-policy equal the rollout ones bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .config import SamplingConfig
+from .models.base import FlowModelAdapter, PromptEmbeds
+from .sde import SDEStepOutput, sde_step
+
+RewardFn = Callable[..., dict]
+
+
+def _sample_seed(base: int, *coords: int) -> int:
+    try:
+        from mmgrpo.utils.seeding import sample_seed
+    except ImportError:  # pragma: no cover - fallback while utils is being written
+        import hashlib
+
+        h = hashlib.blake2b(",".join(str(int(c)) for c in (base, *coords)).encode(), digest_size=8)
+        return int.from_bytes(h.digest(), "big") & (2**63 - 1)
+    return sample_seed(int(base), *[int(c) for c in coords])
+
+
+@dataclass
+class StepPlan:
+    sde_mask: torch.Tensor    # (N, K) bool: step k of sample i is stochastic
+    train_mask: torch.Tensor  # (N, K) bool: step k of sample i is trained (subset of sde_mask, never the last)
+    window_start: torch.Tensor  # (N,) long: first SDE step (window/single), 0 otherwise
+
+
+def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], global_step: int = 0) -> StepPlan:
+    """Per-sample SDE/train masks (pure function of the config, the seeds and ``global_step``)."""
+    K = cfg.num_steps
+    n = len(plan_seeds)
+    sde = torch.zeros(n, K, dtype=torch.bool)
+    train = torch.zeros(n, K, dtype=torch.bool)
+    start = torch.zeros(n, dtype=torch.long)
+    last = K - 1  # never trained; ODE in every mode (its Gaussian is degenerate / too sharp)
+    if K < 2:
+        raise ValueError("num_steps must be >= 2 (the last step is never trained)")
+    mode = cfg.step_mode
+    if mode in ("all", "fraction"):
+        sde[:, :last] = True
+        if mode == "all":
+            train[:, :last] = True
+        else:
+            if not 0 < cfg.timestep_fraction <= 1:
+                raise ValueError(f"timestep_fraction must be in (0, 1], got {cfg.timestep_fraction}")
+            m = max(1, int(round(cfg.timestep_fraction * last)))
+            for i, s in enumerate(plan_seeds):
+                g = torch.Generator().manual_seed(_sample_seed(s, 1))
+                train[i, torch.randperm(last, generator=g)[:m]] = True
+    elif mode == "window":
+        lo, hi = int(cfg.window_range[0]), min(int(cfg.window_range[1]), last)
+        w = int(cfg.window_size)
+        if w < 1 or hi - lo < w or lo < 0:
+            raise ValueError(f"window of size {w} does not fit in window_range [{lo}, {hi}) "
+                             f"(the range is capped at num_steps-1={last})")
+        n_starts = hi - w - lo + 1
+        for i, s in enumerate(plan_seeds):
+            if cfg.window_policy == "fixed":
+                w0 = lo
+            elif cfg.window_policy == "random":
+                g = torch.Generator().manual_seed(_sample_seed(s, 2))
+                w0 = lo + int(torch.randint(n_starts, (1,), generator=g))
+            elif cfg.window_policy == "sliding":
+                w0 = lo + (global_step // max(1, cfg.window_shift_every) * cfg.window_stride) % n_starts
+            else:
+                raise ValueError(f"unknown window_policy {cfg.window_policy!r}: fixed | random | sliding")
+            sde[i, w0:w0 + w] = True
+            train[i, w0:w0 + w] = True
+            start[i] = w0
+    elif mode == "single":
+        cands = [int(k) for k in cfg.single_steps if 0 <= int(k) < last]
+        if not cands:
+            raise ValueError(f"single_steps {cfg.single_steps} has no step in [0, {last})")
+        for i, s in enumerate(plan_seeds):
+            g = torch.Generator().manual_seed(_sample_seed(s, 3))
+            k = cands[int(torch.randint(len(cands), (1,), generator=g))]
+            sde[i, k] = True
+            train[i, k] = True
+            start[i] = k
+    else:
+        raise ValueError(f"unknown step_mode {mode!r}: all | fraction | window | single")
+    return StepPlan(sde, train, start)
+
+
+@dataclass
+class Trajectories:
+    """A batch of N rollouts. Trained data is stored per *column* (a step index used by any sample):
+
+    ``step_indices`` (T,), ``sigmas``/``sigmas_next`` (T,), ``latents``/``next_latents`` (N, T, *latent),
+    ``log_probs`` (N, T) (0 where not SDE), ``train_mask`` (N, T). ``chunks`` lists the rollout batches
+    (index ranges) that the training path must reuse for exact log-probs.
+    """
+
+    prompts: list
+    metadata: list
+    group_ids: torch.Tensor
+    xt_seeds: list
+    noise_seeds: list
+    step_indices: torch.Tensor
+    sigmas: torch.Tensor
+    sigmas_next: torch.Tensor
+    latents: torch.Tensor
+    next_latents: torch.Tensor
+    log_probs: torch.Tensor
+    train_mask: torch.Tensor
+    sde_mask: torch.Tensor
+    window_start: torch.Tensor
+    final_latents: torch.Tensor
+    images: torch.Tensor
+    chunks: list
+    sampling: SamplingConfig
+    rewards: dict = field(default_factory=dict)           # name -> (N,) of the final images
+    step_rewards: Optional[torch.Tensor] = None           # tp_grpo: (N, n+1) R_0..R_n; g2rpo: (N, |granularities|)
+    nfe_per_trajectory: float = 0.0
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _total_reward(scores: dict, weights: Optional[dict]) -> torch.Tensor:
+    if not scores:
+        raise ValueError("reward function returned no scores")
+    if weights:
+        missing = [k for k in weights if k not in scores]
+        if missing:
+            raise KeyError(f"reward weights name {missing} but the reward returned {sorted(scores)}")
+        return sum(float(w) * torch.as_tensor(scores[k], dtype=torch.float32) for k, w in weights.items())
+    if "avg" in scores:
+        return torch.as_tensor(scores["avg"], dtype=torch.float32)
+    if len(scores) == 1:
+        return torch.as_tensor(next(iter(scores.values())), dtype=torch.float32)
+    raise ValueError(f"reward returned several components {sorted(scores)}: give reward weights")
+
+
+def score_rewards(reward_fn: RewardFn, images, prompts, metadata, weights=None) -> tuple[torch.Tensor, dict]:
+    """Call the typed reward ``fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]``; returns the
+    weighted total (N,) fp32 and the components. Non-finite values raise with the sample indices."""
+    scores = reward_fn(images, list(prompts), list(metadata))
+    scores = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu() for k, v in scores.items()}
+    n = len(prompts)
+    for k, v in scores.items():
+        if v.shape[0] != n:
+            raise ValueError(f"reward component {k!r} has {v.shape[0]} values for {n} images")
+    total = _total_reward(scores, weights)
+    bad = torch.nonzero(~torch.isfinite(total)).flatten().tolist()
+    if bad:
+        raise ValueError(f"non-finite reward for samples {bad[:20]}")
+    return total, scores
+
+
+def ode_complete(adapter: FlowModelAdapter, latents: torch.Tensor, embeds: PromptEmbeds,
+                 schedules: Sequence[torch.Tensor], guidance_scale: float, cfg: bool,
+                 max_batch: int = 32) -> tuple[torch.Tensor, int]:
+    """Batched deterministic (Euler) completions with a per-item sigma schedule.
+
+    ``latents`` (M, ...) are at ``schedules[m][0]``; item m is integrated along ``schedules[m]`` (1-D, decreasing,
+    ending at 0). Items are aligned at the *end*: at round r every item with steps left advances one step, all in
+    one model call with a (B,) sigma tensor, so the number of model calls per chunk is the longest schedule.
+    Returns the final latents and the number of model calls made."""
+    m = latents.shape[0]
+    out = latents.clone().float()
+    calls = 0
+    lengths = [len(s) - 1 for s in schedules]
+    for c0 in range(0, m, max_batch):
+        idx = list(range(c0, min(m, c0 + max_batch)))
+        L = max(lengths[i] for i in idx)
+        for r in range(L):
+            act = [i for i in idx if lengths[i] >= L - r]
+            if not act:
+                continue
+            j = [r - (L - lengths[i]) for i in act]
+            s = torch.stack([schedules[i][jj] for i, jj in zip(act, j)]).float()
+            sn = torch.stack([schedules[i][jj + 1] for i, jj in zip(act, j)]).float()
+            at = torch.tensor(act, dtype=torch.long, device=out.device)
+            x = out[at]
+            v = adapter.predict_velocity(x, s.to(x.device), embeds.index(at), guidance_scale, cfg)
+            out[at] = sde_step(v, x, s.to(x.device), sn.to(x.device), kind="ode").prev_sample
+            calls += 1
+    return out, calls
+
+
+@torch.no_grad()
+def sample_trajectories(
+    adapter: FlowModelAdapter,
+    prompts: Sequence[str],
+    cfg: SamplingConfig,
+    xt_seeds: Sequence[int],
+    noise_seeds: Sequence[int],
+    plan_seeds: Sequence[int],
+    group_ids: Sequence[int] | torch.Tensor,
+    metadata: Optional[Sequence[dict]] = None,
+    reward_fn: Optional[RewardFn] = None,
+    reward_weights: Optional[dict] = None,
+    global_step: int = 0,
+    xt: Optional[torch.Tensor] = None,
+) -> Trajectories:
+    """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
+    initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
+    tp_grpo / g2rpo credits)."""
+    t_start = time.perf_counter()
+    n = len(prompts)
+    metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
+    if not (len(xt_seeds) == len(noise_seeds) == len(plan_seeds) == len(metadata) == n):
+        raise ValueError("prompts, xt_seeds, noise_seeds, plan_seeds and metadata must have the same length")
+    group_ids = torch.as_tensor(group_ids, dtype=torch.long)
+    if cfg.credit != "outcome" and reward_fn is None:
+        raise ValueError(f"credit={cfg.credit!r} needs reward_fn")
+    if cfg.credit == "tp_grpo" and cfg.step_mode not in ("window", "all"):
+        raise ValueError("credit=tp_grpo needs step_mode window or all (a contiguous SDE block)")
+    if cfg.credit == "g2rpo" and cfg.step_mode != "single":
+        raise ValueError("credit=g2rpo needs step_mode=single")
+    if cfg.sde_kind not in ("flow", "dance", "cps"):
+        raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
+    H, W, K = cfg.height, cfg.width, cfg.num_steps
+    adapter.set_resolution(H, W)
+    sig = adapter.sigmas(K, H, W)
+    if len(sig) != K + 1 or float(sig[-1]) != 0.0:
+        raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
+    plan = make_step_plan(cfg, plan_seeds, global_step)
+    cols = torch.nonzero(plan.train_mask.any(0)).flatten()
+    T = len(cols)
+    col_of = {int(k): j for j, k in enumerate(cols.tolist())}
+    embeds = adapter.encode_prompts(prompts)
+    if xt is None:
+        xt = adapter.initial_noise(xt_seeds, H, W)
+    elif xt.shape[0] != n:
+        raise ValueError(f"xt has batch {xt.shape[0]} != {n}")
+    shape = tuple(xt.shape[1:])
+    dev = xt.device
+    lat = torch.zeros((n, T) + shape, dtype=torch.float32, device=dev)
+    nxt = torch.zeros_like(lat)
+    logp = torch.zeros(n, T, dtype=torch.float32)
+    final = torch.zeros((n,) + shape, dtype=torch.float32, device=dev)
+    calls = 0
+    chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
+    for c0, c1 in chunks:
+        x = xt[c0:c1].float().clone()
+        emb = embeds.index(slice(c0, c1))
+        for k in range(K):
+            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+            calls += 1
+            ode_next = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            m = plan.sde_mask[c0:c1, k]
+            if bool(m.any()):
+                gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
+                noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
+                out = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind=cfg.sde_kind,
+                               noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
+                mm = m.to(dev).view(-1, *([1] * len(shape)))
+                x_next = torch.where(mm, out.prev_sample, ode_next)
+                if k in col_of:
+                    j = col_of[k]
+                    lat[c0:c1, j] = x
+                    nxt[c0:c1, j] = x_next
+                    if out.log_prob is None:
+                        raise ValueError(f"step {k} (sigma_next={sig[k + 1].item()}) has zero std: cannot train it")
+                    logp[c0:c1, j] = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
+            else:
+                x_next = ode_next
+                if k in col_of:  # a column trained by other chunks: keep the state for the layout
+                    lat[c0:c1, col_of[k]] = x
+                    nxt[c0:c1, col_of[k]] = x_next
+            x = x_next
+        final[c0:c1] = x
+    images = torch.cat([adapter.decode(final[c0:c1], H, W).cpu() for c0, c1 in chunks])
+    cfg_mult = 2 if cfg.cfg else 1
+    nfe = K * cfg_mult
+    traj = Trajectories(
+        prompts=list(prompts), metadata=metadata, group_ids=group_ids, xt_seeds=list(xt_seeds),
+        noise_seeds=list(noise_seeds), step_indices=cols.clone(), sigmas=sig[cols].clone(),
+        sigmas_next=sig[cols + 1].clone(), latents=lat, next_latents=nxt, log_probs=logp,
+        train_mask=plan.train_mask[:, cols].clone(), sde_mask=plan.sde_mask, window_start=plan.window_start,
+        final_latents=final, images=images, chunks=chunks, sampling=cfg,
+    )
+    if reward_fn is not None:
+        total, scores = score_rewards(reward_fn, images, prompts, metadata, reward_weights)
+        traj.rewards = dict(scores)
+        traj.rewards["total"] = total
+        if cfg.credit == "tp_grpo":
+            traj.step_rewards, extra = _tp_grpo_rewards(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
+            nfe += extra * cfg_mult
+        elif cfg.credit == "g2rpo":
+            traj.step_rewards, extra = _g2rpo_rewards(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
+            nfe += extra * cfg_mult
+    traj.nfe_per_trajectory = float(nfe)
+    traj.seconds = time.perf_counter() - t_start
+    return traj
+
+
+def _window_layout(traj: Trajectories) -> tuple[int, torch.Tensor]:
+    """Window length n (equal for all samples) and, per sample, the column of its j-th SDE step (N, n)."""
+    sde_counts = traj.train_mask.sum(1)
+    n = int(sde_counts[0])
+    if not bool((sde_counts == n).all()) or n < 1:
+        raise ValueError("tp_grpo needs the same number of SDE steps for every sample")
+    pos = torch.stack([torch.nonzero(traj.train_mask[i]).flatten() for i in range(len(traj))])
+    return n, pos
+
+
+def _tp_grpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
+    """R (N, n+1): R_j = reward of the ODE completion from the state *before* the j-th SDE step (j = 0..n-1;
+    R_0 is therefore the ODE completion of x_T itself through the shared ODE prefix), R_n = final reward.
+    All n*N completions are batched (end-aligned, per-item sigma). Returns (R, completion NFEs per trajectory)."""
+    n, pos = _window_layout(traj)
+    N = len(traj)
+    items_lat, items_sched, items_src = [], [], []
+    for j in range(n):
+        for i in range(N):
+            col = int(pos[i, j])
+            k = int(traj.step_indices[col])
+            items_lat.append(traj.latents[i, col])
+            items_sched.append(sig[k:])
+            items_src.append(i)
+    lat = torch.stack(items_lat)
+    src = torch.tensor(items_src, dtype=torch.long)
+    out, _ = ode_complete(adapter, lat, embeds.index(src.to(embeds.prompt_embeds.device)), items_sched,
+                          traj.sampling.guidance_scale, traj.sampling.cfg, traj.sampling.completion_batch_size)
+    H, W = traj.sampling.height, traj.sampling.width
+    imgs = torch.cat([adapter.decode(out[c:c + traj.sampling.completion_batch_size], H, W).cpu()
+                      for c in range(0, len(out), traj.sampling.completion_batch_size)])
+    prompts = [traj.prompts[i] for i in items_src]
+    meta = [traj.metadata[i] for i in items_src]
+    total, _ = score_rewards(reward_fn, imgs, prompts, meta, weights)
+    R = torch.cat([total.view(n, N).t(), r_final.view(N, 1)], dim=1)
+    nfe = sum(len(s) - 1 for s in items_sched) / N
+    return R, nfe
+
+
+def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tensor:
+    """Sub-grid sig[start], sig[start+stride], ..., always ending with the final sigma (0)."""
+    idx = list(range(start, len(sig), stride))
+    if idx[-1] != len(sig) - 1:
+        idx.append(len(sig) - 1)
+    return sig[idx]
+
+
+def _g2rpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
+    """(N, |granularities|): reward of the ODE completion after the single SDE step at each stride;
+    stride 1 is the trajectory itself (its final reward)."""
+    N = len(traj)
+    grans = [int(g) for g in traj.sampling.granularities]
+    if any(g < 1 for g in grans):
+        raise ValueError(f"granularities must be >= 1, got {grans}")
+    cols = torch.stack([torch.nonzero(traj.train_mask[i]).flatten()[0] for i in range(N)])
+    R = torch.zeros(N, len(grans))
+    items_lat, items_sched, items_src, items_g = [], [], [], []
+    for gi, g in enumerate(grans):
+        if g == 1:
+            R[:, gi] = r_final
+            continue
+        for i in range(N):
+            col = int(cols[i])
+            k = int(traj.step_indices[col])
+            items_lat.append(traj.next_latents[i, col])
+            items_sched.append(granular_schedule(sig, k + 1, g))
+            items_src.append(i)
+            items_g.append(gi)
+    nfe = 0.0
+    if items_lat:
+        src = torch.tensor(items_src, dtype=torch.long)
+        out, _ = ode_complete(adapter, torch.stack(items_lat), embeds.index(src.to(embeds.prompt_embeds.device)),
+                              items_sched, traj.sampling.guidance_scale, traj.sampling.cfg,
+                              traj.sampling.completion_batch_size)
+        H, W = traj.sampling.height, traj.sampling.width
+        bs = traj.sampling.completion_batch_size
+        imgs = torch.cat([adapter.decode(out[c:c + bs], H, W).cpu() for c in range(0, len(out), bs)])
+        total, _ = score_rewards(reward_fn, imgs, [traj.prompts[i] for i in items_src],
+                                 [traj.metadata[i] for i in items_src], weights)
+        for t, i, gi in zip(total.tolist(), items_src, items_g):
+            R[i, gi] = t
+        nfe = sum(len(s) - 1 for s in items_sched) / N
+    return R, nfe
+
+
+def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int, int], col: int,
+                 embeds: Optional[PromptEmbeds] = None, return_velocity: bool = False):
+    """The training path: recompute the Gaussian of trained column ``col`` for the rollout chunk ``chunk``
+    with the *current* model (gradients flow if enabled) and score the stored ``x_{k+1}``.
+    Returns the :class:`SDEStepOutput` (and the velocity if asked)."""
+    c0, c1 = chunk
+    s = traj.sampling
+    if embeds is None:
+        embeds = adapter.encode_prompts(traj.prompts[c0:c1])
+    x = traj.latents[c0:c1, col]
+    sigma, sigma_next = traj.sigmas[col].item(), traj.sigmas_next[col].item()
+    v = adapter.predict_velocity(x, sigma, embeds, s.guidance_scale, s.cfg)
+    out = sde_step(v, x, sigma, sigma_next, kind=s.sde_kind, noise_level=s.noise_level,
+                   prev_sample=traj.next_latents[c0:c1, col], cps_tempered=s.cps_tempered)
+    return (out, v) if return_velocity else out

@@ -1,0 +1,255 @@
+"""Sampler: exact on-policy log-probs, step plans, determinism, TP-GRPO / G2RPO completions."""
+import dataclasses
+
+import pytest
+import torch
+
+from flow_grpo.config import SamplingConfig
+from flow_grpo.sampler import (
+    granular_schedule, make_step_plan, ode_complete, sample_trajectories, score_column, score_rewards,
+)
+from flow_grpo.sde import sde_step
+
+from .conftest import H, W, block_reward, brightness_reward, make_adapter
+
+PROMPTS = ["a cat", "a dog"] * 3  # 2 groups of 3 interleaved -> use explicit group ids
+GIDS = [0, 1] * 3
+
+
+def _cfg(kind, **kw):
+    base = dict(num_steps=5, height=H, width=W, guidance_scale=4.5 if kind == "sd3" else 3.5,
+                cfg=(kind == "sd3"), sde_kind="cps", noise_level=0.8, step_mode="all", batch_size=4,
+                window_size=2, window_range=[0, 4], single_steps=[0, 1, 2])
+    base.update(kw)
+    return SamplingConfig(**base)
+
+
+def _sample(ad, cfg, reward=None, seeds_offset=0, **kw):
+    n = len(PROMPTS)
+    return sample_trajectories(ad, PROMPTS, cfg, [seeds_offset + i for i in range(n)],
+                               [100 + seeds_offset + i for i in range(n)], [g + 7 for g in GIDS], GIDS,
+                               reward_fn=reward, **kw)
+
+
+def _nontrivial_lora(ad):
+    with torch.no_grad():
+        for n, p in ad.transformer.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+
+
+@pytest.mark.parametrize("kind,cfg_on,sde_kind,mode", [
+    ("sd3", True, "flow", "all"), ("sd3", False, "cps", "window"), ("sd3", True, "dance", "fraction"),
+    ("flux", False, "flow", "all"), ("flux", False, "cps", "single"),
+])
+def test_ratio_exactly_one_on_policy(kind, cfg_on, sde_kind, mode):
+    """Log-probs recomputed by the training path (with grad, LoRA active) == rollout log-probs, bit for bit."""
+    ad = make_adapter(kind)
+    _nontrivial_lora(ad)
+    cfg = _cfg(kind, cfg=cfg_on, sde_kind=sde_kind, step_mode=mode)
+    traj = _sample(ad, cfg)
+    assert traj.train_mask.any()
+    n_checked = 0
+    for ch in traj.chunks:
+        for col in range(len(traj.step_indices)):
+            with torch.enable_grad():
+                out = score_column(ad, traj, ch, col)
+            assert out.log_prob.requires_grad
+            m = traj.train_mask[ch[0]:ch[1], col]
+            assert torch.equal(out.log_prob.detach()[m], traj.log_probs[ch[0]:ch[1], col][m])
+            n_checked += int(m.sum())
+            ratio = torch.exp(out.log_prob.detach()[m] - traj.log_probs[ch[0]:ch[1], col][m])
+            assert torch.equal(ratio, torch.ones_like(ratio))
+    assert n_checked == int(traj.train_mask.sum())
+
+
+def test_log_probs_are_the_gaussian_of_the_stored_transition():
+    """Independent check of a stored log-prob: recompute mu, std by hand from the velocity and compare with
+    torch.distributions.Normal."""
+    ad = make_adapter("sd3")
+    cfg = _cfg("sd3", sde_kind="flow", noise_level=0.7, step_mode="all")
+    traj = _sample(ad, cfg)
+    col, (c0, c1) = 1, traj.chunks[0]
+    s, sn = traj.sigmas[col].item(), traj.sigmas_next[col].item()
+    with torch.no_grad():
+        v = ad.predict_velocity(traj.latents[c0:c1, col], s, ad.encode_prompts(PROMPTS[c0:c1]), 4.5, True)
+    x = traj.latents[c0:c1, col]
+    g = 0.7 * (s / (1 - s)) ** 0.5
+    mu = x + (sn - s) * (v + g**2 / (2 * s) * (x + (1 - s) * v))
+    std = g * (s - sn) ** 0.5
+    ref = torch.distributions.Normal(mu.double(), std).log_prob(traj.next_latents[c0:c1, col].double())
+    torch.testing.assert_close(traj.log_probs[c0:c1, col].double(), ref.mean(dim=(1, 2, 3)), atol=2e-5, rtol=1e-6)
+
+
+def test_step_plans():
+    seeds = list(range(40))
+    K = 6
+    p = make_step_plan(SamplingConfig(num_steps=K, step_mode="all"), seeds)
+    assert p.train_mask[:, :K - 1].all() and not p.train_mask[:, K - 1].any() and not p.sde_mask[:, K - 1].any()
+    p = make_step_plan(SamplingConfig(num_steps=K, step_mode="fraction", timestep_fraction=0.6), seeds)
+    assert (p.train_mask.sum(1) == 3).all() and not p.train_mask[:, K - 1].any()
+    assert p.sde_mask[:, :K - 1].all()
+    assert len({tuple(r.tolist()) for r in p.train_mask}) > 1  # random per sample
+    cfg = SamplingConfig(num_steps=K, step_mode="window", window_size=2, window_range=[1, 5])
+    p = make_step_plan(cfg, seeds)
+    for i in range(len(seeds)):
+        idx = torch.nonzero(p.sde_mask[i]).flatten().tolist()
+        assert len(idx) == 2 and idx[1] == idx[0] + 1 and 1 <= idx[0] <= 3 and idx[1] < K - 1
+        assert torch.equal(p.sde_mask[i], p.train_mask[i]) and p.window_start[i] == idx[0]
+    assert len(set(p.window_start.tolist())) == 3  # all admissible starts used over 40 seeds
+    fixed = make_step_plan(dataclasses.replace(cfg, window_policy="fixed"), seeds)
+    assert (fixed.window_start == 1).all()
+    slid = [int(make_step_plan(dataclasses.replace(cfg, window_policy="sliding", window_shift_every=2), [0],
+                               global_step=s).window_start[0]) for s in range(8)]
+    assert slid == [1, 1, 2, 2, 3, 3, 1, 1]  # moves every 2 steps, rolls back
+    p = make_step_plan(SamplingConfig(num_steps=K, step_mode="single", single_steps=[0, 2, 7]), seeds)
+    assert (p.sde_mask.sum(1) == 1).all() and set(p.window_start.tolist()) <= {0, 2}
+    # same plan seed -> same plan (a group shares its window)
+    a = make_step_plan(cfg, [5, 5, 9])
+    assert torch.equal(a.sde_mask[0], a.sde_mask[1])
+    with pytest.raises(ValueError):
+        make_step_plan(SamplingConfig(num_steps=K, step_mode="window", window_size=4, window_range=[0, 3]), [0])
+
+
+@pytest.mark.parametrize("mode", ["window", "single"])
+def test_only_intended_steps_are_sde_and_trained(mode):
+    """ODE outside the plan: the latents after a non-SDE step equal the Euler step; trained columns = plan."""
+    ad = make_adapter("sd3")
+    cfg = _cfg("sd3", step_mode=mode, cfg=False)
+    traj = _sample(ad, cfg)
+    plan = make_step_plan(cfg, [g + 7 for g in GIDS])
+    assert torch.equal(traj.sde_mask, plan.sde_mask)
+    full = torch.zeros_like(plan.train_mask)
+    full[:, traj.step_indices] = traj.train_mask
+    assert torch.equal(full, plan.train_mask)
+    # stochastic entries: x_{k+1} != Euler step, non-stochastic entries in stored columns: == Euler step
+    for col, k in enumerate(traj.step_indices.tolist()):
+        for c0, c1 in traj.chunks:
+            x = traj.latents[c0:c1, col]
+            with torch.no_grad():
+                v = ad.predict_velocity(x, traj.sigmas[col].item(), ad.encode_prompts(PROMPTS[c0:c1]), 4.5, False)
+            euler = sde_step(v, x, traj.sigmas[col].item(), traj.sigmas_next[col].item(), kind="ode").prev_sample
+            same = (traj.next_latents[c0:c1, col] == euler).flatten(1).all(1)
+            assert torch.equal(same, ~plan.sde_mask[c0:c1, k])
+
+
+def test_seeds_reproduce_trajectories_and_batch_layout_independence():
+    ad = make_adapter("flux")
+    cfg = _cfg("flux", sde_kind="flow", step_mode="all")
+    a = _sample(ad, cfg)
+    b = _sample(ad, cfg)
+    assert torch.equal(a.next_latents, b.next_latents) and torch.equal(a.images, b.images)
+    c = _sample(ad, cfg, seeds_offset=50)
+    assert not torch.equal(a.images, c.images)
+    # a different chunking gives (numerically) the same trajectories: noise depends on (seed, step) only
+    d = _sample(ad, dataclasses.replace(cfg, batch_size=6))
+    torch.testing.assert_close(d.final_latents, a.final_latents, atol=1e-4, rtol=0)
+
+
+def test_ode_complete_batched_equals_one_at_a_time():
+    ad = make_adapter("sd3")
+    ad.set_resolution(H, W)
+    sig = ad.sigmas(6, H, W)
+    x = ad.initial_noise([1, 2, 3], H, W)
+    emb = ad.encode_prompts(["a", "b", "c"])
+    scheds = [sig[1:], sig[3:], granular_schedule(sig, 2, 2)]
+    with torch.no_grad():
+        out, calls = ode_complete(ad, x, emb, scheds, 4.5, True)
+        assert calls == max(len(s) for s in scheds) - 1
+        for i in range(3):
+            one, _ = ode_complete(ad, x[i:i + 1], emb.index([i]), [scheds[i]], 4.5, True)
+            torch.testing.assert_close(out[i:i + 1], one, atol=1e-5, rtol=0)
+            # and a plain Euler loop
+            y = x[i:i + 1]
+            for k in range(len(scheds[i]) - 1):
+                v = ad.predict_velocity(y, scheds[i][k].item(), emb.index([i]), 4.5, True)
+                y = y + (scheds[i][k + 1] - scheds[i][k]) * v
+            torch.testing.assert_close(out[i:i + 1], y, atol=1e-5, rtol=0)
+    assert granular_schedule(sig, 2, 2).tolist() == sig[[2, 4, 6]].tolist()
+    assert granular_schedule(sig, 1, 2).tolist() == sig[[1, 3, 5, 6]].tolist()
+
+
+def _ode_rollout(ad, seeds, prompts, cfg):
+    sig = ad.sigmas(cfg.num_steps, H, W)
+    ad.set_resolution(H, W)
+    x = ad.initial_noise(seeds, H, W)
+    emb = ad.encode_prompts(prompts)
+    with torch.no_grad():
+        for k in range(cfg.num_steps):
+            v = ad.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+    return block_reward(ad.decode(x, H, W), prompts, [{}] * len(prompts))["block"]
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_tp_grpo_rewards(kind):
+    ad = make_adapter(kind)
+    cfg = _cfg(kind, step_mode="window", window_size=2, window_range=[1, 4], credit="tp_grpo", cfg=False)
+    traj = _sample(ad, cfg, reward=block_reward)
+    N = len(PROMPTS)
+    tol = 0.5 / 255  # batched vs single forward passes may flip a uint8 rounding
+    assert traj.step_rewards.shape == (N, 3)
+    assert torch.equal(traj.step_rewards[:, -1], traj.rewards["total"])  # R_n = final reward
+    # R_0 by construction: a pure-ODE rollout from the trajectory's OWN x_T ...
+    r0 = _ode_rollout(ad, list(range(N)), PROMPTS, cfg)
+    torch.testing.assert_close(traj.step_rewards[:, 0], r0, atol=tol, rtol=0)
+    # ... which a fresh x_T (the TP-GRPO release bug) would not reproduce: the check can fail
+    r0_fresh = _ode_rollout(ad, [1000 + i for i in range(N)], PROMPTS, cfg)
+    assert int(((r0_fresh - traj.step_rewards[:, 0]).abs() > 3 * tol).sum()) >= N // 2
+    # R_1: ODE completion from the state after the first SDE step, one sample at a time
+    sig = ad.sigmas(cfg.num_steps, H, W)
+    emb = ad.encode_prompts(PROMPTS)
+    for i in (0, 3):
+        k1 = int(traj.window_start[i]) + 1
+        col = int((traj.step_indices == k1).nonzero())
+        with torch.no_grad():
+            y, _ = ode_complete(ad, traj.latents[i:i + 1, col], emb.index([i]), [sig[k1:]], cfg.guidance_scale, False)
+        r1 = block_reward(ad.decode(y, H, W), PROMPTS[i:i + 1], [{}])["block"]
+        torch.testing.assert_close(traj.step_rewards[i, 1:2], r1, atol=tol, rtol=0)
+    # NFEs: main K + completions of length K - w0 and K - w0 - 1
+    w0 = traj.window_start.float()
+    assert traj.nfe_per_trajectory == pytest.approx(float((5 + (5 - w0) + (4 - w0)).mean()))
+
+
+def test_tp_grpo_advantages_shape():
+    from mmgrpo.core import step_advantages, turning_point_rewards
+
+    ad = make_adapter("sd3")
+    cfg = _cfg("sd3", step_mode="window", window_size=2, window_range=[0, 4], credit="tp_grpo", cfg=False)
+    traj = _sample(ad, cfg, reward=brightness_reward)
+    credit = turning_point_rewards(traj.step_rewards, traj.group_ids)
+    A = step_advantages(credit.step_rewards, traj.group_ids)
+    assert A.shape == (len(PROMPTS), 2)
+
+
+def test_g2rpo_rewards():
+    ad = make_adapter("sd3")
+    cfg = _cfg("sd3", step_mode="single", credit="g2rpo", granularities=[1, 2], cfg=False, sde_kind="flow",
+               noise_level=0.7)
+    traj = _sample(ad, cfg, reward=block_reward)
+    assert traj.step_rewards.shape == (len(PROMPTS), 2)
+    assert torch.equal(traj.step_rewards[:, 0], traj.rewards["total"])
+    # granularity-2 reward of sample 0, recomputed one at a time
+    i = 0
+    col = int(traj.train_mask[i].nonzero()[0])
+    k = int(traj.step_indices[col])
+    sig = ad.sigmas(cfg.num_steps, H, W)
+    with torch.no_grad():
+        y, _ = ode_complete(ad, traj.next_latents[i:i + 1, col], ad.encode_prompts(PROMPTS[:1]),
+                            [granular_schedule(sig, k + 1, 2)], cfg.guidance_scale, False)
+    r = block_reward(ad.decode(y, H, W), PROMPTS[:1], [{}])["block"]
+    torch.testing.assert_close(traj.step_rewards[i, 1:2], r, atol=0.5 / 255, rtol=0)
+    assert not torch.equal(traj.step_rewards[:, 1], traj.step_rewards[:, 0])
+
+
+def test_score_rewards_validation():
+    imgs = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    tot, comp = score_rewards(lambda i, p, m: {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0, 1.0])},
+                              imgs, ["x", "y"], [{}, {}], {"a": 0.5, "b": 2.0})
+    assert tot.tolist() == [0.5, 3.0]
+    with pytest.raises(ValueError, match="weights"):
+        score_rewards(lambda i, p, m: {"a": torch.ones(2), "b": torch.ones(2)}, imgs, ["x", "y"], [{}, {}])
+    with pytest.raises(ValueError, match="non-finite"):
+        score_rewards(lambda i, p, m: {"a": torch.tensor([1.0, float("nan")])}, imgs, ["x", "y"], [{}, {}])
+    with pytest.raises(ValueError, match="values for"):
+        score_rewards(lambda i, p, m: {"a": torch.ones(3)}, imgs, ["x", "y"], [{}, {}])
