@@ -1,5 +1,8 @@
 """Tiny Qwen-VL checkpoints saved once per session and loaded back with from_pretrained."""
 import pytest
+import torch
+
+torch.set_num_threads(1)  # the 2-core machine is shared: oversubscription makes 2 threads 5x slower
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,215 @@
+"""Configuration of the VLM GRPO trainer (nested dataclasses; YAML + ``key=value`` via ``mmgrpo.utils.config``).
+
+Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
+
+* plain GRPO / DAPO / Dr.GRPO: ``algo.*`` (advantage scale, clip, aggregation, KL, num_iterations, group filter);
+* TempSamp-R1: ``tempsamp.enabled=true`` (+ ``tempsamp.mode=shape|anchor|none``);
+* T-GRPO (Video-R1): ``tgrpo.enabled=true``;
+* Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
+* TW-GRPO: ``twgrpo.enabled=true``;
+* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``.
+
+No torch import here: ``mmgrpo train --help`` stays fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = field(default=False, metadata=_h("train LoRA adapters instead of full fine-tuning"))
+    r: int = field(default=16, metadata=_h("LoRA rank"))
+    alpha: int = field(default=32, metadata=_h("LoRA alpha (scale alpha/r)"))
+    dropout: float = field(default=0.0, metadata=_h("LoRA dropout; keep 0 so old and new log-probs agree"))
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        metadata=_h("LLM linear layers to adapt (vision tower excluded unless include_vision)"))
+    include_vision: bool = field(default=False, metadata=_h("also adapt the vision tower"))
+
+
+@dataclass
+class ModelConfig:
+    path: str = field(default="", metadata=_h("local model folder (from_pretrained), e.g. a Qwen2.5-VL-7B checkpoint"))
+    family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
+        default="auto", metadata=_h("model family; auto = config.json model_type"))
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="bfloat16", metadata=_h("weights dtype"))
+    attn_implementation: str = field(default="sdpa", metadata=_h("sdpa | flash_attention_2 | eager"))
+    freeze_vision: bool = field(default=True, metadata=_h("freeze the vision tower (ViT + merger)"))
+    gradient_checkpointing: bool = field(default=False, metadata=_h("activation checkpointing in the LLM"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora_path: str = field(default="", metadata=_h("start from an existing LoRA adapter folder"))
+
+
+@dataclass
+class DataConfig:
+    train_file: str = field(default="", metadata=_h("canonical JSONL of samples (mmgrpo.data schema)"))
+    media_root: str = field(default="", metadata=_h("prefix for relative video/image paths"))
+    task: str = field(default="tvg", metadata=_h("tvg | mcq | gqa | rec | numeric (prompt + reward family)"))
+    prompt_mode: Literal["think", "no_think", "hybrid"] = field(
+        default="think", metadata=_h("mmgrpo.data prompt mode: <think> reasoning, direct answer, or hybrid"))
+    answer_format: Literal["seconds", "json"] = field(default="seconds",
+                                                      metadata=_h("TVG answer format asked for in the prompt"))
+    max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
+    shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
+    on_missing_media: Literal["skip", "error"] = field(
+        default="skip", metadata=_h("a sample whose video/image is missing: skip and count it, or raise"))
+    video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
+    max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
+    min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
+    video_min_pixels: int = field(default=16 * 28 * 28, metadata=_h("per-frame min pixels"))
+    video_max_pixels: int = field(default=768 * 28 * 28, metadata=_h("per-frame max pixels"))
+    video_total_pixels: float = field(default=3584 * 28 * 28,
+                                      metadata=_h("pixel budget of the whole video (caps frames x pixels)"))
+    image_min_pixels: int = field(default=0, metadata=_h("image min pixels (0 = the processor's own setting)"))
+    image_max_pixels: int = field(default=0, metadata=_h("image max pixels (0 = the processor's own setting)"))
+
+
+@dataclass
+class RolloutConfig:
+    backend: Literal["hf", "vllm"] = field(default="hf", metadata=_h("hf = model.generate; vllm = GPU engine"))
+    num_generations: int = field(default=8, metadata=_h("G: completions per prompt (group size)"))
+    max_new_tokens: int = field(default=256, metadata=_h("max completion tokens"))
+    temperature: float = field(default=1.0, metadata=_h("sampling temperature (also in the log-probs)"))
+    top_p: float = field(default=1.0, metadata=_h("nucleus sampling"))
+    top_k: int = field(default=0, metadata=_h("top-k sampling (0 = off)"))
+    generation_batch_size: int = field(default=32, metadata=_h("rows per generate() call"))
+    mask_truncated_completions: bool = field(
+        default=False, metadata=_h("exclude completions that hit max_new_tokens from the loss (still counted)"))
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_h("vLLM colocate memory fraction"))
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"iou": 1.0, "format": 0.5},
+        metadata=_h("reward names (mmgrpo.rewards.registry.REWARDS) and weights: total = sum w_k r_k"))
+    accuracy_key: str = field(
+        default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
+                                    "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
+    options: dict[str, Any] = field(default_factory=dict,
+                                    metadata=_h("extra build_reward_fn options, YAML values (e.g. {sigma: 0.2})"))
+
+
+@dataclass
+class AlgoConfig:
+    adv_scale: Literal["group", "batch", "none"] = field(
+        default="group", metadata=_h("advantage std scaling: group (GRPO), batch (Lite-PPO), none (Dr.GRPO)"))
+    adv_eps: float = field(default=1e-4, metadata=_h("epsilon added to the std"))
+    loss_type: Literal["clip", "reg"] = field(default="clip", metadata=_h("clip = PPO-clip GRPO; reg = Reg-GRPO"))
+    clip_low: float = field(default=0.2, metadata=_h("PPO clip epsilon (low side)"))
+    clip_high: Optional[float] = field(default=None, metadata=_h("clip-higher epsilon (DAPO 0.28); none = clip_low"))
+    dual_clip: Optional[float] = field(default=None, metadata=_h("dual-clip cap c > 1 for A < 0 (EasyR1 3.0)"))
+    ratio_level: Literal["token", "sequence"] = field(default="token", metadata=_h("sequence = GSPO ratio"))
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"] = field(
+        default="token_mean", metadata=_h("loss aggregation (sets the length bias)"))
+    kl_coef: float = field(default=0.0, metadata=_h("beta of the KL to the frozen reference (0 = no reference)"))
+    kl_estimator: Literal["k1", "k2", "k3"] = field(default="k3", metadata=_h("per-token KL estimator"))
+    num_iterations: int = field(default=1, metadata=_h("optimizer updates per rollout batch (mu); >1 uses old log-probs"))
+    filter_zero_std: bool = field(default=False,
+                                  metadata=_h("DAPO dynamic sampling: drop groups whose rewards are all equal"))
+    filter_max_rounds: int = field(default=3, metadata=_h("extra sampling rounds to refill filtered groups"))
+
+
+@dataclass
+class TempSampConfig:
+    enabled: bool = field(default=False, metadata=_h("TempSamp-R1: inject the ground truth as one group member"))
+    mode: Literal["shape", "anchor", "none"] = field(
+        default="shape", metadata=_h("shape = soft non-linear reward shaping; anchor = A_gt = lambda*max A_on"))
+    tau: float = field(default=0.8, metadata=_h("shaping threshold"))
+    alpha1: float = field(default=0.01, metadata=_h("shaping slope above tau"))
+    alpha2: float = field(default=1.0, metadata=_h("shaping curvature below tau"))
+    anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
+
+
+@dataclass
+class TGRPOConfig:
+    enabled: bool = field(default=False, metadata=_h("T-GRPO: temporal bonus from a shuffled-frame group (videos)"))
+    num_shuffled: int = field(default=0, metadata=_h("completions on shuffled frames per prompt (0 = G/2)"))
+    alpha: float = field(default=0.3, metadata=_h("bonus added to correct ordered completions"))
+    mu: float = field(default=1.0, metadata=_h("bonus if acc(ordered) >= mu * acc(shuffled); Video-R1 code: 0.8"))
+    min_accuracy: float = field(default=0.1, metadata=_h("a completion counts as correct above this accuracy"))
+
+
+@dataclass
+class TWGRPOConfig:
+    enabled: bool = field(default=False, metadata=_h("TW-GRPO token weights from intra-group divergence"))
+    alpha: float = field(default=1.7, metadata=_h("max token weight (weights in [1, alpha])"))
+    clamp: float = field(default=11.0, metadata=_h("clamp of log-prob differences"))
+
+
+@dataclass
+class SelectionConfig:
+    enabled: bool = field(default=False, metadata=_h("select training samples by K base-model inferences first"))
+    num_inferences: int = field(default=8, metadata=_h("K samples per prompt"))
+    criterion: Literal["variance", "gaussian", "nonconstant"] = field(
+        default="nonconstant",
+        metadata=_h("variance: keep var >= min_variance; gaussian: weight exp(-(m-mu)^2/2s^2) on mean reward "
+                    "(Time-R1); nonconstant: drop all-correct/all-wrong (equal rewards)"))
+    key: str = field(default="total", metadata=_h("reward to select on: 'total' (weighted sum) or a reward name"))
+    min_variance: float = field(default=0.0, metadata=_h("variance threshold (criterion=variance)"))
+    num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
+    gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
+    gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+
+
+@dataclass
+class OptimConfig:
+    lr: float = field(default=1e-6, metadata=_h("AdamW learning rate"))
+    weight_decay: float = field(default=0.01, metadata=_h("AdamW weight decay"))
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=_h("AdamW betas"))
+    warmup_steps: int = field(default=0, metadata=_h("linear LR warmup steps"))
+    lr_schedule: Literal["constant", "cosine", "linear"] = field(default="constant", metadata=_h("LR schedule"))
+    max_grad_norm: float = field(default=1.0, metadata=_h("gradient clipping (0 = off)"))
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = field(default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints)"))
+    max_steps: int = field(default=100, metadata=_h("rollout steps"))
+    prompts_per_device: int = field(default=2, metadata=_h("prompts per process per step (rows = x G)"))
+    micro_batch_size: int = field(default=16, metadata=_h("rows per forward/backward (whole groups, >= 1 group)"))
+    seed: int = field(default=0, metadata=_h("base seed (data order, per-sample generation seeds)"))
+    log_every: int = field(default=1, metadata=_h("log metrics + sampled completions every N steps"))
+    num_completions_to_log: int = field(default=8, metadata=_h("completions written to completions.jsonl per log"))
+    save_every: int = field(default=50, metadata=_h("checkpoint every N steps (and at the end); 0 = end only"))
+    keep_last: int = field(default=3, metadata=_h("checkpoints to keep"))
+    resume_from: str = field(default="auto", metadata=_h("auto | none | path to a checkpoint"))
+    device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
+    mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
+    use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
+
+
+@dataclass
+class TrainConfig:
+    """mmgrpo VLM GRPO training run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    tempsamp: TempSampConfig = field(default_factory=TempSampConfig)
+    tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
+    twgrpo: TWGRPOConfig = field(default_factory=TWGRPOConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        G = self.rollout.num_generations
+        if G < 2:
+            raise ValueError(f"rollout.num_generations must be >= 2 (a group needs a baseline), got {G}")
+        if self.tempsamp.enabled and G < 3:
+            raise ValueError("tempsamp needs rollout.num_generations >= 3 (G-1 on-policy + 1 ground truth)")
+        if self.algo.num_iterations < 1:
+            raise ValueError("algo.num_iterations must be >= 1")
+        if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:
+            raise ValueError("run.prompts_per_device and run.micro_batch_size must be >= 1")
+        if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
+            raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")

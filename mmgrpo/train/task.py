@@ -1,0 +1,206 @@
+"""Sample -> prompt item (messages + media through the processor), ground-truth completion, shuffled-frame variant.
+
+Built on the shared modules: ``mmgrpo.data`` (``build_messages``, ``format_ground_truth_answer``, ``load_jsonl``),
+``mmgrpo.video`` (``load_video`` + ``build_video_inputs``: the fps / time-axis contract) and ``mmgrpo.rewards``
+(``build_reward_fn``).  Samples are ``mmgrpo.data.Sample`` objects (or canonical dicts); in-memory frames may be
+given as ``video`` (an array) with ``meta["video_fps"]`` (tests, synthetic data).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+
+class MissingMediaError(FileNotFoundError):
+    """A sample's video / image file does not exist (or cannot be decoded)."""
+
+
+def _get(sample: Any, key: str, default: Any = None) -> Any:
+    if isinstance(sample, Mapping):
+        return sample.get(key, default)
+    return getattr(sample, key, default)
+
+
+def sample_id(sample: Any) -> str:
+    return str(_get(sample, "id", "<no id>"))
+
+
+def as_dict(sample: Any) -> dict:
+    """Reward functions take canonical dicts; accept dataclass samples too."""
+    if isinstance(sample, Mapping):
+        return dict(sample)
+    import dataclasses
+
+    if dataclasses.is_dataclass(sample):
+        return dataclasses.asdict(sample)
+    return dict(vars(sample))
+
+
+def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False) -> list:
+    """Canonical JSONL -> samples (``mmgrpo.data.load_jsonl``: errors name file, line, id and field).
+
+    ``check_media``: find every missing video/image before training and raise one error listing them
+    (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time."""
+    from mmgrpo.data import load_jsonl
+
+    out, _report = load_jsonl(path, root=media_root or None, on_error="raise", check_media=check_media)
+    return out[:max_samples] if max_samples else out
+
+
+@dataclass
+class PreparedPrompt:
+    """One sample, ready for generation: ``item`` is the processor output (batch dim 1)."""
+
+    sample: Any
+    item: dict
+    clip: Any = None  # mmgrpo.video.VideoClip for video samples
+    text: str = ""  # chat-template-rendered prompt
+    images: list | None = None
+
+
+class TaskAdapter:
+    """Builds prompt items for a sample with the policy's processor; one per trainer."""
+
+    def __init__(self, processor, adapter, data_cfg, reward_cfg=None):
+        self.processor = processor
+        self.adapter = adapter
+        self.cfg = data_cfg
+        self.task = data_cfg.task
+        self.mode = data_cfg.prompt_mode
+
+    # -- prompts -------------------------------------------------------------------------------------------
+    def messages(self, sample: Any) -> list[dict]:
+        from mmgrpo.data import build_messages
+
+        return build_messages(sample, mode=self.mode, answer_format=self.cfg.answer_format,
+                              box_frame=self.adapter.family)
+
+    def gt_completion(self, sample: Any, item: dict | None = None) -> str:
+        """The ground truth as a completion (TempSamp-R1); boxes in the model's frame (Qwen2.5-VL: the
+        processor-resized image, from ``image_grid_thw``)."""
+        from mmgrpo.data import format_ground_truth_answer
+
+        kw: dict[str, Any] = {}
+        if self.task == "rec":
+            kw["box_frame"] = self.adapter.family
+            if item is not None and "image_grid_thw" in item:
+                _, gh, gw = (int(x) for x in item["image_grid_thw"][0])
+                kw["resized_size"] = [gw * self.adapter.patch_size, gh * self.adapter.patch_size]
+        return format_ground_truth_answer(sample, mode=self.mode, answer_format=self.cfg.answer_format, **kw)
+
+    def _path(self, p: Any) -> Any:
+        if isinstance(p, (str, os.PathLike)):
+            p = os.fspath(p)
+            if p.startswith("file://"):
+                p = p[7:]
+            if self.cfg.media_root and not os.path.isabs(p):
+                p = os.path.join(self.cfg.media_root, p)
+            if not os.path.exists(p):
+                raise MissingMediaError(f"sample media not found: {p}")
+        return p
+
+    def _load_clip(self, sample: Any):
+        from mmgrpo.video.clip import load_video
+
+        v = self._path(_get(sample, "video"))
+        kw = dict(fps=self.cfg.video_fps, min_frames=self.cfg.min_frames, max_frames=self.cfg.max_frames,
+                  min_pixels=self.cfg.video_min_pixels, max_pixels=self.cfg.video_max_pixels,
+                  total_pixels=self.cfg.video_total_pixels, image_factor=self.adapter.patch_size * 2,
+                  video_start=_get(sample, "video_start"), video_end=_get(sample, "video_end"))
+        meta = _get(sample, "meta") or {}
+        vfps = _get(sample, "video_fps", meta.get("video_fps"))
+        if not isinstance(v, str) and vfps is not None:
+            kw["video_fps"] = float(vfps)
+        try:
+            return load_video(v, **kw)
+        except FileNotFoundError as e:
+            raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
+        except Exception as e:  # decode errors of a present file: a media problem of this sample
+            if type(e).__name__ == "VideoError":
+                raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
+            raise
+
+    def _load_images(self, sample: Any) -> list:
+        from PIL import Image
+
+        imgs = _get(sample, "image")
+        imgs = imgs if isinstance(imgs, (list, tuple)) else [imgs]
+        out = []
+        for im in imgs:
+            im = self._path(im)
+            if isinstance(im, str):
+                try:
+                    im = Image.open(im).convert("RGB")
+                except OSError as e:
+                    raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: {e}") from e
+            out.append(im)
+        return out
+
+    def prepare(self, sample: Any) -> PreparedPrompt:
+        msgs = self.messages(sample)
+        text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        if _get(sample, "video") is not None:
+            from mmgrpo.video.processor import build_video_inputs
+
+            clip = self._load_clip(sample)
+            item = build_video_inputs(self.processor, clip, text, self.adapter.family)
+            return PreparedPrompt(sample, _tensors(item), clip=clip, text=text)
+        if _get(sample, "image") is not None:
+            imgs = self._load_images(sample)
+            kw = {}
+            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
+                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
+            item = self.processor(text=[text], images=imgs, return_tensors="pt", **kw)
+            return PreparedPrompt(sample, _tensors(item), text=text, images=imgs)
+        item = self.processor(text=[text], return_tensors="pt")
+        return PreparedPrompt(sample, _tensors(item), text=text)
+
+    def shuffled(self, prep: PreparedPrompt, generator: torch.Generator) -> dict | None:
+        """T-GRPO: the same prompt with the video's frames in a random order (time metadata unchanged).
+
+        Frames are permuted in pairs-free fashion at the frame level, as Video-R1 does; returns None for
+        non-video prompts."""
+        if prep.clip is None:
+            return None
+        import dataclasses
+
+        from mmgrpo.video.processor import build_video_inputs
+
+        perm = torch.randperm(prep.clip.num_frames, generator=generator)
+        frames = prep.clip.frames[perm] if isinstance(prep.clip.frames, torch.Tensor) else prep.clip.frames[perm.numpy()]
+        clip = dataclasses.replace(prep.clip, frames=frames)
+        return _tensors(build_video_inputs(self.processor, clip, prep.text, self.adapter.family))
+
+
+def _tensors(batch) -> dict:
+    return {k: v for k, v in dict(batch).items() if isinstance(v, torch.Tensor)}
+
+
+def build_rewards(reward_cfg, task: str, family: str, tokenizer):
+    """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
+    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
+    from mmgrpo.rewards.registry import build_reward_fn
+
+    opts = dict(reward_cfg.options)
+    if task == "rec":
+        opts.setdefault("box_frame", family)
+    if "length" in reward_cfg.weights:
+        opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
+    fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)
+    key = accuracy_key(reward_cfg, task)
+    acc_fn = None if key in reward_cfg.weights else build_reward_fn({key: 1.0}, task, **{
+        k: v for k, v in opts.items() if k != "token_counter"})
+    return fn, acc_fn
+
+
+def accuracy_key(reward_cfg, task: str) -> str:
+    if reward_cfg.accuracy_key != "auto":
+        return reward_cfg.accuracy_key
+    return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")
+
+
+def repeat(xs: Sequence[Any], n: int) -> list:
+    return [x for x in xs for _ in range(n)]

@@ -1,0 +1,762 @@
+"""The VLM GRPO trainer: one readable loop; method differences are configuration.
+
+Per step (``GRPOTrainer.train``):
+
+1. **collect**: draw prompts (deterministic, resumable stream; each process takes its slice), build processor inputs
+   (videos through ``mmgrpo.video``'s fps contract), sample G completions per prompt (seeds from (seed, step,
+   stream position, g)), optionally inject the ground truth (TempSamp-R1) and a shuffled-frame group (T-GRPO),
+   score rewards, compute group advantages (explicit integer group ids = stream position), optionally drop
+   zero-variance groups and refill (DAPO dynamic sampling);
+2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or TW-GRPO), reference
+   log-probs (kl_coef > 0), TW-GRPO token weights -- all with ``compute_token_logprobs``, the same function and the
+   same padding the loss uses, so on-policy ratios are exactly 1;
+3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
+   or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
+   summed across processes, so the update does not depend on the number of processes or micro-batches;
+4. log (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
+   completions to ``completions.jsonl``) and checkpoint (all state through ``CheckpointManager``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from mmgrpo.config import TrainConfig
+from mmgrpo.core import (anchor_offpolicy_advantages, global_sum, group_advantages, offpolicy_diagnostics,
+                         policy_loss, tempsamp_shape)
+from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
+from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
+                                   compute_token_logprobs, make_seeds)
+from mmgrpo.train.methods import temporal_bonus, tw_token_weights
+from mmgrpo.train.selection import reward_stats, select_indices
+from mmgrpo.train.task import (MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key, as_dict,
+                               build_rewards, load_samples, sample_id)
+from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from mmgrpo.utils.config import config_to_dict, save_config
+from mmgrpo.utils.logging import MetricLogger, get_logger
+from mmgrpo.utils.seeding import sample_seed, seed_everything
+
+log = get_logger("mmgrpo.train")
+
+
+# --------------------------------------------------------------------------------------------------- sampler
+class PromptStream:
+    """Endless, seeded, resumable stream of sample indices; epoch e uses permutation(seed, e).
+
+    ``take(k)`` returns (stream position, sample index) pairs; the stream position is unique over the run and is
+    the group id and the seed coordinate of a prompt, independent of the number of processes.
+    """
+
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True):
+        if num_samples < 1:
+            raise ValueError("the training set is empty")
+        self.n, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.position = 0
+        self._perm_epoch, self._perm = -1, None
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._perm_epoch != epoch:
+            if self.shuffle:
+                g = torch.Generator().manual_seed(sample_seed(self.seed, 7919, epoch))
+                self._perm = torch.randperm(self.n, generator=g).tolist()
+            else:
+                self._perm = list(range(self.n))
+            self._perm_epoch = epoch
+        return self._perm
+
+    def take(self, k: int) -> list[tuple[int, int]]:
+        out = []
+        for _ in range(k):
+            epoch, off = divmod(self.position, self.n)
+            out.append((self.position, self._order(epoch)[off]))
+            self.position += 1
+        return out
+
+    @property
+    def epoch(self) -> int:
+        return self.position // self.n
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "num_samples": self.n, "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["num_samples"] != self.n:
+            raise ValueError(f"resume: the checkpoint's data stream had {sd['num_samples']} samples, the current "
+                             f"training set has {self.n}; same data (and selection) is required for an exact resume")
+        self.position = int(sd["position"])
+
+
+# --------------------------------------------------------------------------------------------------- batch
+@dataclass
+class RolloutBatch:
+    """All rows of one step on this process.  Rows of a group are contiguous; group id = stream position."""
+
+    items: list[dict]  # per row: processor output of its prompt (shared objects across the group)
+    samples: list[Any]
+    texts: list[str]
+    completion_ids: torch.Tensor  # (N, T)
+    completion_mask: torch.Tensor  # (N, T) real tokens
+    group_ids: torch.Tensor  # (N,) int64
+    is_offpolicy: torch.Tensor  # (N,) bool (TempSamp ground-truth rows)
+    truncated: torch.Tensor  # (N,) bool
+    parse_failed: torch.Tensor  # (N,) bool
+    rewards: dict[str, torch.Tensor]  # name -> (N,), includes "total"
+    rollout_logp: torch.Tensor  # (N, T) sampling log-probs (0 on off-policy rows)
+    advantages: torch.Tensor | None = None
+    reward_used: torch.Tensor | None = None  # rewards entering the advantage (after shaping / bonus)
+    zero_std: torch.Tensor | None = None  # (N,) bool
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    token_weights: torch.Tensor | None = None
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.completion_mask
+
+    def select(self, rows: torch.Tensor) -> "RolloutBatch":
+        idx = rows.tolist()
+        pick = (lambda t: None if t is None else t[rows])
+        return RolloutBatch(
+            [self.items[i] for i in idx], [self.samples[i] for i in idx], [self.texts[i] for i in idx],
+            self.completion_ids[rows], self.completion_mask[rows], self.group_ids[rows], self.is_offpolicy[rows],
+            self.truncated[rows], self.parse_failed[rows], {k: v[rows] for k, v in self.rewards.items()},
+            self.rollout_logp[rows], pick(self.advantages), pick(self.reward_used), pick(self.zero_std),
+            pick(self.old_logp), pick(self.ref_logp), pick(self.token_weights), dict(self.info))
+
+
+def _pad_cols(t: torch.Tensor, T: int, value=0) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, T - t.shape[1]), value=value) if t.shape[1] < T else t[:, :T]
+
+
+def cat_batches(bs: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
+    bs = [b for b in bs if b.n > 0]
+    if len(bs) == 1:
+        return bs[0]
+    T = max(b.completion_ids.shape[1] for b in bs)
+
+    def cat(get, value=0):
+        vals = [get(b) for b in bs]
+        if any(v is None for v in vals):
+            return None
+        if vals[0].dim() == 2:
+            vals = [_pad_cols(v, T, value) for v in vals]
+        return torch.cat(vals)
+
+    info: dict[str, float] = {}
+    for b in bs:
+        for k, v in b.info.items():
+            info[k] = info.get(k, 0.0) + v
+    return RolloutBatch(
+        sum((b.items for b in bs), []), sum((b.samples for b in bs), []), sum((b.texts for b in bs), []),
+        cat(lambda b: b.completion_ids, pad_id), cat(lambda b: b.completion_mask), cat(lambda b: b.group_ids),
+        cat(lambda b: b.is_offpolicy), cat(lambda b: b.truncated), cat(lambda b: b.parse_failed),
+        {k: torch.cat([b.rewards[k] for b in bs]) for k in bs[0].rewards}, cat(lambda b: b.rollout_logp),
+        cat(lambda b: b.advantages), cat(lambda b: b.reward_used), cat(lambda b: b.zero_std),
+        cat(lambda b: b.old_logp), cat(lambda b: b.ref_logp), cat(lambda b: b.token_weights, 1.0), info)
+
+
+def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
+    """Row indices of micro-batches made of whole groups (<= max_rows rows unless one group is larger)."""
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        groups.setdefault(g, []).append(i)
+    out, cur = [], []
+    for rows in groups.values():
+        if cur and len(cur) + len(rows) > max_rows:
+            out.append(torch.tensor(cur))
+            cur = []
+        cur.extend(rows)
+    if cur:
+        out.append(torch.tensor(cur))
+    return out
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        prog = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * prog)) if schedule == "cosine" else 1.0 - prog
+    return f
+
+
+# --------------------------------------------------------------------------------------------------- trainer
+class GRPOTrainer:
+    """GRPO for Qwen-VL policies.  ``samples`` / ``policy`` / ``reward_fn`` may be injected (tests, scripts)."""
+
+    def __init__(self, cfg: TrainConfig, samples: Sequence[Any] | None = None, policy: Policy | None = None,
+                 reward_fn: Callable | None = None, accuracy_fn: Callable | None = None,
+                 backend: RolloutBackend | None = None):
+        from accelerate import Accelerator
+
+        self.cfg = cfg
+        cpu = cfg.run.device == "cpu" or (cfg.run.device == "auto" and not torch.cuda.is_available())
+        self.accelerator = Accelerator(cpu=cpu, mixed_precision=cfg.run.mixed_precision)
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.device = self.accelerator.device
+        seed_everything(cfg.run.seed + self.rank)
+        self.run_dir = Path(cfg.run.output_dir)
+
+        if policy is None:
+            if not cfg.model.path:
+                raise ValueError("model.path is required (a local checkpoint folder)")
+            lora = None
+            if cfg.model.lora.enabled:
+                lc = cfg.model.lora
+                lora = LoraSpec(r=lc.r, alpha=lc.alpha, dropout=lc.dropout, target_modules=list(lc.target_modules),
+                                include_vision=lc.include_vision)
+            policy = load_policy(cfg.model.path, cfg.model.family, lora=lora, freeze_vision=cfg.model.freeze_vision,
+                                 gradient_checkpointing=cfg.model.gradient_checkpointing, dtype=cfg.model.dtype,
+                                 need_reference=cfg.algo.kl_coef > 0, lora_path=cfg.model.lora_path or None,
+                                 attn_implementation=cfg.model.attn_implementation, device=self.device)
+        self.policy = policy
+        self.model = policy.model
+        self.tok = policy.tokenizer
+        self.pad_id = self.tok.pad_token_id
+        self.eos_id = self.tok.convert_tokens_to_ids("<|im_end|>")
+        if self.eos_id is None or self.eos_id == self.tok.unk_token_id:
+            self.eos_id = self.tok.eos_token_id
+        self.task = TaskAdapter(policy.processor, policy.adapter, cfg.data)
+        if reward_fn is None:
+            reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, policy.family, self.tok)
+        self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
+        self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
+        self.samples = list(samples) if samples is not None else load_samples(
+            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
+            check_media=cfg.data.on_missing_media == "error")
+        self.all_samples = self.samples
+        if backend is None:
+            if cfg.rollout.backend == "vllm":
+                from mmgrpo.models.rollout import VLLMRolloutBackend
+
+                backend = VLLMRolloutBackend(cfg.model.path, self.tok,
+                                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
+            else:
+                backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
+                                           cfg.rollout.generation_batch_size, device=self.device)
+        self.backend = backend
+        self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
+                                       cfg.rollout.top_k)
+
+        params = policy.trainable_parameters()
+        if not params:
+            raise ValueError("no trainable parameters (everything frozen?)")
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
+        self.params = params
+        self.step = 0
+        self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0}
+        self.stream: PromptStream | None = None
+        main = self.accelerator.is_main_process
+        self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.use_tensorboard, is_main_process=main)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last, keep_best=False)
+        if main:
+            save_config(cfg, self.run_dir / "config.yaml")
+
+    # ----------------------------------------------------------------------------------------- prompts
+    def _prepare(self, drawn: Sequence[tuple[int, int]]) -> list[tuple[int, PreparedPrompt]]:
+        out = []
+        for pos, idx in drawn:
+            s = self.samples[idx]
+            try:
+                out.append((pos, self.task.prepare(s)))
+            except MissingMediaError as e:
+                if self.cfg.data.on_missing_media == "error":
+                    raise
+                self.counters["skipped_missing_media"] += 1
+                log.warning("skipping sample %s (index %d): %s", sample_id(s), idx, e)
+        return out
+
+    def _draw(self) -> list[tuple[int, int]]:
+        """This process's slice of the next global prompt batch (all processes advance the stream equally)."""
+        k = self.cfg.run.prompts_per_device
+        drawn = self.stream.take(k * self.world)
+        return drawn[self.rank * k:(self.rank + 1) * k]
+
+    # ----------------------------------------------------------------------------------------- rollout
+    def _score(self, texts: list[str], samples: list[Any]) -> dict[str, torch.Tensor]:
+        out = self.reward_fn(texts, [as_dict(s) for s in samples])
+        out = {k: torch.as_tensor(v) for k, v in out.items()}
+        if "total" not in out:
+            out["total"] = sum(self.cfg.reward.weights[k] * out[k].float() for k in self.cfg.reward.weights)
+        if "parse_failed" not in out:
+            out["parse_failed"] = torch.zeros(len(texts), dtype=torch.bool)
+        return out
+
+    def _accuracy(self, texts: list[str], samples: list[Any], scored: dict | None = None) -> torch.Tensor:
+        if scored is not None and self.acc_key in scored:
+            return scored[self.acc_key].float()
+        fn = self.accuracy_fn or self.reward_fn
+        res = fn(texts, [as_dict(s) for s in samples])
+        return torch.as_tensor(res[self.acc_key] if self.acc_key in res else res["total"]).float()
+
+    def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt]]) -> RolloutBatch:
+        """Sample, inject, score and (T-GRPO) add the temporal bonus for the given prompts."""
+        cfg = self.cfg
+        G = cfg.rollout.num_generations
+        inject = cfg.tempsamp.enabled
+        G_on = G - 1 if inject else G
+        positions = [p for p, _ in preps]
+        items = [pp.item for _, pp in preps]
+        t0 = time.time()
+        out = self.backend.generate(items, G_on, self.sampling, seeds=make_seeds(cfg.run.seed, step, positions, G_on),
+                                    raw_prompts=[{"text": pp.text, "images": pp.images,
+                                                  "video": None if pp.clip is None else pp.clip.frames}
+                                                 for _, pp in preps])
+        gen_time = time.time() - t0
+        n_tok = int(out.completion_mask.sum())
+        self.counters["generated_tokens"] += n_tok
+
+        rows_ids, rows_mask, rows_lp, texts, offp, trunc, row_items, row_samples, gids = [], [], [], [], [], [], [], [], []
+        T = out.completion_ids.shape[1]
+        gt_rows = []
+        for k, (pos, pp) in enumerate(preps):
+            for g in range(G_on):
+                r = k * G_on + g
+                rows_ids.append(out.completion_ids[r])
+                rows_mask.append(out.completion_mask[r])
+                rows_lp.append(out.logprobs[r] if out.logprobs is not None else torch.zeros(T))
+                texts.append(out.texts[r])
+                offp.append(False)
+                trunc.append(bool(out.truncated[r]))
+                row_items.append(pp.item)
+                row_samples.append(pp.sample)
+                gids.append(pos)
+            if inject:  # TempSamp-R1: the ground-truth answer as the G-th member of the group
+                text = self.task.gt_completion(pp.sample, pp.item)
+                ids = self.tok(text, add_special_tokens=False).input_ids + [self.eos_id]  # never truncated
+                gt_rows.append(len(texts))
+                rows_ids.append(torch.tensor(ids))
+                rows_mask.append(torch.ones(len(ids), dtype=torch.long))
+                rows_lp.append(torch.zeros(len(ids)))
+                texts.append(self.tok.decode(ids, skip_special_tokens=True))
+                offp.append(True)
+                trunc.append(False)
+                row_items.append(pp.item)
+                row_samples.append(pp.sample)
+                gids.append(pos)
+        Tm = max([T] + [len(x) for x in rows_ids])
+        pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
+        completion_ids = torch.stack([pad1(x, self.pad_id) for x in rows_ids])
+        completion_mask = torch.stack([pad1(x, 0) for x in rows_mask])
+        group_ids = torch.tensor(gids, dtype=torch.long)
+        scored = self._score(texts, row_samples)
+        parse_failed = scored.pop("parse_failed").bool()
+        rewards = {k: v.float() for k, v in scored.items()}
+        info = {"gen_time": gen_time, "gen_tokens": float(n_tok)}
+
+        if cfg.tgrpo.enabled:  # T-GRPO: same prompts with shuffled frames; bonus per group
+            bonus = torch.zeros(len(texts))
+            acc = self._accuracy(texts, row_samples, rewards)
+            vids = [(pos, pp) for pos, pp in preps if pp.clip is not None]
+            if vids:
+                Gs = cfg.tgrpo.num_shuffled or max(1, G // 2)
+                sh_items = []
+                for pos, pp in vids:
+                    gen = torch.Generator().manual_seed(sample_seed(cfg.run.seed, step, pos, 104729))
+                    sh_items.append(self.task.shuffled(pp, gen))
+                sh = self.backend.generate(sh_items, Gs, self.sampling,
+                                           seeds=[s ^ 0x5A5A5A5A for s in make_seeds(cfg.run.seed, step,
+                                                                                     [p for p, _ in vids], Gs)])
+                sh_samples = [pp.sample for _, pp in vids for _ in range(Gs)]
+                acc_sh = self._accuracy(sh.texts, sh_samples)
+                sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
+                onp = ~torch.tensor(offp)
+                b, granted = temporal_bonus(acc[onp], group_ids[onp], acc_sh, sh_gids, cfg.tgrpo.alpha,
+                                            cfg.tgrpo.mu, cfg.tgrpo.min_accuracy)
+                bonus[onp] = b
+                info.update({"tgrpo/acc_ordered_sum": float(acc[onp][torch.isin(group_ids[onp], sh_gids)].sum()),
+                             "tgrpo/acc_shuffled_sum": float(acc_sh.sum()),
+                             "tgrpo/n_ordered": float(torch.isin(group_ids[onp], sh_gids).sum()),
+                             "tgrpo/n_shuffled": float(len(sh_gids)),
+                             "tgrpo/groups_granted": float(granted.sum()), "tgrpo/groups": float(len(vids))})
+            rewards["temporal"] = bonus
+            rewards["total"] = rewards["total"] + bonus
+        return RolloutBatch(row_items, row_samples, texts, completion_ids, completion_mask, group_ids,
+                            torch.tensor(offp), torch.tensor(trunc), parse_failed, rewards,
+                            torch.stack([pad1(x.float(), 0.0) for x in rows_lp]), info=info)
+
+    def advantages(self, rb: RolloutBatch) -> None:
+        """Group advantages (+ TempSamp shaping / anchoring); sets rb.advantages, reward_used, zero_std."""
+        a, ts = self.cfg.algo, self.cfg.tempsamp
+        r = rb.rewards["total"]
+        kw = dict(scale=a.adv_scale, eps=a.adv_eps)
+        if ts.enabled and ts.mode == "anchor":
+            res = anchor_offpolicy_advantages(r, rb.group_ids, rb.is_offpolicy, lam=ts.anchor_lambda, **kw)
+            used = r
+        else:
+            used = tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2) if (ts.enabled and ts.mode == "shape") else r
+            res = group_advantages(used, rb.group_ids, **kw)
+        rb.advantages, rb.reward_used, rb.zero_std = res.advantages.float(), used, res.zero_std_mask
+        rb.info["zero_std_frac"] = res.zero_std_fraction
+        if ts.enabled:
+            rb.info.update({f"tempsamp/{k}": v for k, v in offpolicy_diagnostics(
+                used, rb.advantages, rb.group_ids, rb.is_offpolicy, eps=a.adv_eps).items()})
+
+    def collect(self, step: int) -> RolloutBatch:
+        """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
+        a = self.cfg.algo
+        want = self.cfg.run.prompts_per_device
+        batches, n_groups, zero_frac_first = [], 0, None
+        rounds = 1 + (a.filter_max_rounds if a.filter_zero_std else 0)
+        for rnd in range(rounds):
+            preps = self._prepare(self._draw())
+            if preps:
+                rb = self.rollout(step, preps)
+                self.advantages(rb)
+                n_g = len(preps)
+                if zero_frac_first is None:
+                    zero_frac_first = rb.info["zero_std_frac"]
+                if a.filter_zero_std:  # drop whole groups whose on-policy rewards are all equal
+                    dead = torch.unique(rb.group_ids[rb.zero_std & ~rb.is_offpolicy])
+                    self.counters["filtered_groups"] += int(dead.numel())
+                    n_g -= int(dead.numel())
+                    rb = rb.select((~torch.isin(rb.group_ids, dead)).nonzero().flatten())
+                batches.append(rb)
+                n_groups += n_g
+            # every process runs the same number of rounds (the stream stays in sync): decide on global counts
+            done = global_sum(float(n_groups >= want)) >= self.world
+            if not a.filter_zero_std or done:
+                break
+        pool = [b for b in batches if b.n > 0]
+        rb = cat_batches(pool, self.pad_id) if pool else self._empty_batch()
+        if a.filter_zero_std and n_groups > want:  # DAPO: keep the batch size fixed
+            first = torch.unique_consecutive(rb.group_ids)[:want]
+            rb = rb.select(torch.isin(rb.group_ids, first).nonzero().flatten())
+            n_groups = want
+        rb.info["zero_std_frac"] = zero_frac_first if zero_frac_first is not None else 0.0
+        rb.info["groups"] = float(n_groups)
+        rb.info["rounds"] = float(rnd + 1)
+        return rb
+
+    def _empty_batch(self) -> RolloutBatch:
+        z = torch.zeros(0, 1)
+        return RolloutBatch([], [], [], z.long(), z.long(), torch.zeros(0, dtype=torch.long),
+                            torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
+                            torch.zeros(0, dtype=torch.bool), {"total": torch.zeros(0)}, z,
+                            torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+
+    # ----------------------------------------------------------------------------------------- log-probs
+    def _mb_inputs(self, rb: RolloutBatch, idx: torch.Tensor):
+        T = max(1, int(rb.completion_mask[idx].sum(1).max()))
+        batch = batch_to(collate_prompts([rb.items[i] for i in idx.tolist()], self.pad_id), self.device)
+        ids = rb.completion_ids[idx, :T].to(self.device)
+        mask = rb.completion_mask[idx, :T].to(self.device)
+        return batch, ids, mask, T
+
+    def _logp(self, model, rb, idx, return_logits=False):
+        batch, ids, mask, T = self._mb_inputs(rb, idx)
+        with self.accelerator.autocast():
+            return compute_token_logprobs(model, batch, ids, mask, self.sampling.temperature,
+                                          self.policy.suppress_token_ids, return_logits=return_logits)
+
+    @torch.no_grad()
+    def precompute(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
+        """Old log-probs, reference log-probs and TW-GRPO token weights on the training micro-batches."""
+        cfg = self.cfg
+        N, T = rb.completion_ids.shape
+        need_old = cfg.algo.num_iterations > 1 or cfg.twgrpo.enabled
+        if need_old:
+            rb.old_logp = torch.zeros(N, T)
+        if cfg.twgrpo.enabled:
+            rb.token_weights = torch.ones(N, T)
+        if cfg.algo.kl_coef > 0:
+            rb.ref_logp = torch.zeros(N, T)
+        was = self.model.training
+        self.model.eval()
+        try:
+            for idx in mbs:
+                if need_old:
+                    res = self._logp(self.model, rb, idx, return_logits=cfg.twgrpo.enabled)
+                    lp, logits = res if cfg.twgrpo.enabled else (res, None)
+                    Tm = lp.shape[1]
+                    rb.old_logp[idx, :Tm] = lp.float().cpu()
+                    if logits is not None:
+                        w = tw_token_weights(torch.log_softmax(logits.float(), -1), rb.completion_mask[idx, :Tm].to(
+                            logits.device), rb.group_ids[idx].to(logits.device), cfg.twgrpo.alpha, cfg.twgrpo.clamp)
+                        rb.token_weights[idx, :Tm] = w.cpu()
+                        del logits
+                if cfg.algo.kl_coef > 0:
+                    with self.policy.reference(self.model) as ref:
+                        lp = self._logp(ref, rb, idx)
+                    rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
+        finally:
+            self.model.train(was)
+
+    # ----------------------------------------------------------------------------------------- update
+    def optimize(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.algo
+        loss_mask = rb.completion_mask.clone()
+        if cfg.rollout.mask_truncated_completions:
+            loss_mask[rb.truncated] = 0
+        n_tok = global_sum(float(loss_mask.sum()))
+        n_seq = global_sum(float((loss_mask.sum(1) > 0).sum()))
+        n_rows = global_sum(float(rb.n))
+        n_mb = global_sum(float(len(mbs)))
+        acc: dict[str, float] = {}
+        wsum = 0.0
+        grad_norm = 0.0
+        self.model.train()
+        for it in range(a.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for idx in mbs:
+                lp = self._logp(self.model, rb, idx).float()
+                Tm = lp.shape[1]
+                m = loss_mask[idx, :Tm].to(lp.device)
+                old = lp.detach() if rb.old_logp is None else rb.old_logp[idx, :Tm].to(lp.device)
+                pick = (lambda t: None if t is None else t[idx, :Tm].to(lp.device))
+                out = policy_loss(
+                    lp, old, rb.advantages[idx].to(lp.device), m, clip_low=a.clip_low, clip_high=a.clip_high,
+                    dual_clip=a.dual_clip, ratio_level=a.ratio_level, loss_type=a.loss_type, agg=a.agg,
+                    token_weights=pick(rb.token_weights), ref_logp=pick(rb.ref_logp), kl_coef=a.kl_coef,
+                    kl_estimator=a.kl_estimator, group_ids=rb.group_ids[idx].to(lp.device),
+                    max_len=cfg.rollout.max_new_tokens, num_tokens=n_tok, num_sequences=n_seq, reg_eps=a.adv_eps)
+                loss = out.loss
+                if a.loss_type == "reg":  # per-micro-batch mean over rows -> share of all rows
+                    loss = loss * (len(idx) / max(n_rows, 1.0))
+                elif a.agg == "bnpo":  # local mean per micro-batch -> average over all micro-batches
+                    loss = loss / max(n_mb, 1.0)
+                loss.backward()
+                w = float(m.sum())
+                wsum += w
+                for k, v in out.metrics.items():
+                    if isinstance(v, float) and math.isfinite(v):
+                        acc[k] = acc.get(k, 0.0) + v * w
+                acc["loss"] = acc.get("loss", 0.0) + float(loss.detach()) * (1.0 / a.num_iterations)
+            self._allreduce_grads()
+            gn = torch.nn.utils.clip_grad_norm_(self.params, a_max if (a_max := cfg.optim.max_grad_norm) > 0
+                                                else float("inf"))
+            grad_norm = float(gn)
+            self.optimizer.step()
+            self.scheduler.step()
+        metrics = {k: (v if k == "loss" else v / max(wsum, 1.0)) for k, v in acc.items() if k != "num_tokens"}
+        metrics["grad_norm"] = grad_norm
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def _allreduce_grads(self) -> None:
+        """Sum gradients over processes (losses are normalised by global counts, see module docstring)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+
+    # ----------------------------------------------------------------------------------------- logging
+    def step_metrics(self, rb: RolloutBatch) -> dict[str, float]:
+        onp = ~rb.is_offpolicy
+        m: dict[str, float] = {}
+        for k, v in rb.rewards.items():
+            v = v[onp].float()
+            if v.numel():
+                m[f"reward/{k}/mean"] = float(v.mean())
+                m[f"reward/{k}/std"] = float(v.std()) if v.numel() > 1 else 0.0
+        if rb.reward_used is not None and self.cfg.tempsamp.enabled and onp.any():
+            m["reward/shaped/mean"] = float(rb.reward_used[onp].mean())
+        lens = rb.completion_mask[onp].sum(1).float()
+        if lens.numel():
+            m["completions/mean_length"] = float(lens.mean())
+            m["completions/max_length"] = float(lens.max())
+            m["completions/clipped_ratio"] = float(rb.truncated[onp].float().mean())
+            m["completions/parse_failures"] = float(rb.parse_failed[onp].sum())
+            m["completions/parse_failure_rate"] = float(rb.parse_failed[onp].float().mean())
+        if rb.advantages is not None and rb.n:
+            m["advantages/abs_mean"] = float(rb.advantages[onp].abs().mean()) if onp.any() else 0.0
+        m["frac_reward_zero_std"] = rb.info.get("zero_std_frac", 0.0)
+        gt = rb.info.get("gen_time", 0.0)
+        m["perf/tokens_per_s"] = rb.info.get("gen_tokens", 0.0) / gt if gt > 0 else 0.0
+        m["data/groups"] = rb.info.get("groups", 0.0)
+        m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
+        m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
+        m["data/filtered_groups"] = float(self.counters["filtered_groups"])
+        m["data/epoch"] = float(self.stream.epoch)
+        if rb.token_weights is not None and rb.n:
+            tw = rb.token_weights[rb.completion_mask.bool()]
+            m["twgrpo/weight_mean"], m["twgrpo/weight_max"] = float(tw.mean()), float(tw.max())
+        for k, v in rb.info.items():
+            if k.startswith("tempsamp/"):
+                m[k] = v
+        if "tgrpo/n_shuffled" in rb.info:
+            i = rb.info
+            m["tgrpo/acc_ordered"] = i["tgrpo/acc_ordered_sum"] / max(i["tgrpo/n_ordered"], 1)
+            m["tgrpo/acc_shuffled"] = i["tgrpo/acc_shuffled_sum"] / max(i["tgrpo/n_shuffled"], 1)
+            m["tgrpo/bonus_group_frac"] = i["tgrpo/groups_granted"] / max(i["tgrpo/groups"], 1)
+        return m
+
+    def _log_completions(self, rb: RolloutBatch, step: int) -> None:
+        rows = []
+        for i in range(min(rb.n, self.cfg.run.num_completions_to_log)):
+            rows.append({"step": step, "sample_id": sample_id(rb.samples[i]), "group": int(rb.group_ids[i]),
+                         "completion": rb.texts[i], "offpolicy": bool(rb.is_offpolicy[i]),
+                         "truncated": bool(rb.truncated[i]), "parse_failed": bool(rb.parse_failed[i]),
+                         "advantage": float(rb.advantages[i]) if rb.advantages is not None else None,
+                         **{f"reward/{k}": float(v[i]) for k, v in rb.rewards.items()}})
+        self.logger.log_jsonl("completions.jsonl", rows)
+
+    # ----------------------------------------------------------------------------------------- state
+    def state(self) -> dict:
+        return {
+            "policy": self.policy.trainable_state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": {
+                "step": self.step, "stream": self.stream.state_dict(), "counters": dict(self.counters),
+                "rng": capture_rng_state(), "config": config_to_dict(self.cfg), "world_size": self.world,
+                "reference": {"kind": "lora_disabled" if self.policy.lora else
+                              ("frozen_initial_copy" if self.policy.ref_model is not None else "none"),
+                              "model_path": self.cfg.model.path, "kl_coef": self.cfg.algo.kl_coef},
+                "selection": getattr(self, "selected_indices", None),
+            },
+        }
+
+    def save(self) -> Path | None:
+        path = None
+        if self.accelerator.is_main_process:
+            extra = {}
+            if self.policy.lora:
+                extra["adapter"] = lambda p: self.policy.model.save_pretrained(str(p))
+            path = self.ckpt.save(self.step, self.state(), extra_files=extra)
+            log.info("saved checkpoint %s", path)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def resume(self) -> bool:
+        path = self.ckpt.resolve(self.cfg.run.resume_from)
+        if path is None:
+            return False
+        st = self.ckpt.load(path)
+        tr = st["trainer"]
+        ref = tr["reference"]
+        if ref["kind"] == "frozen_initial_copy" and ref["model_path"] != self.cfg.model.path:
+            raise ValueError(f"resume: the reference was {ref['model_path']!r}, now model.path={self.cfg.model.path!r}")
+        self.policy.load_trainable_state_dict(st["policy"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        if tr.get("selection") is not None:
+            self._apply_selection(tr["selection"])
+        self._make_stream()
+        self.stream.load_state_dict(tr["stream"])
+        self.step = int(tr["step"])
+        self.counters.update(tr["counters"])
+        if tr.get("world_size", 1) == self.world:
+            restore_rng_state(tr["rng"])
+        log.info("resumed from %s at step %d", path, self.step)
+        return True
+
+    def _make_stream(self) -> None:
+        self.stream = PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle)
+
+    # ----------------------------------------------------------------------------------------- selection
+    @torch.no_grad()
+    def score_samples(self, samples: Sequence[Any], K: int, key: str = "total") -> torch.Tensor:
+        """(S, K) rewards of K sampled completions per sample (this process's share, gathered); missing media
+        gives a row of NaN."""
+        from accelerate.utils import gather_object
+
+        idx = list(range(self.rank, len(samples), self.world))
+        res = []
+        for start in range(0, len(idx), self.cfg.run.prompts_per_device):
+            chunk = [(i, samples[i]) for i in idx[start:start + self.cfg.run.prompts_per_device]]
+            preps, ok = [], []
+            for i, s in chunk:
+                try:
+                    preps.append((i, self.task.prepare(s)))
+                except MissingMediaError as e:
+                    if self.cfg.data.on_missing_media == "error":
+                        raise
+                    log.warning("selection: skipping %s: %s", sample_id(s), e)
+                    res.append((i, [float("nan")] * K))
+            if not preps:
+                continue
+            out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
+                                        seeds=make_seeds(self.cfg.run.seed, -1, [i for i, _ in preps], K))
+            sc = self._score(out.texts, [pp.sample for _, pp in preps for _ in range(K)])
+            r = (sc[key] if key in sc else self._accuracy(out.texts, [pp.sample for _, pp in preps for _ in range(K)]))
+            r = r.float().view(len(preps), K)
+            res.extend((i, r[j].tolist()) for j, (i, _) in enumerate(preps))
+        allres = gather_object(res) if self.world > 1 else res
+        mat = torch.full((len(samples), K), float("nan"))
+        for i, row in allres:
+            mat[i] = torch.tensor(row)
+        return mat
+
+    def select_data(self) -> list[int]:
+        sc = self.cfg.selection
+        mat = self.score_samples(self.all_samples, sc.num_inferences, sc.key)
+        ok = ~torch.isnan(mat).any(1)
+        valid_idx = ok.nonzero().flatten().tolist()
+        keep_local = select_indices(mat[ok], sc.criterion, sc.min_variance, sc.num_keep, sc.gaussian_mu,
+                                    sc.gaussian_sigma, seed=self.cfg.run.seed)
+        keep = [valid_idx[i] for i in keep_local]
+        st = reward_stats(torch.nan_to_num(mat))
+        if self.accelerator.is_main_process:
+            self.logger.log_jsonl("selection.jsonl", [
+                {"index": i, "sample_id": sample_id(self.all_samples[i]), "rewards": mat[i].tolist(),
+                 "mean": float(st["mean"][i]), "var": float(st["var"][i]), "kept": i in set(keep)}
+                for i in range(len(self.all_samples))])
+        self.logger.log({"selection/kept": len(keep), "selection/total": len(self.all_samples),
+                         "selection/missing_media": int((~ok).sum())}, 0)
+        self._apply_selection(keep)
+        return keep
+
+    def _apply_selection(self, keep: list[int]) -> None:
+        if not keep:
+            raise ValueError("data selection kept no samples; relax selection.criterion / thresholds")
+        self.selected_indices = list(keep)
+        self.samples = [self.all_samples[i] for i in keep]
+
+    # ----------------------------------------------------------------------------------------- loop
+    def train_step(self) -> dict[str, float]:
+        t0 = time.time()
+        step = self.step
+        rb = self.collect(step)
+        mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
+        self.precompute(rb, mbs)
+        opt_metrics = self.optimize(rb, mbs)
+        self.step += 1
+        m = self.step_metrics(rb)
+        m.update({f"train/{k}": v for k, v in opt_metrics.items()})
+        m["perf/step_time"] = time.time() - t0
+        if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
+            self.logger.log(m, self.step)
+            if rb.n:
+                self._log_completions(rb, self.step)
+        self.last_batch = rb
+        return m
+
+    def train(self) -> list[dict[str, float]]:
+        resumed = self.resume()
+        if not resumed:
+            if self.cfg.selection.enabled:
+                self.select_data()
+            self._make_stream()
+        history = []
+        save_every = self.cfg.run.save_every
+        while self.step < self.cfg.run.max_steps:
+            history.append(self.train_step())
+            if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
+                self.save()
+        if self.step > 0 and (not resumed or history):
+            self.save()
+        self.logger.flush()
+        return history
+
+
+__all__ = ["GRPOTrainer", "PromptStream", "RolloutBatch", "micro_batches", "cat_batches"]
