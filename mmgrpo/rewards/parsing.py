@@ -444,7 +444,8 @@ _PREFIX_RE = re.compile(
 )
 _ITEM_RE = re.compile(r"(?P<open>[(\[])?\s*(?P<letter>[A-Z])\s*(?P<close>[)\]])?")
 _LIST_SEP_RE = re.compile(r"\s*(?:,|;|/|&|\+|\band\b)\s*", re.IGNORECASE)
-_DELIM_AFTER_RE = re.compile(r"^\s*(?:$|[.:,;\-\u2013\u2014)\]!])")
+# what may follow a bare letter: end, punctuation, or the next tag ("C <glue>…</glue>")
+_DELIM_AFTER_RE = re.compile(r"^\s*(?:$|[.:,;\-\u2013\u2014)\]!<])")
 _PAREN_LETTER_RE = re.compile(r"\(([A-Z])\)")
 # only upper-case letters here: "answer: a cat" is option text, not option A
 _ANSWER_IS_RE = re.compile(

@@ -201,6 +201,7 @@ CHOICE_CASES = [
     ("(A) and (C)", ("A", "C")),
     ("A and C.", ("A", "C")),
     ("B: a cat", ("B",)),
+    ("C <glue>3.00 to 7.50</glue>", ("C",)),  # GQA: letter then the evidence tag
     ("I think the answer is (D)", ("D",)),
     ("a bird", ("C",)),  # exact option text
     ("A bird.", ("C",)),
