@@ -332,7 +332,8 @@ def find_spans(s: Any) -> tuple[list[Span], bool]:
     """All temporal spans in ``s`` in text order, and whether an unusable candidate was seen.
 
     Recognised: keyed values (``{"start_time": "12.5", "end_time": 17.8}``, quoted or not, either key order,
-    clock strings allowed), bracketed pairs (``[12.5, 17.8]``, ``(12.5, 17.8)``, nested lists), and
+    clock strings allowed), bracketed pairs (``[12.5, 17.8]``, ``(12.5, 17.8)``, nested lists), a text that is
+    only ``12.5, 17.8``, and
     "X <sep> Y" with sep in {to, -, en/em dash, ~, and, until, through, arrows} ("from 12.5s to 17.8s",
     "between 0:12 and 0:17.5", "12.5–17.8 seconds"). Reversed pairs are swapped with ``reversed=True``.
     Negative numbers only come from keyed values (elsewhere '-' is a separator).
@@ -376,7 +377,10 @@ def find_spans(s: Any) -> tuple[list[Span], bool]:
             if not pair and _COMMA_RE.fullmatch(between) is not None:
                 before = s[: a.start].rstrip()[-1:]
                 after = s[b.end :].lstrip()[:1]
-                pair = before in ("[", "(") and after in ("]", ")")
+                # "[a, b]" / "(a, b)", or the whole text is just "a, b"
+                pair = (before in ("[", "(") and after in ("]", ")")) or (
+                    before == "" and s[b.end :].strip() in ("", ".")
+                )
             if pair:
                 used[i] = used[i + 1] = True
                 if a.value is None or b.value is None:

@@ -102,6 +102,7 @@ SPAN_CASES = [
     ("start_time = 3, end_time = 4", (3.0, 4.0)),
     ("[12.5, 17.8]", (12.5, 17.8)),
     ("(12.5, 17.8)", (12.5, 17.8)),
+    ("12.5, 17.8", (12.5, 17.8)),  # only two numbers
     (".5 to 2", (0.5, 2.0)),
     ("The event happens 3.25 ~ 7.5", (3.25, 7.5)),
 ]
@@ -143,6 +144,7 @@ def test_span_junk_is_none_with_status():
     assert parse_span("<answer>00:75 to 01:00</answer>").status is ParseStatus.INVALID  # 75 s is not a clock
     assert parse_span("<answer>a while</answer>").status is ParseStatus.NO_MATCH
     assert parse_span("<answer>12.5</answer>").status is ParseStatus.NO_MATCH  # a single time is not a span
+    assert parse_span("<answer>at 12.5, 17.8, 20</answer>").status is ParseStatus.NO_MATCH  # a bare list
     assert parse_span("<answer> </answer>").status is ParseStatus.EMPTY
     assert parse_span("no block", fallback_to_text=False).status is ParseStatus.NO_ANSWER_BLOCK
     # version numbers and digits inside words are not times
