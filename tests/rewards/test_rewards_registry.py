@@ -24,14 +24,14 @@ def test_tvg_rewards_and_total():
     assert set(out) == {"iou", "format", "iou_boundary", "iou_gaussian", "iou_threshold", "total", "parse_failed"}
     assert all(v.shape == (4,) for v in out.values())
     assert out["iou"].dtype == torch.float32 and out["parse_failed"].dtype == torch.bool
-    torch.testing.assert_close(out["iou"], torch.tensor([1.0, 5 / 15, 0.0, 0.0]))
-    torch.testing.assert_close(out["format"], torch.tensor([1.0, 1.0, 0.0, 0.0]))
-    torch.testing.assert_close(out["total"], torch.tensor([1.5, 5 / 15 + 0.5, 0.0, 0.0]))
+    assert out["iou"].tolist() == pytest.approx([1.0, 5 / 15, 0.0, 0.0])
+    assert out["format"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert out["total"].tolist() == pytest.approx([1.5, 5 / 15 + 0.5, 0.0, 0.0])
     assert out["parse_failed"].tolist() == [False, False, True, False]
     # Time-R1: (1/3)(1 − 5/30)(1 − 5/30); Gaussian: exp(−50 / (2·0.01·900)); thresholds: IoU 1/3 ≥ 0.3 only
-    torch.testing.assert_close(out["iou_boundary"][1], torch.tensor((1 / 3) * (25 / 30) ** 2))
-    torch.testing.assert_close(out["iou_gaussian"][1], torch.tensor(math.exp(-50 / 18)))
-    torch.testing.assert_close(out["iou_threshold"], torch.tensor([1.0, 1 / 3, 0.0, 0.0]))
+    assert out["iou_boundary"][1].item() == pytest.approx((1 / 3) * (25 / 30) ** 2)
+    assert out["iou_gaussian"][1].item() == pytest.approx(math.exp(-50 / 18))
+    assert out["iou_threshold"].tolist() == pytest.approx([1.0, 1 / 3, 0.0, 0.0])
 
 
 def test_fallback_config_and_plain_lists():
