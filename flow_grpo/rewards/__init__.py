@@ -1,10 +1,30 @@
-"""Image rewards for the diffusion front-end (typed interface; see :mod:`flow_grpo.rewards.base`).
+"""Image rewards for the diffusion front-end (typed interface; contract in :mod:`flow_grpo.rewards.base`).
 
-Light to import: reward implementations (open_clip, transformers, rapidocr) load only when built.
+Light to import (numpy only): torch, open_clip, transformers and rapidocr load when a reward is built or called.
 
     from flow_grpo.rewards import build_reward, available_rewards, MultiReward
     r = build_reward("jpeg_compressibility")
-    out = r(images_uint8_nhwc, prompts, metadata)   # {"jpeg_compressibility": (N,) float32}
+    out = r(images, prompts, metadata)      # {"jpeg_compressibility": (N,) float32 CPU tensor}
+    out = r.evaluate(images, prompts)       # same, as numpy arrays (no torch import)
+
+Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factory"`` works too):
+
+=========================  ==========================================================================
+``jpeg_compressibility``   ``-size_kB / scale`` of the JPEG (quality 95), DDPO     (:mod:`.compression`)
+``jpeg_incompressibility`` ``+size_kB / scale``                                    (:mod:`.compression`)
+``brightness``             ``mean(x) / 255``                                       (:mod:`.toy`)
+``color_target``           ``1 - mean ||x - c|| / (255 sqrt 3)``                   (:mod:`.toy`)
+``clip_score``             ``scale * max(cos(E_I, E_T), clamp_min)``, open_clip    (:mod:`.clip`)
+``aesthetic``              LAION MLP on normalised CLIP image features             (:mod:`.clip`)
+``clip_preference``        ``scale * [exp(logit_scale)] * cos``, HF CLIPModel      (:mod:`.clip`)
+``pickscore`` / ``hps``    presets of ``clip_preference`` (1/26 * logits; cosine)  (:mod:`.clip`)
+``ocr``                    ``1 - Lev(ocr, target) / max len``, rapidocr             (:mod:`.ocr`)
+``remote``                 HTTP client of ``python -m flow_grpo.rewards.server``    (:mod:`.remote`)
+``mini_geneval``           verifiable Mini-GenEval (strict / partial)              (:mod:`.mini_geneval`)
+=========================  ==========================================================================
+
+Combinators: :class:`MultiReward` (weighted sum or per-reward for GDPO), :class:`PairwisePreferenceReward`
+(Pref-GRPO win rate) with :class:`ScoreComparator`, :class:`AsyncRewardRunner` (futures).
 """
 from .base import (
     FunctionReward,

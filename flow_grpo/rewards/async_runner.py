@@ -7,6 +7,8 @@
 
 Threads (not processes) are enough: torch/onnxruntime kernels and HTTP waits release the GIL.  For a reward
 whose dependencies conflict with the trainer, wrap a :class:`~flow_grpo.rewards.remote.RemoteReward` instead.
+With ``max_workers > 1`` the same reward object is called from several threads at once: keep ``max_workers=1``
+for a reward that is not thread-safe (one call still overlaps the caller's sampling).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ A reward is a callable::
     - key ``<name>`` is the reward the trainer optimises;
     - keys ``<name>/<aux>`` are per-sample diagnostics (logged, never optimised);
     - key ``"valid"`` (bool, (N,)) is present only when ``nan_policy="drop"`` (see below).
+  :meth:`Reward.evaluate` returns the same dict as numpy arrays (numpy-only rewards then never import torch).
 
 Non-finite scores
 -----------------

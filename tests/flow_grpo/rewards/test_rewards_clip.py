@@ -132,7 +132,7 @@ def test_pickscore_and_hps_from_local_hf_folder(hf_clip_dir, images):
     ls = model.logit_scale.exp().float()
     ps = build_reward("pickscore", path=hf_clip_dir)(images, PROMPTS)
     torch.testing.assert_close(ps["pickscore"], diag / 26.0, atol=1e-5, rtol=1e-5)
-    hp = build_reward("hps", path=hf_clip_dir)(images, PROMPTS)
+    hp = build_reward("hps", model=model, processor=proc)(images, PROMPTS)  # same weights; saves a reload
     torch.testing.assert_close(hp["hps"], diag / ls, atol=1e-5, rtol=1e-5)
     with pytest.raises(FileNotFoundError):
         build_reward("pickscore", path=hf_clip_dir + "_missing")
