@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -49,6 +50,8 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-.*-(\d+)$")
+_WRITER_FILE = ".writer"  # hostname of the process writing a temp dir (its pid is in the dir name)
+_FOREIGN_TMP_MAX_AGE = 24 * 3600.0
 _ENTRY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -178,9 +181,20 @@ class CheckpointManager:
         removed = []
         if not self.root.is_dir():
             return removed
+        host = socket.gethostname()
         for p in self.root.iterdir():
             m = _TMP_RE.match(p.name)
-            if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            if not m or not p.is_dir() or int(m.group(1)) == os.getpid():
+                continue
+            try:
+                writer_host = (p / _WRITER_FILE).read_text(encoding="utf-8").strip()
+            except OSError:
+                writer_host = host  # renamed-for-deletion dirs and very old dirs carry no writer file
+            if writer_host == host:
+                if _pid_alive(int(m.group(1))):
+                    continue
+            elif time.time() - p.stat().st_mtime < _FOREIGN_TMP_MAX_AGE:
+                # A writer on another host (shared file system): its pid means nothing here; only age tells.
                 continue
             logger.info("removing stale partial checkpoint %s", p)
             shutil.rmtree(p, ignore_errors=True)
@@ -227,12 +241,14 @@ class CheckpointManager:
             shutil.rmtree(tmp)
         tmp.mkdir()
         try:
+            (tmp / _WRITER_FILE).write_text(socket.gethostname(), encoding="utf-8")
             for key, value in state.items():
                 torch.save(value, tmp / f"{key}.pt")
             for name, writer in extra_files.items():
                 writer(tmp / name)
                 if not (tmp / name).exists():
                     raise RuntimeError(f"extra_files[{name!r}] did not create {tmp / name}")
+            (tmp / _WRITER_FILE).unlink()
             file_info = {}
             for f in _files_under(tmp):
                 _fsync_file(f)

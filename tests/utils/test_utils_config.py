@@ -259,7 +259,7 @@ _texts = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from(sorted(_FIELD_TYPES)), text=_texts)
 def test_fuzz_override_parses_or_raises_valueerror_naming_key(key, text):
     try:
@@ -296,7 +296,7 @@ _finite = st.floats(allow_nan=False, allow_infinity=True, width=64)
 _str = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(-(2**70), 2**70),
     lr=_finite,

@@ -4,6 +4,10 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -144,9 +148,21 @@ def test_ema_matches_hand_computation():
 
 
 def test_get_logger_configures_once():
-    a = get_logger("mmgrpo.trainer")
-    b = get_logger("mmgrpo.other")
-    top = a.parent
-    assert a.name == "mmgrpo.trainer" and b.name == "mmgrpo.other"
-    assert len([h for h in __import__("logging").getLogger("mmgrpo").handlers]) <= 1
-    assert top is not None
+    code = ("from mmgrpo.utils.logging import get_logger\n"
+            "get_logger('mmgrpo.a'); log = get_logger('mmgrpo.trainer')\n"
+            "log.info('hello %d', 3); log.debug('hidden')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # one handler, no duplicate lines, DEBUG filtered at INFO
+    assert re.fullmatch(r"\d\d:\d\d:\d\d I mmgrpo\.trainer: hello 3", lines[0]), lines
+
+
+def test_wandb_missing_warns_and_continues(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    monkeypatch.setattr(mlog, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="wandb unavailable"):
+        log = MetricLogger(tmp_path, use_tensorboard=False, use_wandb=True, project="p", config={"a": 1})
+    log.log({"x": 1.0}, 3)
+    log.close()
+    assert read_jsonl(tmp_path / "metrics.jsonl")[0] == {"step": 3, "time": pytest.approx(time.time(), abs=600),
+                                                          "x": 1.0}
