@@ -1,0 +1,249 @@
+"""End-to-end trainer steps on a tiny Qwen2.5-VL / Qwen2-VL (CPU): methods change the weights and log sane
+metrics; on-policy ratio exactly 1 inside the trainer; edge cases; resume and LoRA checkpoints."""
+import json
+import math
+
+import pytest
+import torch
+
+from mmgrpo.config import TrainConfig
+from mmgrpo.train.task import MissingMediaError
+from mmgrpo.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.utils.config import load_config
+
+
+def make_cfg(tmp_path, model_dir, *overrides):
+    base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
+            "data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.image_min_pixels=3136",
+            "data.image_max_pixels=3136", "rollout.num_generations=4", "rollout.max_new_tokens=6",
+            "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8", "optim.lr=0.01",
+            "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
+            "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none"]
+    return load_config(TrainConfig, None, base + list(overrides))
+
+
+def trainable(tr):
+    return {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+
+
+def max_change(tr, before):
+    return max(float((p.detach() - before[n]).abs().max()) for n, p in tr.model.named_parameters() if p.requires_grad)
+
+
+def run(tr, steps=None):
+    before = trainable(tr)
+    tr._make_stream()
+    hist = [tr.train_step() for _ in range(steps or tr.cfg.run.max_steps)]
+    return hist, max_change(tr, before)
+
+
+def sane(m):
+    assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
+    assert 0.0 <= m["frac_reward_zero_std"] <= 1.0
+    assert 0.0 <= m["completions/clipped_ratio"] <= 1.0
+    assert m["completions/mean_length"] > 0 and m["perf/tokens_per_s"] > 0
+    assert m["train/grad_norm"] > 0
+
+
+def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, th):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "algo.num_iterations=2", "algo.kl_coef=0.05")
+    samples = th.video_samples(2) + th.image_samples(2)
+    tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
+    # the trainer's old log-probs and its grad-enabled forward agree bit for bit: ratio exactly 1 on-policy
+    tr._make_stream()
+    rb = tr.collect(0)
+    assert rb.n == 8 and rb.group_ids.tolist() == [0] * 4 + [1] * 4  # explicit integer group ids, batch of 2
+    mbs = micro_batches(rb.group_ids, 8)
+    tr.precompute(rb, mbs)
+    tr.model.train()
+    lp = tr._logp(tr.model, rb, mbs[0])
+    assert lp.requires_grad and torch.equal(lp.detach(), rb.old_logp[:, :lp.shape[1]])
+    # rollout (KV cache) log-probs agree with the trainer's up to float rounding
+    torch.testing.assert_close(rb.old_logp * rb.completion_mask, rb.rollout_logp, atol=5e-5, rtol=0)
+    # fresh LoRA-free reference == policy at step 0: KL is 0
+    assert torch.equal(rb.ref_logp, rb.old_logp)
+    hist, change = run(tr)
+    assert change > 1e-4
+    for m in hist:
+        sane(m)
+        assert "reward/acc/mean" in m and "train/kl" in m and "train/clip_frac" in m
+    assert hist[-1]["train/kl"] > 0  # the policy moved away from the reference
+    # num_iterations=2: the second update sees ratios != 1
+    assert hist[-1]["train/ratio_max"] > 1.0 or hist[-1]["train/ratio_min"] < 1.0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * cfg.run.num_completions_to_log and {"completion", "advantage", "reward/acc"} <= set(rows[0])
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [1, 2]
+
+
+def test_tempsamp_injects_ground_truth_and_trains(tmp_path, tiny_dirs, th):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "reward.weights={iou: 1.0}")
+    tr = GRPOTrainer(cfg, samples=th.video_samples(3))
+    hist, change = run(tr)
+    rb = tr.last_batch
+    assert rb.n == 8 and rb.is_offpolicy.tolist() == [False, False, False, True] * 2
+    gt = rb.is_offpolicy
+    assert rb.texts[3] == "<answer>0.50 to 1.50</answer>"
+    assert torch.all(rb.rewards["iou"][gt] == 1.0)  # the ground truth scores IoU 1 ...
+    assert rb.reward_used[gt].tolist() == pytest.approx([0.8 + 0.01 * math.log(1.2)] * 2)  # ... shaped to 0.8018
+    assert torch.all(rb.advantages[gt] > 0)
+    # the random policy never parses: on-policy IoU 0, all failures counted
+    assert hist[-1]["completions/parse_failures"] == 6 and hist[-1]["reward/iou/mean"] == 0.0
+    assert hist[-1]["tempsamp/mu_group"] > hist[-1]["tempsamp/mu_onpolicy"]
+    assert hist[-1]["tempsamp/groups_no_positive_onpolicy"] == 1.0
+    assert change > 1e-4
+    sane(hist[-1])
+    # anchoring: A_gt = 1.2 * max on-policy advantage (0 here: on-policy rewards are all equal)
+    tr.cfg.tempsamp.mode = "anchor"
+    tr.advantages(rb)
+    assert torch.all(rb.advantages == 0)
+
+
+def test_tgrpo_temporal_bonus_per_group(tmp_path, tiny_dirs, th):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tgrpo.enabled=true", "tgrpo.mu=0.5",
+                   "reward.accuracy_key=acc")
+    tr = GRPOTrainer(cfg, samples=th.video_samples(2) + th.image_samples(1), reward_fn=th.text_reward)
+    hist, change = run(tr)
+    assert change > 1e-4
+    m = hist[-1]
+    sane(m)
+    assert {"tgrpo/acc_ordered", "tgrpo/acc_shuffled", "tgrpo/bonus_group_frac"} <= set(m)
+    rb = tr.last_batch
+    bonus = rb.rewards["temporal"]
+    assert all(v == 0.0 or v == pytest.approx(0.3) for v in bonus.tolist())
+    torch.testing.assert_close(rb.rewards["total"], rb.rewards["acc"] + bonus)
+    for g in rb.group_ids.unique():  # within a group, bonus only on "correct" rows and all-or-nothing per group
+        sel = rb.group_ids == g
+        got = bonus[sel] > 0
+        correct = rb.rewards["acc"][sel] > 0.1
+        assert torch.equal(got, correct) or not got.any()
+
+
+@pytest.mark.parametrize("variant", ["reg", "twgrpo"])
+def test_reg_grpo_and_tw_grpo_train(tmp_path, tiny_dirs, variant, th):
+    extra = ["algo.loss_type=reg", "optim.max_grad_norm=1.0"] if variant == "reg" else ["twgrpo.enabled=true"]
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *extra)
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
+    hist, change = run(tr)
+    assert change > 1e-4
+    sane(hist[-1])
+    if variant == "twgrpo":
+        w = tr.last_batch.token_weights[tr.last_batch.completion_mask.bool()]
+        assert float(w.min()) >= 1.0 and float(w.max()) == pytest.approx(1.7)
+        assert 1.0 < hist[-1]["twgrpo/weight_mean"] < 1.7
+
+
+def test_qwen2_vl_plain_grpo(tmp_path, tiny_dirs, th):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_vl"), "run.max_steps=1", "algo.agg=seq_mean_token_mean")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2) + th.video_samples(1), reward_fn=th.text_reward)
+    hist, change = run(tr)
+    assert change > 1e-4
+    sane(hist[-1])
+
+
+def test_all_equal_rewards_zero_advantage_flagged(tmp_path, tiny_dirs, th):
+    def const(texts, samples):
+        return {"acc": torch.ones(len(texts)), "total": torch.ones(len(texts)),
+                "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=const)
+    hist, change = run(tr)
+    assert hist[0]["frac_reward_zero_std"] == 1.0
+    assert torch.all(tr.last_batch.advantages == 0) and tr.last_batch.zero_std.all()
+    assert hist[0]["train/grad_norm"] == 0.0 and change == 0.0
+
+
+def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
+    def half_const(texts, samples):  # samples i0, i2, ... always score 1: zero-variance groups
+        r = torch.tensor([1.0 if int(s["id"][1:]) % 2 == 0 else float(sum(map(ord, t)) % 7) / 6
+                          for t, s in zip(texts, samples)])
+        return {"acc": r, "total": r, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "algo.filter_zero_std=true",
+                   "algo.filter_max_rounds=3", "data.shuffle=false")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(4), reward_fn=half_const)
+    hist, _ = run(tr)
+    rb = tr.last_batch
+    assert hist[0]["data/filtered_groups"] >= 1 and hist[0]["data/sampling_rounds"] >= 2
+    assert rb.group_ids.unique().numel() == 2 and not rb.zero_std.any()
+    assert all(int(s["id"][1:]) % 2 == 1 for s in rb.samples)
+
+
+def test_unparseable_and_truncated_completions(tmp_path, tiny_dirs, th):
+    # registry reward on a random policy: nothing parses (reward 0, counted); every completion hits max length
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "reward.weights={iou: 1.0, format: 0.5}",
+                   "rollout.mask_truncated_completions=true", "tempsamp.enabled=true")
+    tr = GRPOTrainer(cfg, samples=th.video_samples(2))
+    hist, _ = run(tr)
+    m = hist[0]
+    assert m["completions/parse_failures"] == 6 and m["completions/parse_failure_rate"] == 1.0
+    assert m["reward/iou/mean"] == 0.0 and m["completions/clipped_ratio"] == 1.0
+    rb = tr.last_batch
+    assert rb.truncated[~rb.is_offpolicy].all() and not rb.truncated[rb.is_offpolicy].any()
+    # with truncated completions masked out, only the ground-truth rows carry loss
+    assert m["train/num_tokens"] if "train/num_tokens" in m else True
+    assert m["train/grad_norm"] > 0
+
+
+def test_missing_video_skipped_or_error(tmp_path, tiny_dirs, th):
+    samples = th.video_samples(2)
+    samples[1] = dict(samples[1], video=str(tmp_path / "nope.mp4"), meta={})
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.shuffle=false")
+    tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
+    hist, _ = run(tr)
+    assert hist[0]["data/skipped_missing_media"] == 1.0 and tr.last_batch.n == 4
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.shuffle=false",
+                   "data.on_missing_media=error")
+    tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
+    tr._make_stream()
+    with pytest.raises(MissingMediaError, match="nope.mp4"):
+        tr.train_step()
+
+
+def test_data_selection_keeps_varying_samples(tmp_path, tiny_dirs, th):
+    def by_id(texts, samples):
+        r = torch.tensor([1.0 if s["id"] == "i0" else float(sum(map(ord, t)) % 7) / 6
+                          for t, s in zip(texts, samples)])
+        return {"acc": r, "total": r, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "selection.enabled=true",
+                   "selection.num_inferences=3", "selection.criterion=nonconstant")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=by_id)
+    tr.train()
+    assert tr.selected_indices == [1, 2] and [s["id"] for s in tr.samples] == ["i1", "i2"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
+    assert [r["kept"] for r in rows] == [False, True, True] and rows[0]["rewards"] == [1.0, 1.0, 1.0]
+
+
+def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th):
+    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.models.inputs import build_prompt_item
+    from mmgrpo.models.tiny import synthetic_image
+
+    args = ["model.lora.enabled=true", "model.lora.r=4", "run.max_steps=2", "algo.kl_coef=0.1"]
+    straight = GRPOTrainer(make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args),
+                           samples=th.image_samples(3), reward_fn=th.text_reward)
+    straight.train()
+    # same run interrupted after one step, then resumed with resume_from=auto
+    first = GRPOTrainer(make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args[:-2], "run.max_steps=1",
+                                 "algo.kl_coef=0.1"), samples=th.image_samples(3), reward_fn=th.text_reward)
+    first.train()
+    resumed = GRPOTrainer(make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args, "run.resume_from=auto"),
+                          samples=th.image_samples(3), reward_fn=th.text_reward)
+    resumed.train()
+    assert resumed.step == 2 and resumed.stream.position == straight.stream.position
+    a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the saved adapter folder reloads to identical logits
+    ckpt = sorted((tmp_path / "b" / "run" / "checkpoints").glob("step-*"))[-1]
+    pol = load_policy(tiny_dirs("qwen2_5_vl"), lora_path=ckpt / "adapter")
+    item = build_prompt_item(pol.processor, pol.adapter, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "hi"}]}], images=[synthetic_image(5)])
+    resumed.model.eval()
+    with torch.no_grad():
+        adapted = pol.model(**item).logits
+        assert torch.equal(adapted, resumed.model(**item).logits)
+        with pol.reference() as ref:  # adapter disabled = the base model
+            base = ref(**item).logits
+    assert not torch.allclose(base, adapted)
