@@ -503,7 +503,9 @@ class ScoreComparator:
     def __call__(self, images_a, images_b, prompts, metadata):
         m = images_a.shape[0]
         out = self.reward(np.concatenate([images_a, images_b]), list(prompts) * 2, list(metadata) * 2)
-        s = out[self.key]
+        import torch
+
+        s = torch.as_tensor(np.asarray(out[self.key], dtype=np.float64))
         sa, sb = s[:m], s[m:]
         return (sa > sb).float() + 0.5 * (sa == sb).float()
 

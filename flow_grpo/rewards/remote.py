@@ -23,6 +23,7 @@ import logging
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Literal
 
@@ -72,6 +73,15 @@ class _Retryable(Exception):
     pass
 
 
+def _is_loopback_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class RemoteReward(Reward):
     """POST images + prompts + metadata to a reward server and read back the dict of scores.
 
@@ -103,12 +113,16 @@ class RemoteReward(Reward):
         self.image_format = image_format
         self.jpeg_quality = int(jpeg_quality)
         self.last_attempts = 0
+        # A loopback server must never be reached through an HTTP(S)_PROXY from the environment.
+        host = urllib.parse.urlsplit(url).hostname or ""
+        loopback = host == "localhost" or _is_loopback_ip(host)
+        self._opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
 
     def _post_once(self, body: bytes) -> dict:
         req = urllib.request.Request(self.url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
             try:
