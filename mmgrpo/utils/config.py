@@ -561,8 +561,10 @@ def _set_path(
         raise _unknown_key_error(full_key, root_cls, source, [f"{prefix} is a {type_name(tp)}, not a section"])
     # leaf (or a whole sub-config given as a mapping)
     if _is_dataclass_type(inner):
-        if optional and _plain_null(raw):
-            tree.values[name] = None
+        if _plain_null(raw):
+            if optional:
+                tree.values[name] = None
+            # else: an empty section (`train:` with only comments under it) keeps its current values
             return
         try:
             val = _maybe_yaml(raw, from_cli)

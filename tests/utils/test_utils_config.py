@@ -136,6 +136,8 @@ def test_yaml_semantics_are_type_directed(tmp_path: Path):
         "train.max_norm: ~\n"
         "train.ids: [1, 0x10]\n"
         "ema: {r: 3}\n"
+        "model:\n"  # an empty section (everything commented out) keeps its defaults
+        "  # name: other\n"
     )
     cfg = load_config(RootCfg, y)
     assert cfg.model.name == "no"
@@ -143,6 +145,7 @@ def test_yaml_semantics_are_type_directed(tmp_path: Path):
     assert cfg.train.max_norm is None
     assert cfg.train.ids == [1, 16]
     assert cfg.ema == LoraCfg(r=3)
+    assert cfg.model == ModelCfg(name="no")
 
 
 def test_unknown_override_key_suggests_close_match():
