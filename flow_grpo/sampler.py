@@ -166,17 +166,23 @@ def _total_reward(scores: dict, weights: Optional[dict]) -> torch.Tensor:
 
 def score_rewards(reward_fn: RewardFn, images, prompts, metadata, weights=None) -> tuple[torch.Tensor, dict]:
     """Call the typed reward ``fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]``; returns the
-    weighted total (N,) fp32 and the components. Non-finite values raise with the sample indices."""
-    scores = reward_fn(images, list(prompts), list(metadata))
-    scores = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu() for k, v in scores.items()}
+    weighted total (N,) fp32 and the components. An optional bool ``"valid"`` entry (a reward built with
+    ``nan_policy="drop"``) marks samples to leave out: their total is set to 0 and ``components["valid"]`` is
+    returned. A non-finite total of a valid sample raises with the sample indices."""
+    scores = dict(reward_fn(images, list(prompts), list(metadata)))
     n = len(prompts)
-    for k, v in scores.items():
+    valid = scores.pop("valid", None)
+    valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).reshape(-1).bool().cpu()
+    scores = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu() for k, v in scores.items()}
+    for k, v in list(scores.items()) + [("valid", valid)]:
         if v.shape[0] != n:
             raise ValueError(f"reward component {k!r} has {v.shape[0]} values for {n} images")
     total = _total_reward(scores, weights)
-    bad = torch.nonzero(~torch.isfinite(total)).flatten().tolist()
+    bad = torch.nonzero(~torch.isfinite(total) & valid).flatten().tolist()
     if bad:
         raise ValueError(f"non-finite reward for samples {bad[:20]}")
+    total = torch.where(valid, total, torch.zeros_like(total))
+    scores["valid"] = valid
     return total, scores
 
 
@@ -419,3 +425,24 @@ def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int
     out = sde_step(v, x, sigma, sigma_next, kind=s.sde_kind, noise_level=s.noise_level,
                    prev_sample=traj.next_latents[c0:c1, col], cps_tempered=s.cps_tempered)
     return (out, v) if return_velocity else out
+
+
+@torch.no_grad()
+def generate_images(adapter: FlowModelAdapter, prompts: Sequence[str], xt_seeds: Sequence[int],
+                    cfg: SamplingConfig, num_steps: Optional[int] = None) -> torch.Tensor:
+    """Deterministic (Euler ODE) generation for eval/inference: uint8 (N, H, W, 3). ``num_steps`` defaults to
+    ``cfg.num_steps`` (eval usually uses more steps than the rollout)."""
+    K = int(num_steps or cfg.num_steps)
+    H, W = cfg.height, cfg.width
+    adapter.set_resolution(H, W)
+    sig = adapter.sigmas(K, H, W)
+    out = []
+    for c0 in range(0, len(prompts), cfg.batch_size):
+        c1 = min(len(prompts), c0 + cfg.batch_size)
+        x = adapter.initial_noise(xt_seeds[c0:c1], H, W)
+        emb = adapter.encode_prompts(prompts[c0:c1])
+        for k in range(K):
+            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+        out.append(adapter.decode(x, H, W).cpu())
+    return torch.cat(out)

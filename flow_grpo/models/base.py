@@ -174,10 +174,10 @@ class FlowModelAdapter:
         then reused by sampling and training, which keeps the on-policy ratio exactly 1)."""
         prompts = list(prompts)
         missing = list(dict.fromkeys(p for p in prompts if p not in self._embed_cache))
-        if missing:
-            enc = self._encode_uncached(missing)
-            for i, p in enumerate(missing):
-                self._embed_cache[p] = enc.index(slice(i, i + 1))
+        # one prompt per text-encoder call: an embedding must not depend on which batch first met the prompt
+        # (batch-size-dependent kernels would otherwise make runs depend on data order / process count)
+        for p in missing:
+            self._embed_cache[p] = self._encode_uncached([p])
         return PromptEmbeds.cat([self._embed_cache[p] for p in prompts])
 
     def clear_prompt_cache(self) -> None:
@@ -254,4 +254,7 @@ class FlowModelAdapter:
 
     def save_lora(self, directory: str) -> None:
         """Write ``pytorch_lora_weights.safetensors`` loadable by ``Pipeline.load_lora_weights(directory)``."""
-        type(self.pipe).save_lora_weights(directory, transformer_lora_layers=self.lora_state_dict())
+        # the adapter metadata carries lora_alpha/target_modules: without it a reload assumes alpha = r
+        meta = self.transformer.peft_config["default"].to_dict()
+        type(self.pipe).save_lora_weights(directory, transformer_lora_layers=self.lora_state_dict(),
+                                          transformer_lora_adapter_metadata=meta)
