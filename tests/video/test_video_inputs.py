@@ -139,3 +139,25 @@ def test_contract_errors(video16, qwen25):
     a = build_video_inputs(processor, clip, msgs, "qwen2_5_vl")
     b = build_video_inputs(processor, clip, _prompt(processor), "qwen2_5_vl")
     assert torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_end_to_end_synthetic_sample(tmp_path, qwen25):
+    """JSONL sample -> build_messages -> chat template -> load_video (clip) -> build_video_inputs -> forward."""
+    from mmgrpo.data import build_messages, load_jsonl
+    from mmgrpo.data.synthetic_tvg import generate
+
+    model, processor = qwen25
+    res = generate(tmp_path, n_train=1, n_eval=0, seed=3)
+    (s, *_), _ = load_jsonl(res["train"])
+    s.video_start, s.video_end = 0.5, s.duration - 0.5
+    msgs = build_messages(s, "think", "seconds")
+    text = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text.count("<|video_pad|>") == 1 and s.query in text
+    item = msgs[1]["content"][0]
+    clip = load_video(item["video"], fps=2.0, video_start=item["video_start"], video_end=item["video_end"],
+                      min_pixels=4 * F2, max_pixels=4 * F2)
+    assert clip.clip_start >= 0.5 and clip.clip_end <= s.duration - 0.5 + 1 / clip.video_fps
+    inputs = build_video_inputs(processor, clip, text, "qwen2_5_vl")
+    assert float(inputs["second_per_grid_ts"][0]) == pytest.approx(2 / clip.sample_fps)
+    with torch.no_grad():
+        assert torch.isfinite(model(**inputs).logits).all()
