@@ -1,0 +1,532 @@
+#!/usr/bin/env python
+"""Generate predictions with a local Qwen-VL checkpoint over a canonical dataset, then score them.
+
+    python eval/generate_vlm.py --config eval/configs/charades_sta.yaml model=PATH \
+        data.annotations=charades_test.jsonl out_dir=runs/eval/charades_base [data.prompt_mode=no_think ...]
+
+``model`` is a model folder (a base checkpoint or a LoRA-merged one), or a LoRA adapter folder (its
+``adapter_config.json`` names the base), or a trainer checkpoint holding ``adapter/``; ``adapter=DIR`` applies an
+adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every setting.
+
+Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.train.task.load_samples``, turned
+into model inputs by ``mmgrpo.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
+``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), and generated with
+``mmgrpo.models.rollout.HFRolloutBackend`` (left padding, vision tokens suppressed).  The ``data.*`` defaults equal
+the training defaults (fps 2, 4-768 frames, 16*28*28-768*28*28 pixels per frame, 3584*28*28 in total).
+
+Outputs in ``out_dir``:
+
+* ``settings.json``    every setting that changes the number, written BEFORE generation: model path + fingerprint
+  (config and weights hashes, adapter), family, dtype, device, frames / fps / pixel bounds, the processor's own
+  settings, prompt mode + system prompt + an example rendered prompt + a hash of all rendered prompts, answer
+  format, decoding (greedy / temperature / top-p / top-k / seed / max new tokens / batch size), dataset file +
+  sha256 + n, scoring options, library versions and git commit; ``fingerprint`` = hash of all of it.
+* ``predictions.jsonl`` ``{"id", "output", "n_tokens", "truncated", ...}`` appended and fsynced per batch, in
+  dataset order.  A restarted run skips ids already written (a torn last line is truncated first); batches are
+  fixed, so an interrupted + resumed run writes the same file as an uninterrupted one.  Resuming with different
+  settings is refused (``overwrite=true`` starts over).
+* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics), and
+  ``report.md`` / ``report.json`` (``eval/report.py``).
+
+``max_batches=N`` stops after N generated batches without scoring (tests; a deliberate interruption).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence
+
+if __package__ in (None, ""):  # executed as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eval.harness import (  # noqa: E402
+    ResumableJsonl,
+    ResumeError,
+    check_resume,
+    fingerprint_dir,
+    fixed_batches,
+    git_info,
+    library_versions,
+    settings_fingerprint,
+    sha256_file,
+    write_json,
+)
+
+PREDICTIONS = "predictions.jsonl"
+LIBRARIES = ("torch", "transformers", "tokenizers", "peft", "accelerate", "numpy", "pillow", "decord", "av",
+             "torchvision", "qwen-vl-utils")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class VLMDataConfig:
+    """Field names match ``mmgrpo.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
+
+    annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.data schema)"))
+    media_root: str = field(default="", metadata=_h("prefix for relative video/image paths (default: the JSONL's folder)"))
+    task: Literal["tvg", "mcq", "gqa", "rec"] = field(default="tvg", metadata=_h("task scored (every sample must have it)"))
+    prompt_mode: Literal["think", "no_think", "hybrid"] = field(
+        default="think", metadata=_h("prompt mode (mmgrpo.data.prompts): <think> reasoning or a direct answer"))
+    answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
+    max_samples: int = field(default=0, metadata=_h("evaluate only the first N samples (0 = all)"))
+    on_missing_media: Literal["error", "skip"] = field(
+        default="error", metadata=_h("missing/undecodable media: error, or skip = write output null (scored 0, "
+                                     "counted in n_media_error)"))
+    video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
+    max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
+    min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
+    video_min_pixels: int = field(default=16 * 28 * 28, metadata=_h("per-frame min pixels"))
+    video_max_pixels: int = field(default=768 * 28 * 28, metadata=_h("per-frame max pixels"))
+    video_total_pixels: float = field(default=float(3584 * 28 * 28),
+                                      metadata=_h("pixel budget of the whole video (caps frames x pixels)"))
+    image_min_pixels: int = field(default=0, metadata=_h("image min pixels (0 = the processor's own setting)"))
+    image_max_pixels: int = field(default=0, metadata=_h("image max pixels (0 = the processor's own setting)"))
+
+
+@dataclass
+class DecodingConfig:
+    greedy: bool = field(default=True, metadata=_h("argmax decoding (false = sample with temperature/top_p/top_k)"))
+    temperature: float = field(default=1.0, metadata=_h("sampling temperature (greedy=false)"))
+    top_p: float = field(default=1.0, metadata=_h("nucleus mass (greedy=false)"))
+    top_k: int = field(default=0, metadata=_h("top-k, 0 = off (greedy=false)"))
+    seed: int = field(default=0, metadata=_h("sampling seed; row seed = hash(seed, sample index), batch-independent"))
+    max_new_tokens: int = field(default=0, metadata=_h("0 = auto: 1024 for think/hybrid prompts, 256 for no_think"))
+    batch_size: int = field(default=4, metadata=_h("prompts per generate() call (left padded)"))
+
+
+@dataclass
+class ScoringConfig:
+    by: list[str] = field(default_factory=list, metadata=_h("breakdowns, e.g. [dataset, duration_bucket]"))
+    fallback_to_text: bool = field(default=True, metadata=_h("no <answer> block: parse the whole text"))
+    allow_unclosed: bool = field(default=True, metadata=_h("accept a final <answer> without </answer>"))
+    which: Literal["auto", "first", "last"] = field(default="auto", metadata=_h("which span/box/number to use"))
+    thresholds: list[float] = field(default_factory=list,
+                                    metadata=_h("IoU thresholds (empty = tvg 0.3,0.5,0.7; gqa 0.3,0.5)"))
+    numeric_rel_tol: float = field(default=0.0, metadata=_h("mcq numeric answers: relative tolerance"))
+    box_frame: str = field(default="auto", metadata=_h("rec: frame of predicted boxes; auto = the model family's"))
+    duration_buckets: list[float] = field(default_factory=lambda: [30.0, 60.0, 120.0, 300.0],
+                                          metadata=_h("edges (s) of the duration_bucket breakdown"))
+
+
+@dataclass
+class EvalVLMConfig:
+    """Generate + score a Qwen-VL checkpoint on a canonical benchmark (see the module docstring)."""
+
+    model: str = field(default="", metadata=_h("model folder, LoRA-merged folder, adapter folder or trainer checkpoint"))
+    adapter: str = field(default="", metadata=_h("optional LoRA adapter folder applied on top of model"))
+    merge_adapter: bool = field(default=True, metadata=_h("merge the adapter into the weights before generating"))
+    family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
+        default="auto", metadata=_h("model family; auto = config.json model_type"))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto", metadata=_h("weights dtype; auto = bfloat16 on GPU, float32 on CPU"))
+    attn_implementation: str = field(default="sdpa", metadata=_h("sdpa | flash_attention_2 | eager"))
+    device: str = field(default="auto", metadata=_h("auto | cpu | cuda | cuda:N"))
+    out_dir: str = field(default="", metadata=_h("run folder (predictions, settings, metrics, report)"))
+    name: str = field(default="", metadata=_h("run name in reports (default: out_dir's basename)"))
+    data: VLMDataConfig = field(default_factory=VLMDataConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    score: ScoringConfig = field(default_factory=ScoringConfig)
+    hash_weights: Literal["sampled", "full", "none"] = field(
+        default="sampled", metadata=_h("weights fingerprint: sampled (size + 64 chunks per file) | full | none"))
+    overwrite: bool = field(default=False, metadata=_h("delete existing predictions/metrics in out_dir first"))
+    max_batches: int = field(default=0, metadata=_h("stop after N generated batches, unscored (0 = run to the end)"))
+    progress: bool = field(default=True, metadata=_h("tqdm progress bar"))
+
+
+# ------------------------------------------------------------------------------------------------ model
+def resolve_model(model: str, adapter: str = "") -> tuple[str, Optional[str]]:
+    """(base folder, adapter folder or None) for the accepted checkpoint forms (see the module docstring)."""
+    if not model:
+        raise ValueError("model=PATH is required (a local checkpoint folder)")
+    m = Path(model)
+    if not m.is_dir():
+        raise FileNotFoundError(f"model folder not found: {model}")
+    if adapter:
+        a = Path(adapter)
+        if (a / "adapter" / "adapter_config.json").is_file():
+            a = a / "adapter"
+        if not (a / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter={adapter}: no adapter_config.json (expected a peft LoRA folder)")
+        if not (m / "config.json").is_file():
+            raise FileNotFoundError(f"model={model}: no config.json (with adapter=..., model must be the base)")
+        return str(m), str(a)
+    if (m / "config.json").is_file():
+        return str(m), None
+    if not (m / "adapter_config.json").is_file() and (m / "adapter" / "adapter_config.json").is_file():
+        m = m / "adapter"  # a trainer checkpoint step-XXXXXXXX/
+    if (m / "adapter_config.json").is_file():
+        with open(m / "adapter_config.json") as f:
+            base = json.load(f).get("base_model_name_or_path") or ""
+        if not base or not (Path(base) / "config.json").is_file():
+            raise FileNotFoundError(f"{m}/adapter_config.json: base_model_name_or_path={base!r} is not a local model "
+                                    f"folder; pass model=BASE_FOLDER adapter={m}")
+        return base, str(m)
+    raise FileNotFoundError(f"model={model}: neither config.json nor adapter_config.json found")
+
+
+def _device(spec: str):
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def _resolved_dtype(spec: str, device) -> str:
+    if spec != "auto":
+        return spec
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def load_eval_policy(cfg: EvalVLMConfig):
+    """``Policy`` in eval mode, no gradients; an adapter is loaded with ``load_policy(lora_path=...)`` (the
+    trainer's path) and merged when ``merge_adapter``."""
+    from mmgrpo.models.adapters import load_policy
+
+    base, adapter = resolve_model(cfg.model, cfg.adapter)
+    device = _device(cfg.device)
+    dtype = _resolved_dtype(cfg.dtype, device)
+    policy = load_policy(base, cfg.family, dtype=dtype, lora_path=adapter, attn_implementation=cfg.attn_implementation
+                         or None, device=device)
+    if adapter is not None and cfg.merge_adapter:
+        policy.model = policy.model.merge_and_unload()
+        policy.lora = False
+    policy.model.requires_grad_(False)
+    policy.model.eval()
+    return policy, base, adapter, device, dtype
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def default_max_new_tokens(mode: str) -> int:
+    """vlm.md §19: 1024 with reasoning, 256 without."""
+    return 256 if mode == "no_think" else 1024
+
+
+def _processor_settings(processor) -> dict:
+    out = {}
+    for name in ("image_processor", "video_processor"):
+        p = getattr(processor, name, None)
+        if p is None:
+            continue
+        d = p.to_dict() if hasattr(p, "to_dict") else {}
+        keep = ("size", "min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size", "do_resize",
+                "image_mean", "image_std", "do_sample_frames", "fps", "cap_pixels_per_frame", "image_processor_type",
+                "video_processor_type", "processor_class", "rescale_factor")
+        out[name] = {k: d[k] for k in keep if k in d}
+    import hashlib
+
+    tmpl = getattr(processor, "chat_template", None) or ""
+    out["chat_template_sha256"] = hashlib.sha256(str(tmpl).encode()).hexdigest()
+    return out
+
+
+def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str], device, dtype: str,
+                   samples: Sequence[Any], task_adapter, annotations_sha: str) -> dict:
+    """Every setting that changes the number (see the module docstring); ``fingerprint`` hashes all but ``run``."""
+    import hashlib
+
+    from mmgrpo.data import system_prompt
+    from mmgrpo.utils.config import config_to_dict
+
+    d = cfg.data
+    texts = hashlib.sha256()
+    example = None
+    for s in samples:
+        t = task_adapter.processor.apply_chat_template(task_adapter.messages(s), add_generation_prompt=True,
+                                                       tokenize=False)
+        texts.update(t.encode("utf-8") + b"\0")
+        if example is None:
+            example = t
+    dec = cfg.decoding
+    max_new = dec.max_new_tokens or default_max_new_tokens(d.prompt_mode)
+    s: dict[str, Any] = {
+        "kind": "vlm",
+        "task": d.task,
+        "model": {
+            "path": str(Path(base).resolve()),
+            "fingerprint": fingerprint_dir(base, cfg.hash_weights),
+            "adapter": None if adapter is None else str(Path(adapter).resolve()),
+            "adapter_fingerprint": None if adapter is None else fingerprint_dir(adapter, cfg.hash_weights),
+            "merge_adapter": bool(cfg.merge_adapter and adapter is not None),
+            "family": policy.family,
+            "dtype": dtype,
+            "attn_implementation": cfg.attn_implementation,
+            "device": device.type,
+        },
+        "video": {
+            "fps": d.video_fps, "min_frames": d.min_frames, "max_frames": d.max_frames,
+            "min_pixels": d.video_min_pixels, "max_pixels": d.video_max_pixels, "total_pixels": d.video_total_pixels,
+            "image_factor": policy.adapter.patch_size * 2,
+        },
+        "image": {"min_pixels": d.image_min_pixels, "max_pixels": d.image_max_pixels},
+        "processor": _processor_settings(policy.processor),
+        "prompt": {
+            "mode": d.prompt_mode,
+            "answer_format": d.answer_format,
+            "box_frame": policy.family,
+            "system": system_prompt(d.prompt_mode),
+            "example_rendered": example,
+            "all_rendered_sha256": texts.hexdigest(),
+        },
+        "decoding": {
+            "greedy": dec.greedy,
+            "temperature": None if dec.greedy else dec.temperature,
+            "top_p": None if dec.greedy else dec.top_p,
+            "top_k": None if dec.greedy else dec.top_k,
+            "seed": None if dec.greedy else dec.seed,
+            "max_new_tokens": max_new,
+            "batch_size": dec.batch_size,
+            "suppressed_token_ids": list(policy.suppress_token_ids),
+        },
+        "data": {
+            "annotations": str(Path(d.annotations).resolve()),
+            "sha256": annotations_sha,
+            "n": len(samples),
+            "max_samples": d.max_samples,
+            "media_root": d.media_root,
+            "on_missing_media": d.on_missing_media,
+        },
+        "score": score_options(cfg, policy.family),
+        "versions": library_versions(LIBRARIES),
+        "code": git_info(),
+        "run": {"out_dir": str(Path(cfg.out_dir).resolve()), "name": cfg.name or Path(cfg.out_dir).name,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config_to_dict(cfg)},
+    }
+    s["fingerprint"] = settings_fingerprint(s)
+    return s
+
+
+def score_options(cfg: EvalVLMConfig, family: str) -> dict:
+    """Keyword options for ``eval.score.score`` (JSON-safe)."""
+    sc = cfg.score
+    o: dict[str, Any] = dict(fallback_to_text=sc.fallback_to_text, allow_unclosed=sc.allow_unclosed, which=sc.which,
+                             by=list(sc.by), duration_buckets=list(sc.duration_buckets))
+    task = cfg.data.task
+    if sc.thresholds:
+        o["gqa_thresholds" if task == "gqa" else "thresholds"] = list(sc.thresholds)
+    if task == "mcq":
+        o["numeric_rel_tol"] = sc.numeric_rel_tol
+    if task == "rec":
+        o["box_frame"] = family if sc.box_frame == "auto" else sc.box_frame
+        if cfg.data.image_min_pixels > 0 and cfg.data.image_max_pixels > 0:
+            o["min_pixels"], o["max_pixels"] = cfg.data.image_min_pixels, cfg.data.image_max_pixels
+    return o
+
+
+# ------------------------------------------------------------------------------------------------ generation
+def _sample_attr(s: Any, k: str) -> Any:
+    return s.get(k) if isinstance(s, dict) else getattr(s, k, None)
+
+
+def _load(cfg: EvalVLMConfig) -> list:
+    from mmgrpo.train.task import load_samples
+
+    d = cfg.data
+    if not d.annotations:
+        raise ValueError("data.annotations=FILE is required (canonical JSONL)")
+    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error")
+    seen: dict[str, int] = {}
+    for i, s in enumerate(samples):
+        sid = str(_sample_attr(s, "id"))
+        if sid in seen:
+            raise ValueError(f"{d.annotations}: duplicate sample id {sid!r} (samples {seen[sid]} and {i}); "
+                             "ids key the resumable predictions file")
+        seen[sid] = i
+        if _sample_attr(s, "task") != d.task:
+            raise ValueError(f"{d.annotations}: sample id={sid!r} has task {_sample_attr(s, 'task')!r} but "
+                             f"data.task={d.task!r}")
+    if not samples:
+        raise ValueError(f"{d.annotations}: no samples")
+    return samples
+
+
+def _prediction_row(sample: Any, prep, text: str, n_tokens: int, truncated: bool, patch: int) -> dict:
+    row: dict[str, Any] = {"id": str(_sample_attr(sample, "id")), "output": text, "n_tokens": int(n_tokens),
+                           "truncated": bool(truncated)}
+    if prep.clip is not None:
+        row["num_frames"] = int(prep.clip.num_frames)
+        row["sample_fps"] = round(float(prep.clip.sample_fps), 6)
+    if "image_grid_thw" in prep.item:  # the model-input image size, the frame of Qwen2.5-VL boxes
+        _, gh, gw = (int(x) for x in prep.item["image_grid_thw"][0])
+        row["resized_image_size"] = [gw * patch, gh * patch]
+    return row
+
+
+def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], writer: ResumableJsonl,
+             log=None) -> dict:
+    """Generate the missing predictions batch by batch (fixed batches); returns counters.
+
+    ``interrupted`` is True when ``max_batches`` stopped the run before the end."""
+    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.train.task import MissingMediaError
+    from mmgrpo.utils.seeding import sample_seed
+
+    dec = cfg.decoding
+    params = SamplingParams(max_new_tokens=dec.max_new_tokens or default_max_new_tokens(cfg.data.prompt_mode),
+                            temperature=dec.temperature, top_p=dec.top_p, top_k=dec.top_k, greedy=dec.greedy)
+    backend = HFRolloutBackend(policy.model, policy.processor, policy.suppress_token_ids, max_batch_size=dec.batch_size,
+                               device=next(policy.model.parameters()).device)
+    patch = policy.adapter.patch_size
+    batches = fixed_batches(len(samples), dec.batch_size)
+    todo = [b for b in batches if any(str(_sample_attr(samples[i], "id")) not in writer.done for i in b)]
+    n_todo = sum(1 for b in todo for i in b if str(_sample_attr(samples[i], "id")) not in writer.done)
+    stats = {"n_batches_generated": 0, "n_generated": 0, "n_media_error": 0, "interrupted": False,
+             "n_already_done": len(writer.done)}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n_todo, desc="generate", unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for b in todo:
+            if cfg.max_batches and stats["n_batches_generated"] >= cfg.max_batches:
+                stats["interrupted"] = True
+                break
+            preps: dict[int, Any] = {}
+            errors: dict[int, str] = {}
+            for i in b:  # the WHOLE batch, even items already written: the batch composition stays fixed
+                try:
+                    preps[i] = task_adapter.prepare(samples[i])
+                except MissingMediaError as e:
+                    if cfg.data.on_missing_media == "error":
+                        raise
+                    errors[i] = str(e)
+                    if log is not None:
+                        log.warning("media error, output recorded as null: %s", e)
+            order = sorted(preps)
+            texts: dict[int, tuple[str, int, bool]] = {}
+            if order:
+                seeds = [sample_seed(dec.seed, i) for i in order]
+                out = backend.generate([preps[i].item for i in order], 1, params, seeds=seeds)
+                lens = out.lengths.tolist()
+                for j, i in enumerate(order):
+                    texts[i] = (out.texts[j], int(lens[j]), bool(out.truncated[j]))
+            rows = []
+            for i in b:
+                sid = str(_sample_attr(samples[i], "id"))
+                if sid in writer.done:
+                    continue
+                if i in errors:
+                    rows.append({"id": sid, "output": None, "error": errors[i]})
+                    stats["n_media_error"] += 1
+                else:
+                    t, n_tok, trunc = texts[i]
+                    rows.append(_prediction_row(samples[i], preps[i], t, n_tok, trunc, patch))
+            writer.append(rows)
+            stats["n_batches_generated"] += 1
+            stats["n_generated"] += len(rows)
+            bar.update(len(rows))
+    finally:
+        bar.close()
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_dir: Path) -> dict:
+    """Score ``predictions.jsonl`` with ``eval.score.score``; writes metrics.json and per_sample.jsonl."""
+    from eval.score import read_jsonl, score
+
+    ids = {str(_sample_attr(s, "id")) for s in samples}
+    anns = [(w, r) for w, r in read_jsonl(cfg.data.annotations) if str(r.get("id")) in ids]
+    preds = read_jsonl(out_dir / PREDICTIONS)
+    res = score(cfg.data.task, preds, anns, **settings["score"])
+    m = res.metrics
+    rows = [r for _, r in preds]
+    present = [r for r in rows if r.get("output") is not None]
+    gen = {
+        "n_media_error": sum(1 for r in rows if r.get("error")),
+        "n_truncated": sum(1 for r in present if r.get("truncated")),
+        "mean_output_tokens": (sum(r.get("n_tokens", 0) for r in present) / len(present)) if present else None,
+    }
+    frames = [r["num_frames"] for r in present if "num_frames" in r]
+    if frames:
+        gen["mean_frames"] = sum(frames) / len(frames)
+        gen["max_frames_used"] = max(frames)
+    m["generation"] = gen
+    m["kind"] = "vlm"
+    m["config"]["predictions"] = str(out_dir / PREDICTIONS)
+    m["config"]["annotations"] = settings["data"]["annotations"]
+    m["settings_fingerprint"] = settings["fingerprint"]
+    write_json(out_dir / "metrics.json", m)
+    with open(out_dir / "per_sample.jsonl", "w", encoding="utf-8") as f:
+        for r in res.per_sample:
+            f.write(json.dumps(r, allow_nan=False, default=str) + "\n")
+    return m
+
+
+# ------------------------------------------------------------------------------------------------ main
+def run(cfg: EvalVLMConfig) -> dict:
+    """The whole pipeline; returns ``{"settings", "stats", "metrics" (None if interrupted), "out_dir"}``."""
+    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.utils.logging import get_logger
+
+    log = get_logger("mmgrpo.eval")
+    if not cfg.out_dir:
+        raise ValueError("out_dir=DIR is required")
+    if cfg.decoding.batch_size < 1:
+        raise ValueError(f"decoding.batch_size must be >= 1, got {cfg.decoding.batch_size}")
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.overwrite:
+        for name in (PREDICTIONS, "settings.json", "metrics.json", "per_sample.jsonl", "report.md", "report.json"):
+            (out_dir / name).unlink(missing_ok=True)
+    samples = _load(cfg)
+    ann_sha = sha256_file(cfg.data.annotations)
+    policy, base, adapter, device, dtype = load_eval_policy(cfg)
+    task_adapter = TaskAdapter(policy.processor, policy.adapter, cfg.data)
+    settings = build_settings(cfg, policy, base, adapter, device, dtype, samples, task_adapter, ann_sha)
+    check_resume(out_dir, settings, PREDICTIONS)
+    write_json(out_dir / "settings.json", settings)
+    writer = ResumableJsonl(out_dir / PREDICTIONS).open()
+    if writer.n_truncated_bytes:
+        log.warning("%s: truncated a torn last line (%d bytes) from an interrupted run", writer.path,
+                    writer.n_truncated_bytes)
+    unknown = writer.done - {str(_sample_attr(s, "id")) for s in samples}
+    if unknown:
+        raise ValueError(f"{writer.path} holds ids that are not in {cfg.data.annotations} (e.g. {sorted(unknown)[:3]})")
+    if writer.done:
+        log.info("resuming: %d/%d predictions already in %s", len(writer.done), len(samples), writer.path)
+    t0 = time.time()
+    stats = generate(cfg, policy, task_adapter, samples, writer, log)
+    stats["seconds"] = round(time.time() - t0, 3)
+    if stats["interrupted"]:
+        log.info("stopped after %d batches (max_batches); rerun the same command to continue",
+                 stats["n_batches_generated"])
+        return {"settings": settings, "stats": stats, "metrics": None, "out_dir": str(out_dir)}
+    metrics = score_run(cfg, settings, samples, out_dir)
+    metrics["generation"]["last_invocation"] = stats
+    write_json(out_dir / "metrics.json", metrics)
+    from eval.report import write_report
+
+    write_report(out_dir)
+    return {"settings": settings, "stats": stats, "metrics": metrics, "out_dir": str(out_dir)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from mmgrpo.utils.config import parse_config_cli
+
+    cfg = parse_config_cli(EvalVLMConfig, argv, prog="eval/generate_vlm.py",
+                           description="Generate predictions with a local Qwen-VL checkpoint and score them.")
+    try:
+        res = run(cfg)
+    except (ValueError, FileNotFoundError, ResumeError) as e:  # input problems: one clear line, no traceback
+        if os.environ.get("MMGRPO_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if res["metrics"] is None:
+        print(json.dumps({"interrupted": True, **res["stats"]}))
+        return 0
+    from eval.report import summarize
+
+    print(json.dumps(summarize(res["out_dir"])["metrics"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
