@@ -213,7 +213,7 @@ def build_tiny_model(family: str = "qwen2_5_vl", processor=None, seed: int = 0):
     gc.do_sample = True
     gc.temperature = 1.0
     gc.top_p = 1.0
-    gc.top_k = 0
+    gc.top_k = None
     return model, processor
 
 

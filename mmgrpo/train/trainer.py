@@ -206,7 +206,9 @@ class GRPOTrainer:
         self.accelerator = Accelerator(cpu=cpu, mixed_precision=cfg.run.mixed_precision)
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.device = self.accelerator.device
-        seed_everything(cfg.run.seed + self.rank)
+        # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
+        # uses explicit per-row seeds, see make_seeds)
+        seed_everything(cfg.run.seed)
         self.run_dir = Path(cfg.run.output_dir)
 
         if policy is None:
@@ -258,6 +260,7 @@ class GRPOTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
         self.params = params
+        self._broadcast_params()
         self.step = 0
         self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0}
         self.stream: PromptStream | None = None
@@ -548,6 +551,16 @@ class GRPOTrainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
+    def _broadcast_params(self) -> None:
+        """Start every process from rank 0's trainable weights (belt and braces on top of the shared seed)."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for p in self.params:
+                dist.broadcast(p.data, src=0)
+
     def _allreduce_grads(self) -> None:
         """Sum gradients over processes (losses are normalised by global counts, see module docstring)."""
         if self.world == 1:
@@ -730,6 +743,7 @@ class GRPOTrainer:
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
         self.precompute(rb, mbs)
         opt_metrics = self.optimize(rb, mbs)
+        self.backend.sync_weights(self.model)  # no-op for the HF backend (it samples from the trained module)
         self.step += 1
         m = self.step_metrics(rb)
         m.update({f"train/{k}": v for k, v in opt_metrics.items()})

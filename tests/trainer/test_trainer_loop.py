@@ -170,20 +170,31 @@ def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
     assert all(int(s["id"][1:]) % 2 == 1 for s in rb.samples)
 
 
-def test_unparseable_and_truncated_completions(tmp_path, tiny_dirs, th):
-    # registry reward on a random policy: nothing parses (reward 0, counted); every completion hits max length
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "reward.weights={iou: 1.0, format: 0.5}",
-                   "rollout.mask_truncated_completions=true", "tempsamp.enabled=true")
+def test_unparseable_completions_score_zero_and_are_counted(tmp_path, tiny_dirs, th):
+    # registry reward on a random policy: nothing parses -> reward 0, counted; zero-variance groups flagged
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "reward.weights={iou: 1.0, format: 0.5}")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2))
     hist, _ = run(tr)
     m = hist[0]
-    assert m["completions/parse_failures"] == 6 and m["completions/parse_failure_rate"] == 1.0
-    assert m["reward/iou/mean"] == 0.0 and m["completions/clipped_ratio"] == 1.0
-    rb = tr.last_batch
-    assert rb.truncated[~rb.is_offpolicy].all() and not rb.truncated[rb.is_offpolicy].any()
-    # with truncated completions masked out, only the ground-truth rows carry loss
-    assert m["train/num_tokens"] if "train/num_tokens" in m else True
-    assert m["train/grad_norm"] > 0
+    assert m["completions/parse_failures"] == 8 and m["completions/parse_failure_rate"] == 1.0
+    assert m["reward/iou/mean"] == 0.0 and m["reward/format/mean"] == 0.0 and m["frac_reward_zero_std"] == 1.0
+    assert tr.last_batch.parse_failed.all()
+
+
+@pytest.mark.parametrize("mask_truncated", [True, False])
+def test_completions_hitting_max_length_flagged_and_optionally_masked(tmp_path, tiny_dirs, th, mask_truncated):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "rollout.max_new_tokens=3",
+                   f"rollout.mask_truncated_completions={str(mask_truncated).lower()}")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+    hist, change = run(tr)
+    m = hist[0]
+    assert tr.last_batch.truncated.all() and m["completions/clipped_ratio"] == 1.0
+    assert m["completions/max_length"] == 3
+    assert tr.last_batch.advantages.abs().sum() > 0  # truncated rows still count in the group statistics
+    if mask_truncated:  # every row is truncated: nothing enters the loss
+        assert m["train/grad_norm"] == 0.0 and change == 0.0
+    else:
+        assert change > 1e-4
 
 
 def test_missing_video_skipped_or_error(tmp_path, tiny_dirs, th):
