@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmgrpo.video import VideoError, load_video, probe_video, write_video
 from mmgrpo.video.testing import decode_frame_index, index_frame, write_index_video
@@ -201,3 +203,29 @@ def test_empty_clip_is_a_video_error(videos):
 def test_write_video_rejects_nothing(tmp_path):
     with pytest.raises(ValueError, match="no frames"):
         write_video(tmp_path / "x.mp4", [], 4.0)
+
+
+_FRAMES = [index_frame(i, 48, 64) for i in range(60)]
+
+
+@given(total=st.integers(2, 60), vfps=st.sampled_from([4.0, 7.5, 10.0, 29.97]), fps=st.floats(0.2, 8.0),
+       a=st.floats(0, 1), b=st.floats(0, 1), use_clip=st.booleans())
+@settings(max_examples=20, deadline=None)
+def test_frame_list_time_axis_properties(total, vfps, fps, a, b, use_clip):
+    """Invariants of the contract on random frame lists; frame identity read back from the pixels."""
+    dur = total / vfps
+    start, end = (sorted((a * dur, b * dur)) if use_clip else (None, None))
+    try:
+        clip = load_video(_FRAMES[:total], fps=fps, video_fps=vfps, video_start=start, video_end=end, **SMALL)
+    except VideoError as e:
+        assert "empty clip" in str(e) or "cannot sample" in str(e)
+        return
+    n, (s0, e0) = clip.num_frames, clip.clip_frames
+    assert n % 2 == 0 and n >= 2 and 0 <= s0 < e0 < total
+    assert clip.frame_indices[0] == s0 and clip.frame_indices[-1] == e0
+    assert all(q > p for p, q in zip(clip.frame_indices, clip.frame_indices[1:]))
+    assert clip.timestamps == pytest.approx([i / vfps for i in clip.frame_indices])
+    assert n / clip.sample_fps == pytest.approx(clip.covered_duration) == pytest.approx((e0 - s0 + 1) / vfps)
+    if start is not None:
+        assert clip.clip_start >= start - 1e-9 and clip.clip_start - start < 1 / vfps + 1e-9
+    assert [decode_frame_index(f) for f in clip.frames.numpy()] == clip.frame_indices
