@@ -1,0 +1,229 @@
+"""eval/generate_vlm.py end to end on CPU: tiny Qwen2.5-VL folders loaded through the CLI path, synthetic mp4s.
+
+* a "crafted" tiny model whose greedy output is known ("2 to 7" for every prompt) makes the scored numbers
+  checkable by hand (IoU of [2, 7] clamped to the video against the generator's ground-truth span);
+* frame counts are checked against the fps-2 rule computed here from the generator's frame count and fps;
+* resume: an interrupted run (max_batches + a torn last line) continued to the end writes the same bytes.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from eval import generate_vlm  # noqa: E402
+from eval.harness import ResumableJsonl  # noqa: E402
+
+torch.set_num_threads(1)
+
+# small pixel bounds keep the tiny model fast; everything else is the training contract (fps 2, ...)
+FAST = ["data.video_min_pixels=3136", "data.video_max_pixels=12544", "data.video_total_pixels=50176",
+        "progress=false"]
+TARGET = "2 to 7"
+
+
+def _craft(src: str, dst: Path) -> str:
+    """Copy of the tiny model whose greedy continuation is TARGET then <|im_end|>, whatever the prompt.
+
+    Attention and MLP outputs are zeroed (o_proj, down_proj), so the last hidden state is the embedding of the
+    current token; the chain tokens get orthogonal embeddings e_j and lm_head maps e_j to the next token."""
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    proc = AutoProcessor.from_pretrained(src)
+    tok = proc.tokenizer
+    m = Qwen2_5_VLForConditionalGeneration.from_pretrained(src)
+    prompt_last = tok("\n", add_special_tokens=False).input_ids[-1]  # the generation prompt ends "assistant\n"
+    chain = [prompt_last] + tok(TARGET, add_special_tokens=False).input_ids
+    assert len(set(chain)) == len(chain), "chain tokens must be distinct"
+    nxt = chain[1:] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    lm = m.model.language_model
+    with torch.no_grad():
+        for layer in lm.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        lm.norm.weight.fill_(1.0)
+        m.lm_head.weight.zero_()
+        emb = lm.embed_tokens.weight
+        for j, (t, n) in enumerate(zip(chain, nxt)):
+            emb[t] = 0.0
+            emb[t, j] = 8.0
+            m.lm_head.weight[n, j] = 1.0
+    m.save_pretrained(dst)
+    proc.save_pretrained(dst)
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from mmgrpo.data.synthetic_tvg import generate
+    from mmgrpo.models.tiny import save_tiny_model
+
+    root = tmp_path_factory.mktemp("gen_vlm")
+    tiny = save_tiny_model(root / "tiny", "qwen2_5_vl")
+    crafted = _craft(tiny, root / "crafted")
+    syn = generate(root / "syn", n_train=0, n_eval=2, seed=0)
+    anns = [json.loads(line) for line in Path(syn["eval"]).read_text().splitlines() if line.strip()]
+    assert len(anns) >= 3  # 2 videos, 1-3 events each
+    return {"root": root, "tiny": tiny, "crafted": crafted, "ann": syn["eval"], "anns": anns}
+
+
+def _run(*args):
+    return generate_vlm.main(list(args) + FAST)
+
+
+def _iou(p, g):
+    inter = max(0.0, min(p[1], g[1]) - max(p[0], g[0]))
+    union = max(p[1], g[1]) - min(p[0], g[0])
+    return inter / union
+
+
+def _nframes(n_video, fps_video, fps=2.0, min_frames=4, max_frames=768):
+    """qwen-vl-utils frame-count rule, written out: floor2(min(max(N / f_v * fps, min), max, N))."""
+    n = max(n_video / fps_video * fps, min_frames)
+    n = min(n, max_frames, n_video)
+    return int(n // 2 * 2)
+
+
+def test_generate_then_score_tvg_by_hand(env, capsys):
+    out = env["root"] / "crafted_run"
+    rc = _run("--config", str(ROOT / "eval/configs/synthetic_tvg.yaml"), f"model={env['crafted']}",
+              f"data.annotations={env['ann']}", f"out_dir={out}", "decoding.batch_size=2")
+    assert rc == 0
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    anns = env["anns"]
+    assert [p["id"] for p in preds] == [a["id"] for a in anns]  # dataset order
+    assert all(p["output"] == TARGET and not p["truncated"] for p in preds)
+
+    ious = []
+    for p, a in zip(preds, anns):
+        d = a["duration"]
+        ious.append(max(_iou([min(2.0, d), min(7.0, d)], g) for g in a["spans"]))
+        # fps-2 contract: frame count and sampled fps from the generator's frame count / fps
+        n_vid, f_v = a["meta"]["num_frames"], a["meta"]["fps"]
+        assert p["num_frames"] == _nframes(n_vid, f_v)
+        assert p["sample_fps"] == pytest.approx(p["num_frames"] / n_vid * f_v, abs=1e-6)
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["n"] == len(anns) and m["n_missing"] == 0 and m["parse_failure_rate"] == 0.0
+    assert m["mIoU"] == pytest.approx(100 * sum(ious) / len(ious))
+    for t in (0.3, 0.5, 0.7):
+        assert m[f"R1@{t:g}"] == pytest.approx(100 * sum(i >= t for i in ious) / len(ious))
+    assert m["generation"]["n_truncated"] == 0
+    assert m["generation"]["mean_output_tokens"] == pytest.approx(5.0)  # "2", " to", " ", "7", <|im_end|>
+
+    s = json.loads((out / "settings.json").read_text())
+    assert s["model"]["path"] == str(Path(env["crafted"]).resolve())
+    assert s["model"]["fingerprint"]["config_sha256"] and s["model"]["fingerprint"]["digest"]
+    assert any(k.endswith(".safetensors") for k in s["model"]["fingerprint"]["files"])
+    assert s["video"] == {"fps": 2.0, "min_frames": 4, "max_frames": 768, "min_pixels": 3136, "max_pixels": 12544,
+                          "total_pixels": 50176.0, "image_factor": 28}
+    assert s["prompt"]["mode"] == "no_think" and s["prompt"]["answer_format"] == "seconds"
+    assert "<answer>" in s["prompt"]["system"] and "When" in s["prompt"]["example_rendered"]
+    assert s["decoding"]["greedy"] is True and s["decoding"]["max_new_tokens"] == 256  # no_think default
+    assert s["model"]["dtype"] == "float32" and s["versions"]["transformers"]
+    import hashlib
+
+    assert s["data"]["sha256"] == hashlib.sha256(Path(env["ann"]).read_bytes()).hexdigest()
+    assert s["data"]["n"] == len(anns)
+    report = (out / "report.md").read_text()
+    assert f"| mIoU | {m['mIoU']:.2f} |" in report and "## By duration_bucket" in report
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("{"):])["mIoU"] == pytest.approx(m["mIoU"])
+
+
+def test_interrupted_run_resumes_to_identical_file(env):
+    common = [f"model={env['tiny']}", f"data.annotations={env['ann']}", "data.prompt_mode=no_think",
+              "decoding.max_new_tokens=6", "decoding.batch_size=2"]
+    a, b = env["root"] / "full", env["root"] / "interrupted"
+    assert _run(*common, f"out_dir={a}") == 0
+    assert _run(*common, f"out_dir={b}", "max_batches=1") == 0
+    pb = b / "predictions.jsonl"
+    lines = pb.read_text().splitlines(keepends=True)
+    assert len(lines) == 2 and not (b / "metrics.json").exists()
+    # a kill in the middle of writing: the second row of the first batch is torn
+    pb.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    assert _run(*common, f"out_dir={b}") == 0
+    assert pb.read_bytes() == (a / "predictions.jsonl").read_bytes()
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    for m in (ma, mb):
+        m.pop("config"), m["generation"].pop("last_invocation")
+    assert ma == mb
+    # the outputs are the policy's, in dataset order (not all equal: the random model reacts to the video)
+    outs = [json.loads(x)["output"] for x in pb.read_text().splitlines()]
+    assert len(outs) == len(env["anns"])
+
+    # resuming with a setting that changes the number is refused, naming the setting
+    with pytest.raises(Exception) as ei:
+        generate_vlm.run(_cfg(*common[:-2], "decoding.max_new_tokens=7", "decoding.batch_size=2", f"out_dir={b}"))
+    assert "decoding.max_new_tokens" in str(ei.value) and "overwrite" in str(ei.value)
+
+
+def _cfg(*overrides):
+    from mmgrpo.utils.config import load_config
+
+    return load_config(generate_vlm.EvalVLMConfig, None, list(overrides) + FAST)
+
+
+def test_adapter_folder_is_resolved_and_applied(env):
+    from mmgrpo.models.adapters import LoraSpec, load_policy
+
+    pol = load_policy(env["tiny"], lora=LoraSpec(r=4, alpha=8), dtype="float32")
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for n, p in pol.model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g))
+    ad = env["root"] / "ckpt" / "step-00000010" / "adapter"
+    pol.save_pretrained(ad)
+    base, adapter = generate_vlm.resolve_model(str(ad.parent))  # a trainer checkpoint folder
+    assert (base, adapter) == (env["tiny"], str(ad))
+    common = [f"data.annotations={env['ann']}", "data.max_samples=1", "data.prompt_mode=no_think",
+              "decoding.max_new_tokens=4"]
+    res_lora = generate_vlm.run(_cfg(*common, f"model={ad}", f"out_dir={env['root'] / 'lora'}"))
+    res_base = generate_vlm.run(_cfg(*common, f"model={env['tiny']}", f"out_dir={env['root'] / 'base'}"))
+    s = res_lora["settings"]["model"]
+    assert s["adapter"] == str(ad.resolve()) and s["merge_adapter"] and s["adapter_fingerprint"]["digest"]
+    out = [json.loads((env["root"] / d / "predictions.jsonl").read_text())["output"] for d in ("lora", "base")]
+    assert out[0] != out[1]
+    with pytest.raises(FileNotFoundError, match="adapter_config"):
+        generate_vlm.resolve_model(env["tiny"], str(env["root"]))
+
+
+def test_eval_data_defaults_equal_training_defaults():
+    """The video contract defaults of eval and training are the same numbers (and TaskAdapter's field names)."""
+    from dataclasses import fields
+
+    from mmgrpo.config import DataConfig
+
+    train, ev = DataConfig(), generate_vlm.VLMDataConfig()
+    shared = {f.name for f in fields(DataConfig)} & {f.name for f in fields(generate_vlm.VLMDataConfig)}
+    assert {"video_fps", "min_frames", "max_frames", "video_min_pixels", "video_max_pixels", "video_total_pixels",
+            "image_min_pixels", "image_max_pixels", "prompt_mode", "answer_format", "media_root", "task"} <= shared
+    for name in shared - {"on_missing_media", "max_samples"}:
+        assert getattr(ev, name) == getattr(train, name), name
+    assert (ev.video_fps, ev.video_total_pixels, ev.video_min_pixels) == (2.0, 3584 * 28 * 28, 16 * 28 * 28)
+
+
+def test_resumable_jsonl_rules(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"id": "a", "output": "x"}\n{"id": "b", "output": "y"}\n{"id": "c", "out')
+    w = ResumableJsonl(p).open()
+    assert w.done == {"a", "b"} and w.n_truncated_bytes == len('{"id": "c", "out')
+    assert p.read_text().endswith('"y"}\n')
+    w.append([{"id": "c", "output": "z"}])
+    assert ResumableJsonl(p).open().done == {"a", "b", "c"}
+    p.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')  # damage before the last line is an error, not a resume
+    with pytest.raises(ValueError, match=r"p.jsonl:2"):
+        ResumableJsonl(p).open()
+    p.write_text('{"id": "a"}\n{"id": "a"}\n')
+    with pytest.raises(ValueError, match="duplicate"):
+        ResumableJsonl(p).open()
+
+
+def test_cli_errors_are_one_line(env, tmp_path, capsys):
+    rc = generate_vlm.main([f"model={tmp_path / 'nope'}", f"data.annotations={env['ann']}", f"out_dir={tmp_path}"])
+    assert rc == 1 and "model folder not found" in capsys.readouterr().err
