@@ -59,6 +59,7 @@ class PreparedPrompt:
     clip: Any = None  # mmgrpo.video.VideoClip for video samples
     text: str = ""  # chat-template-rendered prompt
     images: list | None = None
+    reward_sample: dict | None = None  # canonical dict for the reward, plus model-input facts (resized image size)
 
 
 class TaskAdapter:
@@ -140,6 +141,18 @@ class TaskAdapter:
         return out
 
     def prepare(self, sample: Any) -> PreparedPrompt:
+        pp = self._prepare(sample)
+        rs = {k: v for k, v in as_dict(sample).items() if k not in ("video", "image")}  # no pixel copies
+        if "image_grid_thw" in pp.item and pp.item["image_grid_thw"].shape[0] == 1:
+            # boxes of Qwen2.5-VL live in the processor-resized image: W_r = grid_w * patch, H_r = grid_h * patch
+            _, gh, gw = (int(x) for x in pp.item["image_grid_thw"][0])
+            rs.setdefault("resized_image_size", [gw * self.adapter.patch_size, gh * self.adapter.patch_size])
+            if rs.get("image_size") is None and pp.images:
+                rs["image_size"] = list(pp.images[0].size)
+        pp.reward_sample = rs
+        return pp
+
+    def _prepare(self, sample: Any) -> PreparedPrompt:
         msgs = self.messages(sample)
         text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         if _get(sample, "video") is not None:

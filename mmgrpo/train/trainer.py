@@ -34,7 +34,7 @@ from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingPar
                                    compute_token_logprobs, make_seeds)
 from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
-from mmgrpo.train.task import (MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key, as_dict,
+from mmgrpo.train.task import (MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import config_to_dict, save_config
@@ -291,8 +291,8 @@ class GRPOTrainer:
         return drawn[self.rank * k:(self.rank + 1) * k]
 
     # ----------------------------------------------------------------------------------------- rollout
-    def _score(self, texts: list[str], samples: list[Any]) -> dict[str, torch.Tensor]:
-        out = self.reward_fn(texts, [as_dict(s) for s in samples])
+    def _score(self, texts: list[str], samples: list[dict]) -> dict[str, torch.Tensor]:
+        out = self.reward_fn(texts, samples)
         out = {k: torch.as_tensor(v) for k, v in out.items()}
         if "total" not in out:
             out["total"] = sum(self.cfg.reward.weights[k] * out[k].float() for k in self.cfg.reward.weights)
@@ -304,7 +304,7 @@ class GRPOTrainer:
         if scored is not None and self.acc_key in scored:
             return scored[self.acc_key].float()
         fn = self.accuracy_fn or self.reward_fn
-        res = fn(texts, [as_dict(s) for s in samples])
+        res = fn(texts, samples)
         return torch.as_tensor(res[self.acc_key] if self.acc_key in res else res["total"]).float()
 
     def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt]]) -> RolloutBatch:
@@ -325,6 +325,7 @@ class GRPOTrainer:
         self.counters["generated_tokens"] += n_tok
 
         rows_ids, rows_mask, rows_lp, texts, offp, trunc, row_items, row_samples, gids = [], [], [], [], [], [], [], [], []
+        reward_samples: list[dict] = []
         T = out.completion_ids.shape[1]
         gt_rows = []
         for k, (pos, pp) in enumerate(preps):
@@ -338,6 +339,7 @@ class GRPOTrainer:
                 trunc.append(bool(out.truncated[r]))
                 row_items.append(pp.item)
                 row_samples.append(pp.sample)
+                reward_samples.append(pp.reward_sample)
                 gids.append(pos)
             if inject:  # TempSamp-R1: the ground-truth answer as the G-th member of the group
                 text = self.task.gt_completion(pp.sample, pp.item)
@@ -351,20 +353,21 @@ class GRPOTrainer:
                 trunc.append(False)
                 row_items.append(pp.item)
                 row_samples.append(pp.sample)
+                reward_samples.append(pp.reward_sample)
                 gids.append(pos)
         Tm = max([T] + [len(x) for x in rows_ids])
         pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
         completion_ids = torch.stack([pad1(x, self.pad_id) for x in rows_ids])
         completion_mask = torch.stack([pad1(x, 0) for x in rows_mask])
         group_ids = torch.tensor(gids, dtype=torch.long)
-        scored = self._score(texts, row_samples)
+        scored = self._score(texts, reward_samples)
         parse_failed = scored.pop("parse_failed").bool()
         rewards = {k: v.float() for k, v in scored.items()}
         info = {"gen_time": gen_time, "gen_tokens": float(n_tok)}
 
         if cfg.tgrpo.enabled:  # T-GRPO: same prompts with shuffled frames; bonus per group
             bonus = torch.zeros(len(texts))
-            acc = self._accuracy(texts, row_samples, rewards)
+            acc = self._accuracy(texts, reward_samples, rewards)
             vids = [(pos, pp) for pos, pp in preps if pp.clip is not None]
             if vids:
                 Gs = cfg.tgrpo.num_shuffled or max(1, G // 2)
@@ -375,7 +378,7 @@ class GRPOTrainer:
                 sh = self.backend.generate(sh_items, Gs, self.sampling,
                                            seeds=[s ^ 0x5A5A5A5A for s in make_seeds(cfg.run.seed, step,
                                                                                      [p for p, _ in vids], Gs)])
-                sh_samples = [pp.sample for _, pp in vids for _ in range(Gs)]
+                sh_samples = [pp.reward_sample for _, pp in vids for _ in range(Gs)]
                 acc_sh = self._accuracy(sh.texts, sh_samples)
                 sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
                 onp = ~torch.tensor(offp)
@@ -700,8 +703,9 @@ class GRPOTrainer:
                 continue
             out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
                                         seeds=make_seeds(self.cfg.run.seed, -1, [i for i, _ in preps], K))
-            sc = self._score(out.texts, [pp.sample for _, pp in preps for _ in range(K)])
-            r = (sc[key] if key in sc else self._accuracy(out.texts, [pp.sample for _, pp in preps for _ in range(K)]))
+            rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
+            sc = self._score(out.texts, rs)
+            r = sc[key] if key in sc else self._accuracy(out.texts, rs)
             r = r.float().view(len(preps), K)
             res.extend((i, r[j].tolist()) for j, (i, _) in enumerate(preps))
         allres = gather_object(res) if self.world > 1 else res

@@ -133,12 +133,32 @@ def test_reg_grpo_and_tw_grpo_train(tmp_path, tiny_dirs, variant, th):
         assert 1.0 < hist[-1]["twgrpo/weight_mean"] < 1.7
 
 
-def test_qwen2_vl_plain_grpo(tmp_path, tiny_dirs, th):
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_vl"), "run.max_steps=1", "algo.agg=seq_mean_token_mean")
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_other_families_plain_grpo(tmp_path, tiny_dirs, th, family):
+    px = 4096 if family == "qwen3_vl" else 3136  # one 2x2 merged patch grid: (2*16)^2 or (2*14)^2 * 4
+    cfg = make_cfg(tmp_path, tiny_dirs(family), "run.max_steps=1", "algo.agg=seq_mean_token_mean",
+                   f"data.video_min_pixels={px}", f"data.video_max_pixels={px}", f"data.image_min_pixels={px}",
+                   f"data.image_max_pixels={px}")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2) + th.video_samples(1), reward_fn=th.text_reward)
     hist, change = run(tr)
     assert change > 1e-4
     sane(hist[-1])
+
+
+def test_rec_ground_truth_box_in_resized_frame_scores_high(tmp_path, tiny_dirs, th):
+    """Qwen2.5-VL boxes live in the processor-resized image: GT injection, prompt and reward must agree."""
+    from mmgrpo.models.tiny import synthetic_image
+
+    samples = [{"id": "r0", "task": "rec", "query": "the red box", "image": synthetic_image(0, 84, 112),
+                "boxes": [[20, 12, 80, 60]], "image_size": [112, 84]}]
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.task=rec", "tempsamp.enabled=true",
+                   "reward.weights={box_iou: 1.0}", "run.prompts_per_device=1")
+    tr = GRPOTrainer(cfg, samples=samples)
+    run(tr)
+    rb = tr.last_batch
+    gt = rb.is_offpolicy
+    assert rb.rewards["box_iou"][gt].item() > 0.85, rb.texts[-1]
+    assert rb.samples[0]["id"] == "r0"
 
 
 def test_all_equal_rewards_zero_advantage_flagged(tmp_path, tiny_dirs, th):
