@@ -35,6 +35,7 @@ class VideoClip:
         path: source file (None for frame lists); backend: "decord" | "pyav" | "frames".
         image_factor: the spatial factor the frames were resized to (28 Qwen2/2.5-VL, 32 Qwen3-VL).
         clip_frames: inclusive decoded-frame range ``(start_frame, end_frame)`` of the clip.
+        meta: free-form dict for callers (not used by this module).
     """
 
     frames: Any

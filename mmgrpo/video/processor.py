@@ -97,6 +97,10 @@ def build_video_inputs(
     """
     if model_family not in MODEL_FAMILIES:
         raise ValueError(f"model_family must be one of {MODEL_FAMILIES}, got {model_family!r}")
+    pname = type(processor).__name__
+    want = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}[model_family]
+    if pname.startswith("Qwen") and not pname.startswith(want):
+        raise ValueError(f"model_family={model_family!r} but the processor is a {pname}")
     clips = [clip] if isinstance(clip, VideoClip) else list(clip)
     if isinstance(text, str):
         texts = [text]

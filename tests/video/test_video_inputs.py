@@ -122,6 +122,8 @@ def test_contract_errors(video16, qwen25):
     clip = load_video(video16, fps=1.0, min_pixels=4 * F2, max_pixels=4 * F2)
     with pytest.raises(ValueError, match="model_family"):
         build_video_inputs(processor, clip, _prompt(processor), "llava")
+    with pytest.raises(ValueError, match="Qwen2_5_VLProcessor"):
+        build_video_inputs(processor, clip, _prompt(processor), "qwen3_vl")
     with pytest.raises(ValueError, match="exactly one"):
         build_video_inputs(processor, clip, "no placeholder here", "qwen2_5_vl")
     with pytest.raises(ValueError, match="one prompt per video"):
