@@ -293,12 +293,65 @@ class HFRolloutBackend(RolloutBackend):
                              logprobs=lps * mask, prompt_index=prompt_index)
 
 
-class VLLMRolloutBackend(RolloutBackend):
-    """vLLM engine (colocated, GPU only).  Import-guarded; NOT tested on this CPU machine.
+def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: SamplingParams,
+                  seeds: Sequence[int] | None) -> list[tuple[dict, dict]]:
+    """(vLLM prompt dict, SamplingParams kwargs) per output row, prompt-major like ``HFRolloutBackend``.
 
-    Prompts go to vLLM as raw text + ``multi_modal_data`` with the SAME ``mm_processor_kwargs`` as the trainer's
-    processor (vlm.md §14 trap 3), one ``SamplingParams(n=G, seed=...)`` per prompt.  Sampling log-probs from
-    vLLM are returned but the trainer always recomputes old log-probs with ``compute_token_logprobs``.
+    One request per row (n=1) so every row gets its own seed (vLLM seeds per request); prefix caching makes the
+    repeated prompt cheap.  Video frames go as ``multi_modal_data["video"]``; pass the trainer's processor
+    settings as the engine's ``mm_processor_kwargs`` so both sides expand the same number of vision tokens.
+    """
+    G = int(num_generations)
+    out = []
+    for i, rp in enumerate(raw_prompts):
+        mm: dict[str, Any] = {}
+        if rp.get("images"):
+            mm["image"] = list(rp["images"])
+        if rp.get("video") is not None:
+            mm["video"] = rp["video"]
+        prompt = {"prompt": rp["text"], "multi_modal_data": mm} if mm else {"prompt": rp["text"]}
+        for g in range(G):
+            kw = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0,
+                      temperature=0.0 if params.greedy else params.temperature,
+                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1)
+            if seeds is not None:
+                kw["seed"] = int(seeds[i * G + g]) % (2**31 - 1)
+            out.append((prompt, kw))
+    return out
+
+
+def rollout_from_token_lists(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None,
+                             tokenizer, eos_ids: Sequence[int], num_prompts: int, num_generations: int,
+                             max_new_tokens: int) -> RolloutOutput:
+    """Right-pad per-row token lists (an engine's output) into a ``RolloutOutput``.
+
+    A row is truncated when it has no EOS (engines stop at EOS and may or may not include it; a row shorter
+    than ``max_new_tokens`` without EOS ended for another reason and is NOT flagged as truncated)."""
+    pad = tokenizer.pad_token_id
+    T = max(1, max((len(t) for t in token_ids), default=1))
+    ids = torch.full((len(token_ids), T), pad, dtype=torch.long)
+    lps = torch.zeros(len(token_ids), T)
+    for r, toks in enumerate(token_ids):
+        ids[r, :len(toks)] = torch.tensor(list(toks), dtype=torch.long)
+        if logprobs is not None and logprobs[r] is not None:
+            lps[r, :len(logprobs[r])] = torch.tensor(list(logprobs[r]), dtype=torch.float32)
+    lens = torch.tensor([len(t) for t in token_ids])
+    mask, no_eos = completion_mask_from_ids(ids, eos_ids)
+    mask = mask * (torch.arange(T).unsqueeze(0) < lens.unsqueeze(1)).long()
+    truncated = no_eos & (lens >= max_new_tokens)
+    ids = ids.masked_fill(mask == 0, pad)
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return RolloutOutput(ids, mask, texts, truncated, lps * mask,
+                         torch.arange(num_prompts).repeat_interleave(num_generations))
+
+
+class VLLMRolloutBackend(RolloutBackend):
+    """vLLM engine (colocated, GPU only).  Import-guarded; NOT exercised on this CPU machine (no vLLM, no GPU):
+    only its request building and output conversion (pure functions above) are tested.
+
+    The trainer never uses the engine's log-probs as old log-probs (it recomputes them with
+    ``compute_token_logprobs``); they only feed a mismatch diagnostic.  Weight sync after each optimizer step
+    loads the policy's state dict into the engine (LoRA: merged, then unmerged).
     """
 
     def __init__(self, model_path: str, tokenizer, mm_processor_kwargs: dict | None = None,
@@ -308,55 +361,42 @@ class VLLMRolloutBackend(RolloutBackend):
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("VLLMRolloutBackend needs `pip install mmgrpo[vllm]` and a GPU; "
                               "use rollout.backend=hf on CPU") from e
-        from vllm import LLM
+        from vllm import LLM  # pragma: no cover
 
-        self.tokenizer = tokenizer
-        self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
-        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_model_len, mm_processor_kwargs=self.mm_processor_kwargs,
+        self.tokenizer = tokenizer  # pragma: no cover
+        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,  # pragma: no cover
+                       max_model_len=max_model_len, mm_processor_kwargs=dict(mm_processor_kwargs or {}),
                        enable_prefix_caching=True, **engine_kwargs)
 
     def sync_weights(self, model) -> None:  # pragma: no cover - GPU only
         base = getattr(model, "module", model)
-        if hasattr(base, "merge_and_unload"):
-            raise NotImplementedError("vLLM weight sync for LoRA policies: merge the adapter into a copy first")
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(base.state_dict().items())
-        self.llm.reset_prefix_cache()
+        lora = hasattr(base, "merge_adapter")
+        if lora:
+            base.merge_adapter()
+        try:
+            sd = base.state_dict()
+            if lora:  # peft names -> base names; drop the adapter matrices (already merged)
+                sd = {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v for k, v in sd.items()
+                      if "lora_" not in k}
+            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+            runner.model.load_weights(sd.items())
+            self.llm.reset_prefix_cache()
+        finally:
+            if lora:
+                base.unmerge_adapter()
 
     def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:  # pragma: no cover
         from vllm import SamplingParams as VSP
 
         if raw_prompts is None:
             raise ValueError("VLLMRolloutBackend needs raw_prompts (text + images/videos)")
-        G = int(num_generations)
-        reqs, sps = [], []
-        for i, rp in enumerate(raw_prompts):
-            mm = {}
-            if rp.get("images"):
-                mm["image"] = rp["images"]
-            if rp.get("video") is not None:
-                mm["video"] = [rp["video"]]
-            reqs.append({"prompt": rp["text"], "multi_modal_data": mm})
-            seed = None if seeds is None else int(seeds[i * G]) % (2**31)
-            sps.append(VSP(n=G, temperature=params.temperature, top_p=params.top_p,
-                           top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_new_tokens,
-                           logprobs=0, seed=seed))
-        outs = self.llm.generate(reqs, sps, use_tqdm=False)
-        pad = self.tokenizer.pad_token_id
-        ids_l, lp_l = [], []
-        for o in outs:
-            for c in o.outputs:
-                ids_l.append(torch.tensor(list(c.token_ids), dtype=torch.long))
-                lp_l.append(torch.tensor([next(iter(d.values())).logprob for d in (c.logprobs or [])]))
-        T = max(1, max(len(x) for x in ids_l))
-        ids = torch.stack([torch.nn.functional.pad(x, (0, T - len(x)), value=pad) for x in ids_l])
-        lps = torch.stack([torch.nn.functional.pad(x.float(), (0, T - len(x))) for x in lp_l])
-        eos = [self.tokenizer.eos_token_id]
-        mask, truncated = completion_mask_from_ids(ids, eos)
-        texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
-        return RolloutOutput(ids.masked_fill(mask == 0, pad), mask, texts, truncated, lps * mask,
-                             torch.arange(len(raw_prompts)).repeat_interleave(G))
+        reqs = vllm_requests(raw_prompts, num_generations, params, seeds)
+        outs = self.llm.generate([r for r, _ in reqs], [VSP(**kw) for _, kw in reqs], use_tqdm=False)
+        toks = [list(o.outputs[0].token_ids) for o in outs]
+        lps = [[next(iter(d.values())).logprob for d in (o.outputs[0].logprobs or [])] for o in outs]
+        eos = [self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id]
+        return rollout_from_token_lists(toks, lps, self.tokenizer, [e for e in eos if e is not None],
+                                        len(raw_prompts), num_generations, params.max_new_tokens)
 
 
 def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_generations: int) -> list[int]:
@@ -372,5 +412,5 @@ def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_gen
 __all__ = [
     "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
-    "completion_mask_from_ids", "make_seeds", "batch_to",
+    "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
 ]

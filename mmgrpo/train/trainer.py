@@ -243,7 +243,10 @@ class GRPOTrainer:
             if cfg.rollout.backend == "vllm":
                 from mmgrpo.models.rollout import VLLMRolloutBackend
 
-                backend = VLLMRolloutBackend(cfg.model.path, self.tok,
+                mm_kw = {}
+                if cfg.data.image_min_pixels > 0 and cfg.data.image_max_pixels > 0:
+                    mm_kw = {"min_pixels": cfg.data.image_min_pixels, "max_pixels": cfg.data.image_max_pixels}
+                backend = VLLMRolloutBackend(cfg.model.path, self.tok, mm_processor_kwargs=mm_kw,
                                              gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
             else:
                 backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
@@ -603,6 +606,11 @@ class GRPOTrainer:
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/filtered_groups"] = float(self.counters["filtered_groups"])
         m["data/epoch"] = float(self.stream.epoch)
+        if rb.old_logp is not None and onp.any():  # engine vs trainer log-probs (vLLM parity diagnostic)
+            mk = rb.completion_mask[onp].bool()
+            Tm = min(rb.old_logp.shape[1], rb.rollout_logp.shape[1])
+            d = (rb.old_logp[onp][:, :Tm] - rb.rollout_logp[onp][:, :Tm]).abs()[mk[:, :Tm]]
+            m["rollout/logprob_max_abs_diff"] = float(d.max()) if d.numel() else 0.0
         if rb.token_weights is not None and rb.n:
             tw = rb.token_weights[rb.completion_mask.bool()]
             m["twgrpo/weight_mean"], m["twgrpo/weight_max"] = float(tw.mean()), float(tw.max())

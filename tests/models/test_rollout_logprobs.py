@@ -142,3 +142,24 @@ def test_make_seeds_process_independent():
     s_split = make_seeds(7, 3, [0, 1], 2) + make_seeds(7, 3, [2, 3], 2)
     assert s_all == s_split and len(set(s_all)) == 8
     assert make_seeds(7, 4, [0], 2) != s_all[:2]
+
+
+def test_vllm_request_building_and_output_conversion():
+    """The vLLM backend itself needs a GPU; its pure halves are checked here with plain lists."""
+    from mmgrpo.models.rollout import rollout_from_token_lists, vllm_requests
+    from mmgrpo.models.tiny import build_tiny_tokenizer
+
+    raws = [{"text": "a", "images": ["IMG"]}, {"text": "b", "video": "FRAMES"}]
+    reqs = vllm_requests(raws, 2, SamplingParams(max_new_tokens=5, temperature=0.7, top_k=0), seeds=[1, 2, 3, 4])
+    assert [r["prompt"] for r, _ in reqs] == ["a", "a", "b", "b"]
+    assert reqs[0][0]["multi_modal_data"] == {"image": ["IMG"]} and reqs[2][0]["multi_modal_data"] == {"video": "FRAMES"}
+    assert [kw["seed"] for _, kw in reqs] == [1, 2, 3, 4] and reqs[0][1]["top_k"] == -1
+    assert reqs[0][1]["n"] == 1 and reqs[0][1]["temperature"] == 0.7
+    tok = build_tiny_tokenizer()
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    out = rollout_from_token_lists([[40, 41, eos], [40, 41, 42, 43, 44], [40], [eos]], [[-1.0, -2.0, -0.5], [-1.0] * 5,
+                                   [-3.0], [-0.1]], tok, [eos], num_prompts=2, num_generations=2, max_new_tokens=5)
+    assert out.completion_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
+    assert out.truncated.tolist() == [False, True, False, False]  # row 2 stopped early without EOS: not "max length"
+    assert out.logprobs[0].tolist() == [-1.0, -2.0, -0.5, 0.0, 0.0] and out.prompt_index.tolist() == [0, 0, 1, 1]
+    assert out.completion_ids[2, 1:].tolist() == [tok.pad_token_id] * 4

@@ -67,6 +67,7 @@ def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, t
     for m in hist:
         sane(m)
         assert "reward/acc/mean" in m and "train/kl" in m and "train/clip_frac" in m
+        assert m["rollout/logprob_max_abs_diff"] < 5e-5
     assert hist[-1]["train/kl"] > 0  # the policy moved away from the reference
     # num_iterations=2: the second update sees ratios != 1
     assert hist[-1]["train/ratio_max"] > 1.0 or hist[-1]["train/ratio_min"] < 1.0
