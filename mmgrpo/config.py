@@ -174,6 +174,9 @@ class RunConfig:
     max_steps: int = field(default=100, metadata=_h("rollout steps"))
     prompts_per_device: int = field(default=2, metadata=_h("prompts per process per step (rows = x G)"))
     micro_batch_size: int = field(default=16, metadata=_h("rows per forward/backward (whole groups, >= 1 group)"))
+    logprob_impl: Literal["naive", "prefix_group"] = field(
+        default="naive", metadata=_h("naive: prompt repeated per row; prefix_group: each prompt (vision + text) "
+                                     "encoded once per group (mmgrpo.models.prefix_group), same numbers"))
     seed: int = field(default=0, metadata=_h("base seed (data order, per-sample generation seeds)"))
     log_every: int = field(default=1, metadata=_h("log metrics + sampled completions every N steps"))
     num_completions_to_log: int = field(default=8, metadata=_h("completions written to completions.jsonl per log"))

@@ -468,6 +468,16 @@ class GRPOTrainer:
         return batch, ids, mask, T
 
     def _logp(self, model, rb, idx, return_logits=False):
+        """Log-probs of the micro-batch ``idx``; old, reference and current policy all go through here."""
+        if self.cfg.run.logprob_impl == "prefix_group":
+            from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
+
+            T = max(1, int(rb.completion_mask[idx].sum(1).max()))
+            with self.accelerator.autocast():
+                return grouped_rows_token_logprobs(
+                    model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T],
+                    rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
+                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
         batch, ids, mask, T = self._mb_inputs(rb, idx)
         with self.accelerator.autocast():
             return compute_token_logprobs(model, batch, ids, mask, self.sampling.temperature,

@@ -45,8 +45,10 @@ def sane(m):
     assert m["train/grad_norm"] > 0
 
 
-def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, th):
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "algo.num_iterations=2", "algo.kl_coef=0.05")
+@pytest.mark.parametrize("impl", ["naive", "prefix_group"])
+def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, th, impl):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "algo.num_iterations=2", "algo.kl_coef=0.05",
+                   f"run.logprob_impl={impl}")
     samples = th.video_samples(2) + th.image_samples(2)
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
     # the trainer's old log-probs and its grad-enabled forward agree bit for bit: ratio exactly 1 on-policy
