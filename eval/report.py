@@ -117,9 +117,9 @@ def _t2i_summary(m: Mapping[str, Any]) -> dict:
             for k in keys:
                 row[k] = (agg.get("rewards") or {}).get(k)
             if mg and tag in (mg.get("by_tag") or {}):
-                row["accuracy"] = mg["by_tag"][tag]
+                row["mini_geneval accuracy"] = mg["by_tag"][tag]
             rows[str(tag)] = row
-        cols = ["n"] + keys + (["accuracy"] if mg else [])
+        cols = ["n"] + keys + (["mini_geneval accuracy"] if mg else [])
         breakdowns["tag"] = {"columns": cols, "rows": rows}
     first = next(iter(m.get("rewards") or {}), None)
     primary = "mini_geneval accuracy" if mg else first
