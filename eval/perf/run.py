@@ -1,0 +1,185 @@
+"""Run every benchmark of ``eval/perf`` and collect their ratios in one JSON.
+
+Each benchmark is a script run as a subprocess (one at a time: they time the same 2 cores). Its result is the LAST
+``name=value`` line of its stdout; if it also wrote ``--json`` details they are attached. A benchmark that is
+missing, fails, or exceeds its time limit is recorded with its error (value ``null``); the runner itself does not
+fail.
+
+    python eval/perf/run.py --quick --json perf.json          # < 5 minutes on 2 cores
+    python eval/perf/run.py --only flow_rollout_overhead,tp_batched_speedup --smoke
+
+Output JSON: ``{"flow_rollout_overhead": 1.03, "flow_train_overhead": ..., "tp_batched_speedup": ...,
+"prefix_group_speedup": ..., "trl_speedup": ..., "details": {name: {script, command, returncode, seconds,
+error, stdout_tail, result}}, "machine": {...}, "mode": ..., "total_seconds": ...}``.
+No heavy imports: ``--help`` is instant and the runner never imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# (result key, script in this folder). prefix_group.py / trl_compare.py are written by another engineer.
+BENCHMARKS: list[tuple[str, str]] = [
+    ("flow_rollout_overhead", "flow_rollout.py"),
+    ("flow_train_overhead", "flow_train.py"),
+    ("tp_batched_speedup", "tp_completions.py"),
+    ("prefix_group_speedup", "prefix_group.py"),
+    ("trl_speedup", "trl_compare.py"),
+]
+
+_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$")
+
+
+def parse_last_ratio(stdout: str) -> Optional[tuple[str, float]]:
+    """The last line of the form ``name=number`` (None if there is none)."""
+    for line in reversed(stdout.splitlines()):
+        m = _LINE.match(line)
+        if m:
+            return m.group(1), float(m.group(2))
+    return None
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _run(cmd: list[str], timeout: float, env: dict) -> tuple[int, str, str, bool]:
+    """Run ``cmd`` in its own process group; on timeout kill that group (only what we started)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # pragma: no cover - already gone
+            pass
+        out, err = proc.communicate()
+        return -9, out or "", err or "", True
+
+
+def run_benchmark(key: str, script: str, mode_args: list[str], timeout: float, folder: str = HERE,
+                  extra_args: Optional[list[str]] = None) -> dict:
+    """Run one benchmark script; returns its record (never raises for a benchmark failure)."""
+    path = os.path.join(folder, script)
+    rec: dict = {"script": os.path.relpath(path), "value": None, "error": None}
+    if not os.path.isfile(path):
+        rec["error"] = f"not present: {path}"
+        return rec
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with tempfile.TemporaryDirectory(prefix="perf_") as tmp:
+        jpath = os.path.join(tmp, "result.json")
+        base = [sys.executable, path, *mode_args, *(extra_args or [])]
+        cmd = base + ["--json", jpath]
+        t0 = time.perf_counter()
+        rc, out, err, timed_out = _run(cmd, timeout, env)
+        if rc == 2 and "--json" in err and "unrecognized arguments" in err:
+            # a benchmark without --json: rerun it plainly, the ratio line is enough
+            cmd = base
+            rc, out, err, timed_out = _run(cmd, max(1.0, timeout - (time.perf_counter() - t0)), env)
+        rec["seconds"] = round(time.perf_counter() - t0, 2)
+        rec["command"] = " ".join(cmd)
+        rec["returncode"] = rc
+        rec["stdout_tail"] = _tail(out)
+        parsed = parse_last_ratio(out)
+        if parsed is not None:
+            rec["reported_name"] = parsed[0]
+        if timed_out:
+            rec["error"] = f"timeout after {timeout:.0f} s"
+        elif rc != 0:
+            rec["error"] = f"exit code {rc}: {_tail(err.strip(), 1500)}"
+        elif parsed is None:
+            rec["error"] = "no 'name=value' line in stdout"
+        else:
+            rec["value"] = parsed[1]
+            if parsed[0] != key:
+                rec["warning"] = f"reported name {parsed[0]!r} != expected {key!r}"
+        if rec["error"] is not None:
+            rec["stderr_tail"] = _tail(err)
+        if os.path.isfile(jpath):
+            try:
+                with open(jpath) as f:
+                    rec["result"] = json.load(f)
+            except (OSError, json.JSONDecodeError) as exc:
+                rec["json_error"] = f"{type(exc).__name__}: {exc}"
+    return rec
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    p.add_argument("--smoke", action="store_true", help="pass --smoke to every benchmark (tiny models)")
+    p.add_argument("--json", default="", help="write all results here")
+    p.add_argument("--only", default="", help="comma-separated result keys to run (default: all)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="total seconds for all benchmarks (default 290 with --quick/--smoke, else 3600); a "
+                        "benchmark gets the remaining budget split over those still to run, at least --min-timeout")
+    p.add_argument("--min-timeout", type=float, default=30.0, help="lower bound of a benchmark's time limit")
+    p.add_argument("--folder", default=HERE, help=argparse.SUPPRESS)  # tests point this at fake benchmarks
+    args = p.parse_args(argv)
+    mode = ["--smoke"] if args.smoke else (["--quick"] if args.quick else [])
+    budget = args.budget if args.budget is not None else (290.0 if (args.quick or args.smoke) else 3600.0)
+    todo = BENCHMARKS
+    if args.only:
+        keys = [k.strip() for k in args.only.split(",") if k.strip()]
+        unknown = [k for k in keys if k not in dict(BENCHMARKS)]
+        if unknown:
+            p.error(f"unknown benchmark(s) {unknown}; known: {[k for k, _ in BENCHMARKS]}")
+        todo = [(k, s) for k, s in BENCHMARKS if k in keys]
+    t_start = time.perf_counter()
+    results: dict = {k: None for k, _ in todo}
+    details: dict = {}
+    present = [(k, s) for k, s in todo if os.path.isfile(os.path.join(args.folder, s))]
+    for k, s in todo:
+        remaining = budget - (time.perf_counter() - t_start)
+        left = max(1, sum(1 for kk, _ in present if kk not in details))
+        timeout = max(args.min_timeout, remaining / left)
+        print(f"[perf] {k} ({s}) ...", flush=True)
+        rec = run_benchmark(k, s, mode, timeout, folder=args.folder)
+        details[k] = rec
+        results[k] = rec["value"]
+        status = f"{rec['value']:.2f}" if rec["value"] is not None else f"FAILED ({(rec['error'] or '')[:200]})"
+        print(f"[perf] {k} = {status}   [{rec.get('seconds', 0)} s]", flush=True)
+    out = {**results, "details": details,
+           "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                       "cpu_count": os.cpu_count(), "loadavg_1m": _loadavg()},
+           "mode": "smoke" if args.smoke else ("quick" if args.quick else "full"),
+           "total_seconds": round(time.perf_counter() - t_start, 1)}
+    torch_v = next((d["result"].get("machine", {}).get("torch") for d in details.values()
+                    if isinstance(d.get("result"), dict) and isinstance(d["result"].get("machine"), dict)), None)
+    if torch_v:
+        out["machine"]["torch"] = torch_v
+    if args.json:
+        d = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(d, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2, default=str)
+    print("[perf] summary: " + ", ".join(f"{k}={'null' if v is None else f'{v:.2f}'}" for k, v in results.items())
+          + f"   ({out['total_seconds']} s)")
+    return out
+
+
+def _loadavg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        return None
+
+
+if __name__ == "__main__":
+    main()
