@@ -45,11 +45,14 @@ DATA_KEYS = ("data.sha256", "data.n", "prompts.sha256", "prompts.n_prompts", "ta
 
 
 def _mean(v: Any) -> Optional[float]:
+    """The number a delta is taken of: the value itself, or the mean of a ``{"mean", "std"}`` entry."""
     if isinstance(v, Mapping):
         v = v.get("mean")
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    if isinstance(v, int):
+        return v  # counts stay integers (delta "+3", not "+3.00")
+    return float(v) if math.isfinite(v) else None
 
 
 def _unique_names(summaries: Sequence[dict], names: Optional[Sequence[str]]) -> list[str]:
@@ -160,6 +163,8 @@ def compare(run_dirs: Sequence[str | Path], names: Optional[Sequence[str]] = Non
 def _fmt_delta(d: Optional[float], decimals: int) -> str:
     if d is None:
         return "-"
+    if isinstance(d, int):
+        return f"{d:+d}"
     return f"{d:+.{decimals}f}"
 
 

@@ -68,7 +68,7 @@ def flat_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in flatten(settings).items():
         if k.startswith(_DROP_SETTINGS) or ".files." in k or k.endswith(".files"):
             continue
-        if isinstance(v, str) and len(v) > 200:
+        if isinstance(v, str) and len(v) > 100:  # prompt texts: compared by hash (full text in settings.json)
             v = "sha256:" + hashlib.sha256(v.encode()).hexdigest()[:16]
         out[k] = v
     return out

@@ -227,3 +227,40 @@ def test_resumable_jsonl_rules(tmp_path):
 def test_cli_errors_are_one_line(env, tmp_path, capsys):
     rc = generate_vlm.main([f"model={tmp_path / 'nope'}", f"data.annotations={env['ann']}", f"out_dir={tmp_path}"])
     assert rc == 1 and "model folder not found" in capsys.readouterr().err
+
+
+def test_sampling_is_seeded_per_sample_not_per_batch(env):
+    """decoding.greedy=false: row seed = hash(seed, sample index), so batch size does not change the samples."""
+    common = [f"model={env['tiny']}", f"data.annotations={env['ann']}", "data.max_samples=2",
+              "data.prompt_mode=no_think", "decoding.greedy=false", "decoding.max_new_tokens=5"]
+    outs = {}
+    for bs in (1, 2):
+        res = generate_vlm.run(_cfg(*common, f"decoding.batch_size={bs}", f"out_dir={env['root'] / f'sample{bs}'}"))
+        assert res["settings"]["decoding"]["temperature"] == 1.0 and res["settings"]["decoding"]["seed"] == 0
+        outs[bs] = [json.loads(x)["output"] for x in (env["root"] / f"sample{bs}" / "predictions.jsonl")
+                    .read_text().splitlines()]
+    assert outs[1] == outs[2]
+
+
+def test_rec_images_record_the_model_input_size(env, tmp_path):
+    """REC: each prediction carries the processor-resized size (the frame Qwen2.5-VL writes boxes in)."""
+    from PIL import Image
+
+    rng = torch.Generator().manual_seed(0)
+    anns = []
+    for i, (w, h) in enumerate([(100, 80), (60, 90)]):
+        px = torch.randint(0, 255, (h, w, 3), generator=rng, dtype=torch.uint8).numpy()
+        Image.fromarray(px).save(tmp_path / f"img{i}.png")
+        anns.append({"id": f"r{i}", "task": "rec", "image": f"img{i}.png", "query": "the red thing",
+                     "boxes": [[10, 10, 50, 40]], "image_size": [w, h], "meta": {"dataset": "toy"}})
+    ann = tmp_path / "rec.jsonl"
+    ann.write_text("".join(json.dumps(a) + "\n" for a in anns))
+    out = tmp_path / "rec_run"
+    assert _run("--config", str(ROOT / "eval/configs/refcoco.yaml"), f"model={env['tiny']}", f"data.annotations={ann}",
+                f"out_dir={out}", "decoding.max_new_tokens=4") == 0
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    # tiny processor: 4..16 * 28^2 pixels; smart_resize by hand: 80x100 -> 84x112 (9408 px), 90x60 -> 84x56
+    assert [p["resized_image_size"] for p in preds] == [[112, 84], [56, 84]]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["n"] == 2 and m["config"]["box_frame"] == "qwen2_5_vl" and "Acc@0.5" in m
+    assert "toy" in m["by"]["dataset"]

@@ -85,7 +85,7 @@ def test_compare_base_vs_finetuned(runs, tmp_path, capsys):
     md = out.read_text()
     for line in ("| metric | base | ft | Δ ft |", "| R1@0.3 | 50.00 | 75.00 | +25.00 |",
                  "| R1@0.7 | 0.00 | 25.00 | +25.00 |", "| mIoU | 31.25 | 45.50 | +14.25 |",
-                 "| parse_failure_rate | 25.00 | 0.00 | -25.00 |", "| n | 4 | 4 | +0.00 |",
+                 "| parse_failure_rate | 25.00 | 0.00 | -25.00 |", "| n | 4 | 4 | +0 |",
                  "## mIoU by duration_bucket", "| 0-30s | 30.00 | 40.00 | +10.00 |",
                  "| 30-60s | 35.00 | 62.00 | +27.00 |", "| model.path | /m/base | /m/ft |"):
         assert line in md, line
