@@ -13,20 +13,15 @@ Prints the ratio median(A/B) LAST as ``flow_rollout_overhead=X.XX`` (target <= 1
 
     python eval/perf/flow_rollout.py [--quick | --smoke] [--model mid|tiny] [--json out.json] [--profile]
 
-This file also holds the helpers shared by the flow benchmarks (``flow_train.py``, ``tp_completions.py``):
-model builders (tiny and "mid" FLUX), interleaved A/B timing, machine info, JSON/ratio output. They live here
-because ``eval/perf/common.py`` did not exist when these benchmarks were written.
+This file also holds the flow-specific helpers shared by ``flow_train.py`` and ``tp_completions.py``: model
+builders (tiny and "mid" FLUX), CLI arguments, named ratio statistics, profiling, result output. Timing itself
+(interleaved A/B rounds, paired ratios, ``emit``) comes from ``eval/perf/common.py``.
 """
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
-import platform
-import statistics
 import sys
-import time
 from typing import Callable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +31,11 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
 if _ROOT not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, _ROOT)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import common as _common  # noqa: E402  (eval/perf/common.py: interleaved timing, paired ratios, emit)
+from common import interleaved_timing, set_threads  # noqa: E402,F401  (re-exported for the flow benchmarks)
 
 PROMPTS = ["a photo of a cat", "a red apple on a table", "a blue car in the street", "two birds on a wire",
            "a bowl of fruit", "a green tree in a field", "a painting of a mountain at sunset",
@@ -70,24 +70,9 @@ def resolve_args(args: argparse.Namespace, reps: tuple[int, int, int], warmup: t
     args.mode = ["smoke", "quick", "full"][i]
 
 
-def set_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, int(n)))
-
-
 def machine_info() -> dict:
-    import torch
-
-    info = {
-        "platform": platform.platform(), "python": platform.python_version(), "processor": platform.processor(),
-        "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.is_available(),
-    }
-    try:
-        info["loadavg_1m"] = os.getloadavg()[0]
-    except OSError:  # pragma: no cover - not on every OS
-        pass
+    """``common.machine_info`` plus the diffusers version."""
+    info = dict(_common.machine_info())
     try:
         import diffusers
 
@@ -164,48 +149,18 @@ def build_adapter(model: str, kind: str = "flux", seed: int = 0, max_sequence_le
     return ad, info
 
 
-def interleaved_timing(fns: dict[str, Callable[[], object]], reps: int, warmup: int,
-                       sync: Optional[Callable[[], None]] = None) -> dict[str, list[float]]:
-    """Wall-clock seconds of each fn, ``warmup`` untimed calls each, then ``reps`` rounds in which every fn runs
-    once. The order alternates every round (A,B then B,A) so slow drifts of the shared machine's load hit both
-    sides equally. The garbage collector is off inside a timed call (like ``timeit``)."""
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            fns[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps):
-        order = names if r % 2 == 0 else names[::-1]
-        for n in order:
-            gc.collect()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                fns[n]()
-                if sync is not None:
-                    sync()
-                times[n].append(time.perf_counter() - t0)
-            finally:
-                gc.enable()
-    return times
-
-
 def ratio_stats(a: list[float], b: list[float], names: tuple[str, str] = ("A", "B")) -> dict:
-    """Ratio a/b. Headline = median of the per-round ratios a_r / b_r (paired: each round's two calls ran back to
-    back under the same load); the ratio of medians, mins and the spreads are reported too. Keys are prefixed
-    with ``names`` (numerator, denominator)."""
-    na, nb = names
-    paired = [x / y for x, y in zip(a, b)]
-    return {
-        "ratio": f"{na} / {nb}",
-        f"{na}_s": [round(x, 6) for x in a], f"{nb}_s": [round(x, 6) for x in b],
-        f"{na}_median_s": statistics.median(a), f"{nb}_median_s": statistics.median(b),
-        f"{na}_min_s": min(a), f"{nb}_min_s": min(b),
-        "ratio_of_medians": statistics.median(a) / statistics.median(b),
-        "ratio_of_mins": min(a) / min(b),
-        "paired_ratio_median": statistics.median(paired),
-        "paired_ratio_min": min(paired), "paired_ratio_max": max(paired),
-    }
+    """``common.ratio_stats`` (headline ``ratio_median`` = median of the paired per-round ratios a_r / b_r) with
+    the per-side keys named after the two sides (``A_s`` -> ``<names[0]>_s``) and ``ratio`` = "num / den"."""
+    st = _common.ratio_stats(a, b)
+    out = {"ratio": f"{names[0]} / {names[1]}"}
+    for k, v in st.items():
+        if k.startswith("A_"):
+            k = names[0] + k[1:]
+        elif k.startswith("B_"):
+            k = names[1] + k[1:]
+        out[k] = v
+    return out
 
 
 def profile_calls(fns: dict[str, Callable[[], object]], row_limit: int = 18) -> dict[str, str]:
@@ -223,14 +178,9 @@ def profile_calls(fns: dict[str, Callable[[], object]], row_limit: int = 18) -> 
 
 
 def finish(name: str, value: float, target: str, met: bool, details: dict, json_path: str) -> None:
-    """Write the JSON (if asked) and print the ratio line LAST."""
+    """Write the JSON (if asked) and print the ratio line LAST (``common.emit``)."""
     result = {"name": name, "value": round(float(value), 4), "target": target, "met": bool(met), **details}
-    if json_path:
-        d = os.path.dirname(os.path.abspath(json_path))
-        os.makedirs(d, exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    print(f"{name}={value:.2f}", flush=True)
+    _common.emit(result, json_path, (name, value))
 
 
 # =================================================================================== this benchmark
@@ -301,7 +251,7 @@ def main(argv: Optional[list[str]] = None) -> float:
     profiles = profile_calls({"A_ours": run_ours, "B_pipeline": run_pipe}) if args.profile else None
     t = interleaved_timing({"A": run_ours, "B": run_pipe}, reps=args.reps, warmup=args.warmup)
     st = ratio_stats(t["A"], t["B"], ("ours", "pipeline"))
-    value = st["paired_ratio_median"]
+    value = st["ratio_median"]
     details = {
         "description": "A: flow_grpo.sampler.sample_trajectories (SDE + per-step log-probs, recorded steps) / "
                        f"B: {type(ad.pipe).__name__}.__call__ (ODE); same model, steps, batch, resolution; "

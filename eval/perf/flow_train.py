@@ -193,7 +193,7 @@ def main(argv: Optional[list[str]] = None) -> float:
     profiles = profile_calls({"A_train_path": run_a, "B_bare": run_b}) if args.profile else None
     t = interleaved_timing({"A": run_a, "B": run_b}, reps=args.reps, warmup=args.warmup)
     st = ratio_stats(t["A"], t["B"], ("train_path", "bare"))
-    value = st["paired_ratio_median"]
+    value = st["ratio_median"]
     details = {
         "description": "per trained denoising step: A = score_column + exact log-prob + PPO loss + backward "
                        "(trainer path) / B = transformer forward + MSE on velocity + backward, same batch",

@@ -71,6 +71,30 @@ def _run(cmd: list[str], timeout: float, env: dict) -> tuple[int, str, str, bool
         return -9, out or "", err or "", True
 
 
+_OPTIONS_WITH_VALUE = {"--json"}
+
+
+def _unrecognized(stderr: str) -> list[str]:
+    """Option names argparse rejected (``error: unrecognized arguments: --smoke --json /x``); only ours."""
+    m = re.search(r"unrecognized arguments: (.*)$", stderr.strip(), re.MULTILINE)
+    if not m:
+        return []
+    return [a for a in m.group(1).split() if a in ("--json", "--smoke", "--quick")]
+
+
+def _drop_args(cmd: list[str], names: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in cmd:
+        if skip:
+            skip = False
+            continue
+        if a in names:
+            skip = a in _OPTIONS_WITH_VALUE
+            continue
+        out.append(a)
+    return out
+
+
 def run_benchmark(key: str, script: str, mode_args: list[str], timeout: float, folder: str = HERE,
                   extra_args: Optional[list[str]] = None) -> dict:
     """Run one benchmark script; returns its record (never raises for a benchmark failure)."""
@@ -88,9 +112,13 @@ def run_benchmark(key: str, script: str, mode_args: list[str], timeout: float, f
         cmd = base + ["--json", jpath]
         t0 = time.perf_counter()
         rc, out, err, timed_out = _run(cmd, timeout, env)
-        if rc == 2 and "--json" in err and "unrecognized arguments" in err:
-            # a benchmark without --json: rerun it plainly, the ratio line is enough
-            cmd = base
+        dropped = _unrecognized(err) if rc == 2 else []
+        if dropped:
+            # a benchmark without --json / --smoke: rerun it without those options (the ratio line is enough)
+            cmd = _drop_args(cmd, dropped)
+            if "--smoke" in dropped and "--quick" not in cmd:
+                cmd.append("--quick")  # the closest mode it has
+            rec["dropped_args"] = dropped
             rc, out, err, timed_out = _run(cmd, max(1.0, timeout - (time.perf_counter() - t0)), env)
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         rec["command"] = " ".join(cmd)

@@ -126,7 +126,8 @@ def main(argv: Optional[list[str]] = None) -> float:
         with torch.no_grad():
             return sequential_completions(ad, traj, embeds, sig, reward_fn, N)
 
-    R_a, nfe_a = run_batched()
+    res_a = run_batched()  # (R, nfe[, valid]): the private helper's tuple has grown before, read by position
+    R_a, nfe_a = res_a[0], res_a[1]
     R_b, calls_b, items_b = run_sequential()
     R_a = R_a[:, :-1]  # drop R_n (the final reward, not a completion)
     max_diff = float((R_a - R_b).abs().max())
@@ -144,7 +145,7 @@ def main(argv: Optional[list[str]] = None) -> float:
     profiles = profile_calls({"A_batched": run_batched, "B_sequential": run_sequential}) if args.profile else None
     t = interleaved_timing({"A": run_batched, "B": run_sequential}, reps=args.reps, warmup=args.warmup)
     st = ratio_stats(t["B"], t["A"], ("sequential", "batched"))  # speedup = time(sequential) / time(batched)
-    value = st["paired_ratio_median"]
+    value = st["ratio_median"]
     details = {
         "description": "ODE completions R_0..R_{n-1} for TP-GRPO: time(one k at a time, released) / time(all k "
                        "batched, flow_grpo.sampler._tp_grpo_rewards); both include VAE decode and reward calls",

@@ -121,6 +121,7 @@ def test_runner_records_failures_without_crashing(tmp_path):
     assert "not present" in det["trl_speedup"]["error"]
     assert "--json" not in det["prefix_group_speedup"]["command"]
     assert "--quick" in det["prefix_group_speedup"]["command"]
+    assert det["prefix_group_speedup"]["dropped_args"] == ["--json"]
 
 
 def test_runner_only_rejects_unknown(tmp_path):
