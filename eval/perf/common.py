@@ -183,11 +183,12 @@ VLM_SIZES = {
 
 
 def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl", seed: int = 0,
-                   video_max_tokens_per_frame: int = 64) -> str:
+                   video_max_tokens_per_frame: int = 64, image_max_tokens: int = 256) -> str:
     """Save a random Qwen-VL (``tiny`` from mmgrpo.models.tiny, or ``mid``) + its processor to ``directory``.
 
     The processor's video size allows up to ``video_max_tokens_per_frame`` merged tokens per temporal patch
-    (224x224 frames -> 64), so a 32-frame clip gives a 1024-token video prefix."""
+    (224x224 frames -> 64), so a 32-frame clip gives a 1024-token video prefix; images up to ``image_max_tokens``
+    merged tokens (448x448 -> 256)."""
     import torch
 
     from mmgrpo.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
@@ -195,6 +196,7 @@ def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl
     proc = build_tiny_processor(family)
     f = 28 if family != "qwen3_vl" else 32
     proc.video_processor.size = {"shortest_edge": 4 * f * f, "longest_edge": video_max_tokens_per_frame * f * f}
+    proc.image_processor.size = {"shortest_edge": 4 * f * f, "longest_edge": image_max_tokens * f * f}
     if size == "tiny":
         model, proc = build_tiny_model(family, processor=proc, seed=seed)
     elif size in VLM_SIZES:

@@ -13,9 +13,11 @@ the prompt G times: G vision-tower runs and G forwards over the (long, video) pr
 Autograd sees one prefix sub-graph whose outputs are consumed G times, so the backward of ``expand`` *sums* the
 G suffixes' gradients into the prefix keys/values and from there into every parameter that computed them
 (LLM layers, LoRA matrices, the vision tower if trainable) -- the same total as the naive path's G separate
-prefix copies, up to float summation order.  Nothing is detached; ``DynamicCache.update`` is a ``torch.cat``.
+prefix copies, up to float summation order.  Nothing is detached: the two cache-layer types (``_cache_classes``,
+subclasses of transformers' ``DynamicLayer``) hold the autograd-tracked K/V, and the suffix's update is a
+``torch.cat``.  Both are safe to recompute, so (non-reentrant) gradient checkpointing works too.
 
-Cost per group (L tokens of prefix, T of completion): naive G(P+T) tokens through the LLM, G vision passes and
+Cost per group (P tokens of prefix, T of completion): naive G(P+T) tokens through the LLM, G vision passes and
 G(P+T)^2 attention; grouped P + G(T-1) tokens, one vision pass and P^2 + G(T-1)(P+T) attention.
 
 Positions (MRoPE).  The 3-D rope index is computed by the model's own ``get_rope_index`` on
@@ -51,6 +53,27 @@ def _unwrap(model):
     if hasattr(m, "get_base_model"):  # peft
         m = m.get_base_model()
     return m
+
+
+_WARNED: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        import logging
+
+        logging.getLogger("mmgrpo.models").warning(msg)
+
+
+def supports_grouping(model) -> bool:
+    """True for the Qwen-VL families (an inner model with ``get_rope_index``) -- what ``grouped_token_logprobs``
+    handles."""
+    try:
+        _rope_owner(model)
+        return True
+    except TypeError:
+        return False
 
 
 def _rope_owner(model):
@@ -200,9 +223,18 @@ def grouped_token_logprobs(
       logp (N, T) float32, 0 where the mask is 0; with ``return_logits`` also the temperature-scaled,
       suppressed logits (N, T, V).
 
-    Limits: the prompt is a prefix of every row (no per-row prompt edits); the G-expanded prefix keys/values
-    are materialised once per layer inside the suffix attention (memory O(N P h_kv d) per layer, like the naive
-    path's own KV); gradient checkpointing applies per forward as usual.
+    Limits and notes:
+      * the prompt must be an exact prefix of every row of its group (no per-row prompt edits);
+      * the G-expanded prefix keys/values are materialised once per layer inside the suffix attention
+        (O(N P h_kv d) per layer -- what the naive path stores anyway), activations are O(P + N T) instead of
+        O(N (P + T));
+      * gradient checkpointing (non-reentrant, transformers' default) works: the caches used here are safe to
+        recompute; reentrant checkpointing is refused (it would silently cut the prefix gradient);
+      * the module is called twice per backward (prefix, then suffix).  mmgrpo's trainer all-reduces gradients
+        itself and never wraps the policy in DDP; with a DDP-wrapped model call this on ``model.module`` inside
+        ``model.no_sync()`` and reduce gradients yourself;
+      * only the Qwen-VL families (a ``get_rope_index`` on the inner model) are supported; others raise
+        ``TypeError`` (``grouped_rows_token_logprobs`` falls back to the naive path for them).
     """
     if completion_ids.shape != completion_mask.shape or completion_ids.dim() != 2:
         raise ValueError(f"completion_ids {tuple(completion_ids.shape)} and completion_mask "
@@ -283,14 +315,18 @@ def grouped_rows_token_logprobs(
     suppress_token_ids: Sequence[int] | None = None,
     return_logits: bool = False,
     device=None,
+    fallback: bool = True,
 ):
     """Trainer-facing form: one prompt item per row (as in ``RolloutBatch.items``), rows of a group contiguous.
 
     Consecutive rows whose items are the same object (or equal tensors) form a group; the unique prompts are
     collated (left padded) and scored with ONE ``grouped_token_logprobs`` call.  Equivalent to
-    ``compute_token_logprobs(model, collate_prompts(row_items), ...)``.
+    ``compute_token_logprobs(model, collate_prompts(row_items, pad_token_id), ...)``, which is also what runs
+    (``fallback=True``, warned once) for a model without shared-prefix support.  Intended use in the trainer's
+    ``_logp``: ``grouped_rows_token_logprobs(model, [rb.items[i] for i in idx], ids, mask, pad_id, temperature,
+    suppress_token_ids, return_logits, device=device)``.
     """
-    from .rollout import batch_to, collate_prompts
+    from .rollout import batch_to, collate_prompts, compute_token_logprobs
 
     if len(row_items) != completion_ids.shape[0]:
         raise ValueError(f"{len(row_items)} row items for {completion_ids.shape[0]} completion rows")
@@ -301,12 +337,21 @@ def grouped_rows_token_logprobs(
         else:
             uniq.append(it)
             sizes.append(1)
+    if device is not None:
+        completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
+    if not supports_grouping(model):
+        if fallback:
+            _warn_once(f"{type(_unwrap(model)).__name__}: no shared-prefix support, using the naive log-prob path")
+            batch = collate_prompts(list(row_items), pad_token_id)
+            batch = batch_to(batch, device) if device is not None else batch
+            return compute_token_logprobs(model, batch, completion_ids, completion_mask, temperature,
+                                          suppress_token_ids, return_logits)
+        _rope_owner(model)  # raises the explanatory TypeError
     batch = collate_prompts(uniq, pad_token_id)
     if device is not None:
         batch = batch_to(batch, device)
-        completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
     return grouped_token_logprobs(model, batch, completion_ids, completion_mask, temperature, suppress_token_ids,
                                   return_logits, group_sizes=sizes)
 
 
-__all__ = ["grouped_token_logprobs", "grouped_rows_token_logprobs", "group_position_ids"]
+__all__ = ["grouped_token_logprobs", "grouped_rows_token_logprobs", "group_position_ids", "supports_grouping"]

@@ -220,3 +220,25 @@ def test_bad_inputs_raise_clear_errors(tiny_dirs):
         grouped_token_logprobs(pol.model, two, ids, mask)
     with pytest.raises(ValueError, match="group_sizes"):
         grouped_token_logprobs(pol.model, two, ids, mask, group_sizes=[3, 1])
+
+
+def test_unsupported_model_falls_back_to_naive_path():
+    """A model without MRoPE (text-only Qwen2) is not grouped: the rows API runs the naive path, the core API
+    raises a TypeError naming the limitation."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mmgrpo.models.prefix_group import supports_grouping
+
+    torch.manual_seed(0)
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1))
+    assert not supports_grouping(lm)
+    item = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    ids = torch.tensor([[9, 10, 11], [12, 13, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with torch.no_grad():
+        a = compute_token_logprobs(lm, collate_prompts([item, item], 0), ids, mask)
+        b = grouped_rows_token_logprobs(lm, [item, item], ids, mask, 0)
+    assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="get_rope_index"):
+        grouped_rows_token_logprobs(lm, [item, item], ids, mask, 0, fallback=False)
