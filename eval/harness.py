@@ -32,6 +32,7 @@ __all__ = [
     "fingerprint_file",
     "fingerprint_dir",
     "settings_fingerprint",
+    "NON_FINGERPRINT",
     "check_resume",
     "library_versions",
     "git_info",
@@ -124,8 +125,13 @@ def _canonical(x: Any) -> Any:
     return x
 
 
-def settings_fingerprint(settings: Mapping[str, Any], exclude: Iterable[str] = ("fingerprint", "run")) -> str:
-    """sha256 of the settings (sorted JSON) without the ``exclude`` top-level keys (run bookkeeping)."""
+# recorded but not part of the fingerprint: run bookkeeping, and the git commit (other people's commits land all the
+# time; the things code changes would alter -- rendered prompts, processor settings, library versions -- are hashed)
+NON_FINGERPRINT = ("fingerprint", "run", "code")
+
+
+def settings_fingerprint(settings: Mapping[str, Any], exclude: Iterable[str] = NON_FINGERPRINT) -> str:
+    """sha256 of the settings (sorted JSON) without the ``exclude`` top-level keys (see ``NON_FINGERPRINT``)."""
     ex = set(exclude)
     body = {k: v for k, v in settings.items() if k not in ex}
     return hashlib.sha256(json.dumps(_canonical(body), sort_keys=True, default=str).encode()).hexdigest()
@@ -164,9 +170,15 @@ def check_resume(out_dir: str | os.PathLike, settings: Mapping[str, Any], result
     except json.JSONDecodeError as e:
         raise ResumeError(f"{sp}: invalid JSON ({e.msg}); pass overwrite=true to start over") from None
     if old.get("fingerprint") == settings.get("fingerprint"):
+        if old.get("code") != settings.get("code"):
+            import logging
+
+            logging.getLogger("mmgrpo.eval").warning(
+                "%s: resuming at git commit %s (started at %s)", out, (settings.get("code") or {}).get("commit"),
+                (old.get("code") or {}).get("commit"))
         return
-    a = flatten({k: v for k, v in old.items() if k not in ("fingerprint", "run")})
-    b = flatten({k: v for k, v in settings.items() if k not in ("fingerprint", "run")})
+    a = flatten({k: v for k, v in old.items() if k not in NON_FINGERPRINT})
+    b = flatten({k: v for k, v in settings.items() if k not in NON_FINGERPRINT})
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     shown = "; ".join(f"{k}: {_short(a.get(k))} -> {_short(b.get(k))}" for k in diff[:8])
     more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""

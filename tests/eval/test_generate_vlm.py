@@ -264,3 +264,53 @@ def test_rec_images_record_the_model_input_size(env, tmp_path):
     m = json.loads((out / "metrics.json").read_text())
     assert m["n"] == 2 and m["config"]["box_frame"] == "qwen2_5_vl" and "Acc@0.5" in m
     assert "toy" in m["by"]["dataset"]
+
+
+def test_check_resume_and_fingerprints(tmp_path):
+    from eval.harness import ResumeError, check_resume, fingerprint_file, settings_fingerprint
+
+    def settings(sha, commit):
+        s = {"data": {"sha256": sha}, "code": {"commit": commit}, "run": {"created": commit}}
+        s["fingerprint"] = settings_fingerprint(s)
+        return s
+
+    (tmp_path / "predictions.jsonl").write_text('{"id": "a", "output": "x"}\n')
+    with pytest.raises(ResumeError, match="settings.json"):
+        check_resume(tmp_path, settings("a", "c1"), "predictions.jsonl")
+    (tmp_path / "settings.json").write_text(json.dumps(settings("a", "c1")))
+    check_resume(tmp_path, settings("a", "c2"), "predictions.jsonl")  # another git commit: allowed (recorded)
+    with pytest.raises(ResumeError, match=r"data.sha256: a -> b"):
+        check_resume(tmp_path, settings("b", "c1"), "predictions.jsonl")
+
+    # weights: 'sampled' hashes size + 64 chunks of 64 KiB; 'full' every byte
+    f = tmp_path / "w.safetensors"
+    data = bytearray(range(256)) * (64 * 1024)  # 16 MiB
+    f.write_bytes(bytes(data))
+    full0, samp0 = fingerprint_file(f, "full"), fingerprint_file(f, "sampled")
+    data[0] ^= 1  # inside the first sampled chunk
+    f.write_bytes(bytes(data))
+    assert fingerprint_file(f, "sampled") != samp0 and fingerprint_file(f, "full") != full0
+    assert fingerprint_file(f, "none") == {"size": len(data)}
+    small = tmp_path / "c.json"
+    small.write_text("{}")
+    import hashlib
+
+    assert fingerprint_file(small, "sampled") == {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}
+
+
+def test_missing_media_skip_is_counted_and_scored_zero(env, tmp_path):
+    a = dict(env["anns"][0])
+    ok = {**a, "video": str(Path(env["ann"]).parent / a["video"])}
+    gone = {**a, "id": "gone", "video": str(tmp_path / "missing.mp4")}
+    ann = tmp_path / "ann.jsonl"
+    ann.write_text(json.dumps(ok) + "\n" + json.dumps(gone) + "\n")
+    common = [f"model={env['crafted']}", f"data.annotations={ann}", "data.prompt_mode=no_think"]
+    assert _run(*common, f"out_dir={tmp_path / 'err'}") == 1  # default: every missing file is an error up front
+    assert _run(*common, f"out_dir={tmp_path / 'skip'}", "data.on_missing_media=skip") == 0
+    preds = [json.loads(x) for x in (tmp_path / "skip" / "predictions.jsonl").read_text().splitlines()]
+    assert preds[0]["output"] == TARGET and preds[1]["output"] is None and "missing.mp4" in preds[1]["error"]
+    m = json.loads((tmp_path / "skip" / "metrics.json").read_text())
+    d = ok["duration"]
+    iou = max(_iou([min(2.0, d), min(7.0, d)], g) for g in ok["spans"])
+    assert m["generation"]["n_media_error"] == 1 and m["n"] == 2
+    assert m["mIoU"] == pytest.approx(100 * iou / 2)  # the skipped sample counts as IoU 0
