@@ -10,8 +10,10 @@ adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every
 
 Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.train.task.load_samples``, turned
 into model inputs by ``mmgrpo.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
-``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), and generated with
-``mmgrpo.models.rollout.HFRolloutBackend`` (left padding, vision tokens suppressed).  The ``data.*`` defaults equal
+``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
+rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
+of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
+``HFRolloutBackend`` itself (per-sample seeds).  The ``data.*`` defaults equal
 the training defaults (fps 2, 4-768 frames, 16*28*28-768*28*28 pixels per frame, 3584*28*28 in total).
 
 Outputs in ``out_dir``:
@@ -359,6 +361,39 @@ def _prediction_row(sample: Any, prep, text: str, n_tokens: int, truncated: bool
     return row
 
 
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    return eos
+
+
+def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple[list[str], list[int], list[bool]]:
+    """Greedy decoding of left-padded prompt items: the token choices of ``HFRolloutBackend`` with
+    ``greedy=True`` (same collation, EOS / pad ids, suppressed vision tokens) without keeping the per-step logits,
+    which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
+    completion tokens incl. EOS, truncated)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from mmgrpo.models.rollout import batch_to, collate_prompts, completion_mask_from_ids
+
+    model, tok = policy.model, policy.tokenizer
+    pad = tok.pad_token_id
+    eos = _eos_ids(model, tok)
+    device = next(model.parameters()).device
+    batch = batch_to(collate_prompts(list(items), pad), device)
+    gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
+                          pad_token_id=pad, suppress_tokens=list(policy.suppress_token_ids) or None, use_cache=True)
+    with torch.no_grad():
+        out = model.generate(**batch, generation_config=gc)
+    ids = out[:, batch["input_ids"].shape[1]:].cpu()
+    mask, truncated = completion_mask_from_ids(ids, eos)
+    texts = tok.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+    return texts, mask.sum(1).tolist(), truncated.tolist()
+
+
 def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], writer: ResumableJsonl,
              log=None) -> dict:
     """Generate the missing predictions batch by batch (fixed batches); returns counters.
@@ -400,7 +435,11 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                         log.warning("media error, output recorded as null: %s", e)
             order = sorted(preps)
             texts: dict[int, tuple[str, int, bool]] = {}
-            if order:
+            if order and dec.greedy:
+                t, lens, trunc = greedy_generate(policy, [preps[i].item for i in order], params.max_new_tokens)
+                for j, i in enumerate(order):
+                    texts[i] = (t[j], int(lens[j]), bool(trunc[j]))
+            elif order:  # sampling: the rollout backend's per-row seeded sampler (batch-independent)
                 seeds = [sample_seed(dec.seed, i) for i in order]
                 out = backend.generate([preps[i].item for i in order], 1, params, seeds=seeds)
                 lens = out.lengths.tolist()

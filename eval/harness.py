@@ -220,7 +220,7 @@ def git_info(path: str | os.PathLike | None = None) -> dict:
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Atomic JSON write (NaN/inf are rejected: they would be silent wrong numbers downstream)."""
-    from mmgrpo.utils._fsio import atomic_write_text
+    from mmgrpo.utils.checkpoint import atomic_write_text
 
     return atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=False, default=str) + "\n")
 

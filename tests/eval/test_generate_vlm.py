@@ -152,9 +152,24 @@ def test_interrupted_run_resumes_to_identical_file(env):
     for m in (ma, mb):
         m.pop("config"), m["generation"].pop("last_invocation")
     assert ma == mb
-    # the outputs are the policy's, in dataset order (not all equal: the random model reacts to the video)
-    outs = [json.loads(x)["output"] for x in pb.read_text().splitlines()]
-    assert len(outs) == len(env["anns"])
+    # parity with the TRAINING path: mmgrpo.config.DataConfig + TaskAdapter.prepare + HFRolloutBackend(greedy),
+    # same left-padded batches of 2 -> the same texts, token counts and frame counts
+    from mmgrpo.config import DataConfig
+    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.train.task import TaskAdapter, load_samples
+
+    pol = load_policy(env["tiny"], dtype="float32")
+    ta = TaskAdapter(pol.processor, pol.adapter, DataConfig(task="tvg", prompt_mode="no_think", video_min_pixels=3136,
+                                                            video_max_pixels=12544, video_total_pixels=50176))
+    backend = HFRolloutBackend(pol.model, pol.processor, pol.suppress_token_ids, max_batch_size=2)
+    samples = load_samples(env["ann"])
+    preps = [ta.prepare(x) for x in samples]
+    out = backend.generate([p.item for p in preps], 1, SamplingParams(max_new_tokens=6, greedy=True))
+    preds = [json.loads(x) for x in pb.read_text().splitlines()]
+    assert [p["output"] for p in preds] == out.texts
+    assert [p["n_tokens"] for p in preds] == out.lengths.tolist()
+    assert [p["num_frames"] for p in preds] == [pp.clip.num_frames for pp in preps]
 
     # resuming with a setting that changes the number is refused, naming the setting
     with pytest.raises(Exception) as ei:
