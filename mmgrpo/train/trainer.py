@@ -634,6 +634,30 @@ class GRPOTrainer:
             m["tgrpo/bonus_group_frac"] = i["tgrpo/groups_granted"] / max(i["tgrpo/groups"], 1)
         return m
 
+    def _reduce_metrics(self, m: dict[str, float]) -> dict[str, float]:
+        """Average metrics over processes (max for ``*max*`` keys, sum for counters of this step).
+
+        Cumulative counters (``data/skipped_missing_media``, ``data/filtered_groups``) are per process and summed;
+        per-process means are averaged with equal weight (processes hold equally many prompts)."""
+        if self.world == 1:
+            return m
+        from accelerate.utils import gather_object
+
+        allm = gather_object([m])
+        out: dict[str, float] = {}
+        for k in sorted({k for d in allm for k in d}):
+            vals = [d[k] for d in allm if k in d]
+            if "max" in k:
+                out[k] = max(vals)
+            elif "min" in k:
+                out[k] = min(vals)
+            elif k in ("data/skipped_missing_media", "data/filtered_groups", "data/groups",
+                       "completions/parse_failures") or k.startswith("perf/tokens"):
+                out[k] = float(sum(vals))
+            else:
+                out[k] = sum(vals) / len(vals)
+        return out
+
     def _log_completions(self, rb: RolloutBatch, step: int) -> None:
         rows = []
         for i in range(min(rb.n, self.cfg.run.num_completions_to_log)):
@@ -770,6 +794,7 @@ class GRPOTrainer:
         m = self.step_metrics(rb)
         m.update({f"train/{k}": v for k, v in opt_metrics.items()})
         m["perf/step_time"] = time.time() - t0
+        m = self._reduce_metrics(m)
         if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
             self.logger.log(m, self.step)
             if rb.n:

@@ -76,3 +76,7 @@ def test_two_processes_equal_one_process(tmp_path, tiny_dirs):
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
     assert max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k) > 1e-3  # it did train
+    m1 = json.loads((tmp_path / "one" / "metrics.jsonl").read_text().splitlines()[-1])
+    m2 = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert m1["data/groups"] == m2["data/groups"] == 2  # metrics reduced over processes
+    assert m2["train/grad_norm"] == pytest.approx(m1["train/grad_norm"], rel=1e-5)
