@@ -16,5 +16,5 @@ if [ "$pipe" = tiny ]; then
   set -- height=64 width=64 num_steps=8 max_prompts=8 "$@"
 fi
 extra=(); [ "$lora" = - ] || extra=(lora="$lora")
-python eval/generate_t2i.py pipeline="$pipe" "${extra[@]}" prompts=$prompts rewards=mini_geneval,jpeg_compressibility \
-  images_per_prompt=4 out_dir="$out" "$@"
+python eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$pipe" "${extra[@]}" prompts=$prompts \
+  rewards=mini_geneval,jpeg_compressibility out_dir="$out" "$@"

@@ -170,3 +170,23 @@ def test_training_curves(tmp_path):
     cj = json.loads(out.with_suffix(".json").read_text())
     assert list(cj["curves"]) == ["reward/iou/mean"]
     assert any("no settings.json" in w for w in cj["warnings"])
+
+
+def test_every_benchmark_config_loads():
+    """eval/configs/*.yaml parse into their harness config (unknown keys or bad values would raise)."""
+    from eval.generate_t2i import EvalT2IConfig
+    from eval.generate_vlm import EvalVLMConfig
+    from mmgrpo.utils.config import load_config
+
+    tasks = {}
+    for f in sorted((ROOT / "eval" / "configs").glob("*.yaml")):
+        if f.stem == "mini_geneval":
+            c = load_config(EvalT2IConfig, f)
+            assert (c.images_per_prompt, c.num_steps, c.rewards) == (4, 40, ["mini_geneval"])
+            continue
+        c = load_config(EvalVLMConfig, f)
+        tasks[f.stem] = c.data.task
+        if c.data.task != "rec":  # the training video contract: fps 2 and the 3584*28*28 budget
+            assert c.data.video_fps == 2.0 and c.data.video_total_pixels == 3584 * 28 * 28
+    assert tasks == {"activitynet_captions": "tvg", "charades_sta": "tvg", "mvbench": "mcq", "nextgqa": "gqa",
+                     "refcoco": "rec", "synthetic_tvg": "tvg"}
