@@ -327,42 +327,27 @@ class GRPOTrainer:
         n_tok = int(out.completion_mask.sum())
         self.counters["generated_tokens"] += n_tok
 
-        rows_ids, rows_mask, rows_lp, texts, offp, trunc, row_items, row_samples, gids = [], [], [], [], [], [], [], [], []
-        reward_samples: list[dict] = []
+        rows: list[dict] = []  # one entry per completion row; a group's rows are contiguous
         T = out.completion_ids.shape[1]
-        gt_rows = []
         for k, (pos, pp) in enumerate(preps):
             for g in range(G_on):
                 r = k * G_on + g
-                rows_ids.append(out.completion_ids[r])
-                rows_mask.append(out.completion_mask[r])
-                rows_lp.append(out.logprobs[r] if out.logprobs is not None else torch.zeros(T))
-                texts.append(out.texts[r])
-                offp.append(False)
-                trunc.append(bool(out.truncated[r]))
-                row_items.append(pp.item)
-                row_samples.append(pp.sample)
-                reward_samples.append(pp.reward_sample)
-                gids.append(pos)
+                rows.append(dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
+                                 lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
+                                 offpolicy=False, truncated=bool(out.truncated[r]), pp=pp, group=pos))
             if inject:  # TempSamp-R1: the ground-truth answer as the G-th member of the group
-                text = self.task.gt_completion(pp.sample, pp.item)
-                ids = self.tok(text, add_special_tokens=False).input_ids + [self.eos_id]  # never truncated
-                gt_rows.append(len(texts))
-                rows_ids.append(torch.tensor(ids))
-                rows_mask.append(torch.ones(len(ids), dtype=torch.long))
-                rows_lp.append(torch.zeros(len(ids)))
-                texts.append(self.tok.decode(ids, skip_special_tokens=True))
-                offp.append(True)
-                trunc.append(False)
-                row_items.append(pp.item)
-                row_samples.append(pp.sample)
-                reward_samples.append(pp.reward_sample)
-                gids.append(pos)
-        Tm = max([T] + [len(x) for x in rows_ids])
+                ids = self.tok(self.task.gt_completion(pp.sample, pp.item), add_special_tokens=False).input_ids
+                ids = torch.tensor(ids + [self.eos_id])  # never truncated to max_new_tokens
+                rows.append(dict(ids=ids, mask=torch.ones_like(ids), text=self.tok.decode(ids, skip_special_tokens=True),
+                                 lp=torch.zeros(len(ids)), offpolicy=True, truncated=False, pp=pp, group=pos))
+        Tm = max(len(r["ids"]) for r in rows)
         pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
-        completion_ids = torch.stack([pad1(x, self.pad_id) for x in rows_ids])
-        completion_mask = torch.stack([pad1(x, 0) for x in rows_mask])
-        group_ids = torch.tensor(gids, dtype=torch.long)
+        completion_ids = torch.stack([pad1(r["ids"], self.pad_id) for r in rows])
+        completion_mask = torch.stack([pad1(r["mask"].long(), 0) for r in rows])
+        group_ids = torch.tensor([r["group"] for r in rows], dtype=torch.long)
+        offp = torch.tensor([r["offpolicy"] for r in rows])
+        texts = [r["text"] for r in rows]
+        reward_samples = [r["pp"].reward_sample for r in rows]
         scored = self._score(texts, reward_samples)
         parse_failed = scored.pop("parse_failed").bool()
         rewards = {k: v.float() for k, v in scored.items()}
@@ -384,7 +369,7 @@ class GRPOTrainer:
                 sh_samples = [pp.reward_sample for _, pp in vids for _ in range(Gs)]
                 acc_sh = self._accuracy(sh.texts, sh_samples)
                 sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
-                onp = ~torch.tensor(offp)
+                onp = ~offp
                 b, granted = temporal_bonus(acc[onp], group_ids[onp], acc_sh, sh_gids, cfg.tgrpo.alpha,
                                             cfg.tgrpo.mu, cfg.tgrpo.min_accuracy)
                 bonus[onp] = b
@@ -395,9 +380,9 @@ class GRPOTrainer:
                              "tgrpo/groups_granted": float(granted.sum()), "tgrpo/groups": float(len(vids))})
             rewards["temporal"] = bonus
             rewards["total"] = rewards["total"] + bonus
-        return RolloutBatch(row_items, row_samples, texts, completion_ids, completion_mask, group_ids,
-                            torch.tensor(offp), torch.tensor(trunc), parse_failed, rewards,
-                            torch.stack([pad1(x.float(), 0.0) for x in rows_lp]), info=info)
+        return RolloutBatch([r["pp"].item for r in rows], [r["pp"].sample for r in rows], texts, completion_ids,
+                            completion_mask, group_ids, offp, torch.tensor([r["truncated"] for r in rows]),
+                            parse_failed, rewards, torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info)
 
     def advantages(self, rb: RolloutBatch) -> None:
         """Group advantages (+ TempSamp shaping / anchoring); sets rb.advantages, reward_used, zero_std."""
