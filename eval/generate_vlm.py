@@ -72,8 +72,10 @@ class VLMDataConfig:
     """Field names match ``mmgrpo.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
 
     annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.data schema)"))
-    media_root: str = field(default="", metadata=_h("prefix for relative video/image paths (default: the JSONL's folder)"))
-    task: Literal["tvg", "mcq", "gqa", "rec"] = field(default="tvg", metadata=_h("task scored (every sample must have it)"))
+    media_root: str = field(default="",
+                            metadata=_h("prefix for relative video/image paths (default: the JSONL's folder)"))
+    task: Literal["tvg", "mcq", "gqa", "rec"] = field(default="tvg",
+                                                      metadata=_h("task scored (every sample must have it)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
         default="think", metadata=_h("prompt mode (mmgrpo.data.prompts): <think> reasoning or a direct answer"))
     answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
@@ -121,7 +123,8 @@ class ScoringConfig:
 class EvalVLMConfig:
     """Generate + score a Qwen-VL checkpoint on a canonical benchmark (see the module docstring)."""
 
-    model: str = field(default="", metadata=_h("model folder, LoRA-merged folder, adapter folder or trainer checkpoint"))
+    model: str = field(default="",
+                       metadata=_h("model folder, LoRA-merged folder, adapter folder or trainer checkpoint"))
     adapter: str = field(default="", metadata=_h("optional LoRA adapter folder applied on top of model"))
     merge_adapter: bool = field(default=True, metadata=_h("merge the adapter into the weights before generating"))
     family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
