@@ -47,6 +47,7 @@ class SamplingConfig:
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
+    eval_num_steps: int = _f(0, "denoising steps of the periodic eval (deterministic Euler ODE); 0 = num_steps")
     same_noise_per_group: bool = _f(False, "one x_T per group (G2RPO / TempFlow seed groups); seeded by the global group id, so identical on every process")
 
 
@@ -75,17 +76,36 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     train_path: str = _f("", "prompts: .txt (one per line) or .jsonl ({'prompt': ..., **metadata}, GenEval style)")
-    eval_path: str = _f("", "eval prompts (same formats); empty = no eval")
+    eval_path: str = _f("", "eval prompts (same formats as train_path); empty = data.eval_prompts; both empty = no eval")
     group_size: int = _f(8, "G: images per prompt (one group)")
     groups_per_epoch: int = _f(8, "prompt groups sampled per epoch (over all processes)")
-    eval_num_prompts: int = _f(8, "number of eval prompts used")
+    eval_num_prompts: int = _f(8, "number of eval prompts used (the first ones of the file/list; 0 = all)")
     prompts: list[str] = _f([], "inline prompts (used when train_path is empty)")
+    eval_prompts: list[str] = _f([], "inline eval prompts (used when eval_path is empty)")
 
 
 @dataclass
 class RewardConfig:
+    """Rewards go through ``flow_grpo.rewards.MultiReward`` (every component wrapped with retry/timeout handling)."""
+
     weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, **kwargs[name])")
     kwargs: dict[str, dict] = _f({}, "per-reward constructor kwargs")
+    mode: str = _f("weighted_sum", "weighted_sum (group-normalise sum_k w_k r_k) | per_reward (GDPO: multi_reward_advantages "
+                   "mode=normalize_then_sum, each reward z-scored in its group, then weighted sum) | win_rate (Pref-GRPO: "
+                   "pairwise win rate inside each group, explicit group ids; outcome credit only)")
+    pairwise_scorer: str = _f("", "win_rate: 'package.module:factory' returning a PairwiseScorer (e.g. a VLM judge); "
+                              "empty = compare the weighted sum of the pointwise rewards (ScoreComparator)")
+    pairwise_symmetric: bool = _f(False, "win_rate: judge every pair in both orders (cancels a judge's position bias, 2x cost)")
+    nan_policy: str = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its group, counted and "
+                         "logged) | raise (stop the run)")
+    retries: int = _f(2, "extra attempts of a reward call that raised or timed out (per component, per call)")
+    retry_backoff: float = _f(1.0, "seconds before retry k are retry_backoff * 2**k")
+    timeout: float = _f(600.0, "seconds one reward call may take before it counts as failed (0 = no limit); a timed-out "
+                        "call is abandoned in its daemon thread")
+    on_failure: str = _f("drop", "a reward call still failing after the retries: drop (its samples get valid=False, "
+                         "counted and logged) | stop (the run stops with the error, on every process)")
+    async_workers: int = _f(1, "reward threads: each rollout chunk is scored while the next chunk is sampled "
+                            "(AsyncRewardRunner); 0 = score synchronously after sampling")
 
 
 @dataclass
@@ -104,6 +124,11 @@ class OptimConfig:
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
     inner_epochs: int = _f(1, "passes over the epoch's rollouts")
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
+    lr_schedule: str = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
+    warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
+    max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients skip the optimizer step (counted, logged); "
+                                    "after this many consecutive skips a checkpoint is written to <output_dir>/halted "
+                                    "and the run stops")
 
 
 @dataclass
@@ -119,13 +144,19 @@ class RunConfig:
     seed: int = _f(42, "base seed; every noise/plan seed is a hash of (seed, epoch, global index)")
     num_epochs: int = _f(100, "epochs to train (an epoch = sample groups_per_epoch groups, then update)")
     save_every: int = _f(10, "epochs between checkpoints (0 = only at the end)")
-    eval_every: int = _f(0, "epochs between evals (0 = never)")
+    eval_every: int = _f(0, "epochs between evals (0 = only at the end; needs eval prompts): ODE sampling with fixed "
+                         "per-prompt seeds, EMA weights if EMA is on, reward means per component, PNG grid")
     image_grid_every: int = _f(10, "epochs between PNG sample grids (0 = never)")
     resume_from: str = _f("auto", "auto | none | path to a checkpoint")
-    keep_last: int = _f(3, "checkpoints kept")
+    keep_last: int = _f(3, "most recent checkpoints kept")
+    keep_best: bool = _f(True, "also keep the checkpoint with the best eval reward (an eval that beats the best so "
+                         "far writes a checkpoint if none is due)")
     mixed_precision: str = _f("no", "accelerate mixed precision: no | bf16 | fp16")
     tensorboard: bool = _f(True, "write tensorboard logs")
+    reward_curves: bool = _f(True, "at the end of training plot the train/eval reward curves to <output_dir>/reward_curves.png")
     cpu: bool = _f(False, "force CPU")
+    ddp_find_unused_parameters: bool = _f(False, "DDP: find_unused_parameters (needed if some trainable weights get no "
+                                          "gradient in a forward, e.g. partial full fine-tunes)")
 
 
 @dataclass

@@ -20,6 +20,13 @@ Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample
 seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
 group to share windows within a group). Nothing depends on batch layout or process count.
 
+Rewards: ``reward_fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]`` (a ``flow_grpo.rewards`` reward or
+:class:`~flow_grpo.rewards.MultiReward`; a ``"total"`` key is used as the scalar reward, an optional bool ``"valid"``
+marks samples to leave out). With ``reward_runner`` (an :class:`~flow_grpo.rewards.AsyncRewardRunner`) every chunk is
+decoded and submitted as soon as it is sampled, so the reward of chunk c runs while chunk c+1 is sampled; results are
+collected after the last chunk (a reward failure therefore surfaces only after every model call of the rollout,
+which keeps processes in step when forwards are collective, e.g. FSDP).
+
 Exactness: the model is called on the same chunks (``batch_size``) during rollout and during
 :func:`score_column` (the training path), so log-probs recomputed on-policy equal the rollout ones bit for bit.
 """
@@ -157,8 +164,9 @@ def _total_reward(scores: dict, weights: Optional[dict]) -> torch.Tensor:
         if missing:
             raise KeyError(f"reward weights name {missing} but the reward returned {sorted(scores)}")
         return sum(float(w) * torch.as_tensor(scores[k], dtype=torch.float32) for k, w in weights.items())
-    if "avg" in scores:
-        return torch.as_tensor(scores["avg"], dtype=torch.float32)
+    for key in ("total", "avg"):
+        if key in scores:
+            return torch.as_tensor(scores[key], dtype=torch.float32)
     if len(scores) == 1:
         return torch.as_tensor(next(iter(scores.values())), dtype=torch.float32)
     raise ValueError(f"reward returned several components {sorted(scores)}: give reward weights")
@@ -166,11 +174,31 @@ def _total_reward(scores: dict, weights: Optional[dict]) -> torch.Tensor:
 
 def score_rewards(reward_fn: RewardFn, images, prompts, metadata, weights=None) -> tuple[torch.Tensor, dict]:
     """Call the typed reward ``fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]``; returns the
-    weighted total (N,) fp32 and the components. An optional bool ``"valid"`` entry (a reward built with
-    ``nan_policy="drop"``) marks samples to leave out: their total is set to 0 and ``components["valid"]`` is
-    returned. A non-finite total of a valid sample raises with the sample indices."""
-    scores = dict(reward_fn(images, list(prompts), list(metadata)))
-    n = len(prompts)
+    weighted total (N,) fp32 and the components. The total is ``sum_k weights[k] * scores[k]`` if ``weights`` is
+    given, else ``scores["total"]`` (MultiReward), ``scores["avg"]`` or the single score. An optional bool
+    ``"valid"`` entry (a reward built with ``nan_policy="drop"``) marks samples to leave out: their total is set to 0
+    and ``components["valid"]`` is returned. A non-finite total of a valid sample raises with the sample indices."""
+    return finish_scores(dict(reward_fn(images, list(prompts), list(metadata))), len(prompts), weights)
+
+
+def merge_scores(parts: Sequence[dict], sizes: Sequence[int]) -> dict:
+    """Concatenate per-chunk reward dicts along the batch. A chunk without ``"valid"`` counts as all valid; other
+    keys missing from some chunk (e.g. diagnostics of a reward whose call was dropped) are left out."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    keys = set(parts[0])
+    for p in parts[1:]:
+        keys &= set(p)
+    out = {k: torch.cat([torch.as_tensor(p[k]).reshape(-1).cpu() for p in parts]) for k in sorted(keys - {"valid"})}
+    if any("valid" in p for p in parts):
+        out["valid"] = torch.cat([torch.as_tensor(p["valid"]).reshape(-1).bool().cpu() if "valid" in p
+                                  else torch.ones(n, dtype=torch.bool) for p, n in zip(parts, sizes)])
+    return out
+
+
+def finish_scores(scores: dict, n: int, weights: Optional[dict] = None) -> tuple[torch.Tensor, dict]:
+    """Validate a reward dict for ``n`` samples and compute the total (see :func:`score_rewards`)."""
+    scores = dict(scores)
     valid = scores.pop("valid", None)
     valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).reshape(-1).bool().cpu()
     scores = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu() for k, v in scores.items()}
@@ -231,10 +259,12 @@ def sample_trajectories(
     reward_weights: Optional[dict] = None,
     global_step: int = 0,
     xt: Optional[torch.Tensor] = None,
+    reward_runner=None,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
     initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
-    tp_grpo / g2rpo credits)."""
+    tp_grpo / g2rpo credits); ``reward_runner`` (``submit(images, prompts, metadata) -> Future``) scores each chunk
+    in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``)."""
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
@@ -271,6 +301,7 @@ def sample_trajectories(
     final = torch.zeros((n,) + shape, dtype=torch.float32, device=dev)
     calls = 0
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
+    chunk_images, futures = [], []
     for c0, c1 in chunks:
         x = xt[c0:c1].float().clone()
         emb = embeds.index(slice(c0, c1))
@@ -300,7 +331,10 @@ def sample_trajectories(
                     nxt[c0:c1, col_of[k]] = x_next
             x = x_next
         final[c0:c1] = x
-    images = torch.cat([adapter.decode(final[c0:c1], H, W).cpu() for c0, c1 in chunks])
+        chunk_images.append(adapter.decode(x, H, W).cpu())
+        if reward_fn is not None and reward_runner is not None:
+            futures.append(reward_runner.submit(chunk_images[-1], list(prompts[c0:c1]), metadata[c0:c1]))
+    images = torch.cat(chunk_images)
     cfg_mult = 2 if cfg.cfg else 1
     nfe = K * cfg_mult
     traj = Trajectories(
@@ -311,15 +345,21 @@ def sample_trajectories(
         final_latents=final, images=images, chunks=chunks, sampling=cfg,
     )
     if reward_fn is not None:
-        total, scores = score_rewards(reward_fn, images, prompts, metadata, reward_weights)
+        if futures:  # every model call of the rollout is done: now wait for the background scores
+            raw = merge_scores([f.result() for f in futures], [c1 - c0 for c0, c1 in chunks])
+            total, scores = finish_scores(raw, n, reward_weights)
+        else:
+            total, scores = score_rewards(reward_fn, images, prompts, metadata, reward_weights)
         traj.rewards = dict(scores)
         traj.rewards["total"] = total
-        if cfg.credit == "tp_grpo":
-            traj.step_rewards, extra = _tp_grpo_rewards(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
+        if cfg.credit in ("tp_grpo", "g2rpo"):
+            fn = _tp_grpo_rewards if cfg.credit == "tp_grpo" else _g2rpo_rewards
+            traj.step_rewards, extra, step_valid = fn(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
             nfe += extra * cfg_mult
-        elif cfg.credit == "g2rpo":
-            traj.step_rewards, extra = _g2rpo_rewards(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
-            nfe += extra * cfg_mult
+            # a sample is usable only if every reward of its sequence is valid
+            traj.rewards["valid"] = traj.rewards["valid"] & step_valid
+            traj.step_rewards = torch.where(traj.rewards["valid"].unsqueeze(1), traj.step_rewards,
+                                            torch.zeros_like(traj.step_rewards))
     traj.nfe_per_trajectory = float(nfe)
     traj.seconds = time.perf_counter() - t_start
     return traj
@@ -338,7 +378,8 @@ def _window_layout(traj: Trajectories) -> tuple[int, torch.Tensor]:
 def _tp_grpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
     """R (N, n+1): R_j = reward of the ODE completion from the state *before* the j-th SDE step (j = 0..n-1;
     R_0 is therefore the ODE completion of x_T itself through the shared ODE prefix), R_n = final reward.
-    All n*N completions are batched (end-aligned, per-item sigma). Returns (R, completion NFEs per trajectory)."""
+    All n*N completions are batched (end-aligned, per-item sigma). Returns (R, completion NFEs per trajectory,
+    (N,) validity: every completion of the sample was scored)."""
     n, pos = _window_layout(traj)
     N = len(traj)
     items_lat, items_sched, items_src = [], [], []
@@ -358,10 +399,10 @@ def _tp_grpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weight
                       for c in range(0, len(out), traj.sampling.completion_batch_size)])
     prompts = [traj.prompts[i] for i in items_src]
     meta = [traj.metadata[i] for i in items_src]
-    total, _ = score_rewards(reward_fn, imgs, prompts, meta, weights)
+    total, sc = score_rewards(reward_fn, imgs, prompts, meta, weights)
     R = torch.cat([total.view(n, N).t(), r_final.view(N, 1)], dim=1)
     nfe = sum(len(s) - 1 for s in items_sched) / N
-    return R, nfe
+    return R, nfe, sc["valid"].view(n, N).all(0)
 
 
 def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tensor:
@@ -374,7 +415,7 @@ def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tenso
 
 def _g2rpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
     """(N, |granularities|): reward of the ODE completion after the single SDE step at each stride;
-    stride 1 is the trajectory itself (its final reward)."""
+    stride 1 is the trajectory itself (its final reward). Also returns the NFEs and the (N,) validity."""
     N = len(traj)
     grans = [int(g) for g in traj.sampling.granularities]
     if any(g < 1 for g in grans):
@@ -394,6 +435,7 @@ def _g2rpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights,
             items_src.append(i)
             items_g.append(gi)
     nfe = 0.0
+    valid = torch.ones(N, dtype=torch.bool)
     if items_lat:
         src = torch.tensor(items_src, dtype=torch.long)
         out, _ = ode_complete(adapter, torch.stack(items_lat), embeds.index(src.to(embeds.prompt_embeds.device)),
@@ -402,12 +444,13 @@ def _g2rpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights,
         H, W = traj.sampling.height, traj.sampling.width
         bs = traj.sampling.completion_batch_size
         imgs = torch.cat([adapter.decode(out[c:c + bs], H, W).cpu() for c in range(0, len(out), bs)])
-        total, _ = score_rewards(reward_fn, imgs, [traj.prompts[i] for i in items_src],
-                                 [traj.metadata[i] for i in items_src], weights)
-        for t, i, gi in zip(total.tolist(), items_src, items_g):
+        total, sc = score_rewards(reward_fn, imgs, [traj.prompts[i] for i in items_src],
+                                  [traj.metadata[i] for i in items_src], weights)
+        for t, ok, i, gi in zip(total.tolist(), sc["valid"].tolist(), items_src, items_g):
             R[i, gi] = t
+            valid[i] &= bool(ok)
         nfe = sum(len(s) - 1 for s in items_sched) / N
-    return R, nfe
+    return R, nfe, valid
 
 
 def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int, int], col: int,

@@ -4,35 +4,61 @@ Per epoch::
 
     groups g = epoch*groups_per_epoch + [0, groups_per_epoch)   (global ids; samples split over processes)
     sample trajectories (SDE on the plan's steps, exact log-probs)     -> flow_grpo.sampler
-    rewards (+ ODE-completion rewards for tp_grpo / g2rpo)
-    advantages (N, T) from mmgrpo.core with explicit group ids (gathered across processes)
+        each chunk's images are scored in a background thread while the next chunk is sampled
+    rewards: MultiReward over the configured components, each wrapped in ResilientReward (timeout, retries,
+             drop-or-stop); non-finite scores -> valid=False (nan_policy=drop)
+    advantages (N, T) from mmgrpo.core with explicit group ids on the gathered batch; invalid samples leave their
+             groups (valid=); groups left empty / with one member get advantage 0 and are counted
     for each update (``optim.updates_per_epoch`` per epoch, each over whole trajectories):
-        for each rollout chunk, for each trained column k:   # same chunks as the rollout -> ratio == 1 on-policy
-            logp = log N(x_{k+1}; mu_theta(x_k), s_k^2)       # fp32
-            loss = PPO-clip(logp - logp_old, A[:, k]) (+ beta * KL)      / #trained (sample, step) pairs
-            backward                                          # gradients accumulate over steps and chunks
-        all-reduce grads (sum), clip to max_grad_norm, AdamW step, EMA update
-    log, PNG grid, checkpoint (model/LoRA, optimizer, EMA, epoch, RNG, config)
+        for each micro-batch (rollout chunk x trained column):   # same chunks as the rollout -> ratio == 1
+            logp = log N(x_{k+1}; mu_theta(x_k), s_k^2)       # fp32, forward through the *prepared* module
+            loss = PPO-clip(logp - logp_old, A[:, k]) (+ beta * KL)      / #trained (sample, step) pairs (global)
+            accelerator.backward(world * loss)   under accelerator.no_sync except the last micro-batch
+        accelerator.clip_grad_norm_; non-finite advantages/loss/grad-norm -> skip the step (counted)
+        AdamW step, LR schedule step, EMA update
+    eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
-Multi-process: every process runs the same loop on its slice of the epoch's samples. Gradients are summed with an
-explicit all-reduce after local accumulation (the loss is normalised by the *global* count of trained pairs), so
-processes may hold different numbers of chunks/columns without DDP hook mismatches.
+Multi-process (verified on CPU only: gloo, 2 processes, DDP; FSDP2 forced on CPU in the tests; FSDP1 and DeepSpeed
+are wired the standard accelerate way but were not run here - no GPU, no deepspeed install):
+
+* The transformer, the optimizer and the LR schedule go through ``accelerator.prepare`` (DDP / FSDP / DeepSpeed per
+  the accelerate config); every forward goes through the prepared module (``adapter.model``).
+* Processes may hold different numbers of micro-batches in an update (per-sample step plans, dropped samples).
+  Every process therefore runs the *global maximum* number of micro-batches: missing ones are zero-weight passes
+  over real data. All but the last run under ``accelerator.no_sync`` (gradients accumulate locally); the last one
+  synchronises (DDP all-reduce / FSDP reduce-scatter / DeepSpeed boundary). Sharded backends need the equal count
+  because their forwards and backwards are collectives; for DDP it costs nothing in wall time (the synchronising
+  step waits for the slowest process anyway).
+* DDP/FSDP/DeepSpeed *average* gradients over processes; the loss is normalised by the global number of trained
+  (sample, step) pairs and multiplied by the world size, so the result is the global sum = the single-process
+  gradient of the same global batch.
+* ``unwrap_model`` gives the module whose parameters feed EMA, the LoRA reference (adapter disabled) and saving.
+  Replicated backends (single, DDP) are checked to hold identical trainable weights at every checkpoint.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import math
 import os
+import struct
+import threading
 import time
-from dataclasses import asdict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from flow_grpo.rewards import Reward
+from flow_grpo.rewards.base import check_finite_numpy
+
 from .config import TrainConfig
-from .sampler import Trajectories, _window_layout, sample_trajectories, score_column
+from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
+
+log = logging.getLogger("flow_grpo.trainer")
 
 
 # ----------------------------------------------------------------------------------------------------- data
@@ -65,89 +91,339 @@ def load_prompts(path: str) -> tuple[list[str], list[dict]]:
     return prompts, meta
 
 
-def build_reward_fn(cfg: TrainConfig) -> Callable:
-    """Combine ``flow_grpo.rewards.build_reward(name, **kwargs)`` for every weighted name into one typed fn.
+# ----------------------------------------------------------------------------------------------------- errors
+class RewardCallFailed(RuntimeError):
+    """A reward call still failed after its retries and ``reward.on_failure=stop`` (raised on every process)."""
 
-    A reward returning one score is keyed by its config name; one returning several keeps its own keys (its
-    config name must be one of them to be weighted). ``"valid"`` masks are AND-ed."""
-    from flow_grpo.rewards import build_reward  # owned by the rewards engineer
 
-    fns = {name: build_reward(name, **cfg.reward.kwargs.get(name, {})) for name in cfg.reward.weights}
+class RewardTimeout(TimeoutError):
+    """One attempt of a reward call did not return within ``reward.timeout`` seconds."""
 
-    def fn(images, prompts, metadata):
-        out, valid = {}, None
-        for name, f in fns.items():
-            res = f(images, prompts, metadata)
-            res = dict(res) if isinstance(res, dict) else {name: res}
-            v = res.pop("valid", None)
-            if v is not None:
-                v = torch.as_tensor(v).bool()
-                valid = v if valid is None else (valid & v)
-            if len(res) == 1:
-                out[name] = next(iter(res.values()))
-            else:
-                out.update(res)
-        if valid is not None:
-            out["valid"] = valid
+
+class TrainingHalted(RuntimeError):
+    """``optim.max_consecutive_skips`` optimizer steps in a row were skipped (non-finite values); a checkpoint was
+    written first (path in the message and in ``.checkpoint``)."""
+
+    def __init__(self, message: str, checkpoint: Optional[str] = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+# ----------------------------------------------------------------------------------------------------- rewards
+def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
+    """Run ``fn()``; with ``timeout > 0`` in a daemon thread that is abandoned (it cannot be killed) if it has not
+    returned after ``timeout`` seconds."""
+    if timeout <= 0:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["err"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name=f"reward-{name}")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise RewardTimeout(f"reward {name!r} did not return within {timeout:g} s")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+class ResilientReward(Reward):
+    """One reward component with fault handling (issue "Reliability").
+
+    Each call is tried ``1 + retries`` times; an attempt fails if the reward raises or exceeds ``timeout``
+    seconds; attempt k+1 starts ``backoff * 2**k`` s after attempt k failed. If every attempt fails:
+    ``on_failure="drop"`` returns score 0 with ``valid=False`` for every sample of the call (counted in
+    ``counters["dropped"]``, logged), ``"stop"`` raises :class:`RewardCallFailed`.
+
+    Non-finite scores are not retried (they are not transient): they follow ``nan_policy`` ("drop" ->
+    ``valid=False``; "raise" -> ``RewardError``). The wrapped reward's own ``nan_policy`` is bypassed (its
+    ``score`` is called directly) so that this policy applies to every component alike. Output keys of a reward
+    whose ``name`` differs from the config key are renamed to the config key (``R -> key``, ``R/aux -> key/aux``).
+    """
+
+    def __init__(self, fn: Callable, name: str, retries: int = 2, backoff: float = 1.0, timeout: float = 0.0,
+                 on_failure: str = "drop", nan_policy: str = "drop"):
+        super().__init__(name=name, nan_policy=nan_policy)
+        if on_failure not in ("drop", "stop"):
+            raise ValueError(f"on_failure must be 'drop' or 'stop', got {on_failure!r}")
+        if retries < 0 or backoff < 0 or timeout < 0:
+            raise ValueError("reward retries, retry_backoff and timeout must be >= 0")
+        self.fn = fn
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.timeout = float(timeout)
+        self.on_failure = on_failure
+        self._lock = threading.Lock()
+        self.counters = {"calls": 0, "retries": 0, "timeouts": 0, "failed_calls": 0, "dropped": 0}
+
+    def _count(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.counters[k] += v
+
+    def _raw(self, imgs, prompts, md, **kw):
+        if isinstance(self.fn, Reward):
+            return self.fn.score(imgs, prompts, md, **kw)
+        return self.fn(imgs, prompts, md, **kw)
+
+    def _rename(self, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            return {self.name: raw}
+        own = getattr(self.fn, "name", None)
+        if not own or own == self.name or self.name in raw:
+            return raw
+        out = {}
+        for k, v in raw.items():
+            if k == own:
+                k = self.name
+            elif k.startswith(own + "/"):
+                k = self.name + k[len(own):]
+            out[k] = v
         return out
 
-    return fn
+    def _evaluate(self, imgs, prompts, md, **kw):
+        import numpy as np
+
+        n = imgs.shape[0]
+        self._count(calls=1)
+        last: Optional[BaseException] = None
+        for attempt in range(self.retries + 1):
+            try:
+                raw = _call_with_timeout(lambda: self._raw(imgs, prompts, md, **kw), self.timeout, self.name)
+                break
+            except Exception as exc:  # noqa: BLE001 - any failure of a reward call is handled alike
+                last = exc
+                self._count(timeouts=int(isinstance(exc, RewardTimeout)))
+                log.warning("reward %r: attempt %d/%d failed: %s: %s", self.name, attempt + 1, self.retries + 1,
+                            type(exc).__name__, exc)
+                if attempt < self.retries:
+                    self._count(retries=1)
+                    time.sleep(self.backoff * 2 ** attempt)
+        else:
+            msg = (f"reward {self.name!r} failed {self.retries + 1} time(s) on a batch of {n}: "
+                   f"{type(last).__name__}: {last}")
+            self._count(failed_calls=1)
+            if self.on_failure == "stop":
+                raise RewardCallFailed(msg + " (reward.on_failure=stop)") from last
+            self._count(dropped=n)
+            log.error("%s; dropping its %d samples (reward.on_failure=drop)", msg, n)
+            return {self.name: np.zeros(n, dtype=np.float32), "valid": np.zeros(n, dtype=bool)}
+        return check_finite_numpy(self._rename(raw), n, self.name, self.nan_policy)
+
+
+def _import_factory(spec: str) -> Callable:
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr:
+        raise ValueError(f"reward.pairwise_scorer must be 'package.module:factory', got {spec!r}")
+    return getattr(importlib.import_module(mod), attr)
+
+
+class RewardStack:
+    """The trainer's rewards: ``pointwise`` (a :class:`~flow_grpo.rewards.MultiReward` over the resilient
+    components; ``out["total"] = sum_k w_k r_k``) and, in ``win_rate`` mode, ``pairwise`` (a resilient
+    :class:`~flow_grpo.rewards.PairwisePreferenceReward`, called with explicit ``group_ids``).
+
+    ``components``: optional ``{name: reward callable}`` instead of ``build_reward(name, **kwargs[name])`` for
+    every name of ``weights`` (weights of injected names default to 1)."""
+
+    def __init__(self, rc, components: Optional[Mapping[str, Callable]] = None):
+        from flow_grpo.rewards import MultiReward, PairwisePreferenceReward, ScoreComparator, build_reward
+
+        if rc.mode not in ("weighted_sum", "per_reward", "win_rate"):
+            raise ValueError(f"reward.mode must be weighted_sum | per_reward | win_rate, got {rc.mode!r}")
+        if rc.nan_policy not in ("drop", "raise"):
+            raise ValueError(f"reward.nan_policy must be drop | raise, got {rc.nan_policy!r}")
+        if components is None:
+            unknown = set(rc.kwargs) - set(rc.weights) - {"win_rate"}
+            if unknown:
+                raise ValueError(f"reward.kwargs for rewards without a weight: {sorted(unknown)}")
+            comps = {k: build_reward(k, **dict(rc.kwargs.get(k, {}))) for k in rc.weights}
+            weights = {k: float(w) for k, w in rc.weights.items()}
+        else:
+            comps = dict(components)
+            weights = {k: float(rc.weights.get(k, 1.0)) for k in comps}
+        if not comps:
+            raise ValueError("no rewards: set reward.weights")
+        kw = dict(retries=rc.retries, backoff=rc.retry_backoff, timeout=rc.timeout, on_failure=rc.on_failure,
+                  nan_policy=rc.nan_policy)
+        self.mode = rc.mode
+        self.weights = weights
+        self.wrapped = {k: ResilientReward(fn, k, **kw) for k, fn in comps.items()}
+        self.pointwise = MultiReward(weights, mode="per_reward" if rc.mode == "per_reward" else "weighted_sum",
+                                     rewards=self.wrapped, nan_policy=rc.nan_policy)
+        self.pairwise = None
+        if rc.mode == "win_rate":
+            scorer = (_import_factory(rc.pairwise_scorer)(**dict(rc.kwargs.get("win_rate", {})))
+                      if rc.pairwise_scorer else ScoreComparator(self.pointwise, key="total"))
+            pref = PairwisePreferenceReward(scorer, name="win_rate", symmetric=rc.pairwise_symmetric,
+                                            nan_policy=rc.nan_policy)
+            self.pairwise = ResilientReward(pref, "win_rate", **kw)
+        self._seen = self._totals()
+
+    def _totals(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in list(self.wrapped.values()) + ([self.pairwise] if self.pairwise is not None else []):
+            with w._lock:
+                for k, v in w.counters.items():
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    def take_counters(self) -> dict[str, int]:
+        """Counter increments (calls, retries, timeouts, failed_calls, dropped) since the previous call."""
+        now = self._totals()
+        delta = {k: now[k] - self._seen.get(k, 0) for k in now}
+        self._seen = now
+        return delta
+
+
+# ----------------------------------------------------------------------------------------------------- collectives
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def _reduce(values: list[float], op: str, device) -> list[float]:
+    """All-reduce a list of floats (``op``: sum | max) in one collective; identity without a process group."""
+    d = _dist()
+    if d is None:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    d.all_reduce(t, op=d.ReduceOp.SUM if op == "sum" else d.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def _all_gather_object(obj: Any) -> list:
+    d = _dist()
+    if d is None:
+        return [obj]
+    out: list = [None] * d.get_world_size()
+    d.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast_object(obj: Any) -> Any:
+    d = _dist()
+    if d is None:
+        return obj
+    box = [obj]
+    d.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    d = _dist()
+    if d is not None:
+        d.barrier()
+
+
+def _gather_rows(tensors: list[torch.Tensor], device) -> tuple[list[torch.Tensor], slice]:
+    """:func:`mmgrpo.core.gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU."""
+    from mmgrpo.core import gather_groups
+
+    outs, sl = gather_groups([t.to(device) for t in tensors])
+    return [o.cpu() for o in outs], sl
 
 
 # ----------------------------------------------------------------------------------------------------- EMA
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a parameter (FSDP2 DTensor) or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class EMA:
-    """Exponential moving average of trainable parameters (fp32 shadow)."""
+    """Exponential moving average of trainable parameters (fp32 shadow of this process's local shards)."""
 
     def __init__(self, params: list[torch.nn.Parameter], decay: float):
         self.params = params
         self.decay = decay
-        self.shadow = [p.detach().float().clone() for p in params]
-        self._backup: Optional[list[torch.Tensor]] = None
+        self.shadow = [_local(p).detach().float().clone() for p in params]
 
     @torch.no_grad()
     def update(self) -> None:
         for s, p in zip(self.shadow, self.params):
-            s.mul_(self.decay).add_(p.detach().float(), alpha=1 - self.decay)
+            s.mul_(self.decay).add_(_local(p).detach().float(), alpha=1 - self.decay)
 
     @contextlib.contextmanager
     def swapped_in(self):
         with torch.no_grad():
-            backup = [p.detach().clone() for p in self.params]
+            backup = [_local(p).detach().clone() for p in self.params]
             for s, p in zip(self.shadow, self.params):
-                p.copy_(s.to(p.dtype))
+                _local(p).copy_(s.to(p.dtype))
         try:
             yield
         finally:
             with torch.no_grad():
                 for b, p in zip(backup, self.params):
-                    p.copy_(b)
+                    _local(p).copy_(b)
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "shadow": [s.cpu() for s in self.shadow]}
 
     def load_state_dict(self, sd: dict) -> None:
-        if len(sd["shadow"]) != len(self.shadow):
+        if len(sd["shadow"]) != len(self.shadow) or any(
+                tuple(a.shape) != tuple(b.shape) for a, b in zip(sd["shadow"], self.shadow)):
             raise ValueError("EMA state does not match the trainable parameters")
-        self.shadow = [s.to(p.device).float() for s, p in zip(sd["shadow"], self.params)]
+        self.shadow = [s.to(b.device).float() for s, b in zip(sd["shadow"], self.shadow)]
         self.decay = sd["decay"]
+
+
+# ----------------------------------------------------------------------------------------------------- LR
+class LRFactor:
+    """Multiplier of the base LR after ``step`` optimizer steps: linear warmup over ``warmup`` steps, then
+    constant / linear decay to 0 / cosine decay to 0 at ``total`` steps. (An object, not a lambda, so that
+    ``LambdaLR.state_dict`` stores it.)"""
+
+    def __init__(self, kind: str, warmup: int, total: int):
+        if kind not in ("constant", "linear", "cosine"):
+            raise ValueError(f"optim.lr_schedule must be constant | linear | cosine, got {kind!r}")
+        if warmup < 0:
+            raise ValueError("optim.warmup_steps must be >= 0")
+        self.kind, self.warmup, self.total = kind, int(warmup), int(total)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 # ----------------------------------------------------------------------------------------------------- trainer
 class FlowGRPOTrainer:
-    """Build with a config (and optionally a ready adapter / reward fn, e.g. in tests), then :meth:`train`."""
+    """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
+    then :meth:`train`.
 
-    def __init__(self, cfg: TrainConfig, adapter=None, reward_fn: Optional[Callable] = None):
-        from accelerate import Accelerator
+    ``reward_fn``: optional ``{name: reward callable}`` used instead of building ``reward.weights`` from the
+    registry (each still wrapped with the fault handling of ``reward.*``).
+    ``accelerator``: optional ready ``accelerate.Accelerator`` (tests force FSDP on CPU this way)."""
 
+    def __init__(self, cfg: TrainConfig, adapter=None, reward_fn: Optional[Mapping[str, Callable]] = None,
+                 accelerator=None):
         from mmgrpo.utils.seeding import seed_everything
 
         self.cfg = cfg
-        self.accelerator = Accelerator(cpu=cfg.run.cpu, mixed_precision=cfg.run.mixed_precision)
-        self.rank = self.accelerator.process_index
-        self.world = self.accelerator.num_processes
-        self.is_main = self.accelerator.is_main_process
+        self.accelerator = accelerator if accelerator is not None else self._build_accelerator()
+        acc = self.accelerator
+        from accelerate.utils import DistributedType
+
+        self.rank = acc.process_index
+        self.world = acc.num_processes
+        self.is_main = acc.is_main_process
+        self.device = acc.device
+        self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
         self.out = Path(cfg.run.output_dir)
-        seed_everything(cfg.run.seed)  # identical LoRA init on every process
+        seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         self._validate()
         if cfg.model.lora.enabled:
@@ -157,26 +433,44 @@ class FlowGRPOTrainer:
         else:
             self.adapter.enable_full_finetune()
         self.adapter.set_gradient_checkpointing(cfg.model.gradient_checkpointing)
-        self.named_params = [(n, p) for n, p in self.adapter.transformer.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in self.named_params]
-        if not self.params:
+        self.reference_info = self._reference_settings()
+        params = [p for p in self.adapter.transformer.parameters() if p.requires_grad]
+        if not params:
             raise ValueError("no trainable parameters")
-        self._broadcast_params()
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                                           eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay)
+        o = cfg.optim
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                      weight_decay=o.weight_decay)
+        total_steps = max(1, cfg.run.num_epochs * o.inner_epochs * o.updates_per_epoch)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
+        # the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config; forwards use the prepared module
+        self.model, self.optimizer, self.lr_scheduler = acc.prepare(self.adapter.transformer, optimizer, scheduler)
+        self.adapter.model = self.model
+        self.unwrapped = acc.unwrap_model(self.model)
+        self.named_params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named_params]
         self.ema = EMA(self.params, cfg.ema.decay) if cfg.ema.enabled else None
-        # an injected reward fn (tests, custom scripts) is used as is: its single score, or its "avg" key
-        self.reward_weights = dict(cfg.reward.weights) if reward_fn is None else None
-        self.reward_fn = reward_fn if reward_fn is not None else build_reward_fn(cfg)
+        self.rewards = RewardStack(cfg.reward, reward_fn)
+        self.reward_fn = self.rewards.pointwise
+        self.runner = None
+        if cfg.reward.async_workers > 0:
+            from flow_grpo.rewards import AsyncRewardRunner
+
+            self.runner = AsyncRewardRunner(self.rewards.pointwise, max_workers=cfg.reward.async_workers)
         if cfg.data.train_path:
             self.prompts, self.metadata = load_prompts(cfg.data.train_path)
         elif cfg.data.prompts:
             self.prompts, self.metadata = list(cfg.data.prompts), [{} for _ in cfg.data.prompts]
         else:
             raise ValueError("no prompts: set data.train_path or data.prompts")
+        self.eval_prompts, self.eval_metadata = self._load_eval_prompts()
+        if cfg.run.eval_every and not self.eval_prompts:
+            raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
         self.epoch = 0
-        self.global_step = 0
-        self.ckpt = None
+        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives EMA/sliding schedules
+        self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
+                         "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
+                         "groups_singleton": 0}
+        self.best_eval: Optional[float] = None
         self.logger = None
         if self.is_main:
             from mmgrpo.utils.logging import MetricLogger
@@ -184,9 +478,27 @@ class FlowGRPOTrainer:
             self.logger = MetricLogger(self.out, use_tensorboard=cfg.run.tensorboard, is_main_process=True)
         from mmgrpo.utils.checkpoint import CheckpointManager
 
-        self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last, keep_best=False)
+        self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
+                                      keep_best=cfg.run.keep_best, best_mode="max")
+        self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
+        if self.deepspeed and self.is_main:
+            log.warning("DeepSpeed: the optimizer step runs inside the last backward (engine.step), so a non-finite "
+                        "loss/gradient is counted but cannot be skipped by the trainer (this path is untested)")
 
     # ------------------------------------------------------------------ setup helpers
+    def _build_accelerator(self):
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        r = self.cfg.run
+        # broadcast_buffers=False: the transformers' buffers are constants (positional tables) identical on every
+        # process; broadcasting them would turn every no-grad forward (sampling, eval) into a collective.
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=r.ddp_find_unused_parameters,
+                                            broadcast_buffers=False)
+        # step_scheduler_with_optimizer=False: the schedule advances once per optimizer step, not once per process
+        return Accelerator(cpu=r.cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
+                           kwargs_handlers=[ddp])
+
     def _build_adapter(self):
         from .models import adapter_from_pipeline, load_adapter
 
@@ -217,17 +529,50 @@ class FlowGRPOTrainer:
             raise ValueError(f"optim.kl_type must be mean | mean_exact | velocity, got {c.optim.kl_type!r}")
         if c.optim.beta > 0 and not c.model.lora.enabled:
             raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
+        if c.optim.max_consecutive_skips < 1:
+            raise ValueError("optim.max_consecutive_skips must be >= 1")
+        if c.reward.mode != "weighted_sum" and c.sample.credit != "outcome":
+            raise ValueError(f"reward.mode={c.reward.mode} needs sample.credit=outcome (step credits score ODE "
+                             "completions with the weighted-sum reward)")
+        if c.reward.async_workers < 0:
+            raise ValueError("reward.async_workers must be >= 0")
+        if self.sharded and c.sample.credit != "outcome":
+            raise ValueError(f"sample.credit={c.sample.credit} is not supported with FSDP/DeepSpeed: its ODE "
+                             "completions make a process-dependent number of (collective) sharded forwards")
 
-    def _broadcast_params(self) -> None:
-        import torch.distributed as dist
+    def _load_eval_prompts(self) -> tuple[list[str], list[dict]]:
+        d = self.cfg.data
+        if d.eval_path:
+            prompts, meta = load_prompts(d.eval_path)
+        else:
+            prompts, meta = list(d.eval_prompts), [{} for _ in d.eval_prompts]
+        if d.eval_num_prompts > 0:
+            prompts, meta = prompts[:d.eval_num_prompts], meta[:d.eval_num_prompts]
+        return prompts, meta
 
-        if dist.is_available() and dist.is_initialized() and self.world > 1:
-            for p in self.params:
-                dist.broadcast(p.data, src=0)
+    def _reference_settings(self) -> dict:
+        """What the KL reference is, plus a fingerprint of the frozen base weights (names, shapes, dtypes, first
+        values, sums): resuming onto a different base model is refused."""
+        h = hashlib.sha256()
+        n = 0
+        with torch.no_grad():
+            for name, p in self.adapter.transformer.named_parameters():
+                if "lora_" in name:
+                    continue
+                flat = p.detach().reshape(-1)
+                h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+                h.update(flat[:16].float().cpu().numpy().tobytes())
+                h.update(struct.pack("<d", float(flat.double().sum())))
+                n += 1
+        c = self.cfg
+        return {"kind": "lora_disabled" if c.model.lora.enabled else "none", "beta": c.optim.beta,
+                "kl_type": c.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
 
     # ------------------------------------------------------------------ seeds / layout
-    def _epoch_samples(self, epoch: int):
-        """This process's slice of the epoch: prompts, metadata, global group ids and the three seed lists."""
+    def _epoch_samples(self, epoch: int, lo: Optional[int] = None, hi: Optional[int] = None):
+        """Samples ``[lo, hi)`` of the epoch (default: this process's slice): prompts, metadata, global group ids
+        and the three seed lists. A pure function of (seed, epoch, prompt list): the data-sampler position is the
+        epoch counter."""
         from mmgrpo.utils.seeding import sample_seed
 
         c = self.cfg
@@ -236,7 +581,8 @@ class FlowGRPOTrainer:
         g = torch.Generator().manual_seed(sample_seed(c.run.seed, epoch, 0))
         order = torch.randperm(len(self.prompts), generator=g)
         per = n_total // self.world
-        lo, hi = self.rank * per, (self.rank + 1) * per
+        if lo is None:
+            lo, hi = self.rank * per, (self.rank + 1) * per
         prompts, meta, gids, xs, ns, ps = [], [], [], [], [], []
         for s in range(lo, hi):
             local_g = s // G
@@ -251,10 +597,55 @@ class FlowGRPOTrainer:
             ps.append(sample_seed(c.run.seed, 4, gid))  # plan shared by the group (windows, single step)
         return prompts, meta, gids, xs, ns, ps
 
+    # ------------------------------------------------------------------ rewards across processes
+    def _sync_failure(self, exc: Optional[BaseException]) -> None:
+        """Raise :class:`RewardCallFailed` on every process if it was raised on any (keeps collectives in step)."""
+        msgs = _all_gather_object(None if exc is None else str(exc))
+        bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
+        if bad:
+            raise RewardCallFailed("; ".join(f"process {r}: {m}" for r, m in bad)) from exc
+
+    def _apply_win_rates(self, traj: Trajectories) -> None:
+        """Pref-GRPO: replace ``traj.rewards["total"]`` by the pairwise win rate of each valid sample inside its
+        group. Groups may be split across processes: images are gathered, each process judges the groups
+        ``sorted(gids)[rank::world]`` and the win rates are summed back (each sample is judged by one process)."""
+        valid = traj.rewards["valid"]
+        (imgs, gids, v), sl = _gather_rows([traj.images, traj.group_ids, valid], self.device)
+        n_all = gids.shape[0]
+        prompts, meta, *_ = self._epoch_samples(self.epoch, 0, n_all) if self.world > 1 else (traj.prompts,
+                                                                                             traj.metadata)
+        owned = set(torch.unique(gids).tolist()[self.rank::self.world])
+        idx = [i for i in range(n_all) if bool(v[i]) and int(gids[i]) in owned]
+        wr = torch.zeros(n_all, dtype=torch.float64)
+        bad = torch.zeros(n_all, dtype=torch.float64)
+        err = None
+        if idx:
+            try:
+                out = self.rewards.pairwise(imgs[idx], [prompts[i] for i in idx], [meta[i] for i in idx],
+                                            group_ids=gids[idx].tolist())
+                ok = torch.as_tensor(out.get("valid", torch.ones(len(idx), dtype=torch.bool))).bool()
+                wr[idx] = torch.as_tensor(out["win_rate"]).double()
+                bad[idx] = (~ok).double()
+            except RewardCallFailed as exc:
+                err = exc
+        self._sync_failure(err)
+        d = _dist()
+        if d is not None:
+            t = torch.stack([wr, bad]).to(self.device)
+            d.all_reduce(t)
+            wr, bad = t.cpu()[0], t.cpu()[1]
+        new_valid = valid & (bad[sl] == 0)
+        traj.rewards["pointwise_total"] = traj.rewards["total"]
+        traj.rewards["win_rate"] = wr[sl].float()
+        traj.rewards["valid"] = new_valid
+        traj.rewards["total"] = torch.where(new_valid, wr[sl].float(), torch.zeros(len(traj)))
+
     # ------------------------------------------------------------------ advantages
     def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
-        """(N, T) advantages of the trained columns (0 where not trained) and stats."""
-        from mmgrpo.core import distributed_group_advantages, gather_groups, step_advantages, turning_point_rewards
+        """(N, T) advantages of the trained columns (0 where not trained or invalid) and statistics of the whole
+        gathered batch (all processes)."""
+        from mmgrpo.core import distributed_group_advantages, multi_reward_advantages, step_advantages, \
+            turning_point_rewards
 
         c = self.cfg
         gids = traj.group_ids
@@ -262,44 +653,68 @@ class FlowGRPOTrainer:
         kw = dict(scale=c.optim.adv_scale, clamp=c.optim.adv_clip_max)
         N, T = traj.train_mask.shape
         valid = traj.rewards.get("valid")
-        if valid is not None and not bool(valid.all()):
-            if c.sample.credit != "outcome":
-                raise ValueError(f"{int((~valid).sum())} samples have invalid rewards; credit={c.sample.credit} "
-                                 "needs every completion scored (use nan_policy='raise')")
-            stats["reward/invalid_count"] = float((~valid).sum())
-        if c.sample.credit == "outcome":
-            out = distributed_group_advantages(traj.rewards["total"], gids, valid=valid, **kw)
-            adv = out.advantages.float().unsqueeze(1).expand(N, T).clone()
+        valid = torch.ones(N, dtype=torch.bool) if valid is None else valid.bool()
+        (g_all, v_all), sl = _gather_rows([gids, valid], self.device)
+        counts = torch.bincount(torch.unique(g_all, return_inverse=True)[1], weights=v_all.double())
+        stats["adv/groups_empty"] = float((counts == 0).sum())      # every member dropped: no sample trains
+        stats["adv/groups_singleton"] = float((counts == 1).sum())  # one member left: no baseline -> A = 0
+        stats["reward/invalid"] = float((~v_all).sum())
+        if c.sample.credit == "outcome" and c.reward.mode == "per_reward":
+            names = list(self.rewards.weights)
+            comps = torch.stack([traj.rewards[k].double() for k in names], 1)
+            (comps_all,), _ = _gather_rows([comps], self.device)
+            out = multi_reward_advantages({k: comps_all[:, j] for j, k in enumerate(names)}, g_all,
+                                          self.rewards.weights, mode="normalize_then_sum", valid=v_all, **kw)
+            adv = out.advantages[sl].float().unsqueeze(1).expand(N, T).clone()
+            stats["adv/zero_std_fraction"] = out.zero_std_fraction
+        elif c.sample.credit == "outcome":
+            out = distributed_group_advantages(traj.rewards["total"].to(self.device), gids.to(self.device),
+                                               valid=valid.to(self.device), **kw)
+            adv = out.advantages.cpu().float().unsqueeze(1).expand(N, T).clone()
             stats["adv/zero_std_fraction"] = out.zero_std_fraction
         elif c.sample.credit == "g2rpo":
             total = torch.zeros(N)
             fr = []
             for gi in range(traj.step_rewards.shape[1]):
-                out = distributed_group_advantages(traj.step_rewards[:, gi], gids, **kw)
-                total += out.advantages.float()
+                out = distributed_group_advantages(traj.step_rewards[:, gi].to(self.device), gids.to(self.device),
+                                                   valid=valid.to(self.device), **kw)
+                total += out.advantages.cpu().float()
                 fr.append(out.zero_std_fraction)
             adv = total.clamp(-c.optim.adv_clip_max, c.optim.adv_clip_max).unsqueeze(1).expand(N, T).clone()
             stats["adv/zero_std_fraction"] = sum(fr) / len(fr)
         elif c.sample.credit == "tp_grpo":
-            (R_all, g_all), sl = gather_groups([traj.step_rewards, gids])
-            credit = turning_point_rewards(R_all, g_all, balance=True, balance_scope="group")
-            A_all = step_advantages(credit.step_rewards, g_all, scale=c.optim.adv_scale, clamp=c.optim.adv_clip_max)
-            A = A_all[sl].float()  # (N, n): window position j
-            n, pos = _window_layout(traj)
+            (R_all,), _ = _gather_rows([traj.step_rewards], self.device)
+            n = R_all.shape[1] - 1
+            A_all = torch.zeros(R_all.shape[0], n)
+            if bool(v_all.any()):  # invalid samples leave the turning-point statistics entirely
+                credit = turning_point_rewards(R_all[v_all], g_all[v_all], balance=True, balance_scope="group")
+                A_all[v_all] = step_advantages(credit.step_rewards, g_all[v_all], scale=c.optim.adv_scale,
+                                               clamp=c.optim.adv_clip_max).float()
+                stats.update(credit.stats())
+                for j in range(n):
+                    stats[f"step_reward/mean_{j}"] = float(credit.step_rewards[:, j].float().mean())
+            A = A_all[sl]
+            _, pos = _window_layout(traj)
             adv = torch.zeros(N, T)
             adv.scatter_(1, pos, A)
-            stats.update(credit.stats())
-            stats["adv/zero_std_fraction"] = float((A_all.abs().sum(0) == 0).float().mean())
-            for j in range(n):
-                stats[f"step_reward/mean_{j}"] = float(credit.step_rewards[sl][:, j].float().mean())
+            stats["adv/zero_std_fraction"] = float((A_all[v_all].abs().sum(0) == 0).float().mean()) \
+                if bool(v_all.any()) else 1.0
         else:
             raise ValueError(f"unknown credit {c.sample.credit!r}")
-        adv = adv * traj.train_mask.float()
-        stats["adv/mean_abs"] = float(adv[traj.train_mask].abs().mean()) if traj.train_mask.any() else 0.0
+        adv = adv * (traj.train_mask & valid.unsqueeze(1)).float()
+        (adv_all, m_all), _ = _gather_rows([adv, traj.train_mask & valid.unsqueeze(1)], self.device)
+        trained = adv_all[m_all]
+        stats["adv/mean_abs"] = float(trained.abs().mean()) if trained.numel() else 0.0
+        stats["adv/std"] = float(trained.std()) if trained.numel() > 1 else 0.0
+        stats["adv/max"] = float(trained.max()) if trained.numel() else 0.0
+        stats["adv/min"] = float(trained.min()) if trained.numel() else 0.0
         return adv, stats
 
     # ------------------------------------------------------------------ loss of one column
-    def _column_loss(self, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_global: float):
+    def _column_loss(self, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_global: float,
+                     dummy: bool = False):
+        """Loss of one micro-batch (rollout chunk x trained column), normalised by the global pair count.
+        ``dummy``: same forward(s) with a zero mask (equalises micro-batch counts across processes)."""
         from mmgrpo.core import policy_loss
 
         from .sde import kl_on_mean, kl_on_velocity, sde_step
@@ -307,6 +722,8 @@ class FlowGRPOTrainer:
         c = self.cfg
         c0, c1 = chunk
         mask = traj.train_mask[c0:c1, col].to(self.adapter.device)
+        if dummy:
+            mask = torch.zeros_like(mask)
         with self.accelerator.autocast():
             out, v = score_column(self.adapter, traj, chunk, col, return_velocity=True)
         logp = out.log_prob.float()
@@ -332,23 +749,89 @@ class FlowGRPOTrainer:
             m = mask.float()
             loss = loss + c.optim.beta * (kl * m).sum() / n_global
             kl_val = float((kl.detach() * m).sum() / m.sum().clamp_min(1))
+        if dummy:
+            # zero-weight pass: keeps every parameter in the graph (DDP/FSDP hooks fire) without contributing
+            loss = loss * 0.0 + 0.0 * v.sum()
         return loss, res.metrics, kl_val, int(mask.sum())
+
+    # ------------------------------------------------------------------ one optimizer step
+    def _update(self, traj: Trajectories, adv: torch.Tensor, chunk_ids, train_mask: torch.Tensor,
+                acc_metrics: dict, per_col: dict, kls: list) -> tuple[str, float]:
+        """One optimizer step over the given rollout chunks. Returns (status, grad_norm) with status
+        ``applied`` | ``skipped`` (non-finite loss or gradient norm on any process) | ``empty`` (no trained pair
+        on any process)."""
+        from mmgrpo.core import global_sum
+
+        acc = self.accelerator
+        micro = []
+        local_pairs = 0
+        for i in chunk_ids:
+            c0, c1 = traj.chunks[i]
+            for col in range(train_mask.shape[1]):
+                cnt = int(train_mask[c0:c1, col].sum())
+                if cnt:
+                    micro.append((traj.chunks[i], col))
+                    local_pairs += cnt
+        n_global, m_max = _reduce([float(local_pairs), float(len(micro))], "sum", self.device)[0], \
+            int(_reduce([float(len(micro))], "max", self.device)[0])
+        if n_global == 0:
+            return "empty", 0.0
+        self.model.train()
+        loss_ok = True
+        for j in range(m_max):
+            last = j == m_max - 1
+            dummy = j >= len(micro)
+            ch, col = (traj.chunks[0], 0) if dummy else micro[j]
+            acc.sync_gradients = last  # DeepSpeed: gradient-accumulation boundary only on the last micro-batch
+            with contextlib.nullcontext() if last else acc.no_sync(self.model):
+                loss, m, kl_val, _ = self._column_loss(traj, ch, col, adv, n_global, dummy=dummy)
+                loss_ok &= bool(torch.isfinite(loss.detach()).all())
+                # the backends average gradients over processes; * world turns that into the global sum
+                acc.backward(loss * self.world)
+            if not dummy:
+                for k, v in m.items():
+                    s_, n_ = acc_metrics.get(k, (0.0, 0))
+                    acc_metrics[k] = (s_ + float(v), n_ + 1)
+                per_col.setdefault(int(traj.step_indices[col]), []).append(float(m.get("ratio_mean", 1.0)))
+                if self.cfg.optim.beta > 0:
+                    kls.append(kl_val)
+        acc.sync_gradients = True
+        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+        gn = acc.clip_grad_norm_(self.model.parameters(), max_norm)
+        gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn) if gn is not None else float("nan")
+        bad = _reduce([0.0 if (loss_ok and math.isfinite(gn)) else 1.0], "max", self.device)[0] > 0
+        if bad and not self.deepspeed:
+            self.optimizer.zero_grad(set_to_none=True)
+            return "skipped", gn
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return ("skipped" if bad else "applied"), gn
 
     # ------------------------------------------------------------------ one epoch
     def train_epoch(self) -> dict:
-        from mmgrpo.core import global_sum
-
         c = self.cfg
         epoch = self.epoch
         t0 = time.perf_counter()
         prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
-        self.adapter.model.eval()
-        traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
-                                   self.reward_weights,
-                                   global_step=self.global_step)
+        self.model.eval()
+        traj, err = None, None
+        try:
+            traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
+                                       None, global_step=self.global_step, reward_runner=self.runner)
+        except RewardCallFailed as exc:
+            err = exc
+        self._sync_failure(err)
+        rc = self.rewards.take_counters()
+        if c.reward.mode == "win_rate":
+            self._apply_win_rates(traj)
+            rc2 = self.rewards.take_counters()
+            rc = {k: rc[k] + rc2[k] for k in rc}
         t_sample = time.perf_counter() - t0
         adv, stats = self.compute_advantages(traj)
-        train_mask = traj.train_mask.clone()
+        valid = traj.rewards["valid"]
+        adv_ok = _reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
+        train_mask = traj.train_mask & valid.unsqueeze(1)
         if c.optim.drop_zero_adv:
             train_mask &= (adv != 0).any(1, keepdim=True)
         traj.train_mask = train_mask
@@ -357,128 +840,340 @@ class FlowGRPOTrainer:
         n_upd = max(1, min(c.optim.updates_per_epoch, n_chunks))
         bounds = [round(i * n_chunks / n_upd) for i in range(n_upd + 1)]
         per_col: dict[int, list[float]] = {}
-        metrics_acc: dict[str, list[float]] = {}
-        kls = []
+        acc_metrics: dict[str, tuple[float, int]] = {}
+        kls: list[float] = []
         grad_norms = []
+        status_count = {"applied": 0, "skipped": 0, "empty": 0}
         t1 = time.perf_counter()
         for _ in range(c.optim.inner_epochs):
             for u in range(n_upd):
-                chunk_ids = range(bounds[u], bounds[u + 1])
-                local_pairs = sum(int(train_mask[traj.chunks[i][0]:traj.chunks[i][1]].sum()) for i in chunk_ids)
-                n_global = global_sum(float(local_pairs))
-                if n_global == 0:
+                if not adv_ok:
+                    status, gn = "skipped", float("nan")
+                else:
+                    status, gn = self._update(traj, adv, range(bounds[u], bounds[u + 1]), train_mask,
+                                              acc_metrics, per_col, kls)
+                status_count[status] += 1
+                if status == "empty":
+                    self.counters["empty_updates"] += 1
                     continue
-                self.adapter.model.train()
-                for i in chunk_ids:
-                    ch = traj.chunks[i]
-                    for col in range(train_mask.shape[1]):
-                        if not bool(train_mask[ch[0]:ch[1], col].any()):
-                            continue
-                        loss, m, kl_val, cnt = self._column_loss(traj, ch, col, adv, n_global)
-                        loss.backward()
-                        for k, v in m.items():
-                            metrics_acc.setdefault(k, []).append(float(v))
-                        per_col.setdefault(int(traj.step_indices[col]), []).append(float(m.get("ratio_mean", 1.0)))
-                        if c.optim.beta > 0:
-                            kls.append(kl_val)
-                grad_norms.append(self._optimizer_step())
+                self.global_step += 1
+                if status == "applied":
+                    grad_norms.append(gn)
+                    self.counters["applied_steps"] += 1
+                    self.counters["consecutive_skips"] = 0
+                    if self.ema is not None and self.global_step % c.ema.update_every == 0:
+                        self.ema.update()
+                else:
+                    self.counters["skipped_steps"] += 1
+                    self.counters["consecutive_skips"] += 1
+                    what = "advantages" if not adv_ok else f"loss/gradients (grad norm {gn})"
+                    log.warning("epoch %d update %d: non-finite %s: optimizer step skipped (%d in a row)",
+                                epoch, u, what, self.counters["consecutive_skips"])
+                    if self.counters["consecutive_skips"] >= c.optim.max_consecutive_skips:
+                        self._halt(what)
         t_train = time.perf_counter() - t1
-        # ------------------------------------------------------------ logging
-        n_local = len(traj)
-        n_images = global_sum(float(n_local))
-        total = traj.rewards["total"]
+        # ------------------------------------------------------------ logging (whole gathered batch)
+        names = list(self.rewards.weights)
+        extra = ["win_rate", "pointwise_total"] if c.reward.mode == "win_rate" else []
+        cols = torch.stack([traj.rewards["total"].float()] + [traj.rewards[k].float() for k in names + extra], 1)
+        (cols_all, v_all, tm_all), _ = _gather_rows([cols, valid, train_mask.any(1)], self.device)
+        vcols = cols_all[v_all]
+        rsum = _reduce([rc.get(k, 0) for k in ("calls", "retries", "timeouts", "failed_calls", "dropped")],
+                       "sum", self.device)
+        self.counters["reward_invalid"] += int(stats["reward/invalid"])
+        self.counters["reward_failed_calls"] += int(rsum[3])
+        self.counters["reward_dropped"] += int(rsum[4])
+        self.counters["groups_empty"] += int(stats["adv/groups_empty"])
+        self.counters["groups_singleton"] += int(stats["adv/groups_singleton"])
+        if stats["reward/invalid"] or stats["adv/groups_empty"] or stats["adv/groups_singleton"]:
+            log.warning("epoch %d: %d samples dropped (invalid reward: non-finite or failed call), %d groups empty, "
+                        "%d groups with one member (advantage 0)", epoch, int(stats["reward/invalid"]),
+                        int(stats["adv/groups_empty"]), int(stats["adv/groups_singleton"]))
+        n_images = float(cols_all.shape[0])
         out = {
             "epoch": epoch,
-            "reward/mean": float(total.mean()), "reward/std": float(total.std()) if n_local > 1 else 0.0,
-            **{f"reward/{k}": float(torch.as_tensor(v).float().mean()) for k, v in traj.rewards.items()
-               if k not in ("total", "valid")},
+            "reward/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
+            "reward/std": float(vcols[:, 0].std()) if len(vcols) > 1 else 0.0,
+            **{f"reward/{k}": (float(vcols[:, j + 1].mean()) if len(vcols) else float("nan"))
+               for j, k in enumerate(names + extra)},
+            "reward/valid_fraction": float(v_all.float().mean()),
+            "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
+            "reward/failed_calls": rsum[3], "reward/dropped_by_failure": rsum[4],
             **stats,
             "nfe_per_trajectory": traj.nfe_per_trajectory,
             "time/sample_s": t_sample, "time/train_s": t_train,
             "images_per_s": n_images / max(t_sample + t_train, 1e-9),
-            "actual_batch_size": float(train_mask.any(1).sum()),
-            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "actual_batch_size": float(tm_all.sum()),
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "lr": float(self.lr_scheduler.get_last_lr()[0]),
+            "steps/applied": float(status_count["applied"]), "steps/skipped": float(status_count["skipped"]),
+            "steps/empty": float(status_count["empty"]),
+            "steps/skipped_total": float(self.counters["skipped_steps"]),
+            "steps/consecutive_skips": float(self.counters["consecutive_skips"]),
         }
-        for k, v in metrics_acc.items():
-            out[f"train/{k}"] = sum(v) / len(v)
-        for k, v in per_col.items():
+        merged: dict[str, tuple[float, int]] = {}
+        for part in _all_gather_object(acc_metrics):
+            for k, (s_, n_) in part.items():
+                a, b = merged.get(k, (0.0, 0))
+                merged[k] = (a + s_, b + n_)
+        for k, (s_, n_) in sorted(merged.items()):
+            out[f"train/{k}"] = s_ / max(n_, 1)
+        cols_ratio: dict[int, list[float]] = {}
+        for part in _all_gather_object(per_col):
+            for k, v in part.items():
+                cols_ratio.setdefault(k, []).extend(v)
+        for k, v in sorted(cols_ratio.items()):
             out[f"ratio/step_{k}"] = sum(v) / len(v)
-        if kls:
-            out["train/kl"] = sum(kls) / len(kls)
+        if c.optim.beta > 0:
+            allk = [x for part in _all_gather_object(kls) for x in part]
+            if allk:
+                out["train/kl"] = sum(allk) / len(allk)
         self._last_traj = traj
         return out
 
-    def _optimizer_step(self) -> float:
-        import torch.distributed as dist
+    # ------------------------------------------------------------------ faults
+    def _halt(self, what: str) -> None:
+        path = self.save_checkpoint(halted=True)
+        path = _broadcast_object(str(path) if path is not None else None)
+        k = self.cfg.optim.max_consecutive_skips
+        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps (last cause: non-finite {what}) at "
+               f"epoch {self.epoch}, step {self.global_step}. Weights are unchanged by the skipped steps; the state "
+               f"was written to {path} (continue with run.resume_from={path} after fixing the cause, e.g. a lower "
+               "optim.lr, optim.max_grad_norm, bf16 -> fp32, or a broken reward).")
+        if self.logger is not None:
+            self.logger.log({"halted": 1.0, "steps/skipped_total": float(self.counters["skipped_steps"])},
+                            self.global_step)
+            self.logger.flush()
+        log.error(msg)
+        raise TrainingHalted(msg, path)
 
-        if dist.is_available() and dist.is_initialized() and self.world > 1:
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)  # loss is already / global pair count
-        gn = 0.0
-        if self.cfg.optim.max_grad_norm > 0:
-            gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        if self.ema is not None and self.global_step % self.cfg.ema.update_every == 0:
-            self.ema.update()
-        return gn
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Deterministic ODE images for the eval prompts (seed of prompt i = sample_seed(seed, 5, i), fixed for the
+        whole run), EMA weights swapped in if EMA is on; reward mean per component over all processes; PNG grid.
+        Prompts are split evenly over processes (the last prompt repeats as padding so every process makes the same
+        number of model calls, which sharded backends need)."""
+        from mmgrpo.utils.seeding import sample_seed
+
+        c = self.cfg
+        n = len(self.eval_prompts)
+        per = -(-n // self.world)
+        idx = list(range(self.rank * per, (self.rank + 1) * per))
+        real = torch.tensor([i < n for i in idx])
+        idx = [min(i, n - 1) for i in idx]
+        prompts = [self.eval_prompts[i] for i in idx]
+        meta = [dict(self.eval_metadata[i]) for i in idx]
+        seeds = [sample_seed(c.run.seed, 5, i) for i in idx]
+        t0 = time.perf_counter()
+        self.model.eval()
+        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+            imgs = generate_images(self.adapter, prompts, seeds, c.sample, num_steps=c.sample.eval_num_steps or None)
+        err, scores = None, None
+        try:
+            scores = self.rewards.pointwise(imgs, prompts, meta)
+        except RewardCallFailed as exc:
+            err = exc
+        self._sync_failure(err)
+        self.rewards.take_counters()  # eval calls are not training statistics
+        total, comps = finish_scores(scores, len(prompts))
+        names = list(self.rewards.weights)
+        cols = torch.stack([total] + [comps[k] for k in names], 1)
+        (cols_all, v_all, r_all, imgs_all, idx_all), _ = _gather_rows(
+            [cols, comps["valid"], real, imgs, torch.tensor(idx)], self.device)
+        keep = v_all & r_all
+        out = {"eval/reward/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),
+               "eval/invalid": float((~v_all & r_all).sum()), "eval/num_prompts": float(n),
+               "time/eval_s": time.perf_counter() - t0}
+        for j, k in enumerate(names):
+            out[f"eval/reward/{k}"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
+        if self.is_main:
+            from mmgrpo.utils.logging import save_image_grid
+
+            sel = torch.nonzero(r_all).flatten()
+            caps = [f"{self.eval_prompts[int(idx_all[i])][:30]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
+            save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
+                            nrow=min(8, len(sel)), captions=caps)
+        return out
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
-        from mmgrpo.utils.checkpoint import capture_rng_state
+        """Checkpoint entries (replicated backends; written by the main process): trainable weights, optimizer,
+        LR schedule, EMA, counters and data position, reference settings, config. RNG states of every process are
+        added by :meth:`save_checkpoint`."""
         from mmgrpo.utils.config import config_to_dict
 
         return {
             "trainable": {n: p.detach().cpu().clone() for n, p in self.named_params},
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.lr_scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else {},
-            "trainer": {"epoch": self.epoch, "global_step": self.global_step, "world": self.world},
-            "rng": capture_rng_state(),
+            "trainer": self._trainer_state(),
             "config": config_to_dict(self.cfg),
+            "reference": dict(self.reference_info),
         }
 
-    def load_state_dict(self, st: dict) -> None:
-        from mmgrpo.utils.checkpoint import restore_rng_state
+    def _trainer_state(self) -> dict:
+        return {"epoch": self.epoch, "global_step": self.global_step, "world": self.world,
+                "counters": dict(self.counters), "best_eval": self.best_eval,
+                "data": {"epoch": self.epoch, "num_prompts": len(self.prompts),
+                         "prompts_sha256": hashlib.sha256("\n".join(self.prompts).encode()).hexdigest(),
+                         "group_size": self.cfg.data.group_size, "groups_per_epoch": self.cfg.data.groups_per_epoch}}
 
-        names = dict(self.named_params)
-        missing = set(names) - set(st["trainable"])
-        if missing:
-            raise ValueError(f"checkpoint lacks trainable parameters {sorted(missing)[:5]}")
-        with torch.no_grad():
-            for n, p in names.items():
-                p.copy_(st["trainable"][n].to(p.device, p.dtype))
-        self.optimizer.load_state_dict(st["optimizer"])
-        if self.ema is not None and st.get("ema"):
-            self.ema.load_state_dict(st["ema"])
-        self.epoch = int(st["trainer"]["epoch"])
-        self.global_step = int(st["trainer"]["global_step"])
-        if "rng" in st:
-            restore_rng_state(st["rng"])
+    def _check_replicas_in_sync(self) -> None:
+        """Replicated backends: every process must hold bit-identical trainable weights (DanceGRPO#110 guard)."""
+        if self.sharded or self.world == 1:
+            return
+        h = hashlib.sha256()
+        for _, p in self.named_params:
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digests = _all_gather_object(h.hexdigest())
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"processes hold different trainable weights (digests {digests}): gradients were "
+                               "not synchronised")
 
-    def save_checkpoint(self) -> Optional[Path]:
-        if not self.is_main:
-            return None
-        extra = {}
-        if self.cfg.model.lora.enabled:
-            def write_lora(path):
-                os.makedirs(path, exist_ok=True)
-                ctx = self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
-                with ctx:
-                    self.adapter.save_lora(str(path))
-            extra["lora"] = write_lora
-        return self.ckpt.save(self.epoch, self.state_dict(), extra_files=extra)
+    def save_checkpoint(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
+        """Collective: every process must call it. Returns the checkpoint dir on the main process."""
+        from mmgrpo.utils.checkpoint import capture_rng_state
 
-    def maybe_resume(self) -> Optional[Path]:
-        path = self.ckpt.resolve(self.cfg.run.resume_from)
-        if path is None:
-            return None
-        self.load_state_dict(self.ckpt.load(path))
+        mgr = self.halt_ckpt if halted else self.ckpt
+        step = self.global_step if halted else self.epoch
+        rng_all = _all_gather_object(capture_rng_state())
+        if self.sharded:
+            return self._save_sharded(mgr, step, metric, rng_all)
+        self._check_replicas_in_sync()
+        path = None
+        if self.is_main:
+            state = self.state_dict()
+            state["rng"] = {"per_rank": rng_all, "world": self.world}
+            extra = {}
+            if self.cfg.model.lora.enabled:
+                def write_lora(p):
+                    os.makedirs(p, exist_ok=True)
+                    with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+                        self.adapter.save_lora(str(p))
+                extra["lora"] = write_lora
+            path = mgr.save(step, state, metric=metric, extra_files=extra)
+        _barrier()
         return path
 
+    def _save_sharded(self, mgr, step: int, metric, rng_all) -> Optional[Path]:
+        """FSDP / DeepSpeed: every process writes its shards (``accelerator.save_state``: model, optimizer, schedule
+        and RNG in the backend's sharded format, plus ``ema_rank{r}.pt``) into a staging dir that the main process
+        then moves into the atomic checkpoint. Resume needs the same number of processes."""
+        stage = None
+        if self.is_main:
+            mgr.root.mkdir(parents=True, exist_ok=True)
+            stage = mgr.root / f".tmp-shards-{step:08d}-{os.getpid()}"
+            stage.mkdir(exist_ok=True)
+        stage = Path(_broadcast_object(str(stage) if stage is not None else None))
+        self.accelerator.save_state(str(stage / "accelerate"))
+        torch.save(self.ema.state_dict() if self.ema is not None else {}, stage / f"ema_rank{self.rank}.pt")
+        _barrier()
+        path = None
+        if self.is_main:
+            from mmgrpo.utils.config import config_to_dict
+
+            state = {"trainer": self._trainer_state(), "config": config_to_dict(self.cfg),
+                     "reference": dict(self.reference_info), "rng": {"per_rank": rng_all, "world": self.world}}
+            path = mgr.save(step, state, metric=metric, extra_files={"shards": lambda p: os.rename(stage, p)})
+        _barrier()
+        return path
+
+    def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
+        from mmgrpo.utils.checkpoint import restore_rng_state
+
+        ref = st.get("reference")
+        if ref and ref.get("base_fingerprint") != self.reference_info["base_fingerprint"]:
+            raise ValueError("checkpoint was trained on different base weights (fingerprint mismatch): refusing to "
+                             "resume onto another model")
+        tr = st["trainer"]
+        data = tr.get("data", {})
+        sha = hashlib.sha256("\n".join(self.prompts).encode()).hexdigest()
+        if data and data.get("prompts_sha256") != sha:
+            log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
+        if self.sharded:
+            if path is None:
+                raise ValueError("sharded resume needs the checkpoint path")
+            if int(tr.get("world", self.world)) != self.world:
+                raise ValueError(f"sharded checkpoint written by {tr.get('world')} processes; resume with the same "
+                                 f"number (now {self.world})")
+            self.accelerator.load_state(str(Path(path) / "shards" / "accelerate"))
+            if self.ema is not None:
+                self.ema.load_state_dict(torch.load(Path(path) / "shards" / f"ema_rank{self.rank}.pt",
+                                                    weights_only=False))
+        else:
+            names = dict(self.named_params)
+            missing = set(names) - set(st["trainable"])
+            if missing:
+                raise ValueError(f"checkpoint lacks trainable parameters {sorted(missing)[:5]}")
+            with torch.no_grad():
+                for n, p in names.items():
+                    p.copy_(st["trainable"][n].to(p.device, p.dtype))
+            self.optimizer.load_state_dict(st["optimizer"])
+            if "scheduler" in st:
+                self.lr_scheduler.load_state_dict(st["scheduler"])
+            if self.ema is not None and st.get("ema"):
+                self.ema.load_state_dict(st["ema"])
+        self.epoch = int(tr["epoch"])
+        self.global_step = int(tr["global_step"])
+        self.counters.update(tr.get("counters", {}))
+        self.best_eval = tr.get("best_eval")
+        rng = st.get("rng")
+        if rng is not None:
+            per = rng.get("per_rank") if isinstance(rng, dict) and "per_rank" in rng else [rng]
+            if self.rank < len(per):
+                restore_rng_state(per[self.rank])
+            else:
+                log.warning("resume: no RNG state saved for process %d (checkpoint had %d)", self.rank, len(per))
+
+    def maybe_resume(self) -> Optional[Path]:
+        """Collective. ``run.resume_from``: auto (latest valid checkpoint, if any) | none | a path."""
+        path, err = None, None
+        if self.is_main:
+            try:
+                path = self.ckpt.resolve(self.cfg.run.resume_from)
+            except Exception as exc:  # noqa: BLE001 - re-raised on every process below
+                err = f"{type(exc).__name__}: {exc}"
+        path, err = _broadcast_object((str(path) if path is not None else None, err))
+        if err:
+            raise ValueError(f"resume_from={self.cfg.run.resume_from!r}: {err}")
+        if path is None:
+            return None
+        self.load_state_dict(self.ckpt.load(path), Path(path))
+        return Path(path)
+
+    # ------------------------------------------------------------------ export
+    def export_final(self) -> Optional[Path]:
+        """Collective. The trained weights (EMA if on) for inference: LoRA -> ``<output_dir>/lora_final``
+        (``Pipeline.load_lora_weights``), full fine-tune -> ``<output_dir>/transformer_final`` (``save_pretrained``,
+        gathered from all shards)."""
+        target = None
+        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+            if self.cfg.model.lora.enabled and not self.sharded:
+                if self.is_main:
+                    target = self.out / "lora_final"
+                    target.mkdir(parents=True, exist_ok=True)
+                    self.adapter.save_lora(str(target))
+            else:
+                sd = self.accelerator.get_state_dict(self.model)  # collective under FSDP / ZeRO-3
+                if self.is_main:
+                    target = self.out / ("lora_final_state" if self.cfg.model.lora.enabled else "transformer_final")
+                    if self.cfg.model.lora.enabled:
+                        target.mkdir(parents=True, exist_ok=True)
+                        torch.save({k: v for k, v in sd.items() if "lora_" in k}, target / "lora_state.pt")
+                    else:
+                        self.unwrapped.save_pretrained(str(target), state_dict=sd)
+        _barrier()
+        return target
+
     # ------------------------------------------------------------------ main loop
+    def _eval_due(self, final: bool) -> bool:
+        if not self.eval_prompts:
+            return False
+        every = self.cfg.run.eval_every
+        return final or bool(every and self.epoch % every == 0)
+
     def train(self, num_epochs: Optional[int] = None) -> list[dict]:
         from mmgrpo.utils.config import save_config
         from mmgrpo.utils.logging import save_image_grid
@@ -489,11 +1184,15 @@ class FlowGRPOTrainer:
             save_config(c, self.out / "config.yaml")
         resumed = self.maybe_resume()
         if resumed is not None and self.is_main:
-            print(f"[flow_grpo] resumed from {resumed} at epoch {self.epoch}")
+            log.info("resumed from %s at epoch %d (step %d)", resumed, self.epoch, self.global_step)
         end = c.run.num_epochs if num_epochs is None else self.epoch + num_epochs
         history = []
         while self.epoch < end:
             metrics = self.train_epoch()
+            self.epoch += 1
+            ev = self.evaluate() if self._eval_due(final=self.epoch == end) else None
+            if ev is not None:
+                metrics.update(ev)
             history.append(metrics)
             if self.logger is not None:
                 self.logger.log(metrics, self.global_step)
@@ -503,14 +1202,46 @@ class FlowGRPOTrainer:
                     save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
                                     nrow=c.data.group_size, captions=[f"{p[:30]} r={r:.3f}" for p, r in
                                                                       zip(t.prompts, t.rewards["total"].tolist())])
-            self.epoch += 1
-            if c.run.save_every and self.epoch % c.run.save_every == 0:
-                self.save_checkpoint()
-        if not c.run.save_every or self.epoch % c.run.save_every:
-            self.save_checkpoint()
+            metric = ev["eval/reward/mean"] if ev is not None else None
+            if metric is not None and not math.isfinite(metric):
+                metric = None
+            new_best = metric is not None and (self.best_eval is None or metric > self.best_eval)
+            if new_best:
+                self.best_eval = metric
+            due = bool(c.run.save_every and self.epoch % c.run.save_every == 0) or self.epoch == end
+            if due or (new_best and c.run.keep_best):
+                self.save_checkpoint(metric=metric)
+        if history:
+            self._check_replicas_in_sync()
+            self.export_final()
+            if self.is_main and c.run.reward_curves:
+                self._plot_curves()
         if self.logger is not None:
             self.logger.flush()
         return history
+
+    def _plot_curves(self) -> None:
+        from mmgrpo.utils.logging import plot_curves, read_jsonl
+
+        path = self.out / "metrics.jsonl"
+        if not path.is_file():
+            return
+        present = set()
+        for row in read_jsonl(path):
+            present |= set(row)
+        comps = list(self.rewards.weights) if len(self.rewards.weights) > 1 else []  # one reward = the mean
+        keys = [k for k in ["reward/mean", "eval/reward/mean"] + [f"reward/{k}" for k in comps] +
+                [f"eval/reward/{k}" for k in comps] if k in present]
+        keys = list(dict.fromkeys(keys))
+        if keys:
+            plot_curves(path, keys, self.out / "reward_curves.png", title="rewards")
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.shutdown(wait=False)
+            self.runner = None
+        if self.logger is not None:
+            self.logger.close()
 
 
 def _peft_init(v: str):
@@ -523,4 +1254,8 @@ def _peft_init(v: str):
 
 
 def train_from_config(cfg: TrainConfig) -> list[dict]:
-    return FlowGRPOTrainer(cfg).train()
+    tr = FlowGRPOTrainer(cfg)
+    try:
+        return tr.train()
+    finally:
+        tr.close()

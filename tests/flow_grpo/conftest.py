@@ -38,3 +38,27 @@ def make_adapter(kind: str, lora: bool = True, seed: int = 0):
         torch.manual_seed(seed + 1)
         ad.add_lora(rank=4, alpha=8)
     return ad
+
+
+def train_overrides(kind: str, method: str, out, **extra) -> list[str]:
+    """Tiny-run overrides (64 px, 4 steps, 2x2 samples, LoRA r=4) shared by the trainer tests."""
+    ov = {
+        "method": method, "sample.num_steps": 4, "sample.height": H, "sample.width": W, "sample.batch_size": 4,
+        "sample.window_size": 2, "sample.window_range": "[0,3]", "sample.single_steps": "[0,1,2]",
+        "sample.cfg": "true" if kind == "sd3" else "false", "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5,
+        "data.group_size": 2, "data.groups_per_epoch": 2, "data.prompts": "[a cat, a dog, a bird]",
+        "model.lora.rank": 4, "model.lora.alpha": 8, "optim.lr": 1e-2, "optim.clip_range": 0.2,
+        "run.num_epochs": 1, "run.output_dir": str(out), "run.save_every": 0, "run.image_grid_every": 0,
+        "run.tensorboard": "false", "run.reward_curves": "false", "ema.update_every": 1, "ema.decay": 0.5, "reward.retry_backoff": 0.0,
+    }
+    ov.update(extra)
+    return [f"{k}={v}" for k, v in ov.items()]
+
+
+def make_trainer(kind: str, method: str, out, rewards=None, **extra):
+    """A FlowGRPOTrainer on a tiny pipeline with injected reward components (default: ``block``)."""
+    from flow_grpo.config import load_train_config
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    cfg = load_train_config(None, train_overrides(kind, method, out, **extra))
+    return FlowGRPOTrainer(cfg, adapter=make_adapter(kind, lora=False), reward_fn=rewards or {"block": block_reward})

@@ -11,26 +11,15 @@ from flow_grpo.config import TrainConfig, load_train_config
 from flow_grpo.sampler import generate_images, sample_trajectories
 from flow_grpo.trainer import FlowGRPOTrainer, load_prompts
 
-from .conftest import H, W, block_reward, make_adapter
+from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 
 
 def _overrides(kind, method, out, **extra):
-    ov = {
-        "method": method, "sample.num_steps": 4, "sample.height": H, "sample.width": W, "sample.batch_size": 4,
-        "sample.window_size": 2, "sample.window_range": "[0,3]", "sample.single_steps": "[0,1,2]",
-        "sample.cfg": "true" if kind == "sd3" else "false", "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5,
-        "data.group_size": 2, "data.groups_per_epoch": 2, "data.prompts": "[a cat, a dog, a bird]",
-        "model.lora.rank": 4, "model.lora.alpha": 8, "optim.lr": 1e-2, "optim.clip_range": 0.2,
-        "run.num_epochs": 1, "run.output_dir": str(out), "run.save_every": 0, "run.image_grid_every": 0,
-        "run.tensorboard": "false", "ema.update_every": 1, "ema.decay": 0.5,
-    }
-    ov.update(extra)
-    return [f"{k}={v}" for k, v in ov.items()]
+    return train_overrides(kind, method, out, **extra)
 
 
 def _trainer(kind, method, out, **extra):
-    cfg = load_train_config(None, _overrides(kind, method, out, **extra))
-    return FlowGRPOTrainer(cfg, adapter=make_adapter(kind, lora=False), reward_fn=block_reward)
+    return make_trainer(kind, method, out, **extra)
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
@@ -126,7 +115,7 @@ def test_config_presets_and_errors(tmp_path):
         load_train_config(None, ["sample.no_such_key=1"])
     with pytest.raises(ValueError, match="sample.cfg=false"):
         FlowGRPOTrainer(load_train_config(None, _overrides("flux", "flow", tmp_path, **{"sample.cfg": "true"})),
-                        adapter=make_adapter("flux", lora=False), reward_fn=block_reward)
+                        adapter=make_adapter("flux", lora=False), reward_fn={"block": block_reward})
 
 
 def test_load_prompts(tmp_path):
