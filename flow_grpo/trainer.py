@@ -992,8 +992,13 @@ class FlowGRPOTrainer:
 
             sel = torch.nonzero(r_all).flatten()
             caps = [f"{self.eval_prompts[int(idx_all[i])][:30]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
-            save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
-                            nrow=min(8, len(sel)), captions=caps)
+            grid = save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
+                                   nrow=min(8, len(sel)), captions=caps)
+            if self.logger is not None and c.run.tensorboard:
+                import numpy as np
+                from PIL import Image
+
+                self.logger.log_image("eval/samples", np.asarray(Image.open(grid).convert("RGB")), self.global_step)
         return out
 
     # ------------------------------------------------------------------ checkpointing
