@@ -1,0 +1,422 @@
+"""Benchmark ``trl_speedup``: end-to-end VLM GRPO steps/s, mmgrpo vs TRL's ``GRPOTrainer`` (images; TRL has no video).
+
+Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
+
+* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with the shared-prefix group forward
+                    (``mmgrpo.models.prefix_group.grouped_rows_token_logprobs``) plugged into its ``_logp``
+                    (a subclass defined here; the trainer itself is not modified);
+* ``ours_naive`` -- the same trainer as it is (``compute_token_logprobs``: prompt repeated G times);
+* ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
+
+Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once; vision tower frozen, LLM fully
+trained, fp32, sdpa, CPU), the processor, the prompts (our ``TaskAdapter`` messages, fed to TRL as its
+conversational ``prompt`` column with the image in its ``image`` column: identical prompt tokens), B prompts x
+G completions per step, exactly T completion tokens (EOS and vision tokens suppressed while sampling, in both),
+temperature 1, AdamW (torch, lr 1e-5, no weight decay, constant lr, grad-norm clip 1.0), no KL / reference
+(TRL default beta=0), one optimizer update per generation batch (num_iterations 1), token-mean loss (TRL "dapo"),
+the same cheap text reward.  Threads: ``--threads`` in every worker.
+
+Protocol: warm-up steps, then ``--rounds`` rounds; in each round every worker runs ``--steps`` steps, one
+worker after the other, the order rotating.  samples/s = B*G*steps / wall time of the round (generation,
+rewards, forward/backward, optimizer, the trainer's own logging).  Headline = median over rounds of the paired
+ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Peak memory: each worker's ``ru_maxrss`` (whole process
+life, includes imports) and its peak RSS growth over the training steps (VmHWM after setup).
+
+    python eval/perf/trl_compare.py [--quick] [--model mid|tiny] [--json out.json] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, _ROOT)
+
+import common  # noqa: E402
+
+WORKERS = ("ours", "ours_naive", "trl")
+TAG = "@@"  # result lines on a worker's stdout (libraries may print there too)
+
+
+# ============================================================================================== shared setup
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 rounds x 2 steps (default 4 x 3)")
+    p.add_argument("--model", choices=["tiny", "mid"], default="mid")
+    p.add_argument("--B", type=int, default=2, help="prompts per step")
+    p.add_argument("--G", type=int, default=8, help="completions per prompt")
+    p.add_argument("--T", type=int, default=64, help="completion tokens (exact: EOS is suppressed)")
+    p.add_argument("--image-size", type=int, default=448, help="square images; 448 -> 256 image tokens")
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, help="steps per worker per round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per worker first")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", default=",".join(WORKERS), help="subset of " + ",".join(WORKERS))
+    p.add_argument("--json", default="")
+    p.add_argument("--model-dir", default="", help="reuse/save the model folder here (default: a temp dir)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, each worker cProfiles one more step and prints the top functions")
+    p.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--total-steps", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.rounds is None:
+        a.rounds = 2 if a.quick else 4
+    if a.steps is None:
+        a.steps = 2 if a.quick else 3
+    return a
+
+
+def samples(n: int, size: int) -> list[dict]:
+    """Multiple-choice image prompts (the trainer's canonical sample dicts)."""
+    from mmgrpo.models.tiny import synthetic_image
+
+    return [{"id": f"img{i}", "task": "mcq", "query": f"which colour is the object number {i}?",
+             "image": synthetic_image(i, size, size), "options": ["red", "green", "blue", "yellow"],
+             "answer": "B"} for i in range(n)]
+
+
+def reward_value(text: str) -> float:
+    """A cheap deterministic reward that varies within a group: (sum of code points mod 7) / 6."""
+    return float(sum(map(ord, text)) % 7) / 6.0
+
+
+def say(obj: dict) -> None:
+    sys.stdout.write(TAG + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def read_command() -> tuple[str, int]:
+    line = sys.stdin.readline()
+    if not line:
+        return "quit", 0
+    parts = line.split()
+    return parts[0], (int(parts[1]) if len(parts) > 1 else 0)
+
+
+def memory_report(rss_setup: float) -> dict:
+    return {"peak_rss_mb": common.peak_rss_mb(), "rss_after_setup_mb": rss_setup,
+            "step_peak_rss_mb": common.peak_hwm_mb(), "step_growth_mb": common.peak_hwm_mb() - rss_setup}
+
+
+def profile_step(step_fn, top: int = 25) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    step_fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
+    return s.getvalue()
+
+
+# ============================================================================================== ours
+def worker_ours(args, grouped: bool) -> None:
+    import torch
+
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
+    from mmgrpo.models.rollout import HFRolloutBackend
+    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.utils.config import load_config
+
+    class GroupedGRPOTrainer(GRPOTrainer):
+        """The project's trainer with the shared-prefix log-prob function (same inputs, same numbers)."""
+
+        def _logp(self, model, rb, idx, return_logits=False):
+            T = max(1, int(rb.completion_mask[idx].sum(1).max()))
+            with self.accelerator.autocast():
+                return grouped_rows_token_logprobs(
+                    model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T],
+                    rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
+                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
+
+    common.set_threads(args.threads)
+    out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_ours_")
+    rows = args.B * args.G
+    cfg = load_config(TrainConfig, None, [
+        f"model.path={args.model_dir}", "model.dtype=float32", "model.attn_implementation=sdpa",
+        "model.freeze_vision=true", "data.task=mcq", "data.prompt_mode=no_think",
+        f"rollout.num_generations={args.G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
+        f"rollout.generation_batch_size={rows}", f"run.prompts_per_device={args.B}", f"run.micro_batch_size={rows}",
+        "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0", "optim.lr_schedule=constant",
+        "algo.kl_coef=0", "algo.num_iterations=1", "algo.agg=token_mean", f"run.output_dir={out_dir}",
+        "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
+        "run.device=cpu", "run.log_every=1"])
+    policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
+    eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = HFRolloutBackend(policy.model, policy.processor, list(policy.suppress_token_ids) + [eos],
+                               max_batch_size=rows)
+
+    def reward_fn(texts, samples_):
+        r = torch.tensor([reward_value(t) for t in texts])
+        return {"acc": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    cls = GroupedGRPOTrainer if grouped else GRPOTrainer
+    tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
+    tr._make_stream()
+    common.set_threads(args.threads)
+    n_train = int(sum(p.numel() for p in tr.params))
+    rss_setup = common.rss_mb()
+    common.reset_peak_rss()
+    prompt_tokens = int(tr.task.prepare(tr.samples[0]).item["input_ids"].shape[1])
+    say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads(),
+         "prompt_tokens": prompt_tokens})
+    lengths = []
+    while True:
+        cmd, k = read_command()
+        if cmd == "run":
+            t0 = time.perf_counter()
+            for _ in range(k):
+                m = tr.train_step()
+                lengths.append(m.get("completions/mean_length", 0.0))
+            dt = time.perf_counter() - t0
+            rb = tr.last_batch
+            say({"event": "done", "steps": k, "seconds": dt, "samples": k * rb.n,
+                 "prompt_tokens": int(rb.items[0]["input_ids"].shape[1]), "completion_len": lengths[-1]})
+        elif cmd == "profile":
+            say({"event": "profile", "text": profile_step(tr.train_step)})
+        else:
+            say({"event": "bye", **memory_report(rss_setup)})
+            return
+
+
+# ============================================================================================== TRL
+def worker_trl(args) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mmgrpo.models.adapters import get_adapter, vision_token_ids
+    from mmgrpo.train.task import TaskAdapter
+
+    common.set_threads(args.threads)
+    processor = AutoProcessor.from_pretrained(args.model_dir)
+    processor.tokenizer.padding_side = "left"
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(args.model_dir, dtype=torch.float32,
+                                                               attn_implementation="sdpa")
+    for n, p in model.named_parameters():  # same trainable set as ours: vision tower frozen
+        if "visual" in n.split("."):
+            p.requires_grad_(False)
+
+    class DataCfg:  # what TaskAdapter.messages reads (same as our trainer's data config)
+        task, prompt_mode, answer_format = "mcq", "no_think", "seconds"
+
+    ta = TaskAdapter(processor, get_adapter("qwen2_5_vl"), DataCfg)
+    rows = []
+    for s in samples(16, args.image_size):
+        msgs = []
+        for m in ta.messages(s):  # our messages, image payload moved to TRL's `image` column
+            content = m["content"]
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            content = [{"type": "image"} if c.get("type") == "image" else c for c in content]
+            msgs.append({"role": m["role"], "content": content})
+        rows.append({"prompt": msgs, "image": s["image"]})
+    ds = Dataset.from_list(rows)
+
+    def reward(completions, **kw):
+        return [reward_value(c[-1]["content"] if isinstance(c, list) else c) for c in completions]
+
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_trl_")
+    cfg = GRPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, report_to="none",
+        save_strategy="no", per_device_train_batch_size=args.B * args.G, gradient_accumulation_steps=1,
+        num_generations=args.G, max_completion_length=args.T, max_steps=args.total_steps, learning_rate=1e-5,
+        weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, loss_type="dapo", logging_steps=1,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        generation_kwargs={"suppress_tokens": vision_token_ids(processor.tokenizer) + [eos]})
+
+    state = {"target": 0, "done": 0, "t0": 0.0, "rss_setup": 0.0, "last": 0, "prof": None, "logs": {}}
+    from trl.data_utils import prepare_multimodal_messages
+
+    first = prepare_multimodal_messages(rows[0]["prompt"], images=[rows[0]["image"]])
+    text = processor.apply_chat_template(first, add_generation_prompt=True, tokenize=False)
+    prompt_tokens = int(processor(text=[text], images=[rows[0]["image"]], return_tensors="pt")["input_ids"].shape[1])
+
+    class Control(TrainerCallback):
+        def _wait(self, control):
+            cmd, k = read_command()
+            if cmd == "run":
+                state["target"] = state["done"] + k
+                state["t0"] = time.perf_counter()
+            elif cmd == "profile":
+                import cProfile
+
+                state["target"] = state["done"] + 1
+                state["prof"] = cProfile.Profile()
+                state["prof"].enable()
+            else:
+                control.should_training_stop = True
+                state["target"] = -1
+
+        def on_train_begin(self, a, st, control, **kw):
+            common.set_threads(args.threads)
+            n_train = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            state["rss_setup"] = common.rss_mb()
+            common.reset_peak_rss()
+            say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads(),
+                 "prompt_tokens": prompt_tokens})
+            self._wait(control)
+
+        def on_log(self, a, st, control, logs=None, **kw):
+            state["logs"] = dict(logs or {})
+
+        def on_step_end(self, a, st, control, **kw):
+            state["done"] += 1
+            if state["done"] == state["target"]:
+                if state["prof"] is not None:
+                    import io
+                    import pstats
+
+                    state["prof"].disable()
+                    buf = io.StringIO()
+                    pstats.Stats(state["prof"], stream=buf).sort_stats("cumulative").print_stats(25)
+                    state["prof"] = None
+                    state["last"] = state["done"]
+                    say({"event": "profile", "text": buf.getvalue()})
+                else:
+                    dt = time.perf_counter() - state["t0"]
+                    k = state["done"] - state["last"]
+                    state["last"] = state["done"]
+                    say({"event": "done", "steps": k, "seconds": dt, "samples": k * args.B * args.G,
+                         "prompt_tokens": prompt_tokens,
+                         "completion_len": state["logs"].get("completions/mean_length")})
+                self._wait(control)
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=processor,
+                          callbacks=[Control()])
+    trainer.train()
+    if state["target"] != -1:  # ran out of max_steps: still answer the final command
+        read_command()
+    say({"event": "bye", **memory_report(state["rss_setup"])})
+
+
+# ============================================================================================== parent
+class Worker:
+    def __init__(self, name: str, args, total_steps: int):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-dir", args.model_dir,
+               "--B", str(args.B), "--G", str(args.G), "--T", str(args.T), "--image-size", str(args.image_size),
+               "--threads", str(args.threads), "--total-steps", str(total_steps)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.name = name
+        self.log = open(os.path.join(tempfile.gettempdir(), f"mmgrpo_perf_trl_{name}_{os.getpid()}.log"), "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     cwd=_ROOT, env=env)
+
+    def read(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {self.name} exited (code {self.proc.poll()}); see {self.log.name}")
+            if line.startswith(TAG):
+                return json.loads(line[len(TAG):])
+
+    def send(self, cmd: str) -> None:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+
+    def run(self, k: int) -> dict:
+        self.send(f"run {k}")
+        return self.read()
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.worker:
+        if args.worker == "trl":
+            worker_trl(args)
+        else:
+            worker_ours(args, grouped=args.worker == "ours")
+        return {}
+    t_start = time.time()
+    names = [w.strip() for w in args.workers.split(",") if w.strip()]
+    if "trl" not in names or not any(n.startswith("ours") for n in names):
+        raise SystemExit("--workers must include trl and at least one of ours, ours_naive")
+    if not args.model_dir:
+        args.model_dir = os.path.join(tempfile.mkdtemp(prefix="mmgrpo_perf_trl_"), args.model)
+    if not os.path.exists(os.path.join(args.model_dir, "config.json")):
+        common.save_bench_vlm(args.model_dir, args.model)
+    total = args.warmup + args.rounds * args.steps + (1 if args.profile else 0)
+    workers, ready = {}, {}
+    for n in names:  # start one at a time: concurrent imports on 2 shared cores only slow each other down
+        workers[n] = Worker(n, args, total)
+        ready[n] = workers[n].read()
+        print(f"{n}: ready ({ready[n]['trainable_params']/1e6:.2f}M trainable, {ready[n]['threads']} threads, "
+              f"prompt {ready[n]['prompt_tokens']} tokens)", flush=True)
+    if len({r["prompt_tokens"] for r in ready.values()}) != 1 or len({r["trainable_params"] for r in ready.values()}) != 1:
+        raise SystemExit(f"workers disagree on prompt length / trainable parameters: {ready}")
+    if args.warmup:
+        for n in names:
+            workers[n].run(args.warmup)
+    per = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            res = workers[n].run(args.steps)
+            per[n].append(res)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{n} {per[n][-1]['samples'] / per[n][-1]['seconds']:.2f} samples/s" for n in names), flush=True)
+    profiles = {}
+    if args.profile:  # one more step per worker under cProfile (not timed)
+        for n in names:
+            workers[n].send("profile")
+            profiles[n] = workers[n].read()["text"]
+    mem = {}
+    for n in names:
+        workers[n].send("quit")
+        mem[n] = workers[n].read()
+        workers[n].proc.wait(timeout=120)
+        workers[n].log.close()
+
+    sps = {n: [x["samples"] / x["seconds"] for x in per[n]] for n in names}
+    res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
+           "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
+           "image_size": args.image_size, "rounds": args.rounds, "steps_per_round": args.steps,
+           "prompt_tokens": ready[names[0]]["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
+           "completion_len_last": {n: per[n][-1].get("completion_len") for n in names},
+           "samples_per_s": sps, "samples_per_s_median": {n: statistics.median(v) for n, v in sps.items()},
+           "memory": mem, "profiles": profiles, "wall_s": time.time() - t_start}
+    for n in names:
+        m = mem[n]
+        print(f"{n}: median {res['samples_per_s_median'][n]:.2f} samples/s over {args.rounds} rounds "
+              f"(completion length {res['completion_len_last'][n]}) | peak RSS "
+              f"{m['peak_rss_mb']:.0f} MB (after setup {m['rss_after_setup_mb']:.0f} MB, growth during steps "
+              f"{m['step_growth_mb']:.0f} MB)", flush=True)
+    for n, txt in profiles.items():
+        print(f"--- profile {n} ---\n{txt}")
+    ratios = {}
+    for n in names:
+        if n.startswith("ours"):
+            paired = [a / b for a, b in zip(sps[n], sps["trl"])]
+            ratios[n] = statistics.median(paired)
+            res[f"speedup_{n}_vs_trl"] = {"median": ratios[n], "paired": paired,
+                                          "peak_rss_ratio": mem[n]["peak_rss_mb"] / mem["trl"]["peak_rss_mb"]}
+    head = "ours" if "ours" in ratios else next(iter(ratios))
+    res["headline_worker"] = head
+    res["trl_speedup"] = ratios[head]
+    for n, v in ratios.items():
+        if n != head:
+            print(f"trl_speedup_{n}={v:.2f}")
+    common.emit(res, args.json, ("trl_speedup", ratios[head]))
+    return res
+
+
+if __name__ == "__main__":
+    main()
