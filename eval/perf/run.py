@@ -155,8 +155,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--json", default="", help="write all results here")
     p.add_argument("--only", default="", help="comma-separated result keys to run (default: all)")
     p.add_argument("--budget", type=float, default=None,
-                   help="total seconds for all benchmarks (default 290 with --quick/--smoke, else 3600); a "
-                        "benchmark gets the remaining budget split over those still to run, at least --min-timeout")
+                   help="total seconds for all benchmarks (default 290 with --quick/--smoke, else 3600; <= 0: no limit); "
+                        "a benchmark gets the remaining budget split over those still to run, at least --min-timeout")
     p.add_argument("--min-timeout", type=float, default=30.0, help="lower bound of a benchmark's time limit")
     p.add_argument("--folder", default=HERE, help=argparse.SUPPRESS)  # tests point this at fake benchmarks
     args = p.parse_args(argv)
@@ -176,7 +176,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     for k, s in todo:
         remaining = budget - (time.perf_counter() - t_start)
         left = max(1, sum(1 for kk, _ in present if kk not in details))
-        timeout = max(args.min_timeout, remaining / left)
+        timeout = max(args.min_timeout, remaining / left) if budget > 0 else 7 * 24 * 3600.0
         print(f"[perf] {k} ({s}) ...", flush=True)
         rec = run_benchmark(k, s, mode, timeout, folder=args.folder)
         details[k] = rec
