@@ -22,10 +22,15 @@ def train_main(argv: Sequence[str]) -> int:
     cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
                                        "Options: defaults < --config YAML < key=value overrides.")
+    from mmgrpo.train.faults import TrainingStopped
     from mmgrpo.train.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(cfg)
-    trainer.train()
+    try:
+        trainer.train()
+    except TrainingStopped as e:  # a configured fault policy stopped the run after writing a checkpoint
+        print(f"mmgrpo train: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

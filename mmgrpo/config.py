@@ -94,6 +94,15 @@ class RewardConfig:
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
     options: dict[str, Any] = field(default_factory=dict,
                                     metadata=_h("extra build_reward_fn options, YAML values (e.g. {sigma: 0.2})"))
+    on_nonfinite: Literal["drop", "error"] = field(
+        default="drop", metadata=_h("a NaN/inf reward: drop the row from its group (counted, logged) or stop the "
+                                    "run with an error naming the samples (a checkpoint is written first)"))
+    retries: int = field(default=2, metadata=_h("retries of a reward call that raises or times out"))
+    retry_backoff: float = field(default=1.0, metadata=_h("seconds before the first retry (doubles each retry)"))
+    timeout: float = field(default=0.0, metadata=_h("seconds per reward call, e.g. a remote judge (0 = no limit)"))
+    on_failure: Literal["drop", "stop"] = field(
+        default="drop", metadata=_h("a reward call still failing after the retries: drop its rows (counted, "
+                                    "logged) or stop the run (a checkpoint is written first)"))
 
 
 @dataclass
@@ -181,11 +190,18 @@ class RunConfig:
     log_every: int = field(default=1, metadata=_h("log metrics + sampled completions every N steps"))
     num_completions_to_log: int = field(default=8, metadata=_h("completions written to completions.jsonl per log"))
     save_every: int = field(default=50, metadata=_h("checkpoint every N steps (and at the end); 0 = end only"))
-    keep_last: int = field(default=3, metadata=_h("checkpoints to keep"))
+    keep_last: int = field(default=3, metadata=_h("most recent checkpoints to keep"))
+    best_metric: str = field(
+        default="", metadata=_h("also keep the checkpoint with the best value of this logged metric, e.g. "
+                                "reward/total/mean ('' = off)"))
+    best_mode: Literal["max", "min"] = field(default="max", metadata=_h("best_metric: higher or lower is better"))
     resume_from: str = field(default="auto", metadata=_h("auto | none | path to a checkpoint"))
     device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
     mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
     use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
+    max_consecutive_skips: int = field(
+        default=5, metadata=_h("optimizer steps skipped for NaN/inf advantages, loss or gradients in a row before "
+                               "the run writes a checkpoint and stops (0 = never stop)"))
 
 
 @dataclass
@@ -214,5 +230,9 @@ class TrainConfig:
             raise ValueError("algo.num_iterations must be >= 1")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:
             raise ValueError("run.prompts_per_device and run.micro_batch_size must be >= 1")
+        if self.reward.retries < 0 or self.reward.retry_backoff < 0 or self.reward.timeout < 0:
+            raise ValueError("reward.retries, reward.retry_backoff and reward.timeout must be >= 0")
+        if self.run.max_consecutive_skips < 0:
+            raise ValueError("run.max_consecutive_skips must be >= 0")
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")

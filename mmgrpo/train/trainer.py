@@ -32,6 +32,7 @@ from mmgrpo.core import (anchor_offpolicy_advantages, global_sum, group_advantag
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
+from mmgrpo.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
 from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
@@ -114,6 +115,7 @@ class RolloutBatch:
     ref_logp: torch.Tensor | None = None
     token_weights: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
+    valid: torch.Tensor | None = None  # (N,) bool: False = reward failed / non-finite (dropped after advantages)
 
     @property
     def n(self) -> int:
@@ -131,7 +133,7 @@ class RolloutBatch:
             self.completion_ids[rows], self.completion_mask[rows], self.group_ids[rows], self.is_offpolicy[rows],
             self.truncated[rows], self.parse_failed[rows], {k: v[rows] for k, v in self.rewards.items()},
             self.rollout_logp[rows], pick(self.advantages), pick(self.reward_used), pick(self.zero_std),
-            pick(self.old_logp), pick(self.ref_logp), pick(self.token_weights), dict(self.info))
+            pick(self.old_logp), pick(self.ref_logp), pick(self.token_weights), dict(self.info), pick(self.valid))
 
 
 def _pad_cols(t: torch.Tensor, T: int, value=0) -> torch.Tensor:
@@ -162,7 +164,8 @@ def cat_batches(bs: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
         cat(lambda b: b.is_offpolicy), cat(lambda b: b.truncated), cat(lambda b: b.parse_failed),
         {k: torch.cat([b.rewards[k] for b in bs]) for k in bs[0].rewards}, cat(lambda b: b.rollout_logp),
         cat(lambda b: b.advantages), cat(lambda b: b.reward_used), cat(lambda b: b.zero_std),
-        cat(lambda b: b.old_logp), cat(lambda b: b.ref_logp), cat(lambda b: b.token_weights, 1.0), info)
+        cat(lambda b: b.old_logp), cat(lambda b: b.ref_logp), cat(lambda b: b.token_weights, 1.0), info,
+        cat(lambda b: b.valid))
 
 
 def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
@@ -265,11 +268,21 @@ class GRPOTrainer:
         self.params = params
         self._broadcast_params()
         self.step = 0
-        self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0}
+        self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0,
+                         # faults (see mmgrpo.train.faults): rows dropped for NaN/inf or failed rewards, reward
+                         # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
+                         "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
+                         "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
+        self.consecutive_skips = 0
+        self._stop_reason: str | None = None
+        self._step_snapshot: dict | None = None
         self.stream: PromptStream | None = None
         main = self.accelerator.is_main_process
         self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.use_tensorboard, is_main_process=main)
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last, keep_best=False)
+        # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last,
+                                      keep_best=bool(cfg.run.best_metric), best_mode=cfg.run.best_mode)
+        self._last_metrics: dict[str, float] = {}
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
 
@@ -294,21 +307,59 @@ class GRPOTrainer:
         return drawn[self.rank * k:(self.rank + 1) * k]
 
     # ----------------------------------------------------------------------------------------- rollout
+    def _call_reward(self, fn: Callable, texts: list[str], samples: list, what: str) -> dict | None:
+        """``fn(texts, samples)`` with retries / timeout (``reward.*``); None if it failed for good.
+
+        A failed call never raises here: its rows are dropped (``reward.on_failure=drop``), or the failure is
+        recorded and, once every process has finished the same collectives, the step stops the run
+        (``on_failure=stop``: checkpoint first, see ``_check_stop``)."""
+        rc = self.cfg.reward
+        st = CallStats()
+        try:
+            return call_with_retries(fn, (texts, samples), rc.retries, rc.retry_backoff, rc.timeout, st, what)
+        except RewardCallFailed as e:
+            self.counters["reward_failed_calls"] += 1
+            if rc.on_failure == "stop":
+                self._request_stop(f"{e} (reward.on_failure=stop)")
+            else:
+                log.warning("%s; dropping its %d row(s) (reward.on_failure=drop)", e, len(texts))
+            return None
+        finally:
+            self.counters["reward_retries"] += st.retries
+            self.counters["reward_timeouts"] += st.timeouts
+
     def _score(self, texts: list[str], samples: list[dict]) -> dict[str, torch.Tensor]:
-        out = self.reward_fn(texts, samples)
+        """Rewards of the rows; ``out["_failed"]`` (bool) marks rows whose reward call failed (rewards NaN)."""
+        n = len(texts)
+        out = self._call_reward(self.reward_fn, texts, samples, "reward function")
+        if out is None:
+            return {"total": torch.full((n,), float("nan")), "parse_failed": torch.zeros(n, dtype=torch.bool),
+                    "_failed": torch.ones(n, dtype=torch.bool)}
         out = {k: torch.as_tensor(v) for k, v in out.items()}
         if "total" not in out:
             out["total"] = sum(self.cfg.reward.weights[k] * out[k].float() for k in self.cfg.reward.weights)
         if "parse_failed" not in out:
-            out["parse_failed"] = torch.zeros(len(texts), dtype=torch.bool)
+            out["parse_failed"] = torch.zeros(n, dtype=torch.bool)
+        for k, v in out.items():
+            if v.shape[:1] != (n,):
+                raise ValueError(f"reward function returned {k!r} with shape {tuple(v.shape)} for {n} completions")
+        out["_failed"] = torch.zeros(n, dtype=torch.bool)
         return out
 
     def _accuracy(self, texts: list[str], samples: list[Any], scored: dict | None = None) -> torch.Tensor:
+        """Accuracy per row (T-GRPO); NaN where the reward failed."""
         if scored is not None and self.acc_key in scored:
             return scored[self.acc_key].float()
         fn = self.accuracy_fn or self.reward_fn
-        res = fn(texts, samples)
+        res = self._call_reward(fn, texts, samples, "accuracy reward")
+        if res is None:
+            return torch.full((len(texts),), float("nan"))
         return torch.as_tensor(res[self.acc_key] if self.acc_key in res else res["total"]).float()
+
+    def _request_stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        log.error("stop requested: %s", reason)
 
     def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt]]) -> RolloutBatch:
         """Sample, inject, score and (T-GRPO) add the temporal bonus for the given prompts."""
@@ -350,12 +401,29 @@ class GRPOTrainer:
         reward_samples = [r["pp"].reward_sample for r in rows]
         scored = self._score(texts, reward_samples)
         parse_failed = scored.pop("parse_failed").bool()
+        failed = scored.pop("_failed").bool()
         rewards = {k: v.float() for k, v in scored.items()}
+        # a row takes part only if its reward call succeeded and its (weighted) rewards are finite
+        keys = ["total"] + [k for k in cfg.reward.weights if k in rewards]
+        nonfinite = nonfinite_rows(rewards, len(texts), keys) & ~failed
+        valid = ~failed & ~nonfinite
+        self.counters["reward_failed_rows"] += int(failed.sum())
+        if nonfinite.any():
+            self.counters["reward_nonfinite_rows"] += int(nonfinite.sum())
+            bad = nonfinite.nonzero().flatten().tolist()
+            which = sorted({k for k in keys if not torch.isfinite(rewards[k][nonfinite]).all()})
+            ids = [sample_id(rows[i]["pp"].sample) for i in bad[:10]]
+            msg = f"non-finite reward(s) {which} for {len(bad)} row(s) of sample(s) {ids}"
+            if cfg.reward.on_nonfinite == "error":
+                self._request_stop(msg + " (reward.on_nonfinite=error)")
+            else:
+                log.warning("%s: dropped from their groups (reward.on_nonfinite=drop)", msg)
         info = {"gen_time": gen_time, "gen_tokens": float(n_tok)}
 
         if cfg.tgrpo.enabled:  # T-GRPO: same prompts with shuffled frames; bonus per group
             bonus = torch.zeros(len(texts))
             acc = self._accuracy(texts, reward_samples, rewards)
+            valid &= torch.isfinite(acc)
             vids = [(pos, pp) for pos, pp in preps if pp.clip is not None]
             if vids:
                 Gs = cfg.tgrpo.num_shuffled or max(1, G // 2)
@@ -369,7 +437,9 @@ class GRPOTrainer:
                 sh_samples = [pp.reward_sample for _, pp in vids for _ in range(Gs)]
                 acc_sh = self._accuracy(sh.texts, sh_samples)
                 sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
-                onp = ~offp
+                ok_sh = torch.isfinite(acc_sh)  # failed shuffled rows do not enter p~_g
+                acc_sh, sh_gids = acc_sh[ok_sh], sh_gids[ok_sh]
+                onp = ~offp & valid
                 b, granted = temporal_bonus(acc[onp], group_ids[onp], acc_sh, sh_gids, cfg.tgrpo.alpha,
                                             cfg.tgrpo.mu, cfg.tgrpo.min_accuracy)
                 bonus[onp] = b
@@ -382,24 +452,36 @@ class GRPOTrainer:
             rewards["total"] = rewards["total"] + bonus
         return RolloutBatch([r["pp"].item for r in rows], [r["pp"].sample for r in rows], texts, completion_ids,
                             completion_mask, group_ids, offp, torch.tensor([r["truncated"] for r in rows]),
-                            parse_failed, rewards, torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info)
+                            parse_failed, rewards, torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
+                            valid=valid)
 
     def advantages(self, rb: RolloutBatch) -> None:
         """Group advantages (+ TempSamp shaping / anchoring); sets rb.advantages, reward_used, zero_std."""
         a, ts = self.cfg.algo, self.cfg.tempsamp
         r = rb.rewards["total"]
-        kw = dict(scale=a.adv_scale, eps=a.adv_eps)
+        valid = rb.valid if rb.valid is not None else torch.ones(rb.n, dtype=torch.bool)
+        kw = dict(scale=a.adv_scale, eps=a.adv_eps, valid=valid)
         if ts.enabled and ts.mode == "anchor":
             res = anchor_offpolicy_advantages(r, rb.group_ids, rb.is_offpolicy, lam=ts.anchor_lambda, **kw)
             used = r
         else:
             used = tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2) if (ts.enabled and ts.mode == "shape") else r
             res = group_advantages(used, rb.group_ids, **kw)
-        rb.advantages, rb.reward_used, rb.zero_std = res.advantages.float(), used, res.zero_std_mask
+        adv = res.advantages.float()
+        # groups left with fewer than 2 valid members (rewards dropped): no baseline -> advantage exactly 0 (the
+        # core already gives 0 to 1-member groups; made explicit here) and counted
+        gids, inv = torch.unique(rb.group_ids, return_inverse=True)
+        n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid.long())
+        degenerate = n_valid < 2
+        adv = torch.where(degenerate[inv] | ~valid, torch.zeros_like(adv), adv)
+        self.counters["degenerate_groups"] += int(degenerate.sum())
+        rb.info["degenerate_groups"] = rb.info.get("degenerate_groups", 0.0) + float(degenerate.sum())
+        rb.advantages, rb.reward_used, rb.zero_std = adv, used, res.zero_std_mask
         rb.info["zero_std_frac"] = res.zero_std_fraction
         if ts.enabled:
-            rb.info.update({f"tempsamp/{k}": v for k, v in offpolicy_diagnostics(
-                used, rb.advantages, rb.group_ids, rb.is_offpolicy, eps=a.adv_eps).items()})
+            v = valid
+            rb.info.update({f"tempsamp/{k}": x for k, x in offpolicy_diagnostics(
+                used[v], rb.advantages[v], rb.group_ids[v], rb.is_offpolicy[v], eps=a.adv_eps).items()})
 
     def collect(self, step: int) -> RolloutBatch:
         """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
@@ -412,16 +494,16 @@ class GRPOTrainer:
             if preps:
                 rb = self.rollout(step, preps)
                 self.advantages(rb)
-                n_g = len(preps)
                 if zero_frac_first is None:
                     zero_frac_first = rb.info["zero_std_frac"]
+                if not bool(rb.valid.all()):  # failed / non-finite rewards leave the batch (not the loss)
+                    rb = rb.select(rb.valid.nonzero().flatten())
                 if a.filter_zero_std:  # drop whole groups whose on-policy rewards are all equal
                     dead = torch.unique(rb.group_ids[rb.zero_std & ~rb.is_offpolicy])
                     self.counters["filtered_groups"] += int(dead.numel())
-                    n_g -= int(dead.numel())
                     rb = rb.select((~torch.isin(rb.group_ids, dead)).nonzero().flatten())
                 batches.append(rb)
-                n_groups += n_g
+                n_groups += int(torch.unique(rb.group_ids).numel())
             # every process runs the same number of rounds (the stream stays in sync): decide on global counts
             done = global_sum(float(n_groups >= want)) >= self.world
             if not a.filter_zero_std or done:
@@ -433,6 +515,7 @@ class GRPOTrainer:
             rb = rb.select(torch.isin(rb.group_ids, first).nonzero().flatten())
             n_groups = want
         rb.info["zero_std_frac"] = zero_frac_first if zero_frac_first is not None else 0.0
+        rb.info["degenerate_groups"] = sum(b.info.get("degenerate_groups", 0.0) for b in batches)
         rb.info["groups"] = float(n_groups)
         rb.info["rounds"] = float(rnd + 1)
         return rb
@@ -442,7 +525,8 @@ class GRPOTrainer:
         return RolloutBatch([], [], [], z.long(), z.long(), torch.zeros(0, dtype=torch.long),
                             torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
                             torch.zeros(0, dtype=torch.bool), {"total": torch.zeros(0)}, z,
-                            torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool))
+                            torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool),
+                            valid=torch.zeros(0, dtype=torch.bool))
 
     # ----------------------------------------------------------------------------------------- log-probs
     def _mb_inputs(self, rb: RolloutBatch, idx: torch.Tensor):
@@ -514,9 +598,17 @@ class GRPOTrainer:
         acc: dict[str, float] = {}
         wsum = 0.0
         grad_norm = 0.0
+        skipped = 0
+        # a NaN/inf advantage would poison every update of this step: skip them all (decided on every process)
+        adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
+        if global_sum(float(adv_bad)) > 0:
+            self._record_skip("advantages", a.num_iterations)
+            return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0],
+                    "skipped_steps": float(a.num_iterations)}
         self.model.train()
         for it in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
+            loss_bad = False
             for idx in mbs:
                 lp = self._logp(self.model, rb, idx).float()
                 Tm = lp.shape[1]
@@ -534,23 +626,42 @@ class GRPOTrainer:
                     loss = loss * (len(idx) / max(n_rows, 1.0))
                 elif a.agg == "bnpo":  # local mean per micro-batch -> average over all micro-batches
                     loss = loss / max(n_mb, 1.0)
+                lval = float(loss.detach())
+                loss_bad |= not math.isfinite(lval)
+                # backward even for a non-finite loss: every process must run the same collectives; the update is
+                # skipped below on the (global) non-finite flag
                 loss.backward()
                 w = float(m.sum())
                 wsum += w
                 for k, v in out.metrics.items():
                     if isinstance(v, float) and math.isfinite(v):
                         acc[k] = acc.get(k, 0.0) + v * w
-                acc["loss"] = acc.get("loss", 0.0) + float(loss.detach()) * (1.0 / a.num_iterations)
+                if math.isfinite(lval):
+                    acc["loss"] = acc.get("loss", 0.0) + lval * (1.0 / a.num_iterations)
             self._allreduce_grads()
             gn = torch.nn.utils.clip_grad_norm_(self.params, a_max if (a_max := cfg.optim.max_grad_norm) > 0
                                                 else float("inf"))
             grad_norm = float(gn)
+            # the norm is the same on every process (gradients were summed); the loss flag is local -> reduce it
+            if global_sum(float(loss_bad or not math.isfinite(grad_norm))) > 0:
+                self.optimizer.zero_grad(set_to_none=True)
+                self._record_skip("loss" if loss_bad else "gradients")
+                skipped += 1
+                continue
+            self.consecutive_skips = 0
             self.optimizer.step()
             self.scheduler.step()
         metrics = {k: (v if k == "loss" else v / max(wsum, 1.0)) for k, v in acc.items() if k != "num_tokens"}
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["skipped_steps"] = float(skipped)
         return metrics
+
+    def _record_skip(self, what: str, n: int = 1) -> None:
+        self.counters["skipped_steps"] += n
+        self.consecutive_skips += n
+        log.warning("step %d: non-finite %s -> optimizer step skipped (%d skipped in a row, %d in total)",
+                    self.step + 1, what, self.consecutive_skips, self.counters["skipped_steps"])
 
     def _broadcast_params(self) -> None:
         """Start every process from rank 0's trainable weights (belt and braces on top of the shared seed)."""
@@ -579,6 +690,7 @@ class GRPOTrainer:
         m: dict[str, float] = {}
         for k, v in rb.rewards.items():
             v = v[onp].float()
+            v = v[torch.isfinite(v)]  # an unweighted diagnostic reward may be NaN on a kept row
             if v.numel():
                 m[f"reward/{k}/mean"] = float(v.mean())
                 m[f"reward/{k}/std"] = float(v.std()) if v.numel() > 1 else 0.0
@@ -600,6 +712,10 @@ class GRPOTrainer:
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/filtered_groups"] = float(self.counters["filtered_groups"])
+        for k in ("reward_nonfinite_rows", "reward_failed_rows", "reward_failed_calls", "reward_retries",
+                  "reward_timeouts", "degenerate_groups"):
+            m[f"faults/{k}"] = float(self.counters[k])
+        m["faults/degenerate_groups_step"] = rb.info.get("degenerate_groups", 0.0)
         m["data/epoch"] = float(self.stream.epoch)
         if rb.old_logp is not None and onp.any():  # engine vs trainer log-probs (vLLM parity diagnostic)
             mk = rb.completion_mask[onp].bool()
@@ -636,8 +752,10 @@ class GRPOTrainer:
                 out[k] = max(vals)
             elif "min" in k:
                 out[k] = min(vals)
+            elif k in ("faults/skipped_steps", "faults/consecutive_skips", "train/skipped_steps"):
+                out[k] = vals[0]  # decided globally: the same on every process
             elif k in ("data/skipped_missing_media", "data/filtered_groups", "data/groups",
-                       "completions/parse_failures") or k.startswith("perf/tokens"):
+                       "completions/parse_failures") or k.startswith(("perf/tokens", "faults/")):
                 out[k] = float(sum(vals))
             else:
                 out[k] = sum(vals) / len(vals)
@@ -661,6 +779,7 @@ class GRPOTrainer:
             "scheduler": self.scheduler.state_dict(),
             "trainer": {
                 "step": self.step, "stream": self.stream.state_dict(), "counters": dict(self.counters),
+                "consecutive_skips": self.consecutive_skips,
                 "rng": capture_rng_state(), "config": config_to_dict(self.cfg), "world_size": self.world,
                 "reference": {"kind": "lora_disabled" if self.policy.lora else
                               ("frozen_initial_copy" if self.policy.ref_model is not None else "none"),
@@ -675,7 +794,13 @@ class GRPOTrainer:
             extra = {}
             if self.policy.lora:
                 extra["adapter"] = lambda p: self.policy.model.save_pretrained(str(p))
-            path = self.ckpt.save(self.step, self.state(), extra_files=extra)
+            metric = None
+            if self.cfg.run.best_metric:
+                metric = self._last_metrics.get(self.cfg.run.best_metric)
+                if metric is None:
+                    log.warning("run.best_metric=%r is not among this step's metrics (e.g. %s); checkpoint %d "
+                                "has no metric", self.cfg.run.best_metric, sorted(self._last_metrics)[:5], self.step)
+            path = self.ckpt.save(self.step, self.state(), metric=metric, extra_files=extra)
             log.info("saved checkpoint %s", path)
         self.accelerator.wait_for_everyone()
         return path
@@ -698,6 +823,7 @@ class GRPOTrainer:
         self.stream.load_state_dict(tr["stream"])
         self.step = int(tr["step"])
         self.counters.update(tr["counters"])
+        self.consecutive_skips = int(tr.get("consecutive_skips", 0))
         if tr.get("world_size", 1) == self.world:
             restore_rng_state(tr["rng"])
         log.info("resumed from %s at step %d", path, self.step)
@@ -770,7 +896,10 @@ class GRPOTrainer:
     def train_step(self) -> dict[str, float]:
         t0 = time.time()
         step = self.step
+        # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
+        self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state()}
         rb = self.collect(step)
+        self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
         self.precompute(rb, mbs)
         opt_metrics = self.optimize(rb, mbs)
@@ -778,14 +907,39 @@ class GRPOTrainer:
         self.step += 1
         m = self.step_metrics(rb)
         m.update({f"train/{k}": v for k, v in opt_metrics.items()})
+        m["faults/skipped_steps"] = float(self.counters["skipped_steps"])
+        m["faults/consecutive_skips"] = float(self.consecutive_skips)
         m["perf/step_time"] = time.time() - t0
         m = self._reduce_metrics(m)
+        self._last_metrics = m
         if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
             self.logger.log(m, self.step)
             if rb.n:
                 self._log_completions(rb, self.step)
         self.last_batch = rb
+        K = self.cfg.run.max_consecutive_skips
+        if K and self.consecutive_skips >= K:
+            self.logger.log(m, self.step)
+            self._stop(f"{self.consecutive_skips} consecutive optimizer steps were skipped for non-finite "
+                       f"advantages / loss / gradients (run.max_consecutive_skips={K}); check the rewards, the "
+                       f"learning rate and mixed precision before resuming")
         return m
+
+    def _check_stop(self) -> None:
+        """After collect (the same collectives ran everywhere): stop on every process if any process asked to."""
+        if global_sum(float(self._stop_reason is not None)) == 0:
+            return
+        reason = self._stop_reason or "another process requested a stop (see its log)"
+        snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
+        self.stream.load_state_dict(snap["stream"])
+        restore_rng_state(snap["rng"])
+        self._stop(reason)
+
+    def _stop(self, reason: str) -> None:
+        """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
+        path = self.save()
+        self.logger.flush()
+        raise TrainingStopped(f"training stopped at step {self.step}: {reason}", str(path) if path else None)
 
     def train(self) -> list[dict[str, float]]:
         resumed = self.resume()
@@ -795,13 +949,15 @@ class GRPOTrainer:
             self._make_stream()
         history = []
         save_every = self.cfg.run.save_every
-        while self.step < self.cfg.run.max_steps:
-            history.append(self.train_step())
-            if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
+        try:
+            while self.step < self.cfg.run.max_steps:
+                history.append(self.train_step())
+                if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
+                    self.save()
+            if self.step > 0 and (not resumed or history):
                 self.save()
-        if self.step > 0 and (not resumed or history):
-            self.save()
-        self.logger.flush()
+        finally:
+            self.logger.flush()
         return history
 
 

@@ -42,7 +42,26 @@ def text_reward(texts, samples):
     return {"acc": acc, "total": acc.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
 
+def make_cfg(tmp_path, model_dir, *overrides):
+    """A small, fast trainer config (tiny model, 2 prompts x G=4, 6 new tokens, no checkpoints) + overrides."""
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.utils.config import load_config
+
+    base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
+            "data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.image_min_pixels=3136",
+            "data.image_max_pixels=3136", "rollout.num_generations=4", "rollout.max_new_tokens=6",
+            "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8", "optim.lr=0.01",
+            "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
+            "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none"]
+    return load_config(TrainConfig, None, base + list(overrides))
+
+
+def trainable(tr):
+    return {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+
+
 @pytest.fixture(scope="session")
 def th():
-    """Helpers: synthetic samples and a text-dependent reward."""
-    return types.SimpleNamespace(video_samples=video_samples, image_samples=image_samples, text_reward=text_reward)
+    """Helpers: synthetic samples, a text-dependent reward, the base test config and a weight snapshot."""
+    return types.SimpleNamespace(video_samples=video_samples, image_samples=image_samples, text_reward=text_reward,
+                                 make_cfg=make_cfg, trainable=trainable)

@@ -1,0 +1,110 @@
+"""Faults during training: reward calls that raise / hang, non-finite numbers, and stopping without losing the run.
+
+* :func:`call_with_retries` runs a reward function with a per-call timeout (a daemon thread: a hung remote judge
+  cannot block the run, nor the interpreter's exit) and exponential back-off retries;
+* :func:`nonfinite_rows` finds rows whose rewards are NaN/inf;
+* :class:`TrainingStopped` is raised by the trainer AFTER it wrote a checkpoint, with a message saying why and
+  where to resume from (``mmgrpo train`` turns it into exit code 3, not a traceback).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mmgrpo.utils.logging import get_logger
+
+log = get_logger("mmgrpo.train.faults")
+
+__all__ = ["TrainingStopped", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose (a configured fault policy); a checkpoint was written first (``checkpoint``)."""
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message + (f"; checkpoint written: {checkpoint} (resume with run.resume_from=auto)"
+                                    if checkpoint else ""))
+        self.reason = message
+        self.checkpoint = checkpoint
+
+
+class RewardCallFailed(RuntimeError):
+    """A reward function kept failing (exception or timeout) after all retries."""
+
+
+@dataclass
+class CallStats:
+    retries: int = 0  # failed attempts that were retried
+    failures: int = 0  # calls that failed for good
+    timeouts: int = 0  # attempts that exceeded the timeout
+
+
+def _run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` in a daemon thread; TimeoutError after ``timeout`` s (the thread is abandoned, not killed:
+    Python cannot kill threads; a daemon thread does not keep the process alive)."""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=target, name="mmgrpo-reward", daemon=True)
+    th.start()
+    th.join(timeout)
+    if th.is_alive():
+        raise TimeoutError(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def call_with_retries(fn: Callable[..., Any], args: tuple, retries: int = 2, backoff: float = 1.0,
+                      timeout: float = 0.0, stats: CallStats | None = None, what: str = "reward function",
+                      sleep: Callable[[float], None] = time.sleep) -> Any:
+    """``fn(*args)`` with up to ``retries`` retries; wait ``backoff * 2**k`` s before retry k+1.
+
+    ``timeout`` > 0 bounds every attempt (seconds); 0 = no bound (the call runs in the caller's thread).
+    Raises :class:`RewardCallFailed` (chaining the last error) when every attempt failed.  KeyboardInterrupt and
+    SystemExit are never swallowed.
+    """
+    stats = stats if stats is not None else CallStats()
+    last: BaseException | None = None
+    for attempt in range(retries + 1):
+        try:
+            if timeout and timeout > 0:
+                return _run_with_timeout(lambda: fn(*args), timeout)
+            return fn(*args)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of user code is a fault to handle
+            last = e
+            if isinstance(e, TimeoutError):
+                stats.timeouts += 1
+            if attempt < retries:
+                stats.retries += 1
+                wait = backoff * (2 ** attempt)
+                log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.3g s", what, attempt + 1,
+                            retries + 1, type(e).__name__, e, wait)
+                if wait > 0:
+                    sleep(wait)
+    stats.failures += 1
+    raise RewardCallFailed(f"{what} failed {retries + 1} time(s); last error: {type(last).__name__}: {last}") \
+        from last
+
+
+def nonfinite_rows(rewards: Mapping[str, torch.Tensor], n: int, keys: list[str] | None = None) -> torch.Tensor:
+    """(n,) bool: rows where any of the given reward tensors (default: all float ones) is NaN or inf."""
+    bad = torch.zeros(n, dtype=torch.bool)
+    for k, v in rewards.items():
+        if keys is not None and k not in keys:
+            continue
+        v = torch.as_tensor(v)
+        if v.dtype.is_floating_point and v.shape[:1] == (n,):
+            bad |= ~torch.isfinite(v.reshape(n, -1)).all(1)
+    return bad

@@ -1,0 +1,203 @@
+"""Faults during training: NaN/inf rewards, reward calls that raise or hang, non-finite advantages / loss /
+gradients, empty and 1-member groups -- toy reward functions on the tiny Qwen2.5-VL (CPU)."""
+import json
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+from mmgrpo.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
+from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.utils.checkpoint import CheckpointManager
+
+
+
+def _ok(texts, samples):
+    r = torch.tensor([float(sum(map(ord, t)) % 7) / 6.0 for t in texts])
+    return {"acc": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+
+def _metrics(tmp_path):
+    return [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------------ pure helpers
+def test_call_with_retries_backoff_timeout_and_final_failure():
+    calls, waits = [], []
+
+    def flaky(x):
+        calls.append(x)
+        if len(calls) < 3:
+            raise ConnectionError("judge unreachable")
+        return x * 2
+
+    st = CallStats()
+    assert call_with_retries(flaky, (21,), retries=2, backoff=0.5, stats=st, sleep=waits.append) == 42
+    assert waits == [0.5, 1.0] and st.retries == 2 and st.failures == 0  # exponential back-off
+
+    def always(_):
+        raise RuntimeError("boom")
+
+    st = CallStats()
+    with pytest.raises(RewardCallFailed, match="failed 3 time.*RuntimeError: boom"):
+        call_with_retries(always, (1,), retries=2, backoff=0.0, stats=st)
+    assert st.failures == 1 and st.retries == 2
+
+    st = CallStats()
+    t0 = time.time()
+    with pytest.raises(RewardCallFailed, match="TimeoutError"):
+        call_with_retries(lambda _: time.sleep(3), (1,), retries=1, backoff=0.0, timeout=0.1, stats=st)
+    assert st.timeouts == 2 and time.time() - t0 < 2.0  # a hung call does not block the caller
+
+    r = {"total": torch.tensor([1.0, float("nan"), 0.0, float("inf")]), "x": torch.tensor([0.0, 0, float("nan"), 0])}
+    assert nonfinite_rows(r, 4, ["total"]).tolist() == [False, True, False, True]
+    assert nonfinite_rows(r, 4).tolist() == [False, True, True, True]
+
+
+# ------------------------------------------------------------------------------------------------ NaN rewards
+def _nan_reward(counts):
+    """Sample i0: its first 2 rows NaN/inf; i1: 3 of 4 rows NaN (1 member left); i2: all NaN (empty group)."""
+    n_bad = {"i0": 2, "i1": 3, "i2": 4}
+    seen = {}
+
+    def fn(texts, samples):
+        out = _ok(texts, samples)
+        for i, s in enumerate(samples):
+            k = seen.get(s["id"], 0)
+            seen[s["id"]] = k + 1
+            if k < n_bad.get(s["id"], 0):
+                out["total"][i] = float("inf") if k == 0 else float("nan")
+        counts.append(out["total"].clone())
+        return out
+
+    return fn
+
+
+def test_nonfinite_rewards_dropped_from_groups_and_degenerate_groups_zero(tmp_path, tiny_dirs, th):
+    scored = []
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "run.prompts_per_device=3",
+                   "data.shuffle=false")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=_nan_reward(scored))
+    tr._make_stream()
+    m = tr.train_step()
+    rb = tr.last_batch
+    # i0 keeps 2 rows, i1 keeps 1, i2 none: 3 rows enter the loss
+    assert [s["id"] for s in rb.samples] == ["i0", "i0", "i1"] and bool(torch.isfinite(rb.rewards["total"]).all())
+    r = scored[0][2:4].double()  # the two finite rewards of group i0, by hand: (r - mean) / (std + eps)
+    sd = (r[0] - r[1]).abs() / math.sqrt(2)  # unbiased std of 2 values
+    expect = (r - r.mean()) / (sd + 1e-4) if r[0] != r[1] else torch.zeros(2)
+    torch.testing.assert_close(rb.advantages[:2].double(), expect, atol=1e-6, rtol=0)
+    assert rb.advantages[2] == 0.0  # one member left: no baseline
+    assert tr.counters["reward_nonfinite_rows"] == 9 and tr.counters["degenerate_groups"] == 2  # i1 and i2
+    assert m["faults/reward_nonfinite_rows"] == 9 and m["faults/degenerate_groups_step"] == 2
+    row = _metrics(tmp_path)[-1]
+    assert row["faults/reward_nonfinite_rows"] == 9 and row["data/groups"] == 2
+    assert math.isfinite(row["train/loss"]) and row["train/grad_norm"] > 0
+
+
+def test_nonfinite_reward_error_mode_stops_with_checkpoint(tmp_path, tiny_dirs, th):
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "run.prompts_per_device=3",
+                   "data.shuffle=false", "reward.on_nonfinite=error")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=_nan_reward([]))
+    with pytest.raises(TrainingStopped, match=r"non-finite reward.*\['total'\].*'i0'.*checkpoint written") as ei:
+        tr.train()
+    st = CheckpointManager(tmp_path / "run" / "checkpoints").load(ei.value.checkpoint)
+    assert st["trainer"]["step"] == 0 and st["trainer"]["stream"]["position"] == 0  # the failed step is redone
+
+
+# ------------------------------------------------------------------------------------------------ failing reward calls
+def test_reward_call_retried_then_rows_dropped(tmp_path, tiny_dirs, th, caplog):
+    state = {"calls": 0}
+
+    def flaky_then_down(texts, samples):
+        state["calls"] += 1
+        if state["calls"] == 1:
+            raise ConnectionError("judge: 503")  # step 1: one retry succeeds
+        if state["calls"] >= 3:
+            raise ConnectionError("judge: gone")  # step 2: down for good
+        return _ok(texts, samples)
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.retries=1", "reward.retry_backoff=0")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=flaky_then_down)
+    tr._make_stream()
+    m1 = tr.train_step()
+    assert tr.last_batch.n == 8 and m1["faults/reward_retries"] == 1 and m1["faults/reward_failed_calls"] == 0
+    before = th.trainable(tr)
+    with caplog.at_level(logging.WARNING, logger="mmgrpo"):
+        m2 = tr.train_step()
+    assert "dropping its 8 row(s)" in caplog.text
+    assert tr.last_batch.n == 0 and m2["faults/reward_failed_calls"] == 1 and m2["faults/reward_failed_rows"] == 8
+    assert all(torch.equal(before[k], v) for k, v in th.trainable(tr).items())  # nothing to learn from: no change
+    assert _metrics(tmp_path)[-1]["faults/reward_failed_calls"] == 1
+
+
+def test_reward_timeout_then_stop_writes_checkpoint(tmp_path, tiny_dirs, th):
+    state = {"calls": 0}
+
+    def hangs_on_step_2(texts, samples):
+        state["calls"] += 1
+        if state["calls"] > 1:
+            time.sleep(2.0)  # a remote judge that stopped answering
+        return _ok(texts, samples)
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=3", "reward.retries=1",
+                   "reward.retry_backoff=0", "reward.timeout=0.2", "reward.on_failure=stop")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=hangs_on_step_2)
+    with pytest.raises(TrainingStopped, match="no answer within 0.2 s.*on_failure=stop.*checkpoint written"):
+        tr.train()
+    assert tr.counters["reward_timeouts"] == 2 and tr.counters["reward_failed_calls"] == 1
+    ckpt = CheckpointManager(tmp_path / "run" / "checkpoints")
+    st, path = ckpt.load_latest()
+    assert path.name == "step-00000001" and st["trainer"]["stream"]["position"] == 2  # step 2 is redone on resume
+
+
+# ------------------------------------------------------------------------------------------------ non-finite updates
+def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, tiny_dirs, th, caplog):
+    """Step 1: NaN advantage -> skipped; step 2 fine; step 3: NaN loss; step 4: NaN gradients -> 2 skips in a row =
+    run.max_consecutive_skips -> checkpoint + stop.  Skipped steps leave weights and optimizer state untouched."""
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=6", "run.max_consecutive_skips=2")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=_ok)
+    orig_adv, orig_logp = tr.advantages, tr._logp
+
+    def adv(rb):
+        orig_adv(rb)
+        if tr.step == 0:
+            rb.advantages[0] = float("nan")
+
+    def logp(model, rb, idx, return_logits=False):
+        out = orig_logp(model, rb, idx, return_logits)
+        return out * float("nan") if (tr.step == 2 and torch.is_grad_enabled()) else out
+
+    tr.advantages, tr._logp = adv, logp
+    p = next(p for p in tr.model.parameters() if p.requires_grad)
+    p.register_hook(lambda g: g * float("nan") if tr.step == 3 else g)
+    w0 = th.trainable(tr)
+    snaps = []
+    orig_step = tr.train_step
+
+    def step_and_snapshot():
+        m = orig_step()
+        snaps.append((th.trainable(tr), {k: v.clone() for k, v in tr.optimizer.state_dict()["state"].get(0, {}).items()
+                                      if torch.is_tensor(v)}))
+        return m
+
+    tr.train_step = step_and_snapshot
+    with caplog.at_level(logging.WARNING, logger="mmgrpo"):
+        with pytest.raises(TrainingStopped, match="2 consecutive optimizer steps were skipped.*checkpoint written"):
+            tr.train()
+    assert "non-finite advantages" in caplog.text and "non-finite loss" in caplog.text
+    assert "non-finite gradients" in caplog.text
+    same = (lambda a, b: all(torch.equal(a[k], b[k]) for k in a))
+    assert same(snaps[0][0], w0) and snaps[0][1] == {}  # step 1 skipped: untouched, Adam state not even created
+    assert not same(snaps[1][0], w0)  # step 2 trained
+    assert len(snaps) == 3  # step 4 raised after its checkpoint
+    last_opt = tr.optimizer.state_dict()["state"][0]
+    assert same(snaps[2][0], snaps[1][0]) and same(th.trainable(tr), snaps[1][0])  # steps 3, 4 skipped
+    assert all(torch.equal(last_opt[k], snaps[1][1][k]) for k in snaps[1][1])
+    rows = _metrics(tmp_path)
+    assert [r["train/skipped_steps"] for r in rows[:4]] == [1, 0, 1, 1]
+    assert rows[-1]["faults/skipped_steps"] == 3 and rows[-1]["faults/consecutive_skips"] == 2
+    st, path = CheckpointManager(tmp_path / "run" / "checkpoints").load_latest()
+    assert path.name == "step-00000004" and st["trainer"]["step"] == 4
