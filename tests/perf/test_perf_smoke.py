@@ -62,6 +62,8 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
     mid = len(paired) // 2
     med = paired[mid] if len(paired) % 2 else (paired[mid - 1] + paired[mid]) / 2
     assert value == pytest.approx(med, rel=1e-3)
+    tc = res["timings_cpu"]  # the same calls' thread CPU time (cross-check)
+    assert len(tc[f"{ratio_key[0]}_s"]) == len(num) and all(x > 0 for x in tc[f"{ratio_key[0]}_s"])
     assert res["model"]["model"] == "tiny" and res["model"]["transformer_params"] > 0
     assert res["machine"]["torch"]
     if module == "flow_rollout":
