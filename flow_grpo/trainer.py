@@ -418,6 +418,7 @@ class FlowGRPOTrainer:
 
         self.rank = acc.process_index
         self.world = acc.num_processes
+        self._check_launch()
         self.is_main = acc.is_main_process
         self.device = acc.device
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
@@ -495,9 +496,26 @@ class FlowGRPOTrainer:
         # process; broadcasting them would turn every no-grad forward (sampling, eval) into a collective.
         ddp = DistributedDataParallelKwargs(find_unused_parameters=r.ddp_find_unused_parameters,
                                             broadcast_buffers=False)
+        # a multi-process launch without GPUs must use accelerate's CPU backend (gloo); otherwise accelerate falls
+        # back to one independent process per rank (see _check_launch)
+        cpu = r.cpu or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available())
         # step_scheduler_with_optimizer=False: the schedule advances once per optimizer step, not once per process
-        return Accelerator(cpu=r.cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
+        return Accelerator(cpu=cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
                            kwargs_handlers=[ddp])
+
+    def _check_launch(self) -> None:
+        """Refuse to run when the launcher started N processes but accelerate trains with another number: each
+        process would optimise its own unsynchronised copy (DanceGRPO#110). Happens e.g. when accelerate finds no
+        GPU and falls back to a single process per rank."""
+        import torch.distributed as dist
+
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if dist.is_available() and dist.is_initialized():
+            launched = max(launched, dist.get_world_size())
+        if launched != self.world:
+            raise RuntimeError(f"launched with {launched} processes but accelerate runs {self.world} "
+                               f"({self.accelerator.distributed_type}): every process would train an independent "
+                               "copy. On CPU set run.cpu=true (or use an accelerate config with use_cpu: true).")
 
     def _build_adapter(self):
         from .models import adapter_from_pipeline, load_adapter
@@ -1163,12 +1181,15 @@ class FlowGRPOTrainer:
             else:
                 sd = self.accelerator.get_state_dict(self.model)  # collective under FSDP / ZeRO-3
                 if self.is_main:
+                    from safetensors.torch import save_file
+
                     target = self.out / ("lora_final_state" if self.cfg.model.lora.enabled else "transformer_final")
-                    if self.cfg.model.lora.enabled:
-                        target.mkdir(parents=True, exist_ok=True)
-                        torch.save({k: v for k, v in sd.items() if "lora_" in k}, target / "lora_state.pt")
-                    else:
-                        self.unwrapped.save_pretrained(str(target), state_dict=sd)
+                    target.mkdir(parents=True, exist_ok=True)
+                    sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
+                          if not self.cfg.model.lora.enabled or "lora_" in k}
+                    # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
+                    save_file(sd, str(target / "diffusion_pytorch_model.safetensors"))
+                    self.unwrapped.save_config(str(target))
         _barrier()
         return target
 

@@ -38,9 +38,13 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 @lru_cache(maxsize=4)
 def _clip_vocab_merges(n_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    import open_clip
+    import importlib.util
 
-    path = os.path.join(os.path.dirname(open_clip.__file__), "bpe_simple_vocab_16e6.txt.gz")
+    # locate open_clip's BPE file without importing open_clip (its import pulls in timm/torchvision: seconds)
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the tiny CLIP tokenizer needs open_clip's bpe_simple_vocab_16e6.txt.gz (pip install open_clip_torch)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "bpe_simple_vocab_16e6.txt.gz")
     with gzip.open(path, "rt", encoding="utf-8") as f:
         lines = f.read().split("\n")
     merges = [tuple(line.split()) for line in lines[1 : 1 + n_merges]]

@@ -62,3 +62,109 @@ def make_trainer(kind: str, method: str, out, rewards=None, **extra):
 
     cfg = load_train_config(None, train_overrides(kind, method, out, **extra))
     return FlowGRPOTrainer(cfg, adapter=make_adapter(kind, lora=False), reward_fn=rewards or {"block": block_reward})
+
+
+# ------------------------------------------------------------------------------------------------ multi-process
+# Cases run by _dist_worker.py under `torch.distributed.run --nproc_per_node 2` (CPU, gloo) and, with one process,
+# in the test itself. 3 groups of G over 2 processes -> 3G/2 samples per process: with G = 2 or 4, group 1 is split
+# across the processes. Rollout chunks of 3 give both runs the same chunk boundaries (bit-identical first rollouts).
+DIST_PROMPTS = ["a cat", "a dog", "a bird"]
+
+
+def dist_nan_prompt(seed: int = 42) -> str:
+    """The prompt of group 1 in epoch 0 (the group split across the 2 processes): its samples get NaN rewards."""
+    from mmgrpo.utils.seeding import sample_seed
+
+    order = torch.randperm(len(DIST_PROMPTS), generator=torch.Generator().manual_seed(sample_seed(seed, 0, 0)))
+    return DIST_PROMPTS[int(order[1])]
+
+
+def dist_case(case: str, out) -> tuple[list[str], dict]:
+    """(overrides, reward components) of a multi-process test case: ddp | win_rate | fsdp."""
+    # optim.eps=1e-3: Adam's first steps are ~lr*sign(g) for |g| >> eps, which would turn float-order noise in
+    # near-zero gradient entries into lr-sized weight differences; with eps above |g| the update is ~lr*g/eps and
+    # the 1- vs 2-process comparison is well conditioned.
+    base = {"data.group_size": 2, "data.groups_per_epoch": 3, "sample.batch_size": 3, "optim.eps": 1e-3,
+            "data.prompts": "[" + ", ".join(DIST_PROMPTS) + "]", "run.save_every": 1, "run.keep_last": 5,
+            "run.cpu": "true"}
+    if case == "ddp":
+        bad = dist_nan_prompt()
+
+        def nanny(images, prompts, metadata):
+            r = block_reward(images, prompts, metadata)["block"].double()
+            return {"nanny": torch.where(torch.tensor([p == bad for p in prompts]), float("nan"), r)}
+
+        extra = {"run.num_epochs": 2, "reward.weights": "{block: 1.0, nanny: 0.5}", "run.eval_every": 1,
+                 "data.eval_prompts": "[a red cube, a cat, a tree]", "optim.beta": 0.01}
+        rewards = {"block": block_reward, "nanny": nanny}
+    elif case == "win_rate":
+        extra = {"run.num_epochs": 1, "reward.mode": "win_rate", "data.group_size": 4}  # 12 samples: group 1 split
+        rewards = {"block": block_reward}
+    elif case == "fsdp":
+        extra = {"run.num_epochs": 2, "model.lora.enabled": "false", "optim.lr": 1e-3}
+        rewards = {"block": block_reward}
+    else:
+        raise ValueError(case)
+    base.update(extra)
+    return train_overrides("flux", "fast", out, **base), rewards
+
+
+# The 2-process launch is expensive (two interpreters importing torch/diffusers/transformers/peft): when the
+# distributed test is collected it is started in the background as soon as collection ends, so it overlaps the
+# other tests; the test then waits for it. Only processes started here are ever killed (their own session).
+_DIST_JOB: dict = {}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_dist_job() -> dict:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    if _DIST_JOB:
+        return _DIST_JOB
+    out = Path(tempfile.mkdtemp(prefix="flow_grpo_dist_"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           str(Path(__file__).parent / "_dist_worker.py"), str(out)]
+    log = open(out / "launch.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _DIST_JOB.update(proc=proc, out=out, log=log, t0=__import__("time").time())
+    return _DIST_JOB
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # the test that waits for the background job runs last, so the job overlaps as many tests as possible
+    dist = [it for it in items if "test_trainer_distributed" in it.nodeid]
+    if dist:
+        items[:] = [it for it in items if it not in dist] + dist
+
+
+def pytest_collection_finish(session):
+    if any("test_trainer_distributed" in item.nodeid for item in session.items):
+        start_dist_job()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import os
+    import shutil
+    import signal
+
+    if not _DIST_JOB:
+        return
+    proc = _DIST_JOB["proc"]
+    if proc.poll() is None:  # e.g. the run stopped early (-x): end the job we started, and only it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _DIST_JOB["log"].close()
+    shutil.rmtree(_DIST_JOB["out"], ignore_errors=True)
