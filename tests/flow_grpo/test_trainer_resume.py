@@ -1,0 +1,111 @@
+"""Exact resume after a real SIGKILL.
+
+Child processes (forked from this one, so they skip the 30 s of imports a fresh interpreter needs; they are real
+processes and receive a real SIGKILL) train with a checkpoint after every epoch:
+
+1. child 1 is killed right after its 1st checkpoint appears (it is then inside epoch 2);
+2. child 2 resumes (``resume_from=auto``) and is killed *inside* the write of checkpoint 2 (it blocks in
+   ``torch.save`` of the optimizer entry);
+3. this process resumes (auto: checkpoint 2 is incomplete, so checkpoint 1) and finishes the run.
+
+The result must equal an uninterrupted run bit for bit on CPU: LoRA weights, EMA, optimizer state, LR schedule,
+counters. While child 2 runs, this process computes the uninterrupted run.
+"""
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import torch
+
+from mmgrpo.utils.checkpoint import CheckpointManager, verify_checkpoint
+
+from .conftest import make_trainer
+
+EXTRA = {"run.num_epochs": 3, "run.save_every": 1, "run.keep_last": 2, "optim.lr_schedule": "cosine",
+         "optim.warmup_steps": 1, "ema.update_every": 1, "optim.beta": 0.01, "run.resume_from": "auto"}
+
+
+def _child(out: str, block_in_save_of: int) -> None:
+    """Train in a forked child; optionally block forever inside the write of checkpoint ``block_in_save_of``."""
+    if block_in_save_of:
+        real_save = torch.save
+
+        def save(obj, f, *a, **k):
+            p = str(f)
+            if f".tmp-step-{block_in_save_of:08d}-" in p and p.endswith("optimizer.pt"):
+                real_save(obj, f, *a, **k)  # a partial checkpoint: some entries written, no manifest
+                open(os.path.join(out, "in_save"), "w").close()
+                time.sleep(600)
+            return real_save(obj, f, *a, **k)
+
+        torch.save = save
+    tr = make_trainer("flux", "fast", out, **EXTRA)
+    tr.train()
+
+
+def _wait_for(pred, proc, timeout=120.0):
+    t0 = time.time()
+    while not pred():
+        assert proc.is_alive(), f"child exited early with code {proc.exitcode}"
+        assert time.time() - t0 < timeout, "timed out waiting for the child"
+        time.sleep(0.005)
+
+
+def _state(tr):
+    return ({n: p.detach().clone() for n, p in tr.named_params}, [s.clone() for s in tr.ema.shadow],
+            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.global_step, dict(tr.counters))
+
+
+def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
+    run = tmp_path / "run"
+    ctx = mp.get_context("fork")
+    mgr = CheckpointManager(run / "checkpoints")
+    make_trainer("flux", "fast", tmp_path / "warm", **EXTRA).close()  # lazy imports happen before the forks
+    # 1. kill after the 1st checkpoint appears (mid epoch 2)
+    c1 = ctx.Process(target=_child, args=(str(run), 0))
+    c1.start()
+    _wait_for(lambda: (run / "checkpoints" / "step-00000001" / "manifest.json").is_file(), c1)
+    os.kill(c1.pid, signal.SIGKILL)
+    c1.join()
+    assert c1.exitcode == -signal.SIGKILL
+    assert [s for s, _ in mgr.list_checkpoints()] == [1]
+    # 2. resume, then kill inside the write of checkpoint 2
+    c2 = ctx.Process(target=_child, args=(str(run), 2))
+    c2.start()
+    ref = make_trainer("flux", "fast", tmp_path / "ref", **EXTRA)  # meanwhile: the uninterrupted run, here
+    ref.train()
+    want = _state(ref)
+    _wait_for(lambda: (run / "in_save").is_file(), c2)
+    os.kill(c2.pid, signal.SIGKILL)
+    c2.join()
+    assert c2.exitcode == -signal.SIGKILL
+    partial = [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-step-00000002")]
+    assert len(partial) == 1 and (partial[0] / "optimizer.pt").is_file()
+    assert not (partial[0] / "manifest.json").exists()
+    assert mgr.latest_valid() == run / "checkpoints" / "step-00000001"  # the previous checkpoint still loads
+    # 3. resume here and finish
+    tr = make_trainer("flux", "fast", run, **EXTRA)
+    hist = tr.train()
+    assert [h["epoch"] for h in hist] == [1, 2]  # resumed from checkpoint 1, not from the partial 2
+    got = _state(tr)
+    for n in want[0]:
+        assert torch.equal(got[0][n], want[0][n]), n
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    (sa, sb) = got[2], want[2]
+    assert sa["param_groups"] == sb["param_groups"]
+    for k in sb["state"]:
+        for name, v in sb["state"][k].items():
+            assert torch.equal(sa["state"][k][name], v), (k, name)
+    assert got[3] == want[3] and got[4] == want[4] == 3 and got[5] == want[5]
+    assert not partial[0].exists()  # the dead writer's temp dir was cleaned up
+    # what a checkpoint holds
+    man = verify_checkpoint(run / "checkpoints" / "step-00000003")
+    assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "config", "reference",
+                                   "rng"}
+    st = mgr.load(run / "checkpoints" / "step-00000003")
+    assert st["trainer"]["data"]["epoch"] == 3 and st["trainer"]["global_step"] == 3
+    assert st["reference"]["kind"] == "lora_disabled" and len(st["reference"]["base_fingerprint"]) == 64
+    assert set(st["rng"]["per_rank"][0]) >= {"python", "numpy", "torch"}
+    assert "lora" in man["extra_files"]
+    assert [s for s, _ in mgr.list_checkpoints()] == [2, 3]  # keep_last=2
