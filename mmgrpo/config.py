@@ -183,6 +183,14 @@ class RunConfig:
     max_steps: int = field(default=100, metadata=_h("rollout steps"))
     prompts_per_device: int = field(default=2, metadata=_h("prompts per process per step (rows = x G)"))
     micro_batch_size: int = field(default=16, metadata=_h("rows per forward/backward (whole groups, >= 1 group)"))
+    prompts_per_step: int = field(
+        default=0, metadata=_h("global prompts per step (0 = prompts_per_device x processes); when not a multiple "
+                               "of the number of processes, a group's rows are split across processes (advantages "
+                               "gathered; not with tempsamp / tgrpo / twgrpo / filter_zero_std / length reward)"))
+    grad_sync: Literal["auto", "manual", "accelerate"] = field(
+        default="auto", metadata=_h("how gradients meet across processes: manual = trainer sums them (DDP-free; "
+                                    "LoRA / replicated full FT); accelerate = accelerator.prepare (DDP, FSDP, "
+                                    "DeepSpeed); auto = accelerate under FSDP / DeepSpeed, else manual"))
     logprob_impl: Literal["naive", "prefix_group"] = field(
         default="naive", metadata=_h("naive: prompt repeated per row; prefix_group: each prompt (vision + text) "
                                      "encoded once per group (mmgrpo.models.prefix_group), same numbers"))

@@ -18,7 +18,10 @@ Per step (``GRPOTrainer.train``):
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmgrpo.config import TrainConfig
-from mmgrpo.core import (anchor_offpolicy_advantages, global_sum, group_advantages, offpolicy_diagnostics,
-                         policy_loss, tempsamp_shape)
+from mmgrpo.core import (AdvantageOutput, anchor_offpolicy_advantages, gather_groups, global_sum, group_advantages,
+                         offpolicy_diagnostics, policy_loss, tempsamp_shape)
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
@@ -136,6 +139,19 @@ class RolloutBatch:
             pick(self.old_logp), pick(self.ref_logp), pick(self.token_weights), dict(self.info), pick(self.valid))
 
 
+def _global_max(x: float) -> float:
+    """Max of a scalar over processes (identity without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def _pad_cols(t: torch.Tensor, T: int, value=0) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, T - t.shape[1]), value=value) if t.shape[1] < T else t[:, :T]
 
@@ -203,12 +219,31 @@ class GRPOTrainer:
                  reward_fn: Callable | None = None, accuracy_fn: Callable | None = None,
                  backend: RolloutBackend | None = None):
         from accelerate import Accelerator
+        from accelerate.utils import DistributedType
 
         self.cfg = cfg
         cpu = cfg.run.device == "cpu" or (cfg.run.device == "auto" and not torch.cuda.is_available())
-        self.accelerator = Accelerator(cpu=cpu, mixed_precision=cfg.run.mixed_precision)
+        # the LR schedule counts optimizer updates: accelerate must not step it once per process
+        self.accelerator = Accelerator(cpu=cpu, mixed_precision=cfg.run.mixed_precision,
+                                       step_scheduler_with_optimizer=False)
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.device = self.accelerator.device
+        dt = self.accelerator.distributed_type
+        self.sharded = dt in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        self.dist_kind = str(dt).rsplit(".", 1)[-1]
+        self.grad_sync = cfg.run.grad_sync
+        if self.grad_sync == "auto":
+            self.grad_sync = "accelerate" if self.sharded else "manual"
+        if self.sharded and self.grad_sync == "manual":
+            raise ValueError(f"{self.dist_kind} shards the parameters: run.grad_sync=manual cannot sum gradients "
+                             "by hand; use run.grad_sync=auto")
+        if self.dist_kind == "FSDP":
+            plugin = self.accelerator.state.fsdp_plugin
+            if getattr(plugin, "fsdp_version", 1) != 2:
+                raise ValueError("mmgrpo runs FSDP as FSDP2 (fully_shard): set fsdp_version: 2 in the accelerate "
+                                 "config (fsdp_config); FSDP1 is not supported by this trainer")
+        self._setup_global_batch()
+        self._pad_rows = None  # (batch, rows) repeated with weight 0 to pad micro-batch counts (prepared model)
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds, see make_seeds)
         seed_everything(cfg.run.seed)
@@ -266,7 +301,17 @@ class GRPOTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
         self.params = params
-        self._broadcast_params()
+        self.unwrapped = self.model  # the module itself: saving, reference, rollout (policy.model is this one)
+        if self.grad_sync == "accelerate":
+            # the standard route (FSDP / DeepSpeed / DDP): every forward goes through the prepared module,
+            # accelerator.backward + no_sync for the micro-batches of one update, accelerator.clip_grad_norm_
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.model, self.optimizer,
+                                                                                  self.scheduler)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.unwrapped = self.accelerator.unwrap_model(self.model)
+        else:
+            self._broadcast_params()
+        self.logprob_impl = self._choose_logprob_impl()
         self.step = 0
         self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0,
                          # faults (see mmgrpo.train.faults): rows dropped for NaN/inf or failed rewards, reward
@@ -286,13 +331,44 @@ class GRPOTrainer:
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
 
+    def _choose_logprob_impl(self) -> str:
+        impl = self.cfg.run.logprob_impl
+        if impl == "prefix_group" and self.grad_sync == "accelerate":
+            # a prepared module must see the same number of calls on every process (collectives per forward);
+            # the shared-prefix path calls it once or twice depending on the completion length
+            log.warning("run.logprob_impl=prefix_group -> naive: the shared-prefix forward is not used with "
+                        "run.grad_sync=accelerate (%s)", self.dist_kind)
+            return "naive"
+        return impl
+
+    def _setup_global_batch(self) -> None:
+        """Global prompts per step and whether a group's rows may sit on several processes."""
+        cfg, W = self.cfg, self.world
+        G = cfg.rollout.num_generations
+        P = cfg.run.prompts_per_step or cfg.run.prompts_per_device * W
+        if (P * G) % W:
+            raise ValueError(f"run.prompts_per_step={P} x rollout.num_generations={G} rows cannot be split evenly "
+                             f"over {W} processes")
+        self.prompts_per_step = P
+        self.split_groups = P % W != 0
+        if self.split_groups:
+            # these need every row of a group on one process (group-level rewards, shuffled / injected members,
+            # intra-group token statistics, refill decisions)
+            bad = [n for n, on in (("tempsamp", cfg.tempsamp.enabled), ("tgrpo", cfg.tgrpo.enabled),
+                                   ("twgrpo", cfg.twgrpo.enabled), ("algo.filter_zero_std", cfg.algo.filter_zero_std),
+                                   ("reward 'length'", "length" in cfg.reward.weights)) if on]
+            if bad:
+                raise ValueError(f"run.prompts_per_step={P} is not a multiple of the {W} processes, so groups are "
+                                 f"split across processes, which {bad} do not support; use a multiple of {W}")
+
     # ----------------------------------------------------------------------------------------- prompts
-    def _prepare(self, drawn: Sequence[tuple[int, int]]) -> list[tuple[int, PreparedPrompt]]:
+    def _prepare(self, drawn: Sequence[tuple]) -> list[tuple[int, PreparedPrompt, list[int] | None]]:
+        """(stream position, prepared prompt, generation indices this process samples or None = all)."""
         out = []
-        for pos, idx in drawn:
+        for pos, idx, gens in drawn:
             s = self.samples[idx]
             try:
-                out.append((pos, self.task.prepare(s)))
+                out.append((pos, self.task.prepare(s), gens))
             except MissingMediaError as e:
                 if self.cfg.data.on_missing_media == "error":
                     raise
@@ -300,11 +376,25 @@ class GRPOTrainer:
                 log.warning("skipping sample %s (index %d): %s", sample_id(s), idx, e)
         return out
 
-    def _draw(self) -> list[tuple[int, int]]:
-        """This process's slice of the next global prompt batch (all processes advance the stream equally)."""
-        k = self.cfg.run.prompts_per_device
-        drawn = self.stream.take(k * self.world)
-        return drawn[self.rank * k:(self.rank + 1) * k]
+    def _draw(self) -> list[tuple[int, int, list[int] | None]]:
+        """This process's share of the next global prompt batch (all processes advance the stream equally).
+
+        Global row r = k * G + g (prompt k of the step, generation g); process i owns rows [i R/W, (i+1) R/W).
+        When the prompts divide evenly, that is whole groups (``gens`` None); otherwise a group may be split and
+        ``gens`` lists the generation indices sampled here (their seeds do not depend on the split)."""
+        P, W = self.prompts_per_step, self.world
+        drawn = self.stream.take(P)
+        if not self.split_groups:
+            k = P // W
+            return [(pos, idx, None) for pos, idx in drawn[self.rank * k:(self.rank + 1) * k]]
+        G = self.cfg.rollout.num_generations
+        lo, hi = self.rank * P * G // W, (self.rank + 1) * P * G // W
+        out = []
+        for k, (pos, idx) in enumerate(drawn):
+            gens = [g for g in range(G) if lo <= k * G + g < hi]
+            if gens:
+                out.append((pos, idx, gens))
+        return out
 
     # ----------------------------------------------------------------------------------------- rollout
     def _call_reward(self, fn: Callable, texts: list[str], samples: list, what: str) -> dict | None:
@@ -361,28 +451,33 @@ class GRPOTrainer:
             self._stop_reason = reason
         log.error("stop requested: %s", reason)
 
-    def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt]]) -> RolloutBatch:
+    def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt, list[int] | None]]) -> RolloutBatch:
         """Sample, inject, score and (T-GRPO) add the temporal bonus for the given prompts."""
         cfg = self.cfg
         G = cfg.rollout.num_generations
         inject = cfg.tempsamp.enabled
         G_on = G - 1 if inject else G
-        positions = [p for p, _ in preps]
-        items = [pp.item for _, pp in preps]
+        # one generate() row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's
+        # sample does not depend on which process draws it
+        gen_rows = [(pos, pp, g) for pos, pp, gens in preps for g in (range(G_on) if gens is None else gens)]
+        seeds = [sample_seed(cfg.run.seed, step, pos, g) for pos, _, g in gen_rows]
         t0 = time.time()
-        out = self.backend.generate(items, G_on, self.sampling, seeds=make_seeds(cfg.run.seed, step, positions, G_on),
-                                    raw_prompts=[{"text": pp.text, "images": pp.images,
-                                                  "video": None if pp.clip is None else pp.clip.frames}
-                                                 for _, pp in preps])
+        with self._generation_context():
+            out = self.backend.generate(
+                [pp.item for _, pp, _ in gen_rows], 1, self.sampling, seeds=seeds,
+                raw_prompts=[{"text": pp.text, "images": pp.images, "video": None if pp.clip is None else pp.clip.frames}
+                             for _, pp, _ in gen_rows])
         gen_time = time.time() - t0
         n_tok = int(out.completion_mask.sum())
         self.counters["generated_tokens"] += n_tok
 
         rows: list[dict] = []  # one entry per completion row; a group's rows are contiguous
         T = out.completion_ids.shape[1]
-        for k, (pos, pp) in enumerate(preps):
-            for g in range(G_on):
-                r = k * G_on + g
+        by_pos: dict[int, list[int]] = {}
+        for r, (pos, _, _) in enumerate(gen_rows):
+            by_pos.setdefault(pos, []).append(r)
+        for pos, pp, _ in preps:
+            for r in by_pos[pos]:
                 rows.append(dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
                                  lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
                                  offpolicy=False, truncated=bool(out.truncated[r]), pp=pp, group=pos))
@@ -424,16 +519,17 @@ class GRPOTrainer:
             bonus = torch.zeros(len(texts))
             acc = self._accuracy(texts, reward_samples, rewards)
             valid &= torch.isfinite(acc)
-            vids = [(pos, pp) for pos, pp in preps if pp.clip is not None]
+            vids = [(pos, pp) for pos, pp, _ in preps if pp.clip is not None]
             if vids:
                 Gs = cfg.tgrpo.num_shuffled or max(1, G // 2)
                 sh_items = []
                 for pos, pp in vids:
                     gen = torch.Generator().manual_seed(sample_seed(cfg.run.seed, step, pos, 104729))
                     sh_items.append(self.task.shuffled(pp, gen))
-                sh = self.backend.generate(sh_items, Gs, self.sampling,
-                                           seeds=[s ^ 0x5A5A5A5A for s in make_seeds(cfg.run.seed, step,
-                                                                                     [p for p, _ in vids], Gs)])
+                with self._generation_context():
+                    sh = self.backend.generate(sh_items, Gs, self.sampling,
+                                               seeds=[s ^ 0x5A5A5A5A for s in make_seeds(cfg.run.seed, step,
+                                                                                         [p for p, _ in vids], Gs)])
                 sh_samples = [pp.reward_sample for _, pp in vids for _ in range(Gs)]
                 acc_sh = self._accuracy(sh.texts, sh_samples)
                 sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
@@ -461,22 +557,38 @@ class GRPOTrainer:
         r = rb.rewards["total"]
         valid = rb.valid if rb.valid is not None else torch.ones(rb.n, dtype=torch.bool)
         kw = dict(scale=a.adv_scale, eps=a.adv_eps, valid=valid)
-        if ts.enabled and ts.mode == "anchor":
+        gather = self.world > 1 and not (ts.enabled and ts.mode == "anchor")
+        if ts.enabled and ts.mode == "anchor":  # whole groups on this process (split groups are refused)
             res = anchor_offpolicy_advantages(r, rb.group_ids, rb.is_offpolicy, lam=ts.anchor_lambda, **kw)
             used = r
+            gid_all, valid_all, sl = rb.group_ids, valid, slice(0, rb.n)
         else:
             used = tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2) if (ts.enabled and ts.mode == "shape") else r
-            res = group_advantages(used, rb.group_ids, **kw)
-        adv = res.advantages.float()
+            if gather:
+                # statistics over the GLOBAL batch (a group may be split across processes; "batch" scale is the
+                # std of every process's rewards): gather, compute, keep this process's rows -- the numbers of a
+                # 1-process run.  Collective: every process calls advantages() once per sampling round.
+                (used_all, gid_all, valid_all), sl = gather_groups([used.float(), rb.group_ids, valid])
+            else:
+                used_all, gid_all, valid_all, sl = used, rb.group_ids, valid, slice(0, rb.n)
+            kw["valid"] = valid_all
+            if gid_all.numel():
+                res = group_advantages(used_all, gid_all, **kw)
+            else:
+                res = AdvantageOutput(torch.zeros(0), torch.zeros(0, dtype=torch.bool), 0.0, torch.zeros(0),
+                                      torch.zeros(0), 0)
         # groups left with fewer than 2 valid members (rewards dropped): no baseline -> advantage exactly 0 (the
-        # core already gives 0 to 1-member groups; made explicit here) and counted
-        gids, inv = torch.unique(rb.group_ids, return_inverse=True)
-        n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid.long())
+        # core already gives 0 to 1-member groups; made explicit here) and counted (once, on the main process,
+        # when statistics are global)
+        gids, inv = torch.unique(gid_all, return_inverse=True)
+        n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid_all.long())
         degenerate = n_valid < 2
-        adv = torch.where(degenerate[inv] | ~valid, torch.zeros_like(adv), adv)
-        self.counters["degenerate_groups"] += int(degenerate.sum())
-        rb.info["degenerate_groups"] = rb.info.get("degenerate_groups", 0.0) + float(degenerate.sum())
-        rb.advantages, rb.reward_used, rb.zero_std = adv, used, res.zero_std_mask
+        adv_all = torch.where(degenerate[inv] | ~valid_all, torch.zeros_like(res.advantages.float()),
+                              res.advantages.float())
+        n_deg = int(degenerate.sum()) if (not gather or self.rank == 0) else 0
+        self.counters["degenerate_groups"] += n_deg
+        rb.info["degenerate_groups"] = rb.info.get("degenerate_groups", 0.0) + float(n_deg)
+        rb.advantages, rb.reward_used, rb.zero_std = adv_all[sl], used, res.zero_std_mask[sl]
         rb.info["zero_std_frac"] = res.zero_std_fraction
         if ts.enabled:
             v = valid
@@ -486,14 +598,16 @@ class GRPOTrainer:
     def collect(self, step: int) -> RolloutBatch:
         """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
         a = self.cfg.algo
-        want = self.cfg.run.prompts_per_device
+        want = self.prompts_per_step // self.world  # whole groups per process (DAPO refill never splits groups)
         batches, n_groups, zero_frac_first = [], 0, None
         rounds = 1 + (a.filter_max_rounds if a.filter_zero_std else 0)
         for rnd in range(rounds):
             preps = self._prepare(self._draw())
+            # a group is counted by the process holding its generation 0 (split groups are counted once)
+            first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
+            rb = self.rollout(step, preps) if preps else self._empty_batch()
+            self.advantages(rb)  # on every process, even without prompts: it may gather across processes
             if preps:
-                rb = self.rollout(step, preps)
-                self.advantages(rb)
                 if zero_frac_first is None:
                     zero_frac_first = rb.info["zero_std_frac"]
                 if not bool(rb.valid.all()):  # failed / non-finite rewards leave the batch (not the loss)
@@ -503,7 +617,7 @@ class GRPOTrainer:
                     self.counters["filtered_groups"] += int(dead.numel())
                     rb = rb.select((~torch.isin(rb.group_ids, dead)).nonzero().flatten())
                 batches.append(rb)
-                n_groups += int(torch.unique(rb.group_ids).numel())
+                n_groups += int(torch.isin(torch.unique(rb.group_ids), first_here).sum())
             # every process runs the same number of rounds (the stream stays in sync): decide on global counts
             done = global_sum(float(n_groups >= want)) >= self.world
             if not a.filter_zero_std or done:
@@ -538,7 +652,7 @@ class GRPOTrainer:
 
     def _logp(self, model, rb, idx, return_logits=False):
         """Log-probs of the micro-batch ``idx``; old, reference and current policy all go through here."""
-        if self.cfg.run.logprob_impl == "prefix_group":
+        if self.logprob_impl == "prefix_group":
             from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
 
             T = max(1, int(rb.completion_mask[idx].sum(1).max()))
@@ -552,6 +666,28 @@ class GRPOTrainer:
             return compute_token_logprobs(model, batch, ids, mask, self.sampling.temperature,
                                           self.policy.suppress_token_ids, return_logits=return_logits)
 
+    def _mb_plan(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> list[tuple[RolloutBatch, torch.Tensor, float]]:
+        """(batch, rows, weight) per forward.  With a prepared model every process must run the same number of
+        forwards (DDP buffer broadcasts, FSDP all-gathers) and backwards (one synchronising backward per update):
+        processes with fewer micro-batches repeat one with weight 0 (its loss is multiplied by 0)."""
+        plan = [(rb, idx, 1.0) for idx in mbs]
+        if self.grad_sync != "accelerate" or self.world == 1:
+            return plan
+        n_max = int(_global_max(len(plan)))
+        if len(plan) < n_max:
+            if plan:
+                pad = plan[-1][:2]
+            elif self._pad_rows is not None:
+                pad = self._pad_rows
+            else:
+                raise RuntimeError(f"process {self.rank} has no rows this step (skipped media / failed rewards) and "
+                                   "no earlier row to keep the collectives of the prepared model in step; "
+                                   "use data.on_missing_media=error or more prompts per process")
+            plan += [(pad[0], pad[1], 0.0)] * (n_max - len(plan))
+        if rb.n:
+            self._pad_rows = (rb, mbs[0][:1])
+        return plan
+
     @torch.no_grad()
     def precompute(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
         """Old log-probs, reference log-probs and TW-GRPO token weights on the training micro-batches."""
@@ -564,30 +700,50 @@ class GRPOTrainer:
             rb.token_weights = torch.ones(N, T)
         if cfg.algo.kl_coef > 0:
             rb.ref_logp = torch.zeros(N, T)
+        if not (need_old or cfg.algo.kl_coef > 0):
+            return
         was = self.model.training
         self.model.eval()
         try:
-            for idx in mbs:
+            for b, idx, w in self._mb_plan(rb, mbs):
                 if need_old:
-                    res = self._logp(self.model, rb, idx, return_logits=cfg.twgrpo.enabled)
+                    res = self._logp(self.model, b, idx, return_logits=cfg.twgrpo.enabled)
                     lp, logits = res if cfg.twgrpo.enabled else (res, None)
                     Tm = lp.shape[1]
-                    rb.old_logp[idx, :Tm] = lp.float().cpu()
-                    if logits is not None:
-                        w = tw_token_weights(torch.log_softmax(logits.float(), -1), rb.completion_mask[idx, :Tm].to(
+                    if w:  # weight 0: a padding forward (collectives only), result unused
+                        rb.old_logp[idx, :Tm] = lp.float().cpu()
+                    if logits is not None and w:
+                        wt = tw_token_weights(torch.log_softmax(logits.float(), -1), rb.completion_mask[idx, :Tm].to(
                             logits.device), rb.group_ids[idx].to(logits.device), cfg.twgrpo.alpha, cfg.twgrpo.clamp)
-                        rb.token_weights[idx, :Tm] = w.cpu()
-                        del logits
+                        rb.token_weights[idx, :Tm] = wt.cpu()
+                    del logits
                 if cfg.algo.kl_coef > 0:
                     with self.policy.reference(self.model) as ref:
-                        lp = self._logp(ref, rb, idx)
-                    rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
+                        lp = self._logp(ref, b, idx)
+                    if w:
+                        rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
         finally:
             self.model.train(was)
 
     # ----------------------------------------------------------------------------------------- update
     def optimize(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]:
+        """``num_iterations`` updates.  Losses use GLOBAL token / sequence / row counts and gradients are SUMMED
+        over processes, so an update does not depend on the number of processes or micro-batches.
+
+        Gradient exchange (``run.grad_sync``):
+
+        * ``manual`` (default without FSDP / DeepSpeed): plain module, one ``all_reduce(SUM)`` per parameter
+          after the micro-batches.  Kept for DDP-style replicated training (LoRA, small full fine-tunes) because
+          the shared-prefix log-prob forward calls the module twice per backward and micro-batch counts differ
+          across processes after dynamic filtering / dropped rows -- both break DDP's one-forward-one-backward
+          reducer, while a hand-made sum has neither constraint and costs the same communication;
+        * ``accelerate`` (FSDP / DeepSpeed; optional for DDP): ``accelerator.prepare``d module, forwards through
+          it, ``no_sync`` for every micro-batch but the last, ``accelerator.backward``,
+          ``accelerator.clip_grad_norm_``.  Those engines AVERAGE gradients, so the loss is scaled by the number
+          of processes to keep the sum semantics; micro-batch counts are padded (``_mb_plan``).
+        """
         cfg, a = self.cfg, self.cfg.algo
+        prepared = self.grad_sync == "accelerate"
         loss_mask = rb.completion_mask.clone()
         if cfg.rollout.mask_truncated_completions:
             loss_mask[rb.truncated] = 0
@@ -605,32 +761,43 @@ class GRPOTrainer:
             self._record_skip("advantages", a.num_iterations)
             return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0],
                     "skipped_steps": float(a.num_iterations)}
+        plan = self._mb_plan(rb, mbs)
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.model.train()
         for it in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_bad = False
-            for idx in mbs:
-                lp = self._logp(self.model, rb, idx).float()
-                Tm = lp.shape[1]
-                m = loss_mask[idx, :Tm].to(lp.device)
-                old = lp.detach() if rb.old_logp is None else rb.old_logp[idx, :Tm].to(lp.device)
-                pick = (lambda t: None if t is None else t[idx, :Tm].to(lp.device))
-                out = policy_loss(
-                    lp, old, rb.advantages[idx].to(lp.device), m, clip_low=a.clip_low, clip_high=a.clip_high,
-                    dual_clip=a.dual_clip, ratio_level=a.ratio_level, loss_type=a.loss_type, agg=a.agg,
-                    token_weights=pick(rb.token_weights), ref_logp=pick(rb.ref_logp), kl_coef=a.kl_coef,
-                    kl_estimator=a.kl_estimator, group_ids=rb.group_ids[idx].to(lp.device),
-                    max_len=cfg.rollout.max_new_tokens, num_tokens=n_tok, num_sequences=n_seq, reg_eps=a.adv_eps)
-                loss = out.loss
-                if a.loss_type == "reg":  # per-micro-batch mean over rows -> share of all rows
-                    loss = loss * (len(idx) / max(n_rows, 1.0))
-                elif a.agg == "bnpo":  # local mean per micro-batch -> average over all micro-batches
-                    loss = loss / max(n_mb, 1.0)
-                lval = float(loss.detach())
-                loss_bad |= not math.isfinite(lval)
-                # backward even for a non-finite loss: every process must run the same collectives; the update is
-                # skipped below on the (global) non-finite flag
-                loss.backward()
+            for j, (b, idx, wgt) in enumerate(plan):
+                last = j == len(plan) - 1
+                with self._sync_context(last):
+                    lp = self._logp(self.model, b, idx).float()
+                    Tm = lp.shape[1]
+                    lmask = loss_mask if b is rb else b.completion_mask
+                    m = lmask[idx, :Tm].to(lp.device)
+                    old = lp.detach() if b.old_logp is None or not wgt else b.old_logp[idx, :Tm].to(lp.device)
+                    pick = (lambda t: None if (t is None or not wgt) else t[idx, :Tm].to(lp.device))
+                    out = policy_loss(
+                        lp, old, b.advantages[idx].to(lp.device), m, clip_low=a.clip_low, clip_high=a.clip_high,
+                        dual_clip=a.dual_clip, ratio_level=a.ratio_level, loss_type=a.loss_type, agg=a.agg,
+                        token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), kl_coef=a.kl_coef,
+                        kl_estimator=a.kl_estimator, group_ids=b.group_ids[idx].to(lp.device),
+                        max_len=cfg.rollout.max_new_tokens, num_tokens=n_tok, num_sequences=n_seq,
+                        reg_eps=a.adv_eps)
+                    loss = out.loss
+                    if a.loss_type == "reg":  # per-micro-batch mean over rows -> share of all rows
+                        loss = loss * (len(idx) / max(n_rows, 1.0))
+                    elif a.agg == "bnpo":  # local mean per micro-batch -> average over all micro-batches
+                        loss = loss / max(n_mb, 1.0)
+                    lval = float(loss.detach()) * wgt
+                    loss_bad |= not math.isfinite(lval)
+                    # backward even for a non-finite loss: every process must run the same collectives; the
+                    # update is skipped below on the (global) non-finite flag
+                    if prepared:
+                        self.accelerator.backward(loss * (self.world * wgt))  # engines average: x world = sum
+                    else:
+                        loss.backward()
+                if not wgt:
+                    continue
                 w = float(m.sum())
                 wsum += w
                 for k, v in out.metrics.items():
@@ -638,10 +805,11 @@ class GRPOTrainer:
                         acc[k] = acc.get(k, 0.0) + v * w
                 if math.isfinite(lval):
                     acc["loss"] = acc.get("loss", 0.0) + lval * (1.0 / a.num_iterations)
-            self._allreduce_grads()
-            gn = torch.nn.utils.clip_grad_norm_(self.params, a_max if (a_max := cfg.optim.max_grad_norm) > 0
-                                                else float("inf"))
-            grad_norm = float(gn)
+            if prepared:
+                grad_norm = self._prepared_grad_norm(max_norm)
+            else:
+                self._allreduce_grads()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
             # the norm is the same on every process (gradients were summed); the loss flag is local -> reduce it
             if global_sum(float(loss_bad or not math.isfinite(grad_norm))) > 0:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -656,6 +824,25 @@ class GRPOTrainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["skipped_steps"] = float(skipped)
         return metrics
+
+    def _sync_context(self, last: bool):
+        """Gradient synchronisation only on the last micro-batch of an update (prepared model)."""
+        if self.grad_sync != "accelerate":
+            return contextlib.nullcontext()
+        if self.dist_kind == "DEEPSPEED":  # the engine reads accelerate's flag in accelerator.backward
+            self.accelerator.gradient_state._set_sync_gradients(last)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+
+    def _prepared_grad_norm(self, max_norm: float) -> float:
+        gn = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        if gn is None:  # DeepSpeed clips inside its engine (its config's gradient_clipping) and reports the norm
+            eng = getattr(self.accelerator, "deepspeed_engine_wrapped", None)
+            gn = eng.get_global_grad_norm() if eng is not None else float("nan")
+            return float("nan") if gn is None else float(gn)
+        if hasattr(gn, "full_tensor"):  # FSDP2: a replicated DTensor
+            gn = gn.full_tensor()
+        return float(gn)
 
     def _record_skip(self, what: str, n: int = 1) -> None:
         self.counters["skipped_steps"] += n
@@ -674,7 +861,7 @@ class GRPOTrainer:
                 dist.broadcast(p.data, src=0)
 
     def _allreduce_grads(self) -> None:
-        """Sum gradients over processes (losses are normalised by global counts, see module docstring)."""
+        """Sum gradients over processes (losses are normalised by global counts, see ``optimize``)."""
         if self.world == 1:
             return
         import torch.distributed as dist
@@ -683,6 +870,44 @@ class GRPOTrainer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)
+
+    @contextlib.contextmanager
+    def _generation_context(self):
+        """Sampling runs the plain module token by token; with sharded parameters it must not issue collectives
+        per token (processes generate different lengths).  FSDP2: every FSDP unit is all-gathered once and kept
+        unsharded until sampling ends.  DeepSpeed ZeRO-3: parameters gathered (``GatheredParameters``).  No-op
+        for replicated weights."""
+        if not self.sharded:
+            yield
+            return
+        if self.dist_kind == "FSDP":
+            from torch.distributed.fsdp import FSDPModule
+
+            mods = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+            # generate() may run the vision tower before the root module's forward; FSDP2 decides which unit is
+            # the root on the first forward it sees, so settle that here (no public API for it)
+            root = mods[0]._get_fsdp_state() if mods else None
+            if root is not None and getattr(root, "_is_root", True) is None:
+                root._lazy_init()
+            for m in mods:
+                m.set_reshard_after_forward(False, recurse=False)
+            for m in mods:
+                m.unshard()
+            try:
+                yield
+            finally:
+                for m in mods:
+                    m.reshard()
+                    m.set_reshard_after_forward(True, recurse=False)
+            return
+        stage = getattr(getattr(self.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
+        if stage == 3:  # pragma: no cover - needs deepspeed + GPUs
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+                yield
+        else:
+            yield
 
     # ----------------------------------------------------------------------------------------- logging
     def step_metrics(self, rb: RolloutBatch) -> dict[str, float]:
@@ -772,11 +997,19 @@ class GRPOTrainer:
         self.logger.log_jsonl("completions.jsonl", rows)
 
     # ----------------------------------------------------------------------------------------- state
-    def state(self) -> dict:
+    def state(self, full_state_dict: dict | None = None) -> dict:
+        if self.grad_sync == "accelerate":  # optimizer / scheduler / sharded weights live in "accelerate/"
+            names = {n for n, p in self.unwrapped.named_parameters() if p.requires_grad}
+            pol = ({k: v.detach().cpu() for k, v in full_state_dict.items() if k in names}
+                   if full_state_dict is not None else self.policy.trainable_state_dict())
+            opt = sch = {}
+        else:
+            pol, opt, sch = (self.policy.trainable_state_dict(), self.optimizer.state_dict(),
+                             self.scheduler.state_dict())
         return {
-            "policy": self.policy.trainable_state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "policy": pol,
+            "optimizer": opt,
+            "scheduler": sch,
             "trainer": {
                 "step": self.step, "stream": self.stream.state_dict(), "counters": dict(self.counters),
                 "consecutive_skips": self.consecutive_skips,
@@ -790,17 +1023,33 @@ class GRPOTrainer:
 
     def save(self) -> Path | None:
         path = None
+        staging = None
+        full_sd = None
+        if self.grad_sync == "accelerate":
+            # model / optimizer / scheduler / RNG of every process (sharded under FSDP / DeepSpeed) through
+            # accelerate, written by all processes into a staging dir that becomes part of the checkpoint
+            staging = self.ckpt.root / f".staging-step-{self.step:08d}"
+            if self.accelerator.is_main_process:
+                shutil.rmtree(staging, ignore_errors=True)
+                self.ckpt.root.mkdir(parents=True, exist_ok=True)
+            self.accelerator.wait_for_everyone()
+            self.accelerator.save_state(str(staging))
+            if self.sharded:  # a portable copy of the trained weights (collective: gathers the shards)
+                full_sd = self.accelerator.get_state_dict(self.model)
+            self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             extra = {}
-            if self.policy.lora:
-                extra["adapter"] = lambda p: self.policy.model.save_pretrained(str(p))
+            if staging is not None:
+                extra["accelerate"] = lambda p: os.rename(staging, p)
+            if self.policy.lora and not self.sharded:
+                extra["adapter"] = lambda p: self.unwrapped.save_pretrained(str(p))
             metric = None
             if self.cfg.run.best_metric:
                 metric = self._last_metrics.get(self.cfg.run.best_metric)
                 if metric is None:
                     log.warning("run.best_metric=%r is not among this step's metrics (e.g. %s); checkpoint %d "
                                 "has no metric", self.cfg.run.best_metric, sorted(self._last_metrics)[:5], self.step)
-            path = self.ckpt.save(self.step, self.state(), metric=metric, extra_files=extra)
+            path = self.ckpt.save(self.step, self.state(full_sd), metric=metric, extra_files=extra)
             log.info("saved checkpoint %s", path)
         self.accelerator.wait_for_everyone()
         return path
@@ -814,9 +1063,17 @@ class GRPOTrainer:
         ref = tr["reference"]
         if ref["kind"] == "frozen_initial_copy" and ref["model_path"] != self.cfg.model.path:
             raise ValueError(f"resume: the reference was {ref['model_path']!r}, now model.path={self.cfg.model.path!r}")
-        self.policy.load_trainable_state_dict(st["policy"])
-        self.optimizer.load_state_dict(st["optimizer"])
-        self.scheduler.load_state_dict(st["scheduler"])
+        if self.grad_sync == "accelerate":
+            if not (path / "accelerate").is_dir():
+                raise ValueError(f"resume: {path} was written with run.grad_sync=manual; it has no accelerate state "
+                                 "for the prepared model (resume with run.grad_sync=manual, or start anew)")
+            self.accelerator.load_state(str(path / "accelerate"))
+        else:
+            if not st["optimizer"]:
+                raise ValueError(f"resume: {path} was written with run.grad_sync=accelerate; resume with it")
+            self.policy.load_trainable_state_dict(st["policy"])
+            self.optimizer.load_state_dict(st["optimizer"])
+            self.scheduler.load_state_dict(st["scheduler"])
         if tr.get("selection") is not None:
             self._apply_selection(tr["selection"])
         self._make_stream()
@@ -854,8 +1111,9 @@ class GRPOTrainer:
                     res.append((i, [float("nan")] * K))
             if not preps:
                 continue
-            out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
-                                        seeds=make_seeds(self.cfg.run.seed, -1, [i for i, _ in preps], K))
+            with self._generation_context():
+                out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
+                                            seeds=make_seeds(self.cfg.run.seed, -1, [i for i, _ in preps], K))
             rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
             sc = self._score(out.texts, rs)
             r = sc[key] if key in sc else self._accuracy(out.texts, rs)
