@@ -13,8 +13,19 @@ _DESCRIPTION = """GRPO for flow-matching text-to-image models (SD3 / FLUX) with 
 Methods are presets (method=flow|dance|fast|mix|tp_grpo|g2rpo) over one trainer; every preset value can be
 overridden. Examples:
   flow_grpo train model.tiny=sd3 method=fast data.prompts='[a cat, a dog]' run.num_epochs=2
-  accelerate launch --num_processes 8 -m flow_grpo.cli train --config my.yaml model.pipeline_dir=/ckpt/sd3.5m
-Precedence: defaults < method preset < YAML < key=value."""
+  flow_grpo train --config my.yaml reward.weights='{pickscore: 1.0, ocr: 0.5}' reward.mode=per_reward
+  accelerate launch --config_file scripts/accelerate_configs/multi_gpu.yaml --num_processes 8 \\
+      -m flow_grpo.cli train --config my.yaml model.pipeline_dir=/ckpt/sd3.5m
+  accelerate launch --config_file scripts/accelerate_configs/fsdp.yaml -m flow_grpo.cli train \\
+      model.lora.enabled=false ...      (full fine-tune; sample.credit must be outcome)
+Precedence: defaults < method preset < YAML < key=value.
+
+Processes: the transformer, optimizer and LR schedule go through accelerator.prepare (DDP / FSDP / DeepSpeed per the
+accelerate config); a launch whose process count accelerate does not honour is refused. Only CPU runs were verified
+here (2 processes, gloo: DDP, and FSDP2 forced on CPU); GPU FSDP1 / DeepSpeed follow the standard accelerate path
+untested. Faults: non-finite rewards drop their samples (reward.nan_policy), failing reward calls are retried then
+dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
+step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -31,6 +42,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .config import TrainConfig, load_train_config
 
     parser = config_argparser(TrainConfig, prog="flow_grpo train", description=_DESCRIPTION)
+    for action in parser._actions:  # the shared parser's example names keys of another config
+        if action.dest == "overrides":
+            action.help = "config overrides, e.g. optim.lr=1e-4 model.lora.rank=8 run.num_epochs=50"
     args = parser.parse_args(rest)
     try:
         cfg = load_train_config(args.config, args.overrides)

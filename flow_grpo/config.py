@@ -69,7 +69,7 @@ class ModelConfig:
     tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
     dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs are always fp32)")
     max_sequence_length: int = _f(256, "text sequence length (T5)")
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})
     gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
 
 
@@ -162,13 +162,13 @@ class RunConfig:
 @dataclass
 class TrainConfig:
     method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | tp_grpo | g2rpo (empty = none)")
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sample: SamplingConfig = field(default_factory=SamplingConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ema: EMAConfig = field(default_factory=EMAConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
+    sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "reward components, aggregation mode and fault handling"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "loss, AdamW, LR schedule, non-finite step skipping"})
+    ema: EMAConfig = field(default_factory=EMAConfig, metadata={"help": "EMA of the trainable weights (eval, saved LoRA)"})
+    run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
 
 
 METHOD_PRESETS: dict[str, dict[str, object]] = {

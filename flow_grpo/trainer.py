@@ -778,8 +778,6 @@ class FlowGRPOTrainer:
         """One optimizer step over the given rollout chunks. Returns (status, grad_norm) with status
         ``applied`` | ``skipped`` (non-finite loss or gradient norm on any process) | ``empty`` (no trained pair
         on any process)."""
-        from mmgrpo.core import global_sum
-
         acc = self.accelerator
         micro = []
         local_pairs = 0
@@ -790,8 +788,8 @@ class FlowGRPOTrainer:
                 if cnt:
                     micro.append((traj.chunks[i], col))
                     local_pairs += cnt
-        n_global, m_max = _reduce([float(local_pairs), float(len(micro))], "sum", self.device)[0], \
-            int(_reduce([float(len(micro))], "max", self.device)[0])
+        n_global = _reduce([float(local_pairs)], "sum", self.device)[0]  # loss normaliser: global pair count
+        m_max = int(_reduce([float(len(micro))], "max", self.device)[0])  # every process runs this many passes
         if n_global == 0:
             return "empty", 0.0
         self.model.train()

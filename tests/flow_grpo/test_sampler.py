@@ -10,7 +10,7 @@ from flow_grpo.sampler import (
 )
 from flow_grpo.sde import sde_step
 
-from .conftest import H, W, block_reward, brightness_reward, make_adapter
+from .conftest import H, W, block_reward, make_adapter
 
 PROMPTS = ["a cat", "a dog"] * 3  # 2 groups of 3 interleaved -> use explicit group ids
 GIDS = [0, 1] * 3
