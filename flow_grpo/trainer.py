@@ -248,6 +248,8 @@ class RewardStack:
             comps = {k: build_reward(k, **dict(rc.kwargs.get(k, {}))) for k in rc.weights}
             weights = {k: float(w) for k, w in rc.weights.items()}
         else:
+            if not isinstance(components, Mapping):
+                raise TypeError(f"reward components must be a {{name: reward}} mapping, got {type(components).__name__}")
             comps = dict(components)
             weights = {k: float(rc.weights.get(k, 1.0)) for k in comps}
         if not comps:
@@ -435,16 +437,25 @@ class FlowGRPOTrainer:
             self.adapter.enable_full_finetune()
         self.adapter.set_gradient_checkpointing(cfg.model.gradient_checkpointing)
         self.reference_info = self._reference_settings()
-        params = [p for p in self.adapter.transformer.parameters() if p.requires_grad]
-        if not params:
+        if not any(p.requires_grad for p in self.adapter.transformer.parameters()):
             raise ValueError("no trainable parameters")
         o = cfg.optim
-        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                      weight_decay=o.weight_decay)
         total_steps = max(1, cfg.run.num_epochs * o.inner_epochs * o.updates_per_epoch)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
+
+        def make_optim(module):
+            opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=o.lr,
+                                    betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+            return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
+
         # the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config; forwards use the prepared module
-        self.model, self.optimizer, self.lr_scheduler = acc.prepare(self.adapter.transformer, optimizer, scheduler)
+        if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:
+            # FSDP1 replaces the parameters while wrapping and accelerate does not remap an optimizer built before
+            # (it does for FSDP2 / DeepSpeed, which need both in one prepare call): wrap first, then build it
+            self.model = acc.prepare(self.adapter.transformer)
+            self.optimizer, self.lr_scheduler = acc.prepare(*make_optim(self.model))
+        else:
+            self.model, self.optimizer, self.lr_scheduler = acc.prepare(self.adapter.transformer,
+                                                                        *make_optim(self.adapter.transformer))
         self.adapter.model = self.model
         self.unwrapped = acc.unwrap_model(self.model)
         self.named_params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
@@ -1042,16 +1053,19 @@ class FlowGRPOTrainer:
                          "group_size": self.cfg.data.group_size, "groups_per_epoch": self.cfg.data.groups_per_epoch}}
 
     def _check_replicas_in_sync(self) -> None:
-        """Replicated backends: every process must hold bit-identical trainable weights (DanceGRPO#110 guard)."""
+        """Replicated backends: every process must hold the same trainable weights (DanceGRPO#110 guard). Compares
+        per-tensor float64 sums and sums of squares computed on the device (cheap even for full fine-tunes);
+        replicas that diverged in any entry would have to collide in both sums of every tensor to pass."""
         if self.sharded or self.world == 1:
             return
-        h = hashlib.sha256()
-        for _, p in self.named_params:
-            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        digests = _all_gather_object(h.hexdigest())
-        if len(set(digests)) != 1:
-            raise RuntimeError(f"processes hold different trainable weights (digests {digests}): gradients were "
-                               "not synchronised")
+        with torch.no_grad():
+            fp = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()])
+                              for _, p in self.named_params]).cpu()
+        prints = _all_gather_object(fp)
+        bad = [r for r, f in enumerate(prints) if not torch.equal(f, prints[0])]
+        if bad:
+            raise RuntimeError(f"processes {bad} hold different trainable weights than process 0: gradients were not "
+                               "synchronised")
 
     def save_checkpoint(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
         """Collective: every process must call it. Returns the checkpoint dir on the main process."""
