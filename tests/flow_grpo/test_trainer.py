@@ -139,3 +139,15 @@ def test_cli_help_lists_every_option():
     assert "torch" not in subprocess.run(
         [sys.executable, "-c", "import sys, flow_grpo.cli, flow_grpo.config; print(' '.join(sys.modules))"],
         capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def test_refuses_a_launch_that_would_train_independent_copies(tmp_path, monkeypatch):
+    """A launcher started 2 processes but accelerate runs 1 per process (e.g. no GPU and run.cpu=false): each would
+    optimise its own copy (DanceGRPO#110). The trainer must refuse."""
+    from accelerate import Accelerator
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = load_train_config(None, train_overrides("flux", "fast", tmp_path))
+    with pytest.raises(RuntimeError, match="launched with 2 processes but accelerate runs 1"):
+        FlowGRPOTrainer(cfg, adapter=make_adapter("flux", lora=False), reward_fn={"block": block_reward},
+                        accelerator=Accelerator())
