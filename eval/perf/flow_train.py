@@ -156,11 +156,15 @@ def main(argv: Optional[list[str]] = None) -> float:
     if path in ("auto", "trainer"):
         try:
             step_a = _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range)
+            ad.transformer.train()
+            step_a()  # a trial call: the private method's signature may change under us
             path = "trainer"
         except Exception as exc:  # the trainer is being written by someone else: fall back, record why
             if args.path == "trainer":
                 raise
+            step_a = None
             trainer_error = f"{type(exc).__name__}: {exc}"
+            print(f"trainer path unavailable ({trainer_error}); timing the composed path", file=sys.stderr)
     if step_a is None:
         step_a = _direct_step_fn(ad, traj, chunk, col, adv, n_global, clip_range)
         path = "direct"
