@@ -30,9 +30,10 @@ Masks.  Prefix: the prompt's own ``attention_mask`` (left padding excluded from 
 with the usual causal mask.  Suffix: [prompt mask ++ completion mask], causal over the completion part; every
 suffix query sees its whole prefix.
 
-Tested families: Qwen2.5-VL and Qwen2-VL (``tests/models/test_prefix_group.py``: log-probs within 1e-5 and
-gradients within 1e-4 relative of the naive path, fp32 CPU, images and videos, LoRA and full fine-tuning).
-Qwen3-VL goes through the same code (deepstack only touches prefix positions) but is not part of the tests.
+Tested families (``VERIFIED_FAMILIES``): Qwen2.5-VL, Qwen2-VL and Qwen3-VL (``tests/models/test_prefix_group.py``:
+log-probs within 1e-5 and gradients within 1e-4 relative of the naive path, fp32 CPU, images and videos, LoRA and
+full fine-tuning incl. the vision tower; Qwen3-VL's deepstack features only touch prefix positions).  The trainer
+uses this path by default for these families (``run.logprob_impl=prefix_group``) and falls back, logged, otherwise.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ import torch
 
 from .rollout import _suppress, token_logprobs_from_logits
 
+VERIFIED_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # exactness checked in tests/models/test_prefix_group.py
 VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
@@ -206,7 +208,7 @@ def grouped_token_logprobs(
     within ~1e-6), same gradients (within float summation order), far less compute for long prefixes.
 
     Args:
-      model: a Qwen2-VL / Qwen2.5-VL (Qwen3-VL: same code path, untested) ``*ForConditionalGeneration``, optionally
+      model: a Qwen2-VL / Qwen2.5-VL / Qwen3-VL ``*ForConditionalGeneration``, optionally
         wrapped by peft (LoRA) and/or DDP.  Attention implementation must accept a KV cache (sdpa, eager, flash).
       prompt_inputs: processor output of ONE prompt ((1, P) ``input_ids``, ``attention_mask``,
         ``mm_token_type_ids`` and its ``pixel_values[_videos]`` / ``*_grid_thw`` / ``second_per_grid_ts``), or a
@@ -354,4 +356,5 @@ def grouped_rows_token_logprobs(
                                   return_logits, group_sizes=sizes)
 
 
-__all__ = ["grouped_token_logprobs", "grouped_rows_token_logprobs", "group_position_ids", "supports_grouping"]
+__all__ = ["grouped_token_logprobs", "grouped_rows_token_logprobs", "group_position_ids", "supports_grouping",
+           "VERIFIED_FAMILIES"]
