@@ -165,6 +165,9 @@ class SelectionConfig:
     num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
     gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
     gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+    refilter_every_epoch: bool = field(
+        default=False, metadata=_h("Time-R1 multi-round: re-score every sample with the current policy and "
+                                   "re-select at the start of each epoch"))
 
 
 @dataclass
@@ -192,8 +195,11 @@ class RunConfig:
                                     "LoRA / replicated full FT); accelerate = accelerator.prepare (DDP, FSDP, "
                                     "DeepSpeed); auto = accelerate under FSDP / DeepSpeed, else manual"))
     logprob_impl: Literal["naive", "prefix_group"] = field(
-        default="naive", metadata=_h("naive: prompt repeated per row; prefix_group: each prompt (vision + text) "
-                                     "encoded once per group (mmgrpo.models.prefix_group), same numbers"))
+        default="prefix_group",
+        metadata=_h("prefix_group: each prompt (vision + text) encoded once per group (mmgrpo.models.prefix_group; "
+                    "same numbers as naive), with a logged fallback to naive where it is not exact or not "
+                    "supported (run.grad_sync=accelerate, unverified model families, reentrant checkpointing); "
+                    "naive: the prompt repeated per row"))
     seed: int = field(default=0, metadata=_h("base seed (data order, per-sample generation seeds)"))
     log_every: int = field(default=1, metadata=_h("log metrics + sampled completions every N steps"))
     num_completions_to_log: int = field(default=8, metadata=_h("completions written to completions.jsonl per log"))

@@ -54,13 +54,19 @@ class PromptStream:
 
     ``take(k)`` returns (stream position, sample index) pairs; the stream position is unique over the run and is
     the group id and the seed coordinate of a prompt, independent of the number of processes.
+
+    ``on_epoch(e)`` (optional) runs when epoch e > 0 begins and may return a new number of samples: per-epoch data
+    re-selection (Time-R1 multi-round); epoch e then permutes the new set.
     """
 
-    def __init__(self, num_samples: int, seed: int, shuffle: bool = True):
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True,
+                 on_epoch: Callable[[int], int | None] | None = None):
         if num_samples < 1:
             raise ValueError("the training set is empty")
         self.n, self.seed, self.shuffle = num_samples, seed, shuffle
         self.position = 0
+        self._epoch, self.offset = 0, 0  # current epoch and how many of its samples were taken
+        self.on_epoch = on_epoch
         self._perm_epoch, self._perm = -1, None
 
     def _order(self, epoch: int) -> list[int]:
@@ -76,23 +82,37 @@ class PromptStream:
     def take(self, k: int) -> list[tuple[int, int]]:
         out = []
         for _ in range(k):
-            epoch, off = divmod(self.position, self.n)
-            out.append((self.position, self._order(epoch)[off]))
+            if self.offset >= self.n:  # next epoch (for a constant n: epoch = position // n, as always)
+                self._epoch, self.offset = self._epoch + 1, 0
+                if self.on_epoch is not None:
+                    n = self.on_epoch(self._epoch)
+                    if n is not None:
+                        if n < 1:
+                            raise ValueError(f"epoch {self._epoch}: data re-selection kept no samples")
+                        self.n, self._perm_epoch = int(n), -1
+            out.append((self.position, self._order(self._epoch)[self.offset]))
             self.position += 1
+            self.offset += 1
         return out
 
     @property
     def epoch(self) -> int:
-        return self.position // self.n
+        return self._epoch + self.offset // self.n
 
     def state_dict(self) -> dict:
-        return {"position": self.position, "num_samples": self.n, "seed": self.seed, "shuffle": self.shuffle}
+        return {"position": self.position, "num_samples": self.n, "seed": self.seed, "shuffle": self.shuffle,
+                "epoch": self._epoch, "offset": self.offset}
 
     def load_state_dict(self, sd: dict) -> None:
         if sd["num_samples"] != self.n:
             raise ValueError(f"resume: the checkpoint's data stream had {sd['num_samples']} samples, the current "
                              f"training set has {self.n}; same data (and selection) is required for an exact resume")
         self.position = int(sd["position"])
+        if "epoch" in sd:
+            self._epoch, self.offset = int(sd["epoch"]), int(sd["offset"])
+        else:  # older checkpoints: a constant n
+            self._epoch, self.offset = divmod(self.position, self.n)
+        self._perm_epoch = -1
 
 
 # --------------------------------------------------------------------------------------------------- batch
@@ -249,6 +269,11 @@ class GRPOTrainer:
         seed_everything(cfg.run.seed)
         self.run_dir = Path(cfg.run.output_dir)
 
+        # data first: a bad file fails before a (large) model is loaded
+        self.samples = list(samples) if samples is not None else load_samples(
+            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
+            check_media=cfg.data.on_missing_media == "error")
+        self.all_samples = self.samples
         if policy is None:
             if not cfg.model.path:
                 raise ValueError("model.path is required (a local checkpoint folder)")
@@ -273,10 +298,6 @@ class GRPOTrainer:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, policy.family, self.tok)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
-        self.samples = list(samples) if samples is not None else load_samples(
-            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
-            check_media=cfg.data.on_missing_media == "error")
-        self.all_samples = self.samples
         if backend is None:
             if cfg.rollout.backend == "vllm":
                 from mmgrpo.models.rollout import VLLMRolloutBackend
@@ -332,13 +353,32 @@ class GRPOTrainer:
             save_config(cfg, self.run_dir / "config.yaml")
 
     def _choose_logprob_impl(self) -> str:
+        """``run.logprob_impl`` (default prefix_group) or the naive path where the shared-prefix forward is not
+        exact / not supported -- logged, and visible as ``perf/prefix_group`` in the metrics.
+
+        Every trained row of a group shares its prompt item (TempSamp's ground-truth row included; T-GRPO's
+        shuffled-frame rows are only scored, never trained), so the prompt is an exact prefix of each row."""
         impl = self.cfg.run.logprob_impl
-        if impl == "prefix_group" and self.grad_sync == "accelerate":
+        if impl != "prefix_group":
+            return impl
+        from mmgrpo.models.prefix_group import VERIFIED_FAMILIES, supports_grouping
+
+        reason = None
+        if self.grad_sync == "accelerate":
             # a prepared module must see the same number of calls on every process (collectives per forward);
             # the shared-prefix path calls it once or twice depending on the completion length
-            log.warning("run.logprob_impl=prefix_group -> naive: the shared-prefix forward is not used with "
-                        "run.grad_sync=accelerate (%s)", self.dist_kind)
+            reason = f"not used with run.grad_sync=accelerate ({self.dist_kind})"
+        elif self.policy.family not in VERIFIED_FAMILIES:
+            reason = f"model family {self.policy.family!r} is not verified against the naive path"
+        elif not supports_grouping(self.model):
+            reason = f"{type(self.model).__name__} has no MRoPE get_rope_index"
+        elif any(getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", {}).get("use_reentrant")
+                 for m in self.model.modules() if getattr(m, "gradient_checkpointing", False)):
+            reason = "reentrant gradient checkpointing would cut the gradient to the shared prefix"
+        if reason:
+            log.warning("run.logprob_impl=prefix_group -> naive log-prob path: %s", reason)
             return "naive"
+        log.info("log-probs: shared-prefix group forward (each prompt encoded once per group)")
         return impl
 
     def _setup_global_batch(self) -> None:
@@ -942,6 +982,7 @@ class GRPOTrainer:
             m[f"faults/{k}"] = float(self.counters[k])
         m["faults/degenerate_groups_step"] = rb.info.get("degenerate_groups", 0.0)
         m["data/epoch"] = float(self.stream.epoch)
+        m["perf/prefix_group"] = float(self.logprob_impl == "prefix_group")
         if rb.old_logp is not None and onp.any():  # engine vs trainer log-probs (vLLM parity diagnostic)
             mk = rb.completion_mask[onp].bool()
             Tm = min(rb.old_logp.shape[1], rb.rollout_logp.shape[1])
@@ -1087,11 +1128,13 @@ class GRPOTrainer:
         return True
 
     def _make_stream(self) -> None:
-        self.stream = PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle)
+        sc = self.cfg.selection
+        hook = self._refilter if (sc.enabled and sc.refilter_every_epoch) else None
+        self.stream = PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle, on_epoch=hook)
 
     # ----------------------------------------------------------------------------------------- selection
     @torch.no_grad()
-    def score_samples(self, samples: Sequence[Any], K: int, key: str = "total") -> torch.Tensor:
+    def score_samples(self, samples: Sequence[Any], K: int, key: str = "total", round: int = 0) -> torch.Tensor:
         """(S, K) rewards of K sampled completions per sample (this process's share, gathered); missing media
         gives a row of NaN."""
         from accelerate.utils import gather_object
@@ -1113,7 +1156,7 @@ class GRPOTrainer:
                 continue
             with self._generation_context():
                 out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
-                                            seeds=make_seeds(self.cfg.run.seed, -1, [i for i, _ in preps], K))
+                                            seeds=make_seeds(self.cfg.run.seed, -1 - round, [i for i, _ in preps], K))
             rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
             sc = self._score(out.texts, rs)
             r = sc[key] if key in sc else self._accuracy(out.texts, rs)
@@ -1125,24 +1168,38 @@ class GRPOTrainer:
             mat[i] = torch.tensor(row)
         return mat
 
-    def select_data(self) -> list[int]:
+    def select_data(self, round: int = 0) -> list[int]:
+        """Score every sample K times with the CURRENT policy and keep those the criterion selects.
+
+        ``round`` 0 runs before training; with ``selection.refilter_every_epoch`` round e runs when epoch e starts
+        (Time-R1 multi-round): samples the policy has mastered (or cannot solve) leave, others come back.  Each
+        round has its own sampling seeds; ``selection.jsonl`` gets one row per sample and round."""
         sc = self.cfg.selection
-        mat = self.score_samples(self.all_samples, sc.num_inferences, sc.key)
+        mat = self.score_samples(self.all_samples, sc.num_inferences, sc.key, round=round)
         ok = ~torch.isnan(mat).any(1)
         valid_idx = ok.nonzero().flatten().tolist()
         keep_local = select_indices(mat[ok], sc.criterion, sc.min_variance, sc.num_keep, sc.gaussian_mu,
-                                    sc.gaussian_sigma, seed=self.cfg.run.seed)
+                                    sc.gaussian_sigma, seed=sample_seed(self.cfg.run.seed, round) if round
+                                    else self.cfg.run.seed)
         keep = [valid_idx[i] for i in keep_local]
         st = reward_stats(torch.nan_to_num(mat))
+        kept = set(keep)
         if self.accelerator.is_main_process:
             self.logger.log_jsonl("selection.jsonl", [
-                {"index": i, "sample_id": sample_id(self.all_samples[i]), "rewards": mat[i].tolist(),
-                 "mean": float(st["mean"][i]), "var": float(st["var"][i]), "kept": i in set(keep)}
+                {"round": round, "step": self.step, "index": i, "sample_id": sample_id(self.all_samples[i]),
+                 "rewards": mat[i].tolist(), "mean": float(st["mean"][i]), "var": float(st["var"][i]),
+                 "kept": i in kept}
                 for i in range(len(self.all_samples))])
         self.logger.log({"selection/kept": len(keep), "selection/total": len(self.all_samples),
-                         "selection/missing_media": int((~ok).sum())}, 0)
+                         "selection/missing_media": int((~ok).sum()), "selection/round": round}, self.step)
+        log.info("data selection round %d (step %d): kept %d of %d samples", round, self.step, len(keep),
+                 len(self.all_samples))
         self._apply_selection(keep)
         return keep
+
+    def _refilter(self, epoch: int) -> int:
+        """PromptStream hook: re-select at the start of epoch ``epoch`` (runs on every process, same point)."""
+        return len(self.select_data(round=epoch))
 
     def _apply_selection(self, keep: list[int]) -> None:
         if not keep:
@@ -1155,7 +1212,8 @@ class GRPOTrainer:
         t0 = time.time()
         step = self.step
         # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
-        self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state()}
+        self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state(),
+                               "selection": getattr(self, "selected_indices", None)}
         rb = self.collect(step)
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
@@ -1189,6 +1247,9 @@ class GRPOTrainer:
             return
         reason = self._stop_reason or "another process requested a stop (see its log)"
         snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
+        if snap["selection"] is not None:  # a re-selection inside this step is redone too
+            self._apply_selection(snap["selection"])
+            self.stream.n = len(self.samples)
         self.stream.load_state_dict(snap["stream"])
         restore_rng_state(snap["rng"])
         self._stop(reason)

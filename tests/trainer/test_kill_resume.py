@@ -3,8 +3,8 @@
 The trainer runs in a child process (``os.fork`` of this one, so the ~15 s import of torch + transformers is not
 paid again on the loaded 2-core machine; the child loads the tiny Qwen2.5-VL saved to a tmp folder, full
 fine-tuning, a checkpoint every step) and is killed with a real SIGKILL.  Run A is SIGKILLed at an arbitrary point once its 2nd checkpoint exists; run B resumes
-(``run.resume_from=auto``) and is SIGKILLed while it writes its step-4 checkpoint; the last resume (in this
-process, through ``GRPOTrainer.train``) must pick step 3, ignore the torn write, and end with weights and
+(``run.resume_from=auto``) and is SIGKILLed while it writes its step-3 checkpoint; the last resume (in this
+process, through ``GRPOTrainer.train``) must pick step 2, ignore the torn write, and end with weights and
 optimizer state bitwise equal to an uninterrupted run (CPU, one thread).
 """
 import json
@@ -19,8 +19,8 @@ import torch
 from mmgrpo.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
-STEPS = 4
-ARGS = ["model.freeze_vision=true", f"run.max_steps={STEPS}", "run.save_every=1", "run.keep_last=2",
+STEPS = 3
+ARGS = ["model.freeze_vision=true", f"run.max_steps={STEPS}", "run.save_every=1", "run.keep_last=1",
         "run.best_metric=data/epoch", "run.best_mode=min", "optim.lr=0.01", "optim.weight_decay=0.01",
         "optim.max_grad_norm=1.0", "run.resume_from=auto", "data.task=mcq", "rollout.max_new_tokens=5"]
 
@@ -110,7 +110,7 @@ def test_sigkill_anywhere_and_during_checkpoint_write_then_exact_resume(tmp_path
     proc = _run(th, tmp_path / "b", model)
     _wait_for(lambda: (ck / "step-00000002" / "manifest.json").exists(), proc)
     proc.kill()
-    # run B: resumes, then is killed half-way through writing the step-4 checkpoint
+    # run B: resumes, then is killed half-way through writing the step-3 checkpoint
     marker = tmp_path / "hang.txt"
     proc = _run(th, tmp_path / "b", model, hang_step=STEPS, marker=marker)
 
@@ -118,11 +118,11 @@ def test_sigkill_anywhere_and_during_checkpoint_write_then_exact_resume(tmp_path
     ref = GRPOTrainer(th.make_cfg(tmp_path / "a", model, *ARGS), samples=th.image_samples(3), reward_fn=th.text_reward)
     ref.train()
     want = _state(ref)
-    # retention: the last 2 plus the best by the logged metric (data/epoch, lower is better; ties -> later step)
+    # retention: the last 1 plus the best by the logged metric (data/epoch, lower is better; ties -> later step)
     rows = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
     best = min(rows, key=lambda r: (r["data/epoch"], -r["step"]))["step"]
     kept = sorted(s for s, _ in CheckpointManager(tmp_path / "a" / "run" / "checkpoints").list_checkpoints())
-    assert kept == sorted({best, STEPS - 1, STEPS}) and best < STEPS - 1
+    assert kept == sorted({best, STEPS}) and best < STEPS - 1
 
     _wait_for(marker.exists, proc)
     proc.kill()
@@ -130,7 +130,7 @@ def test_sigkill_anywhere_and_during_checkpoint_write_then_exact_resume(tmp_path
     assert torn.is_dir() and (torn / "optimizer.pt").exists() and not (torn / "trainer.pt").exists()
     assert not (ck / f"step-{STEPS:08d}").exists() and (ck / f"step-{STEPS - 1:08d}" / "manifest.json").exists()
 
-    # resume through the trainer: latest valid = step 3, the torn temp dir of the dead writer is removed
+    # resume through the trainer: latest valid = step 2, the torn temp dir of the dead writer is removed
     tr = GRPOTrainer(th.make_cfg(tmp_path / "b", model, *ARGS), samples=th.image_samples(3), reward_fn=th.text_reward)
     hist = tr.train()
     assert len(hist) == 1 and tr.step == STEPS and not torn.exists()

@@ -1,6 +1,7 @@
 """End-to-end trainer steps on a tiny Qwen2.5-VL / Qwen2-VL (CPU): methods change the weights and log sane
 metrics; on-policy ratio exactly 1 inside the trainer; edge cases; resume and LoRA checkpoints."""
 import json
+import logging
 import math
 
 import pytest
@@ -296,3 +297,54 @@ def test_grpo_increases_a_learnable_reward(tmp_path, tiny_dirs, th):
     hist, _ = run(tr)
     r = [m["reward/ascii/mean"] for m in hist]
     assert sum(r[-2:]) / 2 > sum(r[:2]) / 2 + 0.2, r
+
+
+def test_prefix_group_is_the_default_with_a_logged_fallback(tmp_path, tiny_dirs, th, caplog):
+    """Default run.logprob_impl=prefix_group is used for the verified families; where it is not exact or not
+    supported (here: the prepared-module path) the trainer falls back to the naive path and says so."""
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1")
+    assert TrainConfig().run.logprob_impl == "prefix_group"
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+    assert tr.logprob_impl == "prefix_group"
+    with caplog.at_level(logging.WARNING, logger="mmgrpo"):
+        fb = GRPOTrainer(make_cfg(tmp_path / "fb", tiny_dirs("qwen2_5_vl"), "run.grad_sync=accelerate"),
+                         samples=th.image_samples(2), reward_fn=th.text_reward)
+    assert fb.logprob_impl == "naive" and "prefix_group -> naive log-prob path" in caplog.text
+    hist, _ = run(fb, 1)
+    assert hist[0]["perf/prefix_group"] == 0.0
+
+
+def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, tiny_dirs, th):
+    """Time-R1 multi-round: at the start of epoch 1 every sample is scored again by the policy as trained so far
+    and re-selected; the next epoch draws from the new set only, and a resume restores that set exactly."""
+    seen_weights = []
+
+    def phase_reward(texts, samples):  # before training i0 is 'solved' (constant); afterwards i1 is
+        solved = "i0" if tr.step == 0 else "i1"
+        r = torch.tensor([1.0 if s["id"] == solved else float(sum(map(ord, t)) % 7) / 6
+                          for t, s in zip(texts, samples)])
+        return {"acc": r, "total": r, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    args = ["run.max_steps=2", "selection.enabled=true", "selection.num_inferences=3",
+            "selection.criterion=nonconstant", "selection.refilter_every_epoch=true", "run.save_every=1"]
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args)
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=phase_reward)
+    w0 = trainable(tr)
+    score = tr.score_samples
+    tr.score_samples = lambda *a, **k: (seen_weights.append(trainable(tr)), score(*a, **k))[1]
+    drawn = []
+    draw = tr._draw
+    tr._draw = lambda: (lambda d: (drawn.append([tr.samples[i]["id"] for _, i, _ in d]), d)[1])(draw())
+    tr.train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["sample_id"], r["kept"]) for r in rows] == [
+        (0, "i0", False), (0, "i1", True), (0, "i2", True), (1, "i0", True), (1, "i1", False), (1, "i2", True)]
+    assert rows[3]["step"] == 1  # scored when epoch 1 began: after one update ...
+    assert not all(torch.equal(seen_weights[1][k], w0[k]) for k in w0)  # ... with the weights of that moment
+    assert sorted(drawn[0]) == ["i1", "i2"] and sorted(drawn[1]) == ["i0", "i2"] and tr.selected_indices == [0, 2]
+    # resume from the step-2 checkpoint: the round-1 selection and the stream come back
+    re = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args, "run.resume_from=" + str(
+        tmp_path / "run" / "checkpoints" / "step-00000002")), samples=th.image_samples(3), reward_fn=phase_reward)
+    assert re.resume() and re.selected_indices == [0, 2] and re.stream.state_dict() == tr.stream.state_dict()
+    sd = tr.stream.state_dict()
+    assert (sd["position"], sd["epoch"], sd["offset"], sd["num_samples"]) == (4, 1, 2, 2)
