@@ -68,6 +68,12 @@ class DataConfig:
                                       metadata=_h("pixel budget of the whole video (caps frames x pixels)"))
     image_min_pixels: int = field(default=0, metadata=_h("image min pixels (0 = the processor's own setting)"))
     image_max_pixels: int = field(default=0, metadata=_h("image max pixels (0 = the processor's own setting)"))
+    max_prompt_tokens: int = field(
+        default=0, metadata=_h("a prompt longer than this many tokens, vision tokens included, is a bad sample "
+                               "(0 = no limit)"))
+    on_bad_sample: Literal["skip", "error"] = field(
+        default="skip", metadata=_h("a sample the model cannot take (empty query, over max_prompt_tokens, an image "
+                                    "the processor rejects): skip and count it, or raise naming it"))
 
 
 @dataclass

@@ -18,6 +18,54 @@ class MissingMediaError(FileNotFoundError):
     """A sample's video / image file does not exist (or cannot be decoded)."""
 
 
+class BadSampleError(ValueError):
+    """A sample the model cannot take (empty query, prompt over ``data.max_prompt_tokens``, an image the processor
+    rejects); the message names the sample.  The trainer skips and counts it, or raises (``data.on_bad_sample``)."""
+
+
+MAX_ASPECT_RATIO = 200.0  # Qwen-VL processors (smart_resize) reject more elongated images
+
+
+def to_rgb_image(im: Any, what: str = "image"):
+    """A PIL RGB image from a PIL image of any mode or an array (H, W), (H, W, 1|3|4).
+
+    Transparency (RGBA, LA, palette with a transparent colour) is composited onto white -- a plain ``convert``
+    would turn transparent pixels black.  16/32-bit and float grayscale are rescaled to 0..255 from their range.
+    Raises BadSampleError naming ``what`` for anything else (wrong shape, empty image)."""
+    import numpy as np
+    from PIL import Image
+
+    if isinstance(im, np.ndarray):
+        a = im
+        if a.ndim == 3 and a.shape[-1] == 1:
+            a = a[..., 0]
+        if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[-1] not in (3, 4)) or 0 in a.shape:
+            raise BadSampleError(f"{what}: array of shape {a.shape} is not an (H, W[, 1|3|4]) image")
+        if a.dtype != np.uint8:
+            lo, hi = float(a.min()), float(a.max())
+            a = ((a.astype(np.float64) - lo) / (hi - lo) * 255 if hi > lo else np.zeros(a.shape)).round()
+            a = a.astype(np.uint8)
+        im = Image.fromarray(a)
+    if not isinstance(im, Image.Image):
+        raise BadSampleError(f"{what}: expected a PIL image, an array or a path, got {type(im).__name__}")
+    if im.width < 1 or im.height < 1:
+        raise BadSampleError(f"{what}: empty image ({im.width}x{im.height})")
+    if im.mode == "RGB":
+        return im
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(bg, rgba).convert("RGB")
+    if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+        a = np.asarray(im, dtype=np.float64)
+        lo, hi = float(a.min()), float(a.max())
+        a = (a - lo) / (hi - lo) * 255 if hi > lo else np.zeros(a.shape)
+        return Image.fromarray(a.round().astype(np.uint8)).convert("RGB")
+    return im.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
+
+
 def _get(sample: Any, key: str, default: Any = None) -> Any:
     if isinstance(sample, Mapping):
         return sample.get(key, default)
@@ -125,23 +173,44 @@ class TaskAdapter:
             raise
 
     def _load_images(self, sample: Any) -> list:
+        """RGB PIL images of the sample (any mode / array converted, see ``to_rgb_image``); an aspect ratio the
+        processor cannot resize raises BadSampleError naming the sample."""
         from PIL import Image
 
         imgs = _get(sample, "image")
         imgs = imgs if isinstance(imgs, (list, tuple)) else [imgs]
         out = []
-        for im in imgs:
+        for k, im in enumerate(imgs):
+            src = im if isinstance(im, (str, os.PathLike)) else f"image {k}"
             im = self._path(im)
             if isinstance(im, str):
                 try:
-                    im = Image.open(im).convert("RGB")
+                    with Image.open(im) as f:
+                        f.load()
+                        im = f.copy()
                 except OSError as e:
                     raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: {e}") from e
+            im = to_rgb_image(im, f"sample {sample_id(sample)}: {src}")
+            ar = max(im.width, im.height) / min(im.width, im.height)
+            if ar > MAX_ASPECT_RATIO:
+                raise BadSampleError(f"sample {sample_id(sample)}: {src} is {im.width}x{im.height} (aspect ratio "
+                                     f"{ar:.0f} > {MAX_ASPECT_RATIO:.0f}, which Qwen-VL processors cannot resize)")
             out.append(im)
         return out
 
     def prepare(self, sample: Any) -> PreparedPrompt:
+        """Processor inputs of one sample.  Raises MissingMediaError (media absent / undecodable) or
+        BadSampleError (empty query, image the processor cannot take, prompt over ``data.max_prompt_tokens``
+        tokens counting vision tokens), both naming the sample."""
+        q = _get(sample, "query")
+        if not isinstance(q, str) or not q.strip():
+            raise BadSampleError(f"sample {sample_id(sample)}: empty query {q!r}")
         pp = self._prepare(sample)
+        n_tok = int(pp.item["input_ids"].shape[-1])
+        limit = getattr(self.cfg, "max_prompt_tokens", 0)
+        if limit and n_tok > limit:
+            raise BadSampleError(f"sample {sample_id(sample)}: prompt of {n_tok} tokens (text + vision) exceeds "
+                                 f"data.max_prompt_tokens={limit}")
         rs = {k: v for k, v in as_dict(sample).items() if k not in ("video", "image")}  # no pixel copies
         if "image_grid_thw" in pp.item and pp.item["image_grid_thw"].shape[0] == 1:
             # boxes of Qwen2.5-VL live in the processor-resized image: W_r = grid_w * patch, H_r = grid_h * patch
@@ -166,7 +235,11 @@ class TaskAdapter:
             kw = {}
             if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
                 kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
-            item = self.processor(text=[text], images=imgs, return_tensors="pt", **kw)
+            try:
+                item = self.processor(text=[text], images=imgs, return_tensors="pt", **kw)
+            except Exception as e:  # the processor's own checks (sizes, ratios) do not name the sample
+                raise BadSampleError(f"sample {sample_id(sample)}: the processor rejected its image(s) "
+                                     f"{[(im.width, im.height) for im in imgs]}: {type(e).__name__}: {e}") from e
             return PreparedPrompt(sample, _tensors(item), text=text, images=imgs)
         item = self.processor(text=[text], return_tensors="pt")
         return PreparedPrompt(sample, _tensors(item), text=text)

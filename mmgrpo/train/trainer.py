@@ -14,7 +14,21 @@ Per step (``GRPOTrainer.train``):
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
 4. log (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
-   completions to ``completions.jsonl``) and checkpoint (all state through ``CheckpointManager``).
+   completions to ``completions.jsonl``) and checkpoint (all state through ``CheckpointManager``; the last
+   ``run.keep_last`` plus the best by ``run.best_metric``).
+
+Faults (``mmgrpo.train.faults``): a reward call that raises or times out is retried with back-off, then its rows
+are dropped (counted) or the run stops; NaN/inf rewards drop their rows from the group (``valid``) or stop the run;
+groups left with < 2 members get advantage 0 (counted); NaN/inf advantages, loss or gradients skip the optimizer
+step (counted); ``run.max_consecutive_skips`` skips in a row stop the run.  A stop always writes a checkpoint
+first and raises ``TrainingStopped`` (``mmgrpo train`` exits with code 3).
+
+Several processes: each draws its share of the global batch (``run.prompts_per_step``; a group may be split, its
+advantages are computed on the gathered batch).  Gradients are summed by hand for replicated weights
+(``run.grad_sync=manual``, the default without FSDP / DeepSpeed) or go through ``accelerator.prepare`` (FSDP2 /
+DeepSpeed, see ``optimize``).  Verified on CPU only (gloo, two processes): the manual path and FSDP2 (plugin
+set by hand, as accelerate refuses FSDP without GPUs), including a sharded checkpoint resume; DeepSpeed is wired
+the same way but untested (not installable here); no GPU / NCCL run has been made.
 """
 from __future__ import annotations
 
@@ -38,7 +52,7 @@ from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingPar
 from mmgrpo.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
 from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
-from mmgrpo.train.task import (MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
+from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import config_to_dict, save_config
@@ -334,7 +348,8 @@ class GRPOTrainer:
             self._broadcast_params()
         self.logprob_impl = self._choose_logprob_impl()
         self.step = 0
-        self.counters = {"skipped_missing_media": 0, "filtered_groups": 0, "generated_tokens": 0,
+        self.counters = {"skipped_missing_media": 0, "skipped_bad_samples": 0, "filtered_groups": 0,
+                         "generated_tokens": 0,
                          # faults (see mmgrpo.train.faults): rows dropped for NaN/inf or failed rewards, reward
                          # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
                          "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
@@ -414,6 +429,11 @@ class GRPOTrainer:
                     raise
                 self.counters["skipped_missing_media"] += 1
                 log.warning("skipping sample %s (index %d): %s", sample_id(s), idx, e)
+            except BadSampleError as e:
+                if self.cfg.data.on_bad_sample == "error":
+                    raise
+                self.counters["skipped_bad_samples"] += 1
+                log.warning("skipping sample (index %d): %s (data.on_bad_sample=skip)", idx, e)
         return out
 
     def _draw(self) -> list[tuple[int, int, list[int] | None]]:
@@ -505,8 +525,8 @@ class GRPOTrainer:
         with self._generation_context():
             out = self.backend.generate(
                 [pp.item for _, pp, _ in gen_rows], 1, self.sampling, seeds=seeds,
-                raw_prompts=[{"text": pp.text, "images": pp.images, "video": None if pp.clip is None else pp.clip.frames}
-                             for _, pp, _ in gen_rows])
+                raw_prompts=[{"text": pp.text, "images": pp.images,
+                              "video": None if pp.clip is None else pp.clip.frames} for _, pp, _ in gen_rows])
         gen_time = time.time() - t0
         n_tok = int(out.completion_mask.sum())
         self.counters["generated_tokens"] += n_tok
@@ -976,6 +996,7 @@ class GRPOTrainer:
         m["data/groups"] = rb.info.get("groups", 0.0)
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
+        m["data/skipped_bad_samples"] = float(self.counters["skipped_bad_samples"])
         m["data/filtered_groups"] = float(self.counters["filtered_groups"])
         for k in ("reward_nonfinite_rows", "reward_failed_rows", "reward_failed_calls", "reward_retries",
                   "reward_timeouts", "degenerate_groups"):
@@ -1020,7 +1041,7 @@ class GRPOTrainer:
                 out[k] = min(vals)
             elif k in ("faults/skipped_steps", "faults/consecutive_skips", "train/skipped_steps"):
                 out[k] = vals[0]  # decided globally: the same on every process
-            elif k in ("data/skipped_missing_media", "data/filtered_groups", "data/groups",
+            elif k in ("data/skipped_missing_media", "data/skipped_bad_samples", "data/filtered_groups", "data/groups",
                        "completions/parse_failures") or k.startswith(("perf/tokens", "faults/")):
                 out[k] = float(sum(vals))
             else:
@@ -1147,8 +1168,10 @@ class GRPOTrainer:
             for i, s in chunk:
                 try:
                     preps.append((i, self.task.prepare(s)))
-                except MissingMediaError as e:
-                    if self.cfg.data.on_missing_media == "error":
+                except (MissingMediaError, BadSampleError) as e:
+                    policy = (self.cfg.data.on_missing_media if isinstance(e, MissingMediaError)
+                              else self.cfg.data.on_bad_sample)
+                    if policy == "error":
                         raise
                     log.warning("selection: skipping %s: %s", sample_id(s), e)
                     res.append((i, [float("nan")] * K))

@@ -2,10 +2,10 @@
 
 The trainer runs in a child process (``os.fork`` of this one, so the ~15 s import of torch + transformers is not
 paid again on the loaded 2-core machine; the child loads the tiny Qwen2.5-VL saved to a tmp folder, full
-fine-tuning, a checkpoint every step) and is killed with a real SIGKILL.  Run A is SIGKILLed at an arbitrary point once its 2nd checkpoint exists; run B resumes
-(``run.resume_from=auto``) and is SIGKILLed while it writes its step-3 checkpoint; the last resume (in this
-process, through ``GRPOTrainer.train``) must pick step 2, ignore the torn write, and end with weights and
-optimizer state bitwise equal to an uninterrupted run (CPU, one thread).
+fine-tuning, a checkpoint every step) and is killed with a real SIGKILL.  Run A is SIGKILLed at an arbitrary
+point once its 2nd checkpoint exists; run B resumes (``run.resume_from=auto``) and is SIGKILLed while it writes
+its step-3 checkpoint; the last resume (in this process, through ``GRPOTrainer.train``) must pick step 2, ignore
+the torn write, and end with weights and optimizer state bitwise equal to an uninterrupted run (CPU, one thread).
 """
 import json
 import os
