@@ -47,3 +47,29 @@ def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
     with pytest.raises(Exception, match="gone.png"):
         main(args[:3] + [f"data.train_file={tmp_path / 'bad.jsonl'}", "data.on_missing_media=error",
                          f"run.output_dir={tmp_path / 'run2'}"] + args[4:-3] + ["run.use_tensorboard=false"])
+
+
+def test_cli_stopped_run_exits_3_with_the_reason_and_checkpoint(tmp_path, tiny_dirs, monkeypatch, capsys):
+    """A fault policy that stops the run (here: reward.on_failure=stop) ends `mmgrpo train` with exit code 3 and a
+    one-line reason naming the checkpoint to resume from -- not a traceback, and not a lost run."""
+    import mmgrpo.train.trainer as trainer_mod
+    from mmgrpo.cli import main
+    from mmgrpo.models.tiny import synthetic_image
+
+    def judge_down(texts, samples):
+        raise ConnectionError("judge unreachable")
+
+    monkeypatch.setattr(trainer_mod, "build_rewards", lambda *a, **k: (judge_down, None))
+    synthetic_image(0, 56, 56).save(tmp_path / "img0.png")
+    row = {"id": "s0", "task": "mcq", "query": "which colour?", "image": "img0.png", "options": ["a", "b"],
+           "answer": "B"}
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
+    code = main(["train", f"model.path={tiny_dirs('qwen2_5_vl')}", "model.dtype=float32",
+                 f"data.train_file={tmp_path / 'train.jsonl'}", "data.task=mcq", "data.image_min_pixels=3136",
+                 "data.image_max_pixels=3136", "rollout.num_generations=2", "rollout.max_new_tokens=2",
+                 "run.prompts_per_device=1", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
+                 "reward.retries=0", "reward.on_failure=stop"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "training stopped at step 0: reward function failed 1 time(s); last error: ConnectionError" in err
+    assert "step-00000000" in err and "resume with run.resume_from=auto" in err
