@@ -2,10 +2,10 @@
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with the shared-prefix group forward
-                    (``mmgrpo.models.prefix_group.grouped_rows_token_logprobs``) plugged into its ``_logp``
-                    (a subclass defined here; the trainer itself is not modified);
-* ``ours_naive`` -- the same trainer as it is (``compute_token_logprobs``: prompt repeated G times);
+* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with ``run.logprob_impl=prefix_group`` (its
+                    default: ``mmgrpo.models.prefix_group``, each prompt encoded once per group); with a trainer
+                    that predates that option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
+* ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` (prompt repeated G times);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
 
 Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once; vision tower frozen, LLM fully
@@ -51,7 +51,7 @@ TAG = "@@"  # result lines on a worker's stdout (libraries may print there too)
 # ============================================================================================== shared setup
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 rounds x 2 steps (default 4 x 3)")
+    p.add_argument("--quick", action="store_true", help="3 rounds (default 8) of 1 step per worker")
     p.add_argument("--model", choices=["tiny", "mid"], default="mid")
     p.add_argument("--B", type=int, default=2, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
@@ -69,10 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--total-steps", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.rounds is None:
-        a.rounds = 2 if a.quick else 4
+    if a.rounds is None:  # many short rounds: the paired measurements are close in time on a drifting machine
+        a.rounds = 3 if a.quick else 8
     if a.steps is None:
-        a.steps = 2 if a.quick else 3
+        a.steps = 1
     return a
 
 
@@ -124,6 +124,8 @@ def profile_step(step_fn, top: int = 25) -> str:
 
 # ============================================================================================== ours
 def worker_ours(args, grouped: bool) -> None:
+    import dataclasses
+
     import torch
 
     from mmgrpo.config import TrainConfig
@@ -147,7 +149,8 @@ def worker_ours(args, grouped: bool) -> None:
     common.set_threads(args.threads)
     out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_ours_")
     rows = args.B * args.G
-    cfg = load_config(TrainConfig, None, [
+    has_switch = "logprob_impl" in {f.name for f in dataclasses.fields(TrainConfig().run)}
+    overrides = [
         f"model.path={args.model_dir}", "model.dtype=float32", "model.attn_implementation=sdpa",
         "model.freeze_vision=true", "data.task=mcq", "data.prompt_mode=no_think",
         f"rollout.num_generations={args.G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
@@ -155,7 +158,10 @@ def worker_ours(args, grouped: bool) -> None:
         "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0", "optim.lr_schedule=constant",
         "algo.kl_coef=0", "algo.num_iterations=1", "algo.agg=token_mean", f"run.output_dir={out_dir}",
         "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
-        "run.device=cpu", "run.log_every=1"])
+        "run.device=cpu", "run.log_every=1"]
+    if has_switch:
+        overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    cfg = load_config(TrainConfig, None, overrides)
     policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     backend = HFRolloutBackend(policy.model, policy.processor, list(policy.suppress_token_ids) + [eos],
@@ -165,7 +171,7 @@ def worker_ours(args, grouped: bool) -> None:
         r = torch.tensor([reward_value(t) for t in texts])
         return {"acc": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cls = GroupedGRPOTrainer if grouped else GRPOTrainer
+    cls = GroupedGRPOTrainer if (grouped and not has_switch) else GRPOTrainer
     tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
     tr._make_stream()
     common.set_threads(args.threads)
@@ -175,7 +181,7 @@ def worker_ours(args, grouped: bool) -> None:
     prompt_tokens = int(tr.task.prepare(tr.samples[0]).item["input_ids"].shape[1])
     say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads(),
          "prompt_tokens": prompt_tokens})
-    lengths = []
+    lengths, impl = [], None
     while True:
         cmd, k = read_command()
         if cmd == "run":
@@ -183,9 +189,10 @@ def worker_ours(args, grouped: bool) -> None:
             for _ in range(k):
                 m = tr.train_step()
                 lengths.append(m.get("completions/mean_length", 0.0))
+                impl = getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
             dt = time.perf_counter() - t0
             rb = tr.last_batch
-            say({"event": "done", "steps": k, "seconds": dt, "samples": k * rb.n,
+            say({"event": "done", "steps": k, "seconds": dt, "samples": k * rb.n, "logprob_impl": impl,
                  "prompt_tokens": int(rb.items[0]["input_ids"].shape[1]), "completion_len": lengths[-1]})
         elif cmd == "profile":
             say({"event": "profile", "text": profile_step(tr.train_step)})
@@ -346,6 +353,7 @@ def main(argv=None) -> dict:
             worker_ours(args, grouped=args.worker == "ours")
         return {}
     t_start = time.time()
+    common.set_threads(args.threads)  # the parent only coordinates; recorded in machine_info
     names = [w.strip() for w in args.workers.split(",") if w.strip()]
     if "trl" not in names or not any(n.startswith("ours") for n in names):
         raise SystemExit("--workers must include trl and at least one of ours, ours_naive")
@@ -364,7 +372,13 @@ def main(argv=None) -> dict:
         raise SystemExit(f"workers disagree on prompt length / trainable parameters: {ready}")
     if args.warmup:
         for n in names:
-            workers[n].run(args.warmup)
+            w = workers[n].run(args.warmup)
+            if "logprob_impl" in w:
+                print(f"{n}: log-prob path {w['logprob_impl']}", flush=True)
+                expected = "prefix_group" if n == "ours" else "naive"
+                if w["logprob_impl"] != expected:
+                    raise SystemExit(f"worker {n} runs the {w['logprob_impl']} log-prob path, expected {expected} "
+                                     f"(see the trainer's log in {workers[n].log.name})")
     per = {n: [] for n in names}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
