@@ -423,11 +423,39 @@ def score_tvg_outputs(texts: Sequence[str], samples: Sequence[Any]) -> dict:
     return res
 
 
+def query_swap_probe(texts: Sequence[str], samples: Sequence[Any]) -> dict:
+    """Does the model read the query?  For videos with >= 2 queries, the mIoU of each prediction against its own
+    query's span (``own``) and against the span of the *next* query on the same video (``other``), in percent.
+
+    A model that ignores the query and the video content (it only predicts a typical span for a video of that
+    length) scores ``own ~= other``; grounding shows as ``own > other``.  ``n`` = predictions compared."""
+    if len(texts) != len(samples):
+        raise ValueError(f"{len(texts)} outputs for {len(samples)} samples")
+    by: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by.setdefault(str(_get(s, "video")), []).append(i)
+    own_t, own_s, oth_s = [], [], []
+    for idx in by.values():
+        if len(idx) < 2:
+            continue
+        for k, i in enumerate(idx):
+            own_t.append(texts[i])
+            own_s.append(samples[i])
+            oth_s.append(samples[idx[(k + 1) % len(idx)]])
+    if not own_t:
+        return {"n": 0, "own_mIoU": None, "other_mIoU": None}
+    own = score_tvg_outputs(own_t, own_s)["mIoU"]
+    other = score_tvg_outputs(own_t, oth_s)["mIoU"]
+    return {"n": len(own_t), "own_mIoU": own, "other_mIoU": other}
+
+
 def evaluate_tvg(model, processor, examples: Sequence[SFTExample], batch_size: int = 32,
                  max_new_tokens: int = 24) -> dict:
-    """Greedy decoding + :func:`score_tvg_outputs`; adds ``tokens_per_s``, ``seconds`` and the raw ``texts``."""
+    """Greedy decoding + :func:`score_tvg_outputs` + :func:`query_swap_probe` (``query_swap``); adds
+    ``tokens_per_s`` (generated tokens incl. EOS / wall time incl. prefill), ``seconds`` and the raw ``texts``."""
     gen = generate_greedy(model, processor, examples, batch_size, max_new_tokens)
     res = score_tvg_outputs(gen["texts"], [e.sample for e in examples])
+    res["query_swap"] = query_swap_probe(gen["texts"], [e.sample for e in examples])
     res.update(texts=gen["texts"], tokens_per_s=gen["tokens_per_s"], seconds=gen["seconds"],
                truncated_rate=100.0 * sum(gen["truncated"]) / max(1, len(examples)))
     return res
@@ -436,5 +464,5 @@ def evaluate_tvg(model, processor, examples: Sequence[SFTExample], batch_size: i
 __all__ = [
     "IGNORE_INDEX", "VideoSettings", "SFTExample", "SFTConfig", "sample_dict", "prepare_example",
     "prepare_examples", "collate_sft", "token_nll", "sft_loss", "per_example_loss", "lr_at", "batch_order",
-    "train_sft", "generate_greedy", "score_tvg_outputs", "evaluate_tvg",
+    "train_sft", "generate_greedy", "score_tvg_outputs", "query_swap_probe", "evaluate_tvg",
 ]

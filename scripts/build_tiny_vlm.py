@@ -228,6 +228,34 @@ def prior_baselines(train: list, held: list) -> dict:
     return out
 
 
+def fingerprint() -> dict:
+    """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
+    answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
+    (``mmgrpo.data.synthetic_tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
+    checkpoint whose fingerprint differs from the current code's must be rebuilt."""
+    import hashlib
+    import inspect
+
+    from mmgrpo.data import prompts
+    from mmgrpo.data import synthetic_tvg as syn
+    from mmgrpo.models.tiny import build_tiny_tokenizer
+
+    s = {"id": "fp", "task": "tvg", "video": "v.mp4", "duration": 9.5, "query": "When does the red circle appear?",
+         "spans": [[1.25, 4.5]]}
+    kw = {"mode": "no_think", "answer_format": "seconds"}
+    text = build_tiny_tokenizer().apply_chat_template(prompts.build_messages(s, **kw), tokenize=False,
+                                                      add_generation_prompt=True)
+    text += prompts.format_ground_truth_answer(s, **kw)
+    gen = repr([syn.COLOURS, syn.SHAPES, syn.BACKGROUND, syn.SIZES, syn.FPS_CHOICES, syn.SHAPE_SIZE,
+                syn.QUERY_TEMPLATES]) + "".join(inspect.getsource(f) for f in (
+                    syn._shape_mask, syn.render_frame, syn.sample_spec, syn.tvg_samples, syn.Event.span))
+
+    def h(x: str) -> str:
+        return hashlib.sha256(x.encode()).hexdigest()[:16]
+
+    return {"prompts": h(text), "synthetic_tvg": h(gen)}
+
+
 def load_split(path: Path) -> list:
     from mmgrpo.data.jsonl import load_jsonl
 
@@ -271,7 +299,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vision-depth", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary before the number tokens")
     p.add_argument("--eval-batch-size", type=int, default=50)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    p.add_argument("--ship", default="", help="also copy the model files + sft_report.json (not the data) here, "
+                   "e.g. assets/tiny_vlm_tvg (the checkpoint shipped with the repo)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (0 = torch default); 1 because two threads per process were 2-20x "
+                        "slower whenever other processes shared the 2 cores")
     return p.parse_args(argv)
 
 
@@ -345,6 +377,10 @@ def main(argv=None) -> dict:
     print(f"[eval after] held-out mIoU {after['mIoU']:.1f} R1@0.5 {after['R1@0.5']:.1f} parse "
           f"{after['parse_rate']:.0f}% | train-subset mIoU {after_train['mIoU']:.1f} | "
           f"{after['tokens_per_s']:.0f} tok/s", flush=True)
+    qs = after["query_swap"]
+    if qs["n"]:
+        print(f"[eval after] query-swap probe: own-query mIoU {qs['own_mIoU']:.1f} vs another event of the same "
+              f"video {qs['other_mIoU']:.1f} (equal = the model ignores the query)", flush=True)
 
     baselines = prior_baselines(train, held)
     print(f"[baselines] video-blind spans fitted on train, held-out mIoU: constant "
@@ -365,6 +401,7 @@ def main(argv=None) -> dict:
         "sft": {k: v for k, v in res.items() if k != "history"},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
         "final_loss": res["history"][-1]["loss"] if res["history"] else None,
+        "fingerprint": fingerprint(),
         "video_blind_baselines": baselines,
         "eval_before": _metrics(before), "eval_heldout": _metrics(after), "eval_train_subset": _metrics(after_train),
         "examples": [{"id": e.id, "gt": e.answer_text, "pred": t} for e, t in zip(ex_eval[:8], after["texts"][:8])],
@@ -374,8 +411,24 @@ def main(argv=None) -> dict:
     }
     with open(out / "sft_report.json", "w") as f:
         json.dump(report, f, indent=1)
+    if args.ship:
+        ship(out, Path(args.ship))
     print(f"[done] saved {out} in {report['seconds']['total']:.0f}s (reload logit diff {reload_diff})", flush=True)
     return report
+
+
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "processor_config.json",
+                 "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "sft_report.json")
+
+
+def ship(src: Path, dst: Path) -> None:
+    """Copy the files a ``from_pretrained`` load needs (and the report) from ``src`` to ``dst``."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in SHIPPED_FILES:
+        shutil.copyfile(src / f, dst / f)
+    print(f"[ship] copied {len(SHIPPED_FILES)} files to {dst}", flush=True)
 
 
 def trainer_overrides(video, args) -> list[str]:

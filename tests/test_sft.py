@@ -252,6 +252,18 @@ def test_score_tvg_outputs_by_hand():
     assert out["R1@0.3"] == pytest.approx(200 / 3) and out["R1@0.5"] == pytest.approx(100 / 3)
 
 
+def test_query_swap_probe_by_hand():
+    mk = lambda i, v, sp: dict(id=i, task="tvg", video=v, duration=10.0, query="q", spans=[sp])  # noqa: E731
+    samples = [mk("a", "v1", [0.0, 2.0]), mk("b", "v1", [4.0, 8.0]), mk("c", "v2", [1.0, 3.0])]
+    texts = ["<answer>0.00 to 2.00</answer>", "<answer>4.00 to 6.00</answer>", "<answer>1.00 to 3.00</answer>"]
+    out = sft.query_swap_probe(texts, samples)
+    # v2 has one query: not compared.  own: a 1.0, b 2/4; other: a vs [4, 8] 0, b vs [0, 2] 0
+    assert out["n"] == 2
+    assert out["own_mIoU"] == pytest.approx(100 * (1.0 + 0.5) / 2)
+    assert out["other_mIoU"] == pytest.approx(0.0)
+    assert sft.query_swap_probe(texts[2:], samples[2:])["n"] == 0
+
+
 def test_ground_truth_answers_score_100(tiny):
     _, _, exs = tiny
     out = sft.score_tvg_outputs([e.answer_text for e in exs], [e.sample for e in exs])
@@ -317,3 +329,33 @@ def test_built_model_saves_and_reloads_identically(builder, tmp_path):
     gc = policy.model.generation_config
     assert set(vision_token_ids(tok)) <= set(gc.suppress_tokens or [])
     assert gc.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+SHIPPED = REPO / "assets" / "tiny_vlm_tvg"
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped demo checkpoint")
+def test_shipped_checkpoint_is_current_and_loads(builder):
+    """The shipped demo VLM was built from today's prompt templates and synthetic generator, and loads like any
+    Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/data/prompts.py or synthetic_tvg.py, rebuild:
+    python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship assets/tiny_vlm_tvg"""
+    import json
+
+    from mmgrpo.models.adapters import load_policy
+
+    report = json.loads((SHIPPED / "sft_report.json").read_text())
+    assert report["fingerprint"] == builder.fingerprint(), (
+        "the shipped checkpoint is stale (prompt templates or synthetic generator changed); rebuild with: "
+        "python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship assets/tiny_vlm_tvg")
+    assert report["sft"]["stopped_by"] == "steps" and report["reload_max_abs_logit_diff"] == 0.0
+    assert report["eval_heldout"]["parse_rate"] >= 90.0
+    policy = load_policy(SHIPPED, dtype="float32")
+    assert policy.family == "qwen2_5_vl"
+    tok = policy.tokenizer
+    assert len(tok("<answer>12.54 to 17.83</answer>", add_special_tokens=False)["input_ids"]) == 8
+    exs = _examples(policy.processor)
+    batch, labels = sft.collate_sft(exs, tok.pad_token_id)
+    policy.model.eval()
+    with torch.no_grad():
+        loss, _ = sft.sft_loss(policy.model, batch, labels)
+    assert math.isfinite(loss.item()) and loss.item() < math.log(len(tok))  # trained: far below uniform
