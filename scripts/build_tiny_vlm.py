@@ -300,7 +300,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary before the number tokens")
     p.add_argument("--eval-batch-size", type=int, default=50)
     p.add_argument("--ship", default="", help="also copy the model files + sft_report.json (not the data) here, "
-                   "e.g. assets/tiny_vlm_tvg (the checkpoint shipped with the repo)")
+                   "e.g. data/checkpoints/tiny_vlm (the checkpoint shipped with the repo, used by scripts/demo.py)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (0 = torch default); 1 because two threads per process were 2-20x "
                         "slower whenever other processes shared the 2 cores")

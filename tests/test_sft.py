@@ -331,14 +331,14 @@ def test_built_model_saves_and_reloads_identically(builder, tmp_path):
     assert gc.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
 
 
-SHIPPED = REPO / "assets" / "tiny_vlm_tvg"
+SHIPPED = REPO / "data" / "checkpoints" / "tiny_vlm"  # where scripts/demo.py looks for it
 
 
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped demo checkpoint")
 def test_shipped_checkpoint_is_current_and_loads(builder):
     """The shipped demo VLM was built from today's prompt templates and synthetic generator, and loads like any
     Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/data/prompts.py or synthetic_tvg.py, rebuild:
-    python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship assets/tiny_vlm_tvg"""
+    python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship data/checkpoints/tiny_vlm"""
     import json
 
     from mmgrpo.models.adapters import load_policy
@@ -346,7 +346,7 @@ def test_shipped_checkpoint_is_current_and_loads(builder):
     report = json.loads((SHIPPED / "sft_report.json").read_text())
     assert report["fingerprint"] == builder.fingerprint(), (
         "the shipped checkpoint is stale (prompt templates or synthetic generator changed); rebuild with: "
-        "python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship assets/tiny_vlm_tvg")
+        "python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship data/checkpoints/tiny_vlm")
     assert report["sft"]["stopped_by"] == "steps" and report["reload_max_abs_logit_diff"] == 0.0
     assert report["eval_heldout"]["parse_rate"] >= 90.0
     policy = load_policy(SHIPPED, dtype="float32")
