@@ -32,7 +32,7 @@ import dataclasses
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 IGNORE_INDEX = -100
@@ -100,15 +100,12 @@ class SFTExample:
         return str(_get(self.sample, "id", "<no id>"))
 
 
-def _prompt_fns(mode: str | None, answer_format: str | None) -> tuple[Callable, Callable]:
-    """(messages_fn, answer_fn) from :mod:`mmgrpo.data.prompts` (the templates the trainer uses)."""
+def _prompt_fns(mode: str, answer_format: str) -> tuple[Callable, Callable]:
+    """(messages_fn, answer_fn) from :mod:`mmgrpo.data.prompts` (the templates the trainer uses), with the same
+    mode and answer format for the prompt and the target (their own defaults differ: think vs no_think)."""
     from mmgrpo.data import prompts
 
-    kw: dict[str, Any] = {}
-    if mode is not None:
-        kw["mode"] = mode
-    if answer_format is not None:
-        kw["answer_format"] = answer_format
+    kw: dict[str, Any] = {"mode": mode, "answer_format": answer_format}
     return (lambda s: prompts.build_messages(s, **kw)), (lambda s: prompts.format_ground_truth_answer(s, **kw))
 
 
@@ -134,8 +131,8 @@ def prepare_example(
     *,
     model_family: str | None = None,
     video: VideoSettings | None = None,
-    mode: str | None = None,
-    answer_format: str | None = None,
+    mode: str = "no_think",
+    answer_format: str = "seconds",
     messages_fn: Callable[[Any], list] | None = None,
     answer_fn: Callable[[Any], str] | None = None,
     frames: Any = None,
@@ -144,9 +141,11 @@ def prepare_example(
 ) -> SFTExample:
     """Build one :class:`SFTExample` from a canonical sample.
 
-    The prompt goes through ``build_messages`` -> chat template -> ``load_video`` -> ``build_video_inputs`` (video
-    samples), the processor with ``images=`` (image samples) or the tokenizer alone (text).  ``frames`` (a
-    (T, H, W, 3) array / list of frames at ``video_fps``) replaces reading ``sample.video`` from disk (tests).
+    ``mode`` / ``answer_format`` select the :mod:`mmgrpo.data.prompts` templates for both the prompt and the target
+    unless ``messages_fn`` / ``answer_fn`` are given.  The prompt goes through ``build_messages`` -> chat template
+    -> ``load_video`` -> ``build_video_inputs`` (video samples), the processor with ``images=`` (image samples) or
+    the tokenizer alone (text).  ``frames`` (a (T, H, W, 3) array / list of frames at ``video_fps``) replaces
+    reading ``sample.video`` from disk (tests).
     ``clip_cache`` (a dict) memoises decoded clips by (path, video_start, video_end): several queries on one video
     decode it once.
 
@@ -338,7 +337,7 @@ def train_sft(model, examples: Sequence[SFTExample], cfg: SFTConfig, pad_token_i
     """Full fine-tuning with AdamW for ``cfg.steps`` steps (the stopping rule: no held-out data is looked at).
 
     Returns ``{"history": [{step, loss, lr, tokens, seconds}], "steps_done", "seconds", "stopped_by"}``, where
-    ``stopped_by`` is ``"steps"`` or ``"max_seconds"``.
+    ``stopped_by`` is ``"steps"`` or ``"max_seconds"``.  The model is left in eval mode.
     """
     import torch
 
