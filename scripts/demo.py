@@ -35,12 +35,12 @@ PY = sys.executable
 # Full-demo defaults (the smoke profile shrinks every budget). Chosen so the whole demo fits 15 min on 2 cores.
 PROFILES = {
     "full": {
-        "vlm_build": ["--seconds", "150"],
+        "vlm_build": ["--seconds", "300"],
         "flow_build": ["--seconds", "150"],
         "vlm_train": ["run.max_steps=40", "rollout.num_generations=8", "run.prompts_per_device=4",
                       "optim.lr=3e-4", "model.lora.r=32", "model.lora.alpha=64"],
         "flow_train": ["run.num_epochs=12", "data.groups_per_epoch=4", "data.group_size=8"],
-        "vlm_eval": [],
+        "vlm_eval": ["data.max_samples=100"],  # first 100 held-out queries (bounded demo time)
         "t2i_eval_prompts": 0,
     },
     "smoke": {
@@ -108,8 +108,10 @@ def tvg(runner: Runner, args, prof: dict) -> dict:
                             "--n-train", str(rep.get("args", {}).get("n_train", args.tvg_train)),
                             "--n-eval", str(rep.get("args", {}).get("n_eval", args.tvg_eval)),
                             "--seed", str(rep.get("args", {}).get("seed", args.seed))])
-    video = rep.get("video", {})
-    common = [f"data.prompt_mode={rep.get('mode', 'no_think')}", f"data.answer_format={rep.get('answer_format', 'seconds')}",
+    video, prompt = rep.get("video", {}), rep.get("prompt", {})
+    # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
+    common = [f"data.prompt_mode={prompt.get('mode', 'no_think')}",
+              f"data.answer_format={prompt.get('answer_format', 'seconds')}",
               f"data.video_fps={video.get('fps', 2.0)}", f"data.max_frames={video.get('max_frames', 16)}",
               f"data.video_min_pixels={video.get('min_pixels', 4 * 784)}",
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]
@@ -118,7 +120,7 @@ def tvg(runner: Runner, args, prof: dict) -> dict:
     runner.run("tvg_eval_before", ev + [f"model={base}", f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
     runner.run("tvg_grpo", [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}", "model.dtype=float32",
-                            "model.lora.enabled=true",
+                            "model.lora.enabled=true", "reward.weights={iou: 1.0}",
                             f"data.train_file={data_dir / 'train.jsonl'}", "data.task=tvg",
                             f"run.output_dir={train_dir}", f"run.seed={args.seed}", "run.device=cpu",
                             "rollout.max_new_tokens=24", "run.save_every=0"]
