@@ -12,9 +12,14 @@ before each call.  Timed interleaved (A,B,B,A,...), median of paired ratios A/B.
 call of each checks the numbers: max |log-prob difference| and max relative gradient difference (per parameter
 tensor: max|g_A - g_B| / max|g_A|).  Peak extra RSS of one call of each is reported too.
 
-Prints, per model, ``<model>: ...`` lines and finally the headline (mid model) LAST: ``prefix_group_speedup=X.XX``.
+Prints, per model, ``<model>: ...`` lines and finally the headline (the last model) LAST:
+``prefix_group_speedup=X.XX``.
 
-    python eval/perf/prefix_group.py [--quick] [--models tiny,mid] [--json out.json] [--lora] [--threads 1]
+Modes: full (default) = tiny and mid, 7 repetitions, headline = mid (about 6 minutes at load 6 on 2 cores);
+``--quick`` = tiny only, same shapes, 3 repetitions (about 1 minute); ``--smoke`` = tiny, 8 frames, T=16,
+1 repetition, no warm-up (checks that it runs).
+
+    python eval/perf/prefix_group.py [--quick | --smoke] [--models tiny,mid] [--json out.json] [--lora]
 """
 from __future__ import annotations
 
@@ -35,21 +40,30 @@ import common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer repetitions (3 instead of 7)")
-    p.add_argument("--models", default="tiny,mid", help="comma list of tiny, mid (headline = the last one)")
+    p.add_argument("--quick", action="store_true", help="tiny model only, 3 repetitions")
+    p.add_argument("--smoke", action="store_true", help="tiny model, short video and completions, 1 repetition")
+    p.add_argument("--models", default=None,
+                   help="comma list of tiny, mid (headline = the last one); default tiny,mid (tiny with --quick/--smoke)")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
-    p.add_argument("--T", type=int, default=64, help="completion tokens")
-    p.add_argument("--frames", type=int, default=32, help="video frames (224x224): 32 -> 1024 video tokens")
+    p.add_argument("--T", type=int, default=None, help="completion tokens (default 64; 16 with --smoke)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video frames (224x224): 32 -> 1024 video tokens (default; 8 with --smoke)")
     p.add_argument("--frame-size", type=int, default=224)
     p.add_argument("--lora", action="store_true", help="LoRA r=16 on the LLM instead of full fine-tuning")
     p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls of each side first (default 1; 0 with --smoke)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
     p.add_argument("--model-dir", default="", help="reuse/save the model folders here (default: a temp dir)")
     a = p.parse_args(argv)
+    light = a.quick or a.smoke
+    a.models = a.models or ("tiny" if light else "tiny,mid")
+    a.T = a.T or (16 if a.smoke else 64)
+    a.frames = a.frames or (8 if a.smoke else 32)
+    if a.warmup is None:
+        a.warmup = 0 if a.smoke else 1
     if a.reps is None:
-        a.reps = 3 if a.quick else 7
+        a.reps = 1 if a.smoke else (3 if a.quick else 7)
     return a
 
 

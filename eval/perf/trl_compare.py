@@ -22,7 +22,10 @@ rewards, forward/backward, optimizer, the trainer's own logging).  Headline = me
 ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Peak memory: each worker's ``ru_maxrss`` (whole process
 life, includes imports) and its peak RSS growth over the training steps (VmHWM after setup).
 
-    python eval/perf/trl_compare.py [--quick] [--model mid|tiny] [--json out.json] [--profile]
+Modes: full (default) = mid model, 8 rounds of 1 step (about 30 minutes at load 6 on 2 cores); ``--quick`` =
+tiny model, 3 rounds (about 2 minutes); ``--smoke`` = tiny, 1 round, T=16, no warm-up (checks that it runs).
+
+    python eval/perf/trl_compare.py [--quick | --smoke] [--model mid|tiny] [--json out.json] [--profile]
 """
 from __future__ import annotations
 
@@ -51,15 +54,17 @@ TAG = "@@"  # result lines on a worker's stdout (libraries may print there too)
 # ============================================================================================== shared setup
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="3 rounds (default 8) of 1 step per worker")
-    p.add_argument("--model", choices=["tiny", "mid"], default="mid")
+    p.add_argument("--quick", action="store_true", help="tiny model, 3 rounds (default: mid, 8) of 1 step per worker")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 1 round, T=16, no warm-up")
+    p.add_argument("--model", choices=["tiny", "mid"], default=None, help="default mid (tiny with --quick/--smoke)")
     p.add_argument("--B", type=int, default=2, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
-    p.add_argument("--T", type=int, default=64, help="completion tokens (exact: EOS is suppressed)")
+    p.add_argument("--T", type=int, default=None, help="completion tokens, exact: EOS is suppressed (default 64; "
+                                                       "16 with --smoke)")
     p.add_argument("--image-size", type=int, default=448, help="square images; 448 -> 256 image tokens")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps", type=int, default=None, help="steps per worker per round")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per worker first")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per worker first (default 1; 0 with --smoke)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workers", default=",".join(WORKERS), help="subset of " + ",".join(WORKERS))
     p.add_argument("--json", default="")
@@ -69,8 +74,13 @@ def parse_args(argv=None):
     p.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--total-steps", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    light = a.quick or a.smoke
+    a.model = a.model or ("tiny" if light else "mid")
+    a.T = a.T or (16 if a.smoke else 64)
+    if a.warmup is None:
+        a.warmup = 0 if a.smoke else 1
     if a.rounds is None:  # many short rounds: the paired measurements are close in time on a drifting machine
-        a.rounds = 3 if a.quick else 8
+        a.rounds = 1 if a.smoke else (3 if a.quick else 8)
     if a.steps is None:
         a.steps = 1
     return a
@@ -197,7 +207,7 @@ def worker_ours(args, grouped: bool) -> None:
         elif cmd == "profile":
             say({"event": "profile", "text": profile_step(tr.train_step)})
         else:
-            say({"event": "bye", **memory_report(rss_setup)})
+            say({"event": "bye", "completion_len": lengths[-1] if lengths else None, **memory_report(rss_setup)})
             return
 
 
@@ -283,7 +293,8 @@ def worker_trl(args) -> None:
             self._wait(control)
 
         def on_log(self, a, st, control, logs=None, **kw):
-            state["logs"] = dict(logs or {})
+            if logs and "completions/mean_length" in logs:  # not the end-of-training summary log
+                state["logs"] = dict(logs)
 
         def on_step_end(self, a, st, control, **kw):
             state["done"] += 1
@@ -312,7 +323,8 @@ def worker_trl(args) -> None:
     trainer.train()
     if state["target"] != -1:  # ran out of max_steps: still answer the final command
         read_command()
-    say({"event": "bye", **memory_report(state["rss_setup"])})
+    say({"event": "bye", "completion_len": state["logs"].get("completions/mean_length"),  # logged after step_end
+         **memory_report(state["rss_setup"])})
 
 
 # ============================================================================================== parent
@@ -363,8 +375,9 @@ def main(argv=None) -> dict:
         common.save_bench_vlm(args.model_dir, args.model)
     total = args.warmup + args.rounds * args.steps + (1 if args.profile else 0)
     workers, ready = {}, {}
-    for n in names:  # start one at a time: concurrent imports on 2 shared cores only slow each other down
+    for n in names:  # start together (setup is not timed); each then blocks on stdin until told to run
         workers[n] = Worker(n, args, total)
+    for n in names:
         ready[n] = workers[n].read()
         print(f"{n}: ready ({ready[n]['trainable_params']/1e6:.2f}M trainable, {ready[n]['threads']} threads, "
               f"prompt {ready[n]['prompt_tokens']} tokens)", flush=True)
@@ -384,6 +397,8 @@ def main(argv=None) -> dict:
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             res = workers[n].run(args.steps)
+            if n.startswith("ours") and res.get("logprob_impl") != ("prefix_group" if n == "ours" else "naive"):
+                raise SystemExit(f"worker {n} ran the {res.get('logprob_impl')} log-prob path")
             per[n].append(res)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{n} {per[n][-1]['samples'] / per[n][-1]['seconds']:.2f} samples/s" for n in names), flush=True)
@@ -404,7 +419,7 @@ def main(argv=None) -> dict:
            "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
            "image_size": args.image_size, "rounds": args.rounds, "steps_per_round": args.steps,
            "prompt_tokens": ready[names[0]]["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
-           "completion_len_last": {n: per[n][-1].get("completion_len") for n in names},
+           "completion_len_last": {n: mem[n].get("completion_len") for n in names},
            "samples_per_s": sps, "samples_per_s_median": {n: statistics.median(v) for n, v in sps.items()},
            "memory": mem, "profiles": profiles, "wall_s": time.time() - t_start}
     for n in names:
