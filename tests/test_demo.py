@@ -14,9 +14,13 @@ def test_demo_dry_run_lists_every_stage(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = (out / "commands.sh").read_text()
     for needle in ["build_tiny_vlm.py", "synthetic_tvg.py", "generate_vlm.py", "mmgrpo.cli train",
-                   "build_tiny_flow.py", "synthetic_t2i.py", "generate_t2i.py", "flow_grpo.cli train",
-                   "model.lora.enabled=true", "lora="]:
+                   "model.lora.enabled=true", "adapter="]:
         assert needle in cmds, needle
+    if (REPO / "scripts" / "build_tiny_flow.py").exists():
+        for needle in ["build_tiny_flow.py", "synthetic_t2i.py", "generate_t2i.py", "flow_grpo.cli train", "lora="]:
+            assert needle in cmds, needle
+    else:  # the T2I base recipe is not in this checkout: the demo must say so, not crash
+        assert "t2i skipped" in proc.stdout and "flow_grpo.cli train" not in cmds
 
 
 def test_report_schema(tmp_path):
