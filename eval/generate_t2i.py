@@ -25,8 +25,6 @@ stops early, unscored).
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import sys
 import time
@@ -39,7 +37,6 @@ if __package__ in (None, ""):
 
 from eval.harness import (  # noqa: E402
     ResumableJsonl,
-    ResumeError,
     check_resume,
     fingerprint_dir,
     fixed_batches,
@@ -347,24 +344,10 @@ def run(cfg: EvalT2IConfig) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from mmgrpo.utils.config import parse_config_cli
+    from eval.harness import run_generation_cli
 
-    cfg = parse_config_cli(EvalT2IConfig, argv, prog="eval/generate_t2i.py",
-                           description="Generate images for a prompt set with a diffusers pipeline and score them.")
-    try:
-        res = run(cfg)
-    except (ValueError, FileNotFoundError, ResumeError) as e:
-        if os.environ.get("MMGRPO_TRACEBACK"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if res["metrics"] is None:
-        print(json.dumps({"interrupted": True, **res["stats"]}))
-        return 0
-    from eval.report import summarize
-
-    print(json.dumps(summarize(res["out_dir"])["metrics"], indent=1))
-    return 0
+    return run_generation_cli(EvalT2IConfig, run, argv, prog="eval/generate_t2i.py",
+                              description="Generate images for a prompt set with a diffusers pipeline and score them.")
 
 
 if __name__ == "__main__":

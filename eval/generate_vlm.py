@@ -35,7 +35,6 @@ Outputs in ``out_dir``:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,7 +46,6 @@ if __package__ in (None, ""):  # executed as a script: make the repository root 
 
 from eval.harness import (  # noqa: E402
     ResumableJsonl,
-    ResumeError,
     check_resume,
     fingerprint_dir,
     fixed_batches,
@@ -550,24 +548,10 @@ def run(cfg: EvalVLMConfig) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from mmgrpo.utils.config import parse_config_cli
+    from eval.harness import run_generation_cli
 
-    cfg = parse_config_cli(EvalVLMConfig, argv, prog="eval/generate_vlm.py",
-                           description="Generate predictions with a local Qwen-VL checkpoint and score them.")
-    try:
-        res = run(cfg)
-    except (ValueError, FileNotFoundError, ResumeError) as e:  # input problems: one clear line, no traceback
-        if os.environ.get("MMGRPO_TRACEBACK"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if res["metrics"] is None:
-        print(json.dumps({"interrupted": True, **res["stats"]}))
-        return 0
-    from eval.report import summarize
-
-    print(json.dumps(summarize(res["out_dir"])["metrics"], indent=1))
-    return 0
+    return run_generation_cli(EvalVLMConfig, run, argv, prog="eval/generate_vlm.py",
+                              description="Generate predictions with a local Qwen-VL checkpoint and score them.")
 
 
 if __name__ == "__main__":
