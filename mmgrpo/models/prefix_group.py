@@ -37,6 +37,7 @@ uses this path by default for these families (``run.logprob_impl=prefix_group``)
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Sequence
 
@@ -45,7 +46,6 @@ import torch
 from .rollout import _suppress, token_logprobs_from_logits
 
 VERIFIED_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # exactness checked in tests/models/test_prefix_group.py
-VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
@@ -128,6 +128,7 @@ def _expand_rows(t: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     return t.repeat_interleave(torch.as_tensor(sizes, device=t.device), dim=0)
 
 
+@functools.lru_cache(maxsize=None)
 def _cache_classes():
     """Two KV-cache layer types (subclasses of transformers' ``DynamicLayer``, so masks / lengths work as usual).
 
