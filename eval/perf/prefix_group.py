@@ -165,8 +165,14 @@ def main(argv=None) -> dict:
     t0 = time.time()
     root = args.model_dir or tempfile.mkdtemp(prefix="mmgrpo_perf_pg_")
     results = {}
-    for size in [s.strip() for s in args.models.split(",") if s.strip()]:
-        results[size] = run_model(size, root, args)
+    try:
+        for size in [s.strip() for s in args.models.split(",") if s.strip()]:
+            results[size] = run_model(size, root, args)
+    finally:
+        if not args.model_dir:  # our own temp folder
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
     head = results[list(results)[-1]]
     out = {"benchmark": "prefix_group", "command": " ".join(["python", "eval/perf/prefix_group.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "results": results,

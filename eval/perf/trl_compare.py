@@ -208,6 +208,9 @@ def worker_ours(args, grouped: bool) -> None:
             say({"event": "profile", "text": profile_step(tr.train_step)})
         else:
             say({"event": "bye", "completion_len": lengths[-1] if lengths else None, **memory_report(rss_setup)})
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
             return
 
 
@@ -325,6 +328,9 @@ def worker_trl(args) -> None:
         read_command()
     say({"event": "bye", "completion_len": state["logs"].get("completions/mean_length"),  # logged after step_end
          **memory_report(state["rss_setup"])})
+    import shutil
+
+    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 # ============================================================================================== parent
@@ -369,8 +375,10 @@ def main(argv=None) -> dict:
     names = [w.strip() for w in args.workers.split(",") if w.strip()]
     if "trl" not in names or not any(n.startswith("ours") for n in names):
         raise SystemExit("--workers must include trl and at least one of ours, ours_naive")
+    own_dir = None
     if not args.model_dir:
-        args.model_dir = os.path.join(tempfile.mkdtemp(prefix="mmgrpo_perf_trl_"), args.model)
+        own_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_")
+        args.model_dir = os.path.join(own_dir, args.model)
     if not os.path.exists(os.path.join(args.model_dir, "config.json")):
         common.save_bench_vlm(args.model_dir, args.model)
     total = args.warmup + args.rounds * args.steps + (1 if args.profile else 0)
@@ -413,6 +421,11 @@ def main(argv=None) -> dict:
         mem[n] = workers[n].read()
         workers[n].proc.wait(timeout=120)
         workers[n].log.close()
+        os.unlink(workers[n].log.name)  # kept only when a worker fails (the error message names it)
+    if own_dir:
+        import shutil
+
+        shutil.rmtree(own_dir, ignore_errors=True)
 
     sps = {n: [x["samples"] / x["seconds"] for x in per[n]] for n in names}
     res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
