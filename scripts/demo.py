@@ -130,7 +130,42 @@ def tvg(runner: Runner, args, prof: dict) -> dict:
     before = _read_json(out / "eval_before" / "metrics.json")
     after = _read_json(out / "eval_after" / "metrics.json")
     keys = ["mIoU", "R1@0.3", "R1@0.5", "R1@0.7", "parse_failure_rate"]
-    return {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys}}
+    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys}}
+    if not runner.dry_run:
+        res["probes"] = grounding_probes(data_dir / "eval.jsonl", out, rep)
+    return res
+
+
+def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
+    """What the TVG numbers mean (docs/demo_models.md): on exactly the evaluated held-out queries, the mIoU of the
+    video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
+    query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
+    GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
+    from mmgrpo.sft import query_swap_probe, score_tvg_outputs
+
+    anns = {}
+    for line in annotations.read_text().splitlines():
+        if line.strip():
+            a = json.loads(line)
+            anns[a["id"]] = a
+    probes: dict = {}
+    for phase in ("before", "after"):
+        preds = out / f"eval_{phase}" / "predictions.jsonl"
+        if not preds.exists():
+            continue
+        recs = [json.loads(l) for l in preds.read_text().splitlines() if l.strip()]
+        recs = [r for r in recs if r.get("id") in anns]
+        texts, samples = [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
+        probes.setdefault("query_swap", {})[phase] = query_swap_probe(texts, samples)
+        if phase == "before":
+            frac = (base_report.get("video_blind_baselines", {}).get("duration_relative_span", {}).get("span"))
+            if frac:
+                a, b = frac
+                blind = [f"<answer>{a * s['duration']:.2f} to {b * s['duration']:.2f}</answer>" for s in samples]
+                m = score_tvg_outputs(blind, samples)
+                probes["video_blind"] = {"span_fraction": [a, b], "n": m["n"], "mIoU": m["mIoU"],
+                                         "R1@0.5": m["R1@0.5"]}
+    return probes
 
 
 def latest_checkpoint(train_dir: Path) -> Path | None:
@@ -200,6 +235,7 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         "t2i": {ph: {"accuracy": acc(t2i_r.get(ph)),
                      "partial_score": None if t2i_r.get("partial", {}).get(ph) is None
                      else 100.0 * t2i_r["partial"][ph]} for ph in ("before", "after")},
+        "tvg_probes": tvg_r.get("probes"),
         "seconds": round(seconds, 1),
         "stage_seconds": times,
         "smoke": smoke,
@@ -238,6 +274,21 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
     if preds.exists():
         lines += ["## Temporal grounding predictions after GRPO (first 5)", "", "```"]
         lines += preds.read_text().splitlines()[:5] + ["```", ""]
+    probes = tvg_r.get("probes") or {}
+    if probes:
+        lines += ["## What the temporal-grounding numbers mean", ""]
+        vb = probes.get("video_blind")
+        if vb:
+            lines += [f"* Video-blind baseline on the same {vb['n']} queries (span [{vb['span_fraction'][0]:.2f} D, "
+                      f"{vb['span_fraction'][1]:.2f} D], fitted on the training split, never looks at the video): "
+                      f"mIoU {vb['mIoU']:.1f}, R1@0.5 {vb['R1@0.5']:.1f}. A gain up to this level is span-length "
+                      "calibration, not grounding."]
+        for ph, q in (probes.get("query_swap") or {}).items():
+            if q.get("n"):
+                lines += [f"* Query swap {ph}: mIoU against the query's own span {q['own_mIoU']:.1f} vs another "
+                          f"query's span on the same video {q['other_mIoU']:.1f} (n = {q['n']}); equal means the "
+                          "model ignores the query."]
+        lines += [""]
     lines += ["Commands: `commands.sh`. Full metrics: `tvg/eval_*/metrics.json`, `t2i/eval_*/metrics.json`."]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:10]), flush=True)

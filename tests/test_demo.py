@@ -36,3 +36,26 @@ def test_report_schema(tmp_path):
     assert abs(m["t2i"]["after"]["accuracy"] - 30.0) < 1e-9 and m["seconds"] == 100.0
     rep = (tmp_path / "report.md").read_text()
     assert "+8 (met)" in rep and "+15 (met)" in rep
+
+
+def test_grounding_probes_by_hand(tmp_path):
+    """Video-blind baseline and query swap on hand-computed spans (docs/demo_models.md explains why they matter)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    anns = [{"id": "a0", "task": "tvg", "query": "When does the red circle appear?", "video": "a.mp4",
+             "duration": 10.0, "spans": [[0.0, 2.0]]},
+            {"id": "a1", "task": "tvg", "query": "When does the blue square appear?", "video": "a.mp4",
+             "duration": 10.0, "spans": [[4.0, 6.0]]}]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(a) + "\n" for a in anns))
+    (tmp_path / "eval_before").mkdir()
+    (tmp_path / "eval_before" / "predictions.jsonl").write_text(
+        json.dumps({"id": "a0", "output": "<answer>0.00 to 2.00</answer>"}) + "\n"
+        + json.dumps({"id": "a1", "output": "<answer>4.00 to 6.00</answer>"}) + "\n")
+    rep = {"video_blind_baselines": {"duration_relative_span": {"span": [0.2, 0.8]}}}
+    p = demo.grounding_probes(tmp_path / "eval.jsonl", tmp_path, rep)
+    q = p["query_swap"]["before"]
+    assert q["n"] == 2 and abs(q["own_mIoU"] - 100.0) < 1e-9 and abs(q["other_mIoU"]) < 1e-9
+    # blind span [2, 8]: IoU 0 with [0, 2] (touching), 2/6 with [4, 6]
+    assert abs(p["video_blind"]["mIoU"] - 100.0 * (0 + 2 / 6) / 2) < 1e-6
+    assert "after" not in p["query_swap"]
