@@ -190,6 +190,12 @@ class OptimConfig:
 class RunConfig:
     output_dir: str = field(default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints)"))
     max_steps: int = field(default=100, metadata=_h("rollout steps"))
+    max_train_seconds: float = field(
+        default=0.0, metadata=_h("training-time budget: stop (save, export) after the step in which it runs out; "
+                                 "kept across resumes (0 = no limit; equal-budget method comparisons)"))
+    budget_clock: Literal["wall", "cpu"] = field(
+        default="wall", metadata=_h("clock of max_train_seconds: wall, or cpu = this process's CPU seconds (robust "
+                                    "on a shared machine)"))
     prompts_per_device: int = field(default=2, metadata=_h("prompts per process per step (rows = x G)"))
     micro_batch_size: int = field(default=16, metadata=_h("rows per forward/backward (whole groups, >= 1 group)"))
     prompts_per_step: int = field(

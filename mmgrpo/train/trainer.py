@@ -54,6 +54,7 @@ from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
+from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import config_to_dict, save_config
 from mmgrpo.utils.logging import MetricLogger, get_logger
@@ -348,6 +349,8 @@ class GRPOTrainer:
             self._broadcast_params()
         self.logprob_impl = self._choose_logprob_impl()
         self.step = 0
+        self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
+        self.budget_stopped = False
         self.counters = {"skipped_missing_media": 0, "skipped_bad_samples": 0, "filtered_groups": 0,
                          "generated_tokens": 0,
                          # faults (see mmgrpo.train.faults): rows dropped for NaN/inf or failed rewards, reward
@@ -1080,6 +1083,7 @@ class GRPOTrainer:
                               ("frozen_initial_copy" if self.policy.ref_model is not None else "none"),
                               "model_path": self.cfg.model.path, "kl_coef": self.cfg.algo.kl_coef},
                 "selection": getattr(self, "selected_indices", None),
+                "budget": self.budget.state_dict(),
             },
         }
 
@@ -1141,6 +1145,7 @@ class GRPOTrainer:
         self._make_stream()
         self.stream.load_state_dict(tr["stream"])
         self.step = int(tr["step"])
+        self.budget.load_state_dict(tr.get("budget"))
         self.counters.update(tr["counters"])
         self.consecutive_skips = int(tr.get("consecutive_skips", 0))
         if tr.get("world_size", 1) == self.world:
@@ -1249,6 +1254,7 @@ class GRPOTrainer:
         m["faults/skipped_steps"] = float(self.counters["skipped_steps"])
         m["faults/consecutive_skips"] = float(self.consecutive_skips)
         m["perf/step_time"] = time.time() - t0
+        m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
         self._last_metrics = m
         if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
@@ -1291,8 +1297,15 @@ class GRPOTrainer:
             self._make_stream()
         history = []
         save_every = self.cfg.run.save_every
+        self.budget.start()
         try:
             while self.step < self.cfg.run.max_steps:
+                # every process stops at the same step (the collective runs on all of them)
+                if self.budget.enabled and global_sum(float(self.budget.exhausted)) > 0:
+                    log.info("run.max_train_seconds=%g reached after step %d (%.1f s, %s clock)",
+                             self.budget.max_seconds, self.step, self.budget.spent, self.cfg.run.budget_clock)
+                    self.budget_stopped = True
+                    break
                 history.append(self.train_step())
                 if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
                     self.save()
