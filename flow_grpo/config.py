@@ -144,6 +144,11 @@ class RunConfig:
     seed: int = _f(42, "base seed; every noise/plan seed is a hash of (seed, epoch, global index)")
     num_epochs: int = _f(100, "epochs to train (an epoch = sample groups_per_epoch groups, then update)")
     save_every: int = _f(10, "epochs between checkpoints (0 = only at the end)")
+    max_train_seconds: float = _f(0.0, "training-time budget: the epoch in which it runs out is the last one (final "
+                                  "eval, checkpoint, LoRA export as usual); kept across resumes (0 = no limit; "
+                                  "equal-budget method comparisons)")
+    budget_clock: str = _f("wall", "clock of max_train_seconds: wall | cpu (this process's CPU seconds, robust on a "
+                           "shared machine)")
     eval_every: int = _f(0, "epochs between evals (0 = only at the end; needs eval prompts): ODE sampling with fixed "
                          "per-prompt seeds, EMA weights if EMA is on, reward means per component, PNG grid")
     image_grid_every: int = _f(10, "epochs between PNG sample grids (0 = never)")

@@ -54,6 +54,7 @@ import torch
 
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy
+from mmgrpo.utils.budget import TimeBudget
 
 from .config import TrainConfig
 from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
@@ -479,6 +480,8 @@ class FlowGRPOTrainer:
             raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
         self.epoch = 0
         self.global_step = 0      # attempted optimizer steps (applied + skipped); drives EMA/sliding schedules
+        self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
+        self.budget_stopped = False
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
                          "groups_singleton": 0}
@@ -1047,7 +1050,7 @@ class FlowGRPOTrainer:
 
     def _trainer_state(self) -> dict:
         return {"epoch": self.epoch, "global_step": self.global_step, "world": self.world,
-                "counters": dict(self.counters), "best_eval": self.best_eval,
+                "counters": dict(self.counters), "best_eval": self.best_eval, "budget": self.budget.state_dict(),
                 "data": {"epoch": self.epoch, "num_prompts": len(self.prompts),
                          "prompts_sha256": hashlib.sha256("\n".join(self.prompts).encode()).hexdigest(),
                          "group_size": self.cfg.data.group_size, "groups_per_epoch": self.cfg.data.groups_per_epoch}}
@@ -1154,6 +1157,7 @@ class FlowGRPOTrainer:
         self.global_step = int(tr["global_step"])
         self.counters.update(tr.get("counters", {}))
         self.best_eval = tr.get("best_eval")
+        self.budget.load_state_dict(tr.get("budget"))
         rng = st.get("rng")
         if rng is not None:
             per = rng.get("per_rank") if isinstance(rng, dict) and "per_rank" in rng else [rng]
@@ -1212,6 +1216,17 @@ class FlowGRPOTrainer:
         every = self.cfg.run.eval_every
         return final or bool(every and self.epoch % every == 0)
 
+    def _budget_exhausted(self) -> bool:
+        """Collective when a budget is set: every process stops after the same epoch."""
+        if not self.budget.enabled:
+            return False
+        if _reduce([float(self.budget.exhausted)], "max", self.device)[0] > 0:
+            if not self.budget_stopped:
+                log.info("run.max_train_seconds=%g reached after epoch %d (%.1f s, %s clock)",
+                         self.budget.max_seconds, self.epoch, self.budget.spent, self.cfg.run.budget_clock)
+            self.budget_stopped = True
+        return self.budget_stopped
+
     def train(self, num_epochs: Optional[int] = None) -> list[dict]:
         from mmgrpo.utils.config import save_config
         from mmgrpo.utils.logging import save_image_grid
@@ -1224,10 +1239,16 @@ class FlowGRPOTrainer:
         if resumed is not None and self.is_main:
             log.info("resumed from %s at epoch %d (step %d)", resumed, self.epoch, self.global_step)
         end = c.run.num_epochs if num_epochs is None else self.epoch + num_epochs
+        if self._budget_exhausted():  # a resumed run whose budget is already spent
+            end = self.epoch
         history = []
         while self.epoch < end:
+            self.budget.start()  # only epochs count (not evals / checkpoint writes)
             metrics = self.train_epoch()
+            metrics["time/train_budget_s"] = self.budget.lap()
             self.epoch += 1
+            if self._budget_exhausted():  # this epoch is the last one: final eval, checkpoint and export follow
+                end = self.epoch
             ev = self.evaluate() if self._eval_due(final=self.epoch == end) else None
             if ev is not None:
                 metrics.update(ev)
