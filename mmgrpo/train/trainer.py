@@ -1006,6 +1006,7 @@ class GRPOTrainer:
             m[f"faults/{k}"] = float(self.counters[k])
         m["faults/degenerate_groups_step"] = rb.info.get("degenerate_groups", 0.0)
         m["data/epoch"] = float(self.stream.epoch)
+        m["perf/generated_tokens"] = float(self.counters["generated_tokens"])  # cumulative, this process
         m["perf/prefix_group"] = float(self.logprob_impl == "prefix_group")
         if rb.old_logp is not None and onp.any():  # engine vs trainer log-probs (vLLM parity diagnostic)
             mk = rb.completion_mask[onp].bool()
@@ -1238,6 +1239,7 @@ class GRPOTrainer:
     # ----------------------------------------------------------------------------------------- loop
     def train_step(self) -> dict[str, float]:
         t0 = time.time()
+        self.budget.start()  # only the step counts (not checkpoint writes between steps)
         step = self.step
         # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
         self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state(),
@@ -1297,7 +1299,6 @@ class GRPOTrainer:
             self._make_stream()
         history = []
         save_every = self.cfg.run.save_every
-        self.budget.start()
         try:
             while self.step < self.cfg.run.max_steps:
                 # every process stops at the same step (the collective runs on all of them)
