@@ -95,8 +95,9 @@ def shipped_or_build(runner: Runner, kind: str, shipped: Path, out: Path, build_
     return out
 
 
-def tvg(runner: Runner, args, prof: dict) -> dict:
-    out = runner.out / "tvg"
+def tvg_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
+    """Base checkpoint, regenerated benchmark and the eval / GRPO command prefixes of the TVG task (shared with
+    ``scripts/compare_methods.py``, so method comparisons train and evaluate exactly like the demo)."""
     base = shipped_or_build(runner, "tvg", REPO / "data" / "checkpoints" / "tiny_vlm", out / "base",
                             [PY, "scripts/build_tiny_vlm.py", "--seed", str(args.seed)] + prof["vlm_build"],
                             rebuild=args.rebuild)
@@ -117,14 +118,20 @@ def tvg(runner: Runner, args, prof: dict) -> dict:
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]
     ev = [PY, "eval/generate_vlm.py", "--config", "eval/configs/synthetic_tvg.yaml",
           f"data.annotations={data_dir / 'eval.jsonl'}", "decoding.max_new_tokens=24"] + common + prof["vlm_eval"]
+    train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}", "model.dtype=float32",
+             "model.lora.enabled=true", "reward.weights={iou: 1.0}",
+             f"data.train_file={data_dir / 'train.jsonl'}", "data.task=tvg", "run.device=cpu",
+             "rollout.max_new_tokens=24", "run.save_every=0"] + common + prof["vlm_train"]
+    return {"base": base, "data_dir": data_dir, "report": rep, "eval_cmd": ev, "train_cmd": train}
+
+
+def tvg(runner: Runner, args, prof: dict) -> dict:
+    out = runner.out / "tvg"
+    s = tvg_setup(runner, args, prof, out)
+    base, data_dir, rep, ev = s["base"], s["data_dir"], s["report"], s["eval_cmd"]
     runner.run("tvg_eval_before", ev + [f"model={base}", f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
-    runner.run("tvg_grpo", [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}", "model.dtype=float32",
-                            "model.lora.enabled=true", "reward.weights={iou: 1.0}",
-                            f"data.train_file={data_dir / 'train.jsonl'}", "data.task=tvg",
-                            f"run.output_dir={train_dir}", f"run.seed={args.seed}", "run.device=cpu",
-                            "rollout.max_new_tokens=24", "run.save_every=0"]
-               + common + prof["vlm_train"])
+    runner.run("tvg_grpo", s["train_cmd"] + [f"run.output_dir={train_dir}", f"run.seed={args.seed}"])
     ckpt = latest_checkpoint(train_dir) if not runner.dry_run else train_dir / "checkpoints" / "step-LAST"
     runner.run("tvg_eval_after", ev + [f"model={base}", f"out_dir={out / 'eval_after'}", f"adapter={ckpt / 'adapter'}"])
     before = _read_json(out / "eval_before" / "metrics.json")
