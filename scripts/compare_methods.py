@@ -1,0 +1,296 @@
+#!/usr/bin/env python
+"""Every GRPO method of a front-end at an equal training-time budget, several seeds, on the built-in synthetic
+benchmarks; held-out metrics from the ``eval/`` harness, reward curves and a table.
+
+    python scripts/compare_methods.py vlm  --out runs/compare_vlm  --seeds 0,1,2 --budget 120
+    python scripts/compare_methods.py flow --out runs/compare_flow --seeds 0,1,2 --budget 120
+
+(``scripts/compare_vlm_methods.sh`` / ``scripts/compare_flow_methods.sh`` call these with their defaults.)
+
+* **Same start, same data, same evaluation as the CPU demo** (``scripts/demo.py``): the shipped tiny bases, the
+  demo's GRPO settings (LoRA, learning rate, group size, prompts per step) and eval commands; only the method
+  switches differ (``VLM_METHODS`` / ``FLOW_METHODS`` below).
+* **Equal budget**: every run trains for ``--budget`` seconds of *process CPU time* (``run.max_train_seconds``,
+  ``run.budget_clock=cpu``; one torch thread), which other jobs on a shared machine barely disturb. The tokens
+  (VLM) or denoiser evaluations (flow) each method spent are reported next to its result, so the equal-time
+  comparison can be read as an equal-compute one too.
+* **Seed noise**: for each method, mean and sample std of the held-out metric over seeds; a method's difference
+  from the first method (the reference: plain GRPO / Flow-GRPO) is called *larger than seed noise* when it exceeds
+  twice its standard error ``sqrt(s1^2/n1 + s2^2/n2)``. With 2-3 seeds this is a coarse screen, not a test.
+
+Outputs in ``--out``: ``results.json`` (every run), ``results.md`` (the table), ``curves.png`` (training reward vs
+budget seconds, mean over seeds), one folder per ``<method>/seed<k>`` with its run and eval.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO))
+
+import demo  # noqa: E402  (the demo's command builders: one definition of "how the demo trains and evaluates")
+
+PY = sys.executable
+
+# method -> config overrides on top of the demo's GRPO settings (plain GRPO first: the reference)
+VLM_METHODS: dict[str, list[str]] = {
+    "grpo": [],
+    "dr_grpo": ["algo.adv_scale=none", "algo.agg=seq_mean_token_sum_norm"],
+    "dapo": ["algo.clip_high=0.28", "algo.filter_zero_std=true"],
+    "tempsamp_r1": ["tempsamp.enabled=true"],
+    "reg_grpo": ["algo.loss_type=reg"],
+    "t_grpo": ["tgrpo.enabled=true"],
+}
+FLOW_METHODS: dict[str, list[str]] = {
+    "flow_grpo_sde": ["method=flow"],
+    "flow_grpo_cps": ["method=flow", "sample.sde_kind=cps", "sample.noise_level=0.8"],
+    "dance_grpo": ["method=dance"],
+    "fast_window": ["method=fast"],
+    "mix_window": ["method=mix"],
+    "tp_grpo": ["method=tp_grpo"],
+    "g2rpo": ["method=g2rpo"],
+}
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+def summarize(values: list[float]) -> dict:
+    """Mean, sample std (0 for one value) and n of a list of floats (None entries dropped)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0, "n": len(v)}
+
+
+def beyond_noise(a: dict, b: dict, k: float = 2.0) -> bool | None:
+    """Is mean(a) - mean(b) larger than k standard errors ``sqrt(s_a^2/n_a + s_b^2/n_b)``? None if undefined
+    (fewer than 2 seeds on either side)."""
+    if not a.get("n") or not b.get("n") or a["n"] < 2 or b["n"] < 2:
+        return None
+    se = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+    diff = a["mean"] - b["mean"]
+    return abs(diff) > k * se if se > 0 else diff != 0
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+# ---------------------------------------------------------------------------------------------------- front-ends
+def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
+    prof = demo.PROFILES["smoke" if args.smoke else "full"]
+    s = demo.tvg_setup(runner, args, prof, runner.out / "shared")
+    base, ev = s["base"], s["eval_cmd"]
+    runner.run("base_eval", ev + [f"model={base}", f"out_dir={runner.out / 'base_eval'}"])  # greedy: seed-free
+    base_m = demo._read_json(runner.out / "base_eval" / "metrics.json")
+    rows = []
+    for name, overrides in methods.items():
+        for seed in args.seed_list:
+            d = runner.out / name / f"seed{seed}"
+            if not finished(d) and not attempt(runner, f"{name}_s{seed}_train", s["train_cmd"] + overrides +
+                                               budget_overrides(args, "run.max_steps") +
+                                               [f"run.output_dir={d / 'run'}", f"run.seed={seed}"]):
+                rows.append({"method": name, "seed": seed, "error": "training failed (see the log)"})
+                continue
+            ckpt = demo.latest_checkpoint(d / "run") if not runner.dry_run else d / "run" / "checkpoints" / "x"
+            if not finished(d) and (ckpt is None or not attempt(
+                    runner, f"{name}_s{seed}_eval", ev + [f"model={base}", f"out_dir={d / 'eval'}",
+                                                          f"adapter={ckpt / 'adapter'}"])):
+                rows.append({"method": name, "seed": seed, "error": "evaluation failed (see the log)"})
+                continue
+            hist = read_metrics(d / "run" / "metrics.jsonl")
+            m = demo._read_json(d / "eval" / "metrics.json")
+            rows.append({"method": name, "seed": seed, "metric": m.get("mIoU"), "R1@0.5": m.get("R1@0.5"),
+                         "base_metric": base_m.get("mIoU"), "steps": len(hist),
+                         "train_seconds": hist[-1].get("perf/train_seconds") if hist else None,
+                         "compute": hist[-1].get("perf/generated_tokens") if hist else None,
+                         "curve": [(h.get("perf/train_seconds"), h.get("reward/total/mean")) for h in hist]})
+    return rows
+
+
+def flow_setup(runner: demo.Runner, args) -> dict:
+    """The demo's T2I base, prompt files, eval command and GRPO settings, minus every key a method preset sets."""
+    from flow_grpo.config import METHOD_PRESETS
+
+    prof = demo.PROFILES["smoke" if args.smoke else "full"]
+    base = demo.REPO / "data" / "checkpoints" / "tiny_flow"
+    if not (base / "model_index.json").exists():
+        raise SystemExit(f"{base} is missing: build the T2I base first (scripts/build_tiny_flow.py, see "
+                         "docs/demo_models.md)")
+    info = demo._read_json(base / "mmgrpo_demo.json")
+    size, steps = int(info.get("size", 32)), int(info.get("num_steps", 10))
+    seqlen = int(info.get("max_sequence_length", 32))
+    prompts = runner.out / "shared" / "prompts"
+    prompts.mkdir(parents=True, exist_ok=True)
+    tags = [f"--tags={info['tags']}"] if info.get("tags") else []
+    for split in ("train", "heldout"):
+        runner.run(f"prompts_{split}", [PY, "data/synthetic_t2i.py", "--all", "--split", split, "--out",
+                                        str(prompts / f"{split}.jsonl")] + tags)
+    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
+          "rewards=[mini_geneval]", f"num_steps={steps}", "guidance_scale=1.0", "cfg=false", f"height={size}",
+          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32"]
+    method_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
+    kept = [o for o in prof["flow_train"] if o.split("=", 1)[0] not in method_keys]
+    train = [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
+             f"data.train_path={prompts / 'train.jsonl'}", "reward.weights={mini_geneval: 1.0}",
+             f"sample.num_steps={steps}", f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
+             "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}", "run.save_every=0",
+             "run.image_grid_every=0"] + kept
+    return {"base": base, "eval_cmd": ev, "train_cmd": train}
+
+
+def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
+    s = flow_setup(runner, args)
+    ev = s["eval_cmd"]
+    rows = []
+    for seed in args.seed_list:  # base eval per seed: evaluation noise seeds follow the run seed
+        runner.run(f"base_eval_s{seed}", ev + [f"seed={seed}", f"out_dir={runner.out / 'base_eval' / f'seed{seed}'}"])
+    for name, overrides in methods.items():
+        for seed in args.seed_list:
+            d = runner.out / name / f"seed{seed}"
+            if not finished(d) and not (
+                    attempt(runner, f"{name}_s{seed}_train", s["train_cmd"] + overrides +
+                            budget_overrides(args, "run.num_epochs") + [f"run.output_dir={d / 'run'}",
+                                                                         f"run.seed={seed}"])
+                    and attempt(runner, f"{name}_s{seed}_eval", ev + [f"seed={seed}", f"out_dir={d / 'eval'}",
+                                                                      f"lora={d / 'run' / 'lora_final'}"])):
+                rows.append({"method": name, "seed": seed, "error": "training or evaluation failed (see the log)"})
+                continue
+            hist = read_metrics(d / "run" / "metrics.jsonl")
+            m = demo._read_json(d / "eval" / "metrics.json").get("mini_geneval", {})
+            b = demo._read_json(runner.out / "base_eval" / f"seed{seed}" / "metrics.json").get("mini_geneval", {})
+            per_epoch = [h.get("nfe_per_trajectory", 0.0) * h.get("actual_batch_size", 0.0) for h in hist]
+            t = 0.0
+            curve = []
+            for h in hist:
+                t = h.get("time/train_budget_s", t)
+                curve.append((t, h.get("reward/mean")))
+            rows.append({"method": name, "seed": seed,
+                         "metric": None if m.get("accuracy") is None else 100.0 * m["accuracy"],
+                         "base_metric": None if b.get("accuracy") is None else 100.0 * b["accuracy"],
+                         "steps": len(hist), "train_seconds": curve[-1][0] if curve else None,
+                         "compute": sum(per_epoch), "curve": curve})
+    return rows
+
+
+def finished(run_dir: Path) -> bool:
+    """A run whose evaluation already wrote its metrics is not repeated (re-running the script resumes)."""
+    return (run_dir / "eval" / "metrics.json").exists()
+
+
+def attempt(runner: demo.Runner, stage: str, cmd: list[str]) -> bool:
+    """Run a stage; a failing method is recorded and the comparison goes on."""
+    try:
+        runner.run(stage, cmd)
+        return True
+    except SystemExit as e:
+        print(f"[compare] {e}", flush=True)
+        return False
+
+
+def budget_overrides(args, steps_key: str) -> list[str]:
+    return [f"run.max_train_seconds={args.budget}", "run.budget_clock=cpu", f"{steps_key}=100000"]
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
+    metric = {"vlm": "held-out mIoU", "flow": "held-out mini-GenEval accuracy"}[frontend]
+    compute = {"vlm": "generated tokens", "flow": "NFEs (trajectories x steps, incl. completions)"}[frontend]
+    failed = [r for r in rows if r.get("error")]
+    rows = [r for r in rows if not r.get("error")]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    stats = {m: summarize([r["metric"] for r in rows if r["method"] == m]) for m in methods}
+    ref = methods[0] if methods else None
+    base = summarize([r["base_metric"] for r in rows if r["method"] == ref])
+    lines = [f"Budget: {args.budget:g} s of process CPU time per run (1 torch thread), seeds {args.seeds}. "
+             f"Start: {_f(base['mean'])} {metric}.", "",
+             f"| method | {metric} (mean ± std over seeds) | vs {ref} | > seed noise? | steps | {compute} |",
+             "|---|---|---|---|---|---|"]
+    for m in methods:
+        st, rs = stats[m], [r for r in rows if r["method"] == m]
+        d = None if st["mean"] is None or stats[ref]["mean"] is None else st["mean"] - stats[ref]["mean"]
+        bn = beyond_noise(st, stats[ref]) if m != ref else None
+        lines.append(f"| {m} | {_f(st['mean'])} ± {_f(st['std'])} (n={st['n']}) | "
+                     f"{'–' if m == ref else _f(d, sign=True)} | {'–' if bn is None else ('yes' if bn else 'no')} | "
+                     f"{_f(statistics.fmean([r['steps'] for r in rs]))} | "
+                     f"{_f(statistics.fmean([r['compute'] or 0 for r in rs]), digits=0)} |")
+    lines += [f"* FAILED: {r['method']} seed {r['seed']}: {r['error']}" for r in failed]
+    table = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(table)
+    (out / "results.json").write_text(json.dumps({"frontend": frontend, "budget_s": args.budget, "seeds": args.seeds,
+                                                  "summary": stats, "runs": rows}, indent=1) + "\n")
+    plot(out / "curves.png", rows, metric_name="training reward (mean over seeds)")
+    return table
+
+
+def _f(x, sign: bool = False, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def plot(path: Path, rows: list[dict], metric_name: str) -> None:
+    """Training reward vs budget seconds per method: each seed's curve binned on a shared grid, then averaged."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are a convenience, never a reason to lose results
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        curves = [[(t, v) for t, v in r["curve"] if t is not None and v is not None] for r in rows
+                  if r["method"] == m]
+        curves = [c for c in curves if c]
+        if not curves:
+            continue
+        tmax = min(c[-1][0] for c in curves)
+        grid = [tmax * (i + 1) / 20 for i in range(20)]
+        mean = []
+        for g in grid:  # last value at or before g, averaged over seeds
+            vals = [next((v for t, v in reversed(c) if t <= g), c[0][1]) for c in curves]
+            mean.append(statistics.fmean(vals))
+        ax.plot(grid, mean, label=m)
+    ax.set_xlabel("training seconds (process CPU)")
+    ax.set_ylabel(metric_name)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("frontend", choices=["vlm", "flow"], help="vlm = temporal grounding; flow = mini-GenEval")
+    p.add_argument("--out", default=None, help="output folder (default runs/compare_<frontend>)")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (GRPO sampling, data order)")
+    p.add_argument("--budget", type=float, default=120.0, help="training CPU-seconds per run (equal for all)")
+    p.add_argument("--methods", default="", help="comma subset of the methods (default: all of the front-end)")
+    p.add_argument("--smoke", action="store_true", help="the demo's smoke profile (wiring check; numbers mean nothing)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
+    args = p.parse_args(argv)
+    args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.seed, args.rebuild, args.tvg_train, args.tvg_eval = args.seed_list[0], False, 120, 60
+    table_of = {"vlm": VLM_METHODS, "flow": FLOW_METHODS}[args.frontend]
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()] or list(table_of)
+    unknown = [m for m in chosen if m not in table_of]
+    if unknown:
+        p.error(f"unknown methods {unknown}; {args.frontend} has {list(table_of)}")
+    out = Path(args.out or f"runs/compare_{args.frontend}")
+    out = out if out.is_absolute() else REPO / out
+    runner = demo.Runner(out, dry_run=args.dry_run)
+    methods = {m: table_of[m] for m in chosen}
+    rows = (run_vlm if args.frontend == "vlm" else run_flow)(runner, args, methods)
+    if not args.dry_run:
+        print(write_results(out, args.frontend, rows, args), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""Method-comparison driver: statistics by hand, and every method's command is built (dry run)."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def test_summary_and_seed_noise_by_hand():
+    import compare_methods as cm
+
+    s = cm.summarize([40.0, 42.0, None, 44.0])
+    assert s == {"mean": 42.0, "std": 2.0, "n": 3}
+    ref = cm.summarize([30.0, 32.0, 34.0])  # mean 32, std 2 -> se of the difference sqrt(4/3 + 4/3) = 1.633
+    assert cm.beyond_noise(s, ref) is True          # 10 > 2 * 1.633
+    close = cm.summarize([33.0, 35.0, 37.0])        # 3 < 3.266
+    assert cm.beyond_noise(close, ref) is False
+    assert cm.beyond_noise(cm.summarize([50.0]), ref) is None  # one seed: undefined
+
+
+def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
+    import compare_methods as cm
+
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_methods.py"), "vlm", "--dry-run",
+                           "--seeds", "0,1", "--budget", "7", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmds = (tmp_path / "commands.sh").read_text().splitlines()
+    train = [c for c in cmds if "mmgrpo.cli train" in c]
+    assert len(train) == 2 * len(cm.VLM_METHODS)
+    assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
+    for name, overrides in cm.VLM_METHODS.items():
+        assert sum(f"/{name}/seed1/run" in c for c in train) == 1
+        for o in overrides:
+            assert any(o in c and f"/{name}/" in c for c in train), (name, o)
