@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = p.parse_args(argv)
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
-    args.seed, args.rebuild, args.tvg_train, args.tvg_eval = args.seed_list[0], False, 120, 60
+    args.seed, args.rebuild = args.seed_list[0], False
+    args.tvg_train, args.tvg_eval = (4, 3) if args.smoke else (120, 60)
     table_of = {"vlm": VLM_METHODS, "flow": FLOW_METHODS}[args.frontend]
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] or list(table_of)
     unknown = [m for m in chosen if m not in table_of]

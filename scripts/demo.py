@@ -105,10 +105,13 @@ def tvg_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
     # The base model's own benchmark (regenerated: the generator is deterministic in its seed), so the held-out
     # split is disjoint from everything the base was supervised on; GRPO trains on the training split.
     data_dir = out / "data"
+    sizes = rep.get("args", {})
+    if getattr(args, "smoke", False):  # a wiring check: a handful of videos is enough
+        sizes = {**sizes, "n_train": args.tvg_train, "n_eval": args.tvg_eval}
     runner.run("tvg_data", [PY, "data/synthetic_tvg.py", str(data_dir),
-                            "--n-train", str(rep.get("args", {}).get("n_train", args.tvg_train)),
-                            "--n-eval", str(rep.get("args", {}).get("n_eval", args.tvg_eval)),
-                            "--seed", str(rep.get("args", {}).get("seed", args.seed))])
+                            "--n-train", str(sizes.get("n_train", args.tvg_train)),
+                            "--n-eval", str(sizes.get("n_eval", args.tvg_eval)),
+                            "--seed", str(sizes.get("seed", args.seed))])
     video, prompt = rep.get("video", {}), rep.get("prompt", {})
     # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
     common = [f"data.prompt_mode={prompt.get('mode', 'no_think')}",
