@@ -141,6 +141,11 @@ class EvalVLMConfig:
     overwrite: bool = field(default=False, metadata=_h("delete existing predictions/metrics in out_dir first"))
     max_batches: int = field(default=0, metadata=_h("stop after N generated batches, unscored (0 = run to the end)"))
     progress: bool = field(default=True, metadata=_h("tqdm progress bar"))
+    threads: int = field(default=1, metadata=_h(
+        "torch intra-op CPU threads (0 = torch's default, one per core); 1 because two threads on shared cores made "
+        "CPU generation up to 24x slower (docs/performance.md); does not change predictions"))
+    clip_cache: int = field(default=8, metadata=_h(
+        "decoded videos kept in memory (LRU; 0 = off): several queries of one video are decoded once"))
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -300,7 +305,8 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
         "versions": library_versions(LIBRARIES),
         "code": git_info(),
         "run": {"out_dir": str(Path(cfg.out_dir).resolve()), "name": cfg.name or Path(cfg.out_dir).name,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config_to_dict(cfg)},
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config_to_dict(cfg),
+                "torch_threads": _torch_threads()},
     }
     s["fingerprint"] = settings_fingerprint(s)
     return s
@@ -324,6 +330,66 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ generation
+def set_threads(n: int) -> None:
+    """``torch.set_num_threads(n)`` for n >= 1 (0 keeps torch's default).  Why: the tiny-model ops take
+    microseconds, so with 2 OpenMP threads on cores shared with other processes every op waits on a busy
+    sibling thread -- measured 0.57 s/query (2 threads) vs 0.024 s/query (1 thread) for generate()."""
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(int(n))
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _clip_key(sample: Any) -> Optional[tuple]:
+    """What the decoded clip depends on besides the (run-constant) data.* settings; None = do not cache."""
+    v = _sample_attr(sample, "video")
+    if not isinstance(v, str):
+        return None  # frame lists are already in memory
+    meta = _sample_attr(sample, "meta") or {}
+    vfps = _sample_attr(sample, "video_fps")
+    return (v, _sample_attr(sample, "video_start"), _sample_attr(sample, "video_end"),
+            vfps if vfps is not None else (meta.get("video_fps") if isinstance(meta, dict) else None))
+
+
+def with_clip_cache(task_adapter, size: int):
+    """``task_adapter`` whose video decoding (``_load_clip``) is memoised over the last ``size`` distinct
+    (video, start, end, fps): benchmarks ask several queries per video (synthetic TVG: 204 queries, 100 videos)
+    and they are adjacent in the file.  The clip is read-only downstream (the processor resizes copies), so a
+    shared clip gives the same pixels; errors are not cached (every sample reports its own)."""
+    if size <= 0:
+        return task_adapter
+    from collections import OrderedDict
+
+    load = task_adapter._load_clip
+    cache: OrderedDict = OrderedDict()
+    stats = {"hits": 0, "misses": 0}
+
+    def cached(sample: Any):
+        key = _clip_key(sample)
+        if key is None:
+            return load(sample)
+        if key in cache:
+            cache.move_to_end(key)
+            stats["hits"] += 1
+            return cache[key]
+        clip = load(sample)
+        stats["misses"] += 1
+        cache[key] = clip
+        if len(cache) > size:
+            cache.popitem(last=False)
+        return clip
+
+    task_adapter._load_clip = cached  # instance attribute: shadows the method for this adapter only
+    task_adapter.clip_cache_stats = stats
+    return task_adapter
+
+
 def _sample_attr(s: Any, k: str) -> Any:
     return s.get(k) if isinstance(s, dict) else getattr(s, k, None)
 
@@ -414,7 +480,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
     todo = [b for b in batches if any(str(_sample_attr(samples[i], "id")) not in writer.done for i in b)]
     n_todo = sum(1 for b in todo for i in b if str(_sample_attr(samples[i], "id")) not in writer.done)
     stats = {"n_batches_generated": 0, "n_generated": 0, "n_media_error": 0, "interrupted": False,
-             "n_already_done": len(writer.done)}
+             "n_already_done": len(writer.done), "seconds_prepare": 0.0, "seconds_generate": 0.0}
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_todo, desc="generate", unit="sample", disable=not cfg.progress, dynamic_ncols=True)
@@ -425,6 +491,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                 break
             preps: dict[int, Any] = {}
             errors: dict[int, str] = {}
+            t0 = time.perf_counter()
             for i in b:  # the WHOLE batch, even items already written: the batch composition stays fixed
                 try:
                     preps[i] = task_adapter.prepare(samples[i])
@@ -435,6 +502,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                     if log is not None:
                         log.warning("media error, output recorded as null: %s", e)
             order = sorted(preps)
+            t1 = time.perf_counter()
             texts: dict[int, tuple[str, int, bool]] = {}
             if order and dec.greedy:
                 t, lens, trunc = greedy_generate(policy, [preps[i].item for i in order], params.max_new_tokens)
@@ -446,6 +514,8 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                 lens = out.lengths.tolist()
                 for j, i in enumerate(order):
                     texts[i] = (out.texts[j], int(lens[j]), bool(out.truncated[j]))
+            stats["seconds_prepare"] += t1 - t0
+            stats["seconds_generate"] += time.perf_counter() - t1
             rows = []
             for i in b:
                 sid = str(_sample_attr(samples[i], "id"))
@@ -463,6 +533,10 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
             bar.update(len(rows))
     finally:
         bar.close()
+    stats["seconds_prepare"] = round(stats["seconds_prepare"], 3)
+    stats["seconds_generate"] = round(stats["seconds_generate"], 3)
+    if hasattr(task_adapter, "clip_cache_stats"):
+        stats["clip_cache"] = dict(task_adapter.clip_cache_stats)
     return stats
 
 
@@ -510,6 +584,9 @@ def run(cfg: EvalVLMConfig) -> dict:
         raise ValueError("out_dir=DIR is required")
     if cfg.decoding.batch_size < 1:
         raise ValueError(f"decoding.batch_size must be >= 1, got {cfg.decoding.batch_size}")
+    if cfg.threads < 0 or cfg.clip_cache < 0:
+        raise ValueError(f"threads and clip_cache must be >= 0, got {cfg.threads} / {cfg.clip_cache}")
+    set_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.overwrite:
@@ -518,7 +595,7 @@ def run(cfg: EvalVLMConfig) -> dict:
     samples = _load(cfg)
     ann_sha = sha256_file(cfg.data.annotations)
     policy, base, adapter, device, dtype = load_eval_policy(cfg)
-    task_adapter = TaskAdapter(policy.processor, policy.adapter, cfg.data)
+    task_adapter = with_clip_cache(TaskAdapter(policy.processor, policy.adapter, cfg.data), cfg.clip_cache)
     settings = build_settings(cfg, policy, base, adapter, device, dtype, samples, task_adapter, ann_sha)
     check_resume(out_dir, settings, PREDICTIONS)
     write_json(out_dir / "settings.json", settings)

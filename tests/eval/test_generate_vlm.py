@@ -329,3 +329,73 @@ def test_missing_media_skip_is_counted_and_scored_zero(env, tmp_path):
     iou = max(_iou([min(2.0, d), min(7.0, d)], g) for g in ok["spans"])
     assert m["generation"]["n_media_error"] == 1 and m["n"] == 2
     assert m["mIoU"] == pytest.approx(100 * iou / 2)  # the skipped sample counts as IoU 0
+
+
+# ------------------------------------------------------------------------------------------------ throughput changes
+SHIPPED = ROOT / "data" / "checkpoints" / "tiny_vlm"
+
+
+def _shipped_settings():
+    """The shipped demo base's own video / prompt settings (sft_report.json), as eval overrides."""
+    rep = json.loads((SHIPPED / "sft_report.json").read_text())
+    v, p = rep["video"], rep["prompt"]
+    return [f"data.prompt_mode={p['mode']}", f"data.answer_format={p['answer_format']}", f"data.video_fps={v['fps']}",
+            f"data.max_frames={v['max_frames']}", f"data.video_min_pixels={v['min_pixels']}",
+            f"data.video_max_pixels={v['max_pixels']}"]
+
+
+@pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="shipped tiny VLM not in the checkout")
+def test_batched_greedy_equals_batch_size_one(env):
+    """Left-padded batches of mixed prompt lengths give the predictions of one-at-a-time decoding (trained tiny
+    model: outputs depend on the video, so a padding / position-id error would change them)."""
+    common = ["--config", str(ROOT / "eval/configs/synthetic_tvg.yaml"), f"model={SHIPPED}",
+              f"data.annotations={env['ann']}", "decoding.max_new_tokens=12", *_shipped_settings()]
+    rows = {}
+    for bs in (1, 4):
+        out = env["root"] / f"shipped_bs{bs}"
+        assert _run(*common, f"decoding.batch_size={bs}", f"out_dir={out}") == 0
+        rows[bs] = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows[1]) == len(env["anns"]) >= 3
+    # the batch really mixes prompt lengths (different frame counts -> different numbers of video tokens)
+    assert len({r["num_frames"] for r in rows[4][:4]}) > 1
+    assert [(r["output"], r["n_tokens"], r["truncated"]) for r in rows[4]] == \
+           [(r["output"], r["n_tokens"], r["truncated"]) for r in rows[1]]
+    assert all(r["output"] and not r["truncated"] for r in rows[1])
+
+
+def test_clip_cache_gives_the_same_inputs_and_decodes_each_video_once(env):
+    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.train.task import TaskAdapter, load_samples
+
+    cfg = _cfg(f"model={env['tiny']}", f"data.annotations={env['ann']}", "out_dir=unused")
+    pol = load_policy(env["tiny"], dtype="float32")
+    samples = load_samples(env["ann"])
+    plain = TaskAdapter(pol.processor, pol.adapter, cfg.data)
+    cached = generate_vlm.with_clip_cache(TaskAdapter(pol.processor, pol.adapter, cfg.data), 1)
+    a = [plain.prepare(s) for s in samples]
+    b = [cached.prepare(s) for s in samples]
+    n_videos = len({s["video"] if isinstance(s, dict) else s.video for s in samples})
+    assert n_videos < len(samples)  # the fixture has several queries per video
+    assert cached.clip_cache_stats == {"hits": len(samples) - n_videos, "misses": n_videos}
+    for x, y in zip(a, b):
+        assert x.item.keys() == y.item.keys()
+        for k in x.item:
+            assert torch.equal(x.item[k], y.item[k]), k
+        assert x.clip.frame_indices == y.clip.frame_indices and x.clip.sample_fps == y.clip.sample_fps
+    assert generate_vlm.with_clip_cache(plain, 0) is plain and not hasattr(plain, "clip_cache_stats")
+
+
+def test_threads_setting_is_applied_and_not_fingerprinted(env):
+    common = [f"model={env['tiny']}", f"data.annotations={env['ann']}", "data.max_samples=1",
+              "data.prompt_mode=no_think", "decoding.max_new_tokens=3", f"out_dir={env['root'] / 'threads'}"]
+    try:
+        r1 = generate_vlm.run(_cfg(*common, "threads=2", "max_batches=1"))
+        assert torch.get_num_threads() == 2 and r1["settings"]["run"]["torch_threads"] == 2
+        r2 = generate_vlm.run(_cfg(*common, "threads=1"))  # resumes: same fingerprint
+        assert torch.get_num_threads() == 1 and r2["settings"]["run"]["torch_threads"] == 1
+        assert r1["settings"]["fingerprint"] == r2["settings"]["fingerprint"]
+        assert r2["stats"]["n_already_done"] == 1 and r2["metrics"]["n"] == 1
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="threads"):
+        generate_vlm.run(_cfg(*common, "threads=-1"))
