@@ -265,11 +265,18 @@ def _tensors(batch) -> dict:
     return {k: v for k, v in dict(batch).items() if isinstance(v, torch.Tensor)}
 
 
-def build_rewards(reward_cfg, task: str, family: str, tokenizer):
+def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think"):
     """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
     one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
     from mmgrpo.rewards.registry import build_reward_fn
 
+    if prompt_mode == "no_think" and reward_cfg.weights.get("format"):
+        # strict "format" requires a <think> block, which this prompt tells the model not to write: the reward
+        # would be 0 for every completion and silently shift every total
+        raise ValueError("reward.weights has 'format' (strict: <think>...</think><answer>...</answer>) but "
+                         "data.prompt_mode=no_think asks for a direct <answer>: it would score 0 for every "
+                         "completion. Use 'format_loose' (a closed <answer> block) or drop it, e.g. "
+                         "reward.weights='{iou: 1.0, format_loose: 0.5}'")
     opts = dict(reward_cfg.options)
     if task == "rec":
         opts.setdefault("box_frame", family)

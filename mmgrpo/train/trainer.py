@@ -310,7 +310,8 @@ class GRPOTrainer:
             self.eos_id = self.tok.eos_token_id
         self.task = TaskAdapter(policy.processor, policy.adapter, cfg.data)
         if reward_fn is None:
-            reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, policy.family, self.tok)
+            reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, policy.family, self.tok,
+                                                      cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
         if backend is None:

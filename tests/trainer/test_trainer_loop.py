@@ -196,7 +196,8 @@ def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
 
 def test_unparseable_completions_score_zero_and_are_counted(tmp_path, tiny_dirs, th):
     # registry reward on a random policy: nothing parses -> reward 0, counted; zero-variance groups flagged
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "reward.weights={iou: 1.0, format: 0.5}")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.prompt_mode=think",
+                   "reward.weights={iou: 1.0, format: 0.5}")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2))
     hist, _ = run(tr)
     m = hist[0]
@@ -375,3 +376,14 @@ def test_time_budget_stops_saves_and_carries_over_resume(tmp_path, tiny_dirs, th
     again = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(3),
                         reward_fn=th.text_reward)
     assert again.train() == [] and again.step == 3 and again.budget.spent == 3.0 and again.budget_stopped
+
+
+def test_strict_format_reward_with_no_think_prompt_is_refused(tmp_path, tiny_dirs, th):
+    """Strict 'format' needs a <think> block that a no_think prompt forbids: a clear error, not a reward of 0."""
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.weights={iou: 1.0, format: 0.5}")
+    with pytest.raises(ValueError, match="format_loose"):
+        GRPOTrainer(cfg, samples=th.video_samples(2))
+    ok = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.weights={iou: 1.0, format_loose: 0.5}")
+    tr = GRPOTrainer(ok, samples=th.video_samples(2))
+    out = tr.reward_fn(["<answer>0.5 to 1.5</answer>"], th.video_samples(1))
+    assert float(out["format_loose"][0]) == 1.0 and float(out["iou"][0]) == 1.0
