@@ -206,9 +206,84 @@ def test_tp_grpo_rewards(kind):
             y, _ = ode_complete(ad, traj.latents[i:i + 1, col], emb.index([i]), [sig[k1:]], cfg.guidance_scale, False)
         r1 = block_reward(ad.decode(y, H, W), PROMPTS[i:i + 1], [{}])["block"]
         torch.testing.assert_close(traj.step_rewards[i, 1:2], r1, atol=tol, rtol=0)
-    # NFEs: main K + completions of length K - w0 and K - w0 - 1
+    # NFEs: main K + completions of length K - w0 and K - w0 - 1, each minus the first step reused from the rollout
     w0 = traj.window_start.float()
-    assert traj.nfe_per_trajectory == pytest.approx(float((5 + (5 - w0) + (4 - w0)).mean()))
+    assert traj.nfe_per_trajectory == pytest.approx(float((5 + (4 - w0) + (3 - w0)).mean()))
+
+
+def _euler(ad, x, emb, sched, gs, cfg_on):
+    """Plain Euler over ``sched`` with a scalar sigma per step (independent of ode_complete)."""
+    for a, b in zip(sched[:-1].tolist(), sched[1:].tolist()):
+        x = x + (b - a) * ad.predict_velocity(x, a, emb, gs, cfg_on)
+    return x
+
+
+@pytest.mark.parametrize("kind,mode,K,cfg_on", [("flux", "all", 6, False), ("sd3", "window", 5, True)])
+def test_tp_grpo_reuses_the_rollout_euler_step(kind, mode, K, cfg_on):
+    """Completions start from the stored ode_next (sigma_{k+1}) instead of x_k (sigma_k): the rewards equal an
+    independent full recomputation from traj.latents over sig[k:], with one model evaluation less each."""
+    from flow_grpo.sampler import _tp_grpo_rewards
+
+    ad = make_adapter(kind)
+    cfg = _cfg(kind, num_steps=K, step_mode=mode, window_size=2, window_range=[0, K - 1], window_policy="random",
+               credit="tp_grpo", cfg=cfg_on)
+    decoded = []
+    decode = ad.decode
+    ad.decode = lambda x, h, w: (decoded.append(x.clone()), decode(x, h, w))[1]
+    N = len(PROMPTS)
+    traj = sample_trajectories(ad, PROMPTS, cfg, list(range(N)), [100 + i for i in range(N)],
+                               [20 + i for i in range(N)], GIDS, reward_fn=block_reward)  # a plan per sample
+    ad.decode = decode
+    n = traj.step_rewards.shape[1] - 1
+    assert traj.ode_next_latents is not None and traj.ode_next_latents.shape == traj.latents.shape
+    if mode == "window":
+        assert len(set(traj.window_start.tolist())) > 1  # the window plan really differs between samples
+        # and some column is trained only by other chunks (the rollout's pure-ODE branch stores it too)
+        assert any(not traj.train_mask[c0:c1, col].any() for c0, c1 in traj.chunks
+                   for col in range(len(traj.step_indices)))
+    comp_lat = torch.cat(decoded[len(traj.chunks):])  # completion decodes come after the rollout's
+    sig = ad.sigmas(K, H, W)
+    emb = ad.encode_prompts(PROMPTS)
+    ref_lat = torch.zeros_like(comp_lat)
+    pos = torch.stack([torch.nonzero(traj.train_mask[i]).flatten() for i in range(N)])
+    with torch.no_grad():
+        for j in range(n):
+            for i in range(N):
+                k = int(traj.step_indices[pos[i, j]])
+                ref_lat[j * N + i] = _euler(ad, traj.latents[i:i + 1, pos[i, j]], emb.index([i]), sig[k:],
+                                            cfg.guidance_scale, cfg_on)[0]
+    torch.testing.assert_close(comp_lat, ref_lat, atol=1e-5, rtol=0)
+    ref_R = block_reward(ad.decode(ref_lat, H, W), PROMPTS * n, [{}] * (N * n))["block"].view(n, N).t()
+    torch.testing.assert_close(traj.step_rewards[:, :n], ref_R, atol=1e-5, rtol=0)
+    # NFE: the reuse drops exactly one evaluation per completion (FLUX K=6, n=5: 20 -> 15 per trajectory)
+    seen = []
+    pv = ad.predict_velocity
+    ad.predict_velocity = lambda x, *a, **k: (seen.append(x.shape[0]), pv(x, *a, **k))[1]
+    with torch.no_grad():
+        R_new, nfe_new, _ = _tp_grpo_rewards(ad, traj, emb, sig, block_reward, None, traj.rewards["total"])
+        items_new = sum(seen)
+        seen.clear()
+        R_old, nfe_old, _ = _tp_grpo_rewards(ad, dataclasses.replace(traj, ode_next_latents=None), emb, sig,
+                                             block_reward, None, traj.rewards["total"])
+        items_old = sum(seen)
+    ad.predict_velocity = pv
+    assert nfe_old - nfe_new == n and items_old - items_new == n * N
+    if kind == "flux":
+        assert (nfe_old, nfe_new) == (20, 15) and traj.nfe_per_trajectory == K + 15
+    torch.testing.assert_close(R_new, traj.step_rewards, atol=1e-6, rtol=0)  # same run, same numbers
+    torch.testing.assert_close(R_old, R_new, atol=1e-5, rtol=0)
+
+
+def test_ode_complete_empty_schedule_and_no_ode_next_for_other_credits():
+    """k = K-1: the completion from ode_next is empty (schedule [0]) -> no model call, the latent is unchanged.
+    Other credits do not allocate ode_next_latents."""
+    ad = make_adapter("flux")
+    ad.set_resolution(H, W)
+    x = ad.initial_noise([1, 2], H, W)
+    out, calls = ode_complete(ad, x, ad.encode_prompts(["a", "b"]), [torch.zeros(1), torch.zeros(1)], 3.5, False)
+    assert calls == 0 and torch.equal(out, x)
+    traj = _sample(ad, _cfg("flux", num_steps=3, step_mode="window", window_size=1, window_range=[0, 2]))
+    assert traj.ode_next_latents is None
 
 
 def test_g2rpo_rewards():
