@@ -31,6 +31,11 @@ Outputs in ``out_dir``:
   ``report.md`` / ``report.json`` (``eval/report.py``).
 
 ``max_batches=N`` stops after N generated batches without scoring (tests; a deliberate interruption).
+
+Speed (docs/performance.md, "VLM evaluation harness throughput"): ``threads=1`` torch thread by default (two
+threads on shared CPU cores made generation up to 24x slower), decoded clips are memoised across the queries of one
+video (``clip_cache``), and ``decoding.batch_size`` prompts share one ``generate()`` call; none of these changes a
+greedy prediction.
 """
 from __future__ import annotations
 
