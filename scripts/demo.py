@@ -74,6 +74,10 @@ class Runner:
             return
         t0 = time.time()
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # one torch thread per stage unless the user says otherwise: the tiny models' ops are too short to split,
+        # and on a 2-core machine shared with anything else, 2 OpenMP threads made CPU generation up to 24x slower
+        # (docs/performance.md, "VLM evaluation harness throughput")
+        env.setdefault("OMP_NUM_THREADS", "1")
         proc = subprocess.run(cmd, cwd=REPO, env=env)
         self.times[stage] = round(time.time() - t0, 1)
         if proc.returncode != 0:
