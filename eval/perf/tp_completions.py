@@ -5,13 +5,16 @@ state before the j-th SDE step)) (R_0 from the window start, i.e. from the traje
 ODE prefix; R_n is the final reward and needs no completion).
 
 A = our sampler's batched path (:func:`flow_grpo.sampler._tp_grpo_rewards`, exactly what ``sample_trajectories``
-    runs for ``credit="tp_grpo"``): all n*N completions end-aligned in chunks of ``completion_batch_size``, one
-    model call per round with a per-item sigma, one batched VAE decode per chunk, ONE reward call.
+    runs for ``credit="tp_grpo"``; the trajectories are sampled with that credit, so A starts each completion from
+    the rollout's stored Euler step ``ode_next_latents`` at sigma_{k+1}): all n*N completions end-aligned in chunks
+    of ``completion_batch_size``, one model call per round with a per-item sigma, one batched VAE decode per chunk,
+    ONE reward call.
 B = the released TP-GRPO way (diffusion.md §4.5): for k = one window step at a time, ODE-complete the N latents
-    over the remaining timesteps, decode, score; n model-call sequences, n decodes, n reward calls.
+    x_k over sigma_k..0 (the first step recomputes the rollout's velocity), decode, score; n model-call sequences,
+    n decodes, n reward calls.
 
 Both produce R (N, n); they must agree (asserted within ``--tol``; the max difference is printed), since batching
-changes only the matmul batch composition (fp32 CPU: ~1e-7).
+and the reused first step change only the matmul batch composition (fp32 CPU: ~1e-7).
 
 Prints time(B)/time(A) LAST as ``tp_batched_speedup=X.XX`` (target >= 2).
 
@@ -109,7 +112,9 @@ def main(argv: Optional[list[str]] = None) -> float:
                    help="A's completion_batch_size (default: the SamplingConfig default, 32)")
     p.add_argument("--tol", type=float, default=1e-4, help="max |R_A - R_B| allowed")
     args = p.parse_args(argv)
-    resolve_args(args, reps=(2, 3, 9), warmup=(0, 1, 1))
+    # no warm-up in quick mode: the sampling run (credit=tp_grpo runs A once) and the counted runs of A and B
+    # below already warm both paths up
+    resolve_args(args, reps=(2, 3, 9), warmup=(0, 0, 1))
     set_threads(args.threads)
     import torch
 
@@ -125,13 +130,14 @@ def main(argv: Optional[list[str]] = None) -> float:
     kw = {} if args.completion_batch is None else {"completion_batch_size": args.completion_batch}
     cfg = SamplingConfig(num_steps=K, height=size, width=size, guidance_scale=4.5 if sd3 else 3.5, cfg=sd3,
                          sde_kind="cps", noise_level=0.8 if not sd3 else 0.7, step_mode="window", window_size=n,
-                         window_range=[0, K - 1], window_policy="fixed", credit="outcome", batch_size=N, **kw)
+                         window_range=[0, K - 1], window_policy="fixed", credit="tp_grpo", batch_size=N, **kw)
     prompts = [PROMPTS[i // 2 % len(PROMPTS)] for i in range(N)]
     gids = [i // 2 for i in range(N)]
     reward_fn = make_reward(size, size)
     traj = sample_trajectories(ad, prompts, cfg, list(range(N)), [100 + i for i in range(N)], [5] * N, gids,
                                reward_fn=reward_fn)
-    traj.sampling = cfg  # the tp path reads completion_batch_size / guidance from here
+    if traj.ode_next_latents is None:  # A must time the committed reuse path, not the fallback
+        raise AssertionError("sample_trajectories(credit='tp_grpo') did not store ode_next_latents")
     embeds = ad.encode_prompts(prompts)
     sig = ad.sigmas(K, size, size)
     r_final = traj.rewards["total"]
@@ -173,6 +179,9 @@ def main(argv: Optional[list[str]] = None) -> float:
         "work": {"completions": N * n, "model_calls_batched": calls_a, "item_evals_batched": items_a,
                  "model_calls_sequential": calls_b, "item_evals_sequential": items_b,
                  "completion_nfe_per_trajectory_batched": nfe_a,
+                 # the hook counts transformer rows: with CFG one guided evaluation is 2 rows
+                 "completion_nfe_per_trajectory_sequential": items_b / N / (2 if cfg.cfg else 1),
+                 "batched_starts_from": "rollout ode_next_latents (sigma_{k+1})",
                  # derived, not measured: the speedup if a model call cost the same at any batch size
                  # (a latency-bound accelerator); on this CPU the cost is ~linear in the batch (see docs)
                  "call_bound_speedup_estimate": calls_b / max(calls_a, 1)},
