@@ -16,7 +16,8 @@ Prints, per model, ``<model>: ...`` lines and finally the headline (the last mod
 ``prefix_group_speedup=X.XX``.
 
 Modes: full (default) = tiny and mid, 7 repetitions, headline = mid (about 6 minutes at load 6 on 2 cores);
-``--quick`` = tiny only, same shapes, 3 repetitions (about 1 minute); ``--smoke`` = tiny, 8 frames, T=16,
+``--quick`` = tiny only, same shapes, 3 repetitions, no extra warm-up (the two untimed correctness calls warm
+both sides up; about 40 s at load 7); ``--smoke`` = tiny, 8 frames, T=16,
 1 repetition, no warm-up (checks that it runs).
 
     python eval/perf/prefix_group.py [--quick | --smoke] [--models tiny,mid] [--json out.json] [--lora]
@@ -51,7 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--frame-size", type=int, default=224)
     p.add_argument("--lora", action="store_true", help="LoRA r=16 on the LLM instead of full fine-tuning")
     p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls of each side first (default 1; 0 with --smoke)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls of each side first (default 1; 0 with --quick/--smoke)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
     p.add_argument("--model-dir", default="", help="reuse/save the model folders here (default: a temp dir)")
@@ -60,8 +61,8 @@ def parse_args(argv=None):
     a.models = a.models or ("tiny" if light else "tiny,mid")
     a.T = a.T or (16 if a.smoke else 64)
     a.frames = a.frames or (8 if a.smoke else 32)
-    if a.warmup is None:
-        a.warmup = 0 if a.smoke else 1
+    if a.warmup is None:  # quick: the untimed correctness calls of both sides are the warm-up
+        a.warmup = 0 if light else 1
     if a.reps is None:
         a.reps = 1 if a.smoke else (3 if a.quick else 7)
     return a
