@@ -109,7 +109,8 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
                          "base_metric": base_m.get("mIoU"), "steps": len(hist),
                          "train_seconds": hist[-1].get("perf/train_seconds") if hist else None,
                          "compute": hist[-1].get("perf/generated_tokens") if hist else None,
-                         "curve": [(h.get("perf/train_seconds"), h.get("reward/total/mean")) for h in hist]})
+                         # the task reward of on-policy rows (IoU), not the method-shaped total (T-GRPO bonus)
+                         "curve": [(h.get("perf/train_seconds"), h.get("reward/iou/mean")) for h in hist]})
     return rows
 
 
@@ -169,7 +170,7 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[d
             curve = []
             for h in hist:
                 t = h.get("time/train_budget_s", t)
-                curve.append((t, h.get("reward/mean")))
+                curve.append((t, h.get("reward/mini_geneval", h.get("reward/mean"))))
             rows.append({"method": name, "seed": seed,
                          "metric": None if m.get("accuracy") is None else 100.0 * m["accuracy"],
                          "base_metric": None if b.get("accuracy") is None else 100.0 * b["accuracy"],
@@ -224,7 +225,8 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"frontend": frontend, "budget_s": args.budget, "seeds": args.seeds,
                                                   "summary": stats, "runs": rows}, indent=1) + "\n")
-    plot(out / "curves.png", rows, metric_name="training reward (mean over seeds)")
+    plot(out / "curves.png", rows, metric_name={"vlm": "training IoU reward", "flow": "training verifier reward"}[
+        frontend])
     return table
 
 
@@ -232,6 +234,15 @@ def _f(x, sign: bool = False, digits: int = 1) -> str:
     if x is None:
         return "-"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def smooth(curve: list[tuple[float, float]], window: int = 5) -> list[tuple[float, float]]:
+    """Trailing running mean of the values (the x of each point kept): per-step rewards of 32 rollouts are noisy."""
+    out = []
+    for i, (t, _) in enumerate(curve):
+        vals = [v for _, v in curve[max(0, i - window + 1): i + 1]]
+        out.append((t, sum(vals) / len(vals)))
+    return out
 
 
 def plot(path: Path, rows: list[dict], metric_name: str) -> None:
@@ -247,7 +258,7 @@ def plot(path: Path, rows: list[dict], metric_name: str) -> None:
     for m in dict.fromkeys(r["method"] for r in rows):
         curves = [[(t, v) for t, v in r["curve"] if t is not None and v is not None] for r in rows
                   if r["method"] == m]
-        curves = [c for c in curves if c]
+        curves = [smooth(c) for c in curves if c]
         if not curves:
             continue
         tmax = min(c[-1][0] for c in curves)
@@ -259,6 +270,7 @@ def plot(path: Path, rows: list[dict], metric_name: str) -> None:
         ax.plot(grid, mean, label=m)
     ax.set_xlabel("training seconds (process CPU)")
     ax.set_ylabel(metric_name)
+    ax.set_title("running mean of 5 steps per run, then mean over seeds", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

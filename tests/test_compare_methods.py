@@ -34,3 +34,9 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
         assert sum(f"/{name}/seed1/run" in c for c in train) == 1
         for o in overrides:
             assert any(o in c and f"/{name}/" in c for c in train), (name, o)
+
+
+def test_smooth_is_a_trailing_mean():
+    import compare_methods as cm
+
+    assert cm.smooth([(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)], window=2) == [(1, 0.0), (2, 0.5), (3, 1.5), (4, 2.5)]
