@@ -1,23 +1,28 @@
 #!/usr/bin/env python
 """Build the tiny text-to-image base generator of the CPU demo (mini-GenEval), in a few minutes, no downloads.
 
-    python scripts/build_tiny_flow.py --out runs/tiny_flow --seconds 240 --seed 0
+    python scripts/build_tiny_flow.py --out runs/tiny_flow --seed 0 [--tags single_object colors counting]
 
-What it builds (details and measured numbers: docs/demo_models.md):
+What it builds (details, the shipped reference command and measured numbers: docs/demo_models.md, T2I section):
 
 * a ``StableDiffusion3Pipeline`` folder (``save_pretrained``; reload with ``flow_grpo.models.load_adapter(out)`` or
   ``StableDiffusion3Pipeline.from_pretrained(out, text_encoder_3=None, tokenizer_3=None)``):
-  - ``vae``: :func:`flow_grpo.pretrain.pixel_autoencoder_kl`, a hand-set ``AutoencoderKL`` that is the identity on
-    pixels (scale factor 1), so the transformer diffuses 32x32 RGB directly and decoding is exact and crisp;
-  - ``transformer``: a small ``SD3Transformer2DModel`` with 4x4 patches (64 image tokens at 32 px);
-  - ``text_encoder``/``text_encoder_2``: tiny random, frozen CLIP text encoders; ``tokenizer``/``tokenizer_2``: the
-    real CLIP BPE (open_clip's merges) cut down to the merges the benchmark's words use (they tokenize exactly as
-    with the full CLIP vocabulary, mostly one token per word);
+  - ``vae``: :func:`palette_autoencoder_kl`, a hand-set ``AutoencoderKL`` (scale factor 2) whose latent is the
+    per-palette-colour coverage of each 2x2 pixel cell (4 channels, 16x16 at 32 px); decoding snaps soft coverage
+    back to crisp flat colours;
+  - ``transformer``: a small ``SD3Transformer2DModel`` on that latent (``--patch 4``: 4x4 latent cells = 8x8 px per
+    token, 16 image tokens at 32 px);
+  - ``text_encoder``/``text_encoder_2``: tiny random CLIP text encoders (trained jointly with ``--train-text``);
+    ``tokenizer``/``tokenizer_2``: the real CLIP BPE (open_clip's merges) cut down to the merges the benchmark's
+    words use (they tokenize exactly as with the full CLIP vocabulary, mostly one token per word);
   - no T5 (``text_encoder_3=None``): the pipeline appends ``max_sequence_length`` all-zero text tokens, so sampling
-    must use the same ``max_sequence_length`` as training (``mmgrpo_demo.json`` in the folder records it);
+    must use the same ``max_sequence_length`` as training (``mmgrpo_demo.json`` in the folder records it, with the
+    image size, sampling steps, benchmark tags and the demo's eval protocol);
 * pre-trained with the rectified-flow loss (:mod:`flow_grpo.pretrain`) on images drawn by
-  ``data.synthetic_t2i.render`` for *train-split* prompts (rendered on the fly, fresh layout per sample);
-* evaluated on held-out prompts with ``data.synthetic_t2i.verify`` through the pipeline call (``eval.json``).
+  ``data.synthetic_t2i.render`` for *train-split* prompts of ``--tags`` (rendered on the fly, fresh layout per
+  sample);
+* evaluated on held-out prompts of ``--tags`` with ``data.synthetic_t2i.verify`` through the pipeline call
+  (``eval.json``: ``--eval-per-tag`` samples per tag, accuracy = mean over tags).
 
 Training is step-based (``--steps``) so the result does not depend on machine load; ``--seconds`` is a safety cap
 (if it stops training early the run is not the reference one, and ``build_info.json`` says so).
@@ -28,6 +33,7 @@ import argparse
 import gzip
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -269,8 +275,8 @@ def build_pipeline(seed: int = 0, size: int = 32, width: int = 128, heads: int =
 
     if width % heads:
         raise ValueError(f"width {width} must be divisible by heads {heads}")
-    if size % patch:
-        raise ValueError(f"size {size} must be divisible by patch {patch}")
+    if size % (2 * patch):
+        raise ValueError(f"size {size} must be divisible by 2 * patch = {2 * patch} (VAE scale factor 2)")
     torch.manual_seed(seed)
     words = benchmark_words()
     toks, encs = [], []
@@ -286,9 +292,9 @@ def build_pipeline(seed: int = 0, size: int = 32, width: int = 128, heads: int =
     vae = palette_autoencoder_kl(list(bench.COLORS.values()), bench.BACKGROUND)
     channels = vae.config.latent_channels
     transformer = SD3Transformer2DModel(
-        sample_size=size, patch_size=patch, in_channels=channels, out_channels=channels, num_layers=layers,
+        sample_size=size // 2, patch_size=patch, in_channels=channels, out_channels=channels, num_layers=layers,
         attention_head_dim=width // heads, num_attention_heads=heads, joint_attention_dim=2 * text_hidden,
-        caption_projection_dim=width, pooled_projection_dim=2 * text_hidden, pos_embed_max_size=size // patch)
+        caption_projection_dim=width, pooled_projection_dim=2 * text_hidden, pos_embed_max_size=size // 2 // patch)
     if zero_init:
         from flow_grpo.pretrain import adaln_zero_init_
 
@@ -306,13 +312,13 @@ class RenderedBatches:
     """``batch_fn(step)`` for :func:`flow_grpo.pretrain.pretrain`: train-split prompts (tag-uniform, as
     ``make_prompts``), each rendered with a fresh seed. Deterministic in (seed, step)."""
 
-    def __init__(self, batch_size: int, size: int, seed: int):
+    def __init__(self, batch_size: int, size: int, seed: int, tags=None):
         import random
 
         self.bench = benchmark()
         self.batch_size, self.size, self.seed = batch_size, size, seed
         self.by_tag = {}
-        for m in self.bench.all_prompts("train"):
+        for m in self.bench.all_prompts("train", tags=tags):
             self.by_tag.setdefault(m["tag"], []).append(m)
         self.tags = sorted(self.by_tag)
         self._random = random.Random
@@ -343,11 +349,12 @@ def palette_latents(pipe, images):
 
 
 # ----------------------------------------------------------------------------------------------- eval
-def heldout_eval_set(per_tag: int = 32, seed: int = 1234) -> list[tuple[dict, int]]:
-    """(metadata, noise seed) pairs: for every tag, cycle through its held-out prompts until ``per_tag`` samples."""
+def heldout_eval_set(per_tag: int = 32, seed: int = 1234, tags=None) -> list[tuple[dict, int]]:
+    """(metadata, noise seed) pairs: for every tag (default: all), cycle through its held-out prompts until
+    ``per_tag`` samples."""
     bench = benchmark()
     out = []
-    for tag in bench.TAGS:
+    for tag in (tags or bench.TAGS):
         mds = bench.all_prompts("heldout", tags=[tag])
         for i in range(per_tag):
             out.append((mds[i % len(mds)], seed * 100_003 + len(out)))
@@ -393,6 +400,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--size", type=int, default=32)
+    p.add_argument("--tags", nargs="+", default=None,
+                   help="benchmark tags to train and evaluate on (default: all of data.synthetic_t2i.TAGS)")
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
@@ -406,6 +415,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-per-tag", type=int, default=32, help="held-out samples per tag (0 = skip eval)")
     p.add_argument("--eval-steps", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (development)")
+    p.add_argument("--demo-images-per-prompt", type=int, default=8,
+                   help="images per held-out prompt the demo's eval/generate_t2i.py uses (mmgrpo_demo.json)")
     return p.parse_args(argv)
 
 
@@ -427,8 +438,8 @@ def main(argv=None) -> int:
     n_params = {name: sum(p.numel() for p in getattr(pipe, name).parameters())
                 for name in ("transformer", "vae", "text_encoder", "text_encoder_2")}
     print(f"params: {n_params}", flush=True)
-    eval_set = heldout_eval_set(args.eval_per_tag) if args.eval_per_tag > 0 else []
-    batches = RenderedBatches(args.batch_size, args.size, args.seed)
+    eval_set = heldout_eval_set(args.eval_per_tag, tags=args.tags) if args.eval_per_tag > 0 else []
+    batches = RenderedBatches(args.batch_size, args.size, args.seed, tags=args.tags)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
@@ -452,10 +463,15 @@ def main(argv=None) -> int:
     build_seconds = time.perf_counter() - t_start
     demo = {"pipeline": "StableDiffusion3Pipeline", "height": args.size, "width": args.size,
             "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "num_inference_steps": args.eval_steps,
-            "guidance_scale": 1.0, "cfg": False,
+            "guidance_scale": 1.0, "cfg": False, "tags": list(args.tags or benchmark().TAGS),
+            "eval_images_per_prompt": args.demo_images_per_prompt,
             "load": "StableDiffusion3Pipeline.from_pretrained(dir, text_encoder_3=None, tokenizer_3=None)"}
+    cmd = "python scripts/build_tiny_flow.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                   else sys.argv[1:]))
+    demo["build_command"] = cmd
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")
-    info = {"args": vars(args), "params": n_params, "train_steps": hist["steps"], "train_seconds": train_seconds,
+    info = {"command": cmd, "args": vars(args), "params": n_params, "train_steps": hist["steps"],
+            "train_seconds": train_seconds,
             "build_seconds": build_seconds, "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-50:]) / max(1, len(hist["losses"][-50:])),
             "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}

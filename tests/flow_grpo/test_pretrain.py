@@ -283,3 +283,58 @@ def test_saved_pipeline_reloads_and_reproduces_images(build, tiny_pipe, tmp_path
         ref = re.vae.decode(lat / re.vae.config.scaling_factor + re.vae.config.shift_factor).sample
     ref = ((ref / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
     assert torch.equal(ad.decode(lat, 32, 32), ref)
+
+
+# ------------------------------------------------------------------------------------------------ shipped base
+SHIPPED = REPO / "data" / "checkpoints" / "tiny_flow"
+
+
+def test_shipped_base_loads_and_generates(build, bench):
+    """The demo's shipped base: both loaders take it, images have the recorded size, and the recorded settings
+    are the ones the demo reads (scripts/demo.py t2i)."""
+    import json
+
+    from diffusers import StableDiffusion3Pipeline
+
+    from flow_grpo.models import load_adapter
+    from flow_grpo.config import SamplingConfig
+    from flow_grpo.sampler import generate_images
+
+    demo = json.loads((SHIPPED / "mmgrpo_demo.json").read_text())
+    info = json.loads((SHIPPED / "build_info.json").read_text())
+    ev = json.loads((SHIPPED / "eval.json").read_text())
+    size, seqlen = demo["height"], demo["max_sequence_length"]
+    assert demo["width"] == size and seqlen == build.DEMO_MAX_SEQUENCE_LENGTH
+    assert set(demo["tags"]) <= set(bench.TAGS) and set(ev["per_tag"]) == set(demo["tags"])
+    assert info["command"].startswith("python scripts/build_tiny_flow.py") and 0.0 <= ev["accuracy"] <= 1.0
+    total = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    assert total < 12 * 2 ** 20, f"shipped base is {total / 2 ** 20:.1f} MiB"
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(SHIPPED), text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    imgs = build.generate(pipe, ["a red circle", "two blue squares"], [0, 1], steps=3, size=size)
+    assert imgs.shape == (2, size, size, 3) and imgs.dtype == np.uint8
+    # not a blank canvas: some palette-coloured pixels
+    assert (imgs != np.array(bench.BACKGROUND, dtype=np.uint8)).any(-1).sum() > 0
+    ad = load_adapter(str(SHIPPED), max_sequence_length=seqlen)
+    assert ad.kind == "sd3"
+    scfg = SamplingConfig(num_steps=3, height=size, width=size, guidance_scale=1.0, cfg=False)
+    out = generate_images(ad, ["a red circle", "a blue square"], [0, 1], scfg)
+    assert tuple(out.shape) == (2, size, size, 3) and out.dtype == torch.uint8
+
+
+def test_builder_smoke_main(build, tmp_path):
+    """The builder's CLI end to end at toy scale: pipeline folder + the three JSON records the demo relies on."""
+    import json
+
+    out = tmp_path / "tf"
+    rc = build.main(["--out", str(out), "--steps", "2", "--batch-size", "2", "--width", "32", "--heads", "2",
+                     "--layers", "1", "--eval-per-tag", "1", "--eval-steps", "2", "--tags", "colors", "counting",
+                     "--threads", "1"])
+    assert rc == 0
+    demo = json.loads((out / "mmgrpo_demo.json").read_text())
+    info = json.loads((out / "build_info.json").read_text())
+    ev = json.loads((out / "eval.json").read_text())
+    assert demo["tags"] == ["colors", "counting"] and demo["num_inference_steps"] == 2
+    assert "--tags colors counting" in info["command"] and info["train_steps"] == 2
+    assert set(ev["per_tag"]) == {"colors", "counting"} and ev["n"] == 2
+    assert (out / "model_index.json").exists()
