@@ -36,16 +36,18 @@ PY = sys.executable
 PROFILES = {
     "full": {
         "vlm_build": ["--seconds", "300"],
-        "flow_build": ["--seconds", "150"],
+        # rebuild (--rebuild) = the shipped base's recipe (data/checkpoints/tiny_flow/build_info.json), ~25-30 min
+        "flow_build": ["--steps", "5000", "--seconds", "1800", "--lr", "2e-3", "--ema", "0.995", "--train-text",
+                       "--threads", "1", "--tags", "single_object", "colors", "counting", "--eval-per-tag", "16"],
         "vlm_train": ["run.max_steps=40", "rollout.num_generations=8", "run.prompts_per_device=4",
                       "optim.lr=3e-4", "model.lora.r=32", "model.lora.alpha=64"],
-        "flow_train": ["run.num_epochs=12", "data.groups_per_epoch=4", "data.group_size=8"],
+        "flow_train": ["run.num_epochs=100", "data.groups_per_epoch=4", "data.group_size=8", "optim.lr=1e-3"],
         "vlm_eval": ["data.max_samples=100"],  # first 100 held-out queries (bounded demo time)
         "t2i_eval_prompts": 0,
     },
     "smoke": {
         "vlm_build": ["--seconds", "5", "--steps", "3", "--n-train", "6", "--n-eval", "4"],
-        "flow_build": ["--seconds", "5", "--steps", "3"],
+        "flow_build": ["--seconds", "5", "--steps", "3", "--threads", "1", "--eval-per-tag", "1"],
         "vlm_train": ["run.max_steps=1", "rollout.num_generations=2", "run.prompts_per_device=1"],
         "flow_train": ["run.num_epochs=1", "data.groups_per_epoch=1", "data.group_size=2"],
         "vlm_eval": ["data.max_samples=3"],
@@ -198,26 +200,36 @@ def t2i(runner: Runner, args, prof: dict) -> dict:
     base = shipped_or_build(runner, "t2i", REPO / "data" / "checkpoints" / "tiny_flow", out / "base",
                             [PY, "scripts/build_tiny_flow.py", "--seed", str(args.seed)] + prof["flow_build"],
                             rebuild=args.rebuild)
+    # The base's own generation settings and benchmark subset (written by scripts/build_tiny_flow.py): evaluation
+    # and GRPO sample exactly as the base was trained and evaluated.
     info = _read_json(base / "mmgrpo_demo.json")
-    size = int(info.get("size", 32))
-    steps = int(info.get("num_steps", 10))
-    seqlen = int(info.get("max_sequence_length", 32))
+    size = int(info.get("height", 32))
+    steps = int(info.get("num_inference_steps", 10))
+    seqlen = int(info.get("max_sequence_length", 1))
+    tags = list(info.get("tags") or [])
+    per_prompt = int(info.get("eval_images_per_prompt", 1))
+    tag_args = ["--tags", *tags] if tags else []
     prompts = out / "prompts"
     prompts.mkdir(parents=True, exist_ok=True)
     runner.run("t2i_prompts_train", [PY, "data/synthetic_t2i.py", "--all", "--split", "train", "--out",
-                                     str(prompts / "train.jsonl")])
+                                     str(prompts / "train.jsonl")] + tag_args)
     runner.run("t2i_prompts_heldout", [PY, "data/synthetic_t2i.py", "--all", "--split", "heldout", "--out",
-                                       str(prompts / "heldout.jsonl")])
-    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
+                                       str(prompts / "heldout.jsonl")] + tag_args)
+    # One torch/OpenMP thread: this model's ops are tiny, and with the default 2 threads on a shared 2-core machine
+    # GRPO sampling measured ~30x slower (thread oversubscription), e.g. 18 s vs 0.65 s per 16-image epoch.
+    one = ["env", "OMP_NUM_THREADS=1"]
+    ev = one + [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
           "rewards=[mini_geneval]", f"num_steps={steps}", "guidance_scale=1.0", "cfg=false", f"height={size}",
-          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32", f"seed={args.seed}"]
+          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32", f"seed={args.seed}",
+          f"images_per_prompt={per_prompt}"]
     if prof["t2i_eval_prompts"]:
         ev.append(f"max_prompts={prof['t2i_eval_prompts']}")
     runner.run("t2i_eval_before", ev + [f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
-    runner.run("t2i_grpo", [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
+    runner.run("t2i_grpo", one + [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
                             f"data.train_path={prompts / 'train.jsonl'}", f"data.eval_path={prompts / 'heldout.jsonl'}",
-                            "reward.weights={mini_geneval: 1.0}", f"sample.num_steps={steps}",
+                            "reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}",
+                            "method=fast", "ema.enabled=false", "run.image_grid_every=0", f"sample.num_steps={steps}",
                             f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
                             "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}",
                             f"run.output_dir={train_dir}", f"run.seed={args.seed}", "run.save_every=0"]
