@@ -59,3 +59,19 @@ def test_grounding_probes_by_hand(tmp_path):
     # blind span [2, 8]: IoU 0 with [0, 2] (touching), 2/6 with [4, 6]
     assert abs(p["video_blind"]["mIoU"] - 100.0 * (0 + 2 / 6) / 2) < 1e-6
     assert "after" not in p["query_swap"]
+
+
+def test_smoke_demo_runs_end_to_end(tmp_path):
+    """The README's main command in its seconds-scale profile: every stage really runs (shipped bases, a few
+    videos/prompts, one GRPO step/epoch) and the report has numbers for both tasks. Numbers mean nothing here."""
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["smoke"] is True and m["seconds"] > 0
+    for ph in ("before", "after"):
+        assert isinstance(m["tvg"][ph]["mIoU"], float) and 0.0 <= m["tvg"][ph]["mIoU"] <= 100.0
+        assert isinstance(m["t2i"][ph]["accuracy"], float) and 0.0 <= m["t2i"][ph]["accuracy"] <= 100.0
+    assert (out / "tvg" / "eval_after" / "predictions.jsonl").exists()
+    assert "| temporal grounding | mIoU |" in (out / "report.md").read_text()
