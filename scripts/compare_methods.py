@@ -86,6 +86,13 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
     prof = demo.PROFILES["smoke" if args.smoke else "full"]
     s = demo.tvg_setup(runner, args, prof, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
+    if args.eval_split == "validation":
+        # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
+        seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000
+        val = runner.out / "shared" / "validation"
+        runner.run("validation_data", [PY, "data/synthetic_tvg.py", str(val), "--n-train", "1", "--n-eval",
+                                       str(args.tvg_eval if args.smoke else 100), "--seed", str(seed)])
+        ev = ev + [f"data.annotations={val / 'eval.jsonl'}"]
     runner.run("base_eval", ev + [f"model={base}", f"out_dir={runner.out / 'base_eval'}"])  # greedy: seed-free
     base_m = demo._read_json(runner.out / "base_eval" / "metrics.json")
     rows = []
@@ -195,7 +202,10 @@ def attempt(runner: demo.Runner, stage: str, cmd: list[str]) -> bool:
 
 
 def budget_overrides(args, steps_key: str) -> list[str]:
-    return [f"run.max_train_seconds={args.budget}", "run.budget_clock=cpu", f"{steps_key}=100000"]
+    """Equal CPU-time budget, or (``--steps``) an equal number of steps/epochs; then the ``--set`` overrides."""
+    if args.steps:
+        return [f"{steps_key}={args.steps}"] + args.set
+    return [f"run.max_train_seconds={args.budget}", "run.budget_clock=cpu", f"{steps_key}=100000"] + args.set
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -208,8 +218,11 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     stats = {m: summarize([r["metric"] for r in rows if r["method"] == m]) for m in methods}
     ref = methods[0] if methods else None
     base = summarize([r["base_metric"] for r in rows if r["method"] == ref])
-    lines = [f"Budget: {args.budget:g} s of process CPU time per run (1 torch thread), seeds {args.seeds}. "
-             f"Start: {_f(base['mean'])} {metric}.", "",
+    budget = (f"{args.steps} steps per run" if args.steps else
+              f"Budget: {args.budget:g} s of process CPU time per run (1 torch thread)")
+    split = " (validation draw)" if getattr(args, "eval_split", "heldout") == "validation" else ""
+    lines = [f"{budget}, seeds {args.seeds}{' ' + ' '.join(args.set) if args.set else ''}. "
+             f"Start: {_f(base['mean'])} {metric}{split}.", "",
              f"| method | {metric} (mean ± std over seeds) | vs {ref} | > seed noise? | steps | {compute} |",
              "|---|---|---|---|---|---|"]
     for m in methods:
@@ -284,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (GRPO sampling, data order)")
     p.add_argument("--budget", type=float, default=120.0, help="training CPU-seconds per run (equal for all)")
     p.add_argument("--methods", default="", help="comma subset of the methods (default: all of the front-end)")
+    p.add_argument("--steps", type=int, default=0, help="train a fixed number of steps (VLM) / epochs (flow) "
+                   "instead of the time budget")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra trainer override for every run (repeatable), e.g. --set optim.lr=2e-4")
+    p.add_argument("--eval-split", choices=["heldout", "validation"], default="heldout",
+                   help="vlm: evaluate on the held-out split, or on a fresh validation draw of the generator (for "
+                   "choosing settings without looking at held-out data)")
     p.add_argument("--smoke", action="store_true", help="the demo's smoke profile (wiring check; numbers mean nothing)")
     p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     args = p.parse_args(argv)
