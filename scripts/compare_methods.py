@@ -211,6 +211,8 @@ def budget_overrides(args, steps_key: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- report
 def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     metric = {"vlm": "held-out mIoU", "flow": "held-out mini-GenEval accuracy"}[frontend]
+    if getattr(args, "eval_split", "heldout") == "validation":
+        metric = metric.replace("held-out", "validation")
     compute = {"vlm": "generated tokens", "flow": "NFEs (trajectories x steps, incl. completions)"}[frontend]
     failed = [r for r in rows if r.get("error")]
     rows = [r for r in rows if not r.get("error")]
