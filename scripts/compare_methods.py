@@ -122,34 +122,17 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
 
 
 def flow_setup(runner: demo.Runner, args) -> dict:
-    """The demo's T2I base, prompt files, eval command and GRPO settings, minus every key a method preset sets."""
+    """The demo's T2I setup, with every key a method preset sets removed from the demo's GRPO command (the
+    preset of each compared method must decide them)."""
     from flow_grpo.config import METHOD_PRESETS
 
     prof = demo.PROFILES["smoke" if args.smoke else "full"]
-    base = demo.REPO / "data" / "checkpoints" / "tiny_flow"
-    if not (base / "model_index.json").exists():
-        raise SystemExit(f"{base} is missing: build the T2I base first (scripts/build_tiny_flow.py, see "
-                         "docs/demo_models.md)")
-    info = demo._read_json(base / "mmgrpo_demo.json")
-    size, steps = int(info.get("size", 32)), int(info.get("num_steps", 10))
-    seqlen = int(info.get("max_sequence_length", 32))
-    prompts = runner.out / "shared" / "prompts"
-    prompts.mkdir(parents=True, exist_ok=True)
-    tags = [f"--tags={info['tags']}"] if info.get("tags") else []
-    for split in ("train", "heldout"):
-        runner.run(f"prompts_{split}", [PY, "data/synthetic_t2i.py", "--all", "--split", split, "--out",
-                                        str(prompts / f"{split}.jsonl")] + tags)
-    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
-          "rewards=[mini_geneval]", f"num_steps={steps}", "guidance_scale=1.0", "cfg=false", f"height={size}",
-          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32"]
+    s = demo.t2i_setup(runner, args, prof, runner.out / "shared")
+    if s.get("skipped"):
+        raise SystemExit(f"[compare] {s['skipped']}")
     method_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
-    kept = [o for o in prof["flow_train"] if o.split("=", 1)[0] not in method_keys]
-    train = [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
-             f"data.train_path={prompts / 'train.jsonl'}", "reward.weights={mini_geneval: 1.0}",
-             f"sample.num_steps={steps}", f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
-             "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}", "run.save_every=0",
-             "run.image_grid_every=0"] + kept
-    return {"base": base, "eval_cmd": ev, "train_cmd": train}
+    s["train_cmd"] = [o for o in s["train_cmd"] if o.split("=", 1)[0] not in method_keys]
+    return s
 
 
 def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:

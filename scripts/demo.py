@@ -9,7 +9,7 @@ Every stage is a command a user could run by hand (they are printed, and written
 * **tvg** - temporal grounding on the built-in synthetic videos (``data/synthetic_tvg.py``):
   base = a tiny Qwen2.5-VL supervised-fine-tuned to a mediocre level (``scripts/build_tiny_vlm.py``);
   eval before -> ``mmgrpo train`` (GRPO, IoU + format reward) -> eval after, with ``eval/generate_vlm.py``;
-* **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny FLUX pipeline pre-trained on rendered
+* **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny SD3 pipeline pre-trained on rendered
   images (``scripts/build_tiny_flow.py``); eval before -> ``flow_grpo train`` (Flow-GRPO-Fast: CPS + SDE window,
   verifier reward) -> eval after, with ``eval/generate_t2i.py``;
 * **report** - ``<out>/metrics.json`` (held-out metrics before/after, percent), ``<out>/report.md`` (table,
@@ -189,15 +189,14 @@ def latest_checkpoint(train_dir: Path) -> Path | None:
     return cks[-1] if cks else None
 
 
-def t2i(runner: Runner, args, prof: dict) -> dict:
-    out = runner.out / "t2i"
+def t2i_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
+    """Base pipeline, prompt files and the eval / GRPO command prefixes of the T2I task (shared with
+    ``scripts/compare_methods.py``). ``{"skipped": reason}`` when there is no base and no recipe."""
     shipped = REPO / "data" / "checkpoints" / "tiny_flow"
     if not (shipped / "model_index.json").exists() and not (REPO / "scripts" / "build_tiny_flow.py").exists():
-        reason = ("no base generator: neither data/checkpoints/tiny_flow nor scripts/build_tiny_flow.py is in this "
-                  "checkout (the T2I base recipe has not landed yet; see docs/results.md)")
-        print(f"[demo] t2i skipped: {reason}", flush=True)
-        return {"skipped": reason}
-    base = shipped_or_build(runner, "t2i", REPO / "data" / "checkpoints" / "tiny_flow", out / "base",
+        return {"skipped": "no base generator: neither data/checkpoints/tiny_flow nor scripts/build_tiny_flow.py "
+                           "is in this checkout"}
+    base = shipped_or_build(runner, "t2i", shipped, out / "base",
                             [PY, "scripts/build_tiny_flow.py", "--seed", str(args.seed)] + prof["flow_build"],
                             rebuild=args.rebuild)
     # The base's own generation settings and benchmark subset (written by scripts/build_tiny_flow.py): evaluation
@@ -215,27 +214,31 @@ def t2i(runner: Runner, args, prof: dict) -> dict:
                                      str(prompts / "train.jsonl")] + tag_args)
     runner.run("t2i_prompts_heldout", [PY, "data/synthetic_t2i.py", "--all", "--split", "heldout", "--out",
                                        str(prompts / "heldout.jsonl")] + tag_args)
-    # One torch/OpenMP thread: this model's ops are tiny, and with the default 2 threads on a shared 2-core machine
-    # GRPO sampling measured ~30x slower (thread oversubscription), e.g. 18 s vs 0.65 s per 16-image epoch.
-    one = ["env", "OMP_NUM_THREADS=1"]
-    ev = one + [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
+    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
           "rewards=[mini_geneval]", f"num_steps={steps}", "guidance_scale=1.0", "cfg=false", f"height={size}",
-          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32", f"seed={args.seed}",
-          f"images_per_prompt={per_prompt}"]
+          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32", f"images_per_prompt={per_prompt}"]
     if prof["t2i_eval_prompts"]:
         ev.append(f"max_prompts={prof['t2i_eval_prompts']}")
+    train = [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
+             f"data.train_path={prompts / 'train.jsonl'}", f"data.eval_path={prompts / 'heldout.jsonl'}",
+             "reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}",
+             "method=fast", "ema.enabled=false", "run.image_grid_every=0", f"sample.num_steps={steps}",
+             f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
+             "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}", "run.save_every=0"] + prof["flow_train"]
+    return {"base": base, "prompts": prompts, "eval_cmd": ev, "train_cmd": train}
+
+
+def t2i(runner: Runner, args, prof: dict) -> dict:
+    out = runner.out / "t2i"
+    s = t2i_setup(runner, args, prof, out)
+    if s.get("skipped"):
+        print(f"[demo] t2i skipped: {s['skipped']}", flush=True)
+        return s
+    ev = s["eval_cmd"] + [f"seed={args.seed}"]
     runner.run("t2i_eval_before", ev + [f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
-    runner.run("t2i_grpo", one + [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
-                            f"data.train_path={prompts / 'train.jsonl'}", f"data.eval_path={prompts / 'heldout.jsonl'}",
-                            "reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}",
-                            "method=fast", "ema.enabled=false", "run.image_grid_every=0", f"sample.num_steps={steps}",
-                            f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
-                            "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}",
-                            f"run.output_dir={train_dir}", f"run.seed={args.seed}", "run.save_every=0"]
-               + prof["flow_train"])
-    lora = train_dir / "lora_final"
-    runner.run("t2i_eval_after", ev + [f"out_dir={out / 'eval_after'}", f"lora={lora}"])
+    runner.run("t2i_grpo", s["train_cmd"] + [f"run.output_dir={train_dir}", f"run.seed={args.seed}"])
+    runner.run("t2i_eval_after", ev + [f"out_dir={out / 'eval_after'}", f"lora={train_dir / 'lora_final'}"])
     before = _read_json(out / "eval_before" / "metrics.json")
     after = _read_json(out / "eval_after" / "metrics.json")
     return {"before": before, "after": after,
