@@ -136,6 +136,9 @@ class EMAConfig:
     enabled: bool = _f(True, "keep an EMA of the trainable weights (used for eval and saved LoRA)")
     decay: float = _f(0.9, "EMA decay")
     update_every: int = _f(8, "optimizer steps between EMA updates")
+    warmup: bool = _f(True, "decay of an update at optimizer step s = min(decay, (1 + s) / (10 + s)), as Flow-GRPO's "
+                      "EMA and diffusers' EMAModel: without it a short run's EMA (what eval and the saved LoRA use) "
+                      "stays near the initial weights")
 
 
 @dataclass

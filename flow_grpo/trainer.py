@@ -345,15 +345,26 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class EMA:
     """Exponential moving average of trainable parameters (fp32 shadow of this process's local shards)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], decay: float):
+    def __init__(self, params: list[torch.nn.Parameter], decay: float, warmup: bool = False):
         self.params = params
         self.decay = decay
+        self.warmup = warmup
+        self.num_updates = 0
         self.shadow = [_local(p).detach().float().clone() for p in params]
 
+    def current_decay(self, step: Optional[int] = None) -> float:
+        """Decay of an update at optimizer step ``step`` (default: the number of updates so far):
+        ``min(decay, (1 + step) / (10 + step))`` with warm-up (Flow-GRPO's EMA and diffusers' EMAModel), else
+        ``decay``."""
+        n = self.num_updates if step is None else step
+        return min(self.decay, (1.0 + n) / (10.0 + n)) if self.warmup else self.decay
+
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, step: Optional[int] = None) -> None:
+        d = self.current_decay(step)
         for s, p in zip(self.shadow, self.params):
-            s.mul_(self.decay).add_(_local(p).detach().float(), alpha=1 - self.decay)
+            s.mul_(d).add_(_local(p).detach().float(), alpha=1 - d)
+        self.num_updates += 1
 
     @contextlib.contextmanager
     def swapped_in(self):
@@ -369,7 +380,7 @@ class EMA:
                     _local(p).copy_(b)
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "shadow": [s.cpu() for s in self.shadow]}
+        return {"decay": self.decay, "num_updates": self.num_updates, "shadow": [s.cpu() for s in self.shadow]}
 
     def load_state_dict(self, sd: dict) -> None:
         if len(sd["shadow"]) != len(self.shadow) or any(
@@ -377,6 +388,7 @@ class EMA:
             raise ValueError("EMA state does not match the trainable parameters")
         self.shadow = [s.to(b.device).float() for s, b in zip(sd["shadow"], self.shadow)]
         self.decay = sd["decay"]
+        self.num_updates = int(sd.get("num_updates", 0))
 
 
 # ----------------------------------------------------------------------------------------------------- LR
@@ -461,7 +473,7 @@ class FlowGRPOTrainer:
         self.unwrapped = acc.unwrap_model(self.model)
         self.named_params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
-        self.ema = EMA(self.params, cfg.ema.decay) if cfg.ema.enabled else None
+        self.ema = EMA(self.params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
         self.rewards = RewardStack(cfg.reward, reward_fn)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
@@ -892,7 +904,7 @@ class FlowGRPOTrainer:
                     self.counters["applied_steps"] += 1
                     self.counters["consecutive_skips"] = 0
                     if self.ema is not None and self.global_step % c.ema.update_every == 0:
-                        self.ema.update()
+                        self.ema.update(self.global_step)
                 else:
                     self.counters["skipped_steps"] += 1
                     self.counters["consecutive_skips"] += 1

@@ -133,3 +133,35 @@ def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path):
     assert (tmp_path / "lora_final").exists()
     again = make_trainer("flux", "fast", tmp_path, **extra)
     assert again.train() == [] and again.epoch == 2 and again.budget.spent == 2.0
+
+
+def test_trainer_ema_warmup_by_hand():
+    """ema.warmup: the n-th update uses decay min(decay, (1 + n) / (10 + n)); the count survives state_dict."""
+    from flow_grpo.trainer import EMA
+
+    p = torch.nn.Parameter(torch.tensor([0.0]))
+    ema = EMA([p], decay=0.2, warmup=True)
+    expect = 0.0
+    for n, value in enumerate([1.0, 3.0, -2.0, 5.0]):
+        with torch.no_grad():
+            p.fill_(value)
+        d = min(0.2, (1 + n) / (10 + n))  # 0.1, 0.1818..., then capped at 0.2
+        expect = d * expect + (1 - d) * value
+        ema.update()
+        assert abs(ema.shadow[0].item() - expect) < 1e-6
+    again = EMA([p], decay=0.2, warmup=True)
+    again.load_state_dict(ema.state_dict())
+    assert again.num_updates == 4 and again.current_decay() == 0.2
+    plain = EMA([p], decay=0.9, warmup=False)
+    assert plain.current_decay() == 0.9
+
+
+def test_trainer_ema_warmup_follows_the_optimizer_step():
+    from flow_grpo.trainer import EMA
+
+    p = torch.nn.Parameter(torch.tensor([0.0]))
+    ema = EMA([p], decay=0.9, warmup=True)
+    with torch.no_grad():
+        p.fill_(2.0)
+    ema.update(8)  # first update at optimizer step 8 (update_every=8): decay min(0.9, 9/18) = 0.5
+    assert abs(ema.shadow[0].item() - 1.0) < 1e-6 and ema.current_decay(80) == 0.9
