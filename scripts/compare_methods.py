@@ -86,6 +86,9 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
     prof = demo.PROFILES["smoke" if args.smoke else "full"]
     s = demo.tvg_setup(runner, args, prof, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
+    # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
+    switch_keys = {o.split("=", 1)[0] for ovs in VLM_METHODS.values() for o in ovs}
+    s["train_cmd"] = [o for o in s["train_cmd"] if o.split("=", 1)[0] not in switch_keys]
     if args.eval_split == "validation":
         # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
         seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000

@@ -30,6 +30,7 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
     train = [c for c in cmds if "mmgrpo.cli train" in c]
     assert len(train) == 2 * len(cm.VLM_METHODS)
     assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
+    assert sum("tempsamp.enabled=true" in c for c in train) == 2  # only the TempSamp-R1 runs, not the demo's
     for name, overrides in cm.VLM_METHODS.items():
         assert sum(f"/{name}/seed1/run" in c for c in train) == 1
         for o in overrides:
