@@ -298,10 +298,10 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         if (out / rel).exists():
             lines += [f"## {name}", "", f"![{name}]({rel})", ""]
     for phase in ("before", "after"):
-        grids = sorted((out / "t2i" / f"eval_{phase}").glob("**/*grid*.png"))
+        grids = sorted((out / "t2i" / f"eval_{phase}" / "grids").glob("*.png"))
         if grids:
             rel = grids[0].relative_to(out)
-            lines += [f"## mini-GenEval samples {phase}", "", f"![{phase}]({rel})", ""]
+            lines += [f"## mini-GenEval held-out samples {phase} GRPO (first batch)", "", f"![{phase}]({rel})", ""]
     preds = out / "tvg" / "eval_after" / "predictions.jsonl"
     if preds.exists():
         lines += ["## Temporal grounding predictions after GRPO (first 5)", "", "```"]
