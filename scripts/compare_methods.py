@@ -14,7 +14,7 @@ benchmarks; held-out metrics from the ``eval/`` harness, reward curves and a tab
   ``run.budget_clock=cpu``; one torch thread), which other jobs on a shared machine barely disturb. The tokens
   (VLM) or denoiser evaluations (flow) each method spent are reported next to its result, so the equal-time
   comparison can be read as an equal-compute one too.
-* **Seed noise**: for each method, mean and sample std of the held-out metric over seeds; a method's difference
+* **Seed noise**: for each method, mean and sample std over seeds of its gain over the start (paired by seed); its difference
   from the first method (the reference: plain GRPO / Flow-GRPO) is called *larger than seed noise* when it exceeds
   twice its standard error ``sqrt(s1^2/n1 + s2^2/n2)``. With 2-3 seeds this is a coarse screen, not a test.
 
@@ -203,7 +203,11 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     failed = [r for r in rows if r.get("error")]
     rows = [r for r in rows if not r.get("error")]
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    stats = {m: summarize([r["metric"] for r in rows if r["method"] == m]) for m in methods}
+    # the screen uses each run's gain over its own seed's start (paired: the flow eval's noise seeds follow the
+    # run seed, so the start differs per seed)
+    stats = {m: summarize([None if r["metric"] is None or r["base_metric"] is None else r["metric"] - r["base_metric"]
+                           for r in rows if r["method"] == m]) for m in methods}
+    level = {m: summarize([r["metric"] for r in rows if r["method"] == m]) for m in methods}
     ref = methods[0] if methods else None
     base = summarize([r["base_metric"] for r in rows if r["method"] == ref])
     budget = (f"{args.steps} steps per run" if args.steps else
@@ -211,21 +215,23 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     split = " (validation draw)" if getattr(args, "eval_split", "heldout") == "validation" else ""
     lines = [f"{budget}, seeds {args.seeds}{' ' + ' '.join(args.set) if args.set else ''}. "
              f"Start: {_f(base['mean'])} {metric}{split}.", "",
-             f"| method | {metric} (mean ± std over seeds) | vs {ref} | > seed noise? | steps | {compute} |",
-             "|---|---|---|---|---|---|"]
+             f"| method | {metric} (mean ± std over seeds) | gain over start (paired) | vs {ref} | > seed noise? | "
+             f"steps | {compute} |", "|---|---|---|---|---|---|---|"]
     for m in methods:
         st, rs = stats[m], [r for r in rows if r["method"] == m]
         d = None if st["mean"] is None or stats[ref]["mean"] is None else st["mean"] - stats[ref]["mean"]
         bn = beyond_noise(st, stats[ref]) if m != ref else None
-        lines.append(f"| {m} | {_f(st['mean'])} ± {_f(st['std'])} (n={st['n']}) | "
-                     f"{'–' if m == ref else _f(d, sign=True)} | {'–' if bn is None else ('yes' if bn else 'no')} | "
+        lv = level[m]
+        lines.append(f"| {m} | {_f(lv['mean'])} ± {_f(lv['std'])} (n={lv['n']}) | {_f(st['mean'], sign=True)} ± "
+                     f"{_f(st['std'])} | {'–' if m == ref else _f(d, sign=True)} | {'–' if bn is None else ('yes' if bn else 'no')} | "
                      f"{_f(statistics.fmean([r['steps'] for r in rs]))} | "
                      f"{_f(statistics.fmean([r['compute'] or 0 for r in rs]), digits=0)} |")
     lines += [f"* FAILED: {r['method']} seed {r['seed']}: {r['error']}" for r in failed]
     table = "\n".join(lines) + "\n"
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"frontend": frontend, "budget_s": args.budget, "seeds": args.seeds,
-                                                  "summary": stats, "runs": rows}, indent=1) + "\n")
+                                                  "summary": level, "gain_summary": stats, "runs": rows},
+                                                 indent=1) + "\n")
     plot(out / "curves.png", rows, metric_name={"vlm": "training IoU reward", "flow": "training verifier reward"}[
         frontend])
     return table
