@@ -385,17 +385,20 @@ def test_clip_cache_gives_the_same_inputs_and_decodes_each_video_once(env):
     assert generate_vlm.with_clip_cache(plain, 0) is plain and not hasattr(plain, "clip_cache_stats")
 
 
-def test_threads_setting_is_applied_and_not_fingerprinted(env):
+def test_threads_setting_is_applied_and_not_fingerprinted(env, monkeypatch):
     common = [f"model={env['tiny']}", f"data.annotations={env['ann']}", "data.max_samples=1",
               "data.prompt_mode=no_think", "decoding.max_new_tokens=3", f"out_dir={env['root'] / 'threads'}"]
-    try:
-        r1 = generate_vlm.run(_cfg(*common, "threads=2", "max_batches=1"))
-        assert torch.get_num_threads() == 2 and r1["settings"]["run"]["torch_threads"] == 2
-        r2 = generate_vlm.run(_cfg(*common, "threads=1"))  # resumes: same fingerprint
-        assert torch.get_num_threads() == 1 and r2["settings"]["run"]["torch_threads"] == 1
-        assert r1["settings"]["fingerprint"] == r2["settings"]["fingerprint"]
-        assert r2["stats"]["n_already_done"] == 1 and r2["metrics"]["n"] == 1
-    finally:
-        torch.set_num_threads(1)
+    # Record the thread count instead of really running 2 OpenMP threads in the pytest process: a 2-thread OpenMP
+    # team left behind makes later fork()-based multi-process tests deadlock in the children (libgomp is not
+    # fork-safe once a team exists).
+    current = {"n": torch.get_num_threads()}
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: current.update(n=int(n)))
+    monkeypatch.setattr(generate_vlm, "_torch_threads", lambda: current["n"])
+    r1 = generate_vlm.run(_cfg(*common, "threads=2", "max_batches=1"))
+    assert current["n"] == 2 and r1["settings"]["run"]["torch_threads"] == 2
+    r2 = generate_vlm.run(_cfg(*common, "threads=1"))  # resumes: same fingerprint
+    assert current["n"] == 1 and r2["settings"]["run"]["torch_threads"] == 1
+    assert r1["settings"]["fingerprint"] == r2["settings"]["fingerprint"]
+    assert r2["stats"]["n_already_done"] == 1 and r2["metrics"]["n"] == 1
     with pytest.raises(ValueError, match="threads"):
         generate_vlm.run(_cfg(*common, "threads=-1"))

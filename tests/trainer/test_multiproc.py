@@ -32,8 +32,11 @@ RUNS = {"manual": ["run.grad_sync=manual", "run.max_steps=1"], "fsdp2": []}  # f
 
 
 def _worker(rank, port, model, root, th):
+    # OMP_NUM_THREADS=1: otherwise accelerate raises the thread count of this forked child, and an OpenMP team
+    # inherited from the parent deadlocks the first parallel op (libgomp is not fork-safe)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, GradientState
 
     from mmgrpo.train.trainer import GRPOTrainer
