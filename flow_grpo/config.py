@@ -161,6 +161,7 @@ class RunConfig:
                          "far writes a checkpoint if none is due)")
     mixed_precision: str = _f("no", "accelerate mixed precision: no | bf16 | fp16")
     tensorboard: bool = _f(True, "write tensorboard logs")
+    progress_bar: bool = _f(True, "tqdm progress bar over epochs on the main process (stderr)")
     reward_curves: bool = _f(True, "at the end of training plot the train/eval reward curves to <output_dir>/reward_curves.png")
     cpu: bool = _f(False, "force CPU")
     ddp_find_unused_parameters: bool = _f(False, "DDP: find_unused_parameters (needed if some trainable weights get no "

@@ -1254,11 +1254,17 @@ class FlowGRPOTrainer:
         if self._budget_exhausted():  # a resumed run whose budget is already spent
             end = self.epoch
         history = []
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=end, initial=self.epoch, desc="flow GRPO", unit="epoch", dynamic_ncols=True,
+                   disable=not (c.run.progress_bar and self.is_main))
         while self.epoch < end:
             self.budget.start()  # only epochs count (not evals / checkpoint writes)
             metrics = self.train_epoch()
             metrics["time/train_budget_s"] = self.budget.lap()
             self.epoch += 1
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}", refresh=False)
             if self._budget_exhausted():  # this epoch is the last one: final eval, checkpoint and export follow
                 end = self.epoch
             ev = self.evaluate() if self._eval_due(final=self.epoch == end) else None
@@ -1282,6 +1288,7 @@ class FlowGRPOTrainer:
             due = bool(c.run.save_every and self.epoch % c.run.save_every == 0) or self.epoch == end
             if due or (new_best and c.run.keep_best):
                 self.save_checkpoint(metric=metric)
+        bar.close()
         if history:
             self._check_replicas_in_sync()
             self.export_final()

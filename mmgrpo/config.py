@@ -225,6 +225,7 @@ class RunConfig:
     device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
     mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
     use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
+    progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
     max_consecutive_skips: int = field(
         default=5, metadata=_h("optimizer steps skipped for NaN/inf advantages, loss or gradients in a row before "
                                "the run writes a checkpoint and stops (0 = never stop)"))

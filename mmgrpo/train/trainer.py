@@ -1300,6 +1300,10 @@ class GRPOTrainer:
             self._make_stream()
         history = []
         save_every = self.cfg.run.save_every
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=self.cfg.run.max_steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True,
+                   disable=not (self.cfg.run.progress_bar and self.rank == 0))
         try:
             while self.step < self.cfg.run.max_steps:
                 # every process stops at the same step (the collective runs on all of them)
@@ -1309,11 +1313,16 @@ class GRPOTrainer:
                     self.budget_stopped = True
                     break
                 history.append(self.train_step())
+                bar.update(1)
+                r = history[-1].get("reward/total/mean")
+                if r is not None:
+                    bar.set_postfix(reward=f"{r:.3f}", refresh=False)
                 if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
                     self.save()
             if self.step > 0 and (not resumed or history):
                 self.save()
         finally:
+            bar.close()
             self.logger.flush()
         return history
 
