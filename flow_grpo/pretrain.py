@@ -24,12 +24,13 @@ model also learns the unconditional velocity (needed for classifier-free guidanc
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from mmgrpo.utils.schedule import LRFactor
 
 __all__ = [
     "PretrainConfig", "sample_sigmas", "rectified_flow_pair", "encode_images", "flow_matching_loss", "pretrain",
@@ -140,12 +141,9 @@ class PretrainConfig:
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:
-    """Linear warmup over ``warmup_steps`` (step 0 -> lr / warmup), then cosine to ``lr * min_lr_ratio``."""
-    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    frac = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+    """Linear warmup over ``warmup_steps`` (step 0 -> lr / warmup), then cosine from ``lr`` to ``lr * min_lr_ratio``
+    at ``steps`` (:class:`mmgrpo.utils.schedule.LRFactor`)."""
+    return cfg.lr * LRFactor("cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)(step)
 
 
 class EMA:

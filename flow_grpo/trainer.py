@@ -55,6 +55,7 @@ import torch
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy
 from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.utils.schedule import LRFactor
 
 from .config import TrainConfig
 from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
@@ -392,27 +393,6 @@ class EMA:
 
 
 # ----------------------------------------------------------------------------------------------------- LR
-class LRFactor:
-    """Multiplier of the base LR after ``step`` optimizer steps: linear warmup over ``warmup`` steps, then
-    constant / linear decay to 0 / cosine decay to 0 at ``total`` steps. (An object, not a lambda, so that
-    ``LambdaLR.state_dict`` stores it.)"""
-
-    def __init__(self, kind: str, warmup: int, total: int):
-        if kind not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.lr_schedule must be constant | linear | cosine, got {kind!r}")
-        if warmup < 0:
-            raise ValueError("optim.warmup_steps must be >= 0")
-        self.kind, self.warmup, self.total = kind, int(warmup), int(total)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        if self.kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return 1.0 - progress if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 # ----------------------------------------------------------------------------------------------------- trainer
 class FlowGRPOTrainer:
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),

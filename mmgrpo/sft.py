@@ -29,11 +29,12 @@ side leaves every row's loss unchanged (tested).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from mmgrpo.utils.schedule import LRFactor
 
 IGNORE_INDEX = -100
 TEXT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
@@ -309,12 +310,9 @@ class SFTConfig:
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
-    """Linear warmup over ``warmup_steps`` then cosine from ``lr`` to ``lr * min_lr_ratio`` at ``steps``."""
-    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    prog = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+    """Linear warmup over ``warmup_steps`` (step 0 -> lr / warmup), then cosine from ``lr`` to ``lr * min_lr_ratio``
+    at ``steps`` (:class:`mmgrpo.utils.schedule.LRFactor`)."""
+    return cfg.lr * LRFactor("cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)(step)
 
 
 def batch_order(n: int, steps: int, batch_size: int, seed: int) -> list[list[int]]:

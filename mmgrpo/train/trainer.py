@@ -56,6 +56,7 @@ from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.seeding import sample_seed, seed_everything
@@ -235,17 +236,6 @@ def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
     return out
 
 
-def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        prog = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * prog)) if schedule == "cosine" else 1.0 - prog
-    return f
-
-
 # --------------------------------------------------------------------------------------------------- trainer
 class GRPOTrainer:
     """GRPO for Qwen-VL policies.  ``samples`` / ``policy`` / ``reward_fn`` may be injected (tests, scripts)."""
@@ -336,7 +326,7 @@ class GRPOTrainer:
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
+            self.optimizer, LRFactor(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
         self.params = params
         self.unwrapped = self.model  # the module itself: saving, reference, rollout (policy.model is this one)
         if self.grad_sync == "accelerate":

@@ -1,4 +1,4 @@
-"""Shared infrastructure for both trainers: config, checkpoint, logging, seeding.
+"""Shared infrastructure for both trainers: config, checkpoint, logging, seeding, time budget, LR schedule.
 
 Names are exported lazily so that ``import mmgrpo.utils`` (and ``mmgrpo.utils.config``) never imports torch.
 """
@@ -33,6 +33,9 @@ _EXPORTS = {
     "sample_seed": "seeding",
     "seed_everything": "seeding",
     "torch_generator": "seeding",
+    # training-time budget and LR schedule (pure Python)
+    "TimeBudget": "budget",
+    "LRFactor": "schedule",
 }
 
 __all__ = sorted(_EXPORTS)
