@@ -20,3 +20,16 @@ def _deterministic_torch():
         return
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def tick_clock():
+    """A fake clock for training-time budgets (``mmgrpo.utils.budget.TimeBudget(clock=...)``): every reading
+    advances it by 1 s, so a trainer step / epoch (one ``start`` + one ``lap``) costs exactly 1 s."""
+    state = {"t": 0.0}
+
+    def read() -> float:
+        state["t"] += 1.0
+        return state["t"]
+
+    return read

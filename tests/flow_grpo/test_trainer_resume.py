@@ -111,22 +111,14 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     assert [s for s, _ in mgr.list_checkpoints()] == [2, 3]  # keep_last=2
 
 
-def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path):
+def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path, tick_clock):
     """run.max_train_seconds: the epoch in which the budget runs out is the last (checkpoint + LoRA export), and a
     resumed run continues the same budget (fake clock: every reading advances 1 s; 1 s per epoch)."""
     from mmgrpo.utils.budget import TimeBudget
 
-    class Ticks:
-        def __init__(self):
-            self.t = 0.0
-
-        def __call__(self):
-            self.t += 1.0
-            return self.t
-
     extra = {"run.num_epochs": 10, "run.save_every": 0, "run.resume_from": "auto", "run.max_train_seconds": 1.5}
     tr = make_trainer("flux", "fast", tmp_path, **extra)
-    tr.budget = TimeBudget(1.5, clock=Ticks())
+    tr.budget = TimeBudget(1.5, clock=tick_clock)
     hist = tr.train()
     assert tr.budget_stopped and tr.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
     assert CheckpointManager(tmp_path / "checkpoints").latest_valid() is not None

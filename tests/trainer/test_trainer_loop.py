@@ -351,23 +351,15 @@ def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, 
     assert (sd["position"], sd["epoch"], sd["offset"], sd["num_samples"]) == (4, 1, 2, 2)
 
 
-def test_time_budget_stops_saves_and_carries_over_resume(tmp_path, tiny_dirs, th):
+def test_time_budget_stops_saves_and_carries_over_resume(tmp_path, tiny_dirs, th, tick_clock):
     """run.max_train_seconds: the loop stops after the step in which the budget runs out, saves, and a resumed run
     continues the same budget (fake clock: every reading advances 1 s)."""
     from mmgrpo.utils.budget import TimeBudget
 
-    class Ticks:
-        def __init__(self):
-            self.t = 0.0
-
-        def __call__(self):
-            self.t += 1.0
-            return self.t
-
     args = ["run.max_steps=10", "run.max_train_seconds=2.5", "run.resume_from=auto"]
     tr = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(3),
                      reward_fn=th.text_reward)
-    tr.budget = TimeBudget(2.5, clock=Ticks())
+    tr.budget = TimeBudget(2.5, clock=tick_clock)
     hist = tr.train()
     assert tr.budget_stopped and tr.step == 3 and len(hist) == 3  # 1 s, 2 s (< 2.5), 3 s -> stop
     assert [m["perf/train_seconds"] for m in hist] == [1.0, 2.0, 3.0]
