@@ -14,8 +14,8 @@ benchmarks; held-out metrics from the ``eval/`` harness, reward curves and a tab
   ``run.budget_clock=cpu``; one torch thread), which other jobs on a shared machine barely disturb. The tokens
   (VLM) or denoiser evaluations (flow) each method spent are reported next to its result, so the equal-time
   comparison can be read as an equal-compute one too.
-* **Seed noise**: for each method, mean and sample std over seeds of its gain over the start (paired by seed); its difference
-  from the first method (the reference: plain GRPO / Flow-GRPO) is called *larger than seed noise* when it exceeds
+* **Seed noise**: for each method, mean and sample std over seeds of its gain over the start (paired by seed); its
+  difference from the first method (the reference: plain GRPO / Flow-GRPO) is called *larger than seed noise* when it exceeds
   twice its standard error ``sqrt(s1^2/n1 + s2^2/n2)``. With 2-3 seeds this is a coarse screen, not a test.
 
 Outputs in ``--out``: ``results.json`` (every run), ``results.md`` (the table), ``curves.png`` (training reward vs
@@ -87,8 +87,7 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
     s = demo.tvg_setup(runner, args, prof, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
     # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
-    switch_keys = {o.split("=", 1)[0] for ovs in VLM_METHODS.values() for o in ovs}
-    s["train_cmd"] = [o for o in s["train_cmd"] if o.split("=", 1)[0] not in switch_keys]
+    s["train_cmd"] = without_keys(s["train_cmd"], {o.split("=", 1)[0] for ovs in VLM_METHODS.values() for o in ovs})
     if args.eval_split == "validation":
         # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
         seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000
@@ -133,8 +132,8 @@ def flow_setup(runner: demo.Runner, args) -> dict:
     s = demo.t2i_setup(runner, args, prof, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
-    method_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
-    s["train_cmd"] = [o for o in s["train_cmd"] if o.split("=", 1)[0] not in method_keys]
+    preset_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
+    s["train_cmd"] = without_keys(s["train_cmd"], preset_keys)
     return s
 
 
@@ -170,6 +169,11 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[d
                          "steps": len(hist), "train_seconds": curve[-1][0] if curve else None,
                          "compute": sum(per_epoch), "curve": curve})
     return rows
+
+
+def without_keys(cmd: list[str], keys: set[str]) -> list[str]:
+    """``cmd`` without its ``key=value`` overrides whose key is in ``keys``."""
+    return [o for o in cmd if o.split("=", 1)[0] not in keys]
 
 
 def finished(run_dir: Path) -> bool:
