@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from flow_grpo.ema import EMA as _EMA
 from mmgrpo.utils.schedule import LRFactor
 
 __all__ = [
@@ -146,29 +147,17 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * LRFactor("cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)(step)
 
 
-class EMA:
-    """Exponential moving average of parameters: ``e <- d e + (1 - d) p`` with ``d = min(decay, (1+n)/(10+n))``
-    (the warm-up keeps early averages from being dominated by the random init)."""
+class EMA(_EMA):
+    """:class:`flow_grpo.ema.EMA` with the warm-up always on, counted in updates: the k-th ``update()`` (k = 1, 2, ...)
+    uses ``d = min(decay, (1+k)/(10+k))`` (keeps early averages from being dominated by the random init)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], decay: float):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
-        self.params = list(params)
-        self.shadow = [p.detach().clone().float() for p in self.params]
-        self.decay = decay
-        self.num_updates = 0
+        super().__init__(list(params), decay, warmup=True)
 
-    @torch.no_grad()
-    def update(self) -> None:
-        self.num_updates += 1
-        d = min(self.decay, (1.0 + self.num_updates) / (10.0 + self.num_updates))
-        for s, p in zip(self.shadow, self.params):
-            s.mul_(d).add_(p.detach().float(), alpha=1.0 - d)
-
-    @torch.no_grad()
-    def copy_to(self, params: Optional[Sequence[torch.nn.Parameter]] = None) -> None:
-        for s, p in zip(self.shadow, params if params is not None else self.params):
-            p.copy_(s.to(p.dtype))
+    def update(self, step: Optional[int] = None) -> None:
+        super().update(self.num_updates + 1 if step is None else step)
 
 
 def _drop_condition(embeds, empty, drop: torch.Tensor):
