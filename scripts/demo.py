@@ -2,7 +2,7 @@
 """The CPU demo: GRPO measurably improving a video-grounding VLM and an image generator, no downloads.
 
     python scripts/demo.py --out runs/demo            # full demo (<= 15 min on 2 cores)
-    python scripts/demo.py --out runs/demo --smoke    # seconds-long wiring check (CI)
+    python scripts/demo.py --out runs/demo --smoke    # short wiring check (~2 min, run in CI)
 
 Every stage is a command a user could run by hand (they are printed, and written to ``<out>/commands.sh``):
 
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="output folder (report.md, metrics.json, per-task runs)")
     p.add_argument("--seed", type=int, default=0, help="seed for data, GRPO sampling and evaluation")
-    p.add_argument("--smoke", action="store_true", help="seconds-long wiring check (CI); numbers mean nothing")
+    p.add_argument("--smoke", action="store_true", help="short wiring check (~2 min; run in CI); numbers mean nothing")
     p.add_argument("--tasks", default="tvg,t2i", help="comma list of tasks to run: tvg, t2i")
     p.add_argument("--rebuild", action="store_true", help="rebuild the base checkpoints instead of the shipped ones")
     p.add_argument("--tvg-train", type=int, default=120, help="synthetic training videos for GRPO")
