@@ -7,6 +7,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("FORCE_QWENVL_VIDEO_READER", "decord")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# One OpenMP thread for the pytest process and every subprocess it starts, set before anything imports torch.
+# Why: several tests fork (2-process trainers, SIGKILL/resume). A fork taken after a multi-thread OpenMP team has
+# run can deadlock the child in libgomp (seen in CI), and on this shared 2-core machine 2 threads are slower anyway.
+# A test that needs more threads sets them itself and restores them.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
