@@ -129,6 +129,10 @@ def build_video_inputs(
                              f"found {t.count(video_token)}")
 
     kwargs: dict[str, Any] = dict(do_sample_frames=False, do_resize=False, input_data_format="channels_last")
+    if hasattr(vp, "cap_pixels_per_frame"):
+        # transformers >= 5.x: qwen-vl-utils' per-frame pixel cap lives inside the processor's resize, which we
+        # skip (load_video already sized the frames), so False changes nothing and silences its warning
+        kwargs["cap_pixels_per_frame"] = False
     if _transformers_major() >= 5 or model_family == "qwen3_vl":
         kwargs["video_metadata"] = [c.video_metadata() for c in clips]
     if _transformers_major() < 5 and model_family != "qwen3_vl":

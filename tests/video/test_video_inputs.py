@@ -163,3 +163,34 @@ def test_end_to_end_synthetic_sample(tmp_path, qwen25):
     assert float(inputs["second_per_grid_ts"][0]) == pytest.approx(2 / clip.sample_fps)
     with torch.no_grad():
         assert torch.isfinite(model(**inputs).logits).all()
+
+
+def test_per_frame_cap_flag_is_set_when_the_processor_knows_it(video16, qwen25):
+    """transformers 5.x warns unless ``cap_pixels_per_frame`` is passed; we pass False (frames are pre-sized and the
+    processor's resize is off) exactly when the video processor has the option, and the output is unchanged."""
+    _, processor = qwen25
+    clip = load_video(video16, fps=1.0, min_pixels=4 * F2, max_pixels=4 * F2)
+    seen: dict = {}
+
+    class Spy:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def __call__(self, **kw):
+            seen.update(kw)
+            return self._inner(**kw)
+
+    spy = Spy(processor)
+    inputs = build_video_inputs(spy, clip, _prompt(processor), "qwen2_5_vl")
+    if hasattr(processor.video_processor, "cap_pixels_per_frame"):
+        assert seen["cap_pixels_per_frame"] is False
+    else:
+        assert "cap_pixels_per_frame" not in seen
+    plain = processor(text=[_prompt(processor)], videos=[clip.frames], return_tensors="pt", padding=True,
+                      **{k: v for k, v in seen.items() if k not in ("text", "videos", "return_tensors", "padding",
+                                                                   "cap_pixels_per_frame")})
+    assert torch.equal(inputs["pixel_values_videos"], plain["pixel_values_videos"])
+    assert inputs["video_grid_thw"].tolist() == plain["video_grid_thw"].tolist()
