@@ -185,6 +185,32 @@ def test_palette_latents_shortcut_matches_vae(build, tiny_pipe, bench):
     assert torch.allclose(via_vae, build.palette_latents(tiny_pipe, imgs), atol=1e-3)
 
 
+def test_render_slots_verifies_and_is_token_aligned(build, bench):
+    """Every slot-layout render of the demo's tags passes the (unchanged) verifier, objects stay inside their own
+    16 px cell (so neighbours are separated), and the batch function is deterministic in (seed, step)."""
+    tags = ["single_object", "colors", "counting"]
+    for split in ("train", "heldout"):
+        for m in bench.all_prompts(split, tags=tags):
+            for s in range(3):
+                img = build.render_slots(m, 48, seed=s)
+                assert img.shape == (48, 48, 3) and img.dtype == np.uint8
+                v = bench.verify(img, m)
+                assert v["correct"], (m["prompt"], s, v["details"])
+                for o in v["details"]["objects"]:  # bbox within one cell, 1 px margin on each side
+                    x0, y0, x1, y1 = o["bbox"]
+                    assert x0 // 16 == x1 // 16 and y0 // 16 == y1 // 16
+                    assert x0 % 16 >= 1 and y0 % 16 >= 1 and x1 % 16 <= 14 and y1 % 16 <= 14
+    b = build.RenderedBatches(5, 48, seed=3, tags=tags, layout="slots")
+    (i1, p1), (i2, p2) = b(7), b(7)
+    assert p1 == p2 and np.array_equal(i1, i2) and i1.shape == (5, 48, 48, 3)
+    with pytest.raises(ValueError, match="layout"):
+        build.RenderedBatches(2, 48, seed=0, layout="grid")
+    with pytest.raises(ValueError, match="single-entry"):
+        build.render_slots(bench.all_prompts("train", tags=["position"])[0], 48, seed=0)
+    with pytest.raises(ValueError, match="do not fit"):
+        build.render_slots(bench.all_prompts("train", tags=["counting"])[0], 16, seed=0, slot=16)
+
+
 def test_clip_tokenizer_words_match_open_clip(build):
     from open_clip.tokenizer import SimpleTokenizer
 
