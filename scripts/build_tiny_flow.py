@@ -338,13 +338,7 @@ def render_slots(metadata, size: int, seed: int, slot: int = 16):
         d = rng.randint(slot - 4, slot - 2)
         x0 = (c % n_side) * slot + 1 + rng.randint(0, slot - 2 - d)
         y0 = (c // n_side) * slot + 1 + rng.randint(0, slot - 2 - d)
-        x1, y1 = x0 + d - 1, y0 + d - 1
-        if e["class"] == "circle":
-            draw.ellipse([x0, y0, x1, y1], fill=col)
-        elif e["class"] == "square":
-            draw.rectangle([x0, y0, x1, y1], fill=col)
-        else:
-            draw.polygon([(x0, y1), (x1, y1), (x0 + (d - 1) / 2.0, y0)], fill=col)
+        bench._draw_shape(draw, e["class"], x0, y0, d, col)  # the benchmark's own shape drawing
     return np.asarray(img, dtype=np.uint8).copy()
 
 
