@@ -14,7 +14,9 @@ Tasks written (canonical JSONL, paths relative to the JSONL's folder):
   colour options.
 
 ``generate(out_dir, n_train, n_eval, seed)`` is deterministic given the seed; train and held-out ("eval") videos
-come from independent random streams and are different files; no (video, query) pair is shared.
+come from independent random streams and are different files; no (video, query) pair is shared.  "Same video" means
+same *content*: :func:`frames_digest` hashes the rendered frames, which is what ``generate`` reports per video
+(``frame_digests``).  The mp4 bytes are an encoder artefact and are not part of that contract.
 """
 from __future__ import annotations
 
@@ -134,6 +136,24 @@ def write_spec_video(spec: VideoSpec, path: str) -> str:
     return write_video(path, (render_frame(spec, k) for k in range(spec.num_frames)), spec.fps, crf=10)
 
 
+def frames_digest(spec: VideoSpec) -> str:
+    """Content digest of one video: SHA-256 (hex) of ``repr((fps, num_frames, width, height))`` followed by the raw
+    uint8 bytes of ``render_frame(spec, k)`` for k = 0 .. num_frames - 1 (each frame H x W x 3, C order).
+
+    Two specs have the same digest iff they render the same pixels at the same frame rate; ``spec.name`` is not
+    part of it.  Use this, not the mp4 file's bytes, to check that generation is reproducible and that splits do
+    not share videos: the encoded bytes also depend on the H.264 encoder's decisions, not only on the content.
+    """
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256(repr((float(spec.fps), int(spec.num_frames), int(spec.width), int(spec.height))).encode())
+    for k in range(spec.num_frames):
+        h.update(np.ascontiguousarray(render_frame(spec, k), dtype=np.uint8).tobytes())
+    return h.hexdigest()
+
+
 def tvg_samples(spec: VideoSpec, video_rel: str, split: str, rng) -> list[dict]:
     out = []
     for j, ev in enumerate(spec.events):
@@ -169,7 +189,8 @@ def mcq_samples(spec: VideoSpec, video_rel: str, split: str, rng) -> list[dict]:
 def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, seed: int = 0,
              mcq: bool = False) -> dict:
     """Write ``n_train`` + ``n_eval`` videos and their JSONL files under ``out_dir``; returns
-    ``{"train": path, "eval": path, ("train_mcq", "eval_mcq"), "videos": dir, "n_samples": {...}}``."""
+    ``{"train": path, "eval": path, ("train_mcq", "eval_mcq"), "videos": dir, "n_samples": {...},
+    "frame_digests": {video path as written in the JSONL ("videos/<name>.mp4"): frames_digest(spec)}}``."""
     import numpy as np
 
     from .jsonl import write_jsonl
@@ -178,7 +199,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     out_dir = os.fspath(out_dir)
     vdir = os.path.join(out_dir, "videos")
     os.makedirs(vdir, exist_ok=True)
-    result: dict = {"videos": vdir, "n_samples": {}}
+    result: dict = {"videos": vdir, "n_samples": {}, "frame_digests": {}}
     for split, n, stream in (("train", n_train, 0), ("eval", n_eval, 1)):
         # independent, reproducible streams per split: SeedSequence(seed, spawn_key=(stream,))
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
@@ -187,6 +208,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
             spec = sample_spec(rng, f"syn_{split}_{k:05d}")
             rel = f"videos/{spec.name}.mp4"
             write_spec_video(spec, os.path.join(out_dir, rel))
+            result["frame_digests"][rel] = frames_digest(spec)
             tvg += tvg_samples(spec, rel, split, rng)
             if mcq:
                 mc += mcq_samples(spec, rel, split, rng)
