@@ -308,13 +308,15 @@ def build_pipeline(seed: int = 0, size: int = 32, width: int = 128, heads: int =
 
 
 # ----------------------------------------------------------------------------------------------- data
-def render_slots(metadata, size: int, seed: int, slot: int = 16):
+def render_slots(metadata, size: int, seed: int, slot: int = 16, order: str = "random"):
     """A *slot-layout* render of ``metadata`` (single-entry prompts: one shape/colour, any count): the image is a
     grid of ``slot`` x ``slot`` px cells (``slot`` = two 8-px transformer tokens at patch 4), each object fills one
     random free cell with a ``d x d`` shape, ``d`` uniform in ``[slot - 4, slot - 2]``, at a random offset inside
     its cell (so neighbours keep a gap of at least 2 px). Same palette, background and shape drawing as
     ``data.synthetic_t2i.render``; only the layout is simpler (token-aligned cells, no free placement), which a
-    tiny patch-4 transformer learns much faster. ``verify`` accepts every such image (tested)."""
+    tiny patch-4 transformer learns much faster. ``order="fixed"`` fills the cells in reading order instead (the
+    layout is then a function of the count; only size and offset vary). ``verify`` accepts every such image
+    (tested)."""
     import random
 
     import numpy as np
@@ -330,7 +332,9 @@ def render_slots(metadata, size: int, seed: int, slot: int = 16):
     if k > n_side * n_side:
         raise ValueError(f"{k} objects do not fit {n_side}x{n_side} slots at {size}px")
     rng = random.Random(seed)
-    cells = rng.sample(range(n_side * n_side), k)
+    if order not in ("random", "fixed"):
+        raise ValueError(f"order must be 'random' or 'fixed', got {order!r}")
+    cells = rng.sample(range(n_side * n_side), k) if order == "random" else list(range(k))
     img = Image.new("RGB", (size, size), bench.BACKGROUND)
     draw = ImageDraw.Draw(img)
     for c in cells:
@@ -345,14 +349,23 @@ def render_slots(metadata, size: int, seed: int, slot: int = 16):
 class RenderedBatches:
     """``batch_fn(step)`` for :func:`flow_grpo.pretrain.pretrain`: train-split prompts (tag-uniform, as
     ``make_prompts``), each rendered with a fresh seed. Deterministic in (seed, step). ``layout="benchmark"``
-    draws with ``data.synthetic_t2i.render`` (free placement); ``"slots"`` with :func:`render_slots`."""
+    draws with ``data.synthetic_t2i.render`` (free placement); ``"slots"`` with :func:`render_slots`.
 
-    def __init__(self, batch_size: int, size: int, seed: int, tags=None, layout: str = "benchmark"):
+    ``count_noise`` q > 0 models noisy web captions: with probability q an image shows a *different* number of
+    objects (uniform over the other counts 1-4) than its caption says; colour and shape stay right. The base then
+    learns to draw well but to follow the count in the prompt only partly (about 1 - q of its training pairs)."""
+
+    def __init__(self, batch_size: int, size: int, seed: int, tags=None, layout: str = "benchmark", slot: int = 16,
+                 slot_order: str = "random", count_noise: float = 0.0):
         import random
+
+        if not 0.0 <= count_noise < 1.0:
+            raise ValueError(f"count_noise must be in [0, 1), got {count_noise}")
+        self.slot_order, self.count_noise = slot_order, count_noise
 
         if layout not in ("benchmark", "slots"):
             raise ValueError(f"layout must be 'benchmark' or 'slots', got {layout!r}")
-        self.layout = layout
+        self.layout, self.slot = layout, slot
         self.bench = benchmark()
         self.batch_size, self.size, self.seed = batch_size, size, seed
         self.by_tag = {}
@@ -366,9 +379,20 @@ class RenderedBatches:
 
         rng = self._random(self.seed * 1_000_003 + step)
         mds = [rng.choice(self.by_tag[rng.choice(self.tags)]) for _ in range(self.batch_size)]
-        draw = self.bench.render if self.layout == "benchmark" else render_slots
-        imgs = np.stack([draw(m, self.size, seed=rng.getrandbits(31)) for m in mds])
-        return imgs, [m["prompt"] for m in mds]
+        shown = [self._with_noisy_count(m, rng) for m in mds] if self.count_noise > 0 else mds
+        if self.layout == "benchmark":
+            imgs = np.stack([self.bench.render(m, self.size, seed=rng.getrandbits(31)) for m in shown])
+        else:
+            imgs = np.stack([render_slots(m, self.size, seed=rng.getrandbits(31), slot=self.slot,
+                                          order=self.slot_order) for m in shown])
+        return imgs, [m["prompt"] for m in mds]  # captions always of the drawn prompt, images maybe not
+
+    def _with_noisy_count(self, m: dict, rng) -> dict:
+        if rng.random() >= self.count_noise:
+            return m
+        e = m["include"][0]
+        k = int(e.get("count", 1))
+        return dict(m, include=[dict(e, count=rng.choice([c for c in (1, 2, 3, 4) if c != k]))])
 
 
 def palette_latents(pipe, images):
@@ -443,6 +467,13 @@ def parse_args(argv=None):
                    help="benchmark tags to train and evaluate on (default: all of data.synthetic_t2i.TAGS)")
     p.add_argument("--layout", default="benchmark", choices=["benchmark", "slots"],
                    help="training renders: the benchmark's free placement, or token-aligned slots (render_slots)")
+    p.add_argument("--slot-order", default="random", choices=["random", "fixed"],
+                   help="slots layout: objects fill random free cells, or the cells in reading order")
+    p.add_argument("--count-noise", type=float, default=0.0,
+                   help="probability that a training image shows another object count than its caption (noisy "
+                        "captions; 0 = every caption right)")
+    p.add_argument("--slot", type=int, default=16,
+                   help="slots layout: cell size in px (best a multiple of the transformer token, 2 * patch px)")
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
@@ -480,7 +511,8 @@ def main(argv=None) -> int:
                 for name in ("transformer", "vae", "text_encoder", "text_encoder_2")}
     print(f"params: {n_params}", flush=True)
     eval_set = heldout_eval_set(args.eval_per_tag, tags=args.tags) if args.eval_per_tag > 0 else []
-    batches = RenderedBatches(args.batch_size, args.size, args.seed, tags=args.tags, layout=args.layout)
+    batches = RenderedBatches(args.batch_size, args.size, args.seed, tags=args.tags, layout=args.layout, slot=args.slot,
+                             slot_order=args.slot_order, count_noise=args.count_noise)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)

@@ -211,6 +211,53 @@ def test_render_slots_verifies_and_is_token_aligned(build, bench):
         build.render_slots(bench.all_prompts("train", tags=["counting"])[0], 16, seed=0, slot=16)
 
 
+
+def test_render_slots_fixed_order_fills_cells_in_reading_order(build, bench):
+    """order="fixed" at 32 px (2 x 2 cells of 16 px): k objects occupy exactly cells 0..k-1 (reading order), the
+    verifier accepts every render, and a bad order name is refused."""
+    tags = ["single_object", "colors", "counting"]
+    for m in bench.all_prompts("train", tags=tags):
+        k = m["include"][0].get("count", 1)
+        for s in range(3):
+            img = build.render_slots(m, 32, seed=s, order="fixed")
+            v = bench.verify(img, m)
+            assert v["correct"], (m["prompt"], s, v["details"])
+            cells = sorted((o["bbox"][1] // 16) * 2 + o["bbox"][0] // 16 for o in v["details"]["objects"])
+            assert cells == list(range(k)), (m["prompt"], cells)
+    with pytest.raises(ValueError, match="order"):
+        build.render_slots(bench.all_prompts("train", tags=["counting"])[0], 32, seed=0, order="spiral")
+
+
+def test_count_noise_changes_only_the_count_at_the_requested_rate(build, bench):
+    """RenderedBatches(count_noise=q): the caption is always a train prompt; the image shows the caption's colour
+    and shape, and its object count differs from the caption's with frequency ~q (binomial, 4 sigma), uniformly
+    over the other counts 1-4. q = 0 reproduces the clean batches exactly."""
+    tags = ["single_object", "colors", "counting"]
+    meta = {m["prompt"]: m for m in bench.all_prompts("train", tags=tags)}
+    q, n_steps, bs = 0.3, 40, 16
+    noisy = build.RenderedBatches(bs, 32, seed=1, tags=tags, layout="slots", slot_order="fixed", count_noise=q)
+    wrong, shown_counts = 0, []
+    for step in range(n_steps):
+        imgs, caps = noisy(step)
+        for img, cap in zip(imgs, caps):
+            e = meta[cap]["include"][0]
+            objs = bench.segment_objects(img)[0]
+            assert objs and all(o["shape"] == e["class"] for o in objs), cap
+            if e.get("color"):
+                assert all(o["color"] == e["color"] for o in objs), cap
+            if len(objs) != e.get("count", 1):
+                wrong += 1
+                shown_counts.append(len(objs))
+    n = n_steps * bs
+    assert abs(wrong / n - q) < 4 * (q * (1 - q) / n) ** 0.5, wrong / n
+    assert set(shown_counts) == {1, 2, 3, 4}
+    clean = build.RenderedBatches(bs, 32, seed=1, tags=tags, layout="slots", slot_order="fixed")
+    zero = build.RenderedBatches(bs, 32, seed=1, tags=tags, layout="slots", slot_order="fixed", count_noise=0.0)
+    (a, pa), (b, pb) = clean(5), zero(5)
+    assert pa == pb and np.array_equal(a, b)
+    with pytest.raises(ValueError, match="count_noise"):
+        build.RenderedBatches(2, 32, seed=0, count_noise=1.0)
+
 def test_clip_tokenizer_words_match_open_clip(build):
     from open_clip.tokenizer import SimpleTokenizer
 
