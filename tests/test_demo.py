@@ -29,13 +29,19 @@ def test_report_schema(tmp_path):
 
     res = {"tvg": {"before": {"mIoU": 20.0, "R1@0.5": 10.0}, "after": {"mIoU": 30.5, "R1@0.5": 25.0}},
            "t2i": {"before": {"mini_geneval": {"accuracy": 0.10}}, "after": {"mini_geneval": {"accuracy": 0.30}},
-                   "partial": {"before": 0.2, "after": 0.4}}}
+                   "partial": {"before": 0.2, "after": 0.4},
+                   "probes": {"before": {"n_images": 96, "right_count": 36.5, "n_objects": 200, "shape_ok": 85.0,
+                                         "colour_ok": 99.0},
+                              "after": {"n_images": 96, "right_count": 79.2, "n_objects": 210, "shape_ok": 84.0,
+                                        "colour_ok": None}}}}
     demo.write_report(tmp_path, res, {"tvg_grpo": 12.0}, 100.0, smoke=False)
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["tvg"]["after"]["mIoU"] == 30.5 and m["t2i"]["before"]["accuracy"] == 10.0
     assert abs(m["t2i"]["after"]["accuracy"] - 30.0) < 1e-9 and m["seconds"] == 100.0
     rep = (tmp_path / "report.md").read_text()
     assert "+8 (met)" in rep and "+15 (met)" in rep
+    assert "number of objects: 36.5 % -> 79.2 % (of 96)" in rep and "colour: 99.0 % -> - %" in rep
+    assert m["t2i_probes"]["after"]["right_count"] == 79.2
 
 
 def test_grounding_probes_by_hand(tmp_path):
@@ -75,3 +81,34 @@ def test_smoke_demo_runs_end_to_end(tmp_path):
         assert isinstance(m["t2i"][ph]["accuracy"], float) and 0.0 <= m["t2i"][ph]["accuracy"] <= 100.0
     assert (out / "tvg" / "eval_after" / "predictions.jsonl").exists()
     assert "| temporal grounding | mIoU |" in (out / "report.md").read_text()
+
+
+def test_t2i_count_probe_by_hand(tmp_path):
+    """count_probe on hand-drawn images: 'two red circles' drawn with 2 red circles (right count, shapes and
+    colours right), and 'a blue square' drawn as 2 blue circles (wrong count, both shapes wrong)."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    def image(color, boxes, shape):
+        img = Image.new("RGB", (32, 32), (255, 255, 255))
+        d = ImageDraw.Draw(img)
+        for b in boxes:
+            (d.ellipse if shape == "circle" else d.rectangle)(b, fill=color)
+        return img
+
+    red, blue = (220, 40, 40), (40, 80, 220)
+    image(red, [(1, 1, 13, 13), (17, 1, 29, 13)], "circle").save(tmp_path / "0.png")
+    image(blue, [(1, 1, 13, 13), (17, 17, 29, 29)], "circle").save(tmp_path / "1.png")
+    rows = [{"image": "0.png", "metadata": {"include": [{"class": "circle", "color": "red", "count": 2}]}},
+            {"image": "1.png", "metadata": {"include": [{"class": "square", "color": "blue", "count": 1}]}},
+            {"image": "1.png", "metadata": {"include": [{"class": "square", "count": 1},
+                                                        {"class": "circle", "count": 1}]}}]  # two entries: skipped
+    (tmp_path / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = demo.count_probe(tmp_path)
+    assert p["n_images"] == 2 and p["n_objects"] == 4
+    assert p["right_count"] == 50.0 and p["shape_ok"] == 50.0 and p["colour_ok"] == 100.0
+    assert demo.count_probe(tmp_path / "missing") == {"n_images": 0, "right_count": None, "n_objects": 0,
+                                                      "shape_ok": None, "colour_ok": None}
