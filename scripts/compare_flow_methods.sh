@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-python scripts/compare_methods.py flow --out runs/compare_flow --seeds 0,1,2 --budget 60 "$@"
+python scripts/compare_methods.py flow --out runs/compare_flow --seeds 0,1,2 --budget 180 "$@"
