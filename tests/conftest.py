@@ -15,6 +15,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+try:  # Property tests draw the same examples on every run: CI must not pass or fail by luck. Explore new
+    # examples locally with HYPOTHESIS_PROFILE=explore (random draws, the hypothesis default).
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True)
+    _hyp_settings.register_profile("explore", derandomize=False)
+    _hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # pragma: no cover
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_torch():

@@ -129,15 +129,9 @@ def group_advantages(
     uniq, inv = torch.unique(group_ids, return_inverse=True)
     num_g = uniq.numel()
     w = valid_b.to(r2.dtype).unsqueeze(1).expand(n, k)  # (N, K) participation weights
-    rz = torch.where(w > 0, r2, torch.zeros_like(r2))
     idx = inv.unsqueeze(1).expand(n, k)
     count = torch.zeros(num_g, k, dtype=r2.dtype, device=r2.device).scatter_add_(0, idx, w)
-    total = torch.zeros(num_g, k, dtype=r2.dtype, device=r2.device).scatter_add_(0, idx, rz)
-    mean_g = total / count.clamp_min(1)
-    dev = (r2 - mean_g[inv]) * w
-    sq = torch.zeros(num_g, k, dtype=r2.dtype, device=r2.device).scatter_add_(0, idx, dev * dev)
-    denom = (count - (1.0 if unbiased else 0.0)).clamp_min(1)
-    std_g = torch.sqrt(sq / denom)
+    present = count > 0
     # Exact constancy test via max == min over valid members (float rounding in mean/std can't fake signal).
     big = torch.finfo(r2.dtype).max
     mx = torch.full((num_g, k), -big, dtype=r2.dtype, device=r2.device).scatter_reduce(
@@ -146,12 +140,23 @@ def group_advantages(
     mn = torch.full((num_g, k), big, dtype=r2.dtype, device=r2.device).scatter_reduce(
         0, idx, torch.where(w > 0, r2, torch.full_like(r2, big)), reduce="amin"
     )
-    present = count > 0
+    # Mean and std of the rewards *shifted by the group minimum* (the shifted-data algorithm): r - min is exact
+    # when the group's rewards are close to each other (Sterbenz), so rewards that differ only in their last bits
+    # (e.g. 1.0 vs 1.0 + 2**-52) still get zero-mean, correctly scaled advantages instead of rounding noise.
+    shift = torch.where(present, mn, torch.zeros_like(mn))[inv]
+    rs = torch.where(w > 0, r2 - shift, torch.zeros_like(r2))
+    total = torch.zeros(num_g, k, dtype=r2.dtype, device=r2.device).scatter_add_(0, idx, rs)
+    mean_s = total / count.clamp_min(1)  # group mean minus the group minimum
+    centered = rs - mean_s[inv]
+    dev = centered * w
+    sq = torch.zeros(num_g, k, dtype=r2.dtype, device=r2.device).scatter_add_(0, idx, dev * dev)
+    denom = (count - (1.0 if unbiased else 0.0)).clamp_min(1)
+    std_g = torch.sqrt(sq / denom)
+    mean_g = torch.where(present, mn + mean_s, torch.zeros_like(mean_s))  # reported only
     # Single-member groups are constant too; std == 0 also catches differences so tiny (subnormal) that their
     # square underflows, which would otherwise divide by zero when eps = 0.
     constant_g = present & ((mx == mn) | (std_g == 0))
 
-    centered = r2 - mean_g[inv]
     if scale == "group":
         adv = centered / (std_g[inv] + eps)
     elif scale == "batch":
