@@ -290,6 +290,13 @@ def count_probe(eval_dir: Path) -> dict:
             "n_objects": len(shape), "shape_ok": pct(shape), "colour_ok": pct(colour)}
 
 
+def _verdict(delta: float | None, target: float) -> str:
+    """'met' / 'NOT met' for a measured gain; 'not run' when the task did not run (e.g. ``--tasks tvg``)."""
+    if delta is None:
+        return "not run"
+    return "met" if delta >= target else "NOT met"
+
+
 def _fmt(v) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, (int, float)) else str(v))
 
@@ -325,11 +332,11 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
              f"Total wall-clock: {seconds / 60:.1f} min{' (smoke profile: wiring check, not a result)' if smoke else ''}.",
              "", "| task | metric (held-out, %) | before | after | delta | target |", "|---|---|---|---|---|---|",
              f"| temporal grounding | mIoU | {_fmt(metrics['tvg']['before']['mIoU'])} | "
-             f"{_fmt(metrics['tvg']['after']['mIoU'])} | {_fmt(d_tvg)} | +8 ({'met' if d_tvg is not None and d_tvg >= 8 else 'NOT met'}) |",
+             f"{_fmt(metrics['tvg']['after']['mIoU'])} | {_fmt(d_tvg)} | +8 ({_verdict(d_tvg, 8)}) |",
              f"| temporal grounding | R1@0.5 | {_fmt(metrics['tvg']['before']['R1@0.5'])} | "
              f"{_fmt(metrics['tvg']['after']['R1@0.5'])} | {_fmt(delta('tvg', 'R1@0.5'))} | |",
              f"| mini-GenEval | accuracy | {_fmt(metrics['t2i']['before']['accuracy'])} | "
-             f"{_fmt(metrics['t2i']['after']['accuracy'])} | {_fmt(d_t2i)} | +15 ({'met' if d_t2i is not None and d_t2i >= 15 else 'NOT met'}) |",
+             f"{_fmt(metrics['t2i']['after']['accuracy'])} | {_fmt(d_t2i)} | +15 ({_verdict(d_t2i, 15)}) |",
              f"| mini-GenEval | partial score | {_fmt(metrics['t2i']['before']['partial_score'])} | "
              f"{_fmt(metrics['t2i']['after']['partial_score'])} | {_fmt(delta('t2i', 'partial_score'))} | |",
              "", "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]

@@ -42,6 +42,12 @@ def test_report_schema(tmp_path):
     assert "+8 (met)" in rep and "+15 (met)" in rep
     assert "number of objects: 36.5 % -> 79.2 % (of 96)" in rep and "colour: 99.0 % -> - %" in rep
     assert m["t2i_probes"]["after"]["right_count"] == 79.2
+    demo.write_report(tmp_path, {"tvg": res["tvg"]}, {}, 50.0, smoke=False)  # --tasks tvg: T2I not run
+    rep = (tmp_path / "report.md").read_text()
+    assert "+8 (met)" in rep and "+15 (not run)" in rep and "NOT met" not in rep
+    res["tvg"]["after"]["mIoU"] = 25.0
+    demo.write_report(tmp_path, res, {}, 50.0, smoke=False)
+    assert "+8 (NOT met)" in (tmp_path / "report.md").read_text()
 
 
 def test_grounding_probes_by_hand(tmp_path):
