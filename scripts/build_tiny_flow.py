@@ -359,13 +359,11 @@ class RenderedBatches:
                  slot_order: str = "random", count_noise: float = 0.0):
         import random
 
-        if not 0.0 <= count_noise < 1.0:
-            raise ValueError(f"count_noise must be in [0, 1), got {count_noise}")
-        self.slot_order, self.count_noise = slot_order, count_noise
-
         if layout not in ("benchmark", "slots"):
             raise ValueError(f"layout must be 'benchmark' or 'slots', got {layout!r}")
-        self.layout, self.slot = layout, slot
+        if not 0.0 <= count_noise < 1.0:
+            raise ValueError(f"count_noise must be in [0, 1), got {count_noise}")
+        self.layout, self.slot, self.slot_order, self.count_noise = layout, slot, slot_order, count_noise
         self.bench = benchmark()
         self.batch_size, self.size, self.seed = batch_size, size, seed
         self.by_tag = {}
@@ -392,7 +390,8 @@ class RenderedBatches:
             return m
         e = m["include"][0]
         k = int(e.get("count", 1))
-        return dict(m, include=[dict(e, count=rng.choice([c for c in (1, 2, 3, 4) if c != k]))])
+        counts = (1, *self.bench.COUNTS)  # every count the benchmark's prompts ask for
+        return dict(m, include=[dict(e, count=rng.choice([c for c in counts if c != k]))])
 
 
 def palette_latents(pipe, images):

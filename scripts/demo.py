@@ -264,7 +264,8 @@ def count_probe(eval_dir: Path) -> dict:
     import numpy as np
     from PIL import Image
 
-    sys.path.insert(0, str(REPO))
+    if str(REPO) not in sys.path:  # data/ is a folder of the checkout, not an installed package
+        sys.path.insert(0, str(REPO))
     from data.synthetic_t2i import segment_objects
 
     rows = [json.loads(x) for x in (eval_dir / "images.jsonl").read_text().splitlines() if x.strip()] \
