@@ -139,6 +139,11 @@ class TempSampConfig:
     tau: float = field(default=0.8, metadata=_h("shaping threshold"))
     alpha1: float = field(default=0.01, metadata=_h("shaping slope above tau"))
     alpha2: float = field(default=1.0, metadata=_h("shaping curvature below tau"))
+    shape_reward: str = field(
+        default="auto", metadata=_h("reward the shaping applies to: auto = the task's accuracy reward (tvg: iou; "
+                                    "see reward.accuracy_key), shaped before the weighted sum as the TempSamp-R1 "
+                                    "release does (total = w*f(iou) + the other terms); a reward name; or 'total' "
+                                    "= shape the weighted total (mmgrpo <= this change)"))
     anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
 
 

@@ -304,6 +304,7 @@ class GRPOTrainer:
                                                       cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
+        self.shape_key = self._tempsamp_shape_key()
         if backend is None:
             if cfg.rollout.backend == "vllm":
                 from mmgrpo.models.rollout import VLLMRolloutBackend
@@ -617,7 +618,7 @@ class GRPOTrainer:
             used = r
             gid_all, valid_all, sl = rb.group_ids, valid, slice(0, rb.n)
         else:
-            used = tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2) if (ts.enabled and ts.mode == "shape") else r
+            used = self._tempsamp_shaped(rb) if (ts.enabled and ts.mode == "shape") else r
             if gather:
                 # statistics over the GLOBAL batch (a group may be split across processes; "batch" scale is the
                 # std of every process's rewards): gather, compute, keep this process's rows -- the numbers of a
@@ -648,6 +649,33 @@ class GRPOTrainer:
             v = valid
             rb.info.update({f"tempsamp/{k}": x for k, x in offpolicy_diagnostics(
                 used[v], rb.advantages[v], rb.group_ids[v], rb.is_offpolicy[v], eps=a.adv_eps).items()})
+
+    def _tempsamp_shape_key(self) -> str:
+        """The reward TempSamp-R1 shaping applies to (``tempsamp.shape_reward``; 'total' = the weighted total)."""
+        ts = self.cfg.tempsamp
+        key = self.acc_key if ts.shape_reward == "auto" else ts.shape_reward
+        if key != "total" and key not in self.cfg.reward.weights:
+            if ts.shape_reward != "auto":
+                raise ValueError(f"tempsamp.shape_reward={key!r} is not a weighted reward "
+                                 f"(reward.weights: {sorted(self.cfg.reward.weights)}) nor 'total'")
+            if ts.enabled and ts.mode == "shape":
+                log.warning("tempsamp: the accuracy reward %r is not in reward.weights; shaping the weighted total",
+                            key)
+            key = "total"
+        return key
+
+    def _tempsamp_shaped(self, rb: RolloutBatch) -> torch.Tensor:
+        """TempSamp-R1 shaping f of one reward before the weighted sum, as the release does (f(IoU) + 0.1*format):
+        total - w*r_k + w*f(r_k), so other terms (format, T-GRPO bonus) pass unshaped; or f(total)."""
+        ts, r = self.cfg.tempsamp, rb.rewards["total"]
+        if self.shape_key == "total":
+            return tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2)
+        if self.shape_key not in rb.rewards:
+            raise ValueError(f"tempsamp.shape_reward: the reward function returned no {self.shape_key!r} "
+                             f"(got {sorted(rb.rewards)})")
+        x, w = rb.rewards[self.shape_key].double(), float(self.cfg.reward.weights[self.shape_key])
+        fx = tempsamp_shape(x, ts.tau, ts.alpha1, ts.alpha2)
+        return (r.double() - w * x + w * fx).to(r.dtype)
 
     def collect(self, step: int) -> RolloutBatch:
         """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
