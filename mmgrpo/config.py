@@ -171,11 +171,16 @@ class SelectionConfig:
         default="nonconstant",
         metadata=_h("variance: keep var >= min_variance; gaussian: weight exp(-(m-mu)^2/2s^2) on mean reward "
                     "(Time-R1); nonconstant: drop all-correct/all-wrong (equal rewards)"))
-    key: str = field(default="total", metadata=_h("reward to select on: 'total' (weighted sum) or a reward name"))
+    key: str = field(default="auto", metadata=_h(
+        "reward to select on: 'total' (weighted sum), a reward name, or auto = the task's accuracy reward (tvg: "
+        "iou) for criterion=gaussian (Time-R1's difficulty is the base model's IoU) and 'total' otherwise"))
     min_variance: float = field(default=0.0, metadata=_h("variance threshold (criterion=variance)"))
     num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
     gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
     gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+    gaussian_keep_zero: bool = field(
+        default=False, metadata=_h("criterion=gaussian: also draw samples whose mean reward is 0 (Time-R1 never "
+                                   "does: only IoU > 0 items are candidates)"))
     refilter_every_epoch: bool = field(
         default=False, metadata=_h("Time-R1 multi-round: re-score every sample with the current policy and "
                                    "re-select at the start of each epoch"))

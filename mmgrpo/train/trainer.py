@@ -1223,12 +1223,13 @@ class GRPOTrainer:
         (Time-R1 multi-round): samples the policy has mastered (or cannot solve) leave, others come back.  Each
         round has its own sampling seeds; ``selection.jsonl`` gets one row per sample and round."""
         sc = self.cfg.selection
-        mat = self.score_samples(self.all_samples, sc.num_inferences, sc.key, round=round)
+        key = sc.key if sc.key != "auto" else (self.acc_key if sc.criterion == "gaussian" else "total")
+        mat = self.score_samples(self.all_samples, sc.num_inferences, key, round=round)
         ok = ~torch.isnan(mat).any(1)
         valid_idx = ok.nonzero().flatten().tolist()
         keep_local = select_indices(mat[ok], sc.criterion, sc.min_variance, sc.num_keep, sc.gaussian_mu,
                                     sc.gaussian_sigma, seed=sample_seed(self.cfg.run.seed, round) if round
-                                    else self.cfg.run.seed)
+                                    else self.cfg.run.seed, keep_zero=sc.gaussian_keep_zero)
         keep = [valid_idx[i] for i in keep_local]
         st = reward_stats(torch.nan_to_num(mat))
         kept = set(keep)
