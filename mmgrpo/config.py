@@ -178,6 +178,9 @@ class SelectionConfig:
     num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
     gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
     gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+    greedy: bool = field(
+        default=False, metadata=_h("score with argmax decoding instead of rollout sampling (Time-R1's difficulty is "
+                                   "the IoU of one greedy answer: num_inferences=1 greedy=true)"))
     gaussian_keep_zero: bool = field(
         default=False, metadata=_h("criterion=gaussian: also draw samples whose mean reward is 0 (Time-R1 never "
                                    "does: only IoU > 0 items are candidates)"))

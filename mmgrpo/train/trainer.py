@@ -1183,6 +1183,8 @@ class GRPOTrainer:
     def score_samples(self, samples: Sequence[Any], K: int, key: str = "total", round: int = 0) -> torch.Tensor:
         """(S, K) rewards of K sampled completions per sample (this process's share, gathered); missing media
         gives a row of NaN."""
+        from dataclasses import replace
+
         from accelerate.utils import gather_object
 
         idx = list(range(self.rank, len(samples), self.world))
@@ -1203,7 +1205,8 @@ class GRPOTrainer:
             if not preps:
                 continue
             with self._generation_context():
-                out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
+                sampling = replace(self.sampling, greedy=True) if self.cfg.selection.greedy else self.sampling
+                out = self.backend.generate([pp.item for _, pp in preps], K, sampling,
                                             seeds=make_seeds(self.cfg.run.seed, -1 - round, [i for i, _ in preps], K))
             rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
             sc = self._score(out.texts, rs)

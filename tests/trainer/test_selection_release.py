@@ -34,3 +34,26 @@ def test_single_draw_probabilities_match_hand_computed_gaussian_weights():
     for i, wi in w.items():
         p = wi / total  # 0.4496, 0.2727, 0.2727, 0.0050
         assert counts[i] / n == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / n) + 1e-3), (i, counts[i])
+
+
+def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_dirs, th):
+    """Trainer path: selection.key=auto reads the IoU (not the total, which the format term keeps above 0), IoU-0
+    samples are dropped, and selection.greedy scores argmax answers (K copies agree)."""
+    import json
+
+    from mmgrpo.train.trainer import GRPOTrainer
+
+    iou_of = {"i0": 0.0, "i1": 0.3, "i2": 0.5}
+
+    def by_id(texts, samples):
+        iou = torch.tensor([iou_of[s["id"]] + 1e-3 * (sum(map(ord, t)) % 7) * (s["id"] != "i0")
+                            for t, s in zip(texts, samples)])
+        return {"iou": iou, "total": iou + 0.5, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "selection.enabled=true",
+                      "selection.num_inferences=2", "selection.criterion=gaussian", "selection.greedy=true")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=by_id)
+    assert tr.select_data() == [1, 2]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
+    assert rows[0]["rewards"] == [0.0, 0.0] and not rows[0]["kept"]
+    assert all(r["rewards"][0] == r["rewards"][1] for r in rows)  # greedy: the two answers are the same
