@@ -303,10 +303,26 @@ def convert_time_r1(
     on_error: str = "raise",
     swap_reversed: bool = False,
     clamp_tolerance: float = 5.0,
+    timerft_videos: str = "clip",
 ) -> tuple[list[Sample], ConvertReport]:
     """Time-R1 data -> tvg samples.  TVGBench items ``{path, question, answer "s-e", duration, ...}`` and
     TimeRFT items ``{video, duration, timestamp [s, e], sentence, qid?, video_start?, video_end?}``; other keys
-    go to ``meta``.  id: ``qid`` / ``id`` when present, else the record index."""
+    go to ``meta``.  id: ``qid`` / ``id`` when present, else the record index.
+
+    Clipped TimeRFT items (``video_start``/``video_end`` set, e.g. ``4jujhM5qhEc_00:00:39:000_00:01:24:700.mp4``,
+    duration 45.7, video_start 39.0, video_end 84.7, timestamp [34.9, 41.9]): ``video_start``/``video_end`` are
+    the clip's place on the *source* video's timeline (the file name encodes them), ``duration`` is the clip's
+    length (= video_end - video_start) and ``timestamp`` is relative to the clip's first frame (in train_2k5.json
+    all 665 clipped timestamps lie in [0, duration], only 346 in [video_start, video_end]).  The release trains on
+    the whole clip file (its trainer's frame request carries no video_start) against the unshifted timestamp, as
+    its TVGBench evaluation does with ``start``/``end``.  So by default (``timerft_videos="clip"``) the sample is
+    the file as it is: spans = timestamp, no crop, the source bounds kept as ``meta["source_start"]``/
+    ``["source_end"]``.  ``timerft_videos="source"`` is for files that are the full source videos: crop
+    [video_start, video_end], spans shifted by video_start, duration = video_end (the source's full length is not
+    in the annotation; a lower bound).
+    """
+    if timerft_videos not in ("clip", "source"):
+        raise ValueError(f"timerft_videos must be 'clip' or 'source', got {timerft_videos!r}")
     ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
     recs = _records(_read_json_or_jsonl(src), ctx.source)
     for i, r in enumerate(recs):
@@ -337,12 +353,27 @@ def convert_time_r1(
                     "timestamp", "video_start", "video_end"}
             meta = {"source": "time_r1", **{k: v for k, v in r.items() if k not in used}}
             span = ctx.fix_span(s, e, dur, "spans[0]", sid, meta)
+            clip = {}
+            vs, ve = r.get("video_start"), r.get("video_end")
+            if vs is not None or ve is not None:
+                if not (_num(vs) and _num(ve) and 0 <= vs < ve):
+                    raise DataError(f"need 0 <= video_start < video_end, got [{vs!r}, {ve!r}]", field="video_start",
+                                    sample_id=sid)
+                meta["source_start"], meta["source_end"] = float(vs), float(ve)
+                if timerft_videos == "source":  # the file is the source video: crop it, spans to file time
+                    clip = {"video_start": float(vs), "video_end": float(ve)}
+                    span = [span[0] + vs, span[1] + vs]
+                    dur = max(dur + vs, float(ve))
             ctx.add(Sample(id=sid, task="tvg", query=str(query).strip(),
                            video=os.path.join(video_dir, video) if video_dir else video, duration=dur, spans=[span],
-                           video_start=r.get("video_start"), video_end=r.get("video_end"), meta=meta))
+                           meta=meta, **clip))
         except DataError as ex:
             ctx.fail(ex, record=f"record {i}")
     return ctx.finish()
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # ---------------------------------------------------------------------------------------------- options helpers
