@@ -18,6 +18,8 @@ Formats (``FORMATS`` maps the CLI names to functions):
   duration, glue [[s, e], ...], answer "(C)"``).
 * ``video_r1``       -- Video-R1 multiple-choice QA (``problem, options ["A. ...", ...], solution
   "<answer>X</answer>", problem_type, data_type, path``); other problem types are skipped and counted.
+* ``tempsamp``       -- TempSamp-R1's JSONL (``problem`` with the quoted event, ``answer`` / ``solution``
+  ``"<answer> s to e </answer>"``, ``videos [path]``, ``duration``).
 * ``refcoco``        -- RefCOCO-style REC JSON/JSONL (``image``, expression in ``normal_caption`` / ``sentence`` /
   ``expression`` / ``text`` / ``problem``, box in ``solution`` / ``bbox`` / ``box`` as xyxy (or COCO xywh),
   image size from ``width``/``height`` / ``image_size`` / a ``sizes`` dict / reading the image).
@@ -481,7 +483,8 @@ def convert_video_r1(
     on_error: str = "raise",
 ) -> tuple[list[Sample], ConvertReport]:
     """Video-R1 items -> mcq samples (``problem_type == "multiple choice"``; other types skipped and counted as
-    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.
+    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.  The media path is
+    ``path`` (Video-R1) or, in files of the same style, ``video`` / ``image``.
     id: ``problem_id`` / ``id``, else the record index."""
     ctx = _Ctx(src, on_error, False, 0.0)
     recs = _records(_read_json_or_jsonl(src), ctx.source)
@@ -494,9 +497,12 @@ def convert_video_r1(
             if ptype != "multiple choice":
                 ctx.skip("unsupported_problem_type")
                 continue
-            for k in ("problem", "options", "solution", "data_type", "path"):
+            for k in ("problem", "options", "solution", "data_type"):
                 if k not in r:
                     raise DataError("missing field", field=k, kind="missing_field")
+            media_key = next((k for k in ("path", "video", "image") if r.get(k) is not None), None)
+            if media_key is None:  # Video-R1 names it "path"; other files in its style "video" (or "image")
+                raise DataError("missing field (the media path)", field="path/video", kind="missing_field")
             sid = str(r.get("problem_id", r.get("id", i)))
             options = split_options(r["options"])
             letter = answer_letter(r["solution"], options)
@@ -504,14 +510,93 @@ def convert_video_r1(
             if dtype not in ("video", "image"):
                 raise DataError(f"data_type must be 'video' or 'image', got {dtype!r}", field="data_type",
                                 sample_id=sid)
-            path = str(r["path"])
+            path = str(r[media_key])
             if media_dir:
                 path = os.path.join(media_dir, path)
             meta = {"source": "video_r1", **{k: v for k, v in r.items()
                                              if k not in ("problem", "options", "solution", "problem_type",
-                                                          "data_type", "path", "problem_id", "id")}}
+                                                          "data_type", media_key, "problem_id", "id")}}
             ctx.add(Sample(id=sid, task="mcq", query=str(r["problem"]).strip(), options=options, answer=letter,
                            meta=meta, **{dtype: path}))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- TempSamp-R1
+_EVENT_IN_PROMPT = re.compile(r'(?:pinpoint|locate|find)\s+(?:the\s+)?(?:event|clip|moment)\s+["\u201c](.+)["\u201d]'
+                              r'\s+in the video', re.S | re.I)
+
+
+def convert_tempsamp(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    query_from: str = "event",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """TempSamp-R1's released training JSONL (TimeLens data) -> tvg samples.
+
+    Record: ``problem`` (the whole user prompt, ``<video>To accurately pinpoint the event "QUERY" in the video,
+    ...``; or ``messages[0].content``, TimeLens' raw layout), ``answer`` / ``solution`` (``"<answer> s to e
+    </answer>"`` or ``"s to e"``, seconds), ``videos`` ([one path]; or ``video`` / ``path``), ``duration``, and
+    ``problem_type`` ("temporal grounding"; other types are skipped and counted as ``unsupported_problem_type``).
+    ``query_from="event"`` takes the quoted event out of the prompt (the project builds its own prompt; a problem
+    without that pattern is an error naming the record); ``"problem"`` keeps the whole text without ``<video>``.
+    The original ``problem`` stays in ``meta["problem"]``; other keys (difficulty, gt_len, ...) go to ``meta``.
+    id: ``id`` / ``qid`` / ``problem_id``, else the record index.
+    """
+    if query_from not in ("event", "problem"):
+        raise ValueError(f"query_from must be 'event' or 'problem', got {query_from!r}")
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", r.get("qid", r.get("problem_id", i))))
+            ptype = str(r.get("problem_type", "temporal grounding")).strip().lower()
+            if ptype != "temporal grounding":
+                ctx.skip("unsupported_problem_type")
+                continue
+            problem = r.get("problem")
+            if problem is None and isinstance(r.get("messages"), list) and r["messages"]:
+                problem = (r["messages"][0] or {}).get("content")
+            if not isinstance(problem, str) or not problem.strip():
+                raise DataError("missing field", field="problem", sample_id=sid, kind="missing_field")
+            text = problem.replace("<video>", "").strip()
+            if query_from == "event":
+                m = _EVENT_IN_PROMPT.search(text)
+                if not m:
+                    raise DataError('no quoted event ("... the event \"QUERY\" in the video ...") in the prompt; '
+                                    "use query_from='problem' to keep the whole text", field="problem",
+                                    sample_id=sid, kind="unrecognised_prompt")
+                text = m.group(1).strip()
+            ans = r.get("answer", r.get("solution"))
+            if ans is None:
+                raise DataError("missing field", field="answer/solution", sample_id=sid, kind="missing_field")
+            m = re.search(r"<answer>(.*?)</answer>", str(ans), re.S)
+            s, e = _parse_span_str(m.group(1) if m else str(ans))
+            videos = r.get("videos")
+            if videos is None:
+                videos = [r[k] for k in ("video", "path") if r.get(k) is not None][:1]
+            if isinstance(videos, str):
+                videos = [videos]
+            if not isinstance(videos, list) or len(videos) != 1:
+                raise DataError(f"expected one video, got {videos!r}", field="videos", sample_id=sid)
+            if r.get("duration") is None:
+                raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
+            dur = float(r["duration"])
+            meta = {"source": "tempsamp_r1", "problem": problem,
+                    **{k: v for k, v in r.items() if k not in ("id", "qid", "problem_id", "problem", "messages",
+                                                               "answer", "solution", "videos", "video", "path",
+                                                               "duration")}}
+            span = ctx.fix_span(s, e, dur, "answer", sid, meta)
+            video = str(videos[0])
+            ctx.add(Sample(id=sid, task="tvg", query=text, video=os.path.join(video_dir, video) if video_dir else video,
+                           duration=dur, spans=[span], meta=meta))
         except DataError as ex:
             ctx.fail(ex, record=f"record {i}")
     return ctx.finish()
@@ -602,5 +687,6 @@ FORMATS: dict[str, Callable[..., tuple[list[Sample], ConvertReport]]] = {
     "tvgbench": convert_time_r1,
     "nextgqa": convert_nextgqa,
     "video_r1": convert_video_r1,
+    "tempsamp": convert_tempsamp,
     "refcoco": convert_refcoco,
 }

@@ -55,7 +55,8 @@ def test_timerft_source_videos_crop_and_shift():
 
 def test_timerft_bad_clip_bounds_name_the_field():
     bad = dict(TIMERFT_CLIP, video_start=90.0)
-    with pytest.raises(DataError, match=r"id='my\|internvid-vtime\|4jujhM5qhEc\|statue', field 'video_start'.*video_start < video_end"):
+    with pytest.raises(DataError, match=r"id='my\|internvid-vtime\|4jujhM5qhEc\|statue', field 'video_start': "
+                                        r"need 0 <= video_start < video_end"):
         C.convert_time_r1([bad])
 
 
@@ -70,3 +71,67 @@ def test_timerft_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     (s, _), _ = load_jsonl(tmp_path / "b.jsonl", check_media=False, resolve_paths=False)
     assert s.video_start == 39.0 and s.spans[0][0] == pytest.approx(73.9)
+
+
+# ------------------------------------------------------------------------------------------------ item 8: TempSamp-R1
+_PROMPT = ('<video>To accurately pinpoint the event "{q}" in the video, determine the precise time period of the '
+           'event. Provide the start and end times (in seconds, precise to two decimal places) in the format "start '
+           'time to end time" within <answer> </answer> tags. For example: <answer> 12.5 to 17.8 </answer>.')
+TEMPSAMP_LINES = [
+    {"problem": _PROMPT.format(q="When is the 'lifehacker' title card shown?"),
+     "answer": "<answer> 1.0 to 3.0 </answer>",
+     "problem_type": "temporal grounding", "data_type": "video", "videos": ["video_shards/cosmo_cap/a7B504PYFLk.mp4"],
+     "difficulty": 0.5, "duration": 57.53, "gt_len": 2.0},
+    {"problem": _PROMPT.format(q="Locate the segment where two men play drums."),
+     "solution": "<answer> 23.0 to 67.0 </answer>", "problem_type": "temporal grounding", "data_type": "video",
+     "videos": ["video_shards/didemo/409_4049.mp4"], "duration": 70.07},
+    {"problem": "<image>Where is the red car?", "answer": "<answer> (1, 2), (3, 4) </answer>",
+     "problem_type": "grounding", "data_type": "image", "images": ["x.jpg"]},
+]
+
+
+def test_tempsamp_jsonl(tmp_path):
+    src = tmp_path / "timelens_grpo_train.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in TEMPSAMP_LINES) + "\n")
+    (a, b), rep = C.convert_tempsamp(src, video_dir="/data/TimeLens")
+    assert rep.n_in == 3 and rep.skipped == {"unsupported_problem_type": 1}
+    assert a.query == "When is the 'lifehacker' title card shown?" and a.spans == [[1.0, 3.0]]
+    assert a.video == "/data/TimeLens/video_shards/cosmo_cap/a7B504PYFLk.mp4" and a.duration == 57.53
+    assert a.meta["difficulty"] == 0.5 and a.meta["problem"] == TEMPSAMP_LINES[0]["problem"]
+    assert b.query == "Locate the segment where two men play drums." and b.spans == [[23.0, 67.0]]
+    # the whole prompt as the query, on request
+    (a, _), _ = C.convert_tempsamp(src, query_from="problem")
+    assert a.query.startswith("To accurately pinpoint the event") and "<video>" not in a.query
+    # TimeLens' raw layout: messages[0].content and a bare "s to e"
+    (c,), _ = C.convert_tempsamp([{"messages": [{"role": "user", "content": _PROMPT.format(q="a dog runs")}],
+                                   "videos": ["v.mp4"], "solution": "7.0 to 11.0", "duration": 20.0}])
+    assert c.query == "a dog runs" and c.spans == [[7.0, 11.0]]
+
+
+def test_tempsamp_errors_name_record_and_field(tmp_path):
+    line = dict(TEMPSAMP_LINES[0], problem="<video>Find it.")
+    with pytest.raises(DataError, match=r"id='0', field 'problem': no quoted event"):
+        C.convert_tempsamp([line])
+    with pytest.raises(DataError, match=r"field 'videos'.*one video"):
+        C.convert_tempsamp([dict(TEMPSAMP_LINES[0], videos=["a.mp4", "b.mp4"])])
+    with pytest.raises(DataError, match=r"field 'duration'"):
+        C.convert_tempsamp([{k: v for k, v in TEMPSAMP_LINES[0].items() if k != "duration"}])
+    src = tmp_path / "t.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in TEMPSAMP_LINES) + "\n")
+    r = _cli("tempsamp", src, tmp_path / "o.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert "2 samples from 3 records; skipped unsupported_problem_type: 1" in r.stdout
+    samples, _ = load_jsonl(tmp_path / "o.jsonl", check_media=False, resolve_paths=False)
+    assert [s.spans for s in samples] == [[[1.0, 3.0]], [[23.0, 67.0]]]
+
+
+def test_video_r1_style_json_naming_the_media_video():
+    recs = [{"problem_id": 1, "problem": "What is he holding?", "data_type": "video", "problem_type": "multiple choice",
+             "options": ["A. a cup", "B. a phone"], "solution": "<answer>B</answer>", "video": "clips/a.mp4"},
+            {"problem_id": 2, "problem": "Which shape?", "data_type": "image", "problem_type": "multiple choice",
+             "options": ["A. circle", "B. square"], "solution": "<answer>A</answer>", "path": "imgs/b.png"}]
+    (a, b), rep = C.convert_video_r1(recs)
+    assert rep.n_out == 2 and a.video == "clips/a.mp4" and a.answer == "B" and "video" not in a.meta
+    assert b.image == "imgs/b.png"
+    with pytest.raises(DataError, match=r"field 'path/video'"):
+        C.convert_video_r1([{k: v for k, v in recs[0].items() if k != "video"}])
