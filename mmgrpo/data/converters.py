@@ -607,6 +607,40 @@ _EXPR_KEYS = ("normal_caption", "sentence", "expression", "text", "problem", "qu
 _BOX_KEYS = ("solution", "bbox", "box")
 
 
+_REC_INSTRUCTION = re.compile(r"^\s*please provide the bounding box coordinates? of the region this sentence "
+                              r"describes:\s*", re.I)
+
+
+def _box_from_text(text: str, sid: str) -> Any:
+    """``"[x1, y1, x2, y2]"`` / ``"<answer> [...] </answer>"`` / ``'{"bbox_2d": [...]}'`` -> the parsed value."""
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    try:
+        box = json.loads((m.group(1) if m else text).strip())
+    except json.JSONDecodeError:
+        raise DataError(f"box must be a JSON list [x1, y1, x2, y2], got {text!r}", field="bbox",
+                        sample_id=sid) from None
+    if isinstance(box, dict) and "bbox_2d" in box:
+        box = box["bbox_2d"]
+    return box
+
+
+def _vlm_r1_turns(r: dict, sid: str) -> dict:
+    """VLM-R1 JSONL record -> the flat layout: expression from the human turn, box text from the gpt turn."""
+    turns = r["conversations"]
+    if not (isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, dict) for t in turns[:2])):
+        raise DataError("expected [{from: human, value}, {from: gpt, value}]", field="conversations", sample_id=sid)
+    image = r.get("image")
+    if isinstance(image, list):
+        if len(image) != 1:
+            raise DataError(f"REC needs one image, got {len(image)}", field="image", sample_id=sid)
+        image = image[0]
+    out = {k: v for k, v in r.items() if k not in ("conversations", "image")}
+    out["image"] = image
+    out["problem"] = str(turns[0].get("value", "")).replace("<image>", "").strip()
+    out["solution"] = turns[1].get("value")
+    return out
+
+
 def convert_refcoco(
     src: str | os.PathLike | list,
     image_dir: str | None = None,
@@ -620,6 +654,11 @@ def convert_refcoco(
     Box: ``bbox_format="xyxy"`` ([x1, y1, x2, y2]) or ``"xywh"`` (COCO [x, y, w, h]).  Image size, first found:
     ``width``/``height`` or ``image_size`` in the record, ``sizes[image]``, or the image file read with PIL from
     ``read_sizes_from`` (a directory).  id: ``id`` / ``ann_id``, else the record index.
+
+    VLM-R1's JSONL layout is read too: ``{"id", "image", "conversations": [{"from": "human", "value":
+    "<image>EXPRESSION"}, {"from": "gpt", "value": "[x1, y1, x2, y2]"}]}`` (the answer may sit in ``<answer>``
+    tags or be ``{"bbox_2d": [...]}``; VLM-R1 reads it with ``json.loads``).  The instruction "Please provide the
+    bounding box coordinate of the region this sentence describes:" is removed from an expression that carries it.
     """
     if bbox_format not in ("xyxy", "xywh"):
         raise ValueError(f"bbox_format must be 'xyxy' or 'xywh', got {bbox_format!r}")
@@ -631,6 +670,8 @@ def convert_refcoco(
             if not isinstance(r, dict):
                 raise DataError("record must be an object", kind="malformed")
             sid = str(r.get("id", r.get("ann_id", i)))
+            if "conversations" in r:
+                r = _vlm_r1_turns(r, sid)
             image = r.get("image", r.get("image_path", r.get("file_name")))
             if image is None:
                 raise DataError("missing field", field="image", sample_id=sid, kind="missing_field")
@@ -638,10 +679,13 @@ def convert_refcoco(
             if expr is None:
                 raise DataError(f"missing referring expression (one of {_EXPR_KEYS})", field="sentence",
                                 sample_id=sid, kind="missing_field")
+            expr = _REC_INSTRUCTION.sub("", expr)
             box = next((r[k] for k in _BOX_KEYS if r.get(k) is not None), None)
             if box is None:
                 raise DataError(f"missing box (one of {_BOX_KEYS})", field="bbox", sample_id=sid,
                                 kind="missing_field")
+            if isinstance(box, str):
+                box = _box_from_text(box, sid)
             boxes = box if (isinstance(box, list) and box and isinstance(box[0], list)) else [box]
             out = []
             for j, b in enumerate(boxes):

@@ -135,3 +135,74 @@ def test_video_r1_style_json_naming_the_media_video():
     assert b.image == "imgs/b.png"
     with pytest.raises(DataError, match=r"field 'path/video'"):
         C.convert_video_r1([{k: v for k, v in recs[0].items() if k != "video"}])
+
+
+# ------------------------------------------------------------------------------------------------ item 9
+# VLM-R1 REC JSONL (README "For your own data" layout; RefCOCO files: the gpt turn holds the box as JSON text)
+VLMR1_REC = [
+    {"id": 0, "image": "train2014/COCO_train2014_000000000001.jpg",
+     "conversations": [{"from": "human", "value": "<image>the bowl on the left"},
+                       {"from": "gpt", "value": "[10.5, 20.0, 60.25, 45.0]"}]},
+    {"id": 1, "image": ["train2014/COCO_train2014_000000000002.jpg"],
+     "conversations": [{"from": "human", "value": "<image>Please provide the bounding box coordinate of the region "
+                                                   "this sentence describes: man in red."},
+                       {"from": "gpt", "value": "<answer> [0, 0, 30, 30] </answer>"}]},
+]
+
+
+def test_refcoco_vlm_r1_jsonl(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "coco" / "train2014").mkdir(parents=True)
+    Image.new("RGB", (80, 50)).save(tmp_path / "coco" / "train2014" / "COCO_train2014_000000000001.jpg")
+    Image.new("RGB", (40, 40)).save(tmp_path / "coco" / "train2014" / "COCO_train2014_000000000002.jpg")
+    src = tmp_path / "refcoco_train.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in VLMR1_REC) + "\n")
+    (a, b), rep = C.convert_refcoco(src, read_sizes_from=tmp_path / "coco")
+    assert rep.n_out == 2
+    assert a.to_dict() == {"id": "0", "task": "rec", "query": "the bowl on the left",
+                           "image": "train2014/COCO_train2014_000000000001.jpg",
+                           "boxes": [[10.5, 20.0, 60.25, 45.0]], "image_size": [80, 50], "spans": [],
+                           "meta": {"source": "refcoco"}}
+    assert b.query == "man in red." and b.boxes == [[0.0, 0.0, 30.0, 30.0]] and b.image_size == [40, 40]
+    # bbox_2d JSON answers; a malformed box names the record and field
+    (c,), _ = C.convert_refcoco([{"image": "x.jpg", "width": 9, "height": 9, "conversations": [
+        {"from": "human", "value": "<image>dot"}, {"from": "gpt", "value": '{"bbox_2d": [1, 2, 3, 4]}'}]}])
+    assert c.boxes == [[1.0, 2.0, 3.0, 4.0]]
+    with pytest.raises(DataError, match=r"id='7', field 'bbox': box must be a JSON list"):
+        C.convert_refcoco([{"id": 7, "image": "x.jpg", "width": 9, "height": 9, "conversations": [
+            {"from": "human", "value": "<image>dot"}, {"from": "gpt", "value": "top left"}]}])
+    # CLI wiring
+    r = _cli("refcoco", src, tmp_path / "rec.jsonl", "--read-sizes-from", tmp_path / "coco", "--image-dir", "coco")
+    assert r.returncode == 0, r.stderr
+    samples, _ = load_jsonl(tmp_path / "rec.jsonl", check_media=False, resolve_paths=False)
+    assert samples[0].image == os.path.join("coco", "train2014/COCO_train2014_000000000001.jpg")
+    assert samples[1].boxes == [[0.0, 0.0, 30.0, 30.0]]
+
+
+# ActivityNet Captions train.json / val_1.json layout (documented at cs.stanford.edu/people/ranjaykrishna/densevid):
+# {video id: {duration, timestamps [[s, e], ...], sentences [...]}}, sentences often with a leading space
+ANET = {"v_QOlSCBRmfWY": {"duration": 82.73, "timestamps": [[0.83, 19.86], [17.37, 60.81], [56.26, 79.42]],
+                          "sentences": ["A young woman is seen standing in a room and leads into her dancing.",
+                                        " The girl dances around the room while the camera captures her movements.",
+                                        " She continues dancing around the room and ends by laying on the floor."]},
+        "v_ehGHCYKzyZ8": {"duration": 61.72, "timestamps": [[0, 7.41], [7.41, 64.0]],
+                          "sentences": ["A man stands with a bag.", " He walks to a car and loads the bag."]}}
+
+
+def test_activitynet_captions_json(tmp_path):
+    src = tmp_path / "val_1.json"
+    src.write_text(json.dumps(ANET))
+    samples, rep = C.convert_dense_captions(src, video_dir="anet/videos")
+    assert rep.n_in == rep.n_out == 5 and rep.n_clamped == 1  # 64.0 > 61.72: clamped (within 5 s)
+    s = samples[1]
+    assert s.id == "v_QOlSCBRmfWY_1" and s.video == "anet/videos/v_QOlSCBRmfWY.mp4" and s.duration == 82.73
+    assert s.query == "The girl dances around the room while the camera captures her movements."
+    assert s.spans == [[17.37, 60.81]] and s.meta == {"source": "activitynet_captions", "video_id": "v_QOlSCBRmfWY",
+                                                      "index": 1}
+    assert samples[4].spans == [[7.41, 61.72]] and samples[4].meta["clamped_span"] == [[7.41, 64.0]]
+    r = _cli("activitynet", src, tmp_path / "anet.jsonl", "--video-dir", "anet/videos")
+    assert r.returncode == 0, r.stderr
+    assert "5 samples from 5 records" in r.stdout and "1 span end(s) clamped" in r.stdout
+    loaded, _ = load_jsonl(tmp_path / "anet.jsonl", check_media=False, resolve_paths=False)
+    assert [x.to_dict() for x in loaded] == [x.to_dict() for x in samples]
