@@ -143,7 +143,7 @@ class TempSampConfig:
         default="auto", metadata=_h("reward the shaping applies to: auto = the task's accuracy reward (tvg: iou; "
                                     "see reward.accuracy_key), shaped before the weighted sum as the TempSamp-R1 "
                                     "release does (total = w*f(iou) + the other terms); a reward name; or 'total' "
-                                    "= shape the weighted total (mmgrpo <= this change)"))
+                                    "= shape the weighted total (earlier mmgrpo behaviour)"))
     anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
 
 
@@ -266,6 +266,8 @@ class TrainConfig:
             raise ValueError(f"rollout.num_generations must be >= 2 (a group needs a baseline), got {G}")
         if self.tempsamp.enabled and G < 3:
             raise ValueError("tempsamp needs rollout.num_generations >= 3 (G-1 on-policy + 1 ground truth)")
+        if self.tempsamp.enabled and self.tempsamp.mode == "shape" and self.tempsamp.alpha2 <= 0:
+            raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:

@@ -82,3 +82,8 @@ def test_bad_shape_reward_is_refused(tmp_path, tiny_dirs, th):
                       "reward.weights={iou: 1.0}", "run.max_steps=1")
     with pytest.raises(ValueError, match="shape_reward='box_iou'"):
         GRPOTrainer(cfg, samples=th.video_samples(2))
+
+
+def test_alpha2_must_be_positive(tmp_path, tiny_dirs, th):
+    with pytest.raises(ValueError, match="alpha2 must be > 0"):
+        th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "tempsamp.alpha2=0")
