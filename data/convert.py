@@ -2,7 +2,8 @@
 
     python data/convert.py FORMAT IN OUT [options]
 
-FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | nextgqa | video_r1 | refcoco.
+FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | tempsamp | nextgqa | video_r1 |
+refcoco.
 See ``mmgrpo.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
 """
 import argparse
@@ -14,7 +15,8 @@ import sys
 if __package__ in (None, ""):  # run as a script from a checkout: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FORMATS = ("charades_sta", "dense_captions", "activitynet", "time_r1", "tvgbench", "nextgqa", "video_r1", "refcoco")
+FORMATS = ("charades_sta", "dense_captions", "activitynet", "time_r1", "tvgbench", "tempsamp", "nextgqa", "video_r1",
+           "refcoco")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durations", default=None,
                    help="charades_sta: Charades CSV (id,length) or a JSON {vid: seconds}")
     p.add_argument("--probe-root", default=None, help="charades_sta: read durations from the videos here")
+    p.add_argument("--timerft-videos", choices=("clip", "source"), default="clip",
+                   help="time_r1: TimeRFT items with video_start/video_end: 'clip' = each file is the cut clip, its "
+                        "timestamps are clip times (Time-R1's release; default); 'source' = the files are the full "
+                        "source videos: crop [video_start, video_end] and shift the spans by video_start")
+    p.add_argument("--query-from", choices=("event", "problem"), default="event",
+                   help="tempsamp: the query is the quoted event of the release's prompt (default) or the whole "
+                        "problem text")
     p.add_argument("--bbox-format", choices=("xyxy", "xywh"), default="xyxy", help="refcoco box layout")
     p.add_argument("--image-dir", default=None, help="refcoco/video_r1: prefix for media paths")
     p.add_argument("--read-sizes-from", default=None, help="refcoco: image folder to read missing sizes from")
@@ -58,7 +67,10 @@ def main(argv=None) -> int:
         samples, report = C.convert_dense_captions(a.input, video_dir=a.video_dir, video_template=a.video_template,
                                                    **span_kw)
     elif a.format in ("time_r1", "tvgbench"):
-        samples, report = C.convert_time_r1(a.input, video_dir=a.video_dir, **span_kw)
+        samples, report = C.convert_time_r1(a.input, video_dir=a.video_dir, timerft_videos=a.timerft_videos,
+                                            **span_kw)
+    elif a.format == "tempsamp":
+        samples, report = C.convert_tempsamp(a.input, video_dir=a.video_dir, query_from=a.query_from, **span_kw)
     elif a.format == "nextgqa":
         samples, report = C.convert_nextgqa(a.input, video_dir=a.video_dir, video_template=a.video_template,
                                             **span_kw)

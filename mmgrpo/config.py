@@ -139,6 +139,11 @@ class TempSampConfig:
     tau: float = field(default=0.8, metadata=_h("shaping threshold"))
     alpha1: float = field(default=0.01, metadata=_h("shaping slope above tau"))
     alpha2: float = field(default=1.0, metadata=_h("shaping curvature below tau"))
+    shape_reward: str = field(
+        default="auto", metadata=_h("reward the shaping applies to: auto = the task's accuracy reward (tvg: iou; "
+                                    "see reward.accuracy_key), shaped before the weighted sum as the TempSamp-R1 "
+                                    "release does (total = w*f(iou) + the other terms); a reward name; or 'total' "
+                                    "= shape the weighted total (earlier mmgrpo behaviour)"))
     anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
 
 
@@ -166,11 +171,19 @@ class SelectionConfig:
         default="nonconstant",
         metadata=_h("variance: keep var >= min_variance; gaussian: weight exp(-(m-mu)^2/2s^2) on mean reward "
                     "(Time-R1); nonconstant: drop all-correct/all-wrong (equal rewards)"))
-    key: str = field(default="total", metadata=_h("reward to select on: 'total' (weighted sum) or a reward name"))
+    key: str = field(default="auto", metadata=_h(
+        "reward to select on: 'total' (weighted sum), a reward name, or auto = the task's accuracy reward (tvg: "
+        "iou) for criterion=gaussian (Time-R1's difficulty is the base model's IoU) and 'total' otherwise"))
     min_variance: float = field(default=0.0, metadata=_h("variance threshold (criterion=variance)"))
     num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
     gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
     gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+    greedy: bool = field(
+        default=False, metadata=_h("score with argmax decoding instead of rollout sampling (Time-R1's difficulty is "
+                                   "the IoU of one greedy answer: num_inferences=1 greedy=true)"))
+    gaussian_keep_zero: bool = field(
+        default=False, metadata=_h("criterion=gaussian: also draw samples whose mean reward is 0 (Time-R1 never "
+                                   "does: only IoU > 0 items are candidates)"))
     refilter_every_epoch: bool = field(
         default=False, metadata=_h("Time-R1 multi-round: re-score every sample with the current policy and "
                                    "re-select at the start of each epoch"))
@@ -253,6 +266,8 @@ class TrainConfig:
             raise ValueError(f"rollout.num_generations must be >= 2 (a group needs a baseline), got {G}")
         if self.tempsamp.enabled and G < 3:
             raise ValueError("tempsamp needs rollout.num_generations >= 3 (G-1 on-policy + 1 ground truth)")
+        if self.tempsamp.enabled and self.tempsamp.mode == "shape" and self.tempsamp.alpha2 <= 0:
+            raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:

@@ -303,6 +303,10 @@ def tempsamp_shape(rewards: Tensor, tau: float = 0.8, alpha1: float = 0.01, alph
     Defaults τ=0.8, α1=0.01, α2=1 (the paper's): IoU 1 → 0.8018, IoU 0 → 0.0868. High rewards are flattened into a
     plateau (so the injected ground truth cannot dominate the group mean) and differences among poor answers are
     amplified. Continuous at r=τ.
+
+    What it is applied to matters: the TempSamp-R1 release shapes the IoU alone and then adds the format term
+    (score = f(IoU) + 0.1·format; IoU 1, format 1 -> 0.9018), which is what the VLM trainer does by default
+    (``tempsamp.shape_reward=auto``); f(weighted total) would give f(1.1) = 0.8026 (``shape_reward=total``).
     """
     r = torch.as_tensor(rewards)
     rf = r.to(torch.float64)

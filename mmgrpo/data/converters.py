@@ -18,6 +18,8 @@ Formats (``FORMATS`` maps the CLI names to functions):
   duration, glue [[s, e], ...], answer "(C)"``).
 * ``video_r1``       -- Video-R1 multiple-choice QA (``problem, options ["A. ...", ...], solution
   "<answer>X</answer>", problem_type, data_type, path``); other problem types are skipped and counted.
+* ``tempsamp``       -- TempSamp-R1's JSONL (``problem`` with the quoted event, ``answer`` / ``solution``
+  ``"<answer> s to e </answer>"``, ``videos [path]``, ``duration``).
 * ``refcoco``        -- RefCOCO-style REC JSON/JSONL (``image``, expression in ``normal_caption`` / ``sentence`` /
   ``expression`` / ``text`` / ``problem``, box in ``solution`` / ``bbox`` / ``box`` as xyxy (or COCO xywh),
   image size from ``width``/``height`` / ``image_size`` / a ``sizes`` dict / reading the image).
@@ -303,10 +305,26 @@ def convert_time_r1(
     on_error: str = "raise",
     swap_reversed: bool = False,
     clamp_tolerance: float = 5.0,
+    timerft_videos: str = "clip",
 ) -> tuple[list[Sample], ConvertReport]:
     """Time-R1 data -> tvg samples.  TVGBench items ``{path, question, answer "s-e", duration, ...}`` and
     TimeRFT items ``{video, duration, timestamp [s, e], sentence, qid?, video_start?, video_end?}``; other keys
-    go to ``meta``.  id: ``qid`` / ``id`` when present, else the record index."""
+    go to ``meta``.  id: ``qid`` / ``id`` when present, else the record index.
+
+    Clipped TimeRFT items (``video_start``/``video_end`` set, e.g. ``4jujhM5qhEc_00:00:39:000_00:01:24:700.mp4``,
+    duration 45.7, video_start 39.0, video_end 84.7, timestamp [34.9, 41.9]): ``video_start``/``video_end`` are
+    the clip's place on the *source* video's timeline (the file name encodes them), ``duration`` is the clip's
+    length (= video_end - video_start) and ``timestamp`` is relative to the clip's first frame (in train_2k5.json
+    all 665 clipped timestamps lie in [0, duration], only 346 in [video_start, video_end]).  The release trains on
+    the whole clip file (its trainer's frame request carries no video_start) against the unshifted timestamp, as
+    its TVGBench evaluation does with ``start``/``end``.  So by default (``timerft_videos="clip"``) the sample is
+    the file as it is: spans = timestamp, no crop, the source bounds kept as ``meta["source_start"]``/
+    ``["source_end"]``.  ``timerft_videos="source"`` is for files that are the full source videos: crop
+    [video_start, video_end], spans shifted by video_start, duration = video_end (the source's full length is not
+    in the annotation; a lower bound).
+    """
+    if timerft_videos not in ("clip", "source"):
+        raise ValueError(f"timerft_videos must be 'clip' or 'source', got {timerft_videos!r}")
     ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
     recs = _records(_read_json_or_jsonl(src), ctx.source)
     for i, r in enumerate(recs):
@@ -337,12 +355,27 @@ def convert_time_r1(
                     "timestamp", "video_start", "video_end"}
             meta = {"source": "time_r1", **{k: v for k, v in r.items() if k not in used}}
             span = ctx.fix_span(s, e, dur, "spans[0]", sid, meta)
+            clip = {}
+            vs, ve = r.get("video_start"), r.get("video_end")
+            if vs is not None or ve is not None:
+                if not (_num(vs) and _num(ve) and 0 <= vs < ve):
+                    raise DataError(f"need 0 <= video_start < video_end, got [{vs!r}, {ve!r}]", field="video_start",
+                                    sample_id=sid)
+                meta["source_start"], meta["source_end"] = float(vs), float(ve)
+                if timerft_videos == "source":  # the file is the source video: crop it, spans to file time
+                    clip = {"video_start": float(vs), "video_end": float(ve)}
+                    span = [span[0] + vs, span[1] + vs]
+                    dur = max(dur + vs, float(ve))
             ctx.add(Sample(id=sid, task="tvg", query=str(query).strip(),
                            video=os.path.join(video_dir, video) if video_dir else video, duration=dur, spans=[span],
-                           video_start=r.get("video_start"), video_end=r.get("video_end"), meta=meta))
+                           meta=meta, **clip))
         except DataError as ex:
             ctx.fail(ex, record=f"record {i}")
     return ctx.finish()
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # ---------------------------------------------------------------------------------------------- options helpers
@@ -450,7 +483,8 @@ def convert_video_r1(
     on_error: str = "raise",
 ) -> tuple[list[Sample], ConvertReport]:
     """Video-R1 items -> mcq samples (``problem_type == "multiple choice"``; other types skipped and counted as
-    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.
+    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.  The media path is
+    ``path`` (Video-R1) or, in files of the same style, ``video`` / ``image``.
     id: ``problem_id`` / ``id``, else the record index."""
     ctx = _Ctx(src, on_error, False, 0.0)
     recs = _records(_read_json_or_jsonl(src), ctx.source)
@@ -463,9 +497,12 @@ def convert_video_r1(
             if ptype != "multiple choice":
                 ctx.skip("unsupported_problem_type")
                 continue
-            for k in ("problem", "options", "solution", "data_type", "path"):
+            for k in ("problem", "options", "solution", "data_type"):
                 if k not in r:
                     raise DataError("missing field", field=k, kind="missing_field")
+            media_key = next((k for k in ("path", "video", "image") if r.get(k) is not None), None)
+            if media_key is None:  # Video-R1 names it "path"; other files in its style "video" (or "image")
+                raise DataError("missing field (the media path)", field="path/video", kind="missing_field")
             sid = str(r.get("problem_id", r.get("id", i)))
             options = split_options(r["options"])
             letter = answer_letter(r["solution"], options)
@@ -473,14 +510,93 @@ def convert_video_r1(
             if dtype not in ("video", "image"):
                 raise DataError(f"data_type must be 'video' or 'image', got {dtype!r}", field="data_type",
                                 sample_id=sid)
-            path = str(r["path"])
+            path = str(r[media_key])
             if media_dir:
                 path = os.path.join(media_dir, path)
             meta = {"source": "video_r1", **{k: v for k, v in r.items()
                                              if k not in ("problem", "options", "solution", "problem_type",
-                                                          "data_type", "path", "problem_id", "id")}}
+                                                          "data_type", media_key, "problem_id", "id")}}
             ctx.add(Sample(id=sid, task="mcq", query=str(r["problem"]).strip(), options=options, answer=letter,
                            meta=meta, **{dtype: path}))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- TempSamp-R1
+_EVENT_IN_PROMPT = re.compile(r'(?:pinpoint|locate|find)\s+(?:the\s+)?(?:event|clip|moment)\s+["\u201c](.+)["\u201d]'
+                              r'\s+in the video', re.S | re.I)
+
+
+def convert_tempsamp(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    query_from: str = "event",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """TempSamp-R1's released training JSONL (TimeLens data) -> tvg samples.
+
+    Record: ``problem`` (the whole user prompt, ``<video>To accurately pinpoint the event "QUERY" in the video,
+    ...``; or ``messages[0].content``, TimeLens' raw layout), ``answer`` / ``solution`` (``"<answer> s to e
+    </answer>"`` or ``"s to e"``, seconds), ``videos`` ([one path]; or ``video`` / ``path``), ``duration``, and
+    ``problem_type`` ("temporal grounding"; other types are skipped and counted as ``unsupported_problem_type``).
+    ``query_from="event"`` takes the quoted event out of the prompt (the project builds its own prompt; a problem
+    without that pattern is an error naming the record); ``"problem"`` keeps the whole text without ``<video>``.
+    The original ``problem`` stays in ``meta["problem"]``; other keys (difficulty, gt_len, ...) go to ``meta``.
+    id: ``id`` / ``qid`` / ``problem_id``, else the record index.
+    """
+    if query_from not in ("event", "problem"):
+        raise ValueError(f"query_from must be 'event' or 'problem', got {query_from!r}")
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", r.get("qid", r.get("problem_id", i))))
+            ptype = str(r.get("problem_type", "temporal grounding")).strip().lower()
+            if ptype != "temporal grounding":
+                ctx.skip("unsupported_problem_type")
+                continue
+            problem = r.get("problem")
+            if problem is None and isinstance(r.get("messages"), list) and r["messages"]:
+                problem = (r["messages"][0] or {}).get("content")
+            if not isinstance(problem, str) or not problem.strip():
+                raise DataError("missing field", field="problem", sample_id=sid, kind="missing_field")
+            text = problem.replace("<video>", "").strip()
+            if query_from == "event":
+                m = _EVENT_IN_PROMPT.search(text)
+                if not m:
+                    raise DataError('no quoted event ("... the event \"QUERY\" in the video ...") in the prompt; '
+                                    "use query_from='problem' to keep the whole text", field="problem",
+                                    sample_id=sid, kind="unrecognised_prompt")
+                text = m.group(1).strip()
+            ans = r.get("answer", r.get("solution"))
+            if ans is None:
+                raise DataError("missing field", field="answer/solution", sample_id=sid, kind="missing_field")
+            m = re.search(r"<answer>(.*?)</answer>", str(ans), re.S)
+            s, e = _parse_span_str(m.group(1) if m else str(ans))
+            videos = r.get("videos")
+            if videos is None:
+                videos = [r[k] for k in ("video", "path") if r.get(k) is not None][:1]
+            if isinstance(videos, str):
+                videos = [videos]
+            if not isinstance(videos, list) or len(videos) != 1:
+                raise DataError(f"expected one video, got {videos!r}", field="videos", sample_id=sid)
+            if r.get("duration") is None:
+                raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
+            dur = float(r["duration"])
+            meta = {"source": "tempsamp_r1", "problem": problem,
+                    **{k: v for k, v in r.items() if k not in ("id", "qid", "problem_id", "problem", "messages",
+                                                               "answer", "solution", "videos", "video", "path",
+                                                               "duration")}}
+            span = ctx.fix_span(s, e, dur, "answer", sid, meta)
+            video = str(videos[0])
+            ctx.add(Sample(id=sid, task="tvg", query=text, video=os.path.join(video_dir, video) if video_dir else video,
+                           duration=dur, spans=[span], meta=meta))
         except DataError as ex:
             ctx.fail(ex, record=f"record {i}")
     return ctx.finish()
@@ -489,6 +605,40 @@ def convert_video_r1(
 # ---------------------------------------------------------------------------------------------- RefCOCO REC
 _EXPR_KEYS = ("normal_caption", "sentence", "expression", "text", "problem", "query")
 _BOX_KEYS = ("solution", "bbox", "box")
+
+
+_REC_INSTRUCTION = re.compile(r"^\s*please provide the bounding box coordinates? of the region this sentence "
+                              r"describes:\s*", re.I)
+
+
+def _box_from_text(text: str, sid: str) -> Any:
+    """``"[x1, y1, x2, y2]"`` / ``"<answer> [...] </answer>"`` / ``'{"bbox_2d": [...]}'`` -> the parsed value."""
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    try:
+        box = json.loads((m.group(1) if m else text).strip())
+    except json.JSONDecodeError:
+        raise DataError(f"box must be a JSON list [x1, y1, x2, y2], got {text!r}", field="bbox",
+                        sample_id=sid) from None
+    if isinstance(box, dict) and "bbox_2d" in box:
+        box = box["bbox_2d"]
+    return box
+
+
+def _vlm_r1_turns(r: dict, sid: str) -> dict:
+    """VLM-R1 JSONL record -> the flat layout: expression from the human turn, box text from the gpt turn."""
+    turns = r["conversations"]
+    if not (isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, dict) for t in turns[:2])):
+        raise DataError("expected [{from: human, value}, {from: gpt, value}]", field="conversations", sample_id=sid)
+    image = r.get("image")
+    if isinstance(image, list):
+        if len(image) != 1:
+            raise DataError(f"REC needs one image, got {len(image)}", field="image", sample_id=sid)
+        image = image[0]
+    out = {k: v for k, v in r.items() if k not in ("conversations", "image")}
+    out["image"] = image
+    out["problem"] = str(turns[0].get("value", "")).replace("<image>", "").strip()
+    out["solution"] = turns[1].get("value")
+    return out
 
 
 def convert_refcoco(
@@ -504,6 +654,11 @@ def convert_refcoco(
     Box: ``bbox_format="xyxy"`` ([x1, y1, x2, y2]) or ``"xywh"`` (COCO [x, y, w, h]).  Image size, first found:
     ``width``/``height`` or ``image_size`` in the record, ``sizes[image]``, or the image file read with PIL from
     ``read_sizes_from`` (a directory).  id: ``id`` / ``ann_id``, else the record index.
+
+    VLM-R1's JSONL layout is read too: ``{"id", "image", "conversations": [{"from": "human", "value":
+    "<image>EXPRESSION"}, {"from": "gpt", "value": "[x1, y1, x2, y2]"}]}`` (the answer may sit in ``<answer>``
+    tags or be ``{"bbox_2d": [...]}``; VLM-R1 reads it with ``json.loads``).  The instruction "Please provide the
+    bounding box coordinate of the region this sentence describes:" is removed from an expression that carries it.
     """
     if bbox_format not in ("xyxy", "xywh"):
         raise ValueError(f"bbox_format must be 'xyxy' or 'xywh', got {bbox_format!r}")
@@ -515,6 +670,8 @@ def convert_refcoco(
             if not isinstance(r, dict):
                 raise DataError("record must be an object", kind="malformed")
             sid = str(r.get("id", r.get("ann_id", i)))
+            if "conversations" in r:
+                r = _vlm_r1_turns(r, sid)
             image = r.get("image", r.get("image_path", r.get("file_name")))
             if image is None:
                 raise DataError("missing field", field="image", sample_id=sid, kind="missing_field")
@@ -522,10 +679,13 @@ def convert_refcoco(
             if expr is None:
                 raise DataError(f"missing referring expression (one of {_EXPR_KEYS})", field="sentence",
                                 sample_id=sid, kind="missing_field")
+            expr = _REC_INSTRUCTION.sub("", expr)
             box = next((r[k] for k in _BOX_KEYS if r.get(k) is not None), None)
             if box is None:
                 raise DataError(f"missing box (one of {_BOX_KEYS})", field="bbox", sample_id=sid,
                                 kind="missing_field")
+            if isinstance(box, str):
+                box = _box_from_text(box, sid)
             boxes = box if (isinstance(box, list) and box and isinstance(box[0], list)) else [box]
             out = []
             for j, b in enumerate(boxes):
@@ -571,5 +731,6 @@ FORMATS: dict[str, Callable[..., tuple[list[Sample], ConvertReport]]] = {
     "tvgbench": convert_time_r1,
     "nextgqa": convert_nextgqa,
     "video_r1": convert_video_r1,
+    "tempsamp": convert_tempsamp,
     "refcoco": convert_refcoco,
 }

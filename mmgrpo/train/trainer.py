@@ -304,6 +304,7 @@ class GRPOTrainer:
                                                       cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
+        self.shape_key = self._tempsamp_shape_key()
         if backend is None:
             if cfg.rollout.backend == "vllm":
                 from mmgrpo.models.rollout import VLLMRolloutBackend
@@ -617,7 +618,7 @@ class GRPOTrainer:
             used = r
             gid_all, valid_all, sl = rb.group_ids, valid, slice(0, rb.n)
         else:
-            used = tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2) if (ts.enabled and ts.mode == "shape") else r
+            used = self._tempsamp_shaped(rb) if (ts.enabled and ts.mode == "shape") else r
             if gather:
                 # statistics over the GLOBAL batch (a group may be split across processes; "batch" scale is the
                 # std of every process's rewards): gather, compute, keep this process's rows -- the numbers of a
@@ -648,6 +649,33 @@ class GRPOTrainer:
             v = valid
             rb.info.update({f"tempsamp/{k}": x for k, x in offpolicy_diagnostics(
                 used[v], rb.advantages[v], rb.group_ids[v], rb.is_offpolicy[v], eps=a.adv_eps).items()})
+
+    def _tempsamp_shape_key(self) -> str:
+        """The reward TempSamp-R1 shaping applies to (``tempsamp.shape_reward``; 'total' = the weighted total)."""
+        ts = self.cfg.tempsamp
+        key = self.acc_key if ts.shape_reward == "auto" else ts.shape_reward
+        if key != "total" and key not in self.cfg.reward.weights:
+            if ts.shape_reward != "auto":
+                raise ValueError(f"tempsamp.shape_reward={key!r} is not a weighted reward "
+                                 f"(reward.weights: {sorted(self.cfg.reward.weights)}) nor 'total'")
+            if ts.enabled and ts.mode == "shape":
+                log.warning("tempsamp: the accuracy reward %r is not in reward.weights; shaping the weighted total",
+                            key)
+            key = "total"
+        return key
+
+    def _tempsamp_shaped(self, rb: RolloutBatch) -> torch.Tensor:
+        """TempSamp-R1 shaping f of one reward before the weighted sum, as the release does (f(IoU) + 0.1*format):
+        total - w*r_k + w*f(r_k), so other terms (format, T-GRPO bonus) pass unshaped; or f(total)."""
+        ts, r = self.cfg.tempsamp, rb.rewards["total"]
+        if self.shape_key == "total":
+            return tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2)
+        if self.shape_key not in rb.rewards:
+            raise ValueError(f"tempsamp.shape_reward: the reward function returned no {self.shape_key!r} "
+                             f"(got {sorted(rb.rewards)})")
+        x, w = rb.rewards[self.shape_key].double(), float(self.cfg.reward.weights[self.shape_key])
+        fx = tempsamp_shape(x, ts.tau, ts.alpha1, ts.alpha2)
+        return (r.double() - w * x + w * fx).to(r.dtype)
 
     def collect(self, step: int) -> RolloutBatch:
         """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
@@ -1155,6 +1183,8 @@ class GRPOTrainer:
     def score_samples(self, samples: Sequence[Any], K: int, key: str = "total", round: int = 0) -> torch.Tensor:
         """(S, K) rewards of K sampled completions per sample (this process's share, gathered); missing media
         gives a row of NaN."""
+        from dataclasses import replace
+
         from accelerate.utils import gather_object
 
         idx = list(range(self.rank, len(samples), self.world))
@@ -1175,7 +1205,8 @@ class GRPOTrainer:
             if not preps:
                 continue
             with self._generation_context():
-                out = self.backend.generate([pp.item for _, pp in preps], K, self.sampling,
+                sampling = replace(self.sampling, greedy=True) if self.cfg.selection.greedy else self.sampling
+                out = self.backend.generate([pp.item for _, pp in preps], K, sampling,
                                             seeds=make_seeds(self.cfg.run.seed, -1 - round, [i for i, _ in preps], K))
             rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
             sc = self._score(out.texts, rs)
@@ -1195,12 +1226,13 @@ class GRPOTrainer:
         (Time-R1 multi-round): samples the policy has mastered (or cannot solve) leave, others come back.  Each
         round has its own sampling seeds; ``selection.jsonl`` gets one row per sample and round."""
         sc = self.cfg.selection
-        mat = self.score_samples(self.all_samples, sc.num_inferences, sc.key, round=round)
+        key = sc.key if sc.key != "auto" else (self.acc_key if sc.criterion == "gaussian" else "total")
+        mat = self.score_samples(self.all_samples, sc.num_inferences, key, round=round)
         ok = ~torch.isnan(mat).any(1)
         valid_idx = ok.nonzero().flatten().tolist()
         keep_local = select_indices(mat[ok], sc.criterion, sc.min_variance, sc.num_keep, sc.gaussian_mu,
                                     sc.gaussian_sigma, seed=sample_seed(self.cfg.run.seed, round) if round
-                                    else self.cfg.run.seed)
+                                    else self.cfg.run.seed, keep_zero=sc.gaussian_keep_zero)
         keep = [valid_idx[i] for i in keep_local]
         st = reward_stats(torch.nan_to_num(mat))
         kept = set(keep)
