@@ -50,7 +50,8 @@ class SamplingConfig:
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
-                               "each sample instead of one seed per group (DanceGRPO draws a subset per sample)")
+                               "each sample instead of one seed per group (DanceGRPO draws a subset per sample; a "
+                               "rollout chunk then runs a masked forward for every step any of its samples trains)")
     window_size: int = _f(3, "window mode: number of SDE (= trained) steps")
     window_range: list[int] = _f([0, 5], "window mode: the window lies in step indices [lo, hi); a negative bound "
                                  "counts from K (-2 = K-2, MixGRPO's limit); hi is capped at K-1")

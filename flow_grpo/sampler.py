@@ -7,7 +7,7 @@ and in the *step credit* (what extra rewards are computed):
 ``step_mode``      SDE steps / trained steps (the last step is never)      method
 =================  =====================================================  ==============================
 ``all``            all but the last / all but the last                     Flow-GRPO, TP-GRPO (full)
-``fraction``       all but the last / a seeded random subset per sample    DanceGRPO (``timestep_fraction``)
+``fraction``       all but the last / int((K-1) f) random steps             DanceGRPO (``timestep_fraction``)
 ``window``         ``[w0, w0+n)`` / same; ODE elsewhere                    Flow-GRPO-Fast, MixGRPO, TP-GRPO
 ``single``         one step k / k; ODE elsewhere                           G²RPO
 =================  =====================================================  ==============================
@@ -18,7 +18,8 @@ ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granulariti
 
 Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample i at step k from a generator
 seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
-group to share windows within a group). Nothing depends on batch layout or process count.
+group to share windows within a group, or one per sample: ``sample.plan_per_sample``); the sliding window (MixGRPO)
+from the sampling ``iteration`` (the epoch). Nothing depends on batch layout or process count.
 
 Rewards: ``reward_fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]`` (a ``flow_grpo.rewards`` reward or
 :class:`~flow_grpo.rewards.MultiReward`; a ``"total"`` key is used as the scalar reward, an optional bool ``"valid"``

@@ -424,7 +424,7 @@ class FlowGRPOTrainer:
         if cfg.run.eval_every and not self.eval_prompts:
             raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
         self.epoch = 0
-        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives EMA/sliding schedules
+        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
         self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
         self.budget_stopped = False
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
