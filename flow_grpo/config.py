@@ -69,7 +69,8 @@ class SamplingConfig:
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
     eval_num_steps: int = _f(0, "denoising steps of the periodic eval (deterministic Euler ODE); 0 = num_steps")
-    same_noise_per_group: bool = _f(False, "one x_T per group (G2RPO / TempFlow seed groups); seeded by the global group id, so identical on every process")
+    same_noise_per_group: bool = _f(False, "one x_T per group (DanceGRPO / MixGRPO --init_same_noise, G2RPO, TempFlow "
+                                    "seed groups); seeded by the global group id, so identical on every process")
 
 
 @dataclass
