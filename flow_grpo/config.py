@@ -4,12 +4,23 @@ No heavy imports here: ``flow_grpo train --help`` must be instant.
 
 Method presets (all are plain config; ``method=<name>`` sets these defaults before YAML/overrides are applied):
 
-* ``flow``     Flow-GRPO:   sample.sde_kind=flow, noise_level=0.7, step_mode=all, credit=outcome
-* ``dance``    DanceGRPO:   sde_kind=dance, noise_level=0.3, step_mode=fraction, timestep_fraction=0.6
+* ``flow``     Flow-GRPO:   sample.sde_kind=flow, noise_level=0.7, step_mode=all, credit=outcome; advantages
+  (r - group mean) / (population std of the whole batch + 1e-4) (its PerPromptStatTracker with global_std=True)
+* ``dance``    DanceGRPO:   sde_kind=dance, noise_level=0.3, step_mode=fraction, timestep_fraction=0.6 (a separate
+  random subset of int((K-1)*0.6) steps per sample), one x_T per group (--init_same_noise); group std with Bessel
+  correction (torch.std) + 1e-8
 * ``fast``     Flow-GRPO-Fast: sde_kind=cps, noise_level=0.8, step_mode=window (size 3, random start)
-* ``mix``      MixGRPO:     step_mode=window, window_policy=sliding
-* ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo
-* ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group
+* ``mix``      MixGRPO:     step_mode=window (size 4 in [0, K-2)), window_policy=sliding (the release's progressive
+  schedule with roll-back, one move per 25 sampling iterations), one x_T per group; torch.std + 1e-8
+* ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo; per-step group z-scores with the
+  population std + 1e-4 (one PerPromptStatTracker per step)
+* ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group;
+  torch.std + 1e-8 per granularity
+
+The advantage statistics of each preset follow its release: ``optim.adv_scale`` (group | batch std),
+``optim.adv_std_ddof`` (0 = population std as numpy's ``np.std``, 1 = Bessel-corrected as ``torch.std``) and
+``optim.adv_eps`` (added to the std). Where a preset knowingly differs from its release the README's method table
+says so.
 """
 from __future__ import annotations
 
@@ -36,19 +47,30 @@ class SamplingConfig:
     noise_level: float = _f(0.8, "a for flow/cps, eta for dance")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
     step_mode: str = _f("window", "all | fraction | window | single")
-    timestep_fraction: float = _f(0.6, "fraction mode: share of the K-1 steps trained per sample (DanceGRPO)")
+    timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
+                                  "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
+    plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
+                               "each sample instead of one seed per group (DanceGRPO draws a subset per sample; a "
+                               "rollout chunk then runs a masked forward for every step any of its samples trains)")
     window_size: int = _f(3, "window mode: number of SDE (= trained) steps")
-    window_range: list[int] = _f([0, 5], "window mode: the window lies in step indices [lo, hi) (hi capped at K-1)")
-    window_policy: str = _f("random", "fixed (start=lo) | random (per group, seeded) | sliding (MixGRPO progressive)")
-    window_shift_every: int = _f(25, "sliding: optimizer steps between window moves")
-    window_stride: int = _f(1, "sliding: steps moved per shift (wraps around = MixGRPO roll-back)")
+    window_range: list[int] = _f([0, 5], "window mode: the window lies in step indices [lo, hi); a negative bound "
+                                 "counts from K (-2 = K-2, MixGRPO's limit); hi is capped at K-1")
+    window_policy: str = _f("random", "fixed (start=lo) | random (per group, seeded) | sliding (MixGRPO's progressive "
+                            "schedule: the start moves by window_stride from lo; near hi the window shrinks to "
+                            "[start, hi), is empty when start == hi, and the start rolls back to lo once it would pass "
+                            "hi) | sliding_wrap (full-size windows only, start = lo + (moves*stride mod the number of "
+                            "starts); not MixGRPO)")
+    window_shift_every: int = _f(25, "sliding, sliding_wrap: sampling iterations (epochs) between window moves "
+                                 "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
+    window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
     credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
     eval_num_steps: int = _f(0, "denoising steps of the periodic eval (deterministic Euler ODE); 0 = num_steps")
-    same_noise_per_group: bool = _f(False, "one x_T per group (G2RPO / TempFlow seed groups); seeded by the global group id, so identical on every process")
+    same_noise_per_group: bool = _f(False, "one x_T per group (DanceGRPO / MixGRPO --init_same_noise, G2RPO, TempFlow "
+                                    "seed groups); seeded by the global group id, so identical on every process")
 
 
 @dataclass
@@ -119,6 +141,9 @@ class OptimConfig:
     clip_range: float = _f(1e-4, "PPO clip epsilon on the per-step ratio")
     adv_clip_max: float = _f(5.0, "advantages are clamped to +-this")
     adv_scale: str = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")
+    adv_std_ddof: int = _f(1, "advantage std: 1 = Bessel-corrected, divides by n-1 (torch.std: DanceGRPO, MixGRPO, "
+                           "G2RPO) | 0 = population, divides by n (np.std: Flow-GRPO, TP-GRPO)")
+    adv_eps: float = _f(1e-4, "added to the advantage std (Flow-GRPO, TP-GRPO: 1e-4; DanceGRPO, MixGRPO, G2RPO: 1e-8)")
     beta: float = _f(0.0, "KL coefficient")
     kl_type: str = _f("mean", "mean (Flow-GRPO: (mu-mu_ref)^2/(2 g^2), |dt| dropped) | mean_exact (true Gaussian KL) | velocity ((v-v_ref)^2)")
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
@@ -180,18 +205,28 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
 
 
+# Advantage statistics per release: Flow-GRPO's and TP-GRPO's PerPromptStatTracker use np.std (population) + 1e-4,
+# Flow-GRPO's SD3 configs with global_std=True (the std of the whole gathered batch), TP-GRPO's with
+# global_std=False (per group, per step); DanceGRPO, MixGRPO and G2RPO use torch's Bessel-corrected std + 1e-8.
+# The fast preset keeps the project's group std (ddof 1, 1e-4), see the README's method table.
 METHOD_PRESETS: dict[str, dict[str, object]] = {
-    "flow": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "all", "sample.credit": "outcome"},
+    "flow": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "all", "sample.credit": "outcome",
+             "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
     "dance": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "fraction",
-              "sample.timestep_fraction": 0.6, "sample.credit": "outcome"},
+              "sample.timestep_fraction": 0.6, "sample.plan_per_sample": True, "sample.same_noise_per_group": True,
+              "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "fast": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
              "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_range": 1e-5},
     "mix": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
-            "sample.window_policy": "sliding", "sample.credit": "outcome"},
+            "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
+            "sample.window_shift_every": 25, "sample.window_stride": 1, "sample.same_noise_per_group": True,
+            "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "tp_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-                "sample.credit": "tp_grpo", "optim.clip_range": 1e-5},
+                "sample.credit": "tp_grpo", "optim.clip_range": 1e-5,
+                "optim.adv_scale": "group", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
     "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
-              "sample.credit": "g2rpo", "sample.same_noise_per_group": True},
+              "sample.credit": "g2rpo", "sample.same_noise_per_group": True,
+              "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
 }
 
 

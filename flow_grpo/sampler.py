@@ -7,7 +7,7 @@ and in the *step credit* (what extra rewards are computed):
 ``step_mode``      SDE steps / trained steps (the last step is never)      method
 =================  =====================================================  ==============================
 ``all``            all but the last / all but the last                     Flow-GRPO, TP-GRPO (full)
-``fraction``       all but the last / a seeded random subset per sample    DanceGRPO (``timestep_fraction``)
+``fraction``       all but the last / int((K-1) f) random steps             DanceGRPO (``timestep_fraction``)
 ``window``         ``[w0, w0+n)`` / same; ODE elsewhere                    Flow-GRPO-Fast, MixGRPO, TP-GRPO
 ``single``         one step k / k; ODE elsewhere                           G²RPO
 =================  =====================================================  ==============================
@@ -18,7 +18,8 @@ ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granulariti
 
 Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample i at step k from a generator
 seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
-group to share windows within a group). Nothing depends on batch layout or process count.
+group to share windows within a group, or one per sample: ``sample.plan_per_sample``); the sliding window (MixGRPO)
+from the sampling ``iteration`` (the epoch). Nothing depends on batch layout or process count.
 
 Rewards: ``reward_fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]`` (a ``flow_grpo.rewards`` reward or
 :class:`~flow_grpo.rewards.MultiReward`; a ``"total"`` key is used as the scalar reward, an optional bool ``"valid"``
@@ -63,8 +64,50 @@ class StepPlan:
     window_start: torch.Tensor  # (N,) long: first SDE step (window/single), 0 otherwise
 
 
-def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], global_step: int = 0) -> StepPlan:
-    """Per-sample SDE/train masks (pure function of the config, the seeds and ``global_step``)."""
+def fraction_train_count(num_steps: int, fraction: float) -> int:
+    """Steps trained per sample in ``fraction`` mode: ``int((K-1) * f)``, rounded down as DanceGRPO's
+    ``int(len(timesteps) * timestep_fraction)`` (K=16, f=0.5: 7). A count of 0 is an error here (the release would
+    silently train nothing)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"sample.timestep_fraction must be in (0, 1], got {fraction}")
+    m = int((num_steps - 1) * fraction)
+    if m < 1:
+        raise ValueError(f"sample.timestep_fraction={fraction} trains int(({num_steps}-1)*{fraction}) = 0 steps per "
+                         f"sample: raise sample.timestep_fraction or sample.num_steps")
+    return m
+
+
+def window_bounds(cfg: SamplingConfig) -> tuple[int, int]:
+    """The window range ``[lo, hi)`` of ``cfg``: negative bounds count from K (``-2`` = K-2), hi is capped at K-1."""
+    K = cfg.num_steps
+    lo, hi = (int(b) + K if int(b) < 0 else int(b) for b in cfg.window_range)
+    return lo, min(hi, K - 1)
+
+
+def sliding_window(iteration: int, lo: int, hi: int, size: int, shift_every: int, stride: int,
+                   wrap: bool = False) -> tuple[int, int]:
+    """Steps ``[start, end)`` of the sliding SDE window at sampling iteration ``iteration`` (0-based).
+
+    MixGRPO's progressive schedule (``wrap=False``; its GRPOTrainingStates with prog_overlap and roll_back): the
+    start moves from ``lo`` by ``stride`` every ``shift_every`` iterations; the window is ``[start, min(start + size,
+    hi))``, so it shrinks near ``hi`` and is empty for the whole interval in which ``start == hi``; once the start
+    would pass ``hi`` it rolls back to ``lo``. The starts are therefore ``lo, lo + stride, ..., lo + J*stride`` with
+    ``J = (hi - lo) // stride``; a stride that does not divide ``hi - lo`` restarts at ``lo`` without an empty window.
+    The release sets ``lo = 0, hi = K-2`` (steps K-2 and K-1 are never SDE).
+
+    ``wrap=True`` (the project's earlier schedule, not MixGRPO): full-size windows only, the start cycles through
+    ``lo + (moves * stride) mod (hi - size - lo + 1)``."""
+    moves = iteration // max(1, shift_every)
+    if wrap:
+        start = lo + (moves * stride) % (hi - size - lo + 1)
+        return start, start + size
+    start = lo + (moves % ((hi - lo) // stride + 1)) * stride
+    return start, min(start + size, hi)
+
+
+def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], iteration: int = 0) -> StepPlan:
+    """Per-sample SDE/train masks (pure function of the config, the seeds and the sampling ``iteration``, the epoch
+    counter that drives the sliding window)."""
     K = cfg.num_steps
     n = len(plan_seeds)
     sde = torch.zeros(n, K, dtype=torch.bool)
@@ -79,31 +122,34 @@ def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], global_step: 
         if mode == "all":
             train[:, :last] = True
         else:
-            if not 0 < cfg.timestep_fraction <= 1:
-                raise ValueError(f"timestep_fraction must be in (0, 1], got {cfg.timestep_fraction}")
-            m = max(1, int(round(cfg.timestep_fraction * last)))
+            m = fraction_train_count(K, cfg.timestep_fraction)
             for i, s in enumerate(plan_seeds):
                 g = torch.Generator().manual_seed(_sample_seed(s, 1))
                 train[i, torch.randperm(last, generator=g)[:m]] = True
     elif mode == "window":
-        lo, hi = int(cfg.window_range[0]), min(int(cfg.window_range[1]), last)
+        lo, hi = window_bounds(cfg)
         w = int(cfg.window_size)
         if w < 1 or hi - lo < w or lo < 0:
             raise ValueError(f"window of size {w} does not fit in window_range [{lo}, {hi}) "
-                             f"(the range is capped at num_steps-1={last})")
+                             f"(negative bounds count from num_steps; the range is capped at num_steps-1={last})")
+        if cfg.window_policy in ("sliding", "sliding_wrap") and int(cfg.window_stride) < 1:
+            raise ValueError(f"sample.window_stride must be >= 1, got {cfg.window_stride}")
         n_starts = hi - w - lo + 1
         for i, s in enumerate(plan_seeds):
             if cfg.window_policy == "fixed":
-                w0 = lo
+                w0, w1 = lo, lo + w
             elif cfg.window_policy == "random":
                 g = torch.Generator().manual_seed(_sample_seed(s, 2))
                 w0 = lo + int(torch.randint(n_starts, (1,), generator=g))
-            elif cfg.window_policy == "sliding":
-                w0 = lo + (global_step // max(1, cfg.window_shift_every) * cfg.window_stride) % n_starts
+                w1 = w0 + w
+            elif cfg.window_policy in ("sliding", "sliding_wrap"):
+                w0, w1 = sliding_window(iteration, lo, hi, w, cfg.window_shift_every, int(cfg.window_stride),
+                                        wrap=cfg.window_policy == "sliding_wrap")
             else:
-                raise ValueError(f"unknown window_policy {cfg.window_policy!r}: fixed | random | sliding")
-            sde[i, w0:w0 + w] = True
-            train[i, w0:w0 + w] = True
+                raise ValueError(f"unknown window_policy {cfg.window_policy!r}: fixed | random | sliding | "
+                                 f"sliding_wrap")
+            sde[i, w0:w1] = True
+            train[i, w0:w1] = True
             start[i] = w0
     elif mode == "single":
         cands = [int(k) for k in cfg.single_steps if 0 <= int(k) < last]
@@ -261,7 +307,7 @@ def sample_trajectories(
     metadata: Optional[Sequence[dict]] = None,
     reward_fn: Optional[RewardFn] = None,
     reward_weights: Optional[dict] = None,
-    global_step: int = 0,
+    iteration: int = 0,
     xt: Optional[torch.Tensor] = None,
     reward_runner=None,
 ) -> Trajectories:
@@ -288,7 +334,10 @@ def sample_trajectories(
     sig = adapter.sigmas(K, H, W)
     if len(sig) != K + 1 or float(sig[-1]) != 0.0:
         raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
-    plan = make_step_plan(cfg, plan_seeds, global_step)
+    plan = make_step_plan(cfg, plan_seeds, iteration)
+    if cfg.credit != "outcome" and not bool(plan.train_mask.any()):
+        raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
+                         f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
     cols = torch.nonzero(plan.train_mask.any(0)).flatten()
     T = len(cols)
     col_of = {int(k): j for j, k in enumerate(cols.tolist())}

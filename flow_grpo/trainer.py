@@ -296,6 +296,13 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
 
 
+def _std_unbiased(ddof: int) -> bool:
+    """``optim.adv_std_ddof`` -> the ``unbiased`` flag of mmgrpo.core's advantages (0: np.std, 1: torch.std)."""
+    if ddof not in (0, 1):
+        raise ValueError(f"optim.adv_std_ddof must be 0 (population std) or 1 (Bessel-corrected), got {ddof!r}")
+    return ddof == 1
+
+
 def _reduce(values: list[float], op: str, device) -> list[float]:
     """All-reduce a list of floats (``op``: sum | max) in one collective; identity without a process group."""
     d = _dist()
@@ -417,7 +424,7 @@ class FlowGRPOTrainer:
         if cfg.run.eval_every and not self.eval_prompts:
             raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
         self.epoch = 0
-        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives EMA/sliding schedules
+        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
         self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
         self.budget_stopped = False
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
@@ -564,7 +571,9 @@ class FlowGRPOTrainer:
             xs.append(sample_seed(c.run.seed, 1, gid) if c.sample.same_noise_per_group
                       else sample_seed(c.run.seed, 2, epoch, s))
             ns.append(sample_seed(c.run.seed, 3, epoch, s))
-            ps.append(sample_seed(c.run.seed, 4, gid))  # plan shared by the group (windows, single step)
+            # plan seed: shared by the group (windows, single step) unless the method draws one per sample
+            ps.append(sample_seed(c.run.seed, 5, epoch, s) if c.sample.plan_per_sample
+                      else sample_seed(c.run.seed, 4, gid))
         return prompts, meta, gids, xs, ns, ps
 
     # ------------------------------------------------------------------ rewards across processes
@@ -620,7 +629,8 @@ class FlowGRPOTrainer:
         c = self.cfg
         gids = traj.group_ids
         stats: dict = {}
-        kw = dict(scale=c.optim.adv_scale, clamp=c.optim.adv_clip_max)
+        kw = dict(scale=c.optim.adv_scale, clamp=c.optim.adv_clip_max, eps=c.optim.adv_eps,
+                  unbiased=_std_unbiased(c.optim.adv_std_ddof))
         N, T = traj.train_mask.shape
         valid = traj.rewards.get("valid")
         valid = torch.ones(N, dtype=torch.bool) if valid is None else valid.bool()
@@ -658,8 +668,7 @@ class FlowGRPOTrainer:
             A_all = torch.zeros(R_all.shape[0], n)
             if bool(v_all.any()):  # invalid samples leave the turning-point statistics entirely
                 credit = turning_point_rewards(R_all[v_all], g_all[v_all], balance=True, balance_scope="group")
-                A_all[v_all] = step_advantages(credit.step_rewards, g_all[v_all], scale=c.optim.adv_scale,
-                                               clamp=c.optim.adv_clip_max).float()
+                A_all[v_all] = step_advantages(credit.step_rewards, g_all[v_all], **kw).float()
                 stats.update(credit.stats())
                 for j in range(n):
                     stats[f"step_reward/mean_{j}"] = float(credit.step_rewards[:, j].float().mean())
@@ -786,7 +795,7 @@ class FlowGRPOTrainer:
         traj, err = None, None
         try:
             traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
-                                       None, global_step=self.global_step, reward_runner=self.runner)
+                                       None, iteration=epoch, reward_runner=self.runner)
         except RewardCallFailed as exc:
             err = exc
         self._sync_failure(err)

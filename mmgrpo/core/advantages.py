@@ -101,7 +101,8 @@ def group_advantages(
         group_ids: (N,) integer group id per sample (any values, any order).
         scale: "group", "batch" or "none".
         eps: added to the std in the denominator.
-        unbiased: Bessel-corrected std (torch default, used by the forks) or the population std.
+        unbiased: Bessel-corrected std, divides by n-1 (``torch.std``: TRL, DanceGRPO, MixGRPO, G2RPO) or the
+            population std, divides by n (``np.std``: Flow-GRPO's and TP-GRPO's ``PerPromptStatTracker``).
         clamp: optional symmetric clip of the advantages.
         valid: optional (N,) bool mask of samples that take part.
 

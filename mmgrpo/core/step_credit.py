@@ -21,7 +21,8 @@ TP-GRPO (arXiv 2602.06422) as configured by its launch scripts (η = 1):
   ``"batch"`` balances over everything passed in;
 * per-step rewards :math:`r_k = R_n - R_{k-1}` (the aggregated long-term reward) at turning points, else
   :math:`d_k`;
-* per-step advantages: a group z-score of :math:`r_{\cdot,k}` for each step k separately, clamped to ±5.
+* per-step advantages: a group z-score of :math:`r_{\cdot,k}` for each step k separately, with the population std
+  plus 1e-4 (the release keeps one ``PerPromptStatTracker`` per step, ``np.std`` + 1e-4), clamped to ±5.
 """
 from __future__ import annotations
 
@@ -153,9 +154,15 @@ def turning_point_rewards(
 
 def step_advantages(
     step_rewards: Tensor, group_ids: Tensor, scale: Literal["group", "batch", "none"] = "group",
-    eps: float = 1e-4, clamp: float | None = 5.0, unbiased: bool = True, valid: Tensor | None = None,
+    eps: float = 1e-4, clamp: float | None = 5.0, unbiased: bool = False, valid: Tensor | None = None,
 ) -> Tensor:
-    """Per-step group advantages (N, K): column k is z-scored within each group independently."""
+    r"""Per-step group advantages (N, K): column k is z-scored within each group independently,
+    :math:`A_{i,k} = (r_{i,k}-\mu_{g,k})/(\sigma_{g,k}+\epsilon)`.
+
+    The defaults are TP-GRPO's release: :math:`\sigma` is the *population* std (divides by G, ``np.std`` in its
+    per-step ``PerPromptStatTracker``), :math:`\epsilon = 10^{-4}` outside the square root, clamp ±5. Example: one
+    group with step rewards [[0], [1]] gives ±0.5/(0.5+1e-4) = ±0.9998 (``unbiased=True``, dividing by G-1 as
+    ``torch.std``, would give ±0.7070)."""
     r = torch.as_tensor(step_rewards)
     if r.dim() != 2:
         raise ValueError(f"step_rewards must be (N, K), got {tuple(r.shape)}")

@@ -119,9 +119,12 @@ def test_step_advantages_and_broadcast():
     r = T([[1, 0], [3, 0], [5, 2], [5, 4]])
     g = torch.tensor([0, 0, 1, 1])
     A = step_advantages(r, g, clamp=None)
-    s = 2 ** 0.5  # unbiased std of [1,3] and of [2,4]
+    s = 1.0  # population std (TP-GRPO's np.std) of [1,3] and of [2,4]
     assert A[:, 0].tolist() == pytest.approx([-1 / (s + 1e-4), 1 / (s + 1e-4), 0, 0], abs=1e-6)
     assert A[:, 1].tolist() == pytest.approx([0, 0, -1 / (s + 1e-4), 1 / (s + 1e-4)], abs=1e-6)
+    s = 2 ** 0.5  # Bessel-corrected std of the same pairs (torch.std), on request
+    A = step_advantages(r, g, clamp=None, unbiased=True)
+    assert A[:, 0].tolist() == pytest.approx([-1 / (s + 1e-4), 1 / (s + 1e-4), 0, 0], abs=1e-6)
     assert step_advantages(r * 100, g, clamp=0.5).abs().max() <= 0.5
     b = outcome_broadcast(torch.tensor([1.0, 2.0]), 3)
     assert b.tolist() == [[1, 1, 1], [2, 2, 2]]
@@ -134,3 +137,13 @@ def test_errors():
         turning_point_rewards(T([[0, float("nan")]]), torch.tensor([0]))
     with pytest.raises(ValueError):
         balance_turning_points(torch.zeros(1, 2, dtype=torch.bool), torch.zeros(1), None, "group")
+
+
+def test_step_advantages_default_is_tp_grpo_release():
+    """TP-GRPO's release z-scores each step with np.std (divides by G) + 1e-4: one group with step rewards
+    [[0], [1]] -> mean 0.5, std 0.5 -> +-0.5 / 0.5001 = +-0.99980 (dividing by G-1 would give +-0.70700)."""
+    A = step_advantages(T([[0.0], [1.0]]), torch.tensor([0, 0]))
+    assert A[:, 0].tolist() == pytest.approx([-0.5 / 0.5001, 0.5 / 0.5001], abs=1e-7)
+    assert A[1, 0].item() == pytest.approx(0.99980004, abs=1e-7)
+    # eps is added to the std outside the square root: with eps = 0.5 the result is 0.5 / (0.5 + 0.5)
+    assert step_advantages(T([[0.0], [1.0]]), torch.tensor([0, 0]), eps=0.5)[1, 0].item() == pytest.approx(0.5)

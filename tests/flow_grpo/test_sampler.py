@@ -99,9 +99,9 @@ def test_step_plans():
     assert len(set(p.window_start.tolist())) == 3  # all admissible starts used over 40 seeds
     fixed = make_step_plan(dataclasses.replace(cfg, window_policy="fixed"), seeds)
     assert (fixed.window_start == 1).all()
-    slid = [int(make_step_plan(dataclasses.replace(cfg, window_policy="sliding", window_shift_every=2), [0],
-                               global_step=s).window_start[0]) for s in range(8)]
-    assert slid == [1, 1, 2, 2, 3, 3, 1, 1]  # moves every 2 steps, rolls back
+    slid = [int(make_step_plan(dataclasses.replace(cfg, window_policy="sliding_wrap", window_shift_every=2), [0],
+                               iteration=s).window_start[0]) for s in range(8)]
+    assert slid == [1, 1, 2, 2, 3, 3, 1, 1]  # moves every 2 iterations, wraps around (MixGRPO's: test_presets.py)
     p = make_step_plan(SamplingConfig(num_steps=K, step_mode="single", single_steps=[0, 2, 7]), seeds)
     assert (p.sde_mask.sum(1) == 1).all() and set(p.window_start.tolist()) <= {0, 2}
     # same plan seed -> same plan (a group shares its window)

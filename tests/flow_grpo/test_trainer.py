@@ -46,7 +46,9 @@ def test_each_method_trains_lora(kind, method, extra, tmp_path):
 
 
 def test_outcome_advantages_use_group_ids_not_prompts(tmp_path):
-    tr = _trainer("sd3", "flow", tmp_path, **{"sample.cfg": "false"})
+    # group std (not the flow preset's batch std) so that both statistics would pool a wrong group
+    tr = _trainer("sd3", "flow", tmp_path, **{"sample.cfg": "false", "optim.adv_scale": "group",
+                                              "optim.adv_std_ddof": 1})
     prompts, meta, gids, xs, ns, ps = tr._epoch_samples(0)
     # same prompt text in two different groups must not be pooled: force identical prompts
     prompts = ["same"] * len(prompts)
