@@ -9,7 +9,8 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
 * ``dance``    DanceGRPO:   sde_kind=dance, noise_level=0.3, step_mode=fraction, timestep_fraction=0.6 (a separate
   random subset of int((K-1)*0.6) steps per sample), one x_T per group (--init_same_noise); group std with Bessel
   correction (torch.std) + 1e-8
-* ``fast``     Flow-GRPO-Fast: sde_kind=cps, noise_level=0.8, step_mode=window (size 3, random start)
+* ``fast``     Flow-GRPO-Fast: sde_kind=cps, noise_level=0.8, step_mode=window (size 3, random start); advantages
+  as ``flow`` (population std of the whole batch + 1e-4, its SD3 and GenEval-FLUX fast configs)
 * ``mix``      MixGRPO:     step_mode=window (size 4 in [0, K-2)), window_policy=sliding (the release's progressive
   schedule with roll-back, one move per 25 sampling iterations), one x_T per group; torch.std + 1e-8
 * ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo; per-step group z-scores with the
@@ -208,7 +209,7 @@ class TrainConfig:
 # Advantage statistics per release: Flow-GRPO's and TP-GRPO's PerPromptStatTracker use np.std (population) + 1e-4,
 # Flow-GRPO's SD3 configs with global_std=True (the std of the whole gathered batch), TP-GRPO's with
 # global_std=False (per group, per step); DanceGRPO, MixGRPO and G2RPO use torch's Bessel-corrected std + 1e-8.
-# The fast preset keeps the project's group std (ddof 1, 1e-4), see the README's method table.
+# Flow-GRPO-Fast's SD3 configs and geneval_flux_fast also use global_std=True (pickscore_flux_fast uses the group std).
 METHOD_PRESETS: dict[str, dict[str, object]] = {
     "flow": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "all", "sample.credit": "outcome",
              "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
@@ -216,7 +217,8 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
               "sample.timestep_fraction": 0.6, "sample.plan_per_sample": True, "sample.same_noise_per_group": True,
               "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "fast": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_range": 1e-5},
+             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_range": 1e-5,
+             "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
     "mix": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
             "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
             "sample.window_shift_every": 25, "sample.window_stride": 1, "sample.same_noise_per_group": True,

@@ -72,10 +72,20 @@ def test_tp_grpo_step_advantages_use_the_population_std(tmp_path):
     assert got[:, 1].tolist() == pytest.approx([-0.5 / 0.5001, 0.5 / 0.5001, -1 / 1.0001, 1 / 1.0001], abs=1e-6)
 
 
-def test_fast_preset_statistics_are_unchanged():
-    """The demo's preset keeps the project's group std (ddof 1, eps 1e-4); the README lists the difference."""
+def test_fast_preset_statistics_follow_the_release():
+    """Flow-GRPO-Fast's SD3 / GenEval-FLUX configs: global_std=True, np.std (population) + 1e-4."""
     o = load_train_config(None, ["method=fast"]).optim
-    assert (o.adv_scale, o.adv_std_ddof, o.adv_eps) == ("group", 1, 1e-4)
+    assert (o.adv_scale, o.adv_std_ddof, o.adv_eps) == ("batch", 0, 1e-4)
+
+
+def test_demo_pins_the_statistics_its_numbers_were_measured_with():
+    """The demo's recorded results used the group std (ddof 1): its command line says so explicitly."""
+    from pathlib import Path
+
+    src = (Path(__file__).parents[2] / "scripts" / "demo.py").read_text()
+    assert '"optim.adv_scale=group", "optim.adv_std_ddof=1"' in src
+    cfg = load_train_config(None, ["method=fast", "optim.adv_scale=group", "optim.adv_std_ddof=1"]).optim
+    assert (cfg.adv_scale, cfg.adv_std_ddof, cfg.adv_eps) == ("group", 1, 1e-4)
 
 
 def test_bad_ddof_is_a_clear_error(tmp_path):
