@@ -3,10 +3,11 @@
 # The venv lives outside the clone and is keyed by a hash of setup.py + constraints.txt, so fresh clones on the same
 # machine reuse it and a changed requirement or pin builds a new one. It installs `-e .[dev]` with
 # `-c constraints.txt`: the exact versions the suite is run with. Override the location with MMGRPO_VENV=/path.
-# MMGRPO_UNPINNED=1 installs the newest releases setup.py allows instead (no constraints; its own venv key): what
-# scripts/test_latest.sh does for the scheduled "latest versions" job.
-# Sourcing leaves the caller's shell options (set -e/-u/pipefail, ...) as they were; a failed install prints an
-# error and returns non-zero without activating anything (and without closing an interactive shell).
+# MMGRPO_UNPINNED=1 installs the newest releases setup.py allows instead (no constraints; its own venv key, reused
+# until setup.py changes: delete it for newer releases): scripts/test_latest.sh uses it, in a throw-away venv.
+# Sourcing leaves the caller's shell options (set -e/-u/pipefail, ...) as they were, changes to the repository root
+# and sets the offline variables below; a failed install prints an error and returns non-zero without activating
+# anything (and without closing an interactive shell).
 
 # Strict mode only where it cannot reach the caller's shell: the install runs in a subshell.
 _mm_install() {  # <root> <venv> <pinned 0|1>

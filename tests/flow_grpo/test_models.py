@@ -85,40 +85,32 @@ def test_prompt_cache_and_batch():
     assert torch.equal(sub.prompt_embeds[0], e1.prompt_embeds[1])
 
 
-# Save/load keeps every stored value exactly (safetensors holds the bytes), so weights are compared bitwise. What is
-# computed from them is not bitwise reproducible: the loaded tensors sit at other addresses, BLAS picks other kernel
-# paths (alignment tails, ISA) and rounds differently. Measured on the 3-step ODE latents (|x| <= 4): 2.4e-7 (FLUX)
-# and 1.6e-6 (SD3, CFG 4.5 amplifies), i.e. a few float32 ulps. ROUNDTRIP_ATOL is ~40 ulps at |x| = 4; one weight
-# element moved by 1e-2 (far below its own scale) moves the latents by >= 4e-4, 20x more (checked in the test).
+# Save/load keeps every stored value exactly, so weights are compared bitwise; what is computed from them is not
+# bitwise reproducible (the loaded tensors are unaligned views into the file buffer and BLAS rounds differently, see
+# tests/conftest.py RoundTrip). Measured on the 3-step ODE latents (|x| <= 4): 2.4e-7 (FLUX) and 1.6e-6 (SD3, CFG
+# 4.5 amplifies), a few float32 ulps. ROUNDTRIP_ATOL is ~40 ulps at |x| = 4; one weight element moved by 1e-2 (a
+# tenth of the weights' std) moves the latents by >= 4e-4, 20x more (checked in the test).
 ROUNDTRIP_ATOL = 2e-5
 
 
-def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sb:
-        assert torch.equal(sa[k], sb[k]), k
-
-
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
-def test_pipeline_folder_roundtrip_through_load_adapter(kind, tmp_path):
+def test_pipeline_folder_roundtrip_through_load_adapter(kind, tmp_path, roundtrip):
     save_tiny_pipeline(str(tmp_path), kind=kind, seed=5)
     ad = load_adapter(str(tmp_path), max_sequence_length=16)
     assert ad.kind == kind
     ref = make_adapter(kind, lora=False, seed=5)
     for part in ("transformer", "vae", "text_encoder", "text_encoder_2"):
-        _assert_same_weights(getattr(ad.pipe, part), getattr(ref.pipe, part))
+        roundtrip.same_weights(getattr(ad.pipe, part), getattr(ref.pipe, part))
     gs, cfg = (4.5, True) if kind == "sd3" else (3.5, False)
     args = (["a cat"], [1], 3, gs, cfg)
     x_ref, x = _ode_latents(ref, *args), _ode_latents(ad, *args)
-    torch.testing.assert_close(x, x_ref, atol=ROUNDTRIP_ATOL, rtol=0)
-    # uint8 images of latents this close differ by at most one rounding step
-    assert (ad.decode(x, H, W).int() - ref.decode(x_ref, H, W).int()).abs().max() <= 1
+    roundtrip.close(x, x_ref, atol=ROUNDTRIP_ATOL)
+    roundtrip.images_close(ad.decode(x, H, W), ref.decode(x_ref, H, W))  # uint8 of latents this close: <= 1 level
     # The tolerance still fails on a real bug: one element of one loaded weight moved by 1e-2.
     with torch.no_grad():
         ad.transformer.transformer_blocks[0].attn.to_out[0].weight[0, 0] += 1e-2
     with pytest.raises(AssertionError, match="not close"):
-        torch.testing.assert_close(_ode_latents(ad, *args), x_ref, atol=ROUNDTRIP_ATOL, rtol=0)
+        roundtrip.close(_ode_latents(ad, *args), x_ref, atol=ROUNDTRIP_ATOL)
 
 
 def test_load_adapter_rejects_non_pipeline(tmp_path):
