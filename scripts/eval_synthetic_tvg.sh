@@ -5,6 +5,7 @@
 [ $# -ge 1 ] || { sed -n 2,4p "$0" >&2; exit 2; }
 model=$1; out=$(realpath -m "${2:-runs/eval/synthetic_tvg}"); shift $(( $# >= 2 ? 2 : 1 ))
 [ "$model" = tiny ] || model=$(realpath -m "$model")
+set -euo pipefail  # env.sh restores the caller's options; these scripts stop at the first failure
 source "$(dirname "$0")/env.sh"
 data=${SYN_TVG_DIR:-runs/data/synthetic_tvg}
 [ -f $data/eval.jsonl ] || python data/synthetic_tvg.py $data --n-train 64 --n-eval 16 --seed 0

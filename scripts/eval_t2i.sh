@@ -7,6 +7,7 @@
 pipe=$1; lora=${2:--}; out=$(realpath -m "${3:-runs/eval/t2i}"); shift $(( $# >= 3 ? 3 : $# ))
 [ "$pipe" = tiny ] || pipe=$(realpath -m "$pipe")
 [ "$lora" = - ] || lora=$(realpath -m "$lora")
+set -euo pipefail  # env.sh restores the caller's options; these scripts stop at the first failure
 source "$(dirname "$0")/env.sh"
 prompts=${PROMPTS:-runs/data/mini_geneval_heldout.jsonl}
 [ -f $prompts ] || { mkdir -p "$(dirname $prompts)"; python data/synthetic_t2i.py --all --split heldout --out $prompts; }

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
 # The test suite (what CI runs). Installs the environment on first use.
+set -euo pipefail  # env.sh restores the caller's options; these scripts stop at the first failure
 source "$(dirname "$0")/env.sh"
 python -m pytest -q "$@"

@@ -48,3 +48,51 @@ def tick_clock():
         return state["t"]
 
     return read
+
+
+class RoundTrip:
+    """Comparisons across save/load (or any change of memory layout).
+
+    Stored values survive save/load exactly (safetensors keeps the bytes), so weights are compared bitwise. What is
+    computed from loaded weights is not bitwise reproducible: ``from_pretrained`` leaves parameters as views into
+    the file's buffer, not 64-byte aligned (measured: ``data_ptr() % 64 == 24`` for every loaded tensor, 0 for the
+    in-memory model), so BLAS takes other code paths and rounds differently (FLUX velocities: 4.8e-7 apart). Bitwise
+    claims about computed values are kept for one process and one layout (e.g. resume after SIGKILL); across
+    save/load the outputs are compared with a tolerance that a real bug still exceeds (each test checks that).
+    """
+
+    # tiny-VLM logits are below 1 in magnitude: 1e-5 is ~150 float32 ulps there, while one weight element moved
+    # by 1e-2 (a tenth of the weights' std) shifts them by ~1e-3 (test_tiny_adapters checks that it fails).
+    LOGITS_ATOL = 1e-5
+
+    @staticmethod
+    def same_weights(a, b):
+        """Two modules (or state dicts) hold the same tensors, bit for bit."""
+        sa = a.state_dict() if hasattr(a, "state_dict") else a
+        sb = b.state_dict() if hasattr(b, "state_dict") else b
+        assert sa.keys() == sb.keys(), sorted(set(sa) ^ set(sb))[:10]
+        import torch
+
+        for k in sb:
+            assert torch.equal(sa[k], sb[k]), k
+
+    @staticmethod
+    def close(x, ref, atol):
+        import torch
+
+        torch.testing.assert_close(x, ref, atol=atol, rtol=0)
+
+    @staticmethod
+    def images_close(a, b, levels=1):
+        """uint8 images decoded from outputs this close differ by at most `levels` rounding steps per pixel."""
+        import numpy as np
+
+        a, b = np.asarray(a).astype(np.int16), np.asarray(b).astype(np.int16)
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= levels, f"max pixel difference {np.abs(a - b).max()} > {levels}"
+
+
+@pytest.fixture
+def roundtrip():
+    """:class:`RoundTrip`: bitwise weights, tolerant outputs, for comparisons across save/load."""
+    return RoundTrip

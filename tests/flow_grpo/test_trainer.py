@@ -64,7 +64,7 @@ def test_outcome_advantages_use_group_ids_not_prompts(tmp_path):
     assert adv.shape == traj.train_mask.shape
 
 
-def test_saved_lora_reloads_into_pipeline_and_reproduces_images(tmp_path):
+def test_saved_lora_reloads_into_pipeline_and_reproduces_images(tmp_path, roundtrip):
     from diffusers import StableDiffusion3Pipeline
 
     from flow_grpo.models import adapter_from_pipeline
@@ -80,14 +80,30 @@ def test_saved_lora_reloads_into_pipeline_and_reproduces_images(tmp_path):
     def images(ad):
         return generate_images(ad, ["a cat", "a dog"], [1, 2], cfg)
 
+    def velocity(ad):  # one step from pure noise: float output, no uint8 rounding to hide small differences
+        ad.set_resolution(cfg.height, cfg.width)
+        x = ad.initial_noise([1, 2], cfg.height, cfg.width)
+        with torch.no_grad():
+            return ad.predict_velocity(x, 1.0, ad.encode_prompts(["a cat", "a dog"]), cfg.guidance_scale, cfg.cfg)
+
+    def lora_weights(ad):  # diffusers names the reloaded adapter default_0
+        return {n.replace(".default_0.", ".default."): p.detach().clone()
+                for n, p in ad.transformer.named_parameters() if "lora_" in n}
+
     with tr.ema.swapped_in():
-        trained = images(tr.adapter)
+        trained, v_trained, w_trained = images(tr.adapter), velocity(tr.adapter), lora_weights(tr.adapter)
+    base_ad = adapter_from_pipeline(build_tiny_sd3_pipeline(seed=0), max_sequence_length=16)
+    base, v_base = images(base_ad), velocity(base_ad)
     pipe = build_tiny_sd3_pipeline(seed=0)
-    base = images(adapter_from_pipeline(build_tiny_sd3_pipeline(seed=0), max_sequence_length=16))
-    assert not torch.equal(trained, base)
     pipe.load_lora_weights(str(lora_dir))
-    reloaded = images(adapter_from_pipeline(pipe, max_sequence_length=16))
-    assert torch.equal(reloaded, trained)
+    ad = adapter_from_pipeline(pipe, max_sequence_length=16)
+    # Across save/load (conftest.RoundTrip): LoRA weights bit for bit; velocities (|v| ~ 2) to 1e-5, ~40 float32
+    # ulps; images to one uint8 level. The trained LoRA moves them by ~8e-2 and ~35 levels: a LoRA lost or scaled
+    # wrongly on reload fails both.
+    roundtrip.same_weights(lora_weights(ad), w_trained)
+    assert (v_trained - v_base).abs().max() > 1e-3 and (trained.int() - base.int()).abs().max() > 5
+    roundtrip.close(velocity(ad), v_trained, atol=1e-5)
+    roundtrip.images_close(images(ad), trained)
     assert isinstance(pipe, StableDiffusion3Pipeline)
 
 

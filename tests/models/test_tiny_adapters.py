@@ -16,7 +16,7 @@ def _msgs(kind, q="what happens?"):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_roundtrip_identical_logits_and_processor(tiny_dirs, family):
+def test_roundtrip_identical_logits_and_processor(tiny_dirs, family, roundtrip):
     path = tiny_dirs(family)
     assert detect_family(path) == family
     model, proc = build_tiny_model(family)  # same seed as the saved one
@@ -31,10 +31,16 @@ def test_roundtrip_identical_logits_and_processor(tiny_dirs, family):
     # the chat template put exactly one image placeholder block, expanded to grid/4 pad tokens
     n_pad = int((b["input_ids"] == tok.convert_tokens_to_ids("<|image_pad|>")).sum())
     assert n_pad == int(b["image_grid_thw"].prod()) // 4
+    # save/load: the weights bit for bit, the logits to a tolerance (the loaded weights sit in another layout)
+    roundtrip.same_weights(pol.model, model)
     with torch.no_grad():
         la = model(**a).logits
         lb = pol.model(**b).logits
-    assert torch.equal(la, lb)
+        roundtrip.close(lb, la, atol=roundtrip.LOGITS_ATOL)
+        # ... which a real bug still fails: one loaded weight element moved by 1e-2
+        dict(pol.model.named_parameters())["model.language_model.layers.1.mlp.down_proj.weight"][0, 0] += 1e-2
+        with pytest.raises(AssertionError, match="not close"):
+            roundtrip.close(pol.model(**b).logits, la, atol=roundtrip.LOGITS_ATOL)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])

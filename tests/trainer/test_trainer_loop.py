@@ -252,7 +252,7 @@ def test_data_selection_keeps_varying_samples(tmp_path, tiny_dirs, th):
     assert [r["kept"] for r in rows] == [False, True, True] and rows[0]["rewards"] == [1.0, 1.0, 1.0]
 
 
-def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th):
+def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th, roundtrip):
     from mmgrpo.models.adapters import load_policy
     from mmgrpo.models.inputs import build_prompt_item
     from mmgrpo.models.tiny import synthetic_image
@@ -271,18 +271,20 @@ def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th):
     assert resumed.step == 2 and resumed.stream.position == straight.stream.position
     a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # the saved adapter folder reloads to identical logits
+    # the saved adapter folder reloads to the same weights (bit for bit) and logits (to a tolerance: the reloaded
+    # weights sit in another memory layout, see conftest.RoundTrip)
     ckpt = sorted((tmp_path / "b" / "run" / "checkpoints").glob("step-*"))[-1]
     pol = load_policy(tiny_dirs("qwen2_5_vl"), lora_path=ckpt / "adapter")
+    roundtrip.same_weights(pol.model, resumed.model)
     item = build_prompt_item(pol.processor, pol.adapter, [{"role": "user", "content": [
         {"type": "image"}, {"type": "text", "text": "hi"}]}], images=[synthetic_image(5)])
     resumed.model.eval()
     with torch.no_grad():
         adapted = pol.model(**item).logits
-        assert torch.equal(adapted, resumed.model(**item).logits)
+        roundtrip.close(adapted, resumed.model(**item).logits, atol=roundtrip.LOGITS_ATOL)
         with pol.reference() as ref:  # adapter disabled = the base model
             base = ref(**item).logits
-    assert not torch.allclose(base, adapted)
+    assert (base - adapted).abs().max() > 100 * roundtrip.LOGITS_ATOL  # the adapter matters far beyond the tolerance
 
 
 def test_grpo_increases_a_learnable_reward(tmp_path, tiny_dirs, th):
