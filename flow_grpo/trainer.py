@@ -53,7 +53,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from flow_grpo.rewards import Reward
-from flow_grpo.rewards.base import check_finite_numpy
+from flow_grpo.rewards.base import check_finite_numpy, check_shapes
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.schedule import LRFactor
 
@@ -144,6 +144,7 @@ class ResilientReward(Reward):
     ``on_failure="drop"`` returns score 0 with ``valid=False`` for every sample of the call (counted in
     ``counters["dropped"]``, logged), ``"stop"`` raises :class:`RewardCallFailed`.
 
+    An output with the wrong number of scores (or not numeric) counts as a failed attempt, like an exception.
     Non-finite scores are not retried (they are not transient): they follow ``nan_policy`` ("drop" ->
     ``valid=False``; "raise" -> ``RewardError``). The wrapped reward's own ``nan_policy`` is bypassed (its
     ``score`` is called directly) so that this policy applies to every component alike. Output keys of a reward
@@ -199,6 +200,7 @@ class ResilientReward(Reward):
         for attempt in range(self.retries + 1):
             try:
                 raw = _call_with_timeout(lambda: self._raw(imgs, prompts, md, **kw), self.timeout, self.name)
+                check_shapes(self._rename(raw), n, self.name)  # wrong count/shape: a failed call, not a crash
                 break
             except Exception as exc:  # noqa: BLE001 - any failure of a reward call is handled alike
                 last = exc

@@ -76,6 +76,7 @@ __all__ = [
     "available_rewards",
     "check_finite",
     "check_finite_numpy",
+    "check_shapes",
 ]
 
 
@@ -203,6 +204,22 @@ def _as_scores(value: Any, n: int, reward: str, key: str) -> np.ndarray:
         raise RewardError(f"reward {reward!r}: output {key!r} has shape {a.shape}, expected ({n},)",
                           reward, key=key)
     return np.ascontiguousarray(a.astype(np.float32))
+
+
+def check_shapes(out: Any, n: int, reward: str) -> None:
+    """Raise :class:`RewardError` unless ``out`` is a mapping of numeric (N,) scores (plus an optional (N,)
+    ``"valid"``): the structural half of :func:`check_finite_numpy`, without the non-finite policy. Lets a caller
+    treat a malformed output (e.g. the wrong number of scores) as a failed call before looking at the values."""
+    if not isinstance(out, Mapping):
+        raise RewardError(f"reward {reward!r}: must return a dict of (N,) scores, got {type(out)!r}", reward)
+    for key, value in out.items():
+        if key != "valid":
+            _as_scores(value, n, reward, key)
+            continue
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        if np.asarray(value).reshape(-1).shape != (n,):
+            raise RewardError(f"reward {reward!r}: 'valid' has shape {np.shape(value)}, expected ({n},)", reward)
 
 
 def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: NanPolicy = "raise"
