@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Serve one reward over HTTP on a loopback address. Set "
                                             "MMGRPO_REWARD_TOKEN to require 'Authorization: Bearer <token>' (the "
                                             "client sends it when the same variable is set in its environment).")
-    p.add_argument("--reward", required=True, help="registered reward name or 'package.module:factory'")
+    p.add_argument("--reward", required=True, help="registered reward name or 'package.module:factory' (imported "
+                                                   "and called: any code; name only factories you trust)")
     p.add_argument("--reward-kwargs", default="{}", help="JSON object of factory kwargs")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=18085, help="port (0 = pick a free one)")
