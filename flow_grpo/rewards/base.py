@@ -238,6 +238,7 @@ def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: 
         raise RewardError(f"reward {reward!r}: must return a dict of (N,) scores, got {type(out)!r}", reward)
     res: dict[str, np.ndarray] = {}
     valid = np.ones(n, dtype=bool)
+    finite = np.ones(n, dtype=bool)
     for key, value in out.items():
         if key == "valid":
             if hasattr(value, "detach"):
@@ -256,12 +257,13 @@ def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: 
                     f"reward {reward!r}: non-finite values in {key!r} at sample indices {idx} "
                     f"(values {[float(a[i]) for i in idx[:8]]}); pass nan_policy='drop' to mask them instead",
                     reward, idx, key)
-            valid &= ~bad
+            finite &= ~bad
         res[key] = a
     if nan_policy == "drop":
-        n_bad = int((~valid).sum())
+        n_bad = int((valid & ~finite).sum())  # samples already invalid (e.g. a dropped failed call) are not re-counted
         if n_bad:
             logger.warning("reward %r: %d/%d samples have non-finite scores; marked invalid", reward, n_bad, n)
+        valid &= finite
         res["valid"] = valid
     elif not valid.all():
         res["valid"] = valid

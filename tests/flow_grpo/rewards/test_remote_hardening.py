@@ -306,3 +306,15 @@ def test_token_authentication(monkeypatch):
         with pytest.raises(RewardError, match="HTTP 401.*MMGRPO_REWARD_TOKEN"):
             client(IMGS, ["a", "b"])
         assert client.last_attempts == 1
+
+
+def test_dropped_call_is_not_reported_as_non_finite(caplog):
+    """A failed call dropped with valid=False is logged as such once, not again as 'non-finite scores'."""
+    from flow_grpo.rewards.base import check_finite_numpy
+
+    with caplog.at_level("WARNING", logger="flow_grpo.rewards.base"):
+        out = check_finite_numpy({"r": np.zeros(3), "valid": np.array([False, False, True])}, 3, "r", "drop")
+        assert out["valid"].tolist() == [False, False, True] and "non-finite" not in caplog.text
+        out = check_finite_numpy({"r": np.array([0.0, np.nan, np.nan]), "valid": np.array([False, True, True])},
+                                 3, "r", "drop")
+    assert out["valid"].tolist() == [False, False, False] and "2/3 samples have non-finite scores" in caplog.text
