@@ -122,7 +122,7 @@ def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, max_body_mb
                 self._send(411, {"error": "Content-Length required (chunked bodies are not accepted)"}, close=True)
                 return None
             raw = self.headers.get("Content-Length").strip()
-            if not raw.isdigit() or int(raw) == 0:
+            if not (raw.isascii() and raw.isdigit()) or int(raw) == 0:
                 self._send(400, {"error": f"Content-Length {raw[:40]!r} is not a positive integer"}, close=True)
                 return None
             if int(raw) > max_body:
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-body-mb", type=float, default=256.0,
                    help="largest request accepted (MiB; default 256): larger ones get 413 before being read")
     p.add_argument("--max-megapixels", type=float, default=64.0,
-                   help="largest total of decoded pixels per request (millions; default 64 = 64 images of 1 MP)")
+                   help="largest total of decoded pixels per request (millions; default 64, e.g. 61 images of "
+                        "1024x1024): larger requests get 413, checked before decoding")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="extra name accepted in the Host header (repeatable); the bound address, localhost, "
                         "127.0.0.1 and ::1 always are")
