@@ -25,7 +25,11 @@ accelerate config); a launch whose process count accelerate does not honour is r
 here (2 processes, gloo: DDP, and FSDP2 forced on CPU); GPU FSDP1 / DeepSpeed follow the standard accelerate path
 untested. Faults: non-finite rewards drop their samples (reward.nan_policy), failing reward calls are retried then
 dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
-step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto."""
+step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto.
+Trust: a config is code. reward.weights / reward.pairwise_scorer entries of the form 'package.module:factory' are
+imported and called (the plugin mechanism for your own rewards), so {'os:system': 1} would call os.system: only run
+config files and overrides you trust. A remote reward server checks MMGRPO_REWARD_TOKEN when it is set (see
+python -m flow_grpo.rewards.server --help)."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

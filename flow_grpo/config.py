@@ -111,13 +111,17 @@ class DataConfig:
 class RewardConfig:
     """Rewards go through ``flow_grpo.rewards.MultiReward`` (every component wrapped with retry/timeout handling)."""
 
-    weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, **kwargs[name])")
+    weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, "
+                                   "**kwargs[name]). A name 'package.module:factory' is imported and called (the plugin "
+                                   "mechanism for your own rewards): that runs any code, e.g. {'os:system': 1} calls "
+                                   "os.system. Only use config files and overrides you trust")
     kwargs: dict[str, dict] = _f({}, "per-reward constructor kwargs")
     mode: str = _f("weighted_sum", "weighted_sum (group-normalise sum_k w_k r_k) | per_reward (GDPO: multi_reward_advantages "
                    "mode=normalize_then_sum, each reward z-scored in its group, then weighted sum) | win_rate (Pref-GRPO: "
                    "pairwise win rate inside each group, explicit group ids; outcome credit only)")
-    pairwise_scorer: str = _f("", "win_rate: 'package.module:factory' returning a PairwiseScorer (e.g. a VLM judge); "
-                              "empty = compare the weighted sum of the pointwise rewards (ScoreComparator)")
+    pairwise_scorer: str = _f("", "win_rate: 'package.module:factory' returning a PairwiseScorer (e.g. a VLM judge; "
+                              "imported and called: trusted configs only); empty = compare the weighted sum of the "
+                              "pointwise rewards (ScoreComparator)")
     pairwise_symmetric: bool = _f(False, "win_rate: judge every pair in both orders (cancels a judge's position bias, 2x cost)")
     nan_policy: str = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its group, counted and "
                          "logged) | raise (stop the run)")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import math
@@ -53,9 +54,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from flow_grpo.rewards import Reward
-from flow_grpo.rewards.base import check_finite_numpy
+from flow_grpo.rewards.base import check_finite_numpy, check_shapes
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.schedule import LRFactor
+from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
 from .ema import EMA, _local
@@ -72,7 +74,15 @@ def load_prompts(path: str) -> tuple[list[str], list[dict]]:
     if not p.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts, meta = [], []
-    with open(p, encoding="utf-8") as f:
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # name the line: a bare UnicodeDecodeError does not say which file
+        before = data[:exc.start].decode("utf-8")  # valid up to the first bad byte
+        ln = before.replace("\r\n", "\n").replace("\r", "\n").count("\n") + 1
+        raise ValueError(f"{path}:{ln}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                         "save the prompt file as UTF-8") from None
+    with io.StringIO(text, newline=None) as f:  # universal newlines, as open() in text mode
         for ln, line in enumerate(f, 1):
             line = line.rstrip("\n")
             if not line.strip():
@@ -144,6 +154,7 @@ class ResilientReward(Reward):
     ``on_failure="drop"`` returns score 0 with ``valid=False`` for every sample of the call (counted in
     ``counters["dropped"]``, logged), ``"stop"`` raises :class:`RewardCallFailed`.
 
+    An output with the wrong number of scores (or not numeric) counts as a failed attempt, like an exception.
     Non-finite scores are not retried (they are not transient): they follow ``nan_policy`` ("drop" ->
     ``valid=False``; "raise" -> ``RewardError``). The wrapped reward's own ``nan_policy`` is bypassed (its
     ``score`` is called directly) so that this policy applies to every component alike. Output keys of a reward
@@ -199,6 +210,7 @@ class ResilientReward(Reward):
         for attempt in range(self.retries + 1):
             try:
                 raw = _call_with_timeout(lambda: self._raw(imgs, prompts, md, **kw), self.timeout, self.name)
+                check_shapes(self._rename(raw), n, self.name)  # wrong count/shape: a failed call, not a crash
                 break
             except Exception as exc:  # noqa: BLE001 - any failure of a reward call is handled alike
                 last = exc
@@ -1130,6 +1142,7 @@ class FlowGRPOTrainer:
         return Path(path)
 
     # ------------------------------------------------------------------ export
+    @names_write_errors("the final weights export", lambda self: self.out)  # disk full / read-only: name path and cause
     def export_final(self) -> Optional[Path]:
         """Collective. The trained weights (EMA if on) for inference: LoRA -> ``<output_dir>/lora_final``
         (``Pipeline.load_lora_weights``), full fine-tune -> ``<output_dir>/transformer_final`` (``save_pretrained``,

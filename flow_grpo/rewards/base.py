@@ -76,6 +76,7 @@ __all__ = [
     "available_rewards",
     "check_finite",
     "check_finite_numpy",
+    "check_shapes",
 ]
 
 
@@ -205,6 +206,22 @@ def _as_scores(value: Any, n: int, reward: str, key: str) -> np.ndarray:
     return np.ascontiguousarray(a.astype(np.float32))
 
 
+def check_shapes(out: Any, n: int, reward: str) -> None:
+    """Raise :class:`RewardError` unless ``out`` is a mapping of numeric (N,) scores (plus an optional (N,)
+    ``"valid"``): the structural half of :func:`check_finite_numpy`, without the non-finite policy. Lets a caller
+    treat a malformed output (e.g. the wrong number of scores) as a failed call before looking at the values."""
+    if not isinstance(out, Mapping):
+        raise RewardError(f"reward {reward!r}: must return a dict of (N,) scores, got {type(out)!r}", reward)
+    for key, value in out.items():
+        if key != "valid":
+            _as_scores(value, n, reward, key)
+            continue
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        if np.asarray(value).reshape(-1).shape != (n,):
+            raise RewardError(f"reward {reward!r}: 'valid' has shape {np.shape(value)}, expected ({n},)", reward)
+
+
 def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: NanPolicy = "raise"
                        ) -> dict[str, np.ndarray]:
     """Validate a raw reward output and apply ``nan_policy`` (numpy core of :func:`check_finite`).
@@ -221,6 +238,7 @@ def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: 
         raise RewardError(f"reward {reward!r}: must return a dict of (N,) scores, got {type(out)!r}", reward)
     res: dict[str, np.ndarray] = {}
     valid = np.ones(n, dtype=bool)
+    finite = np.ones(n, dtype=bool)
     for key, value in out.items():
         if key == "valid":
             if hasattr(value, "detach"):
@@ -239,12 +257,13 @@ def check_finite_numpy(out: Mapping[str, Any], n: int, reward: str, nan_policy: 
                     f"reward {reward!r}: non-finite values in {key!r} at sample indices {idx} "
                     f"(values {[float(a[i]) for i in idx[:8]]}); pass nan_policy='drop' to mask them instead",
                     reward, idx, key)
-            valid &= ~bad
+            finite &= ~bad
         res[key] = a
     if nan_policy == "drop":
-        n_bad = int((~valid).sum())
+        n_bad = int((valid & ~finite).sum())  # samples already invalid (e.g. a dropped failed call) are not re-counted
         if n_bad:
             logger.warning("reward %r: %d/%d samples have non-finite scores; marked invalid", reward, n_bad, n)
+        valid &= finite
         res["valid"] = valid
     elif not valid.all():
         res["valid"] = valid

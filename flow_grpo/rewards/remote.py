@@ -8,6 +8,18 @@ Wire format (JSON; images base64-encoded, Python's json so NaN/Infinity round-tr
     4xx          {"error": "..."}   bad request or a RewardError on the server: not retried
     5xx          {"error": "..."}   reward crashed / server busy: retried
 
+Every reply is validated before use (a malformed one is a failed call, so ``reward.on_failure=drop`` drops its
+samples): ``"scores"`` maps names to lists of exactly N entries, scores are JSON numbers or ``null`` (-> NaN),
+``"valid"`` entries are JSON ``true``/``false``, and ``"n"``, when present, equals N.
+
+Limits per attempt: ``timeout`` is a wall-clock deadline over the whole exchange (connect, send, wait, read; a
+server sending one byte per second cannot stretch it), and a reply above ``max_reply_mb`` is refused (announced
+size: before reading it; streamed: as soon as it passes the cap).
+
+Authentication: when the environment variable ``MMGRPO_REWARD_TOKEN`` is set, every request carries
+``Authorization: Bearer <token>`` (the reference server checks it when the same variable is set on its side).
+The token is read from the environment only, so it never lands in a saved config.
+
 Keys are renamed from the server's reward name to this client's ``name`` (``R -> name``, ``R/aux -> name/aux``)
 so that a ``RemoteReward(name="pickscore")`` is a drop-in for a local ``pickscore`` inside :class:`MultiReward`.
 
@@ -17,10 +29,13 @@ JPEG transport (DDPO/Flow-GRPO style) is lossy; use ``image_format="png"`` where
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import logging
+import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -31,9 +46,11 @@ import numpy as np
 
 from .base import NanPolicy, Reward, RewardError
 
-__all__ = ["RemoteReward", "encode_images", "decode_images"]
+__all__ = ["RemoteReward", "encode_images", "decode_images", "TOKEN_ENV"]
 
 logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "MMGRPO_REWARD_TOKEN"  # shared secret: sent by the client, checked by the server (each when set)
 
 
 def encode_images(images: np.ndarray, image_format: str = "jpeg", quality: int = 95) -> list[str]:
@@ -51,14 +68,32 @@ def encode_images(images: np.ndarray, image_format: str = "jpeg", quality: int =
     return out
 
 
-def decode_images(encoded: list[str]) -> np.ndarray:
-    """Inverse of :func:`encode_images` (any PIL-readable format); all images must share one size."""
+class TooLarge(ValueError):
+    """Input above a configured size cap (the server answers 413)."""
+
+
+def decode_images(encoded: list[str], max_pixels: int | None = None) -> np.ndarray:
+    """Inverse of :func:`encode_images` (any PIL-readable format); all images must share one size.
+
+    ``max_pixels`` caps the total decoded pixels of the batch, checked from each file's header before decoding
+    (a few kB of PNG can decode to gigabytes); above it :class:`TooLarge` is raised."""
     from PIL import Image
 
+    if not isinstance(encoded, list):
+        raise ValueError(f"'images' must be a list of base64 strings, got {type(encoded).__name__}")
     arrs = []
+    total = 0
     for i, s in enumerate(encoded):
         try:
-            a = np.asarray(Image.open(io.BytesIO(base64.b64decode(s, validate=True))).convert("RGB"))
+            im = Image.open(io.BytesIO(base64.b64decode(s, validate=True)))  # lazy: reads the header only
+        except Exception as e:  # noqa: BLE001 - report which image is broken
+            raise ValueError(f"images[{i}]: cannot decode ({e})") from e
+        total += im.size[0] * im.size[1]
+        if max_pixels is not None and total > max_pixels:
+            raise TooLarge(f"images[0..{i}] decode to {total} pixels, more than the server's cap of {max_pixels} "
+                           "(--max-megapixels)")
+        try:
+            a = np.asarray(im.convert("RGB"))
         except Exception as e:  # noqa: BLE001 - report which image is broken
             raise ValueError(f"images[{i}]: cannot decode ({e})") from e
         if arrs and a.shape != arrs[0].shape:
@@ -71,6 +106,101 @@ def decode_images(encoded: list[str]) -> np.ndarray:
 
 class _Retryable(Exception):
     pass
+
+
+class _Deadline:
+    """Wall-clock limit on one HTTP exchange.
+
+    A socket timeout applies to each read separately, so a server sending one byte per second would never trip it.
+    When this deadline passes, the sockets of the exchange are shut down: any read blocked on them returns at once
+    and the exchange fails (reported as a timeout because ``expired`` is set)."""
+
+    def __init__(self, seconds: float):
+        self.expired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._socks.append(sock)
+            expired = self.expired
+        if expired:
+            _shutdown(sock)
+        return sock
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+def _watched(conn_cls: type, deadline: _Deadline) -> type:
+    """``conn_cls`` (HTTP or HTTPS connection) whose raw socket is registered with ``deadline`` as soon as it is
+    connected (before any TLS handshake, so a stalled handshake is covered too)."""
+
+    class Conn(conn_cls):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            create = self._create_connection
+            self._create_connection = lambda *a, **k: deadline.watch(create(*a, **k))
+
+    return Conn
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(_watched(http.client.HTTPConnection, self._deadline), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req):
+        return self.do_open(_watched(http.client.HTTPSConnection, self._deadline), req, context=self._context)
+
+
+def _read_capped(resp: Any, cap: int, what: str) -> bytes:
+    """Read the whole body of ``resp``, refusing more than ``cap`` bytes: an announced larger Content-Length is
+    refused before reading; a body without one is cut off as soon as it passes the cap."""
+    announced = resp.headers.get("Content-Length")
+    if announced is not None and announced.strip().isdigit() and int(announced) > cap:
+        raise TooLarge(f"{what} announces {int(announced)} bytes")
+    parts, size = [], 0
+    while True:
+        chunk = resp.read1(1 << 16)  # returns after one socket read: the deadline can interrupt between reads
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > cap:
+            raise TooLarge(f"{what} sends more than {cap} bytes")
+        parts.append(chunk)
+    if getattr(resp, "length", None):  # Content-Length not reached: the connection closed early
+        raise http.client.IncompleteRead(b"".join(parts), resp.length)
+    return b"".join(parts)
 
 
 def _is_loopback_ip(host: str) -> bool:
@@ -87,11 +217,13 @@ class RemoteReward(Reward):
 
     Args:
         url: endpoint, e.g. ``"http://127.0.0.1:18085/score"``.
-        timeout: seconds per socket operation (connect, each read) of one attempt.
+        timeout: wall-clock seconds one attempt may take in total (connect, send, server time, read).
         retries: extra attempts after a connection error, timeout or 5xx (``1 + retries`` in total), with
-            exponential backoff ``backoff * 2**k`` seconds between them.  4xx answers are not retried.
+            exponential backoff ``backoff * 2**k`` seconds between them.  4xx answers, malformed and oversized
+            replies are not retried here (the trainer's ``ResilientReward`` has its own retries).
         image_format / jpeg_quality: transport encoding.
         name: output key (server keys are renamed to it).
+        max_reply_mb: largest reply accepted (MiB); a larger one is refused without reading it all.
 
     ``last_attempts`` holds how many attempts the previous call needed.
     """
@@ -100,43 +232,70 @@ class RemoteReward(Reward):
 
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 2, backoff: float = 0.5,
                  image_format: Literal["jpeg", "png"] = "jpeg", jpeg_quality: int = 95, name: str | None = None,
-                 nan_policy: NanPolicy = "raise"):
+                 nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0):
         super().__init__(name=name, nan_policy=nan_policy)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        if timeout <= 0 or retries < 0 or backoff < 0:
-            raise ValueError("need timeout > 0, retries >= 0, backoff >= 0")
+        if timeout <= 0 or retries < 0 or backoff < 0 or not max_reply_mb > 0:
+            raise ValueError("need timeout > 0, retries >= 0, backoff >= 0, max_reply_mb > 0")
         self.url = url
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
         self.image_format = image_format
         self.jpeg_quality = int(jpeg_quality)
+        self.max_reply_bytes = int(max_reply_mb * 2**20)
+        self.max_reply_mb = float(max_reply_mb)
         self.last_attempts = 0
         # A loopback server must never be reached through an HTTP(S)_PROXY from the environment.
         host = urllib.parse.urlsplit(url).hostname or ""
-        loopback = host == "localhost" or _is_loopback_ip(host)
-        self._opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if loopback else []))
+        self._loopback = host == "localhost" or _is_loopback_ip(host)
 
     def _post_once(self, body: bytes) -> dict:
-        req = urllib.request.Request(self.url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with self._opener.open(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read().decode("utf-8"))
-        except urllib.error.HTTPError as e:
+        headers = {"Content-Type": "application/json"}
+        token = os.environ.get(TOKEN_ENV)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
+        deadline = _Deadline(self.timeout)
+        handlers = [_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline)]
+        if self._loopback:
+            handlers.append(urllib.request.ProxyHandler({}))
+        opener = urllib.request.build_opener(*handlers)
+        with deadline:  # also bounds reading an error body
             try:
-                msg = json.loads(e.read().decode("utf-8")).get("error", "")
-            except Exception:  # noqa: BLE001 - body is best effort
-                msg = ""
-            if e.code >= 500 or e.code == 429:
-                raise _Retryable(f"HTTP {e.code}: {msg}") from e
-            raise RewardError(f"reward {self.name!r}: server {self.url} rejected the request "
-                              f"(HTTP {e.code}): {msg}", self.name) from e
-        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
-            reason = getattr(e, "reason", e)
-            kind = "timeout" if isinstance(reason, (socket.timeout, TimeoutError)) else "connection error"
-            raise _Retryable(f"{kind}: {reason}") from e
+                with opener.open(req, timeout=self.timeout) as resp:
+                    raw = _read_capped(resp, self.max_reply_bytes, "the reply")
+            except urllib.error.HTTPError as e:
+                self._raise_http_error(e)
+            except TooLarge as e:
+                raise RewardError(f"reward {self.name!r}: {self.url}: {e}, above max_reply_mb="
+                                  f"{self.max_reply_mb:g}", self.name) from e
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+                if deadline.expired:
+                    raise _Retryable(f"timeout: no complete reply within {self.timeout:g} s") from e
+                reason = getattr(e, "reason", e)
+                kind = "timeout" if isinstance(reason, (socket.timeout, TimeoutError)) else "connection error"
+                raise _Retryable(f"{kind}: {type(reason).__name__}: {reason}") from e
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise RewardError(f"reward {self.name!r}: the reply from {self.url} is not JSON ({e}): {raw[:200]!r}",
+                              self.name) from e
+
+    def _raise_http_error(self, e: urllib.error.HTTPError) -> None:
+        try:
+            msg = str(json.loads(_read_capped(e, 1 << 16, "the error reply").decode("utf-8")).get("error", ""))
+        except Exception:  # noqa: BLE001 - body is best effort
+            msg = ""
+        if e.code >= 500 or e.code == 429:
+            raise _Retryable(f"HTTP {e.code}: {msg}") from e
+        hint = ""
+        if e.code == 401:
+            hint = (f" (set {TOKEN_ENV} to the server's token)" if not os.environ.get(TOKEN_ENV)
+                    else f" ({TOKEN_ENV} differs from the server's)")
+        raise RewardError(f"reward {self.name!r}: server {self.url} rejected the request "
+                          f"(HTTP {e.code}): {msg}{hint}", self.name) from e
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         try:
@@ -167,10 +326,34 @@ class RemoteReward(Reward):
                               f"attempt(s): {last}", self.name)
         return self._rename(resp, images.shape[0])
 
-    def _rename(self, resp: Any, n: int) -> dict:
+    def _check_reply(self, resp: Any, n: int) -> None:
+        """Raise :class:`RewardError` unless ``resp`` is a well-typed reply for ``n`` images (see module doc)."""
+
+        def bad(what: str) -> RewardError:
+            return RewardError(f"reward {self.name!r}: malformed reply from {self.url}: {what}", self.name)
+
+        def show(x: Any) -> str:
+            return f"{x!r:.60} ({type(x).__name__})"
+
         if not isinstance(resp, dict) or not isinstance(resp.get("scores"), dict):
-            raise RewardError(f"reward {self.name!r}: malformed response from {self.url}: {str(resp)[:200]}",
-                              self.name)
+            raise bad(f"expected an object with a 'scores' object, got {str(resp)[:200]}")
+        if "reward" in resp and not isinstance(resp["reward"], str):
+            raise bad(f"'reward' is {show(resp['reward'])}, expected a string")
+        if "n" in resp and (type(resp["n"]) is not int or resp["n"] != n):
+            raise bad(f"'n' is {show(resp['n'])} for a request of {n} images")
+        for k, v in resp["scores"].items():
+            if not isinstance(v, list):
+                raise bad(f"scores[{k!r}] is {show(v)}, expected a list of {n} entries")
+            if len(v) != n:
+                raise bad(f"scores[{k!r}] has {len(v)} value(s) for a request of {n} images")
+            for i, x in enumerate(v):
+                if k == "valid" and type(x) is not bool:
+                    raise bad(f"scores['valid'][{i}] is {show(x)}, expected JSON true/false")
+                if k != "valid" and not (x is None or type(x) in (int, float)):
+                    raise bad(f"scores[{k!r}][{i}] is {show(x)}, expected a JSON number or null")
+
+    def _rename(self, resp: Any, n: int) -> dict:
+        self._check_reply(resp, n)
         remote = str(resp.get("reward", self.name))
         out = {}
         for k, v in resp["scores"].items():

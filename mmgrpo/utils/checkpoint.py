@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from mmgrpo.utils._fsio import atomic_write, atomic_write_text, fsync_dir
+from mmgrpo.utils.write_errors import names_write_errors
 
 __all__ = [
     "CheckpointManager",
@@ -202,6 +203,7 @@ class CheckpointManager:
         return removed
 
     # ----------------------------------------------------------------------------------------------- saving
+    @names_write_errors("checkpoint", lambda self, step, *a, **k: self.step_dir(step))  # disk full: name the path
     def save(
         self,
         step: int,

@@ -697,7 +697,10 @@ def config_to_yaml(cfg: Any) -> str:
 
 def save_config(cfg: Any, path: str | os.PathLike) -> Path:
     """Write ``cfg`` as YAML (atomically); ``load_config(type(cfg), path) == cfg``."""
-    return atomic_write_text(path, config_to_yaml(cfg))
+    from mmgrpo.utils.write_errors import naming_write_errors
+
+    with naming_write_errors("the config", path):
+        return atomic_write_text(path, config_to_yaml(cfg))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from mmgrpo.utils.write_errors import naming_write_errors
+
 __all__ = ["MetricLogger", "save_image_grid", "plot_curves", "get_logger", "read_jsonl", "to_jsonable"]
 
 _log = logging.getLogger("mmgrpo.logging")
@@ -118,8 +120,9 @@ class MetricLogger:
         self._extra: dict[str, Any] = {}
         if not is_main_process:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        with naming_write_errors("metrics", self.run_dir / "metrics.jsonl"):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
         if use_tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -148,8 +151,9 @@ class MetricLogger:
         row = {"step": step, "time": time.time()}
         for k, v in metrics.items():
             row[str(k)] = to_jsonable(v)
-        self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
-        self._jsonl.flush()
+        with naming_write_errors("metrics", self.run_dir / "metrics.jsonl"):
+            self._jsonl.write(json.dumps(row, allow_nan=False) + "\n")
+            self._jsonl.flush()
         if self._tb is not None:
             for k, v in metrics.items():
                 s = _scalar(v)
@@ -170,10 +174,11 @@ class MetricLogger:
         if rel.is_absolute() or ".." in rel.parts:
             raise ValueError(f"log_jsonl name must be a relative path inside run_dir, got {name!r}")
         path = self.run_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps(to_jsonable(dict(r)), allow_nan=False, ensure_ascii=False) + "\n")
+        with naming_write_errors(name, path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                for r in rows:
+                    fh.write(json.dumps(to_jsonable(dict(r)), allow_nan=False, ensure_ascii=False) + "\n")
         return path
 
     def log_image(self, tag: str, image_hwc_uint8: Any, step: int) -> None:

@@ -1,0 +1,320 @@
+"""Remote reward client and server against hostile or broken peers (issue 14, item 6), all on 127.0.0.1.
+
+Client tests talk to a raw-socket fake server that sends exactly the bytes a test chooses (wrong score counts,
+wrongly typed JSON, a reply dripped one byte at a time, an announced 300 MB reply). Server tests run the reference
+server in a thread and send raw requests to it. Every loop is bounded and every timeout short.
+"""
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from flow_grpo.rewards import RewardError
+from flow_grpo.rewards.remote import RemoteReward, encode_images
+from flow_grpo.rewards.server import make_server
+from flow_grpo.trainer import ResilientReward, RewardCallFailed
+
+IMGS = np.zeros((2, 8, 8, 3), dtype=np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------- fake server
+def _read_request(conn: socket.socket) -> tuple[bytes, bytes]:
+    """Headers and body of one HTTP request (Content-Length framing only, as the client sends)."""
+    conn.settimeout(5.0)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return buf, b""
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
+@contextmanager
+def fake_server(reply, drip: float = 0.0, drip_from: int = 0):
+    """Serve ``reply`` (bytes, or a function ``(head, body) -> bytes``) to every connection; with ``drip > 0``
+    bytes from offset ``drip_from`` on are sent one at a time, ``drip`` seconds apart. Yields (url, seen heads)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    lsock.settimeout(0.1)
+    stop = threading.Event()
+    heads: list[bytes] = []
+
+    def handle(conn):
+        with conn:
+            try:
+                head, body = _read_request(conn)
+                heads.append(head)
+                data = reply(head, body) if callable(reply) else reply
+                conn.sendall(data[:drip_from] if drip else data)
+                for i in range(drip_from, len(data)) if drip else ():
+                    if stop.is_set():
+                        return
+                    conn.sendall(data[i:i + 1])
+                    time.sleep(drip)
+            except OSError:  # the client hung up: fine
+                pass
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{lsock.getsockname()[1]}/score", heads
+    finally:
+        stop.set()
+        t.join(2)
+        lsock.close()
+
+
+def http_reply(payload, status="200 OK", extra_headers=b"") -> bytes:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n").encode() + extra_headers + b"\r\n" + body
+
+
+# ----------------------------------------------------------------------------------------------- client
+def test_wrong_number_of_scores_is_a_failed_call_that_drop_drops():
+    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [0.5]}})  # one score for two images
+    with fake_server(reply) as (url, _):
+        client = RemoteReward(url, timeout=2, retries=0, name="r")
+        with pytest.raises(RewardError, match=r"scores\['r'\] has 1 value.*2 images"):
+            client(IMGS, ["a", "b"])
+        dropping = ResilientReward(client, "r", retries=1, backoff=0.0, on_failure="drop")
+        out = dropping.evaluate(IMGS, ["a", "b"])  # before the fix: a RewardError ended the run here
+        assert out["valid"].tolist() == [False, False]
+        assert dropping.counters["failed_calls"] == 1 and dropping.counters["dropped"] == 2
+        with pytest.raises(RewardCallFailed, match="on_failure=stop"):
+            ResilientReward(client, "r", retries=0, on_failure="stop").evaluate(IMGS, ["a", "b"])
+
+
+def test_any_reward_returning_the_wrong_count_is_a_failed_call():
+    def short(images, prompts, metadata):
+        return np.ones(len(prompts) - 1)
+
+    r = ResilientReward(short, "short", retries=1, backoff=0.0, on_failure="drop")
+    out = r.evaluate(IMGS, ["a", "b"])
+    assert out["valid"].tolist() == [False, False] and r.counters["retries"] == 1
+    assert r.counters["failed_calls"] == 1
+
+
+@pytest.mark.parametrize("scores, match", [
+    ({"r": [1.0, 2.0], "valid": ["false", "false"]}, r"scores\['valid'\]\[0\] is 'false' \(str\).*true/false"),
+    ({"r": [1.0, 2.0], "valid": [1, 0]}, r"scores\['valid'\]\[0\] is 1 \(int\)"),
+    ({"r": ["1.0", 2.0]}, r"scores\['r'\]\[0\] is '1.0' \(str\).*number"),
+    ({"r": [True, 2.0]}, r"scores\['r'\]\[0\] is True \(bool\)"),
+    ({"r": 1.0}, r"scores\['r'\] is 1.0 \(float\), expected a list"),
+])
+def test_reply_types_are_validated(scores, match):
+    with fake_server(http_reply({"reward": "r", "n": 2, "scores": scores})) as (url, _):
+        with pytest.raises(RewardError, match=match):
+            RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+
+
+def test_reply_n_and_json_are_validated():
+    with fake_server(http_reply({"reward": "r", "n": 3, "scores": {"r": [1.0, 2.0]}})) as (url, _):
+        with pytest.raises(RewardError, match="'n' is 3.*2 images"):
+            RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+    with fake_server(http_reply(b"<html>proxy error</html>")) as (url, _):
+        with pytest.raises(RewardError, match="not JSON"):
+            RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+
+
+def test_valid_json_booleans_and_null_scores_are_accepted():
+    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1, None], "valid": [True, False]}})
+    with fake_server(reply) as (url, _):
+        out = RemoteReward(url, timeout=2, retries=0, name="r", nan_policy="drop").evaluate(IMGS, ["a", "b"])
+    assert out["r"][0] == 1.0 and np.isnan(out["r"][1]) and out["valid"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("drip_from, status", [(0, "200 OK"), (60, "200 OK"), (60, "500 Internal Server Error")],
+                         ids=["headers", "body", "error-body"])
+def test_dripping_server_cannot_defeat_the_timeout(drip_from, status):
+    # one byte every 0.05 s: each socket read succeeds well within the 0.4 s timeout, the reply never completes
+    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}, "error": "x" * 100}, status)
+    with fake_server(reply, drip=0.05, drip_from=drip_from) as (url, _):
+        client = RemoteReward(url, timeout=0.4, retries=0, name="r")
+        t0 = time.perf_counter()
+        with pytest.raises(RewardError, match="HTTP 500" if status.startswith("500") else "timeout.*0.4 s"):
+            client(IMGS, ["a", "b"])
+        assert time.perf_counter() - t0 < 1.5  # before the fix: the whole drip, len(reply) * 0.05 s > 5 s
+
+
+def test_announced_huge_reply_is_refused_before_reading():
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\n"
+            b"Connection: close\r\n\r\n{")
+    with fake_server(head) as (url, _):
+        with pytest.raises(RewardError, match="314572800 bytes.*max_reply_mb=64"):
+            RemoteReward(url, timeout=2, retries=3, name="r")(IMGS, ["a", "b"])
+
+
+def test_streamed_reply_above_the_cap_is_cut_off():
+    body = b'{"reward": "r", "scores": {"r": [' + b"1.0, " * 50_000 + b"1.0]}}"  # ~250 kB, no Content-Length
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + body
+    with fake_server(reply) as (url, _):
+        with pytest.raises(RewardError, match="more than 102400 bytes"):
+            RemoteReward(url, timeout=2, retries=0, name="r", max_reply_mb=0.09765625)(IMGS, ["a", "b"])
+
+
+def test_client_sends_the_token_from_its_environment(monkeypatch):
+    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}})
+    with fake_server(reply) as (url, heads):
+        RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+        monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
+        RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+    assert b"authorization" not in heads[0].lower()
+    assert b"\r\nAuthorization: Bearer s3cret" in heads[1]
+    assert "s3cret" not in repr(RemoteReward(url))
+
+
+# ----------------------------------------------------------------------------------------------- server
+def _mean_reward(images, prompts, metadata, **kw):
+    return {"mean": images.reshape(images.shape[0], -1).mean(1)}
+
+
+@contextmanager
+def running_server(**kw):
+    srv = make_server(_mean_reward, "127.0.0.1", 0, **kw)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(2)
+
+
+def raw_request(port: int, head: str, body: bytes = b"") -> tuple[int, dict]:
+    """Send ``head`` (request line + headers, no blank line) and ``body``; return (status, JSON reply)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(head.encode("latin-1") + b"\r\n\r\n" + body)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    assert data, "the server closed the connection without an answer"
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.partition(b"\r\n\r\n")[2] or b"{}")
+
+
+def _post_head(port, length, extra=""):
+    cl = "" if length is None else f"Content-Length: {length}\r\n"
+    return (f"POST /score HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n{cl}"
+            f"Connection: close{extra}")
+
+
+def _good_body(n=2):
+    return json.dumps({"images": encode_images(IMGS[:n], "png"), "prompts": ["a"] * n}).encode()
+
+
+@pytest.mark.parametrize("length, status", [("abc", 400), ("-5", 400), ("1e3", 400), (None, 411), ("0", 400)])
+def test_bad_content_length_gets_an_error_status(length, status):
+    with running_server() as port:
+        code, reply = raw_request(port, _post_head(port, length))
+        assert code == status and "Content-Length" in reply["error"]
+        assert raw_request(port, _post_head(port, len(_good_body())), _good_body())[0] == 200  # still serving
+
+
+def test_oversized_request_is_refused_before_reading_it():
+    with running_server(max_body_mb=1.0) as port:
+        t0 = time.perf_counter()
+        code, reply = raw_request(port, _post_head(port, 300 * 2**20))  # announces 300 MB, sends nothing
+        assert code == 413 and "300.0 MB" in reply["error"] and "--max-body-mb" in reply["error"]
+        assert time.perf_counter() - t0 < 2.0
+
+
+def test_decoded_image_size_is_capped():
+    big = np.zeros((1, 64, 64, 3), dtype=np.uint8)  # 4096 pixels: ~100 bytes as PNG
+    body = json.dumps({"images": encode_images(big, "png"), "prompts": ["a"]}).encode()
+    with running_server(max_megapixels=0.001) as port:
+        code, reply = raw_request(port, _post_head(port, len(body)), body)
+    assert code == 413 and "4096 pixels" in reply["error"]
+
+
+def test_non_json_content_type_is_refused():
+    body = _good_body()
+    with running_server() as port:
+        head = _post_head(port, len(body)).replace("application/json", "text/plain")
+        code, reply = raw_request(port, head, body)
+    assert code == 415 and "application/json" in reply["error"]
+
+
+@pytest.mark.parametrize("host, ok", [("127.0.0.1:{port}", True), ("localhost:{port}", True), ("localhost", True),
+                                      ("attacker.example:{port}", False), ("127.0.0.1.nip.io", False), (None, False)])
+def test_host_header_is_checked(host, ok):
+    body = _good_body()
+    with running_server() as port:
+        head = _post_head(port, len(body))
+        head = head.replace(f"Host: 127.0.0.1:{port}\r\n", "" if host is None else f"Host: {host.format(port=port)}\r\n")
+        code, reply = raw_request(port, head, body)
+    assert (code == 200) == ok, reply
+    if not ok:
+        assert code == 400 and "Host" in reply["error"]
+
+
+def test_extra_allowed_host():
+    body = _good_body()
+    with running_server(allowed_hosts=["reward-box"]) as port:
+        head = _post_head(port, len(body)).replace(f"Host: 127.0.0.1:{port}", f"Host: reward-box:{port}")
+        assert raw_request(port, head, body)[0] == 200
+
+
+def test_token_authentication(monkeypatch):
+    monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
+    body = _good_body()
+    with running_server() as port:
+        code, reply = raw_request(port, _post_head(port, len(body)), body)
+        assert code == 401 and "MMGRPO_REWARD_TOKEN" in reply["error"]
+        code, _ = raw_request(port, _post_head(port, len(body), "\r\nAuthorization: Bearer wrong"), body)
+        assert code == 401
+        code, reply = raw_request(port, _post_head(port, len(body), "\r\nAuthorization: Bearer s3cret"), body)
+        assert code == 200 and reply["n"] == 2
+        assert raw_request(port, f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close")[0] == 401
+        # the client reads the same variable: it authenticates; without it, it gets a clear refusal (not retried)
+        url = f"http://127.0.0.1:{port}/score"
+        assert RemoteReward(url, timeout=3, image_format="png", name="mean")(IMGS, ["a", "b"])["mean"].shape == (2,)
+        monkeypatch.delenv("MMGRPO_REWARD_TOKEN")
+        client = RemoteReward(url, timeout=3, retries=2, name="mean")
+        with pytest.raises(RewardError, match="HTTP 401.*MMGRPO_REWARD_TOKEN"):
+            client(IMGS, ["a", "b"])
+        assert client.last_attempts == 1
+
+
+def test_dropped_call_is_not_reported_as_non_finite(caplog):
+    """A failed call dropped with valid=False is logged as such once, not again as 'non-finite scores'."""
+    from flow_grpo.rewards.base import check_finite_numpy
+
+    with caplog.at_level("WARNING", logger="flow_grpo.rewards.base"):
+        out = check_finite_numpy({"r": np.zeros(3), "valid": np.array([False, False, True])}, 3, "r", "drop")
+        assert out["valid"].tolist() == [False, False, True] and "non-finite" not in caplog.text
+        out = check_finite_numpy({"r": np.array([0.0, np.nan, np.nan]), "valid": np.array([False, True, True])},
+                                 3, "r", "drop")
+    assert out["valid"].tolist() == [False, False, False] and "2/3 samples have non-finite scores" in caplog.text
