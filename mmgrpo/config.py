@@ -98,6 +98,12 @@ class RewardConfig:
     accuracy_key: str = field(
         default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
+    parse_mode: str = field(
+        default="lenient",
+        metadata=_h("how answers are read and measured: lenient (the project's tolerant parser) or a release's "
+                    "rules so rewards match the paper: time_r1 | time_r1_eval | tempsamp_r1 (tvg), video_r1 | "
+                    "video_r1_eval (mcq), vlm_r1 | vlm_r1_eval (rec), nextgqa (gqa); see "
+                    "mmgrpo.rewards.protocols.PARSE_MODES"))
     options: dict[str, Any] = field(default_factory=dict,
                                     metadata=_h("extra build_reward_fn options, YAML values (e.g. {sigma: 0.2})"))
     on_nonfinite: Literal["drop", "error"] = field(
@@ -261,5 +267,10 @@ class TrainConfig:
             raise ValueError("reward.retries, reward.retry_backoff and reward.timeout must be >= 0")
         if self.run.max_consecutive_skips < 0:
             raise ValueError("run.max_consecutive_skips must be >= 0")
+        if self.reward.parse_mode != "lenient":  # checked here so a typo fails before any model is loaded
+            from mmgrpo.rewards.protocols import check_parse_mode
+
+            task = self.data.task if self.data.task != "numeric" else "mcq"
+            check_parse_mode(self.reward.parse_mode, task)
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")

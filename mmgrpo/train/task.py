@@ -278,6 +278,12 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
                          "completion. Use 'format_loose' (a closed <answer> block) or drop it, e.g. "
                          "reward.weights='{iou: 1.0, format_loose: 0.5}'")
     opts = dict(reward_cfg.options)
+    mode = getattr(reward_cfg, "parse_mode", "lenient")
+    if mode != "lenient":
+        if opts.get("parse_mode", mode) != mode:
+            raise ValueError(f"reward.parse_mode={mode!r} but reward.options sets parse_mode="
+                             f"{opts['parse_mode']!r}: set it in one place")
+        opts["parse_mode"] = mode
     if task == "rec":
         opts.setdefault("box_frame", family)
     if "length" in reward_cfg.weights:
