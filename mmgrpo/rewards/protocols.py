@@ -15,7 +15,8 @@ mode               tasks   rules (release file)
 ``time_r1``        tvg     Time-R1 training reward (xiaomi-research/time-r1 ``main.py``): the **last** closed
                            ``<answer>…</answer>`` block (exact lower-case tag); in it the **last** "A to B" /
                            "A and B" (one space each side, either case of to/and; A, B unsigned decimals
-                           ``\\d+\\.?\\d*``); nothing else ("25.3s to 30s", "A - B", "A–B", clock times fail).
+                           ``\\d+\\.?\\d*``); nothing else ("25.3s to 30s", "A - B", "A–B" fail; "00:10 to 00:20"
+                           reads as 10 to 0).
 ``time_r1_eval``   tvg     Time-R1 evaluation (``evaluate.py`` / ``src/vllm_inference/eval_all.py``): the last
                            "A to B" / "A and B" (lower-case to/and) anywhere in the output, answer block or
                            not; R1@θ counts IoU **> θ**; the mean is over the predictions that exist.
