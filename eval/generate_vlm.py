@@ -331,6 +331,10 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
                              by=list(sc.by), duration_buckets=list(sc.duration_buckets), protocol=sc.protocol,
                              official_mode=sc.official_mode)
     task = cfg.data.task
+    if sc.official_mode not in ("auto", ""):  # a typo must fail before hours of generation, not at scoring
+        from mmgrpo.rewards.protocols import check_parse_mode
+
+        check_parse_mode(sc.official_mode, task)
     if sc.thresholds:
         o["gqa_thresholds" if task == "gqa" else "thresholds"] = list(sc.thresholds)
     if task == "mcq":

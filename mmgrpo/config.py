@@ -272,5 +272,9 @@ class TrainConfig:
 
             task = self.data.task if self.data.task != "numeric" else "mcq"
             check_parse_mode(self.reward.parse_mode, task)
+            if task == "tvg" and self.data.answer_format != "seconds":
+                raise ValueError(f"reward.parse_mode={self.reward.parse_mode} reads 'start to end' in seconds only, "
+                                 f"as the release does; data.answer_format={self.data.answer_format!r} asks the "
+                                 "model for another format (use data.answer_format=seconds)")
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
