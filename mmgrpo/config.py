@@ -7,7 +7,9 @@ Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
 * T-GRPO (Video-R1): ``tgrpo.enabled=true``;
 * Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
 * TW-GRPO: ``twgrpo.enabled=true``;
-* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``.
+* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``;
+* answer parsing as a release does it (``mmgrpo.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
+  ``tempsamp_r1`` (TempSamp-R1), ``video_r1`` (Video-R1 / T-GRPO), ``vlm_r1`` (VLM-R1 REC); default ``lenient``.
 
 No torch import here: ``mmgrpo train --help`` stays fast.
 """
