@@ -315,13 +315,16 @@ def span_boundary_iou(tp: TemporalPrediction) -> float:
 
 
 def span_gaussian(tp: TemporalPrediction, sigma: float = 0.1) -> float:
+    """Gaussian boundary reward (max over ground truth). No release defines it: in a release mode it is computed
+    on the span as that release parsed it, ordered and clamped by ``gaussian_boundary_reward`` itself."""
     if tp.pred is None:
         return 0.0
     return max(gaussian_boundary_reward(tp.pred, g, duration=tp.duration, sigma=sigma) for g in tp.gts)
 
 
 def span_multi_iou(tp: TemporalPrediction) -> float:
-    """Union-vs-union IoU of *all* parsed spans against all ground-truth spans."""
+    """Union-vs-union IoU of *all* parsed spans against all ground-truth spans (a project metric: in a release mode
+    the release's single span is used, ordered and clamped by ``multi_interval_iou``)."""
     if not tp.preds:
         return 0.0
     return multi_interval_iou(tp.preds, tp.gts, duration=tp.duration)
