@@ -17,10 +17,11 @@ Protocols (``--protocol``, default ``official``; every report carries **both**, 
 * ``official`` reproduces the evaluation released with the benchmark or, where the benchmark has none, with the
   paper being reproduced (named in ``metrics["protocol"]["reference"]``): tvg = Time-R1's evaluation
   (``time_r1_eval``: last "A to B" in the output, no swap, no clamp, R1@θ counts IoU > θ, missing predictions
-  not counted), mcq = Video-R1's evaluation (``video_r1_eval``: exact letter, decimal-mark rule), rec = VLM-R1's
-  REC evaluation (``vlm_r1_eval``: integer boxes, last box, IoU > 0.5), gqa = NExT-GQA's grounding evaluation
-  (``nextgqa``: a zero-length span inside the ground truth has IoP 1, no clamping, missing predictions not
-  counted). ``--official-mode`` picks another release mode of the task (e.g. ``tempsamp_r1`` for tvg).
+  not counted), mcq = Video-R1's evaluation (``video_r1_eval``: first closed answer block, else the whole
+  output; exact letter; decimal-mark rule and 2-decimal rounding for numbers), rec = VLM-R1's REC evaluation
+  (``vlm_r1_eval``: integer boxes, last box inside {...}, IoU > 0.5, no clamping), gqa = NExT-GQA's grounding
+  evaluation (``nextgqa``: a zero-length span inside the ground truth has IoP 1, no clamping, missing predictions
+  not counted; the answer letter as VideoChat-R1's GQA evaluation reads it). ``--official-mode`` picks another release mode of the task (e.g. ``tempsamp_r1`` for tvg).
   The parse modes are documented in ``mmgrpo.rewards.protocols``.
 * ``lenient`` is the project's tolerant parser, with the rules below.
 
