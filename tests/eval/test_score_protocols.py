@@ -205,3 +205,17 @@ def test_report_shows_both_protocols(tmp_path):
     assert "## Protocols" in md and "| official | xiaomi-research/time-r1" in md and "| lenient |" in md
     assert s["protocols"]["official"]["metrics"]["n_parse_failed"] == 1
     assert s["metrics"]["mIoU"] == pytest.approx(m["protocols"]["official"]["mIoU"])
+
+
+def test_compare_warns_when_runs_use_different_protocols(tmp_path):
+    from eval.compare import compare
+
+    for name, proto in (("a", "official"), ("b", "lenient")):
+        d = tmp_path / name
+        d.mkdir()
+        m = score("tvg", TVG_PREDS, TVG_ANNS, protocol=proto).metrics
+        m["kind"] = "vlm"
+        (d / "metrics.json").write_text(json.dumps(m))
+    cmp = compare([tmp_path / "a", tmp_path / "b"])
+    assert any("different scoring protocols" in w for w in cmp["warnings"])
+    assert not any("different scoring protocols" in w for w in compare([tmp_path / "a", tmp_path / "a"])["warnings"])
