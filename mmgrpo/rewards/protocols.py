@@ -45,6 +45,7 @@ mode               tasks   rules (release file)
                            block, a few "The answer is" prefixes removed, then the first of A–G).
 =================  ======  ====================================================================================
 
+The ``format`` reward in a release mode is that release's format check (:func:`release_format`).
 Measurement in every strict mode follows the releases too: reversed spans/boxes are kept as written (the
 releases' overlap formulas then give 0), predictions are not clamped to the video or image, and ground truth is
 used as annotated (the project's clip-relative time offset still applies: it is a data convention, not parsing).
@@ -71,6 +72,7 @@ __all__ = [
     "video_r1_number",
     "video_r1_numeric_correct",
     "strict_box",
+    "release_format",
     "videochat_r1_letter",
     "release_temporal_iou",
     "release_boundary_iou",
@@ -310,6 +312,42 @@ def videochat_r1_letter(s: Optional[str]) -> str:
     if len(s.split()) > 10 and m is None:
         return ""
     return "" if m is None else m.group(0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Format rewards as released (the "format" reward in a release mode)
+# --------------------------------------------------------------------------------------------------------------
+
+_THINK_ANSWER = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+_VLM_R1_FORMAT = re.compile(
+    r"<think>.*?</think>\s*<answer>.*?\{.*\[\d+,\s*\d+,\s*\d+,\s*\d+\].*\}.*?</answer>", re.DOTALL)
+_TS_FORMAT_PAIR = re.compile(r"\d+\.?\d*\s*(?:to|and|-)\s*\d+\.?\d*")
+
+
+def release_format(output: Any, mode: str) -> float:
+    """1/0 format reward of a release (exact lower-case tags):
+
+    * time_r1 / time_r1_eval (Time-R1 ``format_reward``): the *stripped* text fully matches
+      ``<think>…</think>`` + whitespace + ``<answer>…</answer>`` (non-greedy parts may span further tags, so
+      "<think>a</think><answer>b</answer><answer>c</answer>" passes);
+    * video_r1 / video_r1_eval (Video-R1 ``format_reward``): the same full match on the text *as generated*;
+    * vlm_r1 / vlm_r1_eval (VLM-R1 ``format_reward_rec``): such a think + answer sequence *somewhere* in the text
+      whose answer holds an integer box inside ``{…}``;
+    * tempsamp_r1 (re-implementation, default loose check): the first closed answer block contains a number pair
+      joined by to / and / "-";
+    * nextgqa: no released format reward; the Time-R1 rule is used.
+    """
+    text = completion_text(output)
+    if text is None:
+        return 0.0
+    if mode in ("video_r1", "video_r1_eval"):
+        return 1.0 if _THINK_ANSWER.fullmatch(text) else 0.0
+    if mode in ("vlm_r1", "vlm_r1_eval"):
+        return 1.0 if _VLM_R1_FORMAT.search(text) else 0.0
+    if mode == "tempsamp_r1":
+        blk = _first_block(text)
+        return 1.0 if blk is not None and _TS_FORMAT_PAIR.search(blk) else 0.0
+    return 1.0 if _THINK_ANSWER.fullmatch(text.strip()) else 0.0
 
 
 # --------------------------------------------------------------------------------------------------------------

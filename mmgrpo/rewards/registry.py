@@ -46,7 +46,7 @@ from .tasks import (
     span_iou,
     span_multi_iou,
 )
-from .protocols import check_parse_mode, is_strict
+from .protocols import check_parse_mode, is_strict, release_format
 from .temporal import threshold_reward
 
 __all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn"]
@@ -55,7 +55,8 @@ TASKS = ("tvg", "mcq", "gqa", "rec")
 
 # reward name -> (tasks it applies to, one-line description)
 REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0)"),
+    "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0); in a release parse mode, "
+                      "that release's format check"),
     "format_loose": (TASKS, "a closed <answer>…</answer> block exists (1/0)"),
     "length": (TASKS, "Video-R1 bonus: correct and lo ≤ tokens ≤ hi, >1 correct in the group"),
     "iou": (("tvg", "gqa"), "temporal IoU (max over GT spans)"),
@@ -132,7 +133,10 @@ class RewardFn:
         failed = False
         primary = 0.0
         if "format" in want:
-            r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
+            if is_strict(pc.parse_mode):  # the release's own format check
+                r["format"] = release_format(text, pc.parse_mode)
+            else:
+                r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
         if "format_loose" in want:
             r["format_loose"] = format_reward(text, strict=False)
 

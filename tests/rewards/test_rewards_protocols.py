@@ -8,6 +8,7 @@ from mmgrpo.rewards.protocols import (
     PARSE_MODES,
     check_parse_mode,
     nextgqa_iou_iop,
+    release_format,
     strict_answer_text,
     strict_box,
     strict_span,
@@ -183,6 +184,26 @@ def test_videochat_r1_letter_rule():
     assert videochat_r1_letter("a person opens the door") == ""
     assert videochat_r1_letter("the man picks up a cup then leaves the room and goes out") == ""
     assert videochat_r1_letter("Because the man ...") == "B"  # the first capital A-G, whatever the word
+
+
+# ----------------------------------------------------------------------------------------------------- format
+def test_release_format_rewards():
+    """Time-R1: full match of <think>.*?</think>\\s*<answer>.*?</answer> on the stripped text; Video-R1: the same on
+    the text as generated; VLM-R1: search, with an integer box inside {...} in the answer; TempSamp-R1 (loose):
+    a number pair in the first closed answer block."""
+    two_answers = "<think>a</think><answer>1 to 2</answer><answer>3 to 4</answer>"
+    padded = "  <think>a</think> <answer>1 to 2</answer>\n"
+    assert release_format(two_answers, "time_r1") == 1.0
+    assert build_reward_fn({"format": 1.0}, "tvg").score([two_answers], [TVG])["format"] == [0.0]  # project: one
+    assert release_format(padded, "time_r1") == 1.0 and release_format(padded, "video_r1") == 0.0
+    assert release_format("<Think>a</Think><Answer>C</Answer>", "video_r1") == 0.0
+    box = '<think>x</think><answer>{"bbox_2d": [1, 2, 3, 4]}</answer>'
+    assert release_format("preamble " + box, "vlm_r1") == 1.0
+    assert release_format("<think>x</think><answer>[1, 2, 3, 4]</answer>", "vlm_r1") == 0.0  # no braces
+    assert release_format("<answer>1.5 - 3</answer>", "tempsamp_r1") == 1.0  # no think block needed
+    assert release_format("<answer>about one</answer>", "tempsamp_r1") == 0.0
+    fn = build_reward_fn({"iou": 1.0, "format": 0.5}, "tvg", parse_mode="time_r1")
+    assert fn.score([two_answers], [TVG])["format"] == [1.0]
 
 
 # ----------------------------------------------------------------------------------------------------- config
