@@ -124,6 +124,10 @@ def compare(run_dirs: Sequence[str | Path], names: Optional[Sequence[str]] = Non
     warnings = []
     if len(kinds) > 1 or len(tasks) > 1:
         warnings.append(f"runs evaluate different kinds/tasks ({sorted(kinds)} / {sorted(tasks)})")
+    protos = {str(s.get("protocol")) for s in sums if s.get("kind") == "vlm"}
+    if len(protos) > 1:  # e.g. one run scored with a release's evaluation, another with the lenient parser
+        warnings.append(f"runs report different scoring protocols ({sorted(protos)}): their headline numbers are "
+                        "not comparable; each report.md's Protocols table has both")
     diff = settings_diff(sums)
     data_diff = [k for k in diff if k in DATA_KEYS or k.startswith("data.annotations") or k == "prompts.file"]
     if any(k in DATA_KEYS for k in data_diff):

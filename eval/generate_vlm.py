@@ -111,9 +111,16 @@ class DecodingConfig:
 @dataclass
 class ScoringConfig:
     by: list[str] = field(default_factory=list, metadata=_h("breakdowns, e.g. [dataset, duration_bucket]"))
-    fallback_to_text: bool = field(default=True, metadata=_h("no <answer> block: parse the whole text"))
-    allow_unclosed: bool = field(default=True, metadata=_h("accept a final <answer> without </answer>"))
-    which: Literal["auto", "first", "last"] = field(default="auto", metadata=_h("which span/box/number to use"))
+    protocol: Literal["official", "lenient"] = field(
+        default="official",
+        metadata=_h("top-level numbers: official = the evaluation released with the benchmark / reproduced paper "
+                    "(tvg Time-R1, mcq Video-R1, rec VLM-R1, gqa NExT-GQA), lenient = the project's parser; both "
+                    "are always in metrics.json['protocols'] and the report"))
+    official_mode: str = field(default="auto", metadata=_h(
+        "release mode of the official protocol (auto = the task's default; e.g. tempsamp_r1 for tvg)"))
+    fallback_to_text: bool = field(default=True, metadata=_h("lenient protocol: no <answer> block -> parse the whole text"))
+    allow_unclosed: bool = field(default=True, metadata=_h("lenient protocol: accept a final <answer> without </answer>"))
+    which: Literal["auto", "first", "last"] = field(default="auto", metadata=_h("lenient protocol: which span/box/number to use"))
     thresholds: list[float] = field(default_factory=list,
                                     metadata=_h("IoU thresholds (empty = tvg 0.3,0.5,0.7; gqa 0.3,0.5)"))
     numeric_rel_tol: float = field(default=0.0, metadata=_h("mcq numeric answers: relative tolerance"))
@@ -321,8 +328,13 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
     """Keyword options for ``eval.score.score`` (JSON-safe)."""
     sc = cfg.score
     o: dict[str, Any] = dict(fallback_to_text=sc.fallback_to_text, allow_unclosed=sc.allow_unclosed, which=sc.which,
-                             by=list(sc.by), duration_buckets=list(sc.duration_buckets))
+                             by=list(sc.by), duration_buckets=list(sc.duration_buckets), protocol=sc.protocol,
+                             official_mode=sc.official_mode)
     task = cfg.data.task
+    if sc.official_mode not in ("auto", ""):  # a typo must fail before hours of generation, not at scoring
+        from mmgrpo.rewards.protocols import check_parse_mode
+
+        check_parse_mode(sc.official_mode, task)
     if sc.thresholds:
         o["gqa_thresholds" if task == "gqa" else "thresholds"] = list(sc.thresholds)
     if task == "mcq":

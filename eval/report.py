@@ -42,8 +42,10 @@ HEADLINE: dict[str, list[str]] = {
 }
 # metrics named by a threshold (custom thresholds produce other names); kept in the headline too
 _THRESHOLD_PREFIXES = ("R1@", "Acc@", "IoU@", "IoP@")
-DETAILS = ("n_missing", "n_parse_failed", "n_fallback", "n_reversed", "n_clamped", "n_unmatched_predictions",
-           "n_numeric", "n_span_parse_failed", "n_other_task_skipped")
+DETAILS = ("n_missing", "n_scored", "n_parse_failed", "n_fallback", "n_reversed", "n_clamped", "n_outside_video",
+           "n_unmatched_predictions", "n_numeric", "n_span_parse_failed", "n_other_task_skipped")
+# per-protocol columns of the "Protocols" table (eval/score.py computes both protocols for every run)
+_PROTOCOL_COUNTS = ("n_parse_failed", "parse_failure_rate", "n_missing")
 PRIMARY = {"tvg": "mIoU", "mcq": "accuracy", "gqa": "accuracy", "rec": "Acc@0.5"}
 # long or bookkeeping settings left out of the flattened view
 _DROP_SETTINGS = ("run.", "fingerprint")
@@ -93,8 +95,15 @@ def _vlm_summary(m: Mapping[str, Any]) -> dict:
         for val, agg in groups.items():
             rows[str(val)] = {"n": agg.get("n"), **{c: agg.get(c) for c in cols}}
         breakdowns[key] = {"columns": ["n"] + cols, "rows": rows}
+    protocols = {}
+    for name, pm in (m.get("protocols") or {}).items():
+        vals = {k: pm[k] for k in list(metrics) + [k for k in pm if k.startswith(_THRESHOLD_PREFIXES)]
+                if k in pm and k != "n" and (pm[k] is None or _is_num(pm[k]))}
+        vals.update({k: pm.get(k) for k in _PROTOCOL_COUNTS})
+        protocols[name] = {"reference": pm.get("reference"), "parse_mode": pm.get("parse_mode"), "metrics": vals}
     return {"kind": "vlm", "task": task, "decimals": 2, "metrics": metrics, "details": details,
-            "breakdowns": breakdowns, "primary": PRIMARY.get(task)}
+            "breakdowns": breakdowns, "primary": PRIMARY.get(task), "protocols": protocols,
+            "protocol": (m.get("protocol") or {}).get("name")}
 
 
 def _t2i_summary(m: Mapping[str, Any]) -> dict:
@@ -225,7 +234,16 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         parts.append(f"- {k}: {v}")
     if summary.get("fingerprint"):
         parts.append(f"- settings fingerprint: {summary['fingerprint'][:16]}")
+    if summary.get("protocol"):
+        parts.append(f"- protocol of the table below: {summary['protocol']} (both protocols: see Protocols)")
     parts += ["", md_table(["metric", "value"], [[k, fmt_value(v, d)] for k, v in summary["metrics"].items()])]
+    if summary.get("protocols"):
+        cols: list[str] = []
+        for pr in summary["protocols"].values():
+            cols += [k for k in pr["metrics"] if k not in cols]
+        rows = [[name, str(pr.get("reference"))] + [fmt_value(pr["metrics"].get(c), d) for c in cols]
+                for name, pr in summary["protocols"].items()]
+        parts += ["", "## Protocols", "", md_table(["protocol", "reproduces"] + cols, rows)]
     if summary.get("details"):
         parts += ["", "<details><summary>counts and diagnostics</summary>", "",
                   md_table(["detail", "value"], [[k, fmt_value(v, d)] for k, v in summary["details"].items()]),

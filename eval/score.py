@@ -11,7 +11,24 @@ Predictions: JSON lines ``{"id", "output": raw model text, ...}`` (other fields 
 Annotations: canonical JSON lines ``{id, duration, spans, task, options?, answer?, boxes?, image_size?,
 video_start?, video_end?, meta}``, read here as plain JSON (no dependency on the data loaders).
 
-Rules (identical parsing and IoU to the training rewards: everything is imported from ``mmgrpo.rewards``):
+Protocols (``--protocol``, default ``official``; every report carries **both**, with parse-failure counts, in
+``metrics["protocols"]``, and the CLI prints a two-line comparison on stderr):
+
+* ``official`` reproduces the evaluation released with the benchmark or, where the benchmark has none, with the
+  paper being reproduced (named in ``metrics["protocol"]["reference"]``): tvg = Time-R1's evaluation
+  (``time_r1_eval``: last "A to B" in the output, no swap, no clamp, R1@θ counts IoU > θ, missing predictions
+  not counted), mcq = Video-R1's evaluation (``video_r1_eval``: first closed answer block, else the whole
+  output; exact letter; decimal-mark rule and 2-decimal rounding for numbers), rec = VLM-R1's REC evaluation
+  (``vlm_r1_eval``: integer boxes, last box inside {...}, IoU > 0.5, no clamping), gqa = NExT-GQA's grounding
+  evaluation (``nextgqa``: a zero-length span inside the ground truth has IoP 1, no clamping, missing predictions
+  not counted; the answer letter as VideoChat-R1's GQA evaluation reads it). ``--official-mode`` picks another release mode of the task (e.g. ``tempsamp_r1`` for tvg).
+  The parse modes are documented in ``mmgrpo.rewards.protocols``.
+* ``lenient`` is the project's tolerant parser, with the rules below.
+
+Missing predictions: an empty or partial predictions file is an error (exit 1, with a warning naming the count)
+unless ``--allow-missing``; the API (:func:`score`) never refuses and reports ``n_missing``.
+
+Lenient rules (identical parsing and IoU to the training rewards: everything is imported from ``mmgrpo.rewards``):
 * the answer is read from the **last** ``<answer>`` block; with no block the whole text is parsed
   (``--no-fallback`` turns that off); the choice is recorded in ``metrics["config"]`` and the number of outputs
   that needed it in ``n_fallback``;
@@ -27,6 +44,7 @@ All rates and means are percentages. Importable: ``score_tvg(preds, anns, **opts
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -42,12 +60,14 @@ from mmgrpo.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # no
 from mmgrpo.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
 from mmgrpo.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
 from mmgrpo.rewards.parsing import ParseStatus  # noqa: E402
+from mmgrpo.rewards.protocols import PARSE_MODES, check_parse_mode  # noqa: E402
 from mmgrpo.rewards.tasks import (  # noqa: E402
     ParseConfig,
     SampleError,
     box_best_iou,
     gt_letters,
     gt_number,
+    numeric_correct,
     prepare_box,
     prepare_choice,
     prepare_number,
@@ -70,6 +90,14 @@ __all__ = [
 ]
 
 TASKS = ("tvg", "mcq", "gqa", "rec")
+PROTOCOLS = ("official", "lenient")
+# the release evaluation each task's "official" protocol reproduces
+OFFICIAL_MODE = {"tvg": "time_r1_eval", "mcq": "video_r1_eval", "gqa": "nextgqa", "rec": "vlm_r1_eval"}
+# modes whose evaluation counts a hit only when IoU > θ (the others: IoU >= θ)
+_STRICT_THRESHOLD_MODES = ("time_r1_eval", "vlm_r1_eval")
+# modes whose evaluation averages over the predictions that exist (Time-R1 iterates over its prediction files,
+# NExT-GQA skips questions without a prediction); the others divide by every annotation
+_SKIP_MISSING_MODES = ("time_r1_eval", "nextgqa")
 TVG_THRESHOLDS = (0.3, 0.5, 0.7)
 GQA_THRESHOLDS = (0.3, 0.5)
 
@@ -181,14 +209,29 @@ def _tvg_record(output: Optional[str], ann: Mapping[str, Any], pc: ParseConfig, 
 
 
 def _tvg_aggregate(recs: list[dict], opts: dict) -> dict:
-    ious = [r["iou"] for r in recs]
     m = _common_counts(recs)
+    recs = _scored(recs, opts, m)
+    ious = [r["iou"] for r in recs]
     for t in opts["thresholds"]:
-        m[f"R1@{t:g}"] = rate_at(ious, t)
+        m[f"R1@{t:g}"] = _rate(ious, t, opts)
     m["mIoU"] = mean_pct(ious)
     m["n_reversed"] = sum(1 for r in recs if r.get("reversed"))
-    m["n_clamped"] = sum(1 for r in recs if r.get("clamped"))
+    m["n_outside_video" if opts["strict_mode"] else "n_clamped"] = sum(1 for r in recs if r.get("clamped"))
     return m
+
+
+def _scored(recs: list[dict], opts: dict, m: dict) -> list[dict]:
+    """The records the metrics average over: all, or (release modes that do so) only those with a prediction."""
+    if opts.get("skip_missing"):
+        recs = [r for r in recs if not r["missing"]]
+        m["n_scored"] = len(recs)
+    return recs
+
+
+def _rate(values: Sequence[float], t: float, opts: dict) -> Optional[float]:
+    if opts.get("strict_threshold"):
+        return pct(sum(1 for v in values if v > t), len(values))
+    return rate_at(values, t)
 
 
 def _mcq_record(output: Optional[str], ann: Mapping[str, Any], pc: ParseConfig, opts: dict) -> dict:
@@ -196,7 +239,10 @@ def _mcq_record(output: Optional[str], ann: Mapping[str, Any], pc: ParseConfig, 
     if numeric:
         p = prepare_number(output, ann, pc)
         gt = gt_number(ann)
-        acc = numeric_reward(p.value, gt, rel_tol=opts["numeric_rel_tol"])
+        if opts["strict_mode"]:
+            acc = numeric_correct(output, ann, pc)
+        else:
+            acc = numeric_reward(p.value, gt, rel_tol=opts["numeric_rel_tol"])
         return {
             "kind": "numeric",
             "correct": acc,
@@ -235,8 +281,10 @@ def _is_number(x: Any) -> bool:
 
 def _mcq_aggregate(recs: list[dict], opts: dict) -> dict:
     m = _common_counts(recs)
+    recs = _scored(recs, opts, m)
     m["accuracy"] = mean_pct([r["correct"] for r in recs])
-    m["soft_accuracy"] = mean_pct([r["soft"] for r in recs])
+    if not opts["strict_mode"]:  # TW-GRPO partial credit: not part of any release's evaluation
+        m["soft_accuracy"] = mean_pct([r["soft"] for r in recs])
     num = [r for r in recs if r.get("kind") == "numeric"]
     if num:
         m["n_numeric"] = len(num)
@@ -268,24 +316,27 @@ def _gqa_record(output: Optional[str], ann: Mapping[str, Any], pc: ParseConfig, 
 
 def _gqa_aggregate(recs: list[dict], opts: dict) -> dict:
     m = _common_counts(recs)
+    present = [r for r in recs if not r["missing"]]
+    recs = _scored(recs, opts, m)
     ious = [r["iou"] for r in recs]
     iops = [r["iop"] for r in recs]
     m["accuracy"] = mean_pct([r["correct"] for r in recs])
-    m["soft_accuracy"] = mean_pct([r["soft"] for r in recs])
+    if not opts["strict_mode"]:
+        m["soft_accuracy"] = mean_pct([r["soft"] for r in recs])
     m["mIoU"] = mean_pct(ious)
     m["mIoP"] = mean_pct(iops)
     for t in opts["gqa_thresholds"]:
-        m[f"IoU@{t:g}"] = rate_at(ious, t)
+        m[f"IoU@{t:g}"] = _rate(ious, t, opts)
     for t in opts["gqa_thresholds"]:
-        m[f"IoP@{t:g}"] = rate_at(iops, t)
+        m[f"IoP@{t:g}"] = _rate(iops, t, opts)
     # NExT-GQA: answered correctly AND grounded (IoP >= 0.5)
     m["Acc@GQA"] = pct(sum(1 for r in recs if r["correct"] == 1.0 and r["iop"] >= 0.5), len(recs))
-    m["mIoU_union"] = mean_pct([r["iou_union"] for r in recs])
-    present = [r for r in recs if not r["missing"]]
+    if not opts["strict_mode"]:  # VideoChat-R1-style merged-interval IoU: a project diagnostic
+        m["mIoU_union"] = mean_pct([r["iou_union"] for r in recs])
     m["n_span_parse_failed"] = sum(1 for r in present if r["span_parse_status"] != ParseStatus.OK.value)
     m["span_parse_failure_rate"] = pct(m["n_span_parse_failed"], len(present))
     m["n_reversed"] = sum(1 for r in recs if r.get("reversed"))
-    m["n_clamped"] = sum(1 for r in recs if r.get("clamped"))
+    m["n_outside_video" if opts["strict_mode"] else "n_clamped"] = sum(1 for r in recs if r.get("clamped"))
     return m
 
 
@@ -326,8 +377,9 @@ def _rec_record(output: Optional[str], ann: Mapping[str, Any], pc: ParseConfig, 
 
 def _rec_aggregate(recs: list[dict], opts: dict) -> dict:
     m = _common_counts(recs)
+    recs = _scored(recs, opts, m)
     ious = [r["iou"] for r in recs]
-    m[f"Acc@{opts['box_threshold']:g}"] = rate_at(ious, opts["box_threshold"])
+    m[f"Acc@{opts['box_threshold']:g}"] = _rate(ious, opts["box_threshold"], opts)
     m["mIoU"] = mean_pct(ious)
     m["n_reversed"] = sum(1 for r in recs if r.get("reversed"))
     return m
@@ -390,6 +442,8 @@ def _options(task: str, **opts: Any) -> dict:
         "min_pixels": None,
         "max_pixels": None,
         "span_tags": ("glue", "evidence"),
+        "protocol": "official",
+        "official_mode": None,
     }
     unknown = set(opts) - set(defaults)
     if unknown:
@@ -400,6 +454,13 @@ def _options(task: str, **opts: Any) -> dict:
     o["by"] = tuple(o["by"] or ())
     if o["which"] not in ("auto", "first", "last"):
         raise ValueError(f"which must be 'auto', 'first' or 'last', got {o['which']!r}")
+    if o["protocol"] not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {o['protocol']!r}")
+    if o["official_mode"] in (None, "", "auto"):
+        o["official_mode"] = OFFICIAL_MODE[task]
+    check_parse_mode(o["official_mode"], task)
+    if o["official_mode"] == "lenient":
+        raise ValueError("official_mode must be a release mode, not 'lenient' (use protocol='lenient')")
     if task == "rec":
         if o["box_frame"] is None:
             raise ValueError("rec scoring needs box_frame (qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | ...)")
@@ -410,69 +471,146 @@ def _options(task: str, **opts: Any) -> dict:
     return o
 
 
+def _protocol_opts(o: dict, protocol: str) -> dict:
+    """Options of one protocol: the parse mode and the release's counting rules (thresholds, missing)."""
+    mode = o["official_mode"] if protocol == "official" else "lenient"
+    return {**o, "parse_mode": mode, "strict_mode": mode != "lenient",
+            "strict_threshold": mode in _STRICT_THRESHOLD_MODES, "skip_missing": mode in _SKIP_MISSING_MODES}
+
+
+def protocol_reference(task: str, protocol: str, mode: str) -> dict:
+    """What a protocol reproduces (written into every metrics file)."""
+    if protocol == "lenient":
+        return {"name": "lenient", "parse_mode": "lenient",
+                "reference": "mmgrpo lenient parser (documented in eval/score.py and mmgrpo.rewards.parsing)"}
+    pm = PARSE_MODES[mode]
+    return {"name": "official", "parse_mode": mode, "reference": pm.release, "rules": pm.summary}
+
+
 def score(task: str, predictions: Iterable[Any], annotations: Iterable[Any], **opts: Any) -> ScoreResult:
     """Score ``predictions`` against ``annotations`` for ``task``; returns metrics and per-sample records.
+
+    Both protocols are always computed: the top-level metrics, ``by`` breakdowns and per-sample records are those
+    of ``protocol`` (default "official"); ``metrics["protocols"]`` holds both protocols' metrics (with their
+    parse-failure counts) and each per-sample record holds the other protocol's values under ``"other"``.
 
     predictions / annotations: lists of dicts (or ``(location, dict)`` pairs from :func:`read_jsonl`).
     opts: fallback_to_text (True), allow_unclosed (True), which ("auto"), clip_relative (True), by (() or
     "dataset,duration_bucket"), duration_buckets ((30, 60, 120, 300) s), skip_other_tasks (False), thresholds
     (TVG, (0.3, 0.5, 0.7)), gqa_thresholds ((0.3, 0.5)), numeric_rel_tol (0), box_frame (REC, required),
     box_inclusive (False), box_threshold (0.5), patch_factor / min_pixels / max_pixels (REC resized frame when no
-    resized_image_size is given: smart_resize with factor 28, or 32 for qwen3_vl), span_tags (GQA evidence tags).
+    resized_image_size is given: smart_resize with factor 28, or 32 for qwen3_vl), span_tags (GQA evidence tags),
+    protocol ("official" | "lenient"), official_mode (None = the task's default release, OFFICIAL_MODE).
+    fallback_to_text / allow_unclosed / which apply to the lenient protocol only.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
     o = _options(task, **opts)
-    pc = ParseConfig(
+    pc0 = ParseConfig(
         fallback_to_text=o["fallback_to_text"],
         allow_unclosed=o["allow_unclosed"],
         which=o["which"],
         clip_relative=o["clip_relative"],
         span_tags=tuple(o["span_tags"]),
     )
+    sel, other = o["protocol"], ("lenient" if o["protocol"] == "official" else "official")
+    popts = {p: _protocol_opts(o, p) for p in PROTOCOLS}
+    pcs = {p: dataclasses.replace(pc0, parse_mode=popts[p]["parse_mode"]) for p in PROTOCOLS}
     preds = _index_predictions(_locate(predictions, "predictions"))
     anns, n_skipped = _select_annotations(_locate(annotations, "annotations"), task, o["skip_other_tasks"])
     record_fn, aggregate_fn = _SCORERS[task]
-    records: list[dict] = []
+    records: dict[str, list[dict]] = {p: [] for p in PROTOCOLS}
     matched: set[str] = set()
     for where, ann in anns:
         aid = str(ann["id"])
         groups = {k: group_value(ann, k, o["duration_buckets"]) for k in o["by"]}
         hit = preds.get(aid)
-        try:
-            if hit is None:
-                # validate the annotation anyway, so bad ground truth is reported even without a prediction
-                rec = record_fn(None, ann, pc, o) if task != "rec" else record_fn(None, ann, pc, o, {})
-                rec.update(_MISSING_FIELDS[task])
-                rec.update({"id": aid, "missing": True})
-            else:
-                matched.add(aid)
-                pwhere, prec = hit
-                output = prec.get("output")
-                rec = record_fn(output, ann, pc, o) if task != "rec" else record_fn(output, ann, pc, o, prec)
-                extras = {k: v for k, v in prec.items() if k not in rec}
-                rec = {**extras, **rec, "id": aid, "missing": False}
-        except SampleError as e:
-            raise ScoreInputError(f"{where}: {e}") from None
-        rec["groups"] = groups
-        records.append(rec)
+        if hit is not None:
+            matched.add(aid)
+        for proto in PROTOCOLS:
+            pc, po = pcs[proto], popts[proto]
+            try:
+                if hit is None:
+                    # validate the annotation anyway, so bad ground truth is reported even without a prediction
+                    rec = record_fn(None, ann, pc, po) if task != "rec" else record_fn(None, ann, pc, po, {})
+                    rec.update(_MISSING_FIELDS[task])
+                    rec.update({"id": aid, "missing": True})
+                else:
+                    pwhere, prec = hit
+                    output = prec.get("output")
+                    rec = record_fn(output, ann, pc, po) if task != "rec" else record_fn(output, ann, pc, po, prec)
+                    extras = {k: v for k, v in prec.items() if k not in rec}
+                    rec = {**extras, **rec, "id": aid, "missing": False}
+            except SampleError as e:
+                raise ScoreInputError(f"{where}: {e}") from None
+            rec["groups"] = groups
+            records[proto].append(rec)
     n_unmatched = len(set(preds) - matched)
     if n_unmatched:
         print(f"[score] warning: {n_unmatched} prediction ids are not in the annotations (ignored)", file=sys.stderr)
-    metrics = aggregate_fn(records, o)
+    by_proto = {p: aggregate_fn(records[p], popts[p]) for p in PROTOCOLS}
+    metrics = dict(by_proto[sel])
     metrics["n_unmatched_predictions"] = n_unmatched
     if n_skipped:
         metrics["n_other_task_skipped"] = n_skipped
     if o["by"]:
-        metrics["by"] = breakdown(records, o["by"], lambda rs: aggregate_fn(rs, o), lambda r, k: r["groups"][k])
+        metrics["by"] = breakdown(records[sel], o["by"], lambda rs: aggregate_fn(rs, popts[sel]),
+                                  lambda r, k: r["groups"][k])
+    metrics["protocol"] = protocol_reference(task, sel, o["official_mode"])
+    metrics["protocols"] = {p: {**protocol_reference(task, p, o["official_mode"]), **by_proto[p]} for p in PROTOCOLS}
     metrics["config"] = _config_record(task, o)
-    return ScoreResult(metrics, records)
+    per_sample = []
+    for rec, orec in zip(records[sel], records[other]):
+        rec = dict(rec)
+        rec["protocol"] = sel
+        rec["other"] = {"protocol": other, **{k: orec.get(k) for k in _OTHER_KEYS[task] if k in orec}}
+        per_sample.append(rec)
+    return ScoreResult(metrics, per_sample)
+
+
+# per-sample values of the other protocol kept next to the selected one's
+_OTHER_KEYS = {
+    "tvg": ("iou", "parse_status", "pred_span"),
+    "mcq": ("correct", "parse_status", "pred"),
+    "gqa": ("correct", "iou", "iop", "parse_status", "span_parse_status", "pred", "pred_span"),
+    "rec": ("iou", "parse_status", "pred_box"),
+}
+
+
+def missing_problem(metrics: Mapping[str, Any]) -> Optional[str]:
+    """A message when predictions are missing (empty or partial predictions file), else None."""
+    n, n_missing = metrics.get("n", 0), metrics.get("n_missing", 0)
+    if n_missing == 0:
+        return None
+    if n_missing >= n:
+        return f"no prediction matches any of the {n} annotations (empty predictions file or wrong ids)"
+    return f"{n_missing} of {n} annotations have no prediction (partial predictions file)"
+
+
+def protocol_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """One line per protocol: headline numbers and parse-failure counts (for logs and the CLI)."""
+    lines = []
+    for name, m in (metrics.get("protocols") or {}).items():
+        vals = ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k in _HEADLINE_KEYS and isinstance(v, (int, float)))
+        lines.append(f"[score] {name:8s} ({m.get('reference')}): {vals}; parse failures {m.get('n_parse_failed')}"
+                     f" ({_fmt_pct(m.get('parse_failure_rate'))}), missing {m.get('n_missing')}")
+    return lines
+
+
+_HEADLINE_KEYS = ("R1@0.3", "R1@0.5", "R1@0.7", "mIoU", "accuracy", "mra", "Acc@GQA", "mIoP", "IoP@0.5", "Acc@0.5")
+
+
+def _fmt_pct(v: Any) -> str:
+    return "-" if v is None else f"{v:.1f}%"
 
 
 def _config_record(task: str, o: dict) -> dict:
     cfg = {
         "task": task,
-        "answer_source": "last <answer> block" + (", whole text if none" if o["fallback_to_text"] else ""),
+        "protocol": o["protocol"],
+        "official_mode": o["official_mode"],
+        "answer_source": "lenient: last <answer> block" + (", whole text if none" if o["fallback_to_text"] else "")
+        + f"; official: {PARSE_MODES[o['official_mode']].summary}",
         "fallback_to_text": o["fallback_to_text"],
         "allow_unclosed": o["allow_unclosed"],
         "which": o["which"],
@@ -547,9 +685,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write metrics JSON here (also printed to stdout)")
     p.add_argument("--by", default="", help="breakdowns, e.g. dataset,duration_bucket (any meta key works)")
     p.add_argument("--per-sample", help="write one JSON line per annotation (prediction fields kept)")
-    p.add_argument("--no-fallback", action="store_true", help="no <answer> block = parse failure")
-    p.add_argument("--no-unclosed", action="store_true", help="ignore a final <answer> without </answer>")
-    p.add_argument("--which", choices=("auto", "first", "last"), default="auto", help="span/box/number to use")
+    p.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="official",
+        help="official = the evaluation released with the benchmark or the reproduced paper (tvg: Time-R1, mcq: "
+        "Video-R1, rec: VLM-R1, gqa: NExT-GQA; named in the output); lenient = the project's tolerant parser. Both "
+        "are always computed and reported (metrics['protocols']); this picks the top-level numbers",
+    )
+    p.add_argument(
+        "--official-mode",
+        default="auto",
+        choices=["auto"] + sorted(m for m in PARSE_MODES if m != "lenient"),
+        help="release whose rules the official protocol uses (auto: tvg time_r1_eval, mcq video_r1_eval, rec "
+        "vlm_r1_eval, gqa nextgqa); must apply to the task",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="score an empty or partial predictions file anyway (otherwise: a loud warning and exit 1); missing "
+        "predictions count as wrong in lenient, and as the release does in official",
+    )
+    p.add_argument("--no-fallback", action="store_true", help="lenient: no <answer> block = parse failure")
+    p.add_argument("--no-unclosed", action="store_true", help="lenient: ignore a final <answer> without </answer>")
+    p.add_argument("--which", choices=("auto", "first", "last"), default="auto",
+                   help="lenient: span/box/number to use")
     p.add_argument("--absolute-times", action="store_true", help="predictions are absolute even with video_start")
     p.add_argument("--duration-buckets", type=_floats, default=DEFAULT_DURATION_BUCKETS, help="bucket edges (s)")
     p.add_argument("--skip-other-tasks", action="store_true", help="skip annotations whose task differs")
@@ -578,6 +738,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         by=args.by,
         duration_buckets=args.duration_buckets,
         skip_other_tasks=args.skip_other_tasks,
+        protocol=args.protocol,
+        official_mode=args.official_mode,
     )
     if args.thresholds is not None:
         opts["gqa_thresholds" if args.task == "gqa" else "thresholds"] = args.thresholds
@@ -597,9 +759,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     try:
         res = score(args.task, read_jsonl(args.predictions), read_jsonl(args.annotations), **opts)
-    except (ScoreInputError, OSError) as e:
+    except (ScoreInputError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    for line in protocol_lines(res.metrics):
+        print(line, file=sys.stderr)
+    problem = missing_problem(res.metrics)
+    if problem is not None:
+        bar = "!" * 100
+        if not args.allow_missing:
+            print(f"{bar}\nerror: {problem} in {args.predictions}; nothing written. Scoring it would report "
+                  f"missing predictions as wrong answers (or, in official TVG/GQA, leave them out). Finish the "
+                  f"generation, or pass --allow-missing to score it anyway.\n{bar}", file=sys.stderr)
+            return 1
+        print(f"{bar}\nwarning: {problem} in {args.predictions} (--allow-missing: scored anyway, "
+              f"n_missing={res.metrics['n_missing']})\n{bar}", file=sys.stderr)
     res.metrics["config"]["predictions"] = str(args.predictions)
     res.metrics["config"]["annotations"] = str(args.annotations)
     text = json.dumps(res.metrics, indent=2, allow_nan=False)

@@ -7,7 +7,9 @@ Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
 * T-GRPO (Video-R1): ``tgrpo.enabled=true``;
 * Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
 * TW-GRPO: ``twgrpo.enabled=true``;
-* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``.
+* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``;
+* answer parsing as a release does it (``mmgrpo.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
+  ``tempsamp_r1`` (TempSamp-R1), ``video_r1`` (Video-R1 / T-GRPO), ``vlm_r1`` (VLM-R1 REC); default ``lenient``.
 
 No torch import here: ``mmgrpo train --help`` stays fast.
 """
@@ -98,6 +100,12 @@ class RewardConfig:
     accuracy_key: str = field(
         default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
+    parse_mode: str = field(
+        default="lenient",
+        metadata=_h("how answers are read and measured: lenient (the project's tolerant parser) or a release's "
+                    "rules so rewards match the paper: time_r1 | time_r1_eval | tempsamp_r1 (tvg), video_r1 | "
+                    "video_r1_eval (mcq), vlm_r1 | vlm_r1_eval (rec), nextgqa (gqa); see "
+                    "mmgrpo.rewards.protocols.PARSE_MODES"))
     options: dict[str, Any] = field(default_factory=dict,
                                     metadata=_h("extra build_reward_fn options, YAML values (e.g. {sigma: 0.2})"))
     on_nonfinite: Literal["drop", "error"] = field(
@@ -276,5 +284,14 @@ class TrainConfig:
             raise ValueError("reward.retries, reward.retry_backoff and reward.timeout must be >= 0")
         if self.run.max_consecutive_skips < 0:
             raise ValueError("run.max_consecutive_skips must be >= 0")
+        if self.reward.parse_mode != "lenient":  # checked here so a typo fails before any model is loaded
+            from mmgrpo.rewards.protocols import check_parse_mode
+
+            task = self.data.task if self.data.task != "numeric" else "mcq"
+            check_parse_mode(self.reward.parse_mode, task)
+            if task == "tvg" and self.data.answer_format != "seconds":
+                raise ValueError(f"reward.parse_mode={self.reward.parse_mode} reads 'start to end' in seconds only, "
+                                 f"as the release does; data.answer_format={self.data.answer_format!r} asks the "
+                                 "model for another format (use data.answer_format=seconds)")
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")

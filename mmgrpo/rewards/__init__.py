@@ -4,7 +4,8 @@ All reward math is pure Python on floats (importing this package does not import
 appear only in the batched function returned by :func:`build_reward_fn`. The eval harness (``eval/score.py``)
 imports the same parsers and IoU functions, so training rewards and reported metrics agree by construction.
 
-Modules: ``parsing`` (never-raising parsers with a parse status), ``temporal`` (tIoU, boundary-penalised IoU,
+Modules: ``parsing`` (never-raising lenient parsers with a parse status), ``protocols`` (per-release parse modes:
+Time-R1, TempSamp-R1, Video-R1, VLM-R1, NExT-GQA), ``temporal`` (tIoU, boundary-penalised IoU,
 Gaussian boundary reward, multi-interval IoU, IoP, thresholds), ``box`` (box IoU, model coordinate frames,
 smart_resize), ``choice`` (MCQ exact / TW-GRPO soft), ``numeric``, ``format``, ``length``, ``tasks`` (sample-level
 glue: clip-relative time, clamping, multi-GT) and ``registry`` (``build_reward_fn``).
@@ -36,6 +37,7 @@ from .parsing import (
     parse_spans,
     parse_structure,
 )
+from .protocols import PARSE_MODES
 from .registry import REWARDS, TASKS, RewardFn, build_reward_fn
 from .tasks import ParseConfig, SampleError
 from .temporal import (
@@ -59,5 +61,5 @@ __all__ = [
     "BOX_FRAMES", "box_iou", "box_to_original", "clamp_box", "resolve_box_frame", "smart_resize",
     "mcq_exact", "mcq_soft", "mean_relative_accuracy", "numeric_reward", "relative_error",
     "format_reward", "length_bonus",
-    "REWARDS", "TASKS", "RewardFn", "build_reward_fn", "ParseConfig", "SampleError",
+    "REWARDS", "TASKS", "RewardFn", "build_reward_fn", "ParseConfig", "SampleError", "PARSE_MODES",
 ]  # fmt: skip

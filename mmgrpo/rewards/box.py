@@ -32,6 +32,7 @@ __all__ = [
     "resolve_box_frame",
     "as_box",
     "box_to_original",
+    "frame_scale",
     "clamp_box",
     "box_iou",
     "smart_resize",
@@ -91,8 +92,16 @@ def box_to_original(
 ) -> tuple[float, float, float, float]:
     """Convert a predicted box from ``frame`` to original-image pixels (see module table). ``resized_size``
     (W_r, H_r) is required for the ``resized_abs`` / ``qwen2_5_vl`` frame."""
-    kind = resolve_box_frame(frame)
     x1, y1, x2, y2 = as_box(box)
+    sx, sy = frame_scale(frame, image_size=image_size, resized_size=resized_size)
+    return x1 * sx, y1 * sy, x2 * sx, y2 * sy
+
+
+def frame_scale(
+    frame: str, *, image_size: Sequence[float], resized_size: Optional[Sequence[float]] = None
+) -> tuple[float, float]:
+    """(sx, sy) that map coordinates written in ``frame`` to original-image pixels (see the module table)."""
+    kind = resolve_box_frame(frame)
     w, h = _size(image_size, "image_size")
     if kind == "abs":
         sx, sy = 1.0, 1.0
@@ -105,7 +114,7 @@ def box_to_original(
             raise ValueError(f"box frame {frame!r} needs resized_size (W_r, H_r) of the model-input image")
         wr, hr = _size(resized_size, "resized_size")
         sx, sy = w / wr, h / hr
-    return x1 * sx, y1 * sy, x2 * sx, y2 * sy
+    return sx, sy
 
 
 def clamp_box(box: Any, image_size: Sequence[float], *, inclusive: bool = False) -> tuple[float, float, float, float]:

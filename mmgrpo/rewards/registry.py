@@ -34,6 +34,7 @@ from .tasks import (
     box_best_iou,
     gt_letters,
     gt_number,
+    numeric_correct,
     prepare_box,
     prepare_choice,
     prepare_number,
@@ -45,6 +46,7 @@ from .tasks import (
     span_iou,
     span_multi_iou,
 )
+from .protocols import check_parse_mode, is_strict, release_format
 from .temporal import threshold_reward
 
 __all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn"]
@@ -53,7 +55,8 @@ TASKS = ("tvg", "mcq", "gqa", "rec")
 
 # reward name -> (tasks it applies to, one-line description)
 REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0)"),
+    "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0); in a release parse mode, "
+                      "that release's format check"),
     "format_loose": (TASKS, "a closed <answer>…</answer> block exists (1/0)"),
     "length": (TASKS, "Video-R1 bonus: correct and lo ≤ tokens ≤ hi, >1 correct in the group"),
     "iou": (("tvg", "gqa"), "temporal IoU (max over GT spans)"),
@@ -71,7 +74,8 @@ REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _DEFAULT_CFG: dict[str, Any] = {
-    # parsing
+    # parsing: "lenient" (the project parser, options below) or a release's rules (protocols.PARSE_MODES)
+    "parse_mode": "lenient",
     "fallback_to_text": False,
     "allow_unclosed": True,
     "which": "auto",
@@ -114,6 +118,7 @@ class RewardFn:
             which=cfg["which"],
             clip_relative=bool(cfg["clip_relative"]),
             span_tags=tuple(cfg["span_tags"]),
+            parse_mode=cfg["parse_mode"],
         )
 
     @property
@@ -128,7 +133,10 @@ class RewardFn:
         failed = False
         primary = 0.0
         if "format" in want:
-            r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
+            if is_strict(pc.parse_mode):  # the release's own format check
+                r["format"] = release_format(text, pc.parse_mode)
+            else:
+                r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
         if "format_loose" in want:
             r["format_loose"] = format_reward(text, strict=False)
 
@@ -170,7 +178,10 @@ class RewardFn:
             gt = gt_number(sample)
             failed |= not p.ok
             if "numeric" in want:
-                r["numeric"] = numeric_reward(p.value, gt, rel_tol=c["numeric_rel_tol"], mode=c["numeric_mode"])
+                if is_strict(pc.parse_mode) and c["numeric_mode"] == "binary":  # Video-R1's decimal-mark rule
+                    r["numeric"] = numeric_correct(text, sample, pc)
+                else:
+                    r["numeric"] = numeric_reward(p.value, gt, rel_tol=c["numeric_rel_tol"], mode=c["numeric_mode"])
                 primary = r["numeric"]
             if "numeric_mra" in want:
                 r["numeric_mra"] = mean_relative_accuracy(p.value, gt)
@@ -183,7 +194,9 @@ class RewardFn:
             if "box_iou" in want:
                 r["box_iou"] = biou
             if "box_acc" in want:
-                r["box_acc"] = 1.0 if biou >= c["box_threshold"] else 0.0
+                # VLM-R1 counts IoU > θ (strictly); the project counts IoU >= θ
+                hit = biou > c["box_threshold"] if is_strict(pc.parse_mode) else biou >= c["box_threshold"]
+                r["box_acc"] = 1.0 if hit else 0.0
         return r, failed, primary
 
     def score(self, completions: Sequence[Any], samples: Sequence[Mapping[str, Any]]) -> dict[str, list]:
@@ -245,7 +258,10 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     """Build the batched reward function for ``task`` ∈ {tvg, mcq, gqa, rec}.
 
     names_and_weights: reward name → weight in ``total`` (see ``REWARDS`` for names and the tasks they apply to).
-    cfg (all optional unless noted): fallback_to_text (False), allow_unclosed (True), which ("auto"),
+    cfg (all optional unless noted): parse_mode ("lenient": the project parser, or a released method's parsing and
+    measuring rules, see ``mmgrpo.rewards.protocols.PARSE_MODES``: time_r1 / time_r1_eval / tempsamp_r1 (tvg),
+    video_r1 / video_r1_eval (mcq), vlm_r1 / vlm_r1_eval (rec), nextgqa (gqa); a release mode ignores
+    fallback_to_text / allow_unclosed / which), fallback_to_text (False), allow_unclosed (True), which ("auto"),
     clip_relative (True), span_tags (("glue", "evidence")), sigma (0.1, Gaussian width as a fraction of D),
     iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), numeric_rel_tol (0.0), numeric_mode ("binary" |
     "continuous"), box_frame (**required for REC**: qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | resized_abs |
@@ -273,6 +289,7 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     if unknown:
         raise TypeError(f"unknown reward cfg keys {sorted(unknown)}; allowed: {sorted(_DEFAULT_CFG)}")
     full = {**_DEFAULT_CFG, **cfg}
+    check_parse_mode(full["parse_mode"], task)
     if full["which"] not in ("auto", "first", "last"):
         raise ValueError(f"which must be 'auto', 'first' or 'last', got {full['which']!r}")
     if task == "rec":

@@ -19,14 +19,20 @@ span of video the model could see). Without ``video_start`` this is simply [0, d
 
 Multiple ground-truth spans (single-span rewards): the best-matching one counts, i.e. the maximum of the reward
 over ground-truth spans (NExT-GQA's convention for IoU / IoP). ``multi_interval_iou`` instead compares unions.
+
+Parse modes (``ParseConfig.parse_mode``): ``lenient`` (default) is the project parser with the clamping and
+ordering above; every other mode (``mmgrpo.rewards.protocols.PARSE_MODES``) reads the answer as one release does
+and measures as it does: no swapping, no clamping of prediction or ground truth (the clip offset still applies).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from .box import box_iou, box_to_original, clamp_box, resolve_box_frame
+from .box import box_iou, box_to_original, clamp_box, frame_scale, resolve_box_frame
 from .parsing import (
     ParseStatus,
     Parsed,
@@ -38,6 +44,20 @@ from .parsing import (
     parse_number,
     parse_span,
     parse_spans,
+)
+from .protocols import (
+    check_parse_mode,
+    is_strict,
+    nextgqa_iou_iop,
+    release_boundary_iou,
+    release_temporal_iou,
+    strict_answer_text,
+    strict_box,
+    strict_span,
+    video_r1_number,
+    video_r1_numeric_correct,
+    videochat_r1_letter,
+    vlm_r1_box_iou,
 )
 from .temporal import (
     boundary_iou,
@@ -63,7 +83,9 @@ __all__ = [
     "gt_letters",
     "prepare_choice",
     "gt_number",
+    "gt_number_text",
     "prepare_number",
+    "numeric_correct",
     "BoxPrediction",
     "prepare_box",
     "box_best_iou",
@@ -85,6 +107,9 @@ class ParseConfig:
     clip_relative: predicted times are relative to ``video_start`` (see module docstring).
     span_tags: for GQA, tags whose last block holds the evidence span(s) (``<glue>``); if none is present the
         span is read from the answer block.
+    parse_mode: ``lenient`` (the project parser; the four options above apply) or a release's rules
+        (``mmgrpo.rewards.protocols.PARSE_MODES``: time_r1, time_r1_eval, tempsamp_r1 for tvg; video_r1,
+        video_r1_eval for mcq; vlm_r1, vlm_r1_eval for rec; nextgqa for gqa), which ignore those options.
     """
 
     fallback_to_text: bool = False
@@ -92,6 +117,7 @@ class ParseConfig:
     which: Which = "auto"
     clip_relative: bool = True
     span_tags: tuple[str, ...] = ("glue", "evidence")
+    parse_mode: str = "lenient"
 
 
 def sample_id(sample: Mapping[str, Any]) -> str:
@@ -142,8 +168,8 @@ def temporal_window(sample: Mapping[str, Any], *, clip_relative: bool = True) ->
     return lo, min(hi, duration), offset
 
 
-def gt_spans(sample: Mapping[str, Any], lo: float, hi: float) -> list[tuple[float, float]]:
-    """Ground-truth spans clamped to [lo, hi] and shifted to window coordinates (minus lo).
+def gt_spans(sample: Mapping[str, Any], lo: float, hi: float, *, clamp: bool = True) -> list[tuple[float, float]]:
+    """Ground-truth spans clamped to [lo, hi] (unless ``clamp=False``) and shifted to window coordinates (minus lo).
 
     Raises SampleError on a missing/empty list, malformed or non-finite spans, or start > end (a data bug: the
     ground truth is never silently reordered)."""
@@ -158,7 +184,8 @@ def gt_spans(sample: Mapping[str, Any], lo: float, hi: float) -> list[tuple[floa
         e = _finite_number(sample, f"spans[{k}][1]", sp[1])
         if s > e:
             raise _err(sample, f"spans[{k}]", f"start {s} > end {e}")
-        s, e = min(max(s, lo), hi), min(max(e, lo), hi)
+        if clamp:
+            s, e = min(max(s, lo), hi), min(max(e, lo), hi)
         out.append((s - lo, e - lo))
     return out
 
@@ -169,7 +196,9 @@ class TemporalPrediction:
 
     ``pred`` is the selected span (None if parsing failed), ``preds`` all parsed spans; both clamped to [0, D].
     ``gts`` are the clamped ground-truth spans. ``reversed`` / ``clamped``: the selected span was written with
-    start > end / reached outside the window before clamping.
+    start > end / reached outside the window before clamping. ``mode``: the parse mode; in a release mode
+    (not ``lenient``) the spans are as written (not swapped, not clamped) and the IoU functions below use the
+    release's formulas.
     """
 
     status: ParseStatus
@@ -181,6 +210,7 @@ class TemporalPrediction:
     lo: float
     reversed: bool = False
     clamped: bool = False
+    mode: str = "lenient"
 
     @property
     def parsed(self) -> bool:
@@ -211,6 +241,8 @@ def prepare_temporal(
 
     ``evidence=True`` (GQA) reads spans from the last ``cfg.span_tags`` block when present."""
     lo, hi, offset = temporal_window(sample, clip_relative=cfg.clip_relative)
+    if is_strict(cfg.parse_mode):
+        return _prepare_temporal_release(output, sample, cfg, lo, hi, offset, evidence)
     gts = gt_spans(sample, lo, hi)
     d = hi - lo
     if evidence:
@@ -235,36 +267,77 @@ def prepare_temporal(
     )
 
 
+def _prepare_temporal_release(
+    output: Any, sample: Mapping[str, Any], cfg: ParseConfig, lo: float, hi: float, offset: float, evidence: bool
+) -> TemporalPrediction:
+    """Release modes: the span as written (plus the clip offset), unclamped ground truth."""
+    mode = cfg.parse_mode
+    gts = gt_spans(sample, lo, hi, clamp=False)
+    d = hi - lo
+    if mode == "nextgqa" or evidence:
+        # NExT-GQA's evaluation has no text parser: the evidence span is read by the project parser from the
+        # last *closed* <glue>/<answer> block (first span in it), in the order written
+        p = _span_parse(output, dataclasses.replace(cfg, allow_unclosed=False, fallback_to_text=False),
+                        cfg.span_tags)
+        raw = None
+        if p.ok:
+            sp = p.value[0]
+            raw = (sp.end, sp.start) if sp.reversed else (sp.start, sp.end)
+        status, source = p.status, p.source
+    else:
+        raw, status, source = strict_span(output, mode)
+    if raw is None:
+        return TemporalPrediction(status, source, None, [], gts, d, lo, mode=mode)
+    s, e = raw[0] + offset - lo, raw[1] + offset - lo
+    outside = min(s, e) < 0 or max(s, e) > d
+    return TemporalPrediction(ParseStatus.OK, source, (s, e), [(s, e)], gts, d, lo, reversed=s > e,
+                              clamped=outside, mode=mode)
+
+
 def span_iou(tp: TemporalPrediction) -> float:
-    """max over ground-truth spans of tIoU(pred, g); 0 if unparsed."""
+    """max over ground-truth spans of tIoU(pred, g); 0 if unparsed. Release modes: the release's formula on
+    the spans as written (NExT-GQA: its ``get_tIoU``)."""
     if tp.pred is None:
         return 0.0
+    if tp.mode == "nextgqa":
+        return max([0.0] + [nextgqa_iou_iop(tp.pred, g)[0] for g in tp.gts])
+    if is_strict(tp.mode):
+        return max(release_temporal_iou(tp.pred, g) for g in tp.gts)
     return max(temporal_iou(tp.pred, g, duration=tp.duration) for g in tp.gts)
 
 
 def span_boundary_iou(tp: TemporalPrediction) -> float:
     if tp.pred is None:
         return 0.0
+    if is_strict(tp.mode):  # Time-R1 iou_v2 as released: unclamped, may go below 0 far outside the video
+        return max(release_boundary_iou(tp.pred, g, tp.duration) for g in tp.gts)
     return max(boundary_iou(tp.pred, g, duration=tp.duration) for g in tp.gts)
 
 
 def span_gaussian(tp: TemporalPrediction, sigma: float = 0.1) -> float:
+    """Gaussian boundary reward (max over ground truth). No release defines it: in a release mode it is computed
+    on the span as that release parsed it, ordered and clamped by ``gaussian_boundary_reward`` itself."""
     if tp.pred is None:
         return 0.0
     return max(gaussian_boundary_reward(tp.pred, g, duration=tp.duration, sigma=sigma) for g in tp.gts)
 
 
 def span_multi_iou(tp: TemporalPrediction) -> float:
-    """Union-vs-union IoU of *all* parsed spans against all ground-truth spans."""
+    """Union-vs-union IoU of *all* parsed spans against all ground-truth spans (a project metric: in a release mode
+    the release's single span is used, ordered and clamped by ``multi_interval_iou``)."""
     if not tp.preds:
         return 0.0
     return multi_interval_iou(tp.preds, tp.gts, duration=tp.duration)
 
 
 def span_iop(tp: TemporalPrediction) -> float:
-    """max over ground-truth spans of |pred ∩ g| / |pred| (NExT-GQA); 0 if unparsed or zero-length."""
+    """max over ground-truth spans of |pred ∩ g| / |pred| (NExT-GQA); 0 if unparsed or zero-length. Release
+    modes: NExT-GQA's official rule (a zero-length prediction inside a ground-truth span scores 1; no clamping;
+    the maximum starts at 0)."""
     if tp.pred is None:
         return 0.0
+    if is_strict(tp.mode):
+        return max([0.0] + [nextgqa_iou_iop(tp.pred, g)[1] for g in tp.gts])
     return max(interval_iop(tp.pred, g, duration=tp.duration) for g in tp.gts)
 
 
@@ -302,7 +375,24 @@ def gt_letters(sample: Mapping[str, Any]) -> tuple[str, ...]:
     return letters
 
 
+_ONE_LETTER = re.compile(r"[A-Z]")
+
+
 def prepare_choice(output: Any, sample: Mapping[str, Any], cfg: ParseConfig = ParseConfig()) -> Parsed[tuple]:
+    """Option letters. ``video_r1*``: the compared text must be exactly one upper-case letter (Video-R1 compares
+    it with the ground-truth letter for equality, so anything else is wrong; a multi-letter ground truth can
+    then never be matched). ``nextgqa``: VideoChat-R1's letter rule (``protocols.videochat_r1_letter``)."""
+    mode = cfg.parse_mode
+    if mode in ("video_r1", "video_r1_eval", "nextgqa"):
+        text, status, source = strict_answer_text(output, mode)
+        if text is None:
+            return Parsed(None, status, source)
+        letter = videochat_r1_letter(text) if mode == "nextgqa" else text.strip()
+        if _ONE_LETTER.fullmatch(letter):
+            return Parsed((letter,), ParseStatus.OK, source)
+        return Parsed(None, ParseStatus.NO_MATCH, source)
+    if is_strict(mode):
+        raise ValueError(f"parse_mode {mode!r} does not read option letters")
     return parse_choice(
         output, options=_options(sample), allow_unclosed=cfg.allow_unclosed, fallback_to_text=cfg.fallback_to_text
     )
@@ -320,10 +410,38 @@ def gt_number(sample: Mapping[str, Any]) -> float:
     return _finite_number(sample, "answer", ans)
 
 
+def gt_number_text(sample: Mapping[str, Any]) -> str:
+    """The ground-truth number as written (Video-R1's decimal-mark rule looks at the text): a JSON string as is,
+    a JSON number via str() (7807 -> "7807", 3.5 -> "3.5")."""
+    gt_number(sample)  # validates
+    ans = sample["answer"]
+    return ans if isinstance(ans, str) else str(ans)
+
+
 def prepare_number(output: Any, sample: Mapping[str, Any], cfg: ParseConfig = ParseConfig()) -> Parsed[float]:
+    """One number. ``video_r1*``: float() of the whole compared text after removing commas ("7.42 meters" fails)."""
+    if cfg.parse_mode in ("video_r1", "video_r1_eval"):
+        text, status, source = strict_answer_text(output, cfg.parse_mode)
+        if text is None:
+            return Parsed(None, status, source)
+        v = video_r1_number(text)
+        return Parsed(v, ParseStatus.OK, source) if v is not None else Parsed(None, ParseStatus.NO_MATCH, source)
+    if is_strict(cfg.parse_mode):
+        raise ValueError(f"parse_mode {cfg.parse_mode!r} does not read numbers")
     return parse_number(
         output, which=cfg.which, allow_unclosed=cfg.allow_unclosed, fallback_to_text=cfg.fallback_to_text
     )
+
+
+def numeric_correct(output: Any, sample: Mapping[str, Any], cfg: ParseConfig, rel_tol: float = 0.0) -> float:
+    """1/0 numeric accuracy: Video-R1's rule (decimal marks, 2-decimal rounding) in the ``video_r1*`` modes, else
+    ``numeric_reward`` (relative tolerance) on :func:`prepare_number`."""
+    if cfg.parse_mode in ("video_r1", "video_r1_eval"):
+        text, _, _ = strict_answer_text(output, cfg.parse_mode)
+        return video_r1_numeric_correct(text, gt_number_text(sample))
+    from .numeric import numeric_reward
+
+    return numeric_reward(prepare_number(output, sample, cfg).value, gt_number(sample), rel_tol=rel_tol)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -342,6 +460,7 @@ class BoxPrediction:
     image_size: tuple[float, float]
     reversed: bool = False
     raw: Optional[tuple[float, float, float, float]] = field(default=None)
+    mode: str = "lenient"
 
 
 def _size_field(sample: Mapping[str, Any], fld: str) -> tuple[float, float]:
@@ -389,6 +508,8 @@ def prepare_box(
         if sample.get("resized_image_size") is None:
             raise _err(sample, "resized_image_size", f"required for box frame {frame!r}")
         resized_size = _size_field(sample, "resized_image_size")
+    if is_strict(cfg.parse_mode):
+        return _prepare_box_release(output, sample, cfg.parse_mode, frame, size, resized_size)
     p = parse_box(output, which=cfg.which, allow_unclosed=cfg.allow_unclosed, fallback_to_text=cfg.fallback_to_text)
     if not p.ok:
         return BoxPrediction(p.status, p.source, None, gts, size)
@@ -398,7 +519,25 @@ def prepare_box(
     )
 
 
+def _prepare_box_release(output: Any, sample: Mapping[str, Any], mode: str, frame: str, size, resized_size
+                         ) -> BoxPrediction:
+    """VLM-R1 modes: the integer box as written, rescaled from ``frame``; corners and image bounds untouched."""
+    if mode not in ("vlm_r1", "vlm_r1_eval"):
+        raise ValueError(f"parse_mode {mode!r} does not read boxes")
+    gts = gt_boxes(sample)
+    raw, status, source = strict_box(output, mode)
+    if raw is None:
+        return BoxPrediction(status, source, None, gts, size, mode=mode)
+    sx, sy = frame_scale(frame, image_size=size, resized_size=resized_size)
+    x1, y1, x2, y2 = raw
+    pred = (x1 * sx, y1 * sy, x2 * sx, y2 * sy)
+    return BoxPrediction(ParseStatus.OK, source, pred, gts, size, x1 > x2 or y1 > y2, raw, mode=mode)
+
+
 def box_best_iou(bp: BoxPrediction, *, inclusive: bool = False) -> float:
+    """max over ground-truth boxes of the box IoU; VLM-R1 modes use VLM-R1's IoU (``protocols.vlm_r1_box_iou``)."""
     if bp.pred is None:
         return 0.0
+    if is_strict(bp.mode):
+        return max(vlm_r1_box_iou(bp.pred, g) for g in bp.gts)
     return max(box_iou(bp.pred, g, inclusive=inclusive) for g in bp.gts)

@@ -161,7 +161,8 @@ def multi_interval_iou(preds: Iterable[Any], gts: Iterable[Any], *, duration: Op
 
 def interval_iop(pred: Any, gt: Any, *, duration: Optional[float] = None) -> float:
     """Intersection over prediction |P ∩ G| / |P| (NExT-GQA IoP). A zero-length prediction gives 0 (the
-    official NExT-GQA script gives 1 to a point inside the ground truth; we do not reward collapsed spans)."""
+    official NExT-GQA script gives 1 to a point inside the ground truth; we do not reward collapsed spans; the
+    ``nextgqa`` parse mode and ``eval/score.py --protocol official`` reproduce the official rule)."""
     return multi_interval_iop([pred], [gt], duration=duration)
 
 

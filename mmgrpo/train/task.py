@@ -270,7 +270,8 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
     one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
     from mmgrpo.rewards.registry import build_reward_fn
 
-    if prompt_mode == "no_think" and reward_cfg.weights.get("format"):
+    answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
+    if prompt_mode == "no_think" and reward_cfg.weights.get("format") and not answer_only_format:
         # strict "format" requires a <think> block, which this prompt tells the model not to write: the reward
         # would be 0 for every completion and silently shift every total
         raise ValueError("reward.weights has 'format' (strict: <think>...</think><answer>...</answer>) but "
@@ -278,6 +279,12 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
                          "completion. Use 'format_loose' (a closed <answer> block) or drop it, e.g. "
                          "reward.weights='{iou: 1.0, format_loose: 0.5}'")
     opts = dict(reward_cfg.options)
+    mode = getattr(reward_cfg, "parse_mode", "lenient")
+    if mode != "lenient":
+        if opts.get("parse_mode", mode) != mode:
+            raise ValueError(f"reward.parse_mode={mode!r} but reward.options sets parse_mode="
+                             f"{opts['parse_mode']!r}: set it in one place")
+        opts["parse_mode"] = mode
     if task == "rec":
         opts.setdefault("box_frame", family)
     if "length" in reward_cfg.weights:

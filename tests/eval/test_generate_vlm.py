@@ -328,7 +328,12 @@ def test_missing_media_skip_is_counted_and_scored_zero(env, tmp_path):
     d = ok["duration"]
     iou = max(_iou([min(2.0, d), min(7.0, d)], g) for g in ok["spans"])
     assert m["generation"]["n_media_error"] == 1 and m["n"] == 2
-    assert m["mIoU"] == pytest.approx(100 * iou / 2)  # the skipped sample counts as IoU 0
+    # the skipped sample counts as IoU 0 under both protocols; lenient clamps "2 to 7" to the video, the
+    # official protocol (Time-R1's evaluation) does not
+    assert m["protocols"]["lenient"]["mIoU"] == pytest.approx(100 * iou / 2)
+    raw = max(_iou([2.0, 7.0], g) for g in ok["spans"])
+    assert m["protocol"]["name"] == "official" and m["mIoU"] == pytest.approx(100 * raw / 2)
+    assert m["protocols"]["official"]["n_parse_failed"] == 1 and m["protocols"]["lenient"]["n_parse_failed"] == 1
 
 
 # ------------------------------------------------------------------------------------------------ throughput changes

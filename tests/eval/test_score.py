@@ -49,7 +49,7 @@ IOUS = [1.0, 0.0, 0.75, 0.0, 0.6, 0.5, 2 / 3, 0.0, 0.6]
 
 
 def test_tvg_golden_metrics():
-    m = score_tvg(TVG_PREDS, TVG_ANNS)
+    m = score_tvg(TVG_PREDS, TVG_ANNS, protocol="lenient")
     assert m["n"] == 9 and m["n_missing"] == 1 and m["n_unmatched_predictions"] == 1
     assert m["R1@0.3"] == pytest.approx(100 * 6 / 9)  # 1, .75, .6, .5, .667, .6
     assert m["R1@0.5"] == pytest.approx(100 * 6 / 9)  # 0.5 counts as ≥ 0.5
@@ -63,7 +63,7 @@ def test_tvg_golden_metrics():
 
 
 def test_tvg_without_fallback():
-    m = score_tvg(TVG_PREDS, TVG_ANNS, fallback_to_text=False)
+    m = score_tvg(TVG_PREDS, TVG_ANNS, fallback_to_text=False, protocol="lenient")
     assert m["R1@0.5"] == pytest.approx(100 * 5 / 9)  # e9 now fails
     assert m["mIoU"] == pytest.approx(100 * (sum(IOUS) - 0.6) / 9)
     assert m["parse_failure_rate"] == pytest.approx(100 * 2 / 8)
@@ -71,7 +71,7 @@ def test_tvg_without_fallback():
 
 
 def test_tvg_breakdowns_and_per_sample():
-    res = score("tvg", TVG_PREDS, TVG_ANNS, by="dataset,duration_bucket")
+    res = score("tvg", TVG_PREDS, TVG_ANNS, by="dataset,duration_bucket", protocol="lenient")
     by = res.metrics["by"]
     ch = by["dataset"]["charades"]
     assert ch["n"] == 7 and ch["mIoU"] == pytest.approx(100 * (1 + 0.75 + 0.6 + 0.5 + 0.6) / 7)
@@ -97,10 +97,10 @@ def test_tvg_clip_relative_and_multi_gt():
         {"id": "c2", "duration": 60, "spans": [[0, 10], [30, 40]]},
     ]
     preds = [{"id": "c1", "output": "<answer>10 to 20</answer>"}, {"id": "c2", "output": "<answer>30 to 35</answer>"}]
-    res = score("tvg", preds, anns)
+    res = score("tvg", preds, anns, protocol="lenient")
     assert [r["iou"] for r in res.per_sample] == pytest.approx([1.0, 0.5])
     assert res.per_sample[0]["pred_span"] == [110.0, 120.0]  # reported in absolute seconds
-    m = score_tvg(preds, anns, clip_relative=False)
+    m = score_tvg(preds, anns, clip_relative=False, protocol="lenient")
     assert m["mIoU"] == pytest.approx(100 * 0.5 / 2)
 
 
@@ -123,7 +123,7 @@ def test_mcq_golden_metrics():
         {"id": "m5", "output": "<answer>I don't know</answer>"},  # parse failure
         {"id": "m6", "output": "<answer>fish</answer>"},  # option text → D
     ]
-    m = score_mcq(preds, anns)
+    m = score_mcq(preds, anns, protocol="lenient")
     assert m["n"] == 7 and m["n_missing"] == 1
     assert m["accuracy"] == pytest.approx(100 * 3 / 7)
     assert m["soft_accuracy"] == pytest.approx(100 * 3.5 / 7)
@@ -133,10 +133,10 @@ def test_mcq_golden_metrics():
 def test_mcq_numeric_answers_mra():
     anns = [{"id": "n1", "answer": "3.5"}, {"id": "n2", "answer": 10}]
     preds = [{"id": "n1", "output": "<answer>3.5</answer>"}, {"id": "n2", "output": "<answer>12 m</answer>"}]
-    m = score_mcq(preds, anns)
+    m = score_mcq(preds, anns, protocol="lenient")
     assert m["accuracy"] == pytest.approx(50.0) and m["n_numeric"] == 2
     assert m["mra"] == pytest.approx(100 * (1.0 + 0.6) / 2)  # |12−10|/10 = 0.2 < 1−θ for 6 of 10 θ
-    assert score_mcq(preds, anns, numeric_rel_tol=0.2)["accuracy"] == pytest.approx(100.0)
+    assert score_mcq(preds, anns, numeric_rel_tol=0.2, protocol="lenient")["accuracy"] == pytest.approx(100.0)
 
 
 def test_gqa_golden_metrics():
@@ -153,7 +153,7 @@ def test_gqa_golden_metrics():
         {"id": "g3", "output": "<answer>C</answer><glue>0 to 10</glue>"},  # wrong; IoU 1, IoP 1
         {"id": "g4", "output": "<answer>D</answer>"},  # right; no evidence span
     ]
-    m = score_gqa(preds, anns)
+    m = score_gqa(preds, anns, protocol="lenient")
     assert m["accuracy"] == pytest.approx(75.0)
     assert m["mIoU"] == pytest.approx(100 * (0.6 + 3 / 8 + 1 + 0) / 4)
     assert m["mIoP"] == pytest.approx(100 * (1 + 0.5 + 1 + 0) / 4)
@@ -176,7 +176,7 @@ def test_rec_golden_metrics():
         {"id": "r2", "output": "<answer>[0, 0, 250, 500]</answer>"},  # → [0, 0, 160, 240]: 0.5
         {"id": "r3", "output": "<answer>the left dog</answer>"},
     ]
-    m = score_rec(preds, anns, box_frame="qwen2_vl")
+    m = score_rec(preds, anns, box_frame="qwen2_vl", protocol="lenient")
     assert m["Acc@0.5"] == pytest.approx(100 * 2 / 3) and m["mIoU"] == pytest.approx(100 * 1.5 / 3)
     assert m["parse_failure_rate"] == pytest.approx(100 / 3)
     assert m["config"]["box_frame_kind"] == "norm1000"
@@ -195,7 +195,7 @@ def test_rec_resized_frame_from_annotation_prediction_or_smart_resize():
         # smart_resize(480, 640) = (476, 644): x·640/644, y·480/476 → [320, 240, 640, 480]
         {"id": "c", "output": "<answer>[322, 238, 644, 476]</answer>"},
     ]
-    res = score("rec", preds, anns, box_frame="qwen2_5_vl")
+    res = score("rec", preds, anns, box_frame="qwen2_5_vl", protocol="lenient")
     assert [r["iou"] for r in res.per_sample] == pytest.approx([1.0, 1.0, 1.0])
     assert [r["resized_image_size_source"] for r in res.per_sample] == ["annotation", "prediction", "smart_resize"]
 
@@ -227,7 +227,8 @@ def test_cli_writes_metrics_and_per_sample(tmp_path):
     ann = _write(tmp_path / "ann.jsonl", TVG_ANNS)
     preds = _write(tmp_path / "preds.jsonl", TVG_PREDS)
     out, per = tmp_path / "m" / "metrics.json", tmp_path / "per.jsonl"
-    argv = ["tvg", "--predictions", str(preds), "--annotations", str(ann), "--out", str(out)]
+    argv = ["tvg", "--predictions", str(preds), "--annotations", str(ann), "--out", str(out), "--protocol", "lenient",
+            "--allow-missing"]
     assert main(argv + ["--by", "dataset", "--per-sample", str(per)]) == 0
     m = json.loads(out.read_text())
     assert m["mIoU"] == pytest.approx(100 * sum(IOUS) / 9) and "charades" in m["by"]["dataset"]
@@ -246,7 +247,7 @@ def test_script_runs_without_torch(tmp_path):
         "runpy.run_path(sys.argv[0], run_name='__main__')"
     )
     cmd = [sys.executable, "-c", code, str(ROOT / "eval" / "score.py"), "tvg"]
-    cmd += ["--predictions", str(preds), "--annotations", str(ann)]
+    cmd += ["--predictions", str(preds), "--annotations", str(ann), "--protocol", "lenient", "--allow-missing"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mIoU"] == pytest.approx(100 * sum(IOUS) / 9)
