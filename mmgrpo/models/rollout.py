@@ -131,8 +131,9 @@ def compute_token_logprobs(
 class SamplingParams:
     max_new_tokens: int = field(default=256, metadata={"help": "max completion length (tokens)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (also used in log-probs)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (sampling only)"})
-    top_k: int = field(default=0, metadata={"help": "top-k sampling, 0 = off (sampling only)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (sampling only: the loss scores the "
+                                                        "untruncated policy, as TRL does; keep 1.0 for on-policy)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling, 0 = off (sampling only, like top_p)"})
     greedy: bool = field(default=False, metadata={"help": "argmax decoding (evaluation)"})
 
     def __post_init__(self):
@@ -383,6 +384,12 @@ class HFRolloutBackend(RolloutBackend):
                              logprobs=lps * mask, prompt_index=prompt_index)
 
 
+# vLLM SamplingParams fields that would reshape the distribution, at their neutral values (explicit, so neither a
+# server's defaults nor a model's generation_config -- vLLM's generation_config="auto" -- can switch them on)
+VLLM_NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+                         "min_tokens": 0}
+
+
 def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: SamplingParams,
                   seeds: Sequence[int] | None) -> list[tuple[dict, dict]]:
     """(vLLM prompt dict, SamplingParams kwargs) per output row, prompt-major like ``HFRolloutBackend``.
@@ -403,7 +410,8 @@ def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: Sam
         for g in range(G):
             kw = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0,
                       temperature=0.0 if params.greedy else params.temperature,
-                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1)
+                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
+                      **VLLM_NEUTRAL_SAMPLING)
             if seeds is not None:
                 kw["seed"] = int(seeds[i * G + g]) % (2**31 - 1)
             out.append((prompt, kw))
@@ -454,6 +462,8 @@ class VLLMRolloutBackend(RolloutBackend):
         from vllm import LLM  # pragma: no cover
 
         self.tokenizer = tokenizer  # pragma: no cover
+        # "vllm": the engine's own neutral defaults, never the checkpoint's generation_config.json
+        engine_kwargs.setdefault("generation_config", "vllm")  # pragma: no cover
         self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,  # pragma: no cover
                        max_model_len=max_model_len, mm_processor_kwargs=dict(mm_processor_kwargs or {}),
                        enable_prefix_caching=True, **engine_kwargs)
