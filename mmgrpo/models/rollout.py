@@ -292,7 +292,9 @@ def decoding_generation_config(**kwargs):
 
     # warpers (temperature, top-k/p, ...) only act with do_sample=True, which we never use (``_PerRowSampler``
     # samples); setting them with do_sample=False only makes transformers warn
-    fields = {k: v for k, v in NEUTRAL_DECODING_FIELDS.items() if v is not None and k not in _WARPER_FIELDS}
+    # min_length / min_new_tokens: both set makes transformers warn; inside ``explicit_decoding`` they are off
+    fields = {k: v for k, v in NEUTRAL_DECODING_FIELDS.items()
+              if v is not None and k not in _WARPER_FIELDS + ("min_length", "min_new_tokens")}
     fields.update(kwargs)
     return GenerationConfig(**fields)
 
