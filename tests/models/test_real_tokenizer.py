@@ -148,3 +148,28 @@ def test_completion_masks_with_the_released_eos_pair():
     ids = torch.tensor([[17, 151645, 151643, 151643], [17, 311, 151643, 151643], [17, 311, 220, 22]])
     mask, trunc = completion_mask_from_ids(ids, [151645, 151643])
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]] and trunc.tolist() == [False, False, True]
+
+
+def test_sft_target_is_the_released_templates_assistant_turn(proc):
+    """SFT tokenises the prompt (generation prompt) and the answer separately: with the real BPE the result must be
+    the tokenisation of the whole conversation rendered by the released template (assistant turn included), so
+    the model is trained on exactly the token sequence it will see and produce; labels cover the answer only."""
+    from mmgrpo import sft
+    from mmgrpo.data import prompts
+    from mmgrpo.models.tiny import synthetic_frames
+
+    tok = proc.tokenizer
+    sample = dict(id="a", task="tvg", video="a.mp4", duration=4.0, query="When is the red circle visible?",
+                  spans=[[1.0, 2.5]])
+    vs = sft.VideoSettings(fps=2.0, min_frames=4, max_frames=8, min_pixels=4 * 28 * 28, max_pixels=6 * 28 * 28)
+    for mode in ("no_think", "think"):
+        ex = sft.prepare_example(sample, proc, model_family="qwen2_5_vl", video=vs, mode=mode,
+                                 frames=synthetic_frames(0, 8, 56, 56), video_fps=2.0)
+        msgs = prompts.build_messages(sample, mode=mode) + [{"role": "assistant", "content": ex.answer_text}]
+        full = proc.apply_chat_template(msgs, tokenize=False)
+        assert full == ex.prompt_text + ex.answer_text + "<|im_end|>\n"
+        ids = tok(full, add_special_tokens=False).input_ids
+        assert ids == tok(ex.prompt_text, add_special_tokens=False).input_ids + ex.answer_ids.tolist() + [198]
+        assert ex.answer_ids[-1].item() == 151645
+        _, labels = sft.collate_sft([ex], tok.pad_token_id)
+        assert labels[labels != sft.IGNORE_INDEX].tolist() == ex.answer_ids.tolist()
