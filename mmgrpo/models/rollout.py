@@ -321,7 +321,9 @@ class HFRolloutBackend(RolloutBackend):
 
     Prompts are repeated G times (processor outputs repeated, including pixel tensors) and generated in chunks
     of ``max_batch_size`` rows.  Returns the sampling log-probs recomputed from the raw step logits with the
-    same formula as ``compute_token_logprobs`` (temperature, suppressed vision tokens).
+    same formula as ``compute_token_logprobs`` (temperature, suppressed vision tokens).  The checkpoint's
+    ``generation_config`` decoding fields (repetition penalty, top-k/p, ...) are NOT applied (see
+    ``explicit_decoding``): the sampled distribution is exactly the policy the loss scores.
     """
 
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
