@@ -40,7 +40,8 @@ def test_known_encodings_and_round_trip(proc):
     # Qwen splits digits one by one: "12.54 to 17.83" -> 1 2 . 5 4 " to" " " 1 7 . 8 3
     toks = tok.convert_ids_to_tokens(tok("12.54 to 17.83", add_special_tokens=False).input_ids)
     assert toks == ["1", "2", ".", "5", "4", "Ġto", "Ġ", "1", "7", ".", "8", "3"]
-    for s in ["<think>a</think><answer>12.54 to 17.83</answer>", "你好，世界 café naïve 🙂\n\n  x", "(C) 7,807 m²"]:
+    texts = ["<think>a</think><answer>12.54 to 17.83</answer>", "你好，世界 café naïve 🙂\n\n  x", "(C) 7,807 m²"]
+    for s in texts:
         assert tok.decode(tok(s, add_special_tokens=False).input_ids) == s
     # special tokens are atomic; skip_special_tokens drops them but keeps the non-special added tokens
     ids = tok("<|im_start|>assistant\n<tool_call>x</tool_call><|im_end|>", add_special_tokens=False).input_ids
