@@ -174,3 +174,36 @@ def test_sft_target_is_the_released_templates_assistant_turn(proc):
         assert ex.answer_ids[-1].item() == 151645
         _, labels = sft.collate_sft([ex], tok.pad_token_id)
         assert labels[labels != sft.IGNORE_INDEX].tolist() == ex.answer_ids.tolist()
+
+
+def test_prefix_grouping_with_real_ids_and_vocabulary(real_qwen_dir):
+    """Shared-prefix scoring on the real vocabulary (151,936 logits) and real vision ids (the MRoPE index finds
+    <|vision_start|> 151652 and the pads by the config's ids): equal to the naive per-row path."""
+    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.models.inputs import build_prompt_item
+    from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
+    from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
+    from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+
+    pol = load_policy(real_qwen_dir)
+
+    def item(kind, q, **kw):
+        m = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": q}]}]
+        return build_prompt_item(pol.processor, pol.adapter, m, **kw)
+
+    items = [item("video", "When?", video=synthetic_frames(1, 4, 56, 56), sample_fps=2.0),
+             item("image", "Where is the red box?", images=[synthetic_image(0, 56, 84)])]
+    rows = [items[0]] * 3 + [items[1]] * 3
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 151643, (6, 7), generator=g)
+    ids[:, -1] = 151645
+    lens = torch.tensor([7, 4, 2, 7, 5, 1])
+    mask = (torch.arange(7)[None] < lens[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 151643)
+    with torch.no_grad():
+        naive = compute_token_logprobs(pol.model, collate_prompts(rows, 151643), ids, mask, 0.9,
+                                       pol.suppress_token_ids)
+        grouped = grouped_rows_token_logprobs(pol.model, rows, ids, mask, 151643, 0.9, pol.suppress_token_ids,
+                                              fallback=False)
+    torch.testing.assert_close(grouped, naive, atol=1e-5, rtol=0)
+    assert (naive[mask.bool()] < 0).all() and (naive[~mask.bool()] == 0).all()
