@@ -20,7 +20,7 @@ RELEASED_IDS = {  # Qwen2.5-VL tokenizer_config.json, added_tokens_decoder
 def proc(real_qwen_dir):
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(real_qwen_dir)  # offline: HF_HUB_OFFLINE=1 in the test environment
+    return AutoProcessor.from_pretrained(real_qwen_dir, local_files_only=True)  # offline, whatever the env says
 
 
 def test_special_token_ids_and_vocab(proc):
