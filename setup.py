@@ -35,6 +35,8 @@ EXTRAS = {
         "hypothesis>=6",
         "trl>=1.0",  # side-by-side benchmark against TRL's GRPOTrainer (eval/perf)
         "rapidocr-onnxruntime>=1.4",  # ships real OCR weights: exercised by the OCR-reward test
+        "dashscope",  # ships Qwen's BPE ranks (resources/qwen.tiktoken): the real-tokenizer tests, never imported
+        "tiktoken",  # read by transformers' tiktoken converter for the real Qwen tokenizer (tests only)
     ],
     "gpu": ["xformers"],
     "ocr": ["rapidocr-onnxruntime>=1.4"],

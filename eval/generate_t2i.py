@@ -80,7 +80,8 @@ class EvalT2IConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata=_h("transformer dtype; auto = bfloat16 on GPU, float32 on CPU"))
     device: str = field(default="auto", metadata=_h("auto | cpu | cuda | cuda:N"))
-    max_sequence_length: int = field(default=256, metadata=_h("text sequence length (T5)"))
+    max_sequence_length: Optional[int] = field(
+        default=None, metadata=_h("T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)"))
     out_dir: str = field(default="", metadata=_h("run folder"))
     name: str = field(default="", metadata=_h("run name in reports (default: out_dir's basename)"))
     save_images: bool = field(default=True, metadata=_h("write every image as PNG (re-scoring later needs them)"))
@@ -147,7 +148,7 @@ def build_settings(cfg: EvalT2IConfig, adapter, lora: Optional[str], device, dty
             "lora_fingerprint": None if lora is None else fingerprint_dir(lora, cfg.hash_weights),
             "dtype": dtype,
             "device": device.type,
-            "max_sequence_length": cfg.max_sequence_length,
+            "max_sequence_length": adapter.max_sequence_length,  # resolved (release default when unset)
         },
         "sampling": {
             "sampler": "euler_ode",

@@ -13,7 +13,10 @@ into model inputs by ``mmgrpo.train.task.TaskAdapter.prepare`` (the same prompt 
 ``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
 rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
 of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
-``HFRolloutBackend`` itself (per-sample seeds).  The ``data.*`` defaults equal
+``HFRolloutBackend`` itself (per-sample seeds).  Decoding uses only the ``decoding.*`` settings: the checkpoint's
+``generation_config.json`` decoding fields (Qwen2.5-VL Instruct: repetition_penalty 1.05, temperature 0.1, top_p
+0.001, top_k 1) are ignored, and the ignored values are written under ``decoding`` in settings.json and
+metrics.json.  The ``data.*`` defaults equal
 the training defaults (fps 2, 4-768 frames, 16*28*28-768*28*28 pixels per frame, 3584*28*28 in total).
 
 Outputs in ``out_dir``:
@@ -304,6 +307,11 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
             "max_new_tokens": max_new,
             "batch_size": dec.batch_size,
             "suppressed_token_ids": list(policy.suppress_token_ids),
+            # decoding uses only the settings above: the checkpoint's generation_config fields listed here
+            # (e.g. repetition_penalty) are ignored, so results follow this protocol, not the model card's
+            "checkpoint_generation_config": "ignored",
+            "checkpoint_fields_ignored": _json_safe(_checkpoint_overrides(
+                getattr(policy.model, "generation_config", None))),
         },
         "data": {
             "annotations": str(Path(d.annotations).resolve()),
@@ -433,6 +441,12 @@ def _load(cfg: EvalVLMConfig) -> list:
     return samples
 
 
+def _checkpoint_overrides(gc) -> dict:
+    from mmgrpo.models.rollout import checkpoint_decoding_overrides
+
+    return checkpoint_decoding_overrides(gc)
+
+
 def _prediction_row(sample: Any, prep, text: str, n_tokens: int, truncated: bool, patch: int) -> dict:
     row: dict[str, Any] = {"id": str(_sample_attr(sample, "id")), "output": text, "n_tokens": int(n_tokens),
                            "truncated": bool(truncated)}
@@ -443,6 +457,18 @@ def _prediction_row(sample: Any, prep, text: str, n_tokens: int, truncated: bool
         _, gh, gw = (int(x) for x in prep.item["image_grid_thw"][0])
         row["resized_image_size"] = [gw * patch, gh * patch]
     return row
+
+
+def _json_safe(d: dict) -> dict:
+    """Values JSON can hold as they are, anything else (tuple keys, config objects) as its repr."""
+    out = {}
+    for k, v in d.items():
+        try:
+            json.dumps(v, allow_nan=False)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -459,18 +485,20 @@ def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple
     which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
     completion tokens incl. EOS, truncated)."""
     import torch
-    from transformers import GenerationConfig
 
-    from mmgrpo.models.rollout import batch_to, collate_prompts, completion_mask_from_ids
+    from mmgrpo.models.rollout import (batch_to, collate_prompts, completion_mask_from_ids,
+                                       decoding_generation_config, explicit_decoding)
 
     model, tok = policy.model, policy.tokenizer
     pad = tok.pad_token_id
     eos = _eos_ids(model, tok)
     device = next(model.parameters()).device
     batch = batch_to(collate_prompts(list(items), pad), device)
-    gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos,
-                          pad_token_id=pad, suppress_tokens=list(policy.suppress_token_ids) or None, use_cache=True)
-    with torch.no_grad():
+    # plain argmax: the checkpoint's generation_config (e.g. Qwen2.5-VL's repetition_penalty 1.05) is NOT merged
+    # in; settings.json / metrics.json record the ignored fields under decoding.checkpoint_fields_ignored
+    gc = decoding_generation_config(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                    suppress_tokens=list(policy.suppress_token_ids) or None, use_cache=True)
+    with torch.no_grad(), explicit_decoding(model, "eval greedy decoding"):
         out = model.generate(**batch, generation_config=gc)
     ids = out[:, batch["input_ids"].shape[1]:].cpu()
     mask, truncated = completion_mask_from_ids(ids, eos)
@@ -583,6 +611,7 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     m["config"]["predictions"] = str(out_dir / PREDICTIONS)
     m["config"]["annotations"] = settings["data"]["annotations"]
     m["settings_fingerprint"] = settings["fingerprint"]
+    m["decoding"] = settings["decoding"]  # the decoding protocol next to the numbers it produced
     write_json(out_dir / "metrics.json", m)
     with open(out_dir / "per_sample.jsonl", "w", encoding="utf-8") as f:
         for r in res.per_sample:

@@ -720,7 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(BOX_FRAMES),
         help="rec: coordinate frame of predicted boxes",
     )
-    p.add_argument("--box-inclusive", action="store_true", help="rec: x2,y2 are inclusive pixel indices (+1 area)")
+    p.add_argument("--box-inclusive", action="store_true", help="rec: x2,y2 are inclusive pixel indices (+1 area); "
+                   "off = the continuous IoU (VLM-R1's)")
     p.add_argument("--box-threshold", type=float, default=0.5, help="rec: IoU threshold of Acc@θ")
     p.add_argument("--patch-factor", type=int, default=None, help="rec resized frame: 28 (Qwen2/2.5) or 32 (Qwen3)")
     p.add_argument("--min-pixels", type=int, default=None, help="rec resized frame: smart_resize min_pixels")

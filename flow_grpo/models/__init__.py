@@ -24,12 +24,25 @@ def detect_kind(pipeline_dir: str) -> str:
     return _PIPELINE_TO_KIND[cls]
 
 
+def _dtype_kwarg() -> str:
+    """``dtype`` where the installed diffusers takes it (``torch_dtype`` is deprecated there and warns on every
+    load), else the older ``torch_dtype``."""
+    import diffusers
+    from diffusers.pipelines import pipeline_utils
+    from packaging.version import Version
+
+    if hasattr(pipeline_utils, "_resolve_dtype") or Version(diffusers.__version__).release >= (1, 0):
+        return "dtype"
+    return "torch_dtype"
+
+
 def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None, max_sequence_length=None,
                  **adapter_kwargs) -> FlowModelAdapter:
     """``from_pretrained`` the pipeline folder (same path as a full-size checkpoint) and wrap it in its adapter.
 
     SD3 folders without T5 (``text_encoder_3`` missing from model_index or saved as null) are loaded with
-    ``text_encoder_3=None, tokenizer_3=None``."""
+    ``text_encoder_3=None, tokenizer_3=None``.  ``max_sequence_length=None`` keeps the adapter's release value
+    (FLUX.1 512, SD3 256 T5 tokens; the CLIP encoders always take 77)."""
     import torch
 
     dtype = dtype or torch.float32
@@ -46,11 +59,11 @@ def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None
         te3 = index.get("text_encoder_3")
         if te3 is None or te3 == [None, None] or not os.path.isdir(os.path.join(pipeline_dir, "text_encoder_3")):
             extra = {"text_encoder_3": None, "tokenizer_3": None}
-        pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir, torch_dtype=dtype, **extra)
+        pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype}, **extra)
     else:
         from diffusers import FluxPipeline
 
-        pipe = FluxPipeline.from_pretrained(pipeline_dir, torch_dtype=dtype)
+        pipe = FluxPipeline.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype})
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     kw = dict(adapter_kwargs)

@@ -72,13 +72,16 @@ class FlowModelAdapter:
 
     kind: str = "base"
     pipeline_cls_name: str = ""
+    # T5 tokens the release's pipeline encodes by default (diffusers' __call__ default); the padded length is
+    # part of the conditioning (FLUX attention has no text mask), so training and sampling must agree with it
+    release_max_sequence_length: int = 256
 
     def __init__(self, pipe, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 max_sequence_length: int = 256):
+                 max_sequence_length: int | None = None):
         self.pipe = pipe
         self.device = torch.device(device)
         self.dtype = dtype
-        self.max_sequence_length = max_sequence_length
+        self.max_sequence_length = int(max_sequence_length or self.release_max_sequence_length)
         self.transformer = pipe.transformer
         # ``model`` is what forward passes go through; a trainer may replace it with a DDP/accelerate wrapper.
         self.model = self.transformer

@@ -18,6 +18,7 @@ class SD3Adapter(FlowModelAdapter):
 
     kind = "sd3"
     pipeline_cls_name = "StableDiffusion3Pipeline"
+    release_max_sequence_length = 256  # T5 tokens (StableDiffusion3Pipeline.__call__); CLIP always takes 77
 
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
         pe, npe, pooled, npooled = self.pipe.encode_prompt(

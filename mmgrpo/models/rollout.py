@@ -14,6 +14,8 @@ padding, so an on-policy ratio is exactly 1.
 from __future__ import annotations
 
 import abc
+import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -129,8 +131,9 @@ def compute_token_logprobs(
 class SamplingParams:
     max_new_tokens: int = field(default=256, metadata={"help": "max completion length (tokens)"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (also used in log-probs)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (sampling only)"})
-    top_k: int = field(default=0, metadata={"help": "top-k sampling, 0 = off (sampling only)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (sampling only: the loss scores the "
+                                                        "untruncated policy, as TRL does; keep 1.0 for on-policy)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling, 0 = off (sampling only, like top_p)"})
     greedy: bool = field(default=False, metadata={"help": "argmax decoding (evaluation)"})
 
     def __post_init__(self):
@@ -207,6 +210,95 @@ class _PerRowSampler:
         return out.scatter(-1, choice.to(scores.device), 0.0)
 
 
+# Fields of a GenerationConfig that change which token ``generate`` picks, with their neutral value (None = the
+# processor is off).  A checkpoint's generation_config.json may set any of them (the released Qwen2.5-VL Instruct
+# configs set repetition_penalty 1.05, temperature 0.1, top_p 0.001, top_k 1); ``generate`` fills every field our
+# config leaves None from the checkpoint's, so they must be switched off explicitly.
+NEUTRAL_DECODING_FIELDS: dict[str, Any] = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0, "guidance_scale": 1.0,
+    "renormalize_logits": False, "remove_invalid_values": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+    "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "top_h": None,
+    "sequence_bias": None, "bad_words_ids": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "begin_suppress_tokens": None, "watermarking_config": None,
+    "do_sample": False, "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "dola_layers": None,
+    "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "stop_strings": None,
+    "low_memory": None, "suppress_tokens": None,
+}
+_WARPER_FIELDS = ("temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "min_p", "top_h")
+_WARNED_OVERRIDES: set = set()
+
+
+def checkpoint_decoding_overrides(generation_config) -> dict[str, Any]:
+    """The checkpoint generation-config fields that would shape decoding (value != neutral) and that our
+    explicit decoding settings override: ``{field: checkpoint value}``.  ``suppress_tokens`` is excluded (the
+    loader puts the vision tokens there and the backends pass them explicitly)."""
+    if generation_config is None:
+        return {}
+    out = {}
+    for k, neutral in NEUTRAL_DECODING_FIELDS.items():
+        if k == "suppress_tokens":
+            continue
+        v = getattr(generation_config, k, None)
+        if v is not None and v != neutral:
+            out[k] = v
+    return out
+
+
+def _generation_modules(model) -> list:
+    """Every module whose ``generate`` reads ``self.generation_config`` (the HF model under peft / DDP)."""
+    from transformers import GenerationMixin
+
+    mods = [m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config")]
+    return mods or [model]
+
+
+@contextlib.contextmanager
+def explicit_decoding(model, what: str = "rollout"):
+    """Run ``model.generate`` with NONE of the checkpoint's decoding settings.
+
+    ``generate`` merges ``model.generation_config`` into the config it is given wherever a field is None, so a
+    released checkpoint's ``repetition_penalty`` (1.05 for Qwen2.5-VL Instruct) would silently reshape every
+    sampled token while the loss scores the unpenalised policy.  Inside this context each generation module's
+    config is a fresh ``GenerationConfig`` keeping only the special-token ids, so the only decoding settings are
+    the ones passed explicitly.  Overridden checkpoint fields are warned about once per distinct set.
+    """
+    from transformers import GenerationConfig
+
+    mods = _generation_modules(model)
+    saved = [m.generation_config for m in mods]
+    over = checkpoint_decoding_overrides(saved[0])
+    key = (what, tuple(sorted((k, repr(v)) for k, v in over.items())))
+    # do_sample alone changes nothing here (``_PerRowSampler`` samples; warpers are off): record, don't warn
+    if set(over) - {"do_sample"} and key not in _WARNED_OVERRIDES:
+        _WARNED_OVERRIDES.add(key)
+        warnings.warn(f"{what}: the checkpoint's generation_config sets {over}; ignored -- decoding uses only the "
+                      "run's explicit settings (for training: the policy the loss scores)",
+                      stacklevel=3)
+    try:
+        for m, gc in zip(mods, saved):
+            keep = {k: getattr(gc, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id",
+                                                      "decoder_start_token_id")}
+            m.generation_config = GenerationConfig(**{k: v for k, v in keep.items() if v is not None})
+        yield over
+    finally:
+        for m, gc in zip(mods, saved):
+            m.generation_config = gc
+
+
+def decoding_generation_config(**kwargs):
+    """A ``GenerationConfig`` with every distribution-shaping field set to its neutral value, then ``kwargs``."""
+    from transformers import GenerationConfig
+
+    # warpers (temperature, top-k/p, ...) only act with do_sample=True, which we never use (``_PerRowSampler``
+    # samples); setting them with do_sample=False only makes transformers warn
+    # min_length / min_new_tokens: both set makes transformers warn; inside ``explicit_decoding`` they are off
+    fields = {k: v for k, v in NEUTRAL_DECODING_FIELDS.items()
+              if v is not None and k not in _WARPER_FIELDS + ("min_length", "min_new_tokens")}
+    fields.update(kwargs)
+    return GenerationConfig(**fields)
+
+
 def _eos_ids(model, tokenizer) -> list[int]:
     eos = model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -229,7 +321,9 @@ class HFRolloutBackend(RolloutBackend):
 
     Prompts are repeated G times (processor outputs repeated, including pixel tensors) and generated in chunks
     of ``max_batch_size`` rows.  Returns the sampling log-probs recomputed from the raw step logits with the
-    same formula as ``compute_token_logprobs`` (temperature, suppressed vision tokens).
+    same formula as ``compute_token_logprobs`` (temperature, suppressed vision tokens).  The checkpoint's
+    ``generation_config`` decoding fields (repetition penalty, top-k/p, ...) are NOT applied (see
+    ``explicit_decoding``): the sampled distribution is exactly the policy the loss scores.
     """
 
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
@@ -243,7 +337,7 @@ class HFRolloutBackend(RolloutBackend):
 
     @torch.no_grad()
     def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import LogitsProcessorList
 
         model = getattr(self.model, "module", self.model)  # unwrap DDP
         G = int(num_generations)
@@ -264,16 +358,17 @@ class HFRolloutBackend(RolloutBackend):
             for s in range(0, N, self.max_batch_size):
                 chunk = rows[s:s + self.max_batch_size]
                 batch = batch_to(collate_prompts(chunk, pad), device)
-                gc = GenerationConfig(
-                    max_new_tokens=params.max_new_tokens, do_sample=False, num_beams=1,
-                    eos_token_id=eos, pad_token_id=pad, suppress_tokens=self.suppress_token_ids or None,
+                gc = decoding_generation_config(
+                    max_new_tokens=params.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                    suppress_tokens=self.suppress_token_ids or None,
                     output_logits=True, return_dict_in_generate=True, use_cache=True,
                 )
                 procs = LogitsProcessorList()
                 if not params.greedy:
                     procs.append(_PerRowSampler(seeds[s:s + len(chunk)], params.temperature, params.top_p,
                                                 params.top_k))
-                out = model.generate(**batch, generation_config=gc, logits_processor=procs)
+                with explicit_decoding(model, "HFRolloutBackend"):
+                    out = model.generate(**batch, generation_config=gc, logits_processor=procs)
                 P = batch["input_ids"].shape[1]
                 ids = out.sequences[:, P:]
                 logits = torch.stack(out.logits, 1)  # (n, T, V) raw logits
@@ -291,6 +386,12 @@ class HFRolloutBackend(RolloutBackend):
         texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
         return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
                              logprobs=lps * mask, prompt_index=prompt_index)
+
+
+# vLLM SamplingParams fields that would reshape the distribution, at their neutral values (explicit, so neither a
+# server's defaults nor a model's generation_config -- vLLM's generation_config="auto" -- can switch them on)
+VLLM_NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+                         "min_tokens": 0}
 
 
 def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: SamplingParams,
@@ -313,7 +414,8 @@ def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: Sam
         for g in range(G):
             kw = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0,
                       temperature=0.0 if params.greedy else params.temperature,
-                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1)
+                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
+                      **VLLM_NEUTRAL_SAMPLING)
             if seeds is not None:
                 kw["seed"] = int(seeds[i * G + g]) % (2**31 - 1)
             out.append((prompt, kw))
@@ -364,6 +466,8 @@ class VLLMRolloutBackend(RolloutBackend):
         from vllm import LLM  # pragma: no cover
 
         self.tokenizer = tokenizer  # pragma: no cover
+        # "vllm": the engine's own neutral defaults, never the checkpoint's generation_config.json
+        engine_kwargs.setdefault("generation_config", "vllm")  # pragma: no cover
         self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,  # pragma: no cover
                        max_model_len=max_model_len, mm_processor_kwargs=dict(mm_processor_kwargs or {}),
                        enable_prefix_caching=True, **engine_kwargs)
@@ -413,4 +517,5 @@ __all__ = [
     "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
     "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
+    "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
 ]

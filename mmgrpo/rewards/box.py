@@ -18,9 +18,12 @@ frame (and aliases)       meaning of the numbers the model writes
 ========================  ============================================================================
 
 Pixel convention: by default coordinates are **continuous** (``inclusive=False``): area = (x2−x1)(y2−y1), as in
-torchvision/COCO. With ``inclusive=True`` x2, y2 are *inclusive pixel indices* (VLM-R1's REC IoU): area =
-(x2−x1+1)(y2−y1+1), so a box with x1 == x2 covers one pixel column. Pick one and keep it fixed between training
-and evaluation; the eval harness records it.
+torchvision/COCO -- and as in VLM-R1's REC reward and evaluation, whose IoU is the continuous one (intersection
+min(x2)−max(x1) by min(y2)−max(y1), union from (x2−x1)(y2−y1)); its only difference is that an overlap at most
+1 px wide or high counts as no overlap (IoU 0 here: a small positive number).  With ``inclusive=True`` x2, y2 are
+*inclusive pixel indices* (the "+1" convention of the Pascal VOC devkit, not VLM-R1's): area = (x2−x1+1)(y2−y1+1),
+so a box with x1 == x2 covers one pixel column.  Pick one and keep it fixed between training and evaluation; the
+eval harness records it.
 """
 from __future__ import annotations
 
@@ -129,7 +132,8 @@ def clamp_box(box: Any, image_size: Sequence[float], *, inclusive: bool = False)
 def box_iou(a: Any, b: Any, *, inclusive: bool = False) -> float:
     """IoU of two boxes in the same frame, in [0, 1]; a zero union gives 0.
 
-    continuous: area = (x2−x1)(y2−y1); inclusive: area = (x2−x1+1)(y2−y1+1) (see module docstring).
+    continuous (default; VLM-R1's REC IoU): area = (x2−x1)(y2−y1); inclusive: area = (x2−x1+1)(y2−y1+1), the
+    pixel-index convention (see the module docstring).
     """
     ax1, ay1, ax2, ay2 = as_box(a)
     bx1, by1, bx2, by2 = as_box(b)

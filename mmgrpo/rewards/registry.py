@@ -265,8 +265,9 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     clip_relative (True), span_tags (("glue", "evidence")), sigma (0.1, Gaussian width as a fraction of D),
     iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), numeric_rel_tol (0.0), numeric_mode ("binary" |
     "continuous"), box_frame (**required for REC**: qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | resized_abs |
-    abs | norm1), box_inclusive (False), box_threshold (0.5), token_counter (**required for "length"**: callable
-    str → int, e.g. ``lambda s: len(tok(s, add_special_tokens=False).input_ids)``), length_lo (320),
+    abs | norm1), box_inclusive (False = the continuous IoU, VLM-R1's; True = +1 pixel-index areas),
+    box_threshold (0.5), token_counter (**required for "length"**: callable str → int, e.g.
+    ``lambda s: len(tok(s, add_special_tokens=False).input_ids)``), length_lo (320),
     length_hi (512), length_bonus (0.2), length_group_condition (True), correct_threshold (0.5: a completion is
     "correct" for the length bonus when the task's primary reward — IoU, exact MCQ, numeric, box IoU — reaches it).
     Unknown names, tasks or cfg keys raise immediately (typos do not silently drop a reward).

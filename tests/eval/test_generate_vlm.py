@@ -407,3 +407,30 @@ def test_threads_setting_is_applied_and_not_fingerprinted(env, monkeypatch):
     assert r2["stats"]["n_already_done"] == 1 and r2["metrics"]["n"] == 1
     with pytest.raises(ValueError, match="threads"):
         generate_vlm.run(_cfg(*common, "threads=-1"))
+
+
+def test_checkpoint_generation_config_is_ignored_and_recorded(env):
+    """A checkpoint carrying the released Qwen2.5-VL Instruct decoding fields (plus min_new_tokens, which would
+    forbid the crafted model's early <|im_end|>) still decodes the plain argmax; the ignored fields are written
+    next to the metrics (issue #23 item 10)."""
+    import shutil
+
+    model = env["root"] / "crafted_released_gc"
+    shutil.copytree(env["crafted"], model)
+    p = model / "generation_config.json"
+    gc = json.loads(p.read_text())
+    gc.update({"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.1, "top_p": 0.001, "top_k": 1,
+               "min_new_tokens": 8})
+    p.write_text(json.dumps(gc))
+    out = env["root"] / "released_gc_run"
+    with pytest.warns(UserWarning, match="repetition_penalty"):
+        rc = _run("--config", str(ROOT / "eval/configs/synthetic_tvg.yaml"), f"model={model}",
+                  f"data.annotations={env['ann']}", f"out_dir={out}", "decoding.max_new_tokens=10")
+    assert rc == 0
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert all(r["output"] == TARGET and r["n_tokens"] == 5 for r in preds)
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["decoding"]["checkpoint_generation_config"] == "ignored"
+    assert m["decoding"]["checkpoint_fields_ignored"] == {"do_sample": True, "repetition_penalty": 1.05,
+                                                          "temperature": 0.1, "top_p": 0.001, "top_k": 1,
+                                                          "min_new_tokens": 8}

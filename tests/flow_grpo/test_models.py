@@ -153,3 +153,45 @@ def test_flux_rejects_cfg():
     x = ad.initial_noise([1], H, W)
     with pytest.raises(ValueError, match="embedded guidance"):
         ad.predict_velocity(x, 0.5, ad.encode_prompts(["a"]), 3.5, cfg=True)
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_text_length_defaults_to_the_release(kind):
+    """Unset max_sequence_length = the pipeline's own __call__ default (FLUX.1 512, SD3 256 T5 tokens after the
+    77 CLIP tokens): the trainer's config default no longer forces 256 on FLUX (issue #23 item 11)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+
+    from flow_grpo.config import load_train_config
+    from flow_grpo.models import adapter_from_pipeline
+    from flow_grpo.models.tiny import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    pipe_cls, build = {"sd3": (StableDiffusion3Pipeline, build_tiny_sd3_pipeline),
+                       "flux": (FluxPipeline, build_tiny_flux_pipeline)}[kind]
+    release = inspect.signature(pipe_cls.__call__).parameters["max_sequence_length"].default
+    assert release == {"sd3": 256, "flux": 512}[kind]
+
+    def built(*overrides):
+        cfg = load_train_config(None, [f"model.tiny={kind}", *overrides])
+        return FlowGRPOTrainer._build_adapter(SimpleNamespace(cfg=cfg, accelerator=SimpleNamespace(device="cpu")))
+
+    ad = built()
+    assert ad.max_sequence_length == release
+    pe = ad.encode_prompts(["a cat"]).prompt_embeds
+    assert pe.shape[1] == (77 + release if kind == "sd3" else release)  # SD3: CLIP 77 ++ T5 (zeros without T5)
+    assert built("model.max_sequence_length=24").max_sequence_length == 24  # an explicit value still wins
+    assert adapter_from_pipeline(build(0), max_sequence_length=None).max_sequence_length == release
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_load_adapter_does_not_use_deprecated_torch_dtype(kind, tmp_path):
+    import warnings
+
+    save_tiny_pipeline(str(tmp_path), kind=kind, seed=1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*torch_dtype.*")
+        ad = load_adapter(str(tmp_path), dtype=torch.bfloat16)
+    assert ad.transformer.dtype == torch.bfloat16

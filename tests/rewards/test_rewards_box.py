@@ -31,6 +31,37 @@ def test_box_iou_inclusive_pixels():
     assert box_iou([0, 0, 9, 9], [9, 0, 18, 9], inclusive=True) == pytest.approx(10 / 190)
 
 
+def _vlm_r1_rec_iou(a, b):
+    """VLM-R1's REC IoU as its release defines it (written here from the formula): intersection
+    min(x2) - max(x1) by min(y2) - max(y1), counted only when more than 1 px in both directions; union from the
+    continuous areas (x2 - x1)(y2 - y1)."""
+    iw, ih = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+    inter = iw * ih if iw > 1 and ih > 1 else 0
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_vlm_r1_rec_iou_is_the_continuous_default_not_inclusive():
+    """Issue #21 item 9: VLM-R1's IoU is the default (continuous) one wherever the overlap exceeds 1 px;
+    ``inclusive=True`` (+1 pixel areas) is a different convention."""
+    import random
+
+    rng = random.Random(0)
+    n_diff = 0
+    for _ in range(300):
+        a = sorted(rng.sample(range(200), 2)), sorted(rng.sample(range(200), 2))
+        b = sorted(rng.sample(range(200), 2)), sorted(rng.sample(range(200), 2))
+        a, b = [a[0][0], a[1][0], a[0][1], a[1][1]], [b[0][0], b[1][0], b[0][1], b[1][1]]
+        iw, ih = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if iw > 1 and ih > 1 or iw < 0 or ih < 0:  # VLM-R1's 1-px rule aside, the formulas must agree
+            assert box_iou(a, b) == pytest.approx(_vlm_r1_rec_iou(a, b), abs=1e-12)
+        if box_iou(a, b, inclusive=True) != pytest.approx(_vlm_r1_rec_iou(a, b), abs=1e-9):
+            n_diff += 1
+    assert n_diff > 100  # the inclusive convention is not VLM-R1's
+    # the edge case VLM-R1 treats differently: a 1-px-wide overlap is 0 there, 10 / 190 here
+    assert _vlm_r1_rec_iou([0, 0, 10, 10], [9, 0, 19, 10]) == 0.0
+    assert box_iou([0, 0, 10, 10], [9, 0, 19, 10]) == pytest.approx(10 / 190)
+
+
 def test_frames():
     size = (640, 480)
     assert box_to_original([100, 200, 500, 600], "qwen2_vl", image_size=size) == pytest.approx((64, 96, 320, 288))
