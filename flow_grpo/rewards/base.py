@@ -348,6 +348,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "clip_preference": "flow_grpo.rewards.clip:CLIPPreferenceReward",
     "pickscore": "flow_grpo.rewards.clip:pickscore",
     "hps": "flow_grpo.rewards.clip:hps",
+    "hpsv2": "flow_grpo.rewards.hps:HPSv2Reward",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
