@@ -349,6 +349,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "pickscore": "flow_grpo.rewards.clip:pickscore",
     "hps": "flow_grpo.rewards.clip:hps",
     "hpsv2": "flow_grpo.rewards.hps:HPSv2Reward",
+    "imagereward": "flow_grpo.rewards.imagereward:ImageRewardReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
