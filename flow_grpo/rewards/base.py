@@ -350,6 +350,8 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "hps": "flow_grpo.rewards.clip:hps",
     "hpsv2": "flow_grpo.rewards.hps:HPSv2Reward",
     "imagereward": "flow_grpo.rewards.imagereward:ImageRewardReward",
+    "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
+    "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
