@@ -27,6 +27,7 @@ Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factor
 ``ocr``                    ``1 - Lev(ocr, target) / max len``, rapidocr             (:mod:`.ocr`)
 ``remote``                 HTTP client of ``python -m flow_grpo.rewards.server``    (:mod:`.remote`)
 ``mini_geneval``           verifiable Mini-GenEval (strict / partial)              (:mod:`.mini_geneval`)
+``geneval_official``       GenEval's own scorer (mmdet), for the remote server     (:mod:`.geneval_official`)
 =========================  ==========================================================================
 
 Combinators: :class:`MultiReward` (weighted sum or per-reward for GDPO), :class:`PairwisePreferenceReward`
