@@ -7,7 +7,8 @@ asserts it at import)::
 
     # in the GenEval environment, with this repo on PYTHONPATH
     python -m flow_grpo.rewards.server --reward geneval_official --port 18085 --reward-kwargs \\
-      '{"geneval_dir": "/src/geneval", "detector_path": "/models/geneval", "clip_pretrained": "/models/clip/ViT-L-14.pt"}'
+      '{"geneval_dir": "/src/geneval", "detector_path": "/models/geneval",
+        "clip_pretrained": "/models/clip/ViT-L-14.pt"}'
     # in the training environment
     reward: remote (url http://127.0.0.1:18085, name geneval), metadata = the GenEval metadata lines
 

@@ -187,8 +187,8 @@ def test_pickscore_two_folders_release_preprocessing_and_formula(pickscore_dirs)
     pix = r.image_processor(images=[Image.fromarray(a) for a in imgs], return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(pix, torch.stack([_pil_clip_pixels(a) for a in imgs]), atol=1e-5, rtol=0)
     tall = np.ascontiguousarray(imgs[0].transpose(1, 0, 2))  # portrait: the other resize branch
-    torch.testing.assert_close(r.image_processor(images=[Image.fromarray(tall)], return_tensors="pt")["pixel_values"][0],
-                               _pil_clip_pixels(tall), atol=1e-5, rtol=0)
+    pix_tall = r.image_processor(images=[Image.fromarray(tall)], return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(pix_tall, _pil_clip_pixels(tall), atol=1e-5, rtol=0)
     model = CLIPModel.from_pretrained(model_dir).eval()
     tok = hf_clip_tokenizer_from_open_clip()
     with torch.no_grad():

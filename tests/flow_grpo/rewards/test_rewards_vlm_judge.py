@@ -85,7 +85,8 @@ def test_pairwise_judge_and_win_rate(tiny, images):
     c = judge(images[:2], images[1:], PROMPTS[:2])
     one, two = _first_id(proc.tokenizer, "1"), _first_id(proc.tokenizer, "2")
     for k in range(2):
-        q = "\nPrompt: " + PROMPTS[k] + "\nWhich image matches the prompt better and is of higher quality? Answer 1 or 2."
+        q = ("\nPrompt: " + PROMPTS[k]
+             + "\nWhich image matches the prompt better and is of higher quality? Answer 1 or 2.")
         content = [{"type": "text", "text": "Image 1: "}, {"type": "image"}, {"type": "text", "text": "\nImage 2: "},
                    {"type": "image"}, {"type": "text", "text": q}]
         probs, _ = _next_token_probs(model, proc, content, [Image.fromarray(images[k]), Image.fromarray(images[k + 1])])
