@@ -61,7 +61,18 @@ def test_clipscore_hessel_preset_prefixes_the_caption(tiny_clip, images):
     got = r(images, PROMPTS)["clipscore_hessel"]
     ref = _reference_cos(tiny_clip, images, ["A photo depicts " + p for p in PROMPTS])
     torch.testing.assert_close(got, 2.5 * ref.clamp(min=0).float(), atol=1e-5, rtol=1e-5)
-    assert r.clip.preprocess is not None and r.prefix == "A photo depicts "
+    assert r.prefix == "A photo depicts "
+    # the release's image transform, by hand: PIL bicubic resize of the shortest side, CenterCrop with
+    # int(round(margin / 2)) offsets, ToTensor, OpenAI mean/std
+    from PIL import Image
+
+    img = np.random.default_rng(5).integers(0, 256, (37, 50, 3), dtype=np.uint8)
+    a = np.asarray(Image.fromarray(img).resize((int(64 * 50 / 37), 64), Image.BICUBIC), np.float32) / 255.0
+    left = int(round((a.shape[1] - 64) / 2.0))
+    a = (a[:, left:left + 64] - np.array([0.48145466, 0.4578275, 0.40821073], np.float32)) / np.array(
+        [0.26862954, 0.26130258, 0.27577711], np.float32)
+    torch.testing.assert_close(r.clip.preprocess(Image.fromarray(img)), torch.from_numpy(a.transpose(2, 0, 1).copy()),
+                               atol=1e-5, rtol=0)
 
 
 def test_clip_score_loads_local_weights_by_name(tmp_path, tiny_clip, images):
