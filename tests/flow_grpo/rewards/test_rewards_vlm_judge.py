@@ -110,3 +110,29 @@ def test_judge_loads_saved_folder_and_names_missing_files(tmp_path, tiny, images
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         build_reward("vlm_judge", path=str(tmp_path / "empty"))
+
+
+def test_pairwise_judge_behind_the_reward_server_matches_in_process(tiny, images):
+    """The whole batch (with its metadata group ids) crosses the wire in one request; PNG keeps pixels exact."""
+    import threading
+
+    from flow_grpo.rewards.remote import RemoteReward
+    from flow_grpo.rewards.server import make_server
+
+    model, proc = tiny
+    local = build_reward("vlm_judge_pairwise", model=model, processor=proc, batch_size=4)
+    md = [{"group_id": g} for g in (0, 0, 1, 1)]
+    imgs = np.concatenate([images, images[:1]])
+    ps = ["a red cube"] * 2 + ["a door"] * 2
+    srv = make_server(local, host="127.0.0.1", port=0)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        remote = RemoteReward(url, image_format="png", name="vlm_pref_win_rate", retries=0)
+        got = remote(imgs, ps, md)["vlm_pref_win_rate"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    torch.testing.assert_close(got, local(imgs, ps, md)["vlm_pref_win_rate"])
+    assert sorted(got.tolist()[:2]) == [0.0, 1.0] and sorted(got.tolist()[2:]) == [0.0, 1.0]
