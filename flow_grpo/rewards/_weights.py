@@ -20,7 +20,13 @@ def load_torch_state_dict(path: str, what: str) -> dict:
         from safetensors.torch import load_file
 
         return load_file(path)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+    import pickle
+
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: holds objects other than tensors/containers; it is not unpickled "
+                         f"(weights_only=True: loading weights never runs code): {str(e)[:300]}") from e
     if isinstance(sd, Mapping) and isinstance(sd.get("state_dict"), Mapping):
         sd = sd["state_dict"]
     if not isinstance(sd, Mapping):

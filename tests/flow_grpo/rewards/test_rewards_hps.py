@@ -81,3 +81,15 @@ def test_hpsv2_clear_errors_for_missing_or_wrong_checkpoint(tmp_path, hps_files)
     torch.save({"state_dict": {"visual.proj": torch.zeros(2)}}, bad)
     with pytest.raises(ValueError, match="bad.pt.*missing keys"):
         HPSv2Reward(str(bad), model_name="hps-tiny", model_config=cfg)
+
+
+class _NotAWeight:  # a pickled object that weights_only loading must refuse
+    pass
+
+
+def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path, hps_files):
+    _, _, cfg = hps_files
+    bad = tmp_path / "HPS_v2_compressed.pt"
+    torch.save({"state_dict": {}, "extra": _NotAWeight()}, bad)
+    with pytest.raises(ValueError, match="never runs code"):
+        HPSv2Reward(str(bad), model_name="hps-tiny", model_config=cfg)
