@@ -14,13 +14,20 @@ Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factor
 ``jpeg_incompressibility`` ``+size_kB / scale``                                    (:mod:`.compression`)
 ``brightness``             ``mean(x) / 255``                                       (:mod:`.toy`)
 ``color_target``           ``1 - mean ||x - c|| / (255 sqrt 3)``                   (:mod:`.toy`)
-``clip_score``             ``scale * max(cos(E_I, E_T), clamp_min)``, open_clip    (:mod:`.clip`)
+``clip_score``             ``scale * max(cos(E_I, E_T(prefix + p)), clamp_min)``   (:mod:`.clip`)
+``clipscore_hessel``       Hessel's CLIPScore ``2.5 max(cos, 0)``, "A photo depicts " (:mod:`.clip`)
 ``aesthetic``              LAION MLP on normalised CLIP image features             (:mod:`.clip`)
 ``clip_preference``        ``scale * [exp(logit_scale)] * cos``, HF CLIPModel      (:mod:`.clip`)
-``pickscore`` / ``hps``    presets of ``clip_preference`` (1/26 * logits; cosine)  (:mod:`.clip`)
+``pickscore``              ``exp(logit_scale) cos / 26``; CLIP-H processor + model (:mod:`.clip`)
+``hps``                    raw cosine of a HF CLIPModel (not the HPSv2 weights)    (:mod:`.clip`)
+``hpsv2``                  HPSv2/2.1: cos of open_clip ViT-H-14 + HPS checkpoint   (:mod:`.hps`)
+``imagereward``            ``(MLP(BLIP(x, p)[CLS]) - mean) / std``                 (:mod:`.imagereward`)
+``vlm_judge``              Qwen-VL judge: p(Yes)/(p(Yes)+p(No)) or rating 1..K     (:mod:`.vlm_judge`)
+``vlm_judge_pairwise``     Pref-GRPO win rate from the Qwen-VL pairwise judge      (:mod:`.vlm_judge`)
 ``ocr``                    ``1 - Lev(ocr, target) / max len``, rapidocr             (:mod:`.ocr`)
 ``remote``                 HTTP client of ``python -m flow_grpo.rewards.server``    (:mod:`.remote`)
 ``mini_geneval``           verifiable Mini-GenEval (strict / partial)              (:mod:`.mini_geneval`)
+``geneval_official``       GenEval's own scorer (mmdet), for the remote server     (:mod:`.geneval_official`)
 =========================  ==========================================================================
 
 Combinators: :class:`MultiReward` (weighted sum or per-reward for GDPO), :class:`PairwisePreferenceReward`

@@ -367,9 +367,15 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "clip_preference": "flow_grpo.rewards.clip:CLIPPreferenceReward",
     "pickscore": "flow_grpo.rewards.clip:pickscore",
     "hps": "flow_grpo.rewards.clip:hps",
+    "hpsv2": "flow_grpo.rewards.hps:HPSv2Reward",
+    "imagereward": "flow_grpo.rewards.imagereward:ImageRewardReward",
+    "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
+    "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
+    "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+    "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
 }
 
 

@@ -56,6 +56,25 @@ def test_clip_score_equals_open_clip_forward_cosine(tiny_clip, images):
     torch.testing.assert_close(small, got, atol=1e-5, rtol=1e-5)
 
 
+def test_clipscore_hessel_preset_prefixes_the_caption(tiny_clip, images):
+    r = build_reward("clipscore_hessel", model=tiny_clip)
+    got = r(images, PROMPTS)["clipscore_hessel"]
+    ref = _reference_cos(tiny_clip, images, ["A photo depicts " + p for p in PROMPTS])
+    torch.testing.assert_close(got, 2.5 * ref.clamp(min=0).float(), atol=1e-5, rtol=1e-5)
+    assert r.prefix == "A photo depicts "
+    # the release's image transform, by hand: PIL bicubic resize of the shortest side, CenterCrop with
+    # int(round(margin / 2)) offsets, ToTensor, OpenAI mean/std
+    from PIL import Image
+
+    img = np.random.default_rng(5).integers(0, 256, (37, 50, 3), dtype=np.uint8)
+    a = np.asarray(Image.fromarray(img).resize((int(64 * 50 / 37), 64), Image.BICUBIC), np.float32) / 255.0
+    left = int(round((a.shape[1] - 64) / 2.0))
+    a = (a[:, left:left + 64] - np.array([0.48145466, 0.4578275, 0.40821073], np.float32)) / np.array(
+        [0.26862954, 0.26130258, 0.27577711], np.float32)
+    torch.testing.assert_close(r.clip.preprocess(Image.fromarray(img)), torch.from_numpy(a.transpose(2, 0, 1).copy()),
+                               atol=1e-5, rtol=0)
+
+
 def test_clip_score_loads_local_weights_by_name(tmp_path, tiny_clip, images):
     cfg = tmp_path / "tiny-test-clip.json"
     cfg.write_text(json.dumps(TINY))
@@ -130,9 +149,84 @@ def test_pickscore_and_hps_from_local_hf_folder(hf_clip_dir, images):
         logits = model(**inp).logits_per_image  # (N_img, N_txt) = exp(logit_scale) * cos
     diag = torch.diagonal(logits).float()
     ls = model.logit_scale.exp().float()
-    ps = build_reward("pickscore", path=hf_clip_dir)(images, PROMPTS)
+    ps = build_reward("pickscore", path=hf_clip_dir, image_backend="torchvision")(images, PROMPTS)
     torch.testing.assert_close(ps["pickscore"], diag / 26.0, atol=1e-5, rtol=1e-5)
     hp = build_reward("hps", model=model, processor=proc)(images, PROMPTS)  # same weights; saves a reload
     torch.testing.assert_close(hp["hps"], diag / ls, atol=1e-5, rtol=1e-5)
     with pytest.raises(FileNotFoundError):
         build_reward("pickscore", path=hf_clip_dir + "_missing")
+
+
+# ---------------------------------------------------------------- PickScore: two folders, the release's PIL path
+@pytest.fixture(scope="module")
+def pickscore_dirs(tmp_path_factory, hf_clip_dir):
+    """The release layout: a CLIP-H processor folder and a separate PickScore model folder (no merging)."""
+    from transformers import CLIPImageProcessorPil, CLIPModel
+
+    root = tmp_path_factory.mktemp("pick")
+    proc_dir, model_dir = root / "CLIP-ViT-H-14-laion2B-s32B-b79K", root / "PickScore_v1"
+    hf_clip_tokenizer_from_open_clip().save_pretrained(proc_dir)
+    CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(proc_dir)
+    CLIPModel.from_pretrained(hf_clip_dir).save_pretrained(model_dir)  # weights only: no processor files here
+    return str(proc_dir), str(model_dir)
+
+
+def _pil_clip_pixels(img_u8, size=32):
+    """transformers-4.x CLIPImageProcessor by hand: PIL bicubic resize of the shortest side to ``size`` (long side
+    int(size * long / short)), centre crop with floor offsets, x / 255, (x - mean) / std, CHW."""
+    from PIL import Image
+
+    h, w = img_u8.shape[:2]
+    nh, nw = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
+    a = np.asarray(Image.fromarray(img_u8).resize((nw, nh), Image.BICUBIC), dtype=np.float32)
+    top, left = (nh - size) // 2, (nw - size) // 2
+    a = a[top:top + size, left:left + size] / 255.0
+    mean = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
+    std = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
+    return torch.from_numpy(((a - mean) / std).transpose(2, 0, 1).copy())
+
+
+def test_pickscore_two_folders_release_preprocessing_and_formula(pickscore_dirs):
+    from transformers import CLIPModel
+
+    proc_dir, model_dir = pickscore_dirs
+    imgs = np.random.default_rng(3).integers(0, 256, (3, 45, 61, 3), dtype=np.uint8)  # odd crop margin (11)
+    r = build_reward("pickscore", processor_path=proc_dir, model_path=model_dir, batch_size=2)
+    got = r(imgs, PROMPTS)["pickscore"]
+    from PIL import Image
+
+    pix = r.image_processor(images=[Image.fromarray(a) for a in imgs], return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(pix, torch.stack([_pil_clip_pixels(a) for a in imgs]), atol=1e-5, rtol=0)
+    tall = np.ascontiguousarray(imgs[0].transpose(1, 0, 2))  # portrait: the other resize branch
+    pix_tall = r.image_processor(images=[Image.fromarray(tall)], return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(pix_tall, _pil_clip_pixels(tall), atol=1e-5, rtol=0)
+    model = CLIPModel.from_pretrained(model_dir).eval()
+    tok = hf_clip_tokenizer_from_open_clip()
+    with torch.no_grad():
+        fi = model.vision_model(pixel_values=torch.stack([_pil_clip_pixels(a) for a in imgs])).pooler_output
+        fi = model.visual_projection(fi)
+        t = tok(PROMPTS, padding=True, truncation=True, max_length=77, return_tensors="pt")
+        ft = model.text_projection(model.text_model(**t).pooler_output)
+    cos = (fi / fi.norm(dim=-1, keepdim=True) * ft / ft.norm(dim=-1, keepdim=True)).sum(-1)
+    logits = model.logit_scale.exp() * cos
+    torch.testing.assert_close(got, logits / 26.0, atol=1e-5, rtol=1e-5)
+    # the release's calc_probs (softmax over the images of one prompt) and the two-image pairwise judge
+    same = [PROMPTS[0]] * 3
+    with torch.no_grad():
+        t0 = tok(same[:1], padding=True, return_tensors="pt")
+        f0 = model.text_projection(model.text_model(**t0).pooler_output)
+    l0 = model.logit_scale.exp() * (fi / fi.norm(dim=-1, keepdim=True) @ (f0 / f0.norm(dim=-1, keepdim=True)).T)[:, 0]
+    torch.testing.assert_close(r.preference_probs(imgs, PROMPTS[0]), torch.softmax(l0, 0), atol=1e-5, rtol=1e-5)
+    p = r.compare(imgs[:2], imgs[1:], same[:2])
+    torch.testing.assert_close(p, torch.stack([torch.softmax(l0[[0, 1]], 0)[0], torch.softmax(l0[[1, 2]], 0)[0]]),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_pickscore_missing_files_are_named(tmp_path, pickscore_dirs):
+    proc_dir, model_dir = pickscore_dirs
+    with pytest.raises(FileNotFoundError, match="preprocessor_config.json"):
+        build_reward("pickscore", processor_path=model_dir, model_path=model_dir)  # model folder has no processor
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        build_reward("pickscore", processor_path=proc_dir, model_path=proc_dir)
+    with pytest.raises(FileNotFoundError, match="folder not found"):
+        build_reward("pickscore", processor_path=proc_dir, model_path=str(tmp_path / "nope"))
