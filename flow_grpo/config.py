@@ -139,6 +139,11 @@ class OptimConfig:
     beta2: float = _f(0.999, "AdamW beta2")
     eps: float = _f(1e-8, "AdamW eps")
     max_grad_norm: float = _f(1.0, "gradient clipping (<=0 disables)")
+    fp32_master_weights: bool = _f(True, "bf16/fp16 trainable weights (full fine-tune with model.dtype=bfloat16) are "
+                                   "updated through fp32 master copies in the optimizer (+4 bytes per weight; "
+                                   "mmgrpo.utils.master_weights); false = AdamW directly on the bf16 weights, which "
+                                   "rounds away updates below half a bf16 ulp. No effect on fp32 weights (LoRA "
+                                   "adapters are fp32) nor under FSDP / DeepSpeed (their own mixed precision)")
     clip_range: float = _f(1e-4, "PPO clip epsilon on the per-step ratio")
     adv_clip_max: float = _f(5.0, "advantages are clamped to +-this")
     adv_scale: str = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")

@@ -197,6 +197,12 @@ class OptimConfig:
     warmup_steps: int = field(default=0, metadata=_h("linear LR warmup steps"))
     lr_schedule: Literal["constant", "cosine", "linear"] = field(default="constant", metadata=_h("LR schedule"))
     max_grad_norm: float = field(default=1.0, metadata=_h("gradient clipping (0 = off)"))
+    fp32_master_weights: bool = field(
+        default=True, metadata=_h("bf16/fp16 trainable weights (full fine-tuning with model.dtype=bfloat16) are "
+                                  "updated through fp32 master copies in the optimizer (+4 bytes per weight; "
+                                  "mmgrpo.utils.master_weights); false = AdamW directly on the bf16 weights, which "
+                                  "rounds away updates below half a bf16 ulp (at lr 1e-6 nearly all). No effect on "
+                                  "fp32 weights (LoRA adapters stay fp32) nor under FSDP / DeepSpeed"))
 
 
 @dataclass
