@@ -175,3 +175,22 @@ def test_bf16_logprob_floor(tmp_path, tiny_dirs, th, family):
     assert lp16.dtype == lp32.dtype == torch.float32
     d = (lp16 - lp32)[m[:, :lp16.shape[1]]].abs()
     assert 0 < float(d.max()) < 2 ** -5, float(d.max())
+
+
+def test_bf16_lora_adapter_saved_and_reloaded_in_fp32(tmp_path, tiny_dirs):
+    """A saved adapter holds fp32 tensors and ``load_policy(lora_path=...)`` on a bf16 base trains them in fp32
+    (``PeftModel.from_pretrained`` upcasts like ``get_peft_model``)."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    from mmgrpo.models.adapters import LoraSpec, load_policy
+
+    pol = load_policy(tiny_dirs("qwen2_5_vl"), dtype="bfloat16",
+                      lora=LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    pol.save_pretrained(tmp_path / "adapter")
+    (f,) = glob.glob(str(tmp_path / "adapter" / "*.safetensors"))
+    assert {v.dtype for v in load_file(f).values()} == {torch.float32}
+    pol2 = load_policy(tiny_dirs("qwen2_5_vl"), dtype="bfloat16", lora_path=tmp_path / "adapter")
+    assert {p.dtype for p in pol2.model.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in pol2.model.parameters() if not p.requires_grad} == {BF16}
