@@ -92,10 +92,13 @@ def test_bf16_full_finetune_fp32_masters_and_checkpoint(tmp_path, monkeypatch):
     from mmgrpo.utils.master_weights import MasterWeightAdamW
 
     rec = _Recorder(monkeypatch)
-    extra = {"model.lora.enabled": "false", "optim.lr": 1e-3, "run.save_every": 1, "run.num_epochs": 2}
+    # eval every epoch: the fp32 EMA is swapped into the bf16 weights and swapped out again
+    extra = {"model.lora.enabled": "false", "optim.lr": 1e-3, "run.save_every": 1, "run.num_epochs": 2,
+             "run.eval_every": 1, "data.eval_prompts": "[a red cube]"}
     tr = _trainer("flux", "fast", tmp_path, **extra)
     before = {n: p.detach().clone() for n, p in tr.named_params}
-    tr.train()
+    hist = tr.train()
+    assert all(math.isfinite(m["eval/reward/mean"]) for m in hist)
     assert {p.dtype for _, p in tr.named_params} == {BF16}
     opt = tr.optimizer.optimizer  # accelerate's wrapper around ours
     assert isinstance(opt, MasterWeightAdamW)
