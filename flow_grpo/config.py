@@ -90,9 +90,15 @@ class ModelConfig:
     pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline or FluxPipeline); empty + tiny=... builds a tiny one")
     kind: str = _f("auto", "auto | sd3 | flux")
     tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
+<<<<<<< HEAD
     dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs are always fp32)")
     max_sequence_length: Optional[int] = _f(
         None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
+=======
+    dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
+                    "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
+    max_sequence_length: int = _f(256, "text sequence length (T5)")
+>>>>>>> h11
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})
     gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
 
@@ -144,6 +150,11 @@ class OptimConfig:
     beta2: float = _f(0.999, "AdamW beta2")
     eps: float = _f(1e-8, "AdamW eps")
     max_grad_norm: float = _f(1.0, "gradient clipping (<=0 disables)")
+    fp32_master_weights: bool = _f(True, "bf16/fp16 trainable weights (full fine-tune with model.dtype=bfloat16) are "
+                                   "updated through fp32 master copies in the optimizer (+4 bytes per weight; "
+                                   "mmgrpo.utils.master_weights); false = AdamW directly on the bf16 weights, which "
+                                   "rounds away updates below half a bf16 ulp. No effect on fp32 weights (LoRA "
+                                   "adapters are fp32) nor under FSDP / DeepSpeed (their own mixed precision)")
     clip_range: float = _f(1e-4, "PPO clip epsilon on the per-step ratio")
     adv_clip_max: float = _f(5.0, "advantages are clamped to +-this")
     adv_scale: str = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")

@@ -56,6 +56,7 @@ import torch
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy, check_shapes
 from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.write_errors import names_write_errors
 
@@ -401,8 +402,11 @@ class FlowGRPOTrainer:
         total_steps = max(1, cfg.run.num_epochs * o.inner_epochs * o.updates_per_epoch)
 
         def make_optim(module):
-            opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=o.lr,
-                                    betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+            # bf16 trainable weights (full fine-tune) get fp32 master copies; sharded engines keep their own and
+            # remap the optimizer's parameters at prepare, which must then be the module's
+            opt = make_adamw([p for p in module.parameters() if p.requires_grad],
+                             master_weights=o.fp32_master_weights and not self.sharded, lr=o.lr,
+                             betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
             return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
 
         # the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config; forwards use the prepared module

@@ -40,7 +40,9 @@ class ModelConfig:
     path: str = field(default="", metadata=_h("local model folder (from_pretrained), e.g. a Qwen2.5-VL-7B checkpoint"))
     family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
         default="auto", metadata=_h("model family; auto = config.json model_type"))
-    dtype: Literal["float32", "bfloat16", "float16"] = field(default="bfloat16", metadata=_h("weights dtype"))
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="bfloat16", metadata=_h(
+        "weights dtype; with bfloat16 LoRA adapters stay fp32 (peft), full fine-tuning updates through fp32 masters "
+        "(optim.fp32_master_weights), log-probs / advantages / loss are always fp32"))
     attn_implementation: str = field(default="sdpa", metadata=_h("sdpa | flash_attention_2 | eager"))
     freeze_vision: bool = field(default=True, metadata=_h("freeze the vision tower (ViT + merger)"))
     gradient_checkpointing: bool = field(default=False, metadata=_h("activation checkpointing in the LLM"))
@@ -205,6 +207,12 @@ class OptimConfig:
     warmup_steps: int = field(default=0, metadata=_h("linear LR warmup steps"))
     lr_schedule: Literal["constant", "cosine", "linear"] = field(default="constant", metadata=_h("LR schedule"))
     max_grad_norm: float = field(default=1.0, metadata=_h("gradient clipping (0 = off)"))
+    fp32_master_weights: bool = field(
+        default=True, metadata=_h("bf16/fp16 trainable weights (full fine-tuning with model.dtype=bfloat16) are "
+                                  "updated through fp32 master copies in the optimizer (+4 bytes per weight; "
+                                  "mmgrpo.utils.master_weights); false = AdamW directly on the bf16 weights, which "
+                                  "rounds away updates below half a bf16 ulp (at lr 1e-6 nearly all). No effect on "
+                                  "fp32 weights (LoRA adapters stay fp32) nor under FSDP / DeepSpeed"))
 
 
 @dataclass

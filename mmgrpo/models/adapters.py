@@ -229,6 +229,11 @@ def load_policy(
     * ``need_reference``: for full fine-tuning, keep a frozen copy as the KL reference.
     * ``generation_config.suppress_tokens`` is set to the vision special tokens: a sampled ``<|image_pad|>``
       would break re-scoring with pixel inputs.
+    * ``dtype="bfloat16"``: every weight loads in bf16 (the vision tower casts the fp32 ``pixel_values`` to its own
+      dtype). LoRA adapters are nonetheless fp32: peft upcasts them on a bf16 base (``autocast_adapter_dtype=True``,
+      the default of ``get_peft_model`` and ``PeftModel.from_pretrained``, which TRL relies on too), casts the
+      adapter input to fp32 and the output back to bf16; kept deliberately, since bf16 adapters would lose small
+      AdamW updates (see ``mmgrpo.utils.master_weights``, which covers full fine-tuning instead).
     """
     import torch
 

@@ -59,6 +59,7 @@ from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restor
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
 from mmgrpo.utils.logging import MetricLogger, get_logger
+from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.seeding import sample_seed, seed_everything
 
 log = get_logger("mmgrpo.train")
@@ -325,7 +326,10 @@ class GRPOTrainer:
         if not params:
             raise ValueError("no trainable parameters (everything frozen?)")
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas))
+        # bf16 weights get fp32 master copies (mmgrpo.utils.master_weights); sharded engines keep their own and
+        # remap the optimizer's parameters at prepare, which must then be the model's
+        self.optimizer = make_adamw(params, master_weights=o.fp32_master_weights and not self.sharded, lr=o.lr,
+                                    weight_decay=o.weight_decay, betas=tuple(o.betas))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, LRFactor(o.lr_schedule, o.warmup_steps, cfg.run.max_steps * cfg.algo.num_iterations))
         self.params = params
