@@ -90,15 +90,10 @@ class ModelConfig:
     pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline or FluxPipeline); empty + tiny=... builds a tiny one")
     kind: str = _f("auto", "auto | sd3 | flux")
     tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
-<<<<<<< HEAD
-    dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs are always fp32)")
-    max_sequence_length: Optional[int] = _f(
-        None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
-=======
     dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
-    max_sequence_length: int = _f(256, "text sequence length (T5)")
->>>>>>> h11
+    max_sequence_length: Optional[int] = _f(
+        None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})
     gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
 
