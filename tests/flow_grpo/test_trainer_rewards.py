@@ -244,7 +244,8 @@ def _z(x):
 def test_per_reward_mode_normalises_each_reward_in_its_group_then_sums(tmp_path):
     tr = make_trainer("flux", "fast", tmp_path, rewards={"block": block_reward, "brightness": brightness_reward},
                       **{"reward.mode": "per_reward", "reward.weights": "{block: 1.0, brightness: 2.0}",
-                         "data.group_size": 3, "data.groups_per_epoch": 2, "sample.batch_size": 3})
+                         "data.group_size": 3, "data.groups_per_epoch": 2, "sample.batch_size": 3,
+                         "optim.adv_scale": "group", "optim.adv_std_ddof": 1})  # the by-hand statistics below
     tr.train()
     traj = tr._last_traj
     adv, _ = tr.compute_advantages(traj)
