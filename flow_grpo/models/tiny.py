@@ -6,11 +6,11 @@ Tokenizers are built offline:
   symbols (plain and ``</w>``-terminated), the first ``n_merges`` merges and the two special tokens, in the same order
   as CLIP's own vocab. ``CLIPTokenizer(vocab=dict, merges=[tuple])`` (transformers v5 ignores file paths).
 * T5 (FLUX ``tokenizer_2``): a tiny ``tokenizers`` word-piece-free BPE trained on a fixed corpus.
-* T5 (SD3 ``tokenizer_3``): a ``T5TokenizerFast`` built from a tiny Unigram vocabulary trained on the same corpus with
-  T5's own pre-tokenizer (Metaspace) and ``</s>`` post-processor. No installed package ships a real T5 SentencePiece
-  model (``spiece.model``) and ``sentencepiece`` is not installed, so the real vocabulary and its NFKC
-  ``precompiled_charsmap`` normaliser are absent; the tokenizer class, id layout (<pad>=0, </s>=1, <unk>=2) and
-  padding/truncation behaviour are T5's.
+* T5 (SD3 ``tokenizer_3``): a ``T5TokenizerFast`` (Unigram model, T5's Metaspace pre-tokenizer and ``</s>``
+  post-processor) over a tiny vocabulary built from the same corpus (words + characters). No installed package
+  ships a real T5 SentencePiece model (``spiece.model``) and ``sentencepiece`` is not installed, so the real
+  vocabulary and its NFKC ``precompiled_charsmap`` normaliser are absent; the tokenizer class, id layout
+  (<pad>=0, </s>=1, <unk>=2) and padding/truncation behaviour are T5's.
 
 Configs follow /work/shared/reference/environment.md §3 (verified combinations).
 """
@@ -81,27 +81,31 @@ def build_t5_tokenizer(vocab_size: int = 300, model_max_length: int = 64):
     )
 
 
-def build_t5_unigram_tokenizer(vocab_size: int = 200, model_max_length: int = 512):
-    """A ``T5TokenizerFast`` (Unigram, like T5's SentencePiece model) with a vocabulary trained on ``_CORPUS``.
+def build_t5_unigram_tokenizer(model_max_length: int = 512):
+    """A ``T5TokenizerFast`` (a Unigram model, like T5's SentencePiece one) over a tiny hand-built vocabulary.
 
+    Pieces: the corpus words with SentencePiece's word-start marker ("\u2581cat"), the bare marker, and single
+    characters (lowercase letters, digits and the corpus' characters), scored by smoothed log-frequency with
+    characters penalised, so corpus words are one token and other words split into characters (never <unk> for
+    lowercase ASCII). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
+    differently from one process to the next, which would change token ids between a build and its reload.
     No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them."""
-    import json
+    import math
+    import string
+    from collections import Counter
 
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import T5TokenizerFast
 
-    tok = Tokenizer(models.Unigram())
-    # the same pre-tokenizer T5TokenizerFast installs, so the trained pieces are the ones it will look up
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
-    ])
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
-                                      unk_token="<unk>", show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
-    vocab = [(piece, float(score)) for piece, score in json.loads(tok.to_str())["model"]["vocab"]]
-    if [p for p, _ in vocab[:3]] != ["<pad>", "</s>", "<unk>"]:  # T5's id layout; the tokenizer assumes unk_id=2
-        raise RuntimeError(f"unexpected special-token layout in the trained Unigram vocab: {vocab[:3]}")
+    words = Counter(w for line in _CORPUS for w in line.split())
+    chars = Counter(c for line in _CORPUS for c in line.replace(" ", ""))
+    chars.update(string.ascii_lowercase + string.digits)  # add-one smoothing, and full lowercase/digit coverage
+    total = sum(words.values()) + sum(chars.values())
+    scored = {"\u2581" + w: math.log(n / total) for w, n in words.items()}
+    scored["\u2581"] = math.log(len(words) / total)
+    scored.update({c: math.log(n / total) - 2.0 for c, n in chars.items()})
+    pieces = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0]))  # a deterministic id order
+    # T5's id layout: <pad>=0, </s>=1, <unk>=2 (T5TokenizerFast builds its Unigram model with unk_id=2)
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
 
 
