@@ -87,9 +87,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline or FluxPipeline); empty + tiny=... builds a tiny one")
-    kind: str = _f("auto", "auto | sd3 | flux")
-    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline or FluxKontextPipeline); empty + tiny=... builds a tiny one")
+    kind: str = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
+    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
     dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs are always fp32)")
     max_sequence_length: int = _f(256, "text sequence length (T5)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})

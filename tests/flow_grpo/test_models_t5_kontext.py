@@ -297,3 +297,24 @@ def test_folder_roundtrip_through_load_adapter(kind, tmp_path, roundtrip):
         ad.transformer.transformer_blocks[0].attn.to_out[0].weight[0, 0] += 1e-2
     with pytest.raises(AssertionError, match="not close"):
         roundtrip.close(_ode(ad, emb, [1], gs, cfg, steps=3), x_ref, atol=ROUNDTRIP_ATOL)
+
+
+def test_kontext_trains_from_a_jsonl_prompt_file_with_reference_images(tmp_path):
+    """The trainer binds each JSONL line's ``image`` (relative to the file) and trains the LoRA on edits."""
+    from flow_grpo.config import load_train_config
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    from .conftest import block_reward, train_overrides
+
+    for name, seed in (("a.png", 1), ("b.png", 2)):
+        _image(32, 48, seed).save(tmp_path / name)
+    src = tmp_path / "edits.jsonl"
+    src.write_text('{"prompt": "make it red", "image": "a.png"}\n{"prompt": "add a hat", "image": "b.png"}\n')
+    cfg = load_train_config(None, train_overrides("flux", "fast", tmp_path / "run", **{"data.train_path": str(src)}))
+    tr = FlowGRPOTrainer(cfg, adapter=_kontext(), reward_fn={"block": block_reward})
+    assert tr.adapter.reference_images == {"make it red": str(tmp_path / "a.png"), "add a hat": str(tmp_path / "b.png")}
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    m = tr.train()[-1]
+    assert m["train/ratio_mean"] == 1.0
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
+    assert tr.adapter.encode_prompts(["add a hat"]).cond_latents.shape == (1, 4, 4, 6)
