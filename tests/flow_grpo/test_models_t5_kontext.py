@@ -195,6 +195,24 @@ def test_kontext_context_tokens_ids_and_slicing():
         ad.predict_velocity(x, 0.5, emb, 3.5, cfg=True)
 
 
+def test_kontext_lora_reference_is_the_base_model_with_context():
+    base, ad = _kontext(), _kontext()
+    torch.manual_seed(1)
+    ad.add_lora(rank=4, alpha=8)
+    with torch.no_grad():
+        for n, p in ad.transformer.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # peft's B starts at 0: make the adapter non-trivial
+    images = [_image(32, 48, 1), _image(32, 48, 2)]
+    x = ad.initial_noise([1, 2], H, W)
+    with torch.no_grad():
+        v_lora = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"], images=images), 3.5)
+        with ad.reference():
+            v_ref = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"], images=images), 3.5)
+        v_base = base.predict_velocity(x, 0.5, base.encode_prompts(["a", "b"], images=images), 3.5)
+    assert torch.equal(v_ref, v_base) and not torch.allclose(v_lora, v_base)
+
+
 def test_kontext_reference_size_follows_the_pipeline():
     ad = _kontext()
     # floored to multiples of 2 x VAE scale factor (16 px) without auto-resize
