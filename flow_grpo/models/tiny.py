@@ -86,8 +86,8 @@ def build_t5_unigram_tokenizer(model_max_length: int = 512):
 
     Pieces: the corpus words with SentencePiece's word-start marker ("\u2581cat"), the bare marker, and single
     characters (lowercase letters, digits and the corpus' characters), scored by smoothed log-frequency with
-    characters penalised, so corpus words are one token and other words split into characters (never <unk> for
-    lowercase ASCII). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
+    characters penalised, so corpus words are one token and other words split into characters (<unk> only for
+    characters outside lowercase letters, digits and the corpus, e.g. capitals: there is no NFKC/lowercasing). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
     differently from one process to the next, which would change token ids between a build and its reload.
     No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them."""
     import math
@@ -143,8 +143,8 @@ def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None)
 
 def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
     """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders; no T5 (``text_encoder_3=None``) unless
-    ``with_t5``: then a tiny ``T5EncoderModel`` (d_model = the transformer's ``joint_attention_dim`` = 64, as T5-XXL's
-    4096 is SD3.5's) and a Unigram ``T5TokenizerFast``. The T5 parts are built last, so every other component is
+    ``with_t5``: then a tiny ``T5EncoderModel`` whose d_model is the transformer's ``joint_attention_dim`` (64 here;
+    in SD3.5 both are T5-XXL's 4096) and a Unigram ``T5TokenizerFast``. The T5 parts are built last, so every other component is
     the same as without T5 for the same seed."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
