@@ -87,9 +87,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline or FluxPipeline); empty + tiny=... builds a tiny one")
-    kind: str = _f("auto", "auto | sd3 | flux")
-    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | flux) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline or FluxKontextPipeline); empty + tiny=... builds a tiny one")
+    kind: str = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
+    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
     dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(

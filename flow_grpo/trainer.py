@@ -437,6 +437,7 @@ class FlowGRPOTrainer:
         else:
             raise ValueError("no prompts: set data.train_path or data.prompts")
         self.eval_prompts, self.eval_metadata = self._load_eval_prompts()
+        self._bind_reference_images()
         if cfg.run.eval_every and not self.eval_prompts:
             raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
         self.epoch = 0
@@ -501,7 +502,9 @@ class FlowGRPOTrainer:
         if m.tiny:
             from .models import tiny
 
-            builder = {"sd3": tiny.build_tiny_sd3_pipeline, "flux": tiny.build_tiny_flux_pipeline}[m.tiny]
+            if m.tiny not in tiny.TINY_BUILDERS:
+                raise ValueError(f"model.tiny={m.tiny!r}: expected one of {sorted(tiny.TINY_BUILDERS)}")
+            builder = tiny.TINY_BUILDERS[m.tiny]
             return adapter_from_pipeline(builder(seed=self.cfg.run.seed), device=device, dtype=dtype,
                                          max_sequence_length=m.max_sequence_length)
         if not m.pipeline_dir:
@@ -516,7 +519,7 @@ class FlowGRPOTrainer:
             raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
         if n_total % self.world:
             raise ValueError(f"group_size*groups_per_epoch={n_total} must be divisible by the {self.world} processes")
-        if self.adapter.kind == "flux" and c.sample.cfg:
+        if self.adapter.kind in ("flux", "flux_kontext") and c.sample.cfg:
             raise ValueError("FLUX uses embedded guidance: set sample.cfg=false")
         if c.optim.kl_type not in ("mean", "mean_exact", "velocity"):
             raise ValueError(f"optim.kl_type must be mean | mean_exact | velocity, got {c.optim.kl_type!r}")
@@ -532,6 +535,23 @@ class FlowGRPOTrainer:
         if self.sharded and c.sample.credit != "outcome":
             raise ValueError(f"sample.credit={c.sample.credit} is not supported with FSDP/DeepSpeed: its ODE "
                              "completions make a process-dependent number of (collective) sharded forwards")
+
+    def _bind_reference_images(self) -> None:
+        """Editing models (FLUX-Kontext): a JSONL prompt line's ``image`` field is its reference image (path relative
+        to the prompt file); without any, the model runs text-to-image."""
+        bind = getattr(self.adapter, "bind_reference_images", None)
+        if bind is None:
+            return
+        d = self.cfg.data
+        found = False
+        for prompts, meta, path in ((self.prompts, self.metadata, d.train_path),
+                                    (self.eval_prompts, self.eval_metadata, d.eval_path)):
+            if any("image" in m for m in meta):
+                bind(prompts, meta, source=path)
+                found = True
+        if not found and self.is_main:
+            log.warning("%s: no prompt has an 'image' field (JSONL): sampling is text-to-image, without a reference",
+                        self.adapter.kind)
 
     def _load_eval_prompts(self) -> tuple[list[str], list[dict]]:
         d = self.cfg.data

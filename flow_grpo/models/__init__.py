@@ -1,4 +1,5 @@
-"""Thin per-architecture adapters (SD3, FLUX) over diffusers pipelines, plus hub-free tiny builders."""
+"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext) over diffusers pipelines,
+plus hub-free tiny builders."""
 from __future__ import annotations
 
 import json
@@ -6,10 +7,11 @@ import os
 
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
+from .flux_kontext import FluxKontextAdapter
 from .sd3 import SD3Adapter
 
-ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter}
-_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux"}
+ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter}
+_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -61,9 +63,10 @@ def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None
             extra = {"text_encoder_3": None, "tokenizer_3": None}
         pipe = StableDiffusion3Pipeline.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype}, **extra)
     else:
-        from diffusers import FluxPipeline
+        import diffusers
 
-        pipe = FluxPipeline.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype})
+        pipe_cls = getattr(diffusers, ADAPTERS[kind].pipeline_cls_name)
+        pipe = pipe_cls.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype})
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     kw = dict(adapter_kwargs)
@@ -79,5 +82,6 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
     return ADAPTERS[_PIPELINE_TO_KIND[name]](pipe, **kwargs)
 
 
-__all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "load_adapter", "adapter_from_pipeline",
+__all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "load_adapter",
+           "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

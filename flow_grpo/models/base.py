@@ -25,14 +25,16 @@ import torch
 
 @dataclass
 class PromptEmbeds:
-    """Text conditioning for a batch. ``prompt_embeds`` (B, L, D), ``pooled`` (B, P); ``neg_*`` the unconditional
-    (empty-prompt) embeddings for CFG (or None); ``text_ids`` (L, 3) for FLUX (shared by the batch)."""
+    """Conditioning for a batch. ``prompt_embeds`` (B, L, D), ``pooled`` (B, P); ``neg_*`` the unconditional
+    (empty-prompt) embeddings for CFG (or None); ``text_ids`` (L, 3) for FLUX (shared by the batch);
+    ``cond_latents`` (B, C, h', w') the VAE latents of a per-sample reference image (FLUX-Kontext), or None."""
 
     prompt_embeds: torch.Tensor
     pooled: torch.Tensor
     neg_prompt_embeds: Optional[torch.Tensor] = None
     neg_pooled: Optional[torch.Tensor] = None
     text_ids: Optional[torch.Tensor] = None
+    cond_latents: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]

@@ -78,12 +78,7 @@ class FluxAdapter(FlowModelAdapter):
         b, n, _ = latents.shape
         if len(embeds) != b:
             raise ValueError(f"embeds batch {len(embeds)} != latents batch {b}")
-        side = int(round(n ** 0.5))
-        hw = getattr(self, "_current_hw", None)
-        if hw is None or hw[0] * hw[1] != n:
-            if side * side != n:
-                raise ValueError("non-square FLUX latents: call set_resolution(height, width) first")
-            hw = (side, side)
+        hw = self._token_hw(n)
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((b,), float(guidance_scale), dtype=torch.float32, device=self.device)
@@ -92,6 +87,16 @@ class FluxAdapter(FlowModelAdapter):
             pooled_projections=embeds.pooled, encoder_hidden_states=embeds.prompt_embeds,
             txt_ids=embeds.text_ids, img_ids=self.img_ids(hw), return_dict=False,
         )[0].float()
+
+    def _token_hw(self, n: int) -> tuple[int, int]:
+        """(rows, cols) of the packed token grid of ``n`` tokens: from ``set_resolution``, else square."""
+        hw = getattr(self, "_current_hw", None)
+        if hw is None or hw[0] * hw[1] != n:
+            side = int(round(n ** 0.5))
+            if side * side != n:
+                raise ValueError("non-square FLUX latents: call set_resolution(height, width) first")
+            hw = (side, side)
+        return hw
 
     def set_resolution(self, height: int, width: int) -> None:
         h, w = self.latent_hw(height, width)

@@ -1,10 +1,16 @@
-"""Hub-free tiny SD3 / FLUX pipelines (random weights, built from configs) for CPU tests and smoke runs.
+"""Hub-free tiny SD3 / SD3+T5 / FLUX / FLUX-Kontext pipelines (random weights, built from configs) for CPU tests and
+smoke runs.
 
 Tokenizers are built offline:
 * CLIP: a truncated copy of the real CLIP BPE (open_clip ships ``bpe_simple_vocab_16e6.txt.gz``): the 512 byte
   symbols (plain and ``</w>``-terminated), the first ``n_merges`` merges and the two special tokens, in the same order
   as CLIP's own vocab. ``CLIPTokenizer(vocab=dict, merges=[tuple])`` (transformers v5 ignores file paths).
 * T5 (FLUX ``tokenizer_2``): a tiny ``tokenizers`` word-piece-free BPE trained on a fixed corpus.
+* T5 (SD3 ``tokenizer_3``): a ``T5TokenizerFast`` (Unigram model, T5's Metaspace pre-tokenizer and ``</s>``
+  post-processor) over a tiny vocabulary built from the same corpus (words + characters). No installed package
+  ships a real T5 SentencePiece model (``spiece.model``) and ``sentencepiece`` is not installed, so the real
+  vocabulary and its NFKC ``precompiled_charsmap`` normaliser are absent; the tokenizer class, id layout
+  (<pad>=0, </s>=1, <unk>=2) and padding/truncation behaviour are T5's.
 
 Configs follow /work/shared/reference/environment.md §3 (verified combinations).
 """
@@ -75,6 +81,44 @@ def build_t5_tokenizer(vocab_size: int = 300, model_max_length: int = 64):
     )
 
 
+def build_t5_unigram_tokenizer(model_max_length: int = 512):
+    """A ``T5TokenizerFast`` (a Unigram model, like T5's SentencePiece one) over a tiny hand-built vocabulary.
+
+    Pieces: the corpus words with SentencePiece's word-start marker ("\u2581cat"), the bare marker, and single
+    characters (lowercase letters, digits and the corpus' characters), scored by smoothed log-frequency with
+    characters penalised, so corpus words are one token and other words split into characters (<unk> only for
+    characters outside lowercase letters, digits and the corpus, e.g. capitals: there is no NFKC/lowercasing). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
+    differently from one process to the next, which would change token ids between a build and its reload.
+    No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them."""
+    import math
+    import string
+    from collections import Counter
+
+    from transformers import T5TokenizerFast
+
+    words = Counter(w for line in _CORPUS for w in line.split())
+    chars = Counter(c for line in _CORPUS for c in line.replace(" ", ""))
+    chars.update(string.ascii_lowercase + string.digits)  # add-one smoothing, and full lowercase/digit coverage
+    total = sum(words.values()) + sum(chars.values())
+    scored = {"\u2581" + w: math.log(n / total) for w, n in words.items()}
+    scored["\u2581"] = math.log(len(words) / total)
+    scored.update({c: math.log(n / total) - 2.0 for c, n in chars.items()})
+    pieces = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0]))  # a deterministic id order
+    # T5's id layout: <pad>=0, </s>=1, <unk>=2 (T5TokenizerFast builds its Unigram model with unk_id=2)
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
+    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
+
+
+def _tiny_t5_encoder(tok, d_model: int):
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(
+        vocab_size=len(tok), d_model=d_model, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        decoder_start_token_id=tok.pad_token_id,
+    ))
+
+
 def _clip_text_config(vocab_size: int, tok, hidden: int, proj: int):
     from transformers import CLIPTextConfig
 
@@ -97,8 +141,11 @@ def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None)
     )
 
 
-def build_tiny_sd3_pipeline(seed: int = 0):
-    """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders, no T5 (``text_encoder_3=None``)."""
+def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
+    """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders; no T5 (``text_encoder_3=None``) unless
+    ``with_t5``: then a tiny ``T5EncoderModel`` whose d_model is the transformer's ``joint_attention_dim`` (64 here;
+    in SD3.5 both are T5-XXL's 4096) and a Unigram ``T5TokenizerFast``. The T5 parts are built last, so every other component is
+    the same as without T5 for the same seed."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection
@@ -114,9 +161,13 @@ def build_tiny_sd3_pipeline(seed: int = 0):
     )
     vae = _tiny_vae(shift_factor=0.0609)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    te3 = tok3 = None
+    if with_t5:
+        tok3 = build_t5_unigram_tokenizer()
+        te3 = _tiny_t5_encoder(tok3, transformer.config.joint_attention_dim)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=te, tokenizer=tok,
-        text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=None, tokenizer_3=None,
+        text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=te3, tokenizer_3=tok3,
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -126,17 +177,13 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
     """FluxPipeline with a tiny CLIP (pooled) + tiny T5 (sequence) and a guidance-distilled tiny transformer."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import CLIPTextModel
 
     torch.manual_seed(seed)
     tok = build_clip_tokenizer()
     t5_tok = build_t5_tokenizer()
     te = CLIPTextModel(_clip_text_config(len(tok), tok, 32, 32))
-    te2 = T5EncoderModel(T5Config(
-        vocab_size=len(t5_tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-        relative_attention_num_buckets=8, pad_token_id=t5_tok.pad_token_id, eos_token_id=t5_tok.eos_token_id,
-        decoder_start_token_id=t5_tok.pad_token_id,
-    ))
+    te2 = _tiny_t5_encoder(t5_tok, 32)
     transformer = FluxTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=guidance_embeds,
@@ -155,9 +202,35 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
     return pipe
 
 
+def build_tiny_sd3_t5_pipeline(seed: int = 0):
+    """The tiny SD3 with its T5 text encoder (``text_encoder_3``), like SD3.5's CLIP-L + CLIP-G + T5-XXL."""
+    return build_tiny_sd3_pipeline(seed, with_t5=True)
+
+
+def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True):
+    """FluxKontextPipeline over the tiny FLUX components (same weights as ``build_tiny_flux_pipeline(seed)``):
+    Kontext is the FLUX architecture fed reference-image tokens, so no new module is needed."""
+    from diffusers import FluxKontextPipeline
+
+    flux = build_tiny_flux_pipeline(seed, guidance_embeds=guidance_embeds)
+    pipe = FluxKontextPipeline(
+        scheduler=flux.scheduler, vae=flux.vae, text_encoder=flux.text_encoder, tokenizer=flux.tokenizer,
+        text_encoder_2=flux.text_encoder_2, tokenizer_2=flux.tokenizer_2, transformer=flux.transformer,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+TINY_BUILDERS: dict[str, Any] = {
+    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
+    "flux_kontext": build_tiny_flux_kontext_pipeline,
+}
+
+
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` ('sd3' | 'flux') and ``save_pretrained`` it into ``directory``."""
-    builders: dict[str, Any] = {"sd3": build_tiny_sd3_pipeline, "flux": build_tiny_flux_pipeline}
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext')
+    and ``save_pretrained`` it into ``directory``."""
+    builders = TINY_BUILDERS
     if kind not in builders:
         raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")
     pipe = builders[kind](seed=seed)

@@ -110,7 +110,9 @@ def test_nan_rewards_leave_their_groups_counted_and_logged(tmp_path):
     # 3 groups of 3, rollout chunks of 3 (one group each); group 0 loses 1 member, group 1 keeps one, group 2 none
     tr = make_trainer("flux", "fast", tmp_path, rewards={"block": block_reward, "nanny": _nan_at({0, 3, 4, 6, 7, 8})},
                       **{"data.group_size": 3, "data.groups_per_epoch": 3, "sample.batch_size": 3,
-                         "reward.weights": "{block: 1.0, nanny: 0.5}"})
+                         "reward.weights": "{block: 1.0, nanny: 0.5}",
+                         # the by-hand group statistics below (the fast preset's release default is the batch std)
+                         "optim.adv_scale": "group", "optim.adv_std_ddof": 1})
     before = [p.detach().clone() for p in tr.params]
     m = tr.train()[-1]
     traj = tr._last_traj
