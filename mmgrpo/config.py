@@ -263,3 +263,26 @@ class TrainConfig:
             raise ValueError("run.max_consecutive_skips must be >= 0")
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""
+        import math
+
+        o, r = self.optim, self.run
+        if r.max_steps < 1:
+            raise ValueError(f"run.max_steps must be >= 1 (a run of {r.max_steps} steps trains nothing)")
+        if math.isnan(o.max_grad_norm):
+            raise ValueError("optim.max_grad_norm is NaN (0 turns clipping off)")
+        for name, v in (("optim.lr", o.lr), ("optim.weight_decay", o.weight_decay),
+                        ("run.max_train_seconds", r.max_train_seconds)):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if not all(math.isfinite(b) and 0 <= b < 1 for b in o.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+        for name, v in (("optim.warmup_steps", o.warmup_steps), ("run.save_every", r.save_every),
+                        ("run.prompts_per_step", r.prompts_per_step)):
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if r.log_every < 1:
+            raise ValueError(f"run.log_every must be >= 1, got {r.log_every}")
