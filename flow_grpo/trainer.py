@@ -1300,6 +1300,10 @@ class FlowGRPOTrainer:
             plot_curves(path, keys, self.out / "reward_curves.png", title="rewards")
 
     def close(self) -> None:
+        from mmgrpo.utils.runlock import release_run_lock
+
+        if self.is_main:
+            release_run_lock(self.out)
         if self.runner is not None:
             self.runner.shutdown(wait=False)
             self.runner = None

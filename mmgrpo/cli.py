@@ -27,7 +27,7 @@ def train_main(argv: Sequence[str]) -> int:
                                        + exit_codes.HELP)
     from mmgrpo.train.faults import NothingTrained, TrainingStopped
     from mmgrpo.train.trainer import GRPOTrainer
-    from mmgrpo.utils.runlock import OutputDirLocked
+    from mmgrpo.utils.runlock import OutputDirLocked, release_run_lock
 
     try:
         GRPOTrainer(cfg).train()
@@ -40,6 +40,8 @@ def train_main(argv: Sequence[str]) -> int:
     except OutputDirLocked as e:  # another run writes into run.output_dir
         print(f"mmgrpo train: {e}", file=sys.stderr)
         return exit_codes.LOCKED
+    finally:
+        release_run_lock(cfg.run.output_dir)  # the run is over (also when the trainer outlives this call)
     return exit_codes.OK
 
 

@@ -13,8 +13,9 @@ applies its own retention), so a run takes the lock before it loads anything and
   checked instead: a live pid on this host refuses, a dead one is taken over, and a holder on another host is
   refused (it cannot be checked from here: delete the file if that run is gone);
 * multi-process runs lock once, on the main process (:func:`acquire_run_lock` shares the outcome with the others);
-* the lock is released (file removed) when the run's trainer is garbage-collected or the process exits; a process
-  may lock the same folder again (e.g. a second trainer resuming in the same process) without conflict.
+* the lock is released (file removed) when the run ends (:func:`release_run_lock`: the CLIs, ``close()`` of the
+  flow trainer), when the run's trainer is garbage-collected, or when the process exits; a process may lock the
+  same folder again (e.g. a second trainer resuming in the same process) without conflict.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import time
 import weakref
 from pathlib import Path
 
-__all__ = ["RunLock", "OutputDirLocked", "acquire_run_lock", "LOCK_NAME"]
+__all__ = ["RunLock", "OutputDirLocked", "acquire_run_lock", "release_run_lock", "LOCK_NAME"]
 
 log = logging.getLogger("mmgrpo.runlock")
 
@@ -193,6 +194,14 @@ def acquire_run_lock(output_dir: str | os.PathLike, is_main: bool = True, owner:
     if lock is not None and owner is not None:
         weakref.finalize(owner, lock.release)
     return lock
+
+
+def release_run_lock(output_dir: str | os.PathLike) -> None:
+    """Release this process's lock on ``output_dir`` now, however many trainers took it (the run is over)."""
+    lock = _HELD.get(os.path.realpath(Path(output_dir) / LOCK_NAME))
+    if lock is not None:
+        lock.users = 1
+        lock.release()
 
 
 def _share_from_main(obj):
