@@ -1021,6 +1021,7 @@ class GRPOTrainer:
         gt = rb.info.get("gen_time", 0.0)
         m["perf/tokens_per_s"] = rb.info.get("gen_tokens", 0.0) / gt if gt > 0 else 0.0
         m["data/groups"] = rb.info.get("groups", 0.0)
+        m["data/valid_groups"] = rb.info.get("valid_groups", 0.0)  # groups with >= 2 valid rows (a baseline)
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/skipped_bad_samples"] = float(self.counters["skipped_bad_samples"])
@@ -1070,6 +1071,7 @@ class GRPOTrainer:
             elif k in ("faults/skipped_steps", "faults/consecutive_skips", "train/skipped_steps"):
                 out[k] = vals[0]  # decided globally: the same on every process
             elif k in ("data/skipped_missing_media", "data/skipped_bad_samples", "data/filtered_groups", "data/groups",
+                       "data/valid_groups",
                        "completions/parse_failures") or k.startswith(("perf/tokens", "faults/")):
                 out[k] = float(sum(vals))
             else:

@@ -57,6 +57,7 @@ def test_all_media_missing_run_exits_4_without_final_checkpoint(tmp_path, tiny_d
     assert not (tmp_path / "run" / "checkpoints").exists()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["faults/skipped_steps"] for r in rows] == [1, 2] and rows[-1]["data/groups"] == 0
+    assert all(r["data/valid_groups"] == 0 for r in rows)
     assert not (tmp_path / "run" / ".lock").exists()  # released
 
 
