@@ -126,9 +126,10 @@ class OptimConfig:
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
     lr_schedule: str = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
-    max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients skip the optimizer step (counted, logged); "
-                                    "after this many consecutive skips a checkpoint is written to <output_dir>/halted "
-                                    "and the run stops")
+    max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "
+                                    "rewards, skip the optimizer step (counted, logged); after this many consecutive "
+                                    "skips a checkpoint is written to <output_dir>/halted and the run stops (exit 3); "
+                                    "a run none of whose steps was applied exports nothing and exits 4")
 
 
 @dataclass
@@ -143,7 +144,8 @@ class EMAConfig:
 
 @dataclass
 class RunConfig:
-    output_dir: str = _f("runs/flow_grpo", "run directory (logs, checkpoints, LoRA, grids)")
+    output_dir: str = _f("runs/flow_grpo", "run directory (logs, checkpoints, LoRA, grids); one run at a time: <output_dir>/.lock names "
+                     "the run using it, a second run refuses (exit code 5)")
     seed: int = _f(42, "base seed; every noise/plan seed is a hash of (seed, epoch, global index)")
     num_epochs: int = _f(100, "epochs to train (an epoch = sample groups_per_epoch groups, then update)")
     save_every: int = _f(10, "epochs between checkpoints (0 = only at the end)")

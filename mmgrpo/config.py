@@ -188,7 +188,10 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    output_dir: str = field(default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints)"))
+    output_dir: str = field(
+        default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints); one run at a time: "
+                                           "<output_dir>/.lock names the run using it, a second run refuses (exit "
+                                           "code 5)"))
     max_steps: int = field(default=100, metadata=_h("rollout steps"))
     max_train_seconds: float = field(
         default=0.0, metadata=_h("training-time budget: stop (save, export) after the step in which it runs out; "
@@ -227,8 +230,10 @@ class RunConfig:
     use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
     progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
     max_consecutive_skips: int = field(
-        default=5, metadata=_h("optimizer steps skipped for NaN/inf advantages, loss or gradients in a row before "
-                               "the run writes a checkpoint and stops (0 = never stop)"))
+        default=5, metadata=_h("optimizer steps skipped in a row (NaN/inf advantages, loss or gradients, or no "
+                               "valid group: all media missing / reward calls failed) before the run writes a "
+                               "checkpoint and stops, exit code 3 (0 = never stop; a run whose every step was "
+                               "skipped still ends with exit code 4 and no final checkpoint)"))
 
 
 @dataclass
