@@ -109,6 +109,12 @@ def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, caps
         rc = main(["train", "model.path=/nonexistent", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
         err = capsys.readouterr().err
         assert rc == 5 and f"in use by another run (pid {holder.pid} on host" in err
+        from mmgrpo.config import TrainConfig
+        from mmgrpo.utils.config import load_config
+
+        cfg = load_config(TrainConfig, None, ["model.path=/nonexistent", f"run.output_dir={out}"])
+        with pytest.raises(OutputDirLocked, match=f"pid {holder.pid}"):
+            GRPOTrainer(cfg, samples=[{"id": "x"}])  # the trainer itself refuses (also without the CLI)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

@@ -48,7 +48,7 @@ def test_second_run_refuses_naming_the_holder_then_takes_over_once_it_died(tmp_p
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == holder.pid
     with caplog.at_level(logging.WARNING, logger="mmgrpo.runlock"):
         lock = RunLock(tmp_path).acquire()
-    assert f"taking over a stale lock" in caplog.text and f"pid {holder.pid}" in caplog.text
+    assert "taking over a stale lock" in caplog.text and f"pid {holder.pid}" in caplog.text
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (tmp_path / LOCK_NAME).exists()  # released: the file is removed
