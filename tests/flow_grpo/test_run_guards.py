@@ -102,35 +102,53 @@ def test_final_export_is_atomic_and_repaired_by_resume(tmp_path, damage):
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)  # metadata order may vary
 
 
-def _cli(out, *extra):
-    args = train_overrides("flux", "fast", out, **{"run.progress_bar": "false", "run.save_every": 1, **dict(extra)})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return [sys.executable, "-m", "flow_grpo.cli", "train", "model.tiny=flux", *args], env
+def _cli_args(out, epochs):
+    return ["train", "model.tiny=flux", *train_overrides("flux", "fast", out, **{
+        "run.progress_bar": "false", "run.save_every": 1, "run.num_epochs": epochs})]
+
+
+def _run_main(args, log=None):
+    """Forked child: ``flow_grpo train`` (in-process ``main``), stderr to ``log``; exit status = its exit code."""
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+        sys.stderr = open(log, "a", buffering=1)
+    sys.exit(main(args))
 
 
 def test_two_real_runs_into_one_folder_then_stale_lock_and_resume(tmp_path):
-    """Run A trains (a real process); run B into the same folder refuses with exit 5 naming A; A is SIGKILLed;
-    run C takes over the stale lock with a warning, prints "resumed from ..." and exports."""
+    """Run A trains (a process of its own); run B into the same folder refuses with exit 5 naming A; A is
+    SIGKILLed; run C (a fresh interpreter) takes over the stale lock with a warning, prints "resumed from ..." and
+    exports.  A and B are forked from this process (no second import of torch / diffusers)."""
+    import multiprocessing as mp
+
+    import flow_grpo.models.tiny  # noqa: F401 - imported before the forks
+    import flow_grpo.trainer  # noqa: F401
+
     out = tmp_path / "run"
-    cmd, env = _cli(out, ("run.num_epochs", 100000))
-    a = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ctx = mp.get_context("fork")
+    a = ctx.Process(target=_run_main, args=(_cli_args(out, 100000), str(tmp_path / "a.log")))
+    a.start()
     try:
         t0 = time.time()
         while not (out / "checkpoints" / "step-00000001" / "manifest.json").exists():
-            assert a.poll() is None, "run A ended early"
+            assert a.is_alive(), "run A ended early: " + (tmp_path / "a.log").read_text()[-2000:]
             assert time.time() - t0 < 120, "run A made no checkpoint"
             time.sleep(0.05)
-        cmd_b, _ = _cli(out, ("run.num_epochs", 1))
-        b = subprocess.run(cmd_b, env=env, capture_output=True, text=True, timeout=120)
-        assert b.returncode == 5, b.stderr
-        assert f"in use by another run (pid {a.pid} on host {socket.gethostname()}" in b.stderr
-        assert a.poll() is None  # A was not disturbed
+        b = ctx.Process(target=_run_main, args=(_cli_args(out, 1), str(tmp_path / "b.log")))
+        b.start()
+        b.join(120)
+        err = (tmp_path / "b.log").read_text()
+        assert b.exitcode == 5, err
+        assert f"in use by another run (pid {a.pid} on host {socket.gethostname()}" in err
+        assert a.is_alive()  # A was not disturbed
     finally:
-        os.killpg(a.pid, signal.SIGKILL)
-        a.wait()
+        os.kill(a.pid, signal.SIGKILL)
+        a.join()
     assert json.loads((out / ".lock").read_text())["pid"] == a.pid  # left behind by the killed run
-    cmd_c, _ = _cli(out, ("run.num_epochs", 2))
-    c = subprocess.run(cmd_c, env=env, capture_output=True, text=True, timeout=180)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    c = subprocess.run([sys.executable, "-m", "flow_grpo.cli", *_cli_args(out, 2)], env=env, capture_output=True,
+                       text=True, timeout=180)
     assert c.returncode == 0, c.stderr
     assert "taking over a stale lock" in c.stderr and f"pid {a.pid}" in c.stderr
     assert "resumed from " + str(out / "checkpoints" / "step-") in c.stderr
