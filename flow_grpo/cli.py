@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from mmgrpo.utils import exit_codes
+
 _DESCRIPTION = """GRPO for flow-matching text-to-image models (SD3 / FLUX) with exact per-step SDE log-probs.
 
 Methods are presets (method=flow|dance|fast|mix|tp_grpo|g2rpo) over one trainer; every preset value can be
@@ -25,18 +27,22 @@ accelerate config); a launch whose process count accelerate does not honour is r
 here (2 processes, gloo: DDP, and FSDP2 forced on CPU); GPU FSDP1 / DeepSpeed follow the standard accelerate path
 untested. Faults: non-finite rewards drop their samples (reward.nan_policy), failing reward calls are retried then
 dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
-step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto.
+step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop; epochs where no group kept two valid
+rewards (e.g. the reward server is down) skip their steps the same way. Resume: run.resume_from=auto (a missing or
+damaged final export is rewritten). One run per run.output_dir (<output_dir>/.lock).
 Trust: a config is code. reward.weights / reward.pairwise_scorer entries of the form 'package.module:factory' are
 imported and called (the plugin mechanism for your own rewards), so {'os:system': 1} would call os.system: only run
 config files and overrides you trust. A remote reward server checks MMGRPO_REWARD_TOKEN when it is set (see
-python -m flow_grpo.rewards.server --help)."""
+python -m flow_grpo.rewards.server --help).
+
+""" + exit_codes.HELP
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: flow_grpo train [--config FILE] [--print-config] [key=value ...]\n\n" + _DESCRIPTION)
-        return 0
+        return exit_codes.OK
     cmd, rest = argv[0], argv[1:]
     if cmd != "train":
         print(f"unknown command {cmd!r}; available: train", file=sys.stderr)
@@ -57,10 +63,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    from .trainer import train_from_config
+    from mmgrpo.train.faults import NothingTrained
+    from mmgrpo.utils.runlock import OutputDirLocked
 
-    train_from_config(cfg)
-    return 0
+    from .trainer import TrainingHalted, train_from_config
+
+    try:
+        train_from_config(cfg)
+    except TrainingHalted as e:  # consecutive skipped steps: the state was written to <output_dir>/halted
+        print(f"flow_grpo train: {e}", file=sys.stderr)
+        return exit_codes.STOPPED
+    except NothingTrained as e:  # no optimizer step applied: no final weights exported
+        print(f"flow_grpo train: {e}", file=sys.stderr)
+        return exit_codes.NOTHING_TRAINED
+    except OutputDirLocked as e:  # another run writes into run.output_dir
+        print(f"flow_grpo train: {e}", file=sys.stderr)
+        return exit_codes.LOCKED
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

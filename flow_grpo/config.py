@@ -163,9 +163,10 @@ class OptimConfig:
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
     lr_schedule: str = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
-    max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients skip the optimizer step (counted, logged); "
-                                    "after this many consecutive skips a checkpoint is written to <output_dir>/halted "
-                                    "and the run stops")
+    max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "
+                                    "rewards, skip the optimizer step (counted, logged); after this many consecutive "
+                                    "skips a checkpoint is written to <output_dir>/halted and the run stops (exit 3); "
+                                    "a run none of whose steps was applied exports nothing and exits 4")
 
 
 @dataclass
@@ -180,7 +181,8 @@ class EMAConfig:
 
 @dataclass
 class RunConfig:
-    output_dir: str = _f("runs/flow_grpo", "run directory (logs, checkpoints, LoRA, grids)")
+    output_dir: str = _f("runs/flow_grpo", "run directory (logs, checkpoints, LoRA, grids); one run at a time: <output_dir>/.lock names "
+                     "the run using it, a second run refuses (exit code 5)")
     seed: int = _f(42, "base seed; every noise/plan seed is a hash of (seed, epoch, global index)")
     num_epochs: int = _f(100, "epochs to train (an epoch = sample groups_per_epoch groups, then update)")
     save_every: int = _f(10, "epochs between checkpoints (0 = only at the end)")
@@ -215,6 +217,45 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "loss, AdamW, LR schedule, non-finite step skipping"})
     ema: EMAConfig = field(default_factory=EMAConfig, metadata={"help": "EMA of the trainable weights (eval, saved LoRA)"})
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
+
+    def __post_init__(self):
+        check_numbers(self)
+
+
+def check_numbers(c: "TrainConfig") -> None:
+    """Values that would fail only after the model loaded (IndexError, a NaN optimizer) or silently train
+    nothing: refused when the config is parsed (``flow_grpo train`` exits 2 before loading anything)."""
+    import math
+
+    def at_least(name: str, v: int, lo: int, why: str = "") -> None:
+        if v < lo:
+            raise ValueError(f"{name} must be >= {lo}{why}, got {v}")
+
+    at_least("run.num_epochs", c.run.num_epochs, 1, " (a run of no epochs trains nothing)")
+    at_least("data.groups_per_epoch", c.data.groups_per_epoch, 1)
+    at_least("data.group_size", c.data.group_size, 2, " (advantages are group-relative)")
+    at_least("sample.num_steps", c.sample.num_steps, 2, " (the last step is never trained)")
+    at_least("sample.batch_size", c.sample.batch_size, 1)
+    at_least("optim.updates_per_epoch", c.optim.updates_per_epoch, 1)
+    at_least("optim.inner_epochs", c.optim.inner_epochs, 1)
+    at_least("optim.max_consecutive_skips", c.optim.max_consecutive_skips, 1)
+    at_least("ema.update_every", c.ema.update_every, 1)
+    for name, v in (("optim.warmup_steps", c.optim.warmup_steps), ("run.save_every", c.run.save_every),
+                    ("run.eval_every", c.run.eval_every), ("run.image_grid_every", c.run.image_grid_every)):
+        at_least(name, v, 0)
+    for name, v in (("optim.lr", c.optim.lr), ("optim.weight_decay", c.optim.weight_decay),
+                    ("optim.beta", c.optim.beta), ("run.max_train_seconds", c.run.max_train_seconds)):
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+    if not math.isfinite(c.optim.eps) or c.optim.eps <= 0:
+        raise ValueError(f"optim.eps must be a finite number > 0, got {c.optim.eps}")
+    for name, v in (("optim.clip_range", c.optim.clip_range), ("optim.adv_clip_max", c.optim.adv_clip_max)):
+        if not v > 0:  # inf = no clipping
+            raise ValueError(f"{name} must be > 0, got {v}")
+    if math.isnan(c.optim.max_grad_norm):
+        raise ValueError("optim.max_grad_norm is NaN (<= 0 disables clipping)")
+    if not all(math.isfinite(b) and 0 <= b < 1 for b in (c.optim.beta1, c.optim.beta2)):
+        raise ValueError(f"optim.beta1 / beta2 must be in [0, 1), got {c.optim.beta1}, {c.optim.beta2}")
 
 
 # Advantage statistics per release: Flow-GRPO's and TP-GRPO's PerPromptStatTracker use np.std (population) + 1e-4,

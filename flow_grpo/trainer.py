@@ -55,8 +55,11 @@ import torch
 
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy, check_shapes
+from mmgrpo.train.faults import NothingTrained
 from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.master_weights import make_adamw
+from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.write_errors import names_write_errors
 
@@ -64,7 +67,9 @@ from .config import TrainConfig
 from .ema import EMA, _local
 from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
 
-log = logging.getLogger("flow_grpo.trainer")
+# get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
+# bare logging.getLogger, info lines such as "resumed from ..." were never printed
+log = get_logger("flow_grpo.trainer")
 
 
 # ----------------------------------------------------------------------------------------------------- data
@@ -385,6 +390,8 @@ class FlowGRPOTrainer:
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
         self.out = Path(cfg.run.output_dir)
+        # one run per output folder (main process), before the model is loaded: a second run refuses at once
+        self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         self._validate()
@@ -844,6 +851,9 @@ class FlowGRPOTrainer:
         adv, stats = self.compute_advantages(traj)
         valid = traj.rewards["valid"]
         adv_ok = _reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
+        # no group kept >= 2 valid samples (every reward call failed / non-finite, on every process: the statistics
+        # are global): nothing to learn from -> the updates count as skipped steps (feed max_consecutive_skips)
+        no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
         train_mask = traj.train_mask & valid.unsqueeze(1)
         if c.optim.drop_zero_adv:
             train_mask &= (adv != 0).any(1, keepdim=True)
@@ -860,7 +870,7 @@ class FlowGRPOTrainer:
         t1 = time.perf_counter()
         for _ in range(c.optim.inner_epochs):
             for u in range(n_upd):
-                if not adv_ok:
+                if no_group or not adv_ok:
                     status, gn = "skipped", float("nan")
                 else:
                     status, gn = self._update(traj, adv, range(bounds[u], bounds[u + 1]), train_mask,
@@ -879,8 +889,11 @@ class FlowGRPOTrainer:
                 else:
                     self.counters["skipped_steps"] += 1
                     self.counters["consecutive_skips"] += 1
-                    what = "advantages" if not adv_ok else f"loss/gradients (grad norm {gn})"
-                    log.warning("epoch %d update %d: non-finite %s: optimizer step skipped (%d in a row)",
+                    what = ("no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
+                            if no_group else "non-finite advantages" if not adv_ok else
+                            f"non-finite loss/gradients (grad norm {gn})")
+                    self._last_skip_cause = what
+                    log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)",
                                 epoch, u, what, self.counters["consecutive_skips"])
                     if self.counters["consecutive_skips"] >= c.optim.max_consecutive_skips:
                         self._halt(what)
@@ -949,7 +962,8 @@ class FlowGRPOTrainer:
         path = self.save_checkpoint(halted=True)
         path = _broadcast_object(str(path) if path is not None else None)
         k = self.cfg.optim.max_consecutive_skips
-        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps (last cause: non-finite {what}) at "
+        never = " (none of the run's optimizer steps was applied)" if not self.counters["applied_steps"] else ""
+        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps{never} (last cause: {what}) at "
                f"epoch {self.epoch}, step {self.global_step}. Weights are unchanged by the skipped steps; the state "
                f"was written to {path} (continue with run.resume_from={path} after fixing the cause, e.g. a lower "
                "optim.lr, optim.max_grad_norm, bf16 -> fp32, or a broken reward).")
@@ -1170,28 +1184,70 @@ class FlowGRPOTrainer:
     def export_final(self) -> Optional[Path]:
         """Collective. The trained weights (EMA if on) for inference: LoRA -> ``<output_dir>/lora_final``
         (``Pipeline.load_lora_weights``), full fine-tune -> ``<output_dir>/transformer_final`` (``save_pretrained``,
-        gathered from all shards)."""
+        gathered from all shards).
+
+        Written atomically (temp folder + rename, ``mmgrpo.utils.export``) with an ``export.json`` naming the epoch
+        and step it holds: a resumed run with no epochs left rewrites an export that is missing, damaged or older
+        than its checkpoint (see :meth:`train`)."""
+        from mmgrpo.utils.export import publish_dir
+
         target = None
         with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
             if self.cfg.model.lora.enabled and not self.sharded:
                 if self.is_main:
-                    target = self.out / "lora_final"
-                    target.mkdir(parents=True, exist_ok=True)
-                    self.adapter.save_lora(str(target))
+                    target = publish_dir(self._export_dir(), lambda d: self.adapter.save_lora(str(d)),
+                                         self._export_meta())
             else:
                 sd = self.accelerator.get_state_dict(self.model)  # collective under FSDP / ZeRO-3
                 if self.is_main:
                     from safetensors.torch import save_file
 
-                    target = self.out / ("lora_final_state" if self.cfg.model.lora.enabled else "transformer_final")
-                    target.mkdir(parents=True, exist_ok=True)
                     sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
                           if not self.cfg.model.lora.enabled or "lora_" in k}
-                    # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
-                    save_file(sd, str(target / "diffusion_pytorch_model.safetensors"))
-                    self.unwrapped.save_config(str(target))
+
+                    def write(d: Path) -> None:
+                        # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
+                        save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
+                        self.unwrapped.save_config(str(d))
+
+                    target = publish_dir(self._export_dir(), write, self._export_meta())
         _barrier()
         return target
+
+    def _export_dir(self) -> Path:
+        lora = self.cfg.model.lora.enabled
+        return self.out / ("lora_final" if lora and not self.sharded else "lora_final_state" if lora
+                           else "transformer_final")
+
+    def _export_meta(self) -> dict:
+        return {"epoch": self.epoch, "global_step": self.global_step}
+
+    def _export_outdated(self) -> bool:
+        """Collective. True (and logged) if the final export is missing, damaged or not of the current state."""
+        from mmgrpo.utils.export import export_problem
+
+        why = export_problem(self._export_dir(), self._export_meta()) if self.is_main else None
+        why = _broadcast_object(why)
+        if why and self.is_main:
+            log.warning("final export to be (re)written: %s", why)
+        return why is not None
+
+    def _check_trained(self) -> None:
+        """A run none of whose optimizer steps was applied fails instead of exporting "trained" weights."""
+        n = self.counters
+        if self.epoch == 0 or n["applied_steps"] > 0:
+            return
+        if self.logger is not None:
+            self.logger.flush()
+        cause = getattr(self, "_last_skip_cause", None) or (
+            "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
+            "optim.drop_zero_adv=true)")
+        raise NothingTrained(
+            f"flow_grpo: nothing was trained in {self.epoch} epoch(s): no optimizer step was applied "
+            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty; last cause: {cause}; "
+            f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
+            f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
+            f"and the learning rate.")
 
     # ------------------------------------------------------------------ main loop
     def _eval_due(self, final: bool) -> bool:
@@ -1261,9 +1317,12 @@ class FlowGRPOTrainer:
             if due or (new_best and c.run.keep_best):
                 self.save_checkpoint(metric=metric)
         bar.close()
-        if history:
+        self._check_trained()  # raises (no export) if no optimizer step of the run was applied
+        # a resumed run with no epochs left still repairs a missing / damaged / outdated export
+        if history or (self.epoch > 0 and self._export_outdated()):
             self._check_replicas_in_sync()
             self.export_final()
+        if history:
             if self.is_main and c.run.reward_curves:
                 self._plot_curves()
         if self.logger is not None:
@@ -1287,6 +1346,10 @@ class FlowGRPOTrainer:
             plot_curves(path, keys, self.out / "reward_curves.png", title="rewards")
 
     def close(self) -> None:
+        from mmgrpo.utils.runlock import release_run_lock
+
+        if self.is_main:
+            release_run_lock(self.out)
         if self.runner is not None:
             self.runner.shutdown(wait=False)
             self.runner = None

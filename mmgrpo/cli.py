@@ -19,19 +19,30 @@ def train_main(argv: Sequence[str]) -> int:
     from mmgrpo.config import TrainConfig
     from mmgrpo.utils.config import parse_config_cli
 
+    from mmgrpo.utils import exit_codes
+
     cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
-                                       "Options: defaults < --config YAML < key=value overrides.")
-    from mmgrpo.train.faults import TrainingStopped
+                                       "Options: defaults < --config YAML < key=value overrides.\n\n"
+                                       + exit_codes.HELP)
+    from mmgrpo.train.faults import NothingTrained, TrainingStopped
     from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.utils.runlock import OutputDirLocked, release_run_lock
 
-    trainer = GRPOTrainer(cfg)
     try:
-        trainer.train()
+        GRPOTrainer(cfg).train()
     except TrainingStopped as e:  # a configured fault policy stopped the run after writing a checkpoint
         print(f"mmgrpo train: {e}", file=sys.stderr)
-        return 3
-    return 0
+        return exit_codes.STOPPED
+    except NothingTrained as e:  # every optimizer step was skipped: no final weights
+        print(f"mmgrpo train: {e}", file=sys.stderr)
+        return exit_codes.NOTHING_TRAINED
+    except OutputDirLocked as e:  # another run writes into run.output_dir
+        print(f"mmgrpo train: {e}", file=sys.stderr)
+        return exit_codes.LOCKED
+    finally:
+        release_run_lock(cfg.run.output_dir)  # the run is over (also when the trainer outlives this call)
+    return exit_codes.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

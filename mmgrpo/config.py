@@ -217,7 +217,10 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    output_dir: str = field(default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints)"))
+    output_dir: str = field(
+        default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints); one run at a time: "
+                                           "<output_dir>/.lock names the run using it, a second run refuses (exit "
+                                           "code 5)"))
     max_steps: int = field(default=100, metadata=_h("rollout steps"))
     max_train_seconds: float = field(
         default=0.0, metadata=_h("training-time budget: stop (save, export) after the step in which it runs out; "
@@ -256,8 +259,10 @@ class RunConfig:
     use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
     progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
     max_consecutive_skips: int = field(
-        default=5, metadata=_h("optimizer steps skipped for NaN/inf advantages, loss or gradients in a row before "
-                               "the run writes a checkpoint and stops (0 = never stop)"))
+        default=5, metadata=_h("optimizer steps skipped in a row (NaN/inf advantages, loss or gradients, or no "
+                               "valid group: all media missing / reward calls failed) before the run writes a "
+                               "checkpoint and stops, exit code 3 (0 = never stop; a run whose every step was "
+                               "skipped still ends with exit code 4 and no final checkpoint)"))
 
 
 @dataclass
@@ -303,3 +308,26 @@ class TrainConfig:
                                  "model for another format (use data.answer_format=seconds)")
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""
+        import math
+
+        o, r = self.optim, self.run
+        if r.max_steps < 1:
+            raise ValueError(f"run.max_steps must be >= 1 (a run of {r.max_steps} steps trains nothing)")
+        if math.isnan(o.max_grad_norm):
+            raise ValueError("optim.max_grad_norm is NaN (0 turns clipping off)")
+        for name, v in (("optim.lr", o.lr), ("optim.weight_decay", o.weight_decay),
+                        ("run.max_train_seconds", r.max_train_seconds)):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if not all(math.isfinite(b) and 0 <= b < 1 for b in o.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+        for name, v in (("optim.warmup_steps", o.warmup_steps), ("run.save_every", r.save_every),
+                        ("run.prompts_per_step", r.prompts_per_step)):
+            if v < 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        if r.log_every < 1:
+            raise ValueError(f"run.log_every must be >= 1, got {r.log_every}")

@@ -4,7 +4,9 @@
   cannot block the run, nor the interpreter's exit) and exponential back-off retries;
 * :func:`nonfinite_rows` finds rows whose rewards are NaN/inf;
 * :class:`TrainingStopped` is raised by the trainer AFTER it wrote a checkpoint, with a message saying why and
-  where to resume from (``mmgrpo train`` turns it into exit code 3, not a traceback).
+  where to resume from (``mmgrpo train`` turns it into exit code 3, not a traceback);
+* :class:`NothingTrained` is raised at the end of a run none of whose optimizer steps was applied (every step
+  skipped: no valid group / reward, non-finite values); no final weights are written (exit code 4).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train.faults")
 
-__all__ = ["TrainingStopped", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
+__all__ = ["TrainingStopped", "NothingTrained", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
 
 
 class TrainingStopped(RuntimeError):
@@ -30,6 +32,10 @@ class TrainingStopped(RuntimeError):
                                     if checkpoint else ""))
         self.reason = message
         self.checkpoint = checkpoint
+
+
+class NothingTrained(RuntimeError):
+    """The run applied no optimizer step (all were skipped); raised instead of writing final weights."""
 
 
 class RewardCallFailed(RuntimeError):

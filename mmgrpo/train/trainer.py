@@ -49,7 +49,8 @@ from mmgrpo.core import (AdvantageOutput, anchor_offpolicy_advantages, gather_gr
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
-from mmgrpo.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
+from mmgrpo.train.faults import (CallStats, NothingTrained, RewardCallFailed, TrainingStopped, call_with_retries,
+                                 nonfinite_rows)
 from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
@@ -60,6 +61,7 @@ from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.master_weights import make_adamw
+from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.seeding import sample_seed, seed_everything
 
 log = get_logger("mmgrpo.train")
@@ -274,6 +276,8 @@ class GRPOTrainer:
         # uses explicit per-row seeds, see make_seeds)
         seed_everything(cfg.run.seed)
         self.run_dir = Path(cfg.run.output_dir)
+        # one run per output folder (main process), before anything is loaded: a second run refuses at once
+        self._run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
 
         # data first: a bad file fails before a (large) model is loaded
         self.samples = list(samples) if samples is not None else load_samples(
@@ -646,6 +650,8 @@ class GRPOTrainer:
                               res.advantages.float())
         n_deg = int(degenerate.sum()) if (not gather or self.rank == 0) else 0
         self.counters["degenerate_groups"] += n_deg
+        # groups with a baseline (>= 2 valid members): a step with none anywhere trains nothing (see optimize)
+        rb.info["valid_groups"] = float(int((~degenerate).sum()) if (not gather or self.rank == 0) else 0)
         rb.info["degenerate_groups"] = rb.info.get("degenerate_groups", 0.0) + float(n_deg)
         rb.advantages, rb.reward_used, rb.zero_std = adv_all[sl], used, res.zero_std_mask[sl]
         rb.info["zero_std_frac"] = res.zero_std_fraction
@@ -686,6 +692,7 @@ class GRPOTrainer:
         a = self.cfg.algo
         want = self.prompts_per_step // self.world  # whole groups per process (DAPO refill never splits groups)
         batches, n_groups, zero_frac_first = [], 0, None
+        valid_groups = 0.0  # summed over rounds, also from empty batches (statistics may be global)
         rounds = 1 + (a.filter_max_rounds if a.filter_zero_std else 0)
         for rnd in range(rounds):
             preps = self._prepare(self._draw())
@@ -693,6 +700,7 @@ class GRPOTrainer:
             first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
             rb = self.rollout(step, preps) if preps else self._empty_batch()
             self.advantages(rb)  # on every process, even without prompts: it may gather across processes
+            valid_groups += rb.info.get("valid_groups", 0.0)
             if preps:
                 if zero_frac_first is None:
                     zero_frac_first = rb.info["zero_std_frac"]
@@ -717,6 +725,7 @@ class GRPOTrainer:
         rb.info["zero_std_frac"] = zero_frac_first if zero_frac_first is not None else 0.0
         rb.info["degenerate_groups"] = sum(b.info.get("degenerate_groups", 0.0) for b in batches)
         rb.info["groups"] = float(n_groups)
+        rb.info["valid_groups"] = valid_groups
         rb.info["rounds"] = float(rnd + 1)
         return rb
 
@@ -841,10 +850,16 @@ class GRPOTrainer:
         wsum = 0.0
         grad_norm = 0.0
         skipped = 0
+        # no group with a baseline on any process (every sample's media missing, every reward call failed or
+        # non-finite): nothing to learn from -> a skipped step, like a non-finite one (feeds max_consecutive_skips)
+        if global_sum(rb.info.get("valid_groups", 0.0)) == 0:
+            self._record_skip("no valid group (missing media / failed or non-finite rewards)", a.num_iterations)
+            return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0],
+                    "skipped_steps": float(a.num_iterations)}
         # a NaN/inf advantage would poison every update of this step: skip them all (decided on every process)
         adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
         if global_sum(float(adv_bad)) > 0:
-            self._record_skip("advantages", a.num_iterations)
+            self._record_skip("non-finite advantages", a.num_iterations)
             return {"grad_norm": float("nan"), "lr": self.scheduler.get_last_lr()[0],
                     "skipped_steps": float(a.num_iterations)}
         plan = self._mb_plan(rb, mbs)
@@ -899,7 +914,7 @@ class GRPOTrainer:
             # the norm is the same on every process (gradients were summed); the loss flag is local -> reduce it
             if global_sum(float(loss_bad or not math.isfinite(grad_norm))) > 0:
                 self.optimizer.zero_grad(set_to_none=True)
-                self._record_skip("loss" if loss_bad else "gradients")
+                self._record_skip("non-finite loss" if loss_bad else "non-finite gradients")
                 skipped += 1
                 continue
             self.consecutive_skips = 0
@@ -930,11 +945,29 @@ class GRPOTrainer:
             gn = gn.full_tensor()
         return float(gn)
 
-    def _record_skip(self, what: str, n: int = 1) -> None:
+    def _record_skip(self, why: str, n: int = 1) -> None:
         self.counters["skipped_steps"] += n
         self.consecutive_skips += n
-        log.warning("step %d: non-finite %s -> optimizer step skipped (%d skipped in a row, %d in total)",
-                    self.step + 1, what, self.consecutive_skips, self.counters["skipped_steps"])
+        self._last_skip_cause = why
+        log.warning("step %d: %s -> optimizer step skipped (%d skipped in a row, %d in total)",
+                    self.step + 1, why, self.consecutive_skips, self.counters["skipped_steps"])
+
+    def _applied_updates(self) -> int:
+        """Optimizer updates applied so far in the run (every step attempts num_iterations; skips are counted)."""
+        return self.step * self.cfg.algo.num_iterations - int(self.counters["skipped_steps"])
+
+    def _check_trained(self) -> None:
+        """A run none of whose optimizer steps was applied fails instead of saving "trained" weights."""
+        if self.step == 0 or self._applied_updates() > 0:
+            return
+        self.logger.flush()
+        raise NothingTrained(
+            f"nothing was trained: all {self.counters['skipped_steps']} optimizer step(s) of the run's {self.step} "
+            f"step(s) were skipped (last cause: {getattr(self, '_last_skip_cause', 'unknown')}; "
+            f"data/skipped_missing_media={self.counters['skipped_missing_media']}, "
+            f"faults/reward_failed_calls={self.counters['reward_failed_calls']}, "
+            f"faults/reward_nonfinite_rows={self.counters['reward_nonfinite_rows']}); no final checkpoint written. "
+            "Check data.media_root / data.train_file, the reward function or server, and the learning rate")
 
     def _broadcast_params(self) -> None:
         """Start every process from rank 0's trainable weights (belt and braces on top of the shared seed)."""
@@ -1020,6 +1053,7 @@ class GRPOTrainer:
         gt = rb.info.get("gen_time", 0.0)
         m["perf/tokens_per_s"] = rb.info.get("gen_tokens", 0.0) / gt if gt > 0 else 0.0
         m["data/groups"] = rb.info.get("groups", 0.0)
+        m["data/valid_groups"] = rb.info.get("valid_groups", 0.0)  # groups with >= 2 valid rows (a baseline)
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/skipped_bad_samples"] = float(self.counters["skipped_bad_samples"])
@@ -1069,6 +1103,7 @@ class GRPOTrainer:
             elif k in ("faults/skipped_steps", "faults/consecutive_skips", "train/skipped_steps"):
                 out[k] = vals[0]  # decided globally: the same on every process
             elif k in ("data/skipped_missing_media", "data/skipped_bad_samples", "data/filtered_groups", "data/groups",
+                       "data/valid_groups",
                        "completions/parse_failures") or k.startswith(("perf/tokens", "faults/")):
                 out[k] = float(sum(vals))
             else:
@@ -1294,9 +1329,10 @@ class GRPOTrainer:
         K = self.cfg.run.max_consecutive_skips
         if K and self.consecutive_skips >= K:
             self.logger.log(m, self.step)
-            self._stop(f"{self.consecutive_skips} consecutive optimizer steps were skipped for non-finite "
-                       f"advantages / loss / gradients (run.max_consecutive_skips={K}); check the rewards, the "
-                       f"learning rate and mixed precision before resuming")
+            never = " (no optimizer step of this run was applied)" if self._applied_updates() <= 0 else ""
+            self._stop(f"{self.consecutive_skips} consecutive optimizer steps were skipped{never} (last cause: "
+                       f"{getattr(self, '_last_skip_cause', 'unknown')}; run.max_consecutive_skips={K}); check the "
+                       f"data and media, the rewards, the learning rate and mixed precision before resuming")
         return m
 
     def _check_stop(self) -> None:
@@ -1345,6 +1381,7 @@ class GRPOTrainer:
                     bar.set_postfix(reward=f"{r:.3f}", refresh=False)
                 if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
                     self.save()
+            self._check_trained()  # a run that trained nothing writes no final checkpoint
             if self.step > 0 and (not resumed or history):
                 self.save()
         finally:
