@@ -25,7 +25,12 @@ accelerate config); a launch whose process count accelerate does not honour is r
 here (2 processes, gloo: DDP, and FSDP2 forced on CPU); GPU FSDP1 / DeepSpeed follow the standard accelerate path
 untested. Faults: non-finite rewards drop their samples (reward.nan_policy), failing reward calls are retried then
 dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
-step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto."""
+step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop. Resume: run.resume_from=auto.
+
+Exit codes: 0 done; 3 stopped after optim.max_consecutive_skips skipped steps (state written to <output_dir>/halted);
+4 interrupted by SIGTERM / SIGINT (preemption, Ctrl-C): the epoch was finished (or, still sampling, discarded), a
+checkpoint written on every process, resume with run.resume_from=auto (a second signal 1 s or more later aborts at
+once: the last complete checkpoint is kept); 130 Ctrl-C before training started."""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -53,9 +58,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    from .trainer import train_from_config
+    from mmgrpo.utils.signals import EXIT_INTERRUPTED, EXIT_SIGINT_EARLY, EXIT_STOPPED, TrainingInterrupted
 
-    train_from_config(cfg)
+    try:
+        from .trainer import TrainingHalted, train_from_config
+
+        train_from_config(cfg)
+    except TrainingHalted as exc:  # non-finite steps in a row: the state was written first
+        print(f"flow_grpo train: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
+    except TrainingInterrupted as exc:  # SIGTERM / SIGINT: stopped at an epoch boundary after writing a checkpoint
+        print(f"flow_grpo train: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
+        print("flow_grpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
+        return EXIT_SIGINT_EARLY
     return 0
 
 

@@ -56,6 +56,7 @@ from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.schedule import LRFactor
+from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
 
 from .config import TrainConfig
 from .ema import EMA, _local
@@ -420,6 +421,7 @@ class FlowGRPOTrainer:
         self.global_step = 0      # attempted optimizer steps (applied + skipped); drives EMA/sliding schedules
         self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
         self.budget_stopped = False
+        self._signals: Optional[StopOnSignal] = None  # active during train(): SIGTERM / SIGINT stop at an epoch edge
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
                          "groups_singleton": 0}
@@ -778,9 +780,12 @@ class FlowGRPOTrainer:
 
     # ------------------------------------------------------------------ one epoch
     def train_epoch(self) -> dict:
+        from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
+
         c = self.cfg
         epoch = self.epoch
         t0 = time.perf_counter()
+        rng_at_start = capture_rng_state()  # a SIGTERM during sampling abandons the epoch: it is redrawn on resume
         prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
         self.model.eval()
         traj, err = None, None
@@ -790,6 +795,9 @@ class FlowGRPOTrainer:
         except RewardCallFailed as exc:
             err = exc
         self._sync_failure(err)
+        if self._signals is not None and self._signals.agreed(self._reduce_max):  # before any update of the epoch
+            restore_rng_state(rng_at_start)
+            self._interrupt(f"epoch {epoch} (its samples were discarded before any update)")
         rc = self.rewards.take_counters()
         if c.reward.mode == "win_rate":
             self._apply_win_rates(traj)
@@ -1031,6 +1039,8 @@ class FlowGRPOTrainer:
                 extra["lora"] = write_lora
             path = mgr.save(step, state, metric=metric, extra_files=extra)
         _barrier()
+        if not halted:
+            self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
         return path
 
     def _save_sharded(self, mgr, step: int, metric, rng_all) -> Optional[Path]:
@@ -1054,6 +1064,8 @@ class FlowGRPOTrainer:
                      "reference": dict(self.reference_info), "rng": {"per_rank": rng_all, "world": self.world}}
             path = mgr.save(step, state, metric=metric, extra_files={"shards": lambda p: os.rename(stage, p)})
         _barrier()
+        if mgr is self.ckpt:
+            self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
         return path
 
     def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
@@ -1118,6 +1130,7 @@ class FlowGRPOTrainer:
         if path is None:
             return None
         self.load_state_dict(self.ckpt.load(path), Path(path))
+        self._last_save = (self.epoch, path)  # an interrupt before the next epoch need not rewrite it
         return Path(path)
 
     # ------------------------------------------------------------------ export
@@ -1165,7 +1178,30 @@ class FlowGRPOTrainer:
             self.budget_stopped = True
         return self.budget_stopped
 
+    def _reduce_max(self, x: float) -> float:
+        return _reduce([x], "max", self.device)[0]
+
+    def _interrupt(self, where: str) -> None:
+        """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
+        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 4)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
+        path = _broadcast_object(str(path) if path is not None else None)
+        if self.logger is not None:
+            self.logger.flush()
+        log.warning("interrupted by %s at %s: checkpoint %s", self._signals.name, where, path)
+        raise TrainingInterrupted(self._signals.name, where, path)
+
     def train(self, num_epochs: Optional[int] = None) -> list[dict]:
+        """Train to ``run.num_epochs`` (or ``num_epochs`` more). SIGTERM / SIGINT stop it at the next epoch boundary
+        (or abandon the epoch if its samples are still being drawn) after a checkpoint: :class:`TrainingInterrupted`."""
+        with StopOnSignal() as self._signals:
+            try:
+                return self._train(num_epochs)
+            finally:
+                self._signals = None
+
+    def _train(self, num_epochs: Optional[int] = None) -> list[dict]:
         from mmgrpo.utils.config import save_config
         from mmgrpo.utils.logging import save_image_grid
 
@@ -1185,6 +1221,8 @@ class FlowGRPOTrainer:
         bar = tqdm(total=end, initial=self.epoch, desc="flow GRPO", unit="epoch", dynamic_ncols=True,
                    disable=not (c.run.progress_bar and self.is_main))
         while self.epoch < end:
+            if self._signals is not None and self._signals.agreed(self._reduce_max):  # every process, same epoch
+                self._interrupt(f"epoch {self.epoch}")
             self.budget.start()  # only epochs count (not evals / checkpoint writes)
             metrics = self.train_epoch()
             metrics["time/train_budget_s"] = self.budget.lap()

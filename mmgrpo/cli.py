@@ -15,22 +15,36 @@ commands:
 """
 
 
+EXIT_CODES = ("Exit codes: 0 done; 3 stopped by a fault policy (run.max_consecutive_skips, reward.on_failure=stop), "
+              "after writing a checkpoint; 4 interrupted by SIGTERM / SIGINT (preemption, Ctrl-C): the current step "
+              "was finished or discarded, a checkpoint written, resume with run.resume_from=auto (a second signal "
+              "1 s or more later aborts at once: the last complete checkpoint is kept); 130 Ctrl-C before training "
+              "started.")
+
+
 def train_main(argv: Sequence[str]) -> int:
     from mmgrpo.config import TrainConfig
     from mmgrpo.utils.config import parse_config_cli
 
     cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
-                                       "Options: defaults < --config YAML < key=value overrides.")
+                                       "Options: defaults < --config YAML < key=value overrides. " + EXIT_CODES)
     from mmgrpo.train.faults import TrainingStopped
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.utils.signals import EXIT_INTERRUPTED, EXIT_SIGINT_EARLY, EXIT_STOPPED, TrainingInterrupted
 
-    trainer = GRPOTrainer(cfg)
     try:
-        trainer.train()
+        from mmgrpo.train.trainer import GRPOTrainer
+
+        GRPOTrainer(cfg).train()
     except TrainingStopped as e:  # a configured fault policy stopped the run after writing a checkpoint
         print(f"mmgrpo train: {e}", file=sys.stderr)
-        return 3
+        return EXIT_STOPPED
+    except TrainingInterrupted as e:  # SIGTERM / SIGINT: stopped at a step boundary after writing a checkpoint
+        print(f"mmgrpo train: {e}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
+        print("mmgrpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
+        return EXIT_SIGINT_EARLY
     return 0
 
 

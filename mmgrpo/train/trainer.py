@@ -58,6 +58,7 @@ from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
+from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.seeding import sample_seed, seed_everything
 
@@ -350,6 +351,7 @@ class GRPOTrainer:
                          "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
         self.consecutive_skips = 0
         self._stop_reason: str | None = None
+        self._signals: StopOnSignal | None = None  # active during train(): SIGTERM / SIGINT stop at a step boundary
         self._step_snapshot: dict | None = None
         self.stream: PromptStream | None = None
         main = self.accelerator.is_main_process
@@ -1110,6 +1112,7 @@ class GRPOTrainer:
             path = self.ckpt.save(self.step, self.state(full_sd), metric=metric, extra_files=extra)
             log.info("saved checkpoint %s", path)
         self.accelerator.wait_for_everyone()
+        self._last_save = (self.step, path)  # a stop right after this save does not write it again
         return path
 
     def resume(self) -> bool:
@@ -1143,6 +1146,7 @@ class GRPOTrainer:
         if tr.get("world_size", 1) == self.world:
             restore_rng_state(tr["rng"])
         log.info("resumed from %s at step %d", path, self.step)
+        self._last_save = (self.step, str(path))  # an interrupt before the next step need not rewrite it
         return True
 
     def _make_stream(self) -> None:
@@ -1234,7 +1238,7 @@ class GRPOTrainer:
         step = self.step
         # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
         self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state(),
-                               "selection": getattr(self, "selected_indices", None)}
+                               "selection": getattr(self, "selected_indices", None), "counters": dict(self.counters)}
         rb = self.collect(step)
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
@@ -1264,8 +1268,11 @@ class GRPOTrainer:
         return m
 
     def _check_stop(self) -> None:
-        """After collect (the same collectives ran everywhere): stop on every process if any process asked to."""
-        if global_sum(float(self._stop_reason is not None)) == 0:
+        """After collect (the same collectives ran everywhere): stop on every process if any process asked to, or
+        a SIGTERM / SIGINT reached one (the step is abandoned: a resume redraws its prompts)."""
+        stop = global_sum(float(self._stop_reason is not None)) > 0
+        signalled = not stop and self._signals is not None and self._signals.agreed(_global_max)
+        if not (stop or signalled):
             return
         reason = self._stop_reason or "another process requested a stop (see its log)"
         snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
@@ -1274,7 +1281,20 @@ class GRPOTrainer:
             self.stream.n = len(self.samples)
         self.stream.load_state_dict(snap["stream"])
         restore_rng_state(snap["rng"])
+        if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
+            self.counters.update(snap["counters"])
+            self._interrupt(f"step {self.step} (its rollouts were discarded)")
         self._stop(reason)
+
+    def _interrupt(self, where: str) -> None:
+        """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
+        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.step else self.save()
+        self.logger.flush()
+        if path is not None:
+            log.info("interrupted by %s: checkpoint %s", self._signals.name, path)
+        raise TrainingInterrupted(self._signals.name, where, str(path) if path else None)
 
     def _stop(self, reason: str) -> None:
         """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
@@ -1294,8 +1314,11 @@ class GRPOTrainer:
 
         bar = tqdm(total=self.cfg.run.max_steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True,
                    disable=not (self.cfg.run.progress_bar and self.rank == 0))
+        self._signals = StopOnSignal().install()
         try:
             while self.step < self.cfg.run.max_steps:
+                if self._signals.agreed(_global_max):  # SIGTERM / SIGINT: every process stops at this step
+                    self._interrupt(f"step {self.step}")
                 # every process stops at the same step (the collective runs on all of them)
                 if self.budget.enabled and global_sum(float(self.budget.exhausted)) > 0:
                     log.info("run.max_train_seconds=%g reached after step %d (%.1f s, %s clock)",
@@ -1312,6 +1335,8 @@ class GRPOTrainer:
             if self.step > 0 and (not resumed or history):
                 self.save()
         finally:
+            self._signals.restore()
+            self._signals = None
             bar.close()
             self.logger.flush()
         return history
