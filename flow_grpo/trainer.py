@@ -1086,10 +1086,12 @@ class FlowGRPOTrainer:
             if int(tr.get("world", self.world)) != self.world:
                 raise ValueError(f"sharded checkpoint written by {tr.get('world')} processes; resume with the same "
                                  f"number (now {self.world})")
+            from mmgrpo.utils.checkpoint import refuse_unsafe_pickles, safe_torch_load
+
+            refuse_unsafe_pickles(Path(path) / "shards")  # torch.distributed.checkpoint unpickles .metadata as is
             self.accelerator.load_state(str(Path(path) / "shards" / "accelerate"))
             if self.ema is not None:
-                self.ema.load_state_dict(torch.load(Path(path) / "shards" / f"ema_rank{self.rank}.pt",
-                                                    weights_only=False))
+                self.ema.load_state_dict(safe_torch_load(Path(path) / "shards" / f"ema_rank{self.rank}.pt"))
         else:
             names = dict(self.named_params)
             missing = set(names) - set(st["trainable"])

@@ -55,7 +55,7 @@ from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.budget import TimeBudget
-from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, refuse_unsafe_pickles, restore_rng_state
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
 from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
@@ -1128,6 +1128,7 @@ class GRPOTrainer:
             if not (path / "accelerate").is_dir():
                 raise ValueError(f"resume: {path} was written with run.grad_sync=manual; it has no accelerate state "
                                  "for the prepared model (resume with run.grad_sync=manual, or start anew)")
+            refuse_unsafe_pickles(path / "accelerate")  # torch.distributed.checkpoint unpickles .metadata as is
             self.accelerator.load_state(str(path / "accelerate"))
         else:
             if not st["optimizer"]:
