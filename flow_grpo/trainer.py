@@ -18,6 +18,11 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
+SIGTERM / SIGINT (:mod:`mmgrpo.utils.signals`): polled by every process through a max-reduction after the epoch's
+sampling (no update yet: the epoch is discarded, RNG rolled back) and before each epoch (the epoch in progress,
+updates and eval, was finished); all processes stop at the same epoch, write a checkpoint and raise
+``TrainingInterrupted`` (``flow_grpo train`` exits with code 4); a second signal >= 1 s later aborts at once.
+
 Multi-process (verified on CPU only: gloo, 2 processes, DDP; FSDP2 forced on CPU in the tests; FSDP1 and DeepSpeed
 are wired the standard accelerate way but were not run here - no GPU, no deepspeed install):
 

@@ -23,6 +23,12 @@ groups left with < 2 members get advantage 0 (counted); NaN/inf advantages, loss
 step (counted); ``run.max_consecutive_skips`` skips in a row stop the run.  A stop always writes a checkpoint
 first and raises ``TrainingStopped`` (``mmgrpo train`` exits with code 3).
 
+Preemption (``mmgrpo.utils.signals``): SIGTERM / SIGINT set a flag that every process polls through a max-reduction
+after collect (the step is then discarded: stream and RNG roll back) and before each step (the step in progress was
+finished); all processes stop at the same step, a checkpoint is written and ``TrainingInterrupted`` raised
+(``mmgrpo train`` exits with code 4). A second signal >= 1 s later kills the process at once; atomic checkpoint
+writes keep the last complete checkpoint intact.
+
 Several processes: each draws its share of the global batch (``run.prompts_per_step``; a group may be split, its
 advantages are computed on the gathered batch).  Gradients are summed by hand for replicated weights
 (``run.grad_sync=manual``, the default without FSDP / DeepSpeed) or go through ``accelerator.prepare`` (FSDP2 /
@@ -1304,6 +1310,16 @@ class GRPOTrainer:
         raise TrainingStopped(f"training stopped at step {self.step}: {reason}", str(path) if path else None)
 
     def train(self) -> list[dict[str, float]]:
+        """Train to ``run.max_steps``. SIGTERM / SIGINT (from here on, resume and data selection included) stop it at
+        the next step boundary, or discard the step if its rollouts are still being collected, after writing a
+        checkpoint: :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        with StopOnSignal() as self._signals:
+            try:
+                return self._train()
+            finally:
+                self._signals = None
+
+    def _train(self) -> list[dict[str, float]]:
         resumed = self.resume()
         if not resumed:
             if self.cfg.selection.enabled:
@@ -1315,7 +1331,6 @@ class GRPOTrainer:
 
         bar = tqdm(total=self.cfg.run.max_steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True,
                    disable=not (self.cfg.run.progress_bar and self.rank == 0))
-        self._signals = StopOnSignal().install()
         try:
             while self.step < self.cfg.run.max_steps:
                 if self._signals.agreed(_global_max):  # SIGTERM / SIGINT: every process stops at this step
@@ -1336,8 +1351,6 @@ class GRPOTrainer:
             if self.step > 0 and (not resumed or history):
                 self.save()
         finally:
-            self._signals.restore()
-            self._signals = None
             bar.close()
             self.logger.flush()
         return history

@@ -179,3 +179,85 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
         _assert_bitwise(_state(tr), want)
         tr.close()
     assert not torn.exists()  # the dead writer's temp dir was removed
+
+
+# ------------------------------------------------------------------------------------------------ two processes
+def _mp_worker(rank, port, root):
+    """One of two gloo processes: an uninterrupted run, then a run whose rank 1 alone gets SIGTERM during epoch 2's
+    update, then its resume; the resumed state is compared with the uninterrupted one in this same process."""
+    import json
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")  # OMP: libgomp is not fork-safe
+    torch.set_num_threads(1)
+    from accelerate.state import AcceleratorState, GradientState
+
+    from mmgrpo.utils.signals import TrainingInterrupted
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
+    GradientState._reset_state()
+    extra = {**EXTRA, "run.cpu": "true"}
+    ref = make_trainer("flux", "fast", root / "ref", **extra)
+    ref.train()
+    want = _state(ref)
+    tr = make_trainer("flux", "fast", root / "run", **extra)
+    if rank == 1:
+        _signal_in_epoch2("update", signal.SIGTERM)(tr)
+    res = {"rank": rank}
+    try:
+        tr.train()
+    except TrainingInterrupted as e:
+        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, epoch=tr.epoch)
+    again = make_trainer("flux", "fast", root / "run", **extra)
+    res["resumed_epochs"] = [h["epoch"] for h in again.train()]
+    try:
+        _assert_bitwise(_state(again), want)
+        res["bitwise"] = True
+    except AssertionError:
+        res["bitwise"] = False
+    (root / f"result{rank}.json").write_text(json.dumps(res))
+
+
+def test_two_processes_agree_to_stop_at_the_same_epoch_and_resume_exactly(tmp_path):
+    import json
+    import socket
+
+    make_trainer("flux", "fast", tmp_path / "warm", **EXTRA).close()  # lazy imports happen before the forks
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pids = []
+    for r in range(2):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _mp_worker(r, port, tmp_path)
+                code = 0
+            except BaseException:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    try:
+        status = [_wait(p, timeout=400) for p in pids]
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+                os.waitpid(p, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    assert all(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0 for st in status), status
+    r0, r1 = (json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2))
+    ck = tmp_path / "run" / "checkpoints" / "step-00000002"
+    # rank 1 got the signal, rank 0 learned it through the reduction: both finished epoch 2 and stopped there
+    assert r1["signame"] == "SIGTERM" and r0["signame"] == "a signal on another process"
+    assert r0["epoch"] == r1["epoch"] == 2 and r0["where"] == r1["where"] == "epoch 2"
+    assert r0["checkpoint"] == r1["checkpoint"] == str(ck)  # broadcast: every process names it
+    assert r0["resumed_epochs"] == r1["resumed_epochs"] == [2]
+    assert r0["bitwise"] and r1["bitwise"]

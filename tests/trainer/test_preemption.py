@@ -177,3 +177,95 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
         _assert_bitwise(_state(tr), want)
         assert tr.stream.position == ref.stream.position, name
     assert not torn.exists()  # the dead writer's temp dir was removed
+
+
+# ------------------------------------------------------------------------------------------------ two processes
+MP_ARGS = ["run.prompts_per_step=3", "rollout.num_generations=4", "rollout.max_new_tokens=4", "run.micro_batch_size=8",
+           "data.task=mcq", "optim.max_grad_norm=1.0", "model.freeze_vision=true", f"run.max_steps={STEPS}",
+           "run.resume_from=auto", "run.grad_sync=manual"]
+
+
+def _mp_worker(rank, port, model, root, th):
+    """One of two gloo processes: an uninterrupted run, then a run whose rank 1 alone gets SIGTERM while step 2
+    collects, then its resume; compares the resumed weights with the uninterrupted ones in this same process."""
+    import json
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")  # OMP: see test_multiproc
+    torch.set_num_threads(1)
+    from accelerate.state import AcceleratorState, GradientState
+
+    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.utils.signals import TrainingInterrupted
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
+    GradientState._reset_state()
+
+    def make(name):
+        return GRPOTrainer(th.make_cfg(root / name, model, *MP_ARGS), samples=th.image_samples(3),
+                           reward_fn=th.text_reward)
+
+    ref = make("ref")
+    ref.train()
+    want = _state(ref)
+    tr = make("run")
+    if rank == 1:
+        _signal_in_step2("collect", signal.SIGTERM)(tr)
+    res = {"rank": rank}
+    try:
+        tr.train()
+    except TrainingInterrupted as e:
+        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, step=tr.step)
+    again = make("run")
+    res["resumed_steps"] = len(again.train())
+    try:
+        _assert_bitwise(_state(again), want)
+        res["bitwise"] = True
+    except AssertionError:
+        res["bitwise"] = False
+    (root / f"result{rank}.json").write_text(json.dumps(res))
+
+
+def test_two_processes_agree_to_stop_at_the_same_step_and_resume_exactly(tmp_path, tiny_dirs, th):
+    import json
+    import socket
+
+    model = tiny_dirs("qwen2_5_vl")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pids = []
+    for r in range(2):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _mp_worker(r, port, model, tmp_path, th)
+                code = 0
+            except BaseException:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    try:
+        status = [_wait(p, timeout=400) for p in pids]
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+                os.waitpid(p, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    assert all(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0 for st in status), status
+    r0, r1 = (json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2))
+    ck = tmp_path / "run" / "run" / "checkpoints" / "step-00000001"
+    # rank 1 got the signal, rank 0 learned it through the reduction: both stopped at step 1 (step 2 discarded)
+    assert r1["signame"] == "SIGTERM" and r0["signame"] == "a signal on another process"
+    assert r0["step"] == r1["step"] == 1 and r0["where"] == r1["where"] == "step 1 (its rollouts were discarded)"
+    assert r0["checkpoint"] == str(ck) and r1["checkpoint"] is None  # replicated weights: the main process writes
+    assert r0["resumed_steps"] == r1["resumed_steps"] == STEPS - 1
+    assert r0["bitwise"] and r1["bitwise"]
