@@ -88,8 +88,8 @@ class StopOnSignal:
         now = time.monotonic()
         if self.signum is None:
             self.signum, self._t_first = signum, now
-            self._announce(f"\n{signal.Signals(signum).name} received: finishing the current step, then writing a "
-                           "checkpoint (send it again to abort at once)\n")
+            self._announce(f"\n{signal.Signals(signum).name} received: stopping at the next step boundary, then "
+                           "writing a checkpoint (send it again to abort at once)\n")
         elif now - self._t_first >= self.repeat_window:
             self._announce(f"\n{signal.Signals(signum).name} received again: aborting now (the last complete "
                            "checkpoint is kept)\n")

@@ -261,3 +261,23 @@ def test_two_processes_agree_to_stop_at_the_same_epoch_and_resume_exactly(tmp_pa
     assert r0["checkpoint"] == r1["checkpoint"] == str(ck)  # broadcast: every process names it
     assert r0["resumed_epochs"] == r1["resumed_epochs"] == [2]
     assert r0["bitwise"] and r1["bitwise"]
+
+
+def test_ctrl_c_before_the_loop_exits_130_and_halted_exits_3(monkeypatch, capsys):
+    import flow_grpo.trainer as ft
+    from flow_grpo.cli import main
+
+    def loading(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ft, "train_from_config", loading)
+    assert main(["train", "model.tiny=flux"]) == 130
+    assert capsys.readouterr().err.strip() == ("flow_grpo train: interrupted before training started (no checkpoint "
+                                               "written)")
+
+    def halted(cfg):
+        raise ft.TrainingHalted("flow_grpo: stopping after 3 consecutive skipped optimizer steps", "/x/halted")
+
+    monkeypatch.setattr(ft, "train_from_config", halted)
+    assert main(["train", "model.tiny=flux"]) == 3
+    assert "flow_grpo train: flow_grpo: stopping after 3 consecutive" in capsys.readouterr().err

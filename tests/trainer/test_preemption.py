@@ -269,3 +269,19 @@ def test_two_processes_agree_to_stop_at_the_same_step_and_resume_exactly(tmp_pat
     assert r0["checkpoint"] == str(ck) and r1["checkpoint"] is None  # replicated weights: the main process writes
     assert r0["resumed_steps"] == r1["resumed_steps"] == STEPS - 1
     assert r0["bitwise"] and r1["bitwise"]
+
+
+def test_ctrl_c_before_the_loop_exits_130_without_traceback(monkeypatch, capsys):
+    """Ctrl-C while the model loads (no handler yet, nothing to save): one line and 130, not a traceback."""
+    import mmgrpo.train.trainer as tm
+    import mmgrpo.utils.config as uc
+    from mmgrpo.cli import main
+
+    def loading(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(uc, "parse_config_cli", lambda *a, **k: None)
+    monkeypatch.setattr(tm, "GRPOTrainer", loading)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err.strip() == ("mmgrpo train: interrupted before training started (no checkpoint "
+                                               "written)")
