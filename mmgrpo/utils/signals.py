@@ -52,8 +52,9 @@ class TrainingInterrupted(Exception):
 class StopOnSignal:
     """Context manager: while active, SIGTERM / SIGINT set :attr:`signum` instead of killing the process.
 
-    Outside the main thread (where Python cannot install handlers) it does nothing and never reports a signal.
-    The previous handlers are restored on exit.
+    Outside the main thread (where Python cannot install handlers) it does nothing and never reports a signal; a
+    signal that was ignored (SIG_IGN: SIGINT of a background job started with ``&``, ``nohup``) stays ignored. The
+    previous handlers are restored on exit.
     """
 
     def __init__(self, signals=_SIGNALS, repeat_window: float | None = None,
@@ -70,6 +71,8 @@ class StopOnSignal:
     def install(self) -> "StopOnSignal":
         if threading.current_thread() is threading.main_thread():
             for s in self.signals:
+                if signal.getsignal(s) is signal.SIG_IGN:  # e.g. SIGINT of a background job (`cmd &`), nohup
+                    continue
                 self._old[s] = signal.signal(s, self._handle)
         return self
 

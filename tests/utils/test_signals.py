@@ -56,3 +56,17 @@ def test_second_signal_after_the_window_kills_by_that_signal():
     assert os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGTERM
     st = _in_child(first_then_second(signal.SIGTERM, signal.SIGINT, 0.05))
     assert os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGINT
+
+
+def test_an_ignored_signal_stays_ignored():
+    def fn():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a shell does for `cmd &`
+        with StopOnSignal(announce=lambda m: None) as sig:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert not sig.requested
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+    st = _in_child(fn)
+    assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0
