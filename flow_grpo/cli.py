@@ -29,7 +29,8 @@ untested. Faults: non-finite rewards drop their samples (reward.nan_policy), fai
 dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
 step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop; epochs where no group kept two valid
 rewards (e.g. the reward server is down) skip their steps the same way. Resume: run.resume_from=auto (a missing or
-damaged final export is rewritten). One run per run.output_dir (<output_dir>/.lock).
+damaged final export is rewritten). One run per run.output_dir (<output_dir>/.lock). SIGTERM / SIGINT (preemption,
+Ctrl-C) finish the epoch (or discard it while still sampling), write a checkpoint on every process and exit 6.
 Trust: a config is code. reward.weights / reward.pairwise_scorer entries of the form 'package.module:factory' are
 imported and called (the plugin mechanism for your own rewards), so {'os:system': 1} would call os.system: only run
 config files and overrides you trust. A remote reward server checks MMGRPO_REWARD_TOKEN when it is set (see
@@ -65,10 +66,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     from mmgrpo.train.faults import NothingTrained
     from mmgrpo.utils.runlock import OutputDirLocked
-
-    from .trainer import TrainingHalted, train_from_config
+    from mmgrpo.utils.signals import TrainingInterrupted
 
     try:
+        from .trainer import TrainingHalted, train_from_config
+
         train_from_config(cfg)
     except TrainingHalted as e:  # consecutive skipped steps: the state was written to <output_dir>/halted
         print(f"flow_grpo train: {e}", file=sys.stderr)
@@ -79,6 +81,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OutputDirLocked as e:  # another run writes into run.output_dir
         print(f"flow_grpo train: {e}", file=sys.stderr)
         return exit_codes.LOCKED
+    except TrainingInterrupted as e:  # SIGTERM / SIGINT: stopped at an epoch boundary after writing a checkpoint
+        print(f"flow_grpo train: {e}", file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
+        print("flow_grpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
+        return exit_codes.SIGINT_EARLY
     return exit_codes.OK
 
 

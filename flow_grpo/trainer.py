@@ -18,6 +18,11 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
+SIGTERM / SIGINT (:mod:`mmgrpo.utils.signals`): polled by every process through a max-reduction after the epoch's
+sampling (no update yet: the epoch is discarded, RNG rolled back) and before each epoch (the epoch in progress,
+updates and eval, was finished); all processes stop at the same epoch, write a checkpoint and raise
+``TrainingInterrupted`` (``flow_grpo train`` exits with code 4); a second signal >= 1 s later aborts at once.
+
 Multi-process (verified on CPU only: gloo, 2 processes, DDP; FSDP2 forced on CPU in the tests; FSDP1 and DeepSpeed
 are wired the standard accelerate way but were not run here - no GPU, no deepspeed install):
 
@@ -61,6 +66,7 @@ from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.schedule import LRFactor
+from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
 from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
@@ -451,6 +457,7 @@ class FlowGRPOTrainer:
         self.global_step = 0      # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
         self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
         self.budget_stopped = False
+        self._signals: Optional[StopOnSignal] = None  # active during train(): SIGTERM / SIGINT stop at an epoch edge
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
                          "groups_singleton": 0}
@@ -830,9 +837,12 @@ class FlowGRPOTrainer:
 
     # ------------------------------------------------------------------ one epoch
     def train_epoch(self) -> dict:
+        from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
+
         c = self.cfg
         epoch = self.epoch
         t0 = time.perf_counter()
+        rng_at_start = capture_rng_state()  # a SIGTERM during sampling abandons the epoch: it is redrawn on resume
         prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
         self.model.eval()
         traj, err = None, None
@@ -842,6 +852,9 @@ class FlowGRPOTrainer:
         except RewardCallFailed as exc:
             err = exc
         self._sync_failure(err)
+        if self._signals is not None and self._signals.agreed(self._reduce_max):  # before any update of the epoch
+            restore_rng_state(rng_at_start)
+            self._interrupt(f"epoch {epoch} (its samples were discarded before any update)")
         rc = self.rewards.take_counters()
         if c.reward.mode == "win_rate":
             self._apply_win_rates(traj)
@@ -1090,6 +1103,8 @@ class FlowGRPOTrainer:
                 extra["lora"] = write_lora
             path = mgr.save(step, state, metric=metric, extra_files=extra)
         _barrier()
+        if not halted:
+            self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
         return path
 
     def _save_sharded(self, mgr, step: int, metric, rng_all) -> Optional[Path]:
@@ -1113,6 +1128,8 @@ class FlowGRPOTrainer:
                      "reference": dict(self.reference_info), "rng": {"per_rank": rng_all, "world": self.world}}
             path = mgr.save(step, state, metric=metric, extra_files={"shards": lambda p: os.rename(stage, p)})
         _barrier()
+        if mgr is self.ckpt:
+            self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
         return path
 
     def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
@@ -1133,10 +1150,12 @@ class FlowGRPOTrainer:
             if int(tr.get("world", self.world)) != self.world:
                 raise ValueError(f"sharded checkpoint written by {tr.get('world')} processes; resume with the same "
                                  f"number (now {self.world})")
+            from mmgrpo.utils.checkpoint import refuse_unsafe_pickles, safe_torch_load
+
+            refuse_unsafe_pickles(Path(path) / "shards")  # torch.distributed.checkpoint unpickles .metadata as is
             self.accelerator.load_state(str(Path(path) / "shards" / "accelerate"))
             if self.ema is not None:
-                self.ema.load_state_dict(torch.load(Path(path) / "shards" / f"ema_rank{self.rank}.pt",
-                                                    weights_only=False))
+                self.ema.load_state_dict(safe_torch_load(Path(path) / "shards" / f"ema_rank{self.rank}.pt"))
         else:
             names = dict(self.named_params)
             missing = set(names) - set(st["trainable"])
@@ -1177,6 +1196,7 @@ class FlowGRPOTrainer:
         if path is None:
             return None
         self.load_state_dict(self.ckpt.load(path), Path(path))
+        self._last_save = (self.epoch, path)  # an interrupt before the next epoch need not rewrite it
         return Path(path)
 
     # ------------------------------------------------------------------ export
@@ -1267,7 +1287,30 @@ class FlowGRPOTrainer:
             self.budget_stopped = True
         return self.budget_stopped
 
+    def _reduce_max(self, x: float) -> float:
+        return _reduce([x], "max", self.device)[0]
+
+    def _interrupt(self, where: str) -> None:
+        """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
+        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 4)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
+        path = _broadcast_object(str(path) if path is not None else None)
+        if self.logger is not None:
+            self.logger.flush()
+        log.warning("interrupted by %s at %s: checkpoint %s", self._signals.name, where, path)
+        raise TrainingInterrupted(self._signals.name, where, path)
+
     def train(self, num_epochs: Optional[int] = None) -> list[dict]:
+        """Train to ``run.num_epochs`` (or ``num_epochs`` more). SIGTERM / SIGINT stop it at the next epoch boundary
+        (or abandon the epoch if its samples are still being drawn) after a checkpoint: :class:`TrainingInterrupted`."""
+        with StopOnSignal() as self._signals:
+            try:
+                return self._train(num_epochs)
+            finally:
+                self._signals = None
+
+    def _train(self, num_epochs: Optional[int] = None) -> list[dict]:
         from mmgrpo.utils.config import save_config
         from mmgrpo.utils.logging import save_image_grid
 
@@ -1287,6 +1330,8 @@ class FlowGRPOTrainer:
         bar = tqdm(total=end, initial=self.epoch, desc="flow GRPO", unit="epoch", dynamic_ncols=True,
                    disable=not (c.run.progress_bar and self.is_main))
         while self.epoch < end:
+            if self._signals is not None and self._signals.agreed(self._reduce_max):  # every process, same epoch
+                self._interrupt(f"epoch {self.epoch}")
             self.budget.start()  # only epochs count (not evals / checkpoint writes)
             metrics = self.train_epoch()
             metrics["time/train_budget_s"] = self.budget.lap()

@@ -26,10 +26,12 @@ def train_main(argv: Sequence[str]) -> int:
                                        "Options: defaults < --config YAML < key=value overrides.\n\n"
                                        + exit_codes.HELP)
     from mmgrpo.train.faults import NothingTrained, TrainingStopped
-    from mmgrpo.train.trainer import GRPOTrainer
     from mmgrpo.utils.runlock import OutputDirLocked, release_run_lock
+    from mmgrpo.utils.signals import TrainingInterrupted
 
     try:
+        from mmgrpo.train.trainer import GRPOTrainer
+
         GRPOTrainer(cfg).train()
     except TrainingStopped as e:  # a configured fault policy stopped the run after writing a checkpoint
         print(f"mmgrpo train: {e}", file=sys.stderr)
@@ -40,6 +42,12 @@ def train_main(argv: Sequence[str]) -> int:
     except OutputDirLocked as e:  # another run writes into run.output_dir
         print(f"mmgrpo train: {e}", file=sys.stderr)
         return exit_codes.LOCKED
+    except TrainingInterrupted as e:  # SIGTERM / SIGINT: stopped at a step boundary after writing a checkpoint
+        print(f"mmgrpo train: {e}", file=sys.stderr)
+        return exit_codes.INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
+        print("mmgrpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
+        return exit_codes.SIGINT_EARLY
     finally:
         release_run_lock(cfg.run.output_dir)  # the run is over (also when the trainer outlives this call)
     return exit_codes.OK

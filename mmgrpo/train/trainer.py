@@ -23,6 +23,12 @@ groups left with < 2 members get advantage 0 (counted); NaN/inf advantages, loss
 step (counted); ``run.max_consecutive_skips`` skips in a row stop the run.  A stop always writes a checkpoint
 first and raises ``TrainingStopped`` (``mmgrpo train`` exits with code 3).
 
+Preemption (``mmgrpo.utils.signals``): SIGTERM / SIGINT set a flag that every process polls through a max-reduction
+after collect (the step is then discarded: stream and RNG roll back) and before each step (the step in progress was
+finished); all processes stop at the same step, a checkpoint is written and ``TrainingInterrupted`` raised
+(``mmgrpo train`` exits with code 4). A second signal >= 1 s later kills the process at once; atomic checkpoint
+writes keep the last complete checkpoint intact.
+
 Several processes: each draws its share of the global batch (``run.prompts_per_step``; a group may be split, its
 advantages are computed on the gathered batch).  Gradients are summed by hand for replicated weights
 (``run.grad_sync=manual``, the default without FSDP / DeepSpeed) or go through ``accelerator.prepare`` (FSDP2 /
@@ -56,9 +62,10 @@ from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.budget import TimeBudget
-from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, refuse_unsafe_pickles, restore_rng_state
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
+from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.runlock import acquire_run_lock
@@ -359,6 +366,7 @@ class GRPOTrainer:
                          "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
         self.consecutive_skips = 0
         self._stop_reason: str | None = None
+        self._signals: StopOnSignal | None = None  # active during train(): SIGTERM / SIGINT stop at a step boundary
         self._step_snapshot: dict | None = None
         self.stream: PromptStream | None = None
         main = self.accelerator.is_main_process
@@ -1177,6 +1185,7 @@ class GRPOTrainer:
             path = self.ckpt.save(self.step, self.state(full_sd), metric=metric, extra_files=extra)
             log.info("saved checkpoint %s", path)
         self.accelerator.wait_for_everyone()
+        self._last_save = (self.step, path)  # a stop right after this save does not write it again
         return path
 
     def resume(self) -> bool:
@@ -1192,6 +1201,7 @@ class GRPOTrainer:
             if not (path / "accelerate").is_dir():
                 raise ValueError(f"resume: {path} was written with run.grad_sync=manual; it has no accelerate state "
                                  "for the prepared model (resume with run.grad_sync=manual, or start anew)")
+            refuse_unsafe_pickles(path / "accelerate")  # torch.distributed.checkpoint unpickles .metadata as is
             self.accelerator.load_state(str(path / "accelerate"))
         else:
             if not st["optimizer"]:
@@ -1210,6 +1220,7 @@ class GRPOTrainer:
         if tr.get("world_size", 1) == self.world:
             restore_rng_state(tr["rng"])
         log.info("resumed from %s at step %d", path, self.step)
+        self._last_save = (self.step, str(path))  # an interrupt before the next step need not rewrite it
         return True
 
     def _make_stream(self) -> None:
@@ -1305,7 +1316,7 @@ class GRPOTrainer:
         step = self.step
         # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
         self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state(),
-                               "selection": getattr(self, "selected_indices", None)}
+                               "selection": getattr(self, "selected_indices", None), "counters": dict(self.counters)}
         rb = self.collect(step)
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
@@ -1336,8 +1347,11 @@ class GRPOTrainer:
         return m
 
     def _check_stop(self) -> None:
-        """After collect (the same collectives ran everywhere): stop on every process if any process asked to."""
-        if global_sum(float(self._stop_reason is not None)) == 0:
+        """After collect (the same collectives ran everywhere): stop on every process if any process asked to, or
+        a SIGTERM / SIGINT reached one (the step is abandoned: a resume redraws its prompts)."""
+        stop = global_sum(float(self._stop_reason is not None)) > 0
+        signalled = not stop and self._signals is not None and self._signals.agreed(_global_max)
+        if not (stop or signalled):
             return
         reason = self._stop_reason or "another process requested a stop (see its log)"
         snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
@@ -1346,7 +1360,20 @@ class GRPOTrainer:
             self.stream.n = len(self.samples)
         self.stream.load_state_dict(snap["stream"])
         restore_rng_state(snap["rng"])
+        if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
+            self.counters.update(snap["counters"])
+            self._interrupt(f"step {self.step} (its rollouts were discarded)")
         self._stop(reason)
+
+    def _interrupt(self, where: str) -> None:
+        """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
+        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.step else self.save()
+        self.logger.flush()
+        if path is not None:
+            log.info("interrupted by %s: checkpoint %s", self._signals.name, path)
+        raise TrainingInterrupted(self._signals.name, where, str(path) if path else None)
 
     def _stop(self, reason: str) -> None:
         """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
@@ -1355,6 +1382,16 @@ class GRPOTrainer:
         raise TrainingStopped(f"training stopped at step {self.step}: {reason}", str(path) if path else None)
 
     def train(self) -> list[dict[str, float]]:
+        """Train to ``run.max_steps``. SIGTERM / SIGINT (from here on, resume and data selection included) stop it at
+        the next step boundary, or discard the step if its rollouts are still being collected, after writing a
+        checkpoint: :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        with StopOnSignal() as self._signals:
+            try:
+                return self._train()
+            finally:
+                self._signals = None
+
+    def _train(self) -> list[dict[str, float]]:
         resumed = self.resume()
         if not resumed:
             if self.cfg.selection.enabled:
@@ -1368,6 +1405,8 @@ class GRPOTrainer:
                    disable=not (self.cfg.run.progress_bar and self.rank == 0))
         try:
             while self.step < self.cfg.run.max_steps:
+                if self._signals.agreed(_global_max):  # SIGTERM / SIGINT: every process stops at this step
+                    self._interrupt(f"step {self.step}")
                 # every process stops at the same step (the collective runs on all of them)
                 if self.budget.enabled and global_sum(float(self.budget.exhausted)) > 0:
                     log.info("run.max_train_seconds=%g reached after step %d (%.1f s, %s clock)",

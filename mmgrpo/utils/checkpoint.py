@@ -13,8 +13,12 @@ manifest, fsync the directory, ``os.rename`` it to ``step-XXXXXXXX`` (atomic on 
 killed at any moment therefore leaves either no new ``step-*`` directory or a complete one; checkpoints damaged
 later (truncation, bit rot, partial copies) fail manifest verification and are logged and skipped on load.
 
-Files are loaded with ``torch.load(weights_only=False)``: they are this run's own files, verified against their
-manifest, and may hold optimizer/RNG state that is not plain tensors. Do not load checkpoints you don't trust.
+Loading never runs code from the files: every entry is read with ``torch.load(weights_only=True)`` (tensors, plain
+containers and numbers, plus the numpy array / dtype reconstructors the RNG state needs, see :func:`safe_torch_load`);
+a file that needs anything else is refused with :class:`UnsafeCheckpointError` naming it. The manifest's sha256 only
+detects damage: whoever writes a folder writes its manifest, so it proves nothing about where the files came from.
+Pickles that other libraries load themselves (``torch.distributed.checkpoint``'s ``.metadata`` under FSDP, read with
+plain ``pickle.load``) are checked beforehand by :func:`refuse_unsafe_pickles`.
 """
 from __future__ import annotations
 
@@ -37,6 +41,9 @@ from mmgrpo.utils.write_errors import names_write_errors
 __all__ = [
     "CheckpointManager",
     "CheckpointError",
+    "UnsafeCheckpointError",
+    "safe_torch_load",
+    "refuse_unsafe_pickles",
     "capture_rng_state",
     "restore_rng_state",
     "atomic_write_text",
@@ -58,6 +65,81 @@ _ENTRY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupt (message names the path and the problem)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file would need unpickling beyond tensors and plain data (i.e. could run code): refused, never
+    skipped silently (a crafted file is an alarm, not damage)."""
+
+
+def _numpy_safe_globals() -> list:
+    """What ``numpy.random.get_state()`` (part of the RNG state) pickles to: an uint32 array."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _refusal(f: Path, exc: BaseException) -> UnsafeCheckpointError:
+    # torch's message is long (and suggests weights_only=False); its "unsupported GLOBAL ..." line says enough
+    lines = [ln.strip() for ln in str(exc).splitlines() if "unsupported" in ln.lower() or "GLOBAL" in ln]
+    detail = lines[0] if lines else f"{type(exc).__name__}: not loadable with torch.load(weights_only=True)"
+    return UnsafeCheckpointError(
+        f"checkpoint file {f} refused: loading it would need unpickling beyond tensors and plain data, i.e. could "
+        f"run code ({detail}). Files written by mmgrpo never need this; do not resume from a folder you did not "
+        "write (delete it, or set run.resume_from to another checkpoint).")
+
+
+def safe_torch_load(f: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load(f, weights_only=True)`` allowing only the numpy globals of the RNG state; a file needing any
+    other global raises :class:`UnsafeCheckpointError` naming ``f`` (nothing of it is executed)."""
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            return torch.load(f, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise _refusal(Path(f), exc) from None
+
+
+# torch.distributed.checkpoint's .metadata (FSDP sharded state through accelerate) is a plain pickle of these
+_DCP_METADATA_GLOBALS = {
+    "pathlib.PosixPath", "pathlib.WindowsPath", "torch.Size", "torch.serialization._get_layout",
+    "torch.distributed.checkpoint.filesystem._StorageInfo", "collections.OrderedDict",
+}
+
+
+def _allowed_raw_global(module: str, name: str) -> bool:
+    if f"{module}.{name}" in _DCP_METADATA_GLOBALS:
+        return True
+    if module == "torch.distributed.checkpoint.metadata" and not name.startswith("__"):
+        return True  # dataclasses and enums describing the shards
+    if module == "torch":
+        import torch
+
+        return isinstance(getattr(torch, name, None), torch.dtype)
+    return False
+
+
+def refuse_unsafe_pickles(root: str | os.PathLike, names: tuple[str, ...] = (".metadata",)) -> None:
+    """Raise :class:`UnsafeCheckpointError` if a plain pickle named like ``names`` under ``root`` references a
+    global outside the allowlist (checked with a restricted unpickler, which only builds allowed objects)."""
+    import io
+    import pickle
+
+    class _Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            if not _allowed_raw_global(module, name):
+                raise pickle.UnpicklingError(f"Unsupported global: {module}.{name}")
+            return super().find_class(module, name)
+
+    for f in sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name in names):
+        try:
+            _Restricted(io.BytesIO(f.read_bytes())).load()
+        except Exception as exc:  # noqa: BLE001 - any failure to parse it safely is a refusal
+            raise _refusal(f, exc) from None
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
@@ -333,16 +415,17 @@ class CheckpointManager:
         return verify_checkpoint(path, check_hashes=self.check_hashes)
 
     def load(self, path: str | os.PathLike, map_location: Any = "cpu", verify: bool = True) -> dict[str, Any]:
-        """Verify checkpoint ``path`` and load its entries: ``{key: torch.load(<key>.pt)}``."""
-        import torch
-
+        """Verify checkpoint ``path`` and load its entries: ``{key: torch.load(<key>.pt, weights_only=True)}``.
+        A file that needs more than tensors and plain data raises :class:`UnsafeCheckpointError`."""
         path = Path(path)
         manifest = self.verify(path) if verify else (self._read_manifest(path) or {})
         state = {}
         for key in manifest.get("entries", []):
             f = path / f"{key}.pt"
             try:
-                state[key] = torch.load(f, map_location=map_location, weights_only=False)
+                state[key] = safe_torch_load(f, map_location=map_location)
+            except UnsafeCheckpointError:
+                raise
             except Exception as exc:  # unpickling errors come in many types
                 raise CheckpointError(f"checkpoint {path}: cannot load {f.name}: {type(exc).__name__}: {exc}") from exc
         return state
@@ -368,6 +451,8 @@ class CheckpointManager:
         for _, p in reversed(self.list_checkpoints()):
             try:
                 return self.load(p, map_location=map_location), p
+            except UnsafeCheckpointError:
+                raise  # an alarm, not damage: never fall back silently
             except CheckpointError as exc:
                 logger.warning("skipping invalid checkpoint: %s", exc)
         return None, None

@@ -10,6 +10,8 @@ USAGE = 2  # bad command line or config (checked before any data or model is loa
 STOPPED = 3  # a fault policy stopped the run after writing a checkpoint (resume with run.resume_from=auto)
 NOTHING_TRAINED = 4  # no optimizer step of the run was applied (every step skipped); no final weights written
 LOCKED = 5  # run.output_dir is in use by another run (<output_dir>/.lock names it)
+INTERRUPTED = 6  # SIGTERM / SIGINT: stopped at a step (VLM) / epoch (flow) boundary after writing a checkpoint
+SIGINT_EARLY = 130  # Ctrl-C before the training loop started (nothing to checkpoint yet); the shell's 128 + SIGINT
 
 HELP = f"""exit codes:
   {OK}  trained; final weights written
@@ -19,6 +21,10 @@ HELP = f"""exit codes:
   {NOTHING_TRAINED}  nothing was trained: every optimizer step was skipped (no valid group / reward, e.g. all media
      missing or the reward server down, or non-finite values); no final weights are written
   {LOCKED}  run.output_dir is in use by another run (one run per folder; <output_dir>/.lock names the holder; a
-     lock left by a dead process is taken over with a warning)"""
+     lock left by a dead process is taken over with a warning)
+  {INTERRUPTED}  interrupted by SIGTERM / SIGINT (preemption, Ctrl-C): the current step (flow: epoch) was finished, or
+     discarded while its rollouts were still being drawn; a checkpoint was written on every process; resume with
+     run.resume_from=auto (a second signal 1 s or more later aborts at once; the last complete checkpoint is kept)
+  {SIGINT_EARLY}  Ctrl-C before training started (no checkpoint written)"""
 
-__all__ = ["OK", "USAGE", "STOPPED", "NOTHING_TRAINED", "LOCKED", "HELP"]
+__all__ = ["OK", "USAGE", "STOPPED", "NOTHING_TRAINED", "LOCKED", "INTERRUPTED", "SIGINT_EARLY", "HELP"]

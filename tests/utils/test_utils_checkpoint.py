@@ -362,3 +362,64 @@ def test_atomic_helpers(tmp_path: Path):
     assert sorted(x.name for x in p.parent.iterdir()) == ["f.txt"]
     q = atomic_torch_save({"t": torch.arange(5)}, tmp_path / "t.pt")
     assert torch.equal(torch.load(q)["t"], torch.arange(5))
+
+
+# ------------------------------------------------------------------------------------------ no code from checkpoints
+class _Evil:
+    """Unpickling it runs ``touch target`` (what a crafted checkpoint file does)."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(self.target)}",)
+
+
+def craft(step_dir: Path, filename: str, target: Path) -> None:
+    """Replace ``filename`` of a checkpoint by a pickle that would create ``target``, with a correct manifest (its
+    writer controls the manifest too)."""
+    f = step_dir / filename
+    torch.save({"state": _Evil(target)}, f)
+    man = json.loads((step_dir / "manifest.json").read_text())
+    man["files"][filename] = {"size": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    (step_dir / "manifest.json").write_text(json.dumps(man))
+
+
+def test_crafted_pickle_with_valid_manifest_is_refused_and_never_runs(tmp_path: Path):
+    from mmgrpo.utils.checkpoint import UnsafeCheckpointError, verify_checkpoint
+
+    mgr = CheckpointManager(tmp_path / "ck", keep_last=None)
+    mgr.save(1, {"model": torch.ones(2), "rng": capture_rng_state()})  # numpy RNG arrays load under weights_only
+    p2 = mgr.save(2, {"model": torch.ones(2), "scheduler": {"last_epoch": 2}})
+    target = tmp_path / "pwned"
+    craft(p2, "scheduler.pt", target)
+    verify_checkpoint(p2)  # the manifest matches: it proves nothing
+    assert mgr.resolve("auto") == p2
+    for load in (lambda: mgr.load(p2), mgr.load_latest):  # load_latest must not fall back to step 1 silently
+        with pytest.raises(UnsafeCheckpointError, match=r"scheduler\.pt refused: .*could run code.*posix\.system"):
+            load()
+    assert not target.exists()
+    st = mgr.load(mgr.step_dir(1))
+    restore_rng_state(st["rng"])  # the numpy state (an ndarray) loads with the allowlisted globals only
+
+
+def test_refuse_unsafe_pickles_accepts_real_dcp_metadata_and_refuses_a_crafted_one(tmp_path: Path):
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from mmgrpo.utils.checkpoint import UnsafeCheckpointError, refuse_unsafe_pickles
+
+    lin = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group": a single-process save
+        dcp.save({"model": lin.state_dict()}, checkpoint_id=tmp_path / "acc" / "model")
+    refuse_unsafe_pickles(tmp_path / "acc")  # what torch.distributed.checkpoint writes passes
+    target = tmp_path / "pwned"
+    (tmp_path / "acc" / "model" / ".metadata").write_bytes(pickle.dumps(_Evil(target)))
+    with pytest.raises(UnsafeCheckpointError, match=r"\.metadata refused.*posix\.system"):
+        refuse_unsafe_pickles(tmp_path / "acc")
+    assert not target.exists()

@@ -1,0 +1,38 @@
+"""A crafted checkpoint file never runs code: flow_grpo's resume_from=auto refuses it, naming the file (the manifest
+was rewritten to match, as whoever writes the folder can)."""
+import hashlib
+import json
+import os
+import shlex
+
+import pytest
+import torch
+
+from mmgrpo.utils.checkpoint import UnsafeCheckpointError
+
+from .conftest import make_trainer
+
+
+class _Evil:
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.target)}",)
+
+
+def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path):
+    extra = {"run.resume_from": "auto", "run.save_every": 1}
+    make_trainer("flux", "fast", tmp_path, **extra).train()
+    step = tmp_path / "checkpoints" / "step-00000001"
+    target = tmp_path / "pwned"
+    f = step / "optimizer.pt"
+    torch.save({"state": {}, "param_groups": [], "x": _Evil(target)}, f)
+    man = json.loads((step / "manifest.json").read_text())
+    man["files"]["optimizer.pt"] = {"size": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    (step / "manifest.json").write_text(json.dumps(man))
+    tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
+    with pytest.raises(UnsafeCheckpointError, match=f"{f} refused: .*posix.system"):
+        tr.train()
+    tr.close()
+    assert not target.exists()

@@ -1,0 +1,46 @@
+"""A crafted checkpoint file never runs code: resume_from=auto refuses it with an error naming the file.
+
+The attacker writes the whole ``step-*`` folder, manifest included (its sha256 entries match the crafted file), so
+the manifest check passes; only loading with ``torch.load(weights_only=True)`` stops it.
+"""
+import hashlib
+import json
+import os
+import shlex
+
+import pytest
+import torch
+
+from mmgrpo.utils.checkpoint import UnsafeCheckpointError
+
+
+class _Evil:
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.target)}",)
+
+
+def _craft(step_dir, filename, target):
+    f = step_dir / filename
+    torch.save({"state": _Evil(target)}, f)
+    man = json.loads((step_dir / "manifest.json").read_text())
+    man["files"][filename] = {"size": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+    (step_dir / "manifest.json").write_text(json.dumps(man))
+
+
+def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path, tiny_dirs, th):
+    from mmgrpo.train.trainer import GRPOTrainer
+
+    model = tiny_dirs("qwen2_5_vl")
+    args = ["data.task=mcq", "rollout.max_new_tokens=3", "run.resume_from=auto"]
+    GRPOTrainer(th.make_cfg(tmp_path, model, *args, "run.max_steps=1"), samples=th.image_samples(2),
+                reward_fn=th.text_reward).train()
+    step = tmp_path / "run" / "checkpoints" / "step-00000001"
+    target = tmp_path / "pwned"
+    _craft(step, "scheduler.pt", target)
+    tr = GRPOTrainer(th.make_cfg(tmp_path, model, *args), samples=th.image_samples(2), reward_fn=th.text_reward)
+    with pytest.raises(UnsafeCheckpointError, match=f"{step / 'scheduler.pt'} refused: .*posix.system"):
+        tr.train()
+    assert not target.exists()
