@@ -271,7 +271,7 @@ def test_two_processes_agree_to_stop_at_the_same_step_and_resume_exactly(tmp_pat
     assert r0["bitwise"] and r1["bitwise"]
 
 
-def test_ctrl_c_before_the_loop_exits_130_without_traceback(monkeypatch, capsys):
+def test_ctrl_c_before_the_loop_exits_130_without_traceback(monkeypatch, capsys, tmp_path):
     """Ctrl-C while the model loads (no handler yet, nothing to save): one line and 130, not a traceback."""
     import mmgrpo.train.trainer as tm
     import mmgrpo.utils.config as uc
@@ -280,7 +280,10 @@ def test_ctrl_c_before_the_loop_exits_130_without_traceback(monkeypatch, capsys)
     def loading(cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(uc, "parse_config_cli", lambda *a, **k: None)
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(run=SimpleNamespace(output_dir=str(tmp_path)))  # the CLI releases the run lock at the end
+    monkeypatch.setattr(uc, "parse_config_cli", lambda *a, **k: cfg)
     monkeypatch.setattr(tm, "GRPOTrainer", loading)
     assert main(["train"]) == 130
     assert capsys.readouterr().err.strip() == ("mmgrpo train: interrupted before training started (no checkpoint "

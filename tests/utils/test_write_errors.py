@@ -114,7 +114,9 @@ def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
     fake = types.SimpleNamespace(ema=None, sharded=False, is_main=True, out=tmp_path / "run",
                                  cfg=types.SimpleNamespace(model=types.SimpleNamespace(
                                      lora=types.SimpleNamespace(enabled=True))),
-                                 adapter=types.SimpleNamespace(save_lora=save_lora))
+                                 adapter=types.SimpleNamespace(save_lora=save_lora), epoch=1, global_step=1)
+    fake._export_dir = types.MethodType(FlowGRPOTrainer._export_dir, fake)  # the atomic export's target and meta
+    fake._export_meta = types.MethodType(FlowGRPOTrainer._export_meta, fake)
     with pytest.raises(OutputWriteError) as ei:
         FlowGRPOTrainer.export_final(fake)
     assert str(ei.value).startswith(f"cannot write the final weights export to {tmp_path / 'run'}: "
