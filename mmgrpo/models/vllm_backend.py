@@ -44,8 +44,9 @@ Choices
 -------
 * One request per output row (``n=1``) so every row has its own ``seed`` (vLLM seeds per request); prefix caching
   makes the repeated prompt cheap.
-* LoRA: the adapters are MERGED into the base weights for the push (``merge_adapter`` / ``unmerge_adapter``
-  around the iteration) and only the weights that can change are sent (base weights of LoRA-wrapped modules,
+* LoRA: the adapters are MERGED into the base weights for the push, out of place (``W + get_delta_weight``; the
+  in-place ``merge_adapter`` / ``unmerge_adapter`` pair drifts the trained base weights by a rounding per step),
+  and only the weights that can change are sent (base weights of LoRA-wrapped modules,
   plus trainable non-LoRA parameters), under Hugging Face checkpoint names (vLLM's ``hf_to_vllm_mapper`` maps
   them).  Passing ``LoRARequest``s instead would need adapters saved to disk every step; merging keeps the
   engine a plain model.
@@ -56,7 +57,6 @@ Choices
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterator, Sequence
@@ -232,27 +232,33 @@ def sync_parameter_names(model) -> list[str]:
     return names
 
 
-@contextlib.contextmanager
-def merged_lora(model):
-    """Merge LoRA adapters for the duration (no-op without peft); always unmerges."""
-    base = _unwrap(model)
-    if not _is_peft(base):
-        yield
-        return
-    base.merge_adapter()
-    try:
-        yield
-    finally:
-        base.unmerge_adapter()
+def _merged_weight(layer, weight: torch.Tensor) -> torch.Tensor:
+    """``W + sum_a delta_a`` for a peft LoRA layer, out of place (the trainer's weights are never touched:
+    ``merge_adapter`` / ``unmerge_adapter`` would add and subtract the delta in place and drift the base weights by
+    one rounding per step)."""
+    if getattr(layer, "merged", False):
+        return weight
+    out = weight.float()
+    for ad in layer.active_adapters:
+        if ad not in getattr(layer, "lora_A", {}):
+            continue
+        if getattr(layer, "use_dora", {}).get(ad, False):
+            raise NotImplementedError("vLLM weight push: DoRA adapters are not supported (plain LoRA only)")
+        out = out + layer.get_delta_weight(ad).float()
+    return out.to(weight.dtype)
 
 
 def hf_named_weights(model, names: Sequence[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF checkpoint name, tensor) for each parameter to push, LoRA merged in; call inside :func:`merged_lora`."""
+    """(HF checkpoint name, tensor) for each parameter to push, LoRA deltas merged in (out of place)."""
     base = _unwrap(model)
     peft = _is_peft(base)
     params = dict(base.named_parameters())
+    modules = dict(base.named_modules()) if peft else {}
     for n in (sync_parameter_names(base) if names is None else names):
-        yield _hf_name(n, peft), params[n].detach()
+        t = params[n].detach()
+        if peft and n.endswith(".base_layer.weight"):
+            t = _merged_weight(modules[n[:-len(".base_layer.weight")]], t)
+        yield _hf_name(n, peft), t
 
 
 def make_weight_source(model):
@@ -267,8 +273,7 @@ def make_weight_source(model):
             return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in hf_named_weights(model, names)]
 
         def iter_full(self):
-            with merged_lora(model):
-                yield from hf_named_weights(model, names)
+            yield from hf_named_weights(model, names)
 
     return MergedModelSource()
 
@@ -453,7 +458,7 @@ def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
 __all__ = [
     "VLLM_SOURCE_VERSION", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
     "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
-    "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names", "merged_lora",
+    "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",
     "default_llm_kwargs", "VLLMRolloutBackend", "colocate_backend", "server_backend", "backend_from_config",
 ]
