@@ -57,6 +57,8 @@ Choices
 """
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterator, Sequence
@@ -398,6 +400,31 @@ class VLLMRolloutBackend(RolloutBackend):
             torch.distributed.barrier()  # no process samples the next step before the shared server is updated
 
 
+@contextlib.contextmanager
+def engine_on_this_gpu():
+    """Pin the engine to this training process's GPU while ``LLM(...)`` starts it.
+
+    vLLM V1 runs the engine core in a child process that uses cuda:0 of the devices it sees; with several training
+    processes on one node each engine must land on its own process's GPU, so ``CUDA_VISIBLE_DEVICES`` is narrowed
+    to that device while the child is spawned (CUDA IPC handles are keyed by GPU UUID, so the renumbering does not
+    matter to the weight push).  No-op for a single process or without CUDA.  Not exercised on a GPU here."""
+    dist = torch.distributed
+    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not (multi and torch.cuda.is_available()):
+        yield
+        return
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = old.split(",") if old else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[torch.cuda.current_device()]
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
 def colocate_backend(model_path: str, tokenizer, suppress_token_ids=(), mm_processor_kwargs: dict | None = None,
                      gpu_memory_utilization: float = 0.3, max_model_len: int = 8192, seed: int = 0,
                      llm_cls=None, sampling_params_cls=None, transfer_factory=None, **engine_kwargs):
@@ -410,7 +437,8 @@ def colocate_backend(model_path: str, tokenizer, suppress_token_ids=(), mm_proce
                               "rollout.backend=hf on CPU") from e
     kw = default_llm_kwargs(mm_processor_kwargs, gpu_memory_utilization, max_model_len, "ipc", seed)
     kw.update(engine_kwargs)
-    llm = llm_cls(model=model_path, **kw)
+    with engine_on_this_gpu():
+        llm = llm_cls(model=model_path, **kw)
     pusher = WeightPusher(LLMWeightSyncClient(llm), transfer_factory or _colocate_transfer,
                           lambda: llm.reset_prefix_cache())
     return VLLMRolloutBackend(LocalEngine(llm, sampling_params_cls), tokenizer, pusher, suppress_token_ids)
@@ -460,5 +488,6 @@ __all__ = [
     "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
     "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",
-    "default_llm_kwargs", "VLLMRolloutBackend", "colocate_backend", "server_backend", "backend_from_config",
+    "default_llm_kwargs", "engine_on_this_gpu", "VLLMRolloutBackend", "colocate_backend", "server_backend",
+    "backend_from_config",
 ]

@@ -9,6 +9,7 @@ import dataclasses
 import http.server
 import json
 import math
+import os
 import threading
 
 import numpy as np
@@ -183,8 +184,8 @@ def test_video_item_carries_the_hf_path_time_axis():
 def test_requests_token_ids_media_and_sampling_params():
     clip = _clip()
     img = object()
-    items = [{"input_ids": torch.tensor([[0, 0, 10, 6, 6, 6, 11]]), "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1, 1]]),
-              "pixel_values": torch.zeros(3, 4)},
+    items = [{"input_ids": torch.tensor([[0, 0, 10, 6, 6, 6, 11]]),
+              "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1, 1]]), "pixel_values": torch.zeros(3, 4)},
              {"input_ids": torch.tensor([[10, 7, 7, 7, 7, 11]]), "pixel_values_videos": torch.zeros(4, 4)},
              {"input_ids": torch.tensor([[12, 13]])}]
     raws = [{"images": [img]}, {"clip": clip, "video": clip.frames}, {}]
@@ -480,3 +481,17 @@ def test_is_weights_multiply_the_policy_term_like_trl():
     w = torch.tensor([[0.5, 2.0, 1.0]])
     out = policy_loss(lp, lp.detach(), torch.tensor([1.5]), torch.ones(1, 3), token_weights=w, agg="token_mean")
     assert torch.allclose(out.loss, torch.tensor(-(1.5 * 0.5 + 1.5 * 2.0 + 1.5 * 1.0) / 3))
+
+
+def test_engine_pinned_to_this_process_gpu(monkeypatch):
+    from mmgrpo.models import vllm_backend as vb
+
+    seen = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    with vb.engine_on_this_gpu():
+        seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    assert seen == ["6"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
