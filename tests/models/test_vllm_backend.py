@@ -495,3 +495,30 @@ def test_engine_pinned_to_this_process_gpu(monkeypatch):
     with vb.engine_on_this_gpu():
         seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
     assert seen == ["6"] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_vllm_processor_call_gives_the_hf_path_video_tensors_and_time_axis():
+    """What vLLM 0.33's Qwen2.5-VL processor does with our video item -- ``VideoMetadata(**meta minus
+    do_sample_frames)`` + the request's ``mm_processor_kwargs`` into the HF processor -- reproduces the HF path's
+    pixels, grid and second_per_grid_ts (= 2 / sample_fps = 1.0 s here); the old backend's bare frames get 2/24."""
+    from transformers.video_utils import VideoMetadata
+
+    from mmgrpo.models.tiny import build_tiny_processor
+    from mmgrpo.video import build_video_inputs
+
+    proc = build_tiny_processor("qwen2_5_vl")
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "when?"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    clip = _clip()
+    hf = build_video_inputs(proc, clip, text, "qwen2_5_vl")
+    frames, meta = video_item(clip)
+    md = VideoMetadata(**{k: v for k, v in meta.items() if k != "do_sample_frames"})
+    out = proc(text=[text], videos=[frames], video_metadata=[md], return_tensors="pt", **VIDEO_MM_PROCESSOR_KWARGS)
+    for k in ("input_ids", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
+        assert torch.equal(out[k], hf[k]), k
+    assert float(out["second_per_grid_ts"][0]) == pytest.approx(2 / clip.sample_fps) == pytest.approx(1.0)
+    # the request's token ids: the HF ids with the video run collapsed == the rendered text's tokens
+    vid = proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert collapse_vision_runs(hf["input_ids"][0].tolist(), [vid]) == proc.tokenizer(text).input_ids
+    bare = proc(text=[text], videos=[frames], return_tensors="pt", **VIDEO_MM_PROCESSOR_KWARGS)
+    assert float(bare["second_per_grid_ts"][0]) == pytest.approx(2 / 24)  # the trap without metadata
