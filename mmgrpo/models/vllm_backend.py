@@ -81,6 +81,18 @@ VISION_PAD_TOKENS = ("<|image_pad|>", "<|video_pad|>")
 VISION_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]
 
 
+def check_vllm_version(installed: str) -> None:
+    """Refuse a vLLM older than the release this module was checked against (its RL weight-transfer API and the
+    Qwen-VL video-metadata path are recent)."""
+    def key(v: str) -> tuple[int, int]:
+        parts = (v.split("+")[0].split(".") + ["0", "0"])[:2]
+        return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
+
+    if key(installed) < key(VLLM_SOURCE_VERSION):
+        raise ImportError(f"vLLM {installed} is older than {VLLM_SOURCE_VERSION}, the release whose public API "
+                          "mmgrpo.models.vllm_backend uses (pip install 'mmgrpo[vllm]')")
+
+
 class VisionTokenMismatch(RuntimeError):
     """The engine expanded a prompt to other token ids than the trainer's processor did."""
 
@@ -431,10 +443,12 @@ def colocate_backend(model_path: str, tokenizer, suppress_token_ids=(), mm_proce
     """A ``vllm.LLM`` in this process (GPU share ``gpu_memory_utilization``), weights pushed by CUDA IPC."""
     if llm_cls is None:
         try:
+            import vllm
             from vllm import LLM as llm_cls  # noqa: N813
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("rollout.backend=vllm needs `pip install mmgrpo[vllm]` and a GPU; use "
                               "rollout.backend=hf on CPU") from e
+        check_vllm_version(vllm.__version__)
     kw = default_llm_kwargs(mm_processor_kwargs, gpu_memory_utilization, max_model_len, "ipc", seed)
     kw.update(engine_kwargs)
     with engine_on_this_gpu():
@@ -484,7 +498,7 @@ def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
 
 
 __all__ = [
-    "VLLM_SOURCE_VERSION", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
+    "VLLM_SOURCE_VERSION", "check_vllm_version", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
     "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
     "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",

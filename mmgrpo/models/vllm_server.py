@@ -268,8 +268,12 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs
                     help="JSON processor kwargs, e.g. the image size the trainer uses: "
                          '\'{"size": {"shortest_edge": 3136, "longest_edge": 1003520}}\'')
     a = ap.parse_args(argv)
+    import vllm
     from vllm import LLM
 
+    from .vllm_backend import check_vllm_version
+
+    check_vllm_version(vllm.__version__)
     kw = default_llm_kwargs(json.loads(a.mm_processor_kwargs), a.gpu_memory_utilization, a.max_model_len,
                             "nccl", a.seed)
     llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, **kw)

@@ -522,3 +522,13 @@ def test_vllm_processor_call_gives_the_hf_path_video_tensors_and_time_axis():
     assert collapse_vision_runs(hf["input_ids"][0].tolist(), [vid]) == proc.tokenizer(text).input_ids
     bare = proc(text=[text], videos=[frames], return_tensors="pt", **VIDEO_MM_PROCESSOR_KWARGS)
     assert float(bare["second_per_grid_ts"][0]) == pytest.approx(2 / 24)  # the trap without metadata
+
+
+def test_vllm_version_check():
+    from mmgrpo.models.vllm_backend import check_vllm_version
+
+    for ok in ("0.33.0", "0.33.1+cu128", "0.34.0rc1", "1.0.0"):
+        check_vllm_version(ok)
+    for old in ("0.10.2", "0.32.9"):
+        with pytest.raises(ImportError, match="older than 0.33.0"):
+            check_vllm_version(old)
