@@ -22,12 +22,14 @@ fake engine with exactly the methods and signatures listed below, a real HTTP ro
   [-100, 100]).
 * ``logprobs_mode="processed_logprobs"``: log-probs after temperature / top-k / top-p, i.e. of the distribution
   the token was actually sampled from (the default ``raw_logprobs`` ignores temperature).
-* Qwen2.5-VL / Qwen3-VL video: ``Qwen2_5_VLProcessingInfo.get_data_parser`` sets ``video_needs_metadata=True``;
-  a video item without metadata raises ``ValueError("Video metadata is required ...")``.  A ``(frames, metadata)``
-  tuple is one item; ``Qwen2_5_VLMultiModalProcessor._get_hf_mm_inputs`` turns the dict (minus
-  ``do_sample_frames``) into transformers' ``VideoMetadata`` and calls the HF processor, which derives
-  ``second_per_grid_ts`` from ``metadata.sampled_fps`` -- the same path as :func:`mmgrpo.video.build_video_inputs`.
-  Without metadata (the old backend) 0.33 refuses the request; older versions silently assumed 24 fps.
+* Qwen2.5-VL / Qwen3-VL video: their ``get_data_parser`` sets ``video_needs_metadata=True``; a video item without
+  metadata raises ``ValueError("Video metadata is required ...")`` (so the old backend's bare frames are refused
+  by 0.33; a processor given bare frames assumes 24 fps, ``second_per_grid_ts`` 2/24 -- tested).  A
+  ``(frames, metadata)`` tuple is one item; ``Qwen2_5_VLMultiModalProcessor._get_hf_mm_inputs`` turns the dict
+  (minus ``do_sample_frames``) into transformers' ``VideoMetadata`` and calls the HF processor with the merged
+  ``mm_processor_kwargs`` (``call_hf_processor``, ``allow_var_kwargs=True``).  A test makes that same call on the
+  tiny Qwen2.5-VL processor and gets exactly :func:`mmgrpo.video.build_video_inputs`' ids, pixels, grid and
+  ``second_per_grid_ts`` (= 2 / sample_fps).  Qwen2-VL's parser drops the metadata (no time axis).
 * Weight sync: ``LLM`` mixes in ``RLOfflineMixin`` (``vllm/entrypoints/rl/offline.py``):
   ``init_weight_transfer_engine(request)``, ``start_weight_update()``, ``update_weights(request)``,
   ``finish_weight_update(weight_version=None)``; the HTTP twins are ``POST /init_weight_transfer_engine``
@@ -49,8 +51,11 @@ Choices
   and only the weights that can change are sent (base weights of LoRA-wrapped modules,
   plus trainable non-LoRA parameters), under Hugging Face checkpoint names (vLLM's ``hf_to_vllm_mapper`` maps
   them).  Passing ``LoRARequest``s instead would need adapters saved to disk every step; merging keeps the
-  engine a plain model.
+  engine a plain model.  DoRA adapters are refused.
 * Vision tokens get ``logit_bias=-100`` (the trainer's log-probs exclude them; -100 is vLLM's clamp, e^-100 ~ 0).
+* Truncated importance sampling (``rollout.vllm_is_cap``, :mod:`mmgrpo.core.importance`): the trainer
+  recomputes old log-probs and multiplies each token's policy loss by ``min(exp(old - engine), cap)``, as TRL
+  does; the engine's log-probs never replace the trainer's.
 * After each generate the engine's expanded prompt ids must equal the trainer's ``input_ids``: a different number
   of vision tokens (other resize / frame count) raises instead of training on mismatched prompts.
 * T-GRPO's shuffled-frame rollouts have no raw frames here: ``rollout.backend=vllm`` refuses ``tgrpo.enabled``.
