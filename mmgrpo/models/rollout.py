@@ -165,7 +165,8 @@ class RolloutBackend(abc.ABC):
     """Interface: sample ``num_generations`` completions for each prompt.
 
     ``prompts`` are per-prompt processor outputs (see ``collate_prompts``); ``raw_prompts`` (optional) carry the
-    un-processed text / images / video frames for engines that run their own processor (vLLM).  ``seeds`` gives
+    un-processed media for engines that run their own processor (vLLM): ``images`` (PIL) and ``clip`` (the
+    ``VideoClip``, whose fps / frame indices fix the time axis).  ``seeds`` gives
     one integer per output row; a row's sample then depends only on its seed and its logits, not on batch
     composition (up to float non-associativity of batched matmuls).
     """
