@@ -406,9 +406,11 @@ class VLLMRolloutBackend(RolloutBackend):
             G = int(num_generations)
             check_prompt_expansion(outs, [_prompt_ids(p) for p in prompts for _ in range(G)])
         lps = [o.logprobs for o in outs]
-        return rollout_from_token_lists([o.token_ids for o in outs], lps if all(x is not None for x in lps) else None,
-                                        self.tokenizer, self._eos(), len(prompts), num_generations,
-                                        params.max_new_tokens)
+        if any(x is None or len(x) != len(o.token_ids) for x, o in zip(lps, outs)):
+            # zeros in their place would turn the IS weights into exp(old_logp): refuse instead
+            raise RuntimeError("the vLLM engine returned no sampled-token log-probs (requests ask for logprobs=0)")
+        return rollout_from_token_lists([o.token_ids for o in outs], lps, self.tokenizer, self._eos(), len(prompts),
+                                        num_generations, params.max_new_tokens)
 
     def sync_weights(self, model) -> None:
         if self.pusher is not None:

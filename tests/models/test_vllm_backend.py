@@ -242,6 +242,12 @@ def test_generate_outputs_and_prompt_check():
     assert out.completion_ids[:, -1].tolist() == [eos, eos] and out.prompt_index.tolist() == [0, 0]
     assert torch.allclose(out.logprobs[0], torch.tensor([-0.25, -0.75, -1.25, -1.75]))
     assert out.truncated.tolist() == [False, False]
+    # an engine answer without sampled-token log-probs is refused (zeros would corrupt the IS weights)
+    be.engine = type("NoLogprobs", (), {"run": lambda self, reqs: [
+        dataclasses.replace(o, logprobs=None) for o in LocalEngine(llm, FakeSamplingParams).run(reqs)]})()
+    with pytest.raises(RuntimeError, match="no sampled-token log-probs"):
+        be.generate(items, 1, SamplingParams(max_new_tokens=6), seeds=[5], raw_prompts=[{"clip": _clip()}])
+    be.engine = LocalEngine(llm, FakeSamplingParams)
     # the engine expanding another number of vision tokens than the trainer's processor is an error
     llm.expand = {vid: 4}
     with pytest.raises(VisionTokenMismatch, match="row 0"):
