@@ -40,7 +40,7 @@ EXTRAS = {
     ],
     "gpu": ["xformers"],
     "ocr": ["rapidocr-onnxruntime>=1.4"],
-    "vllm": ["vllm"],
+    "vllm": ["vllm>=0.33"],  # the public V1 API mmgrpo.models.vllm_backend was checked against (0.33.0)
 }
 
 setup(

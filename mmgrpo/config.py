@@ -92,6 +92,23 @@ class RolloutConfig:
     mask_truncated_completions: bool = field(
         default=False, metadata=_h("exclude completions that hit max_new_tokens from the loss (still counted)"))
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_h("vLLM colocate memory fraction"))
+    vllm_mode: Literal["colocate", "server"] = field(
+        default="colocate", metadata=_h("vLLM placement: colocate = an engine inside each training process on its "
+                                        "GPU (weights by CUDA IPC); server = a separate `python -m "
+                                        "mmgrpo.models.vllm_server` on other GPUs (HTTP generate, NCCL weights)"))
+    vllm_server_url: str = field(default="http://127.0.0.1:8000",
+                                 metadata=_h("server mode: base URL of mmgrpo.models.vllm_server"))
+    vllm_server_timeout: float = field(
+        default=240.0, metadata=_h("server mode: seconds to wait for the server at start and per HTTP call"))
+    vllm_group_port: int = field(default=51216, metadata=_h(
+        "server mode: TCP port of the weight-sync NCCL rendezvous, hosted by training process 0"))
+    vllm_group_host: str = field(default="", metadata=_h(
+        "server mode: address of training process 0 as the server reaches it (empty = this machine's address on "
+        "the route to the server)"))
+    vllm_max_model_len: int = field(default=8192, metadata=_h("colocate: vLLM max prompt + completion tokens"))
+    vllm_is_cap: float = field(default=2.0, metadata=_h(
+        "truncated importance sampling (TRL's vLLM correction): each token's policy loss is multiplied by "
+        "min(exp(logp_trainer_old - logp_vllm), cap); 0 = off"))
 
 
 @dataclass
@@ -291,6 +308,11 @@ class TrainConfig:
             raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
+        if self.rollout.vllm_is_cap < 0:
+            raise ValueError(f"rollout.vllm_is_cap must be >= 0 (0 = off), got {self.rollout.vllm_is_cap}")
+        if self.rollout.backend == "vllm" and self.tgrpo.enabled:
+            raise ValueError("tgrpo.enabled needs rollout.backend=hf: T-GRPO's shuffled-frame rollouts are built from "
+                             "processed tensors that the vLLM engine cannot take")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:
             raise ValueError("run.prompts_per_device and run.micro_batch_size must be >= 1")
         if self.reward.retries < 0 or self.reward.retry_backoff < 0 or self.reward.timeout < 0:

@@ -165,7 +165,8 @@ class RolloutBackend(abc.ABC):
     """Interface: sample ``num_generations`` completions for each prompt.
 
     ``prompts`` are per-prompt processor outputs (see ``collate_prompts``); ``raw_prompts`` (optional) carry the
-    un-processed text / images / video frames for engines that run their own processor (vLLM).  ``seeds`` gives
+    un-processed media for engines that run their own processor (vLLM): ``images`` (PIL) and ``clip`` (the
+    ``VideoClip``, whose fps / frame indices fix the time axis).  ``seeds`` gives
     one integer per output row; a row's sample then depends only on its seed and its logits, not on batch
     composition (up to float non-associativity of batched matmuls).
     """
@@ -388,40 +389,6 @@ class HFRolloutBackend(RolloutBackend):
                              logprobs=lps * mask, prompt_index=prompt_index)
 
 
-# vLLM SamplingParams fields that would reshape the distribution, at their neutral values (explicit, so neither a
-# server's defaults nor a model's generation_config -- vLLM's generation_config="auto" -- can switch them on)
-VLLM_NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
-                         "min_tokens": 0}
-
-
-def vllm_requests(raw_prompts: Sequence[dict], num_generations: int, params: SamplingParams,
-                  seeds: Sequence[int] | None) -> list[tuple[dict, dict]]:
-    """(vLLM prompt dict, SamplingParams kwargs) per output row, prompt-major like ``HFRolloutBackend``.
-
-    One request per row (n=1) so every row gets its own seed (vLLM seeds per request); prefix caching makes the
-    repeated prompt cheap.  Video frames go as ``multi_modal_data["video"]``; pass the trainer's processor
-    settings as the engine's ``mm_processor_kwargs`` so both sides expand the same number of vision tokens.
-    """
-    G = int(num_generations)
-    out = []
-    for i, rp in enumerate(raw_prompts):
-        mm: dict[str, Any] = {}
-        if rp.get("images"):
-            mm["image"] = list(rp["images"])
-        if rp.get("video") is not None:
-            mm["video"] = rp["video"]
-        prompt = {"prompt": rp["text"], "multi_modal_data": mm} if mm else {"prompt": rp["text"]}
-        for g in range(G):
-            kw = dict(n=1, max_tokens=params.max_new_tokens, logprobs=0,
-                      temperature=0.0 if params.greedy else params.temperature,
-                      top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
-                      **VLLM_NEUTRAL_SAMPLING)
-            if seeds is not None:
-                kw["seed"] = int(seeds[i * G + g]) % (2**31 - 1)
-            out.append((prompt, kw))
-    return out
-
-
 def rollout_from_token_lists(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None,
                              tokenizer, eos_ids: Sequence[int], num_prompts: int, num_generations: int,
                              max_new_tokens: int) -> RolloutOutput:
@@ -447,62 +414,6 @@ def rollout_from_token_lists(token_ids: Sequence[Sequence[int]], logprobs: Seque
                          torch.arange(num_prompts).repeat_interleave(num_generations))
 
 
-class VLLMRolloutBackend(RolloutBackend):
-    """vLLM engine (colocated, GPU only).  Import-guarded; NOT exercised on this CPU machine (no vLLM, no GPU):
-    only its request building and output conversion (pure functions above) are tested.
-
-    The trainer never uses the engine's log-probs as old log-probs (it recomputes them with
-    ``compute_token_logprobs``); they only feed a mismatch diagnostic.  Weight sync after each optimizer step
-    loads the policy's state dict into the engine (LoRA: merged, then unmerged).
-    """
-
-    def __init__(self, model_path: str, tokenizer, mm_processor_kwargs: dict | None = None,
-                 gpu_memory_utilization: float = 0.3, max_model_len: int = 8192, **engine_kwargs):
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("VLLMRolloutBackend needs `pip install mmgrpo[vllm]` and a GPU; "
-                              "use rollout.backend=hf on CPU") from e
-        from vllm import LLM  # pragma: no cover
-
-        self.tokenizer = tokenizer  # pragma: no cover
-        # "vllm": the engine's own neutral defaults, never the checkpoint's generation_config.json
-        engine_kwargs.setdefault("generation_config", "vllm")  # pragma: no cover
-        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,  # pragma: no cover
-                       max_model_len=max_model_len, mm_processor_kwargs=dict(mm_processor_kwargs or {}),
-                       enable_prefix_caching=True, **engine_kwargs)
-
-    def sync_weights(self, model) -> None:  # pragma: no cover - GPU only
-        base = getattr(model, "module", model)
-        lora = hasattr(base, "merge_adapter")
-        if lora:
-            base.merge_adapter()
-        try:
-            sd = base.state_dict()
-            if lora:  # peft names -> base names; drop the adapter matrices (already merged)
-                sd = {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v for k, v in sd.items()
-                      if "lora_" not in k}
-            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-            runner.model.load_weights(sd.items())
-            self.llm.reset_prefix_cache()
-        finally:
-            if lora:
-                base.unmerge_adapter()
-
-    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:  # pragma: no cover
-        from vllm import SamplingParams as VSP
-
-        if raw_prompts is None:
-            raise ValueError("VLLMRolloutBackend needs raw_prompts (text + images/videos)")
-        reqs = vllm_requests(raw_prompts, num_generations, params, seeds)
-        outs = self.llm.generate([r for r, _ in reqs], [VSP(**kw) for _, kw in reqs], use_tqdm=False)
-        toks = [list(o.outputs[0].token_ids) for o in outs]
-        lps = [[next(iter(d.values())).logprob for d in (o.outputs[0].logprobs or [])] for o in outs]
-        eos = [self.tokenizer.convert_tokens_to_ids("<|im_end|>"), self.tokenizer.eos_token_id]
-        return rollout_from_token_lists(toks, lps, self.tokenizer, [e for e in eos if e is not None],
-                                        len(raw_prompts), num_generations, params.max_new_tokens)
-
-
 def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_generations: int) -> list[int]:
     """Deterministic per-row sampling seeds from (seed, step, global sample index, generation index).
 
@@ -517,5 +428,19 @@ __all__ = [
     "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
     "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
+    "VLLM_NEUTRAL_SAMPLING",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
 ]
+
+
+_VLLM_NAMES = ("VLLMRolloutBackend", "vllm_requests", "VLLM_NEUTRAL_SAMPLING")
+
+
+def __getattr__(name: str):
+    """The vLLM backend moved to :mod:`mmgrpo.models.vllm_backend`; the old import path still works (lazily, as
+    that module imports this one)."""
+    if name in _VLLM_NAMES:
+        from . import vllm_backend
+
+        return getattr(vllm_backend, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -52,6 +52,7 @@ import torch
 from mmgrpo.config import TrainConfig
 from mmgrpo.core import (AdvantageOutput, anchor_offpolicy_advantages, gather_groups, global_sum, group_advantages,
                          offpolicy_diagnostics, policy_loss, tempsamp_shape)
+from mmgrpo.core.importance import is_weight_metrics, truncated_is_weights
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
@@ -319,13 +320,9 @@ class GRPOTrainer:
         self.shape_key = self._tempsamp_shape_key()
         if backend is None:
             if cfg.rollout.backend == "vllm":
-                from mmgrpo.models.rollout import VLLMRolloutBackend
+                from mmgrpo.models.vllm_backend import backend_from_config
 
-                mm_kw = {}
-                if cfg.data.image_min_pixels > 0 and cfg.data.image_max_pixels > 0:
-                    mm_kw = {"min_pixels": cfg.data.image_min_pixels, "max_pixels": cfg.data.image_max_pixels}
-                backend = VLLMRolloutBackend(cfg.model.path, self.tok, mm_processor_kwargs=mm_kw,
-                                             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
+                backend = backend_from_config(cfg, policy)
             else:
                 backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
                                            cfg.rollout.generation_batch_size, device=self.device)
@@ -536,7 +533,7 @@ class GRPOTrainer:
         with self._generation_context():
             out = self.backend.generate(
                 [pp.item for _, pp, _ in gen_rows], 1, self.sampling, seeds=seeds,
-                raw_prompts=[{"text": pp.text, "images": pp.images,
+                raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
                               "video": None if pp.clip is None else pp.clip.frames} for _, pp, _ in gen_rows])
         gen_time = time.time() - t0
         n_tok = int(out.completion_mask.sum())
@@ -796,7 +793,8 @@ class GRPOTrainer:
         """Old log-probs, reference log-probs and TW-GRPO token weights on the training micro-batches."""
         cfg = self.cfg
         N, T = rb.completion_ids.shape
-        need_old = cfg.algo.num_iterations > 1 or cfg.twgrpo.enabled
+        is_cap = cfg.rollout.vllm_is_cap if cfg.rollout.backend == "vllm" else 0.0  # truncated IS vs the engine
+        need_old = cfg.algo.num_iterations > 1 or cfg.twgrpo.enabled or is_cap > 0
         if need_old:
             rb.old_logp = torch.zeros(N, T)
         if cfg.twgrpo.enabled:
@@ -827,6 +825,16 @@ class GRPOTrainer:
                         rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
         finally:
             self.model.train(was)
+        if is_cap > 0:
+            self._apply_is_correction(rb, is_cap)
+
+    def _apply_is_correction(self, rb: RolloutBatch, cap: float) -> None:
+        """TRL's truncated importance sampling: token_weights *= min(exp(old_logp - engine_logp), cap) on
+        on-policy rows (injected off-policy rows have no engine log-probs: weight 1)."""
+        mask = rb.completion_mask * (~rb.is_offpolicy).long().unsqueeze(1)
+        w = truncated_is_weights(rb.old_logp, rb.rollout_logp, mask, cap)
+        rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
+        rb.info.update(is_weight_metrics(w, mask, cap))
 
     # ----------------------------------------------------------------------------------------- update
     def optimize(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]:
@@ -1078,11 +1086,11 @@ class GRPOTrainer:
             Tm = min(rb.old_logp.shape[1], rb.rollout_logp.shape[1])
             d = (rb.old_logp[onp][:, :Tm] - rb.rollout_logp[onp][:, :Tm]).abs()[mk[:, :Tm]]
             m["rollout/logprob_max_abs_diff"] = float(d.max()) if d.numel() else 0.0
-        if rb.token_weights is not None and rb.n:
+        if rb.token_weights is not None and rb.n and self.cfg.twgrpo.enabled:  # (x IS weights with vLLM)
             tw = rb.token_weights[rb.completion_mask.bool()]
             m["twgrpo/weight_mean"], m["twgrpo/weight_max"] = float(tw.mean()), float(tw.max())
         for k, v in rb.info.items():
-            if k.startswith("tempsamp/"):
+            if k.startswith(("tempsamp/", "rollout/is_")):
                 m[k] = v
         if "tgrpo/n_shuffled" in rb.info:
             i = rb.info
@@ -1257,7 +1265,9 @@ class GRPOTrainer:
             with self._generation_context():
                 sampling = replace(self.sampling, greedy=True) if self.cfg.selection.greedy else self.sampling
                 out = self.backend.generate([pp.item for _, pp in preps], K, sampling,
-                                            seeds=make_seeds(self.cfg.run.seed, -1 - round, [i for i, _ in preps], K))
+                                            seeds=make_seeds(self.cfg.run.seed, -1 - round, [i for i, _ in preps], K),
+                                            raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip}
+                                                         for _, pp in preps])
             rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
             sc = self._score(out.texts, rs)
             r = sc[key] if key in sc else self._accuracy(out.texts, rs)

@@ -144,21 +144,11 @@ def test_make_seeds_process_independent():
     assert make_seeds(7, 4, [0], 2) != s_all[:2]
 
 
-def test_vllm_request_building_and_output_conversion():
-    """The vLLM backend itself needs a GPU; its pure halves are checked here with plain lists."""
-    from mmgrpo.models.rollout import rollout_from_token_lists, vllm_requests
+def test_vllm_output_conversion():
+    """An engine's per-row token lists -> RolloutOutput (requests: tests/models/test_vllm_backend.py)."""
+    from mmgrpo.models.rollout import rollout_from_token_lists
     from mmgrpo.models.tiny import build_tiny_tokenizer
 
-    raws = [{"text": "a", "images": ["IMG"]}, {"text": "b", "video": "FRAMES"}]
-    reqs = vllm_requests(raws, 2, SamplingParams(max_new_tokens=5, temperature=0.7, top_k=0), seeds=[1, 2, 3, 4])
-    assert [r["prompt"] for r, _ in reqs] == ["a", "a", "b", "b"]
-    assert reqs[0][0]["multi_modal_data"] == {"image": ["IMG"]} and reqs[2][0]["multi_modal_data"] == {"video": "FRAMES"}
-    assert [kw["seed"] for _, kw in reqs] == [1, 2, 3, 4] and reqs[0][1]["top_k"] == -1
-    assert reqs[0][1]["n"] == 1 and reqs[0][1]["temperature"] == 0.7
-    # nothing that reshapes the distribution is left to engine / checkpoint defaults (issue #23 item 10)
-    assert {k: reqs[0][1][k] for k in ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p",
-                                        "min_tokens")} == {"repetition_penalty": 1.0, "presence_penalty": 0.0,
-                                                           "frequency_penalty": 0.0, "min_p": 0.0, "min_tokens": 0}
     tok = build_tiny_tokenizer()
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     out = rollout_from_token_lists([[40, 41, eos], [40, 41, 42, 43, 44], [40], [eos]], [[-1.0, -2.0, -0.5], [-1.0] * 5,
