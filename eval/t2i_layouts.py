@@ -145,6 +145,9 @@ def read_t2icompbench(path: str | Path) -> tuple[list[str], list[dict]]:
                         ("_", "the scorers read the prompt as the file name before the first '_'")):
             if ch in text:
                 raise ValueError(f"{path}:{ln}: prompt contains {ch!r}, which {why}: {text!r}")
+        if len(f"{text}_000000.png".encode("utf-8")) > 255:  # the file-name limit of common file systems
+            raise ValueError(f"{path}:{ln}: prompt too long for a '{{prompt}}_{{n:06d}}.png' file name "
+                             f"({len(text.encode('utf-8'))} bytes, at most 244)")
         prompts.append(text)
         metas.append({"tag": p.stem, "line": ln})
     if not prompts:

@@ -27,7 +27,8 @@ def _canon(samples):
 def charades(tmp_path):
     # Charades-STA test lines: "VID start end##sentence"
     txt = tmp_path / "charades_sta_test.txt"
-    txt.write_text("3MSZA 24.3 30.4##person turns on the light.\nAB12C 0.0 6.9##a person is putting a book on a shelf.\n")
+    txt.write_text("3MSZA 24.3 30.4##person turns on the light.\n"
+                   "AB12C 0.0 6.9##a person is putting a book on a shelf.\n")
     samples, _ = convert_charades_sta(txt, durations={"3MSZA": 31.0, "AB12C": 30.0})
     return _canon(samples)
 

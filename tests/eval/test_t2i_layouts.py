@@ -138,7 +138,8 @@ def test_t2icompbench_layout_names(pipe, tmp_path):
                               "images_per_prompt=2", *FAST]) == 0
     names = sorted((out / "t2icompbench" / "samples").iterdir(), key=lambda f: int(f.name.split("_")[-1][:-4]))
     # the release generator's running counter over prompts and images, 6 digits
-    assert [f.name for f in names] == ["a green bench and a blue bowl_000000.png", "a green bench and a blue bowl_000001.png",
+    assert [f.name for f in names] == ["a green bench and a blue bowl_000000.png",
+                                       "a green bench and a blue bowl_000001.png",
                                        "a red car and a yellow cat_000002.png", "a red car and a yellow cat_000003.png"]
     # BLIP_vqa.py reads the prompt back as the name before the first "_"
     assert [f.name.split("_")[0] for f in names] == [prompts[0]] * 2 + [prompts[1]] * 2
@@ -146,6 +147,10 @@ def test_t2icompbench_layout_names(pipe, tmp_path):
 
 
 def test_t2icompbench_refuses_unreadable_prompts(tmp_path):
+    f = tmp_path / "y_val.txt"
+    f.write_text("a" * 245 + "\n")
+    with pytest.raises(ValueError, match=r"y_val.txt:1: prompt too long"):
+        t2i_layouts.read_t2icompbench(f)
     for text, ch in (("a cat/dog", "/"), ("a snake_case cat", "_")):
         f = tmp_path / "x_val.txt"
         f.write_text(f"fine prompt\n{text}\n")
