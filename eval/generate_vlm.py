@@ -168,7 +168,7 @@ class EvalVLMConfig:
     clip_cache: int = field(default=8, metadata=_h(
         "decoded videos kept in memory (LRU; 0 = off): several queries of one video are decoded once"))
     export: list[str] = field(default_factory=list, metadata=_h(
-        "formats written to out_dir/export/ after scoring: " + EXPORT_HELP))
+        EXPORT_HELP + "; written to out_dir/export/"))
     export_split: str = field(default="test", metadata=_h("nextgqa export: split prefix of the file names"))
 
 
