@@ -22,6 +22,15 @@ tag, reward values, image path; appended + fsynced per batch), ``images/NNNNNN.p
 "overall" = mean of per-tag accuracies), ``report.md`` / ``report.json``.  Resumable at batch granularity like
 ``eval/generate_vlm.py`` (fixed batches; settings must match; ``overwrite=true`` starts over; ``max_batches=N``
 stops early, unscored).
+
+Official benchmark layouts (``layout=``, details and the scorer commands in ``eval/t2i_layouts.py`` and
+``docs/benchmarks.md``): ``geneval`` reads GenEval's ``evaluation_metadata.jsonl`` and writes
+``out_dir/geneval/{i:05d}/{metadata.jsonl, samples/{k:05d}.png, grid.png}``; ``dpgbench`` reads DPG-Bench's
+``prompts/`` folder or ``dpg_bench.csv`` and writes ``out_dir/dpgbench/<item_id>.png`` (the prompt's images as a
+2-column grid); ``t2icompbench`` reads a T2I-CompBench ``*_val.txt`` and writes
+``out_dir/t2icompbench/samples/{prompt}_{n:06d}.png``.  The benchmark's own scorer then runs unchanged on
+``out_dir/<layout>``; ``images.jsonl`` rows point at these files, and rewards / metrics work as in the default
+layout.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from typing import Any, Literal, Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from eval import t2i_layouts  # noqa: E402
 from eval.harness import (  # noqa: E402
     ResumableJsonl,
     check_resume,
@@ -44,7 +54,6 @@ from eval.harness import (  # noqa: E402
     library_versions,
     mean_std,
     settings_fingerprint,
-    sha256_file,
     write_json,
 )
 
@@ -64,7 +73,11 @@ class EvalT2IConfig:
     pipeline: str = field(default="", metadata=_h("diffusers pipeline folder (SD3 or FLUX)"))
     kind: Literal["auto", "sd3", "flux"] = field(default="auto", metadata=_h("adapter kind; auto = model_index.json"))
     lora: str = field(default="", metadata=_h("LoRA folder (pytorch_lora_weights.safetensors) or trainer checkpoint"))
-    prompts: str = field(default="", metadata=_h(".txt (one prompt per line) or .jsonl ({'prompt', 'tag', ...})"))
+    prompts: str = field(default="", metadata=_h(
+        ".txt (one prompt per line) or .jsonl ({'prompt', 'tag', ...}); with a benchmark layout, that benchmark's "
+        "prompt file (see layout)"))
+    layout: Literal["default", "geneval", "dpgbench", "t2icompbench"] = field(
+        default="default", metadata=_h(t2i_layouts.LAYOUT_HELP))
     max_prompts: int = field(default=0, metadata=_h("use only the first N prompts (0 = all)"))
     images_per_prompt: int = field(default=1, metadata=_h("images per prompt (GenEval uses 4)"))
     rewards: list[str] = field(default_factory=lambda: ["mini_geneval"],
@@ -165,11 +178,12 @@ def build_settings(cfg: EvalT2IConfig, adapter, lora: Optional[str], device, dty
         },
         "prompts": {
             "file": str(Path(cfg.prompts).resolve()),
-            "sha256": sha256_file(cfg.prompts),
+            "sha256": t2i_layouts.prompts_sha256(cfg.prompts),
             "n_prompts": n_prompts,
             "max_prompts": cfg.max_prompts,
             "images_per_prompt": cfg.images_per_prompt,
         },
+        "output": {"layout": cfg.layout},  # a resume must not mix layouts
         "rewards": {"names": list(cfg.rewards), "kwargs": dict(cfg.reward_kwargs)},
         "versions": library_versions(LIBRARIES),
         "code": git_info(),
@@ -234,9 +248,11 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
             rows = []
             for j, it in enumerate(batch):
                 rel = None
-                if cfg.save_images:
-                    rel = f"images/{it['index']:06d}.png"
-                    (out_dir / "images").mkdir(exist_ok=True)
+                if cfg.save_images or cfg.layout != "default":  # a benchmark layout is made of the images
+                    rel = t2i_layouts.image_relpath(cfg.layout, it)
+                    (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    if cfg.layout == "geneval":
+                        t2i_layouts.write_geneval_metadata(out_dir, it["prompt_index"], it["layout_meta"])
                     Image.fromarray(arr[j]).save(out_dir / rel, format="PNG")
                 if str(it["index"]) in writer.done:
                     continue
@@ -289,7 +305,6 @@ def compute_metrics(rows: Sequence[dict], images_per_prompt: int) -> dict:
 
 def run(cfg: EvalT2IConfig) -> dict:
     from flow_grpo.rewards import MultiReward
-    from flow_grpo.trainer import load_prompts
     from mmgrpo.utils.logging import get_logger
 
     log = get_logger("flow_grpo.eval")
@@ -301,6 +316,7 @@ def run(cfg: EvalT2IConfig) -> dict:
         raise ValueError("rewards=name[,name...] is required")
     if cfg.images_per_prompt < 1 or cfg.batch_size < 1:
         raise ValueError("images_per_prompt and batch_size must be >= 1")
+    t2i_layouts.check_layout(cfg.layout, cfg.images_per_prompt, cfg.height, cfg.width)
     stray = sorted(set(cfg.reward_kwargs) - set(cfg.rewards))
     if stray:
         raise ValueError(f"reward_kwargs for rewards not in rewards={list(cfg.rewards)}: {stray}")
@@ -309,12 +325,15 @@ def run(cfg: EvalT2IConfig) -> dict:
     if cfg.overwrite:
         for name in (ROWS, "settings.json", "metrics.json", "report.md", "report.json"):
             (out_dir / name).unlink(missing_ok=True)
-        for d in ("images", "grids"):
+        for d in ("images", "grids", *t2i_layouts.layout_dirs(cfg.layout)):
             shutil.rmtree(out_dir / d, ignore_errors=True)
-    prompts, meta = load_prompts(cfg.prompts)
+    prompts, layout_meta = t2i_layouts.read_prompts(cfg.prompts, cfg.layout)
     if cfg.max_prompts:
-        prompts, meta = prompts[: cfg.max_prompts], meta[: cfg.max_prompts]
+        prompts, layout_meta = prompts[: cfg.max_prompts], layout_meta[: cfg.max_prompts]
+    meta = [t2i_layouts.reward_metadata(cfg.layout, m) for m in layout_meta]
     items = _items(cfg, prompts, meta)
+    for it in items:
+        it["layout_meta"] = layout_meta[it["prompt_index"]]
     adapter, lora, device, dtype = load_eval_adapter(cfg)
     settings = build_settings(cfg, adapter, lora, device, dtype, len(prompts))
     check_resume(out_dir, settings, ROWS)
@@ -335,6 +354,12 @@ def run(cfg: EvalT2IConfig) -> dict:
                  stats["n_batches_generated"])
         return {"settings": settings, "stats": stats, "metrics": None, "out_dir": str(out_dir)}
     metrics = compute_metrics(writer.rows, cfg.images_per_prompt)
+    metrics["layout"] = t2i_layouts.finalize(cfg.layout, out_dir, writer.rows, layout_meta, cfg.images_per_prompt,
+                                             cfg.grid_nrow)
+    cmd = t2i_layouts.scorer_command(cfg.layout, cfg.out_dir, cfg.images_per_prompt, cfg.height)
+    if cmd:
+        metrics["layout"]["scorer_command"] = cmd
+        log.info("%s layout written to %s; score it with: %s", cfg.layout, out_dir / cfg.layout, cmd)
     metrics["settings_fingerprint"] = settings["fingerprint"]
     metrics["generation"] = {"last_invocation": stats}
     write_json(out_dir / "metrics.json", metrics)

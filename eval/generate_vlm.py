@@ -33,6 +33,11 @@ Outputs in ``out_dir``:
 * ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics), and
   ``report.md`` / ``report.json`` (``eval/report.py``).
 
+* ``export/``  with ``export=FORMAT[,FORMAT]``: the scored predictions in the files the benchmarks' own evaluation
+  code reads -- ``lmms_eval_tvg`` / ``time_r1_tvg`` (Charades-STA, ActivityNet Captions), ``nextgqa``
+  (``eval_ground.py``'s ``<split>_ground.json`` + ``<split>-res.json``), ``refcoco`` (boxes in original-image
+  pixels) / ``lmms_eval_refcoco``; formats and sources in ``eval/export.py`` and ``docs/benchmarks.md``.
+
 ``max_batches=N`` stops after N generated batches without scoring (tests; a deliberate interruption).
 
 Speed (docs/performance.md, "VLM evaluation harness throughput"): ``threads=1`` torch thread by default (two
@@ -52,6 +57,7 @@ from typing import Any, Literal, Optional, Sequence
 if __package__ in (None, ""):  # executed as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from eval.export import EXPORT_HELP  # noqa: E402
 from eval.harness import (  # noqa: E402
     ResumableJsonl,
     check_resume,
@@ -161,6 +167,9 @@ class EvalVLMConfig:
         "CPU generation up to 24x slower (docs/performance.md); does not change predictions"))
     clip_cache: int = field(default=8, metadata=_h(
         "decoded videos kept in memory (LRU; 0 = off): several queries of one video are decoded once"))
+    export: list[str] = field(default_factory=list, metadata=_h(
+        EXPORT_HELP + "; written to out_dir/export/"))
+    export_split: str = field(default="test", metadata=_h("nextgqa export: split prefix of the file names"))
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -616,6 +625,12 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     with open(out_dir / "per_sample.jsonl", "w", encoding="utf-8") as f:
         for r in res.per_sample:
             f.write(json.dumps(r, allow_nan=False, default=str) + "\n")
+    if cfg.export:
+        from eval.export import export
+
+        m["export"] = [export(fmt, res.per_sample, anns, out_dir / "export", split=cfg.export_split)
+                       for fmt in cfg.export]
+        write_json(out_dir / "metrics.json", m)
     return m
 
 
@@ -632,12 +647,18 @@ def run(cfg: EvalVLMConfig) -> dict:
         raise ValueError(f"decoding.batch_size must be >= 1, got {cfg.decoding.batch_size}")
     if cfg.threads < 0 or cfg.clip_cache < 0:
         raise ValueError(f"threads and clip_cache must be >= 0, got {cfg.threads} / {cfg.clip_cache}")
+    from eval.export import check_formats
+
+    cfg.export = check_formats(cfg.export, cfg.data.task)  # a typo fails now, not after hours of generation
     set_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.overwrite:
         for name in (PREDICTIONS, "settings.json", "metrics.json", "per_sample.jsonl", "report.md", "report.json"):
             (out_dir / name).unlink(missing_ok=True)
+        import shutil
+
+        shutil.rmtree(out_dir / "export", ignore_errors=True)
     samples = _load(cfg)
     ann_sha = sha256_file(cfg.data.annotations)
     policy, base, adapter, device, dtype = load_eval_policy(cfg)

@@ -40,6 +40,10 @@ Lenient rules (identical parsing and IoU to the training rewards: everything is 
   ``n_unmatched_predictions``;
 * duplicate ids (in either file) and malformed annotations are errors naming file, line and field.
 All rates and means are percentages. Importable: ``score_tvg(preds, anns, **opts) -> dict`` and friends.
+
+``--export FORMAT[,FORMAT] --export-dir DIR`` also writes the scored predictions in the files the benchmarks' own
+evaluation code reads (lmms_eval_tvg, time_r1_tvg, nextgqa, refcoco, lmms_eval_refcoco; formats and their
+sources in ``eval/export.py`` and ``docs/benchmarks.md``), from the selected protocol's parsed answers.
 """
 from __future__ import annotations
 
@@ -726,6 +730,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch-factor", type=int, default=None, help="rec resized frame: 28 (Qwen2/2.5) or 32 (Qwen3)")
     p.add_argument("--min-pixels", type=int, default=None, help="rec resized frame: smart_resize min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="rec resized frame: smart_resize max_pixels")
+    from eval.export import EXPORT_HELP
+
+    p.add_argument("--export", default="", help=f"comma-separated formats: {EXPORT_HELP}")
+    p.add_argument("--export-dir", help="folder for the --export files (required with --export)")
+    p.add_argument("--export-split", default="test", help="nextgqa: split prefix of the file names (test | val)")
     return p
 
 
@@ -746,6 +755,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         opts["gqa_thresholds" if args.task == "gqa" else "thresholds"] = args.thresholds
     if args.task == "mcq":
         opts["numeric_rel_tol"] = args.numeric_rel_tol
+    from eval.export import check_formats, export
+
+    try:
+        exports = check_formats(args.export.split(","), args.task)
+    except ValueError as e:
+        print(f"error: --export: {e}", file=sys.stderr)
+        return 2
+    if exports and not args.export_dir:
+        print("error: --export needs --export-dir DIR", file=sys.stderr)
+        return 2
     if args.task == "rec":
         if args.box_frame is None:
             print("error: rec needs --box-frame", file=sys.stderr)
@@ -759,7 +778,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             max_pixels=args.max_pixels,
         )
     try:
-        res = score(args.task, read_jsonl(args.predictions), read_jsonl(args.annotations), **opts)
+        anns = read_jsonl(args.annotations)
+        res = score(args.task, read_jsonl(args.predictions), anns, **opts)
     except (ScoreInputError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -786,6 +806,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.per_sample, "w", encoding="utf-8") as f:
             for r in res.per_sample:
                 f.write(json.dumps(r, allow_nan=False, default=str) + "\n")
+    for fmt in exports:
+        try:
+            info = export(fmt, res.per_sample, anns, args.export_dir, split=args.export_split)
+        except (OSError, ValueError) as e:
+            print(f"error: --export {fmt}: {e}", file=sys.stderr)
+            return 1
+        print(f"[score] export {fmt}: {', '.join(info['files'])} ({info['n']} entries)", file=sys.stderr)
     print(text)
     return 0
 

@@ -434,3 +434,27 @@ def test_checkpoint_generation_config_is_ignored_and_recorded(env):
     assert m["decoding"]["checkpoint_fields_ignored"] == {"do_sample": True, "repetition_penalty": 1.05,
                                                           "temperature": 0.1, "top_p": 0.001, "top_k": 1,
                                                           "min_new_tokens": 8}
+
+
+def test_export_files_are_written_after_scoring(env, tmp_path, capsys):
+    out = tmp_path / "exp_run"
+    rc = _run("--config", str(ROOT / "eval/configs/synthetic_tvg.yaml"), f"model={env['crafted']}",
+              f"data.annotations={env['ann']}", f"out_dir={out}", "decoding.batch_size=4",
+              "score.protocol=official", "export=[lmms_eval_tvg,time_r1_tvg]")
+    assert rc == 0
+    anns = env["anns"]
+    sub = json.loads((out / "export" / "lmms_eval_tvg_submission.json").read_text())
+    assert sub == {f"{Path(a['video']).name}>>>{a['query']}>>>{[float(x) for x in a['spans'][0]]}": TARGET
+                   for a in anns}
+    rows = [json.loads(x) for x in (out / "export" / "time_r1_predictions.jsonl").read_text().splitlines()]
+    assert [r["qid"] for r in rows] == [a["id"] for a in anns]
+    assert all(r["pred"] == [2.0, 7.0] and r["output_text"] == TARGET for r in rows)  # Time-R1 eval: no clamp
+    assert [r["target"] for r in rows] == [[float(x) for x in a["spans"][0]] for a in anns]
+    m = json.loads((out / "metrics.json").read_text())
+    assert [e["format"] for e in m["export"]] == ["lmms_eval_tvg", "time_r1_tvg"]
+    # a format of another task fails before any generation
+    bad = tmp_path / "bad_run"
+    assert _run("--config", str(ROOT / "eval/configs/synthetic_tvg.yaml"), f"model={env['crafted']}",
+                f"data.annotations={env['ann']}", f"out_dir={bad}", "export=[nextgqa]") == 1
+    assert "is for task 'gqa', not 'tvg'" in capsys.readouterr().err
+    assert not (bad / "predictions.jsonl").exists()
