@@ -46,15 +46,10 @@ def _chunk_logits(h, weight, bias, temperature: float, suppress) -> torch.Tensor
     with torch.autocast(h.device.type, enabled=False):
         x = F.linear(h, weight, bias).float()
     if temperature != 1.0:
-        x = x / temperature
+        x.div_(temperature)  # in place: x is this call's own matmul output
     if suppress is not None:
         x.index_fill_(-1, suppress, float("-inf"))
     return x
-
-
-def _entropy(logp: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    # H = -sum_v p_v log p_v; suppressed columns have p = 0 and log p = -inf (0 * -inf would be nan)
-    return -torch.where(p > 0, p * logp, logp.new_zeros(())).sum(-1)
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
@@ -71,7 +66,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
             lp[s:s + chunk] = x.gather(-1, ids[s:s + chunk, None]).squeeze(-1) - lse
             if want_entropy:
                 x -= lse[:, None]  # in place: log p
-                ent[s:s + chunk] = _entropy(x, torch.exp(x))
+                p = torch.exp(x)
+                ent[s:s + chunk] = -torch.special.xlogy(p, p).sum(-1)  # -sum p log p, 0 log 0 = 0
+                del p
             del x
         ctx.save_for_backward(hidden, weight, bias, ids)
         ctx.cfg = (temperature, suppress, chunk)
@@ -93,29 +90,38 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, M, chunk):
             h = hidden[s:s + chunk]
             c = h.shape[0]
-            x = _chunk_logits(h, weight, bias, temperature, suppress)
-            lse = torch.logsumexp(x, -1, keepdim=True)
-            logp = x - lse
-            p = torch.exp(logp)
-            g = torch.zeros_like(x)
+            # in place on one (c, V) buffer where possible: x -> log p -> p -> gradient w.r.t. x
+            g = _chunk_logits(h, weight, bias, temperature, suppress)
+            g -= torch.logsumexp(g, -1, keepdim=True)  # log p
+            ent_term = None
+            if g_ent is not None:  # d H / dx_v = -p_v (log p_v + H), 0 where p_v = 0
+                p = torch.exp(g)
+                H = -torch.special.xlogy(p, p).sum(-1, keepdim=True)
+                ent_term = g.add(H).mul_(p).nan_to_num_(nan=0.0, neginf=0.0)  # -inf * 0 at suppressed ids
+                ent_term.mul_(-g_ent[s:s + c].float()[:, None])
+                del p
+            g.exp_()  # p
             if g_lp is not None:  # d logp_y / dx_v = [v == y] - p_v
                 gl = g_lp[s:s + c].float()
-                g = g - p * gl[:, None]
+                g.mul_(-gl[:, None])
                 g[rows[:c], ids[s:s + c]] += gl
-            if g_ent is not None:  # d H / dx_v = -p_v (log p_v + H)
-                ge = g_ent[s:s + c].float()
-                H = _entropy(logp, p)
-                g = g - torch.where(p > 0, p * (logp + H[:, None]), x.new_zeros(())) * ge[:, None]
-            del x, logp, p
+            else:
+                g.zero_()
+            if ent_term is not None:
+                g += ent_term
+                del ent_term
             if suppress is not None:  # the full path overwrites those logits: no gradient reaches them
                 g.index_fill_(-1, suppress, 0.0)
             if temperature != 1.0:
-                g = g / temperature
+                g /= temperature
             g = g.to(weight.dtype)
             if need_h:
                 d_h[s:s + c] = g @ weight
             if need_w:
-                d_w += (g.t() @ h).float() if g.dtype != torch.float32 else g.t() @ h
+                if g.dtype == torch.float32:
+                    d_w.addmm_(g.t(), h)
+                else:
+                    d_w += (g.t() @ h).float()
             if d_b is not None:
                 d_b += g.float().sum(0)
             del g
