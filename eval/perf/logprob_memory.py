@@ -7,8 +7,9 @@ B = chunked: ``mmgrpo.models.chunked.chunked_token_logprobs`` (the head applied 
 
 Both: Qwen's vocabulary V = 151,936, N = 8 completions x T = 512 tokens (every token valid, so the chunked side
 skips nothing), hidden size H (3584 = Qwen2.5-VL-7B by default; ``--quick`` uses 128 because the CPU matmuls at 3584
-take minutes -- the logits, hence the ratio, do not depend on H, only the (V, H) weight gradient both sides hold
-does), fp32, temperature 1, Qwen-VL's vision tokens suppressed, loss = sum_t c_t logp_t with fixed random c,
+take minutes; the logits do not depend on H, but the (V, H) weight gradient both sides produce does: at H = 3584
+it is 2.1 GiB fp32, which lowers the raw ratio to ~4.5x; ``workspace_ratio`` in the JSON leaves the gradients out),
+fp32, temperature 1, Qwen-VL's vision tokens suppressed, loss = sum_t c_t logp_t with fixed random c,
 ``backward()`` into the hidden states AND the head weight (full fine-tuning: the weight gradient counts on both
 sides).  Each side runs in its OWN subprocess (fresh allocator, nothing cached from the other side); its extra
 peak memory = peak RSS during forward+backward minus RSS just before (inputs allocated; glibc told to return
@@ -54,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=None, help="hidden size (default 3584; 128 --quick, 64 --smoke)")
     p.add_argument("--chunk", type=int, default=None,
                    help="tokens per chunk (default: algo.logprob_chunk_size's default)")
+    p.add_argument("--freeze-head", action="store_true",
+                   help="no gradient for the head weight (as with LoRA): only d hidden is computed and compared")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
     p.add_argument("--worker", choices=["full", "chunked"], default=None, help=argparse.SUPPRESS)
@@ -75,7 +78,8 @@ def _inputs(a):
 
     g = torch.Generator().manual_seed(0)
     h = torch.randn(a.N, a.T, a.hidden, generator=g).requires_grad_()
-    w = (torch.randn(a.vocab, a.hidden, generator=g) * (3.0 / a.hidden ** 0.5)).requires_grad_()  # logits ~ N(0, 9)
+    w = (torch.randn(a.vocab, a.hidden, generator=g) * (3.0 / a.hidden ** 0.5))  # logits ~ N(0, 9)
+    w.requires_grad_(not a.freeze_head)
     ids = torch.randint(0, QWEN_VISION_IDS[0], (a.N, a.T), generator=g)
     mask = torch.ones(a.N, a.T, dtype=torch.long)
     c = torch.randn(a.N, a.T, generator=g) / (a.N * a.T)
@@ -107,14 +111,16 @@ def worker(a) -> None:
     lp, extra = common.peak_during(lambda: _step(a, a.worker, h, w, ids, mask, c))
     secs = time.perf_counter() - t0
     torch.save({"lp": lp, "grad_h": h.grad, "grad_w": w.grad}, a.out)
-    print(json.dumps({"extra_peak_mb": extra, "seconds": secs}))
+    grads_mb = sum(t.numel() * t.element_size() for t in (h.grad, w.grad) if t is not None) / 2**20  # kept outputs
+    print(json.dumps({"extra_peak_mb": extra, "grads_mb": grads_mb, "workspace_mb": extra - grads_mb,
+                      "seconds": secs}))
 
 
 # ------------------------------------------------------------------------------------------------- parent
 def _start_side(a, variant, out_path) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--out", out_path, "--vocab", str(a.vocab),
            "--N", str(a.N), "--T", str(a.T), "--hidden", str(a.hidden), "--chunk", str(a.chunk),
-           "--threads", str(a.threads)]
+           "--threads", str(a.threads)] + (["--freeze-head"] if a.freeze_head else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
 
@@ -141,15 +147,18 @@ def main(argv=None) -> float:
             print(f"{v}: extra peak {res[v]['extra_peak_mb']:.0f} MiB, {res[v]['seconds']:.1f} s", flush=True)
         A, B = (torch.load(paths[v]) for v in ("full", "chunked"))
     lp_diff = float((A["lp"] - B["lp"]).abs().max())
-    rel = {k: float((A[k] - B[k]).abs().max() / A[k].abs().max()) for k in ("grad_h", "grad_w")}
+    rel = {k: float((A[k] - B[k]).abs().max() / A[k].abs().max()) for k in ("grad_h", "grad_w") if A[k] is not None}
     grad_rel = max(rel.values())
     ratio = res["full"]["extra_peak_mb"] / max(res["chunked"]["extra_peak_mb"], 1e-9)
     logits_mb = a.N * a.T * a.vocab * 4 / 2**20
     out = {"name": "logprob_memory_ratio", "value": ratio,
            "extra_keys": {"logprob_grad_max_rel_diff": grad_rel},
            "config": {"vocab": a.vocab, "N": a.N, "T": a.T, "hidden": a.hidden, "chunk": a.chunk, "dtype": "float32",
-                      "threads": a.threads, "mode": "smoke" if a.smoke else ("quick" if a.quick else "full")},
+                      "head_trained": not a.freeze_head, "threads": a.threads, "mode": "smoke" if a.smoke else ("quick" if a.quick else "full")},
            "extra_peak_mb": {v: res[v]["extra_peak_mb"] for v in res}, "seconds": {v: res[v]["seconds"] for v in res},
+           # the same without the gradients both sides must produce (d hidden, d weight: persistent training state)
+           "workspace_mb": {v: res[v]["workspace_mb"] for v in res},
+           "workspace_ratio": res["full"]["workspace_mb"] / max(res["chunked"]["workspace_mb"], 1e-9),
            "one_fp32_logits_tensor_mb": logits_mb, "logprob_max_abs_diff": lp_diff, "grad_rel_diff": rel,
            "machine": common.machine_info()}
     print(f"one fp32 logits tensor (N*T*V): {logits_mb:.0f} MiB; |logp diff| max {lp_diff:.2e}; "
