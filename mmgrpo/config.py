@@ -156,6 +156,11 @@ class AlgoConfig:
     filter_zero_std: bool = field(default=False,
                                   metadata=_h("DAPO dynamic sampling: drop groups whose rewards are all equal"))
     filter_max_rounds: int = field(default=3, metadata=_h("extra sampling rounds to refill filtered groups"))
+    logprob_chunk_size: int = field(
+        default=256, metadata=_h("tokens per chunk of the output head in token log-probs / TW-GRPO weights "
+                                 "(mmgrpo.models.chunked): only (chunk x vocab) logits exist at a time, in forward "
+                                 "and backward, with the same values and gradients; 0 = full (N x T x vocab) "
+                                 "logits"))
 
 
 @dataclass
@@ -313,6 +318,8 @@ class TrainConfig:
         if self.rollout.backend == "vllm" and self.tgrpo.enabled:
             raise ValueError("tgrpo.enabled needs rollout.backend=hf: T-GRPO's shuffled-frame rollouts are built from "
                              "processed tensors that the vLLM engine cannot take")
+        if self.algo.logprob_chunk_size < 0:
+            raise ValueError(f"algo.logprob_chunk_size must be >= 0 (0 = full logits), got {self.algo.logprob_chunk_size}")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:
             raise ValueError("run.prompts_per_device and run.micro_batch_size must be >= 1")
         if self.reward.retries < 0 or self.reward.retry_backoff < 0 or self.reward.timeout < 0:

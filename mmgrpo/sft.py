@@ -261,10 +261,25 @@ def collate_sft(examples: Sequence[SFTExample], pad_token_id: int, padding_side:
     return batch, torch.stack(lab_rows)
 
 
-def token_nll(model, batch: dict, labels):
-    """Per-token negative log-likelihood (B, L-1) of ``labels[:, 1:]`` (0 where ignored) and the mask (B, L-1)."""
+def token_nll(model, batch: dict, labels, chunk_size: int = 0):
+    """Per-token negative log-likelihood (B, L-1) of ``labels[:, 1:]`` (0 where ignored) and the mask (B, L-1).
+
+    ``chunk_size`` > 0: the output head runs on the answer positions only, that many at a time
+    (``mmgrpo.models.chunked``; same values and gradients, no (B, L, V) logits); 0 = full logits."""
     import torch.nn.functional as F
 
+    if chunk_size > 0:
+        from mmgrpo.models.chunked import capture_head_inputs, chunkable_head, chunked_token_logprobs
+
+        head = chunkable_head(model)
+        if head is not None:
+            with capture_head_inputs(model) as store:
+                model(**batch, use_cache=False)
+            tgt = labels[:, 1:].to(store[-1].device)
+            mask = tgt != IGNORE_INDEX
+            lp = chunked_token_logprobs(store[-1][:, :-1], head.weight, tgt.clamp_min(0), head.bias,
+                                        chunk_size=chunk_size, mask=mask)
+            return -lp, mask
     out = model(**batch, use_cache=False)
     logits = out.logits[:, :-1].float()
     tgt = labels[:, 1:]
@@ -274,18 +289,19 @@ def token_nll(model, batch: dict, labels):
     return nll, mask
 
 
-def sft_loss(model, batch: dict, labels):
-    """(loss, n_tokens): token-mean cross-entropy over the answer tokens of the batch."""
-    nll, mask = token_nll(model, batch, labels)
+def sft_loss(model, batch: dict, labels, chunk_size: int = 0):
+    """(loss, n_tokens): token-mean cross-entropy over the answer tokens of the batch (``chunk_size``: see
+    ``token_nll``)."""
+    nll, mask = token_nll(model, batch, labels, chunk_size)
     n = int(mask.sum())
     if n == 0:
         raise ValueError("sft_loss: the batch has no answer tokens (all labels are IGNORE_INDEX)")
     return nll.sum() / n, n
 
 
-def per_example_loss(model, batch: dict, labels):
+def per_example_loss(model, batch: dict, labels, chunk_size: int = 0):
     """(B,) mean answer-token NLL of each row."""
-    nll, mask = token_nll(model, batch, labels)
+    nll, mask = token_nll(model, batch, labels, chunk_size)
     return nll.sum(1) / mask.sum(1).clamp_min(1)
 
 
@@ -307,6 +323,7 @@ class SFTConfig:
     seed: int = 0
     max_seconds: float = 0.0  # wall-clock guard (0 = off); if hit, training stops early and says so
     log_every: int = 10
+    logprob_chunk_size: int = 256  # answer tokens per chunk of the output head (mmgrpo.models.chunked); 0 = full
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -361,7 +378,7 @@ def train_sft(model, examples: Sequence[SFTExample], cfg: SFTConfig, pad_token_i
         for gr in opt.param_groups:
             gr["lr"] = lr
         batch, labels = collate_sft([examples[i] for i in idx], pad_token_id, cfg.padding_side)
-        loss, ntok = sft_loss(model, batch, labels)
+        loss, ntok = sft_loss(model, batch, labels, cfg.logprob_chunk_size)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm > 0:

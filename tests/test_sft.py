@@ -360,3 +360,22 @@ def test_shipped_checkpoint_is_current_and_loads(builder):
     with torch.no_grad():
         loss, _ = sft.sft_loss(policy.model, batch, labels)
     assert math.isfinite(loss.item()) and loss.item() < math.log(len(tok))  # trained: far below uniform
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_chunked_head_same_loss_and_gradients(tiny, side):
+    """SFTConfig.logprob_chunk_size: the head on answer positions only, a few at a time == full logits."""
+    model, processor, exs = tiny
+    batch, labels = sft.collate_sft(exs, processor.tokenizer.pad_token_id, padding_side=side)
+    out = {}
+    for chunk in (0, 3):
+        model.zero_grad(set_to_none=True)
+        loss, n = sft.sft_loss(model, batch, labels, chunk_size=chunk)
+        loss.backward()
+        out[chunk] = (loss.detach(), n, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    (la, na, ga), (lb, nb, gb) = out[0], out[3]
+    assert na == nb and abs(float(la - lb)) <= 1e-6 * max(1.0, abs(float(la)))
+    assert set(ga) == set(gb) and ga
+    for k in ga:
+        assert float((ga[k] - gb[k]).abs().max()) <= 1e-5 * max(float(ga[k].abs().max()), 1e-12), k
+    model.zero_grad(set_to_none=True)

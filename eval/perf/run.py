@@ -9,8 +9,9 @@ fail.
     python eval/perf/run.py --only flow_rollout_overhead,tp_batched_speedup --smoke
 
 Output JSON: ``{"flow_rollout_overhead": 1.03, "flow_train_overhead": ..., "tp_batched_speedup": ...,
-"prefix_group_speedup": ..., "trl_speedup": ..., "details": {name: {script, command, returncode, seconds,
-error, stdout_tail, result}}, "machine": {...}, "mode": ..., "total_seconds": ...}``.
+"prefix_group_speedup": ..., "trl_speedup": ..., "logprob_memory_ratio": ..., "details": {name: {script, command,
+returncode, seconds, error, stdout_tail, result}}, "machine": {...}, "mode": ..., "total_seconds": ...}``; a
+benchmark's JSON ``extra_keys`` (e.g. ``logprob_grad_max_rel_diff``) are added at the top level too.
 No heavy imports: ``--help`` is instant and the runner never imports torch.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("tp_batched_speedup", "tp_completions.py"),
     ("prefix_group_speedup", "prefix_group.py"),
     ("trl_speedup", "trl_compare.py"),
+    ("logprob_memory_ratio", "logprob_memory.py"),
 ]
 
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$")
@@ -183,6 +185,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         results[k] = rec["value"]
         status = f"{rec['value']:.2f}" if rec["value"] is not None else f"FAILED ({(rec['error'] or '')[:200]})"
         print(f"[perf] {k} = {status}   [{rec.get('seconds', 0)} s]", flush=True)
+    for rec in details.values():  # secondary results a benchmark reports in its JSON (``extra_keys``)
+        extra = rec.get("result", {}).get("extra_keys", {}) if isinstance(rec.get("result"), dict) else {}
+        for k, v in (extra if isinstance(extra, dict) else {}).items():
+            results.setdefault(k, v)
     out = {**results, "details": details,
            "machine": {"platform": platform.platform(), "python": platform.python_version(),
                        "cpu_count": os.cpu_count(), "loadavg_1m": _loadavg()},
@@ -197,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         os.makedirs(d, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2, default=str)
-    print("[perf] summary: " + ", ".join(f"{k}={'null' if v is None else f'{v:.2f}'}" for k, v in results.items())
+    print("[perf] summary: " + ", ".join(f"{k}={'null' if v is None else f'{v:.3g}'}" for k, v in results.items())
           + f"   ({out['total_seconds']} s)")
     return out
 

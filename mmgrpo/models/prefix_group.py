@@ -37,6 +37,7 @@ uses this path by default for these families (``run.logprob_impl=prefix_group``)
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Sequence
@@ -202,6 +203,7 @@ def grouped_token_logprobs(
     suppress_token_ids: Sequence[int] | None = None,
     return_logits: bool = False,
     group_sizes: Sequence[int] | None = None,
+    chunk_size: int = 0,
 ):
     """Per-token log-probs of G completions per prompt, with each prompt (vision + text prefix) encoded once.
 
@@ -221,6 +223,8 @@ def grouped_token_logprobs(
         Rows are group-major: rows ``sum(group_sizes[:b]) ..`` belong to prompt b.
       group_sizes: completions per prompt (default: N // B each, N must be divisible by B).
       temperature, suppress_token_ids: the sampling distribution, as in ``compute_token_logprobs``.
+      chunk_size: > 0 applies the output head ``chunk_size`` tokens at a time (``mmgrpo.models.chunked``), as in
+        ``compute_token_logprobs``; ``return_logits`` then returns a ``chunked.HeadInputs``.
 
     Returns:
       logp (N, T) float32, 0 where the mask is 0; with ``return_logits`` also the temperature-scaled,
@@ -269,10 +273,19 @@ def grouped_token_logprobs(
     from transformers.cache_utils import Cache
 
     capture = Cache(layers=[Capture() for _ in range(_num_cache_layers(model))])
-    with _allow_checkpoint_with_cache(model):
+    chunked = None
+    if chunk_size > 0:
+        from . import chunked
+
+        if chunked.chunkable_head(model) is None:
+            chunked = None
+    with _allow_checkpoint_with_cache(model), \
+            (chunked.capture_head_inputs(model) if chunked else contextlib.nullcontext([])) as heads:
+        # with chunking, ``heads`` receives the hidden states the head would see and ``.logits`` are empty
         out = model(input_ids=ids, attention_mask=am, position_ids=pos[:, :, :P], past_key_values=capture,
                     use_cache=True, logits_to_keep=1, **fwd)
-        first = _expand_rows(out.logits[:, -1:], group_sizes)  # (N, 1, V): predicts completion token 0
+        first = _expand_rows(heads[-1][:, -1:] if chunked else out.logits[:, -1:], group_sizes)
+        # first (N, 1, V) logits (or (N, 1, H) hidden states): predicts completion token 0
         if T == 1:
             logits = first
         else:
@@ -285,7 +298,11 @@ def grouped_token_logprobs(
             s_pos = _expand_rows(pos[:, :, P:P + T - 1].transpose(0, 1), group_sizes).transpose(0, 1)
             s_out = model(input_ids=s_ids, attention_mask=s_am, position_ids=s_pos, past_key_values=cache,
                           use_cache=True)
-            logits = torch.cat([first, s_out.logits], 1)  # (N, T, V)
+            logits = torch.cat([first, heads[-1] if chunked else s_out.logits], 1)  # (N, T, V) or (N, T, H)
+    if chunked:
+        head = chunked.head_inputs(model, logits, temperature, suppress_token_ids, chunk_size)
+        lp = head.token_logprobs(completion_ids.to(logits.device), completion_mask.to(logits.device))
+        return (lp, head) if return_logits else lp
     lp = token_logprobs_from_logits(logits, completion_ids.to(logits.device), temperature, suppress_token_ids)
     lp = lp * completion_mask.to(lp)
     if return_logits:
@@ -319,6 +336,7 @@ def grouped_rows_token_logprobs(
     return_logits: bool = False,
     device=None,
     fallback: bool = True,
+    chunk_size: int = 0,
 ):
     """Trainer-facing form: one prompt item per row (as in ``RolloutBatch.items``), rows of a group contiguous.
 
@@ -348,13 +366,13 @@ def grouped_rows_token_logprobs(
             batch = collate_prompts(list(row_items), pad_token_id)
             batch = batch_to(batch, device) if device is not None else batch
             return compute_token_logprobs(model, batch, completion_ids, completion_mask, temperature,
-                                          suppress_token_ids, return_logits)
+                                          suppress_token_ids, return_logits, chunk_size=chunk_size)
         _rope_owner(model)  # raises the explanatory TypeError
     batch = collate_prompts(uniq, pad_token_id)
     if device is not None:
         batch = batch_to(batch, device)
     return grouped_token_logprobs(model, batch, completion_ids, completion_mask, temperature, suppress_token_ids,
-                                  return_logits, group_sizes=sizes)
+                                  return_logits, group_sizes=sizes, chunk_size=chunk_size)
 
 
 __all__ = ["grouped_token_logprobs", "grouped_rows_token_logprobs", "group_position_ids", "supports_grouping",

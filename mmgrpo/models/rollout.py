@@ -105,6 +105,7 @@ def compute_token_logprobs(
     temperature: float = 1.0,
     suppress_token_ids: Sequence[int] | None = None,
     return_logits: bool = False,
+    chunk_size: int = 0,
 ):
     """Per-token log-probs of ``completion_ids`` under ``model`` given the left-padded prompt ``batch``.
 
@@ -112,9 +113,22 @@ def compute_token_logprobs(
     Returns logp (N, T) float32 with 0 where mask == 0; with ``return_logits`` also the temperature-scaled,
     vision-suppressed logits (N, T, V) (for entropy / TW-GRPO token weights).
     Only the last T+1 positions go through the LM head (``logits_to_keep``), so memory is O(N*T*V).
+    ``chunk_size`` > 0: the head is applied to that many tokens at a time (``mmgrpo.models.chunked``; same
+    numbers and gradients, O(chunk_size*V) logits memory); ``return_logits`` then returns a
+    ``chunked.HeadInputs`` (hidden states + head) instead of the logits.  Falls back to the full logits for a
+    model whose output head is not a plain ``nn.Linear``.
     """
     full = join_prompt_completion(batch, completion_ids, completion_mask)
     T = completion_ids.shape[1]
+    if chunk_size > 0:
+        from .chunked import capture_head_inputs, chunkable_head, head_inputs
+
+        if chunkable_head(model) is not None:
+            with capture_head_inputs(model) as store:
+                model(**full, use_cache=False, logits_to_keep=T + 1)
+            head = head_inputs(model, store[-1][:, :T], temperature, suppress_token_ids, chunk_size)
+            lp = head.token_logprobs(completion_ids, completion_mask)
+            return (lp, head) if return_logits else lp
     out = model(**full, use_cache=False, logits_to_keep=T + 1)
     logits = out.logits[:, :T]  # position P-1+t predicts completion token t
     lp = token_logprobs_from_logits(logits, completion_ids, temperature, suppress_token_ids)

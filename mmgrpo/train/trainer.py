@@ -9,7 +9,8 @@ Per step (``GRPOTrainer.train``):
    zero-variance groups and refill (DAPO dynamic sampling);
 2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or TW-GRPO), reference
    log-probs (kl_coef > 0), TW-GRPO token weights -- all with ``compute_token_logprobs``, the same function and the
-   same padding the loss uses, so on-policy ratios are exactly 1;
+   same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs ``algo.logprob_chunk_size``
+   tokens at a time, ``mmgrpo.models.chunked``: no full-vocabulary logits are materialised);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
@@ -58,7 +59,8 @@ from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingPar
                                    compute_token_logprobs, make_seeds)
 from mmgrpo.train.faults import (CallStats, NothingTrained, RewardCallFailed, TrainingStopped, call_with_retries,
                                  nonfinite_rows)
-from mmgrpo.train.methods import temporal_bonus, tw_token_weights
+from mmgrpo.models.chunked import tw_token_weights_from
+from mmgrpo.train.methods import temporal_bonus
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
@@ -760,11 +762,13 @@ class GRPOTrainer:
                 return grouped_rows_token_logprobs(
                     model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T],
                     rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
-                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
+                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device,
+                    chunk_size=self.cfg.algo.logprob_chunk_size)
         batch, ids, mask, T = self._mb_inputs(rb, idx)
         with self.accelerator.autocast():
             return compute_token_logprobs(model, batch, ids, mask, self.sampling.temperature,
-                                          self.policy.suppress_token_ids, return_logits=return_logits)
+                                          self.policy.suppress_token_ids, return_logits=return_logits,
+                                          chunk_size=self.cfg.algo.logprob_chunk_size)
 
     def _mb_plan(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> list[tuple[RolloutBatch, torch.Tensor, float]]:
         """(batch, rows, weight) per forward.  With a prepared model every process must run the same number of
@@ -813,9 +817,9 @@ class GRPOTrainer:
                     Tm = lp.shape[1]
                     if w:  # weight 0: a padding forward (collectives only), result unused
                         rb.old_logp[idx, :Tm] = lp.float().cpu()
-                    if logits is not None and w:
-                        wt = tw_token_weights(torch.log_softmax(logits.float(), -1), rb.completion_mask[idx, :Tm].to(
-                            logits.device), rb.group_ids[idx].to(logits.device), cfg.twgrpo.alpha, cfg.twgrpo.clamp)
+                    if logits is not None and w:  # full logits, or hidden states + head (algo.logprob_chunk_size)
+                        wt = tw_token_weights_from(logits, rb.completion_mask[idx, :Tm].to(lp.device),
+                                                   rb.group_ids[idx].to(lp.device), cfg.twgrpo.alpha, cfg.twgrpo.clamp)
                         rb.token_weights[idx, :Tm] = wt.cpu()
                     del logits
                 if cfg.algo.kl_coef > 0:

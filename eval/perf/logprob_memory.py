@@ -1,0 +1,175 @@
+"""Benchmark ``logprob_memory_ratio``: extra peak memory of token log-probs + backward, full logits vs chunked head.
+
+A = full: ``F.linear`` -> (N, T, V) fp32 logits -> ``mmgrpo.models.rollout.token_logprobs_from_logits`` (what the
+    trainer did before ``algo.logprob_chunk_size``);
+B = chunked: ``mmgrpo.models.chunked.chunked_token_logprobs`` (the head applied ``--chunk`` tokens at a time, in the
+    forward and in the recomputing backward).
+
+Both: Qwen's vocabulary V = 151,936, N = 8 completions x T = 512 tokens (every token valid, so the chunked side
+skips nothing), hidden size H (3584 = Qwen2.5-VL-7B by default; ``--quick`` uses 128 because the CPU matmuls at 3584
+take minutes; the logits do not depend on H, but the (V, H) weight gradient both sides produce does: at H = 3584
+it is 2.1 GiB fp32, which lowers the raw ratio to ~4.5x; ``workspace_ratio`` in the JSON leaves the gradients out),
+fp32, temperature 1, Qwen-VL's vision tokens suppressed, loss = sum_t c_t logp_t with fixed random c,
+``backward()`` into the hidden states AND the head weight (full fine-tuning: the weight gradient counts on both
+sides).  Each side runs in its OWN subprocess (fresh allocator, nothing cached from the other side); its extra
+peak memory = peak RSS during forward+backward minus RSS just before (inputs allocated; glibc told to return
+freed blocks, see ``common.peak_during``).  The parent compares the two sides' log-probs and gradients (max
+relative difference per tensor: max|g_A - g_B| / max|g_A|) and prints
+
+    logprob_grad_max_rel_diff=...      (target <= 1e-5)
+    logprob_memory_ratio=X.XX          (LAST line; target >= 8)
+
+``--json`` also gets ``extra_keys`` (``logprob_grad_max_rel_diff``), which ``run.py`` lifts to its top level.
+
+    python eval/perf/logprob_memory.py [--quick | --smoke] [--hidden 3584] [--chunk 256] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, _ROOT)  # a checkout without `pip install -e .`
+
+import common  # noqa: E402
+
+QWEN_VOCAB = 151_936
+QWEN_VISION_IDS = (151652, 151653, 151654, 151655, 151656)  # <|vision_start|> .. <|video_pad|>: suppressed
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="hidden 128 (default 3584); same V, N, T")
+    p.add_argument("--smoke", action="store_true", help="hidden 64, N=2 x T=64 (checks that it runs)")
+    p.add_argument("--vocab", type=int, default=QWEN_VOCAB)
+    p.add_argument("--N", type=int, default=None, help="completions (default 8; 2 with --smoke)")
+    p.add_argument("--T", type=int, default=None, help="tokens per completion (default 512; 64 with --smoke)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size (default 3584; 128 --quick, 64 --smoke)")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="tokens per chunk (default: algo.logprob_chunk_size's default)")
+    p.add_argument("--freeze-head", action="store_true",
+                   help="no gradient for the head weight (as with LoRA): only d hidden is computed and compared")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default="")
+    p.add_argument("--worker", choices=["full", "chunked"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default="", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.N = a.N or (2 if a.smoke else 8)
+    a.T = a.T or (64 if a.smoke else 512)
+    a.hidden = a.hidden or (64 if a.smoke else (128 if a.quick else 3584))
+    if a.chunk is None:
+        from mmgrpo.config import AlgoConfig
+
+        a.chunk = AlgoConfig().logprob_chunk_size or 256
+    return a
+
+
+# ------------------------------------------------------------------------------------------------- worker
+def _inputs(a):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(a.N, a.T, a.hidden, generator=g).requires_grad_()
+    w = (torch.randn(a.vocab, a.hidden, generator=g) * (3.0 / a.hidden ** 0.5))  # logits ~ N(0, 9)
+    w.requires_grad_(not a.freeze_head)
+    ids = torch.randint(0, QWEN_VISION_IDS[0], (a.N, a.T), generator=g)
+    mask = torch.ones(a.N, a.T, dtype=torch.long)
+    c = torch.randn(a.N, a.T, generator=g) / (a.N * a.T)
+    return h, w, ids, mask, c
+
+
+def _step(a, variant, h, w, ids, mask, c):
+    import torch.nn.functional as F
+
+    from mmgrpo.models.chunked import chunked_token_logprobs
+    from mmgrpo.models.rollout import token_logprobs_from_logits
+
+    sup = [i for i in QWEN_VISION_IDS if i < a.vocab]
+    if variant == "full":
+        lp = token_logprobs_from_logits(F.linear(h, w), ids, 1.0, sup) * mask
+    else:
+        lp = chunked_token_logprobs(h, w, ids, None, 1.0, sup, a.chunk, mask=mask)
+    (lp * c).sum().backward()
+    return lp.detach()
+
+
+def worker(a) -> None:
+    import torch
+
+    common.set_threads(a.threads)
+    common.release_freed_memory()
+    h, w, ids, mask, c = _inputs(a)
+    t0 = time.perf_counter()
+    lp, extra = common.peak_during(lambda: _step(a, a.worker, h, w, ids, mask, c))
+    secs = time.perf_counter() - t0
+    torch.save({"lp": lp, "grad_h": h.grad, "grad_w": w.grad}, a.out)
+    grads_mb = sum(t.numel() * t.element_size() for t in (h.grad, w.grad) if t is not None) / 2**20  # kept outputs
+    print(json.dumps({"extra_peak_mb": extra, "grads_mb": grads_mb, "workspace_mb": extra - grads_mb,
+                      "seconds": secs}))
+
+
+# ------------------------------------------------------------------------------------------------- parent
+def _start_side(a, variant, out_path) -> subprocess.Popen:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--out", out_path, "--vocab", str(a.vocab),
+           "--N", str(a.N), "--T", str(a.T), "--hidden", str(a.hidden), "--chunk", str(a.chunk),
+           "--threads", str(a.threads)] + (["--freeze-head"] if a.freeze_head else [])
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
+
+
+def _finish_side(variant, proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} worker failed ({proc.returncode}): {err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None) -> float:
+    a = parse_args(argv)
+    if a.worker:
+        worker(a)
+        return 0.0
+    import torch
+
+    res = {}
+    with tempfile.TemporaryDirectory(prefix="lpmem_") as tmp:
+        paths = {v: os.path.join(tmp, f"{v}.pt") for v in ("full", "chunked")}
+        for v in ("chunked", "full"):  # one after the other: the full side alone needs ~10 GB at hidden 128
+            res[v] = _finish_side(v, _start_side(a, v, paths[v]))
+            print(f"{v}: extra peak {res[v]['extra_peak_mb']:.0f} MiB, {res[v]['seconds']:.1f} s", flush=True)
+        A, B = (torch.load(paths[v]) for v in ("full", "chunked"))
+    lp_diff = float((A["lp"] - B["lp"]).abs().max())
+    rel = {k: float((A[k] - B[k]).abs().max() / A[k].abs().max()) for k in ("grad_h", "grad_w") if A[k] is not None}
+    grad_rel = max(rel.values())
+    ratio = res["full"]["extra_peak_mb"] / max(res["chunked"]["extra_peak_mb"], 1e-9)
+    logits_mb = a.N * a.T * a.vocab * 4 / 2**20
+    out = {"name": "logprob_memory_ratio", "value": ratio,
+           "extra_keys": {"logprob_grad_max_rel_diff": grad_rel},
+           "config": {"vocab": a.vocab, "N": a.N, "T": a.T, "hidden": a.hidden, "chunk": a.chunk, "dtype": "float32",
+                      "head_trained": not a.freeze_head, "threads": a.threads, "mode": "smoke" if a.smoke else ("quick" if a.quick else "full")},
+           "extra_peak_mb": {v: res[v]["extra_peak_mb"] for v in res}, "seconds": {v: res[v]["seconds"] for v in res},
+           # the same without the gradients both sides must produce (d hidden, d weight: persistent training state)
+           "workspace_mb": {v: res[v]["workspace_mb"] for v in res},
+           "workspace_ratio": res["full"]["workspace_mb"] / max(res["chunked"]["workspace_mb"], 1e-9),
+           "one_fp32_logits_tensor_mb": logits_mb, "logprob_max_abs_diff": lp_diff, "grad_rel_diff": rel,
+           "machine": common.machine_info()}
+    print(f"one fp32 logits tensor (N*T*V): {logits_mb:.0f} MiB; |logp diff| max {lp_diff:.2e}; "
+          f"grad rel diff {rel}")
+    print(f"logprob_grad_max_rel_diff={grad_rel:.2e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+    print(f"logprob_memory_ratio={ratio:.2f}", flush=True)
+    return ratio
+
+
+if __name__ == "__main__":
+    main()
