@@ -56,8 +56,8 @@ from mmgrpo.core.importance import is_weight_metrics, truncated_is_weights
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
-from mmgrpo.train.faults import (CallStats, NothingTrained, RewardCallFailed, TrainingStopped, call_with_retries,
-                                 nonfinite_rows)
+from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
+from mmgrpo.train.faults import CallStats, call_with_retries, nonfinite_rows
 from mmgrpo.train.methods import temporal_bonus, tw_token_weights
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
@@ -66,7 +66,7 @@ from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, refuse_unsafe_pickles, restore_rng_state
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
-from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
+from mmgrpo.utils.signals import StopOnSignal
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.runlock import acquire_run_lock
