@@ -620,9 +620,11 @@ class GRPOTrainer:
                              "tgrpo/groups_granted": float(granted.sum()), "tgrpo/groups": float(len(vids))})
             rewards["temporal"] = bonus
             rewards["total"] = rewards["total"] + bonus
-        return RolloutBatch([r["pp"].item for r in rows], [r["pp"].sample for r in rows], texts, completion_ids,
-                            completion_mask, group_ids, offp, torch.tensor([r["truncated"] for r in rows]),
-                            parse_failed, rewards, torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
+        return RolloutBatch(items=[r["pp"].item for r in rows], samples=[r["pp"].sample for r in rows], texts=texts,
+                            completion_ids=completion_ids, completion_mask=completion_mask, group_ids=group_ids,
+                            is_offpolicy=offp, truncated=torch.tensor([r["truncated"] for r in rows]),
+                            parse_failed=parse_failed, rewards=rewards,
+                            rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
                             valid=valid)
 
     def advantages(self, rb: RolloutBatch) -> None:
