@@ -46,7 +46,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import math
 import os
 import struct
@@ -72,7 +71,7 @@ from mmgrpo.utils.signals import StopOnSignal
 from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
-from .ema import EMA, _local
+from .ema import EMA
 from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
