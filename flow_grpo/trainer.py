@@ -352,7 +352,6 @@ def _gather_rows(tensors: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return [o.cpu() for o in outs], sl
 
 
-# ----------------------------------------------------------------------------------------------------- LR
 # ----------------------------------------------------------------------------------------------------- trainer
 class FlowGRPOTrainer:
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
