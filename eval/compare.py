@@ -10,8 +10,8 @@
   GenEval tags) get a table of the primary metric.
 * **Settings that differ** lists every setting (flattened settings.json) whose value is not the same in all runs.
   When anything other than the model differs -- data file, frames, pixels, prompt, decoding -- the report warns:
-  such numbers are not a like-for-like comparison (vlm.md §17: the Qwen2.5-VL-7B Charades baseline moves from 29.0
-  to 43.6 mIoU with prompt and fps alone).
+  such numbers are not a like-for-like comparison (published Qwen2.5-VL-7B Charades-STA baselines range from
+  29.0 to 43.6 mIoU with prompt and fps alone).
 * ``--curves``: training logs (``metrics.jsonl`` written by ``mmgrpo.utils.logging.MetricLogger``, or run folders
   holding one) overlaid per key in one PNG (``<out>_curves.png``), linked from the markdown.  Default keys: the
   ``reward/.../mean`` style keys of the first log (at most 6).

@@ -237,7 +237,7 @@ def load_eval_policy(cfg: EvalVLMConfig):
 
 # ------------------------------------------------------------------------------------------------ settings
 def default_max_new_tokens(mode: str) -> int:
-    """vlm.md §19: 1024 with reasoning, 256 without."""
+    """Completion budget: 1024 tokens with reasoning (think / hybrid), 256 without (no_think)."""
     return 256 if mode == "no_think" else 1024
 
 

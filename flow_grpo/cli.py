@@ -64,15 +64,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    from mmgrpo.train.faults import NothingTrained
-    from mmgrpo.utils.runlock import OutputDirLocked
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
 
     try:
-        from .trainer import TrainingHalted, train_from_config
+        from .trainer import train_from_config
 
         train_from_config(cfg)
-    except TrainingHalted as e:  # consecutive skipped steps: the state was written to <output_dir>/halted
+    except TrainingStopped as e:  # consecutive skipped steps: the state was written to <output_dir>/halted
         print(f"flow_grpo train: {e}", file=sys.stderr)
         return exit_codes.STOPPED
     except NothingTrained as e:  # no optimizer step applied: no final weights exported

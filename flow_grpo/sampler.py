@@ -39,6 +39,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from mmgrpo.utils.seeding import sample_seed
+
 from .config import SamplingConfig
 from .models.base import FlowModelAdapter, PromptEmbeds
 from .sde import SDEStepOutput, sde_step
@@ -47,13 +49,6 @@ RewardFn = Callable[..., dict]
 
 
 def _sample_seed(base: int, *coords: int) -> int:
-    try:
-        from mmgrpo.utils.seeding import sample_seed
-    except ImportError:  # pragma: no cover - fallback while utils is being written
-        import hashlib
-
-        h = hashlib.blake2b(",".join(str(int(c)) for c in (base, *coords)).encode(), digest_size=8)
-        return int.from_bytes(h.digest(), "big") & (2**63 - 1)
     return sample_seed(int(base), *[int(c) for c in coords])
 
 

@@ -46,7 +46,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import math
 import os
 import struct
@@ -60,17 +59,19 @@ import torch
 
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy, check_shapes
-from mmgrpo.train.faults import NothingTrained
+# TrainingHalted: the old name of TrainingStopped, re-exported with the other errors for old imports
+from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeout, TrainingHalted,  # noqa: F401
+                                  TrainingInterrupted, TrainingStopped)
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.schedule import LRFactor
-from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
+from mmgrpo.utils.signals import StopOnSignal
 from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
-from .ema import EMA, _local
+from .ema import EMA
 from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
@@ -114,24 +115,6 @@ def load_prompts(path: str) -> tuple[list[str], list[dict]]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts, meta
-
-
-# ----------------------------------------------------------------------------------------------------- errors
-class RewardCallFailed(RuntimeError):
-    """A reward call still failed after its retries and ``reward.on_failure=stop`` (raised on every process)."""
-
-
-class RewardTimeout(TimeoutError):
-    """One attempt of a reward call did not return within ``reward.timeout`` seconds."""
-
-
-class TrainingHalted(RuntimeError):
-    """``optim.max_consecutive_skips`` optimizer steps in a row were skipped (non-finite values); a checkpoint was
-    written first (path in the message and in ``.checkpoint``)."""
-
-    def __init__(self, message: str, checkpoint: Optional[str] = None):
-        super().__init__(message)
-        self.checkpoint = checkpoint
 
 
 # ----------------------------------------------------------------------------------------------------- rewards
@@ -369,7 +352,6 @@ def _gather_rows(tensors: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return [o.cpu() for o in outs], sl
 
 
-# ----------------------------------------------------------------------------------------------------- LR
 # ----------------------------------------------------------------------------------------------------- trainer
 class FlowGRPOTrainer:
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
@@ -985,7 +967,7 @@ class FlowGRPOTrainer:
                             self.global_step)
             self.logger.flush()
         log.error(msg)
-        raise TrainingHalted(msg, path)
+        raise TrainingStopped(msg, path, resume_hint=False)  # msg names the halted folder to resume from
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()

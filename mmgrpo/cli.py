@@ -25,9 +25,8 @@ def train_main(argv: Sequence[str]) -> int:
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
                                        "Options: defaults < --config YAML < key=value overrides.\n\n"
                                        + exit_codes.HELP)
-    from mmgrpo.train.faults import NothingTrained, TrainingStopped
-    from mmgrpo.utils.runlock import OutputDirLocked, release_run_lock
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
+    from mmgrpo.utils.runlock import release_run_lock
 
     try:
         from mmgrpo.train.trainer import GRPOTrainer

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Charades-STA evaluation of one checkpoint in think AND no-think mode, then a side-by-side of the two modes.
-# Evaluate the base model with the same command: only same-harness numbers are comparable (vlm.md §17).
+# Evaluate the base model with the same command: only same-harness numbers are comparable (published
+# Qwen2.5-VL-7B Charades-STA baselines range from 29.0 to 43.6 mIoU with prompt and fps alone).
 #   scripts/eval_charades.sh MODEL ANNOTATIONS.jsonl MEDIA_ROOT OUT_PREFIX [key=value ...]
 #   e.g. scripts/eval_charades.sh ckpts/Qwen2.5-VL-7B data/charades_test.jsonl data/Charades_v1_480 runs/eval/charades_base
 [ $# -ge 4 ] || { sed -n 2,5p "$0" >&2; exit 2; }

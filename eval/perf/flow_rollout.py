@@ -93,7 +93,7 @@ def _clip_text_encoder(tok, hidden: int):
 
 
 def build_mid_flux_pipeline(seed: int = 0):
-    """A "mid" FluxPipeline (random weights, no hub): the 9.2M FLUX transformer of environment.md §3
+    """A "mid" FluxPipeline (random weights, no hub): a 9.2M FLUX transformer
     (4 heads x 64, 2 double + 4 single blocks, joint/pooled 256, 16 latent channels -> 64 packed), text encoders
     with matching widths (CLIP hidden 256 gives the pooled 256, T5 d_model 256) and a small 16-channel VAE with
     scale factor 8."""

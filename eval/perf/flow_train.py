@@ -160,7 +160,7 @@ def main(argv: Optional[list[str]] = None) -> float:
             ad.transformer.train()
             step_a()  # a trial call: the private method's signature may change under us
             path = "trainer"
-        except Exception as exc:  # the trainer is being written by someone else: fall back, record why
+        except Exception as exc:  # the private step API changed: time the composed path, record why
             if args.path == "trainer":
                 raise
             step_a = None

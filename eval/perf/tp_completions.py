@@ -9,7 +9,7 @@ A = our sampler's batched path (:func:`flow_grpo.sampler._tp_grpo_rewards`, exac
     the rollout's stored Euler step ``ode_next_latents`` at sigma_{k+1}): all n*N completions end-aligned in chunks
     of ``completion_batch_size``, one model call per round with a per-item sigma, one batched VAE decode per chunk,
     ONE reward call.
-B = the released TP-GRPO way (diffusion.md §4.5): for k = one window step at a time, ODE-complete the N latents
+B = the released TP-GRPO way (YunzeTong/TurningPoint-GRPO): for k = one window step at a time, ODE-complete the N latents
     x_k over sigma_k..0 (the first step recomputes the rollout's velocity), decode, score; n model-call sequences,
     n decodes, n reward calls.
 

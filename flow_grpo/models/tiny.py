@@ -12,7 +12,7 @@ Tokenizers are built offline:
   vocabulary and its NFKC ``precompiled_charsmap`` normaliser are absent; the tokenizer class, id layout
   (<pad>=0, </s>=1, <unk>=2) and padding/truncation behaviour are T5's.
 
-Configs follow /work/shared/reference/environment.md §3 (verified combinations).
+The configs are small combinations checked to build and run on CPU (tests/flow_grpo/test_models.py).
 """
 from __future__ import annotations
 

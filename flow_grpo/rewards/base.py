@@ -536,22 +536,15 @@ class ScoreComparator:
 
 
 def win_rate(pref: "torch.Tensor", group_ids: "torch.Tensor") -> "torch.Tensor":
-    """Per-sample win rate from a preference matrix.
+    """Per-sample win rate from a preference matrix: :func:`mmgrpo.core.pairwise_win_rate` (kept under this name).
 
     ``pref``: (N, N), ``pref[i, j]`` = preference of i over j in [0, 1] (only same-group pairs are read).
     ``group_ids``: (N,) int.  Returns (N,) float32 ``r_i = 1/(G_i - 1) * sum_{j != i, g_j = g_i} pref[i, j]``;
     a singleton group (G_i = 1) gets the neutral 0.5.
     """
-    import torch
+    from mmgrpo.core.advantages import pairwise_win_rate  # torch is imported lazily in this module
 
-    gid = torch.as_tensor(group_ids).reshape(-1)
-    n = gid.shape[0]
-    if tuple(pref.shape) != (n, n):
-        raise ValueError(f"win_rate: pref has shape {tuple(pref.shape)}, expected ({n}, {n})")
-    same = (gid[:, None] == gid[None, :]) & ~torch.eye(n, dtype=torch.bool)
-    wins = torch.where(same, pref.float(), torch.zeros((), dtype=torch.float32)).sum(dim=1)
-    opp = same.sum(dim=1).float()
-    return torch.where(opp > 0, wins / opp.clamp(min=1), torch.full_like(wins, 0.5))
+    return pairwise_win_rate(pref, group_ids)
 
 
 class PairwisePreferenceReward(Reward):
@@ -596,6 +589,8 @@ class PairwisePreferenceReward(Reward):
     def score(self, images, prompts, metadata, group_ids=None, **kwargs):
         import torch
 
+        from mmgrpo.core.advantages import pairwise_win_rate
+
         n = images.shape[0]
         if group_ids is None:
             missing = [i for i, m in enumerate(metadata) if "group_id" not in m]
@@ -623,8 +618,9 @@ class PairwisePreferenceReward(Reward):
             ai, bi = torch.tensor(a_idx), torch.tensor(b_idx)
             pref[ai, bi] = c
             pref[bi, ai] = 1.0 - c
-        sizes = torch.bincount(torch.unique(gid, return_inverse=True)[1])
+        dense = torch.unique(gid, return_inverse=True)[1]  # 0..G-1: float or bool ids are grouped by equality too
+        sizes = torch.bincount(dense)
         if bool((sizes == 1).any()):
             logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
                            self.name, int((sizes == 1).sum()))
-        return {self.name: win_rate(pref, gid)}
+        return {self.name: pairwise_win_rate(pref, dense)}

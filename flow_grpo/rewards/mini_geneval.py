@@ -1,23 +1,18 @@
 """``mini_geneval`` reward: the programmatic verifier of the synthetic Mini-GenEval benchmark.
 
 Outputs ``{name: strict or partial, name + "/strict": 1[correct], name + "/partial": score}`` where ``correct``
-and ``score`` are :func:`data.synthetic_t2i.verify`'s (formulas there).  Training on ``mode="strict"`` mirrors
-Flow-GRPO's GenEval setup (``only_strict=True``); ``mode="partial"`` gives a denser signal.
+and ``score`` are :func:`mmgrpo.data.synthetic_t2i.verify`'s (formulas there).  Training on ``mode="strict"``
+mirrors Flow-GRPO's GenEval setup (``only_strict=True``); ``mode="partial"`` gives a denser signal.
 
 Metadata per sample: the benchmark's dict (``{"include": [...], ...}``); without it the prompt is looked up in
-the grammar (:func:`data.synthetic_t2i.parse_prompt`), and a prompt outside the grammar raises
+the grammar (:func:`mmgrpo.data.synthetic_t2i.parse_prompt`), and a prompt outside the grammar raises
 :class:`~flow_grpo.rewards.base.RewardError` naming the sample.
 
-The benchmark lives in the repository's top-level ``data/`` folder (not an installed package); it is imported as
-``data.synthetic_t2i`` when importable, otherwise loaded from ``<repo>/data/synthetic_t2i.py`` next to this
-package (editable installs / source checkouts).
+The benchmark is :mod:`mmgrpo.data.synthetic_t2i` (part of the installed package, so this reward works from a
+wheel; ``data/synthetic_t2i.py`` in a source checkout is an alias of it).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
@@ -27,29 +22,12 @@ from .base import NanPolicy, Reward, RewardError
 
 __all__ = ["load_synthetic_t2i", "MiniGenEvalReward"]
 
-_MODNAME = "data.synthetic_t2i"
-
 
 def load_synthetic_t2i() -> ModuleType:
-    """Import ``data/synthetic_t2i.py`` (see module docstring for the lookup order)."""
-    if _MODNAME in sys.modules:
-        return sys.modules[_MODNAME]
-    try:
-        mod = importlib.import_module(_MODNAME)
-        if hasattr(mod, "verify"):
-            return mod
-    except ImportError:
-        pass
-    path = Path(__file__).resolve().parents[2] / "data" / "synthetic_t2i.py"
-    if not path.is_file():
-        raise ImportError(f"Mini-GenEval module not found: neither 'data.synthetic_t2i' is importable nor {path} "
-                          "exists (run from a source checkout of the repository)")
-    spec = importlib.util.spec_from_file_location("mmgrpo_data_synthetic_t2i", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The Mini-GenEval benchmark module, :mod:`mmgrpo.data.synthetic_t2i` (kept for old callers)."""
+    from mmgrpo.data import synthetic_t2i
+
+    return synthetic_t2i
 
 
 class MiniGenEvalReward(Reward):

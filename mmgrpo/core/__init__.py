@@ -16,7 +16,6 @@ from .advantages import (
     offpolicy_diagnostics,
     pairwise_win_rate,
     tempsamp_shape,
-    win_rate_from_scores,
 )
 from .distributed import distributed_group_advantages, gather_groups, global_sum, world_info
 from .losses import PolicyLossOutput, aggregate_loss, kl_penalty, masked_mean, policy_loss
@@ -33,7 +32,7 @@ from .step_credit import (
 __all__ = [
     "AdvantageOutput", "PerPromptStatTracker", "anchor_offpolicy_advantages", "group_advantages",
     "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
-    "win_rate_from_scores", "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
+    "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
     "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
     "balance_turning_points", "incremental_rewards", "outcome_broadcast", "step_advantages",
     "turning_point_rewards", "turning_points",

@@ -22,7 +22,6 @@ __all__ = [
     "group_advantages",
     "multi_reward_advantages",
     "pairwise_win_rate",
-    "win_rate_from_scores",
     "tempsamp_shape",
     "anchor_offpolicy_advantages",
     "offpolicy_diagnostics",
@@ -266,14 +265,15 @@ def multi_reward_advantages(
 
 
 def pairwise_win_rate(preference: Tensor, group_ids: Tensor) -> Tensor:
-    r"""Pairwise win-rate rewards inside each group (Pref-GRPO).
+    r"""Pairwise win-rate rewards inside each group (Pref-GRPO); the one implementation used by both trainers
+    (``flow_grpo.rewards.PairwisePreferenceReward`` calls it; ``flow_grpo.rewards.win_rate`` is an alias).
 
-    ``preference[i, j]`` is the probability (or 0/1/0.5 verdict) that sample i is preferred over sample j.
-    Only pairs in the same group are used:
+    ``preference[i, j]`` is the probability (or 0/1/0.5 verdict, a tie counting 0.5) that sample i is preferred
+    over sample j. Only pairs in the same group are read (other entries, even NaN, are ignored):
 
     .. math:: r_i = \frac{1}{|\mathcal G_{g(i)}|-1}\sum_{j\in\mathcal G_{g(i)},\,j\ne i} P(i\succ j)
 
-    A singleton group gets 0.5 (no comparison; neutral). Returns (N,) float32.
+    A singleton group gets 0.5 (no comparison; neutral). Sums in float64; returns (N,) float32.
     """
     p = torch.as_tensor(preference, dtype=torch.float64)
     n = p.shape[0]
@@ -281,17 +281,10 @@ def pairwise_win_rate(preference: Tensor, group_ids: Tensor) -> Tensor:
         raise ValueError(f"preference must be square (N, N), got {tuple(p.shape)}")
     g = _check_group_ids(group_ids, n)
     same = (g.unsqueeze(0) == g.unsqueeze(1)) & ~torch.eye(n, dtype=torch.bool)
-    wins = (p * same).sum(dim=1)
+    wins = torch.where(same, p, torch.zeros((), dtype=torch.float64)).sum(dim=1)
     cnt = same.sum(dim=1)
     out = torch.where(cnt > 0, wins / cnt.clamp_min(1), torch.full_like(wins, 0.5))
     return out.to(torch.float32)
-
-
-def win_rate_from_scores(scores: Tensor, group_ids: Tensor) -> Tensor:
-    """Pairwise win rates from point-wise scores: P(i ≻ j) = 1 if s_i > s_j, 0.5 on ties, else 0."""
-    s = torch.as_tensor(scores, dtype=torch.float64)
-    pref = (s.unsqueeze(1) > s.unsqueeze(0)).double() + 0.5 * (s.unsqueeze(1) == s.unsqueeze(0)).double()
-    return pairwise_win_rate(pref, group_ids)
 
 
 def tempsamp_shape(rewards: Tensor, tau: float = 0.8, alpha1: float = 0.01, alpha2: float = 1.0) -> Tensor:

@@ -26,7 +26,8 @@ Schema (:mod:`mmgrpo.data.schema`): times are seconds of absolute video time, bo
 Converters (:mod:`mmgrpo.data.converters`, CLI ``python data/convert.py FORMAT IN OUT``): Charades-STA,
 ActivityNet-style dense captions, Time-R1 / TVGBench, NExT-GQA, Video-R1 multiple choice, RefCOCO-style REC.
 Synthetic benchmark (:mod:`mmgrpo.data.synthetic_tvg`, CLI ``python data/synthetic_tvg.py``): generated mp4s with
-exactly known event spans.
+exactly known event spans.  Mini-GenEval (:mod:`mmgrpo.data.synthetic_t2i`, CLI ``python data/synthetic_t2i.py``):
+synthetic text-to-image prompts with a programmatic verifier (the ``mini_geneval`` reward of ``flow_grpo``).
 """
 from .jsonl import LoadReport, load_jsonl, resolve_media, write_jsonl
 from .prompts import (

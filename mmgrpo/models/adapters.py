@@ -61,7 +61,7 @@ class ModelAdapter:
         """kwargs for ``processor(..., videos=[frames], **kw)`` for pre-sampled frames at ``sample_fps``.
 
         transformers 5.x derives ``second_per_grid_ts`` (Qwen2.5-VL) and the Qwen3-VL timestamps from
-        ``video_metadata.fps``; a bare ``fps=`` is ignored for raw frame arrays (vlm.md §14, trap 2).
+        ``video_metadata.fps``; a bare ``fps=`` is ignored for raw frame arrays (see :mod:`mmgrpo.video.processor`).
         """
         from transformers.video_utils import VideoMetadata
 

@@ -42,11 +42,9 @@ from .parsing import (
     parse_box,
     parse_choice,
     parse_number,
-    parse_span,
     parse_spans,
 )
 from .protocols import (
-    check_parse_mode,
     is_strict,
     nextgqa_iou_iop,
     release_boundary_iou,

@@ -7,6 +7,8 @@
   where to resume from (``mmgrpo train`` turns it into exit code 3, not a traceback);
 * :class:`NothingTrained` is raised at the end of a run none of whose optimizer steps was applied (every step
   skipped: no valid group / reward, non-finite values); no final weights are written (exit code 4).
+
+The exception classes live in :mod:`mmgrpo.engine.errors` (one family for both trainers); they are re-exported here.
 """
 from __future__ import annotations
 
@@ -17,29 +19,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingStopped  # noqa: F401 - re-exported
 from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train.faults")
 
 __all__ = ["TrainingStopped", "NothingTrained", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
-
-
-class TrainingStopped(RuntimeError):
-    """The run stopped on purpose (a configured fault policy); a checkpoint was written first (``checkpoint``)."""
-
-    def __init__(self, message: str, checkpoint: str | None = None):
-        super().__init__(message + (f"; checkpoint written: {checkpoint} (resume with run.resume_from=auto)"
-                                    if checkpoint else ""))
-        self.reason = message
-        self.checkpoint = checkpoint
-
-
-class NothingTrained(RuntimeError):
-    """The run applied no optimizer step (all were skipped); raised instead of writing final weights."""
-
-
-class RewardCallFailed(RuntimeError):
-    """A reward function kept failing (exception or timeout) after all retries."""
 
 
 @dataclass

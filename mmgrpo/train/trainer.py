@@ -57,9 +57,9 @@ from mmgrpo.core.importance import is_weight_metrics, truncated_is_weights
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
-from mmgrpo.train.faults import (CallStats, NothingTrained, RewardCallFailed, TrainingStopped, call_with_retries,
-                                 nonfinite_rows)
+from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
 from mmgrpo.models.chunked import tw_token_weights_from
+from mmgrpo.train.faults import CallStats, call_with_retries, nonfinite_rows
 from mmgrpo.train.methods import temporal_bonus
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
@@ -68,7 +68,7 @@ from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, refuse_unsafe_pickles, restore_rng_state
 from mmgrpo.utils.schedule import LRFactor
 from mmgrpo.utils.config import config_to_dict, save_config
-from mmgrpo.utils.signals import StopOnSignal, TrainingInterrupted
+from mmgrpo.utils.signals import StopOnSignal
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.runlock import acquire_run_lock
@@ -181,11 +181,14 @@ class RolloutBatch:
         idx = rows.tolist()
         pick = (lambda t: None if t is None else t[rows])
         return RolloutBatch(
-            [self.items[i] for i in idx], [self.samples[i] for i in idx], [self.texts[i] for i in idx],
-            self.completion_ids[rows], self.completion_mask[rows], self.group_ids[rows], self.is_offpolicy[rows],
-            self.truncated[rows], self.parse_failed[rows], {k: v[rows] for k, v in self.rewards.items()},
-            self.rollout_logp[rows], pick(self.advantages), pick(self.reward_used), pick(self.zero_std),
-            pick(self.old_logp), pick(self.ref_logp), pick(self.token_weights), dict(self.info), pick(self.valid))
+            items=[self.items[i] for i in idx], samples=[self.samples[i] for i in idx],
+            texts=[self.texts[i] for i in idx], completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows], group_ids=self.group_ids[rows],
+            is_offpolicy=self.is_offpolicy[rows], truncated=self.truncated[rows], parse_failed=self.parse_failed[rows],
+            rewards={k: v[rows] for k, v in self.rewards.items()}, rollout_logp=self.rollout_logp[rows],
+            advantages=pick(self.advantages), reward_used=pick(self.reward_used), zero_std=pick(self.zero_std),
+            old_logp=pick(self.old_logp), ref_logp=pick(self.ref_logp), token_weights=pick(self.token_weights),
+            info=dict(self.info), valid=pick(self.valid))
 
 
 def _global_max(x: float) -> float:
@@ -224,13 +227,16 @@ def cat_batches(bs: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
         for k, v in b.info.items():
             info[k] = info.get(k, 0.0) + v
     return RolloutBatch(
-        sum((b.items for b in bs), []), sum((b.samples for b in bs), []), sum((b.texts for b in bs), []),
-        cat(lambda b: b.completion_ids, pad_id), cat(lambda b: b.completion_mask), cat(lambda b: b.group_ids),
-        cat(lambda b: b.is_offpolicy), cat(lambda b: b.truncated), cat(lambda b: b.parse_failed),
-        {k: torch.cat([b.rewards[k] for b in bs]) for k in bs[0].rewards}, cat(lambda b: b.rollout_logp),
-        cat(lambda b: b.advantages), cat(lambda b: b.reward_used), cat(lambda b: b.zero_std),
-        cat(lambda b: b.old_logp), cat(lambda b: b.ref_logp), cat(lambda b: b.token_weights, 1.0), info,
-        cat(lambda b: b.valid))
+        items=sum((b.items for b in bs), []), samples=sum((b.samples for b in bs), []),
+        texts=sum((b.texts for b in bs), []), completion_ids=cat(lambda b: b.completion_ids, pad_id),
+        completion_mask=cat(lambda b: b.completion_mask), group_ids=cat(lambda b: b.group_ids),
+        is_offpolicy=cat(lambda b: b.is_offpolicy), truncated=cat(lambda b: b.truncated),
+        parse_failed=cat(lambda b: b.parse_failed),
+        rewards={k: torch.cat([b.rewards[k] for b in bs]) for k in bs[0].rewards},
+        rollout_logp=cat(lambda b: b.rollout_logp), advantages=cat(lambda b: b.advantages),
+        reward_used=cat(lambda b: b.reward_used), zero_std=cat(lambda b: b.zero_std),
+        old_logp=cat(lambda b: b.old_logp), ref_logp=cat(lambda b: b.ref_logp),
+        token_weights=cat(lambda b: b.token_weights, 1.0), info=info, valid=cat(lambda b: b.valid))
 
 
 def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
@@ -616,9 +622,11 @@ class GRPOTrainer:
                              "tgrpo/groups_granted": float(granted.sum()), "tgrpo/groups": float(len(vids))})
             rewards["temporal"] = bonus
             rewards["total"] = rewards["total"] + bonus
-        return RolloutBatch([r["pp"].item for r in rows], [r["pp"].sample for r in rows], texts, completion_ids,
-                            completion_mask, group_ids, offp, torch.tensor([r["truncated"] for r in rows]),
-                            parse_failed, rewards, torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
+        return RolloutBatch(items=[r["pp"].item for r in rows], samples=[r["pp"].sample for r in rows], texts=texts,
+                            completion_ids=completion_ids, completion_mask=completion_mask, group_ids=group_ids,
+                            is_offpolicy=offp, truncated=torch.tensor([r["truncated"] for r in rows]),
+                            parse_failed=parse_failed, rewards=rewards,
+                            rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
                             valid=valid)
 
     def advantages(self, rb: RolloutBatch) -> None:
@@ -738,11 +746,12 @@ class GRPOTrainer:
 
     def _empty_batch(self) -> RolloutBatch:
         z = torch.zeros(0, 1)
-        return RolloutBatch([], [], [], z.long(), z.long(), torch.zeros(0, dtype=torch.long),
-                            torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool),
-                            torch.zeros(0, dtype=torch.bool), {"total": torch.zeros(0)}, z,
-                            torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool),
-                            valid=torch.zeros(0, dtype=torch.bool))
+        no = torch.zeros(0, dtype=torch.bool)
+        return RolloutBatch(items=[], samples=[], texts=[], completion_ids=z.long(), completion_mask=z.long(),
+                            group_ids=torch.zeros(0, dtype=torch.long), is_offpolicy=no, truncated=no.clone(),
+                            parse_failed=no.clone(), rewards={"total": torch.zeros(0)}, rollout_logp=z,
+                            advantages=torch.zeros(0), reward_used=torch.zeros(0), zero_std=no.clone(),
+                            valid=no.clone())
 
     # ----------------------------------------------------------------------------------------- log-probs
     def _mb_inputs(self, rb: RolloutBatch, idx: torch.Tensor):

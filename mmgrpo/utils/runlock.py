@@ -29,16 +29,14 @@ import time
 import weakref
 from pathlib import Path
 
+from mmgrpo.engine.errors import OutputDirLocked  # noqa: F401 - re-exported (old import path)
+
 __all__ = ["RunLock", "OutputDirLocked", "acquire_run_lock", "release_run_lock", "LOCK_NAME"]
 
 log = logging.getLogger("mmgrpo.runlock")
 
 LOCK_NAME = ".lock"
 _HELD: dict[str, "RunLock"] = {}  # realpath of the lock file -> this process's lock on it
-
-
-class OutputDirLocked(RuntimeError):
-    """Another run holds ``<output_dir>/.lock`` (the message names it)."""
 
 
 def _pid_alive(pid: int) -> bool:

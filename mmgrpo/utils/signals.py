@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from mmgrpo.engine.errors import TrainingInterrupted  # noqa: F401 - re-exported (old import path)
 from mmgrpo.utils import exit_codes
 
 __all__ = ["StopOnSignal", "TrainingInterrupted", "EXIT_STOPPED", "EXIT_INTERRUPTED", "EXIT_SIGINT_EARLY",
@@ -38,18 +39,6 @@ EXIT_SIGINT_EARLY = exit_codes.SIGINT_EARLY  # Ctrl-C before the training loop s
 REPEAT_WINDOW = 1.0  # seconds: signals closer than this to the first one are copies of it, not a second request
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class TrainingInterrupted(Exception):
-    """SIGTERM / SIGINT stopped the run at a step boundary after a checkpoint was written (``checkpoint``: its path,
-    known on the process that wrote it)."""
-
-    def __init__(self, signame: str, where: str, checkpoint: Optional[str] = None):
-        msg = f"{signame} received: stopped at {where}"
-        msg += (f"; checkpoint written: {checkpoint} (resume with run.resume_from=auto)" if checkpoint
-                else "; checkpoint written by the main process (resume with run.resume_from=auto)")
-        super().__init__(msg)
-        self.signame, self.where, self.checkpoint = signame, where, checkpoint
 
 
 class StopOnSignal:

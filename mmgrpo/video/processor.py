@@ -1,6 +1,6 @@
 """``build_video_inputs``: clip(s) + prompt text -> model-ready processor outputs with the right time axis.
 
-Why this exists (vlm.md §14): the processor must be told the *effective* sampling rate of the frames it gets.
+Why this exists: the processor must be told the *effective* sampling rate of the frames it gets.
 
 * Qwen2.5-VL: the MRoPE temporal position of grid slice k is ``floor(k * second_per_grid_ts * tokens_per_second)``
   with ``second_per_grid_ts = temporal_patch_size / sample_fps``.  transformers 5.x derives it from

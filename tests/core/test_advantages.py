@@ -15,7 +15,6 @@ from mmgrpo.core import (
     offpolicy_diagnostics,
     pairwise_win_rate,
     tempsamp_shape,
-    win_rate_from_scores,
 )
 
 
@@ -169,8 +168,31 @@ def test_pairwise_win_rate():
     pref[0, 3] = 1.0  # cross-group entries must be ignored
     r = pairwise_win_rate(pref, torch.tensor([0, 0, 0, 1, 1]))
     assert r.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5, 0.5])
-    r2 = win_rate_from_scores(torch.tensor([3.0, 2.0, 1.0, 7.0, 7.0, 4.0]), torch.tensor([0, 0, 0, 1, 1, 2]))
+    s = torch.tensor([3.0, 2.0, 1.0, 7.0, 7.0, 4.0])  # verdicts from scores: 1 if s_i > s_j, 0.5 on ties
+    pref = (s[:, None] > s[None, :]).double() + 0.5 * (s[:, None] == s[None, :]).double()
+    r2 = pairwise_win_rate(pref, torch.tensor([0, 0, 0, 1, 1, 2]))
     assert r2.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5, 0.5, 0.5])
+
+
+def test_pairwise_win_rate_soft_by_hand_reads_only_same_group_pairs():
+    """Soft judge probabilities, hand-computed; entries outside a group (even NaN) are never read. This is the one
+    implementation: flow_grpo.rewards.win_rate is an alias and PairwisePreferenceReward calls it."""
+    from flow_grpo.rewards import win_rate
+
+    nan = float("nan")
+    pref = torch.tensor([[0.0, 0.2, 0.7, nan],
+                         [0.8, 0.0, 0.4, nan],
+                         [0.3, 0.6, 0.0, nan],
+                         [nan, nan, nan, 0.0]])
+    gid = torch.tensor([5, 5, 5, 9])
+    expected = [(0.2 + 0.7) / 2, (0.8 + 0.4) / 2, (0.3 + 0.6) / 2, 0.5]  # 0.45, 0.6, 0.45; singleton: 0.5
+    r = pairwise_win_rate(pref, gid)
+    assert r.dtype == torch.float32 and r.tolist() == pytest.approx(expected, abs=1e-7)
+    assert torch.equal(win_rate(pref, gid), r)
+    with pytest.raises(ValueError, match="square"):
+        pairwise_win_rate(torch.zeros(3, 2), torch.tensor([0, 0, 1]))
+    with pytest.raises(TypeError, match="integer"):
+        pairwise_win_rate(torch.zeros(2, 2), torch.tensor([0.0, 1.0]))
 
 
 def _tempsamp_ref(r, tau=0.8, a1=0.01, a2=1.0):

@@ -43,7 +43,7 @@ def test_adapter_ode_matches_diffusers_pipeline(kind, gs, cfg):
 
 
 def test_sd3_sigmas_match_reference_grid():
-    # diffusion.md §1: shift 3, 10 steps
+    # SD3.5-M's FlowMatchEulerDiscreteScheduler: shift 3, 10 steps
     ad = make_adapter("sd3", lora=False)
     ref = torch.tensor([1, .960, .913, .858, .790, .707, .602, .465, .278, .0089, 0])
     torch.testing.assert_close(ad.sigmas(10, H, W), ref, atol=1.5e-3, rtol=0)

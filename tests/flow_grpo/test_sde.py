@@ -58,7 +58,7 @@ def test_flow_at_sigma_one_uses_sigma_next():
     g = 0.7 * math.sqrt(1.0 / (1 - 0.96))
     assert torch.isfinite(out.mean).all()
     assert float(out.noise_scale.flatten()[0]) == pytest.approx(g, rel=1e-6)
-    # the first step injects noise of std ~ 0.70 (diffusion.md §6)
+    # the first step injects noise of std g_0 * sqrt(sigma_0 - sigma_1) ~ 0.70 (Flow-GRPO's sde, noise_level 0.7)
     assert float(out.std.flatten()[0]) == pytest.approx(g * math.sqrt(0.04), rel=1e-6)
     assert float(out.std.flatten()[0]) == pytest.approx(0.70, abs=1e-3)
 

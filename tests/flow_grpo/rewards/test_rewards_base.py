@@ -225,6 +225,15 @@ def test_pairwise_symmetric_cancels_position_bias_and_errors():
         PairwisePreferenceReward(bad)(imgs, list("abc"), group_ids=[0, 0, 1])
 
 
+def test_pairwise_reward_groups_non_integer_ids_by_equality():
+    # Group ids from metadata may be floats (JSON numbers): still grouped by equality (the shared core function
+    # takes integer ids; the reward maps its ids to 0..G-1 first). Judge: the first image always wins.
+    always_first = lambda a, b, p, m: np.ones(a.shape[0])  # noqa: E731
+    md = [{"group_id": g} for g in (2.0, 7.5, 2.0, 7.5, 2.0)]
+    r = PairwisePreferenceReward(always_first)(_imgs(5), list("abcde"), md)["pref_win_rate"]
+    assert r.tolist() == [1.0, 1.0, 0.5, 0.0, 0.0]  # group {0, 2, 4}: 2/2, 1/2, 0/2; group {1, 3}: 1/1, 0/1
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=2, max_size=9), st.data())
 def test_win_rates_of_a_full_group_average_to_half(scores, data):

@@ -1,0 +1,75 @@
+"""One exception family for both trainers and both CLIs (``mmgrpo train``, ``flow_grpo train``).
+
+Every error a run raises on purpose derives from :class:`MMGRPOError`; the CLIs turn each into its exit code
+(:mod:`mmgrpo.utils.exit_codes`), not a traceback:
+
+* :class:`TrainingStopped`: a fault policy stopped the run after writing a checkpoint (exit code 3);
+* :class:`NothingTrained`: the run applied no optimizer step, every step was skipped (exit code 4);
+* :class:`OutputDirLocked`: another run holds ``<output_dir>/.lock`` (exit code 5);
+* :class:`TrainingInterrupted`: SIGTERM / SIGINT stopped the run at a step / epoch boundary (exit code 6);
+* :class:`RewardCallFailed`: a reward call kept failing after its retries (the VLM trainer turns it into
+  :class:`TrainingStopped` after writing a checkpoint; the flow trainer lets it propagate);
+* :class:`RewardTimeout`: one attempt of a (flow) reward call timed out (retried, then :class:`RewardCallFailed`).
+
+Each class keeps the base it had before the merge (``RuntimeError``, ``TimeoutError``, ``Exception``) so existing
+``except`` clauses still catch it.  The old import paths stay valid: ``mmgrpo.train.faults``,
+``mmgrpo.utils.signals``, ``mmgrpo.utils.runlock`` and ``flow_grpo.trainer`` re-export these classes;
+``TrainingHalted`` (the flow trainer's old name) is an alias of :class:`TrainingStopped`, kept for old imports.
+No heavy imports here (the CLIs import this for ``--help``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["MMGRPOError", "TrainingStopped", "TrainingHalted", "NothingTrained", "RewardCallFailed",
+           "RewardTimeout", "OutputDirLocked", "TrainingInterrupted"]
+
+
+class MMGRPOError(Exception):
+    """Base of every error mmgrpo / flow_grpo raise on purpose (catch this to handle them all)."""
+
+
+class TrainingStopped(MMGRPOError, RuntimeError):
+    """The run stopped on purpose (a configured fault policy); a checkpoint was written first (``checkpoint``).
+
+    ``resume_hint=True`` appends where the checkpoint is and how to resume (``run.resume_from=auto``); a message
+    that already says so itself (the flow trainer's, whose halted state lives in ``<output_dir>/halted`` and is
+    resumed by path) passes ``resume_hint=False``.
+    """
+
+    def __init__(self, message: str, checkpoint: Optional[str] = None, resume_hint: bool = True):
+        super().__init__(message + (f"; checkpoint written: {checkpoint} (resume with run.resume_from=auto)"
+                                    if checkpoint and resume_hint else ""))
+        self.reason = message
+        self.checkpoint = checkpoint
+
+
+TrainingHalted = TrainingStopped  # deprecated: the flow trainer's old name (kept so old imports and excepts work)
+
+
+class NothingTrained(MMGRPOError, RuntimeError):
+    """The run applied no optimizer step (all were skipped); raised instead of writing final weights."""
+
+
+class RewardCallFailed(MMGRPOError, RuntimeError):
+    """A reward call still failed (exception or timeout) after all its retries."""
+
+
+class RewardTimeout(MMGRPOError, TimeoutError):
+    """One attempt of a reward call did not return within its timeout."""
+
+
+class OutputDirLocked(MMGRPOError, RuntimeError):
+    """Another run holds ``<output_dir>/.lock`` (the message names it)."""
+
+
+class TrainingInterrupted(MMGRPOError):
+    """SIGTERM / SIGINT stopped the run at a step boundary after a checkpoint was written (``checkpoint``: its path,
+    known on the process that wrote it)."""
+
+    def __init__(self, signame: str, where: str, checkpoint: Optional[str] = None):
+        msg = f"{signame} received: stopped at {where}"
+        msg += (f"; checkpoint written: {checkpoint} (resume with run.resume_from=auto)" if checkpoint
+                else "; checkpoint written by the main process (resume with run.resume_from=auto)")
+        super().__init__(msg)
+        self.signame, self.where, self.checkpoint = signame, where, checkpoint
