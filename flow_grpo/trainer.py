@@ -21,7 +21,7 @@ Per epoch::
 SIGTERM / SIGINT (:mod:`mmgrpo.utils.signals`): polled by every process through a max-reduction after the epoch's
 sampling (no update yet: the epoch is discarded, RNG rolled back) and before each epoch (the epoch in progress,
 updates and eval, was finished); all processes stop at the same epoch, write a checkpoint and raise
-``TrainingInterrupted`` (``flow_grpo train`` exits with code 4); a second signal >= 1 s later aborts at once.
+``TrainingInterrupted`` (``flow_grpo train`` exits with code 6); a second signal >= 1 s later aborts at once.
 
 Multi-process (verified on CPU only: gloo, 2 processes, DDP; FSDP2 forced on CPU in the tests; FSDP1 and DeepSpeed
 are wired the standard accelerate way but were not run here - no GPU, no deepspeed install):
@@ -1274,7 +1274,7 @@ class FlowGRPOTrainer:
 
     def _interrupt(self, where: str) -> None:
         """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
-        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 4)."""
+        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 6)."""
         last = getattr(self, "_last_save", None)
         path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
         path = _broadcast_object(str(path) if path is not None else None)

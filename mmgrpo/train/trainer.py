@@ -27,7 +27,7 @@ first and raises ``TrainingStopped`` (``mmgrpo train`` exits with code 3).
 Preemption (``mmgrpo.utils.signals``): SIGTERM / SIGINT set a flag that every process polls through a max-reduction
 after collect (the step is then discarded: stream and RNG roll back) and before each step (the step in progress was
 finished); all processes stop at the same step, a checkpoint is written and ``TrainingInterrupted`` raised
-(``mmgrpo train`` exits with code 4). A second signal >= 1 s later kills the process at once; atomic checkpoint
+(``mmgrpo train`` exits with code 6). A second signal >= 1 s later kills the process at once; atomic checkpoint
 writes keep the last complete checkpoint intact.
 
 Several processes: each draws its share of the global batch (``run.prompts_per_step``; a group may be split, its
@@ -1390,7 +1390,7 @@ class GRPOTrainer:
 
     def _interrupt(self, where: str) -> None:
         """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
-        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 6)."""
         last = getattr(self, "_last_save", None)
         path = last[1] if last is not None and last[0] == self.step else self.save()
         self.logger.flush()
@@ -1407,7 +1407,7 @@ class GRPOTrainer:
     def train(self) -> list[dict[str, float]]:
         """Train to ``run.max_steps``. SIGTERM / SIGINT (from here on, resume and data selection included) stop it at
         the next step boundary, or discard the step if its rollouts are still being collected, after writing a
-        checkpoint: :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 4)."""
+        checkpoint: :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 6)."""
         with StopOnSignal() as self._signals:
             try:
                 return self._train()
