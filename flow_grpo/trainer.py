@@ -833,7 +833,11 @@ class FlowGRPOTrainer:
                                        None, iteration=epoch, reward_runner=self.runner)
         except RewardCallFailed as exc:
             err = exc
-        self._sync_failure(err)
+        try:
+            self._sync_failure(err)
+        except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
+            restore_rng_state(rng_at_start)
+            self._stop_on_reward_failure(exc, epoch)
         if self._signals is not None and self._signals.agreed(self._reduce_max):  # before any update of the epoch
             restore_rng_state(rng_at_start)
             self._interrupt(f"epoch {epoch} (its samples were discarded before any update)")
@@ -1271,6 +1275,19 @@ class FlowGRPOTrainer:
 
     def _reduce_max(self, x: float) -> float:
         return _reduce([x], "max", self.device)[0]
+
+    def _stop_on_reward_failure(self, exc: RewardCallFailed, epoch: int) -> None:
+        """Collective. ``reward.on_failure=stop``: write a checkpoint of the state before ``epoch`` (its samples are
+        redrawn on resume, as after a signal) and raise :class:`TrainingStopped` (``flow_grpo train`` exits 3)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
+        path = _broadcast_object(str(path) if path is not None else None)
+        if self.logger is not None:
+            self.logger.flush()
+        msg = (f"flow_grpo: a reward call failed at epoch {epoch} and reward.on_failure=stop: {exc}. The state before "
+               f"the epoch was written to {path}; fix the reward, then resume with run.resume_from=auto.")
+        log.error(msg)
+        raise TrainingStopped(msg, path, resume_hint=False) from exc
 
     def _interrupt(self, where: str) -> None:
         """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on

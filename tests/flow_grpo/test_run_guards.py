@@ -54,6 +54,26 @@ def test_dead_reward_server_run_exits_4_without_export(tmp_path, capsys):
     assert [r["steps/skipped_total"] for r in rows] == [1.0, 2.0]
 
 
+def test_dead_reward_server_with_on_failure_stop_checkpoints_and_exits_3(tmp_path, capsys):
+    """reward.on_failure=stop: a failed call writes the state before the epoch and exits 3 (it used to end with a
+    RewardCallFailed traceback and rc 1, no checkpoint); a resume redraws that epoch."""
+    out = tmp_path / "run"
+    kw = json.dumps({"remote": {"url": _dead_url(), "retries": 0, "timeout": 2}})
+    rc = main(["train", "model.tiny=sd3", "run.progress_bar=false", "reward.retries=0", "reward.on_failure=stop",
+               "reward.weights={remote: 1.0}", f"reward.kwargs={kw}",
+               *train_overrides("sd3", "fast", out, **{"run.num_epochs": 2})])
+    err = capsys.readouterr().err
+    assert rc == 3, err
+    assert "reward.on_failure=stop" in err and "Traceback" not in err
+    ckpts = sorted((out / "checkpoints").glob("step-*"))
+    assert len(ckpts) == 1 and str(ckpts[0]) in err
+    from mmgrpo.utils.checkpoint import CheckpointManager
+
+    st = CheckpointManager(out / "checkpoints").load(ckpts[0])
+    assert st["trainer"]["epoch"] == 0 and st["trainer"]["global_step"] == 0  # the state before epoch 0
+    assert not (out / "lora_final").exists() and not (out / ".lock").exists()
+
+
 def test_no_valid_reward_feeds_max_consecutive_skips_and_nothing_is_exported(tmp_path):
     def failing(images, prompts, metadata):
         raise ConnectionError("reward server down")

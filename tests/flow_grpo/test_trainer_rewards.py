@@ -167,11 +167,14 @@ def test_failing_reward_calls_are_retried_then_dropped_or_stop_the_run(tmp_path)
     assert m["reward/dropped_by_failure"] == 2 and m["reward/invalid"] == 2
     assert m["adv/groups_empty"] == 1  # group 1 was exactly the dropped chunk
     assert tr._last_traj.rewards["valid"].tolist() == [True, True, False, False]
-    # the same failure with on_failure=stop ends the run with the reward's error
+    # the same failure with on_failure=stop writes a checkpoint and stops the run (CLI exit 3) naming the reward
     state.update(calls=1, attempt=0)
     tr.rewards.wrapped["flaky"].on_failure = "stop"
-    with pytest.raises(RewardCallFailed, match="flaky.*bad batch"):
+    from mmgrpo.engine.errors import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match="flaky.*bad batch.*was written to") as ei:
         tr.train_epoch()
+    assert isinstance(ei.value.__cause__, RewardCallFailed)
 
 
 # ------------------------------------------------------------------------------------------- trainer: skip + halt
