@@ -1,17 +1,20 @@
-# Shared logic of scripts/experiments/<name>.sh (sourced, not run). Each experiment script calls:
+# Shared logic of scripts/experiments/<name>.sh (sourced, not run). An experiment script is a few calls:
 #   train KIND RECIPE ACCEL_CONFIG [key=value ...]   # KIND = vlm | flow; ACCEL_CONFIG = a scripts/accelerate_configs name
-#   export_vlm                                       # VLM full fine-tuning: $OUT_DIR/final for the eval harness
-#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]
+#   export_vlm | assemble_pipeline                  # full fine-tuning: a model folder the eval harness loads
+#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights
+# and passes "${TRAIN_ARGS[@]}" / "${EVAL_ARGS[@]}": the script's own arguments, `key=value ...` for training, then
+# after a `--` the ones for the evaluation, e.g.
+#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh reward.kwargs='{pickscore: {path: /ckpt/PickScore}}' \
+#       -- reward_kwargs='{pickscore: {path: /ckpt/PickScore}}'
 #
-# Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it);
+# Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it). Training is
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
-#   -m mmgrpo.cli|flow_grpo.cli train --config RECIPE ...`, then the paired evaluation of $OUT_DIR's weights.
-#   DRY_RUN=1 prints both commands without running them. Extra arguments of the experiment script are key=value
-#   overrides appended to the training command (e.g. run.max_steps=10, reward.kwargs='{pickscore: {path: ...}}').
-# Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate) with only the model and
-#   data swapped for the shipped tiny models and synthetic data, 2 steps (scripts/experiments/smoke.py says exactly
-#   what changes); rewards that need downloaded weights are replaced by a tiny verifiable one. OUT_DIR defaults to
-#   runs/smoke/<name>.
+#   -m mmgrpo.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
+#   reported before anything starts. DRY_RUN=1 prints the commands without running them.
+# Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
+#   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
+#   changes; rewards that need downloaded weights become a tiny verifiable one); then the same export and eval
+#   commands on a few synthetic samples. OUT_DIR defaults to runs/smoke/<name>.
 # Every command is printed before it runs. The active python environment is used (activate it first, e.g.
 # `source scripts/env.sh`); set PYTHON / ACCELERATE to use other executables.
 set -euo pipefail
@@ -24,6 +27,17 @@ SMOKE="${SMOKE:-0}"
 
 _die() { echo "[$EXP_NAME] ERROR: $*" >&2; exit 2; }
 
+# the script's arguments: training overrides, then `--`, then evaluation overrides
+TRAIN_ARGS=() EVAL_ARGS=()
+_seen_sep=0
+for _a in "$@"; do
+  if [ "$_seen_sep" = 0 ] && [ "$_a" = "--" ]; then _seen_sep=1; continue; fi
+  if [ "$_seen_sep" = 0 ]; then TRAIN_ARGS+=("$_a"); else EVAL_ARGS+=("$_a"); fi
+done
+for _a in "${TRAIN_ARGS[@]}" "${EVAL_ARGS[@]}"; do
+  [[ "$_a" == *=* ]] || _die "arguments are key=value overrides (training, then -- and evaluation), got '$_a'"
+done
+
 _require_env() {
   local v missing=()
   for v in MODEL_DIR DATA_DIR OUT_DIR NUM_GPUS; do
@@ -31,7 +45,7 @@ _require_env() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     _die "set ${missing[*]} (MODEL_DIR = base model folder, DATA_DIR = converted data, OUT_DIR = run folder,
-  NUM_GPUS = processes), or run the CPU smoke test: SMOKE=1 bash $0  (see docs/experiments.md)"
+  NUM_GPUS = processes; docs/experiments.md), or run the CPU smoke test: SMOKE=1 bash $0"
   fi
   [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || _die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
   [ -d "$MODEL_DIR" ] || _die "MODEL_DIR=$MODEL_DIR is not a folder"
@@ -39,7 +53,7 @@ _require_env() {
 }
 
 if [ "$SMOKE" = 1 ]; then
-  # placeholders: the recipe's path arguments are replaced by smoke.py's overrides (later key=value wins)
+  # placeholders: the recipe's model / data arguments are replaced by smoke.py's overrides (a later key=value wins)
   OUT_DIR="${OUT_DIR:-runs/smoke/$EXP_NAME}"
   MODEL_DIR="<tiny model>" DATA_DIR="<synthetic data>" NUM_GPUS=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny models: one thread is fastest on a shared CPU
@@ -60,8 +74,12 @@ _run() {
   [ "${DRY_RUN:-0}" = 1 ] || "$@"
 }
 
-_smoke_overrides() {  # train|eval -> one override per line
-  "$PYTHON" scripts/experiments/smoke.py "$1" "$_KIND" "$_RECIPE" "$OUT_DIR"
+_smoke() {  # smoke.py SUBCOMMAND for the current recipe
+  "$PYTHON" scripts/experiments/smoke.py "$1" "$_KIND" "$_RECIPE" "${@:2}"
+}
+
+_base() {  # the base model of the trained weights
+  if [ "$SMOKE" = 1 ]; then _smoke base; else echo "$MODEL_DIR"; fi
 }
 
 train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
@@ -73,27 +91,37 @@ train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
   case "$_KIND" in vlm) module=mmgrpo.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
-    mapfile -t smoke < <(_smoke_overrides train) || true
+    mapfile -t smoke < <(_smoke train "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py train produced no overrides"
     _run "$PYTHON" -m "$module" train --config "$_RECIPE" "$@" "${smoke[@]}"
   else
-    "$PYTHON" scripts/experiments/smoke.py check "$_KIND" "$_RECIPE" "$@" \
-      || _die "the recipe names rewards this checkout does not provide (above); see docs/experiments.md"
+    _smoke check "$@" || _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
     _run "${ACCELERATE:-accelerate}" launch --config_file "$accel" --num_processes "$NUM_GPUS" \
       -m "$module" train --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
   fi
 }
 
-export_vlm() {  # $OUT_DIR/final = base model + the newest full fine-tuning checkpoint (what the eval harness loads)
-  local base="$MODEL_DIR"
-  [ "$SMOKE" = 1 ] && base="$REPO/data/checkpoints/tiny_vlm"
-  _run "$PYTHON" scripts/experiments/export_vlm.py "$OUT_DIR" "$base" "$OUT_DIR/final"
+export_vlm() {  # $OUT_DIR/final = the base model + the newest full fine-tuning checkpoint
+  _run "$PYTHON" scripts/experiments/export_vlm.py "$OUT_DIR" "$(_base)" "$OUT_DIR/final"
 }
 
-evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]: the paired evaluation of the trained weights
+assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's components + the trained transformer_final
+  local base dst="$OUT_DIR/pipeline_final" f
+  base="$(realpath "$(_base)")"
+  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$OUT_DIR/transformer_final" "$dst/"
+  [ "${DRY_RUN:-0}" = 1 ] && return 0
+  [ -d "$OUT_DIR/transformer_final" ] || _die "$OUT_DIR/transformer_final not found (did training finish?)"
+  mkdir -p "$dst"
+  for f in "$base"/*; do
+    [ "$(basename "$f")" = transformer ] || ln -sfn "$f" "$dst/$(basename "$f")"
+  done
+  ln -sfn "$OUT_DIR/transformer_final" "$dst/transformer"
+}
+
+evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
-    mapfile -t smoke < <(_smoke_overrides eval) || true
+    mapfile -t smoke < <(_smoke eval "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py eval produced no overrides"
     _run "$PYTHON" "$@" "${smoke[@]}"
   else

@@ -5,6 +5,7 @@ models and synthetic data (CPU, one process, 2 steps), and the synthetic data it
     python scripts/experiments/smoke.py train vlm|flow RECIPE.yaml RUN_DIR   # prints one override per line
     python scripts/experiments/smoke.py eval  vlm|flow RECIPE.yaml RUN_DIR   # the paired eval's overrides
     python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # rewards all exist? (exit 1)
+    python scripts/experiments/smoke.py base  vlm|flow RECIPE.yaml   # the tiny base model folder it trains
 
 What changes and what does not:
 
@@ -198,9 +199,9 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     if _flow_kind(cfg) == "sd3":  # the shipped, pre-trained tiny SD3 at its own resolution and text length
         ov = [f"model.pipeline_dir={TINY_FLOW}", "model.tiny=", f"sample.height={info['height']}",
               f"sample.width={info['width']}", f"model.max_sequence_length={info['max_sequence_length']}"]
-    else:  # a tiny random FLUX (64 px = 16 packed latent tokens)
-        ov = ["model.pipeline_dir=", "model.tiny=flux", "model.kind=flux", "sample.height=64", "sample.width=64",
-              "model.max_sequence_length=16"]
+    else:  # a tiny random FLUX written once as a pipeline folder (64 px = 16 packed latent tokens)
+        ov = [f"model.pipeline_dir={tiny_flux_dir()}", "model.tiny=", "model.kind=flux", "sample.height=64",
+              "sample.width=64", "model.max_sequence_length=16"]
     ov += ["model.dtype=float32", "model.gradient_checkpointing=false", f"data.train_path={train}",
            "data.eval_path=", "data.eval_prompts=[]", f"data.group_size={g}", "data.groups_per_epoch=2",
            f"sample.batch_size={2 * g}", f"sample.completion_batch_size={4 * g}", f"run.num_epochs={SMOKE_STEPS}",
@@ -225,13 +226,20 @@ def flow_eval(cfg, run_dir: Path) -> list[str]:
           "rewards=[mini_geneval]", "reward_kwargs={}"]
     if kind == "sd3":
         info = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text())
-        ov += [f"pipeline={TINY_FLOW}", f"height={info['height']}", f"width={info['width']}",
+        ov += [f"height={info['height']}", f"width={info['width']}",
                f"max_sequence_length={info['max_sequence_length']}"]
-        if cfg.model.lora.enabled and (run_dir / "lora_final").exists():
-            ov.append(f"lora={run_dir / 'lora_final'}")
-    else:  # eval/generate_t2i.py loads a pipeline folder: write the tiny FLUX once
-        ov += [f"pipeline={tiny_flux_dir()}", "height=64", "width=64", "max_sequence_length=16"]
+    else:
+        ov += ["height=64", "width=64", "max_sequence_length=16"]
+    if cfg.model.lora.enabled:  # base = the tiny model; full fine-tuning keeps the script's assembled pipeline
+        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / 'lora_final'}"]
     return ov
+
+
+def tiny_base(kind: str, cfg) -> Path:
+    """The tiny model a smoke run trains (the base of export_vlm / assemble_pipeline)."""
+    if kind == "vlm":
+        return TINY_VLM
+    return TINY_FLOW if _flow_kind(cfg) == "sd3" else tiny_flux_dir()
 
 
 def tiny_flux_dir() -> Path:
@@ -285,9 +293,12 @@ def main(argv=None) -> int:
         for m in missing:
             print(f"needs {m}: not in this checkout; pass another one as a key=value override", file=sys.stderr)
         return 1 if missing else 0
+    if len(argv) == 3 and argv[0] == "base" and argv[1] in ("vlm", "flow"):
+        print(tiny_base(argv[1], load_recipe(argv[1], argv[2])))
+        return 0
     if len(argv) != 4 or argv[0] not in ("train", "eval") or argv[1] not in ("vlm", "flow"):
-        print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...]",
-              file=sys.stderr)
+        print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...] | "
+              "base vlm|flow RECIPE.yaml", file=sys.stderr)
         return 2
     what, kind, recipe, run_dir = argv
     cfg = load_recipe(kind, recipe)
