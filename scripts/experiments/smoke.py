@@ -167,6 +167,10 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
         ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
     if cfg.selection.enabled:
         ov.append(f"selection.num_inferences={min(cfg.selection.num_inferences, 2)}")
+        # the selection pass runs (K inferences, reward statistics) but keeps every sample: a tiny model's rewards
+        # are often constant within a prompt, which the variance criteria reject, leaving nothing to train on
+        _note(f"selection.criterion={cfg.selection.criterion} -> gaussian keeping every sample")
+        ov += ["selection.criterion=gaussian", "selection.gaussian_keep_zero=true", "selection.num_keep=0"]
     return ov
 
 
