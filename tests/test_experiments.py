@@ -65,6 +65,12 @@ def test_every_script_pairs_an_existing_recipe_accelerate_config_and_eval_config
     assert {str(p.relative_to(REPO)) for p in RECIPES} == used, "every recipe has exactly one script"
 
 
+def test_help_shows_the_script_header_and_the_shared_usage():
+    r = _bash(EXP / "vlm_r1_refcoco.sh", _env(), "--help")
+    assert r.returncode == 0
+    assert r.stdout.startswith("VLM-R1 REC on RefCOCO") and "SMOKE=1" in r.stdout and "DRY_RUN=1" in r.stdout
+
+
 def test_missing_environment_variables_are_named():
     r = _bash(EXP / "flow_grpo_sd35_geneval.sh", _env(OUT_DIR="/tmp/x"))
     assert r.returncode == 2

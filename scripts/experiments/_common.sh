@@ -11,6 +11,7 @@
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
 #   -m mmgrpo.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
 #   reported before anything starts. DRY_RUN=1 prints the commands without running them.
+# Arguments: key=value overrides of the training run, then `--` and key=value overrides of the evaluation.
 # Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
 #   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
 #   changes; rewards that need downloaded weights become a tiny verifiable one); then the same export and eval
@@ -26,6 +27,12 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 SMOKE="${SMOKE:-0}"
 
 _die() { echo "[$EXP_NAME] ERROR: $*" >&2; exit 2; }
+
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then  # the script's header, then these notes
+  sed -n '2,/^source/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '/^# Real run:/,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 
 # the script's arguments: training overrides, then `--`, then evaluation overrides
 TRAIN_ARGS=() EVAL_ARGS=()
