@@ -137,12 +137,6 @@ def flow_prompts() -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------------------------------------ overrides
-def _yaml_str(v) -> str:
-    import yaml
-
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
-
-
 def _tiny_vlm_video() -> dict:
     return json.loads((TINY_VLM / "sft_report.json").read_text())["video"]
 
@@ -181,7 +175,7 @@ def vlm_eval(cfg, run_dir: Path) -> list[str]:
           "decoding.max_new_tokens=16", "decoding.batch_size=2", "device=cpu", "dtype=float32",
           f"data.video_fps={v['fps']}", f"data.max_frames={v['max_frames']}",
           f"data.video_min_pixels={v['min_pixels']}", f"data.video_max_pixels={v['max_pixels']}",
-          "overwrite=true", "progress=false", "hash_weights=none"]
+          f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
     if cfg.data.task == "rec":
         ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
     if cfg.model.lora.enabled:  # full fine-tuning: the script's model=<run>/final (export_vlm) is kept
