@@ -1,0 +1,137 @@
+# Shared logic of scripts/experiments/<name>.sh (sourced, not run). An experiment script is a few calls:
+#   train KIND RECIPE ACCEL_CONFIG [key=value ...]   # KIND = vlm | flow; ACCEL_CONFIG = a scripts/accelerate_configs name
+#   export_vlm | assemble_pipeline                  # full fine-tuning: a model folder the eval harness loads
+#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights
+# and passes "${TRAIN_ARGS[@]}" / "${EVAL_ARGS[@]}": the script's own arguments, `key=value ...` for training, then
+# after a `--` the ones for the evaluation, e.g.
+#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh reward.kwargs='{pickscore: {path: /ckpt/PickScore}}' \
+#       -- reward_kwargs='{pickscore: {path: /ckpt/PickScore}}'
+#
+# Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it). Training is
+#   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
+#   -m mmgrpo.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
+#   reported before anything starts. DRY_RUN=1 prints the commands without running them.
+# Arguments: key=value overrides of the training run, then `--` and key=value overrides of the evaluation.
+# Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
+#   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
+#   changes; rewards that need downloaded weights become a tiny verifiable one); then the same export and eval
+#   commands on a few synthetic samples. OUT_DIR defaults to runs/smoke/<name>.
+# Every command is printed before it runs. The active python environment is used (activate it first, e.g.
+# `source scripts/env.sh`); set PYTHON / ACCELERATE to use other executables.
+set -euo pipefail
+EXP_NAME="$(basename "${BASH_SOURCE[1]}" .sh)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+PYTHON="${PYTHON:-python}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+SMOKE="${SMOKE:-0}"
+
+_die() { echo "[$EXP_NAME] ERROR: $*" >&2; exit 2; }
+
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then  # the script's header, then these notes
+  sed -n '2,/^source/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '/^# Real run:/,/^set -euo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+
+# the script's arguments: training overrides, then `--`, then evaluation overrides
+TRAIN_ARGS=() EVAL_ARGS=()
+_seen_sep=0
+for _a in "$@"; do
+  if [ "$_seen_sep" = 0 ] && [ "$_a" = "--" ]; then _seen_sep=1; continue; fi
+  if [ "$_seen_sep" = 0 ]; then TRAIN_ARGS+=("$_a"); else EVAL_ARGS+=("$_a"); fi
+done
+for _a in "${TRAIN_ARGS[@]}" "${EVAL_ARGS[@]}"; do
+  [[ "$_a" == *=* ]] || _die "arguments are key=value overrides (training, then -- and evaluation), got '$_a'"
+done
+
+_require_env() {
+  local v missing=()
+  for v in MODEL_DIR DATA_DIR OUT_DIR NUM_GPUS; do
+    [ -n "${!v:-}" ] || missing+=("$v")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    _die "set ${missing[*]} (MODEL_DIR = base model folder, DATA_DIR = converted data, OUT_DIR = run folder,
+  NUM_GPUS = processes; docs/experiments.md), or run the CPU smoke test: SMOKE=1 bash $0"
+  fi
+  [[ "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]] || _die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
+  [ -d "$MODEL_DIR" ] || _die "MODEL_DIR=$MODEL_DIR is not a folder"
+  [ -d "$DATA_DIR" ] || _die "DATA_DIR=$DATA_DIR is not a folder"
+}
+
+if [ "$SMOKE" = 1 ]; then
+  # placeholders: the recipe's model / data arguments are replaced by smoke.py's overrides (a later key=value wins)
+  OUT_DIR="${OUT_DIR:-runs/smoke/$EXP_NAME}"
+  MODEL_DIR="<tiny model>" DATA_DIR="<synthetic data>" NUM_GPUS=1
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny models: one thread is fastest on a shared CPU
+else
+  _require_env
+fi
+OUT_DIR="$(realpath -m "$OUT_DIR")"
+_KIND="" _RECIPE=""
+
+_show() {  # print a command as it can be pasted into a shell
+  local out="" a
+  for a in "$@"; do out+="$(printf '%q' "$a") "; done
+  echo "[$EXP_NAME] \$ ${out% }" >&2
+}
+
+_run() {
+  _show "$@"
+  [ "${DRY_RUN:-0}" = 1 ] || "$@"
+}
+
+_smoke() {  # smoke.py SUBCOMMAND for the current recipe
+  "$PYTHON" scripts/experiments/smoke.py "$1" "$_KIND" "$_RECIPE" "${@:2}"
+}
+
+_base() {  # the base model of the trained weights
+  if [ "$SMOKE" = 1 ]; then _smoke base; else echo "$MODEL_DIR"; fi
+}
+
+train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
+  _KIND="$1" _RECIPE="$2"
+  local accel="scripts/accelerate_configs/$3.yaml" module
+  shift 3
+  [ -f "$_RECIPE" ] || _die "recipe not found: $_RECIPE"
+  [ -f "$accel" ] || _die "accelerate config not found: $accel"
+  case "$_KIND" in vlm) module=mmgrpo.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
+  if [ "$SMOKE" = 1 ]; then
+    local -a smoke
+    mapfile -t smoke < <(_smoke train "$OUT_DIR") || true
+    [ ${#smoke[@]} -gt 0 ] || _die "smoke.py train produced no overrides"
+    _run "$PYTHON" -m "$module" train --config "$_RECIPE" "$@" "${smoke[@]}"
+  else
+    _smoke check "$@" || _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
+    _run "${ACCELERATE:-accelerate}" launch --config_file "$accel" --num_processes "$NUM_GPUS" \
+      -m "$module" train --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
+  fi
+}
+
+export_vlm() {  # $OUT_DIR/final = the base model + the newest full fine-tuning checkpoint
+  _run "$PYTHON" scripts/experiments/export_vlm.py "$OUT_DIR" "$(_base)" "$OUT_DIR/final"
+}
+
+assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's components + the trained transformer_final
+  local base dst="$OUT_DIR/pipeline_final" f
+  base="$(realpath "$(_base)")"
+  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$OUT_DIR/transformer_final" "$dst/"
+  [ "${DRY_RUN:-0}" = 1 ] && return 0
+  [ -d "$OUT_DIR/transformer_final" ] || _die "$OUT_DIR/transformer_final not found (did training finish?)"
+  mkdir -p "$dst"
+  for f in "$base"/*; do
+    [ "$(basename "$f")" = transformer ] || ln -sfn "$f" "$dst/$(basename "$f")"
+  done
+  ln -sfn "$OUT_DIR/transformer_final" "$dst/transformer"
+}
+
+evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]
+  if [ "$SMOKE" = 1 ]; then
+    local -a smoke
+    mapfile -t smoke < <(_smoke eval "$OUT_DIR") || true
+    [ ${#smoke[@]} -gt 0 ] || _die "smoke.py eval produced no overrides"
+    _run "$PYTHON" "$@" "${smoke[@]}"
+  else
+    _run "$PYTHON" "$@"
+  fi
+}

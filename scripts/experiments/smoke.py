@@ -1,0 +1,311 @@
+#!/usr/bin/env python
+"""Smoke mode of the experiment scripts: the overrides that swap a recipe's model and data for the shipped tiny
+models and synthetic data (CPU, one process, 2 steps), and the synthetic data itself.
+
+    python scripts/experiments/smoke.py train vlm|flow RECIPE.yaml RUN_DIR   # prints one override per line
+    python scripts/experiments/smoke.py eval  vlm|flow RECIPE.yaml RUN_DIR   # the paired eval's overrides
+    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # rewards all exist? (exit 1)
+    python scripts/experiments/smoke.py base  vlm|flow RECIPE.yaml   # the tiny base model folder it trains
+
+What changes and what does not:
+
+* **swapped**: the model (``data/checkpoints/tiny_vlm``; SD3 recipes ``data/checkpoints/tiny_flow``, FLUX recipes a
+  tiny random FLUX built in memory, ``model.tiny=flux``), the data (synthetic videos / images / prompts of the
+  recipe's task), the device (CPU, float32, no mixed precision, one process), and the *shape* of the run: 2 steps,
+  1-2 prompts per step, a group of at most 4, at most 24 new tokens, the tiny models' own resolution / frame budget
+  (a tiny model at 512 px or 768 frames would take minutes per step without testing anything more);
+* **rewards that need downloaded weights** (anything outside ``LIGHT_FLOW_REWARDS``: PickScore, HPS, OCR, CLIP,
+  GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts, and a
+  ``reward.pairwise_scorer`` plugin by the built-in score comparator; every substitution is printed to stderr;
+* **kept** (read from the recipe, never overridden): the method preset, SDE kind, noise level, step plan / window,
+  credit, denoising steps, advantage statistics, clip range, KL, learning rate, TempSamp / T-GRPO / TW-GRPO /
+  Reg-GRPO / selection switches, reward weights of the VLM rewards, parse mode, prompt mode.
+
+Synthetic data is written once under ``$SMOKE_DATA`` (default ``runs/smoke/data``), atomically, so parallel smoke
+runs can share it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TINY_VLM = REPO / "data" / "checkpoints" / "tiny_vlm"
+TINY_FLOW = REPO / "data" / "checkpoints" / "tiny_flow"
+# flow rewards that run on CPU without downloaded weights
+LIGHT_FLOW_REWARDS = {"mini_geneval", "brightness", "color_target", "jpeg_compressibility", "jpeg_incompressibility"}
+SMOKE_STEPS = 2
+MAX_GROUP = 4
+MAX_NEW_TOKENS = 24
+
+
+def _note(msg: str) -> None:
+    print(f"[smoke] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ synthetic data
+def _atomic_dir(final: Path, write) -> Path:
+    """Run ``write(tmp_dir)`` and rename the result to ``final`` unless another process got there first."""
+    if final.exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the overrides
+            write(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # written concurrently by another smoke run: keep theirs
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_videos(d: Path) -> None:
+    """Synthetic TVG videos (2 train + 2 eval videos) and their tvg / mcq / gqa sample files."""
+    from mmgrpo.data import Sample, write_jsonl
+    from mmgrpo.data.synthetic_tvg import generate
+
+    res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
+    for split in ("train", "eval"):  # grounded QA = the colour question + the event's span as evidence
+        rows = [json.loads(x) for x in Path(res[f"{split}_mcq"]).read_text().splitlines() if x.strip()]
+        gqa = [Sample.from_dict({**r, "id": r["id"].replace("_mcq", "_gqa"), "task": "gqa",
+                                 "spans": [r["meta"]["span"]]}) for r in rows]
+        write_jsonl(gqa, d / f"{split}_gqa.jsonl")
+
+
+def _write_images(d: Path) -> None:
+    """Synthetic REC: 56x56 images with one coloured square on noise; the query names its colour."""
+    import numpy as np
+    from PIL import Image
+
+    from mmgrpo.data import Sample, write_jsonl
+
+    colours = {"red": (255, 0, 0), "green": (0, 200, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0)}
+    (d / "images").mkdir(parents=True)
+    for split, n in (("train", 4), ("eval", 2)):
+        out = []
+        for k in range(n):
+            rng = np.random.RandomState(100 * (split == "eval") + k)
+            img = rng.randint(0, 80, (56, 56, 3), dtype=np.uint8)
+            name, rgb = list(colours.items())[k % len(colours)]
+            x1, y1 = int(rng.randint(0, 30)), int(rng.randint(0, 30))
+            img[y1:y1 + 20, x1:x1 + 20] = rgb
+            rel = f"images/{split}_{k}.png"
+            Image.fromarray(img).save(d / rel)
+            out.append(Sample.from_dict({"id": f"rec_{split}_{k}", "task": "rec", "query": f"the {name} square",
+                                         "image": rel, "boxes": [[x1, y1, x1 + 20, y1 + 20]], "image_size": [56, 56],
+                                         "meta": {"source": "smoke"}}))
+        write_jsonl(out, d / f"{split}_rec.jsonl")
+
+
+def _write_prompts(d: Path) -> None:
+    """Mini-GenEval prompts (train + held-out), the tags the tiny SD3 was trained on."""
+    from data.synthetic_t2i import main as t2i_main
+
+    tags = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text()).get("tags") or []
+    for split, name in (("train", "train.jsonl"), ("heldout", "heldout.jsonl")):
+        t2i_main(["--all", "--split", split, "--out", str(d / name)] + (["--tags", *tags] if tags else []))
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("SMOKE_DATA") or REPO / "runs" / "smoke" / "data").resolve()
+
+
+def vlm_data(task: str) -> tuple[Path, Path, Path]:
+    """(train file, eval file, media root) of the synthetic data of ``task``."""
+    if task == "rec":
+        d = _atomic_dir(data_root() / "rec", _write_images)
+        return d / "train_rec.jsonl", d / "eval_rec.jsonl", d
+    d = _atomic_dir(data_root() / "videos", _write_videos)
+    suffix = {"tvg": "", "mcq": "_mcq", "numeric": "_mcq", "gqa": "_gqa"}[task]
+    return d / f"train{suffix}.jsonl", d / f"eval{suffix}.jsonl", d
+
+
+def flow_prompts() -> tuple[Path, Path]:
+    d = _atomic_dir(data_root() / "t2i", _write_prompts)
+    return d / "train.jsonl", d / "heldout.jsonl"
+
+
+# ------------------------------------------------------------------------------------------------ overrides
+def _tiny_vlm_video() -> dict:
+    return json.loads((TINY_VLM / "sft_report.json").read_text())["video"]
+
+
+def vlm_train(cfg, run_dir: Path) -> list[str]:
+    train, _, media = vlm_data(cfg.data.task)
+    v = _tiny_vlm_video()
+    g = min(cfg.rollout.num_generations, MAX_GROUP)
+    ov = [f"model.path={TINY_VLM}", "model.dtype=float32", "model.attn_implementation=sdpa",
+          f"data.train_file={train}", f"data.media_root={media}", "data.max_samples=0",
+          f"data.video_fps={v['fps']}", f"data.min_frames={v['min_frames']}", f"data.max_frames={v['max_frames']}",
+          f"data.video_min_pixels={v['min_pixels']}", f"data.video_max_pixels={v['max_pixels']}",
+          f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}",
+          f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}",
+          "data.max_prompt_tokens=0", "rollout.backend=hf", f"rollout.num_generations={g}",
+          f"rollout.max_new_tokens={min(cfg.rollout.max_new_tokens, MAX_NEW_TOKENS)}",
+          f"rollout.generation_batch_size={2 * g}", f"run.max_steps={SMOKE_STEPS}", "run.prompts_per_device=1",
+          "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
+          "run.save_every=0", "run.use_tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
+          "run.grad_sync=auto", f"run.output_dir={run_dir}"]
+    if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
+        ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
+    if cfg.selection.enabled:
+        ov.append(f"selection.num_inferences={min(cfg.selection.num_inferences, 2)}")
+        # the selection pass runs (K inferences, reward statistics) but keeps every sample: a tiny model's rewards
+        # are often constant within a prompt, which the variance criteria reject, leaving nothing to train on
+        _note(f"selection.criterion={cfg.selection.criterion} -> gaussian keeping every sample")
+        ov += ["selection.criterion=gaussian", "selection.gaussian_keep_zero=true", "selection.num_keep=0"]
+    return ov
+
+
+def vlm_eval(cfg, run_dir: Path) -> list[str]:
+    _, ev, media = vlm_data(cfg.data.task)
+    v = _tiny_vlm_video()
+    ov = [f"data.annotations={ev}", f"data.media_root={media}", "data.max_samples=2",
+          "decoding.max_new_tokens=16", "decoding.batch_size=2", "device=cpu", "dtype=float32",
+          f"data.video_fps={v['fps']}", f"data.max_frames={v['max_frames']}",
+          f"data.video_min_pixels={v['min_pixels']}", f"data.video_max_pixels={v['max_pixels']}",
+          f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
+    if cfg.data.task == "rec":
+        ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
+    if cfg.model.lora.enabled:  # full fine-tuning: the script's model=<run>/final (export_vlm) is kept
+        ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+        ov += [f"model={TINY_VLM}"] + ([f"adapter={ckpts[-1]}"] if ckpts else [])
+    return ov
+
+
+def _flow_kind(cfg) -> str:
+    if cfg.model.kind in ("sd3", "flux"):
+        return cfg.model.kind
+    return "flux" if "flux" in (cfg.model.tiny or "") else "sd3"
+
+
+def flow_train(cfg, run_dir: Path) -> list[str]:
+    train, _ = flow_prompts()
+    info = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text())
+    g = min(cfg.data.group_size, MAX_GROUP)
+    if _flow_kind(cfg) == "sd3":  # the shipped, pre-trained tiny SD3 at its own resolution and text length
+        ov = [f"model.pipeline_dir={TINY_FLOW}", "model.tiny=", f"sample.height={info['height']}",
+              f"sample.width={info['width']}", f"model.max_sequence_length={info['max_sequence_length']}"]
+    else:  # a tiny random FLUX written once as a pipeline folder (64 px = 16 packed latent tokens)
+        ov = [f"model.pipeline_dir={tiny_flux_dir()}", "model.tiny=", "model.kind=flux", "sample.height=64",
+              "sample.width=64", "model.max_sequence_length=16"]
+    ov += ["model.dtype=float32", "model.gradient_checkpointing=false", f"data.train_path={train}",
+           "data.eval_path=", "data.eval_prompts=[]", f"data.group_size={g}", "data.groups_per_epoch=2",
+           f"sample.batch_size={2 * g}", f"sample.completion_batch_size={4 * g}", f"run.num_epochs={SMOKE_STEPS}",
+           "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
+           "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
+           "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
+    heavy = sorted(set(cfg.reward.weights) - LIGHT_FLOW_REWARDS)
+    if heavy:
+        _note(f"rewards {heavy} need downloaded weights or a server: substituted by mini_geneval (partial credit)")
+        ov += ["reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}"]
+    if cfg.reward.pairwise_scorer:
+        _note(f"reward.pairwise_scorer={cfg.reward.pairwise_scorer} substituted by the built-in score comparator")
+        ov.append("reward.pairwise_scorer=")
+    return ov
+
+
+def flow_eval(cfg, run_dir: Path) -> list[str]:
+    _, heldout = flow_prompts()
+    kind = _flow_kind(cfg)
+    ov = [f"prompts={heldout}", "max_prompts=2", "images_per_prompt=1", "num_steps=4", "batch_size=2",
+          "device=cpu", "dtype=float32", "hash_weights=none", "grid_nrow=0", "progress=false", "overwrite=true",
+          "rewards=[mini_geneval]", "reward_kwargs={}"]
+    if kind == "sd3":
+        info = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text())
+        ov += [f"height={info['height']}", f"width={info['width']}",
+               f"max_sequence_length={info['max_sequence_length']}"]
+    else:
+        ov += ["height=64", "width=64", "max_sequence_length=16"]
+    if cfg.model.lora.enabled:  # base = the tiny model; full fine-tuning keeps the script's assembled pipeline
+        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / 'lora_final'}"]
+    return ov
+
+
+def tiny_base(kind: str, cfg) -> Path:
+    """The tiny model a smoke run trains (the base of export_vlm / assemble_pipeline)."""
+    if kind == "vlm":
+        return TINY_VLM
+    return TINY_FLOW if _flow_kind(cfg) == "sd3" else tiny_flux_dir()
+
+
+def tiny_flux_dir() -> Path:
+    def write(d: Path) -> None:
+        from flow_grpo.models.tiny import build_tiny_flux_pipeline
+
+        build_tiny_flux_pipeline(0).save_pretrained(d)
+
+    return _atomic_dir(data_root() / "tiny_flux", write)
+
+
+def load_recipe(kind: str, path: str, overrides=()):
+    if kind == "flow":
+        from flow_grpo.config import load_train_config
+
+        return load_train_config(path, list(overrides))
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.utils.config import load_config
+
+    return load_config(TrainConfig, path, list(overrides))
+
+
+def missing_rewards(kind: str, cfg) -> list[str]:
+    """Rewards a recipe names that this checkout does not provide (checked without importing any reward code)."""
+    import importlib.util
+
+    if kind == "vlm":
+        from mmgrpo.rewards.registry import REWARDS
+
+        return [f"reward {n!r} (mmgrpo.rewards.registry.REWARDS)" for n in cfg.reward.weights if n not in REWARDS]
+    from flow_grpo.rewards import available_rewards
+
+    def importable(spec: str) -> bool:
+        mod = spec.split(":", 1)[0]
+        try:
+            return bool(mod) and importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            return False
+
+    out = [f"reward {n!r} (flow_grpo.rewards registry)" for n in cfg.reward.weights
+           if n not in available_rewards() and not (":" in n and importable(n))]
+    if cfg.reward.pairwise_scorer and not importable(cfg.reward.pairwise_scorer):
+        out.append(f"pairwise judge {cfg.reward.pairwise_scorer!r} (reward.pairwise_scorer)")
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 3 and argv[0] == "check" and argv[1] in ("vlm", "flow"):
+        missing = missing_rewards(argv[1], load_recipe(argv[1], argv[2], argv[3:]))
+        for m in missing:
+            print(f"needs {m}: not in this checkout; pass another one as a key=value override", file=sys.stderr)
+        return 1 if missing else 0
+    if len(argv) == 3 and argv[0] == "base" and argv[1] in ("vlm", "flow"):
+        print(tiny_base(argv[1], load_recipe(argv[1], argv[2])))
+        return 0
+    if len(argv) != 4 or argv[0] not in ("train", "eval") or argv[1] not in ("vlm", "flow"):
+        print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...] | "
+              "base vlm|flow RECIPE.yaml", file=sys.stderr)
+        return 2
+    what, kind, recipe, run_dir = argv
+    cfg = load_recipe(kind, recipe)
+    fn = {("train", "vlm"): vlm_train, ("eval", "vlm"): vlm_eval,
+          ("train", "flow"): flow_train, ("eval", "flow"): flow_eval}[(what, kind)]
+    for line in fn(cfg, Path(run_dir).resolve()):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
