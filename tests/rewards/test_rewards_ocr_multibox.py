@@ -64,7 +64,8 @@ def test_edit_distance_triangle(a, b, c):
 
 # ---- Visual-RFT multi-box ------------------------------------------------------------------------------------
 def test_parse_scored_boxes_release_format():
-    t = "<think>x</think><answer>[{'Position': [0, 0, 10, 10], 'Confidence': 0.9},\n{'Position': [1, 2, 3, 4], 'Confidence': 1}]</answer>"
+    t = ("<think>x</think><answer>[{'Position': [0, 0, 10, 10], 'Confidence': 0.9},\n"
+         "{'Position': [1, 2, 3, 4], 'Confidence': 1}]</answer>")
     assert parse_scored_boxes(t) == [((0, 0, 10, 10), 0.9), ((1, 2, 3, 4), 1.0)]
     # doubled brackets are repaired; a truncated list keeps its complete objects
     assert parse_scored_boxes("<answer>[[{'Position': [0, 0, 1, 1], 'Confidence': 0.5}]]</answer>") == [
@@ -128,3 +129,16 @@ def test_registry_multibox_and_ocr():
     assert o["parse_failed"] == [False, True]
     with pytest.raises(ValueError, match="answer"):
         fo.score(["<answer>x</answer>"], [{"id": "o2", "task": "mcq", "answer": 3}])
+
+
+def test_trainer_accuracy_key_follows_the_new_rewards():
+    from types import SimpleNamespace
+
+    from mmgrpo.train.task import accuracy_key
+
+    def cfg(w):
+        return SimpleNamespace(accuracy_key="auto", weights=w)
+
+    assert accuracy_key(cfg({"ocr_wer": 1.0}), "mcq") == "ocr_wer"  # an OCR sample has no letter to score
+    assert accuracy_key(cfg({"box_iou_multi": 1.0, "box_confidence": 1.0}), "rec") == "box_iou_multi"
+    assert accuracy_key(cfg({"mcq": 1.0}), "mcq") == "mcq" and accuracy_key(cfg({"format": 1.0}), "rec") == "box_iou"
