@@ -40,6 +40,19 @@ Outputs in ``out_dir``:
 
 ``max_batches=N`` stops after N generated batches without scoring (tests; a deliberate interruption).
 
+Video-RTS (``rts.enabled=true``, sparse-to-dense test-time scaling; release Ziyang412/Video-RTS
+``src/video_rts_eval.py``): per item, ``rts.num_samples`` answers are sampled with ``rts.min_frames`` frames; if they
+do not all agree the frames are multiplied by ``rts.growth`` and the item is sampled again, until they agree or the
+next count would exceed ``rts.max_frames``; the recorded output is the majority answer of the last round. Each
+prediction row adds ``rts_frames``, ``rts_rounds``, ``rts_generate_calls``, ``rts_samples``,
+``rts_completion_tokens``, ``rts_prompt_tokens`` (prompt tokens x samples, the visual-token compute) and
+``rts_trace`` (per round: frames, tokens, parsed answers, agreed); ``metrics.json["generation"]["rts"]`` sums them.
+Deviations from the release, deliberate: agreement compares parsed answers (the option letter set; tvg spans by
+pairwise IoU >= ``rts.tvg_iou``, the release has no tvg) where the release compares the raw ``<answer>`` strings
+("B" vs "B." disagree there); sampling uses ``decoding.temperature/top_p/top_k`` with per-(item, round, sample)
+seeds, where the release varies temperature 0.7 + 0.1 k and top_p max(0.5, 0.9 − 0.1 k) across its 5 samples and
+prefixes each prompt with "Sample run k:" (not reproduced: it changes the prompt the model was trained on).
+
 Speed (docs/performance.md, "VLM evaluation harness throughput"): ``threads=1`` torch thread by default (two
 threads on shared CPU cores made generation up to 24x slower), decoded clips are memoised across the queries of one
 video (``clip_cache``), and ``decoding.batch_size`` prompts share one ``generate()`` call; none of these changes a
