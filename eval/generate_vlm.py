@@ -40,6 +40,19 @@ Outputs in ``out_dir``:
 
 ``max_batches=N`` stops after N generated batches without scoring (tests; a deliberate interruption).
 
+Video-RTS (``rts.enabled=true``, sparse-to-dense test-time scaling; release Ziyang412/Video-RTS
+``src/video_rts_eval.py``): per item, ``rts.num_samples`` answers are sampled with ``rts.min_frames`` frames; if they
+do not all agree the frames are multiplied by ``rts.growth`` and the item is sampled again, until they agree or the
+next count would exceed ``rts.max_frames``; the recorded output is the majority answer of the last round. Each
+prediction row adds ``rts_frames``, ``rts_rounds``, ``rts_generate_calls``, ``rts_samples``,
+``rts_completion_tokens``, ``rts_prompt_tokens`` (prompt tokens x samples, the visual-token compute) and
+``rts_trace`` (per round: frames, tokens, parsed answers, agreed); ``metrics.json["generation"]["rts"]`` sums them.
+Deviations from the release, deliberate: agreement compares parsed answers (the option letter set; tvg spans by
+pairwise IoU >= ``rts.tvg_iou``, the release has no tvg) where the release compares the raw ``<answer>`` strings
+("B" vs "B." disagree there); sampling uses ``decoding.temperature/top_p/top_k`` with per-(item, round, sample)
+seeds, where the release varies temperature 0.7 + 0.1 k and top_p max(0.5, 0.9 − 0.1 k) across its 5 samples and
+prefixes each prompt with "Sample run k:" (not reproduced: it changes the prompt the model was trained on).
+
 Speed (docs/performance.md, "VLM evaluation harness throughput"): ``threads=1`` torch thread by default (two
 threads on shared CPU cores made generation up to 24x slower), decoded clips are memoised across the queries of one
 video (``clip_cache``), and ``decoding.batch_size`` prompts share one ``generate()`` call; none of these changes a
@@ -139,6 +152,27 @@ class ScoringConfig:
 
 
 @dataclass
+class RTSConfig:
+    """Video-RTS test-time scaling (sparse-to-dense frames), see :func:`rts_loop`."""
+
+    enabled: bool = field(default=False, metadata=_h(
+        "Video-RTS: sample num_samples answers with min_frames frames; while they disagree, multiply the frames "
+        "by growth and sample again, up to max_frames (needs decoding.greedy=false; video tasks)"))
+    min_frames: int = field(default=32, metadata=_h("frames of the first round (the release: 32); even"))
+    max_frames: int = field(default=64, metadata=_h(
+        "frame cap; the last round is the largest min_frames*growth^k <= max_frames (the release: 64 for "
+        "MMVU/VideoMMMU, 128 for VideoHolmes/VideoMME/LongVideoBench)"))
+    growth: int = field(default=2, metadata=_h("frame multiplier between rounds (the release doubles)"))
+    num_samples: int = field(default=5, metadata=_h("sampled answers per round (the release: 5)"))
+    tvg_iou: float = field(default=0.5, metadata=_h(
+        "tvg agreement: every pair of sampled spans has IoU >= this (the release has no tvg; mcq/gqa agree when "
+        "all letters are equal, as its 'one unique answer' rule)"))
+    answer: Literal["majority", "first"] = field(default="majority", metadata=_h(
+        "recorded answer of the last round: majority = most common answer (the release's reported accuracy; "
+        "tvg: the span with the highest summed IoU to the others), first = the first sample"))
+
+
+@dataclass
 class EvalVLMConfig:
     """Generate + score a Qwen-VL checkpoint on a canonical benchmark (see the module docstring)."""
 
@@ -157,6 +191,7 @@ class EvalVLMConfig:
     data: VLMDataConfig = field(default_factory=VLMDataConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     score: ScoringConfig = field(default_factory=ScoringConfig)
+    rts: RTSConfig = field(default_factory=RTSConfig)
     hash_weights: Literal["sampled", "full", "none"] = field(
         default="sampled", metadata=_h("weights fingerprint: sampled (size + 64 chunks per file) | full | none"))
     overwrite: bool = field(default=False, metadata=_h("delete existing predictions/metrics in out_dir first"))
@@ -337,6 +372,8 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": config_to_dict(cfg),
                 "torch_threads": _torch_threads()},
     }
+    if cfg.rts.enabled:  # only then: runs without RTS keep their fingerprint
+        s["rts"] = _rts_settings(cfg.rts)
     s["fingerprint"] = settings_fingerprint(s)
     return s
 
@@ -515,6 +552,143 @@ def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple
     return texts, mask.sum(1).tolist(), truncated.tolist()
 
 
+# ------------------------------------------------------------------------------------------------ Video-RTS
+def rts_schedule(min_frames: int, max_frames: int, growth: int) -> list[int]:
+    """Frame counts of the rounds: min_frames, min_frames*growth, ... while <= max_frames (the release's loop
+    ``while n <= max: ...; n *= 2``)."""
+    if min_frames < 1 or max_frames < min_frames or growth < 2:
+        raise ValueError(f"rts needs 1 <= min_frames <= max_frames and growth >= 2, got min_frames={min_frames} "
+                         f"max_frames={max_frames} growth={growth}")
+    out, n = [], min_frames
+    while n <= max_frames:
+        out.append(n)
+        n *= growth
+    return out
+
+
+def _rts_settings(r: RTSConfig) -> dict:
+    return {"min_frames": r.min_frames, "max_frames": r.max_frames, "growth": r.growth,
+            "num_samples": r.num_samples, "tvg_iou": r.tvg_iou, "answer": r.answer,
+            "schedule": rts_schedule(r.min_frames, r.max_frames, r.growth)}
+
+
+def rts_answer_key(task: str, text: Optional[str]) -> Any:
+    """What two sampled answers must share to agree: the letter set (mcq/gqa), the span (tvg), the box (rec).
+    An unparsable answer is None, and None equals None (the release compares the extracted strings, so
+    all-unparsable answers agree and stop the loop)."""
+    from mmgrpo.rewards.parsing import parse_box, parse_choice, parse_span
+
+    if task in ("mcq", "gqa"):
+        p = parse_choice(text, fallback_to_text=False)
+        return p.value if p.ok else None
+    if task == "tvg":
+        p = parse_span(text, fallback_to_text=False)
+        return (p.value.start, p.value.end) if p.ok else None
+    p = parse_box(text, fallback_to_text=False)
+    return tuple(p.value) if p.ok else None
+
+
+def _key_similarity(task: str, a: Any, b: Any) -> float:
+    if a is None or b is None:
+        return 1.0 if a is b else 0.0
+    if task == "tvg":
+        from mmgrpo.rewards.temporal import temporal_iou
+
+        return temporal_iou(a, b)
+    if task == "rec":
+        from mmgrpo.rewards.box import box_iou
+
+        return box_iou(a, b)
+    return 1.0 if a == b else 0.0
+
+
+def rts_agree(task: str, keys: Sequence[Any], threshold: float) -> bool:
+    """mcq/gqa: all letter sets equal; tvg/rec: every pair has IoU >= threshold (None agrees only with None)."""
+    if task in ("mcq", "gqa"):
+        return len(set(keys)) <= 1
+    def pair(a, b) -> bool:
+        if a is None or b is None:
+            return a is b
+        return _key_similarity(task, a, b) >= threshold
+
+    return all(pair(a, b) for i, a in enumerate(keys) for b in keys[i + 1:])
+
+
+def rts_pick(task: str, keys: Sequence[Any], how: str) -> int:
+    """Index of the recorded sample: the first one, or the majority answer (first sample holding the most common
+    letter set, ties to the earliest; tvg/rec: the highest summed IoU to the others, ties to the earliest)."""
+    if how == "first" or len(keys) == 1:
+        return 0
+    if task in ("mcq", "gqa"):
+        from collections import Counter
+
+        top = Counter(keys).most_common(1)[0][0]  # Counter keeps first-seen order on ties
+        return list(keys).index(top)
+    score = [sum(_key_similarity(task, a, b) for j, b in enumerate(keys) if j != i) for i, a in enumerate(keys)]
+    return max(range(len(keys)), key=lambda i: (score[i], -i))
+
+
+def rts_loop(task: str, schedule: Sequence[int], prepare, draw, *, threshold: float, answer: str = "majority"):
+    """Sparse-to-dense loop for one item.
+
+    ``prepare(n_frames) -> prep`` builds the model input with n_frames frames; ``draw(prep, round) -> (texts,
+    n_tokens, truncated)`` samples the answers of one round (one generate call).  Stops at the first round whose
+    answers agree (:func:`rts_agree`) or after the last frame count.  Returns ``(prep, text, n_tokens, truncated,
+    accounting)`` of the recorded sample of the last round."""
+    rounds = []
+    for r, n in enumerate(schedule):
+        prep = prepare(n)
+        texts, toks, trunc = draw(prep, r)
+        keys = [rts_answer_key(task, t) for t in texts]
+        agreed = rts_agree(task, keys, threshold)
+        n_prompt = int(prep.item["input_ids"].shape[-1]) if "input_ids" in prep.item else 0
+        frames = int(prep.clip.num_frames) if getattr(prep, "clip", None) is not None else None
+        rounds.append({"frames_requested": n, "frames": frames, "prompt_tokens": n_prompt,
+                       "completion_tokens": int(sum(toks)), "agreed": agreed,
+                       "answers": [None if k is None else list(k) for k in keys]})
+        if agreed:
+            break
+    pick = rts_pick(task, keys, answer)
+    acc = {"rts_frames": rounds[-1]["frames"], "rts_rounds": len(rounds), "rts_generate_calls": len(rounds),
+           "rts_samples": len(rounds) * len(texts), "rts_agreed": rounds[-1]["agreed"],
+           "rts_completion_tokens": sum(x["completion_tokens"] for x in rounds),
+           # every sample re-reads its prompt (the frames' visual tokens dominate): the input compute proxy
+           "rts_prompt_tokens": sum(x["prompt_tokens"] * len(texts) for x in rounds),
+           "rts_trace": rounds}
+    return prep, texts[pick], int(toks[pick]), bool(trunc[pick]), acc
+
+
+def rts_adapters(cfg: EvalVLMConfig, policy) -> dict:
+    """One TaskAdapter per frame count of the schedule (min_frames = max_frames = n; the clip cache keys on the
+    video only, so each frame count has its own)."""
+    import dataclasses
+
+    from mmgrpo.train.task import TaskAdapter
+
+    return {n: with_clip_cache(TaskAdapter(policy.processor, policy.adapter,
+                                           dataclasses.replace(cfg.data, min_frames=n, max_frames=n)),
+                               cfg.clip_cache)
+            for n in rts_schedule(cfg.rts.min_frames, cfg.rts.max_frames, cfg.rts.growth)}
+
+
+def rts_draw(backend, params, prep, seeds: Sequence[int]):
+    """One round: ``len(seeds)`` sampled completions of one prompt in one generate call (tests patch this)."""
+    out = backend.generate([prep.item], len(seeds), params, seeds=list(seeds))
+    return list(out.texts), [int(x) for x in out.lengths.tolist()], [bool(x) for x in out.truncated]
+
+
+def _rts_item(cfg: EvalVLMConfig, adapters: dict, backend, params, sample: Any, index: int):
+    from mmgrpo.utils.seeding import sample_seed
+
+    k = cfg.rts.num_samples
+
+    def draw(prep, r):  # seeds depend on (seed, sample index, round, k) only: batch-independent
+        return rts_draw(backend, params, prep, [sample_seed(cfg.decoding.seed, index, r, j) for j in range(k)])
+
+    return rts_loop(cfg.data.task, sorted(adapters), lambda n: adapters[n].prepare(sample), draw,
+                    threshold=cfg.rts.tvg_iou, answer=cfg.rts.answer)
+
+
 def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], writer: ResumableJsonl,
              log=None) -> dict:
     """Generate the missing predictions batch by batch (fixed batches); returns counters.
@@ -538,11 +712,21 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_todo, desc="generate", unit="sample", disable=not cfg.progress, dynamic_ncols=True)
+    adapters = rts_adapters(cfg, policy) if cfg.rts.enabled else None
     try:
         for b in todo:
             if cfg.max_batches and stats["n_batches_generated"] >= cfg.max_batches:
                 stats["interrupted"] = True
                 break
+            if adapters is not None:  # Video-RTS: item by item (each item stops at its own frame count)
+                t0 = time.perf_counter()
+                rows = _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch, log)
+                stats["seconds_generate"] += time.perf_counter() - t0
+                writer.append(rows)
+                stats["n_batches_generated"] += 1
+                stats["n_generated"] += len(rows)
+                bar.update(len(rows))
+                continue
             preps: dict[int, Any] = {}
             errors: dict[int, str] = {}
             t0 = time.perf_counter()
@@ -594,6 +778,51 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
     return stats
 
 
+def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch, log) -> list[dict]:
+    from mmgrpo.train.task import MissingMediaError
+
+    rows = []
+    for i in b:
+        sid = str(_sample_attr(samples[i], "id"))
+        if sid in writer.done:
+            continue
+        try:
+            prep, text, n_tok, trunc, acc = _rts_item(cfg, adapters, backend, params, samples[i], i)
+        except MissingMediaError as e:
+            if cfg.data.on_missing_media == "error":
+                raise
+            if log is not None:
+                log.warning("media error, output recorded as null: %s", e)
+            rows.append({"id": sid, "output": None, "error": str(e)})
+            stats["n_media_error"] += 1
+            continue
+        rows.append({**_prediction_row(samples[i], prep, text, n_tok, trunc, patch), **acc})
+    return rows
+
+
+def rts_summary(rows: Sequence[dict]) -> Optional[dict]:
+    """Frame / compute accounting of a Video-RTS run over the predictions that have it (None if none do)."""
+    r = [x for x in rows if x.get("output") is not None and "rts_rounds" in x]
+    if not r:
+        return None
+    n = len(r)
+    frames = [x["rts_frames"] for x in r if x.get("rts_frames") is not None]
+    hist: dict[str, int] = {}
+    for x in r:
+        hist[str(x.get("rts_frames"))] = hist.get(str(x.get("rts_frames")), 0) + 1
+    return {
+        "n": n,
+        "mean_frames": sum(frames) / len(frames) if frames else None,
+        "frames_histogram": dict(sorted(hist.items())),
+        "mean_rounds": sum(x["rts_rounds"] for x in r) / n,
+        "total_generate_calls": sum(x["rts_generate_calls"] for x in r),
+        "total_samples": sum(x["rts_samples"] for x in r),
+        "total_completion_tokens": sum(x["rts_completion_tokens"] for x in r),
+        "total_prompt_tokens": sum(x["rts_prompt_tokens"] for x in r),
+        "fraction_agreed": sum(bool(x["rts_agreed"]) for x in r) / n,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ scoring
 def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_dir: Path) -> dict:
     """Score ``predictions.jsonl`` with ``eval.score.score``; writes metrics.json and per_sample.jsonl."""
@@ -615,6 +844,9 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     if frames:
         gen["mean_frames"] = sum(frames) / len(frames)
         gen["max_frames_used"] = max(frames)
+    rts = rts_summary(rows)
+    if rts is not None:
+        gen["rts"] = rts
     m["generation"] = gen
     m["kind"] = "vlm"
     m["config"]["predictions"] = str(out_dir / PREDICTIONS)
@@ -647,6 +879,15 @@ def run(cfg: EvalVLMConfig) -> dict:
         raise ValueError(f"decoding.batch_size must be >= 1, got {cfg.decoding.batch_size}")
     if cfg.threads < 0 or cfg.clip_cache < 0:
         raise ValueError(f"threads and clip_cache must be >= 0, got {cfg.threads} / {cfg.clip_cache}")
+    if cfg.rts.enabled:
+        if cfg.decoding.greedy:
+            raise ValueError("rts.enabled=true samples several answers per round: set decoding.greedy=false "
+                             "(and decoding.temperature, e.g. 0.7 as Video-RTS)")
+        if cfg.data.task == "rec":
+            raise ValueError("rts.enabled=true scales video frames; task 'rec' has images only")
+        if cfg.rts.num_samples < 2:
+            raise ValueError(f"rts.num_samples must be >= 2 to measure agreement, got {cfg.rts.num_samples}")
+        rts_schedule(cfg.rts.min_frames, cfg.rts.max_frames, cfg.rts.growth)
     from eval.export import check_formats
 
     cfg.export = check_formats(cfg.export, cfg.data.task)  # a typo fails now, not after hours of generation

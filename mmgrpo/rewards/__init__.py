@@ -7,8 +7,9 @@ imports the same parsers and IoU functions, so training rewards and reported met
 Modules: ``parsing`` (never-raising lenient parsers with a parse status), ``protocols`` (per-release parse modes:
 Time-R1, TempSamp-R1, Video-R1, VLM-R1, NExT-GQA), ``temporal`` (tIoU, boundary-penalised IoU,
 Gaussian boundary reward, multi-interval IoU, IoP, thresholds), ``box`` (box IoU, model coordinate frames,
-smart_resize), ``choice`` (MCQ exact / TW-GRPO soft), ``numeric``, ``format``, ``length``, ``tasks`` (sample-level
-glue: clip-relative time, clamping, multi-GT) and ``registry`` (``build_reward_fn``).
+smart_resize), ``multibox`` (Visual-RFT multi-box IoU / confidence), ``ocr`` (Video-R1 1 − WER),
+``choice`` (MCQ exact / TW-GRPO soft), ``numeric``, ``format``, ``length``, ``tasks`` (sample-level glue:
+clip-relative time, clamping, multi-GT) and ``registry`` (``build_reward_fn``).
 """
 from .box import BOX_FRAMES, box_iou, box_to_original, clamp_box, resolve_box_frame, smart_resize
 from .choice import mcq_exact, mcq_soft

@@ -26,8 +26,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .choice import mcq_exact, mcq_soft
 from .format import format_reward
+from .box import frame_scale, resolve_box_frame
 from .length import length_bonus
+from .multibox import confidence_reward, greedy_match, multibox_iou_reward, parse_scored_boxes
 from .numeric import mean_relative_accuracy, numeric_reward
+from .ocr import ocr_answer, ocr_wer_reward
 from .parsing import completion_text
 from .tasks import (
     ParseConfig,
@@ -35,6 +38,9 @@ from .tasks import (
     gt_letters,
     gt_number,
     numeric_correct,
+    _err,
+    _size_field,
+    gt_boxes,
     prepare_box,
     prepare_choice,
     prepare_number,
@@ -71,6 +77,9 @@ REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
     "numeric_mra": (("mcq",), "VSI-Bench mean relative accuracy"),
     "box_iou": (("rec",), "box IoU in original-image pixels"),
     "box_acc": (("rec",), "1[box IoU ≥ box_threshold]"),
+    "box_iou_multi": (("rec",), "Visual-RFT: Σ IoU of greedy matches (IoU > 0.5, by confidence) / max(#GT, #pred)"),
+    "box_confidence": (("rec",), "Visual-RFT: mean of c (matched box) or 1 − c (unmatched), answer JSON list"),
+    "ocr_wer": (("mcq",), "Video-R1 OCR: clip(1 − word error rate, 0, 1) of the <answer> text vs answer string"),
 }
 
 _DEFAULT_CFG: dict[str, Any] = {
@@ -101,6 +110,25 @@ _DEFAULT_CFG: dict[str, Any] = {
     "length_group_condition": True,
     "correct_threshold": 0.5,
 }
+
+def _answer_text(sample: Mapping[str, Any]) -> str:
+    """The free-text ground truth (``answer``) of an OCR sample."""
+    ans = sample.get("answer")
+    if not isinstance(ans, str):
+        raise _err(sample, "answer", f"reward 'ocr_wer' needs the reference text as a string, got {ans!r}")
+    return ans
+
+
+def _box_scale(sample: Mapping[str, Any], frame: str) -> tuple[float, float]:
+    """(sx, sy) from the model's box frame to original-image pixels for this sample."""
+    size = _size_field(sample, "image_size")
+    resized = sample.get("resized_image_size")
+    if resolve_box_frame(frame) == "resized_abs":
+        if resized is None:
+            raise _err(sample, "resized_image_size", f"required for box frame {frame!r}")
+        resized = _size_field(sample, "resized_image_size")
+    return frame_scale(frame, image_size=size, resized_size=resized)
+
 
 _PRIMARY = {"tvg": "iou", "gqa": "mcq", "rec": "box_iou"}  # mcq: "mcq" or "numeric", see _primary()
 
@@ -162,7 +190,11 @@ class RewardFn:
 
         numeric_wanted = bool({"numeric", "numeric_mra"} & set(want))
         letters_wanted = bool({"mcq", "mcq_soft"} & set(want))
-        if task == "gqa" or (task == "mcq" and (letters_wanted or not numeric_wanted)):
+        ocr_wanted = "ocr_wer" in want
+        if task == "mcq" and ocr_wanted:  # free-text answer (Video-R1 "OCR"): no letters to parse
+            failed |= ocr_answer(text) is None
+            r["ocr_wer"] = primary = ocr_wer_reward(text, _answer_text(sample))
+        if task == "gqa" or (task == "mcq" and (letters_wanted or not (numeric_wanted or ocr_wanted))):
             p = prepare_choice(text, sample, pc)
             gt = gt_letters(sample)
             failed |= not p.ok
@@ -186,7 +218,20 @@ class RewardFn:
             if "numeric_mra" in want:
                 r["numeric_mra"] = mean_relative_accuracy(p.value, gt)
 
-        if task == "rec":
+        multi_wanted = bool({"box_iou_multi", "box_confidence"} & set(want))
+        if task == "rec" and multi_wanted:
+            boxes = parse_scored_boxes(text, allow_unclosed=pc.allow_unclosed)
+            failed |= boxes is None
+            gts = gt_boxes(sample)
+            scale = _box_scale(sample, c["box_frame"])
+            preds = [((b[0] * scale[0], b[1] * scale[1], b[2] * scale[0], b[3] * scale[1]), conf)
+                     for b, conf in boxes or []]
+            matches = greedy_match(gts, preds)
+            if "box_iou_multi" in want:
+                r["box_iou_multi"] = primary = multibox_iou_reward(matches, len(gts))
+            if "box_confidence" in want:
+                r["box_confidence"] = confidence_reward(matches)
+        if task == "rec" and ({"box_iou", "box_acc"} & set(want) or not multi_wanted):
             bp = prepare_box(text, sample, pc, frame=c["box_frame"], inclusive=c["box_inclusive"])
             failed |= bp.pred is None
             biou = box_best_iou(bp, inclusive=c["box_inclusive"])

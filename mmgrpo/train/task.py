@@ -299,6 +299,10 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
 def accuracy_key(reward_cfg, task: str) -> str:
     if reward_cfg.accuracy_key != "auto":
         return reward_cfg.accuracy_key
+    # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
+    for name, t in (("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
+        if task == t and name in reward_cfg.weights:
+            return name
     return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")
 
 
