@@ -325,7 +325,8 @@ class GRPOTrainer:
                 backend = backend_from_config(cfg, policy)
             else:
                 backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
-                                           cfg.rollout.generation_batch_size, device=self.device)
+                                           cfg.rollout.generation_batch_size, device=self.device,
+                                           shared_prefix=cfg.rollout.shared_prefix)
         self.backend = backend
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
