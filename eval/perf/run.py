@@ -37,6 +37,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("tp_batched_speedup", "tp_completions.py"),
     ("prefix_group_speedup", "prefix_group.py"),
     ("trl_speedup", "trl_compare.py"),
+    ("prefix_generate_speedup", "prefix_generate.py"),
 ]
 
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$")
