@@ -75,6 +75,9 @@ class DataConfig:
     max_prompt_tokens: int = field(
         default=0, metadata=_h("a prompt longer than this many tokens, vision tokens included, is a bad sample "
                                "(0 = no limit)"))
+    prefetch: int = field(default=1, metadata=_h(
+        "decode + preprocess the next N steps' videos/images in a background thread while the current step trains "
+        "(0 = inline, in the step).  Same tensors either way; a checkpoint records the batch being trained"))
     on_bad_sample: Literal["skip", "error"] = field(
         default="skip", metadata=_h("a sample the model cannot take (empty query, over max_prompt_tokens, an image "
                                     "the processor rejects): skip and count it, or raise naming it"))
