@@ -90,3 +90,25 @@ def test_shared_prefix_runs_the_vision_tower_once_per_prompt(case):
     n_patches = sum(int(it["pixel_values_videos" if "pixel_values_videos" in it else "pixel_values"].shape[0])
                     for it in items)
     assert shared == n_patches and repeated == 4 * n_patches
+
+
+def test_repeated_cache_buffers_equal_repeat_then_concatenate():
+    """The preallocated expansion (no per-token torch.cat) holds exactly repeat_interleave(G) ++ new tokens, also
+    past the planned room (it then grows by concatenation)."""
+    from transformers.cache_utils import DynamicCache
+
+    from mmgrpo.models.rollout import _repeat_cache
+
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 5, 4, generator=g), torch.randn(2, 2, 5, 4, generator=g)
+    cache = DynamicCache()
+    for layer in range(2):
+        cache.update(k + layer, v - layer, layer)
+    _repeat_cache(cache, 3, extra=2)
+    ref_k, ref_v = k.repeat_interleave(3, 0), v.repeat_interleave(3, 0)
+    for t in range(3):  # 2 planned tokens, then 1 more
+        nk, nv = torch.randn(6, 2, 1, 4, generator=g), torch.randn(6, 2, 1, 4, generator=g)
+        ref_k, ref_v = torch.cat([ref_k, nk], 2), torch.cat([ref_v, nv], 2)
+        ok, ov = cache.update(nk, nv, 0)
+        assert torch.equal(ok, ref_k) and torch.equal(ov, ref_v) and cache.get_seq_length() == 6 + t
+    assert torch.equal(cache.layers[1].keys, (k + 1).repeat_interleave(3, 0))
