@@ -14,8 +14,8 @@ the paired ratios A/B.
 
 Prints ``<model>: ...`` and the headline LAST: ``prefix_generate_speedup=X.XX``.
 
-Modes: full (default) = mid, 5 repetitions; ``--quick`` = mid, 2 repetitions (the untimed check calls are the
-warm-up; ~1 minute at load 6 on 2 cores); ``--smoke`` = tiny, 8 frames, T = 8, 1 repetition.
+Modes: full (default) = mid, 5 repetitions; ``--quick`` = mid, 1 repetition (the untimed check calls are the
+warm-up; ~1 minute at load 7 on 2 cores); ``--smoke`` = tiny, 8 frames, T = 8, 1 repetition.
 
     python eval/perf/prefix_generate.py [--quick | --smoke] [--model mid] [--G 8] [--T 64] [--json out.json]
 """
@@ -38,14 +38,14 @@ import common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="mid model, 2 repetitions")
+    p.add_argument("--quick", action="store_true", help="mid model, 1 repetition")
     p.add_argument("--smoke", action="store_true", help="tiny model, short video, 8 tokens, 1 repetition")
     p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --smoke)")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
     p.add_argument("--T", type=int, default=None, help="new tokens per completion (default 64; 8 with --smoke)")
     p.add_argument("--frames", type=int, default=None,
                    help="video frames (224x224): 32 -> 1024 video tokens (default; 8 with --smoke)")
-    p.add_argument("--reps", type=int, default=None, help="timed rounds (default 5; 2 with --quick, 1 with --smoke)")
+    p.add_argument("--reps", type=int, default=None, help="timed rounds (default 5; 1 with --quick or --smoke)")
     p.add_argument("--warmup", type=int, default=0, help="extra untimed calls of each side (the check calls warm up)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     a.T = a.T or (8 if a.smoke else 64)
     a.frames = a.frames or (8 if a.smoke else 32)
     if a.reps is None:
-        a.reps = 1 if a.smoke else (2 if a.quick else 5)
+        a.reps = 1 if (a.smoke or a.quick) else 5
     return a
 
 

@@ -38,6 +38,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("prefix_group_speedup", "prefix_group.py"),
     ("trl_speedup", "trl_compare.py"),
     ("prefix_generate_speedup", "prefix_generate.py"),
+    ("data_wait_fraction", "data_prefetch.py"),
 ]
 
 _LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$")
