@@ -7,15 +7,16 @@ B = shared: ``HFRolloutBackend(shared_prefix=True)``: one vision-tower pass and 
 
 Both: the same model (``load_policy`` on one saved folder: fp32, sdpa; ``mid`` by default, see common.VLM_SIZES),
 the same video prompt (32 frames at 224x224 -> 1024 video tokens), G = 8, exactly ``--T`` = 64 new tokens (EOS is
-suppressed in both so every row runs to the end), temperature 1, the same per-row seeds.  Before timing, one
-untimed call of each checks the numbers: the sampled tokens must be identical and the sampling log-probs equal to
+suppressed in both so every row runs to the end), temperature 1, the same per-row seeds.  One untimed call of
+each (or, with --quick, the timed calls) checks the numbers: the sampled tokens must be identical and the sampling log-probs equal to
 within 1e-5 (reported as ``tokens_equal`` / ``max_abs_logprob_diff``).  Timed interleaved (A,B,B,A,...), median of
 the paired ratios A/B.
 
 Prints ``<model>: ...`` and the headline LAST: ``prefix_generate_speedup=X.XX``.
 
-Modes: full (default) = mid, 5 repetitions; ``--quick`` = mid, 1 repetition (the untimed check calls are the
-warm-up; ~1 minute at load 7 on 2 cores); ``--smoke`` = tiny, 8 frames, T = 8, 1 repetition.
+Modes: full (default) = mid, 5 repetitions; ``--quick`` = mid, 1 repetition, no untimed check calls (a G=1,
+2-token warm-up of each side; the check compares the timed calls' outputs; ~30 s at load 8 on 2 cores);
+``--smoke`` = tiny, 8 frames, T = 8, 1 repetition.
 
     python eval/perf/prefix_generate.py [--quick | --smoke] [--model mid] [--G 8] [--T 64] [--json out.json]
 """
@@ -56,6 +57,7 @@ def parse_args(argv=None):
     a.frames = a.frames or (8 if a.smoke else 32)
     if a.reps is None:
         a.reps = 1 if (a.smoke or a.quick) else 5
+    a.check_call = not a.quick
     return a
 
 
@@ -88,12 +90,26 @@ def run(args, root: str) -> dict:
     def call(name):
         return lambda: backends[name].generate([item], args.G, params, seeds=seeds)
 
-    out_a, out_b = call("repeated")(), call("shared")()
+    outs = {}
+
+    def timed(name):
+        def fn():
+            outs[name] = call(name)()
+        return fn
+
+    if args.check_call:  # one untimed call of each side: the correctness check, and the warm-up
+        timed("repeated")()
+        timed("shared")()
+    else:  # --quick: a cheap warm-up (G=1, 2 tokens); the check uses the timed calls' outputs
+        warm = SamplingParams(max_new_tokens=2, temperature=1.0)
+        for b in backends.values():
+            b.generate([item], 1, warm, seeds=[0])
+    times = common.interleaved_timing({"repeated": timed("repeated"), "shared": timed("shared")},
+                                      reps=args.reps, warmup=args.warmup)
+    out_a, out_b = outs["repeated"], outs["shared"]
     tokens_equal = bool(torch.equal(out_a.completion_ids, out_b.completion_ids))
     lp_diff = float((out_a.logprobs - out_b.logprobs).abs().max())
     T_out = int(out_b.completion_ids.shape[1])
-    times = common.interleaved_timing({"repeated": call("repeated"), "shared": call("shared")},
-                                      reps=args.reps, warmup=args.warmup)
     st = common.ratio_stats(times["repeated"], times["shared"])
     res = {"model": args.model, "params": common.count_params(pol.model), "prompt_tokens": P,
            "video_tokens": n_video, "G": args.G, "T": T_out, "tokens_equal": tokens_equal,
