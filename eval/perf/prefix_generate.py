@@ -8,8 +8,8 @@ B = shared: ``HFRolloutBackend(shared_prefix=True)``: one vision-tower pass and 
 Both: the same model (``load_policy`` on one saved folder: fp32, sdpa; ``mid`` by default, see common.VLM_SIZES),
 the same video prompt (32 frames at 224x224 -> 1024 video tokens), G = 8, exactly ``--T`` = 64 new tokens (EOS is
 suppressed in both so every row runs to the end), temperature 1, the same per-row seeds.  One untimed call of
-each (or, with --quick, the timed calls) checks the numbers: the sampled tokens must be identical and the sampling log-probs equal to
-within 1e-5 (reported as ``tokens_equal`` / ``max_abs_logprob_diff``).  Timed interleaved (A,B,B,A,...), median of
+each (with --quick: the timed calls) checks the numbers: the sampled tokens must be identical and the sampling
+log-probs equal to within 1e-5 (reported as ``tokens_equal`` / ``max_abs_logprob_diff``).  Timed interleaved (A,B,B,A,...), median of
 the paired ratios A/B.
 
 Prints ``<model>: ...`` and the headline LAST: ``prefix_generate_speedup=X.XX``.

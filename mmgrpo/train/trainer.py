@@ -452,7 +452,8 @@ class GRPOTrainer:
     # stream itself only advances in _draw, so checkpoints keep the position of the batch being trained
     def _prepare_sample(self, pos: int, idx: int, s):
         pf = self._get_prefetcher()
-        return self.task.prepare(s) if pf is None else pf.get((pos, idx), s, inline=self.task.prepare)
+        # keyed by the sample object too: a data re-selection may map the same index to another sample
+        return self.task.prepare(s) if pf is None else pf.get((pos, idx, id(s)), s, inline=self.task.prepare)
 
     def _get_prefetcher(self):
         if self.cfg.data.prefetch <= 0:
@@ -477,7 +478,7 @@ class GRPOTrainer:
         for _ in range(self.cfg.data.prefetch):
             if hook is not None and st.offset + self.prompts_per_step > st.n:
                 break
-            upcoming += [((pos, idx), self.samples[idx]) for pos, idx, _ in self._draw(st)]
+            upcoming += [((pos, idx, id(self.samples[idx])), self.samples[idx]) for pos, idx, _ in self._draw(st)]
         pf.schedule(upcoming)
 
     def _close_prefetch(self) -> None:
