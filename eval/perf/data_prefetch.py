@@ -15,8 +15,9 @@ thread would work during the other trainer's steps and flatter it); order prefet
 
 Prints ``prefetch=N: ...`` lines and the headline LAST: ``data_wait_fraction=X.XX``.
 
-Modes: full (default) = 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no inline
-reference), 3 steps, one 480x270 clip, 16 new tokens; ``--smoke`` = tiny model, 2 s clips, 3 steps per mode.
+Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
+inline reference), the tiny model (1.5 s steps: a harder test, the decoding has less time to hide in), 4 steps,
+one 480x270 clip, 16 new tokens (~20 s at load 8); ``--smoke`` = tiny model, 2 s clips, 3 steps per mode.
 
     python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
 """
@@ -40,10 +41,10 @@ import common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="prefetching mode only, 3 steps, one smaller clip")
+    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, 4 steps, one smaller clip")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 s clips, 3 steps per mode")
-    p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --smoke)")
-    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 4 with --quick)")
+    p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --quick / --smoke)")
+    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 4 with --quick, 3 with --smoke)")
     p.add_argument("--seconds", type=float, default=None, help="clip length (default 10; 2 with --smoke)")
     p.add_argument("--fps", type=float, default=30.0)
     p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
@@ -53,8 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
-    a.model = a.model or ("tiny" if a.smoke else "mid")
-    a.steps = a.steps or (3 if (a.smoke or a.quick) else 8)
+    a.model = a.model or ("tiny" if (a.smoke or a.quick) else "mid")
+    a.steps = a.steps or (3 if a.smoke else (4 if a.quick else 8))
     a.seconds = a.seconds or (2.0 if a.smoke else 10.0)
     light = a.quick or a.smoke
     a.size = a.size or ("480x270" if light else "640x360")
