@@ -75,6 +75,9 @@ class DataConfig:
     max_prompt_tokens: int = field(
         default=0, metadata=_h("a prompt longer than this many tokens, vision tokens included, is a bad sample "
                                "(0 = no limit)"))
+    prefetch: int = field(default=1, metadata=_h(
+        "decode + preprocess the next N steps' videos/images in a background thread while the current step trains "
+        "(0 = inline, in the step).  Same tensors either way; a checkpoint records the batch being trained"))
     on_bad_sample: Literal["skip", "error"] = field(
         default="skip", metadata=_h("a sample the model cannot take (empty query, over max_prompt_tokens, an image "
                                     "the processor rejects): skip and count it, or raise naming it"))
@@ -89,6 +92,10 @@ class RolloutConfig:
     top_p: float = field(default=1.0, metadata=_h("nucleus sampling"))
     top_k: int = field(default=0, metadata=_h("top-k sampling (0 = off)"))
     generation_batch_size: int = field(default=32, metadata=_h("rows per generate() call"))
+    shared_prefix: bool = field(default=True, metadata=_h(
+        "hf backend: prefill each prompt (vision tower + prompt tokens) once and expand its KV cache to the G "
+        "samples (same seeds -> same tokens as the repeated path, log-probs equal to ~1e-6); false = repeat "
+        "every prompt G times through model.generate (G vision-tower passes and prefills)"))
     mask_truncated_completions: bool = field(
         default=False, metadata=_h("exclude completions that hit max_new_tokens from the loss (still counted)"))
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_h("vLLM colocate memory fraction"))

@@ -37,6 +37,10 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("flow_train_overhead", "flow_train.py"),
     ("tp_batched_speedup", "tp_completions.py"),
     ("prefix_group_speedup", "prefix_group.py"),
+    # before trl_compare: the runner splits the remaining budget evenly over the benchmarks still to run, and the
+    # last one gets what is left; trl_compare (3 worker processes) needs the most
+    ("prefix_generate_speedup", "prefix_generate.py"),
+    ("data_wait_fraction", "data_prefetch.py"),
     ("trl_speedup", "trl_compare.py"),
     ("logprob_memory_ratio", "logprob_memory.py"),
 ]

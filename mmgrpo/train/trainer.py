@@ -40,6 +40,7 @@ the same way but untested (not installable here); no GPU / NCCL run has been mad
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import shutil
@@ -333,7 +334,8 @@ class GRPOTrainer:
                 backend = backend_from_config(cfg, policy)
             else:
                 backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
-                                           cfg.rollout.generation_batch_size, device=self.device)
+                                           cfg.rollout.generation_batch_size, device=self.device,
+                                           shared_prefix=cfg.rollout.shared_prefix)
         self.backend = backend
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
@@ -436,10 +438,11 @@ class GRPOTrainer:
     def _prepare(self, drawn: Sequence[tuple]) -> list[tuple[int, PreparedPrompt, list[int] | None]]:
         """(stream position, prepared prompt, generation indices this process samples or None = all)."""
         out = []
+        t0 = time.perf_counter()
         for pos, idx, gens in drawn:
             s = self.samples[idx]
             try:
-                out.append((pos, self.task.prepare(s), gens))
+                out.append((pos, self._prepare_sample(pos, idx, s), gens))
             except MissingMediaError as e:
                 if self.cfg.data.on_missing_media == "error":
                     raise
@@ -450,16 +453,56 @@ class GRPOTrainer:
                     raise
                 self.counters["skipped_bad_samples"] += 1
                 log.warning("skipping sample (index %d): %s (data.on_bad_sample=skip)", idx, e)
+        self._data_wait = getattr(self, "_data_wait", 0.0) + time.perf_counter() - t0
         return out
 
-    def _draw(self) -> list[tuple[int, int, list[int] | None]]:
+    # data.prefetch: the next steps' samples are prepared in a background thread (mmgrpo.data.prefetch); the
+    # stream itself only advances in _draw, so checkpoints keep the position of the batch being trained
+    def _prepare_sample(self, pos: int, idx: int, s):
+        pf = self._get_prefetcher()
+        # keyed by the sample object too: a data re-selection may map the same index to another sample
+        return self.task.prepare(s) if pf is None else pf.get((pos, idx, id(s)), s, inline=self.task.prepare)
+
+    def _get_prefetcher(self):
+        if self.cfg.data.prefetch <= 0:
+            return None
+        if getattr(self, "_prefetcher", None) is None:
+            from mmgrpo.data.prefetch import Prefetcher
+
+            task = copy.copy(self.task)
+            task.processor = copy.deepcopy(self.task.processor)  # its own tokenizer: HF's are not thread-safe
+            self._prefetcher = Prefetcher(task.prepare)
+        return self._prefetcher
+
+    def _prefetch_ahead(self) -> None:
+        """Hint the samples of the next ``data.prefetch`` draws (on a copy of the stream), stopping before an epoch
+        boundary that runs a data re-selection (it may change the data)."""
+        pf = self._get_prefetcher()
+        if pf is None:
+            return
+        st = copy.copy(self.stream)
+        hook, st.on_epoch = st.on_epoch, None
+        upcoming = []
+        for _ in range(self.cfg.data.prefetch):
+            if hook is not None and st.offset + self.prompts_per_step > st.n:
+                break
+            upcoming += [((pos, idx, id(self.samples[idx])), self.samples[idx]) for pos, idx, _ in self._draw(st)]
+        pf.schedule(upcoming)
+
+    def _close_prefetch(self) -> None:
+        pf = getattr(self, "_prefetcher", None)
+        if pf is not None:
+            pf.close()
+            self._prefetcher = None
+
+    def _draw(self, stream=None) -> list[tuple[int, int, list[int] | None]]:
         """This process's share of the next global prompt batch (all processes advance the stream equally).
 
         Global row r = k * G + g (prompt k of the step, generation g); process i owns rows [i R/W, (i+1) R/W).
         When the prompts divide evenly, that is whole groups (``gens`` None); otherwise a group may be split and
         ``gens`` lists the generation indices sampled here (their seeds do not depend on the split)."""
         P, W = self.prompts_per_step, self.world
-        drawn = self.stream.take(P)
+        drawn = (self.stream if stream is None else stream).take(P)
         if not self.split_groups:
             k = P // W
             return [(pos, idx, None) for pos, idx in drawn[self.rank * k:(self.rank + 1) * k]]
@@ -711,6 +754,7 @@ class GRPOTrainer:
         rounds = 1 + (a.filter_max_rounds if a.filter_zero_std else 0)
         for rnd in range(rounds):
             preps = self._prepare(self._draw())
+            self._prefetch_ahead()  # the next draws' media decode while this step generates and trains
             # a group is counted by the process holding its generation 0 (split groups are counted once)
             first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
             rb = self.rollout(step, preps) if preps else self._empty_batch()
@@ -1352,6 +1396,7 @@ class GRPOTrainer:
         m["faults/skipped_steps"] = float(self.counters["skipped_steps"])
         m["faults/consecutive_skips"] = float(self.consecutive_skips)
         m["perf/step_time"] = time.time() - t0
+        m["perf/data_wait"], self._data_wait = getattr(self, "_data_wait", 0.0), 0.0  # s in _prepare this step
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
         self._last_metrics = m
@@ -1448,6 +1493,7 @@ class GRPOTrainer:
                 self.save()
         finally:
             bar.close()
+            self._close_prefetch()
             self.logger.flush()
         return history
 

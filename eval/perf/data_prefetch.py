@@ -1,0 +1,172 @@
+"""Benchmark ``data_wait_fraction``: share of VLM GRPO step time spent waiting for data, with ``data.prefetch``.
+
+Real mp4 files (``--seconds`` 10 s at 30 fps, ``--size`` 640x360, H.264 crf 23 written with PyAV),
+decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fps=2`` capped to 16 sampled frames
+(``data.max_frames=16``), resized by the processor (``data.video_max_pixels``) and trained on by ``GRPOTrainer``
+(the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens (16 with --quick), one
+optimizer step).
+
+The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
+``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
+thread); the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first
+with ``data.prefetch=1`` (the first step has nothing prefetched yet: its wait is reported separately, as is the
+fraction with ``data.prefetch=0``).  The two modes run one after the other (not interleaved: a prefetching trainer's
+thread would work during the other trainer's steps and flatter it); order prefetch=0 first.
+
+Prints ``prefetch=N: ...`` lines and the headline LAST: ``data_wait_fraction=X.XX``.
+
+Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
+inline reference), the tiny model (1.5 s steps: a harder test, the decoding has less time to hide in), 4 steps,
+one 480x270 clip, 16 new tokens (~20 s at load 8); ``--smoke`` = tiny model, 2 s clips, 3 steps per mode.
+
+    python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("FORCE_QWENVL_VIDEO_READER", "decord")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # a checkout without `pip install -e .`
+
+import common  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, 4 steps, one smaller clip")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 2 s clips, 3 steps per mode")
+    p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --quick / --smoke)")
+    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 4 with --quick, 3 with --smoke)")
+    p.add_argument("--seconds", type=float, default=None, help="clip length (default 10; 2 with --smoke)")
+    p.add_argument("--fps", type=float, default=30.0)
+    p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
+    p.add_argument("--videos", type=int, default=None,
+                   help="distinct mp4 files, samples cycle over them (default 2; 1 with --quick)")
+    p.add_argument("--prefetch", type=int, default=1, help="data.prefetch of the measured mode")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default="")
+    a = p.parse_args(argv)
+    a.model = a.model or ("tiny" if (a.smoke or a.quick) else "mid")
+    a.steps = a.steps or (3 if a.smoke else (4 if a.quick else 8))
+    a.seconds = a.seconds or (2.0 if a.smoke else 10.0)
+    light = a.quick or a.smoke
+    a.size = a.size or ("480x270" if light else "640x360")
+    a.videos = a.videos or (1 if light else 2)
+    a.new_tokens = 16 if light else 32
+    return a
+
+
+def write_clips(root: str, args) -> list[str]:
+    """H.264 mp4s (yuv420p, crf 23, one encoder thread) written with PyAV: a textured background scrolling
+    sideways and a moving square (RGB -> yuv420p conversion by libswscale: fast enough to write in the benchmark)."""
+    import av
+    import numpy as np
+
+    W, H = (int(x) for x in args.size.lower().split("x"))
+    n = int(round(args.seconds * args.fps))
+    paths = []
+    for v in range(args.videos):
+        rng = np.random.default_rng(v)
+        base = rng.integers(0, 60, (H, W + n, 3), dtype=np.uint8)  # texture: a non-trivial H.264 stream
+        base += ((np.arange(W + n) + 40 * v) % 256 // 4).astype(np.uint8)[None, :, None]
+        path = os.path.join(root, f"clip{v}.mp4")
+        with av.open(path, "w") as c:
+            s = c.add_stream("libx264", rate=int(args.fps))
+            s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+            s.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+            for i in range(n):
+                f = np.ascontiguousarray(base[:, i:i + W])
+                x0 = int((i / n) * (W - 80))
+                f[H // 3:H // 3 + 80, x0:x0 + 80] = (200, 60 + 40 * v, 30)  # a moving square
+                for pkt in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                    c.mux(pkt)
+            for pkt in s.encode():
+                c.mux(pkt)
+        paths.append(path)
+    return paths
+
+
+def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, args):
+    import torch
+
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.utils.config import load_config
+
+    overrides = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
+                 "data.video_fps=2.0", "data.max_frames=16", "data.min_frames=4",
+                 f"data.video_max_pixels={224 * 224}", f"data.video_total_pixels={16 * 224 * 224}",
+                 f"data.prefetch={prefetch}", "rollout.num_generations=4", f"rollout.max_new_tokens={args.new_tokens}",
+                 f"run.max_steps={args.steps}", "run.prompts_per_device=2", "run.micro_batch_size=8",
+                 "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.use_tensorboard=false", "run.save_every=0",
+                 "run.resume_from=none", "run.progress_bar=false"]
+    cfg = load_config(TrainConfig, None, overrides)
+    samples = [{"id": f"s{i}", "task": "tvg", "query": "when does the square cross the middle?",
+                "video": paths[i % len(paths)], "duration": args.seconds,
+                "spans": [[args.seconds * 0.4, args.seconds * 0.6]]} for i in range(4 * args.steps)]
+
+    def reward(texts, _samples):
+        acc = torch.tensor([float(sum(map(ord, t)) % 7) / 6.0 for t in texts])
+        return {"acc": acc, "total": acc.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+    return GRPOTrainer(cfg, samples=samples, reward_fn=reward)
+
+
+def run_mode(model_dir, root, paths, prefetch, args) -> dict:
+    tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
+    tr._make_stream()
+    waits, steps = [], []
+    try:
+        for _ in range(args.steps):
+            m = tr.train_step()
+            waits.append(float(m["perf/data_wait"]))
+            steps.append(float(m["perf/step_time"]))
+    finally:
+        tr._close_prefetch()
+    rest = slice(1, None)
+    frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
+    res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
+           "fraction_all": sum(waits) / sum(steps)}
+    print(f"prefetch={prefetch}: step median {sorted(steps)[len(steps) // 2]:.2f}s | wait per step "
+          f"{' '.join(f'{w:.3f}' for w in waits)} s | wait fraction after step 1 = {frac:.3f} "
+          f"(all steps {res['fraction_all']:.3f})", flush=True)
+    return res
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    common.set_threads(args.threads)
+    t0 = time.time()
+    import logging
+
+    logging.getLogger("mmgrpo").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="mmgrpo_perf_data_") as root:
+        t_w = time.time()
+        paths = write_clips(root, args)
+        t_w = time.time() - t_w
+        model_dir = common.save_bench_vlm(os.path.join(root, args.model), args.model)
+        inline = None if args.quick else run_mode(model_dir, root, paths, 0, args)  # quick: the headline only
+        ahead = run_mode(model_dir, root, paths, args.prefetch, args)
+    out = {"benchmark": "data_prefetch",
+           "command": " ".join(["python", "eval/perf/data_prefetch.py"] + (argv or sys.argv[1:])),
+           "machine": common.machine_info(), "wall_s": time.time() - t0, "write_clips_s": t_w,
+           "clip": {"seconds": args.seconds, "fps": args.fps, "size": args.size, "sampled_frames": 16,
+                    "reader": os.environ.get("FORCE_QWENVL_VIDEO_READER")},
+           "inline": inline, "prefetched": ahead, "data_wait_fraction": ahead["fraction_after_first"],
+           "data_wait_fraction_inline": inline["fraction_after_first"] if inline else None}
+    if inline:
+        print(f"data_wait_fraction_inline={inline['fraction_after_first']:.2f}")
+    common.emit(out, args.json, ("data_wait_fraction", ahead["fraction_after_first"]))
+    return out
+
+
+if __name__ == "__main__":
+    main()

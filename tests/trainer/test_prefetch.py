@@ -1,0 +1,67 @@
+"""data.prefetch: the next steps' samples are prepared in a background thread; the training is unchanged (same
+weights, same data positions, checkpoints record the batch being trained), only the waiting moves."""
+import threading
+import time
+
+import pytest
+import torch
+
+from mmgrpo.data.prefetch import Prefetcher
+from mmgrpo.train.trainer import GRPOTrainer
+
+
+def test_prefetcher_order_hits_misses_cancel_and_errors():
+    calls = []
+
+    def prep(x):
+        calls.append((x, threading.current_thread().name))
+        if x == "bad":
+            raise ValueError("undecodable")
+        time.sleep(0.01)
+        return x.upper()
+
+    pf = Prefetcher(prep)
+    try:
+        pf.schedule([((0, 5), "a"), ((1, 3), "b"), ((2, 9), "bad")])
+        assert pf.get((0, 5), "a") == "A" and pf.get((1, 3), "b") == "B"
+        with pytest.raises(ValueError, match="undecodable"):  # the worker's error reaches the caller
+            pf.get((2, 9), "bad")
+        assert [c[0] for c in calls] == ["a", "b", "bad"]  # one worker, in hint order
+        assert all(name.startswith("mmgrpo-prefetch") for _, name in calls)
+        assert pf.get((3, 1), "c") == "C" and calls[-1] == ("c", threading.current_thread().name)  # inline
+        assert (pf.hits, pf.misses) == (3, 1)
+        pf.schedule([((4, 0), "d")])
+        pf.schedule([((5, 0), "e")])  # (4, 0) no longer expected: dropped
+        assert pf.get((5, 0), "e") == "E" and (4, 0) not in pf._pending
+    finally:
+        pf.close()
+
+
+def _run(tr, steps):
+    tr._make_stream()
+    positions = []
+    for _ in range(steps):
+        tr.train_step()
+        positions.append(tr.state()["trainer"]["stream"])
+    return positions
+
+
+def test_prefetch_changes_nothing_but_the_waiting(tmp_path, tiny_dirs, th):
+    samples = th.video_samples(3) + th.image_samples(2)  # 5 samples, 2 per step: epochs wrap (reshuffled)
+    runs = {}
+    for n in (0, 2):
+        cfg = th.make_cfg(tmp_path / f"p{n}", tiny_dirs("qwen2_5_vl"), f"data.prefetch={n}", "run.max_steps=3")
+        torch.manual_seed(0)
+        tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
+        try:
+            runs[n] = (_run(tr, 3), th.trainable(tr), tr._get_prefetcher())
+            if n:
+                pf = tr._prefetcher
+                # step 1 prepared inline; steps 2 and 3 came from the background thread
+                assert (pf.hits, pf.misses) == (4, 2)
+        finally:
+            tr._close_prefetch()
+    (pos0, w0, _), (pos2, w2, _) = runs[0], runs[2]
+    # the checkpointed data position is the trained batch's, not the prefetched one's
+    assert pos2 == pos0 and [p["position"] for p in pos2] == [2, 4, 6]
+    assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
