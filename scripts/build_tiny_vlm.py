@@ -173,10 +173,18 @@ def count_params(model) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # data
 # ------------------------------------------------------------------------------------------------------------
-def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int) -> tuple[Path, Path]:
-    """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated with ``data.synthetic_tvg.generate`` if absent."""
+def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
+                n_val: int = 0) -> tuple[Path, Path]:
+    """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
+    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
+    (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
-    if not (tr.exists() and ev.exists()):
+    if benchmark == "grounding":
+        if not (tr.exists() and ev.exists()):
+            from mmgrpo.data.synthetic_grounding import generate as generate_v2
+
+            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val)
+    elif not (tr.exists() and ev.exists()):
         try:
             from mmgrpo.data.synthetic_tvg import generate
         except ImportError:  # older layout: a repo-root generator module
@@ -228,6 +236,25 @@ def prior_baselines(train: list, held: list) -> dict:
     return out
 
 
+def noisy_labels(samples: list, noise: float, seed: int) -> list:
+    """Copies of ``samples`` whose span boundaries move by independent U(-noise, noise) seconds (one draw per
+    sample from ``seed``), clipped to ``[0, duration]`` and kept at least 0.25 s long: labels that point at the
+    right event but with imprecise boundaries -- the weakness an IoU reward can fix."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
+    out = []
+    for s in samples:
+        (a, b), = s.spans
+        da, db = rng.uniform(-noise, noise, size=2)
+        a2 = float(np.clip(a + da, 0.0, s.duration - 0.25))
+        b2 = float(np.clip(b + db, a2 + 0.25, s.duration))
+        out.append(dataclasses.replace(s, spans=[[a2, b2]]))
+    return out
+
+
 def fingerprint() -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
     answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
@@ -274,6 +301,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=240.0, help="wall-clock guard for the SFT loop (0 = none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default="", help="folder with train.jsonl / eval.jsonl (default: <out>/data)")
+    p.add_argument("--benchmark", default="tvg", choices=("tvg", "grounding"),
+                   help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
+                        "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
+    p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
+    p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
+                   help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
+    p.add_argument("--label-noise", type=float, default=0.0,
+                   help="boundary-noisy SFT labels: each training answer's start and end move by an independent "
+                        "uniform offset in [-x, x] seconds (fixed per sample; clipped to [0, duration], start < end)")
     p.add_argument("--n-train", type=int, default=400, help="training videos (1-3 queries each)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out videos (1-3 queries each)")
     p.add_argument("--steps", type=int, default=250, help="SFT steps: the (held-out-free) stopping rule")
@@ -325,8 +361,13 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
-    tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed)
+    tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed, args.benchmark, args.n_val)
+    if args.eval_split == "val":
+        ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
+    train_clean = train
+    if args.label_noise > 0:
+        train = noisy_labels(train, args.label_noise, args.seed)
     t_data = time.perf_counter() - t0
 
     kw = {"mode": args.mode, "answer_format": args.answer_format}
@@ -382,7 +423,7 @@ def main(argv=None) -> dict:
         print(f"[eval after] query-swap probe: own-query mIoU {qs['own_mIoU']:.1f} vs another event of the same "
               f"video {qs['other_mIoU']:.1f} (equal = the model ignores the query)", flush=True)
 
-    baselines = prior_baselines(train, held)
+    baselines = prior_baselines(train_clean, held)
     print(f"[baselines] video-blind spans fitted on train, held-out mIoU: constant "
           f"{baselines['constant_span']['mIoU']:.1f}, duration-relative "
           f"{baselines['duration_relative_span']['mIoU']:.1f}", flush=True)
