@@ -13,6 +13,11 @@ of the video, so a span that ignores the video scores about 45 mIoU (``docs/demo
   colour+shape is unique in the video, "When does the red square move left?" when it has a twin (and, with
   probability ``motion_query_prob``, also when it has none).
 
+With ``clock=True`` every frame also shows a white progress bar in its bottom ``CLOCK_ROWS`` rows whose length is
+the frame's time ``k / fps`` at ``CLOCK_PX_PER_S`` pixels per second (burnt-in timestamps are common in real video,
+and drawing frame numbers onto frames is how NumPro helps video LLMs ground).  It makes the *time* of a frame
+visible in its pixels; *which* frames hold the queried event still has to be read from the shapes.
+
 Ground truth as in version 1: ``span = [a / fps, (b + 1) / fps]`` for visible frames ``a..b``; ``duration =
 num_frames / fps``.  ``meta["version"] = 2``.
 
@@ -40,6 +45,9 @@ DURATION = (10.0, 16.0)  # seconds, uniform
 EVENT_SECONDS = (1.0, 2.0)  # visible time of one event, uniform
 N_EVENTS = (3, 5)  # inclusive
 N_LANES = 3
+CLOCK_ROWS = 8  # height of the progress bar strip at the bottom of a frame (clock=True)
+CLOCK_PX_PER_S = 3.5  # bar length per second of video time: 16 s fit in 56 px, for both frame widths
+CLOCK_RGB = (255, 255, 255)  # not a palette colour
 MIN_MOVE = 16  # pixels between the first and the last position: motion is visible in two frames
 APPEAR_TEMPLATES = (
     "When does the {colour} {shape} appear?",
@@ -76,6 +84,11 @@ class GroundingSpec:
     width: int
     height: int
     events: tuple
+    clock: bool = False  # draw a progress bar (video time) at the bottom of each frame
+
+    @property
+    def lane_height(self) -> int:
+        return (self.height - (CLOCK_ROWS if self.clock else 0)) // N_LANES
 
     @property
     def duration(self) -> float:
@@ -93,7 +106,9 @@ def render_frame(spec: GroundingSpec, k: int):
 
     img = np.empty((spec.height, spec.width, 3), np.uint8)
     img[:] = BACKGROUND
-    lane_h = spec.height // N_LANES
+    lane_h = spec.lane_height
+    if spec.clock:  # bar length = frame time k / fps in CLOCK_PX_PER_S pixels per second
+        img[spec.height - CLOCK_ROWS:, :int(round(k / spec.fps * CLOCK_PX_PER_S))] = CLOCK_RGB
     for ev in spec.events:
         if not ev.first_frame <= k <= ev.last_frame:
             continue
@@ -121,16 +136,16 @@ def _has_distractors(events) -> bool:
     return all(any(e is not f and (e.colour == f.colour or e.shape == f.shape) for f in events) for e in events)
 
 
-def sample_spec(rng, name: str, twin_prob: float = 0.3) -> GroundingSpec:
+def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: bool = False) -> GroundingSpec:
     """One random video (see the module docstring); redrawn until it has at least 3 events and every event has a
     colour or shape distractor."""
     while True:
-        spec = _draw_spec(rng, name, twin_prob)
+        spec = _draw_spec(rng, name, twin_prob, clock)
         if len(spec.events) >= N_EVENTS[0] and _has_distractors(spec.events):
             return spec
 
 
-def _draw_spec(rng, name: str, twin_prob: float) -> GroundingSpec:
+def _draw_spec(rng, name: str, twin_prob: float, clock: bool) -> GroundingSpec:
     fps = float(rng.choice(FPS_CHOICES))
     n = int(round(float(rng.uniform(*DURATION)) * fps))
     width, height = SIZES[int(rng.integers(len(SIZES)))]
@@ -156,7 +171,7 @@ def _draw_spec(rng, name: str, twin_prob: float) -> GroundingSpec:
         busy[int(lane)].append((a, a + length - 1))
         x0, x1 = _motion(rng, width, d)
         events.append(MovingEvent(c, s, d, a, a + length - 1, int(lane), x0, x1))
-    return GroundingSpec(name, fps, n, width, height, tuple(events))
+    return GroundingSpec(name, fps, n, width, height, tuple(events), clock)
 
 
 def event_query(spec: GroundingSpec, j: int, rng, motion_query_prob: float = 0.3) -> str:
@@ -254,7 +269,7 @@ def detect_events(spec: GroundingSpec) -> list[tuple[str, str, str, int, int]]:
     import numpy as np
 
     area = {s: int(_shape_mask(s, SHAPE_SIZE).sum()) for s in SHAPES}
-    lane_h = spec.height // N_LANES
+    lane_h = spec.lane_height
     runs: dict[tuple, list] = {}  # (lane, colour, shape) -> [[first, last, [x per frame]], ...]
     for k in range(spec.num_frames):
         img = render_frame(spec, k)
@@ -318,7 +333,7 @@ def query_swap_stats(samples) -> dict:
 # generation
 # ------------------------------------------------------------------------------------------------------------
 def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, seed: int = 0,
-             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0) -> dict:
+             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: bool = False) -> dict:
     """Write the videos and ``train.jsonl`` / ``eval.jsonl`` (and ``val.jsonl`` if ``n_val``) under ``out_dir``.
 
     Splits use independent streams ``SeedSequence(seed, spawn_key=(stream,))`` (train 0, eval 1, val 2), so the
@@ -341,7 +356,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
         rows[split], specs[split] = [], []
         for k in range(n):
-            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob)
+            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob, clock)
             rel = f"videos/{spec.name}.mp4"
             write_video(os.path.join(out_dir, rel), (render_frame(spec, i) for i in range(spec.num_frames)),
                         spec.fps, crf=10)
@@ -358,7 +373,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     checks["query_swap"] = {s: query_swap_stats(r) for s, r in rows.items()}
     result["checks"] = checks
     with open(os.path.join(out_dir, "info.json"), "w") as fh:
-        json.dump({"version": 2, "seed": seed, "n_train": n_train, "n_eval": n_eval, "n_val": n_val,
+        json.dump({"version": 2, "seed": seed, "n_train": n_train, "n_eval": n_eval, "n_val": n_val, "clock": clock,
                    "twin_prob": twin_prob, "motion_query_prob": motion_query_prob,
                    "n_samples": result["n_samples"], "checks": checks,
                    "span_rule": "[first_frame / fps, (last_frame + 1) / fps]"}, fh, indent=1)

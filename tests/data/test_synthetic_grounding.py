@@ -114,3 +114,16 @@ def test_generated_files_decode_and_match(tmp_path):
             present = (d < 60).reshape(len(frames), -1).sum(1) >= 20
             assert present[a:b + 1].all()  # the target's colour is on screen during its span
     assert len(ids) >= 3  # splits hold different videos
+
+
+def test_clock_bar_shows_frame_time_and_keeps_the_oracle_exact():
+    rng = np.random.default_rng(11)
+    s = g.sample_spec(rng, "c", clock=True)
+    for k in (0, 1, s.num_frames // 2, s.num_frames - 1):
+        bar = np.all(g.render_frame(s, k)[s.height - g.CLOCK_ROWS:] == 255, axis=-1)
+        assert bar.all(0).sum() == round(k / s.fps * g.CLOCK_PX_PER_S)  # full-height columns = time in px
+        assert not bar[:, bar.all(0).sum():].any()
+    queries = [g.event_query(s, j, rng) for j in range(len(s.events))]
+    assert np.allclose(g.oracle_spans(s, queries), [e.span(s.fps) for e in s.events])
+    # 16 s fit in the narrowest frame
+    assert g.DURATION[1] * g.CLOCK_PX_PER_S <= min(w for w, _ in g.SIZES)
