@@ -174,7 +174,7 @@ def count_params(model) -> dict:
 # data
 # ------------------------------------------------------------------------------------------------------------
 def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
-                n_val: int = 0, clock: bool = False) -> tuple[Path, Path]:
+                n_val: int = 0, clock: str = "none") -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
     ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
@@ -305,7 +305,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
                         "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
-    p.add_argument("--clock", action="store_true", help="grounding: frames show a progress bar of the video time")
+    p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
+                   help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
+                        "brightens with time); see mmgrpo/data/synthetic_grounding.py")
     p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
                    help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
     p.add_argument("--label-noise", type=float, default=0.0,

@@ -13,10 +13,13 @@ of the video, so a span that ignores the video scores about 45 mIoU (``docs/demo
   colour+shape is unique in the video, "When does the red square move left?" when it has a twin (and, with
   probability ``motion_query_prob``, also when it has none).
 
-With ``clock=True`` every frame also shows a white progress bar in its bottom ``CLOCK_ROWS`` rows whose length is
-the frame's time ``k / fps`` at ``CLOCK_PX_PER_S`` pixels per second (burnt-in timestamps are common in real video,
-and drawing frame numbers onto frames is how NumPro helps video LLMs ground).  It makes the *time* of a frame
-visible in its pixels; *which* frames hold the queried event still has to be read from the shapes.
+Optional clocks make the *time* of a frame visible in its pixels (burnt-in timestamps are common in real video,
+and drawing frame numbers onto frames is how NumPro helps video LLMs ground); *which* frames hold the queried
+event still has to be read from the shapes:
+
+* ``clock="bar"``: a white progress bar in the bottom ``CLOCK_ROWS`` rows, ``k / fps * CLOCK_PX_PER_S`` pixels long;
+* ``clock="light"``: the grey background brightens with time, level ``LIGHT_START + LIGHT_PER_S * k / fps``, so
+  every visual token (also the one holding the queried shape) carries the time of its frames.
 
 Ground truth as in version 1: ``span = [a / fps, (b + 1) / fps]`` for visible frames ``a..b``; ``duration =
 num_frames / fps``.  ``meta["version"] = 2``.
@@ -48,6 +51,8 @@ N_LANES = 3
 CLOCK_ROWS = 8  # height of the progress bar strip at the bottom of a frame (clock=True)
 CLOCK_PX_PER_S = 3.5  # bar length per second of video time: 16 s fit in 56 px, for both frame widths
 CLOCK_RGB = (255, 255, 255)  # not a palette colour
+LIGHT_START, LIGHT_PER_S = 30.0, 7.0  # clock="light": grey level at 0 s and its rise per second (142 at 16 s)
+CLOCKS = ("none", "bar", "light")
 MIN_MOVE = 16  # pixels between the first and the last position: motion is visible in two frames
 APPEAR_TEMPLATES = (
     "When does the {colour} {shape} appear?",
@@ -84,11 +89,11 @@ class GroundingSpec:
     width: int
     height: int
     events: tuple
-    clock: bool = False  # draw a progress bar (video time) at the bottom of each frame
+    clock: str = "none"  # "bar" | "light": show the frame's time in its pixels (module docstring)
 
     @property
     def lane_height(self) -> int:
-        return (self.height - (CLOCK_ROWS if self.clock else 0)) // N_LANES
+        return (self.height - (CLOCK_ROWS if self.clock == "bar" else 0)) // N_LANES
 
     @property
     def duration(self) -> float:
@@ -105,9 +110,9 @@ def render_frame(spec: GroundingSpec, k: int):
     import numpy as np
 
     img = np.empty((spec.height, spec.width, 3), np.uint8)
-    img[:] = BACKGROUND
+    img[:] = BACKGROUND if spec.clock != "light" else int(round(LIGHT_START + LIGHT_PER_S * k / spec.fps))
     lane_h = spec.lane_height
-    if spec.clock:  # bar length = frame time k / fps in CLOCK_PX_PER_S pixels per second
+    if spec.clock == "bar":  # bar length = frame time k / fps in CLOCK_PX_PER_S pixels per second
         img[spec.height - CLOCK_ROWS:, :int(round(k / spec.fps * CLOCK_PX_PER_S))] = CLOCK_RGB
     for ev in spec.events:
         if not ev.first_frame <= k <= ev.last_frame:
@@ -136,16 +141,18 @@ def _has_distractors(events) -> bool:
     return all(any(e is not f and (e.colour == f.colour or e.shape == f.shape) for f in events) for e in events)
 
 
-def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: bool = False) -> GroundingSpec:
+def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none") -> GroundingSpec:
     """One random video (see the module docstring); redrawn until it has at least 3 events and every event has a
     colour or shape distractor."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     while True:
         spec = _draw_spec(rng, name, twin_prob, clock)
         if len(spec.events) >= N_EVENTS[0] and _has_distractors(spec.events):
             return spec
 
 
-def _draw_spec(rng, name: str, twin_prob: float, clock: bool) -> GroundingSpec:
+def _draw_spec(rng, name: str, twin_prob: float, clock: str) -> GroundingSpec:
     fps = float(rng.choice(FPS_CHOICES))
     n = int(round(float(rng.uniform(*DURATION)) * fps))
     width, height = SIZES[int(rng.integers(len(SIZES)))]
@@ -333,7 +340,7 @@ def query_swap_stats(samples) -> dict:
 # generation
 # ------------------------------------------------------------------------------------------------------------
 def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, seed: int = 0,
-             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: bool = False) -> dict:
+             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: str = "none") -> dict:
     """Write the videos and ``train.jsonl`` / ``eval.jsonl`` (and ``val.jsonl`` if ``n_val``) under ``out_dir``.
 
     Splits use independent streams ``SeedSequence(seed, spawn_key=(stream,))`` (train 0, eval 1, val 2), so the

@@ -241,13 +241,14 @@ def main(argv=None) -> int:
                    help="1: this module's benchmark; 2: mmgrpo.data.synthetic_grounding (3-5 short moving events "
                         "with colour/shape distractors and motion queries, where a video-blind span scores low)")
     p.add_argument("--n-val", type=int, default=0, help="version 2: also write a validation split val.jsonl")
-    p.add_argument("--clock", action="store_true", help="version 2: draw a progress bar (video time, 3.5 px per "
-                   "second) at the bottom of every frame, so the time of an event is visible in its frames")
+    p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
+                   help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
+                        "= the background brightens with time (mmgrpo.data.synthetic_grounding)")
     a = p.parse_args(argv)
     if a.version == 2:
         if a.mcq:
             p.error("--mcq exists only for --version 1")
-    elif a.clock or a.n_val:
+    elif a.clock != "none" or a.n_val:
         p.error("--clock and --n-val exist only for --version 2")
     if a.version == 2:
         from .synthetic_grounding import generate as generate_v2

@@ -118,7 +118,7 @@ def test_generated_files_decode_and_match(tmp_path):
 
 def test_clock_bar_shows_frame_time_and_keeps_the_oracle_exact():
     rng = np.random.default_rng(11)
-    s = g.sample_spec(rng, "c", clock=True)
+    s = g.sample_spec(rng, "c", clock="bar")
     for k in (0, 1, s.num_frames // 2, s.num_frames - 1):
         bar = np.all(g.render_frame(s, k)[s.height - g.CLOCK_ROWS:] == 255, axis=-1)
         assert bar.all(0).sum() == round(k / s.fps * g.CLOCK_PX_PER_S)  # full-height columns = time in px
@@ -127,3 +127,17 @@ def test_clock_bar_shows_frame_time_and_keeps_the_oracle_exact():
     assert np.allclose(g.oracle_spans(s, queries), [e.span(s.fps) for e in s.events])
     # 16 s fit in the narrowest frame
     assert g.DURATION[1] * g.CLOCK_PX_PER_S <= min(w for w, _ in g.SIZES)
+
+
+def test_light_clock_background_level_is_frame_time():
+    rng = np.random.default_rng(12)
+    s = g.sample_spec(rng, "l", clock="light")
+    ks = np.arange(s.num_frames)
+    exp = np.round(g.LIGHT_START + g.LIGHT_PER_S * ks / s.fps)
+    bg = [np.median(g.render_frame(s, k).reshape(-1, 3), axis=0) for k in range(s.num_frames)]
+    assert np.array_equal(np.array(bg)[:, 0], exp) and np.all(np.array(bg) == exp[:, None])
+    assert np.all(np.diff(exp) >= 0) and exp[-1] <= 255
+    queries = [g.event_query(s, j, rng) for j in range(len(s.events))]
+    assert np.allclose(g.oracle_spans(s, queries), [e.span(s.fps) for e in s.events])
+    with pytest.raises(ValueError, match="clock must be one of"):
+        g.sample_spec(rng, "x", clock="sun")
