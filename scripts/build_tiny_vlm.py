@@ -236,10 +236,11 @@ def prior_baselines(train: list, held: list) -> dict:
     return out
 
 
-def noisy_labels(samples: list, noise: float, seed: int) -> list:
+def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) -> list:
     """Copies of ``samples`` whose span boundaries move by independent U(-noise, noise) seconds (one draw per
-    sample from ``seed``), clipped to ``[0, duration]`` and kept at least 0.25 s long: labels that point at the
-    right event but with imprecise boundaries -- the weakness an IoU reward can fix."""
+    sample from ``seed``), clipped to ``[0, duration]`` and kept at least 0.25 s long, then (``round_to`` > 0) widened
+    to multiples of ``round_to`` (start down, end up; end capped at the duration): labels that point at the right
+    event but with imprecise boundaries -- the weakness an IoU reward can fix."""
     import dataclasses
 
     import numpy as np
@@ -248,9 +249,12 @@ def noisy_labels(samples: list, noise: float, seed: int) -> list:
     out = []
     for s in samples:
         (a, b), = s.spans
-        da, db = rng.uniform(-noise, noise, size=2)
+        da, db = rng.uniform(-noise, noise, size=2) if noise > 0 else (0.0, 0.0)
         a2 = float(np.clip(a + da, 0.0, s.duration - 0.25))
         b2 = float(np.clip(b + db, a2 + 0.25, s.duration))
+        if round_to > 0:
+            a2 = float(np.floor(a2 / round_to + 1e-9) * round_to)
+            b2 = float(min(np.ceil(b2 / round_to - 1e-9) * round_to, s.duration))
         out.append(dataclasses.replace(s, spans=[[a2, b2]]))
     return out
 
@@ -313,6 +317,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label-noise", type=float, default=0.0,
                    help="boundary-noisy SFT labels: each training answer's start and end move by an independent "
                         "uniform offset in [-x, x] seconds (fixed per sample; clipped to [0, duration], start < end)")
+    p.add_argument("--label-round", type=float, default=0.0,
+                   help="coarse SFT labels: round each training answer's start down and end up to a multiple of x "
+                        "seconds (after --label-noise); the answer's fraction digits then carry no frame-rate noise")
     p.add_argument("--n-train", type=int, default=400, help="training videos (1-3 queries each)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out videos (1-3 queries each)")
     p.add_argument("--steps", type=int, default=250, help="SFT steps: the (held-out-free) stopping rule")
@@ -370,8 +377,8 @@ def main(argv=None) -> dict:
         ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
     train_clean = train
-    if args.label_noise > 0:
-        train = noisy_labels(train, args.label_noise, args.seed)
+    if args.label_noise > 0 or args.label_round > 0:
+        train = noisy_labels(train, args.label_noise, args.seed, args.label_round)
     t_data = time.perf_counter() - t0
 
     kw = {"mode": args.mode, "answer_format": args.answer_format}
