@@ -259,11 +259,12 @@ def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) 
     return out
 
 
-def fingerprint() -> dict:
+def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
     answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
     (``mmgrpo.data.synthetic_tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
-    checkpoint whose fingerprint differs from the current code's must be rebuilt."""
+    checkpoint whose fingerprint differs from the current code's must be rebuilt.  ``benchmark="grounding"`` adds
+    ``synthetic_grounding``: the same for ``mmgrpo.data.synthetic_grounding`` (version 2)."""
     import hashlib
     import inspect
 
@@ -284,7 +285,17 @@ def fingerprint() -> dict:
     def h(x: str) -> str:
         return hashlib.sha256(x.encode()).hexdigest()[:16]
 
-    return {"prompts": h(text), "synthetic_tvg": h(gen)}
+    out = {"prompts": h(text), "synthetic_tvg": h(gen)}
+    if benchmark == "grounding":
+        from mmgrpo.data import synthetic_grounding as g2
+
+        src = repr([g2.DURATION, g2.EVENT_SECONDS, g2.N_EVENTS, g2.N_LANES, g2.MIN_MOVE, g2.CLOCK_ROWS,
+                    g2.CLOCK_PX_PER_S, g2.CLOCK_RGB, g2.LIGHT_START, g2.LIGHT_PER_S, g2.APPEAR_TEMPLATES,
+                    g2.MOVE_TEMPLATES]) + "".join(inspect.getsource(f) for f in (
+                        g2.render_frame, g2._x_at, g2._place, g2._motion, g2.sample_spec, g2._draw_spec,
+                        g2.event_query, g2.tvg_samples, g2.MovingEvent.span))
+        out["synthetic_grounding"] = h(src)
+    return out
 
 
 def load_split(path: Path) -> list:
@@ -453,7 +464,7 @@ def main(argv=None) -> dict:
         "sft": {k: v for k, v in res.items() if k != "history"},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
         "final_loss": res["history"][-1]["loss"] if res["history"] else None,
-        "fingerprint": fingerprint(),
+        "fingerprint": fingerprint(args.benchmark),
         "video_blind_baselines": baselines,
         "eval_before": _metrics(before), "eval_heldout": _metrics(after), "eval_train_subset": _metrics(after_train),
         "examples": [{"id": e.id, "gt": e.answer_text, "pred": t} for e, t in zip(ex_eval[:8], after["texts"][:8])],

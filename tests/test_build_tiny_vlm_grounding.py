@@ -40,3 +40,13 @@ def test_label_noise_is_bounded_fixed_per_seed_and_keeps_spans_valid():
     for o in edge:
         a, e = o.spans[0]
         assert 0.0 <= a and e <= 0.6 and e - a >= 0.25 - 1e-12
+
+
+def test_fingerprint_covers_the_grounding_generator_only_when_asked(monkeypatch):
+    from mmgrpo.data import synthetic_grounding as g2
+
+    b = _builder()
+    f1, f2 = b.fingerprint(), b.fingerprint("grounding")
+    assert "synthetic_grounding" not in f1 and {k: f2[k] for k in f1} == f1
+    monkeypatch.setattr(g2, "EVENT_SECONDS", (1.0, 3.0))
+    assert b.fingerprint("grounding")["synthetic_grounding"] != f2["synthetic_grounding"]
