@@ -174,7 +174,7 @@ def count_params(model) -> dict:
 # data
 # ------------------------------------------------------------------------------------------------------------
 def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
-                n_val: int = 0, clock: str = "none") -> tuple[Path, Path]:
+                n_val: int = 0, clock: str = "none", lanes: int = 3) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
     ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
@@ -183,7 +183,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
         if not (tr.exists() and ev.exists()):
             from mmgrpo.data.synthetic_grounding import generate as generate_v2
 
-            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock)
+            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes)
     elif not (tr.exists() and ev.exists()):
         try:
             from mmgrpo.data.synthetic_tvg import generate
@@ -320,6 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
                         "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
+    p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
                         "brightens with time); see mmgrpo/data/synthetic_grounding.py")
@@ -383,7 +384,7 @@ def main(argv=None) -> dict:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
     tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed, args.benchmark, args.n_val,
-                                   args.clock)
+                                   args.clock, args.lanes)
     if args.eval_split == "val":
         ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)

@@ -47,7 +47,7 @@ from .synthetic_tvg import BACKGROUND, COLOURS, FPS_CHOICES, SHAPE_SIZE, SHAPES,
 DURATION = (10.0, 16.0)  # seconds, uniform
 EVENT_SECONDS = (1.0, 2.0)  # visible time of one event, uniform
 N_EVENTS = (3, 5)  # inclusive
-N_LANES = 3
+N_LANES = 3  # default; lanes=2 puts each lane on one row of 28 px visual tokens (64 px frames resized to 56)
 CLOCK_ROWS = 8  # height of the progress bar strip at the bottom of a frame (clock=True)
 CLOCK_PX_PER_S = 3.5  # bar length per second of video time: 16 s fit in 56 px, for both frame widths
 CLOCK_RGB = (255, 255, 255)  # not a palette colour
@@ -90,10 +90,11 @@ class GroundingSpec:
     height: int
     events: tuple
     clock: str = "none"  # "bar" | "light": show the frame's time in its pixels (module docstring)
+    lanes: int = N_LANES
 
     @property
     def lane_height(self) -> int:
-        return (self.height - (CLOCK_ROWS if self.clock == "bar" else 0)) // N_LANES
+        return (self.height - (CLOCK_ROWS if self.clock == "bar" else 0)) // self.lanes
 
     @property
     def duration(self) -> float:
@@ -141,18 +142,18 @@ def _has_distractors(events) -> bool:
     return all(any(e is not f and (e.colour == f.colour or e.shape == f.shape) for f in events) for e in events)
 
 
-def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none") -> GroundingSpec:
+def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none", lanes: int = N_LANES) -> GroundingSpec:
     """One random video (see the module docstring); redrawn until it has at least 3 events and every event has a
     colour or shape distractor."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     while True:
-        spec = _draw_spec(rng, name, twin_prob, clock)
+        spec = _draw_spec(rng, name, twin_prob, clock, lanes)
         if len(spec.events) >= N_EVENTS[0] and _has_distractors(spec.events):
             return spec
 
 
-def _draw_spec(rng, name: str, twin_prob: float, clock: str) -> GroundingSpec:
+def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int) -> GroundingSpec:
     fps = float(rng.choice(FPS_CHOICES))
     n = int(round(float(rng.uniform(*DURATION)) * fps))
     width, height = SIZES[int(rng.integers(len(SIZES)))]
@@ -165,11 +166,11 @@ def _draw_spec(rng, name: str, twin_prob: float, clock: str) -> GroundingSpec:
     if rng.random() < twin_prob:  # the same colour+shape again, moving the other way
         c, s, d = kinds[int(rng.integers(len(kinds)))]
         kinds.append((c, s, "left" if d == "right" else "right"))
-    busy: dict[int, list] = {lane: [] for lane in range(N_LANES)}
+    busy: dict[int, list] = {lane: [] for lane in range(lanes)}
     events = []
     for c, s, d in kinds:
         length = max(2, int(round(float(rng.uniform(*EVENT_SECONDS)) * fps)))
-        for lane in rng.permutation(N_LANES):
+        for lane in rng.permutation(lanes):
             a = _place(rng, n, length, busy[int(lane)])
             if a is not None:
                 break
@@ -178,7 +179,7 @@ def _draw_spec(rng, name: str, twin_prob: float, clock: str) -> GroundingSpec:
         busy[int(lane)].append((a, a + length - 1))
         x0, x1 = _motion(rng, width, d)
         events.append(MovingEvent(c, s, d, a, a + length - 1, int(lane), x0, x1))
-    return GroundingSpec(name, fps, n, width, height, tuple(events), clock)
+    return GroundingSpec(name, fps, n, width, height, tuple(events), clock, lanes)
 
 
 def event_query(spec: GroundingSpec, j: int, rng, motion_query_prob: float = 0.3) -> str:
@@ -280,7 +281,7 @@ def detect_events(spec: GroundingSpec) -> list[tuple[str, str, str, int, int]]:
     runs: dict[tuple, list] = {}  # (lane, colour, shape) -> [[first, last, [x per frame]], ...]
     for k in range(spec.num_frames):
         img = render_frame(spec, k)
-        for lane in range(N_LANES):
+        for lane in range(spec.lanes):
             band = img[lane * lane_h:(lane + 1) * lane_h]
             for c, rgb in COLOURS.items():
                 m = np.all(band == np.asarray(rgb, np.uint8), axis=-1)
@@ -340,7 +341,8 @@ def query_swap_stats(samples) -> dict:
 # generation
 # ------------------------------------------------------------------------------------------------------------
 def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, seed: int = 0,
-             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: str = "none") -> dict:
+             twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: str = "none",
+             lanes: int = N_LANES) -> dict:
     """Write the videos and ``train.jsonl`` / ``eval.jsonl`` (and ``val.jsonl`` if ``n_val``) under ``out_dir``.
 
     Splits use independent streams ``SeedSequence(seed, spawn_key=(stream,))`` (train 0, eval 1, val 2), so the
@@ -363,7 +365,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
         rows[split], specs[split] = [], []
         for k in range(n):
-            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob, clock)
+            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob, clock, lanes)
             rel = f"videos/{spec.name}.mp4"
             write_video(os.path.join(out_dir, rel), (render_frame(spec, i) for i in range(spec.num_frames)),
                         spec.fps, crf=10)
@@ -380,7 +382,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     checks["query_swap"] = {s: query_swap_stats(r) for s, r in rows.items()}
     result["checks"] = checks
     with open(os.path.join(out_dir, "info.json"), "w") as fh:
-        json.dump({"version": 2, "seed": seed, "n_train": n_train, "n_eval": n_eval, "n_val": n_val, "clock": clock,
+        json.dump({"version": 2, "seed": seed, "n_train": n_train, "n_eval": n_eval, "n_val": n_val, "clock": clock, "lanes": lanes,
                    "twin_prob": twin_prob, "motion_query_prob": motion_query_prob,
                    "n_samples": result["n_samples"], "checks": checks,
                    "span_rule": "[first_frame / fps, (last_frame + 1) / fps]"}, fh, indent=1)

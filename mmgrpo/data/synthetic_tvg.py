@@ -244,16 +244,18 @@ def main(argv=None) -> int:
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
                         "= the background brightens with time (mmgrpo.data.synthetic_grounding)")
+    p.add_argument("--lanes", type=int, default=3,
+                   help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
     a = p.parse_args(argv)
     if a.version == 2:
         if a.mcq:
             p.error("--mcq exists only for --version 1")
-    elif a.clock != "none" or a.n_val:
-        p.error("--clock and --n-val exist only for --version 2")
+    elif a.clock != "none" or a.n_val or a.lanes != 3:
+        p.error("--clock, --n-val and --lanes exist only for --version 2")
     if a.version == 2:
         from .synthetic_grounding import generate as generate_v2
 
-        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock)
+        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock, lanes=a.lanes)
     else:
         res = generate(a.out_dir, a.n_train, a.n_eval, a.seed, a.mcq)
     print(json.dumps(res, indent=1))

@@ -141,3 +141,13 @@ def test_light_clock_background_level_is_frame_time():
     assert np.allclose(g.oracle_spans(s, queries), [e.span(s.fps) for e in s.events])
     with pytest.raises(ValueError, match="clock must be one of"):
         g.sample_spec(rng, "x", clock="sun")
+
+
+def test_two_lanes_align_with_token_rows_and_keep_the_checks():
+    specs, rows = [], []
+    rng = np.random.default_rng(13)
+    for i in range(10):
+        s = g.sample_spec(rng, f"t{i}", lanes=2, clock="light")
+        assert s.lane_height == 32 and {e.lane for e in s.events} <= {0, 1}
+        qs = [g.event_query(s, j, rng) for j in range(len(s.events))]
+        assert np.allclose(g.oracle_spans(s, qs), [e.span(s.fps) for e in s.events])
