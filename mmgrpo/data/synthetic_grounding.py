@@ -4,8 +4,9 @@ Version 1 (:mod:`mmgrpo.data.synthetic_tvg`) has 1-3 events of distinct colours 
 of the video, so a span that ignores the video scores about 45 mIoU (``docs/demo_models.md``).  Here:
 
 * a video (10-16 s, 4-10 fps, 64x64 or 96x64) holds 3-5 **moving** events, each visible for only 1-2 s at a
-  uniformly random time (events may overlap in time; each moves horizontally inside one of 3 lanes and two events
-  of a lane never overlap, so shapes never occlude each other);
+  uniformly random time (events may overlap in time; each moves horizontally inside one of 3 lanes -- ``lanes=2``
+  puts each lane on one row of 28 px visual tokens -- and two events of a lane never overlap, so shapes never
+  occlude each other);
 * the events of a video are drawn from a small grid of 2-3 colours x 2-3 shapes, so **every event shares its
   colour or its shape with another one** (the distractors), and with probability ``twin_prob`` one colour+shape
   appears twice, moving in opposite directions (only the motion tells them apart);
