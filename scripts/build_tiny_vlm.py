@@ -332,6 +332,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label-round", type=float, default=0.0,
                    help="coarse SFT labels: round each training answer's start down and end up to a multiple of x "
                         "seconds (after --label-noise); the answer's fraction digits then carry no frame-rate noise")
+    p.add_argument("--init", default="",
+                   help="start from this checkpoint of build_tiny_vlm.py (weights, tokenizer, processor) instead of a "
+                        "random model, e.g. for a curriculum; the architecture options are then ignored")
     p.add_argument("--n-train", type=int, default=400, help="training videos (1-3 queries each)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out videos (1-3 queries each)")
     p.add_argument("--steps", type=int, default=250, help="SFT steps: the (held-out-free) stopping rule")
@@ -402,14 +405,24 @@ def main(argv=None) -> dict:
     tmp_tok = build_tiny_tokenizer()
     corpus = [tmp_tok.apply_chat_template(messages_fn(s), tokenize=False, add_generation_prompt=True)
               + answer_fn(s) for s in train]
-    tok = build_tokenizer(corpus, vocab_size=args.vocab_size)
     f2 = (32 if args.family == "qwen3_vl" else 28) ** 2
     args.min_pixels = args.min_pixels or 4 * f2
     args.max_pixels = args.max_pixels or 6 * f2
-    processor = build_processor(tok, args.min_pixels, args.max_pixels, args.family)
     dims = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                 intermediate=args.intermediate, vision_hidden=args.vision_hidden, vision_depth=args.vision_depth)
-    model = build_model(tok, seed=args.seed, family=args.family, **dims)
+    if args.init:  # continue from a checkpoint of this script (curriculum): its tokenizer, processor and weights
+        from transformers import AutoProcessor
+
+        from mmgrpo.models.tiny import model_class
+
+        processor = AutoProcessor.from_pretrained(args.init)
+        tok = processor.tokenizer
+        model = model_class(args.family).from_pretrained(args.init, dtype=torch.float32, attn_implementation="sdpa")
+        dims = {"init": args.init}
+    else:
+        tok = build_tokenizer(corpus, vocab_size=args.vocab_size)
+        processor = build_processor(tok, args.min_pixels, args.max_pixels, args.family)
+        model = build_model(tok, seed=args.seed, family=args.family, **dims)
     params = count_params(model)
     print(f"[model] params {params}  vocab {len(tok)}", flush=True)
 
