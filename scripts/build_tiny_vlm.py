@@ -173,10 +173,18 @@ def count_params(model) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # data
 # ------------------------------------------------------------------------------------------------------------
-def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int) -> tuple[Path, Path]:
-    """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated with ``data.synthetic_tvg.generate`` if absent."""
+def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
+                n_val: int = 0, clock: str = "none", lanes: int = 3) -> tuple[Path, Path]:
+    """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
+    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
+    (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
-    if not (tr.exists() and ev.exists()):
+    if benchmark == "grounding":
+        if not (tr.exists() and ev.exists()):
+            from mmgrpo.data.synthetic_grounding import generate as generate_v2
+
+            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes)
+    elif not (tr.exists() and ev.exists()):
         try:
             from mmgrpo.data.synthetic_tvg import generate
         except ImportError:  # older layout: a repo-root generator module
@@ -228,11 +236,35 @@ def prior_baselines(train: list, held: list) -> dict:
     return out
 
 
-def fingerprint() -> dict:
+def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) -> list:
+    """Copies of ``samples`` whose span boundaries move by independent U(-noise, noise) seconds (one draw per
+    sample from ``seed``), clipped to ``[0, duration]`` and kept at least 0.25 s long, then (``round_to`` > 0) widened
+    to multiples of ``round_to`` (start down, end up; end capped at the duration): labels that point at the right
+    event but with imprecise boundaries -- the weakness an IoU reward can fix."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
+    out = []
+    for s in samples:
+        (a, b), = s.spans
+        da, db = rng.uniform(-noise, noise, size=2) if noise > 0 else (0.0, 0.0)
+        a2 = float(np.clip(a + da, 0.0, s.duration - 0.25))
+        b2 = float(np.clip(b + db, a2 + 0.25, s.duration))
+        if round_to > 0:
+            a2 = float(np.floor(a2 / round_to + 1e-9) * round_to)
+            b2 = float(min(np.ceil(b2 / round_to - 1e-9) * round_to, s.duration))
+        out.append(dataclasses.replace(s, spans=[[a2, b2]]))
+    return out
+
+
+def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
     answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
     (``mmgrpo.data.synthetic_tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
-    checkpoint whose fingerprint differs from the current code's must be rebuilt."""
+    checkpoint whose fingerprint differs from the current code's must be rebuilt.  ``benchmark="grounding"`` adds
+    ``synthetic_grounding``: the same for ``mmgrpo.data.synthetic_grounding`` (version 2)."""
     import hashlib
     import inspect
 
@@ -253,7 +285,17 @@ def fingerprint() -> dict:
     def h(x: str) -> str:
         return hashlib.sha256(x.encode()).hexdigest()[:16]
 
-    return {"prompts": h(text), "synthetic_tvg": h(gen)}
+    out = {"prompts": h(text), "synthetic_tvg": h(gen)}
+    if benchmark == "grounding":
+        from mmgrpo.data import synthetic_grounding as g2
+
+        src = repr([g2.DURATION, g2.EVENT_SECONDS, g2.N_EVENTS, g2.N_LANES, g2.MIN_MOVE, g2.CLOCK_ROWS,
+                    g2.CLOCK_PX_PER_S, g2.CLOCK_RGB, g2.LIGHT_START, g2.LIGHT_PER_S, g2.APPEAR_TEMPLATES,
+                    g2.MOVE_TEMPLATES]) + "".join(inspect.getsource(f) for f in (
+                        g2.render_frame, g2._x_at, g2._place, g2._motion, g2.sample_spec, g2._draw_spec,
+                        g2.event_query, g2.tvg_samples, g2.MovingEvent.span))
+        out["synthetic_grounding"] = h(src)
+    return out
 
 
 def load_split(path: Path) -> list:
@@ -274,6 +316,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=240.0, help="wall-clock guard for the SFT loop (0 = none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default="", help="folder with train.jsonl / eval.jsonl (default: <out>/data)")
+    p.add_argument("--benchmark", default="tvg", choices=("tvg", "grounding"),
+                   help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
+                        "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
+    p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
+    p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
+    p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
+                   help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
+                        "brightens with time); see mmgrpo/data/synthetic_grounding.py")
+    p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
+                   help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
+    p.add_argument("--label-noise", type=float, default=0.0,
+                   help="boundary-noisy SFT labels: each training answer's start and end move by an independent "
+                        "uniform offset in [-x, x] seconds (fixed per sample; clipped to [0, duration], start < end)")
+    p.add_argument("--label-round", type=float, default=0.0,
+                   help="coarse SFT labels: round each training answer's start down and end up to a multiple of x "
+                        "seconds (after --label-noise); the answer's fraction digits then carry no frame-rate noise")
+    p.add_argument("--init", default="",
+                   help="start from this checkpoint of build_tiny_vlm.py (weights, tokenizer, processor) instead of a "
+                        "random model, e.g. for a curriculum; the architecture options are then ignored")
     p.add_argument("--n-train", type=int, default=400, help="training videos (1-3 queries each)")
     p.add_argument("--n-eval", type=int, default=100, help="held-out videos (1-3 queries each)")
     p.add_argument("--steps", type=int, default=250, help="SFT steps: the (held-out-free) stopping rule")
@@ -325,8 +386,14 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
-    tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed)
+    tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed, args.benchmark, args.n_val,
+                                   args.clock, args.lanes)
+    if args.eval_split == "val":
+        ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
+    train_clean = train
+    if args.label_noise > 0 or args.label_round > 0:
+        train = noisy_labels(train, args.label_noise, args.seed, args.label_round)
     t_data = time.perf_counter() - t0
 
     kw = {"mode": args.mode, "answer_format": args.answer_format}
@@ -338,14 +405,24 @@ def main(argv=None) -> dict:
     tmp_tok = build_tiny_tokenizer()
     corpus = [tmp_tok.apply_chat_template(messages_fn(s), tokenize=False, add_generation_prompt=True)
               + answer_fn(s) for s in train]
-    tok = build_tokenizer(corpus, vocab_size=args.vocab_size)
     f2 = (32 if args.family == "qwen3_vl" else 28) ** 2
     args.min_pixels = args.min_pixels or 4 * f2
     args.max_pixels = args.max_pixels or 6 * f2
-    processor = build_processor(tok, args.min_pixels, args.max_pixels, args.family)
     dims = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
                 intermediate=args.intermediate, vision_hidden=args.vision_hidden, vision_depth=args.vision_depth)
-    model = build_model(tok, seed=args.seed, family=args.family, **dims)
+    if args.init:  # continue from a checkpoint of this script (curriculum): its tokenizer, processor and weights
+        from transformers import AutoProcessor
+
+        from mmgrpo.models.tiny import model_class
+
+        processor = AutoProcessor.from_pretrained(args.init)
+        tok = processor.tokenizer
+        model = model_class(args.family).from_pretrained(args.init, dtype=torch.float32, attn_implementation="sdpa")
+        dims = {"init": args.init}
+    else:
+        tok = build_tokenizer(corpus, vocab_size=args.vocab_size)
+        processor = build_processor(tok, args.min_pixels, args.max_pixels, args.family)
+        model = build_model(tok, seed=args.seed, family=args.family, **dims)
     params = count_params(model)
     print(f"[model] params {params}  vocab {len(tok)}", flush=True)
 
@@ -382,7 +459,7 @@ def main(argv=None) -> dict:
         print(f"[eval after] query-swap probe: own-query mIoU {qs['own_mIoU']:.1f} vs another event of the same "
               f"video {qs['other_mIoU']:.1f} (equal = the model ignores the query)", flush=True)
 
-    baselines = prior_baselines(train, held)
+    baselines = prior_baselines(train_clean, held)
     print(f"[baselines] video-blind spans fitted on train, held-out mIoU: constant "
           f"{baselines['constant_span']['mIoU']:.1f}, duration-relative "
           f"{baselines['duration_relative_span']['mIoU']:.1f}", flush=True)
@@ -401,7 +478,7 @@ def main(argv=None) -> dict:
         "sft": {k: v for k, v in res.items() if k != "history"},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
         "final_loss": res["history"][-1]["loss"] if res["history"] else None,
-        "fingerprint": fingerprint(),
+        "fingerprint": fingerprint(args.benchmark),
         "video_blind_baselines": baselines,
         "eval_before": _metrics(before), "eval_heldout": _metrics(after), "eval_train_subset": _metrics(after_train),
         "examples": [{"id": e.id, "gt": e.answer_text, "pred": t} for e, t in zip(ex_eval[:8], after["texts"][:8])],

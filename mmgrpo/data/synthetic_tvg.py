@@ -236,9 +236,28 @@ def main(argv=None) -> int:
     p.add_argument("--n-train", type=int, default=64)
     p.add_argument("--n-eval", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mcq", action="store_true", help="also write the colour multiple-choice task")
+    p.add_argument("--mcq", action="store_true", help="also write the colour multiple-choice task (version 1)")
+    p.add_argument("--version", type=int, default=1, choices=(1, 2),
+                   help="1: this module's benchmark; 2: mmgrpo.data.synthetic_grounding (3-5 short moving events "
+                        "with colour/shape distractors and motion queries, where a video-blind span scores low)")
+    p.add_argument("--n-val", type=int, default=0, help="version 2: also write a validation split val.jsonl")
+    p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
+                   help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
+                        "= the background brightens with time (mmgrpo.data.synthetic_grounding)")
+    p.add_argument("--lanes", type=int, default=3,
+                   help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
     a = p.parse_args(argv)
-    res = generate(a.out_dir, a.n_train, a.n_eval, a.seed, a.mcq)
+    if a.version == 2:
+        if a.mcq:
+            p.error("--mcq exists only for --version 1")
+    elif a.clock != "none" or a.n_val or a.lanes != 3:
+        p.error("--clock, --n-val and --lanes exist only for --version 2")
+    if a.version == 2:
+        from .synthetic_grounding import generate as generate_v2
+
+        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock, lanes=a.lanes)
+    else:
+        res = generate(a.out_dir, a.n_train, a.n_eval, a.seed, a.mcq)
     print(json.dumps(res, indent=1))
     return 0
 

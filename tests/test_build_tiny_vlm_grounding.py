@@ -1,0 +1,52 @@
+"""scripts/build_tiny_vlm.py on the grounding benchmark (version 2): boundary-noisy / coarse SFT labels."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmgrpo.data.schema import Sample
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _builder():
+    spec = importlib.util.spec_from_file_location("build_tiny_vlm_g", REPO / "scripts" / "build_tiny_vlm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _s(a, b, d=10.0):
+    return Sample.from_dict({"id": "x", "task": "tvg", "video": "v.mp4", "duration": d, "query": "q",
+                             "spans": [[a, b]]})
+
+
+def test_label_round_widens_to_the_grid_by_hand():
+    b = _builder()
+    out = b.noisy_labels([_s(1.3, 2.6), _s(2.0, 2.5), _s(9.1, 9.8, d=9.8)], 0.0, 0, round_to=0.5)
+    assert [o.spans[0] for o in out] == [[1.0, 3.0], [2.0, 2.5], [9.0, 9.8]]  # exact multiples stay; end capped
+
+
+def test_label_noise_is_bounded_fixed_per_seed_and_keeps_spans_valid():
+    b = _builder()
+    xs = [_s(3.0, 4.5) for _ in range(200)]
+    o1, o2 = b.noisy_labels(xs, 0.5, 3), b.noisy_labels(xs, 0.5, 3)
+    st = np.array([o.spans[0] for o in o1])
+    assert np.array_equal(st, np.array([o.spans[0] for o in o2]))
+    assert np.all(np.abs(st - [3.0, 4.5]) <= 0.5 + 1e-12) and np.all(st[:, 1] - st[:, 0] >= 0.25)
+    assert st[:, 0].std() > 0.2 and xs[0].spans[0] == [3.0, 4.5]  # really noisy; inputs untouched
+    edge = b.noisy_labels([_s(0.0, 0.4, d=0.6)] * 50, 0.5, 1)
+    for o in edge:
+        a, e = o.spans[0]
+        assert 0.0 <= a and e <= 0.6 and e - a >= 0.25 - 1e-12
+
+
+def test_fingerprint_covers_the_grounding_generator_only_when_asked(monkeypatch):
+    from mmgrpo.data import synthetic_grounding as g2
+
+    b = _builder()
+    f1, f2 = b.fingerprint(), b.fingerprint("grounding")
+    assert "synthetic_grounding" not in f1 and {k: f2[k] for k in f1} == f1
+    monkeypatch.setattr(g2, "EVENT_SECONDS", (1.0, 3.0))
+    assert b.fingerprint("grounding")["synthetic_grounding"] != f2["synthetic_grounding"]
