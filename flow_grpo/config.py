@@ -46,6 +46,10 @@ class SamplingConfig:
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: str = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
     noise_level: float = _f(0.8, "a for flow/cps, eta for dance")
+    ode_solver: str = _f("euler", "deterministic steps after the last SDE step of a rollout (all steps of the eval "
+                         "ODE): euler | dpmpp2m (DPM-Solver++ 2nd-order multistep, data prediction, as MixGRPO-Flash; "
+                         "ODE steps before/between SDE steps stay Euler, so SDE-step log-probs do not change; the "
+                         "ODE completions of tp_grpo/g2rpo stay Euler)")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
     step_mode: str = _f("window", "all | fraction | window | single")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "

@@ -44,6 +44,7 @@ from mmgrpo.utils.seeding import sample_seed
 from .config import SamplingConfig
 from .models.base import FlowModelAdapter, PromptEmbeds
 from .sde import SDEStepOutput, sde_step
+from .solvers import ODE_SOLVERS, dpmpp2m_step, rlg_combine
 
 RewardFn = Callable[..., dict]
 
@@ -159,6 +160,22 @@ def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], iteration: in
     else:
         raise ValueError(f"unknown step_mode {mode!r}: all | fraction | window | single")
     return StepPlan(sde, train, start)
+
+
+def check_ode_solver(name: str) -> None:
+    if name not in ODE_SOLVERS:
+        raise ValueError(f"sample.ode_solver must be one of {' | '.join(ODE_SOLVERS)}, got {name!r}")
+
+
+def post_window_mask(sde_mask: torch.Tensor) -> torch.Tensor:
+    """(N, K) bool: step k of sample i comes after its last SDE step (every step if it has none). These are the
+    steps ``sample.ode_solver=dpmpp2m`` integrates with DPM-Solver++(2M); the ODE steps before and between SDE steps
+    stay Euler (MixGRPO-Flash's ``dpm_apply_strategy=post``), so the state entering every SDE step, hence its
+    log-prob, does not depend on the solver."""
+    n, K = sde_mask.shape
+    idx = torch.arange(K).expand(n, K)
+    last = torch.where(sde_mask, idx, torch.full_like(idx, -1)).max(1).values  # -1 when no SDE step
+    return idx > last.unsqueeze(1)
 
 
 @dataclass
@@ -324,6 +341,7 @@ def sample_trajectories(
         raise ValueError("credit=g2rpo needs step_mode=single")
     if cfg.sde_kind not in ("flow", "dance", "cps"):
         raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
+    check_ode_solver(cfg.ode_solver)
     H, W, K = cfg.height, cfg.width, cfg.num_steps
     adapter.set_resolution(H, W)
     sig = adapter.sigmas(K, H, W)
@@ -352,13 +370,23 @@ def sample_trajectories(
     calls = 0
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
     chunk_images, futures = [], []
+    post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
     for c0, c1 in chunks:
         x = xt[c0:c1].float().clone()
         emb = embeds.index(slice(c0, c1))
+        x0_prev = None
         for k in range(K):
             v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
             calls += 1
-            ode_next = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            ode_next = euler_next = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            if post is not None:
+                # DPM-Solver++(2M) on the ODE steps after the last SDE step (MixGRPO-Flash's "post" strategy); the
+                # history (x0 of the previous step) is kept at every step, SDE or ODE, as the release does
+                dpm_next, x0 = dpmpp2m_step(v, x, sig[k].item(), sig[k + 1].item(), x0_prev,
+                                            sig[k - 1].item() if k > 0 else None)
+                x0_prev = x0
+                pm = post[c0:c1, k].to(dev).view(-1, *([1] * len(shape)))
+                ode_next = torch.where(pm, dpm_next, euler_next)
             m = plan.sde_mask[c0:c1, k]
             if bool(m.any()):
                 gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
@@ -372,7 +400,7 @@ def sample_trajectories(
                     lat[c0:c1, j] = x
                     nxt[c0:c1, j] = x_next
                     if onx is not None:
-                        onx[c0:c1, j] = ode_next
+                        onx[c0:c1, j] = euler_next
                     if out.log_prob is None:
                         raise ValueError(f"step {k} (sigma_next={sig[k + 1].item()}) has zero std: cannot train it")
                     logp[c0:c1, j] = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
@@ -382,7 +410,7 @@ def sample_trajectories(
                     lat[c0:c1, col_of[k]] = x
                     nxt[c0:c1, col_of[k]] = x_next
                     if onx is not None:
-                        onx[c0:c1, col_of[k]] = ode_next
+                        onx[c0:c1, col_of[k]] = euler_next
             x = x_next
         final[c0:c1] = x
         chunk_images.append(adapter.decode(x, H, W).cpu())
@@ -536,11 +564,26 @@ def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int
     return (out, v) if return_velocity else out
 
 
+def rlg_velocity(adapter: FlowModelAdapter, x: torch.Tensor, sigma, emb: PromptEmbeds, guidance_scale: float,
+                 cfg: bool, weight: float) -> torch.Tensor:
+    """RL guidance (:func:`flow_grpo.solvers.rlg_combine`): the guided velocity of the tuned model (LoRA on) and of
+    the base model (the same transformer inside ``adapter.reference()``, i.e. peft's adapters disabled: no second
+    model copy), combined as ``v_base + w (v_tuned - v_base)``. Two model calls per step (CFG doubles each)."""
+    v_tuned = adapter.predict_velocity(x, sigma, emb, guidance_scale, cfg)
+    with adapter.reference():
+        v_base = adapter.predict_velocity(x, sigma, emb, guidance_scale, cfg)
+    return rlg_combine(v_base, v_tuned, weight)
+
+
 @torch.no_grad()
 def generate_images(adapter: FlowModelAdapter, prompts: Sequence[str], xt_seeds: Sequence[int],
-                    cfg: SamplingConfig, num_steps: Optional[int] = None) -> torch.Tensor:
-    """Deterministic (Euler ODE) generation for eval/inference: uint8 (N, H, W, 3). ``num_steps`` defaults to
-    ``cfg.num_steps`` (eval usually uses more steps than the rollout)."""
+                    cfg: SamplingConfig, num_steps: Optional[int] = None,
+                    rlg_weight: Optional[float] = None) -> torch.Tensor:
+    """Deterministic (ODE) generation for eval/inference: uint8 (N, H, W, 3). ``num_steps`` defaults to
+    ``cfg.num_steps`` (eval usually uses more steps than the rollout). The solver is ``cfg.ode_solver`` (Euler, or
+    DPM-Solver++(2M) on every step). ``rlg_weight`` (needs a LoRA on the adapter) samples with RL guidance
+    (:func:`rlg_velocity`) instead of the adapter as it is."""
+    check_ode_solver(cfg.ode_solver)
     K = int(num_steps or cfg.num_steps)
     H, W = cfg.height, cfg.width
     adapter.set_resolution(H, W)
@@ -550,8 +593,16 @@ def generate_images(adapter: FlowModelAdapter, prompts: Sequence[str], xt_seeds:
         c1 = min(len(prompts), c0 + cfg.batch_size)
         x = adapter.initial_noise(xt_seeds[c0:c1], H, W)
         emb = adapter.encode_prompts(prompts[c0:c1])
+        x0_prev = None
         for k in range(K):
-            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
-            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            s, sn = sig[k].item(), sig[k + 1].item()
+            if rlg_weight is None:
+                v = adapter.predict_velocity(x, s, emb, cfg.guidance_scale, cfg.cfg)
+            else:
+                v = rlg_velocity(adapter, x, s, emb, cfg.guidance_scale, cfg.cfg, rlg_weight)
+            if cfg.ode_solver == "dpmpp2m":
+                x, x0_prev = dpmpp2m_step(v, x, s, sn, x0_prev, sig[k - 1].item() if k > 0 else None)
+            else:
+                x = sde_step(v, x, s, sn, kind="ode").prev_sample
         out.append(adapter.decode(x, H, W).cpu())
     return torch.cat(out)
