@@ -162,9 +162,13 @@ def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], iteration: in
     return StepPlan(sde, train, start)
 
 
-def check_ode_solver(name: str) -> None:
+def check_ode_solver(name: str, post_compress_ratio: float = 1.0) -> None:
     if name not in ODE_SOLVERS:
         raise ValueError(f"sample.ode_solver must be one of {' | '.join(ODE_SOLVERS)}, got {name!r}")
+    if not 0.0 < post_compress_ratio <= 1.0:
+        raise ValueError(f"sample.post_compress_ratio must be in (0, 1], got {post_compress_ratio}")
+    if post_compress_ratio < 1.0 and name != "dpmpp2m":
+        raise ValueError("sample.post_compress_ratio < 1 needs sample.ode_solver=dpmpp2m (MixGRPO-Flash)")
 
 
 def post_window_mask(sde_mask: torch.Tensor) -> torch.Tensor:
@@ -176,6 +180,38 @@ def post_window_mask(sde_mask: torch.Tensor) -> torch.Tensor:
     idx = torch.arange(K).expand(n, K)
     last = torch.where(sde_mask, idx, torch.full_like(idx, -1)).max(1).values  # -1 when no SDE step
     return idx > last.unsqueeze(1)
+
+
+def compress_post_grid(sig: torch.Tensor, sde_mask: torch.Tensor, ratio: float) -> tuple[torch.Tensor, int]:
+    """MixGRPO-Flash's ``dpm_post_compress_ratio``: fewer ODE steps after the SDE window. Returns the new grid and
+    the last SDE step L (shared by every sample; -1 if none).
+
+    The grid is kept up to ``sig[L+1]`` and the part from ``sig[L+1]`` to 0 is replaced by
+    ``M = max(int((K - L) * ratio), 2)`` points at equally spaced *fractional step indices* from L+1 to K, with sigma
+    interpolated linearly between the adapter's own nodes (both ends are nodes: ``sig[L+1]`` and 0). The release
+    (``run_sample_step``, ``dpm_apply_strategy=post``) uses ``int(max((K - L) * ratio, 1))`` points equally spaced in
+    the unshifted time ``t`` and applies its SD3 time shift to them; deviations, both deliberate: (1) the shift is
+    not known for every adapter (FLUX uses a resolution-dependent one), so we interpolate the adapter's grid, which
+    matches the release at the nodes and differs between nodes by the curvature of the shift; (2) at least 2 points,
+    because with 1 point the release's rollout stops at ``sig[L+1]`` and decodes a latent that is still noisy
+    (a window ending at K-3 or later with ratio 0.4)."""
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"sample.post_compress_ratio must be in (0, 1], got {ratio}")
+    K = len(sig) - 1
+    idx = torch.arange(K).expand_as(sde_mask)
+    lasts = torch.where(sde_mask, idx, torch.full_like(idx, -1)).max(1).values
+    if bool((lasts != lasts[0]).any()):
+        raise ValueError("sample.post_compress_ratio < 1 needs the same SDE window for every sample of a rollout "
+                         f"(last SDE steps {sorted(set(lasts.tolist()))}): use window_policy=sliding or fixed")
+    last = int(lasts[0])
+    m = max(int((K - last) * ratio), 2)
+    pos = torch.linspace(last + 1, K, m, dtype=torch.float64)
+    lo = pos.floor().long().clamp(max=K - 1)
+    frac = pos - lo
+    s64 = sig.double()
+    post = (1 - frac) * s64[lo] + frac * s64[lo + 1]
+    post[0], post[-1] = s64[last + 1], 0.0  # exact end points
+    return torch.cat([s64[: last + 1], post]).to(sig.dtype), last
 
 
 @dataclass
@@ -341,7 +377,7 @@ def sample_trajectories(
         raise ValueError("credit=g2rpo needs step_mode=single")
     if cfg.sde_kind not in ("flow", "dance", "cps"):
         raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
-    check_ode_solver(cfg.ode_solver)
+    check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
     H, W, K = cfg.height, cfg.width, cfg.num_steps
     adapter.set_resolution(H, W)
     sig = adapter.sigmas(K, H, W)
@@ -371,27 +407,36 @@ def sample_trajectories(
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
     chunk_images, futures = [], []
     post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
+    grid, sde_ext, post_ext = sig, plan.sde_mask, post
+    if post is not None and cfg.post_compress_ratio < 1.0:
+        if cfg.credit != "outcome":
+            raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
+                             f"integrate the full grid)")
+        grid, last = compress_post_grid(sig, plan.sde_mask, cfg.post_compress_ratio)
+        n_pre, n_post = last + 1, len(grid) - 1 - (last + 1)
+        sde_ext = torch.cat([plan.sde_mask[:, :n_pre], torch.zeros(n, n_post, dtype=torch.bool)], 1)
+        post_ext = torch.cat([post[:, :n_pre], torch.ones(n, n_post, dtype=torch.bool)], 1)
     for c0, c1 in chunks:
         x = xt[c0:c1].float().clone()
         emb = embeds.index(slice(c0, c1))
         x0_prev = None
-        for k in range(K):
-            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+        for k in range(len(grid) - 1):
+            v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
             calls += 1
-            ode_next = euler_next = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            ode_next = euler_next = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind="ode").prev_sample
             if post is not None:
                 # DPM-Solver++(2M) on the ODE steps after the last SDE step (MixGRPO-Flash's "post" strategy); the
                 # history (x0 of the previous step) is kept at every step, SDE or ODE, as the release does
-                dpm_next, x0 = dpmpp2m_step(v, x, sig[k].item(), sig[k + 1].item(), x0_prev,
-                                            sig[k - 1].item() if k > 0 else None)
+                dpm_next, x0 = dpmpp2m_step(v, x, grid[k].item(), grid[k + 1].item(), x0_prev,
+                                            grid[k - 1].item() if k > 0 else None)
                 x0_prev = x0
-                pm = post[c0:c1, k].to(dev).view(-1, *([1] * len(shape)))
+                pm = post_ext[c0:c1, k].to(dev).view(-1, *([1] * len(shape)))
                 ode_next = torch.where(pm, dpm_next, euler_next)
-            m = plan.sde_mask[c0:c1, k]
+            m = sde_ext[c0:c1, k]
             if bool(m.any()):
                 gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
                 noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
-                out = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind=cfg.sde_kind,
+                out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
                                noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
                 mm = m.to(dev).view(-1, *([1] * len(shape)))
                 x_next = torch.where(mm, out.prev_sample, ode_next)
@@ -402,7 +447,7 @@ def sample_trajectories(
                     if onx is not None:
                         onx[c0:c1, j] = euler_next
                     if out.log_prob is None:
-                        raise ValueError(f"step {k} (sigma_next={sig[k + 1].item()}) has zero std: cannot train it")
+                        raise ValueError(f"step {k} (sigma_next={grid[k + 1].item()}) has zero std: cannot train it")
                     logp[c0:c1, j] = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
             else:
                 x_next = ode_next
@@ -418,7 +463,7 @@ def sample_trajectories(
             futures.append(reward_runner.submit(chunk_images[-1], list(prompts[c0:c1]), metadata[c0:c1]))
     images = torch.cat(chunk_images)
     cfg_mult = 2 if cfg.cfg else 1
-    nfe = K * cfg_mult
+    nfe = (len(grid) - 1) * cfg_mult
     traj = Trajectories(
         prompts=list(prompts), metadata=metadata, group_ids=group_ids, xt_seeds=list(xt_seeds),
         noise_seeds=list(noise_seeds), step_indices=cols.clone(), sigmas=sig[cols].clone(),

@@ -176,3 +176,63 @@ def test_rlg_end_points_reproduce_base_and_tuned_images(kind):
     assert torch.equal(generate_images(tuned, prompts, seeds, cfg, rlg_weight=1.0), img_tuned)
     half = generate_images(tuned, prompts, seeds, cfg, rlg_weight=0.5)
     assert not torch.equal(half, img_base) and not torch.equal(half, img_tuned)
+
+
+# ------------------------------------------------------------------------------------------- MixGRPO-Flash's grid
+def _mask(n, K, lo, hi):
+    m = torch.zeros(n, K, dtype=torch.bool)
+    m[:, lo:hi] = True
+    return m
+
+
+def test_compress_post_grid_by_hand():
+    """Linear grid sig_k = 1 - k/10 (K=10), so interpolating at fractional index p gives 1 - p/10 exactly."""
+    from flow_grpo.sampler import compress_post_grid
+
+    sig = torch.linspace(1, 0, 11)
+    # window [0, 4): L = 3, (10-3)*0.4 = 2.8 -> 2 points: sig[4] = 0.6 and 0
+    g, last = compress_post_grid(sig, _mask(2, 10, 0, 4), 0.4)
+    assert last == 3 and g.tolist() == pytest.approx([1.0, 0.9, 0.8, 0.7, 0.6, 0.0], abs=1e-7)
+    # window [0, 2): L = 1, (10-1)*0.5 = 4.5 -> 4 points at indices 2, 4.667, 7.333, 10
+    g, _ = compress_post_grid(sig, _mask(2, 10, 0, 2), 0.5)
+    assert g.tolist() == pytest.approx([1.0, 0.9, 0.8, 1 - 14 / 30, 1 - 22 / 30, 0.0], abs=1e-6)
+    # window ending at K-2: (10-8)*0.4 = 0.8 -> the release keeps 1 point (stops at sig[9]); we keep 2 (reach 0)
+    g, _ = compress_post_grid(sig, _mask(1, 10, 7, 9), 0.4)
+    assert g.tolist() == pytest.approx([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0], abs=1e-7)
+    g, _ = compress_post_grid(sig, _mask(1, 10, 5, 8), 0.4)  # L = 7: (10-7)*0.4 = 1.2 -> 2 points
+    assert g.tolist() == pytest.approx([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.0], abs=1e-7)
+    m = _mask(2, 10, 0, 4)
+    m[1, 4] = True
+    with pytest.raises(ValueError, match="same SDE window"):
+        compress_post_grid(sig, m, 0.4)
+
+
+def test_mix_flash_rollout_fewer_nfes_same_window_log_probs():
+    """K=8, window [1, 3): L = 2, (8-2)*0.4 = 2.4 -> 2 points, 3 + 1 = 4 model calls instead of 8; the window's
+    transitions and log-probs equal the uncompressed rollout's bit for bit."""
+    from flow_grpo.config import SamplingConfig
+    from flow_grpo.sampler import sample_trajectories
+
+    ad = make_adapter("flux", lora=False)
+    out = {}
+    for ratio in (1.0, 0.4):
+        cfg = SamplingConfig(num_steps=8, height=H, width=W, batch_size=4, cfg=False, guidance_scale=3.5,
+                             sde_kind="flow", noise_level=0.7, step_mode="window", window_policy="fixed",
+                             window_size=2, window_range=[1, 6], ode_solver="dpmpp2m", post_compress_ratio=ratio)
+        out[ratio] = sample_trajectories(ad, ["a cat", "a dog"], cfg, [1, 2], [5, 6], [0, 0], [0, 0])
+    full, flash = out[1.0], out[0.4]
+    assert (full.nfe_per_trajectory, flash.nfe_per_trajectory) == (8.0, 4.0)
+    assert torch.equal(full.log_probs, flash.log_probs) and torch.equal(full.next_latents, flash.next_latents)
+    assert (full.final_latents - flash.final_latents).abs().max() > 1e-4
+
+
+def test_mix_flash_preset_and_option_checks():
+    from flow_grpo.config import SamplingConfig, load_train_config
+    from flow_grpo.sampler import sample_trajectories
+
+    s = load_train_config(None, ["method=mix_flash"]).sample
+    assert (s.ode_solver, s.post_compress_ratio, s.window_shift_every, s.window_size, s.window_policy) == \
+        ("dpmpp2m", 0.4, 20, 4, "sliding")
+    assert load_train_config(None, ["method=mix"]).sample.ode_solver == "euler"
+    with pytest.raises(ValueError, match="needs sample.ode_solver=dpmpp2m"):
+        sample_trajectories(None, ["a"], SamplingConfig(post_compress_ratio=0.4), [0], [0], [0], [0])
