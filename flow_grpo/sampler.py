@@ -16,6 +16,11 @@ and in the *step credit* (what extra rewards are computed):
 R_0 is the ODE completion from the window-start latent, i.e. from the trajectory's *own* x_T through the shared
 ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granularities after the single SDE step).
 
+ODE steps: Euler, or with ``sample.ode_solver=dpmpp2m`` DPM-Solver++(2M) (:mod:`flow_grpo.solvers`) on the steps
+after the last SDE step of each sample (MixGRPO-Flash's ``dpm_apply_strategy=post``); ``sample.post_compress_ratio``
+re-grids that part with fewer steps (:func:`compress_post_grid`). Steps before and inside the window are unchanged,
+so are their log-probs.
+
 Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample i at step k from a generator
 seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
 group to share windows within a group, or one per sample: ``sample.plan_per_sample``); the sliding window (MixGRPO)

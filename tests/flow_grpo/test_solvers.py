@@ -236,3 +236,16 @@ def test_mix_flash_preset_and_option_checks():
     assert load_train_config(None, ["method=mix"]).sample.ode_solver == "euler"
     with pytest.raises(ValueError, match="needs sample.ode_solver=dpmpp2m"):
         sample_trajectories(None, ["a"], SamplingConfig(post_compress_ratio=0.4), [0], [0], [0], [0])
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_mix_flash_trains_an_epoch(kind, tmp_path):
+    """The trainer runs method=mix_flash (K=4, window [0, 2): 2 + 1 compressed post step = 3 model calls)."""
+    from .conftest import make_trainer
+
+    tr = make_trainer(kind, "mix_flash", tmp_path, **{"sample.window_range": "[0,3]"})
+    tr.epoch = 0
+    tr.train_epoch()
+    t = tr._last_traj
+    assert t.nfe_per_trajectory == 3 * (2 if kind == "sd3" else 1)
+    assert tr.global_step == 1 and bool(t.train_mask.any())
