@@ -33,7 +33,9 @@ Guidance", code jinluo12345/Reinforcement-learning-guidance): at sampling time
 each model separately with the same guidance scale, as the release's SD3 pipeline does) and ``v_base`` is the same
 transformer with the LoRA disabled. ``w = 0`` is the base model, ``w = 1`` the tuned one, ``w > 1`` extrapolates.
 For a Gaussian-noise model the velocity is affine in the score, so this is the score of the geometric mixture
-``p_base^(1-w) p_tuned^w`` (the paper's reading: ``w`` acts like ``1 / KL coefficient`` of the RL objective).
+``p_base^(1-w) p_tuned^w``. The paper's reading: the KL-regularised optimum is ``p_tuned ~ p_base exp(r / beta)``,
+so the mixture is ``~ p_base exp(w r / beta)``, i.e. weight ``w`` acts as the KL coefficient ``beta / w``.
+The release's ``zero_init_step`` (the first steps with the tuned model only) is not implemented (its default 0).
 """
 from __future__ import annotations
 
