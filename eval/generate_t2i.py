@@ -13,6 +13,9 @@
   (CFG for SD3, embedded guidance for FLUX; ``cfg`` auto = on for SD3, off for FLUX) at ``height`` x ``width``.
   Image k of prompt p starts from x_T seeded with ``sample_seed(seed, p, k)``: the same noise for every model
   evaluated with the same seed (paired comparisons) and independent of batching.
+* ``ode_solver=dpmpp2m``: DPM-Solver++(2M) instead of Euler. ``rlg_weight=w`` (with ``lora=``): RL guidance,
+  ``v = v_base + w (v_tuned - v_base)`` per step, the base being the same transformer with the LoRA disabled
+  (peft's adapter switch, no second model copy); ``scripts/rlg_curve.sh`` sweeps w.
 * Rewards: ``flow_grpo.rewards.MultiReward`` over ``rewards`` (each with weight 1; ``reward_kwargs={name: {...}}``).
 
 Outputs in ``out_dir``: ``settings.json`` (pipeline + LoRA fingerprints, sampler, sigma schedule, prompt file
@@ -84,6 +87,12 @@ class EvalT2IConfig:
                                metadata=_h("reward names (flow_grpo.rewards registry), e.g. mini_geneval,clip_score"))
     reward_kwargs: dict[str, dict] = field(default_factory=dict, metadata=_h("per-reward constructor kwargs"))
     num_steps: int = field(default=40, metadata=_h("ODE (Euler) steps"))
+    ode_solver: Literal["euler", "dpmpp2m"] = field(default="euler", metadata=_h(
+        "ODE solver: euler | dpmpp2m (DPM-Solver++ 2nd-order multistep, flow_grpo.solvers.dpmpp2m_step)"))
+    rlg_weight: Optional[float] = field(default=None, metadata=_h(
+        "RL guidance (RLG): sample with v_base + w (v_tuned - v_base), tuned = the pipeline with lora=, base = the "
+        "same transformer with the LoRA disabled (no second copy); 0 = base, 1 = tuned, > 1 extrapolates; each "
+        "model's velocity has its own CFG. Two model calls per step. none = off (the pipeline as loaded)"))
     guidance_scale: float = field(default=4.5, metadata=_h("CFG scale (SD3) / embedded guidance (FLUX)"))
     cfg: Optional[bool] = field(default=None, metadata=_h("classifier-free guidance; none = auto (SD3 on, FLUX off)"))
     height: int = field(default=512, metadata=_h("image height"))
@@ -126,6 +135,9 @@ def load_eval_adapter(cfg: EvalT2IConfig):
     if not Path(cfg.pipeline).is_dir():
         raise FileNotFoundError(f"pipeline folder not found: {cfg.pipeline}")
     lora = resolve_lora(cfg.lora) if cfg.lora else None
+    if cfg.rlg_weight is not None and lora is None:
+        raise ValueError(f"rlg_weight={cfg.rlg_weight} needs lora=DIR: RL guidance combines the tuned model (the LoRA) "
+                         f"with the base (LoRA disabled)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" \
         else torch.device(cfg.device)
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
@@ -134,6 +146,7 @@ def load_eval_adapter(cfg: EvalT2IConfig):
                            max_sequence_length=cfg.max_sequence_length)
     if lora is not None:
         adapter.pipe.load_lora_weights(lora)  # peft layers injected into adapter.transformer in place
+        adapter.lora_enabled = True  # adapter.reference() (LoRA disabled) is the base model of RL guidance
     adapter.transformer.requires_grad_(False)
     adapter.transformer.eval()
     return adapter, lora, device, dtype_name
@@ -164,7 +177,8 @@ def build_settings(cfg: EvalT2IConfig, adapter, lora: Optional[str], device, dty
             "max_sequence_length": adapter.max_sequence_length,  # resolved (release default when unset)
         },
         "sampling": {
-            "sampler": "euler_ode",
+            "sampler": "euler_ode" if cfg.ode_solver == "euler" else f"{cfg.ode_solver}_ode",
+            **({} if cfg.rlg_weight is None else {"rlg_weight": float(cfg.rlg_weight)}),
             "num_steps": cfg.num_steps,
             "guidance_scale": cfg.guidance_scale,
             "cfg": use_cfg,
@@ -229,7 +243,8 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
     from mmgrpo.utils.logging import save_image_grid
 
     scfg = SamplingConfig(num_steps=cfg.num_steps, height=cfg.height, width=cfg.width,
-                          guidance_scale=cfg.guidance_scale, cfg=_use_cfg(cfg, adapter), batch_size=cfg.batch_size)
+                          guidance_scale=cfg.guidance_scale, cfg=_use_cfg(cfg, adapter), batch_size=cfg.batch_size,
+                          ode_solver=cfg.ode_solver)
     batches = fixed_batches(len(items), cfg.batch_size)
     todo = [(bi, b) for bi, b in enumerate(batches) if any(str(items[i]["index"]) not in writer.done for i in b)]
     n_todo = sum(1 for _, b in todo for i in b if str(items[i]["index"]) not in writer.done)
@@ -242,7 +257,8 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
                 break
             batch = [items[i] for i in b]  # the whole batch: composition stays fixed across resumes
             prompts = [it["prompt"] for it in batch]
-            imgs = generate_images(adapter, prompts, [it["seed"] for it in batch], scfg)  # uint8 (B, H, W, 3)
+            imgs = generate_images(adapter, prompts, [it["seed"] for it in batch], scfg,  # uint8 (B, H, W, 3)
+                                   rlg_weight=cfg.rlg_weight)
             scores = _scalar_rewards(reward(imgs, prompts, [it["metadata"] for it in batch]), len(batch))
             arr = imgs.cpu().numpy() if hasattr(imgs, "cpu") else np.asarray(imgs)
             rows = []

@@ -12,7 +12,7 @@ from mmgrpo.utils import exit_codes
 
 _DESCRIPTION = """GRPO for flow-matching text-to-image models (SD3 / FLUX) with exact per-step SDE log-probs.
 
-Methods are presets (method=flow|dance|fast|mix|tp_grpo|g2rpo) over one trainer; every preset value can be
+Methods are presets (method=flow|dance|fast|mix|mix_flash|tp_grpo|g2rpo) over one trainer; every preset value can be
 overridden. Examples:
   flow_grpo train model.tiny=sd3 method=fast data.prompts='[a cat, a dog]' run.num_epochs=2
   flow_grpo train --config my.yaml reward.weights='{pickscore: 1.0, ocr: 0.5}' reward.mode=per_reward

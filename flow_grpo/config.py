@@ -13,6 +13,8 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
   as ``flow`` (population std of the whole batch + 1e-4, its SD3 and GenEval-FLUX fast configs)
 * ``mix``      MixGRPO:     step_mode=window (size 4 in [0, K-2)), window_policy=sliding (the release's progressive
   schedule with roll-back, one move per 25 sampling iterations), one x_T per group; torch.std + 1e-8
+* ``mix_flash`` MixGRPO-Flash: ``mix`` + sample.ode_solver=dpmpp2m after the window, post_compress_ratio=0.4,
+  window_shift_every=20 (its Flash script)
 * ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo; per-step group z-scores with the
   population std + 1e-4 (one PerPromptStatTracker per step)
 * ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group;
@@ -46,6 +48,13 @@ class SamplingConfig:
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: str = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
     noise_level: float = _f(0.8, "a for flow/cps, eta for dance")
+    ode_solver: str = _f("euler", "deterministic steps after the last SDE step of a rollout (all steps of the eval "
+                         "ODE): euler | dpmpp2m (DPM-Solver++ 2nd-order multistep, data prediction, as MixGRPO-Flash; "
+                         "ODE steps before/between SDE steps stay Euler, so SDE-step log-probs do not change; the "
+                         "ODE completions of tp_grpo/g2rpo stay Euler)")
+    post_compress_ratio: float = _f(1.0, "ode_solver=dpmpp2m: the ODE part after the SDE window (K-L grid points, L = "
+                                    "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
+                                    "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
     step_mode: str = _f("window", "all | fraction | window | single")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
@@ -209,7 +218,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | tp_grpo | g2rpo (empty = none)")
+    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -275,6 +284,13 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
             "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
             "sample.window_shift_every": 25, "sample.window_stride": 1, "sample.same_noise_per_group": True,
             "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
+    # MixGRPO-Flash (its finetune_flux_grpo_MixGRPO_Flash.sh): MixGRPO + DPM-Solver++(2M, midpoint) after the window
+    # (dpm_apply_strategy=post) on a grid compressed to 0.4 of the points, iters_per_group 20 instead of 25
+    "mix_flash": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
+                  "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
+                  "sample.window_shift_every": 20, "sample.window_stride": 1, "sample.same_noise_per_group": True,
+                  "sample.ode_solver": "dpmpp2m", "sample.post_compress_ratio": 0.4,
+                  "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "tp_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
                 "sample.credit": "tp_grpo", "optim.clip_range": 1e-5,
                 "optim.adv_scale": "group", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},

@@ -16,6 +16,11 @@ and in the *step credit* (what extra rewards are computed):
 R_0 is the ODE completion from the window-start latent, i.e. from the trajectory's *own* x_T through the shared
 ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granularities after the single SDE step).
 
+ODE steps: Euler, or with ``sample.ode_solver=dpmpp2m`` DPM-Solver++(2M) (:mod:`flow_grpo.solvers`) on the steps
+after the last SDE step of each sample (MixGRPO-Flash's ``dpm_apply_strategy=post``); ``sample.post_compress_ratio``
+re-grids that part with fewer steps (:func:`compress_post_grid`). Steps before and inside the window are unchanged,
+so are their log-probs.
+
 Determinism: x_T of sample i comes from ``xt_seeds[i]``; the SDE noise of sample i at step k from a generator
 seeded with ``sample_seed(noise_seeds[i], k)``; the plan of sample i from ``plan_seeds[i]`` (pass one seed per
 group to share windows within a group, or one per sample: ``sample.plan_per_sample``); the sliding window (MixGRPO)
@@ -44,6 +49,7 @@ from mmgrpo.utils.seeding import sample_seed
 from .config import SamplingConfig
 from .models.base import FlowModelAdapter, PromptEmbeds
 from .sde import SDEStepOutput, sde_step
+from .solvers import ODE_SOLVERS, dpmpp2m_step, rlg_combine
 
 RewardFn = Callable[..., dict]
 
@@ -159,6 +165,58 @@ def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], iteration: in
     else:
         raise ValueError(f"unknown step_mode {mode!r}: all | fraction | window | single")
     return StepPlan(sde, train, start)
+
+
+def check_ode_solver(name: str, post_compress_ratio: float = 1.0) -> None:
+    if name not in ODE_SOLVERS:
+        raise ValueError(f"sample.ode_solver must be one of {' | '.join(ODE_SOLVERS)}, got {name!r}")
+    if not 0.0 < post_compress_ratio <= 1.0:
+        raise ValueError(f"sample.post_compress_ratio must be in (0, 1], got {post_compress_ratio}")
+    if post_compress_ratio < 1.0 and name != "dpmpp2m":
+        raise ValueError("sample.post_compress_ratio < 1 needs sample.ode_solver=dpmpp2m (MixGRPO-Flash)")
+
+
+def post_window_mask(sde_mask: torch.Tensor) -> torch.Tensor:
+    """(N, K) bool: step k of sample i comes after its last SDE step (every step if it has none). These are the
+    steps ``sample.ode_solver=dpmpp2m`` integrates with DPM-Solver++(2M); the ODE steps before and between SDE steps
+    stay Euler (MixGRPO-Flash's ``dpm_apply_strategy=post``), so the state entering every SDE step, hence its
+    log-prob, does not depend on the solver."""
+    n, K = sde_mask.shape
+    idx = torch.arange(K).expand(n, K)
+    last = torch.where(sde_mask, idx, torch.full_like(idx, -1)).max(1).values  # -1 when no SDE step
+    return idx > last.unsqueeze(1)
+
+
+def compress_post_grid(sig: torch.Tensor, sde_mask: torch.Tensor, ratio: float) -> tuple[torch.Tensor, int]:
+    """MixGRPO-Flash's ``dpm_post_compress_ratio``: fewer ODE steps after the SDE window. Returns the new grid and
+    the last SDE step L (shared by every sample; -1 if none).
+
+    The grid is kept up to ``sig[L+1]`` and the part from ``sig[L+1]`` to 0 is replaced by
+    ``M = max(int((K - L) * ratio), 2)`` points at equally spaced *fractional step indices* from L+1 to K, with sigma
+    interpolated linearly between the adapter's own nodes (both ends are nodes: ``sig[L+1]`` and 0). The release
+    (``run_sample_step``, ``dpm_apply_strategy=post``) uses ``int(max((K - L) * ratio, 1))`` points equally spaced in
+    the unshifted time ``t`` and applies its SD3 time shift to them; deviations, both deliberate: (1) the shift is
+    not known for every adapter (FLUX uses a resolution-dependent one), so we interpolate the adapter's grid, which
+    matches the release at the nodes and differs between nodes by the curvature of the shift; (2) at least 2 points,
+    because with 1 point the release's rollout stops at ``sig[L+1]`` and decodes a latent that is still noisy
+    (a window ending at K-3 or later with ratio 0.4)."""
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"sample.post_compress_ratio must be in (0, 1], got {ratio}")
+    K = len(sig) - 1
+    idx = torch.arange(K).expand_as(sde_mask)
+    lasts = torch.where(sde_mask, idx, torch.full_like(idx, -1)).max(1).values
+    if bool((lasts != lasts[0]).any()):
+        raise ValueError("sample.post_compress_ratio < 1 needs the same SDE window for every sample of a rollout "
+                         f"(last SDE steps {sorted(set(lasts.tolist()))}): use window_policy=sliding or fixed")
+    last = int(lasts[0])
+    m = max(int((K - last) * ratio), 2)
+    pos = torch.linspace(last + 1, K, m, dtype=torch.float64)
+    lo = pos.floor().long().clamp(max=K - 1)
+    frac = pos - lo
+    s64 = sig.double()
+    post = (1 - frac) * s64[lo] + frac * s64[lo + 1]
+    post[0], post[-1] = s64[last + 1], 0.0  # exact end points
+    return torch.cat([s64[: last + 1], post]).to(sig.dtype), last
 
 
 @dataclass
@@ -324,6 +382,7 @@ def sample_trajectories(
         raise ValueError("credit=g2rpo needs step_mode=single")
     if cfg.sde_kind not in ("flow", "dance", "cps"):
         raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
+    check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
     H, W, K = cfg.height, cfg.width, cfg.num_steps
     adapter.set_resolution(H, W)
     sig = adapter.sigmas(K, H, W)
@@ -352,18 +411,37 @@ def sample_trajectories(
     calls = 0
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
     chunk_images, futures = [], []
+    post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
+    grid, sde_ext, post_ext = sig, plan.sde_mask, post
+    if post is not None and cfg.post_compress_ratio < 1.0:
+        if cfg.credit != "outcome":
+            raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
+                             f"integrate the full grid)")
+        grid, last = compress_post_grid(sig, plan.sde_mask, cfg.post_compress_ratio)
+        n_pre, n_post = last + 1, len(grid) - 1 - (last + 1)
+        sde_ext = torch.cat([plan.sde_mask[:, :n_pre], torch.zeros(n, n_post, dtype=torch.bool)], 1)
+        post_ext = torch.cat([post[:, :n_pre], torch.ones(n, n_post, dtype=torch.bool)], 1)
     for c0, c1 in chunks:
         x = xt[c0:c1].float().clone()
         emb = embeds.index(slice(c0, c1))
-        for k in range(K):
-            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+        x0_prev = None
+        for k in range(len(grid) - 1):
+            v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
             calls += 1
-            ode_next = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
-            m = plan.sde_mask[c0:c1, k]
+            ode_next = euler_next = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind="ode").prev_sample
+            if post is not None:
+                # DPM-Solver++(2M) on the ODE steps after the last SDE step (MixGRPO-Flash's "post" strategy); the
+                # history (x0 of the previous step) is kept at every step, SDE or ODE, as the release does
+                dpm_next, x0 = dpmpp2m_step(v, x, grid[k].item(), grid[k + 1].item(), x0_prev,
+                                            grid[k - 1].item() if k > 0 else None)
+                x0_prev = x0
+                pm = post_ext[c0:c1, k].to(dev).view(-1, *([1] * len(shape)))
+                ode_next = torch.where(pm, dpm_next, euler_next)
+            m = sde_ext[c0:c1, k]
             if bool(m.any()):
                 gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
                 noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
-                out = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind=cfg.sde_kind,
+                out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
                                noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
                 mm = m.to(dev).view(-1, *([1] * len(shape)))
                 x_next = torch.where(mm, out.prev_sample, ode_next)
@@ -372,9 +450,9 @@ def sample_trajectories(
                     lat[c0:c1, j] = x
                     nxt[c0:c1, j] = x_next
                     if onx is not None:
-                        onx[c0:c1, j] = ode_next
+                        onx[c0:c1, j] = euler_next
                     if out.log_prob is None:
-                        raise ValueError(f"step {k} (sigma_next={sig[k + 1].item()}) has zero std: cannot train it")
+                        raise ValueError(f"step {k} (sigma_next={grid[k + 1].item()}) has zero std: cannot train it")
                     logp[c0:c1, j] = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
             else:
                 x_next = ode_next
@@ -382,7 +460,7 @@ def sample_trajectories(
                     lat[c0:c1, col_of[k]] = x
                     nxt[c0:c1, col_of[k]] = x_next
                     if onx is not None:
-                        onx[c0:c1, col_of[k]] = ode_next
+                        onx[c0:c1, col_of[k]] = euler_next
             x = x_next
         final[c0:c1] = x
         chunk_images.append(adapter.decode(x, H, W).cpu())
@@ -390,7 +468,7 @@ def sample_trajectories(
             futures.append(reward_runner.submit(chunk_images[-1], list(prompts[c0:c1]), metadata[c0:c1]))
     images = torch.cat(chunk_images)
     cfg_mult = 2 if cfg.cfg else 1
-    nfe = K * cfg_mult
+    nfe = (len(grid) - 1) * cfg_mult
     traj = Trajectories(
         prompts=list(prompts), metadata=metadata, group_ids=group_ids, xt_seeds=list(xt_seeds),
         noise_seeds=list(noise_seeds), step_indices=cols.clone(), sigmas=sig[cols].clone(),
@@ -536,11 +614,26 @@ def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int
     return (out, v) if return_velocity else out
 
 
+def rlg_velocity(adapter: FlowModelAdapter, x: torch.Tensor, sigma, emb: PromptEmbeds, guidance_scale: float,
+                 cfg: bool, weight: float) -> torch.Tensor:
+    """RL guidance (:func:`flow_grpo.solvers.rlg_combine`): the guided velocity of the tuned model (LoRA on) and of
+    the base model (the same transformer inside ``adapter.reference()``, i.e. peft's adapters disabled: no second
+    model copy), combined as ``v_base + w (v_tuned - v_base)``. Two model calls per step (CFG doubles each)."""
+    v_tuned = adapter.predict_velocity(x, sigma, emb, guidance_scale, cfg)
+    with adapter.reference():
+        v_base = adapter.predict_velocity(x, sigma, emb, guidance_scale, cfg)
+    return rlg_combine(v_base, v_tuned, weight)
+
+
 @torch.no_grad()
 def generate_images(adapter: FlowModelAdapter, prompts: Sequence[str], xt_seeds: Sequence[int],
-                    cfg: SamplingConfig, num_steps: Optional[int] = None) -> torch.Tensor:
-    """Deterministic (Euler ODE) generation for eval/inference: uint8 (N, H, W, 3). ``num_steps`` defaults to
-    ``cfg.num_steps`` (eval usually uses more steps than the rollout)."""
+                    cfg: SamplingConfig, num_steps: Optional[int] = None,
+                    rlg_weight: Optional[float] = None) -> torch.Tensor:
+    """Deterministic (ODE) generation for eval/inference: uint8 (N, H, W, 3). ``num_steps`` defaults to
+    ``cfg.num_steps`` (eval usually uses more steps than the rollout). The solver is ``cfg.ode_solver`` (Euler, or
+    DPM-Solver++(2M) on every step). ``rlg_weight`` (needs a LoRA on the adapter) samples with RL guidance
+    (:func:`rlg_velocity`) instead of the adapter as it is."""
+    check_ode_solver(cfg.ode_solver)
     K = int(num_steps or cfg.num_steps)
     H, W = cfg.height, cfg.width
     adapter.set_resolution(H, W)
@@ -550,8 +643,16 @@ def generate_images(adapter: FlowModelAdapter, prompts: Sequence[str], xt_seeds:
         c1 = min(len(prompts), c0 + cfg.batch_size)
         x = adapter.initial_noise(xt_seeds[c0:c1], H, W)
         emb = adapter.encode_prompts(prompts[c0:c1])
+        x0_prev = None
         for k in range(K):
-            v = adapter.predict_velocity(x, sig[k].item(), emb, cfg.guidance_scale, cfg.cfg)
-            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+            s, sn = sig[k].item(), sig[k + 1].item()
+            if rlg_weight is None:
+                v = adapter.predict_velocity(x, s, emb, cfg.guidance_scale, cfg.cfg)
+            else:
+                v = rlg_velocity(adapter, x, s, emb, cfg.guidance_scale, cfg.cfg, rlg_weight)
+            if cfg.ode_solver == "dpmpp2m":
+                x, x0_prev = dpmpp2m_step(v, x, s, sn, x0_prev, sig[k - 1].item() if k > 0 else None)
+            else:
+                x = sde_step(v, x, s, sn, kind="ode").prev_sample
         out.append(adapter.decode(x, H, W).cpu())
     return torch.cat(out)

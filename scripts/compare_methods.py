@@ -53,6 +53,7 @@ FLOW_METHODS: dict[str, list[str]] = {
     "dance_grpo": ["method=dance"],
     "fast_window": ["method=fast"],
     "mix_window": ["method=mix"],
+    "mix_flash": ["method=mix_flash"],
     "tp_grpo": ["method=tp_grpo"],
     "g2rpo": ["method=g2rpo"],
 }

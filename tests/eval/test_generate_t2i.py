@@ -124,6 +124,28 @@ def test_lora_checkpoint_changes_images(env):
         generate_t2i.resolve_lora(env["pipe"])
 
 
+def test_rlg_weight_through_the_cli(env, capsys):
+    """rlg_weight=0 / 1 with the LoRA reproduce the base / LoRA runs' PNGs exactly (same process; the LoRA is loaded
+    by pipe.load_lora_weights and switched off for the base), 0.5 lies between; RLG without a LoRA is refused."""
+    from PIL import Image
+
+    common = [f"pipeline={env['pipe']}", f"prompts={env['prompts']}", "max_prompts=1", "grid_nrow=0"]
+    base, tuned = env["root"] / "rlg_base", env["root"] / "rlg_tuned"
+    assert _run(*common, f"out_dir={base}") == 0
+    assert _run(*common, f"out_dir={tuned}", f"lora={env['root'] / 'ckpt'}") == 0
+    img = {}
+    for w in ("0", "1", "0.5"):
+        d = env["root"] / f"rlg_{w}"
+        assert _run(*common, f"out_dir={d}", f"lora={env['root'] / 'ckpt'}", f"rlg_weight={w}") == 0
+        assert json.loads((d / "settings.json").read_text())["sampling"]["rlg_weight"] == float(w)
+        img[w] = np.asarray(Image.open(d / "images" / "000000.png"))
+    ref = {k: np.asarray(Image.open(d / "images" / "000000.png")) for k, d in (("0", base), ("1", tuned))}
+    assert np.array_equal(img["0"], ref["0"]) and np.array_equal(img["1"], ref["1"])
+    assert not np.array_equal(img["0.5"], ref["0"]) and not np.array_equal(img["0.5"], ref["1"])
+    assert _run(*common, f"out_dir={env['root'] / 'rlg_nolora'}", "rlg_weight=2") != 0
+    assert "rlg_weight=2.0 needs lora=DIR" in capsys.readouterr().err
+
+
 def test_compute_metrics_by_hand():
     def row(i, tag, strict, bright):
         return {"index": i, "prompt_index": i // 2, "tag": tag,
