@@ -205,13 +205,23 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     cfg = load_train_config(None, [f"{k}={v}" for k, v in ov.items()])
     tr = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": _image_reward})
+    import mmgrpo.core
+
+    losses, real_loss = [], mmgrpo.core.policy_loss
+
+    def recording_loss(*args, **kw):  # the flow trainer logs no loss: record what policy_loss returns
+        out = real_loss(*args, **kw)
+        losses.append(float(out.loss.detach()))
+        return out
+
+    mmgrpo.core.policy_loss = recording_loss
     touch_weights(*[m for m in (getattr(ad.pipe, k, None) for k in ("transformer", "vae", "text_encoder",
                     "text_encoder_2", "text_encoder_3")) if m is not None])
     reset = reset_peak()
     t0 = time.perf_counter()
     m = tr.train_epoch()
     sec = time.perf_counter() - t0
-    loss = float(m.get("train/loss", next((v for k, v in m.items() if k.endswith("loss")), float("nan"))))
+    loss = sum(losses) / len(losses) if losses else float("nan")
     return {"loss": loss, "step_seconds": sec, "peak_reset": reset, "updates": int(m.get("steps/applied", 0)),
             "trainable_params": sum(p.numel() for _, p in tr.named_params),
             "metrics": {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}}
@@ -250,10 +260,50 @@ def _stage(a) -> dict:
     return r
 
 
+def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
+    """Activation constants per model from rehearsal JSONs: ``r(N) = (measured - static(N)) / tokens`` where static
+    is the planner without activations; ``a_layer = r(2) - r(1)``, ``a_fixed = r(1) - a_layer`` (fitted on
+    ``fit_layers`` only: the other depths are out-of-sample checks); then every run's planner error."""
+    from mmgrpo.utils.memory_plan import get_spec, plan_rehearsal
+
+    runs: dict[str, dict[int, dict]] = {}
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        if r.get("step_ok"):
+            runs.setdefault(r["model"] + (" full" if r.get("mode") == "full" else ""), {})[r["layers"]] = r
+    out = {}
+    zero = {"a_layer": 0.0, "a_fixed": 0.0}
+    for key, by_n in runs.items():
+        name = key.split()[0]
+        spec = get_spec(name)
+        res = {}
+        for n, r in by_n.items():
+            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=zero)
+            toks = (4 * (r["step"]["prompt_tokens"] + r["step"]["completion_len"]) if spec["type"] == "vlm"
+                    else 4 * __import__("mmgrpo.utils.memory_plan", fromlist=["x"]).flow_tokens(spec))
+            res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks)
+        lo, hi = fit_layers
+        if lo in res and hi in res:
+            a_layer = res[hi][0] - res[lo][0]
+        else:
+            a_layer = 0.0
+        a_fixed = res[min(res)][0] - a_layer * min(res)
+        act = {"a_layer": round(a_layer, 1), "a_fixed": round(a_fixed, 1)}
+        errs = {}
+        for n, r in sorted(by_n.items()):
+            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=act)
+            errs[n] = {"measured": r["measured_peak_bytes"], "predicted": round(pr["total"]),
+                       "error": round((pr["total"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"], 4),
+                       "in_sample": n in (lo, hi) and lo in res and hi in res}
+        out[key] = {"activation": act, "runs": errs}
+    return out
+
+
 def main(argv=None) -> int:
     from mmgrpo.utils.memory_plan import MODELS, get_spec
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (--fit RESULT.json ... : fit the "
+                                "planner's activation constants from results and print every run's error)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", required=True, help=f"released model whose widths are used: {', '.join(sorted(MODELS))}"
                    "; NAME/K divides every width by K (a CI-sized variant of the same code path)")
@@ -266,6 +316,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=16, help="VLM: completion tokens per rollout")
     p.add_argument("--sample-steps", type=int, default=2, help="flow: denoising steps per rollout (1 trained)")
     p.add_argument("--stage", choices=["build", "step"], default=None, help=argparse.SUPPRESS)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--fit":  # --fit RESULT.json ...: activation constants + planner errors
+        print(json.dumps(fit(argv[1:]), indent=1))
+        return 0
     a = p.parse_args(argv)
     if a.layers < 1:
         p.error("--layers must be >= 1")
