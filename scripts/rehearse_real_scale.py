@@ -299,6 +299,18 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
     return out
 
 
+def refresh(paths: list[str]) -> None:
+    """Recompute ``predicted_peak_bytes`` / ``planner_error`` / ``full_depth`` of result JSONs with the planner's
+    current constants (after ``--fit`` figures were written into ``ACTIVATION_BYTES``)."""
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        if "step" not in r:
+            continue
+        a = argparse.Namespace(model=r["model"], layers=r["layers"], full_finetune=r.get("mode") == "full")
+        r.update(_predictions(a, r["step"]))
+        Path(p).write_text(json.dumps(r, indent=1))
+
+
 def main(argv=None) -> int:
     from mmgrpo.utils.memory_plan import MODELS, get_spec
 
@@ -320,6 +332,9 @@ def main(argv=None) -> int:
         argv = sys.argv[1:]
     if argv and argv[0] == "--fit":  # --fit RESULT.json ...: activation constants + planner errors
         print(json.dumps(fit(argv[1:]), indent=1))
+        return 0
+    if argv and argv[0] == "--refresh":  # --refresh RESULT.json ...: re-predict with the current constants
+        refresh(argv[1:])
         return 0
     a = p.parse_args(argv)
     if a.layers < 1:

@@ -29,6 +29,7 @@ default sizes), flash-attention / cuBLAS workspaces and the CUDA context itself 
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 GiB = 1024 ** 3
@@ -143,13 +144,35 @@ def get_spec(name: str) -> dict:
     return spec
 
 
-# Activation bytes per token (a_layer: per checkpointed layer; a_fixed: once), measured at real width with
-#   nice -n 5 python scripts/rehearse_real_scale.py --model M --layers N --json docs/real_scale/M_N.json
-# (N = 1, 2, 3): a_layer = slope of (measured peak - static bytes) over N, a_fixed = the N=1 residual - a_layer,
-# both divided by the tokens of the step (VLM: rows x (prompt + completion); flow: images x (image + text tokens)).
-# Filled in by scripts/rehearse_real_scale.py's --fit output; models without a measurement use the fallback.
-ACTIVATION_BYTES: dict[str, dict[str, float]] = {}
-FALLBACK_ACTIVATION = {"vlm": {"a_layer": 0.0, "a_fixed": 0.0}, "flow": {"a_layer": 0.0, "a_fixed": 0.0}}
+# Activation bytes per token (a_layer: per checkpointed layer; a_fixed: once per token), measured at real width on
+# CPU in bf16 with LoRA + gradient checkpointing (docs/real_scale.md):
+#   OMP_NUM_THREADS=2 nice -n 5 python scripts/rehearse_real_scale.py --model M --layers N --json M_N.json  (N=1,2,3)
+#   python scripts/rehearse_real_scale.py --fit M_1.json M_2.json M_3.json
+# r(N) = (measured step peak - planner without activations) / tokens; a_layer = r(2) - r(1), a_fixed = r(1) -
+# a_layer; N = 3 is the out-of-sample check. Tokens: VLM rows x (prompt + completion); flow images x (image + text).
+ACTIVATION_BYTES: dict[str, dict[str, float]] = {
+    "qwen2.5-vl-7b": {"a_layer": 14746.2, "a_fixed": 463574.0},  # 4 x (371 + 16) tokens; N=3 error -1.4 %
+}
+# Models without a measurement borrow the measured model of their type, scaled by the hidden size (an
+# extrapolation: ``activation_for`` says which, and the plan output names it).
+_REFERENCE = {"vlm": "qwen2.5-vl-7b", "flow": "flux.1-dev"}
+
+
+def activation_for(name: str) -> tuple[dict[str, float], str]:
+    """(constants, provenance) for ``name``: measured, or scaled from the reference model of its type."""
+    if name in ACTIVATION_BYTES:
+        return ACTIVATION_BYTES[name], "measured"
+    spec = get_spec(name)
+    ref = _REFERENCE[spec["type"]]
+    if ref not in ACTIVATION_BYTES:
+        return {"a_layer": 0.0, "a_fixed": 0.0}, "none measured"
+
+    def width(s):
+        return s["text"]["hidden_size"] if s["type"] == "vlm" else \
+            s["transformer"]["attention_head_dim"] * s["transformer"]["num_attention_heads"]
+
+    k = width(spec) / width(MODELS[ref])
+    return {a: v * k for a, v in ACTIVATION_BYTES[ref].items()}, f"scaled from {ref} by width ({k:.2f}x)"
 
 
 def _truncate(idx: list[int], n: int) -> list[int]:
@@ -341,7 +364,7 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
         out["lora_weights"] = T * 4  # adapters are small: replicated under every strategy
         out["grads"] = T * 4
         out["optimizer"] = T * 8
-    a = activation or ACTIVATION_BYTES.get(spec_name) or FALLBACK_ACTIVATION[spec["type"]]
+    a = activation or activation_for(spec_name)[0]
     if spec["type"] == "vlm":
         tokens = rows * (prompt_tokens + completion_len)
         chunk = min(logprob_chunk, completion_len) if logprob_chunk else completion_len
@@ -495,9 +518,8 @@ def plan_main(argv, kind: str, prog: str) -> int:
                  flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
                  fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=known.gpu_gb)
     print(f"{prog}: {name} ({spec['source']}), {known.strategy} x {known.world}, "
-          f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, per device:")
+          f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
+          f"{activation_for(name)[1]}; per device:")
     print(format_plan(p))
     return 0 if p["fits"] else 1
 
-
-import sys  # noqa: E402  (used by plan_main only)
