@@ -264,7 +264,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
     """Activation constants per model from rehearsal JSONs: ``r(N) = (measured - static(N)) / tokens`` where static
     is the planner without activations; ``a_layer = r(2) - r(1)``, ``a_fixed = r(1) - a_layer`` (fitted on
     ``fit_layers`` only: the other depths are out-of-sample checks); then every run's planner error."""
-    from mmgrpo.utils.memory_plan import get_spec, plan_rehearsal
+    from mmgrpo.utils.memory_plan import counts, get_spec, plan_rehearsal
 
     runs: dict[str, dict[int, dict]] = {}
     for p in paths:
@@ -281,19 +281,23 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
             pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=zero)
             toks = (4 * (r["step"]["prompt_tokens"] + r["step"]["completion_len"]) if spec["type"] == "vlm"
                     else 4 * __import__("mmgrpo.utils.memory_plan", fromlist=["x"]).flow_tokens(spec))
-            res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks)
+            res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks, pr["total"])
         lo, hi = fit_layers
+        depth = {n: counts(spec, n)["layers"] for n in res}  # planner layers (FLUX: double + single blocks)
         if lo in res and hi in res:
-            a_layer = res[hi][0] - res[lo][0]
+            a_layer = (res[hi][0] - res[lo][0]) / (depth[hi] - depth[lo])
         else:
             a_layer = 0.0
-        a_fixed = res[min(res)][0] - a_layer * min(res)
+        first = min(res)
+        a_fixed = res[first][0] - a_layer * depth[first]
         act = {"a_layer": round(a_layer, 1), "a_fixed": round(a_fixed, 1)}
         errs = {}
         for n, r in sorted(by_n.items()):
             pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=act)
             errs[n] = {"measured": r["measured_peak_bytes"], "predicted": round(pr["total"]),
                        "error": round((pr["total"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"], 4),
+                       "error_without_activations": round(res[n][2] / r["measured_peak_bytes"] - 1, 4),
+                       "tokens": res[n][1],
                        "in_sample": n in (lo, hi) and lo in res and hi in res}
         out[key] = {"activation": act, "runs": errs}
     return out

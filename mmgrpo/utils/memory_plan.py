@@ -152,6 +152,8 @@ def get_spec(name: str) -> dict:
 # a_layer; N = 3 is the out-of-sample check. Tokens: VLM rows x (prompt + completion); flow images x (image + text).
 ACTIVATION_BYTES: dict[str, dict[str, float]] = {
     "qwen2.5-vl-7b": {"a_layer": 14746.2, "a_fixed": 463574.0},  # 4 x (371 + 16) tokens; N=3 error -1.4 %
+    # per FLUX block (N double + N single blocks = 2N planner layers), 4 x (1024 + 512) tokens
+    "flux.1-dev": {"a_layer": 48847.4, "a_fixed": 253009.8},
 }
 # Models without a measurement borrow the measured model of their type, scaled by the hidden size (an
 # extrapolation: ``activation_for`` says which, and the plan output names it).
