@@ -474,6 +474,9 @@ def plan_main(argv, kind: str, prog: str) -> int:
     pre.add_argument("--prompt-tokens", type=int, default=0)
     if any(a in ("-h", "--help") for a in argv):
         print(PLAN_HELP)
+        if kind == "flow":  # flow_grpo train --help lists the config options
+            print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
+            return 0
     known, rest = pre.parse_known_args(argv)
     if kind == "vlm":
         from mmgrpo.config import TrainConfig
