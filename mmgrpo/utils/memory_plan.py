@@ -395,7 +395,8 @@ def plan_rehearsal(spec: dict, layers: int, full: bool, tokens: dict, activation
     if spec["type"] == "vlm":
         return plan(name, layers=layers, full=full, rows=4, prompt_tokens=tokens["prompt_tokens"],
                     completion_len=tokens["completion_len"], gpu=False, activation=activation)
-    return plan(name, layers=layers, full=full, rows=4, flow_tokens=flow_tokens(spec), gpu=False,
+    rows = 8 if spec["kind"] == "sd3" else 4  # the SD3 rehearsal runs CFG: one forward on [uncond; cond]
+    return plan(name, layers=layers, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False,
                 activation=activation)
 
 
