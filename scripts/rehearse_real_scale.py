@@ -97,6 +97,11 @@ def build_vlm(spec: dict, layers: int, out: Path, shard: str) -> dict:
         torch.set_default_dtype(prev)
     tok = build_qwen_tokenizer()
     proc = build_qwen2_5_vl_processor(tok) if spec["family"] != "qwen3_vl" else _qwen3_processor(tok)
+    if spec["family"] == "qwen2_vl":  # same tokenizer, template and pixel settings; Qwen2-VL's processor class
+        from transformers import Qwen2VLProcessor
+
+        proc = Qwen2VLProcessor(image_processor=proc.image_processor, tokenizer=tok,
+                                video_processor=proc.video_processor, chat_template=proc.chat_template)
     gc = model.generation_config
     gc.suppress_tokens = vision_token_ids(tok)
     gc.bos_token_id = gc.pad_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
