@@ -11,6 +11,7 @@ USAGE = """usage: mmgrpo <command> [options]
 
 commands:
   train      GRPO fine-tuning of a Qwen2/2.5/3-VL policy (mmgrpo train --help lists every option)
+  plan       predicted peak memory per device for a train config (mmgrpo plan --help)
   make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [qwen2_5_vl|qwen2_vl|qwen3_vl]
 """
 
@@ -60,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         return train_main(rest)
+    if cmd == "plan":
+        from mmgrpo.utils.memory_plan import plan_main
+
+        return plan_main(rest, "vlm", "mmgrpo plan")
     if cmd == "make-tiny":
         if not rest:
             print("usage: mmgrpo make-tiny DIR [family]", file=sys.stderr)

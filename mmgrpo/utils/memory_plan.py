@@ -1,0 +1,531 @@
+"""Memory planner: predicted peak memory per device of a GRPO run (``mmgrpo plan`` / ``flow_grpo plan``).
+
+Released configs (:data:`MODELS`) are copied from the public ``config.json`` files (Hugging Face model repos
+``Qwen/Qwen2.5-VL-3B-Instruct``, ``Qwen/Qwen2.5-VL-7B-Instruct``, ``Qwen/Qwen2-VL-7B-Instruct``,
+``Qwen/Qwen3-VL-4B-Instruct``, ``black-forest-labs/FLUX.1-dev`` (transformer/, text_encoder/, text_encoder_2/, vae/),
+``stabilityai/stable-diffusion-3.5-medium`` / ``-large``); ``scripts/rehearse_real_scale.py`` builds them at real width
+and truncated depth.
+
+Model (per device, bytes; ``P`` all parameters, ``T`` trainable ones, W processes):
+
+* weights: ``P x 2`` (bf16); FSDP2 / ZeRO-3 shard them (``/W``) plus one unsharded layer in flight (all-gather);
+* LoRA adapters: fp32 (peft upcasts them on a bf16 base): ``T x 4`` weights, ``T x 4`` grads, AdamW ``T x 8``;
+* full fine-tune in bf16: grads ``T x 2``, AdamW moments ``T x 8`` (fp32), and with ``optim.fp32_master_weights``
+  the fp32 masters ``T x 4`` plus their fp32 grads ``T x 4`` during ``step`` (``mmgrpo.utils.master_weights``);
+  sharded engines (FSDP2 / ZeRO-3) keep the same fp32 state sharded ``/W``;
+* activations (gradient checkpointing on): ``tokens x (layers x a_layer + a_fixed)``: each checkpointed layer keeps
+  its input, one layer is recomputed at a time, ``a_fixed`` covers embeddings / head / vision tower / working set.
+  ``a_layer`` and ``a_fixed`` are **measured** at real width (:data:`ACTIVATION_BYTES`, with the command);
+* logits (VLM): ``rows x completion_len x vocab x 10`` (bf16 logits + fp32 log-softmax + its grad); chunked
+  log-probs (``algo.logprob_chunk_size``, where available) divide this by ``completion_len / chunk``;
+* rollout engine: the HF backend's KV cache ``2 x layers x kv_heads x head_dim x (prompt + completion) x rows x 2``;
+  a colocated vLLM engine takes ``rollout.vllm_gpu_memory_utilization x GPU`` instead.
+
+What a CPU measurement cannot show (and this planner does not model): the CUDA caching allocator's fragmentation and
+reserved-but-unused blocks (typically 5-20 % on top), NCCL communication buffers (~0.5-2 GB per process group at
+default sizes), flash-attention / cuBLAS workspaces and the CUDA context itself (~0.5-1 GB per process).
+:data:`GPU_OVERHEAD_BYTES` + :data:`GPU_FRAGMENTATION` add a flat allowance for these on GPU plans.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+GiB = 1024 ** 3
+GPU_OVERHEAD_BYTES = int(1.5 * GiB)  # CUDA context + NCCL buffers + kernels' workspaces (allowance, not measured)
+GPU_FRAGMENTATION = 0.10  # caching-allocator slack on GPU (allowance, not measured)
+
+_QWEN_IDS = dict(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+_QWEN_TOP = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                 vision_end_token_id=151653)
+
+# -------------------------------------------------------------------------------------------- released configs
+MODELS: dict[str, dict[str, Any]] = {
+    "qwen2.5-vl-3b": dict(
+        type="vlm", family="qwen2_5_vl", source="Qwen/Qwen2.5-VL-3B-Instruct config.json",
+        text=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                  num_key_value_heads=2, vocab_size=151936, rope_theta=1e6, mrope_section=[16, 24, 24],
+                  tie_word_embeddings=True, max_position_embeddings=128000),
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                    fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, hidden_act="silu")),
+    "qwen2.5-vl-7b": dict(
+        type="vlm", family="qwen2_5_vl", source="Qwen/Qwen2.5-VL-7B-Instruct config.json",
+        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064, rope_theta=1e6, mrope_section=[16, 24, 24],
+                  tie_word_embeddings=False, max_position_embeddings=128000),
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                    fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, hidden_act="silu")),
+    "qwen2-vl-7b": dict(
+        type="vlm", family="qwen2_vl", source="Qwen/Qwen2-VL-7B-Instruct config.json",
+        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064, rope_theta=1e6, mrope_section=[16, 24, 24],
+                  tie_word_embeddings=False, max_position_embeddings=32768),
+        # Qwen2-VL's ViT: embed_dim 1280, mlp_ratio 4 (fc1/fc2, quick_gelu), 16 heads, LayerNorm; no windows
+        vision=dict(depth=32, embed_dim=1280, mlp_ratio=4, num_heads=16, hidden_size=3584, patch_size=14,
+                    spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu")),
+    "qwen3-vl-4b": dict(
+        type="vlm", family="qwen3_vl", source="Qwen/Qwen3-VL-4B-Instruct config.json",
+        text=dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=5e6,
+                  mrope_section=[24, 20, 20], mrope_interleaved=True, tie_word_embeddings=True,
+                  max_position_embeddings=262144),
+        vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2560,
+                    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[5, 11, 17], hidden_act="gelu_pytorch_tanh"),
+        frame_px=256),  # multiple of 32 (patch 16 x merge 2)
+    "flux.1-dev": dict(
+        type="flow", kind="flux", source="black-forest-labs/FLUX.1-dev */config.json", max_sequence_length=512,
+        transformer=dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                         guidance_embeds=True, axes_dims_rope=[16, 56, 56]),
+        clip_l=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                    projection_dim=768, hidden_act="quick_gelu"),
+        t5=dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128,
+                feed_forward_proj="gated-gelu"),
+        vae=dict(latent_channels=16, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
+                 use_post_quant_conv=False),
+        scheduler=dict(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                       base_image_seq_len=256, max_image_seq_len=4096)),
+    "sd3.5-medium": dict(
+        type="flow", kind="sd3", source="stabilityai/stable-diffusion-3.5-medium */config.json",
+        max_sequence_length=256,
+        transformer=dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
+                         attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
+                         caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
+                         qk_norm="rms_norm", dual_attention_layers=list(range(13))),
+        clip_l=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                    projection_dim=768, hidden_act="quick_gelu"),
+        clip_g=dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                    projection_dim=1280, hidden_act="gelu"),
+        t5=dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=32128,
+                feed_forward_proj="gated-gelu"),
+        vae=dict(latent_channels=16, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False,
+                 use_post_quant_conv=False),
+        scheduler=dict(shift=3.0)),
+}
+MODELS["sd3.5-large"] = copy.deepcopy(MODELS["sd3.5-medium"])
+MODELS["sd3.5-large"].update(source="stabilityai/stable-diffusion-3.5-large */config.json")
+MODELS["sd3.5-large"]["transformer"].update(num_layers=38, num_attention_heads=38, caption_projection_dim=2432,
+                                            pos_embed_max_size=192, dual_attention_layers=[])
+
+
+
+def get_spec(name: str) -> dict:
+    """``MODELS[name]``, or ``"<name>/<k>"``: the same model with every width divided by ``k`` (heads too, head
+    dims, vocabulary, MRoPE sections, layouts and token ids kept) -- the CI-sized variant of the same code path."""
+    if name in MODELS or "/" not in name:
+        return MODELS[name]
+    base, k = name.split("/")
+    k = int(k)
+    spec = copy.deepcopy(MODELS[base])
+    spec["source"] += f" (widths / {k})"
+    if spec["type"] != "vlm":
+        raise ValueError(f"{name}: width reduction is implemented for the Qwen-VL models only")
+    t, v = spec["text"], spec["vision"]
+    hd = t.get("head_dim", t["hidden_size"] // t["num_attention_heads"])
+    t["num_attention_heads"] = max(1, t["num_attention_heads"] // k)
+    t["num_key_value_heads"] = max(1, t["num_key_value_heads"] // k)
+    t["hidden_size"] = t["num_attention_heads"] * hd if "head_dim" not in t else t["hidden_size"] // k
+    t["intermediate_size"] //= k
+    vh = v.get("hidden_size", 0) if "embed_dim" not in v else v["embed_dim"]
+    vhd = vh // v["num_heads"]
+    v["num_heads"] = max(1, v["num_heads"] // k)
+    if "embed_dim" in v:
+        v["embed_dim"] = v["num_heads"] * vhd
+        v["hidden_size"] = t["hidden_size"]
+    else:
+        v["hidden_size"] = v["num_heads"] * vhd
+        v["intermediate_size"] //= k
+        v["out_hidden_size"] = t["hidden_size"]
+    MODELS[name] = spec
+    return spec
+
+
+# Activation bytes per token (a_layer: per checkpointed layer; a_fixed: once per token), measured at real width on
+# CPU in bf16 with LoRA + gradient checkpointing (docs/real_scale.md):
+#   OMP_NUM_THREADS=2 nice -n 5 python scripts/rehearse_real_scale.py --model M --layers N --json M_N.json  (N=1,2,3)
+#   python scripts/rehearse_real_scale.py --fit M_1.json M_2.json M_3.json
+# r(N) = (measured step peak - planner without activations) / tokens; a_layer = r(2) - r(1), a_fixed = r(1) -
+# a_layer; N = 3 is the out-of-sample check. Tokens: VLM rows x (prompt + completion); flow images x (image + text).
+ACTIVATION_BYTES: dict[str, dict[str, float]] = {
+    "qwen2.5-vl-7b": {"a_layer": 14746.2, "a_fixed": 463574.0},  # 4 x (371 + 16) tokens; N=3 error -1.4 %
+    # per FLUX block (N double + N single blocks = 2N planner layers), 4 x (1024 + 512) tokens
+    "flux.1-dev": {"a_layer": 48847.4, "a_fixed": 253009.8},
+}
+# Models without a measurement borrow the measured model of their type, scaled by the hidden size (an
+# extrapolation: ``activation_for`` says which, and the plan output names it).
+_REFERENCE = {"vlm": "qwen2.5-vl-7b", "flow": "flux.1-dev"}
+
+
+def activation_for(name: str) -> tuple[dict[str, float], str]:
+    """(constants, provenance) for ``name``: measured, or scaled from the reference model of its type."""
+    if name in ACTIVATION_BYTES:
+        return ACTIVATION_BYTES[name], "measured"
+    spec = get_spec(name)
+    ref = _REFERENCE[spec["type"]]
+    if ref not in ACTIVATION_BYTES:
+        return {"a_layer": 0.0, "a_fixed": 0.0}, "none measured"
+
+    def width(s):
+        return s["text"]["hidden_size"] if s["type"] == "vlm" else \
+            s["transformer"]["attention_head_dim"] * s["transformer"]["num_attention_heads"]
+
+    k = width(spec) / width(MODELS[ref])
+    return {a: v * k for a, v in ACTIVATION_BYTES[ref].items()}, f"scaled from {ref} by width ({k:.2f}x)"
+
+
+def _truncate(idx: list[int], n: int) -> list[int]:
+    """Released layer indexes kept by a depth-``n`` cut; the last kept block takes the role when none survives
+    (so a truncated Qwen2.5-VL ViT still has a full-attention block, Qwen3-VL a deepstack tap)."""
+    kept = [i for i in idx if i < n]
+    return kept or [n - 1]
+
+
+# -------------------------------------------------------------------------------------------- model builders
+def vlm_config(spec: dict, layers: int | None = None, vision_layers: int | None = None):
+    """The transformers config of ``spec`` with the LLM cut to ``layers`` and the ViT to ``vision_layers``
+    (default: ``layers``; ``None`` for both = the released depth)."""
+    t, v = dict(spec["text"]), dict(spec["vision"])
+    if layers is not None:
+        t["num_hidden_layers"] = layers
+        v["depth"] = vision_layers or layers
+        if "fullatt_block_indexes" in v:
+            v["fullatt_block_indexes"] = _truncate(v["fullatt_block_indexes"], v["depth"])
+        if "deepstack_visual_indexes" in v:
+            v["deepstack_visual_indexes"] = _truncate(v["deepstack_visual_indexes"], v["depth"])
+    rope = {"rope_type": "default", "rope_theta": t.pop("rope_theta"), "mrope_section": t.pop("mrope_section")}
+    if t.pop("mrope_interleaved", False):
+        rope["mrope_interleaved"] = True
+    t.update(rope_parameters=rope, **_QWEN_IDS)
+    fam = spec["family"]
+    if fam == "qwen3_vl":
+        from transformers import Qwen3VLConfig as C
+    elif fam == "qwen2_vl":
+        from transformers import Qwen2VLConfig as C
+    else:
+        from transformers import Qwen2_5_VLConfig as C
+    tie = t["tie_word_embeddings"]
+    return C(text_config=t, vision_config=v, tie_word_embeddings=tie, **_QWEN_TOP)
+
+
+def _clip(spec: dict, with_projection: bool, layers: int | None):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    c = dict(spec)
+    if layers is not None:
+        c["num_hidden_layers"] = layers
+    cfg = CLIPTextConfig(vocab_size=49408, max_position_embeddings=77, bos_token_id=49406, eos_token_id=49407,
+                         pad_token_id=1, **c)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
+
+
+def _t5(spec: dict, layers: int | None):
+    from transformers import T5Config, T5EncoderModel
+
+    c = dict(spec)
+    if layers is not None:
+        c["num_layers"] = layers
+    return T5EncoderModel(T5Config(relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                                   is_encoder_decoder=False, use_cache=False, **c))
+
+
+def _vae(spec: dict):
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                         sample_size=1024, **spec["vae"])
+
+
+def flow_transformer(spec: dict, layers: int | None = None):
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    c = dict(spec["transformer"])
+    if spec["kind"] == "flux":
+        if layers is not None:
+            c.update(num_layers=layers, num_single_layers=layers)
+        c["axes_dims_rope"] = tuple(c["axes_dims_rope"])
+        return FluxTransformer2DModel(**c)
+    if layers is not None:
+        c["num_layers"] = layers
+        c["dual_attention_layers"] = [i for i in c["dual_attention_layers"] if i < layers]
+    c["dual_attention_layers"] = tuple(c["dual_attention_layers"])
+    return SD3Transformer2DModel(**c)
+
+
+def flow_pipeline(spec: dict, layers: int | None = None):
+    """A diffusers pipeline with the released widths, every stack (transformer, CLIP, T5) cut to ``layers``; the
+    VAE is whole (it is small and frozen). Tokenizers: the full real CLIP BPE (open_clip's file, 49,408 entries)
+    and the repo's T5-format Unigram tokenizer (no package ships T5's ``spiece.model``)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, StableDiffusion3Pipeline
+
+    from flow_grpo.models.tiny import build_clip_tokenizer, build_t5_unigram_tokenizer
+
+    sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, **spec["scheduler"])
+    n_merges = 49408 - 512 - 2
+    tr = flow_transformer(spec, layers)
+    t5 = _t5(spec["t5"], layers)
+    t5_tok = build_t5_unigram_tokenizer(model_max_length=spec["max_sequence_length"])
+    if spec["kind"] == "flux":
+        return FluxPipeline(scheduler=sched, vae=_vae(spec), text_encoder=_clip(spec["clip_l"], False, layers),
+                            tokenizer=build_clip_tokenizer(n_merges), text_encoder_2=t5, tokenizer_2=t5_tok,
+                            transformer=tr)
+    return StableDiffusion3Pipeline(
+        transformer=tr, scheduler=sched, vae=_vae(spec), text_encoder=_clip(spec["clip_l"], True, layers),
+        tokenizer=build_clip_tokenizer(n_merges), text_encoder_2=_clip(spec["clip_g"], True, layers),
+        tokenizer_2=build_clip_tokenizer(n_merges), text_encoder_3=t5, tokenizer_3=t5_tok)
+
+
+# -------------------------------------------------------------------------------------------- parameter counts
+def _meta(build):
+    import torch
+
+    with torch.device("meta"):
+        return build()
+
+
+def _linear_lora(model, targets, r: int, skip=("visual",)) -> int:
+    import torch
+
+    n = 0
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets \
+                and not any(s in name.split(".") for s in skip):
+            n += r * (m.in_features + m.out_features)
+    return n
+
+
+VLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FLOW_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+
+
+def counts(spec: dict, layers: int | None = None, lora_r: int = 16, lora_targets=None) -> dict:
+    """Exact parameter counts from the config (built on the meta device: no memory): ``all`` (everything loaded),
+    ``full`` (what full fine-tuning trains), ``lora`` (adapter parameters), ``layers``, ``per_layer`` (largest
+    trained block), ``hidden``, ``vocab``, ``kv`` (KV-cache bytes per token per layer, bf16)."""
+    if spec["type"] == "vlm":
+        from mmgrpo.models.tiny import model_class
+
+        cfg = vlm_config(spec, layers)
+        m = _meta(lambda: model_class(spec["family"])(cfg))
+        tot = sum(p.numel() for p in m.parameters())
+        vis = sum(p.numel() for n, p in m.named_parameters() if "visual" in n.split("."))
+        t = spec["text"]
+        L = t["num_hidden_layers"] if layers is None else layers
+        block = max(sum(p.numel() for p in b.parameters()) for b in m.model.language_model.layers) \
+            if hasattr(m.model, "language_model") else 0
+        head_dim = t.get("head_dim", t["hidden_size"] // t["num_attention_heads"])
+        return {"all": tot, "full": tot - vis, "lora": _linear_lora(m, lora_targets or VLM_LORA_TARGETS, lora_r),
+                "layers": L, "per_layer": block, "hidden": t["hidden_size"], "vocab": t["vocab_size"],
+                "kv": 2 * t["num_key_value_heads"] * head_dim * 2}
+    tr = _meta(lambda: flow_transformer(spec, layers))
+    enc = _meta(lambda: _t5(spec["t5"], layers))
+    n_enc = sum(p.numel() for p in enc.parameters())
+    for key, proj in (("clip_l", spec["kind"] == "sd3"), ("clip_g", True)):
+        if key in spec:
+            n_enc += sum(p.numel() for p in _meta(lambda: _clip(spec[key], proj, layers)).parameters())
+    vae = sum(p.numel() for p in _meta(lambda: _vae(spec)).parameters())
+    n_tr = sum(p.numel() for p in tr.parameters())
+    blocks = list(getattr(tr, "transformer_blocks", [])) + list(getattr(tr, "single_transformer_blocks", []))
+    c = spec["transformer"]
+    L = len(blocks)
+    return {"all": n_tr + n_enc + vae, "full": n_tr, "lora": _linear_lora(tr, lora_targets or FLOW_LORA_TARGETS,
+                                                                         lora_r, skip=()),
+            "encoders": n_enc, "vae": vae, "layers": L,
+            "per_layer": max(sum(p.numel() for p in b.parameters()) for b in blocks),
+            "hidden": c["attention_head_dim"] * c["num_attention_heads"], "vocab": 0, "kv": 0}
+
+
+# -------------------------------------------------------------------------------------------- the plan
+def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_r: int = 16, world: int = 1,
+         strategy: str = "ddp", rows: int = 8, prompt_tokens: int = 0, completion_len: int = 256,
+         flow_tokens: int = 0, fp32_master_weights: bool = True, logprob_chunk: int = 0,
+         vllm_fraction: float = 0.0, gpu_gb: float = 0.0, gpu: bool = True, activation: dict | None = None,
+         n: dict | None = None) -> dict:
+    """Per-device bytes, by component, and ``total``; ``fits`` when ``gpu_gb`` is given.
+
+    ``rows``: sequences per micro-batch (VLM: rollouts per forward/backward; flow: images per chunk);
+    ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image)."""
+    spec = get_spec(spec_name)
+    n = n or counts(spec, layers, lora_r)
+    sharded = strategy in ("fsdp2", "zero3")
+    div = world if sharded else 1
+    T = n["full"] if full else n["lora"]
+    out: dict[str, float] = {}
+    # flow: only the transformer goes through accelerator.prepare; text encoders and VAE stay replicated
+    shard = n["all"] if spec["type"] == "vlm" else n["full"]
+    out["weights"] = (shard / div + n["all"] - shard) * 2 + (n["per_layer"] * 2 if sharded and world > 1 else 0)
+    if full:
+        out["grads"] = T * 2 / div
+        out["optimizer"] = T * 8 / div
+        out["master_weights"] = (T * 4 + T * 4) / div if fp32_master_weights or sharded else 0.0
+    else:
+        out["lora_weights"] = T * 4  # adapters are small: replicated under every strategy
+        out["grads"] = T * 4
+        out["optimizer"] = T * 8
+    a = activation or activation_for(spec_name)[0]
+    if spec["type"] == "vlm":
+        tokens = rows * (prompt_tokens + completion_len)
+        chunk = min(logprob_chunk, completion_len) if logprob_chunk else completion_len
+        out["logits"] = rows * chunk * n["vocab"] * 10
+        out["activations"] = tokens * (n["layers"] * a["a_layer"] + a["a_fixed"])
+        if vllm_fraction and gpu_gb:
+            out["rollout_engine"] = vllm_fraction * gpu_gb * GiB
+        else:
+            out["rollout_engine"] = n["layers"] * n["kv"] * rows * (prompt_tokens + completion_len)
+    else:
+        tokens = rows * flow_tokens
+        out["activations"] = tokens * (n["layers"] * a["a_layer"] + a["a_fixed"])
+    total = sum(out.values())
+    if gpu:
+        out["gpu_overhead"] = GPU_OVERHEAD_BYTES + GPU_FRAGMENTATION * total
+        total = sum(out.values())
+    out["total"] = total
+    if gpu_gb:
+        out["fits"] = bool(total <= gpu_gb * GiB)
+    return out
+
+
+def plan_rehearsal(spec: dict, layers: int, full: bool, tokens: dict, activation: dict | None = None) -> dict:
+    """The CPU prediction for one ``rehearse_real_scale.py`` step (no GPU allowances)."""
+    name = next(k for k, v in MODELS.items() if v is spec)
+    if spec["type"] == "vlm":
+        return plan(name, layers=layers, full=full, rows=4, prompt_tokens=tokens["prompt_tokens"],
+                    completion_len=tokens["completion_len"], gpu=False, activation=activation)
+    rows = 8 if spec["kind"] == "sd3" else 4  # the SD3 rehearsal runs CFG: one forward on [uncond; cond]
+    return plan(name, layers=layers, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False,
+                activation=activation)
+
+
+def flow_tokens(spec: dict, height: int = 512, width: int = 512) -> int:
+    """Image + text tokens per image in the transformer (FLUX: 2x2-packed latents + 512 T5 tokens; SD3: patch-2
+    latents + 77 CLIP + 256 T5 tokens)."""
+    img = (height // 16) * (width // 16)
+    return img + (spec["max_sequence_length"] + (77 if spec["kind"] == "sd3" else 0))
+
+
+def plan_full_depth(spec: dict, world: int = 8, rows: int = 8, prompt_tokens: int = 1024,
+                    completion_len: int = 256) -> dict:
+    """Per-GPU GiB at the released depth on ``world`` GPUs, DDP / FSDP2 / ZeRO-3 x LoRA / full."""
+    name = next(k for k, v in MODELS.items() if v is spec)
+    n = counts(spec)
+    ft = flow_tokens(spec) if spec["type"] == "flow" else 0
+    res = {"world": world, "params": n["all"], "trainable_full": n["full"], "trainable_lora_r16": n["lora"],
+           "setting": (f"rows={rows}, prompt={prompt_tokens}, completion={completion_len}" if spec["type"] == "vlm"
+                       else f"rows={rows} images 512x512, {ft} tokens each")}
+    for strat in ("ddp", "fsdp2", "zero3"):
+        for mode in ("lora", "full"):
+            p = plan(name, full=mode == "full", world=world, strategy=strat, rows=rows, prompt_tokens=prompt_tokens,
+                     completion_len=completion_len, flow_tokens=ft, n=n)
+            res[f"{strat}_{mode}_gib"] = round(p["total"] / GiB, 2)
+    return res
+
+
+def format_plan(p: dict) -> str:
+    lines = [f"  {k:<16} {v / GiB:8.2f} GiB" for k, v in p.items() if k not in ("total", "fits")]
+    lines.append(f"  {'total':<16} {p['total'] / GiB:8.2f} GiB")
+    if "fits" in p:
+        lines.append(f"  fits: {'yes' if p['fits'] else 'NO'}")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------- command line
+PLAN_HELP = """Predicted peak memory per device for the run this config describes (nothing is loaded: parameter counts
+come from the checkpoint's config.json on the meta device, or from --model for a released model).
+
+plan options (before the usual --config / key=value):
+  --gpu-gb G        GPU memory in GiB to check against (default 80)
+  --world W         processes / GPUs (default 1)
+  --strategy S      ddp | fsdp2 | zero3 (default ddp; fsdp2 / zero3 shard weights, grads, optimizer state)
+  --model NAME      a released model instead of model.path / model.pipeline_dir: """ + ", ".join(sorted(MODELS)) + """
+  --prompt-tokens N VLM: prompt tokens per rollout, vision included (default: data.max_prompt_tokens or 1024)
+
+Activation figures are measured at real width on CPU (docs/real_scale.md); a GPU adds CUDA-allocator
+fragmentation, NCCL buffers, flash-attention workspaces and the CUDA context, covered only by a flat allowance."""
+
+
+def _match_model(kind: str, cfg_dict: dict) -> str | None:
+    """The MODELS entry whose widths equal a checkpoint's config (hidden size, layers, vocab / heads)."""
+    for name, spec in MODELS.items():
+        if spec["type"] == "vlm" and kind == "vlm":
+            t = cfg_dict.get("text_config", cfg_dict)
+            if all(t.get(k) == spec["text"][k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+                return name
+        if spec["type"] == "flow" and kind == "flow":
+            if all(cfg_dict.get(k) == spec["transformer"][k] for k in ("num_layers", "num_attention_heads")) \
+                    and cfg_dict.get("_class_name", "").startswith("Flux") == (spec["kind"] == "flux"):
+                return name
+    return None
+
+
+def plan_main(argv, kind: str, prog: str) -> int:
+    """``mmgrpo plan`` (kind="vlm") / ``flow_grpo plan`` (kind="flow"); exit 0 when it fits, 1 when not."""
+    import argparse
+    import json
+    import os
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--gpu-gb", type=float, default=80.0)
+    pre.add_argument("--world", type=int, default=1)
+    pre.add_argument("--strategy", choices=["ddp", "fsdp2", "zero3"], default="ddp")
+    pre.add_argument("--model", choices=sorted(MODELS), default=None)
+    pre.add_argument("--prompt-tokens", type=int, default=0)
+    if any(a in ("-h", "--help") for a in argv):
+        print(PLAN_HELP)
+        if kind == "flow":  # flow_grpo train --help lists the config options
+            print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
+            return 0
+    known, rest = pre.parse_known_args(argv)
+    if kind == "vlm":
+        from mmgrpo.config import TrainConfig
+        from mmgrpo.utils.config import parse_config_cli
+
+        cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)
+        path = os.path.join(cfg.model.path, "config.json")
+    else:
+        from flow_grpo.config import load_train_config
+
+        cfg = load_train_config(None, [a for a in rest if "=" in a]) if "--config" not in rest else \
+            load_train_config(rest[rest.index("--config") + 1], [a for a in rest if "=" in a])
+        path = os.path.join(cfg.model.pipeline_dir, "transformer", "config.json")
+    name = known.model
+    if name is None:
+        if not os.path.isfile(path):
+            print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
+            return 2
+        with open(path) as f:
+            name = _match_model(kind, json.load(f))
+        if name is None:
+            print(f"{prog}: {path}: widths match none of the released models with measured figures "
+                  f"({', '.join(sorted(MODELS))}); use --model NAME for the nearest", file=sys.stderr)
+            return 2
+    spec = MODELS[name]
+    if spec["type"] != kind:
+        print(f"{prog}: --model {name} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model", file=sys.stderr)
+        return 2
+    if kind == "vlm":
+        lora = cfg.model.lora
+        frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
+                                                             and cfg.rollout.vllm_mode == "colocate") else 0.0
+        p = plan(name, full=not lora.enabled, lora_r=lora.r, world=known.world, strategy=known.strategy,
+                 rows=cfg.run.micro_batch_size,
+                 prompt_tokens=known.prompt_tokens or cfg.data.max_prompt_tokens or 1024,
+                 completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
+                 logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
+                 gpu_gb=known.gpu_gb)
+    else:
+        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
+        s = dict(spec, max_sequence_length=msl)
+        p = plan(name, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=known.world,
+                 strategy=known.strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
+                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
+                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=known.gpu_gb)
+    print(f"{prog}: {name} ({spec['source']}), {known.strategy} x {known.world}, "
+          f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
+          f"{activation_for(name)[1]}; per device:")
+    print(format_plan(p))
+    return 0 if p["fits"] else 1
+

@@ -1,0 +1,81 @@
+"""Memory planner (issue 17 item 3): parameter counts of the released configs against hand counts / published totals,
+the per-component arithmetic against hand-computed bytes, the ``plan`` subcommands' exit codes."""
+import pytest
+
+from mmgrpo.utils import memory_plan as mp
+
+GiB = 1024 ** 3
+
+
+def test_qwen2_5_vl_7b_counts_match_hand_count_and_release():
+    n = mp.counts(mp.MODELS["qwen2.5-vl-7b"])
+    h, kv, inter = 3584, 4 * 128, 18944
+    # q/k/v have biases, o_proj and the MLP do not (Qwen2); two RMSNorm weights
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * inter + 2 * h
+    assert n["per_layer"] == layer
+    assert n["all"] == 8_292_166_656  # safetensors index total_size 16,584,333,312 bytes / 2 (bf16)
+    assert n["layers"] == 28 and n["vocab"] == 152064
+    # LoRA r=16 on the 7 projections of the 28 LLM layers (vision excluded)
+    per = 16 * ((h + h) + 2 * (h + kv) + (h + h) + 2 * (h + inter) + (inter + h))
+    assert n["lora"] == 28 * per
+
+
+def test_flux_transformer_count_matches_release():
+    n = mp.counts(mp.MODELS["flux.1-dev"])
+    assert n["full"] == 11_901_408_320  # FLUX.1-dev transformer (the released "12B")
+    assert n["layers"] == 19 + 38 and n["hidden"] == 3072
+
+
+def test_truncated_layouts_keep_a_full_attention_block():
+    assert mp._truncate([7, 15, 23, 31], 2) == [1]
+    assert mp._truncate([7, 15, 23, 31], 16) == [7, 15]
+    cfg = mp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], 3)
+    assert cfg.vision_config.depth == 3 and cfg.vision_config.fullatt_block_indexes == [2]
+    assert cfg.text_config.num_hidden_layers == 3 and cfg.text_config.hidden_size == 3584
+
+
+def _n(P=1000, T=100):
+    return {"all": P, "full": T, "lora": T, "layers": 2, "per_layer": 10, "hidden": 8, "vocab": 50, "kv": 4}
+
+
+def test_plan_full_finetune_bytes_by_hand():
+    p = mp.plan("qwen2.5-vl-7b", full=True, rows=2, prompt_tokens=3, completion_len=5, gpu=False,
+                activation={"a_layer": 1.0, "a_fixed": 2.0}, n=_n())
+    assert p["weights"] == 2000  # bf16
+    assert p["grads"] == 200  # bf16 grads of the 100 trained parameters
+    assert p["optimizer"] == 800  # two fp32 AdamW moments
+    assert p["master_weights"] == 800  # fp32 masters + their fp32 grads during step()
+    assert p["logits"] == 2 * 5 * 50 * 10
+    assert p["activations"] == 2 * (3 + 5) * (2 * 1.0 + 2.0)
+    assert p["rollout_engine"] == 2 * 4 * 2 * (3 + 5)
+    assert p["total"] == sum(v for k, v in p.items() if k != "total")
+
+
+def test_plan_sharding_and_lora():
+    full = mp.plan("qwen2.5-vl-7b", full=True, world=4, strategy="zero3", gpu=False, n=_n(),
+                   activation={"a_layer": 0, "a_fixed": 0}, completion_len=1)
+    assert full["weights"] == 1000 * 2 / 4 + 10 * 2  # shard + one gathered layer
+    assert full["optimizer"] == 800 / 4 and full["grads"] == 200 / 4
+    lora = mp.plan("qwen2.5-vl-7b", full=False, world=4, strategy="ddp", gpu=False, n=_n(),
+                   activation={"a_layer": 0, "a_fixed": 0}, completion_len=1)
+    assert lora["weights"] == 2000 and lora["lora_weights"] == 400 and lora["optimizer"] == 800
+    chunked = mp.plan("qwen2.5-vl-7b", gpu=False, n=_n(), completion_len=256, logprob_chunk=64, rows=1)
+    assert chunked["logits"] == 64 * 50 * 10
+
+
+def test_plan_cli_exit_codes(capsys):
+    from mmgrpo.cli import main
+
+    assert main(["plan", "--model", "qwen2.5-vl-7b", "--gpu-gb", "80", "model.lora.enabled=true"]) == 0
+    assert "fits: yes" in capsys.readouterr().out
+    assert main(["plan", "--model", "qwen2.5-vl-7b", "--gpu-gb", "24", "model.lora.enabled=false"]) == 1
+    assert "fits: NO" in capsys.readouterr().out
+
+
+def test_flow_plan_cli(capsys):
+    from flow_grpo.cli import main
+
+    assert main(["plan", "--model", "sd3.5-medium", "--gpu-gb", "80", "sample.batch_size=2"]) == 0
+    out = capsys.readouterr().out
+    assert "sd3.5-medium" in out and "fits: yes" in out
+    assert main(["plan", "--model", "qwen2.5-vl-7b"]) == 2
