@@ -68,28 +68,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
 
-    try:
+    def train() -> None:
         from .trainer import train_from_config
 
         train_from_config(cfg)
-    except TrainingStopped as e:  # consecutive skipped steps: the state was written to <output_dir>/halted
-        print(f"flow_grpo train: {e}", file=sys.stderr)
-        return exit_codes.STOPPED
-    except NothingTrained as e:  # no optimizer step applied: no final weights exported
-        print(f"flow_grpo train: {e}", file=sys.stderr)
-        return exit_codes.NOTHING_TRAINED
-    except OutputDirLocked as e:  # another run writes into run.output_dir
-        print(f"flow_grpo train: {e}", file=sys.stderr)
-        return exit_codes.LOCKED
-    except TrainingInterrupted as e:  # SIGTERM / SIGINT: stopped at an epoch boundary after writing a checkpoint
-        print(f"flow_grpo train: {e}", file=sys.stderr)
-        return exit_codes.INTERRUPTED
-    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
-        print("flow_grpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
-        return exit_codes.SIGINT_EARLY
-    return exit_codes.OK
+
+    return exit_codes.run_training("flow_grpo train", train)
 
 
 if __name__ == "__main__":

@@ -26,31 +26,17 @@ def train_main(argv: Sequence[str]) -> int:
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
                                        "Options: defaults < --config YAML < key=value overrides.\n\n"
                                        + exit_codes.HELP)
-    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
     from mmgrpo.utils.runlock import release_run_lock
 
-    try:
+    def train() -> None:
         from mmgrpo.train.trainer import GRPOTrainer
 
         GRPOTrainer(cfg).train()
-    except TrainingStopped as e:  # a configured fault policy stopped the run after writing a checkpoint
-        print(f"mmgrpo train: {e}", file=sys.stderr)
-        return exit_codes.STOPPED
-    except NothingTrained as e:  # every optimizer step was skipped: no final weights
-        print(f"mmgrpo train: {e}", file=sys.stderr)
-        return exit_codes.NOTHING_TRAINED
-    except OutputDirLocked as e:  # another run writes into run.output_dir
-        print(f"mmgrpo train: {e}", file=sys.stderr)
-        return exit_codes.LOCKED
-    except TrainingInterrupted as e:  # SIGTERM / SIGINT: stopped at a step boundary after writing a checkpoint
-        print(f"mmgrpo train: {e}", file=sys.stderr)
-        return exit_codes.INTERRUPTED
-    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
-        print("mmgrpo train: interrupted before training started (no checkpoint written)", file=sys.stderr)
-        return exit_codes.SIGINT_EARLY
+
+    try:
+        return exit_codes.run_training("mmgrpo train", train)
     finally:
         release_run_lock(cfg.run.output_dir)  # the run is over (also when the trainer outlives this call)
-    return exit_codes.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

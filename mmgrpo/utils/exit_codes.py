@@ -5,6 +5,9 @@ script can tell "fix the config" from "resume later" from "look at the data / re
 """
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 OK = 0  # trained; final weights written
 USAGE = 2  # bad command line or config (checked before any data or model is loaded)
 STOPPED = 3  # a fault policy stopped the run after writing a checkpoint (resume with run.resume_from=auto)
@@ -27,4 +30,26 @@ HELP = f"""exit codes:
      run.resume_from=auto (a second signal 1 s or more later aborts at once; the last complete checkpoint is kept)
   {SIGINT_EARLY}  Ctrl-C before training started (no checkpoint written)"""
 
-__all__ = ["OK", "USAGE", "STOPPED", "NOTHING_TRAINED", "LOCKED", "INTERRUPTED", "SIGINT_EARLY", "HELP"]
+
+
+def run_training(prog: str, train: Callable[[], object]) -> int:
+    """Run ``train()`` (which does its own heavy imports) and map the run's outcome to the codes above, printing
+    the reason as one ``"<prog>: <message>"`` line on stderr instead of a traceback. Shared by both CLIs."""
+    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
+
+    codes = ((TrainingStopped, STOPPED),  # a fault policy stopped the run after writing a checkpoint
+             (NothingTrained, NOTHING_TRAINED),  # every optimizer step was skipped: no final weights
+             (OutputDirLocked, LOCKED),  # another run writes into run.output_dir
+             (TrainingInterrupted, INTERRUPTED))  # SIGTERM / SIGINT: stopped at a boundary after a checkpoint
+    try:
+        train()
+    except tuple(cls for cls, _ in codes) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return next(code for cls, code in codes if isinstance(e, cls))
+    except KeyboardInterrupt:  # Ctrl-C before the training loop started: no traceback, nothing to save yet
+        print(f"{prog}: interrupted before training started (no checkpoint written)", file=sys.stderr)
+        return SIGINT_EARLY
+    return OK
+
+
+__all__ = ["OK", "USAGE", "STOPPED", "NOTHING_TRAINED", "LOCKED", "INTERRUPTED", "SIGINT_EARLY", "HELP", "run_training"]
