@@ -210,8 +210,8 @@ def build_settings(cfg: EvalT2IConfig, adapter, lora: Optional[str], device, dty
 
 def _use_cfg(cfg: EvalT2IConfig, adapter) -> bool:
     if cfg.cfg is None:
-        return adapter.kind != "flux"
-    if cfg.cfg and adapter.kind == "flux":
+        return adapter.supports_cfg
+    if cfg.cfg and not adapter.supports_cfg:
         raise ValueError("FLUX uses embedded guidance: set cfg=false (or leave it unset)")
     return bool(cfg.cfg)
 

@@ -515,7 +515,7 @@ class FlowGRPOTrainer:
             raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
         if n_total % self.world:
             raise ValueError(f"group_size*groups_per_epoch={n_total} must be divisible by the {self.world} processes")
-        if self.adapter.kind in ("flux", "flux_kontext") and c.sample.cfg:
+        if not self.adapter.supports_cfg and c.sample.cfg:
             raise ValueError("FLUX uses embedded guidance: set sample.cfg=false")
         if c.optim.kl_type not in ("mean", "mean_exact", "velocity"):
             raise ValueError(f"optim.kl_type must be mean | mean_exact | velocity, got {c.optim.kl_type!r}")

@@ -77,6 +77,8 @@ class FlowModelAdapter:
     # T5 tokens the release's pipeline encodes by default (diffusers' __call__ default); the padded length is
     # part of the conditioning (FLUX attention has no text mask), so training and sampling must agree with it
     release_max_sequence_length: int = 256
+    # False for guidance-distilled models (FLUX, FLUX-Kontext: the guidance scale is an input, no CFG branch)
+    supports_cfg: bool = True
 
     def __init__(self, pipe, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  max_sequence_length: int | None = None):

@@ -15,6 +15,7 @@ class FluxAdapter(FlowModelAdapter):
     kind = "flux"
     pipeline_cls_name = "FluxPipeline"
     release_max_sequence_length = 512  # FluxPipeline.__call__ default (FLUX.1-dev)
+    supports_cfg = False  # embedded guidance (also FluxKontextAdapter, a subclass)
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None):
         super().__init__(pipe, device=device, dtype=dtype, max_sequence_length=max_sequence_length)

@@ -164,3 +164,19 @@ def test_compute_metrics_by_hand():
     assert m["mini_geneval"]["accuracy"] == pytest.approx(0.5)
     assert m["mini_geneval"]["overall"] == pytest.approx(1 / 3)
     assert m["mini_geneval"]["by_tag"] == {"a": pytest.approx(2 / 3), "b": 0.0}
+
+
+def test_guidance_distilled_adapters_default_to_no_cfg_and_refuse_it():
+    """FLUX and FLUX-Kontext (a FluxAdapter subclass) say supports_cfg=False: no CFG by default, cfg=true refused."""
+    g = generate_t2i
+
+    from flow_grpo.models.flux import FluxAdapter
+    from flow_grpo.models.flux_kontext import FluxKontextAdapter
+    from flow_grpo.models.sd3 import SD3Adapter
+
+    for cls, default in ((SD3Adapter, True), (FluxAdapter, False), (FluxKontextAdapter, False)):
+        ad = object.__new__(cls)  # only the class attribute is read
+        assert g._use_cfg(g.EvalT2IConfig(), ad) is default
+        if not default:
+            with pytest.raises(ValueError, match="embedded guidance"):
+                g._use_cfg(g.EvalT2IConfig(cfg=True), ad)
