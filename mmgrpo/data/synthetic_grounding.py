@@ -43,7 +43,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .synthetic_tvg import BACKGROUND, COLOURS, FPS_CHOICES, SHAPE_SIZE, SHAPES, SIZES, _shape_mask
+from .synthetic_tvg import BACKGROUND, COLOURS, FPS_CHOICES, SHAPE_SIZE, SHAPES, SIZES, Event, _shape_mask
 
 DURATION = (10.0, 16.0)  # seconds, uniform
 EVENT_SECONDS = (1.0, 2.0)  # visible time of one event, uniform
@@ -68,18 +68,10 @@ DIRECTIONS = ("left", "right")
 
 
 @dataclass(frozen=True)
-class MovingEvent:
-    colour: str
-    shape: str
-    direction: str  # "left" | "right"
-    first_frame: int
-    last_frame: int  # inclusive
-    lane: int
-    x0: float
-    x1: float
+class MovingEvent(Event):
+    """Version 1's :class:`Event` (frames, lane, motion x0 -> x1, ``span``) plus the direction a query can name."""
 
-    def span(self, fps: float) -> list[float]:
-        return [self.first_frame / fps, (self.last_frame + 1) / fps]
+    direction: str  # "left" | "right"
 
 
 @dataclass(frozen=True)
@@ -179,7 +171,7 @@ def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int) -> Grou
             continue
         busy[int(lane)].append((a, a + length - 1))
         x0, x1 = _motion(rng, width, d)
-        events.append(MovingEvent(c, s, d, a, a + length - 1, int(lane), x0, x1))
+        events.append(MovingEvent(c, s, a, a + length - 1, int(lane), x0, x1, direction=d))
     return GroundingSpec(name, fps, n, width, height, tuple(events), clock, lanes)
 
 
