@@ -32,13 +32,17 @@ import copy
 import sys
 from typing import Any
 
+from mmgrpo.models.real_tokenizer import QWEN_IDS
+
 GiB = 1024 ** 3
 GPU_OVERHEAD_BYTES = int(1.5 * GiB)  # CUDA context + NCCL buffers + kernels' workspaces (allowance, not measured)
 GPU_FRAGMENTATION = 0.10  # caching-allocator slack on GPU (allowance, not measured)
 
-_QWEN_IDS = dict(bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
-_QWEN_TOP = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-                 vision_end_token_id=151653)
+# the released token ids, from the one table the real-tokenizer builder uses (that module imports nothing heavy)
+_QWEN_IDS = dict(bos_token_id=QWEN_IDS["<|endoftext|>"], eos_token_id=QWEN_IDS["<|im_end|>"],
+                 pad_token_id=QWEN_IDS["<|endoftext|>"])
+_QWEN_TOP = dict(image_token_id=QWEN_IDS["<|image_pad|>"], video_token_id=QWEN_IDS["<|video_pad|>"],
+                 vision_start_token_id=QWEN_IDS["<|vision_start|>"], vision_end_token_id=QWEN_IDS["<|vision_end|>"])
 
 # -------------------------------------------------------------------------------------------- released configs
 MODELS: dict[str, dict[str, Any]] = {
