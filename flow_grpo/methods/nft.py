@@ -1,0 +1,257 @@
+r"""DiffusionNFT (Negative-aware FineTuning on the forward process; NVlabs/DiffusionNFT): pure functions.
+
+Not a policy gradient: no reverse-process likelihood, no ratio. Rollouts give clean samples :math:`x_0` (any
+deterministic solver; the release samples 10-step DPM2 without CFG **from the "old" adapter**) and one scalar
+reward each; training is flow matching on the *forward* process with an implicit positive and negative policy.
+
+Notation (rectified flow, :math:`x_t=(1-t)x_0+t\epsilon`, :math:`v\approx\epsilon-x_0`,
+:math:`\hat x_0(v)=x_t-t\,v`):
+
+* advantages: per-prompt mean, **global** std (the release's ``PerPromptStatTracker(global_std=True)``: population
+  std of every reward of the epoch, + 1e-4), clipped to :math:`\pm A_{max}` (``adv_clip_max`` = 5);
+* optimality weight :math:`r=\mathrm{clip}\big(A/(2A_{max})+\tfrac12,0,1\big)` (:func:`reward_weight`);
+* implicit velocities, with :math:`v_{old}` detached (:func:`implicit_velocities`):
+  :math:`v^+=\beta v_\theta+(1-\beta)v_{old}`, :math:`v^-=(1+\beta)v_{old}-\beta v_\theta`;
+* per-sample adaptive weights, detached, computed in float64:
+  :math:`w^\pm=\max\big(\mathrm{mean}_{dims}|\hat x_0(v^\pm)-x_0|,\,10^{-5}\big)` (:func:`adaptive_weight`);
+* loss per sample :math:`\ell=\big[r\,\mathrm{mean}_{dims}(\hat x_0(v^+)-x_0)^2/w^+
+  +(1-r)\,\mathrm{mean}_{dims}(\hat x_0(v^-)-x_0)^2/w^-\big]/\beta`, and the batch loss
+  :math:`L=A_{max}\cdot\mathrm{mean}_i\,\ell_i+\beta_{kl}\,\mathrm{mean}_i\,\mathrm{mean}_{dims}(v_\theta-v_{ref})^2`
+  (:func:`nft_loss`; the :math:`A_{max}` factor is the release's, it only rescales the learning rate);
+* the gradient w.r.t. :math:`v_\theta` (β cancels): :math:`\partial\ell/\partial v_\theta=\frac{2t}{D}\big[
+  -r\,(\hat x_0(v^+)-x_0)/w^+ + (1-r)\,(\hat x_0(v^-)-x_0)/w^-\big]` (D = elements per sample). On-policy
+  (:math:`v_\theta=v_{old}`) it is :math:`(2r-1)` times the gradient of the weighted flow-matching loss
+  :math:`\mathrm{mean}(\hat x_0(v)-x_0)^2/w`: samples above the group mean are fitted, those below pushed away;
+* timesteps: each sample trains ``int(K * timestep_fraction)`` (release 0.99, so 9 of 10) of the K sampling
+  timesteps :math:`t=\sigma_k`, a fresh random permutation per sample (:func:`train_timestep_indices`), with a fresh
+  :math:`\epsilon` per (sample, timestep); the loss is divided by ``grad_accum * num_train_timesteps``;
+* the "old" adapter: after every epoch :math:`\theta_{old}\leftarrow d\,\theta_{old}+(1-d)\,\theta`, with the
+  schedule :math:`d(s)=0` for :math:`s<` ``flat`` else :math:`\min((s-\text{flat})\cdot\text{uprate},\text{uphold})`
+  of the optimizer step s (:func:`old_decay`; release types 0/1/2 in :data:`OLD_DECAY_TYPES`, type 1 by default,
+  type 2 for OCR) and :func:`ema_update_`. A separate parameter EMA (decay 0.9 with the (1+n)/(10+n) warm-up:
+  :class:`flow_grpo.ema.EMA` with ``warmup=True``) is used only for evaluation and checkpoints.
+
+Release defaults (``config/nft.py``, SD3.5-M): β = 1 (0.1 for OCR and multi-reward), :math:`\beta_{kl}` = 1e-4, lr 3e-4,
+LoRA r=32 α=64, 10 sampling steps, CFG 1, 24 images per prompt, 48 groups per epoch.
+
+Deviation (deliberate): the loss is computed in float32 with the float64 weights cast to float32 (the release divides a
+float32/bf16 tensor by the float64 weight, promoting the loss to float64); the difference is rounding only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ADV_MODES",
+    "OLD_DECAY_TYPES",
+    "NFTLoss",
+    "advantages",
+    "reward_weight",
+    "noised",
+    "x0_from_velocity",
+    "implicit_velocities",
+    "adaptive_weight",
+    "nft_loss",
+    "train_timestep_indices",
+    "old_decay",
+    "ema_update_",
+]
+
+ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
+
+# the release's return_decay(step, decay_type): (flat, uprate, uphold)
+OLD_DECAY_TYPES = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}
+
+
+def _bcast(t: Tensor | float, like: Tensor) -> Tensor:
+    """float or (B,) -> (B, 1, ..., 1) float32 on like's device."""
+    t = torch.as_tensor(t, dtype=torch.float32, device=like.device)
+    if t.ndim == 0:
+        t = t.expand(like.shape[0])
+    if t.ndim != 1 or t.shape[0] != like.shape[0]:
+        raise ValueError(f"expected a float or a ({like.shape[0]},) tensor, got shape {tuple(t.shape)}")
+    return t.reshape(-1, *([1] * (like.ndim - 1)))
+
+
+def _mean_dims(t: Tensor) -> Tensor:
+    return t.mean(dim=tuple(range(1, t.ndim)))
+
+
+def advantages(rewards: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None) -> Tensor:
+    """The release's advantages: per-group mean, population std of the whole batch + 1e-4 (not clipped here; the
+    clip to ``adv_clip_max`` is part of :func:`reward_weight`). (N,) -> (N,)."""
+    from mmgrpo.core.advantages import group_advantages
+
+    return group_advantages(rewards, group_ids, scale="batch", eps=1e-4, unbiased=False, valid=valid).advantages
+
+
+def reward_weight(advantages: Tensor, adv_clip_max: float = 5.0, mode: str = "all") -> Tensor:
+    r"""Optimality weight :math:`r=\mathrm{clip}(A_c/(2A_{max})+\tfrac12,0,1)` with :math:`A_c=\mathrm{clip}(A,\pm
+    A_{max})`, then the release's ``adv_mode``: ``positive_only`` clamps :math:`A_c` to :math:`[0,A_{max}]`,
+    ``negative_only`` to :math:`[-A_{max},0]`, ``one_only`` maps it to 1 if > 0 else 0, ``binary`` to its sign.
+    Any shape in, same shape out."""
+    if adv_clip_max <= 0:
+        raise ValueError(f"adv_clip_max must be > 0, got {adv_clip_max}")
+    a = torch.clamp(torch.as_tensor(advantages, dtype=torch.float32), -adv_clip_max, adv_clip_max)
+    if mode == "positive_only":
+        a = torch.clamp(a, 0, adv_clip_max)
+    elif mode == "negative_only":
+        a = torch.clamp(a, -adv_clip_max, 0)
+    elif mode == "one_only":
+        a = torch.where(a > 0, torch.ones_like(a), torch.zeros_like(a))
+    elif mode == "binary":
+        a = torch.sign(a)
+    elif mode != "all":
+        raise ValueError(f"unknown adv_mode {mode!r}; expected one of {ADV_MODES}")
+    return torch.clamp(a / adv_clip_max / 2.0 + 0.5, 0.0, 1.0)
+
+
+def noised(x0: Tensor, noise: Tensor, t: Tensor | float) -> Tensor:
+    """Forward process :math:`x_t=(1-t)x_0+t\\epsilon`; ``t`` a float or (B,)."""
+    if noise.shape != x0.shape:
+        raise ValueError(f"noise shape {tuple(noise.shape)} != x0 shape {tuple(x0.shape)}")
+    tb = _bcast(t, x0)
+    return (1 - tb) * x0.float() + tb * noise.float()
+
+
+def x0_from_velocity(xt: Tensor, v: Tensor, t: Tensor | float) -> Tensor:
+    r""":math:`\hat x_0=x_t-t\,v`."""
+    return xt - _bcast(t, xt) * v
+
+
+def implicit_velocities(v_theta: Tensor, v_old: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    r""":math:`v^+=\beta v_\theta+(1-\beta)v_{old}`, :math:`v^-=(1+\beta)v_{old}-\beta v_\theta`; ``v_old`` is
+    detached (the old adapter receives no gradient)."""
+    if beta <= 0:
+        raise ValueError(f"nft beta must be > 0, got {beta}")
+    v_old = v_old.detach()
+    return beta * v_theta + (1 - beta) * v_old, (1 + beta) * v_old - beta * v_theta
+
+
+def adaptive_weight(x0_pred: Tensor, x0: Tensor, floor: float = 1e-5) -> Tensor:
+    r"""Detached per-sample weight :math:`\max(\mathrm{mean}_{dims}|\hat x_0-x_0|, \text{floor})` in float64,
+    shape (B, 1, ..., 1)."""
+    with torch.no_grad():
+        w = (x0_pred.detach().double() - x0.detach().double()).abs()
+        w = w.mean(dim=tuple(range(1, w.ndim)), keepdim=True)
+        return w.clamp(min=floor)
+
+
+@dataclass
+class NFTLoss:
+    """Output of :func:`nft_loss`. ``loss`` is the scalar to backpropagate; the rest are (B,) diagnostics
+    (detached except ``per_sample``)."""
+
+    loss: Tensor
+    per_sample: Tensor      # (B,) [r pos/w+ + (1-r) neg/w-]/beta, before the adv_clip_max factor
+    positive: Tensor        # (B,) mean (x0_hat(v+) - x0)^2 / w+
+    negative: Tensor        # (B,) mean (x0_hat(v-) - x0)^2 / w-
+    kl: Tensor              # (B,) mean (v_theta - v_ref)^2 (zeros without v_ref)
+    old_deviation: Tensor   # (B,) mean (v_theta - v_old)^2
+
+    def stats(self) -> dict[str, float]:
+        return {"nft/policy_loss": float(self.per_sample.detach().mean()), "nft/positive": float(self.positive.mean()),
+                "nft/negative": float(self.negative.mean()), "nft/kl": float(self.kl.mean()),
+                "nft/old_deviation": float(self.old_deviation.mean())}
+
+
+def nft_loss(
+    v_theta: Tensor,
+    v_old: Tensor,
+    x0: Tensor,
+    xt: Tensor,
+    t: Tensor | float,
+    r: Tensor,
+    beta: float = 1.0,
+    adv_clip_max: float = 5.0,
+    v_ref: Optional[Tensor] = None,
+    kl_beta: float = 0.0,
+    weight_floor: float = 1e-5,
+) -> NFTLoss:
+    r"""DiffusionNFT loss on one timestep of a batch (see the module docstring for the formulas).
+
+    Args:
+        v_theta: (B, ...) velocity of the trained adapter at (x_t, t) (carries the gradient).
+        v_old: (B, ...) velocity of the old adapter at the same input (detached here).
+        x0, xt: (B, ...) clean sample and its noised version :math:`x_t=(1-t)x_0+t\epsilon`.
+        t: float or (B,) timesteps in [0, 1] (sigma, i.e. the model timestep / 1000).
+        r: (B,) optimality weights from :func:`reward_weight`.
+        beta: the NFT β (guidance strength of the implicit policies), > 0.
+        adv_clip_max: the release multiplies the mean loss by it.
+        v_ref, kl_beta: optional velocity of the reference (adapter disabled) and the weight of
+            :math:`\mathrm{mean}(v_\theta-v_{ref})^2`.
+    """
+    if v_theta.shape != x0.shape or v_old.shape != x0.shape or xt.shape != x0.shape:
+        raise ValueError(f"shape mismatch: v_theta {tuple(v_theta.shape)}, v_old {tuple(v_old.shape)}, "
+                         f"x0 {tuple(x0.shape)}, xt {tuple(xt.shape)}")
+    r = torch.as_tensor(r, dtype=torch.float32, device=x0.device).flatten()
+    if r.shape[0] != x0.shape[0]:
+        raise ValueError(f"r must be ({x0.shape[0]},), got {tuple(r.shape)}")
+    if bool(((r < 0) | (r > 1)).any()):
+        raise ValueError("r must lie in [0, 1] (use reward_weight)")
+    v = v_theta.float()
+    vo = v_old.float()
+    x0f, xtf = x0.float(), xt.float()
+    v_pos, v_neg = implicit_velocities(v, vo, beta)
+    x0_pos = x0_from_velocity(xtf, v_pos, t)
+    x0_neg = x0_from_velocity(xtf, v_neg, t)
+    w_pos = adaptive_weight(x0_pos, x0f, weight_floor).float()
+    w_neg = adaptive_weight(x0_neg, x0f, weight_floor).float()
+    positive = _mean_dims((x0_pos - x0f) ** 2 / w_pos)
+    negative = _mean_dims((x0_neg - x0f) ** 2 / w_neg)
+    per_sample = (r * positive + (1.0 - r) * negative) / beta
+    loss = adv_clip_max * per_sample.mean()
+    if v_ref is not None:
+        kl = _mean_dims((v - v_ref.detach().float()) ** 2)
+        if kl_beta:
+            loss = loss + kl_beta * kl.mean()
+    else:
+        if kl_beta:
+            raise ValueError("kl_beta > 0 needs v_ref")
+        kl = torch.zeros_like(per_sample)
+    return NFTLoss(loss=loss, per_sample=per_sample, positive=positive.detach(), negative=negative.detach(),
+                   kl=kl.detach(), old_deviation=_mean_dims((v - vo) ** 2).detach())
+
+
+def train_timestep_indices(num_samples: int, num_steps: int, fraction: float = 0.99,
+                           generator: Optional[torch.Generator] = None) -> Tensor:
+    """(N, int(K * fraction)) long: for each sample the first ``int(K * fraction)`` entries of an independent random
+    permutation of the K sampling-timestep indices (the release: ``num_train_timesteps = int(num_steps *
+    timestep_fraction)`` and a ``randperm`` per sample). Index k means :math:`t=\\sigma_k` (k = 0 is t = 1)."""
+    m = int(num_steps * fraction)
+    if m < 1 or m > num_steps:
+        raise ValueError(f"int({num_steps} * {fraction}) = {m} timesteps: need 1..{num_steps}")
+    return torch.stack([torch.randperm(num_steps, generator=generator)[:m] for _ in range(num_samples)])
+
+
+def old_decay(step: int, decay_type: int | None = 1, flat: int = 0, uprate: float = 0.0,
+              uphold: float = 0.0) -> float:
+    """Decay d of the old adapter's EMA after optimizer step ``step``: 0 while ``step < flat``, else
+    ``min((step - flat) * uprate, uphold)``. ``decay_type`` 0/1/2 selects the release's (flat, uprate, uphold)
+    (:data:`OLD_DECAY_TYPES`; type 0 = the old adapter is a copy of the current one after every epoch); ``None``
+    uses the explicit arguments."""
+    if decay_type is not None:
+        if decay_type not in OLD_DECAY_TYPES:
+            raise ValueError(f"unknown decay_type {decay_type}; expected one of {sorted(OLD_DECAY_TYPES)} or None")
+        flat, uprate, uphold = OLD_DECAY_TYPES[decay_type]
+    if step < flat:
+        return 0.0
+    return min((step - flat) * uprate, uphold)
+
+
+@torch.no_grad()
+def ema_update_(old: Iterable[Tensor], new: Iterable[Tensor], decay: float) -> None:
+    r"""In place :math:`\theta_{old}\leftarrow d\,\theta_{old}+(1-d)\,\theta` for paired tensors (d = ``decay``)."""
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"decay must be in [0, 1], got {decay}")
+    old, new = list(old), list(new)
+    if len(old) != len(new):
+        raise ValueError(f"{len(old)} old tensors vs {len(new)} new tensors")
+    for o, n in zip(old, new):
+        if o.shape != n.shape:
+            raise ValueError(f"shape mismatch {tuple(o.shape)} vs {tuple(n.shape)}")
+        o.copy_(o * decay + n.detach().to(o.dtype) * (1.0 - decay))
