@@ -41,6 +41,12 @@ pruning_step_ratio)`` (:func:`should_prune`):
 also per leaf (per effective sample: a final image with a reward). Example (K = 20, S = {0, 3, 6, 9}, b = 2): 203
 rollout NFEs for 16 leaves = 12.69 per leaf vs 20 flat.
 
+**Flat layout** (for a sampler that stores one trajectory per leaf): leaf i's step k is the edge into node
+``leaf_paths(tree)[i, k]``; the leaves of one node share its noise if each step draws its noise from a seed of that
+child node (``node_seeds[leaf_paths]``), so every shared prefix is reproduced exactly and can be computed once
+(prefix cache) or recomputed (no NFE saving). Each edge is trained once, by the first leaf through it
+(:func:`edge_owner`), with the child's advantage (:func:`leaf_step_advantages`).
+
 Differences from the release, deliberate: ties in width pruning are broken by node number (the release's order is
 its depth-first transition list); mode 2 on a single edge keeps it once (the release lists it twice); the
 ``use_group`` path of the release (leaf-level group advantages, internal nodes without one) is not reproduced: it
@@ -68,6 +74,9 @@ __all__ = [
     "should_prune",
     "depth_pruning_depths",
     "width_pruning_keep",
+    "leaf_paths",
+    "edge_owner",
+    "leaf_step_advantages",
 ]
 
 
@@ -309,3 +318,39 @@ def width_pruning_keep(tree: Tree, node_advantages: Tensor, mode: int, ratio: fl
     else:
         raise ValueError(f"unknown width pruning mode {mode}: 0 | 1 | 2")
     return keep
+
+
+def leaf_paths(tree: Tree) -> Tensor:
+    """(L, K) long: ``[i, k]`` = the node at depth k+1 on leaf i's path (the child of its step-k edge)."""
+    leaves = tree.leaves.tolist()
+    out = torch.empty(len(leaves), tree.num_steps, dtype=torch.long)
+    for i, leaf in enumerate(leaves):
+        m = leaf
+        for k in range(tree.num_steps - 1, -1, -1):
+            out[i, k] = m
+            m = int(tree.parent[m])
+    return out
+
+
+def edge_owner(tree: Tree) -> Tensor:
+    """(L, K) bool: leaf i is the first leaf (in leaf order) whose path holds the edge ``leaf_paths[i, k]``."""
+    paths = leaf_paths(tree)
+    owner = torch.zeros_like(paths, dtype=torch.bool)
+    for k in range(tree.num_steps):
+        seen: set[int] = set()
+        for i, m in enumerate(paths[:, k].tolist()):
+            if m not in seen:
+                seen.add(m)
+                owner[i, k] = True
+    return owner
+
+
+def leaf_step_advantages(tree: Tree, node_advantages: Tensor, keep: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(advantages (L, K) float64, train mask (L, K) bool) in the flat layout: leaf i's step k carries the advantage
+    of node ``leaf_paths[i, k]`` and is trained iff leaf i owns that edge and ``keep`` (M,) (pruning) keeps it."""
+    paths = leaf_paths(tree)
+    mask = edge_owner(tree)
+    if keep is not None:
+        mask &= torch.as_tensor(keep, dtype=torch.bool)[paths]
+    adv = torch.as_tensor(node_advantages, dtype=torch.float64)[paths]
+    return torch.where(mask, adv, torch.zeros_like(adv)), mask

@@ -114,3 +114,17 @@ def test_width_pruning_mode2_global_best_and_worst():
     cand[7] = False
     keep = bg.width_pruning_keep(t, adv, mode=2, ratio=0.5, candidates=cand)
     assert torch.nonzero(keep).flatten().tolist() == [1, 2, 4, 5]  # pool {3,4,5,6,8}: k=2 -> best 4, worst 5
+
+
+def test_flat_layout_paths_owner_and_advantages_by_hand():
+    t = _small()
+    assert bg.leaf_paths(t).tolist() == [[1, 3, 5], [1, 3, 6], [2, 4, 7], [2, 4, 8]]
+    assert bg.edge_owner(t).tolist() == [[True] * 3, [False, False, True], [True] * 3, [False, False, True]]
+    adv = torch.arange(9, dtype=torch.float64) / 10
+    keep = torch.ones(9, dtype=torch.bool)
+    keep[3] = False  # prune the edge into node 3 (step 1 of leaves 5 and 6)
+    a, m = bg.leaf_step_advantages(t, adv, keep)
+    assert m.tolist() == [[True, False, True], [False, False, True], [True] * 3, [False, False, True]]
+    assert a.flatten().tolist() == pytest.approx([0.1, 0, 0.5, 0, 0, 0.6, 0.2, 0.4, 0.7, 0, 0, 0.8])
+    # each trained edge appears exactly once: as many trained cells as edges kept
+    assert int(m.sum()) == int(keep[1:].sum())
