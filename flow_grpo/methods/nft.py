@@ -59,6 +59,7 @@ __all__ = [
     "train_timestep_indices",
     "old_decay",
     "ema_update_",
+    "forward_loss",
 ]
 
 ADV_MODES = ("all", "positive_only", "negative_only", "one_only", "binary")
@@ -255,3 +256,25 @@ def ema_update_(old: Iterable[Tensor], new: Iterable[Tensor], decay: float) -> N
         if o.shape != n.shape:
             raise ValueError(f"shape mismatch {tuple(o.shape)} vs {tuple(n.shape)}")
         o.copy_(o * decay + n.detach().to(o.dtype) * (1.0 - decay))
+
+
+def forward_loss(adapter, x0: Tensor, sigma: float, embeds, noise: Tensor, r: Tensor, old, beta: float = 1.0,
+                 adv_clip_max: float = 5.0, kl_beta: float = 0.0, guidance_scale: float = 1.0, cfg: bool = False,
+                 weight_floor: float = 1e-5) -> NFTLoss:
+    """:func:`nft_loss` at one timestep ``sigma`` for a batch of clean latents ``x0`` (B, ...) of a
+    :class:`~flow_grpo.models.base.FlowModelAdapter`: :math:`x_t` from ``noise``, :math:`v_{old}` with ``old``
+    (an object with a ``swapped_in()`` context, e.g. :class:`flow_grpo.ema.EMA` over the trainable parameters)
+    swapped in, :math:`v_{ref}` with the adapter's reference (LoRA disabled) when ``kl_beta > 0``, then
+    :math:`v_\theta`. The old and reference forwards run first, without gradient: swapping parameters after the
+    trained forward would modify tensors its backward needs."""
+    xt = noised(x0, noise, sigma)
+    with torch.no_grad():
+        with old.swapped_in():
+            v_old = adapter.predict_velocity(xt, sigma, embeds, guidance_scale, cfg).float()
+        v_ref = None
+        if kl_beta > 0:
+            with adapter.reference():
+                v_ref = adapter.predict_velocity(xt, sigma, embeds, guidance_scale, cfg).float()
+    v = adapter.predict_velocity(xt, sigma, embeds, guidance_scale, cfg)
+    return nft_loss(v, v_old, x0, xt, sigma, r, beta=beta, adv_clip_max=adv_clip_max, v_ref=v_ref, kl_beta=kl_beta,
+                    weight_floor=weight_floor)

@@ -177,3 +177,35 @@ def test_train_timestep_indices_is_a_per_sample_subset():
     assert len({tuple(r) for r in idx.tolist()}) > 1  # not one shared order
     with pytest.raises(ValueError):
         nft.train_timestep_indices(1, 10, 0.05)
+
+
+def test_forward_loss_on_a_tiny_sd3_on_policy_half_weight_gives_no_gradient():
+    from flow_grpo.ema import EMA
+    from tests.flow_grpo.conftest import make_adapter
+
+    ad = make_adapter("sd3")
+    params = ad.trainable_parameters()
+    with torch.no_grad():  # move the LoRA off its zero init so the adapter differs from the reference
+        for p in params:
+            p.add_(0.05 * torch.randn_like(p))
+    old = EMA(params, decay=0.0)  # the old adapter is a copy of the current one: on-policy
+    emb = ad.encode_prompts(["a cat", "a dog"])
+    ad.set_resolution(64, 64)
+    x0 = ad.initial_noise([1, 2], 64, 64) * 0.5
+    noise = ad.initial_noise([3, 4], 64, 64)
+    out = nft.forward_loss(ad, x0, 0.6, emb, noise, torch.tensor([0.5, 0.5]), old, beta=1.0, kl_beta=0.1)
+    out.loss.backward()
+    g_half = sum(float(p.grad.abs().sum()) for p in params if p.grad is not None)
+    assert float(out.old_deviation.max()) == 0.0 and float(out.kl.min()) > 0
+    for p in params:
+        p.grad = None
+    out = nft.forward_loss(ad, x0, 0.6, emb, noise, torch.tensor([1.0, 1.0]), old, beta=1.0)
+    out.loss.backward()
+    g_full = sum(float(p.grad.abs().sum()) for p in params if p.grad is not None)
+    # r = 1/2 on-policy: only the KL term's gradient remains; r = 1 without KL: flow matching on x0
+    assert g_full > 0
+    for p in params:
+        p.grad = None
+    nft.forward_loss(ad, x0, 0.6, emb, noise, torch.tensor([0.5, 0.5]), old, beta=1.0).loss.backward()
+    assert sum(float(p.grad.abs().sum()) for p in params if p.grad is not None) < 1e-6 * g_full
+    assert g_half > 0
