@@ -74,7 +74,22 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
+    credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity) "
+                     "| vgpo (value-anchored per-step credit from ODE completions) | nft (DiffusionNFT: "
+                     "forward-process loss, needs step_mode=nft)")
+    vgpo_gamma: float = _f(1.0, "vgpo: discount of the temporal cumulative reward G_k = sum_j gamma^(j-k) (V_j - "
+                           "V_{j-1}); 1 = R - V_{k-1} (our choice, the paper gives no code)")
+    vgpo_tau: float = _f(0.1, "vgpo: reward scale of the dual advantage: absolute term (G - anchor)/tau, weight "
+                         "exp(-group_std/tau) (1 for a group without spread, where GRPO gives 0)")
+    vgpo_anchor: str = _f("0", "vgpo: absolute anchor b: a number, or 'batch' (batch mean of each step column)")
+    nft_beta: float = _f(1.0, "nft: beta of the implicit policies v+ = b v + (1-b) v_old, v- = (1+b) v_old - b v "
+                         "(release 1.0; 0.1 for OCR / multi-reward)")
+    nft_timestep_fraction: float = _f(0.99, "nft (step_mode=nft): each sample trains int(K * f) of the K sampling "
+                                      "timesteps, a random subset per sample (release 0.99: 9 of 10)")
+    nft_decay_type: int = _f(1, "nft: schedule of the old adapter's EMA after each epoch, d = min((step - flat) * "
+                             "uprate, uphold) of the optimizer step: 0 = copy (d = 0), 1 = (0, 1e-3, 0.5), 2 = "
+                             "(75, 7.5e-3, 0.999)")
+    nft_adv_mode: str = _f("all", "nft: all | positive_only | negative_only | one_only | binary (release adv_mode)")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -218,7 +233,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo (empty = none)")
+    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo | vgpo | nft (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -297,6 +312,9 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
     "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
               "sample.credit": "g2rpo", "sample.same_noise_per_group": True,
               "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
+    # VGPO has no released code: TP-GRPO's rollout (CPS window, ODE completions) with the VGPO credit
+    "vgpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
+             "sample.credit": "vgpo", "optim.clip_range": 1e-5, "optim.adv_eps": 1e-4},
 }
 
 

@@ -682,7 +682,7 @@ class FlowGRPOTrainer:
                             step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
                             opts=AdvOptions(o.adv_scale, o.adv_clip_max, o.adv_eps, _std_unbiased(o.adv_std_ddof)),
                             step_rewards=traj.step_rewards, device=self.device,
-                            gather=lambda ts: _gather_rows(ts, self.device))
+                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling)
 
     def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
         """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table

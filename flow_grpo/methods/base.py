@@ -56,6 +56,7 @@ class CreditInputs:
     step_rewards: Optional[torch.Tensor] = None  # (N, S) rewards of intermediate states (credits that have them)
     gather: Callable[[list], tuple[list, slice]] = local_gather
     device: Any = "cpu"
+    sampling: Any = None                         # the rollout's SamplingConfig (method keys, e.g. sample.vgpo_*)
 
 
 @dataclass

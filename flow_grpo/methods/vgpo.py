@@ -129,3 +129,58 @@ def vgpo_advantages(
     :func:`dual_advantages`; column k-1 is trained step k."""
     return dual_advantages(temporal_credit(V, gamma), group_ids, tau=tau, anchor=anchor, eps=eps, clamp=clamp,
                            valid=valid)
+
+
+# ------------------------------------------------------------------------------------------- credit table entry
+def _anchor(value: str) -> Union[str, float]:
+    if str(value).strip() == "batch":
+        return "batch"
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"sample.vgpo_anchor must be a number or 'batch', got {value!r}") from None
+
+
+def vgpo_credit(inp):
+    """Credit-table entry: the values are TP-GRPO's R_0..R_n (ODE completions before every SDE step of the window,
+    R_n the final reward); invalid samples leave every statistic; column j of sample i's window gets A[i, j]. The
+    group statistics use ``optim.adv_eps`` and ``optim.adv_clip_max``; the std is always the population one
+    (``optim.adv_std_ddof`` / ``adv_scale`` do not apply)."""
+    from .base import CreditOutput
+    from .tp_grpo import window_layout
+
+    s = inp.sampling
+    N, T = inp.train_mask.shape
+    (V_all, g_all, v_all), sl = inp.gather([inp.step_rewards, inp.group_ids, inp.valid])
+    n = V_all.shape[1] - 1
+    A_all = torch.zeros(V_all.shape[0], n)
+    stats: dict = {}
+    if bool(v_all.any()):
+        out = vgpo_advantages(V_all[v_all], g_all[v_all], gamma=s.vgpo_gamma, tau=s.vgpo_tau,
+                              anchor=_anchor(s.vgpo_anchor), eps=inp.opts.eps, clamp=inp.opts.clamp)
+        A_all[v_all] = out.advantages.float()
+        stats.update(out.stats())
+    _, pos = window_layout(inp.train_mask)
+    adv = torch.zeros(N, T)
+    adv.scatter_(1, pos, A_all[sl])
+    return CreditOutput(adv, stats)
+
+
+def _check(cfg) -> None:
+    from .tp_grpo import check_contiguous_plan
+
+    check_contiguous_plan(cfg)
+    _anchor(cfg.vgpo_anchor)
+    if not 0.0 <= cfg.vgpo_gamma <= 1.0 or cfg.vgpo_tau <= 0:
+        raise ValueError(f"sample.vgpo_gamma must be in [0, 1] and sample.vgpo_tau > 0, got {cfg.vgpo_gamma}, "
+                         f"{cfg.vgpo_tau}")
+
+
+def _register() -> None:
+    from .base import Credit, register_credit
+    from .tp_grpo import tp_grpo_step_rewards
+
+    register_credit(Credit("vgpo", vgpo_credit, step_rewards=tp_grpo_step_rewards, check=_check, keeps_ode_next=True))
+
+
+_register()
