@@ -56,7 +56,8 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    step_mode: str = _f("window", "all | fraction | window | single")
+    step_mode: str = _f("window", "all | fraction | window | single | nft (no SDE step; DiffusionNFT's trained "
+                        "timesteps)")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -315,6 +316,14 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
     # VGPO has no released code: TP-GRPO's rollout (CPS window, ODE completions) with the VGPO credit
     "vgpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
              "sample.credit": "vgpo", "optim.clip_range": 1e-5, "optim.adv_eps": 1e-4},
+    # DiffusionNFT (config/nft.py): deterministic CFG-free rollouts from the old adapter, forward-process loss at 9 of
+    # the 10 timesteps, advantages with the global population std, velocity KL 1e-4, EMA 0.9 for eval
+    "nft": {"sample.step_mode": "nft", "sample.credit": "nft", "sample.cfg": False, "sample.guidance_scale": 1.0,
+            "sample.ode_solver": "dpmpp2m", "sample.plan_per_sample": True, "sample.nft_beta": 1.0,
+            "sample.nft_timestep_fraction": 0.99, "sample.nft_decay_type": 1, "optim.adv_scale": "batch",
+            "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.adv_clip_max": 5.0, "optim.beta": 1e-4,
+            "optim.kl_type": "velocity", "optim.lr": 3e-4, "ema.enabled": True, "ema.decay": 0.9,
+            "ema.warmup": True, "ema.update_every": 1},
 }
 
 

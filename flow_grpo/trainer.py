@@ -438,6 +438,8 @@ class FlowGRPOTrainer:
         self.params = [p for _, p in self.named_params]
         self.ema = EMA(self.params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
         self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
+        # a method's own state and hooks (rollout weights, loss, per-epoch update; see flow_grpo.methods.base.Credit)
+        self.method_runtime = self.credit.runtime(self) if self.credit.runtime is not None else None
         self.rewards = RewardStack(cfg.reward, reward_fn)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
@@ -705,6 +707,9 @@ class FlowGRPOTrainer:
 
         from .sde import kl_on_mean, kl_on_velocity, sde_step
 
+        rt = self.method_runtime
+        if rt is not None and hasattr(rt, "loss"):
+            return rt.loss(traj, chunk, col, adv, n_global, dummy)
         c = self.cfg
         c0, c1 = chunk
         mask = traj.train_mask[c0:c1, col].to(self.adapter.device)
@@ -803,9 +808,11 @@ class FlowGRPOTrainer:
         prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
         self.model.eval()
         traj, err = None, None
+        rt = self.method_runtime
         try:
-            traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
-                                       None, iteration=epoch, reward_runner=self.runner)
+            with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
+                traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
+                                           None, iteration=epoch, reward_runner=self.runner)
         except RewardCallFailed as exc:
             err = exc
         try:
@@ -869,6 +876,10 @@ class FlowGRPOTrainer:
                                 epoch, u, what, self.counters["consecutive_skips"])
                     if self.counters["consecutive_skips"] >= c.optim.max_consecutive_skips:
                         self._halt(what)
+        if rt is not None and hasattr(rt, "end_epoch"):
+            out_rt = rt.end_epoch() or {}
+        else:
+            out_rt = {}
         t_train = time.perf_counter() - t1
         # ------------------------------------------------------------ logging (whole gathered batch)
         names = list(self.rewards.weights)
@@ -908,6 +919,7 @@ class FlowGRPOTrainer:
             "steps/empty": float(status_count["empty"]),
             "steps/skipped_total": float(self.counters["skipped_steps"]),
             "steps/consecutive_skips": float(self.counters["consecutive_skips"]),
+            **out_rt,
         }
         merged: dict[str, tuple[float, int]] = {}
         for part in _all_gather_object(acc_metrics):
@@ -1012,6 +1024,7 @@ class FlowGRPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.lr_scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else {},
+            "method": (self.method_runtime.state_dict() if hasattr(self.method_runtime, "state_dict") else {}),
             "trainer": self._trainer_state(),
             "config": config_to_dict(self.cfg),
             "reference": dict(self.reference_info),
@@ -1128,6 +1141,11 @@ class FlowGRPOTrainer:
                 self.lr_scheduler.load_state_dict(st["scheduler"])
             if self.ema is not None and st.get("ema"):
                 self.ema.load_state_dict(st["ema"])
+            if hasattr(self.method_runtime, "load_state_dict"):
+                if not st.get("method"):
+                    raise ValueError(f"checkpoint has no state of sample.credit={self.cfg.sample.credit} (written by "
+                                     "another method?): refusing to resume without it")
+                self.method_runtime.load_state_dict(st["method"])
         self.epoch = int(tr["epoch"])
         self.global_step = int(tr["global_step"])
         self.counters.update(tr.get("counters", {}))

@@ -12,6 +12,10 @@ credit that needs rewards of intermediate states (TP-GRPO, G²RPO) also has a ``
 sampler calls after the final images are scored; it returns the (N, S) step rewards, the extra NFEs per
 trajectory and an (N,) validity.
 
+A credit may carry a ``runtime(trainer)`` hook (see :class:`Credit`): the trainer then samples inside its
+``rollout()`` context, uses its ``loss`` instead of the PPO column loss and checkpoints its state; DiffusionNFT is
+the one user (a forward-process loss with an EMA "old" adapter).
+
 A *sampling plan* ``plan(cfg, plan_seeds, iteration) -> StepPlan`` says which steps of each sample are SDE and
 which are trained (``sample.step_mode``). A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
 narrows the trained (sample, step) pairs after the advantages (``optim.drop_zero_adv``, best-of-n); every entry
@@ -74,6 +78,11 @@ class Credit:
     step_rewards: Optional[Callable] = None     # (adapter, traj, embeds, sig, reward_fn, weights, r_final)
     check: Optional[Callable[[Any], None]] = None  # (SamplingConfig) -> None, raises on a plan it cannot use
     keeps_ode_next: bool = False                # the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per column
+    # runtime(trainer) -> object, for a method that is not a reverse-process policy gradient (DiffusionNFT): any of
+    # rollout() (context manager around sampling, e.g. another set of weights), loss(traj, chunk, col, adv,
+    # n_global, dummy) -> (loss, metrics, kl, count) replacing the PPO column loss, end_epoch() after the epoch's
+    # updates, state_dict() / load_state_dict(sd) (checkpointed with the trainer)
+    runtime: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,8 @@ def nft_loss(
     v_ref: Optional[Tensor] = None,
     kl_beta: float = 0.0,
     weight_floor: float = 1e-5,
+    sample_weights: Optional[Tensor] = None,
+    denominator: Optional[float] = None,
 ) -> NFTLoss:
     r"""DiffusionNFT loss on one timestep of a batch (see the module docstring for the formulas).
 
@@ -185,6 +187,9 @@ def nft_loss(
         adv_clip_max: the release multiplies the mean loss by it.
         v_ref, kl_beta: optional velocity of the reference (adapter disabled) and the weight of
             :math:`\mathrm{mean}(v_\theta-v_{ref})^2`.
+        sample_weights, denominator: the batch mean becomes :math:`\sum_i w_i(\cdot)_i/\text{denominator}`
+            (default w = 1, denominator = B): a trainer masks untrained samples and normalises by the number of
+            trained (sample, timestep) pairs of the whole update.
     """
     if v_theta.shape != x0.shape or v_old.shape != x0.shape or xt.shape != x0.shape:
         raise ValueError(f"shape mismatch: v_theta {tuple(v_theta.shape)}, v_old {tuple(v_old.shape)}, "
@@ -205,11 +210,14 @@ def nft_loss(
     positive = _mean_dims((x0_pos - x0f) ** 2 / w_pos)
     negative = _mean_dims((x0_neg - x0f) ** 2 / w_neg)
     per_sample = (r * positive + (1.0 - r) * negative) / beta
-    loss = adv_clip_max * per_sample.mean()
+    w = torch.ones_like(per_sample) if sample_weights is None else \
+        torch.as_tensor(sample_weights, dtype=torch.float32, device=per_sample.device).flatten()
+    denom = float(per_sample.shape[0]) if denominator is None else float(denominator)
+    loss = adv_clip_max * (w * per_sample).sum() / denom
     if v_ref is not None:
         kl = _mean_dims((v - v_ref.detach().float()) ** 2)
         if kl_beta:
-            loss = loss + kl_beta * kl.mean()
+            loss = loss + kl_beta * (w * kl).sum() / denom
     else:
         if kl_beta:
             raise ValueError("kl_beta > 0 needs v_ref")
@@ -260,7 +268,8 @@ def ema_update_(old: Iterable[Tensor], new: Iterable[Tensor], decay: float) -> N
 
 def forward_loss(adapter, x0: Tensor, sigma: float, embeds, noise: Tensor, r: Tensor, old, beta: float = 1.0,
                  adv_clip_max: float = 5.0, kl_beta: float = 0.0, guidance_scale: float = 1.0, cfg: bool = False,
-                 weight_floor: float = 1e-5) -> NFTLoss:
+                 weight_floor: float = 1e-5, sample_weights: Optional[Tensor] = None,
+                 denominator: Optional[float] = None) -> NFTLoss:
     """:func:`nft_loss` at one timestep ``sigma`` for a batch of clean latents ``x0`` (B, ...) of a
     :class:`~flow_grpo.models.base.FlowModelAdapter`: :math:`x_t` from ``noise``, :math:`v_{old}` with ``old``
     (an object with a ``swapped_in()`` context, e.g. :class:`flow_grpo.ema.EMA` over the trainable parameters)
@@ -277,4 +286,112 @@ def forward_loss(adapter, x0: Tensor, sigma: float, embeds, noise: Tensor, r: Te
                 v_ref = adapter.predict_velocity(xt, sigma, embeds, guidance_scale, cfg).float()
     v = adapter.predict_velocity(xt, sigma, embeds, guidance_scale, cfg)
     return nft_loss(v, v_old, x0, xt, sigma, r, beta=beta, adv_clip_max=adv_clip_max, v_ref=v_ref, kl_beta=kl_beta,
-                    weight_floor=weight_floor)
+                    weight_floor=weight_floor, sample_weights=sample_weights, denominator=denominator)
+
+
+# ------------------------------------------------------------------------------------------- credit table entry
+# step_mode=nft: every step is deterministic (sample.ode_solver; the release: its 2nd-order multistep DPM solver,
+# here Euler or DPM-Solver++(2M)); the "trained" columns are the timesteps at which the forward-process loss is taken.
+def plan_nft(cfg, plan_seeds, iteration: int):
+    """No SDE step; each sample trains ``int(K * sample.nft_timestep_fraction)`` of the K sampling timesteps (a
+    random subset from its plan seed; the release draws a fresh permutation per inner epoch, the same thing with
+    one inner epoch). Unlike the reverse-process plans the last timestep may be drawn: the loss is taken on
+    :math:`x_t=(1-t)x_0+t\epsilon` at :math:`t=\sigma_{K-1}>0`, where nothing is degenerate."""
+    from .plans import StepPlan, _sample_seed
+
+    K = cfg.num_steps
+    m = int(K * cfg.nft_timestep_fraction)
+    if not 1 <= m <= K:
+        raise ValueError(f"sample.nft_timestep_fraction={cfg.nft_timestep_fraction} trains int({K} * f) = {m} "
+                         f"timesteps: need 1..{K}")
+    p = StepPlan.empty(len(plan_seeds), K)
+    for i, s in enumerate(plan_seeds):
+        g = torch.Generator().manual_seed(_sample_seed(s, 6))
+        p.train_mask[i, torch.randperm(K, generator=g)[:m]] = True
+    return p
+
+
+class NFTRuntime:
+    """DiffusionNFT inside the trainer: the old adapter (an fp32 copy of the trainable weights, initialised to them,
+    as the release), rollouts with the old weights, the forward-process loss per (rollout chunk, timestep column),
+    and the old adapter's EMA after each epoch (:func:`old_decay` of the optimizer step). ``optim.beta`` is the
+    velocity KL weight (release ``train.beta`` 1e-4), ``optim.adv_clip_max`` :math:`A_{max}`."""
+
+    def __init__(self, trainer):
+        from flow_grpo.ema import EMA
+
+        if trainer.sharded:
+            raise ValueError("sample.credit=nft is not supported with FSDP/DeepSpeed (its old adapter is a local copy)")
+        if trainer.cfg.sample.step_mode != "nft":
+            raise ValueError("sample.credit=nft needs sample.step_mode=nft (deterministic rollouts, trained timesteps)")
+        self.trainer = trainer
+        self.old = EMA(trainer.params, decay=0.0)
+
+    def rollout(self):
+        return self.old.swapped_in()
+
+    def loss(self, traj, chunk, col: int, adv: Tensor, n_global: float, dummy: bool = False):
+        from mmgrpo.utils.seeding import sample_seed
+
+        tr, c0, c1 = self.trainer, chunk[0], chunk[1]
+        s, o = traj.sampling, tr.cfg.optim
+        dev = tr.adapter.device
+        mask = traj.train_mask[c0:c1, col].float().to(dev)
+        if dummy:
+            mask = torch.zeros_like(mask)
+        x0 = traj.final_latents[c0:c1].to(dev)
+        k = int(traj.step_indices[col])
+        # fresh noise per (sample, timestep, optimizer step), reproducible on resume
+        gens = [torch.Generator().manual_seed(sample_seed(int(traj.noise_seeds[i]), 11, k, tr.global_step))
+                for i in range(c0, c1)]
+        noise = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in gens]).to(dev)
+        r = reward_weight(adv[c0:c1, col], adv_clip_max=o.adv_clip_max, mode=s.nft_adv_mode).to(dev)
+        emb = tr.adapter.encode_prompts(traj.prompts[c0:c1])
+        with tr.accelerator.autocast():
+            out = forward_loss(tr.adapter, x0, float(traj.sigmas[col]), emb, noise, r, self.old, beta=s.nft_beta,
+                               adv_clip_max=o.adv_clip_max, kl_beta=o.beta, guidance_scale=s.guidance_scale,
+                               cfg=s.cfg, sample_weights=mask, denominator=n_global)
+        loss = out.loss
+        if dummy:
+            loss = loss * 0.0
+        m = mask.sum().clamp_min(1)
+        metrics = {"nft_policy_loss": float((out.per_sample.detach() * mask).sum() / m),
+                   "nft_old_deviation": float((out.old_deviation * mask).sum() / m)}
+        kl = float((out.kl * mask).sum() / m) if o.beta > 0 else 0.0
+        return loss, metrics, kl, int(mask.sum())
+
+    def end_epoch(self) -> dict:
+        d = old_decay(self.trainer.global_step, self.trainer.cfg.sample.nft_decay_type)
+        self.old.decay = d
+        self.old.update()
+        return {"nft/old_decay": d}
+
+    def state_dict(self) -> dict:
+        return {"old": self.old.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.old.load_state_dict(sd["old"])
+
+
+def _check(cfg) -> None:
+    if cfg.step_mode != "nft":
+        raise ValueError("sample.credit=nft needs sample.step_mode=nft")
+    if cfg.nft_beta <= 0:
+        raise ValueError(f"sample.nft_beta must be > 0, got {cfg.nft_beta}")
+    if cfg.nft_adv_mode not in ADV_MODES:
+        raise ValueError(f"sample.nft_adv_mode must be one of {ADV_MODES}, got {cfg.nft_adv_mode!r}")
+    if cfg.nft_decay_type not in OLD_DECAY_TYPES:
+        raise ValueError(f"sample.nft_decay_type must be one of {sorted(OLD_DECAY_TYPES)}, got {cfg.nft_decay_type}")
+
+
+def _register() -> None:
+    from .base import Credit, register_credit, register_plan
+    from .outcome import outcome_advantages
+
+    register_plan("nft")(plan_nft)
+    # the advantages are the outcome credit's with the preset's statistics (group mean, population batch std +
+    # 1e-4 = the release's PerPromptStatTracker(global_std=True)); the loss turns them into r
+    register_credit(Credit("nft", outcome_advantages, check=_check, runtime=NFTRuntime))
+
+
+_register()

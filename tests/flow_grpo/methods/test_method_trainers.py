@@ -50,3 +50,70 @@ def test_vgpo_refuses_a_non_contiguous_plan(tmp_path):
     with pytest.raises(ValueError, match="window or all"):
         tr = make_trainer("sd3", "vgpo", tmp_path, **{"sample.step_mode": "single"})
         _traj(tr)
+
+
+# ------------------------------------------------------------------------------------------------------ DiffusionNFT
+def test_nft_plan_and_rollout_are_deterministic_with_the_trained_timesteps(tmp_path):
+    from flow_grpo.config import load_train_config
+
+    c = load_train_config(None, ["method=nft"])
+    assert (c.sample.step_mode, c.sample.credit, c.sample.cfg, c.optim.kl_type, c.optim.beta) == \
+        ("nft", "nft", False, "velocity", 1e-4)
+    tr = make_trainer("sd3", "nft", tmp_path, **{"sample.cfg": "false"})
+    traj = _traj(tr)
+    assert not bool(traj.sde_mask.any())  # no SDE step: a deterministic solver
+    per_sample = traj.train_mask.sum(1)
+    assert per_sample.tolist() == [int(4 * 0.99)] * 4  # int(K * 0.99) = 3 of the K = 4 timesteps
+    assert len({tuple(traj.train_mask[i].tolist()) for i in range(4)}) > 1  # a subset per sample (plan_per_sample)
+
+
+def test_nft_loss_through_the_trainer_matches_forward_loss(tmp_path):
+    from flow_grpo.methods import nft
+    from mmgrpo.utils.seeding import sample_seed
+
+    tr = make_trainer("sd3", "nft", tmp_path, **{"optim.beta": 0.0, "sample.cfg": "false"})
+    traj = _traj(tr)
+    traj.rewards["total"] = torch.tensor([0.0, 1.0, 2.0, 4.0])
+    adv, _ = tr.compute_advantages(traj)
+    col = int(traj.train_mask.sum(0).argmax())  # the timestep most samples train
+    mask = traj.train_mask[:, col].float()
+    loss, metrics, _, cnt = tr._column_loss(traj, traj.chunks[0], col, adv, n_global=7.0)
+    # by hand: r from the advantages, the same noise, then 5 * sum_i mask_i l_i / 7
+    k = int(traj.step_indices[col])
+    noise = torch.stack([torch.randn(traj.final_latents.shape[1:], generator=torch.Generator().manual_seed(
+        sample_seed(int(traj.noise_seeds[i]), 11, k, tr.global_step))) for i in range(4)])
+    r = nft.reward_weight(adv[:, col])
+    out = nft.forward_loss(tr.adapter, traj.final_latents, float(traj.sigmas[col]), tr.adapter.encode_prompts(
+        traj.prompts), noise, r, tr.method_runtime.old)
+    ref = 5.0 * float((out.per_sample.detach() * mask).sum()) / 7.0
+    assert mask.sum() >= 2 and ref > 0
+    assert float(loss.detach()) == pytest.approx(ref, rel=1e-5) and cnt == int(mask.sum())
+    # advantages: group mean, population std of the whole batch + 1e-4 (the release's global_std tracker)
+    s = torch.tensor([0.0, 1.0, 2.0, 4.0]).std(unbiased=False).item()
+    assert adv[0][traj.train_mask[0]][0].item() == pytest.approx(-0.5 / (s + 1e-4), rel=1e-5)
+
+
+def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(tmp_path):
+    tr, hist = _train_two_epochs("nft", tmp_path, **{"sample.nft_decay_type": 1})
+    m = hist[-1]
+    assert "train/nft_policy_loss" in m and "train/ratio_mean" not in m
+    # decay type 1: d = min(0.001 * step, 0.5); after epoch 2 the optimizer step is 2 -> d = 0.002
+    assert hist[0]["nft/old_decay"] == pytest.approx(0.001) and m["nfe_per_trajectory"] == 4
+    assert m["nft/old_decay"] == pytest.approx(0.002)
+    # the old weights are the EMA of the current ones: not equal to them (d > 0), but close
+    cur = [p.detach() for p in tr.params]
+    old = tr.method_runtime.old.shadow
+    assert any(not torch.equal(a.float(), b) for a, b in zip(cur, old))
+    assert tr.method_runtime.state_dict()["old"]["decay"] == pytest.approx(0.002)
+
+
+def test_nft_resume_restores_the_old_adapter(tmp_path):
+    tr, _ = _train_two_epochs("nft", tmp_path, **{"run.save_every": 1})
+    sd = tr.state_dict()
+    tr2 = make_trainer("sd3", "nft", tmp_path / "b", **{"sample.cfg": "false"})
+    tr2.load_state_dict(sd)
+    for a, b in zip(tr.method_runtime.old.shadow, tr2.method_runtime.old.shadow):
+        assert torch.equal(a, b)
+    sd.pop("method")
+    with pytest.raises(ValueError, match="credit=nft"):
+        tr2.load_state_dict(sd)
