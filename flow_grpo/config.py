@@ -57,7 +57,8 @@ class SamplingConfig:
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
     step_mode: str = _f("window", "all | fraction | window | single | nft (no SDE step; DiffusionNFT's trained "
-                        "timesteps)")
+                        "timesteps) | tree (BranchGRPO tree rollout, one tree per group) | b2 (B2-DiffuRL: one "
+                        "trunk per group branching K - s steps before the end)")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -77,7 +78,8 @@ class SamplingConfig:
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
     credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity) "
                      "| vgpo (value-anchored per-step credit from ODE completions) | nft (DiffusionNFT: "
-                     "forward-process loss, needs step_mode=nft)")
+                     "forward-process loss, needs step_mode=nft) | branch_grpo (tree reward fusion, depth-wise "
+                     "advantages; step_mode=tree) | b2_diffurl (best/worst branch of each trunk; step_mode=b2)")
     vgpo_gamma: float = _f(1.0, "vgpo: discount of the temporal cumulative reward G_k = sum_j gamma^(j-k) (V_j - "
                            "V_{j-1}); 1 = R - V_{k-1} (our choice, the paper gives no code)")
     vgpo_tau: float = _f(0.1, "vgpo: reward scale of the dual advantage: absolute term (G - anchor)/tau, weight "
@@ -91,6 +93,22 @@ class SamplingConfig:
                              "uprate, uphold) of the optimizer step: 0 = copy (d = 0), 1 = (0, 1e-3, 0.5), 2 = "
                              "(75, 7.5e-3, 0.999)")
     nft_adv_mode: str = _f("all", "nft: all | positive_only | negative_only | one_only | binary (release adv_mode)")
+    tree_split_points: list[int] = _f([0, 3, 6, 9], "step_mode=tree (BranchGRPO): steps at which every node splits "
+                                      "into tree_branching children; data.group_size must be branching^len (16)")
+    tree_branching: int = _f(2, "step_mode=tree: children per split")
+    tree_depth_pruning: list[int] = _f([], "step_mode=tree: child depths (= step + 1) whose transitions are not "
+                                       "trained (sampling and rewards unchanged); [] = none")
+    tree_depth_slide: bool = _f(False, "step_mode=tree: the pruned depths move up by epoch // tree_slide_interval, "
+                                "until the shallowest reaches tree_stop_depth (the release counts optimizer steps)")
+    tree_slide_interval: int = _f(30, "step_mode=tree: epochs between moves of the pruned depths")
+    tree_stop_depth: int = _f(-1, "step_mode=tree: shallowest pruned depth of the slide; -1 = the last split point")
+    b2_num_stages: int = _f(100, "step_mode=b2 (B2-DiffuRL): training stages; stage = epoch // b2_epochs_per_stage")
+    b2_epochs_per_stage: int = _f(1, "step_mode=b2: epochs (rollout + update) per stage")
+    b2_split_left: int = _f(14, "step_mode=b2: trailing steps s branched and trained at stage 0 (K - s = branch step)")
+    b2_split_right: int = _f(20, "step_mode=b2: trailing steps at the last stage; stage i uses left + i * (right - "
+                             "left + 1) // num_stages, capped at K (the training segment grows toward the start)")
+    b2_pos_threshold: float = _f(0.5, "credit=b2_diffurl: the best branch of a trunk is trained if its z >= this")
+    b2_neg_threshold: float = _f(-0.5, "credit=b2_diffurl: the worst branch of a trunk is trained if its z < this")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -234,7 +252,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo | vgpo | nft (empty = none)")
+    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo | vgpo | nft | branch_grpo | b2 (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -324,6 +342,19 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
             "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.adv_clip_max": 5.0, "optim.beta": 1e-4,
             "optim.kl_type": "velocity", "optim.lr": 3e-4, "ema.enabled": True, "ema.decay": 0.9,
             "ema.warmup": True, "ema.update_every": 1},
+    # BranchGRPO (finetune_flux_branchgrpo_8gpus.sh): DanceGRPO's SDE (eta 0.3), splits at 0,3,6,9 of 20 steps (16
+    # leaves per prompt), clip 1e-3, advantages z-scored per depth (torch.std, zero below 1e-6)
+    "branch_grpo": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "tree",
+                    "sample.credit": "branch_grpo", "sample.same_noise_per_group": True,
+                    "sample.plan_per_sample": False, "sample.tree_split_points": "[0,3,6,9]",
+                    "sample.tree_branching": 2, "optim.clip_range": 1e-3, "optim.adv_clip_max": 5.0},
+    # B2-DiffuRL (run_process.sh; SD1.4 DDIM eta 1 there, the flow SDE here): one trunk per group of 5 branches,
+    # stage schedule 14 -> 20 trailing steps over 100 stages, thresholds +-0.5, PPO clip 0.1
+    "b2": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "b2",
+           "sample.credit": "b2_diffurl", "sample.same_noise_per_group": True, "sample.plan_per_sample": False,
+           "sample.b2_num_stages": 100, "sample.b2_split_left": 14, "sample.b2_split_right": 20,
+           "sample.b2_pos_threshold": 0.5, "sample.b2_neg_threshold": -0.5, "optim.clip_range": 0.1,
+           "optim.adv_clip_max": 5.0, "optim.drop_zero_adv": True},
 }
 
 

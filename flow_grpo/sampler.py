@@ -145,6 +145,7 @@ class Trajectories:
     # tp_grpo only (None otherwise, to save memory): (N, T, *latent) Euler step from ``latents`` with the rollout's
     # own velocity, x_k + (sigma_{k+1} - sigma_k) v(x_k); the first step of every TP-GRPO completion
     ode_next_latents: Optional[torch.Tensor] = None
+    members: Optional[torch.Tensor] = None                # (N,) index of each sample in its group (if given)
     nfe_per_trajectory: float = 0.0
     seconds: float = 0.0
 
@@ -167,11 +168,13 @@ def sample_trajectories(
     iteration: int = 0,
     xt: Optional[torch.Tensor] = None,
     reward_runner=None,
+    members: Optional[Sequence[int]] = None,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
     initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
     tp_grpo / g2rpo credits); ``reward_runner`` (``submit(images, prompts, metadata) -> Future``) scores each chunk
-    in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``)."""
+    in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``). ``members``:
+    the index of each sample in its group (tree / branch plans need it to give a group's samples their paths)."""
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
@@ -191,7 +194,7 @@ def sample_trajectories(
     sig = adapter.sigmas(K, H, W)
     if len(sig) != K + 1 or float(sig[-1]) != 0.0:
         raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
-    plan = make_step_plan(cfg, plan_seeds, iteration)
+    plan = make_step_plan(cfg, plan_seeds, iteration, members)
     if credit.step_rewards is not None and not bool(plan.train_mask.any()):
         raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
                          f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
@@ -242,7 +245,8 @@ def sample_trajectories(
                 ode_next = torch.where(pm, dpm_next, euler_next)
             m = sde_ext[c0:c1, k]
             if bool(m.any()):
-                gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
+                keys = noise_seeds if plan.noise_keys is None else plan.noise_keys[:, k].tolist()
+                gens = [torch.Generator().manual_seed(_sample_seed(keys[i], k)) for i in range(c0, c1)]
                 noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
                 out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
                                noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
@@ -278,6 +282,7 @@ def sample_trajectories(
         sigmas_next=sig[cols + 1].clone(), latents=lat, next_latents=nxt, log_probs=logp,
         train_mask=plan.train_mask[:, cols].clone(), sde_mask=plan.sde_mask, window_start=plan.window_start,
         final_latents=final, images=images, chunks=chunks, sampling=cfg, ode_next_latents=onx,
+        members=None if members is None else torch.as_tensor(list(members), dtype=torch.long),
     )
     if reward_fn is not None:
         if futures:  # every model call of the rollout is done: now wait for the background scores

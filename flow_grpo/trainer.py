@@ -631,6 +631,12 @@ class FlowGRPOTrainer:
                       else sample_seed(c.run.seed, 4, gid))
         return prompts, meta, gids, xs, ns, ps
 
+    def _epoch_members(self) -> list[int]:
+        """Index of each of this process's samples in its group (the layout of :meth:`_epoch_samples`)."""
+        G = self.cfg.data.group_size
+        per = G * self.cfg.data.groups_per_epoch // self.world
+        return [s % G for s in range(self.rank * per, (self.rank + 1) * per)]
+
     # ------------------------------------------------------------------ rewards across processes
     def _sync_failure(self, exc: Optional[BaseException]) -> None:
         """Raise :class:`RewardCallFailed` on every process if it was raised on any (keeps collectives in step)."""
@@ -684,7 +690,8 @@ class FlowGRPOTrainer:
                             step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
                             opts=AdvOptions(o.adv_scale, o.adv_clip_max, o.adv_eps, _std_unbiased(o.adv_std_ddof)),
                             step_rewards=traj.step_rewards, device=self.device,
-                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling)
+                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling,
+                            members=traj.members)
 
     def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
         """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table
@@ -812,7 +819,8 @@ class FlowGRPOTrainer:
         try:
             with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
                 traj = sample_trajectories(self.adapter, prompts, c.sample, xs, ns, ps, gids, meta, self.reward_fn,
-                                           None, iteration=epoch, reward_runner=self.runner)
+                                           None, iteration=epoch, reward_runner=self.runner,
+                                           members=self._epoch_members())
         except RewardCallFailed as exc:
             err = exc
         try:
@@ -1019,16 +1027,18 @@ class FlowGRPOTrainer:
         added by :meth:`save_checkpoint`."""
         from mmgrpo.utils.config import config_to_dict
 
-        return {
+        st = {
             "trainable": {n: p.detach().cpu().clone() for n, p in self.named_params},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.lr_scheduler.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else {},
-            "method": (self.method_runtime.state_dict() if hasattr(self.method_runtime, "state_dict") else {}),
             "trainer": self._trainer_state(),
             "config": config_to_dict(self.cfg),
             "reference": dict(self.reference_info),
         }
+        if hasattr(self.method_runtime, "state_dict"):  # a credit's own state (DiffusionNFT's old adapter)
+            st["method"] = self.method_runtime.state_dict()
+        return st
 
     def _trainer_state(self) -> dict:
         return {"epoch": self.epoch, "global_step": self.global_step, "world": self.world,

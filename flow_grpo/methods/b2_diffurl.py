@@ -174,3 +174,71 @@ def select_branches(z: Tensor, trunk_ids: Tensor, pos_threshold: float = 0.5, ne
             keep[worst] = True
     adv = torch.clamp(z, -adv_clip_max, adv_clip_max) * torch.where(z > 0, beta_pos, beta_neg)
     return keep, torch.where(keep, adv, torch.zeros_like(adv))
+
+
+# ------------------------------------------------------------------------------------------- credit table entries
+# One trunk per group (sample.same_noise_per_group: one x_T per group; the group's plan seed gives the shared
+# prefix noise), the group's samples are the trunk's branches (data.group_size = the release's split_time, 5).
+def plan_b2(cfg, plan_seeds, iteration: int, members):
+    """step_mode=b2: every step but the last is SDE; steps before the branch step use the group's noise (shared
+    prefix), later ones each sample's own; the trained segment is ``[K - s, K - 1)`` with s of the stage
+    ``iteration // b2_epochs_per_stage`` (capped at the last stage and at K)."""
+    from mmgrpo.utils.seeding import sample_seed
+
+    from .plans import StepPlan
+
+    K = cfg.num_steps
+    stage = min(iteration // max(1, cfg.b2_epochs_per_stage), cfg.b2_num_stages - 1)
+    s = min(progressive_split_step(stage, cfg.b2_num_stages, cfg.b2_split_left, cfg.b2_split_right), K)
+    lo, hi = training_segment(K, s)
+    n = len(plan_seeds)
+    p = StepPlan.empty(n, K)
+    p.sde_mask[:, : K - 1] = True
+    p.train_mask[:, lo:hi] = True
+    p.window_start[:] = lo
+    trunk = torch.tensor([sample_seed(int(ps), 8) for ps in plan_seeds], dtype=torch.int64)
+    own = torch.tensor([sample_seed(int(ps), 9, m) for ps, m in zip(plan_seeds, members)], dtype=torch.int64)
+    p.noise_keys = torch.where(torch.arange(K).unsqueeze(0) < lo, trunk.unsqueeze(1), own.unsqueeze(1))
+    return p
+
+
+plan_b2.needs_members = True
+
+
+def b2_credit(inp):
+    """Per-group (= trunk) z-scores of the final rewards (unbiased std + 1e-8), then :func:`select_branches` with
+    ``sample.b2_pos_threshold`` / ``b2_neg_threshold`` and ``optim.adv_clip_max``; every trained step of a selected
+    branch gets its advantage, the others 0 (the preset's ``optim.drop_zero_adv`` leaves them out of the update).
+    Deviation: the release z-scores over the last 8 stages' rewards of the same prompt (:func:`history_zscore`);
+    the table's credit inputs carry no prompt key across epochs, so only the current trunk is used."""
+    from mmgrpo.core.advantages import group_advantages
+
+    from .base import CreditOutput
+
+    s = inp.sampling
+    N, T = inp.train_mask.shape
+    (r_all, g_all, v_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.valid])
+    z = group_advantages(r_all.double(), g_all, scale="group", eps=1e-8, unbiased=True, valid=v_all).advantages
+    keep, adv = select_branches(z, g_all, s.b2_pos_threshold, s.b2_neg_threshold, adv_clip_max=inp.opts.clamp)
+    keep &= v_all
+    adv = torch.where(keep, adv, torch.zeros_like(adv))
+    out = adv[sl].float().unsqueeze(1).expand(N, T).clone()
+    return CreditOutput(out, {"b2/selected_fraction": float(keep.float().mean())})
+
+
+def _check(cfg) -> None:
+    if cfg.step_mode != "b2":
+        raise ValueError("sample.credit=b2_diffurl needs sample.step_mode=b2")
+    if cfg.plan_per_sample or not cfg.same_noise_per_group:
+        raise ValueError("sample.credit=b2_diffurl needs sample.plan_per_sample=false and same_noise_per_group=true "
+                         "(one trunk per group: shared x_T and prefix noise)")
+
+
+def _register() -> None:
+    from .base import Credit, register_credit, register_plan
+
+    register_plan("b2")(plan_b2)
+    register_credit(Credit("b2_diffurl", b2_credit, check=_check))
+
+
+_register()

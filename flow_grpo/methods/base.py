@@ -61,6 +61,7 @@ class CreditInputs:
     gather: Callable[[list], tuple[list, slice]] = local_gather
     device: Any = "cpu"
     sampling: Any = None                         # the rollout's SamplingConfig (method keys, e.g. sample.vgpo_*)
+    members: Optional[torch.Tensor] = None       # (N,) index of each sample in its group (tree / branch credits)
 
 
 @dataclass

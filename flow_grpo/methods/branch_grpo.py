@@ -354,3 +354,93 @@ def leaf_step_advantages(tree: Tree, node_advantages: Tensor, keep: Optional[Ten
         mask &= torch.as_tensor(keep, dtype=torch.bool)[paths]
     adv = torch.as_tensor(node_advantages, dtype=torch.float64)[paths]
     return torch.where(mask, adv, torch.zeros_like(adv)), mask
+
+
+# ------------------------------------------------------------------------------------------- credit table entries
+# One tree per group (sample.same_noise_per_group: the root x_T), the group's samples are its leaves in the flat
+# layout: leaf j = the sample with member index j; data.group_size must equal branching ** len(split points).
+def _tree_of(cfg) -> Tree:
+    return build_tree(cfg.num_steps, parse_split_points(cfg.num_steps, cfg.tree_split_points), cfg.tree_branching)
+
+
+def plan_tree(cfg, plan_seeds, iteration: int, members):
+    """step_mode=tree: every step but the last is SDE (DanceGRPO's step in the release); the noise of leaf j at step
+    k comes from the node its step-k edge leads to (siblings share every edge before their split); leaf j trains the
+    edges it owns (each edge once), except the last step and the depth-pruned child depths (slid by epoch)."""
+    from mmgrpo.utils.seeding import sample_seed
+
+    from .plans import StepPlan
+
+    K = cfg.num_steps
+    tree = _tree_of(cfg)
+    L = int(tree.leaves.numel())
+    if any(m >= L for m in members):
+        raise ValueError(f"step_mode=tree: the tree (split points {list(tree.split_points)}, branching "
+                         f"{cfg.tree_branching}) has {L} leaves: set data.group_size={L}")
+    paths, owner = leaf_paths(tree), edge_owner(tree)
+    pruned = depth_pruning_depths(cfg.tree_depth_pruning, iteration, cfg.tree_depth_slide, cfg.tree_slide_interval,
+                                  None if cfg.tree_stop_depth < 0 else cfg.tree_stop_depth, tree.split_points)
+    keep_step = torch.tensor([k < K - 1 and (k + 1) not in pruned for k in range(K)])
+    n = len(plan_seeds)
+    p = StepPlan.empty(n, K)
+    p.sde_mask[:, : K - 1] = True
+    keys = torch.empty(n, K, dtype=torch.int64)
+    for i, (ps, j) in enumerate(zip(plan_seeds, members)):
+        p.train_mask[i] = owner[j] & keep_step
+        keys[i] = torch.tensor([sample_seed(int(ps), 10, int(m)) for m in paths[j].tolist()])
+    p.noise_keys = keys
+    return p
+
+
+plan_tree.needs_members = True
+
+
+def tree_credit(inp):
+    """Per group: leaf rewards -> :func:`fuse_rewards` (mean) -> :func:`depth_advantages`; sample (leaf) j's step-k
+    column gets the advantage of the node its step-k edge leads to, clamped to ``optim.adv_clip_max``. A tree with
+    a missing or invalid leaf gets 0 everywhere (its fusion would be biased). ``mode="prob"`` fusion is not wired
+    (the credit inputs carry no edge log-probs)."""
+    from .base import CreditOutput
+
+    s = inp.sampling
+    N, T = inp.train_mask.shape
+    if inp.members is None:
+        raise ValueError("credit=branch_grpo needs the samples' member indices (step_mode=tree)")
+    tree = _tree_of(s)
+    L = int(tree.leaves.numel())
+    paths = leaf_paths(tree)
+    (r_all, g_all, m_all, v_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.members, inp.valid])
+    A = torch.zeros(r_all.shape[0], s.num_steps, dtype=torch.float64)
+    complete = 0
+    for g in torch.unique(g_all).tolist():
+        idx = torch.nonzero(g_all == g).flatten()
+        if idx.numel() != L or sorted(m_all[idx].tolist()) != list(range(L)):
+            raise ValueError(f"credit=branch_grpo: group {g} has members {sorted(m_all[idx].tolist())}, the tree "
+                             f"(split points {list(tree.split_points)}) has {L} leaves: set data.group_size={L}")
+        if not bool(v_all[idx].all()):
+            continue
+        leaf_r = torch.empty(L, dtype=torch.float64)
+        leaf_r[m_all[idx]] = r_all[idx].double()
+        node_adv = depth_advantages(tree, fuse_rewards(tree, leaf_r)).clamp(-inp.opts.clamp, inp.opts.clamp)
+        A[idx] = node_adv[paths[m_all[idx]]]
+        complete += 1
+    adv = A[sl][:, inp.step_indices].float()
+    return CreditOutput(adv, {"tree/complete_trees": float(complete)})
+
+
+def _check(cfg) -> None:
+    if cfg.step_mode != "tree":
+        raise ValueError("sample.credit=branch_grpo needs sample.step_mode=tree")
+    if cfg.plan_per_sample or not cfg.same_noise_per_group:
+        raise ValueError("sample.credit=branch_grpo needs sample.plan_per_sample=false and same_noise_per_group=true "
+                         "(one tree per group: shared root x_T and prefix noise)")
+
+
+def _register() -> None:
+    from .base import Credit, register_credit, register_plan
+
+    register_plan("tree")(plan_tree)
+    register_credit(Credit("branch_grpo", tree_credit, check=_check))
+
+
+_register()

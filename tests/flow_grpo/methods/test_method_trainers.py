@@ -117,3 +117,84 @@ def test_nft_resume_restores_the_old_adapter(tmp_path):
     sd.pop("method")
     with pytest.raises(ValueError, match="credit=nft"):
         tr2.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------------------------------------------ BranchGRPO
+TREE = {"sample.cfg": "false", "data.group_size": 4, "data.groups_per_epoch": 1, "sample.num_steps": 4,
+        "sample.tree_split_points": "[0,1]"}  # 4 steps, splits at steps 0 and 1: leaves 0,1 | 2,3 share step 0
+
+
+def _traj_with_members(tr, epoch=0):
+    prompts, meta, gids, xs, ns, ps = tr._epoch_samples(epoch)
+    return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward,
+                               iteration=epoch, members=tr._epoch_members())
+
+
+def test_tree_rollout_shares_each_prefix_and_trains_each_edge_once(tmp_path):
+    tr = make_trainer("sd3", "branch_grpo", tmp_path, **TREE)
+    traj = _traj_with_members(tr)
+    col = {int(k): j for j, k in enumerate(traj.step_indices.tolist())}
+    x1 = traj.latents[:, col[1]]  # the state after step 0 (before step 1)
+    assert torch.equal(x1[0], x1[1]) and torch.equal(x1[2], x1[3]) and not torch.equal(x1[0], x1[2])
+    x2 = traj.latents[:, col[2]]  # after the second split every leaf has its own state
+    assert all(not torch.equal(x2[i], x2[j]) for i in range(4) for j in range(i))
+    # owners: step 0 edges by leaves 0 and 2, step 1 and 2 by every leaf; the last step is never trained
+    assert traj.train_mask.tolist() == [[True, True, True], [False, True, True], [True, True, True],
+                                        [False, True, True]]
+
+
+def test_tree_advantages_through_the_trainer_by_hand(tmp_path):
+    tr = make_trainer("sd3", "branch_grpo", tmp_path, **TREE)
+    traj = _traj_with_members(tr)
+    traj.rewards["total"] = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    adv, stats = tr.compute_advantages(traj)
+    s1, s2 = math.sqrt(2 * 1.5 ** 2), math.sqrt(14 / 3)  # unbiased stds of (1.5, 4.5) and (1, 2, 3, 6)
+    assert adv[:, 0].tolist() == pytest.approx([-1.5 / s1, 0.0, 1.5 / s1, 0.0], rel=1e-5)
+    for c in (1, 2):  # after the last split: the leaves' own z-scores at every depth
+        assert adv[:, c].tolist() == pytest.approx([-2 / s2, -1 / s2, 0.0, 3 / s2], rel=1e-5, abs=1e-7)
+    assert stats["tree/complete_trees"] == 1.0
+
+
+def test_branch_grpo_trains_two_epochs(tmp_path):
+    _, hist = _train_two_epochs("branch_grpo", tmp_path, **TREE)
+    assert hist[-1]["train/ratio_mean"] == 1.0
+
+
+def test_tree_refuses_a_group_size_that_is_not_the_leaf_count(tmp_path):
+    tr = make_trainer("sd3", "branch_grpo", tmp_path, **{**TREE, "sample.tree_split_points": "[0,1,2]"})
+    traj = _traj_with_members(tr)  # 4 of the 8 leaves sampled
+    with pytest.raises(ValueError, match="data.group_size=8"):
+        tr.compute_advantages(traj)
+    tr = make_trainer("sd3", "branch_grpo", tmp_path / "b", **{**TREE, "sample.tree_split_points": "[0]"})
+    with pytest.raises(ValueError, match="data.group_size=2"):
+        _traj_with_members(tr)  # members 2, 3 have no leaf
+
+
+# ------------------------------------------------------------------------------------------------------ B2-DiffuRL
+B2 = {"sample.cfg": "false", "data.group_size": 3, "data.groups_per_epoch": 1, "sample.num_steps": 4,
+      "sample.b2_num_stages": 2, "sample.b2_split_left": 2, "sample.b2_split_right": 3}
+
+
+def test_b2_branches_share_the_prefix_and_the_segment_grows_backward(tmp_path):
+    tr = make_trainer("sd3", "b2", tmp_path, **B2)
+    traj = _traj_with_members(tr, epoch=0)  # stage 0: s = 2, branch step 2, trains step 2 only
+    assert traj.step_indices.tolist() == [2] and bool(traj.train_mask.all())
+    x2, y2 = traj.latents[:, 0], traj.next_latents[:, 0]
+    assert torch.equal(x2[0], x2[1]) and torch.equal(x2[0], x2[2])  # same x_T and prefix
+    assert not torch.equal(y2[0], y2[1])  # own noise from the branch step on
+    traj = _traj_with_members(tr, epoch=1)  # stage 1: s = 2 + 1 * 2 // 2 = 3: steps 1 and 2
+    assert traj.step_indices.tolist() == [1, 2]
+
+
+def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
+    tr = make_trainer("sd3", "b2", tmp_path, **B2)
+    traj = _traj_with_members(tr)
+    traj.rewards["total"] = torch.tensor([0.1, 0.5, 0.3])  # z = (-1, 1, 0): unbiased std 0.2
+    adv, stats = tr.compute_advantages(traj)
+    assert adv[:, 0].tolist() == pytest.approx([-1.0, 1.0, 0.0], rel=1e-6)
+    assert stats["b2/selected_fraction"] == pytest.approx(2 / 3)
+
+
+def test_b2_trains_two_epochs(tmp_path):
+    _, hist = _train_two_epochs("b2", tmp_path, **B2)
+    assert hist[-1]["train/ratio_mean"] == 1.0
