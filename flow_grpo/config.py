@@ -19,6 +19,16 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
   population std + 1e-4 (one PerPromptStatTracker per step)
 * ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group;
   torch.std + 1e-8 per granularity
+* ``vgpo``     VGPO (no released code): TP-GRPO's rollout (cps window, ODE completions) with credit=vgpo: temporal
+  cumulative reward against the ODE-completion values, group z-score mixed with an absolute term
+  (:mod:`flow_grpo.methods.vgpo` lists every choice the paper leaves open)
+* ``nft``      DiffusionNFT: step_mode=nft (deterministic CFG-free rollouts from the old adapter, 9 of 10 timesteps
+  trained per sample), credit=nft (forward-process loss with implicit +/- velocities), population batch std + 1e-4,
+  velocity KL 1e-4, old-adapter EMA schedule type 1
+* ``branch_grpo`` BranchGRPO: sde_kind=dance (eta 0.3), step_mode=tree (splits at 0,3,6,9: 16 leaves per group),
+  credit=branch_grpo (mean reward fusion, depth-wise torch.std z-scores), clip 1e-3
+* ``b2``       B²-DiffuRL: step_mode=b2 (one trunk per group branching s steps before the end, s from 14 to 20 over
+  100 stages), credit=b2_diffurl (best branch if z >= 0.5, worst if z < -0.5), PPO clip 0.1
 
 The advantage statistics of each preset follow its release: ``optim.adv_scale`` (group | batch std),
 ``optim.adv_std_ddof`` (0 = population std as numpy's ``np.std``, 1 = Bessel-corrected as ``torch.std``) and
@@ -335,13 +345,14 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
     "vgpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
              "sample.credit": "vgpo", "optim.clip_range": 1e-5, "optim.adv_eps": 1e-4},
     # DiffusionNFT (config/nft.py): deterministic CFG-free rollouts from the old adapter, forward-process loss at 9 of
-    # the 10 timesteps, advantages with the global population std, velocity KL 1e-4, EMA 0.9 for eval
+    # the 10 timesteps, advantages with the global population std, velocity KL 1e-4; its lr 3e-4 and eval EMA (0.9
+    # with warm-up) are the defaults (not repeated here: scripts/compare_methods.py strips a preset's keys from the
+    # shared command)
     "nft": {"sample.step_mode": "nft", "sample.credit": "nft", "sample.cfg": False, "sample.guidance_scale": 1.0,
             "sample.ode_solver": "dpmpp2m", "sample.plan_per_sample": True, "sample.nft_beta": 1.0,
             "sample.nft_timestep_fraction": 0.99, "sample.nft_decay_type": 1, "optim.adv_scale": "batch",
             "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.adv_clip_max": 5.0, "optim.beta": 1e-4,
-            "optim.kl_type": "velocity", "optim.lr": 3e-4, "ema.enabled": True, "ema.decay": 0.9,
-            "ema.warmup": True, "ema.update_every": 1},
+            "optim.kl_type": "velocity", "ema.update_every": 1},
     # BranchGRPO (finetune_flux_branchgrpo_8gpus.sh): DanceGRPO's SDE (eta 0.3), splits at 0,3,6,9 of 20 steps (16
     # leaves per prompt), clip 1e-3, advantages z-scored per depth (torch.std, zero below 1e-6)
     "branch_grpo": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "tree",

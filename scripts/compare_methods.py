@@ -56,6 +56,13 @@ FLOW_METHODS: dict[str, list[str]] = {
     "mix_flash": ["method=mix_flash"],
     "tp_grpo": ["method=tp_grpo"],
     "g2rpo": ["method=g2rpo"],
+    "vgpo": ["method=vgpo"],
+    "nft": ["method=nft"],
+    # the demo's groups of 8: a tree of 8 leaves (splits at 0, 3, 6 of the 10 steps)
+    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
+    # the demo's 10 steps: the trained segment grows from the last 3 steps to all of them, one stage per 4 epochs
+    "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
+                   "sample.b2_epochs_per_stage=4"],
 }
 
 
@@ -125,17 +132,24 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
 
 
 def flow_setup(runner: demo.Runner, args) -> dict:
-    """The demo's T2I setup, with every key a method preset sets removed from the demo's GRPO command (the
-    preset of each compared method must decide them)."""
+    """The demo's T2I setup; :func:`method_cmd` removes from the demo's GRPO command the keys the compared
+    method's preset sets (that preset decides them)."""
     from flow_grpo.config import METHOD_PRESETS
 
     prof = demo.PROFILES["smoke" if args.smoke else "full"]
     s = demo.t2i_setup(runner, args, prof, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
-    preset_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
-    s["train_cmd"] = without_keys(s["train_cmd"], preset_keys)
+    s["train_cmd"] = without_keys(s["train_cmd"], {"method"})
+    s["preset_keys"] = {name: set(preset) for name, preset in METHOD_PRESETS.items()}
     return s
+
+
+def method_cmd(s: dict, overrides: list[str]) -> list[str]:
+    """The demo's GRPO command without the keys the compared method's own preset sets (its preset decides them;
+    keys of other presets stay as the demo has them)."""
+    method = next((o.split("=", 1)[1] for o in overrides if o.startswith("method=")), "")
+    return without_keys(s["train_cmd"], s["preset_keys"].get(method, set()))
 
 
 def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
@@ -148,7 +162,7 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[d
         for seed in args.seed_list:
             d = runner.out / name / f"seed{seed}"
             if not finished(d) and not (
-                    attempt(runner, f"{name}_s{seed}_train", s["train_cmd"] + overrides +
+                    attempt(runner, f"{name}_s{seed}_train", method_cmd(s, overrides) + overrides +
                             budget_overrides(args, "run.num_epochs") + [f"run.output_dir={d / 'run'}",
                                                                          f"run.seed={seed}"])
                     and attempt(runner, f"{name}_s{seed}_eval", ev + [f"seed={seed}", f"out_dir={d / 'eval'}",

@@ -41,3 +41,20 @@ def test_smooth_is_a_trailing_mean():
     import compare_methods as cm
 
     assert cm.smooth([(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)], window=2) == [(1, 0.0), (2, 0.5), (3, 1.5), (4, 2.5)]
+
+
+def test_flow_method_command_strips_only_its_own_preset_keys():
+    """A preset key (e.g. nft's sample.cfg) is taken out of the shared demo command only for that preset's runs:
+    the other methods keep the demo's value (with one global strip, adding the nft row turned CFG on for all)."""
+    import compare_methods as cm
+    from flow_grpo.config import METHOD_PRESETS, load_train_config
+
+    s = {"train_cmd": ["python", "train", "sample.cfg=false", "sample.guidance_scale=1.0", "optim.adv_scale=group",
+                       "optim.lr=1e-3"],
+         "preset_keys": {k: set(v) for k, v in METHOD_PRESETS.items()}}
+    fast = cm.method_cmd(s, ["method=fast"])
+    assert "sample.cfg=false" in fast and "optim.adv_scale=group" not in fast and "optim.lr=1e-3" in fast
+    nft = cm.method_cmd(s, ["method=nft"])
+    assert "sample.cfg=false" not in nft and "optim.lr=1e-3" in nft
+    for name in ("vgpo", "nft", "branch_grpo", "b2_diffurl"):  # the new rows parse into valid configs
+        load_train_config(None, [o for o in cm.FLOW_METHODS[name]])
