@@ -59,7 +59,7 @@ FLOW_METHODS: dict[str, list[str]] = {
     "vgpo": ["method=vgpo"],
     "nft": ["method=nft"],
     # the demo's groups of 8: a tree of 8 leaves (splits at 0, 3, 6 of the 10 steps)
-    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
+    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]", "data.group_size=8"],
     # the demo's 10 steps: the trained segment grows from the last 3 steps to all of them, one stage per 4 epochs
     "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
                    "sample.b2_epochs_per_stage=4"],

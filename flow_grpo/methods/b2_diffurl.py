@@ -24,6 +24,11 @@ epochs per stage), so the trained segment starts with the last steps and grows t
 * advantage :math:`A=\mathrm{clip}(z,\pm5)\cdot(\beta_1\ \text{if}\ z>0\ \text{else}\ \beta_2)` (both 1), PPO-clip
   with ε = 0.1 on every step of the trained segment.
 
+**In the trainer** (``method=b2``: ``step_mode=b2``, ``credit=b2_diffurl``): one trunk per group (its
+:math:`x_T` from ``same_noise_per_group``, its prefix noise from the group's plan seed), the group's samples are
+the branches; the stage is ``epoch // b2_epochs_per_stage``; unselected branches are left out of the update
+(``optim.drop_zero_adv``). The z-scores use the current trunk only (see :func:`b2_credit`).
+
 Differences, deliberate: (1) our engine never trains the last step (σ→0: its flow-SDE Gaussian is degenerate; the
 release's DDIM step is not), so the trained segment is ``[K - s, K - 1)`` (``exclude_last=False`` gives the
 release's ``[K - s, K)`` for a sampler whose last step has a density); (2) a prompt whose combined history holds a

@@ -47,6 +47,14 @@ child node (``node_seeds[leaf_paths]``), so every shared prefix is reproduced ex
 (prefix cache) or recomputed (no NFE saving). Each edge is trained once, by the first leaf through it
 (:func:`edge_owner`), with the child's advantage (:func:`leaf_step_advantages`).
 
+**In the trainer** (``method=branch_grpo``: ``step_mode=tree``, ``credit=branch_grpo``): one tree per group, the
+group's samples are its leaves in the flat layout (``data.group_size`` must equal the leaf count), the shared root
+is the group's :math:`x_T` (``same_noise_per_group``) and the plan's noise keys make every shared edge identical.
+Mean fusion and depth pruning (sliding by epoch; the release slides by optimizer step) are wired; ``prob`` fusion
+and width pruning exist here as tested functions but are not wired (the credit inputs carry no edge log-probs; a
+width-pruning train-mask entry is left to do). Shared prefixes are recomputed per leaf, so the logged
+``nfe_per_trajectory`` is K; ``tree/rollout_nfe_per_leaf_shared`` gives the release's count.
+
 Differences from the release, deliberate: ties in width pruning are broken by node number (the release's order is
 its depth-first transition list); mode 2 on a single edge keeps it once (the release lists it twice); the
 ``use_group`` path of the release (leaf-level group advantages, internal nodes without one) is not reproduced: it
@@ -425,7 +433,11 @@ def tree_credit(inp):
         A[idx] = node_adv[paths[m_all[idx]]]
         complete += 1
     adv = A[sl][:, inp.step_indices].float()
-    return CreditOutput(adv, {"tree/complete_trees": float(complete)})
+    # NFE accounting: this flat layout recomputes each shared prefix (K forwards per leaf, the logged
+    # nfe_per_trajectory); a rollout that computes every node once (the release) needs rollout_nfe_per_leaf
+    cost = tree_cost(s.num_steps, tree.split_points, s.tree_branching)
+    return CreditOutput(adv, {"tree/complete_trees": float(complete),
+                              "tree/rollout_nfe_per_leaf_shared": cost.rollout_nfe_per_leaf})
 
 
 def _check(cfg) -> None:

@@ -34,6 +34,15 @@ Notation (rectified flow, :math:`x_t=(1-t)x_0+t\epsilon`, :math:`v\approx\epsilo
 Release defaults (``config/nft.py``, SD3.5-M): β = 1 (0.1 for OCR and multi-reward), :math:`\beta_{kl}` = 1e-4, lr 3e-4,
 LoRA r=32 α=64, 10 sampling steps, CFG 1, 24 images per prompt, 48 groups per epoch.
 
+**In the trainer** (``method=nft``: ``step_mode=nft``, ``credit=nft``; :class:`NFTRuntime` through the credit
+table's one runtime hook): rollouts run with the old weights swapped in (deterministic: Euler or DPM-Solver++(2M),
+the preset's ``sample.ode_solver=dpmpp2m``; the release's own 2nd-order multistep DPM solver was not compared
+step by step); the trained timesteps are drawn per sample when the rollout is planned (the release draws them per
+inner epoch: the same with one inner epoch); the forward noise is seeded per (sample, timestep, optimizer step);
+the loss is normalised by the global number of trained (sample, timestep) pairs of the update (the release divides
+the per-timestep batch mean by grad_accum * timesteps: the same for equal batches). Not supported with
+FSDP/DeepSpeed (the old adapter is a local copy).
+
 Deviation (deliberate): the loss is computed in float32 with the float64 weights cast to float32 (the release divides a
 float32/bf16 tensor by the float64 weight, promoting the loss to float64); the difference is rounding only.
 """
@@ -364,7 +373,9 @@ class NFTRuntime:
         d = old_decay(self.trainer.global_step, self.trainer.cfg.sample.nft_decay_type)
         self.old.decay = d
         self.old.update()
-        return {"nft/old_decay": d}
+        # cost per trained (sample, timestep) pair: the current and the old forward (+ the reference for the KL);
+        # a GRPO column costs one forward (+ one for its KL)
+        return {"nft/old_decay": d, "nft/forwards_per_pair": 2.0 + (self.trainer.cfg.optim.beta > 0)}
 
     def state_dict(self) -> dict:
         return {"old": self.old.state_dict()}
