@@ -112,6 +112,10 @@ class SamplingConfig:
                                 "until the shallowest reaches tree_stop_depth (the release counts optimizer steps)")
     tree_slide_interval: int = _f(30, "step_mode=tree: epochs between moves of the pruned depths")
     tree_stop_depth: int = _f(-1, "step_mode=tree: shallowest pruned depth of the slide; -1 = the last split point")
+    tree_width_pruning: int = _f(0, "credit=branch_grpo: after the advantages, of the edges after the last split train "
+                                 "0 = all, 1 = the best int(n * ratio) (>= 1) of each leaf's chain, 2 = the best "
+                                 "and worst max(2, int(n * ratio)) of the tree")
+    tree_width_ratio: float = _f(0.5, "credit=branch_grpo: fraction kept by tree_width_pruning")
     b2_num_stages: int = _f(100, "step_mode=b2 (B2-DiffuRL): training stages; stage = epoch // b2_epochs_per_stage")
     b2_epochs_per_stage: int = _f(1, "step_mode=b2: epochs (rollout + update) per stage")
     b2_split_left: int = _f(14, "step_mode=b2: trailing steps s branched and trained at stage 0 (K - s = branch step)")

@@ -50,9 +50,9 @@ child node (``node_seeds[leaf_paths]``), so every shared prefix is reproduced ex
 **In the trainer** (``method=branch_grpo``: ``step_mode=tree``, ``credit=branch_grpo``): one tree per group, the
 group's samples are its leaves in the flat layout (``data.group_size`` must equal the leaf count), the shared root
 is the group's :math:`x_T` (``same_noise_per_group``) and the plan's noise keys make every shared edge identical.
-Mean fusion and depth pruning (sliding by epoch; the release slides by optimizer step) are wired; ``prob`` fusion
-and width pruning exist here as tested functions but are not wired (the credit inputs carry no edge log-probs; a
-width-pruning train-mask entry is left to do). Shared prefixes are recomputed per leaf, so the logged
+Mean fusion, depth pruning (sliding by epoch; the release slides by optimizer step) and width pruning (a
+train-mask entry, every epoch: the release's ``pruning_step_ratio`` window is not wired) are wired; ``prob`` fusion
+exists here as a tested function but is not wired (the credit inputs carry no edge log-probs). Shared prefixes are recomputed per leaf, so the logged
 ``nfe_per_trajectory`` is K; ``tree/rollout_nfe_per_leaf_shared`` gives the release's count.
 
 Differences from the release, deliberate: ties in width pruning are broken by node number (the release's order is
@@ -440,9 +440,35 @@ def tree_credit(inp):
                               "tree/rollout_nfe_per_leaf_shared": cost.rollout_nfe_per_leaf})
 
 
+def width_pruning_mask(cfg, adv: Tensor, mask: Tensor, inp) -> Tensor:
+    """Train-mask entry (``sample.tree_width_pruning`` > 0): per tree, the trained (sample, column) cells are its
+    edges with their node's advantage; :func:`width_pruning_keep` keeps some of the edges after the last split.
+    Applied at every epoch (the release's ``pruning_step_ratio`` window is not wired)."""
+    s = inp.sampling
+    tree = _tree_of(s)
+    paths = leaf_paths(tree)
+    steps = inp.step_indices
+    (a_all, m_all, g_all, mem_all), sl = inp.gather([adv.float(), mask, inp.group_ids, inp.members])
+    out = m_all.clone()
+    for g in torch.unique(g_all).tolist():
+        idx = torch.nonzero(g_all == g).flatten()
+        node_adv = torch.zeros(tree.num_nodes, dtype=torch.float64)
+        cand = torch.zeros(tree.num_nodes, dtype=torch.bool)
+        nodes = paths[mem_all[idx]][:, steps]  # (n_g, T): the node each trained cell's edge leads to
+        cells = m_all[idx]
+        node_adv[nodes[cells]] = a_all[idx][cells].double()
+        cand[nodes[cells]] = True
+        keep = width_pruning_keep(tree, node_adv, s.tree_width_pruning, s.tree_width_ratio, candidates=cand)
+        out[idx] = cells & keep[nodes]
+    return out[sl]
+
+
 def _check(cfg) -> None:
     if cfg.step_mode != "tree":
         raise ValueError("sample.credit=branch_grpo needs sample.step_mode=tree")
+    if cfg.tree_width_pruning not in (0, 1, 2) or not 0 < cfg.tree_width_ratio <= 1:
+        raise ValueError(f"sample.tree_width_pruning must be 0 | 1 | 2 and tree_width_ratio in (0, 1], got "
+                         f"{cfg.tree_width_pruning}, {cfg.tree_width_ratio}")
     if cfg.plan_per_sample or not cfg.same_noise_per_group:
         raise ValueError("sample.credit=branch_grpo needs sample.plan_per_sample=false and same_noise_per_group=true "
                          "(one tree per group: shared root x_T and prefix noise)")
@@ -451,8 +477,12 @@ def _check(cfg) -> None:
 def _register() -> None:
     from .base import Credit, register_credit, register_plan
 
+    from .base import TrainMask, register_train_mask
+
     register_plan("tree")(plan_tree)
     register_credit(Credit("branch_grpo", tree_credit, check=_check))
+    register_train_mask(TrainMask("tree_width_pruning", lambda cfg: cfg.sample.credit == "branch_grpo" and
+                                  cfg.sample.tree_width_pruning > 0, width_pruning_mask))
 
 
 _register()

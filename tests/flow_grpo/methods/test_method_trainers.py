@@ -155,6 +155,22 @@ def test_tree_advantages_through_the_trainer_by_hand(tmp_path):
     assert stats["tree/complete_trees"] == 1.0
 
 
+def test_tree_width_pruning_through_the_trainer_by_hand(tmp_path):
+    from flow_grpo.methods import apply_train_masks
+
+    kw = {**TREE, "data.group_size": 2, "sample.tree_split_points": "[0]", "sample.tree_width_pruning": 2}
+    tr = make_trainer("sd3", "branch_grpo", tmp_path, **kw)
+    traj = _traj_with_members(tr)
+    traj.rewards["total"] = torch.tensor([0.2, 0.9])
+    adv, _ = tr.compute_advantages(traj)
+    assert traj.train_mask.tolist() == [[True] * 3, [True] * 3]  # each leaf owns its chain; last step excluded
+    assert adv[:, 1].tolist() == pytest.approx([-2 ** -0.5, 2 ** -0.5], rel=1e-5)  # +-1/sqrt(2) at every depth
+    mask = apply_train_masks(tr.cfg, adv, traj.train_mask.clone(), tr.credit_inputs(traj))
+    # 4 edges after the split (steps 1, 2 of both leaves), keep max(2, int(4 * 0.5)) = 2: the best (leaf 1, step
+    # 1: node 4 comes first among the equal advantages) and the worst (leaf 0, step 2: node 5 comes last)
+    assert mask.tolist() == [[True, False, True], [True, True, False]]
+
+
 def test_branch_grpo_trains_two_epochs(tmp_path):
     _, hist = _train_two_epochs("branch_grpo", tmp_path, **TREE)
     assert hist[-1]["train/ratio_mean"] == 1.0
