@@ -12,20 +12,29 @@ add one ``MethodSpec`` here, and a test (see CONTRIBUTING.md).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Callable, Optional
 
 from mmgrpo.methods.base import VLMMethod
 
-__all__ = ["MethodSpec", "REGISTRY", "VLMMethod", "build_methods", "enabled_classes", "enabled_names"]
+__all__ = ["MethodSpec", "MethodsConfig", "REGISTRY", "VLMMethod", "build_methods", "enabled_classes",
+           "enabled_names"]
 
 
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+# Options of methods added after the registry existed: one dataclass each, a section ``methods.<name>`` of the
+# config (``methods.<name>.enabled=true``), declared here so that ``mmgrpo train --help`` lists them without
+# importing torch. The methods that predate the registry keep their own config sections (tempsamp, tgrpo, ...).
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
     target: str  # "module:Class"
     enabled: Callable[[Any], bool]  # TrainConfig -> on / off
     help: str = ""
+    options: Optional[type] = None  # a dataclass: the config section methods.<name>
 
 
 REGISTRY: tuple[MethodSpec, ...] = (
@@ -48,6 +57,13 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("reg_grpo", "mmgrpo.methods.reg_grpo:RegGRPO", lambda c: c.algo.loss_type == "reg",
                "Reg-GRPO (DeepVideo-R1) loss share per micro-batch (algo.loss_type=reg)"),
 )
+
+
+# the ``methods`` section of TrainConfig: one field per registry entry that declares options
+MethodsConfig = make_dataclass(
+    "MethodsConfig", [(s.name, s.options, field(default_factory=s.options)) for s in REGISTRY if s.options],
+    namespace={"__doc__": "Options of the methods registered in mmgrpo.methods (methods.<name>.<option>)."})
+MethodsConfig.__module__ = __name__
 
 
 def enabled_names(cfg: Any) -> list[str]:

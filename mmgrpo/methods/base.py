@@ -8,7 +8,7 @@ on the enabled methods in that order. Per step, the named points are, top to bot
 ====================  ===========================================================================================
 point                 hooks (called in registry order on the enabled methods)
 ====================  ===========================================================================================
-construction          ``__init__(cfg, trainer)``: validate options against the trainer (reward names, ...)
+construction          ``check_config(cfg)`` (classmethod, before the model loads); ``__init__(cfg, trainer)``
 train start           ``on_train_start(resumed)`` (data selection round 0), ``on_epoch(epoch)`` (stream hook)
 sampling              ``generations_per_group(G)``; after sampling: ``extra_rows(prepared prompt)`` (injected
                       members, e.g. the ground truth)
@@ -53,6 +53,10 @@ class VLMMethod:
 
     def __init__(self, cfg: Any, trainer: Any):
         self.cfg, self.trainer = cfg, trainer
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Refuse option combinations the method cannot run with (called before the model loads)."""
 
     # ------------------------------------------------------------------ train start / data
     def on_train_start(self, resumed: bool) -> None:

@@ -424,6 +424,8 @@ class GRPOTrainer(MethodAliases):
                              f"over {W} processes")
         self.prompts_per_step = P
         self.split_groups = P % W != 0
+        for m in enabled_classes(cfg):
+            m.check_config(cfg)
         if self.split_groups:
             # these need every row of a group on one process (group-level rewards, shuffled / injected members,
             # intra-group token statistics, refill decisions)
