@@ -26,8 +26,26 @@ def _h(text: str) -> dict:
 
 
 # Options of methods added after the registry existed: one dataclass each, a section ``methods.<name>`` of the
-# config (``methods.<name>.enabled=true``), declared here so that ``mmgrpo train --help`` lists them without
+# config (``methods.ngrpo.enabled=true``), declared here so that ``mmgrpo train --help`` lists them without
 # importing torch. The methods that predate the registry keep their own config sections (tempsamp, tgrpo, ...).
+@dataclass
+class NGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "NGRPO: group statistics include virtual maximum-reward samples (all-wrong groups keep a negative "
+        "advantage) + asymmetric clipping; mmgrpo.methods.ngrpo"))
+    max_reward: float = field(default=1.0, metadata=_h(
+        "reward of the virtual samples: the largest (weighted) total the task can give (the release: 1.0)"))
+    num_virtual: int = field(default=1, metadata=_h("virtual samples per group (the release: 1)"))
+    clip_low: Optional[float] = field(default=0.16, metadata=_h(
+        "PPO clip epsilon below 1 (binds for A < 0; the release: 0.16); none = algo.clip_low"))
+    clip_high: Optional[float] = field(default=0.24, metadata=_h(
+        "PPO clip epsilon above 1 (binds for A > 0; the release: 0.24); none = algo.clip_high"))
+
+    def __post_init__(self):
+        if self.num_virtual < 1:
+            raise ValueError(f"methods.ngrpo.num_virtual must be >= 1, got {self.num_virtual}")
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -49,6 +67,9 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("overlong_mask", "mmgrpo.methods.dapo:OverlongMask",
                lambda c: c.rollout.mask_truncated_completions,
                "DAPO overlong filtering: truncated completions leave the loss (rollout.mask_truncated_completions)"),
+    MethodSpec("ngrpo", "mmgrpo.methods.ngrpo:NGRPO", lambda c: c.methods.ngrpo.enabled,
+               "NGRPO virtual maximum-reward advantage calibration + asymmetric clipping (methods.ngrpo.enabled)",
+               options=NGRPOOptions),
     MethodSpec("tw_grpo", "mmgrpo.methods.tw_grpo:TWGRPO", lambda c: c.twgrpo.enabled,
                "TW-GRPO token weights from intra-group divergence (twgrpo.enabled)"),
     MethodSpec("vllm_is", "mmgrpo.methods.vllm_is:VLLMImportanceSampling",
