@@ -49,8 +49,8 @@ class StopMixin:
             return
         reason = self._stop_reason or "another process requested a stop (see its log)"
         snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
-        if snap["selection"] is not None:  # a re-selection inside this step is redone too
-            self.use_samples(snap["selection"])
+        if snap["subset"] is not None:  # a data re-selection inside this step is redone too
+            self.use_samples(snap["subset"])
             self.stream.n = len(self.samples)
         self.stream.load_state_dict(snap["stream"])
         restore_rng_state(snap["rng"])

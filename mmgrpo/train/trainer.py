@@ -11,15 +11,20 @@ hooks called at fixed points, in registry order (``mmgrpo.methods.base`` lists t
    may shape the reward or replace the estimator), let methods filter the batch and refill it in extra rounds
    (DAPO dynamic sampling);
 2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or a method needs
-   them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``, the same function and the
-   same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs ``algo.logprob_chunk_size``
-   tokens at a time, ``mmgrpo.models.chunked``: no full-vocabulary logits are materialised);
+   them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``,
+   the same function and the same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs
+   ``algo.logprob_chunk_size`` tokens at a time, ``mmgrpo.models.chunked``: no full-vocabulary logits exist);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
 4. log (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
    completions to ``completions.jsonl``) and checkpoint (all state through ``CheckpointManager``; the last
    ``run.keep_last`` plus the best by ``run.best_metric``).
+
+This file holds the loop; the rest of the trainer lives beside it in ``mmgrpo.train``: ``setup`` (accelerator,
+policy, optimizer, run state), ``stream`` / ``prompts`` (which samples a step draws, media prefetch), ``batch``
+(``RolloutBatch``, micro-batches), ``scoring`` (reward calls), ``distributed``, ``metrics``, ``checkpointing``,
+``stopping`` (skips, stops, signals).
 
 Faults (``mmgrpo.train.faults``): a reward call that raises or times out is retried with back-off, then its rows
 are dropped (counted) or the run stops; NaN/inf rewards drop their rows from the group (``valid``) or stop the run;
@@ -516,7 +521,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         step = self.step
         # what a stop inside this step rolls back to, so its checkpoint resumes exactly at this step
         self._step_snapshot = {"stream": self.stream.state_dict(), "rng": capture_rng_state(),
-                               "selection": getattr(self, "selected_indices", None), "counters": dict(self.counters)}
+                               "subset": getattr(self, "selected_indices", None), "counters": dict(self.counters)}
         rb = self.collect(step)
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
