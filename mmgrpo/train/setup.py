@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mmgrpo.methods import enabled_classes
+from mmgrpo.methods import check_config, enabled_classes
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import HFRolloutBackend, RolloutBackend
 from mmgrpo.train.stream import PromptStream
@@ -179,8 +179,7 @@ class SetupMixin:
                              f"over {W} processes")
         self.prompts_per_step = P
         self.split_groups = P % W != 0
-        for m in enabled_classes(cfg):
-            m.check_config(cfg)
+        check_config(cfg)  # every registered method's options, before the model loads
         if self.split_groups:
             # these need every row of a group on one process (group-level rewards, shuffled / injected members,
             # intra-group token statistics, refill decisions)
