@@ -118,3 +118,38 @@ def test_t2i_count_probe_by_hand(tmp_path):
     assert p["right_count"] == 50.0 and p["shape_ok"] == 50.0 and p["colour_ok"] == 100.0
     assert demo.count_probe(tmp_path / "missing") == {"n_images": 0, "right_count": None, "n_objects": 0,
                                                       "shape_ok": None, "colour_ok": None}
+
+
+def test_recipes_drive_the_commands(tmp_path):
+    """The demo's settings come from configs/demo/*.yaml: a recipe key set on the command line reaches the
+    generated commands (base checkpoint, benchmark generator arguments, GRPO settings), unknown keys are errors."""
+    out = tmp_path / "demo"
+    other = tmp_path / "other_base"  # another grounding base: a folder with a config.json is used as shipped
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--tasks", "tvg",
+                           "--out", str(out), f"tvg.base={other}", "tvg.benchmark_args=[--version, '2']",
+                           "tvg.full.grpo.run.max_steps=7", "tvg.eval.decoding.max_new_tokens=30"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmds = (out / "commands.sh").read_text().splitlines()
+    data = next(c for c in cmds if "synthetic_tvg.py" in c)
+    assert data.endswith("--version 2")
+    train = next(c for c in cmds if "mmgrpo.cli train" in c)
+    assert "run.max_steps=7" in train and "run.max_steps=40" not in train and "tempsamp.enabled=true" in train
+    assert f"model.path={other} " in train and not any("build_tiny_vlm.py" in c for c in cmds)
+    assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--out", str(out),
+                          "tvg.full.grpo_steps=3"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 2 and "tvg.full.grpo_steps" in bad.stderr
+
+
+def test_recipe_values_render_as_overrides():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    r = demo.load_recipes()
+    assert demo.kv({"a.b": True, "c": {"x": 1.0, "y": {"m": "partial"}}, "d": [1, "z"], "e": None}) == \
+        ["a.b=true", "c={x: 1.0, y: {m: partial}}", "d=[1, z]", "e=null"]
+    assert "reward.weights={iou: 1.0}" in demo.kv(r.tvg.grpo)
+    assert "optim.lr=3e-4" in demo.kv(r.tvg.full.grpo) and r.tvg.smoke.n_train == 4
