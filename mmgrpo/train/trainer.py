@@ -62,6 +62,7 @@ from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInter
 from mmgrpo.models.chunked import tw_token_weights_from
 from mmgrpo.train.faults import CallStats, call_with_retries, nonfinite_rows
 from mmgrpo.train.methods import temporal_bonus
+from mmgrpo.train import validation
 from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
@@ -1400,7 +1401,9 @@ class GRPOTrainer:
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
         self._last_metrics = m
-        if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
+        log_now = self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps
+        validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
+        if log_now:
             self.logger.log(m, self.step)
             if rb.n:
                 self._log_completions(rb, self.step)
@@ -1465,6 +1468,7 @@ class GRPOTrainer:
             if self.cfg.selection.enabled:
                 self.select_data()
             self._make_stream()
+        validation.on_train_start(self, resumed)
         history = []
         save_every = self.cfg.run.save_every
         from tqdm.auto import tqdm
