@@ -54,6 +54,9 @@ class TVGProfile:
     n_train: Optional[int] = field(default=None, metadata=_h(
         "training videos to generate (none = the base's own sizes from its sft_report.json, else --tvg-train)"))
     n_eval: Optional[int] = field(default=None, metadata=_h("held-out videos (none = as n_train, --tvg-eval)"))
+    validation_videos: int = field(default=0, metadata=_h(
+        "videos of the validation set evaluated during GRPO (validation.* settings under grpo; 0 = none): a fresh "
+        "draw of the generator with seed + validation_seed_offset, never the held-out split"))
     grpo: dict[str, Any] = _dict()
     eval: dict[str, Any] = _dict()
 
@@ -69,6 +72,10 @@ class TVGRecipe:
     benchmark_args: list[str] = field(default_factory=list, metadata=_h(
         "extra generator arguments (e.g. [--version, '2', --clock, bar]); must match what the base was built on"))
     eval_config: str = field(default="eval/configs/synthetic_tvg.yaml", metadata=_h("eval/generate_vlm.py --config"))
+    validation_seed_offset: int = field(default=1000, metadata=_h(
+        "generator seed of the validation videos = the benchmark's seed + this (disjoint from train and held-out)"))
+    timeline_queries: int = field(default=4, metadata=_h(
+        "held-out queries (one per video) drawn in tvg/timeline.png: frames, ground truth, spans before/after"))
     eval: dict[str, Any] = field(default_factory=dict, metadata=_h("eval/generate_vlm.py key: value settings"))
     grpo: dict[str, Any] = field(default_factory=dict, metadata=_h(
         "mmgrpo train key: value settings of both profiles (the base's video/prompt settings come after them)"))
@@ -208,6 +215,14 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
                             "--n-train", str(sizes.get("n_train", args.tvg_train)),
                             "--n-eval", str(sizes.get("n_eval", args.tvg_eval)),
                             "--seed", str(sizes.get("seed", args.seed))] + list(recipe.benchmark_args))
+    val_file = []
+    if prof.validation_videos:  # the fixed validation set of the training curve (and of validation.select_best)
+        val_dir = out / "validation_data"
+        runner.run("tvg_validation_data", [PY, recipe.benchmark_script, str(val_dir), "--n-train", "1",
+                                           "--n-eval", str(prof.validation_videos), "--seed",
+                                           str(int(sizes.get("seed", args.seed)) + recipe.validation_seed_offset)]
+                   + list(recipe.benchmark_args))
+        val_file = [f"validation.file={val_dir / 'eval.jsonl'}"]
     video, prompt = rep.get("video", {}), rep.get("prompt", {})
     # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
     common = [f"data.prompt_mode={prompt.get('mode', 'no_think')}",
@@ -218,7 +233,7 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     ev = [PY, "eval/generate_vlm.py", "--config", recipe.eval_config,
           f"data.annotations={data_dir / 'eval.jsonl'}"] + kv(recipe.eval) + common + kv(prof.eval)
     train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
-        [f"data.train_file={data_dir / 'train.jsonl'}"] + common + kv(prof.grpo)
+        [f"data.train_file={data_dir / 'train.jsonl'}"] + common + kv(prof.grpo) + val_file
     return {"base": base, "data_dir": data_dir, "report": rep, "eval_cmd": ev, "train_cmd": train}
 
 
@@ -229,15 +244,46 @@ def tvg(runner: Runner, args, recipe: TVGRecipe) -> dict:
     runner.run("tvg_eval_before", ev + [f"model={base}", f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
     runner.run("tvg_grpo", s["train_cmd"] + [f"run.output_dir={train_dir}", f"run.seed={args.seed}"])
-    ckpt = latest_checkpoint(train_dir) if not runner.dry_run else train_dir / "checkpoints" / "step-LAST"
+    # validation.select_best=true: the checkpoint chosen on the validation curve, else the last one
+    best = str({**recipe.grpo, **_profile(recipe, args).grpo}.get("validation.select_best", "")).lower() == "true"
+    if runner.dry_run:
+        ckpt = train_dir / "checkpoints" / ("step-BEST" if best else "step-LAST")
+    else:
+        ckpt = (best and best_checkpoint(train_dir)) or latest_checkpoint(train_dir)
     runner.run("tvg_eval_after", ev + [f"model={base}", f"out_dir={out / 'eval_after'}", f"adapter={ckpt / 'adapter'}"])
     before = _read_json(out / "eval_before" / "metrics.json")
     after = _read_json(out / "eval_after" / "metrics.json")
     keys = ["mIoU", "R1@0.3", "R1@0.5", "R1@0.7", "parse_failure_rate"]
-    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys}}
+    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys},
+           "checkpoint": ckpt.name}
     if not runner.dry_run:
         res["probes"] = grounding_probes(data_dir / "eval.jsonl", out, rep)
+        res["validation"] = validation_curve(train_dir)
+        draw_timelines(out, data_dir / "eval.jsonl", recipe.timeline_queries)
     return res
+
+
+def validation_curve(train_dir: Path) -> list[dict]:
+    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.train.validation)."""
+    path = train_dir / "validation" / "curve.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate")}} for r in rows]
+
+
+def draw_timelines(out: Path, annotations: Path, n: int) -> None:
+    """``tvg/timeline.png``: for the first ``n`` held-out videos, the frames the model saw (the evaluator's own
+    video settings, from its settings.json), the ground-truth span and the spans predicted before / after GRPO."""
+    from mmgrpo.utils.timeline import tvg_timelines
+
+    video = _read_json(out / "eval_after" / "settings.json").get("video", {})
+    if not n or not video:
+        return
+    try:
+        tvg_timelines(annotations, {"before GRPO": out / "eval_before" / "predictions.jsonl",
+                                    "after GRPO": out / "eval_after" / "predictions.jsonl"},
+                      out / "timeline.png", video, n=n)
+    except Exception as e:  # a picture must never lose the run's results
+        print(f"[demo] could not draw the TVG timelines: {e}", flush=True)
 
 
 def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
@@ -275,6 +321,13 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
 def latest_checkpoint(train_dir: Path) -> Path | None:
     cks = sorted((train_dir / "checkpoints").glob("step-*"))
     return cks[-1] if cks else None
+
+
+def best_checkpoint(train_dir: Path) -> Path | None:
+    """The checkpoint kept as best by the run's ``run.best_metric`` (``validation.select_best``: val/<metric>)."""
+    from mmgrpo.utils.checkpoint import CheckpointManager
+
+    return CheckpointManager(train_dir / "checkpoints", best_mode="max").best_checkpoint()
 
 
 def t2i_setup(runner: Runner, args, recipe: T2IRecipe, out: Path) -> dict:
@@ -396,6 +449,8 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
                      else 100.0 * t2i_r["partial"][ph]} for ph in ("before", "after")},
         "tvg_probes": tvg_r.get("probes"),
         "t2i_probes": t2i_r.get("probes"),
+        # the GRPO run's validation curve (fixed validation draw, greedy; never the held-out split)
+        "tvg_validation": tvg_r.get("validation"),
         "seconds": round(seconds, 1),
         "stage_seconds": times,
         "smoke": smoke,
@@ -430,6 +485,21 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         if grids:
             rel = grids[0].relative_to(out)
             lines += [f"## mini-GenEval held-out samples {phase} GRPO (first batch)", "", f"![{phase}]({rel})", ""]
+    curve = tvg_r.get("validation") or []
+    if curve:
+        lines += ["## TVG validation curve during GRPO", "",
+                  "Greedy decoding of a fixed validation set (a separate draw of the generator, never the held-out "
+                  "split), scored with the training reward's parser; " +
+                  (f"the held-out evaluation used checkpoint `{tvg_r['checkpoint']}`." if tvg_r.get("checkpoint")
+                   else ""), "", "| step | val mIoU | val R1@0.5 | parsed % |", "|---|---|---|---|"]
+        lines += [f"| {r['step']} | {_fmt(r.get('mIoU'))} | {_fmt(r.get('R1@0.5'))} | {_fmt(r.get('parse_rate'))} |"
+                  for r in curve] + [""]
+        if (out / "tvg" / "grpo" / "validation" / "curve.png").exists():
+            lines += ["![TVG validation curve](tvg/grpo/validation/curve.png)", ""]
+    if (out / "tvg" / "timeline.png").exists():
+        lines += ["## Temporal grounding on held-out videos", "",
+                  "Frames as the model sees them (with their times), the ground-truth span (green) and the spans "
+                  "predicted before (blue) and after (orange) GRPO.", "", "![TVG timelines](tvg/timeline.png)", ""]
     preds = out / "tvg" / "eval_after" / "predictions.jsonl"
     if preds.exists():
         lines += ["## Temporal grounding predictions after GRPO (first 5)", "", "```"]

@@ -42,6 +42,16 @@ def test_report_schema(tmp_path):
     assert "+8 (met)" in rep and "+15 (met)" in rep
     assert "number of objects: 36.5 % -> 79.2 % (of 96)" in rep and "colour: 99.0 % -> - %" in rep
     assert m["t2i_probes"]["after"]["right_count"] == 79.2
+    assert m["tvg_validation"] is None  # no validation curve in this result
+    res["tvg"]["validation"] = [{"step": 0, "mIoU": 20.0, "R1@0.5": 9.0, "parse_rate": 100.0},
+                                {"step": 10, "mIoU": 31.25, "R1@0.5": 24.0, "parse_rate": 100.0}]
+    res["tvg"]["checkpoint"] = "step-00000010"
+    demo.write_report(tmp_path, res, {"tvg_grpo": 12.0}, 100.0, smoke=False)
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["tvg_validation"][1] == {"step": 10, "mIoU": 31.25, "R1@0.5": 24.0, "parse_rate": 100.0}
+    rep = (tmp_path / "report.md").read_text()
+    assert "| 10 | 31.2 | 24.0 | 100.0 |" in rep and "checkpoint `step-00000010`" in rep
+    assert m["tvg"]["after"]["mIoU"] == 30.5  # the keys are unchanged
     demo.write_report(tmp_path, {"tvg": res["tvg"]}, {}, 50.0, smoke=False)  # --tasks tvg: T2I not run
     rep = (tmp_path / "report.md").read_text()
     assert "+8 (met)" in rep and "+15 (not run)" in rep and "NOT met" not in rep
