@@ -8,12 +8,14 @@ Every stage is a command a user could run by hand (they are printed, and written
 
 * **tvg** - temporal grounding on the built-in synthetic videos (``data/synthetic_tvg.py``):
   base = a tiny Qwen2.5-VL supervised-fine-tuned to a mediocre level (``scripts/build_tiny_vlm.py``);
-  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward) -> eval after, with ``eval/generate_vlm.py``;
+  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward; greedy validation curve on a separate draw of
+  the generator every few steps) -> eval after, with ``eval/generate_vlm.py``;
 * **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny SD3 pipeline pre-trained on rendered
   images (``scripts/build_tiny_flow.py``); eval before -> ``flow_grpo train`` (Flow-GRPO-Fast: CPS + SDE window,
   verifier reward) -> eval after, with ``eval/generate_t2i.py``;
-* **report** - ``<out>/metrics.json`` (held-out metrics before/after, percent), ``<out>/report.md`` (table,
-  reward curves PNG, before/after grids, prediction samples).
+* **report** - ``<out>/metrics.json`` (held-out metrics before/after, percent; the validation curve),
+  ``<out>/report.md`` (table, reward and validation curves, TVG timelines of held-out videos before/after,
+  readable before/after image grids, prediction samples).
 
 Settings: ``configs/demo/tvg.yaml`` and ``configs/demo/t2i.yaml`` (base checkpoint, benchmark generator and its
 arguments, the trainers' and evaluators' ``key=value`` settings, full / smoke budgets); ``--tvg-recipe`` /
