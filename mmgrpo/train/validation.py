@@ -60,6 +60,7 @@ class Validator:
         self.dir = Path(trainer.run_dir) / "validation"
         self.main = trainer.accelerator.is_main_process
         self.done: set[int] = set()  # steps evaluated by this process (a resumed run does not repeat its step)
+        self.media_errors = 0
 
     def due(self, step: int) -> bool:
         v = self.cfg.validation
@@ -68,6 +69,7 @@ class Validator:
     def decode(self, trainer) -> tuple[list[str], list[Any]]:
         """Greedy outputs for every validation sample (prepared as in training) and their reward samples."""
         from mmgrpo.models.rollout import greedy_generate
+        from mmgrpo.sft import sample_dict
 
         v = self.cfg.validation
         max_new = v.max_new_tokens or self.cfg.rollout.max_new_tokens
@@ -75,11 +77,28 @@ class Validator:
         rsamples: list[Any] = []
         with trainer._generation_context():
             for s in range(0, len(self.samples), v.batch_size):
-                preps = [trainer.task.prepare(x) for x in self.samples[s:s + v.batch_size]]
-                out, _, _ = greedy_generate(trainer.policy, [p.item for p in preps], max_new)
-                texts += out
-                rsamples += [p.reward_sample for p in preps]
+                preps = [self._prepare(trainer, x) for x in self.samples[s:s + v.batch_size]]
+                ok = [p for p in preps if p is not None]
+                out = iter(greedy_generate(trainer.policy, [p.item for p in ok], max_new)[0] if ok else [])
+                texts += ["" if p is None else next(out) for p in preps]  # unreadable media: an empty answer
+                rsamples += [sample_dict(x) if p is None else p.reward_sample
+                             for x, p in zip(self.samples[s:s + v.batch_size], preps)]
         return texts, rsamples
+
+    def _prepare(self, trainer, sample):
+        """The sample as the trainer prepares it; None (scored as an empty answer, counted) if its media cannot be
+        read and data.on_missing_media / on_bad_sample say skip -- the set stays fixed across points."""
+        from mmgrpo.train.task import BadSampleError, MissingMediaError, sample_id
+
+        try:
+            return trainer.task.prepare(sample)
+        except (MissingMediaError, BadSampleError) as e:
+            d = self.cfg.data
+            if (d.on_missing_media if isinstance(e, MissingMediaError) else d.on_bad_sample) == "error":
+                raise
+            self.media_errors += 1
+            log.warning("validation sample %s skipped (scored as an empty answer): %s", sample_id(sample), e)
+            return None
 
     def score(self, trainer, texts: list[str], rsamples: list[Any]) -> dict[str, float]:
         scored = trainer._score(texts, rsamples)
@@ -98,10 +117,12 @@ class Validator:
             tv = score_tvg_outputs(texts, self.samples)
             m.update({f"val/{k}": float(tv[k]) for k in TVG_KEYS})
         m["val/n"] = float(len(texts))
+        m["val/media_errors"] = float(self.media_errors)
         return m
 
     def run(self, trainer, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        self.media_errors = 0
         rng = capture_rng_state()  # greedy decoding draws nothing, but the training stream must not depend on it
         try:
             texts, rsamples = self.decode(trainer)

@@ -117,3 +117,20 @@ def test_select_best_keeps_the_best_validation_checkpoint(tmp_path, tiny_dirs, t
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
     assert kept == ["step-00000001", "step-00000004"], kept
     assert tr.ckpt.best_checkpoint().name == "step-00000001"
+
+
+def test_unreadable_validation_video_scores_as_an_empty_answer(tmp_path, tiny_dirs, tvg_data):
+    """data.on_missing_media=skip: a validation sample whose video is gone stays in the set (IoU 0, counted), so
+    every point of the curve is over the same samples."""
+    anns = [json.loads(x) for x in Path(tvg_data["eval"]).read_text().splitlines() if x.strip()]
+    anns[0] = {**anns[0], "id": "gone", "video": "videos/missing.mp4"}
+    vf = Path(tvg_data["eval"]).parent / "val_missing.jsonl"
+    vf.write_text("".join(json.dumps(a) + "\n" for a in anns))
+    args = ["validation.every=1", f"validation.file={vf}", "run.max_steps=1", "run.save_every=0",
+            "rollout.max_new_tokens=2", "data.on_missing_media=skip"]
+    tr = GRPOTrainer(_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), tvg_data, *args))
+    tr.train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "validation" / "step-00000000.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [a["id"] for a in anns] and rows[0]["output"] == ""
+    curve = [json.loads(x) for x in (tmp_path / "run" / "validation" / "curve.jsonl").read_text().splitlines()]
+    assert all(r["val/media_errors"] == 1.0 and r["val/n"] == len(anns) for r in curve)
