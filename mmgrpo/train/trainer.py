@@ -302,6 +302,7 @@ class GRPOTrainer:
             cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
             check_media=cfg.data.on_missing_media == "error")
         self.all_samples = self.samples
+        self._validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
         if policy is None:
             if not cfg.model.path:
                 raise ValueError("model.path is required (a local checkpoint folder)")

@@ -165,6 +165,11 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------- trainer hooks
+def load(trainer) -> Validator | None:
+    """The run's validator (its samples read and checked now), or None without ``validation.every``."""
+    return Validator(trainer) if trainer.cfg.validation.every else None
+
+
 def _validator(trainer) -> Validator | None:
     if not trainer.cfg.validation.every:
         return None
@@ -200,4 +205,4 @@ def on_step_end(trainer, metrics: dict[str, float], logged: bool) -> dict[str, f
     return metrics
 
 
-__all__ = ["Validator", "on_train_start", "on_step_end", "headline"]
+__all__ = ["Validator", "load", "on_train_start", "on_step_end", "headline"]

@@ -134,3 +134,10 @@ def test_unreadable_validation_video_scores_as_an_empty_answer(tmp_path, tiny_di
     assert [r["id"] for r in rows] == [a["id"] for a in anns] and rows[0]["output"] == ""
     curve = [json.loads(x) for x in (tmp_path / "run" / "validation" / "curve.jsonl").read_text().splitlines()]
     assert all(r["val/media_errors"] == 1.0 and r["val/n"] == len(anns) for r in curve)
+
+
+def test_missing_validation_file_fails_before_the_model_loads(tmp_path, tvg_data):
+    cfg = _cfg(tmp_path, tmp_path / "no_model_here", tvg_data, "validation.every=1",
+               f"validation.file={tmp_path / 'nope.jsonl'}")
+    with pytest.raises(Exception, match="nope.jsonl"):  # not the model path: the validation file is read first
+        GRPOTrainer(cfg)
