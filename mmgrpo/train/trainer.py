@@ -63,6 +63,7 @@ from mmgrpo.train.batch import RolloutBatch, cat_batches, empty_batch, micro_bat
 from mmgrpo.train.checkpointing import CheckpointMixin
 from mmgrpo.train.compat import MethodAliases
 from mmgrpo.train.distributed import DistributedMixin, global_max
+from mmgrpo.train import validation
 from mmgrpo.train.faults import nonfinite_rows
 from mmgrpo.train.metrics import MetricsMixin
 from mmgrpo.train.prompts import PromptMixin
@@ -103,6 +104,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
             check_media=cfg.data.on_missing_media == "error")
         self.all_samples = self.samples
+        self._validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
         self._setup_policy(policy)
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
@@ -538,7 +540,9 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
         self._last_metrics = m
-        if self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps:
+        log_now = self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps
+        validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
+        if log_now:
             self.logger.log(m, self.step)
             if rb.n:
                 self._log_completions(rb, self.step)
@@ -568,6 +572,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             m.on_train_start(resumed)
         if not resumed:
             self._make_stream()
+        validation.on_train_start(self, resumed)
         history = []
         save_every = self.cfg.run.save_every
         from tqdm.auto import tqdm
