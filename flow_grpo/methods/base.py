@@ -17,7 +17,9 @@ A credit may carry a ``runtime(trainer)`` hook (see :class:`Credit`): the traine
 the one user (a forward-process loss with an EMA "old" adapter).
 
 A *sampling plan* ``plan(cfg, plan_seeds, iteration) -> StepPlan`` says which steps of each sample are SDE and
-which are trained (``sample.step_mode``). A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
+which are trained (``sample.step_mode``). A plan whose function has ``needs_members = True`` is called with a 4th
+argument, each sample's index in its group (tree / branch rollouts: BranchGRPO, B²-DiffuRL), and may set
+``StepPlan.noise_keys`` (N, K) so that the samples of one branch point draw the same noise before it. A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
 narrows the trained (sample, step) pairs after the advantages (``optim.drop_zero_adv``, best-of-n); every entry
 whose ``active(cfg)`` holds is applied, in registration order.
 """
