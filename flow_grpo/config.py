@@ -121,6 +121,8 @@ class SamplingConfig:
     b2_split_left: int = _f(14, "step_mode=b2: trailing steps s branched and trained at stage 0 (K - s = branch step)")
     b2_split_right: int = _f(20, "step_mode=b2: trailing steps at the last stage; stage i uses left + i * (right - "
                              "left + 1) // num_stages, capped at K (the training segment grows toward the start)")
+    b2_history: int = _f(8, "credit=b2_diffurl: z-scores per prompt over this many previous epochs' rewards of the "
+                         "prompt plus the current ones (release history_cnt 8; checkpointed); 0 = current only")
     b2_pos_threshold: float = _f(0.5, "credit=b2_diffurl: the best branch of a trunk is trained if its z >= this")
     b2_neg_threshold: float = _f(-0.5, "credit=b2_diffurl: the worst branch of a trunk is trained if its z < this")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")

@@ -353,6 +353,12 @@ def _gather_rows(tensors: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return [o.cpu() for o in outs], sl
 
 
+def _prompt_keys(prompts) -> torch.Tensor:
+    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
+    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
+                         for p in prompts], dtype=torch.int64)
+
+
 def _group_stats(inp: CreditInputs) -> dict:
     """Groups of the gathered batch left empty / with one valid member (advantage 0), and invalid samples."""
     (g_all, v_all), _ = inp.gather([inp.group_ids, inp.valid])
@@ -691,7 +697,8 @@ class FlowGRPOTrainer:
                             opts=AdvOptions(o.adv_scale, o.adv_clip_max, o.adv_eps, _std_unbiased(o.adv_std_ddof)),
                             step_rewards=traj.step_rewards, device=self.device,
                             gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling,
-                            members=traj.members)
+                            members=traj.members, prompt_keys=_prompt_keys(traj.prompts),
+                            runtime=self.method_runtime)
 
     def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
         """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table

@@ -26,15 +26,17 @@ epochs per stage), so the trained segment starts with the last steps and grows t
 
 **In the trainer** (``method=b2``: ``step_mode=b2``, ``credit=b2_diffurl``): one trunk per group (its
 :math:`x_T` from ``same_noise_per_group``, its prefix noise from the group's plan seed), the group's samples are
-the branches; the stage is ``epoch // b2_epochs_per_stage``; unselected branches are left out of the update
-(``optim.drop_zero_adv``). The z-scores use the current trunk only (see :func:`b2_credit`).
+the branches; the stage is ``epoch // b2_epochs_per_stage``; the per-prompt history (one entry per epoch, i.e. per sampling
+round as the release's stage) is the credit's checkpointed runtime state; unselected branches are left out of the
+update (``optim.drop_zero_adv``).
 
 Differences, deliberate: (1) our engine never trains the last step (σ→0: its flow-SDE Gaussian is degenerate; the
 release's DDIM step is not), so the trained segment is ``[K - s, K - 1)`` (``exclude_last=False`` gives the
 release's ``[K - s, K)`` for a sampler whose last step has a density); (2) a prompt whose combined history holds a
 single reward gets z = 0 (the release's ``std`` of one value is NaN); (3) a pure function cannot keep the release's
-``history_scores.pkl``: the caller passes the history in and stores the one returned (it belongs in the trainer
-checkpoint for an exact resume).
+``history_scores.pkl``: the caller passes the history in and stores the one returned (the trainer keeps it in
+the credit's runtime, saved in its checkpoints); (4) prompts are keyed by a hash of their text (the release: the
+decoded text).
 """
 from __future__ import annotations
 
@@ -210,20 +212,38 @@ def plan_b2(cfg, plan_seeds, iteration: int, members):
 plan_b2.needs_members = True
 
 
-def b2_credit(inp):
-    """Per-group (= trunk) z-scores of the final rewards (unbiased std + 1e-8), then :func:`select_branches` with
-    ``sample.b2_pos_threshold`` / ``b2_neg_threshold`` and ``optim.adv_clip_max``; every trained step of a selected
-    branch gets its advantage, the others 0 (the preset's ``optim.drop_zero_adv`` leaves them out of the update).
-    Deviation: the release z-scores over the last 8 stages' rewards of the same prompt (:func:`history_zscore`);
-    the table's credit inputs carry no prompt key across epochs, so only the current trunk is used."""
-    from mmgrpo.core.advantages import group_advantages
+class B2Runtime:
+    """The per-prompt reward history of :func:`history_zscore` (checkpointed with the trainer)."""
 
+    def __init__(self, trainer=None):
+        self.history: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"history": [{int(k): v.tolist() for k, v in h.items()} for h in self.history]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.history = [{int(k): torch.tensor(v, dtype=torch.float64) for k, v in h.items()} for h in sd["history"]]
+
+
+def b2_credit(inp):
+    """Per-prompt z-scores of the valid final rewards over the last ``sample.b2_history`` epochs and this one
+    (:func:`history_zscore`, unbiased std + 1e-8; the history lives in the credit's runtime and is updated here,
+    once per epoch), then :func:`select_branches` per group (= trunk) with ``sample.b2_pos_threshold`` /
+    ``b2_neg_threshold`` and ``optim.adv_clip_max``; every trained step of a selected branch gets its advantage,
+    the others 0 (the preset's ``optim.drop_zero_adv`` leaves them out of the update)."""
     from .base import CreditOutput
 
     s = inp.sampling
     N, T = inp.train_mask.shape
-    (r_all, g_all, v_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.valid])
-    z = group_advantages(r_all.double(), g_all, scale="group", eps=1e-8, unbiased=True, valid=v_all).advantages
+    if inp.prompt_keys is None:
+        raise ValueError("credit=b2_diffurl needs the prompts' keys (CreditInputs.prompt_keys)")
+    (r_all, g_all, v_all, k_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.valid,
+                                                    inp.prompt_keys])
+    z = torch.zeros(r_all.shape[0], dtype=torch.float64)
+    rt = inp.runtime if isinstance(inp.runtime, B2Runtime) else B2Runtime()
+    if bool(v_all.any()):
+        zv, rt.history = history_zscore(r_all[v_all].double(), k_all[v_all].tolist(), rt.history, s.b2_history)
+        z[v_all] = zv
     keep, adv = select_branches(z, g_all, s.b2_pos_threshold, s.b2_neg_threshold, adv_clip_max=inp.opts.clamp)
     keep &= v_all
     adv = torch.where(keep, adv, torch.zeros_like(adv))
@@ -234,6 +254,8 @@ def b2_credit(inp):
 def _check(cfg) -> None:
     if cfg.step_mode != "b2":
         raise ValueError("sample.credit=b2_diffurl needs sample.step_mode=b2")
+    if cfg.b2_history < 0:
+        raise ValueError(f"sample.b2_history must be >= 0, got {cfg.b2_history}")
     if cfg.plan_per_sample or not cfg.same_noise_per_group:
         raise ValueError("sample.credit=b2_diffurl needs sample.plan_per_sample=false and same_noise_per_group=true "
                          "(one trunk per group: shared x_T and prefix noise)")
@@ -243,7 +265,7 @@ def _register() -> None:
     from .base import Credit, register_credit, register_plan
 
     register_plan("b2")(plan_b2)
-    register_credit(Credit("b2_diffurl", b2_credit, check=_check))
+    register_credit(Credit("b2_diffurl", b2_credit, check=_check, runtime=B2Runtime))
 
 
 _register()

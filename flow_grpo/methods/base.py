@@ -64,6 +64,8 @@ class CreditInputs:
     device: Any = "cpu"
     sampling: Any = None                         # the rollout's SamplingConfig (method keys, e.g. sample.vgpo_*)
     members: Optional[torch.Tensor] = None       # (N,) index of each sample in its group (tree / branch credits)
+    prompt_keys: Optional[torch.Tensor] = None   # (N,) int64 stable hash of each prompt (per-prompt history)
+    runtime: Any = None                          # the credit's runtime object (state kept across epochs), if any
 
 
 @dataclass

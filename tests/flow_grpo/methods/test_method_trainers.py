@@ -209,6 +209,18 @@ def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
     adv, stats = tr.compute_advantages(traj)
     assert adv[:, 0].tolist() == pytest.approx([-1.0, 1.0, 0.0], rel=1e-6)
     assert stats["b2/selected_fraction"] == pytest.approx(2 / 3)
+    # next epoch, same prompt: z over {0.1, 0.5, 0.3} (history) and {0.3, 0.3, 0.9}: mean 0.4, unbiased std
+    # sqrt(0.38 / 5); only the best branch passes a threshold (the worst has z = -0.36 > -0.5)
+    traj.rewards["total"] = torch.tensor([0.3, 0.3, 0.9])
+    adv, _ = tr.compute_advantages(traj)
+    sd = math.sqrt(0.38 / 5)
+    assert adv[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.5 / sd], rel=1e-5)
+    # the history is the credit's checkpointed state
+    tr2 = make_trainer("sd3", "b2", tmp_path / "b", **B2)
+    tr2.load_state_dict(tr.state_dict())
+    assert [{k: v.tolist() for k, v in h.items()} for h in tr2.method_runtime.history] == \
+        [{k: v.tolist() for k, v in h.items()} for h in tr.method_runtime.history]
+    assert len(tr.method_runtime.history) == 2
 
 
 def test_b2_trains_two_epochs(tmp_path):
