@@ -45,8 +45,8 @@ PROFILES = {
         # TempSamp-R1 (ground truth as one group member) sampling at temperature 0.5: chosen on a *validation* draw
         # of the generator, never on the held-out split (docs/results.md, "How the TVG setting was chosen":
         # validation mIoU 46.0 +- 0.6 over 3 seeds, against 40.9 +- 4.4 at temperature 1)
-        "vlm_train": ["run.max_steps=40", "rollout.num_generations=8", "run.prompts_per_device=4",
-                      "optim.lr=3e-4", "model.lora.r=32", "model.lora.alpha=64", "tempsamp.enabled=true",
+        "vlm_train": ["run.max_steps=40", "rollout.group_size=8", "run.prompts_per_device=4",
+                      "optim.lr=3e-4", "model.lora.rank=32", "model.lora.alpha=64", "tempsamp.enabled=true",
                       "rollout.temperature=0.5"],
         # 250 epochs (~7.5 min): chosen on *train* prompts (docs/demo_models.md), strict accuracy 35.9 -> 71.2 %
         "flow_train": ["run.num_epochs=250", "data.groups_per_epoch=4", "data.group_size=8", "optim.lr=1e-3"],
@@ -56,7 +56,7 @@ PROFILES = {
     "smoke": {
         "vlm_build": ["--seconds", "5", "--steps", "3", "--n-train", "6", "--n-eval", "4"],
         "flow_build": ["--seconds", "5", "--steps", "3", "--threads", "1", "--eval-per-tag", "1"],
-        "vlm_train": ["run.max_steps=1", "rollout.num_generations=3", "run.prompts_per_device=1",
+        "vlm_train": ["run.max_steps=1", "rollout.group_size=3", "run.prompts_per_device=1",
                       "tempsamp.enabled=true"],
         "flow_train": ["run.num_epochs=1", "data.groups_per_epoch=1", "data.group_size=2"],
         "vlm_eval": ["data.max_samples=3"],

@@ -377,7 +377,7 @@ class GRPOTrainer:
         self._step_snapshot: dict | None = None
         self.stream: PromptStream | None = None
         main = self.accelerator.is_main_process
-        self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.use_tensorboard, is_main_process=main)
+        self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.tensorboard, is_main_process=main)
         # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=bool(cfg.run.best_metric), best_mode=cfg.run.best_mode)
@@ -417,10 +417,10 @@ class GRPOTrainer:
     def _setup_global_batch(self) -> None:
         """Global prompts per step and whether a group's rows may sit on several processes."""
         cfg, W = self.cfg, self.world
-        G = cfg.rollout.num_generations
+        G = cfg.rollout.group_size
         P = cfg.run.prompts_per_step or cfg.run.prompts_per_device * W
         if (P * G) % W:
-            raise ValueError(f"run.prompts_per_step={P} x rollout.num_generations={G} rows cannot be split evenly "
+            raise ValueError(f"run.prompts_per_step={P} x rollout.group_size={G} rows cannot be split evenly "
                              f"over {W} processes")
         self.prompts_per_step = P
         self.split_groups = P % W != 0
@@ -506,7 +506,7 @@ class GRPOTrainer:
         if not self.split_groups:
             k = P // W
             return [(pos, idx, None) for pos, idx in drawn[self.rank * k:(self.rank + 1) * k]]
-        G = self.cfg.rollout.num_generations
+        G = self.cfg.rollout.group_size
         lo, hi = self.rank * P * G // W, (self.rank + 1) * P * G // W
         out = []
         for k, (pos, idx) in enumerate(drawn):
@@ -573,7 +573,7 @@ class GRPOTrainer:
     def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt, list[int] | None]]) -> RolloutBatch:
         """Sample, inject, score and (T-GRPO) add the temporal bonus for the given prompts."""
         cfg = self.cfg
-        G = cfg.rollout.num_generations
+        G = cfg.rollout.group_size
         inject = cfg.tempsamp.enabled
         G_on = G - 1 if inject else G
         # one generate() row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's

@@ -58,7 +58,7 @@ def _trainer(kind, method, out, **extra):
     return FlowGRPOTrainer(cfg, adapter=_bf16_adapter(kind), reward_fn={"block": block_reward})
 
 
-@pytest.mark.parametrize("kind,method,extra", [("sd3", "flow", {"optim.beta": 0.01}), ("flux", "fast", {})])
+@pytest.mark.parametrize("kind,method,extra", [("sd3", "flow", {"optim.kl_coef": 0.01}), ("flux", "fast", {})])
 def test_bf16_lora_steps(kind, method, extra, tmp_path, monkeypatch):
     rec = _Recorder(monkeypatch)
     tr = _trainer(kind, method, tmp_path, **extra)

@@ -71,7 +71,7 @@ def test_resilient_reward_retry_timeout_drop_stop_nan():
     out = r.evaluate(IMGS, ["a"] * 3)
     assert not out["valid"].any() and r.counters["failed_calls"] == 1 and r.counters["retries"] == 1
 
-    # non-finite scores are not retried: dropped (valid=False) or raised, per nan_policy
+    # non-finite scores are not retried: dropped (valid=False) or raised, per reward.on_nonfinite (ResilientReward nan_policy)
     def nan_one(images, prompts, metadata):
         return np.array([1.0, np.nan, np.inf])
 
