@@ -278,7 +278,7 @@ def load_policy(
                 targets: Any = list(lora.target_modules)
             else:
                 targets = adapter.lora_target_regex(lora.target_modules)
-            cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+            cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                              bias="none")
             model = get_peft_model(model, cfg)
             if not any(p.requires_grad for p in model.parameters()):

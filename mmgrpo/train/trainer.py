@@ -307,7 +307,7 @@ class GRPOTrainer:
             lora = None
             if cfg.model.lora.enabled:
                 lc = cfg.model.lora
-                lora = LoraSpec(r=lc.r, alpha=lc.alpha, dropout=lc.dropout, target_modules=list(lc.target_modules),
+                lora = LoraSpec(r=lc.rank, alpha=lc.alpha, dropout=lc.dropout, target_modules=list(lc.target_modules),
                                 include_vision=lc.include_vision)
             policy = load_policy(cfg.model.path, cfg.model.family, lora=lora, freeze_vision=cfg.model.freeze_vision,
                                  gradient_checkpointing=cfg.model.gradient_checkpointing, dtype=cfg.model.dtype,
