@@ -260,7 +260,7 @@ class RewardStack:
             weights = {k: float(rc.weights.get(k, 1.0)) for k in comps}
         if not comps:
             raise ValueError("no rewards: set reward.weights")
-        nan_policy = {"drop": "drop", "error": "raise"}[rc.on_nonfinite]  # config word -> flow_grpo.rewards word
+        nan_policy = {"drop": "drop", "error": "raise"}[rc.on_nonfinite]  # config word -> flow_grpo.rewards
         kw = dict(retries=rc.retries, backoff=rc.retry_backoff, timeout=rc.timeout, on_failure=rc.on_failure,
                   nan_policy=nan_policy)
         self.mode = rc.mode
@@ -908,9 +908,9 @@ class FlowGRPOTrainer:
         n_images = float(cols_all.shape[0])
         out = {
             "epoch": epoch,
-            "reward/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
-            "reward/std": float(vcols[:, 0].std()) if len(vcols) > 1 else 0.0,
-            **{f"reward/{k}": (float(vcols[:, j + 1].mean()) if len(vcols) else float("nan"))
+            "reward/total/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
+            "reward/total/std": float(vcols[:, 0].std()) if len(vcols) > 1 else 0.0,
+            **{f"reward/{k}/mean": (float(vcols[:, j + 1].mean()) if len(vcols) else float("nan"))
                for j, k in enumerate(names + extra)},
             "reward/valid_fraction": float(v_all.float().mean()),
             "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
@@ -999,11 +999,11 @@ class FlowGRPOTrainer:
         (cols_all, v_all, r_all, imgs_all, idx_all), _ = _gather_rows(
             [cols, comps["valid"], real, imgs, torch.tensor(idx)], self.device)
         keep = v_all & r_all
-        out = {"eval/reward/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),
+        out = {"eval/reward/total/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),
                "eval/invalid": float((~v_all & r_all).sum()), "eval/num_prompts": float(n),
                "time/eval_s": time.perf_counter() - t0}
         for j, k in enumerate(names):
-            out[f"eval/reward/{k}"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
+            out[f"eval/reward/{k}/mean"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
         if self.is_main:
             from mmgrpo.utils.logging import save_image_grid
 
@@ -1342,7 +1342,7 @@ class FlowGRPOTrainer:
                     save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
                                     nrow=c.data.group_size, captions=[f"{p[:30]} r={r:.3f}" for p, r in
                                                                       zip(t.prompts, t.rewards["total"].tolist())])
-            metric = ev["eval/reward/mean"] if ev is not None else None
+            metric = ev["eval/reward/total/mean"] if ev is not None else None
             if metric is not None and not math.isfinite(metric):
                 metric = None
             new_best = metric is not None and (self.best_eval is None or metric > self.best_eval)
@@ -1374,8 +1374,8 @@ class FlowGRPOTrainer:
         for row in read_jsonl(path):
             present |= set(row)
         comps = list(self.rewards.weights) if len(self.rewards.weights) > 1 else []  # one reward = the mean
-        keys = [k for k in ["reward/mean", "eval/reward/mean"] + [f"reward/{k}" for k in comps] +
-                [f"eval/reward/{k}" for k in comps] if k in present]
+        keys = [k for k in ["reward/total/mean", "eval/reward/total/mean"] + [f"reward/{k}/mean" for k in comps] +
+                [f"eval/reward/{k}/mean" for k in comps] if k in present]
         keys = list(dict.fromkeys(keys))
         if keys:
             plot_curves(path, keys, self.out / "reward_curves.png", title="rewards")

@@ -181,7 +181,8 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
             curve = []
             for h in hist:
                 t = h.get("time/train_budget_s", t)
-                curve.append((t, h.get("reward/mini_geneval", h.get("reward/mean"))))
+                # reward/<name>/mean as both trainers log it; reward/<name>: flow runs logged before the keys met
+                curve.append((t, h.get("reward/mini_geneval/mean", h.get("reward/mini_geneval"))))
             rows.append({"method": name, "seed": seed,
                          "metric": None if m.get("accuracy") is None else 100.0 * m["accuracy"],
                          "base_metric": None if b.get("accuracy") is None else 100.0 * b["accuracy"],

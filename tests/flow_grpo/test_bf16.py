@@ -98,7 +98,7 @@ def test_bf16_full_finetune_fp32_masters_and_checkpoint(tmp_path, monkeypatch):
     tr = _trainer("flux", "fast", tmp_path, **extra)
     before = {n: p.detach().clone() for n, p in tr.named_params}
     hist = tr.train()
-    assert all(math.isfinite(m["eval/reward/mean"]) for m in hist)
+    assert all(math.isfinite(m["eval/reward/total/mean"]) for m in hist)
     assert {p.dtype for _, p in tr.named_params} == {BF16}
     opt = tr.optimizer.optimizer  # accelerate's wrapper around ours
     assert isinstance(opt, MasterWeightAdamW)
