@@ -502,7 +502,10 @@ class FlowGRPOTrainer:
                             max_sequence_length=m.max_sequence_length)
 
     def _validate(self) -> None:
+        from mmgrpo.utils.config import check_choices
+
         c = self.cfg
+        check_choices(c)  # Literal fields (reward.mode, optim.kl_type, ...) of a config edited after it was built
         n_total = c.data.group_size * c.data.groups_per_epoch
         if c.data.group_size < 2:
             raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
