@@ -87,10 +87,10 @@ def test_recipes_resolve_to_the_configs_of_the_old_override_lists(frontend, tmp_
     """Config values (dataclass equality) of each method's training command: recipe (``--config``) versus the old
     override list appended to the demo's overrides."""
     import compare_methods as cm
-    from mmgrpo.utils.config import load_config
 
     from flow_grpo.config import load_train_config
     from mmgrpo.config import TrainConfig
+    from mmgrpo.utils.config import load_config
 
     old = {"vlm": OLD_VLM_METHODS, "flow": OLD_FLOW_METHODS}[frontend]
     load = (lambda y, ov: load_config(TrainConfig, y, ov)) if frontend == "vlm" else load_train_config
