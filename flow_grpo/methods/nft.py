@@ -323,7 +323,7 @@ def plan_nft(cfg, plan_seeds, iteration: int):
 class NFTRuntime:
     """DiffusionNFT inside the trainer: the old adapter (an fp32 copy of the trainable weights, initialised to them,
     as the release), rollouts with the old weights, the forward-process loss per (rollout chunk, timestep column),
-    and the old adapter's EMA after each epoch (:func:`old_decay` of the optimizer step). ``optim.beta`` is the
+    and the old adapter's EMA after each epoch (:func:`old_decay` of the optimizer step). ``optim.kl_coef`` is the
     velocity KL weight (release ``train.beta`` 1e-4), ``optim.adv_clip_max`` :math:`A_{max}`."""
 
     def __init__(self, trainer):
@@ -358,7 +358,7 @@ class NFTRuntime:
         emb = tr.adapter.encode_prompts(traj.prompts[c0:c1])
         with tr.accelerator.autocast():
             out = forward_loss(tr.adapter, x0, float(traj.sigmas[col]), emb, noise, r, self.old, beta=s.nft_beta,
-                               adv_clip_max=o.adv_clip_max, kl_beta=o.beta, guidance_scale=s.guidance_scale,
+                               adv_clip_max=o.adv_clip_max, kl_beta=o.kl_coef, guidance_scale=s.guidance_scale,
                                cfg=s.cfg, sample_weights=mask, denominator=n_global)
         loss = out.loss
         if dummy:
@@ -366,7 +366,7 @@ class NFTRuntime:
         m = mask.sum().clamp_min(1)
         metrics = {"nft_policy_loss": float((out.per_sample.detach() * mask).sum() / m),
                    "nft_old_deviation": float((out.old_deviation * mask).sum() / m)}
-        kl = float((out.kl * mask).sum() / m) if o.beta > 0 else 0.0
+        kl = float((out.kl * mask).sum() / m) if o.kl_coef > 0 else 0.0
         return loss, metrics, kl, int(mask.sum())
 
     def end_epoch(self) -> dict:
@@ -375,7 +375,7 @@ class NFTRuntime:
         self.old.update()
         # cost per trained (sample, timestep) pair: the current and the old forward (+ the reference for the KL);
         # a GRPO column costs one forward (+ one for its KL)
-        return {"nft/old_decay": d, "nft/forwards_per_pair": 2.0 + (self.trainer.cfg.optim.beta > 0)}
+        return {"nft/old_decay": d, "nft/forwards_per_pair": 2.0 + (self.trainer.cfg.optim.kl_coef > 0)}
 
     def state_dict(self) -> dict:
         return {"old": self.old.state_dict()}

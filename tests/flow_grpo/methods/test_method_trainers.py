@@ -57,7 +57,7 @@ def test_nft_plan_and_rollout_are_deterministic_with_the_trained_timesteps(tmp_p
     from flow_grpo.config import load_train_config
 
     c = load_train_config(None, ["method=nft"])
-    assert (c.sample.step_mode, c.sample.credit, c.sample.cfg, c.optim.kl_type, c.optim.beta) == \
+    assert (c.sample.step_mode, c.sample.credit, c.sample.cfg, c.optim.kl_type, c.optim.kl_coef) == \
         ("nft", "nft", False, "velocity", 1e-4)
     tr = make_trainer("sd3", "nft", tmp_path, **{"sample.cfg": "false"})
     traj = _traj(tr)
@@ -71,7 +71,7 @@ def test_nft_loss_through_the_trainer_matches_forward_loss(tmp_path):
     from flow_grpo.methods import nft
     from mmgrpo.utils.seeding import sample_seed
 
-    tr = make_trainer("sd3", "nft", tmp_path, **{"optim.beta": 0.0, "sample.cfg": "false"})
+    tr = make_trainer("sd3", "nft", tmp_path, **{"optim.kl_coef": 0.0, "sample.cfg": "false"})
     traj = _traj(tr)
     traj.rewards["total"] = torch.tensor([0.0, 1.0, 2.0, 4.0])
     adv, _ = tr.compute_advantages(traj)
