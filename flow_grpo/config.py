@@ -170,6 +170,8 @@ class OptimConfig:
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
     inner_epochs: int = _f(1, "passes over the epoch's rollouts")
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
+    best_of_n: int = _f(0, "DanceGRPO best-of-n: train only the n/2 highest- and n/2 lowest-advantage samples of each "
+                        "group (n even; 0 = every sample; flow_grpo.methods.best_of_n)")
     lr_schedule: str = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
     max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "

@@ -72,7 +72,7 @@ from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
 from .ema import EMA
-from .methods import AdvOptions, CreditInputs, apply_train_masks, credit_name, get_credit
+from .methods import AdvOptions, CreditInputs, active_train_masks, apply_train_masks, credit_name, get_credit
 from .sampler import Trajectories, finish_scores, generate_images, sample_trajectories, score_column
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
@@ -543,6 +543,7 @@ class FlowGRPOTrainer:
             raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
         if c.optim.max_consecutive_skips < 1:
             raise ValueError("optim.max_consecutive_skips must be >= 1")
+        active_train_masks(c)  # their options are checked here, before any sampling
         step_credit = get_credit(c.sample.credit).step_rewards is not None  # scores ODE completions
         if c.reward.mode != "weighted_sum" and step_credit:
             raise ValueError(f"reward.mode={c.reward.mode} needs sample.credit=outcome (step credits score ODE "

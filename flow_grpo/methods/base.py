@@ -122,9 +122,14 @@ def credit_name(credit: str, reward_mode: str) -> str:
     return "per_reward" if credit == "outcome" and reward_mode == "per_reward" else credit
 
 
+def active_train_masks(cfg) -> list[TrainMask]:
+    """The train-mask functions ``cfg`` turns on, in registration order (``active`` validates their options, so
+    the trainer calls this before training)."""
+    return [entry for entry in TRAIN_MASKS.values() if entry.active(cfg)]
+
+
 def apply_train_masks(cfg, adv: torch.Tensor, mask: torch.Tensor, inputs: CreditInputs) -> torch.Tensor:
     """Every active train-mask function, in registration order."""
-    for entry in TRAIN_MASKS.values():
-        if entry.active(cfg):
-            mask = entry.fn(cfg, adv, mask, inputs)
+    for entry in active_train_masks(cfg):
+        mask = entry.fn(cfg, adv, mask, inputs)
     return mask
