@@ -471,8 +471,10 @@ class FlowGRPOTrainer:
             self.logger = MetricLogger(self.out, use_tensorboard=cfg.run.tensorboard, is_main_process=True)
         from mmgrpo.utils.checkpoint import CheckpointManager
 
+        # checkpoints/ folders hold epochs: epoch-XXXXXXXX (runs before issue 15 wrote step-XXXXXXXX: still resumed
+        # from and pruned); halted/ folders hold the optimizer step at which the run stopped: step-XXXXXXXX
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
-                                      keep_best=cfg.run.keep_best, best_mode="max")
+                                      keep_best=cfg.run.keep_best, best_mode="max", prefix="epoch")
         self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
         if self.deepspeed and self.is_main:
             log.warning("DeepSpeed: the optimizer step runs inside the last backward (engine.step), so a non-finite "
