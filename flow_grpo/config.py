@@ -58,7 +58,8 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    step_mode: Literal["all", "fraction", "window", "single"] = _f("window", "all | fraction | window | single")
+    # a registry name (flow_grpo.methods.PLANS), checked when the trainer is built: new plans need no config edit
+    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -76,7 +77,9 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    credit: Literal["outcome", "tp_grpo", "g2rpo"] = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
+    # a registry name (flow_grpo.methods.CREDITS), checked when the trainer is built: new credits need no config edit
+    credit: str = _f("outcome", "credit function, a flow_grpo.methods.CREDITS entry: outcome | tp_grpo (turning points "
+                     "from ODE completions) | g2rpo (multi-granularity)")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -176,6 +179,8 @@ class OptimConfig:
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
     inner_epochs: int = _f(1, "passes over the epoch's rollouts")
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
+    best_of_n: int = _f(0, "DanceGRPO best-of-n: train only the n/2 highest- and n/2 lowest-advantage samples of each "
+                        "group (n even; 0 = every sample; flow_grpo.methods.best_of_n)")
     lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
     max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "
