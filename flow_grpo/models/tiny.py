@@ -221,14 +221,21 @@ def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True
     return pipe
 
 
+def build_tiny_wan_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.1 T2V pipeline (see :mod:`flow_grpo.models.tiny_wan`)."""
+    from .tiny_wan import build_tiny_wan_pipeline as build
+
+    return build(seed, **kwargs)
+
+
 TINY_BUILDERS: dict[str, Any] = {
     "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
-    "flux_kontext": build_tiny_flux_kontext_pipeline,
+    "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
 }
 
 
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext')
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext' | 'wan')
     and ``save_pretrained`` it into ``directory``."""
     builders = TINY_BUILDERS
     if kind not in builders:
