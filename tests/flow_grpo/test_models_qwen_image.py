@@ -132,3 +132,22 @@ def test_qwen_image_folder_roundtrip_through_load_adapter(tmp_path, roundtrip):
         ad.transformer.img_in.weight[0, 0] += 1e-2
     with pytest.raises(AssertionError, match="not close"):
         roundtrip.close(_ode(ad, ad.encode_prompts(["a cat"]), [1], 4.0, True, 3), x_ref, atol=ROUNDTRIP_ATOL)
+
+
+def test_qwen_image_lora_reference_is_base_model():
+    base, ad = _qwen(max_sequence_length=8), _qwen(max_sequence_length=8)
+    torch.manual_seed(1)
+    ad.add_lora(rank=4, alpha=8)
+    with torch.no_grad():
+        for n, p in ad.transformer.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    ad.set_resolution(H, W)
+    base.set_resolution(H, W)
+    x = ad.initial_noise([1, 2], H, W)
+    with torch.no_grad():
+        v_lora = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"]), 4.0, True)
+        with ad.reference():
+            v_ref = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"]), 4.0, True)
+        v_base = base.predict_velocity(x, 0.5, base.encode_prompts(["a", "b"]), 4.0, True)
+    assert torch.equal(v_ref, v_base) and not torch.allclose(v_lora, v_base)
