@@ -142,6 +142,15 @@ def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
     return box["out"]
 
 
+def _set_num_frames(adapter, num_frames: int) -> None:
+    """``sample.num_frames`` -> the video adapter (0 keeps its default); an image generator refuses frames."""
+    if not num_frames:
+        return
+    if not hasattr(adapter, "set_num_frames"):
+        raise ValueError(f"sample.num_frames={num_frames}: model kind {adapter.kind!r} generates images; leave it 0")
+    adapter.set_num_frames(num_frames)
+
+
 class ResilientReward(Reward):
     """One reward component with fault handling (issue "Reliability").
 
@@ -165,6 +174,8 @@ class ResilientReward(Reward):
         if retries < 0 or backoff < 0 or timeout < 0:
             raise ValueError("reward retries, retry_backoff and timeout must be >= 0")
         self.fn = fn
+        # videos pass through a plain callable or a video reward; an image Reward is refused by MultiReward
+        self.accepts_video = not isinstance(fn, Reward) or fn.accepts_video
         self.retries = int(retries)
         self.backoff = float(backoff)
         self.timeout = float(timeout)
@@ -401,6 +412,7 @@ class FlowGRPOTrainer:
         self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
+        _set_num_frames(self.adapter, cfg.sample.num_frames)
         self._validate()
         if cfg.model.lora.enabled:
             if not self.adapter.lora_enabled:
@@ -987,11 +999,11 @@ class FlowGRPOTrainer:
         for j, k in enumerate(names):
             out[f"eval/reward/{k}"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
         if self.is_main:
-            from mmgrpo.utils.logging import save_image_grid
+            from .media import save_media_grid
 
             sel = torch.nonzero(r_all).flatten()
             caps = [f"{self.eval_prompts[int(idx_all[i])][:30]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
-            grid = save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
+            grid = save_media_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
                                    nrow=min(8, len(sel)), captions=caps)
             if self.logger is not None and c.run.tensorboard:
                 import numpy as np
@@ -1284,7 +1296,7 @@ class FlowGRPOTrainer:
 
     def _train(self, num_epochs: Optional[int] = None) -> list[dict]:
         from mmgrpo.utils.config import save_config
-        from mmgrpo.utils.logging import save_image_grid
+        from .media import save_media_grid
 
         c = self.cfg
         if self.is_main:
@@ -1321,7 +1333,7 @@ class FlowGRPOTrainer:
                 every = c.run.image_grid_every
                 if every and (self.epoch % every == 0):
                     t = self._last_traj
-                    save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
+                    save_media_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
                                     nrow=c.data.group_size, captions=[f"{p[:30]} r={r:.3f}" for p, r in
                                                                       zip(t.prompts, t.rewards["total"].tolist())])
             metric = ev["eval/reward/mean"] if ev is not None else None

@@ -157,11 +157,12 @@ def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
 
 
 def _to_uint8_media(images: ImageBatch) -> np.ndarray:
-    """A uint8 video batch (B, F, H, W, 3) as it is (checked), anything else through :func:`to_uint8_nhwc`."""
+    """A uint8 video batch (B, F, H, W, 3) checked and copied (never aliases the input, as :func:`to_uint8_nhwc`),
+    anything else through :func:`to_uint8_nhwc`."""
     if getattr(images, "ndim", None) == 5:
         from ..media import check_video
 
-        return check_video(images)
+        return np.ascontiguousarray(check_video(images)).copy()
     return to_uint8_nhwc(images)
 
 
