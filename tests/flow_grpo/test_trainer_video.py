@@ -13,14 +13,14 @@ from .conftest import train_overrides
 FRAMES, H = 5, 32
 
 
-def _cfg(out, **extra):
+def _cfg(out, method="flow", **extra):
     ov = {"model.tiny": "wan", "sample.num_frames": FRAMES, "sample.height": H, "sample.width": H,
           "sample.guidance_scale": 5.0, "sample.cfg": "true", "model.max_sequence_length": 16,
           "reward.weights": "{video_per_frame: 1.0, temporal_consistency: 0.5}",
           "reward.kwargs": "{video_per_frame: {reward: brightness, aggregate: min}}",
           "run.image_grid_every": 1, "data.eval_prompts": "[a red cube, a cat]"}
     ov.update(extra)
-    return load_train_config(None, train_overrides("wan", "flow", out, **ov))
+    return load_train_config(None, train_overrides("wan", method, out, **ov))
 
 
 def test_tiny_wan_trains_lora_on_video_rewards(tmp_path):
@@ -43,6 +43,27 @@ def test_tiny_wan_trains_lora_on_video_rewards(tmp_path):
     strip = Image.open(tmp_path / "samples" / "epoch_00002.png")
     assert strip.size[0] >= FRAMES * H  # one frame strip per row
     assert (tmp_path / "samples" / "eval_epoch_00002.png").is_file()
+
+
+@pytest.mark.parametrize("method", ["dance", "mix_flash", "tp_grpo", "g2rpo"])
+def test_each_sampler_family_trains_on_video_latents(method, tmp_path):
+    """Fraction, sliding window + DPM-Solver++ completion, TP-GRPO and G2RPO ODE completions on (B, C, F', h, w)."""
+    tr = FlowGRPOTrainer(_cfg(tmp_path, method, **{"run.image_grid_every": 0, "data.eval_prompts": "[]",
+                                                   "sample.cfg": "false"}))
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    m = tr.train()[-1]
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
+    assert np.isfinite(m["reward/mean"]) and tr._last_traj.images.shape == (4, FRAMES, H, H, 3)
+
+
+def test_tiny_qwen_image_trains_lora(tmp_path):
+    ov = {"model.tiny": "qwen_image", "model.max_sequence_length": 8, "sample.cfg": "true",
+          "sample.guidance_scale": 4.0, "reward.weights": "{brightness: 1.0}", "data.eval_prompts": "[]"}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("sd3", "flow", tmp_path, **ov)))
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    m = tr.train()[-1]
+    assert tr.adapter.kind == "qwen_image" and m["train/ratio_mean"] == 1.0
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
 
 
 def test_video_config_errors(tmp_path):
