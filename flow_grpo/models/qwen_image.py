@@ -41,6 +41,7 @@ class QwenImageAdapter(FluxAdapter):
         if not 0 < self.max_sequence_length <= 1024:
             raise ValueError(f"max_sequence_length must be in 1..1024 (QwenImagePipeline), got {self.max_sequence_length}")
         self.negative_prompt = negative_prompt
+        self._neg: tuple[torch.Tensor, torch.Tensor] | None = None  # the padded negative embedding, encoded once
 
     # ----------------------------------------------------------------- prompts
     def _encode_one(self, prompt: str) -> torch.Tensor:
@@ -57,9 +58,15 @@ class QwenImageAdapter(FluxAdapter):
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
         (prompt,) = prompts
         pe, mask = self._pad(self._encode_one(prompt))
-        npe, nmask = self._pad(self._encode_one(self.negative_prompt))
+        if self._neg is None:
+            self._neg = self._pad(self._encode_one(self.negative_prompt))
+        npe, nmask = self._neg
         return PromptEmbeds(prompt_embeds=pe, pooled=None, neg_prompt_embeds=npe, prompt_mask=mask,
                             neg_prompt_mask=nmask)
+
+    def clear_prompt_cache(self) -> None:
+        super().clear_prompt_cache()
+        self._neg = None
 
     # ----------------------------------------------------------------- model
     def _forward(self, x, t, embeds: torch.Tensor, mask, img_shapes) -> torch.Tensor:
