@@ -83,6 +83,8 @@ class FlowModelAdapter:
     release_max_sequence_length: int = 256
     # False for guidance-distilled models (FLUX, FLUX-Kontext: the guidance scale is an input, no CFG branch)
     supports_cfg: bool = True
+    # what ``decode`` returns: "image" uint8 (B, H, W, 3) or "video" uint8 (B, F, H, W, 3) (flow_grpo.media)
+    media: str = "image"
 
     def __init__(self, pipe, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  max_sequence_length: int | None = None):

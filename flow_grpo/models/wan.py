@@ -22,7 +22,7 @@ class WanAdapter(FlowModelAdapter):
     ``FlowMatchEulerDiscreteScheduler(shift=s)`` or, as the released Wan2.1 Diffusers folders ship,
     ``UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=s)``. The samplers always take Euler/SDE steps on
     that grid (UniPC's multistep corrector is not reproduced; a UniPC folder is matched step-for-step only in its
-    sigmas and timesteps). Timestep fed = ``1000 sigma`` (fp32), truncated to an integer when the scheduler's
+    sigmas, first one snapped to 1 (see ``sigmas``), and timesteps). Timestep fed = ``1000 sigma`` (fp32), truncated to an integer when the scheduler's
     timesteps are integers (UniPC casts them to int64), so the transformer sees what the pipeline feeds it.
     Wan2.2's two-transformer (``boundary_ratio``) and ``expand_timesteps`` modes are refused."""
 
@@ -83,15 +83,25 @@ class WanAdapter(FlowModelAdapter):
 
     # ----------------------------------------------------------------- schedule / model
     def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:
+        """The scheduler's grid (K+1 values, last 0). UniPC moves a first sigma of 1 down by 1e-6 (to keep its
+        log-SNR finite, a solver detail); it is snapped back to 1 here, because the Flow-GRPO SDE's
+        ``g = a sqrt(sigma / (1 - sigma))`` is ~1000a at 1 - 1e-6 (a first step of std ~100s) and takes its
+        sigma = 1 form only at exactly 1. The timestep fed there stays UniPC's (999, see ``timestep``)."""
         sched = self._fresh_scheduler()
         sched.set_timesteps(num_steps, device="cpu")  # as WanPipeline.__call__: no resolution-dependent mu
-        return sched.sigmas.detach().to(torch.float32).cpu().clone()
+        sig = sched.sigmas.detach().to(torch.float32).cpu().clone()
+        if 0 < 1 - float(sig[0]) <= 1e-5:
+            sig[0] = 1.0
+        return sig
 
     def timestep(self, sigma, batch: int) -> torch.Tensor:
         """(B,) timesteps fed to the transformer: ``1000 sigma`` in fp32 (the FlowMatch schedulers' values), or
-        ``int64(1000 sigma)`` computed in float64 when the scheduler's timesteps are integers (UniPC)."""
+        ``int64(1000 sigma)`` computed in float64, at most 999, when the scheduler's timesteps are integers
+        (UniPC: its first timestep is int64(999.999) = 999)."""
         s, n = self._sigma_vec(sigma, batch), float(self.pipe.scheduler.config.num_train_timesteps)
-        return (s.double() * n).long() if self.integer_timesteps else s * n
+        if self.integer_timesteps:
+            return (s.double() * n).long().clamp(max=int(n) - 1)
+        return s * n
 
     def predict_velocity(self, latents, sigma, embeds: PromptEmbeds, guidance_scale: float = 5.0,
                          cfg: bool = False) -> torch.Tensor:

@@ -94,15 +94,19 @@ def test_wan_unipc_folder_sigmas_and_timesteps_are_the_schedulers(steps):
     ref = UniPCMultistepScheduler.from_config(ad.pipe.scheduler.config)
     ref.set_timesteps(steps)
     sig = ad.sigmas(steps, H, W)
-    assert torch.equal(sig, ref.sigmas.float())
-    # by hand: flow_shift 3 on linspace(1, 1/1000, K+1) without its last point, the first moved 1e-6 below 1
+    # UniPC's first sigma is 1 - 1e-6; ours is snapped to 1 (the flow SDE's sigma = 1 form), the rest are its own
+    assert float(ref.sigmas[0]) == float(torch.tensor(1 - 1e-6)) and sig[0] == 1.0
+    assert torch.equal(sig[1:], ref.sigmas[1:].float())
+    # by hand: flow_shift 3 on linspace(1, 1/1000, K+1) without its last point, then a final 0
     a = torch.linspace(1, 1 / 1000, steps + 1, dtype=torch.float64)[:-1]
-    hand = 3 * a / (1 + 2 * a)
-    hand[0] -= 1e-6
-    torch.testing.assert_close(sig[:-1].double(), hand, atol=1e-7, rtol=0)
+    torch.testing.assert_close(sig[:-1].double(), 3 * a / (1 + 2 * a), atol=1e-7, rtol=0)
     assert sig[-1] == 0
     fed = torch.stack([ad.timestep(sig[k].item(), 1)[0] for k in range(steps)])
-    assert torch.equal(fed, ref.timesteps)
+    assert torch.equal(fed, ref.timesteps) and fed[0] == 999
+    # the first Flow-GRPO SDE step is a sane Gaussian: g = a sqrt(1 / (1 - sigma_1)), not ~1000 a
+    x = torch.zeros(1, 4, 2, 4, 4)
+    out = sde_step(x, x, sig[0].item(), sig[1].item(), kind="flow", noise_level=0.7, noise=x)
+    assert float(out.std.max()) < 1.0
 
 
 def test_wan_video_geometry_errors():
