@@ -99,13 +99,14 @@ def save_frame_strips(videos: Any, directory: str | os.PathLike, prefix: str = "
 
 
 def save_media_grid(media: Any, path: str | os.PathLike, nrow: int = 4, captions: Optional[Sequence[str]] = None,
-                    max_frames: Optional[int] = 8) -> Path:
+                    max_frames: Optional[int] = 8, **grid_kwargs: Any) -> Path:
     """A PNG grid of a batch of images (``nrow`` per row) or videos (one frame strip per row, at most
-    ``max_frames`` frames each), captions under each tile (:func:`mmgrpo.utils.logging.save_image_grid`)."""
+    ``max_frames`` frames each), captions under each tile; ``grid_kwargs`` (e.g. ``min_tile``) go to
+    :func:`mmgrpo.utils.logging.save_image_grid`."""
     from mmgrpo.utils.logging import save_image_grid
 
     if media_kind(media) == "image":
-        return save_image_grid(media, path, nrow=nrow, captions=captions)
+        return save_image_grid(media, path, nrow=nrow, captions=captions, **grid_kwargs)
     arr = check_video(media)
     strips = [frame_strip(v, max_frames) for v in arr]
-    return save_image_grid(strips, path, nrow=1, captions=captions)
+    return save_image_grid(strips, path, nrow=1, captions=captions, **grid_kwargs)
