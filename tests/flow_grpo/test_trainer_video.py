@@ -24,7 +24,7 @@ def _cfg(out, method="flow", **extra):
 
 
 def test_tiny_wan_trains_lora_on_video_rewards(tmp_path):
-    tr = FlowGRPOTrainer(_cfg(tmp_path, **{"run.num_epochs": 2, "optim.beta": 0.01}))
+    tr = FlowGRPOTrainer(_cfg(tmp_path, **{"run.num_epochs": 2, "optim.kl_coef": 0.01}))
     assert tr.adapter.kind == "wan" and tr.adapter.num_frames == FRAMES
     before = {n: p.detach().clone() for n, p in tr.named_params}
     hist = tr.train()
@@ -39,7 +39,7 @@ def test_tiny_wan_trains_lora_on_video_rewards(tmp_path):
     tc = 1 - np.abs(x[:, 1:] - x[:, :-1]).reshape(4, FRAMES - 1, -1).mean(2).mean(1) / 255.0
     torch.testing.assert_close(t.rewards["total"].double(), torch.from_numpy(worst + 0.5 * tc), atol=1e-6, rtol=0)
     m = hist[-1]
-    assert m["train/ratio_mean"] == 1.0 and np.isfinite(m["train/kl"]) and "eval/reward/video_per_frame" in m
+    assert m["train/ratio_mean"] == 1.0 and np.isfinite(m["train/kl"]) and "eval/reward/video_per_frame/mean" in m
     strip = Image.open(tmp_path / "samples" / "epoch_00002.png")
     assert strip.size[0] >= FRAMES * H  # one frame strip per row
     assert (tmp_path / "samples" / "eval_epoch_00002.png").is_file()
@@ -53,7 +53,7 @@ def test_each_sampler_family_trains_on_video_latents(method, tmp_path):
     before = {n: p.detach().clone() for n, p in tr.named_params}
     m = tr.train()[-1]
     assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
-    assert np.isfinite(m["reward/mean"]) and tr._last_traj.images.shape == (4, FRAMES, H, H, 3)
+    assert np.isfinite(m["reward/total/mean"]) and tr._last_traj.images.shape == (4, FRAMES, H, H, 3)
 
 
 def test_tiny_qwen_image_trains_lora(tmp_path):
