@@ -183,3 +183,12 @@ class SetupMixin:
                          master_weights=o.fp32_master_weights and not self.sharded, lr=o.lr,
                          betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
+
+
+def set_num_frames(adapter, num_frames: int) -> None:
+    """``sample.num_frames`` -> the video adapter (0 keeps its default); an image generator refuses frames."""
+    if not num_frames:
+        return
+    if not hasattr(adapter, "set_num_frames"):
+        raise ValueError(f"sample.num_frames={num_frames}: model kind {adapter.kind!r} generates images; leave it 0")
+    adapter.set_num_frames(num_frames)

@@ -46,6 +46,8 @@ class SamplingConfig:
     num_steps: int = _f(10, "denoising steps K of a rollout (the last step is never trained)")
     height: int = _f(512, "image height in pixels")
     width: int = _f(512, "image width in pixels")
+    num_frames: int = _f(0, "video generators (model.kind=wan): frames per video, 1 + 4k (e.g. 5, 33, 81); 0 = the "
+                         "adapter's default (Wan: 81, WanPipeline's); must stay 0 for image generators")
     guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: Literal["flow", "dance", "cps"] = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
@@ -101,9 +103,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline or FluxKontextPipeline); empty + tiny=... builds a tiny one")
-    kind: Literal["auto", "sd3", "flux", "flux_kontext"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
-    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V) or QwenImagePipeline); empty + tiny=... builds a tiny one")
+    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "qwen_image"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | qwen_image")
+    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "qwen_image"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | qwen_image) - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(

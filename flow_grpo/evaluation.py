@@ -61,11 +61,11 @@ class EvalMixin:
         for j, k in enumerate(names):
             out[f"eval/reward/{k}/mean"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
         if self.is_main:
-            from mmgrpo.utils.logging import save_image_grid
+            from .media import save_media_grid
 
             sel = torch.nonzero(r_all).flatten()
             caps = [f"{self.eval_prompts[int(idx_all[i])]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
-            grid = save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
+            grid = save_media_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
                                    nrow=min(8, len(sel)), captions=caps, min_tile=128)
             if self.logger is not None and c.run.tensorboard:
                 import numpy as np
@@ -77,13 +77,13 @@ class EvalMixin:
 
     def _save_train_grid(self) -> None:
         """PNG grid of the last epoch's rollouts (``run.image_grid_every``), one row per group, rewards as captions."""
-        from mmgrpo.utils.logging import save_image_grid
+        from .media import save_media_grid
 
         every = self.cfg.run.image_grid_every
         if not (every and self.epoch % every == 0):
             return
         t = self._last_traj
-        save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png", nrow=self.cfg.data.group_size, min_tile=128,
+        save_media_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png", nrow=self.cfg.data.group_size, min_tile=128,
                         captions=[f"{p} r={r:.3f}" for p, r in zip(t.prompts, t.rewards["total"].tolist())])
 
     def _plot_curves(self) -> None:

@@ -129,6 +129,8 @@ class ResilientReward(Reward):
         if retries < 0 or backoff < 0 or timeout < 0:
             raise ValueError("reward retries, retry_backoff and timeout must be >= 0")
         self.fn = fn
+        # videos pass through a plain callable or a video reward; an image Reward is refused by MultiReward
+        self.accepts_video = not isinstance(fn, Reward) or fn.accepts_video
         self.retries = int(retries)
         self.backoff = float(backoff)
         self.timeout = float(timeout)
