@@ -375,6 +375,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+    "motion_verifier": "flow_grpo.rewards.motion:MotionVerifierReward",
     "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
 }
 
