@@ -226,8 +226,8 @@ def validate_spec(spec: Mapping[str, Any], where: str = "spec") -> list[dict]:
         if r not in (0, 1):
             raise ValueError(f"{f}.order must be 0 (from the start) or 1 (appears later), got {r!r}")
         out.append(_entry(e["color"], e["shape"], k, d, r))
-    if sum(e["count"] for e in out) > 4:
-        raise ValueError(f"{where}: at most 4 objects in total, got {sum(e['count'] for e in out)}")
+    if sum(e["count"] for e in out) > 3:  # as the grammar; 4 movers rarely fit 48 px frames without touching
+        raise ValueError(f"{where}: at most 3 objects in total, got {sum(e['count'] for e in out)}")
     if all(e["order"] == 1 for e in out):
         raise ValueError(f"{where}: some entry must have order 0 (visible from the first frame)")
     return out
