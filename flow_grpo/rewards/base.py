@@ -371,6 +371,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "imagereward": "flow_grpo.rewards.imagereward:ImageRewardReward",
     "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
     "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
+    "vlm_judge_video": "flow_grpo.rewards.vlm_judge_video:VLMVideoJudgeReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
