@@ -149,3 +149,13 @@ def test_property_reference_passes_and_flipped_direction_fails(spec, seed):
         flipped = copy.deepcopy(spec)
         flipped["objects"][i]["direction"] = OPPOSITE[spec["objects"][i]["direction"]]
         assert ("direction", i) in failed(verify_clip(T.render_clip(flipped, seed=seed), spec))
+
+
+def test_count_is_the_modal_count_with_ties_to_the_larger():
+    clip = _square_clip([2, 8, 14, 20], [5] * 4)
+    clip[2:, 30:40, 30:40] = T.COLORS["red"]  # a second red square on frames 2-3: counts 1, 1, 2, 2
+    res = verify_clip(clip, {"objects": [{"color": "red", "shape": "square", "count": 2}]})
+    assert next(c for c in res["checks"] if c["check"] == "count")["count"] == 2
+    clip[1, 30:40, 30:40] = T.COLORS["red"]  # counts 1, 2, 2, 2
+    res = verify_clip(clip, {"objects": [{"color": "red", "shape": "square", "count": 1}]})
+    assert failed(res) == [("count", 0)]
