@@ -87,3 +87,20 @@ def test_video_judge_registry_sampling_and_scale_mode(tiny, videos):
     v = out["vlm_judge_video"].numpy()
     assert v.shape == (2,) and ((v >= 0) & (v <= 1)).all()
     assert "1 to 5" in s.question and "video" in s.question
+
+
+def test_qwen3_vl_judge_prompt_carries_the_frame_times():
+    """Qwen3-VL writes `<t seconds>` per temporal slice, t = mean time of its 2 frames: for 6 frames at 4 fps
+    (0, 0.25, ..., 1.25 s) that is 0.125, 0.625, 1.125 s, printed with one decimal."""
+    from mmgrpo.models.tiny import build_tiny_model
+
+    model, proc = build_tiny_model("qwen3_vl", seed=0)
+    r = VLMVideoJudgeReward(model=model, processor=proc, min_pixels=64 * 64, max_pixels=64 * 64)
+    seen = []
+    forward = model.forward
+    model.forward = lambda *a, **kw: (seen.append(kw["input_ids"]), forward(*a, **kw))[1]
+    vids = np.random.default_rng(0).integers(0, 256, (1, 6, 64, 64, 3), dtype=np.uint8)
+    assert r(vids, ["x"], [{"fps": 4.0}])["vlm_judge_video"].shape == (1,)
+    text = proc.tokenizer.decode(seen[0][0])
+    stamps = [t for t in ("<0.1 seconds>", "<0.6 seconds>", "<1.1 seconds>") if t in text]
+    assert stamps == ["<0.1 seconds>", "<0.6 seconds>", "<1.1 seconds>"] and text.count(" seconds>") == 3
