@@ -57,7 +57,7 @@ def test_one_number_fully_by_hand():
     out = nft.nft_loss(v, vo, x0, xt, t, torch.tensor(R), beta=1.0)
     assert float(out.positive[0]) == pytest.approx(pos, rel=1e-5)
     assert float(out.negative[0]) == pytest.approx(neg, rel=1e-5)
-    assert float(out.per_sample[0]) == pytest.approx(0.8 * pos + 0.2 * neg, rel=1e-5)
+    assert float(out.per_sample[0].detach()) == pytest.approx(0.8 * pos + 0.2 * neg, rel=1e-5)
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.1])
