@@ -234,6 +234,7 @@ class MotionVerifierReward(Reward):
     """
 
     name = "motion_verifier"
+    accepts_video = True  # MultiReward passes it the (B, F, H, W, 3) videos (flow_grpo.rewards.base)
 
     def __init__(self, mode: Literal["strict", "partial"] = "strict", max_color_dist: float = 80.0,
                  min_area: int | None = None, min_visible: float = 0.25, min_move: float = 0.25,

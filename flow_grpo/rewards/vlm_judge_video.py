@@ -59,6 +59,8 @@ class VLMVideoJudgeReward(VLMJudgeReward):
         min_frames, max_frames, min_pixels, max_pixels, total_pixels: :func:`mmgrpo.video.load_video`'s rules.
     """
 
+    accepts_video = True  # MultiReward passes it the (B, F, H, W, 3) videos (flow_grpo.rewards.base)
+
     name = "vlm_judge_video"
 
     def __init__(self, path: str | None = None, *, fps: float = 8.0, sample_fps: float | None = None,

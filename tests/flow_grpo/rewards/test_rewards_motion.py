@@ -159,3 +159,25 @@ def test_count_is_the_modal_count_with_ties_to_the_larger():
     clip[1, 30:40, 30:40] = T.COLORS["red"]  # counts 1, 2, 2, 2
     res = verify_clip(clip, {"objects": [{"color": "red", "shape": "square", "count": 1}]})
     assert failed(res) == [("count", 0)]
+
+
+def test_motion_verifier_combines_with_other_video_rewards_in_multireward():
+    """The trainer scores videos through MultiReward: the verifier must declare that it takes videos (an image
+    reward among video rewards is refused there), and its total must be the weighted sum of its components."""
+    from flow_grpo.rewards import MultiReward, build_reward
+    from mmgrpo.data import synthetic_t2v as st
+
+    rows = st.make_prompts(3, split="val")
+    clips = np.stack([st.render_clip(r["spec"] if "spec" in r else r, seed=i) for i, r in enumerate(rows)])
+    bad = clips[:, ::-1].copy()  # time reversed: every mover goes the wrong way
+    comps = {"motion_verifier": build_reward("motion_verifier"),
+             "temporal_consistency": build_reward("temporal_consistency")}
+    mr = MultiReward({"motion_verifier": 1.0, "temporal_consistency": 0.1}, rewards=comps)
+    prompts = [r["prompt"] for r in rows]
+    out = {k: np.asarray(v) for k, v in mr(np.concatenate([clips, bad]), prompts * 2, rows * 2).items()}
+    tc = 1.0 - np.abs(np.diff(np.concatenate([clips, bad]).astype(np.float64), axis=1)).mean(axis=(1, 2, 3, 4)) / 255
+    np.testing.assert_allclose(out["temporal_consistency"], tc, rtol=1e-5)
+    assert out["motion_verifier"][:3].tolist() == [1.0, 1.0, 1.0]
+    moving = np.array([any(o["direction"] != "none" for o in (r.get("spec") or r)["objects"]) for r in rows])
+    assert moving.any() and (out["motion_verifier"][3:][moving] == 0.0).all()
+    np.testing.assert_allclose(out["total"], out["motion_verifier"] + 0.1 * out["temporal_consistency"], rtol=1e-5)
