@@ -39,8 +39,8 @@ from typing import Any, Callable, Hashable, Literal, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["cluster_exact", "cluster_by_overlap", "span_iou", "box_iou", "semantic_entropy", "seed_weights",
-           "seed_advantages"]
+__all__ = ["cluster_exact", "cluster_by_overlap", "cluster_texts", "span_iou", "box_iou", "semantic_entropy",
+           "seed_weights", "seed_advantages"]
 
 Estimator = Literal["count", "prob", "mc"]
 Modulation = Literal["linear", "exp", "focal"]
@@ -152,6 +152,29 @@ def cluster_by_overlap(answers: Sequence[Sequence[float] | None], group_ids, thr
         return f(a, b) >= threshold
 
     return _assign(list(answers), group_ids, same, unparsed)
+
+
+def cluster_texts(texts: Sequence[str], task: str, group_ids, threshold: float = 0.5,
+                  unparsed: Literal["shared", "own"] = "shared", num_decimals: int = 6) -> Tensor:
+    """Cluster completions by the meaning of their answer, per task, with the project's parsers
+    (:mod:`mmgrpo.rewards.parsing`): tvg -> the span (overlap >= ``threshold``); mcq / gqa -> the option letter
+    set (gqa: its evidence span is not part of the meaning here); rec -> the box (overlap); numeric -> the value
+    rounded to ``num_decimals``. A text whose answer does not parse is "no answer" (see ``unparsed``)."""
+    from mmgrpo.rewards import parsing as P
+
+    if task == "tvg":
+        spans = [(lambda p: (p.value.start, p.value.end) if p.ok else None)(P.parse_span(t)) for t in texts]
+        return cluster_by_overlap(spans, group_ids, threshold, span_iou, unparsed)
+    if task == "rec":
+        boxes = [(lambda p: tuple(p.value) if p.ok else None)(P.parse_box(t)) for t in texts]
+        return cluster_by_overlap(boxes, group_ids, threshold, box_iou, unparsed)
+    if task in ("mcq", "gqa"):
+        return cluster_exact([(lambda p: frozenset(p.value) if p.ok else None)(P.parse_choice(t)) for t in texts],
+                             group_ids, unparsed)
+    if task == "numeric":
+        return cluster_exact([(lambda p: round(p.value, num_decimals) if p.ok else None)(P.parse_number(t))
+                              for t in texts], group_ids, unparsed)
+    raise ValueError(f"seed_grpo: no answer clustering for task {task!r} (tvg | mcq | gqa | rec | numeric)")
 
 
 def semantic_entropy(cluster_ids, group_ids, seq_logp: Tensor | None = None, estimator: Estimator = "count",

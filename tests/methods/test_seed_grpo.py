@@ -5,8 +5,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from mmgrpo.methods.seed_grpo import (box_iou, cluster_by_overlap, cluster_exact, seed_advantages, seed_weights,
-                                      semantic_entropy, span_iou)
+from mmgrpo.methods.seed_grpo import (box_iou, cluster_by_overlap, cluster_exact, cluster_texts, seed_advantages,
+                                      seed_weights, semantic_entropy, span_iou)
 
 
 def test_cluster_exact_groups_and_unparsed():
@@ -108,3 +108,19 @@ def test_bad_inputs():
         cluster_by_overlap([(0, 1)], torch.tensor([0]), threshold=0.0)
     with pytest.raises(ValueError, match="spans"):
         cluster_by_overlap([(0, 1), (0, 1, 2)], torch.tensor([0, 0]))
+
+
+def test_cluster_texts_per_task():
+    g = torch.zeros(4, dtype=torch.long)
+    tvg = ["<answer>1.00 to 5.00</answer>", "<answer>1.50 to 5.00</answer>", "<answer>20 to 30</answer>", "??"]
+    c = cluster_texts(tvg, "tvg", g)
+    assert c[0] == c[1] != c[2] and c[3] not in (c[0], c[2])
+    mcq = ["<answer>(B)</answer>", "<answer>B</answer>", "<answer>(C)</answer>", "nothing"]
+    c = cluster_texts(mcq, "mcq", g)
+    assert c[0] == c[1] != c[2]
+    rec = ["<answer>[0, 0, 10, 10]</answer>", "<answer>[0, 0, 10, 11]</answer>", "<answer>[50, 50, 60, 60]</answer>",
+           ""]
+    c = cluster_texts(rec, "rec", g)
+    assert c[0] == c[1] != c[2]
+    with pytest.raises(ValueError, match="task"):
+        cluster_texts(["x"], "ocr", torch.zeros(1, dtype=torch.long))
