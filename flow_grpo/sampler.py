@@ -1,7 +1,8 @@
 """Trajectory sampling with per-sample step plans, exact log-prob recording and batched ODE completions.
 
-One code path serves every method; they differ only in the *step plan* (which steps are SDE, which are trained)
-and in the *step credit* (what extra rewards are computed):
+One code path serves every method; they differ only in the *step plan* (which steps are SDE, which are trained;
+``sample.step_mode``, a function of the :data:`flow_grpo.methods.PLANS` table) and in the *step credit* (what extra
+rewards are computed: the ``step_rewards`` function of the credit's row in :data:`flow_grpo.methods.CREDITS`):
 
 =================  =====================================================  ==============================
 ``step_mode``      SDE steps / trained steps (the last step is never)      method
@@ -12,7 +13,7 @@ and in the *step credit* (what extra rewards are computed):
 ``single``         one step k / k; ODE elsewhere                           G²RPO
 =================  =====================================================  ==============================
 
-``credit``: ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE completions after every SDE step;
+``credit`` (:mod:`flow_grpo.methods`): ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE completions after every SDE step;
 R_0 is the ODE completion from the window-start latent, i.e. from the trajectory's *own* x_T through the shared
 ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granularities after the single SDE step).
 
@@ -40,131 +41,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from mmgrpo.utils.seeding import sample_seed
-
+from .completions import ode_complete  # noqa: F401 - re-exported (old import path)
 from .config import SamplingConfig
+from .methods import get_credit
+# re-exported: the plans moved to flow_grpo.methods.plans (old import paths keep working)
+from .methods.g2rpo import g2rpo_step_rewards as _g2rpo_rewards, granular_schedule  # noqa: F401
+from .methods.plans import (StepPlan, _sample_seed, fraction_train_count, make_step_plan,  # noqa: F401
+                            sliding_window, window_bounds)
+from .methods.tp_grpo import tp_grpo_step_rewards as _tp_grpo_rewards  # noqa: F401
 from .models.base import FlowModelAdapter, PromptEmbeds
-from .sde import SDEStepOutput, sde_step
+# reward scoring lives in flow_grpo.scoring; re-exported for old imports
+from .scoring import RewardFn, _total_reward, finish_scores, merge_scores, score_rewards  # noqa: F401
+from .sde import SDEStepOutput, sde_step  # noqa: F401
 from .solvers import ODE_SOLVERS, dpmpp2m_step, rlg_combine
-
-RewardFn = Callable[..., dict]
-
-
-def _sample_seed(base: int, *coords: int) -> int:
-    return sample_seed(int(base), *[int(c) for c in coords])
-
-
-@dataclass
-class StepPlan:
-    sde_mask: torch.Tensor    # (N, K) bool: step k of sample i is stochastic
-    train_mask: torch.Tensor  # (N, K) bool: step k of sample i is trained (subset of sde_mask, never the last)
-    window_start: torch.Tensor  # (N,) long: first SDE step (window/single), 0 otherwise
-
-
-def fraction_train_count(num_steps: int, fraction: float) -> int:
-    """Steps trained per sample in ``fraction`` mode: ``int((K-1) * f)``, rounded down as DanceGRPO's
-    ``int(len(timesteps) * timestep_fraction)`` (K=16, f=0.5: 7). A count of 0 is an error here (the release would
-    silently train nothing)."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"sample.timestep_fraction must be in (0, 1], got {fraction}")
-    m = int((num_steps - 1) * fraction)
-    if m < 1:
-        raise ValueError(f"sample.timestep_fraction={fraction} trains int(({num_steps}-1)*{fraction}) = 0 steps per "
-                         f"sample: raise sample.timestep_fraction or sample.num_steps")
-    return m
-
-
-def window_bounds(cfg: SamplingConfig) -> tuple[int, int]:
-    """The window range ``[lo, hi)`` of ``cfg``: negative bounds count from K (``-2`` = K-2), hi is capped at K-1."""
-    K = cfg.num_steps
-    lo, hi = (int(b) + K if int(b) < 0 else int(b) for b in cfg.window_range)
-    return lo, min(hi, K - 1)
-
-
-def sliding_window(iteration: int, lo: int, hi: int, size: int, shift_every: int, stride: int,
-                   wrap: bool = False) -> tuple[int, int]:
-    """Steps ``[start, end)`` of the sliding SDE window at sampling iteration ``iteration`` (0-based).
-
-    MixGRPO's progressive schedule (``wrap=False``; its GRPOTrainingStates with prog_overlap and roll_back): the
-    start moves from ``lo`` by ``stride`` every ``shift_every`` iterations; the window is ``[start, min(start + size,
-    hi))``, so it shrinks near ``hi`` and is empty for the whole interval in which ``start == hi``; once the start
-    would pass ``hi`` it rolls back to ``lo``. The starts are therefore ``lo, lo + stride, ..., lo + J*stride`` with
-    ``J = (hi - lo) // stride``; a stride that does not divide ``hi - lo`` restarts at ``lo`` without an empty window.
-    The release sets ``lo = 0, hi = K-2`` (steps K-2 and K-1 are never SDE).
-
-    ``wrap=True`` (the project's earlier schedule, not MixGRPO): full-size windows only, the start cycles through
-    ``lo + (moves * stride) mod (hi - size - lo + 1)``."""
-    moves = iteration // max(1, shift_every)
-    if wrap:
-        start = lo + (moves * stride) % (hi - size - lo + 1)
-        return start, start + size
-    start = lo + (moves % ((hi - lo) // stride + 1)) * stride
-    return start, min(start + size, hi)
-
-
-def make_step_plan(cfg: SamplingConfig, plan_seeds: Sequence[int], iteration: int = 0) -> StepPlan:
-    """Per-sample SDE/train masks (pure function of the config, the seeds and the sampling ``iteration``, the epoch
-    counter that drives the sliding window)."""
-    K = cfg.num_steps
-    n = len(plan_seeds)
-    sde = torch.zeros(n, K, dtype=torch.bool)
-    train = torch.zeros(n, K, dtype=torch.bool)
-    start = torch.zeros(n, dtype=torch.long)
-    last = K - 1  # never trained; ODE in every mode (its Gaussian is degenerate / too sharp)
-    if K < 2:
-        raise ValueError("num_steps must be >= 2 (the last step is never trained)")
-    mode = cfg.step_mode
-    if mode in ("all", "fraction"):
-        sde[:, :last] = True
-        if mode == "all":
-            train[:, :last] = True
-        else:
-            m = fraction_train_count(K, cfg.timestep_fraction)
-            for i, s in enumerate(plan_seeds):
-                g = torch.Generator().manual_seed(_sample_seed(s, 1))
-                train[i, torch.randperm(last, generator=g)[:m]] = True
-    elif mode == "window":
-        lo, hi = window_bounds(cfg)
-        w = int(cfg.window_size)
-        if w < 1 or hi - lo < w or lo < 0:
-            raise ValueError(f"window of size {w} does not fit in window_range [{lo}, {hi}) "
-                             f"(negative bounds count from num_steps; the range is capped at num_steps-1={last})")
-        if cfg.window_policy in ("sliding", "sliding_wrap") and int(cfg.window_stride) < 1:
-            raise ValueError(f"sample.window_stride must be >= 1, got {cfg.window_stride}")
-        n_starts = hi - w - lo + 1
-        for i, s in enumerate(plan_seeds):
-            if cfg.window_policy == "fixed":
-                w0, w1 = lo, lo + w
-            elif cfg.window_policy == "random":
-                g = torch.Generator().manual_seed(_sample_seed(s, 2))
-                w0 = lo + int(torch.randint(n_starts, (1,), generator=g))
-                w1 = w0 + w
-            elif cfg.window_policy in ("sliding", "sliding_wrap"):
-                w0, w1 = sliding_window(iteration, lo, hi, w, cfg.window_shift_every, int(cfg.window_stride),
-                                        wrap=cfg.window_policy == "sliding_wrap")
-            else:
-                raise ValueError(f"unknown window_policy {cfg.window_policy!r}: fixed | random | sliding | "
-                                 f"sliding_wrap")
-            sde[i, w0:w1] = True
-            train[i, w0:w1] = True
-            start[i] = w0
-    elif mode == "single":
-        cands = [int(k) for k in cfg.single_steps if 0 <= int(k) < last]
-        if not cands:
-            raise ValueError(f"single_steps {cfg.single_steps} has no step in [0, {last})")
-        for i, s in enumerate(plan_seeds):
-            g = torch.Generator().manual_seed(_sample_seed(s, 3))
-            k = cands[int(torch.randint(len(cands), (1,), generator=g))]
-            sde[i, k] = True
-            train[i, k] = True
-            start[i] = k
-    else:
-        raise ValueError(f"unknown step_mode {mode!r}: all | fraction | window | single")
-    return StepPlan(sde, train, start)
 
 
 def check_ode_solver(name: str, post_compress_ratio: float = 1.0) -> None:
@@ -259,95 +152,6 @@ class Trajectories:
         return len(self.prompts)
 
 
-def _total_reward(scores: dict, weights: Optional[dict]) -> torch.Tensor:
-    if not scores:
-        raise ValueError("reward function returned no scores")
-    if weights:
-        missing = [k for k in weights if k not in scores]
-        if missing:
-            raise KeyError(f"reward weights name {missing} but the reward returned {sorted(scores)}")
-        return sum(float(w) * torch.as_tensor(scores[k], dtype=torch.float32) for k, w in weights.items())
-    for key in ("total", "avg"):
-        if key in scores:
-            return torch.as_tensor(scores[key], dtype=torch.float32)
-    if len(scores) == 1:
-        return torch.as_tensor(next(iter(scores.values())), dtype=torch.float32)
-    raise ValueError(f"reward returned several components {sorted(scores)}: give reward weights")
-
-
-def score_rewards(reward_fn: RewardFn, images, prompts, metadata, weights=None) -> tuple[torch.Tensor, dict]:
-    """Call the typed reward ``fn(images_uint8_nhwc, prompts, metadata) -> dict[name, (N,)]``; returns the
-    weighted total (N,) fp32 and the components. The total is ``sum_k weights[k] * scores[k]`` if ``weights`` is
-    given, else ``scores["total"]`` (MultiReward), ``scores["avg"]`` or the single score. An optional bool
-    ``"valid"`` entry (a reward built with ``nan_policy="drop"``) marks samples to leave out: their total is set to 0
-    and ``components["valid"]`` is returned. A non-finite total of a valid sample raises with the sample indices."""
-    return finish_scores(dict(reward_fn(images, list(prompts), list(metadata))), len(prompts), weights)
-
-
-def merge_scores(parts: Sequence[dict], sizes: Sequence[int]) -> dict:
-    """Concatenate per-chunk reward dicts along the batch. A chunk without ``"valid"`` counts as all valid; other
-    keys missing from some chunk (e.g. diagnostics of a reward whose call was dropped) are left out."""
-    if len(parts) == 1:
-        return dict(parts[0])
-    keys = set(parts[0])
-    for p in parts[1:]:
-        keys &= set(p)
-    out = {k: torch.cat([torch.as_tensor(p[k]).reshape(-1).cpu() for p in parts]) for k in sorted(keys - {"valid"})}
-    if any("valid" in p for p in parts):
-        out["valid"] = torch.cat([torch.as_tensor(p["valid"]).reshape(-1).bool().cpu() if "valid" in p
-                                  else torch.ones(n, dtype=torch.bool) for p, n in zip(parts, sizes)])
-    return out
-
-
-def finish_scores(scores: dict, n: int, weights: Optional[dict] = None) -> tuple[torch.Tensor, dict]:
-    """Validate a reward dict for ``n`` samples and compute the total (see :func:`score_rewards`)."""
-    scores = dict(scores)
-    valid = scores.pop("valid", None)
-    valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).reshape(-1).bool().cpu()
-    scores = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1).cpu() for k, v in scores.items()}
-    for k, v in list(scores.items()) + [("valid", valid)]:
-        if v.shape[0] != n:
-            raise ValueError(f"reward component {k!r} has {v.shape[0]} values for {n} images")
-    total = _total_reward(scores, weights)
-    bad = torch.nonzero(~torch.isfinite(total) & valid).flatten().tolist()
-    if bad:
-        raise ValueError(f"non-finite reward for samples {bad[:20]}")
-    total = torch.where(valid, total, torch.zeros_like(total))
-    scores["valid"] = valid
-    return total, scores
-
-
-def ode_complete(adapter: FlowModelAdapter, latents: torch.Tensor, embeds: PromptEmbeds,
-                 schedules: Sequence[torch.Tensor], guidance_scale: float, cfg: bool,
-                 max_batch: int = 32) -> tuple[torch.Tensor, int]:
-    """Batched deterministic (Euler) completions with a per-item sigma schedule.
-
-    ``latents`` (M, ...) are at ``schedules[m][0]``; item m is integrated along ``schedules[m]`` (1-D, decreasing,
-    ending at 0). Items are aligned at the *end*: at round r every item with steps left advances one step, all in
-    one model call with a (B,) sigma tensor, so the number of model calls per chunk is the longest schedule.
-    Returns the final latents and the number of model calls made."""
-    m = latents.shape[0]
-    out = latents.clone().float()
-    calls = 0
-    lengths = [len(s) - 1 for s in schedules]
-    for c0 in range(0, m, max_batch):
-        idx = list(range(c0, min(m, c0 + max_batch)))
-        L = max(lengths[i] for i in idx)
-        for r in range(L):
-            act = [i for i in idx if lengths[i] >= L - r]
-            if not act:
-                continue
-            j = [r - (L - lengths[i]) for i in act]
-            s = torch.stack([schedules[i][jj] for i, jj in zip(act, j)]).float()
-            sn = torch.stack([schedules[i][jj + 1] for i, jj in zip(act, j)]).float()
-            at = torch.tensor(act, dtype=torch.long, device=out.device)
-            x = out[at]
-            v = adapter.predict_velocity(x, s.to(x.device), embeds.index(at), guidance_scale, cfg)
-            out[at] = sde_step(v, x, s.to(x.device), sn.to(x.device), kind="ode").prev_sample
-            calls += 1
-    return out, calls
-
-
 @torch.no_grad()
 def sample_trajectories(
     adapter: FlowModelAdapter,
@@ -374,12 +178,11 @@ def sample_trajectories(
     if not (len(xt_seeds) == len(noise_seeds) == len(plan_seeds) == len(metadata) == n):
         raise ValueError("prompts, xt_seeds, noise_seeds, plan_seeds and metadata must have the same length")
     group_ids = torch.as_tensor(group_ids, dtype=torch.long)
-    if cfg.credit != "outcome" and reward_fn is None:
+    credit = get_credit(cfg.credit)  # the credit table (flow_grpo.methods)
+    if credit.step_rewards is not None and reward_fn is None:
         raise ValueError(f"credit={cfg.credit!r} needs reward_fn")
-    if cfg.credit == "tp_grpo" and cfg.step_mode not in ("window", "all"):
-        raise ValueError("credit=tp_grpo needs step_mode window or all (a contiguous SDE block)")
-    if cfg.credit == "g2rpo" and cfg.step_mode != "single":
-        raise ValueError("credit=g2rpo needs step_mode=single")
+    if credit.check is not None:
+        credit.check(cfg)
     if cfg.sde_kind not in ("flow", "dance", "cps"):
         raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
     check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
@@ -389,7 +192,7 @@ def sample_trajectories(
     if len(sig) != K + 1 or float(sig[-1]) != 0.0:
         raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
     plan = make_step_plan(cfg, plan_seeds, iteration)
-    if cfg.credit != "outcome" and not bool(plan.train_mask.any()):
+    if credit.step_rewards is not None and not bool(plan.train_mask.any()):
         raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
                          f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
     cols = torch.nonzero(plan.train_mask.any(0)).flatten()
@@ -405,7 +208,7 @@ def sample_trajectories(
     lat = torch.zeros((n, T) + shape, dtype=torch.float32, device=dev)
     nxt = torch.zeros_like(lat)
     # TP-GRPO completions start with the Euler step the rollout already computed (see _tp_grpo_rewards)
-    onx = torch.zeros_like(lat) if cfg.credit == "tp_grpo" else None
+    onx = torch.zeros_like(lat) if credit.keeps_ode_next else None
     logp = torch.zeros(n, T, dtype=torch.float32)
     final = torch.zeros((n,) + shape, dtype=torch.float32, device=dev)
     calls = 0
@@ -414,7 +217,7 @@ def sample_trajectories(
     post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
     grid, sde_ext, post_ext = sig, plan.sde_mask, post
     if post is not None and cfg.post_compress_ratio < 1.0:
-        if cfg.credit != "outcome":
+        if credit.step_rewards is not None:
             raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
                              f"integrate the full grid)")
         grid, last = compress_post_grid(sig, plan.sde_mask, cfg.post_compress_ratio)
@@ -484,9 +287,9 @@ def sample_trajectories(
             total, scores = score_rewards(reward_fn, images, prompts, metadata, reward_weights)
         traj.rewards = dict(scores)
         traj.rewards["total"] = total
-        if cfg.credit in ("tp_grpo", "g2rpo"):
-            fn = _tp_grpo_rewards if cfg.credit == "tp_grpo" else _g2rpo_rewards
-            traj.step_rewards, extra, step_valid = fn(adapter, traj, embeds, sig, reward_fn, reward_weights, total)
+        if credit.step_rewards is not None:
+            traj.step_rewards, extra, step_valid = credit.step_rewards(adapter, traj, embeds, sig, reward_fn,
+                                                                       reward_weights, total)
             nfe += extra * cfg_mult
             # a sample is usable only if every reward of its sequence is valid
             traj.rewards["valid"] = traj.rewards["valid"] & step_valid
@@ -497,104 +300,13 @@ def sample_trajectories(
     return traj
 
 
+
+
 def _window_layout(traj: Trajectories) -> tuple[int, torch.Tensor]:
-    """Window length n (equal for all samples) and, per sample, the column of its j-th SDE step (N, n)."""
-    sde_counts = traj.train_mask.sum(1)
-    n = int(sde_counts[0])
-    if not bool((sde_counts == n).all()) or n < 1:
-        raise ValueError("tp_grpo needs the same number of SDE steps for every sample")
-    pos = torch.stack([torch.nonzero(traj.train_mask[i]).flatten() for i in range(len(traj))])
-    return n, pos
+    """Window length n and the (N, n) columns of each sample's SDE steps (:func:`flow_grpo.methods.tp_grpo.window_layout`)."""
+    from .methods.tp_grpo import window_layout
 
-
-def _tp_grpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
-    """R (N, n+1): R_j = reward of the ODE completion from the state *before* the j-th SDE step (j = 0..n-1;
-    R_0 is therefore the ODE completion of x_T itself through the shared ODE prefix), R_n = final reward.
-    All n*N completions are batched (end-aligned, per-item sigma). Returns (R, completion NFEs per trajectory,
-    (N,) validity: every completion of the sample was scored).
-
-    The first Euler step of the completion from x_k uses v(x_k, sigma_k), which the rollout already evaluated
-    (same latent, sigma, embeddings, guidance and CFG combination), so each completion starts from the stored
-    ``traj.ode_next_latents`` = x_k + (sigma_{k+1} - sigma_k) v at sigma_{k+1} with schedule ``sig[k+1:]``:
-    one NFE less per completion (FLUX K=6, n=5: 15 instead of 20 per trajectory). For k = K-1 the schedule is
-    ``[0]`` (no call): the image is the decode of the stored Euler step. Without ``ode_next_latents`` (e.g. a
-    Trajectories built elsewhere) it falls back to the full completion from ``traj.latents`` over ``sig[k:]``."""
-    n, pos = _window_layout(traj)
-    N = len(traj)
-    reuse = traj.ode_next_latents is not None
-    items_lat, items_sched, items_src = [], [], []
-    for j in range(n):
-        for i in range(N):
-            col = int(pos[i, j])
-            k = int(traj.step_indices[col])
-            if reuse:
-                items_lat.append(traj.ode_next_latents[i, col])
-                items_sched.append(sig[k + 1:])
-            else:
-                items_lat.append(traj.latents[i, col])
-                items_sched.append(sig[k:])
-            items_src.append(i)
-    lat = torch.stack(items_lat)
-    src = torch.tensor(items_src, dtype=torch.long)
-    out, _ = ode_complete(adapter, lat, embeds.index(src.to(embeds.prompt_embeds.device)), items_sched,
-                          traj.sampling.guidance_scale, traj.sampling.cfg, traj.sampling.completion_batch_size)
-    H, W = traj.sampling.height, traj.sampling.width
-    imgs = torch.cat([adapter.decode(out[c:c + traj.sampling.completion_batch_size], H, W).cpu()
-                      for c in range(0, len(out), traj.sampling.completion_batch_size)])
-    prompts = [traj.prompts[i] for i in items_src]
-    meta = [traj.metadata[i] for i in items_src]
-    total, sc = score_rewards(reward_fn, imgs, prompts, meta, weights)
-    R = torch.cat([total.view(n, N).t(), r_final.view(N, 1)], dim=1)
-    nfe = sum(len(s) - 1 for s in items_sched) / N
-    return R, nfe, sc["valid"].view(n, N).all(0)
-
-
-def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tensor:
-    """Sub-grid sig[start], sig[start+stride], ..., always ending with the final sigma (0)."""
-    idx = list(range(start, len(sig), stride))
-    if idx[-1] != len(sig) - 1:
-        idx.append(len(sig) - 1)
-    return sig[idx]
-
-
-def _g2rpo_rewards(adapter, traj: Trajectories, embeds, sig, reward_fn, weights, r_final):
-    """(N, |granularities|): reward of the ODE completion after the single SDE step at each stride;
-    stride 1 is the trajectory itself (its final reward). Also returns the NFEs and the (N,) validity."""
-    N = len(traj)
-    grans = [int(g) for g in traj.sampling.granularities]
-    if any(g < 1 for g in grans):
-        raise ValueError(f"granularities must be >= 1, got {grans}")
-    cols = torch.stack([torch.nonzero(traj.train_mask[i]).flatten()[0] for i in range(N)])
-    R = torch.zeros(N, len(grans))
-    items_lat, items_sched, items_src, items_g = [], [], [], []
-    for gi, g in enumerate(grans):
-        if g == 1:
-            R[:, gi] = r_final
-            continue
-        for i in range(N):
-            col = int(cols[i])
-            k = int(traj.step_indices[col])
-            items_lat.append(traj.next_latents[i, col])
-            items_sched.append(granular_schedule(sig, k + 1, g))
-            items_src.append(i)
-            items_g.append(gi)
-    nfe = 0.0
-    valid = torch.ones(N, dtype=torch.bool)
-    if items_lat:
-        src = torch.tensor(items_src, dtype=torch.long)
-        out, _ = ode_complete(adapter, torch.stack(items_lat), embeds.index(src.to(embeds.prompt_embeds.device)),
-                              items_sched, traj.sampling.guidance_scale, traj.sampling.cfg,
-                              traj.sampling.completion_batch_size)
-        H, W = traj.sampling.height, traj.sampling.width
-        bs = traj.sampling.completion_batch_size
-        imgs = torch.cat([adapter.decode(out[c:c + bs], H, W).cpu() for c in range(0, len(out), bs)])
-        total, sc = score_rewards(reward_fn, imgs, [traj.prompts[i] for i in items_src],
-                                  [traj.metadata[i] for i in items_src], weights)
-        for t, ok, i, gi in zip(total.tolist(), sc["valid"].tolist(), items_src, items_g):
-            R[i, gi] = t
-            valid[i] &= bool(ok)
-        nfe = sum(len(s) - 1 for s in items_sched) / N
-    return R, nfe, valid
+    return window_layout(traj.train_mask)
 
 
 def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int, int], col: int,

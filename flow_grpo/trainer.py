@@ -72,7 +72,8 @@ from mmgrpo.utils.write_errors import names_write_errors
 
 from .config import TrainConfig
 from .ema import EMA
-from .sampler import Trajectories, _window_layout, finish_scores, generate_images, sample_trajectories, score_column
+from .methods import AdvOptions, CreditInputs, apply_train_masks, credit_name, get_credit
+from .sampler import Trajectories, finish_scores, generate_images, sample_trajectories, score_column
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
@@ -352,6 +353,24 @@ def _gather_rows(tensors: list[torch.Tensor], device) -> tuple[list[torch.Tensor
     return [o.cpu() for o in outs], sl
 
 
+def _group_stats(inp: CreditInputs) -> dict:
+    """Groups of the gathered batch left empty / with one valid member (advantage 0), and invalid samples."""
+    (g_all, v_all), _ = inp.gather([inp.group_ids, inp.valid])
+    counts = torch.bincount(torch.unique(g_all, return_inverse=True)[1], weights=v_all.double())
+    return {"adv/groups_empty": float((counts == 0).sum()),      # every member dropped: no sample trains
+            "adv/groups_singleton": float((counts == 1).sum()),  # one member left: no baseline -> A = 0
+            "reward/invalid": float((~v_all).sum())}
+
+
+def _advantage_stats(adv: torch.Tensor, mask: torch.Tensor, gather) -> dict:
+    (adv_all, m_all), _ = gather([adv, mask])
+    trained = adv_all[m_all]
+    return {"adv/mean_abs": float(trained.abs().mean()) if trained.numel() else 0.0,
+            "adv/std": float(trained.std()) if trained.numel() > 1 else 0.0,
+            "adv/max": float(trained.max()) if trained.numel() else 0.0,
+            "adv/min": float(trained.min()) if trained.numel() else 0.0}
+
+
 # ----------------------------------------------------------------------------------------------------- trainer
 class FlowGRPOTrainer:
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
@@ -418,6 +437,7 @@ class FlowGRPOTrainer:
         self.named_params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
         self.ema = EMA(self.params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
+        self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
         self.rewards = RewardStack(cfg.reward, reward_fn)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
@@ -523,12 +543,13 @@ class FlowGRPOTrainer:
             raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
         if c.optim.max_consecutive_skips < 1:
             raise ValueError("optim.max_consecutive_skips must be >= 1")
-        if c.reward.mode != "weighted_sum" and c.sample.credit != "outcome":
+        step_credit = get_credit(c.sample.credit).step_rewards is not None  # scores ODE completions
+        if c.reward.mode != "weighted_sum" and step_credit:
             raise ValueError(f"reward.mode={c.reward.mode} needs sample.credit=outcome (step credits score ODE "
                              "completions with the weighted-sum reward)")
         if c.reward.async_workers < 0:
             raise ValueError("reward.async_workers must be >= 0")
-        if self.sharded and c.sample.credit != "outcome":
+        if self.sharded and step_credit:
             raise ValueError(f"sample.credit={c.sample.credit} is not supported with FSDP/DeepSpeed: its ODE "
                              "completions make a process-dependent number of (collective) sharded forwards")
 
@@ -652,73 +673,27 @@ class FlowGRPOTrainer:
         traj.rewards["total"] = torch.where(new_valid, wr[sl].float(), torch.zeros(len(traj)))
 
     # ------------------------------------------------------------------ advantages
-    def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
-        """(N, T) advantages of the trained columns (0 where not trained or invalid) and statistics of the whole
-        gathered batch (all processes)."""
-        from mmgrpo.core import distributed_group_advantages, multi_reward_advantages, step_advantages, \
-            turning_point_rewards
-
-        c = self.cfg
-        gids = traj.group_ids
-        stats: dict = {}
-        kw = dict(scale=c.optim.adv_scale, clamp=c.optim.adv_clip_max, eps=c.optim.adv_eps,
-                  unbiased=_std_unbiased(c.optim.adv_std_ddof))
-        N, T = traj.train_mask.shape
+    def credit_inputs(self, traj: Trajectories) -> CreditInputs:
+        """The explicit tensors a credit function reads (this process's rows; ``gather`` reaches all processes)."""
+        o = self.cfg.optim
         valid = traj.rewards.get("valid")
-        valid = torch.ones(N, dtype=torch.bool) if valid is None else valid.bool()
-        (g_all, v_all), sl = _gather_rows([gids, valid], self.device)
-        counts = torch.bincount(torch.unique(g_all, return_inverse=True)[1], weights=v_all.double())
-        stats["adv/groups_empty"] = float((counts == 0).sum())      # every member dropped: no sample trains
-        stats["adv/groups_singleton"] = float((counts == 1).sum())  # one member left: no baseline -> A = 0
-        stats["reward/invalid"] = float((~v_all).sum())
-        if c.sample.credit == "outcome" and c.reward.mode == "per_reward":
-            names = list(self.rewards.weights)
-            comps = torch.stack([traj.rewards[k].double() for k in names], 1)
-            (comps_all,), _ = _gather_rows([comps], self.device)
-            out = multi_reward_advantages({k: comps_all[:, j] for j, k in enumerate(names)}, g_all,
-                                          self.rewards.weights, mode="normalize_then_sum", valid=v_all, **kw)
-            adv = out.advantages[sl].float().unsqueeze(1).expand(N, T).clone()
-            stats["adv/zero_std_fraction"] = out.zero_std_fraction
-        elif c.sample.credit == "outcome":
-            out = distributed_group_advantages(traj.rewards["total"].to(self.device), gids.to(self.device),
-                                               valid=valid.to(self.device), **kw)
-            adv = out.advantages.cpu().float().unsqueeze(1).expand(N, T).clone()
-            stats["adv/zero_std_fraction"] = out.zero_std_fraction
-        elif c.sample.credit == "g2rpo":
-            total = torch.zeros(N)
-            fr = []
-            for gi in range(traj.step_rewards.shape[1]):
-                out = distributed_group_advantages(traj.step_rewards[:, gi].to(self.device), gids.to(self.device),
-                                                   valid=valid.to(self.device), **kw)
-                total += out.advantages.cpu().float()
-                fr.append(out.zero_std_fraction)
-            adv = total.clamp(-c.optim.adv_clip_max, c.optim.adv_clip_max).unsqueeze(1).expand(N, T).clone()
-            stats["adv/zero_std_fraction"] = sum(fr) / len(fr)
-        elif c.sample.credit == "tp_grpo":
-            (R_all,), _ = _gather_rows([traj.step_rewards], self.device)
-            n = R_all.shape[1] - 1
-            A_all = torch.zeros(R_all.shape[0], n)
-            if bool(v_all.any()):  # invalid samples leave the turning-point statistics entirely
-                credit = turning_point_rewards(R_all[v_all], g_all[v_all], balance=True, balance_scope="group")
-                A_all[v_all] = step_advantages(credit.step_rewards, g_all[v_all], **kw).float()
-                stats.update(credit.stats())
-                for j in range(n):
-                    stats[f"step_reward/mean_{j}"] = float(credit.step_rewards[:, j].float().mean())
-            A = A_all[sl]
-            _, pos = _window_layout(traj)
-            adv = torch.zeros(N, T)
-            adv.scatter_(1, pos, A)
-            stats["adv/zero_std_fraction"] = float((A_all[v_all].abs().sum(0) == 0).float().mean()) \
-                if bool(v_all.any()) else 1.0
-        else:
-            raise ValueError(f"unknown credit {c.sample.credit!r}")
-        adv = adv * (traj.train_mask & valid.unsqueeze(1)).float()
-        (adv_all, m_all), _ = _gather_rows([adv, traj.train_mask & valid.unsqueeze(1)], self.device)
-        trained = adv_all[m_all]
-        stats["adv/mean_abs"] = float(trained.abs().mean()) if trained.numel() else 0.0
-        stats["adv/std"] = float(trained.std()) if trained.numel() > 1 else 0.0
-        stats["adv/max"] = float(trained.max()) if trained.numel() else 0.0
-        stats["adv/min"] = float(trained.min()) if trained.numel() else 0.0
+        valid = torch.ones(len(traj), dtype=torch.bool) if valid is None else valid.bool()
+        return CreditInputs(rewards=traj.rewards, group_ids=traj.group_ids, valid=valid, train_mask=traj.train_mask,
+                            step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
+                            opts=AdvOptions(o.adv_scale, o.adv_clip_max, o.adv_eps, _std_unbiased(o.adv_std_ddof)),
+                            step_rewards=traj.step_rewards, device=self.device,
+                            gather=lambda ts: _gather_rows(ts, self.device))
+
+    def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
+        """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table
+        (:mod:`flow_grpo.methods`) and statistics of the whole gathered batch (all processes)."""
+        inp = self.credit_inputs(traj)
+        stats = _group_stats(inp)
+        out = self.credit.advantages(inp)
+        stats.update(out.stats)
+        mask = inp.train_mask & inp.valid.unsqueeze(1)
+        adv = out.advantages * mask.float()
+        stats.update(_advantage_stats(adv, mask, inp.gather))
         return adv, stats
 
     # ------------------------------------------------------------------ loss of one column
@@ -853,9 +828,7 @@ class FlowGRPOTrainer:
         # no group kept >= 2 valid samples (every reward call failed / non-finite, on every process: the statistics
         # are global): nothing to learn from -> the updates count as skipped steps (feed max_consecutive_skips)
         no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
-        train_mask = traj.train_mask & valid.unsqueeze(1)
-        if c.optim.drop_zero_adv:
-            train_mask &= (adv != 0).any(1, keepdim=True)
+        train_mask = apply_train_masks(c, adv, traj.train_mask & valid.unsqueeze(1), self.credit_inputs(traj))
         traj.train_mask = train_mask
         # updates: split the chunks (whole trajectories, all their steps) into updates_per_epoch groups
         n_chunks = len(traj.chunks)

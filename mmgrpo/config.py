@@ -8,6 +8,7 @@ Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
 * Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
 * TW-GRPO: ``twgrpo.enabled=true``;
 * data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``;
+* methods registered later (``mmgrpo.methods.REGISTRY``): ``methods.<name>.enabled=true``, e.g. NGRPO;
 * answer parsing as a release does it (``mmgrpo.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
   ``tempsamp_r1`` (TempSamp-R1), ``video_r1`` (Video-R1 / T-GRPO), ``vlm_r1`` (VLM-R1 REC); default ``lenient``.
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
+
+from mmgrpo.methods import MethodsConfig
 
 
 def _h(text: str) -> dict:
@@ -307,6 +310,7 @@ class TrainConfig:
     tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
     twgrpo: TWGRPOConfig = field(default_factory=TWGRPOConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    methods: MethodsConfig = field(default_factory=MethodsConfig)  # the registry's methods.<name> sections
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
 

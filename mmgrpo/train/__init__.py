@@ -1,2 +1,2 @@
-"""The VLM GRPO trainer (``trainer``), its method terms (``methods``), data selection (``selection``) and the
-sample -> prompt glue (``task``).  Nothing heavy is imported here."""
+"""The VLM GRPO trainer (``trainer``), the sample -> prompt glue (``task``) and the pure data-selection criteria
+(``selection``); the methods themselves are modules of ``mmgrpo.methods``.  Nothing heavy is imported here."""

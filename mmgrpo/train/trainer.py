@@ -1,14 +1,17 @@
-"""The VLM GRPO trainer: one readable loop; method differences are configuration.
+"""The VLM GRPO trainer: one readable loop; methods plug in through the hooks of ``mmgrpo.methods``.
 
-Per step (``GRPOTrainer.train``):
+The loop names no method: the methods the config enables (``mmgrpo.methods.REGISTRY``) are built once and their
+hooks called at fixed points, in registry order (``mmgrpo.methods.base`` lists the points). Per step
+(``GRPOTrainer.train``):
 
 1. **collect**: draw prompts (deterministic, resumable stream; each process takes its slice), build processor inputs
-   (videos through ``mmgrpo.video``'s fps contract), sample G completions per prompt (seeds from (seed, step,
-   stream position, g)), optionally inject the ground truth (TempSamp-R1) and a shuffled-frame group (T-GRPO),
-   score rewards, compute group advantages (explicit integer group ids = stream position), optionally drop
-   zero-variance groups and refill (DAPO dynamic sampling);
-2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or TW-GRPO), reference
-   log-probs (kl_coef > 0), TW-GRPO token weights -- all with ``compute_token_logprobs``, the same function and the
+   (videos through ``mmgrpo.video``'s fps contract), sample the group's members (seeds from (seed, step,
+   stream position, g); methods may add members, e.g. TempSamp-R1's ground truth), score rewards (methods may add
+   terms, e.g. T-GRPO's bonus), compute group advantages (explicit integer group ids = stream position; methods
+   may shape the reward or replace the estimator), let methods filter the batch and refill it in extra rounds
+   (DAPO dynamic sampling);
+2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or a method needs
+   them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``, the same function and the
    same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs ``algo.logprob_chunk_size``
    tokens at a time, ``mmgrpo.models.chunked``: no full-vocabulary logits are materialised);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
@@ -52,17 +55,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmgrpo.config import TrainConfig
-from mmgrpo.core import (AdvantageOutput, anchor_offpolicy_advantages, gather_groups, global_sum, group_advantages,
-                         offpolicy_diagnostics, policy_loss, tempsamp_shape)
-from mmgrpo.core.importance import is_weight_metrics, truncated_is_weights
+from mmgrpo.core import AdvantageOutput, gather_groups, global_sum, group_advantages, policy_loss
+from mmgrpo.methods import build_methods, enabled_classes
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import (HFRolloutBackend, RolloutBackend, SamplingParams, batch_to, collate_prompts,
                                    compute_token_logprobs, make_seeds)
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
-from mmgrpo.models.chunked import tw_token_weights_from
+from mmgrpo.train.compat import MethodAliases
 from mmgrpo.train.faults import CallStats, call_with_retries, nonfinite_rows
-from mmgrpo.train.methods import temporal_bonus
-from mmgrpo.train.selection import reward_stats, select_indices
 from mmgrpo.train.task import (BadSampleError, MissingMediaError, PreparedPrompt, TaskAdapter, accuracy_key,
                                build_rewards, load_samples, sample_id)
 from mmgrpo.utils.budget import TimeBudget
@@ -257,7 +257,7 @@ def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------- trainer
-class GRPOTrainer:
+class GRPOTrainer(MethodAliases):
     """GRPO for Qwen-VL policies.  ``samples`` / ``policy`` / ``reward_fn`` may be injected (tests, scripts)."""
 
     def __init__(self, cfg: TrainConfig, samples: Sequence[Any] | None = None, policy: Policy | None = None,
@@ -326,7 +326,7 @@ class GRPOTrainer:
                                                       cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
-        self.shape_key = self._tempsamp_shape_key()
+        self.methods = build_methods(cfg, self)  # mmgrpo.methods: their hooks, in registry order
         if backend is None:
             if cfg.rollout.backend == "vllm":
                 from mmgrpo.models.vllm_backend import backend_from_config
@@ -424,12 +424,13 @@ class GRPOTrainer:
                              f"over {W} processes")
         self.prompts_per_step = P
         self.split_groups = P % W != 0
+        for m in enabled_classes(cfg):
+            m.check_config(cfg)
         if self.split_groups:
             # these need every row of a group on one process (group-level rewards, shuffled / injected members,
             # intra-group token statistics, refill decisions)
-            bad = [n for n, on in (("tempsamp", cfg.tempsamp.enabled), ("tgrpo", cfg.tgrpo.enabled),
-                                   ("twgrpo", cfg.twgrpo.enabled), ("algo.filter_zero_std", cfg.algo.filter_zero_std),
-                                   ("reward 'length'", "length" in cfg.reward.weights)) if on]
+            bad = [m.name for m in enabled_classes(cfg) if m.needs_whole_groups]
+            bad += ["reward 'length'"] if "length" in cfg.reward.weights else []
             if bad:
                 raise ValueError(f"run.prompts_per_step={P} is not a multiple of the {W} processes, so groups are "
                                  f"split across processes, which {bad} do not support; use a multiple of {W}")
@@ -571,11 +572,21 @@ class GRPOTrainer:
         log.error("stop requested: %s", reason)
 
     def rollout(self, step: int, preps: list[tuple[int, PreparedPrompt, list[int] | None]]) -> RolloutBatch:
-        """Sample, inject, score and (T-GRPO) add the temporal bonus for the given prompts."""
+        """Sample (plus the methods' extra group members), score, then the methods' reward hooks."""
+        rows, info = self._sample_rows(step, preps)
+        rb = self._score_rows(rows, info)
+        ctx = {"step": step, "preps": preps, "reward_samples": [r["pp"].reward_sample for r in rows]}
+        for m in self.methods:
+            m.on_rewards(rb, ctx)
+        return rb
+
+    def _sample_rows(self, step: int, preps: list) -> tuple[list[dict], dict[str, float]]:
+        """One dict per completion row (ids, mask, text, lp, offpolicy, truncated, pp, group); a group's rows are
+        contiguous: its sampled members, then the methods' ``extra_rows``."""
         cfg = self.cfg
-        G = cfg.rollout.num_generations
-        inject = cfg.tempsamp.enabled
-        G_on = G - 1 if inject else G
+        G_on = cfg.rollout.num_generations
+        for m in self.methods:
+            G_on = m.generations_per_group(G_on)
         # one generate() row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's
         # sample does not depend on which process draws it
         gen_rows = [(pos, pp, g) for pos, pp, gens in preps for g in (range(G_on) if gens is None else gens)]
@@ -589,8 +600,7 @@ class GRPOTrainer:
         gen_time = time.time() - t0
         n_tok = int(out.completion_mask.sum())
         self.counters["generated_tokens"] += n_tok
-
-        rows: list[dict] = []  # one entry per completion row; a group's rows are contiguous
+        rows: list[dict] = []
         T = out.completion_ids.shape[1]
         by_pos: dict[int, list[int]] = {}
         for r, (pos, _, _) in enumerate(gen_rows):
@@ -600,27 +610,33 @@ class GRPOTrainer:
                 rows.append(dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
                                  lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
                                  offpolicy=False, truncated=bool(out.truncated[r]), pp=pp, group=pos))
-            if inject:  # TempSamp-R1: the ground-truth answer as the G-th member of the group
-                ids = self.tok(self.task.gt_completion(pp.sample, pp.item), add_special_tokens=False).input_ids
-                ids = torch.tensor(ids + [self.eos_id])  # never truncated to max_new_tokens
-                rows.append(dict(ids=ids, mask=torch.ones_like(ids), text=self.tok.decode(ids, skip_special_tokens=True),
-                                 lp=torch.zeros(len(ids)), offpolicy=True, truncated=False, pp=pp, group=pos))
+            for m in self.methods:
+                rows += [dict(x, pp=pp, group=pos) for x in m.extra_rows(pp)]
+        return rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)}
+
+    def _score_rows(self, rows: list[dict], info: dict[str, float]) -> RolloutBatch:
+        """Pad the rows into a batch and score them; ``valid`` marks rows whose rewards exist and are finite."""
         Tm = max(len(r["ids"]) for r in rows)
         pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
-        completion_ids = torch.stack([pad1(r["ids"], self.pad_id) for r in rows])
-        completion_mask = torch.stack([pad1(r["mask"].long(), 0) for r in rows])
-        group_ids = torch.tensor([r["group"] for r in rows], dtype=torch.long)
-        offp = torch.tensor([r["offpolicy"] for r in rows])
         texts = [r["text"] for r in rows]
-        reward_samples = [r["pp"].reward_sample for r in rows]
-        scored = self._score(texts, reward_samples)
+        scored = self._score(texts, [r["pp"].reward_sample for r in rows])
         parse_failed = scored.pop("parse_failed").bool()
         failed = scored.pop("_failed").bool()
         rewards = {k: v.float() for k, v in scored.items()}
-        # a row takes part only if its reward call succeeded and its (weighted) rewards are finite
+        return RolloutBatch(items=[r["pp"].item for r in rows], samples=[r["pp"].sample for r in rows], texts=texts,
+                            completion_ids=torch.stack([pad1(r["ids"], self.pad_id) for r in rows]),
+                            completion_mask=torch.stack([pad1(r["mask"].long(), 0) for r in rows]),
+                            group_ids=torch.tensor([r["group"] for r in rows], dtype=torch.long),
+                            is_offpolicy=torch.tensor([r["offpolicy"] for r in rows]),
+                            truncated=torch.tensor([r["truncated"] for r in rows]), parse_failed=parse_failed,
+                            rewards=rewards, rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]),
+                            info=dict(info), valid=self._valid_rows(rewards, failed, rows))
+
+    def _valid_rows(self, rewards: dict[str, torch.Tensor], failed: torch.Tensor, rows: list[dict]) -> torch.Tensor:
+        """A row takes part only if its reward call succeeded and its (weighted) rewards are finite."""
+        cfg = self.cfg
         keys = ["total"] + [k for k in cfg.reward.weights if k in rewards]
-        nonfinite = nonfinite_rows(rewards, len(texts), keys) & ~failed
-        valid = ~failed & ~nonfinite
+        nonfinite = nonfinite_rows(rewards, len(rows), keys) & ~failed
         self.counters["reward_failed_rows"] += int(failed.sum())
         if nonfinite.any():
             self.counters["reward_nonfinite_rows"] += int(nonfinite.sum())
@@ -632,127 +648,67 @@ class GRPOTrainer:
                 self._request_stop(msg + " (reward.on_nonfinite=error)")
             else:
                 log.warning("%s: dropped from their groups (reward.on_nonfinite=drop)", msg)
-        info = {"gen_time": gen_time, "gen_tokens": float(n_tok)}
-
-        if cfg.tgrpo.enabled:  # T-GRPO: same prompts with shuffled frames; bonus per group
-            bonus = torch.zeros(len(texts))
-            acc = self._accuracy(texts, reward_samples, rewards)
-            valid &= torch.isfinite(acc)
-            vids = [(pos, pp) for pos, pp, _ in preps if pp.clip is not None]
-            if vids:
-                Gs = cfg.tgrpo.num_shuffled or max(1, G // 2)
-                sh_items = []
-                for pos, pp in vids:
-                    gen = torch.Generator().manual_seed(sample_seed(cfg.run.seed, step, pos, 104729))
-                    sh_items.append(self.task.shuffled(pp, gen))
-                with self._generation_context():
-                    sh = self.backend.generate(sh_items, Gs, self.sampling,
-                                               seeds=[s ^ 0x5A5A5A5A for s in make_seeds(cfg.run.seed, step,
-                                                                                         [p for p, _ in vids], Gs)])
-                sh_samples = [pp.reward_sample for _, pp in vids for _ in range(Gs)]
-                acc_sh = self._accuracy(sh.texts, sh_samples)
-                sh_gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
-                ok_sh = torch.isfinite(acc_sh)  # failed shuffled rows do not enter p~_g
-                acc_sh, sh_gids = acc_sh[ok_sh], sh_gids[ok_sh]
-                onp = ~offp & valid
-                b, granted = temporal_bonus(acc[onp], group_ids[onp], acc_sh, sh_gids, cfg.tgrpo.alpha,
-                                            cfg.tgrpo.mu, cfg.tgrpo.min_accuracy)
-                bonus[onp] = b
-                info.update({"tgrpo/acc_ordered_sum": float(acc[onp][torch.isin(group_ids[onp], sh_gids)].sum()),
-                             "tgrpo/acc_shuffled_sum": float(acc_sh.sum()),
-                             "tgrpo/n_ordered": float(torch.isin(group_ids[onp], sh_gids).sum()),
-                             "tgrpo/n_shuffled": float(len(sh_gids)),
-                             "tgrpo/groups_granted": float(granted.sum()), "tgrpo/groups": float(len(vids))})
-            rewards["temporal"] = bonus
-            rewards["total"] = rewards["total"] + bonus
-        return RolloutBatch(items=[r["pp"].item for r in rows], samples=[r["pp"].sample for r in rows], texts=texts,
-                            completion_ids=completion_ids, completion_mask=completion_mask, group_ids=group_ids,
-                            is_offpolicy=offp, truncated=torch.tensor([r["truncated"] for r in rows]),
-                            parse_failed=parse_failed, rewards=rewards,
-                            rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]), info=info,
-                            valid=valid)
+        return ~failed & ~nonfinite
 
     def advantages(self, rb: RolloutBatch) -> None:
-        """Group advantages (+ TempSamp shaping / anchoring); sets rb.advantages, reward_used, zero_std."""
-        a, ts = self.cfg.algo, self.cfg.tempsamp
-        r = rb.rewards["total"]
+        """Group advantages of the reward the methods shape; sets rb.advantages, reward_used, zero_std.
+
+        A method may compute them on this process's whole groups (``local_advantages``); otherwise statistics
+        run over the GLOBAL batch (a group may be split across processes; "batch" scale is the std of every
+        process's rewards): gather, compute, keep this process's rows -- the numbers of a 1-process run.
+        Collective: every process calls advantages() once per sampling round."""
+        a = self.cfg.algo
+        used = rb.rewards["total"]
+        for m in self.methods:
+            used = m.shape_rewards(rb, used)
         valid = rb.valid if rb.valid is not None else torch.ones(rb.n, dtype=torch.bool)
         kw = dict(scale=a.adv_scale, eps=a.adv_eps, valid=valid)
-        gather = self.world > 1 and not (ts.enabled and ts.mode == "anchor")
-        if ts.enabled and ts.mode == "anchor":  # whole groups on this process (split groups are refused)
-            res = anchor_offpolicy_advantages(r, rb.group_ids, rb.is_offpolicy, lam=ts.anchor_lambda, **kw)
-            used = r
+        res = next((out for m in self.methods if (out := m.local_advantages(rb, used, kw)) is not None), None)
+        gather = res is None and self.world > 1
+        if res is not None:
             gid_all, valid_all, sl = rb.group_ids, valid, slice(0, rb.n)
         else:
-            used = self._tempsamp_shaped(rb) if (ts.enabled and ts.mode == "shape") else r
             if gather:
-                # statistics over the GLOBAL batch (a group may be split across processes; "batch" scale is the
-                # std of every process's rewards): gather, compute, keep this process's rows -- the numbers of a
-                # 1-process run.  Collective: every process calls advantages() once per sampling round.
                 (used_all, gid_all, valid_all), sl = gather_groups([used.float(), rb.group_ids, valid])
             else:
                 used_all, gid_all, valid_all, sl = used, rb.group_ids, valid, slice(0, rb.n)
             kw["valid"] = valid_all
+            adv_fn = next((f for m in self.methods if (f := m.advantage_fn()) is not None), group_advantages)
             if gid_all.numel():
-                res = group_advantages(used_all, gid_all, **kw)
+                res = adv_fn(used_all, gid_all, **kw)
             else:
                 res = AdvantageOutput(torch.zeros(0), torch.zeros(0, dtype=torch.bool), 0.0, torch.zeros(0),
                                       torch.zeros(0), 0)
-        # groups left with fewer than 2 valid members (rewards dropped): no baseline -> advantage exactly 0 (the
-        # core already gives 0 to 1-member groups; made explicit here) and counted (once, on the main process,
-        # when statistics are global)
+        adv_all = self._zero_degenerate(rb, res.advantages, gid_all, valid_all, count=not gather or self.rank == 0)
+        rb.advantages, rb.reward_used, rb.zero_std = adv_all[sl], used, res.zero_std_mask[sl]
+        rb.info["zero_std_frac"] = res.zero_std_fraction
+        for m in self.methods:
+            m.after_advantages(rb, valid)
+
+    def _zero_degenerate(self, rb: RolloutBatch, adv: torch.Tensor, gid_all: torch.Tensor, valid_all: torch.Tensor,
+                         count: bool) -> torch.Tensor:
+        """Groups left with fewer than 2 valid members (rewards dropped) have no baseline: advantage exactly 0 (the
+        core already gives 0 to 1-member groups; made explicit here), counted once (``count``: on the main process
+        when statistics are global)."""
         gids, inv = torch.unique(gid_all, return_inverse=True)
         n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid_all.long())
         degenerate = n_valid < 2
-        adv_all = torch.where(degenerate[inv] | ~valid_all, torch.zeros_like(res.advantages.float()),
-                              res.advantages.float())
-        n_deg = int(degenerate.sum()) if (not gather or self.rank == 0) else 0
+        adv_all = torch.where(degenerate[inv] | ~valid_all, torch.zeros_like(adv.float()), adv.float())
+        n_deg = int(degenerate.sum()) if count else 0
         self.counters["degenerate_groups"] += n_deg
         # groups with a baseline (>= 2 valid members): a step with none anywhere trains nothing (see optimize)
-        rb.info["valid_groups"] = float(int((~degenerate).sum()) if (not gather or self.rank == 0) else 0)
+        rb.info["valid_groups"] = float(int((~degenerate).sum()) if count else 0)
         rb.info["degenerate_groups"] = rb.info.get("degenerate_groups", 0.0) + float(n_deg)
-        rb.advantages, rb.reward_used, rb.zero_std = adv_all[sl], used, res.zero_std_mask[sl]
-        rb.info["zero_std_frac"] = res.zero_std_fraction
-        if ts.enabled:
-            v = valid
-            rb.info.update({f"tempsamp/{k}": x for k, x in offpolicy_diagnostics(
-                used[v], rb.advantages[v], rb.group_ids[v], rb.is_offpolicy[v], eps=a.adv_eps).items()})
-
-    def _tempsamp_shape_key(self) -> str:
-        """The reward TempSamp-R1 shaping applies to (``tempsamp.shape_reward``; 'total' = the weighted total)."""
-        ts = self.cfg.tempsamp
-        key = self.acc_key if ts.shape_reward == "auto" else ts.shape_reward
-        if key != "total" and key not in self.cfg.reward.weights:
-            if ts.shape_reward != "auto":
-                raise ValueError(f"tempsamp.shape_reward={key!r} is not a weighted reward "
-                                 f"(reward.weights: {sorted(self.cfg.reward.weights)}) nor 'total'")
-            if ts.enabled and ts.mode == "shape":
-                log.warning("tempsamp: the accuracy reward %r is not in reward.weights; shaping the weighted total",
-                            key)
-            key = "total"
-        return key
-
-    def _tempsamp_shaped(self, rb: RolloutBatch) -> torch.Tensor:
-        """TempSamp-R1 shaping f of one reward before the weighted sum, as the release does (f(IoU) + 0.1*format):
-        total - w*r_k + w*f(r_k), so other terms (format, T-GRPO bonus) pass unshaped; or f(total)."""
-        ts, r = self.cfg.tempsamp, rb.rewards["total"]
-        if self.shape_key == "total":
-            return tempsamp_shape(r, ts.tau, ts.alpha1, ts.alpha2)
-        if self.shape_key not in rb.rewards:
-            raise ValueError(f"tempsamp.shape_reward: the reward function returned no {self.shape_key!r} "
-                             f"(got {sorted(rb.rewards)})")
-        x, w = rb.rewards[self.shape_key].double(), float(self.cfg.reward.weights[self.shape_key])
-        fx = tempsamp_shape(x, ts.tau, ts.alpha1, ts.alpha2)
-        return (r.double() - w * x + w * fx).to(r.dtype)
+        return adv_all
 
     def collect(self, step: int) -> RolloutBatch:
-        """Rollouts for one step; with ``algo.filter_zero_std`` zero-variance groups are dropped and refilled."""
-        a = self.cfg.algo
-        want = self.prompts_per_step // self.world  # whole groups per process (DAPO refill never splits groups)
+        """Rollouts for one step: a sampling round, then up to ``extra_rounds`` more while the methods' filters
+        (``filter_batch``) leave fewer than the step's groups; ``finish_batch`` trims the result."""
+        want = self.prompts_per_step // self.world  # whole groups per process (refills never split groups)
         batches, n_groups, zero_frac_first = [], 0, None
         valid_groups = 0.0  # summed over rounds, also from empty batches (statistics may be global)
-        rounds = 1 + (a.filter_max_rounds if a.filter_zero_std else 0)
-        for rnd in range(rounds):
+        extra = sum(m.extra_rounds() for m in self.methods)
+        for rnd in range(1 + extra):
             preps = self._prepare(self._draw())
             self._prefetch_ahead()  # the next draws' media decode while this step generates and trains
             # a group is counted by the process holding its generation 0 (split groups are counted once)
@@ -765,22 +721,18 @@ class GRPOTrainer:
                     zero_frac_first = rb.info["zero_std_frac"]
                 if not bool(rb.valid.all()):  # failed / non-finite rewards leave the batch (not the loss)
                     rb = rb.select(rb.valid.nonzero().flatten())
-                if a.filter_zero_std:  # drop whole groups whose on-policy rewards are all equal
-                    dead = torch.unique(rb.group_ids[rb.zero_std & ~rb.is_offpolicy])
-                    self.counters["filtered_groups"] += int(dead.numel())
-                    rb = rb.select((~torch.isin(rb.group_ids, dead)).nonzero().flatten())
+                for m in self.methods:
+                    rb = m.filter_batch(rb)
                 batches.append(rb)
                 n_groups += int(torch.isin(torch.unique(rb.group_ids), first_here).sum())
             # every process runs the same number of rounds (the stream stays in sync): decide on global counts
             done = global_sum(float(n_groups >= want)) >= self.world
-            if not a.filter_zero_std or done:
+            if not extra or done:
                 break
         pool = [b for b in batches if b.n > 0]
         rb = cat_batches(pool, self.pad_id) if pool else self._empty_batch()
-        if a.filter_zero_std and n_groups > want:  # DAPO: keep the batch size fixed
-            first = torch.unique_consecutive(rb.group_ids)[:want]
-            rb = rb.select(torch.isin(rb.group_ids, first).nonzero().flatten())
-            n_groups = want
+        for m in self.methods:
+            rb, n_groups = m.finish_batch(rb, n_groups, want)
         rb.info["zero_std_frac"] = zero_frac_first if zero_frac_first is not None else 0.0
         rb.info["degenerate_groups"] = sum(b.info.get("degenerate_groups", 0.0) for b in batches)
         rb.info["groups"] = float(n_groups)
@@ -847,51 +799,45 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def precompute(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
-        """Old log-probs, reference log-probs and TW-GRPO token weights on the training micro-batches."""
+        """Old log-probs (several iterations, or a method needs them), reference log-probs (KL) and the methods'
+        per-token tensors, on the training micro-batches."""
         cfg = self.cfg
         N, T = rb.completion_ids.shape
-        is_cap = cfg.rollout.vllm_is_cap if cfg.rollout.backend == "vllm" else 0.0  # truncated IS vs the engine
-        need_old = cfg.algo.num_iterations > 1 or cfg.twgrpo.enabled or is_cap > 0
+        need_old = cfg.algo.num_iterations > 1 or any(m.needs_old_logp for m in self.methods)
+        logits_to = [m for m in self.methods if m.needs_logits]
         if need_old:
             rb.old_logp = torch.zeros(N, T)
-        if cfg.twgrpo.enabled:
-            rb.token_weights = torch.ones(N, T)
+        for m in self.methods:
+            m.before_precompute(rb)
         if cfg.algo.kl_coef > 0:
             rb.ref_logp = torch.zeros(N, T)
-        if not (need_old or cfg.algo.kl_coef > 0):
-            return
-        was = self.model.training
-        self.model.eval()
-        try:
-            for b, idx, w in self._mb_plan(rb, mbs):
-                if need_old:
-                    res = self._logp(self.model, b, idx, return_logits=cfg.twgrpo.enabled)
-                    lp, logits = res if cfg.twgrpo.enabled else (res, None)
-                    Tm = lp.shape[1]
-                    if w:  # weight 0: a padding forward (collectives only), result unused
-                        rb.old_logp[idx, :Tm] = lp.float().cpu()
-                    if logits is not None and w:  # full logits, or hidden states + head (algo.logprob_chunk_size)
-                        wt = tw_token_weights_from(logits, rb.completion_mask[idx, :Tm].to(lp.device),
-                                                   rb.group_ids[idx].to(lp.device), cfg.twgrpo.alpha, cfg.twgrpo.clamp)
-                        rb.token_weights[idx, :Tm] = wt.cpu()
-                    del logits
-                if cfg.algo.kl_coef > 0:
-                    with self.policy.reference(self.model) as ref:
-                        lp = self._logp(ref, b, idx)
-                    if w:
-                        rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
-        finally:
-            self.model.train(was)
-        if is_cap > 0:
-            self._apply_is_correction(rb, is_cap)
+        if need_old or cfg.algo.kl_coef > 0:
+            was = self.model.training
+            self.model.eval()
+            try:
+                for b, idx, w in self._mb_plan(rb, mbs):
+                    self._precompute_mb(rb, b, idx, w, need_old, logits_to)
+            finally:
+                self.model.train(was)
+        for m in self.methods:
+            m.after_precompute(rb)
 
-    def _apply_is_correction(self, rb: RolloutBatch, cap: float) -> None:
-        """TRL's truncated importance sampling: token_weights *= min(exp(old_logp - engine_logp), cap) on
-        on-policy rows (injected off-policy rows have no engine log-probs: weight 1)."""
-        mask = rb.completion_mask * (~rb.is_offpolicy).long().unsqueeze(1)
-        w = truncated_is_weights(rb.old_logp, rb.rollout_logp, mask, cap)
-        rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
-        rb.info.update(is_weight_metrics(w, mask, cap))
+    def _precompute_mb(self, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, w: float, need_old: bool,
+                       logits_to: list) -> None:
+        """One forward of the plan; weight 0 = a padding forward (collectives only), its result unused."""
+        if need_old:
+            res = self._logp(self.model, b, idx, return_logits=bool(logits_to))
+            lp, logits = res if logits_to else (res, None)
+            if w:
+                rb.old_logp[idx, :lp.shape[1]] = lp.float().cpu()
+                for m in logits_to:  # full logits, or hidden states + head (algo.logprob_chunk_size)
+                    m.on_logits(rb, idx, logits, lp)
+            del logits
+        if self.cfg.algo.kl_coef > 0:
+            with self.policy.reference(self.model) as ref:
+                lp = self._logp(ref, b, idx)
+            if w:
+                rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
 
     # ----------------------------------------------------------------------------------------- update
     def optimize(self, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]:
@@ -913,12 +859,18 @@ class GRPOTrainer:
         cfg, a = self.cfg, self.cfg.algo
         prepared = self.grad_sync == "accelerate"
         loss_mask = rb.completion_mask.clone()
-        if cfg.rollout.mask_truncated_completions:
-            loss_mask[rb.truncated] = 0
+        for meth in self.methods:
+            loss_mask = meth.loss_mask(rb, loss_mask)
         n_tok = global_sum(float(loss_mask.sum()))
         n_seq = global_sum(float((loss_mask.sum(1) > 0).sum()))
         n_rows = global_sum(float(rb.n))
         n_mb = global_sum(float(len(mbs)))
+        totals = {"tokens": n_tok, "sequences": n_seq, "rows": n_rows, "micro_batches": n_mb}
+        loss_kw = dict(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, ratio_level=a.ratio_level,
+                       loss_type=a.loss_type, agg=a.agg, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+                       max_len=cfg.rollout.max_new_tokens, num_tokens=n_tok, num_sequences=n_seq, reg_eps=a.adv_eps)
+        for meth in self.methods:
+            loss_kw = meth.loss_kwargs(loss_kw)
         acc: dict[str, float] = {}
         wsum = 0.0
         grad_norm = 0.0
@@ -951,17 +903,9 @@ class GRPOTrainer:
                     old = lp.detach() if b.old_logp is None or not wgt else b.old_logp[idx, :Tm].to(lp.device)
                     pick = (lambda t: None if (t is None or not wgt) else t[idx, :Tm].to(lp.device))
                     out = policy_loss(
-                        lp, old, b.advantages[idx].to(lp.device), m, clip_low=a.clip_low, clip_high=a.clip_high,
-                        dual_clip=a.dual_clip, ratio_level=a.ratio_level, loss_type=a.loss_type, agg=a.agg,
-                        token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), kl_coef=a.kl_coef,
-                        kl_estimator=a.kl_estimator, group_ids=b.group_ids[idx].to(lp.device),
-                        max_len=cfg.rollout.max_new_tokens, num_tokens=n_tok, num_sequences=n_seq,
-                        reg_eps=a.adv_eps)
-                    loss = out.loss
-                    if a.loss_type == "reg":  # per-micro-batch mean over rows -> share of all rows
-                        loss = loss * (len(idx) / max(n_rows, 1.0))
-                    elif a.agg == "bnpo":  # local mean per micro-batch -> average over all micro-batches
-                        loss = loss / max(n_mb, 1.0)
+                        lp, old, b.advantages[idx].to(lp.device), m, token_weights=pick(b.token_weights),
+                        ref_logp=pick(b.ref_logp), group_ids=b.group_ids[idx].to(lp.device), **loss_kw)
+                    loss = self._loss_share(out.loss, len(idx), totals)
                     lval = float(loss.detach()) * wgt
                     loss_bad |= not math.isfinite(lval)
                     # backward even for a non-finite loss: every process must run the same collectives; the
@@ -998,6 +942,17 @@ class GRPOTrainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["skipped_steps"] = float(skipped)
         return metrics
+
+    def _loss_share(self, loss: torch.Tensor, rows: int, totals: dict) -> torch.Tensor:
+        """One micro-batch's loss as its share of the step's: a method's ``loss_share``, else (bnpo: a local
+        mean per micro-batch) an average over all micro-batches; token / sequence means use global counts
+        already."""
+        share = next((f for meth in self.methods if (f := meth.loss_share(rows, totals)) is not None), None)
+        if share is not None:
+            return loss * share
+        if self.cfg.algo.agg == "bnpo":
+            return loss / max(totals["micro_batches"], 1.0)
+        return loss
 
     def _sync_context(self, last: bool):
         """Gradient synchronisation only on the last micro-batch of an update (prepared model)."""
@@ -1111,8 +1066,6 @@ class GRPOTrainer:
             if v.numel():
                 m[f"reward/{k}/mean"] = float(v.mean())
                 m[f"reward/{k}/std"] = float(v.std()) if v.numel() > 1 else 0.0
-        if rb.reward_used is not None and self.cfg.tempsamp.enabled and onp.any():
-            m["reward/shaped/mean"] = float(rb.reward_used[onp].mean())
         lens = rb.completion_mask[onp].sum(1).float()
         if lens.numel():
             m["completions/mean_length"] = float(lens.mean())
@@ -1143,17 +1096,8 @@ class GRPOTrainer:
             Tm = min(rb.old_logp.shape[1], rb.rollout_logp.shape[1])
             d = (rb.old_logp[onp][:, :Tm] - rb.rollout_logp[onp][:, :Tm]).abs()[mk[:, :Tm]]
             m["rollout/logprob_max_abs_diff"] = float(d.max()) if d.numel() else 0.0
-        if rb.token_weights is not None and rb.n and self.cfg.twgrpo.enabled:  # (x IS weights with vLLM)
-            tw = rb.token_weights[rb.completion_mask.bool()]
-            m["twgrpo/weight_mean"], m["twgrpo/weight_max"] = float(tw.mean()), float(tw.max())
-        for k, v in rb.info.items():
-            if k.startswith(("tempsamp/", "rollout/is_")):
-                m[k] = v
-        if "tgrpo/n_shuffled" in rb.info:
-            i = rb.info
-            m["tgrpo/acc_ordered"] = i["tgrpo/acc_ordered_sum"] / max(i["tgrpo/n_ordered"], 1)
-            m["tgrpo/acc_shuffled"] = i["tgrpo/acc_shuffled_sum"] / max(i["tgrpo/n_shuffled"], 1)
-            m["tgrpo/bonus_group_frac"] = i["tgrpo/groups_granted"] / max(i["tgrpo/groups"], 1)
+        for meth in self.methods:
+            meth.metrics(rb, m)
         return m
 
     def _reduce_metrics(self, m: dict[str, float]) -> dict[str, float]:
@@ -1275,7 +1219,7 @@ class GRPOTrainer:
             self.optimizer.load_state_dict(st["optimizer"])
             self.scheduler.load_state_dict(st["scheduler"])
         if tr.get("selection") is not None:
-            self._apply_selection(tr["selection"])
+            self.use_samples(tr["selection"])
         self._make_stream()
         self.stream.load_state_dict(tr["stream"])
         self.step = int(tr["step"])
@@ -1289,9 +1233,9 @@ class GRPOTrainer:
         return True
 
     def _make_stream(self) -> None:
-        sc = self.cfg.selection
-        hook = self._refilter if (sc.enabled and sc.refilter_every_epoch) else None
-        self.stream = PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle, on_epoch=hook)
+        hooks = [m.on_epoch for m in self.methods if m.uses_epoch_hook]
+        self.stream = PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle,
+                                   on_epoch=_chain_epoch_hooks(hooks) if hooks else None)
 
     # ----------------------------------------------------------------------------------------- selection
     @torch.no_grad()
@@ -1336,41 +1280,8 @@ class GRPOTrainer:
             mat[i] = torch.tensor(row)
         return mat
 
-    def select_data(self, round: int = 0) -> list[int]:
-        """Score every sample K times with the CURRENT policy and keep those the criterion selects.
-
-        ``round`` 0 runs before training; with ``selection.refilter_every_epoch`` round e runs when epoch e starts
-        (Time-R1 multi-round): samples the policy has mastered (or cannot solve) leave, others come back.  Each
-        round has its own sampling seeds; ``selection.jsonl`` gets one row per sample and round."""
-        sc = self.cfg.selection
-        key = sc.key if sc.key != "auto" else (self.acc_key if sc.criterion == "gaussian" else "total")
-        mat = self.score_samples(self.all_samples, sc.num_inferences, key, round=round)
-        ok = ~torch.isnan(mat).any(1)
-        valid_idx = ok.nonzero().flatten().tolist()
-        keep_local = select_indices(mat[ok], sc.criterion, sc.min_variance, sc.num_keep, sc.gaussian_mu,
-                                    sc.gaussian_sigma, seed=sample_seed(self.cfg.run.seed, round) if round
-                                    else self.cfg.run.seed, keep_zero=sc.gaussian_keep_zero)
-        keep = [valid_idx[i] for i in keep_local]
-        st = reward_stats(torch.nan_to_num(mat))
-        kept = set(keep)
-        if self.accelerator.is_main_process:
-            self.logger.log_jsonl("selection.jsonl", [
-                {"round": round, "step": self.step, "index": i, "sample_id": sample_id(self.all_samples[i]),
-                 "rewards": mat[i].tolist(), "mean": float(st["mean"][i]), "var": float(st["var"][i]),
-                 "kept": i in kept}
-                for i in range(len(self.all_samples))])
-        self.logger.log({"selection/kept": len(keep), "selection/total": len(self.all_samples),
-                         "selection/missing_media": int((~ok).sum()), "selection/round": round}, self.step)
-        log.info("data selection round %d (step %d): kept %d of %d samples", round, self.step, len(keep),
-                 len(self.all_samples))
-        self._apply_selection(keep)
-        return keep
-
-    def _refilter(self, epoch: int) -> int:
-        """PromptStream hook: re-select at the start of epoch ``epoch`` (runs on every process, same point)."""
-        return len(self.select_data(round=epoch))
-
-    def _apply_selection(self, keep: list[int]) -> None:
+    def use_samples(self, keep: list[int]) -> None:
+        """Train on ``all_samples[i] for i in keep`` from now on (data selection; checkpointed)."""
         if not keep:
             raise ValueError("data selection kept no samples; relax selection.criterion / thresholds")
         self.selected_indices = list(keep)
@@ -1424,7 +1335,7 @@ class GRPOTrainer:
         reason = self._stop_reason or "another process requested a stop (see its log)"
         snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
         if snap["selection"] is not None:  # a re-selection inside this step is redone too
-            self._apply_selection(snap["selection"])
+            self.use_samples(snap["selection"])
             self.stream.n = len(self.samples)
         self.stream.load_state_dict(snap["stream"])
         restore_rng_state(snap["rng"])
@@ -1461,9 +1372,9 @@ class GRPOTrainer:
 
     def _train(self) -> list[dict[str, float]]:
         resumed = self.resume()
+        for m in self.methods:
+            m.on_train_start(resumed)
         if not resumed:
-            if self.cfg.selection.enabled:
-                self.select_data()
             self._make_stream()
         history = []
         save_every = self.cfg.run.save_every
@@ -1496,6 +1407,17 @@ class GRPOTrainer:
             self._close_prefetch()
             self.logger.flush()
         return history
+
+
+def _chain_epoch_hooks(hooks: list[Callable[[int], int | None]]) -> Callable[[int], int | None]:
+    """One ``PromptStream.on_epoch`` calling every method's hook in order; the last new sample count wins."""
+    def on_epoch(epoch: int) -> int | None:
+        n = None
+        for h in hooks:
+            r = h(epoch)
+            n = n if r is None else r
+        return n
+    return on_epoch
 
 
 __all__ = ["GRPOTrainer", "PromptStream", "RolloutBatch", "micro_batches", "cat_batches"]
