@@ -51,3 +51,36 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, factor: floa
     pen = torch.where(L <= expected, torch.zeros_like(L), soft)
     pen = torch.where(L > max_len, torch.full_like(L, -1.0), pen)
     return (pen * factor).to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+class DAPOOverlong(VLMMethod):
+    """``methods.dapo_overlong.enabled``: adds ``rewards["overlong"]`` = the soft penalty to ``total`` (on-policy
+    rows; an injected ground truth is not a sample of the policy and gets 0)."""
+
+    name = "dapo_overlong"
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        o = cfg.methods.dapo_overlong
+        self.max_len = o.max_len or cfg.rollout.max_new_tokens
+        self.cache_len = o.cache_len or max(1, self.max_len // 5)
+        self.factor = o.factor
+        overlong_penalty(torch.zeros(1), self.max_len, self.cache_len, self.factor)  # validates the options
+        self._m: dict[str, float] = {}
+
+    def on_rewards(self, rb, ctx):
+        pen = overlong_penalty(completion_lengths(rb.completion_mask), self.max_len, self.cache_len, self.factor)
+        pen = torch.where(rb.is_offpolicy, torch.zeros_like(pen), pen)
+        rb.rewards["overlong"] = pen
+        rb.rewards["total"] = rb.rewards["total"] + pen.to(rb.rewards["total"].dtype)
+        onp = ~rb.is_offpolicy
+        if onp.any():
+            self._m = {"overlong/penalized_frac": float((pen[onp] < 0).float().mean()),
+                       "overlong/penalty_mean": float(pen[onp].mean())}
+
+    def metrics(self, rb, m):
+        m.update(self._m)

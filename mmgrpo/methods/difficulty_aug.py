@@ -25,8 +25,9 @@ Choices the paper leaves open (its code is not reachable), and what this module 
 * the frames to mask and the noise are drawn from a ``torch.Generator`` the caller seeds per (step, prompt), so a
   run is reproducible and a resumed run draws the same augmentation;
 * a hard prompt without any successful trajectory in the buffer gets no reasoning hint; the caller may fall back
-  to :func:`elimination_hint` (MCQ: name wrong options) or :func:`coarse_span_hint` (temporal grounding: the
-  part of the video the event lies in), which use the ground truth and are documented as hints, not answers.
+  to :func:`elimination_hint` (MCQ: name wrong options) or :func:`coarse_span_hint` (temporal grounding: a
+  randomly placed window of half the video that holds the event), which use the ground truth but never give
+  the answer itself.
 
 All functions are pure (explicit tensors / strings in, out); :class:`DifficultyWindow` holds the W-step history
 and round-trips through ``state_dict``.
@@ -180,14 +181,134 @@ def elimination_hint(options: Sequence[str], correct: Sequence[str], n: int, gen
     return sorted(wrong[i] for i in pick)
 
 
-def coarse_span_hint(span: Sequence[float], duration: float, bins: int = 2) -> tuple[float, float]:
-    """The union of the ``bins`` equal parts of [0, duration] that the ground-truth span touches (temporal
-    grounding): e.g. bins=2 says which half (or both) holds the event. Coarser than the answer by construction."""
-    if duration <= 0 or bins < 1:
-        raise ValueError(f"duration must be > 0 and bins >= 1, got {duration}, {bins}")
+def coarse_span_hint(span: Sequence[float], duration: float, gen: torch.Generator, frac: float = 0.5
+                     ) -> tuple[float, float]:
+    """A window of length ``min(duration, max(frac * duration, span length / frac))`` that contains the
+    ground-truth span, placed at a uniformly random offset (temporal grounding): it narrows the search without
+    giving the boundaries away (it is always longer than the span, and a window aligned to a fixed grid could
+    coincide with the answer). A span too long for that returns the whole clip (no information)."""
+    if duration <= 0 or not 0 < frac <= 1:
+        raise ValueError(f"duration must be > 0 and frac in (0, 1], got {duration}, {frac}")
     s, e = sorted((float(span[0]), float(span[1])))
     s, e = max(0.0, s), min(float(duration), e)
-    w = duration / bins
-    lo = min(bins - 1, int(math.floor(s / w)))
-    hi = max(lo, min(bins - 1, int(math.ceil(e / w)) - 1))
-    return lo * w, (hi + 1) * w
+    w = min(float(duration), max(frac * duration, (e - s) / frac))
+    lo, hi = max(0.0, e - w), min(s, duration - w)
+    start = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64)) if hi > lo else lo
+    return start, start + w
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+def _sample_key(sample) -> str:
+    from mmgrpo.train.task import sample_id
+
+    return str(sample_id(sample))
+
+
+class DifficultyAug(VLMMethod):
+    """``methods.difficulty_aug.enabled``: a prompt's difficulty is its group's mean reward the last time it was
+    sampled, relative to the mean reward of the last ``window`` steps (:class:`DifficultyWindow`); when drawn
+    again, an easy prompt's video is perturbed (masked frames + pixel noise; images: noise) and a hard prompt gets a
+    hint (a prefix of its best successful completion's reasoning; else, with ``fallback_hints``, eliminated MCQ
+    options or the coarse part of the video holding the event). A prompt seen for the first time is not changed.
+    The augmentation is drawn from (run.seed, step, position): reproducible and identical after a resume."""
+
+    name = "difficulty_aug"
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        self.o = o = cfg.methods.difficulty_aug
+        if not (0 <= o.max_mask_frac < 1 and o.max_noise >= 0 and 0 <= o.max_hint_frac <= 1):
+            raise ValueError("methods.difficulty_aug: need 0 <= max_mask_frac < 1, max_noise >= 0, "
+                             f"0 <= max_hint_frac <= 1 (got {o.max_mask_frac}, {o.max_noise}, {o.max_hint_frac})")
+        self.window = DifficultyWindow(o.window)
+        self.last_mean: dict[str, float] = {}  # sample key -> group mean reward when last sampled
+        self.best: dict[str, tuple[float, str]] = {}  # sample key -> (reward, text) of its best successful answer
+        self._m: dict[str, float] = {}
+
+    def _gen(self, step: int, pos: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.cfg.run.seed * 1_000_003 + step * 7919 + pos) % (2 ** 63))
+
+    def _hint(self, pp, key: str, strength: float, gen: torch.Generator) -> str:
+        o = self.o
+        if key in self.best:
+            h = reasoning_hint(self.best[key][1], strength * o.max_hint_frac)
+            if h:
+                return h
+        if not o.fallback_hints:
+            return ""
+        s = pp.reward_sample or {}
+        if s.get("options") and s.get("answer"):
+            ans = s["answer"] if isinstance(s["answer"], (list, tuple)) else [s["answer"]]
+            wrong = elimination_hint(s["options"], [str(a) for a in ans], max(1, round(strength * len(s["options"]))),
+                                     gen)
+            return f"the answer is not {', '.join(wrong)}." if wrong else ""
+        if s.get("spans") and s.get("duration"):
+            off = s.get("video_start") or 0.0
+            span = [x - off for x in s["spans"][0]]
+            dur = (s.get("video_end") or s["duration"]) - off
+            lo, hi = coarse_span_hint(span, dur, gen)
+            if hi - lo < dur:  # a window as long as the clip says nothing
+                return f"the event happens between {lo:.2f} and {hi:.2f} seconds."
+        return ""
+
+    def prepare_prompts(self, step, preps):
+        keys = [_sample_key(pp.sample) for _, pp, _ in preps]
+        hist = torch.tensor([self.last_mean.get(k, float("nan")) for k in keys], dtype=torch.float64)
+        delta = torch.where(torch.isnan(hist), torch.zeros_like(hist), self.window.difficulty(hist))
+        if self.window.mean() is None:
+            delta = torch.zeros_like(delta)
+        plans = plan_augmentation(delta, self.o.threshold, self.o.scale)
+        out, n_hard, n_ease = [], 0, 0
+        for (pos, pp, gens), key, plan in zip(preps, keys, plans):
+            gen = self._gen(step, pos)
+            if plan.kind == "harden" and pp.clip is not None:
+                fr = torch.as_tensor(pp.clip.frames)
+                fr, _ = mask_frames(fr, plan.strength * self.o.max_mask_frac, gen)
+                fr = add_frame_noise(fr, plan.strength * self.o.max_noise, gen)
+                pp, n_hard = self.trainer.task.rebuild(pp, frames=fr), n_hard + 1
+            elif plan.kind == "harden" and pp.images:
+                import numpy as np
+                from PIL import Image
+
+                imgs = [Image.fromarray(add_frame_noise(torch.from_numpy(np.asarray(im))[None],
+                                                        plan.strength * self.o.max_noise, gen)[0].numpy())
+                        for im in pp.images]
+                pp, n_hard = self.trainer.task.rebuild(pp, images=imgs), n_hard + 1
+            elif plan.kind == "ease":
+                hint = self._hint(pp, key, plan.strength, gen)
+                if hint:
+                    pp, n_ease = self.trainer.task.rebuild(pp, hint=hint), n_ease + 1
+            out.append((pos, pp, gens))
+        self._m = {"aug/hardened": float(n_hard), "aug/eased": float(n_ease),
+                   "aug/window_mean": self.window.mean() if self.window.mean() is not None else 0.0}
+        return out
+
+    def on_rewards(self, rb, ctx):
+        use = rb.valid & ~rb.is_offpolicy
+        r = rb.rewards["total"].double()
+        acc_key = getattr(self.trainer, "acc_key", "total")
+        acc = rb.rewards.get(acc_key, rb.rewards["total"]).double()
+        for g in torch.unique(rb.group_ids[use]).tolist():
+            rows = (use & (rb.group_ids == g)).nonzero().flatten()
+            key = _sample_key(rb.samples[int(rows[0])])
+            self.last_mean[key] = float(r[rows].mean())
+            i = int(rows[torch.argmax(r[rows])])
+            if acc[i] >= self.o.success_threshold and float(r[i]) >= self.best.get(key, (-float("inf"), ""))[0]:
+                self.best[key] = (float(r[i]), rb.texts[i])
+        if use.any():
+            self.window.push(r[use])
+
+    def state_dict(self):
+        return {"window": self.window.state_dict(), "last_mean": dict(self.last_mean),
+                "best": {k: [v[0], v[1]] for k, v in self.best.items()}}
+
+    def load_state_dict(self, sd):
+        self.window.load_state_dict(sd["window"])
+        self.last_mean = {k: float(v) for k, v in sd["last_mean"].items()}
+        self.best = {k: (float(v[0]), str(v[1])) for k, v in sd["best"].items()}
+
+    def metrics(self, rb, m):
+        m.update(self._m)

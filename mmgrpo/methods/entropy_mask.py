@@ -62,3 +62,51 @@ def entropy_metrics(entropy: Tensor, mask: Tensor, kept: Tensor | None = None) -
         out["entropy/kept_frac"] = float(k.sum()) / float(m.sum())
         out["entropy/kept_mean"] = float(entropy.detach()[k].float().mean()) if k.any() else 0.0
     return out
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+class TokenEntropy(VLMMethod):
+    """``methods.entropy.enabled``: per-token entropy of the old policy (= the policy at the step's first update)
+    from the precompute forward, chunked, logged as ``entropy/*``; with ``methods.entropy.top_quantile`` < 1 only
+    the top-ρ tokens by entropy keep their policy-gradient term (``rb.token_weights`` multiplied by the 0/1 mask;
+    the KL term and the loss normaliser are unchanged). The quantile runs over this process's loss tokens of
+    the step (TRL: per micro-batch, gathered over processes)."""
+
+    name = "entropy"
+    needs_old_logp = True
+    needs_logits = True
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        self.rho = cfg.methods.entropy.top_quantile
+        if not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"methods.entropy.top_quantile must be in (0, 1], got {self.rho}")
+        self._m: dict[str, float] = {}
+
+    def before_precompute(self, rb):
+        rb.entropy = torch.zeros(rb.completion_ids.shape)
+
+    def on_logits(self, rb, idx, logits, lp):
+        from mmgrpo.models.chunked import token_entropy_from
+
+        T = lp.shape[1]
+        ent = token_entropy_from(logits, rb.completion_mask[idx, :T].to(lp.device),
+                                 max(1, self.cfg.algo.logprob_chunk_size or 1024))
+        rb.entropy[idx, :T] = ent.float().cpu()
+
+    def after_precompute(self, rb):
+        mask = rb.completion_mask.bool().clone()
+        if self.cfg.rollout.mask_truncated_completions:
+            mask[rb.truncated] = False
+        keep = None
+        if self.rho < 1.0:
+            keep = high_entropy_mask(rb.entropy, mask, self.rho)
+            w = keep.float()
+            rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
+        self._m = entropy_metrics(rb.entropy, mask, keep)
+
+    def metrics(self, rb, m):
+        m.update(self._m)

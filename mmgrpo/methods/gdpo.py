@@ -61,3 +61,36 @@ def gdpo_advantages(rewards: Mapping[str, Tensor], weights: Mapping[str, float],
         adv_kwargs["valid"] = v
     return multi_reward_advantages(comps, group_ids, weights=w, mode="normalize_then_sum",
                                    renormalize=renormalize, **adv_kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+#: additive reward terms other methods put into ``total``; GDPO normalises each as its own component
+ADDITIVE_TERMS = {"temporal": 1.0, "overlong": 1.0}
+
+
+class GDPO(VLMMethod):
+    """``methods.gdpo.enabled``: the advantage of every row is :func:`gdpo_advantages` of the reward components
+    (``reward.weights`` + additive terms) instead of the group-normalised weighted total. Computed on this
+    process's whole groups; with several processes the batch standardisation uses this process's rows."""
+
+    name = "gdpo"
+    needs_whole_groups = True
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.tempsamp.enabled and cfg.tempsamp.mode != "none":
+            raise ValueError("methods.gdpo normalises every reward component itself; tempsamp.mode="
+                             f"{cfg.tempsamp.mode!r} shapes / anchors the weighted total, which GDPO does not use. "
+                             "Use tempsamp.mode=none with methods.gdpo")
+        if cfg.methods.ngrpo.enabled:
+            raise ValueError("methods.gdpo and methods.ngrpo both replace the advantage estimator; enable one")
+
+    def local_advantages(self, rb, r, kw):
+        o = self.cfg.methods.gdpo
+        if rb.n == 0:
+            return None
+        return gdpo_advantages(rb.rewards, self.cfg.reward.weights, rb.group_ids, valid=kw.get("valid"),
+                               extra=ADDITIVE_TERMS, renormalize=o.renormalize, scale=kw.get("scale", "group"),
+                               eps=kw.get("eps", 1e-4))

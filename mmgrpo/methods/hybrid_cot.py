@@ -77,3 +77,64 @@ def mode_format_reward(text: Any, mode: Mode) -> float:
     if mode == "no_think":
         return 1.0 if (st.loose and st.n_think_open == 0 and st.n_think_close == 0) else 0.0
     raise ValueError(f"mode must be 'think' or 'no_think', got {mode!r}")
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+import torch  # noqa: E402
+
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+class HybridCoT(VLMMethod):
+    """``methods.hybrid_cot.enabled``: each step asks a :func:`think_probability` share of its prompts (whole
+    groups) to think and the rest to answer directly (the prompt is rebuilt with that mode's system prompt from the
+    already decoded media), and the ``format`` reward (if weighted) is re-scored per row with
+    :func:`mode_format_reward`, so a direct answer is not punished for having no ``<think>`` block."""
+
+    name = "hybrid_cot"
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.data.prompt_mode not in ("think", "no_think"):
+            raise ValueError("methods.hybrid_cot chooses think / no_think per prompt; set data.prompt_mode to think "
+                             f"or no_think (the mode prompts are prepared in first), not {cfg.data.prompt_mode!r}")
+        o = cfg.methods.hybrid_cot
+        think_probability(0, o.stage1_steps, o.think_fraction, o.ramp_steps)  # validates the options
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        self.o = cfg.methods.hybrid_cot
+        self.modes: dict[int, str] = {}  # stream position -> mode, for this step's rows
+        self._m: dict[str, float] = {}
+
+    def prepare_prompts(self, step, preps):
+        o = self.o
+        p = think_probability(step, o.stage1_steps, o.think_fraction, o.ramp_steps)
+        modes = assign_modes(step, [pos for pos, _, _ in preps], p, self.cfg.run.seed, o.exact)
+        out = []
+        for (pos, pp, gens), mode in zip(preps, modes):
+            self.modes[pos] = mode
+            if mode != self.cfg.data.prompt_mode:
+                pp = self.trainer.task.rebuild(pp, mode=mode)
+            out.append((pos, pp, gens))
+        self._m = {"hybrid/think_prob": p}
+        return out
+
+    def on_rewards(self, rb, ctx):
+        modes = [self.modes.get(g, self.cfg.data.prompt_mode) for g in rb.group_ids.tolist()]
+        w = self.cfg.reward.weights.get("format")
+        if w and "format" in rb.rewards:
+            new = torch.tensor([mode_format_reward(t, md) for t, md in zip(rb.texts, modes)],
+                               dtype=rb.rewards["format"].dtype)
+            new = torch.where(rb.is_offpolicy, rb.rewards["format"], new)  # an injected answer keeps its score
+            rb.rewards["total"] = rb.rewards["total"] + w * (new - rb.rewards["format"]).to(rb.rewards["total"].dtype)
+            rb.rewards["format"] = new
+        think = torch.tensor([md == "think" for md in modes]) & ~rb.is_offpolicy
+        onp = ~rb.is_offpolicy
+        self._m["hybrid/think_row_frac"] = float(think[onp].float().mean()) if onp.any() else 0.0
+        for name, sel in (("think", think), ("no_think", onp & ~think)):
+            if sel.any():
+                self._m[f"hybrid/reward_{name}"] = float(rb.rewards["total"][sel].float().nanmean())
+
+    def metrics(self, rb, m):
+        m.update(self._m)

@@ -55,10 +55,11 @@ def mix_parameters_(ref: Iterable[torch.Tensor], policy: Iterable[torch.Tensor],
 
 
 @torch.no_grad()
-def mix_models_(ref_model: nn.Module, policy_model: nn.Module, alpha: float) -> int:
+def mix_models_(ref_model: nn.Module, policy_model: nn.Module, alpha: float, only: set[str] | None = None) -> int:
     """:func:`mix_parameters_` over the parameters of two models matched by name (``module.`` prefixes of
-    DDP/accelerate wrappers removed). Parameters the policy does not train (frozen vision tower) are mixed too:
-    they are equal, so the mix leaves them unchanged up to rounding. Raises on a name or shape mismatch."""
+    DDP/accelerate wrappers removed), restricted to the names in ``only`` if given (the trainer passes the trained
+    parameters: frozen ones, e.g. the vision tower, are equal in both, and mixing them would only add rounding).
+    Raises on a name or shape mismatch."""
     def named(m: nn.Module) -> dict[str, torch.Tensor]:
         m = getattr(m, "module", m)
         return dict(m.named_parameters())
@@ -68,5 +69,72 @@ def mix_models_(ref_model: nn.Module, policy_model: nn.Module, alpha: float) -> 
         only_r, only_p = sorted(ref.keys() - pol.keys()), sorted(pol.keys() - ref.keys())
         raise ValueError(f"reference and policy parameters differ: only in reference {only_r[:5]}, only in policy "
                          f"{only_p[:5]}")
-    names = list(ref)
+    names = [k for k in ref if only is None or k in only]
     return mix_parameters_([ref[k] for k in names], [pol[k] for k in names], alpha)
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+class RefSync(VLMMethod):
+    """``methods.ref_sync.enabled``: every ``sync_steps`` applied updates the frozen reference becomes
+    ``mixup_alpha * policy + (1 - mixup_alpha) * reference``. The reference's trained-parameter tensors are saved
+    in checkpoints (they are no longer the initial weights), so a resumed run continues from the synced reference."""
+
+    name = "ref_sync"
+
+    @classmethod
+    def check_config(cls, cfg):
+        o = cfg.methods.ref_sync
+        sync_due(0, o.sync_steps)
+        if not 0.0 < o.mixup_alpha <= 1.0:
+            raise ValueError(f"methods.ref_sync.mixup_alpha must be in (0, 1], got {o.mixup_alpha}")
+        if cfg.algo.kl_coef <= 0:
+            raise ValueError("methods.ref_sync moves the KL reference, but algo.kl_coef=0 uses none; set "
+                             "algo.kl_coef > 0")
+        if cfg.model.lora.enabled:
+            raise ValueError("methods.ref_sync: with LoRA the reference is the base model under the disabled "
+                             "adapter; mixing into it would change the policy's own base weights. Use full "
+                             "fine-tuning or drop methods.ref_sync")
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        self.o = cfg.methods.ref_sync
+        self.updates = 0
+        self.syncs = 0
+
+    def _ref(self):
+        ref = self.trainer.policy.ref_model
+        if ref is None:
+            raise RuntimeError("methods.ref_sync: the trainer has no reference model")
+        return ref
+
+    def _trained_names(self) -> set[str]:
+        return {n for n, p in getattr(self.trainer.model, "module", self.trainer.model).named_parameters()
+                if p.requires_grad}
+
+    def after_update(self):
+        self.updates += 1
+        if sync_due(self.updates, self.o.sync_steps):
+            mix_models_(self._ref(), self.trainer.model, self.o.mixup_alpha, self._trained_names())
+            self.syncs += 1
+
+    def state_dict(self):
+        names = self._trained_names()
+        ref = {k: v.detach().cpu().clone() for k, v in self._ref().named_parameters() if k in names}
+        return {"updates": self.updates, "syncs": self.syncs, "reference": ref if self.syncs else {}}
+
+    def load_state_dict(self, sd):
+        self.updates, self.syncs = int(sd["updates"]), int(sd["syncs"])
+        if sd.get("reference"):
+            params = dict(self._ref().named_parameters())
+            missing = sorted(set(sd["reference"]) - set(params))
+            if missing:
+                raise ValueError(f"resume: methods.ref_sync reference tensors {missing[:5]} are not in the model")
+            with torch.no_grad():
+                for k, v in sd["reference"].items():
+                    params[k].copy_(v.to(params[k].device, params[k].dtype))
+
+    def metrics(self, rb, m):
+        m["ref_sync/syncs"] = float(self.syncs)

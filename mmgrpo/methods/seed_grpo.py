@@ -273,3 +273,45 @@ def seed_advantages(advantages: Tensor, cluster_ids, group_ids, alpha: float = 0
                "seed/weight_mean": float(w[first].mean()) if n_groups else 1.0,
                "seed/clusters_mean": (len(torch.unique(cid)) / n_groups) if n_groups else 0.0}
     return adv * wb, metrics
+
+
+# ----------------------------------------------------------------------------------------------- trainer hook
+from mmgrpo.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+
+
+class SeedGRPO(VLMMethod):
+    """``methods.seed_grpo.enabled``: after the group advantages exist, every row's advantage is multiplied by its
+    group's :func:`seed_weights`. The clustering reads the valid on-policy rows' answers (``data.task`` decides
+    how: :func:`cluster_texts`); an injected ground truth is not the policy's answer, so it does not enter the
+    entropy, but its advantage is scaled with its group's."""
+
+    name = "seed_grpo"
+    needs_whole_groups = True  # the entropy of a group needs all its answers
+
+    def __init__(self, cfg, trainer):
+        super().__init__(cfg, trainer)
+        self.o = cfg.methods.seed_grpo
+        self._m: dict[str, float] = {}
+
+    def after_advantages(self, rb, valid):
+        o = self.o
+        use = valid & ~rb.is_offpolicy
+        if not bool(use.any()):
+            return
+        rows = use.nonzero().flatten()
+        gid = rb.group_ids[rows]
+        cid = cluster_texts([rb.texts[i] for i in rows.tolist()], self.cfg.data.task, gid, o.threshold, o.unparsed)
+        seq_lp = (rb.rollout_logp[rows] * rb.completion_mask[rows]).sum(1) if o.estimator != "count" else None
+        lens = rb.completion_mask[rows].sum(1) if o.length_normalize else None
+        se, G = semantic_entropy(cid, gid, seq_lp, o.estimator, lens)
+        w = seed_weights(se, G, o.alpha, o.fn, o.gamma)
+        per_group = dict(zip(gid.tolist(), w.tolist()))
+        scale = torch.tensor([per_group.get(g, 1.0) for g in rb.group_ids.tolist()], dtype=torch.float64)
+        rb.advantages = (rb.advantages.double() * scale).to(rb.advantages.dtype)
+        firsts = {g: k for k, g in reversed(list(enumerate(gid.tolist())))}
+        idx = torch.tensor(sorted(firsts.values()))
+        self._m = {"seed/entropy_mean": float(se[idx].mean()), "seed/weight_mean": float(w[idx].mean()),
+                   "seed/clusters_mean": len(torch.unique(cid)) / len(idx)}
+
+    def metrics(self, rb, m):
+        m.update(self._m)

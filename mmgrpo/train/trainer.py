@@ -710,6 +710,8 @@ class GRPOTrainer(MethodAliases):
         extra = sum(m.extra_rounds() for m in self.methods)
         for rnd in range(1 + extra):
             preps = self._prepare(self._draw())
+            for m in self.methods:
+                preps = m.prepare_prompts(step, preps)
             self._prefetch_ahead()  # the next draws' media decode while this step generates and trains
             # a group is counted by the process holding its generation 0 (split groups are counted once)
             first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
@@ -937,6 +939,8 @@ class GRPOTrainer(MethodAliases):
             self.consecutive_skips = 0
             self.optimizer.step()
             self.scheduler.step()
+            for m in self.methods:
+                m.after_update()
         metrics = {k: (v if k == "loss" else v / max(wsum, 1.0)) for k, v in acc.items() if k != "num_tokens"}
         metrics["grad_norm"] = grad_norm
         metrics["lr"] = self.scheduler.get_last_lr()[0]
@@ -1160,6 +1164,7 @@ class GRPOTrainer(MethodAliases):
                               "model_path": self.cfg.model.path, "kl_coef": self.cfg.algo.kl_coef},
                 "selection": getattr(self, "selected_indices", None),
                 "budget": self.budget.state_dict(),
+                "methods": {m.name: sd for m in self.methods if (sd := m.state_dict()) is not None},
             },
         }
 
@@ -1226,6 +1231,9 @@ class GRPOTrainer(MethodAliases):
         self.budget.load_state_dict(tr.get("budget"))
         self.counters.update(tr["counters"])
         self.consecutive_skips = int(tr.get("consecutive_skips", 0))
+        for m in self.methods:
+            if m.name in tr.get("methods", {}):
+                m.load_state_dict(tr["methods"][m.name])
         if tr.get("world_size", 1) == self.world:
             restore_rng_state(tr["rng"])
         log.info("resumed from %s at step %d", path, self.step)

@@ -62,6 +62,13 @@ def test_hints():
     for seed in range(5):
         e = elimination_hint(["w", "x", "y", "z"], ["B"], 5, torch.Generator().manual_seed(seed))
         assert "B" not in e and len(e) == 2  # never the answer, one wrong option left
-    assert coarse_span_hint((3.0, 4.0), 10.0, 2) == (0.0, 5.0)
-    assert coarse_span_hint((4.0, 6.0), 10.0, 2) == (0.0, 10.0)
-    assert coarse_span_hint((7.5, 8.0), 10.0, 4) == (7.5, 10.0)
+    for seed in range(20):
+        lo, hi = coarse_span_hint((3.0, 4.0), 10.0, torch.Generator().manual_seed(seed))
+        assert hi - lo == pytest.approx(5.0) and 0.0 <= lo <= 3.0 and 4.0 <= hi <= 10.0  # holds the span
+    starts = {round(coarse_span_hint((3.0, 4.0), 10.0, torch.Generator().manual_seed(s))[0], 6) for s in range(20)}
+    assert len(starts) > 10  # not aligned to the answer
+    assert coarse_span_hint((1.0, 9.0), 10.0, torch.Generator().manual_seed(0)) == (0.0, 10.0)  # long span: all
+    lo, hi = coarse_span_hint((2.0, 5.0), 10.0, torch.Generator().manual_seed(0))  # 3 s span: a 6 s window
+    assert hi - lo == pytest.approx(6.0) and lo <= 2.0 and hi >= 5.0
+    lo, hi = coarse_span_hint((8.0, 9.5), 10.0, torch.Generator().manual_seed(0))
+    assert 4.5 <= lo <= 5.0 and hi == pytest.approx(lo + 5.0)

@@ -37,5 +37,8 @@ def test_models_by_name_and_mismatch():
     assert mix_models_(a, b, 0.5) == 2
     assert torch.allclose(a.weight, 0.5 * wa + 0.5 * wb)
     assert torch.equal(b.weight, wb)  # the policy is not touched
+    c, d = nn.Linear(3, 2), nn.Linear(3, 2)
+    bc = c.bias.detach().clone()
+    assert mix_models_(c, d, 0.5, only={"weight"}) == 1 and torch.equal(c.bias, bc)
     with pytest.raises(ValueError, match="differ"):
         mix_models_(nn.Linear(3, 2), nn.Linear(3, 2, bias=False), 0.5)
