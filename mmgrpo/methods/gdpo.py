@@ -72,8 +72,9 @@ ADDITIVE_TERMS = {"temporal": 1.0, "overlong": 1.0}
 
 class GDPO(VLMMethod):
     """``methods.gdpo.enabled``: the advantage of every row is :func:`gdpo_advantages` of the reward components
-    (``reward.weights`` + additive terms) instead of the group-normalised weighted total. Computed on this
-    process's whole groups; with several processes the batch standardisation uses this process's rows."""
+    (``reward.weights`` + additive terms) instead of the group-normalised weighted total. Group statistics are
+    taken on this process's whole groups; the batch standardisation sums over every process (the numbers of a
+    1-process run). Every process runs the same collectives, also one without rows."""
 
     name = "gdpo"
     needs_whole_groups = True
@@ -88,9 +89,25 @@ class GDPO(VLMMethod):
             raise ValueError("methods.gdpo and methods.ngrpo both replace the advantage estimator; enable one")
 
     def local_advantages(self, rb, r, kw):
-        o = self.cfg.methods.gdpo
-        if rb.n == 0:
-            return None
-        return gdpo_advantages(rb.rewards, self.cfg.reward.weights, rb.group_ids, valid=kw.get("valid"),
-                               extra=ADDITIVE_TERMS, renormalize=o.renormalize, scale=kw.get("scale", "group"),
-                               eps=kw.get("eps", 1e-4))
+        from mmgrpo.core.distributed import global_sum
+
+        o, eps = self.cfg.methods.gdpo, kw.get("eps", 1e-4)
+        valid = kw.get("valid")
+        valid = torch.ones(rb.n, dtype=torch.bool) if valid is None else torch.as_tensor(valid, dtype=torch.bool)
+        if rb.n:
+            out = gdpo_advantages(rb.rewards, self.cfg.reward.weights, rb.group_ids, valid=valid,
+                                  extra=ADDITIVE_TERMS, renormalize=False, scale=kw.get("scale", "group"), eps=eps)
+        else:
+            z = torch.zeros(0)
+            out = AdvantageOutput(z, z.bool(), 0.0, z, z, 0)
+        if not o.renormalize:
+            return out
+        a = out.advantages.double()
+        # batch standardisation over all processes' valid rows (two passes: mean, then squared deviations)
+        n = global_sum(float(valid.sum()))
+        mu = global_sum(float(a[valid].sum())) / max(n, 1.0)
+        ss = global_sum(float(((a - mu)[valid] ** 2).sum()))
+        sd = (ss / (n - 1)) ** 0.5 if n > 1 else 0.0
+        a = torch.where(valid & ~out.zero_std_mask, (a - mu) / (sd + eps), torch.zeros_like(a))
+        out.advantages = a.to(torch.float32)
+        return out
