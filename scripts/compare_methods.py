@@ -46,6 +46,13 @@ VLM_METHODS: dict[str, list[str]] = {
     "tempsamp_r1": ["tempsamp.enabled=true"],
     "reg_grpo": ["algo.loss_type=reg"],
     "t_grpo": ["tgrpo.enabled=true"],
+    # wave 2 (issue #21); TR-DPO reference sync has no row: it needs full fine-tuning and the demo trains LoRA
+    "seed_grpo": ["methods.seed_grpo.enabled=true"],
+    "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
+    "entropy_top20": ["methods.entropy.enabled=true", "methods.entropy.top_quantile=0.2"],
+    "gdpo": ["methods.gdpo.enabled=true"],  # the demo's single IoU reward: GRPO + batch standardisation
+    "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
+    "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
 }
 FLOW_METHODS: dict[str, list[str]] = {
     "flow_grpo_sde": ["method=flow"],

@@ -105,6 +105,20 @@ def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, t
     assert {"entropy/mean", "entropy/kept_frac"} <= set(hist[-1]) and change > 0
 
 
+def test_entropy_with_shared_prefix_logprobs_matches_naive(tmp_path, tiny_dirs, th):
+    ents = []
+    for impl in ("naive", "prefix_group"):
+        cfg = make_cfg(tmp_path / impl, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true", "data.task=mcq",
+                       f"run.logprob_impl={impl}")
+        tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+        tr._make_stream()
+        rb = tr.collect(0)
+        tr.precompute(rb, micro_batches(rb.group_ids, 8))
+        ents.append(rb.entropy)
+    torch.testing.assert_close(ents[0], ents[1], atol=1e-4, rtol=1e-4)
+    assert ents[0].abs().sum() > 0
+
+
 def test_hybrid_cot_modes_and_format(tmp_path, tiny_dirs, th):
     from mmgrpo.data.prompts import SYSTEM_PROMPTS
     from mmgrpo.methods.hybrid_cot import mode_format_reward
