@@ -273,7 +273,7 @@ class DifficultyAug(VLMMethod):
                 import numpy as np
                 from PIL import Image
 
-                imgs = [Image.fromarray(add_frame_noise(torch.from_numpy(np.asarray(im))[None],
+                imgs = [Image.fromarray(add_frame_noise(torch.from_numpy(np.array(im))[None],
                                                         plan.strength * self.o.max_noise, gen)[0].numpy())
                         for im in pp.images]
                 pp, n_hard = self.trainer.task.rebuild(pp, images=imgs), n_hard + 1

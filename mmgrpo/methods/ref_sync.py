@@ -100,6 +100,9 @@ class RefSync(VLMMethod):
 
     def __init__(self, cfg, trainer):
         super().__init__(cfg, trainer)
+        if getattr(trainer, "sharded", False):
+            raise ValueError("methods.ref_sync mixes whole parameter tensors; the policy is sharded (FSDP / "
+                             "DeepSpeed), which it does not support yet")
         self.o = cfg.methods.ref_sync
         self.updates = 0
         self.syncs = 0

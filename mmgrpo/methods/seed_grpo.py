@@ -154,6 +154,9 @@ def cluster_by_overlap(answers: Sequence[Sequence[float] | None], group_ids, thr
     return _assign(list(answers), group_ids, same, unparsed)
 
 
+CLUSTER_TASKS = ("tvg", "mcq", "gqa", "rec", "numeric")
+
+
 def cluster_texts(texts: Sequence[str], task: str, group_ids, threshold: float = 0.5,
                   unparsed: Literal["shared", "own"] = "shared", num_decimals: int = 6) -> Tensor:
     """Cluster completions by the meaning of their answer, per task, with the project's parsers
@@ -287,6 +290,16 @@ class SeedGRPO(VLMMethod):
 
     name = "seed_grpo"
     needs_whole_groups = True  # the entropy of a group needs all its answers
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.data.task not in CLUSTER_TASKS:
+            raise ValueError(f"methods.seed_grpo clusters answers of the tasks {CLUSTER_TASKS}; data.task="
+                             f"{cfg.data.task!r} has no answer clustering")
+        o = cfg.methods.seed_grpo
+        seed_weights(torch.zeros(1), torch.full((1,), 2.0), o.alpha, o.fn, o.gamma)  # validates fn
+        if not 0.0 < o.threshold <= 1.0:
+            raise ValueError(f"methods.seed_grpo.threshold must be in (0, 1], got {o.threshold}")
 
     def __init__(self, cfg, trainer):
         super().__init__(cfg, trainer)

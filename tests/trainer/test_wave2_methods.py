@@ -217,3 +217,24 @@ def test_gdpo_refuses_a_second_estimator(tmp_path, th):
         cfg = make_cfg(tmp_path, tmp_path / "no-model", "methods.gdpo.enabled=true", *extra)
         with pytest.raises(ValueError, match="gdpo"):
             GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+
+
+def test_difficulty_aug_adds_noise_to_easy_images(tmp_path, tiny_dirs, th):
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.difficulty_aug.enabled=true", "data.task=mcq")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+    meth = next(m for m in tr.methods if m.name == "difficulty_aug")
+    meth.window.push(torch.tensor([0.5]))
+    meth.last_mean.update({"i0": 1.0, "i1": 0.5})  # i0 easy; i1 at the mean: unchanged
+    tr._make_stream()
+    preps = tr._prepare(tr._draw())
+    out = meth.prepare_prompts(0, preps)
+    for (_, old, _), (_, new, _) in zip(preps, out):
+        same = torch.equal(new.item["pixel_values"], old.item["pixel_values"])
+        assert same == (old.sample["id"] == "i1")
+        assert new.images[0].size == old.images[0].size
+
+
+def test_seed_grpo_refuses_a_task_without_clustering(tmp_path, th):
+    cfg = make_cfg(tmp_path, tmp_path / "no-model", "methods.seed_grpo.enabled=true", "data.task=ocr")
+    with pytest.raises(ValueError, match="seed_grpo"):
+        GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
