@@ -103,7 +103,8 @@ class DifficultyAugOptions:
     scale: float = field(default=0.5, metadata=_h("difficulty at which the strength reaches 1"))
     max_mask_frac: float = field(default=0.5, metadata=_h("fraction of frames masked at strength 1"))
     max_noise: float = field(default=25.0, metadata=_h("pixel noise std (0-255 units) at strength 1"))
-    max_hint_frac: float = field(default=0.5, metadata=_h("share of a successful reasoning given as hint at strength 1"))
+    max_hint_frac: float = field(default=0.5, metadata=_h(
+        "share of a successful answer's reasoning given as the hint at strength 1"))
     success_threshold: float = field(default=0.5, metadata=_h(
         "an answer is 'successful' (a hint source) when its accuracy reward (reward.accuracy_key) reaches this"))
     fallback_hints: bool = field(default=True, metadata=_h(

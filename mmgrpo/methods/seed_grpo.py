@@ -215,8 +215,8 @@ def semantic_entropy(cluster_ids, group_ids, seq_logp: Tensor | None = None, est
         size[rows] = float(len(rows))
         uniq, inv = torch.unique(c, return_inverse=True)
         if estimator == "count":
-            p = torch.zeros(len(uniq), dtype=torch.float64).scatter_add_(0, inv, torch.ones(len(rows), dtype=torch.float64))
-            p = p / len(rows)
+            ones = torch.ones(len(rows), dtype=torch.float64)
+            p = torch.zeros(len(uniq), dtype=torch.float64).scatter_add_(0, inv, ones) / len(rows)
             logp = torch.log(p)
         else:
             lg = ell[rows]
