@@ -15,7 +15,7 @@ with :math:`S_1` = ``stage1_steps``, p = ``think_fraction`` (the stage-2 mix) an
 Choices (the paper gives the stages, not the per-step mechanics):
 
 * the mode is chosen **per prompt** (the whole group shares it), so group advantages compare answers of one
-  mode; ``per="row"`` mixes modes inside a group instead (the group then also learns *whether* to think);
+  mode (mixing modes inside a group would also teach *whether* to think, but needs per-row prompts; not offered);
 * ``exact=True`` (default) asks exactly :math:`\mathrm{round}(p\,P)` of the P prompts of a step to think (lowest
   hash first), so the mix does not fluctuate with small P; ``exact=False`` draws each prompt independently;
 * the draw is a hash of (seed, step, prompt key): the same on every process, and a resumed run repeats it;
@@ -109,6 +109,8 @@ class HybridCoT(VLMMethod):
 
     def prepare_prompts(self, step, preps):
         o = self.o
+        if step != getattr(self, "_step", None):  # modes of earlier steps are no longer needed
+            self.modes, self._step = {}, step
         p = think_probability(step, o.stage1_steps, o.think_fraction, o.ramp_steps)
         modes = assign_modes(step, [pos for pos, _, _ in preps], p, self.cfg.run.seed, o.exact)
         out = []
