@@ -108,6 +108,9 @@ class EvalT2IConfig:
     name: str = field(default="", metadata=_h("run name in reports (default: out_dir's basename)"))
     save_images: bool = field(default=True, metadata=_h("write every image as PNG (re-scoring later needs them)"))
     grid_nrow: int = field(default=4, metadata=_h("images per row of the per-batch PNG grids (0 = no grids)"))
+    grid_min_tile: int = field(default=128, metadata=_h(
+        "grids only: nearest-neighbour upscale tiles to at least this many pixels so small images and their "
+        "captions are readable (0 = original size); the saved images are never resized"))
     hash_weights: Literal["sampled", "full", "none"] = field(
         default="sampled", metadata=_h("weights fingerprint: sampled (size + 64 chunks per file) | full | none"))
     overwrite: bool = field(default=False, metadata=_h("delete existing results in out_dir first"))
@@ -278,9 +281,10 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
                              "image": rel})
             if cfg.grid_nrow > 0:
                 main_key = next(iter(scores), None)
-                caps = [it["prompt"][:40] + (f" | {scores[main_key][j]:.3f}" if main_key else "")
+                caps = [it["prompt"] + (f" | {scores[main_key][j]:.3f}" if main_key else "")
                         for j, it in enumerate(batch)]
-                save_image_grid(arr, out_dir / "grids" / f"batch_{bi:05d}.png", nrow=cfg.grid_nrow, captions=caps)
+                save_image_grid(arr, out_dir / "grids" / f"batch_{bi:05d}.png", nrow=cfg.grid_nrow, captions=caps,
+                                min_tile=cfg.grid_min_tile)
             writer.append(rows)  # after the PNGs: a row never points at a missing file
             stats["n_batches_generated"] += 1
             stats["n_generated"] += len(rows)

@@ -517,39 +517,13 @@ def _json_safe(d: dict) -> dict:
     return out
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-        eos.append(tokenizer.eos_token_id)
-    return eos
-
-
 def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple[list[str], list[int], list[bool]]:
-    """Greedy decoding of left-padded prompt items: the token choices of ``HFRolloutBackend`` with
-    ``greedy=True`` (same collation, EOS / pad ids, suppressed vision tokens) without keeping the per-step logits,
-    which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
-    completion tokens incl. EOS, truncated)."""
-    import torch
+    """:func:`mmgrpo.models.rollout.greedy_generate` (one definition, shared with the trainer's validation so a
+    validation point and an evaluation of the same weights decode alike); imported lazily (``--help`` stays
+    torch-free)."""
+    from mmgrpo.models.rollout import greedy_generate as _greedy
 
-    from mmgrpo.models.rollout import (batch_to, collate_prompts, completion_mask_from_ids,
-                                       decoding_generation_config, explicit_decoding)
-
-    model, tok = policy.model, policy.tokenizer
-    pad = tok.pad_token_id
-    eos = _eos_ids(model, tok)
-    device = next(model.parameters()).device
-    batch = batch_to(collate_prompts(list(items), pad), device)
-    # plain argmax: the checkpoint's generation_config (e.g. Qwen2.5-VL's repetition_penalty 1.05) is NOT merged
-    # in; settings.json / metrics.json record the ignored fields under decoding.checkpoint_fields_ignored
-    gc = decoding_generation_config(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                                    suppress_tokens=list(policy.suppress_token_ids) or None, use_cache=True)
-    with torch.no_grad(), explicit_decoding(model, "eval greedy decoding"):
-        out = model.generate(**batch, generation_config=gc)
-    ids = out[:, batch["input_ids"].shape[1]:].cpu()
-    mask, truncated = completion_mask_from_ids(ids, eos)
-    texts = tok.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
-    return texts, mask.sum(1).tolist(), truncated.tolist()
+    return _greedy(policy, items, max_new_tokens)
 
 
 # ------------------------------------------------------------------------------------------------ Video-RTS

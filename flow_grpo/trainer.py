@@ -990,9 +990,9 @@ class FlowGRPOTrainer:
             from mmgrpo.utils.logging import save_image_grid
 
             sel = torch.nonzero(r_all).flatten()
-            caps = [f"{self.eval_prompts[int(idx_all[i])][:30]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
+            caps = [f"{self.eval_prompts[int(idx_all[i])]} r={float(cols_all[i, 0]):.3f}" for i in sel.tolist()]
             grid = save_image_grid(imgs_all[sel], self.out / "samples" / f"eval_epoch_{self.epoch:05d}.png",
-                                   nrow=min(8, len(sel)), captions=caps)
+                                   nrow=min(8, len(sel)), captions=caps, min_tile=128)
             if self.logger is not None and c.run.tensorboard:
                 import numpy as np
                 from PIL import Image
@@ -1322,8 +1322,8 @@ class FlowGRPOTrainer:
                 if every and (self.epoch % every == 0):
                     t = self._last_traj
                     save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
-                                    nrow=c.data.group_size, captions=[f"{p[:30]} r={r:.3f}" for p, r in
-                                                                      zip(t.prompts, t.rewards["total"].tolist())])
+                                    nrow=c.data.group_size, min_tile=128,
+                                    captions=[f"{p} r={r:.3f}" for p, r in zip(t.prompts, t.rewards["total"].tolist())])
             metric = ev["eval/reward/mean"] if ev is not None else None
             if metric is not None and not math.isfinite(metric):
                 metric = None

@@ -298,6 +298,43 @@ class RunConfig:
 
 
 @dataclass
+class ValidationConfig:
+    """Greedy evaluation on a fixed validation set during training (mmgrpo.train.validation)."""
+
+    file: str = field(default="", metadata=_h(
+        "validation JSONL (canonical format, same task as data.train_file); never the held-out test split "
+        "('' = no validation)"))
+    every: int = field(default=0, metadata=_h("evaluate every N optimizer steps and after the last one (0 = off)"))
+    at_start: bool = field(default=True, metadata=_h("also evaluate the starting weights (step 0) of a fresh run"))
+    max_samples: int = field(default=0, metadata=_h("first N validation samples (0 = all)"))
+    batch_size: int = field(default=4, metadata=_h(
+        "prompts per greedy generate() call (use eval/generate_vlm.py's decoding.batch_size for identical "
+        "batches)"))
+    max_new_tokens: int = field(default=0, metadata=_h("greedy completion budget (0 = rollout.max_new_tokens)"))
+    metric: str = field(default="", metadata=_h(
+        "headline metric of the curve ('' = task default: tvg mIoU, other tasks accuracy); logged as val/<metric>"))
+    select_best: bool = field(default=False, metadata=_h(
+        "choose the kept 'best' checkpoint on validation only: saves a checkpoint at every validation step and sets "
+        "run.best_metric=val/<metric> (run.best_mode max); off = checkpoints as before"))
+
+    def check(self, run: "RunConfig", task: str) -> None:
+        """Parse-time checks; ``select_best`` points ``run.best_metric`` at the validation metric."""
+        if self.every < 0 or self.max_samples < 0 or self.max_new_tokens < 0 or self.batch_size < 1:
+            raise ValueError("validation.every, max_samples and max_new_tokens must be >= 0, batch_size >= 1")
+        if (self.every > 0) != bool(self.file):
+            raise ValueError("validation.file and validation.every > 0 go together (one without the other "
+                             f"validates nothing): file={self.file!r}, every={self.every}")
+        if self.select_best:
+            if not self.file:
+                raise ValueError("validation.select_best needs validation.file and validation.every")
+            key = "val/" + (self.metric or ("mIoU" if task == "tvg" else "accuracy"))
+            if run.best_metric and run.best_metric != key:
+                raise ValueError(f"validation.select_best chooses the best checkpoint by {key}; run.best_metric="
+                                 f"{run.best_metric!r} would choose it on another metric (leave it empty)")
+            run.best_metric, run.best_mode = key, "max"
+
+
+@dataclass
 class TrainConfig:
     """mmgrpo VLM GRPO training run."""
 
@@ -313,6 +350,7 @@ class TrainConfig:
     methods: MethodsConfig = field(default_factory=MethodsConfig)  # the registry's methods.<name> sections
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     def __post_init__(self):
         G = self.rollout.num_generations
@@ -349,6 +387,7 @@ class TrainConfig:
         if self.algo.loss_type == "reg" and self.algo.ratio_level != "token":
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
         self._check_numbers()
+        self.validation.check(self.run, self.data.task)
 
     def _check_numbers(self) -> None:
         """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""

@@ -91,8 +91,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------- front-ends
 def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
-    prof = demo.PROFILES["smoke" if args.smoke else "full"]
-    s = demo.tvg_setup(runner, args, prof, runner.out / "shared")
+    s = demo.tvg_setup(runner, args, demo.load_recipes().tvg, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
     # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
     s["train_cmd"] = without_keys(s["train_cmd"], {o.split("=", 1)[0] for ovs in VLM_METHODS.values() for o in ovs})
@@ -136,8 +135,7 @@ def flow_setup(runner: demo.Runner, args) -> dict:
     preset of each compared method must decide them)."""
     from flow_grpo.config import METHOD_PRESETS
 
-    prof = demo.PROFILES["smoke" if args.smoke else "full"]
-    s = demo.t2i_setup(runner, args, prof, runner.out / "shared")
+    s = demo.t2i_setup(runner, args, demo.load_recipes().t2i, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
     preset_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}

@@ -8,12 +8,19 @@ Every stage is a command a user could run by hand (they are printed, and written
 
 * **tvg** - temporal grounding on the built-in synthetic videos (``data/synthetic_tvg.py``):
   base = a tiny Qwen2.5-VL supervised-fine-tuned to a mediocre level (``scripts/build_tiny_vlm.py``);
-  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward) -> eval after, with ``eval/generate_vlm.py``;
+  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward; greedy validation curve on a separate draw of
+  the generator every few steps) -> eval after, with ``eval/generate_vlm.py``;
 * **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny SD3 pipeline pre-trained on rendered
   images (``scripts/build_tiny_flow.py``); eval before -> ``flow_grpo train`` (Flow-GRPO-Fast: CPS + SDE window,
   verifier reward) -> eval after, with ``eval/generate_t2i.py``;
-* **report** - ``<out>/metrics.json`` (held-out metrics before/after, percent), ``<out>/report.md`` (table,
-  reward curves PNG, before/after grids, prediction samples).
+* **report** - ``<out>/metrics.json`` (held-out metrics before/after, percent; the validation curve),
+  ``<out>/report.md`` (table, reward and validation curves, TVG timelines of held-out videos before/after,
+  readable before/after image grids, prediction samples).
+
+Settings: ``configs/demo/tvg.yaml`` and ``configs/demo/t2i.yaml`` (base checkpoint, benchmark generator and its
+arguments, the trainers' and evaluators' ``key=value`` settings, full / smoke budgets); ``--tvg-recipe`` /
+``--t2i-recipe`` pick other files and ``tvg.KEY=VALUE`` / ``t2i.KEY=VALUE`` arguments override single keys, e.g.
+``tvg.benchmark_args=[--version,2]`` or ``tvg.full.grpo.run.max_steps=60``.
 
 Targets (issue #6): TVG mIoU +8 points, mini-GenEval accuracy +15 points, every seed improving. The report says
 whether they were met; evaluation settings are never tuned to pass.
@@ -27,42 +34,113 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# Full-demo defaults (the smoke profile shrinks every budget). Chosen so the whole demo fits 15 min on 2 cores.
-PROFILES = {
-    "full": {
-        "vlm_build": ["--seconds", "300"],
-        # rebuild (--rebuild) = the shipped base's recipe (data/checkpoints/tiny_flow/build_info.json), ~7 min:
-        # 32 px, objects in 2x2 token-aligned cells filled in reading order, and noisy captions (30 % of the
-        # training images show another object count than the caption says; docs/demo_models.md, "T2I")
-        "flow_build": ["--size", "32", "--layout", "slots", "--slot-order", "fixed", "--count-noise", "0.3",
-                       "--steps", "2000", "--seconds", "1200", "--lr", "2e-3", "--ema", "0.995", "--train-text",
-                       "--threads", "1", "--tags", "single_object", "colors", "counting", "--eval-per-tag", "16"],
-        # TempSamp-R1 (ground truth as one group member) sampling at temperature 0.5: chosen on a *validation* draw
-        # of the generator, never on the held-out split (docs/results.md, "How the TVG setting was chosen":
-        # validation mIoU 46.0 +- 0.6 over 3 seeds, against 40.9 +- 4.4 at temperature 1)
-        "vlm_train": ["run.max_steps=40", "rollout.num_generations=8", "run.prompts_per_device=4",
-                      "optim.lr=3e-4", "model.lora.r=32", "model.lora.alpha=64", "tempsamp.enabled=true",
-                      "rollout.temperature=0.5"],
-        # 250 epochs (~7.5 min): chosen on *train* prompts (docs/demo_models.md), strict accuracy 35.9 -> 71.2 %
-        "flow_train": ["run.num_epochs=250", "data.groups_per_epoch=4", "data.group_size=8", "optim.lr=1e-3"],
-        "vlm_eval": ["data.max_samples=100"],  # first 100 held-out queries (bounded demo time)
-        "t2i_eval_prompts": 0,
-    },
-    "smoke": {
-        "vlm_build": ["--seconds", "5", "--steps", "3", "--n-train", "6", "--n-eval", "4"],
-        "flow_build": ["--seconds", "5", "--steps", "3", "--threads", "1", "--eval-per-tag", "1"],
-        "vlm_train": ["run.max_steps=1", "rollout.num_generations=3", "run.prompts_per_device=1",
-                      "tempsamp.enabled=true"],
-        "flow_train": ["run.num_epochs=1", "data.groups_per_epoch=1", "data.group_size=2"],
-        "vlm_eval": ["data.max_samples=3"],
-        "t2i_eval_prompts": 4,
-    },
-}
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+def _dict() -> Any:
+    return field(default_factory=dict, metadata=_h("settings of the profile, added after the shared ones"))
+
+
+@dataclass
+class TVGProfile:
+    build_args: list[str] = field(default_factory=list, metadata=_h("arguments of build_script (--rebuild)"))
+    n_train: Optional[int] = field(default=None, metadata=_h(
+        "training videos to generate (none = the base's own sizes from its sft_report.json, else --tvg-train)"))
+    n_eval: Optional[int] = field(default=None, metadata=_h("held-out videos (none = as n_train, --tvg-eval)"))
+    validation_videos: int = field(default=0, metadata=_h(
+        "videos of the validation set evaluated during GRPO (validation.* settings under grpo; 0 = none): a fresh "
+        "draw of the generator with seed + validation_seed_offset, never the held-out split"))
+    grpo: dict[str, Any] = _dict()
+    eval: dict[str, Any] = _dict()
+
+
+@dataclass
+class TVGRecipe:
+    """Temporal grounding: base, benchmark, GRPO and evaluation settings (``configs/demo/tvg.yaml``)."""
+
+    base: str = field(default="data/checkpoints/tiny_vlm", metadata=_h("shipped base checkpoint (unless --rebuild)"))
+    build_script: str = field(default="scripts/build_tiny_vlm.py", metadata=_h("builds the base with --rebuild"))
+    benchmark_script: str = field(default="data/synthetic_tvg.py", metadata=_h(
+        "benchmark generator: OUT --n-train N --n-eval N --seed S [benchmark_args]; sizes and seed are the base's"))
+    benchmark_args: list[str] = field(default_factory=list, metadata=_h(
+        "extra generator arguments (e.g. [--version, '2', --clock, bar]); must match what the base was built on"))
+    eval_config: str = field(default="eval/configs/synthetic_tvg.yaml", metadata=_h("eval/generate_vlm.py --config"))
+    validation_seed_offset: int = field(default=1000, metadata=_h(
+        "generator seed of the validation videos = the benchmark's seed + this (disjoint from train and held-out)"))
+    timeline_queries: int = field(default=4, metadata=_h(
+        "held-out queries (one per video) drawn in tvg/timeline.png: frames, ground truth, spans before/after"))
+    eval: dict[str, Any] = field(default_factory=dict, metadata=_h("eval/generate_vlm.py key: value settings"))
+    grpo: dict[str, Any] = field(default_factory=dict, metadata=_h(
+        "mmgrpo train key: value settings of both profiles (the base's video/prompt settings come after them)"))
+    full: TVGProfile = field(default_factory=TVGProfile, metadata=_h("the full demo's budgets"))
+    smoke: TVGProfile = field(default_factory=TVGProfile, metadata=_h("--smoke budgets (wiring check)"))
+
+
+@dataclass
+class T2IProfile:
+    build_args: list[str] = field(default_factory=list, metadata=_h("arguments of build_script (--rebuild)"))
+    grpo: dict[str, Any] = _dict()
+    eval_prompts: int = field(default=0, metadata=_h("held-out prompts evaluated (0 = all)"))
+
+
+@dataclass
+class T2IRecipe:
+    """Text-to-image: base, GRPO and evaluation settings (``configs/demo/t2i.yaml``)."""
+
+    base: str = field(default="data/checkpoints/tiny_flow", metadata=_h("shipped base pipeline (unless --rebuild)"))
+    build_script: str = field(default="scripts/build_tiny_flow.py", metadata=_h("builds the base with --rebuild"))
+    eval: dict[str, Any] = field(default_factory=dict, metadata=_h(
+        "eval/generate_t2i.py key: value settings (size, steps, text length and images per prompt: the base's)"))
+    grpo: dict[str, Any] = field(default_factory=dict, metadata=_h(
+        "flow_grpo train key: value settings of both profiles (the base's sampling settings come after them)"))
+    full: T2IProfile = field(default_factory=T2IProfile, metadata=_h("the full demo's budgets"))
+    smoke: T2IProfile = field(default_factory=T2IProfile, metadata=_h("--smoke budgets (wiring check)"))
+
+
+@dataclass
+class DemoRecipes:
+    tvg: TVGRecipe = field(default_factory=TVGRecipe)
+    t2i: T2IRecipe = field(default_factory=T2IRecipe)
+
+
+RECIPES = {"tvg": REPO / "configs" / "demo" / "tvg.yaml", "t2i": REPO / "configs" / "demo" / "t2i.yaml"}
+
+
+def load_recipes(tvg: str | Path | None = None, t2i: str | Path | None = None,
+                 overrides: list[str] = ()) -> DemoRecipes:
+    """Both halves' recipes (YAML files, defaults ``configs/demo/{tvg,t2i}.yaml``), then ``tvg.KEY=VALUE`` /
+    ``t2i.KEY=VALUE`` overrides, with the project's config loader (unknown keys and bad values are errors)."""
+    from mmgrpo.utils.config import apply_overrides, load_config
+
+    rec = DemoRecipes(tvg=load_config(TVGRecipe, tvg or RECIPES["tvg"]), t2i=load_config(T2IRecipe, t2i or RECIPES["t2i"]))
+    return apply_overrides(rec, list(overrides))
+
+
+def _value(v: Any) -> str:
+    """A recipe value as the command line's ``key=value`` text (YAML flow syntax for lists and mappings)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return str(v)
+
+
+def kv(settings: dict[str, Any]) -> list[str]:
+    """``{"run.max_steps": 40}`` -> ``["run.max_steps=40"]`` (in the recipe's order)."""
+    return [f"{k}={_value(v)}" for k, v in settings.items()]
 
 
 class Runner:
@@ -104,29 +182,49 @@ def shipped_or_build(runner: Runner, kind: str, shipped: Path, out: Path, build_
                      rebuild: bool = False) -> Path:
     """Use the checkpoint shipped in the repo (fast path) unless asked to rebuild it."""
     if not rebuild and ((shipped / "config.json").exists() or (shipped / "model_index.json").exists()):
-        print(f"[demo] {kind}: using the shipped base checkpoint {shipped.relative_to(REPO)}", flush=True)
+        shown = shipped.relative_to(REPO) if shipped.is_relative_to(REPO) else shipped
+        print(f"[demo] {kind}: using the shipped base checkpoint {shown}", flush=True)
         return shipped
     runner.run(f"{kind}_build", build_cmd + ["--out", str(out)])
     return out
 
 
-def tvg_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
+def _profile(recipe, args):
+    return recipe.smoke if getattr(args, "smoke", False) else recipe.full
+
+
+def _repo_path(p: str) -> Path:
+    return Path(p) if Path(p).is_absolute() else REPO / p
+
+
+def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     """Base checkpoint, regenerated benchmark and the eval / GRPO command prefixes of the TVG task (shared with
     ``scripts/compare_methods.py``, so method comparisons train and evaluate exactly like the demo)."""
-    base = shipped_or_build(runner, "tvg", REPO / "data" / "checkpoints" / "tiny_vlm", out / "base",
-                            [PY, "scripts/build_tiny_vlm.py", "--seed", str(args.seed)] + prof["vlm_build"],
+    prof = _profile(recipe, args)
+    base = shipped_or_build(runner, "tvg", _repo_path(recipe.base), out / "base",
+                            [PY, recipe.build_script, "--seed", str(args.seed)] + prof.build_args,
                             rebuild=args.rebuild)
     rep = _read_json(base / "sft_report.json")
     # The base model's own benchmark (regenerated: the generator is deterministic in its seed), so the held-out
     # split is disjoint from everything the base was supervised on; GRPO trains on the training split.
     data_dir = out / "data"
     sizes = rep.get("args", {})
-    if getattr(args, "smoke", False):  # a wiring check: a handful of videos is enough
-        sizes = {**sizes, "n_train": args.tvg_train, "n_eval": args.tvg_eval}
-    runner.run("tvg_data", [PY, "data/synthetic_tvg.py", str(data_dir),
+    if prof.n_train is not None:  # e.g. the smoke profile: a handful of videos is enough for a wiring check
+        sizes = {**sizes, "n_train": prof.n_train}
+    if prof.n_eval is not None:
+        sizes = {**sizes, "n_eval": prof.n_eval}
+    runner.run("tvg_data", [PY, recipe.benchmark_script, str(data_dir),
                             "--n-train", str(sizes.get("n_train", args.tvg_train)),
                             "--n-eval", str(sizes.get("n_eval", args.tvg_eval)),
-                            "--seed", str(sizes.get("seed", args.seed))])
+                            "--seed", str(sizes.get("seed", args.seed))] + list(recipe.benchmark_args))
+    val_file = []
+    if prof.validation_videos:  # the fixed validation set of the training curve (and of validation.select_best)
+        val_dir = out / "validation_data"
+        runner.run("tvg_validation_data", [PY, recipe.benchmark_script, str(val_dir), "--n-train", "1",
+                                           "--n-eval", str(prof.validation_videos), "--seed",
+                                           str(int(sizes.get("seed", args.seed)) + recipe.validation_seed_offset)]
+                   + list(recipe.benchmark_args))
+        val_file = [f"validation.file={val_dir / 'eval.jsonl'}"]
     video, prompt = rep.get("video", {}), rep.get("prompt", {})
     # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
     common = [f"data.prompt_mode={prompt.get('mode', 'no_think')}",
@@ -134,31 +232,60 @@ def tvg_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
               f"data.video_fps={video.get('fps', 2.0)}", f"data.max_frames={video.get('max_frames', 16)}",
               f"data.video_min_pixels={video.get('min_pixels', 4 * 784)}",
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]
-    ev = [PY, "eval/generate_vlm.py", "--config", "eval/configs/synthetic_tvg.yaml",
-          f"data.annotations={data_dir / 'eval.jsonl'}", "decoding.max_new_tokens=24"] + common + prof["vlm_eval"]
-    train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}", "model.dtype=float32",
-             "model.lora.enabled=true", "reward.weights={iou: 1.0}",
-             f"data.train_file={data_dir / 'train.jsonl'}", "data.task=tvg", "run.device=cpu",
-             "rollout.max_new_tokens=24", "run.save_every=0"] + common + prof["vlm_train"]
+    ev = [PY, "eval/generate_vlm.py", "--config", recipe.eval_config,
+          f"data.annotations={data_dir / 'eval.jsonl'}"] + kv(recipe.eval) + common + kv(prof.eval)
+    train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
+        [f"data.train_file={data_dir / 'train.jsonl'}"] + common + kv(prof.grpo) + val_file
     return {"base": base, "data_dir": data_dir, "report": rep, "eval_cmd": ev, "train_cmd": train}
 
 
-def tvg(runner: Runner, args, prof: dict) -> dict:
+def tvg(runner: Runner, args, recipe: TVGRecipe) -> dict:
     out = runner.out / "tvg"
-    s = tvg_setup(runner, args, prof, out)
+    s = tvg_setup(runner, args, recipe, out)
     base, data_dir, rep, ev = s["base"], s["data_dir"], s["report"], s["eval_cmd"]
     runner.run("tvg_eval_before", ev + [f"model={base}", f"out_dir={out / 'eval_before'}"])
     train_dir = out / "grpo"
     runner.run("tvg_grpo", s["train_cmd"] + [f"run.output_dir={train_dir}", f"run.seed={args.seed}"])
-    ckpt = latest_checkpoint(train_dir) if not runner.dry_run else train_dir / "checkpoints" / "step-LAST"
+    # validation.select_best=true: the checkpoint chosen on the validation curve, else the last one
+    best = str({**recipe.grpo, **_profile(recipe, args).grpo}.get("validation.select_best", "")).lower() == "true"
+    if runner.dry_run:
+        ckpt = train_dir / "checkpoints" / ("step-BEST" if best else "step-LAST")
+    else:
+        ckpt = (best and best_checkpoint(train_dir)) or latest_checkpoint(train_dir)
     runner.run("tvg_eval_after", ev + [f"model={base}", f"out_dir={out / 'eval_after'}", f"adapter={ckpt / 'adapter'}"])
     before = _read_json(out / "eval_before" / "metrics.json")
     after = _read_json(out / "eval_after" / "metrics.json")
     keys = ["mIoU", "R1@0.3", "R1@0.5", "R1@0.7", "parse_failure_rate"]
-    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys}}
+    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys},
+           "checkpoint": ckpt.name}
     if not runner.dry_run:
         res["probes"] = grounding_probes(data_dir / "eval.jsonl", out, rep)
+        res["validation"] = validation_curve(train_dir)
+        draw_timelines(out, data_dir / "eval.jsonl", recipe.timeline_queries)
     return res
+
+
+def validation_curve(train_dir: Path) -> list[dict]:
+    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.train.validation)."""
+    path = train_dir / "validation" / "curve.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate")}} for r in rows]
+
+
+def draw_timelines(out: Path, annotations: Path, n: int) -> None:
+    """``tvg/timeline.png``: for the first ``n`` held-out videos, the frames the model saw (the evaluator's own
+    video settings, from its settings.json), the ground-truth span and the spans predicted before / after GRPO."""
+    from mmgrpo.utils.timeline import tvg_timelines
+
+    video = _read_json(out / "eval_after" / "settings.json").get("video", {})
+    if not n or not video:
+        return
+    try:
+        tvg_timelines(annotations, {"before GRPO": out / "eval_before" / "predictions.jsonl",
+                                    "after GRPO": out / "eval_after" / "predictions.jsonl"},
+                      out / "timeline.png", video, n=n)
+    except Exception as e:  # a picture must never lose the run's results
+        print(f"[demo] could not draw the TVG timelines: {e}", flush=True)
 
 
 def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
@@ -198,15 +325,22 @@ def latest_checkpoint(train_dir: Path) -> Path | None:
     return cks[-1] if cks else None
 
 
-def t2i_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
+def best_checkpoint(train_dir: Path) -> Path | None:
+    """The checkpoint kept as best by the run's ``run.best_metric`` (``validation.select_best``: val/<metric>)."""
+    from mmgrpo.utils.checkpoint import CheckpointManager
+
+    return CheckpointManager(train_dir / "checkpoints", best_mode="max").best_checkpoint()
+
+
+def t2i_setup(runner: Runner, args, recipe: T2IRecipe, out: Path) -> dict:
     """Base pipeline, prompt files and the eval / GRPO command prefixes of the T2I task (shared with
     ``scripts/compare_methods.py``). ``{"skipped": reason}`` when there is no base and no recipe."""
-    shipped = REPO / "data" / "checkpoints" / "tiny_flow"
-    if not (shipped / "model_index.json").exists() and not (REPO / "scripts" / "build_tiny_flow.py").exists():
-        return {"skipped": "no base generator: neither data/checkpoints/tiny_flow nor scripts/build_tiny_flow.py "
-                           "is in this checkout"}
+    prof = _profile(recipe, args)
+    shipped = _repo_path(recipe.base)
+    if not (shipped / "model_index.json").exists() and not _repo_path(recipe.build_script).exists():
+        return {"skipped": f"no base generator: neither {recipe.base} nor {recipe.build_script} is in this checkout"}
     base = shipped_or_build(runner, "t2i", shipped, out / "base",
-                            [PY, "scripts/build_tiny_flow.py", "--seed", str(args.seed)] + prof["flow_build"],
+                            [PY, recipe.build_script, "--seed", str(args.seed)] + prof.build_args,
                             rebuild=args.rebuild)
     # The base's own generation settings and benchmark subset (written by scripts/build_tiny_flow.py): evaluation
     # and GRPO sample exactly as the base was trained and evaluated.
@@ -223,26 +357,22 @@ def t2i_setup(runner: Runner, args, prof: dict, out: Path) -> dict:
                                      str(prompts / "train.jsonl")] + tag_args)
     runner.run("t2i_prompts_heldout", [PY, "data/synthetic_t2i.py", "--all", "--split", "heldout", "--out",
                                        str(prompts / "heldout.jsonl")] + tag_args)
-    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}",
-          "rewards=[mini_geneval]", f"num_steps={steps}", "guidance_scale=1.0", "cfg=false", f"height={size}",
-          f"width={size}", f"max_sequence_length={seqlen}", "batch_size=32", f"images_per_prompt={per_prompt}"]
-    if prof["t2i_eval_prompts"]:
-        ev.append(f"max_prompts={prof['t2i_eval_prompts']}")
-    train = [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}", "run.cpu=true",
-             f"data.train_path={prompts / 'train.jsonl'}", f"data.eval_path={prompts / 'heldout.jsonl'}",
-             "reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}",
-             "method=fast",
-             # the demo's numbers were measured with the group std (Bessel, + 1e-4), which the fast preset used
-             # before it followed the release's batch std: kept so that results.md stays reproducible
-             "optim.adv_scale=group", "optim.adv_std_ddof=1", "ema.enabled=false", "run.image_grid_every=0", f"sample.num_steps={steps}",
-             f"sample.height={size}", f"sample.width={size}", "sample.cfg=false",
-             "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}", "run.save_every=0"] + prof["flow_train"]
+    ev = [PY, "eval/generate_t2i.py", f"pipeline={base}", f"prompts={prompts / 'heldout.jsonl'}"] + \
+        kv(recipe.eval) + [f"num_steps={steps}", f"height={size}", f"width={size}", f"max_sequence_length={seqlen}",
+                           f"images_per_prompt={per_prompt}"]
+    if prof.eval_prompts:
+        ev.append(f"max_prompts={prof.eval_prompts}")
+    train = [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={base}",
+             f"data.train_path={prompts / 'train.jsonl'}", f"data.eval_path={prompts / 'heldout.jsonl'}"] + \
+        kv(recipe.grpo) + [f"sample.num_steps={steps}", f"sample.height={size}", f"sample.width={size}",
+                           "sample.cfg=false", "sample.guidance_scale=1.0", f"model.max_sequence_length={seqlen}",
+                           "run.save_every=0"] + kv(prof.grpo)
     return {"base": base, "prompts": prompts, "eval_cmd": ev, "train_cmd": train}
 
 
-def t2i(runner: Runner, args, prof: dict) -> dict:
+def t2i(runner: Runner, args, recipe: T2IRecipe) -> dict:
     out = runner.out / "t2i"
-    s = t2i_setup(runner, args, prof, out)
+    s = t2i_setup(runner, args, recipe, out)
     if s.get("skipped"):
         print(f"[demo] t2i skipped: {s['skipped']}", flush=True)
         return s
@@ -321,6 +451,8 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
                      else 100.0 * t2i_r["partial"][ph]} for ph in ("before", "after")},
         "tvg_probes": tvg_r.get("probes"),
         "t2i_probes": t2i_r.get("probes"),
+        # the GRPO run's validation curve (fixed validation draw, greedy; never the held-out split)
+        "tvg_validation": tvg_r.get("validation"),
         "seconds": round(seconds, 1),
         "stage_seconds": times,
         "smoke": smoke,
@@ -355,6 +487,21 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         if grids:
             rel = grids[0].relative_to(out)
             lines += [f"## mini-GenEval held-out samples {phase} GRPO (first batch)", "", f"![{phase}]({rel})", ""]
+    curve = tvg_r.get("validation") or []
+    if curve:
+        lines += ["## TVG validation curve during GRPO", "",
+                  "Greedy decoding of a fixed validation set (a separate draw of the generator, never the held-out "
+                  "split), scored with the training reward's parser; " +
+                  (f"the held-out evaluation used checkpoint `{tvg_r['checkpoint']}`." if tvg_r.get("checkpoint")
+                   else ""), "", "| step | val mIoU | val R1@0.5 | parsed % |", "|---|---|---|---|"]
+        lines += [f"| {r['step']} | {_fmt(r.get('mIoU'))} | {_fmt(r.get('R1@0.5'))} | {_fmt(r.get('parse_rate'))} |"
+                  for r in curve] + [""]
+        if (out / "tvg" / "grpo" / "validation" / "curve.png").exists():
+            lines += ["![TVG validation curve](tvg/grpo/validation/curve.png)", ""]
+    if (out / "tvg" / "timeline.png").exists():
+        lines += ["## Temporal grounding on held-out videos", "",
+                  "Frames as the model sees them (with their times), the ground-truth span (green) and the spans "
+                  "predicted before (blue) and after (orange) GRPO.", "", "![TVG timelines](tvg/timeline.png)", ""]
     preds = out / "tvg" / "eval_after" / "predictions.jsonl"
     if preds.exists():
         lines += ["## Temporal grounding predictions after GRPO (first 5)", "", "```"]
@@ -416,8 +563,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tvg-train", type=int, default=120, help="synthetic training videos for GRPO")
     p.add_argument("--tvg-eval", type=int, default=60, help="synthetic held-out videos")
     p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
+    p.add_argument("--tvg-recipe", default=str(RECIPES["tvg"].relative_to(REPO)),
+                   help="YAML settings of the temporal-grounding half (keys below, under tvg.)")
+    p.add_argument("--t2i-recipe", default=str(RECIPES["t2i"].relative_to(REPO)),
+                   help="YAML settings of the text-to-image half (keys below, under t2i.)")
+    p.add_argument("overrides", nargs="*", metavar="tvg.KEY=VALUE",
+                   help="override one recipe key, e.g. tvg.benchmark_args=[--version,2] tvg.full.grpo.optim.lr=1e-4")
+    from mmgrpo.utils.config import fields_help
+
+    p.epilog = "Recipe keys (configs/demo/*.yaml):\n" + fields_help(DemoRecipes)
     args = p.parse_args(argv)
-    prof = PROFILES["smoke" if args.smoke else "full"]
+    try:
+        recipes = load_recipes(_repo_path(args.tvg_recipe), _repo_path(args.t2i_recipe), args.overrides)
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
     if args.smoke:
         args.tvg_train, args.tvg_eval = min(args.tvg_train, 4), min(args.tvg_eval, 3)
     out = (REPO / args.out) if not Path(args.out).is_absolute() else Path(args.out)
@@ -426,9 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if "tvg" in tasks:
-        results["tvg"] = tvg(runner, args, prof)
+        results["tvg"] = tvg(runner, args, recipes.tvg)
     if "t2i" in tasks:
-        results["t2i"] = t2i(runner, args, prof)
+        results["t2i"] = t2i(runner, args, recipes.t2i)
     if not args.dry_run:
         plot_training_curves(out)
         write_report(out, results, runner.times, time.time() - t0, args.smoke)

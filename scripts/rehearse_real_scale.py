@@ -269,7 +269,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
     """Activation constants per model from rehearsal JSONs: ``r(N) = (measured - static(N)) / tokens`` where static
     is the planner without activations; ``a_layer = r(2) - r(1)``, ``a_fixed = r(1) - a_layer`` (fitted on
     ``fit_layers`` only: the other depths are out-of-sample checks); then every run's planner error."""
-    from mmgrpo.utils.memory_plan import counts, get_spec, plan_rehearsal
+    from mmgrpo.utils.memory_plan import counts, get_spec, plan_rehearsal, rehearsal_tokens
 
     runs: dict[str, dict[int, dict]] = {}
     for p in paths:
@@ -284,8 +284,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
         res = {}
         for n, r in by_n.items():
             pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=zero)
-            toks = (4 * (r["step"]["prompt_tokens"] + r["step"]["completion_len"]) if spec["type"] == "vlm"
-                    else 4 * __import__("mmgrpo.utils.memory_plan", fromlist=["x"]).flow_tokens(spec))
+            toks = rehearsal_tokens(spec, r["step"])  # the rows x tokens `plan` multiplies the constants by
             res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks, pr["total"])
         lo, hi = fit_layers
         depth = {n: counts(spec, n)["layers"] for n in res}  # planner layers (FLUX: double + single blocks)

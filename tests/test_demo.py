@@ -42,6 +42,16 @@ def test_report_schema(tmp_path):
     assert "+8 (met)" in rep and "+15 (met)" in rep
     assert "number of objects: 36.5 % -> 79.2 % (of 96)" in rep and "colour: 99.0 % -> - %" in rep
     assert m["t2i_probes"]["after"]["right_count"] == 79.2
+    assert m["tvg_validation"] is None  # no validation curve in this result
+    res["tvg"]["validation"] = [{"step": 0, "mIoU": 20.0, "R1@0.5": 9.0, "parse_rate": 100.0},
+                                {"step": 10, "mIoU": 31.25, "R1@0.5": 24.0, "parse_rate": 100.0}]
+    res["tvg"]["checkpoint"] = "step-00000010"
+    demo.write_report(tmp_path, res, {"tvg_grpo": 12.0}, 100.0, smoke=False)
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["tvg_validation"][1] == {"step": 10, "mIoU": 31.25, "R1@0.5": 24.0, "parse_rate": 100.0}
+    rep = (tmp_path / "report.md").read_text()
+    assert "| 10 | 31.2 | 24.0 | 100.0 |" in rep and "checkpoint `step-00000010`" in rep
+    assert m["tvg"]["after"]["mIoU"] == 30.5  # the issue's keys are unchanged
     demo.write_report(tmp_path, {"tvg": res["tvg"]}, {}, 50.0, smoke=False)  # --tasks tvg: T2I not run
     rep = (tmp_path / "report.md").read_text()
     assert "+8 (met)" in rep and "+15 (not run)" in rep and "NOT met" not in rep
@@ -118,3 +128,38 @@ def test_t2i_count_probe_by_hand(tmp_path):
     assert p["right_count"] == 50.0 and p["shape_ok"] == 50.0 and p["colour_ok"] == 100.0
     assert demo.count_probe(tmp_path / "missing") == {"n_images": 0, "right_count": None, "n_objects": 0,
                                                       "shape_ok": None, "colour_ok": None}
+
+
+def test_recipes_drive_the_commands(tmp_path):
+    """The demo's settings come from configs/demo/*.yaml: a recipe key set on the command line reaches the
+    generated commands (base checkpoint, benchmark generator arguments, GRPO settings), unknown keys are errors."""
+    out = tmp_path / "demo"
+    other = tmp_path / "other_base"  # another grounding base: a folder with a config.json is used as shipped
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--tasks", "tvg",
+                           "--out", str(out), f"tvg.base={other}", "tvg.benchmark_args=[--version, '2']",
+                           "tvg.full.grpo.run.max_steps=7", "tvg.eval.decoding.max_new_tokens=30"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmds = (out / "commands.sh").read_text().splitlines()
+    data = next(c for c in cmds if "synthetic_tvg.py" in c)
+    assert data.endswith("--version 2")
+    train = next(c for c in cmds if "mmgrpo.cli train" in c)
+    assert "run.max_steps=7" in train and "run.max_steps=40" not in train and "tempsamp.enabled=true" in train
+    assert f"model.path={other} " in train and not any("build_tiny_vlm.py" in c for c in cmds)
+    assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--out", str(out),
+                          "tvg.full.grpo_steps=3"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert bad.returncode == 2 and "tvg.full.grpo_steps" in bad.stderr
+
+
+def test_recipe_values_render_as_overrides():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    r = demo.load_recipes()
+    assert demo.kv({"a.b": True, "c": {"x": 1.0, "y": {"m": "partial"}}, "d": [1, "z"], "e": None}) == \
+        ["a.b=true", "c={x: 1.0, y: {m: partial}}", "d=[1, z]", "e=null"]
+    assert "reward.weights={iou: 1.0}" in demo.kv(r.tvg.grpo)
+    assert "optim.lr=3e-4" in demo.kv(r.tvg.full.grpo) and r.tvg.smoke.n_train == 4

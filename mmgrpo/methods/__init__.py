@@ -17,8 +17,8 @@ from typing import Any, Callable, Literal, Optional
 
 from mmgrpo.methods.base import VLMMethod
 
-__all__ = ["MethodSpec", "MethodsConfig", "REGISTRY", "VLMMethod", "build_methods", "enabled_classes",
-           "enabled_names"]
+__all__ = ["MethodSpec", "MethodsConfig", "REGISTRY", "VLMMethod", "build_methods", "check_config",
+           "enabled_classes", "enabled_names"]
 
 
 def _h(text: str) -> dict:
@@ -201,6 +201,12 @@ def enabled_names(cfg: Any) -> list[str]:
 def _load(target: str) -> type[VLMMethod]:
     mod, cls = target.split(":")
     return getattr(importlib.import_module(mod), cls)
+
+
+def check_config(cfg: Any) -> None:
+    """Every registered method's ``check_config`` (enabled or not), in registry order."""
+    for s in REGISTRY:
+        _load(s.target).check_config(cfg)
 
 
 def enabled_classes(cfg: Any) -> list[type[VLMMethod]]:

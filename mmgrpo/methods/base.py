@@ -8,7 +8,8 @@ on the enabled methods in that order. Per step, the named points are, top to bot
 ====================  ===========================================================================================
 point                 hooks (called in registry order on the enabled methods)
 ====================  ===========================================================================================
-construction          ``check_config(cfg)`` (classmethod, before the model loads); ``__init__(cfg, trainer)``
+construction          ``check_config(cfg)`` (classmethod, every registered method, before the model
+                      loads); ``__init__(cfg, trainer)`` (enabled methods)
 train start           ``on_train_start(resumed)`` (data selection round 0), ``on_epoch(epoch)`` (stream hook)
 prompts               ``prepare_prompts(step, preps)``: before sampling (mode, perturbed media, hints)
 sampling              ``generations_per_group(G)``; after sampling: ``extra_rows(prepared prompt)`` (injected
@@ -59,7 +60,8 @@ class VLMMethod:
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
-        """Refuse option combinations the method cannot run with (called before the model loads)."""
+        """Refuse options / combinations the method cannot run with. Called before the model loads, for every
+        registered method, enabled or not (return early when off unless an option must be valid anyway)."""
 
     # ------------------------------------------------------------------ train start / data
     def on_train_start(self, resumed: bool) -> None:

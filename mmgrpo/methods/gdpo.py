@@ -81,6 +81,8 @@ class GDPO(VLMMethod):
 
     @classmethod
     def check_config(cls, cfg):
+        if not cfg.methods.gdpo.enabled:  # called for every registered method
+            return
         if cfg.tempsamp.enabled and cfg.tempsamp.mode != "none":
             raise ValueError("methods.gdpo normalises every reward component itself; tempsamp.mode="
                              f"{cfg.tempsamp.mode!r} shapes / anchors the weighted total, which GDPO does not use. "

@@ -95,6 +95,8 @@ class HybridCoT(VLMMethod):
 
     @classmethod
     def check_config(cls, cfg):
+        if not cfg.methods.hybrid_cot.enabled:  # called for every registered method
+            return
         if cfg.data.prompt_mode not in ("think", "no_think"):
             raise ValueError("methods.hybrid_cot chooses think / no_think per prompt; set data.prompt_mode to think "
                              f"or no_think (the mode prompts are prepared in first), not {cfg.data.prompt_mode!r}")

@@ -86,6 +86,8 @@ class NGRPO(VLMMethod):
 
     @classmethod
     def check_config(cls, cfg) -> None:
+        if not cfg.methods.ngrpo.enabled:
+            return
         if cfg.algo.adv_scale != "group":
             raise ValueError(f"methods.ngrpo needs algo.adv_scale=group (got {cfg.algo.adv_scale!r})")
         if cfg.tempsamp.enabled and cfg.tempsamp.mode == "anchor":

@@ -86,6 +86,8 @@ class RefSync(VLMMethod):
 
     @classmethod
     def check_config(cls, cfg):
+        if not cfg.methods.ref_sync.enabled:  # called for every registered method
+            return
         o = cfg.methods.ref_sync
         sync_due(0, o.sync_steps)
         if not 0.0 < o.mixup_alpha <= 1.0:

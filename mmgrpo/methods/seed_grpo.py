@@ -293,6 +293,8 @@ class SeedGRPO(VLMMethod):
 
     @classmethod
     def check_config(cls, cfg):
+        if not cfg.methods.seed_grpo.enabled:  # called for every registered method
+            return
         if cfg.data.task not in CLUSTER_TASKS:
             raise ValueError(f"methods.seed_grpo clusters answers of the tasks {CLUSTER_TASKS}; data.task="
                              f"{cfg.data.task!r} has no answer clustering")

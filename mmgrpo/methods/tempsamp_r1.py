@@ -22,14 +22,14 @@ log = get_logger("mmgrpo.train")
 __all__ = ["TempSampR1", "shape_key", "shaped_reward"]
 
 
-def shape_key(ts, reward_weights: dict, acc_key: str) -> str:
+def shape_key(ts, reward_weights: dict, acc_key: str, warn: bool = True) -> str:
     """The reward the shaping applies to (``tempsamp.shape_reward``; 'total' = the weighted total)."""
     key = acc_key if ts.shape_reward == "auto" else ts.shape_reward
     if key != "total" and key not in reward_weights:
         if ts.shape_reward != "auto":
             raise ValueError(f"tempsamp.shape_reward={key!r} is not a weighted reward "
                              f"(reward.weights: {sorted(reward_weights)}) nor 'total'")
-        if ts.enabled and ts.mode == "shape":
+        if warn and ts.enabled and ts.mode == "shape":
             log.warning("tempsamp: the accuracy reward %r is not in reward.weights; shaping the weighted total", key)
         key = "total"
     return key
@@ -51,6 +51,13 @@ def shaped_reward(rewards: dict[str, torch.Tensor], key: str, weight: float, ts)
 class TempSampR1(VLMMethod):
     name = "tempsamp_r1"
     needs_whole_groups = True
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """A bad ``tempsamp.shape_reward`` is refused even with TempSamp-R1 off (as the trainer always did)."""
+        from mmgrpo.train.task import accuracy_key
+
+        shape_key(cfg.tempsamp, cfg.reward.weights, accuracy_key(cfg.reward, cfg.data.task), warn=False)
 
     def __init__(self, cfg, trainer):
         super().__init__(cfg, trainer)

@@ -335,6 +335,29 @@ def completion_mask_from_ids(ids: torch.Tensor, eos_ids: Sequence[int]) -> tuple
     return mask, ~is_eos.any(1)
 
 
+def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple[list[str], list[int], list[bool]]:
+    """Greedy decoding of left-padded prompt items: the token choices of ``HFRolloutBackend`` with
+    ``greedy=True`` (same collation, EOS / pad ids, suppressed vision tokens) without keeping the per-step logits,
+    which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
+    completion tokens incl. EOS, truncated).  Used by ``eval/generate_vlm.py`` and by the trainer's validation
+    (``mmgrpo.train.validation``), so a validation point and an evaluation of the same weights decode alike."""
+    model, tok = policy.model, policy.tokenizer
+    pad = tok.pad_token_id
+    eos = _eos_ids(model, tok)
+    device = next(model.parameters()).device
+    batch = batch_to(collate_prompts(list(items), pad), device)
+    # plain argmax: the checkpoint's generation_config (e.g. Qwen2.5-VL's repetition_penalty 1.05) is NOT merged
+    # in; settings.json / metrics.json record the ignored fields under decoding.checkpoint_fields_ignored
+    gc = decoding_generation_config(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                    suppress_tokens=list(policy.suppress_token_ids) or None, use_cache=True)
+    with torch.no_grad(), explicit_decoding(model, "eval greedy decoding"):
+        out = model.generate(**batch, generation_config=gc)
+    ids = out[:, batch["input_ids"].shape[1]:].cpu()
+    mask, truncated = completion_mask_from_ids(ids, eos)
+    texts = tok.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
+    return texts, mask.sum(1).tolist(), truncated.tolist()
+
+
 class HFRolloutBackend(RolloutBackend):
     """KV-cached sampling with the HF model, left padding, several prompts per call, G per prompt.
 
@@ -605,6 +628,7 @@ __all__ = [
     "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
     "VLLM_NEUTRAL_SAMPLING",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
+    "greedy_generate",
 ]
 
 

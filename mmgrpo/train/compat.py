@@ -10,8 +10,11 @@ class MethodAliases:
         from mmgrpo.methods import REGISTRY, _load
 
         got = next((m for m in self.methods if m.name == name), None)
-        if got is None:
-            got = _load(next(s.target for s in REGISTRY if s.name == name))(self.cfg, self)
+        if got is None:  # kept, so that a value set through an alias stays set
+            cache = self.__dict__.setdefault("_disabled_methods", {})
+            if name not in cache:
+                cache[name] = _load(next(s.target for s in REGISTRY if s.name == name))(self.cfg, self)
+            got = cache[name]
         return got
 
     def select_data(self, round: int = 0) -> list[int]:

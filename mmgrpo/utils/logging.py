@@ -274,26 +274,38 @@ def _as_uint8_hwc(img: Any, idx: int):
     return a
 
 
-def _wrap_caption(draw: Any, text: str, font: Any, max_w: int) -> list[str]:
+def _wrap_caption(draw: Any, text: str, font: Any, max_w: int, max_lines: int) -> list[str]:
+    """Greedy word wrap to ``max_w`` pixels that never breaks inside a word (a word wider than ``max_w`` gets a
+    line of its own; the caller sizes cells for the widest word). Past ``max_lines``, whole trailing words are
+    dropped for an ellipsis, so a caption reads "a photo of ..." rather than "a squar e"."""
     lines: list[str] = []
     for para in str(text).splitlines() or [""]:
-        words = para.split(" ")
         cur = ""
-        for w in words:
+        for w in para.split():
             cand = w if not cur else cur + " " + w
-            if draw.textlength(cand, font=font) <= max_w or not cur:
+            if not cur or draw.textlength(cand, font=font) <= max_w:
                 cur = cand
             else:
                 lines.append(cur)
                 cur = w
-            while draw.textlength(cur, font=font) > max_w and len(cur) > 1:  # hard-wrap an over-long word
-                cut = len(cur)
-                while cut > 1 and draw.textlength(cur[:cut], font=font) > max_w:
-                    cut -= 1
-                lines.append(cur[:cut])
-                cur = cur[cut:]
         lines.append(cur)
+    if len(lines) > max_lines:
+        words = " ".join(lines[max_lines - 1 :]).split()
+        last = "..."
+        for k in range(len(words), 0, -1):
+            cand = " ".join(words[:k]) + " ..."
+            if draw.textlength(cand, font=font) <= max_w:
+                last = cand
+                break
+        lines = lines[: max_lines - 1] + [last]
     return lines
+
+
+def _nearest_upscale(tile: Any, factor: int) -> Any:
+    """Integer nearest-neighbour upscale: every pixel becomes a ``factor`` x ``factor`` block (no new colours)."""
+    import numpy as np
+
+    return tile if factor == 1 else np.repeat(np.repeat(tile, factor, axis=0), factor, axis=1)
 
 
 def save_image_grid(
@@ -303,17 +315,24 @@ def save_image_grid(
     captions: Sequence[str] | None = None,
     padding: int = 2,
     max_caption_lines: int = 4,
+    min_tile: int = 0,
 ) -> Path:
     """Tile ``images`` into a PNG grid with ``nrow`` images per row; ``captions[i]`` is drawn under tile ``i``.
 
     ``images``: uint8 NHWC numpy array or torch tensor, or a list of PIL images / HWC arrays (float arrays in
     [0, 1] are accepted too). Tiles of different sizes are placed top-left in cells of the largest size.
+    ``min_tile``: upscale every tile by the smallest integer factor that makes the largest tile side at least this
+    many pixels, nearest-neighbour (exact pixel blocks: what the model drew, only bigger), so 32 px samples and
+    their captions are readable; 0 = original size. Captions wrap on word boundaries only; a cell is widened to
+    hold the caption's widest word.
     """
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
 
     if nrow < 1:
         raise ValueError(f"nrow must be >= 1, got {nrow}")
+    if min_tile < 0:
+        raise ValueError(f"min_tile must be >= 0, got {min_tile}")
     if hasattr(images, "shape") or hasattr(images, "dtype"):
         arr = _to_numpy(images)
         if arr.ndim == 3:  # NHW grayscale
@@ -328,6 +347,9 @@ def save_image_grid(
         raise ValueError("save_image_grid: no images")
     if captions is not None and len(captions) != n:
         raise ValueError(f"save_image_grid: {len(captions)} captions for {n} images")
+    side = max(max(t.shape[0], t.shape[1]) for t in tiles)
+    factor = max(1, math.ceil(min_tile / side)) if min_tile else 1
+    tiles = [_nearest_upscale(t, factor) for t in tiles]
     th = max(t.shape[0] for t in tiles)
     tw = max(t.shape[1] for t in tiles)
     ncol = min(nrow, n)
@@ -336,18 +358,16 @@ def save_image_grid(
     font = ImageFont.load_default()
     cap_lines: list[list[str]] = [[] for _ in range(n)]
     line_h = 0
+    cell_w = tw
     if captions is not None:
         probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
         bbox = probe.textbbox((0, 0), "Ag", font=font)
         line_h = bbox[3] - bbox[1] + 3
-        for i, c in enumerate(captions):
-            lines = _wrap_caption(probe, c, font, max(tw - 2, 8))
-            if len(lines) > max_caption_lines:
-                lines = lines[:max_caption_lines]
-                lines[-1] = lines[-1][: max(len(lines[-1]) - 3, 0)] + "..."
-            cap_lines[i] = lines
+        widest = max((probe.textlength(w, font=font) for c in captions for w in str(c).split()), default=0)
+        cell_w = max(tw, math.ceil(widest) + 2)
+        cap_lines = [_wrap_caption(probe, c, font, max(cell_w - 2, 8), max(1, max_caption_lines)) for c in captions]
     cap_h = line_h * max((len(c) for c in cap_lines), default=0) + (4 if captions is not None else 0)
-    cell_h, cell_w = th + cap_h, tw
+    cell_h = th + cap_h
     grid = Image.new(
         "RGB", (ncol * cell_w + (ncol + 1) * padding, nrows * cell_h + (nrows + 1) * padding), (255, 255, 255)
     )

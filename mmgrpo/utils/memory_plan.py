@@ -158,9 +158,13 @@ ACTIVATION_BYTES: dict[str, dict[str, float]] = {
     "qwen2.5-vl-7b": {"a_layer": 14746.2, "a_fixed": 463574.0},  # 4 x (371 + 16) tokens; N=3 error -1.4 %
     # per FLUX block (N double + N single blocks = 2N planner layers), 4 x (1024 + 512) tokens
     "flux.1-dev": {"a_layer": 48847.4, "a_fixed": 253009.8},
+    # per SD3 joint block, 8 x (1024 + 77 + 256) tokens (CFG: [uncond; cond]); N=3 error +2.2 %
+    "sd3.5-medium": {"a_layer": 58701.9, "a_fixed": 166124.9},
 }
 # Models without a measurement borrow the measured model of their type, scaled by the hidden size (an
 # extrapolation: ``activation_for`` says which, and the plan output names it).
+# (SD3.5-large scaled from FLUX: +8.8 %; from the measured SD3.5-medium, whose first 13 blocks are dual-attention
+# MMDiT-X blocks that large does not have: +43 %.)
 _REFERENCE = {"vlm": "qwen2.5-vl-7b", "flow": "flux.1-dev"}
 
 
@@ -393,13 +397,26 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
     return out
 
 
+def rehearsal_rows(spec: dict) -> int:
+    """Rows of one ``rehearse_real_scale.py`` forward: 4 rollouts; the SD3 rehearsal runs CFG, one forward on
+    [uncond; cond], so 8 rows there."""
+    return 8 if spec["type"] == "flow" and spec["kind"] == "sd3" else 4
+
+
+def rehearsal_tokens(spec: dict, tokens: dict) -> int:
+    """Activation tokens of one rehearsal step, the quantity the activation constants are per: rows x tokens per
+    row (the fit in ``rehearse_real_scale.py --fit`` must divide by the same number ``plan`` multiplies by)."""
+    per_row = (tokens["prompt_tokens"] + tokens["completion_len"]) if spec["type"] == "vlm" else flow_tokens(spec)
+    return rehearsal_rows(spec) * per_row
+
+
 def plan_rehearsal(spec: dict, layers: int, full: bool, tokens: dict, activation: dict | None = None) -> dict:
     """The CPU prediction for one ``rehearse_real_scale.py`` step (no GPU allowances)."""
     name = next(k for k, v in MODELS.items() if v is spec)
+    rows = rehearsal_rows(spec)
     if spec["type"] == "vlm":
-        return plan(name, layers=layers, full=full, rows=4, prompt_tokens=tokens["prompt_tokens"],
+        return plan(name, layers=layers, full=full, rows=rows, prompt_tokens=tokens["prompt_tokens"],
                     completion_len=tokens["completion_len"], gpu=False, activation=activation)
-    rows = 8 if spec["kind"] == "sd3" else 4  # the SD3 rehearsal runs CFG: one forward on [uncond; cond]
     return plan(name, layers=layers, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False,
                 activation=activation)
 

@@ -238,3 +238,14 @@ def test_seed_grpo_refuses_a_task_without_clustering(tmp_path, th):
     cfg = make_cfg(tmp_path, tmp_path / "no-model", "methods.seed_grpo.enabled=true", "data.task=ocr")
     with pytest.raises(ValueError, match="seed_grpo"):
         GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+
+
+def test_disabled_methods_accept_any_config():
+    """check_config runs for every registered method: a disabled wave-2 method must not refuse anything."""
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.methods import check_config
+    from mmgrpo.utils.config import load_config
+
+    cfg = load_config(TrainConfig, None, ["data.task=ocr", "data.prompt_mode=hybrid", "tempsamp.enabled=true",
+                                          "methods.ngrpo.enabled=true", "tempsamp.mode=shape"])
+    check_config(cfg)

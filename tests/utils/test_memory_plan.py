@@ -79,3 +79,38 @@ def test_flow_plan_cli(capsys):
     out = capsys.readouterr().out
     assert "sd3.5-medium" in out and "fits: yes" in out
     assert main(["plan", "--model", "qwen2.5-vl-7b"]) == 2
+
+
+def _fake_rehearsal(tmp_path, name, layers, act):
+    """A rehearsal result whose measured peak is the planner's static part plus ``act`` bytes per activation token
+    per layer (``a_fixed`` = 0): what a real run would give if the model were exactly linear in depth."""
+    import json
+
+    from mmgrpo.utils.memory_plan import MODELS, counts, plan_rehearsal, rehearsal_tokens
+
+    spec = MODELS[name]
+    step = {"prompt_tokens": 371, "completion_len": 16}
+    static = plan_rehearsal(spec, layers, False, step, activation={"a_layer": 0.0, "a_fixed": 0.0})["total"]
+    measured = static + act * rehearsal_tokens(spec, step) * counts(spec, layers)["layers"]
+    p = tmp_path / f"{name}_{layers}.json"
+    p.write_text(json.dumps({"model": name, "layers": layers, "mode": "lora", "step_ok": True,
+                             "measured_peak_bytes": measured, "step": step}))
+    return str(p)
+
+
+def test_fit_recovers_constants_for_cfg_models(tmp_path):
+    """The fit must divide by the rows x tokens the plan multiplies by. The SD3 rehearsal runs CFG (8 rows, not 4);
+    dividing by 4 rows doubled the fitted constants and gave +66 % in-sample error on SD3.5-medium."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "rehearse", Path(__file__).resolve().parents[2] / "scripts" / "rehearse_real_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in ("sd3.5-medium", "flux.1-dev", "qwen2.5-vl-7b"):
+        paths = [_fake_rehearsal(tmp_path, name, n, 1000.0) for n in (1, 2, 3)]
+        res = mod.fit(paths)[name]
+        assert abs(res["activation"]["a_layer"] - 1000.0) < 1.0, (name, res["activation"])
+        assert abs(res["activation"]["a_fixed"]) < 1.0, (name, res["activation"])
+        assert all(abs(r["error"]) < 1e-4 for r in res["runs"].values()), (name, res["runs"])

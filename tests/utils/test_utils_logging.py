@@ -126,6 +126,65 @@ def test_save_image_grid_captions_and_errors(tmp_path: Path):
     assert (np.asarray(Image.open(f))[2:6, 2:6] == 128).all()
 
 
+def _drawn_lines(monkeypatch) -> list[str]:
+    """Record every text line save_image_grid draws (the captions as rendered, line by line)."""
+    from PIL import ImageDraw
+
+    drawn: list[str] = []
+    orig = ImageDraw.ImageDraw.text
+
+    def spy(self, xy, text, *a, **k):
+        drawn.append(text)
+        return orig(self, xy, text, *a, **k)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", spy)
+    return drawn
+
+
+def test_save_image_grid_captions_wrap_on_word_boundaries(tmp_path: Path, monkeypatch):
+    # 32 px tiles used to hard-wrap "square" into "squar" + "e" (issue #16)
+    drawn = _drawn_lines(monkeypatch)
+    caps = ["a photo of a square | 0.500", "a photo of three blue triangles | 1.000",
+            "supercalifragilisticexpialidocious word", "one two three four five six seven eight nine ten eleven "
+            "twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty"]
+    imgs = np.full((4, 32, 32, 3), 200, np.uint8)
+    for min_tile in (0, 128):
+        drawn.clear()
+        save_image_grid(imgs, tmp_path / f"w{min_tile}.png", nrow=4, captions=caps, max_caption_lines=3,
+                        min_tile=min_tile)
+        words = {w for c in caps for w in c.split()}
+        assert drawn
+        for line in drawn:  # every drawn token is a whole word of a caption (or the truncation mark)
+            assert all(tok in words or tok == "..." for tok in line.split()), line
+        assert "square" in " ".join(drawn).split() and "supercalifragilisticexpialidocious" in drawn
+        assert sum(line.endswith("...") for line in drawn) == 1  # only the long caption was cut, at a word
+    # the cell is widened to hold the widest word rather than breaking it
+    g = np.asarray(Image.open(tmp_path / "w0.png"))
+    assert g.shape[1] > 4 * 32 + 5 * 2
+
+
+def test_save_image_grid_nearest_upscale(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, size=(3, 32, 24, 3), dtype=np.uint8)
+    g = np.asarray(Image.open(save_image_grid(imgs, tmp_path / "u.png", nrow=3, min_tile=128, padding=2)))
+    k = 4  # smallest integer factor with 32 * k >= 128
+    assert g.shape == (32 * k + 2 * 2, 3 * 24 * k + 4 * 2, 3)
+    rows, cols = np.arange(32 * k), np.arange(24 * k)
+    for i in range(3):
+        x = 2 + i * (24 * k + 2)
+        tile = g[2 : 2 + 32 * k, x : x + 24 * k]
+        # pixel (r, c) of the upscaled tile is source pixel (r // k, c // k): exact k x k blocks, no new colours
+        assert (tile == imgs[i][np.ix_(rows // k, cols // k)]).all()
+    # a factor that is not a divisor rounds up (40 px -> x4 = 160 >= 128); min_tile below the size keeps it
+    g2 = np.asarray(Image.open(save_image_grid(np.zeros((1, 40, 40, 3), np.uint8), tmp_path / "v.png",
+                                               min_tile=128, padding=0)))
+    assert g2.shape[:2] == (160, 160)
+    g3 = np.asarray(Image.open(save_image_grid(imgs, tmp_path / "x.png", nrow=3, min_tile=16, padding=0)))
+    assert g3.shape[:2] == (32, 72)
+    with pytest.raises(ValueError, match="min_tile"):
+        save_image_grid(imgs, tmp_path / "y.png", min_tile=-1)
+
+
 def test_plot_curves(tmp_path: Path):
     jl = tmp_path / "metrics.jsonl"
     with MetricLogger(tmp_path, use_tensorboard=False) as log:

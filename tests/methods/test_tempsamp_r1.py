@@ -87,3 +87,11 @@ def test_bad_shape_reward_is_refused(tmp_path, tiny_dirs, th):
 def test_alpha2_must_be_positive(tmp_path, tiny_dirs, th):
     with pytest.raises(ValueError, match="alpha2 must be > 0"):
         th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "tempsamp.alpha2=0")
+
+
+def test_bad_shape_reward_is_refused_even_when_off_and_before_the_model_loads(tmp_path, th):
+    from mmgrpo.train.trainer import GRPOTrainer
+
+    cfg = th.make_cfg(tmp_path, tmp_path / "no-model", "tempsamp.shape_reward=box_iou", "reward.weights={iou: 1.0}")
+    with pytest.raises(ValueError, match="shape_reward='box_iou'"):
+        GRPOTrainer(cfg, samples=th.video_samples(2))

@@ -1,12 +1,13 @@
-"""Time-R1 Gaussian difficulty selection (issue #23 item 5), against the release (src/utils/process_data.py,
-task gaussian_03): candidates are the items with IoU > 0; P(pick) ∝ exp(-(d - 0.3)^2 / (2 * 0.2^2))."""
+"""Data selection (mmgrpo.methods.selection): the criteria by hand; Time-R1 Gaussian difficulty selection (issue
+#23 item 5) against the release (src/utils/process_data.py, task gaussian_03): candidates are the items with
+IoU > 0; P(pick) ∝ exp(-(d - 0.3)^2 / (2 * 0.2^2))."""
 import math
 from collections import Counter
 
 import pytest
 import torch
 
-from mmgrpo.train.selection import select_indices
+from mmgrpo.methods.selection import reward_stats, select_indices
 
 # one base-model IoU per item (K = 1, as the release: difficulty = 100 * IoU of one greedy answer)
 MEANS = [0.3, 0.0, 0.5, 0.1, 0.0, 0.9]
@@ -57,3 +58,22 @@ def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_d
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert rows[0]["rewards"] == [0.0, 0.0] and not rows[0]["kept"]
     assert all(r["rewards"][0] == r["rewards"][1] for r in rows)  # greedy: the two answers are the same
+
+
+def test_selection_criteria_by_hand():
+    r = torch.tensor([[1.0, 1.0, 1.0],  # all right
+                      [0.0, 0.0, 0.0],  # all wrong
+                      [1.0, 0.0, 0.0],  # mean 1/3, var 2/9
+                      [1.0, 1.0, 0.0],  # mean 2/3, var 2/9
+                      [0.2, 0.3, 0.4]])  # mean 0.3, var 0.00667
+    st = reward_stats(r)
+    assert st["var"][2].item() == pytest.approx(2 / 9)
+    assert select_indices(r, "nonconstant") == [2, 3, 4]
+    assert select_indices(r, "variance", min_variance=0.1) == [2, 3]
+    assert select_indices(r, "variance", num_keep=1) in ([2], [3])
+    # gaussian around 0.3: sample 4 (mean 0.3, weight 1) and 2 (weight exp(-(1/30)^2/0.08) ~ 0.986) dominate
+    picks = [tuple(select_indices(r, "gaussian", num_keep=2, mu=0.3, sigma=0.05, seed=s)) for s in range(20)]
+    assert all(0 not in p and 1 not in p for p in picks)  # weights ~ exp(-98) and exp(-18)
+    assert select_indices(r, "gaussian", num_keep=2, seed=3) == select_indices(r, "gaussian", num_keep=2, seed=3)
+    with pytest.raises(ValueError, match="criterion"):
+        select_indices(r, "bogus")

@@ -1,10 +1,10 @@
-"""RolloutBatch.select / cat_batches carry every field (built by keyword now; a field added later without updating
-them would be caught here)."""
+"""The rollout batch (mmgrpo.train.batch): RolloutBatch.select / cat_batches carry every field (built by keyword
+now; a field added later without updating them would be caught here); micro-batches keep groups whole."""
 import dataclasses
 
 import torch
 
-from mmgrpo.train.trainer import RolloutBatch, cat_batches
+from mmgrpo.train.trainer import RolloutBatch, cat_batches, micro_batches
 
 
 def _batch(n: int, T: int, start: int) -> RolloutBatch:
@@ -50,3 +50,10 @@ def test_select_and_cat_keep_every_field():
         else:
             want = [v[i] for i in rows.tolist()]
         assert _same(getattr(sub, k), want), k
+
+
+def test_micro_batches_keep_groups_whole():
+    g = torch.tensor([5, 5, 5, 9, 9, 9, 2, 2, 2, 7, 7, 7])
+    mbs = micro_batches(g, max_rows=7)
+    assert [m.tolist() for m in mbs] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    assert [m.tolist() for m in micro_batches(g, 2)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]

@@ -1,0 +1,76 @@
+"""How a VLM run stops: skipped optimizer steps, "nothing trained", stop requests and SIGTERM / SIGINT (always
+after writing a checkpoint)."""
+from __future__ import annotations
+
+from mmgrpo.core import global_sum
+from mmgrpo.engine.errors import NothingTrained, TrainingInterrupted, TrainingStopped
+from mmgrpo.train.distributed import global_max
+from mmgrpo.utils.checkpoint import restore_rng_state
+from mmgrpo.utils.logging import get_logger
+
+log = get_logger("mmgrpo.train")
+
+__all__ = ["StopMixin"]
+
+
+class StopMixin:
+    """``GRPOTrainer._record_skip`` / ``_check_trained`` / ``_check_stop`` / ``_interrupt`` / ``_stop``."""
+
+    def _record_skip(self, why: str, n: int = 1) -> None:
+        self.counters["skipped_steps"] += n
+        self.consecutive_skips += n
+        self._last_skip_cause = why
+        log.warning("step %d: %s -> optimizer step skipped (%d skipped in a row, %d in total)",
+                    self.step + 1, why, self.consecutive_skips, self.counters["skipped_steps"])
+
+    def _applied_updates(self) -> int:
+        """Optimizer updates applied so far in the run (every step attempts num_iterations; skips are counted)."""
+        return self.step * self.cfg.algo.num_iterations - int(self.counters["skipped_steps"])
+
+    def _check_trained(self) -> None:
+        """A run none of whose optimizer steps was applied fails instead of saving "trained" weights."""
+        if self.step == 0 or self._applied_updates() > 0:
+            return
+        self.logger.flush()
+        raise NothingTrained(
+            f"nothing was trained: all {self.counters['skipped_steps']} optimizer step(s) of the run's {self.step} "
+            f"step(s) were skipped (last cause: {getattr(self, '_last_skip_cause', 'unknown')}; "
+            f"data/skipped_missing_media={self.counters['skipped_missing_media']}, "
+            f"faults/reward_failed_calls={self.counters['reward_failed_calls']}, "
+            f"faults/reward_nonfinite_rows={self.counters['reward_nonfinite_rows']}); no final checkpoint written. "
+            "Check data.media_root / data.train_file, the reward function or server, and the learning rate")
+
+    def _check_stop(self) -> None:
+        """After collect (the same collectives ran everywhere): stop on every process if any process asked to, or
+        a SIGTERM / SIGINT reached one (the step is abandoned: a resume redraws its prompts)."""
+        stop = global_sum(float(self._stop_reason is not None)) > 0
+        signalled = not stop and self._signals is not None and self._signals.agreed(global_max)
+        if not (stop or signalled):
+            return
+        reason = self._stop_reason or "another process requested a stop (see its log)"
+        snap = self._step_snapshot  # the step did not happen: its prompts are drawn again after a resume
+        if snap["subset"] is not None:  # a data re-selection inside this step is redone too
+            self.use_samples(snap["subset"])
+            self.stream.n = len(self.samples)
+        self.stream.load_state_dict(snap["stream"])
+        restore_rng_state(snap["rng"])
+        if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
+            self.counters.update(snap["counters"])
+            self._interrupt(f"step {self.step} (its rollouts were discarded)")
+        self._stop(reason)
+
+    def _interrupt(self, where: str) -> None:
+        """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
+        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 6)."""
+        last = getattr(self, "_last_save", None)
+        path = last[1] if last is not None and last[0] == self.step else self.save()
+        self.logger.flush()
+        if path is not None:
+            log.info("interrupted by %s: checkpoint %s", self._signals.name, path)
+        raise TrainingInterrupted(self._signals.name, where, str(path) if path else None)
+
+    def _stop(self, reason: str) -> None:
+        """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
+        path = self.save()
+        self.logger.flush()
+        raise TrainingStopped(f"training stopped at step {self.step}: {reason}", str(path) if path else None)
