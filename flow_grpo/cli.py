@@ -25,7 +25,7 @@ Precedence: defaults < method preset < YAML < key=value.
 Processes: the transformer, optimizer and LR schedule go through accelerator.prepare (DDP / FSDP / DeepSpeed per the
 accelerate config); a launch whose process count accelerate does not honour is refused. Only CPU runs were verified
 here (2 processes, gloo: DDP, and FSDP2 forced on CPU); GPU FSDP1 / DeepSpeed follow the standard accelerate path
-untested. Faults: non-finite rewards drop their samples (reward.nan_policy), failing reward calls are retried then
+untested. Faults: non-finite rewards drop their samples (reward.on_nonfinite), failing reward calls are retried then
 dropped or stop the run (reward.retries/timeout/on_failure), non-finite advantages/loss/gradients skip the optimizer
 step and optim.max_consecutive_skips in a row write <output_dir>/halted and stop; epochs where no group kept two valid
 rewards (e.g. the reward server is down) skip their steps the same way. Resume: run.resume_from=auto (a missing or

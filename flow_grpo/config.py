@@ -28,7 +28,9 @@ says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
+
+from mmgrpo.utils.config import Alias, check_choices
 
 
 def _f(default, help: str, **kw):
@@ -46,9 +48,9 @@ class SamplingConfig:
     width: int = _f(512, "image width in pixels")
     guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
-    sde_kind: str = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
+    sde_kind: Literal["flow", "dance", "cps"] = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
     noise_level: float = _f(0.8, "a for flow/cps, eta for dance")
-    ode_solver: str = _f("euler", "deterministic steps after the last SDE step of a rollout (all steps of the eval "
+    ode_solver: Literal["euler", "dpmpp2m"] = _f("euler", "deterministic steps after the last SDE step of a rollout (all steps of the eval "
                          "ODE): euler | dpmpp2m (DPM-Solver++ 2nd-order multistep, data prediction, as MixGRPO-Flash; "
                          "ODE steps before/between SDE steps stay Euler, so SDE-step log-probs do not change; the "
                          "ODE completions of tp_grpo/g2rpo stay Euler)")
@@ -56,7 +58,7 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    step_mode: str = _f("window", "all | fraction | window | single")
+    step_mode: Literal["all", "fraction", "window", "single"] = _f("window", "all | fraction | window | single")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -65,7 +67,7 @@ class SamplingConfig:
     window_size: int = _f(3, "window mode: number of SDE (= trained) steps")
     window_range: list[int] = _f([0, 5], "window mode: the window lies in step indices [lo, hi); a negative bound "
                                  "counts from K (-2 = K-2, MixGRPO's limit); hi is capped at K-1")
-    window_policy: str = _f("random", "fixed (start=lo) | random (per group, seeded) | sliding (MixGRPO's progressive "
+    window_policy: Literal["fixed", "random", "sliding", "sliding_wrap"] = _f("random", "fixed (start=lo) | random (per group, seeded) | sliding (MixGRPO's progressive "
                             "schedule: the start moves by window_stride from lo; near hi the window shrinks to "
                             "[start, hi), is empty when start == hi, and the start rolls back to lo once it would pass "
                             "hi) | sliding_wrap (full-size windows only, start = lo + (moves*stride mod the number of "
@@ -74,7 +76,7 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    credit: str = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
+    credit: Literal["outcome", "tp_grpo", "g2rpo"] = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -97,9 +99,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline or FluxKontextPipeline); empty + tiny=... builds a tiny one")
-    kind: str = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
-    tiny: str = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
-    dtype: str = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
+    kind: Literal["auto", "sd3", "flux", "flux_kontext"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
+    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(
         None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
@@ -122,25 +124,27 @@ class DataConfig:
 class RewardConfig:
     """Rewards go through ``flow_grpo.rewards.MultiReward`` (every component wrapped with retry/timeout handling)."""
 
+    __config_aliases__ = {"nan_policy": Alias("on_nonfinite", values={"raise": "error"})}
+
     weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, "
                                    "**kwargs[name]). A name 'package.module:factory' is imported and called (the plugin "
                                    "mechanism for your own rewards): that runs any code, e.g. {'os:system': 1} calls "
                                    "os.system. Only use config files and overrides you trust")
     kwargs: dict[str, dict] = _f({}, "per-reward constructor kwargs")
-    mode: str = _f("weighted_sum", "weighted_sum (group-normalise sum_k w_k r_k) | per_reward (GDPO: multi_reward_advantages "
+    mode: Literal["weighted_sum", "per_reward", "win_rate"] = _f("weighted_sum", "weighted_sum (group-normalise sum_k w_k r_k) | per_reward (GDPO: multi_reward_advantages "
                    "mode=normalize_then_sum, each reward z-scored in its group, then weighted sum) | win_rate (Pref-GRPO: "
                    "pairwise win rate inside each group, explicit group ids; outcome credit only)")
     pairwise_scorer: str = _f("", "win_rate: 'package.module:factory' returning a PairwiseScorer (e.g. a VLM judge; "
                               "imported and called: trusted configs only); empty = compare the weighted sum of the "
                               "pointwise rewards (ScoreComparator)")
     pairwise_symmetric: bool = _f(False, "win_rate: judge every pair in both orders (cancels a judge's position bias, 2x cost)")
-    nan_policy: str = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its group, counted and "
-                         "logged) | raise (stop the run)")
+    on_nonfinite: Literal["drop", "error"] = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its "
+                                                "group, counted and logged) | error (stop the run)")
     retries: int = _f(2, "extra attempts of a reward call that raised or timed out (per component, per call)")
     retry_backoff: float = _f(1.0, "seconds before retry k are retry_backoff * 2**k")
     timeout: float = _f(600.0, "seconds one reward call may take before it counts as failed (0 = no limit); a timed-out "
                         "call is abandoned in its daemon thread")
-    on_failure: str = _f("drop", "a reward call still failing after the retries: drop (its samples get valid=False, "
+    on_failure: Literal["drop", "stop"] = _f("drop", "a reward call still failing after the retries: drop (its samples get valid=False, "
                          "counted and logged) | stop (the run stops with the error, on every process)")
     async_workers: int = _f(1, "reward threads: each rollout chunk is scored while the next chunk is sampled "
                             "(AsyncRewardRunner); 0 = score synchronously after sampling")
@@ -148,10 +152,12 @@ class RewardConfig:
 
 @dataclass
 class OptimConfig:
+    __config_aliases__ = {"beta": "kl_coef", "clip_range": "clip_low",
+                          "beta1": Alias("betas", index=0), "beta2": Alias("betas", index=1)}
+
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(1e-4, "AdamW weight decay")
-    beta1: float = _f(0.9, "AdamW beta1")
-    beta2: float = _f(0.999, "AdamW beta2")
+    betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas")
     eps: float = _f(1e-8, "AdamW eps")
     max_grad_norm: float = _f(1.0, "gradient clipping (<=0 disables)")
     fp32_master_weights: bool = _f(True, "bf16/fp16 trainable weights (full fine-tune with model.dtype=bfloat16) are "
@@ -159,18 +165,18 @@ class OptimConfig:
                                    "mmgrpo.utils.master_weights); false = AdamW directly on the bf16 weights, which "
                                    "rounds away updates below half a bf16 ulp. No effect on fp32 weights (LoRA "
                                    "adapters are fp32) nor under FSDP / DeepSpeed (their own mixed precision)")
-    clip_range: float = _f(1e-4, "PPO clip epsilon on the per-step ratio")
+    clip_low: float = _f(1e-4, "PPO clip epsilon on the per-step ratio (both sides: the flow loss has no clip-higher)")
     adv_clip_max: float = _f(5.0, "advantages are clamped to +-this")
-    adv_scale: str = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")
-    adv_std_ddof: int = _f(1, "advantage std: 1 = Bessel-corrected, divides by n-1 (torch.std: DanceGRPO, MixGRPO, "
+    adv_scale: Literal["group", "batch", "none"] = _f("group", "advantage std: group | batch (Flow-GRPO global_std) | none")
+    adv_std_ddof: Literal[0, 1] = _f(1, "advantage std: 1 = Bessel-corrected, divides by n-1 (torch.std: DanceGRPO, MixGRPO, "
                            "G2RPO) | 0 = population, divides by n (np.std: Flow-GRPO, TP-GRPO)")
     adv_eps: float = _f(1e-4, "added to the advantage std (Flow-GRPO, TP-GRPO: 1e-4; DanceGRPO, MixGRPO, G2RPO: 1e-8)")
-    beta: float = _f(0.0, "KL coefficient")
-    kl_type: str = _f("mean", "mean (Flow-GRPO: (mu-mu_ref)^2/(2 g^2), |dt| dropped) | mean_exact (true Gaussian KL) | velocity ((v-v_ref)^2)")
+    kl_coef: float = _f(0.0, "beta of the KL to the reference (the model with the LoRA adapter off; 0 = no KL)")
+    kl_type: Literal["mean", "mean_exact", "velocity"] = _f("mean", "mean (Flow-GRPO: (mu-mu_ref)^2/(2 g^2), |dt| dropped) | mean_exact (true Gaussian KL) | velocity ((v-v_ref)^2)")
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
     inner_epochs: int = _f(1, "passes over the epoch's rollouts")
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
-    lr_schedule: str = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
+    lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
     max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "
                                     "rewards, skip the optimizer step (counted, logged); after this many consecutive "
@@ -198,7 +204,7 @@ class RunConfig:
     max_train_seconds: float = _f(0.0, "training-time budget: the epoch in which it runs out is the last one (final "
                                   "eval, checkpoint, LoRA export as usual); kept across resumes (0 = no limit; "
                                   "equal-budget method comparisons)")
-    budget_clock: str = _f("wall", "clock of max_train_seconds: wall | cpu (this process's CPU seconds, robust on a "
+    budget_clock: Literal["wall", "cpu"] = _f("wall", "clock of max_train_seconds: wall | cpu (this process's CPU seconds, robust on a "
                            "shared machine)")
     eval_every: int = _f(0, "epochs between evals (0 = only at the end; needs eval prompts): ODE sampling with fixed "
                          "per-prompt seeds, EMA weights if EMA is on, reward means per component, PNG grid")
@@ -207,7 +213,7 @@ class RunConfig:
     keep_last: int = _f(3, "most recent checkpoints kept")
     keep_best: bool = _f(True, "also keep the checkpoint with the best eval reward (an eval that beats the best so "
                          "far writes a checkpoint if none is due)")
-    mixed_precision: str = _f("no", "accelerate mixed precision: no | bf16 | fp16")
+    mixed_precision: Literal["no", "bf16", "fp16"] = _f("no", "accelerate mixed precision: no | bf16 | fp16")
     tensorboard: bool = _f(True, "write tensorboard logs")
     progress_bar: bool = _f(True, "tqdm progress bar over epochs on the main process (stderr)")
     reward_curves: bool = _f(True, "at the end of training plot the train/eval reward curves to <output_dir>/reward_curves.png")
@@ -218,7 +224,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: str = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo (empty = none)")
+    method: Literal["", "flow", "dance", "fast", "mix", "mix_flash", "tp_grpo", "g2rpo"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -228,6 +234,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
 
     def __post_init__(self):
+        check_choices(self)
         check_numbers(self)
 
 
@@ -253,18 +260,18 @@ def check_numbers(c: "TrainConfig") -> None:
                     ("run.eval_every", c.run.eval_every), ("run.image_grid_every", c.run.image_grid_every)):
         at_least(name, v, 0)
     for name, v in (("optim.lr", c.optim.lr), ("optim.weight_decay", c.optim.weight_decay),
-                    ("optim.beta", c.optim.beta), ("run.max_train_seconds", c.run.max_train_seconds)):
+                    ("optim.kl_coef", c.optim.kl_coef), ("run.max_train_seconds", c.run.max_train_seconds)):
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {v}")
     if not math.isfinite(c.optim.eps) or c.optim.eps <= 0:
         raise ValueError(f"optim.eps must be a finite number > 0, got {c.optim.eps}")
-    for name, v in (("optim.clip_range", c.optim.clip_range), ("optim.adv_clip_max", c.optim.adv_clip_max)):
+    for name, v in (("optim.clip_low", c.optim.clip_low), ("optim.adv_clip_max", c.optim.adv_clip_max)):
         if not v > 0:  # inf = no clipping
             raise ValueError(f"{name} must be > 0, got {v}")
     if math.isnan(c.optim.max_grad_norm):
         raise ValueError("optim.max_grad_norm is NaN (<= 0 disables clipping)")
-    if not all(math.isfinite(b) and 0 <= b < 1 for b in (c.optim.beta1, c.optim.beta2)):
-        raise ValueError(f"optim.beta1 / beta2 must be in [0, 1), got {c.optim.beta1}, {c.optim.beta2}")
+    if not all(math.isfinite(b) and 0 <= b < 1 for b in c.optim.betas):
+        raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(c.optim.betas)}")
 
 
 # Advantage statistics per release: Flow-GRPO's and TP-GRPO's PerPromptStatTracker use np.std (population) + 1e-4,
@@ -278,7 +285,7 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
               "sample.timestep_fraction": 0.6, "sample.plan_per_sample": True, "sample.same_noise_per_group": True,
               "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "fast": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_range": 1e-5,
+             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_low": 1e-5,
              "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
     "mix": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
             "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
@@ -292,7 +299,7 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
                   "sample.ode_solver": "dpmpp2m", "sample.post_compress_ratio": 0.4,
                   "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
     "tp_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-                "sample.credit": "tp_grpo", "optim.clip_range": 1e-5,
+                "sample.credit": "tp_grpo", "optim.clip_low": 1e-5,
                 "optim.adv_scale": "group", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
     "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
               "sample.credit": "g2rpo", "sample.same_noise_per_group": True,

@@ -6,7 +6,7 @@ Per epoch::
     sample trajectories (SDE on the plan's steps, exact log-probs)     -> flow_grpo.sampler
         each chunk's images are scored in a background thread while the next chunk is sampled
     rewards: MultiReward over the configured components, each wrapped in ResilientReward (timeout, retries,
-             drop-or-stop); non-finite scores -> valid=False (nan_policy=drop)
+             drop-or-stop); non-finite scores -> valid=False (reward.on_nonfinite=drop)
     advantages (N, T) from mmgrpo.core with explicit group ids on the gathered batch; invalid samples leave their
              groups (valid=); groups left empty / with one member get advantage 0 and are counted
     for each update (``optim.updates_per_epoch`` per epoch, each over whole trajectories):
@@ -248,10 +248,6 @@ class RewardStack:
     def __init__(self, rc, components: Optional[Mapping[str, Callable]] = None):
         from flow_grpo.rewards import MultiReward, PairwisePreferenceReward, ScoreComparator, build_reward
 
-        if rc.mode not in ("weighted_sum", "per_reward", "win_rate"):
-            raise ValueError(f"reward.mode must be weighted_sum | per_reward | win_rate, got {rc.mode!r}")
-        if rc.nan_policy not in ("drop", "raise"):
-            raise ValueError(f"reward.nan_policy must be drop | raise, got {rc.nan_policy!r}")
         if components is None:
             unknown = set(rc.kwargs) - set(rc.weights) - {"win_rate"}
             if unknown:
@@ -265,19 +261,20 @@ class RewardStack:
             weights = {k: float(rc.weights.get(k, 1.0)) for k in comps}
         if not comps:
             raise ValueError("no rewards: set reward.weights")
+        nan_policy = {"drop": "drop", "error": "raise"}[rc.on_nonfinite]  # config word -> flow_grpo.rewards
         kw = dict(retries=rc.retries, backoff=rc.retry_backoff, timeout=rc.timeout, on_failure=rc.on_failure,
-                  nan_policy=rc.nan_policy)
+                  nan_policy=nan_policy)
         self.mode = rc.mode
         self.weights = weights
         self.wrapped = {k: ResilientReward(fn, k, **kw) for k, fn in comps.items()}
         self.pointwise = MultiReward(weights, mode="per_reward" if rc.mode == "per_reward" else "weighted_sum",
-                                     rewards=self.wrapped, nan_policy=rc.nan_policy)
+                                     rewards=self.wrapped, nan_policy=nan_policy)
         self.pairwise = None
         if rc.mode == "win_rate":
             scorer = (_import_factory(rc.pairwise_scorer)(**dict(rc.kwargs.get("win_rate", {})))
                       if rc.pairwise_scorer else ScoreComparator(self.pointwise, key="total"))
             pref = PairwisePreferenceReward(scorer, name="win_rate", symmetric=rc.pairwise_symmetric,
-                                            nan_policy=rc.nan_policy)
+                                            nan_policy=nan_policy)
             self.pairwise = ResilientReward(pref, "win_rate", **kw)
         self._seen = self._totals()
 
@@ -306,8 +303,6 @@ def _dist():
 
 def _std_unbiased(ddof: int) -> bool:
     """``optim.adv_std_ddof`` -> the ``unbiased`` flag of mmgrpo.core's advantages (0: np.std, 1: torch.std)."""
-    if ddof not in (0, 1):
-        raise ValueError(f"optim.adv_std_ddof must be 0 (population std) or 1 (Bessel-corrected), got {ddof!r}")
     return ddof == 1
 
 
@@ -420,7 +415,7 @@ class FlowGRPOTrainer:
             # remap the optimizer's parameters at prepare, which must then be the module's
             opt = make_adamw([p for p in module.parameters() if p.requires_grad],
                              master_weights=o.fp32_master_weights and not self.sharded, lr=o.lr,
-                             betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+                             betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
             return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
 
         # the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config; forwards use the prepared module
@@ -518,8 +513,6 @@ class FlowGRPOTrainer:
         if m.tiny:
             from .models import tiny
 
-            if m.tiny not in tiny.TINY_BUILDERS:
-                raise ValueError(f"model.tiny={m.tiny!r}: expected one of {sorted(tiny.TINY_BUILDERS)}")
             builder = tiny.TINY_BUILDERS[m.tiny]
             return adapter_from_pipeline(builder(seed=self.cfg.run.seed), device=device, dtype=dtype,
                                          max_sequence_length=m.max_sequence_length)
@@ -529,7 +522,10 @@ class FlowGRPOTrainer:
                             max_sequence_length=m.max_sequence_length)
 
     def _validate(self) -> None:
+        from mmgrpo.utils.config import check_choices
+
         c = self.cfg
+        check_choices(c)  # Literal fields (reward.mode, optim.kl_type, ...) of a config edited after it was built
         n_total = c.data.group_size * c.data.groups_per_epoch
         if c.data.group_size < 2:
             raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
@@ -537,9 +533,7 @@ class FlowGRPOTrainer:
             raise ValueError(f"group_size*groups_per_epoch={n_total} must be divisible by the {self.world} processes")
         if not self.adapter.supports_cfg and c.sample.cfg:
             raise ValueError("FLUX uses embedded guidance: set sample.cfg=false")
-        if c.optim.kl_type not in ("mean", "mean_exact", "velocity"):
-            raise ValueError(f"optim.kl_type must be mean | mean_exact | velocity, got {c.optim.kl_type!r}")
-        if c.optim.beta > 0 and not c.model.lora.enabled:
+        if c.optim.kl_coef > 0 and not c.model.lora.enabled:
             raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
         if c.optim.max_consecutive_skips < 1:
             raise ValueError("optim.max_consecutive_skips must be >= 1")
@@ -595,7 +589,7 @@ class FlowGRPOTrainer:
                 h.update(struct.pack("<d", float(flat.double().sum())))
                 n += 1
         c = self.cfg
-        return {"kind": "lora_disabled" if c.model.lora.enabled else "none", "beta": c.optim.beta,
+        return {"kind": "lora_disabled" if c.model.lora.enabled else "none", "beta": c.optim.kl_coef,
                 "kl_type": c.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
 
     # ------------------------------------------------------------------ seeds / layout
@@ -716,10 +710,10 @@ class FlowGRPOTrainer:
         old = traj.log_probs[c0:c1, col].to(logp.device)
         a = adv[c0:c1, col].to(logp.device)
         res = policy_loss(logp.unsqueeze(1), old.unsqueeze(1), a.unsqueeze(1), mask.unsqueeze(1),
-                          clip_low=c.optim.clip_range, agg="token_mean", num_tokens=n_global)
+                          clip_low=c.optim.clip_low, agg="token_mean", num_tokens=n_global)
         loss = res.loss
         kl_val = 0.0
-        if c.optim.beta > 0:
+        if c.optim.kl_coef > 0:
             s = traj.sampling
             with torch.no_grad(), self.adapter.reference(), self.accelerator.autocast():
                 v_ref = self.adapter.predict_velocity(traj.latents[c0:c1, col], traj.sigmas[col].item(),
@@ -733,7 +727,7 @@ class FlowGRPOTrainer:
                 std = out.noise_scale if c.optim.kl_type == "mean" else out.std
                 kl = kl_on_mean(out.mean, ref.mean, std)
             m = mask.float()
-            loss = loss + c.optim.beta * (kl * m).sum() / n_global
+            loss = loss + c.optim.kl_coef * (kl * m).sum() / n_global
             kl_val = float((kl.detach() * m).sum() / m.sum().clamp_min(1))
         if dummy:
             # zero-weight pass: keeps every parameter in the graph (DDP/FSDP hooks fire) without contributing
@@ -777,7 +771,7 @@ class FlowGRPOTrainer:
                     s_, n_ = acc_metrics.get(k, (0.0, 0))
                     acc_metrics[k] = (s_ + float(v), n_ + 1)
                 per_col.setdefault(int(traj.step_indices[col]), []).append(float(m.get("ratio_mean", 1.0)))
-                if self.cfg.optim.beta > 0:
+                if self.cfg.optim.kl_coef > 0:
                     kls.append(kl_val)
         acc.sync_gradients = True
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
@@ -890,9 +884,9 @@ class FlowGRPOTrainer:
         n_images = float(cols_all.shape[0])
         out = {
             "epoch": epoch,
-            "reward/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
-            "reward/std": float(vcols[:, 0].std()) if len(vcols) > 1 else 0.0,
-            **{f"reward/{k}": (float(vcols[:, j + 1].mean()) if len(vcols) else float("nan"))
+            "reward/total/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
+            "reward/total/std": float(vcols[:, 0].std()) if len(vcols) > 1 else 0.0,
+            **{f"reward/{k}/mean": (float(vcols[:, j + 1].mean()) if len(vcols) else float("nan"))
                for j, k in enumerate(names + extra)},
             "reward/valid_fraction": float(v_all.float().mean()),
             "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
@@ -922,7 +916,7 @@ class FlowGRPOTrainer:
                 cols_ratio.setdefault(k, []).extend(v)
         for k, v in sorted(cols_ratio.items()):
             out[f"ratio/step_{k}"] = sum(v) / len(v)
-        if c.optim.beta > 0:
+        if c.optim.kl_coef > 0:
             allk = [x for part in _all_gather_object(kls) for x in part]
             if allk:
                 out["train/kl"] = sum(allk) / len(allk)
@@ -981,11 +975,11 @@ class FlowGRPOTrainer:
         (cols_all, v_all, r_all, imgs_all, idx_all), _ = _gather_rows(
             [cols, comps["valid"], real, imgs, torch.tensor(idx)], self.device)
         keep = v_all & r_all
-        out = {"eval/reward/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),
+        out = {"eval/reward/total/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),
                "eval/invalid": float((~v_all & r_all).sum()), "eval/num_prompts": float(n),
                "time/eval_s": time.perf_counter() - t0}
         for j, k in enumerate(names):
-            out[f"eval/reward/{k}"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
+            out[f"eval/reward/{k}/mean"] = float(cols_all[keep, j + 1].mean()) if bool(keep.any()) else float("nan")
         if self.is_main:
             from mmgrpo.utils.logging import save_image_grid
 
@@ -1324,7 +1318,7 @@ class FlowGRPOTrainer:
                     save_image_grid(t.images, self.out / "samples" / f"epoch_{self.epoch:05d}.png",
                                     nrow=c.data.group_size, min_tile=128,
                                     captions=[f"{p} r={r:.3f}" for p, r in zip(t.prompts, t.rewards["total"].tolist())])
-            metric = ev["eval/reward/mean"] if ev is not None else None
+            metric = ev["eval/reward/total/mean"] if ev is not None else None
             if metric is not None and not math.isfinite(metric):
                 metric = None
             new_best = metric is not None and (self.best_eval is None or metric > self.best_eval)
@@ -1356,8 +1350,8 @@ class FlowGRPOTrainer:
         for row in read_jsonl(path):
             present |= set(row)
         comps = list(self.rewards.weights) if len(self.rewards.weights) > 1 else []  # one reward = the mean
-        keys = [k for k in ["reward/mean", "eval/reward/mean"] + [f"reward/{k}" for k in comps] +
-                [f"eval/reward/{k}" for k in comps] if k in present]
+        keys = [k for k in ["reward/total/mean", "eval/reward/total/mean"] + [f"reward/{k}/mean" for k in comps] +
+                [f"eval/reward/{k}/mean" for k in comps] if k in present]
         keys = list(dict.fromkeys(keys))
         if keys:
             plot_curves(path, keys, self.out / "reward_curves.png", title="rewards")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from mmgrpo.methods import MethodsConfig
+from mmgrpo.utils.config import check_choices
 
 
 def _h(text: str) -> dict:
@@ -28,9 +29,11 @@ def _h(text: str) -> dict:
 
 @dataclass
 class LoraConfig:
+    __config_aliases__ = {"r": "rank"}
+
     enabled: bool = field(default=False, metadata=_h("train LoRA adapters instead of full fine-tuning"))
-    r: int = field(default=16, metadata=_h("LoRA rank"))
-    alpha: int = field(default=32, metadata=_h("LoRA alpha (scale alpha/r)"))
+    rank: int = field(default=16, metadata=_h("LoRA rank r"))
+    alpha: int = field(default=32, metadata=_h("LoRA alpha (scale alpha/rank)"))
     dropout: float = field(default=0.0, metadata=_h("LoRA dropout; keep 0 so old and new log-probs agree"))
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -88,8 +91,10 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
+    __config_aliases__ = {"num_generations": "group_size"}
+
     backend: Literal["hf", "vllm"] = field(default="hf", metadata=_h("hf = model.generate; vllm = GPU engine"))
-    num_generations: int = field(default=8, metadata=_h("G: completions per prompt (group size)"))
+    group_size: int = field(default=8, metadata=_h("G: completions per prompt (one group)"))
     max_new_tokens: int = field(default=256, metadata=_h("max completion tokens"))
     temperature: float = field(default=1.0, metadata=_h("sampling temperature (also in the log-probs)"))
     top_p: float = field(default=1.0, metadata=_h("nucleus sampling"))
@@ -249,6 +254,8 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
+    __config_aliases__ = {"use_tensorboard": "tensorboard"}
+
     output_dir: str = field(
         default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints); one run at a time: "
                                            "<output_dir>/.lock names the run using it, a second run refuses (exit "
@@ -288,7 +295,7 @@ class RunConfig:
     resume_from: str = field(default="auto", metadata=_h("auto | none | path to a checkpoint"))
     device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
     mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
-    use_tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
+    tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
     progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
     max_consecutive_skips: int = field(
         default=5, metadata=_h("optimizer steps skipped in a row (NaN/inf advantages, loss or gradients, or no "
@@ -353,11 +360,12 @@ class TrainConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     def __post_init__(self):
-        G = self.rollout.num_generations
+        check_choices(self)
+        G = self.rollout.group_size
         if G < 2:
-            raise ValueError(f"rollout.num_generations must be >= 2 (a group needs a baseline), got {G}")
+            raise ValueError(f"rollout.group_size must be >= 2 (a group needs a baseline), got {G}")
         if self.tempsamp.enabled and G < 3:
-            raise ValueError("tempsamp needs rollout.num_generations >= 3 (G-1 on-policy + 1 ground truth)")
+            raise ValueError("tempsamp needs rollout.group_size >= 3 (G-1 on-policy + 1 ground truth)")
         if self.tempsamp.enabled and self.tempsamp.mode == "shape" and self.tempsamp.alpha2 <= 0:
             raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:

@@ -9,7 +9,9 @@ benchmarks; held-out metrics from the ``eval/`` harness, reward curves and a tab
 
 * **Same start, same data, same evaluation as the CPU demo** (``scripts/demo.py``): the shipped tiny bases, the
   demo's GRPO settings (LoRA, learning rate, group size, prompts per step) and eval commands; only the method
-  switches differ (``VLM_METHODS`` / ``FLOW_METHODS`` below).
+  switches differ: one trainer config per method in ``configs/compare/<frontend>/<method>.yaml`` (passed as
+  ``--config``; the demo's overrides of the keys any recipe sets are removed so that the recipe decides them). A
+  new method to compare is a new YAML file there.
 * **Equal budget**: every run trains for ``--budget`` seconds of *process CPU time* (``run.max_train_seconds``,
   ``run.budget_clock=cpu``; one torch thread), which other jobs on a shared machine barely disturb. The tokens
   (VLM) or denoiser evaluations (flow) each method spent are reported next to its result, so the equal-time
@@ -24,6 +26,7 @@ budget seconds, mean over seeds), one folder per ``<method>/seed<k>`` with its r
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -37,33 +40,41 @@ sys.path.insert(0, str(REPO))
 import demo  # noqa: E402  (the demo's command builders: one definition of "how the demo trains and evaluates")
 
 PY = sys.executable
+RECIPES = Path("configs") / "compare"  # relative to the repository (the commands run there)
+REFERENCE = {"vlm": "grpo", "flow": "flow_grpo_sde"}  # first row of the table; the others are compared with it
 
-# method -> config overrides on top of the demo's GRPO settings (plain GRPO first: the reference)
-VLM_METHODS: dict[str, list[str]] = {
-    "grpo": [],
-    "dr_grpo": ["algo.adv_scale=none", "algo.agg=seq_mean_token_sum_norm"],
-    "dapo": ["algo.clip_high=0.28", "algo.filter_zero_std=true"],
-    "tempsamp_r1": ["tempsamp.enabled=true"],
-    "reg_grpo": ["algo.loss_type=reg"],
-    "t_grpo": ["tgrpo.enabled=true"],
-    # wave 2 (issue #21); TR-DPO reference sync has no row: it needs full fine-tuning and the demo trains LoRA
-    "seed_grpo": ["methods.seed_grpo.enabled=true"],
-    "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
-    "entropy_top20": ["methods.entropy.enabled=true", "methods.entropy.top_quantile=0.2"],
-    "gdpo": ["methods.gdpo.enabled=true"],  # the demo's single IoU reward: GRPO + batch standardisation
-    "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
-    "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
-}
-FLOW_METHODS: dict[str, list[str]] = {
-    "flow_grpo_sde": ["method=flow"],
-    "flow_grpo_cps": ["method=flow", "sample.sde_kind=cps", "sample.noise_level=0.8"],
-    "dance_grpo": ["method=dance"],
-    "fast_window": ["method=fast"],
-    "mix_window": ["method=mix"],
-    "mix_flash": ["method=mix_flash"],
-    "tp_grpo": ["method=tp_grpo"],
-    "g2rpo": ["method=g2rpo"],
-}
+
+def method_recipes(frontend: str) -> dict[str, Path]:
+    """method -> its recipe (``configs/compare/<frontend>/<method>.yaml``): the reference first, then by name."""
+    files = sorted((REPO / RECIPES / frontend).glob("*.yaml"))
+    names = sorted((f.stem for f in files), key=lambda n: (n != REFERENCE[frontend], n))
+    return {n: RECIPES / frontend / f"{n}.yaml" for n in names}
+
+
+@functools.lru_cache(maxsize=None)
+def recipe_keys(recipe: Path) -> frozenset[str]:
+    """The dotted config keys a recipe sets (``{algo: {clip_high: 0.28}}`` -> ``algo.clip_high``)."""
+    import yaml
+
+    def flat(d: dict, prefix: str = "") -> list[str]:
+        return [k for key, v in d.items()
+                for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) and v else [f"{prefix}{key}"])]
+
+    return frozenset(flat(yaml.safe_load((REPO / recipe).read_text()) or {}))
+
+
+def with_recipe(cmd: list[str], recipe: Path) -> list[str]:
+    """``... train --config <recipe> <cmd's overrides>`` (a recipe is a trainer config: below the overrides)."""
+    i = cmd.index("train") + 1
+    return cmd[:i] + ["--config", str(recipe)] + cmd[i:]
+
+
+def without_recipe_keys(cmd: list[str], recipes) -> list[str]:
+    """``cmd`` without the overrides of keys that a recipe sets, or of a section holding one (``reward.weights``
+    when a recipe sets ``reward.weights.iou``): the recipe must decide them, not the demo."""
+    keys = {k for r in recipes for k in recipe_keys(r)}
+    keys |= {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+    return without_keys(cmd, keys)
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
@@ -90,11 +101,11 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- front-ends
-def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
+def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
     s = demo.tvg_setup(runner, args, demo.load_recipes().tvg, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
     # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
-    s["train_cmd"] = without_keys(s["train_cmd"], {o.split("=", 1)[0] for ovs in VLM_METHODS.values() for o in ovs})
+    s["train_cmd"] = without_recipe_keys(s["train_cmd"], method_recipes("vlm").values())
     if args.eval_split == "validation":
         # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
         seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000
@@ -105,10 +116,10 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[di
     runner.run("base_eval", ev + [f"model={base}", f"out_dir={runner.out / 'base_eval'}"])  # greedy: seed-free
     base_m = demo._read_json(runner.out / "base_eval" / "metrics.json")
     rows = []
-    for name, overrides in methods.items():
+    for name, recipe in methods.items():
         for seed in args.seed_list:
             d = runner.out / name / f"seed{seed}"
-            if not finished(d) and not attempt(runner, f"{name}_s{seed}_train", s["train_cmd"] + overrides +
+            if not finished(d) and not attempt(runner, f"{name}_s{seed}_train", with_recipe(s["train_cmd"], recipe) +
                                                budget_overrides(args, "run.max_steps") +
                                                [f"run.output_dir={d / 'run'}", f"run.seed={seed}"]):
                 rows.append({"method": name, "seed": seed, "error": "training failed (see the log)"})
@@ -139,21 +150,21 @@ def flow_setup(runner: demo.Runner, args) -> dict:
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
     preset_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
-    s["train_cmd"] = without_keys(s["train_cmd"], preset_keys)
+    s["train_cmd"] = without_recipe_keys(without_keys(s["train_cmd"], preset_keys), method_recipes("flow").values())
     return s
 
 
-def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[dict]:
+def run_flow(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
     s = flow_setup(runner, args)
     ev = s["eval_cmd"]
     rows = []
     for seed in args.seed_list:  # base eval per seed: evaluation noise seeds follow the run seed
         runner.run(f"base_eval_s{seed}", ev + [f"seed={seed}", f"out_dir={runner.out / 'base_eval' / f'seed{seed}'}"])
-    for name, overrides in methods.items():
+    for name, recipe in methods.items():
         for seed in args.seed_list:
             d = runner.out / name / f"seed{seed}"
             if not finished(d) and not (
-                    attempt(runner, f"{name}_s{seed}_train", s["train_cmd"] + overrides +
+                    attempt(runner, f"{name}_s{seed}_train", with_recipe(s["train_cmd"], recipe) +
                             budget_overrides(args, "run.num_epochs") + [f"run.output_dir={d / 'run'}",
                                                                          f"run.seed={seed}"])
                     and attempt(runner, f"{name}_s{seed}_eval", ev + [f"seed={seed}", f"out_dir={d / 'eval'}",
@@ -168,7 +179,8 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, list[str]]) -> list[d
             curve = []
             for h in hist:
                 t = h.get("time/train_budget_s", t)
-                curve.append((t, h.get("reward/mini_geneval", h.get("reward/mean"))))
+                # reward/<name>/mean as both trainers log it; reward/<name>: flow runs logged before the keys met
+                curve.append((t, h.get("reward/mini_geneval/mean", h.get("reward/mini_geneval"))))
             rows.append({"method": name, "seed": seed,
                          "metric": None if m.get("accuracy") is None else 100.0 * m["accuracy"],
                          "base_metric": None if b.get("accuracy") is None else 100.0 * b["accuracy"],
@@ -300,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default runs/compare_<frontend>)")
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (GRPO sampling, data order)")
     p.add_argument("--budget", type=float, default=120.0, help="training CPU-seconds per run (equal for all)")
-    p.add_argument("--methods", default="", help="comma subset of the methods (default: all of the front-end)")
+    p.add_argument("--methods", default="", help="comma subset of the methods: names of the recipes in "
+                   "configs/compare/<frontend>/ (default: all of them)")
     p.add_argument("--steps", type=int, default=0, help="train a fixed number of steps (VLM) / epochs (flow) "
                    "instead of the time budget")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -314,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.seed, args.rebuild = args.seed_list[0], False
     args.tvg_train, args.tvg_eval = (4, 3) if args.smoke else (120, 60)
-    table_of = {"vlm": VLM_METHODS, "flow": FLOW_METHODS}[args.frontend]
+    table_of = method_recipes(args.frontend)
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] or list(table_of)
     unknown = [m for m in chosen if m not in table_of]
     if unknown:

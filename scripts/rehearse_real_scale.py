@@ -164,10 +164,10 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
     ov = [f"model.path={folder}", f"model.family={spec['family']}", "model.dtype=bfloat16",
           "model.gradient_checkpointing=true", f"model.lora.enabled={'false' if full else 'true'}",
           "data.task=tvg", "data.prompt_mode=no_think", f"data.video_min_pixels={px * px}",
-          f"data.video_max_pixels={px * px}", f"rollout.num_generations={G}",
+          f"data.video_max_pixels={px * px}", f"rollout.group_size={G}",
           f"rollout.max_new_tokens={max_new_tokens}", "run.max_steps=1", "run.prompts_per_device=1",
           f"run.micro_batch_size={G}", "run.device=cpu", "optim.lr=1e-5", f"run.output_dir={run_dir}",
-          "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.progress_bar=false"]
+          "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.progress_bar=false"]
     cfg = load_config(TrainConfig, None, ov)
     sample = {"id": "v0", "task": "tvg", "query": "the person opens the door",
               "video": synthetic_frames(0, FRAMES, px, px), "meta": {"video_fps": 2.0},
@@ -204,7 +204,7 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "sample.window_range": "[0,1]", "sample.window_policy": "fixed",
           "sample.cfg": "true" if kind == "sd3" else "false",
           "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5, "data.group_size": G, "data.groups_per_epoch": 1,
-          "data.prompts": "[a photo of a cat on a red sofa]", "optim.lr": 1e-5, "optim.beta": 0.0,
+          "data.prompts": "[a photo of a cat on a red sofa]", "optim.lr": 1e-5, "optim.kl_coef": 0.0,
           "run.num_epochs": 1, "run.output_dir": str(run_dir), "run.save_every": 0, "run.image_grid_every": 0,
           "run.tensorboard": "false", "run.reward_curves": "false", "run.progress_bar": "false", "run.cpu": "true",
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}

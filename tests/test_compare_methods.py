@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -28,16 +30,86 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = (tmp_path / "commands.sh").read_text().splitlines()
     train = [c for c in cmds if "mmgrpo.cli train" in c]
-    assert len(train) == 2 * len(cm.VLM_METHODS)
+    assert len(train) == 2 * len(cm.method_recipes("vlm"))
     assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
-    assert sum("tempsamp.enabled=true" in c for c in train) == 2  # only the TempSamp-R1 runs, not the demo's
-    for name, overrides in cm.VLM_METHODS.items():
+    assert not any("tempsamp.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
+    for name, recipe in cm.method_recipes("vlm").items():
         assert sum(f"/{name}/seed1/run" in c for c in train) == 1
-        for o in overrides:
-            assert any(o in c and f"/{name}/" in c for c in train), (name, o)
+        assert all(f"train --config {recipe} " in c for c in train if f"/{name}/" in c)
 
 
 def test_smooth_is_a_trailing_mean():
     import compare_methods as cm
 
     assert cm.smooth([(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)], window=2) == [(1, 0.0), (2, 0.5), (3, 1.5), (4, 2.5)]
+
+
+# The method switches as they were before they moved to configs/compare/*/<method>.yaml (appended after the demo's
+# overrides): the recipes must resolve to the very same configs.
+OLD_VLM_METHODS = {
+    "grpo": [],
+    "dr_grpo": ["algo.adv_scale=none", "algo.agg=seq_mean_token_sum_norm"],
+    "dapo": ["algo.clip_high=0.28", "algo.filter_zero_std=true"],
+    "tempsamp_r1": ["tempsamp.enabled=true"],
+    "reg_grpo": ["algo.loss_type=reg"],
+    "t_grpo": ["tgrpo.enabled=true"],
+    # added with their recipes (issue #21): no earlier list; the same check that recipe == switches
+    "seed_grpo": ["methods.seed_grpo.enabled=true"],
+    "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
+    "entropy_top20": ["methods.entropy.enabled=true", "methods.entropy.top_quantile=0.2"],
+    "gdpo": ["methods.gdpo.enabled=true"],
+    "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
+    "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
+}
+OLD_FLOW_METHODS = {
+    "flow_grpo_sde": ["method=flow"],
+    "flow_grpo_cps": ["method=flow", "sample.sde_kind=cps", "sample.noise_level=0.8"],
+    "dance_grpo": ["method=dance"],
+    "fast_window": ["method=fast"],
+    "mix_window": ["method=mix"],
+    "mix_flash": ["method=mix_flash"],
+    "tp_grpo": ["method=tp_grpo"],
+    "g2rpo": ["method=g2rpo"],
+}
+
+
+def _train_argv(frontend, tmp_path):
+    """{method: argv after 'train'} of every training command of a dry run (one seed)."""
+    import shlex
+
+    subprocess.run([sys.executable, str(REPO / "scripts" / "compare_methods.py"), frontend, "--dry-run", "--seeds",
+                    "0", "--budget", "7", "--out", str(tmp_path)], check=True, capture_output=True, timeout=120,
+                   cwd=REPO)
+    out = {}
+    for line in (tmp_path / "commands.sh").read_text().splitlines():
+        argv = shlex.split(line)
+        if "train" in argv and ("mmgrpo.cli" in argv or "flow_grpo.cli" in argv):
+            name = next(a for a in argv if a.startswith("run.output_dir=")).split("/")[-3]
+            out[name] = argv[argv.index("train") + 1:]
+    return out
+
+
+@pytest.mark.parametrize("frontend", ["vlm", "flow"])
+def test_recipes_resolve_to_the_configs_of_the_old_override_lists(frontend, tmp_path, monkeypatch):
+    """Config values (dataclass equality) of each method's training command: recipe (``--config``) versus the old
+    override list appended to the demo's overrides."""
+    import compare_methods as cm
+
+    from flow_grpo.config import load_train_config
+    from mmgrpo.config import TrainConfig
+    from mmgrpo.utils.config import load_config
+
+    old = {"vlm": OLD_VLM_METHODS, "flow": OLD_FLOW_METHODS}[frontend]
+    load = (lambda y, ov: load_config(TrainConfig, y, ov)) if frontend == "vlm" else load_train_config
+    monkeypatch.chdir(REPO)  # recipe paths are relative to the repository, as the commands run there
+    argvs = _train_argv(frontend, tmp_path)
+    assert set(argvs) == set(old) == set(cm.method_recipes(frontend))
+    assert list(cm.method_recipes(frontend))[0] == list(old)[0]  # the reference stays first
+    for name, argv in argvs.items():
+        assert argv[0] == "--config"
+        recipe, overrides = argv[1], argv[2:]
+        assert not set(old[name]) & set(overrides)
+        new_cfg = load(recipe, overrides)
+        old_cfg = load(None, overrides + old[name])
+        assert new_cfg == old_cfg, name
+    assert len({repr(load(argv[1], argv[2:])) for argv in argvs.values()}) == len(argvs)  # all methods differ

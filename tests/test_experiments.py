@@ -159,7 +159,7 @@ def test_smoke_mode_trains_and_evaluates(name, tmp_path):
     # the recipe's method settings reached the trainer: its saved config is the recipe plus the smoke swaps
     saved = (out / "config.yaml").read_text()
     if name.startswith("flow"):
-        assert "method: flow" in saved and "beta: 0.04" in saved and (out / "lora_final").is_dir()
+        assert "method: flow" in saved and "kl_coef: 0.04" in saved and (out / "lora_final").is_dir()
         assert (out / "eval_geneval" / "metrics.json").is_file()
     else:
         assert "parse_mode: vlm_r1" in saved and (out / "final" / "config.json").is_file()

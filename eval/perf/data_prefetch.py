@@ -104,9 +104,9 @@ def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, 
     overrides = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
                  "data.video_fps=2.0", "data.max_frames=16", "data.min_frames=4",
                  f"data.video_max_pixels={224 * 224}", f"data.video_total_pixels={16 * 224 * 224}",
-                 f"data.prefetch={prefetch}", "rollout.num_generations=4", f"rollout.max_new_tokens={args.new_tokens}",
+                 f"data.prefetch={prefetch}", "rollout.group_size=4", f"rollout.max_new_tokens={args.new_tokens}",
                  f"run.max_steps={args.steps}", "run.prompts_per_device=2", "run.micro_batch_size=8",
-                 "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.use_tensorboard=false", "run.save_every=0",
+                 "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.tensorboard=false", "run.save_every=0",
                  "run.resume_from=none", "run.progress_bar=false"]
     cfg = load_config(TrainConfig, None, overrides)
     samples = [{"id": f"s{i}", "task": "tvg", "query": "when does the square cross the middle?",

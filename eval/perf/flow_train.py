@@ -42,8 +42,8 @@ def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
 
     tc = TrainConfig()
     tc.sample = traj.sampling
-    tc.optim.clip_range = clip_range
-    tc.optim.beta = 0.0
+    tc.optim.clip_low = clip_range
+    tc.optim.kl_coef = 0.0
     stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True))
 
     def step():

@@ -168,11 +168,11 @@ def worker_ours(args, grouped: bool) -> None:
     overrides = [
         f"model.path={args.model_dir}", "model.dtype=float32", "model.attn_implementation=sdpa",
         "model.freeze_vision=true", "data.task=mcq", "data.prompt_mode=no_think",
-        f"rollout.num_generations={args.G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
+        f"rollout.group_size={args.G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
         f"rollout.generation_batch_size={rows}", f"run.prompts_per_device={args.B}", f"run.micro_batch_size={rows}",
         "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0", "optim.lr_schedule=constant",
         "algo.kl_coef=0", "algo.num_iterations=1", "algo.agg=token_mean", f"run.output_dir={out_dir}",
-        "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
+        "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
         "run.device=cpu", "run.log_every=1"]
     if has_switch:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")

@@ -60,7 +60,7 @@ class TGRPO(VLMMethod):
         rb.valid &= torch.isfinite(acc)
         vids = [(pos, pp) for pos, pp, _ in ctx["preps"] if pp.clip is not None]
         if vids:
-            Gs = c.num_shuffled or max(1, self.cfg.rollout.num_generations // 2)
+            Gs = c.num_shuffled or max(1, self.cfg.rollout.group_size // 2)
             acc_sh, sh_gids = self._shuffled_accuracy(vids, Gs, step)
             onp = ~rb.is_offpolicy & rb.valid
             b, granted = temporal_bonus(acc[onp], rb.group_ids[onp], acc_sh, sh_gids, c.alpha, c.mu, c.min_accuracy)

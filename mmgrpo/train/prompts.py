@@ -92,7 +92,7 @@ class PromptMixin:
         if not self.split_groups:
             k = P // W
             return [(pos, idx, None) for pos, idx in drawn[self.rank * k:(self.rank + 1) * k]]
-        G = self.cfg.rollout.num_generations
+        G = self.cfg.rollout.group_size
         lo, hi = self.rank * P * G // W, (self.rank + 1) * P * G // W
         out = []
         for k, (pos, idx) in enumerate(drawn):

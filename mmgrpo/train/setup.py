@@ -62,7 +62,7 @@ class SetupMixin:
             lora = None
             if cfg.model.lora.enabled:
                 lc = cfg.model.lora
-                lora = LoraSpec(r=lc.r, alpha=lc.alpha, dropout=lc.dropout, target_modules=list(lc.target_modules),
+                lora = LoraSpec(r=lc.rank, alpha=lc.alpha, dropout=lc.dropout, target_modules=list(lc.target_modules),
                                 include_vision=lc.include_vision)
             policy = load_policy(cfg.model.path, cfg.model.family, lora=lora, freeze_vision=cfg.model.freeze_vision,
                                  gradient_checkpointing=cfg.model.gradient_checkpointing, dtype=cfg.model.dtype,
@@ -132,7 +132,7 @@ class SetupMixin:
         self._step_snapshot: dict | None = None
         self.stream: PromptStream | None = None
         main = self.accelerator.is_main_process
-        self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.use_tensorboard, is_main_process=main)
+        self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.tensorboard, is_main_process=main)
         # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=bool(cfg.run.best_metric), best_mode=cfg.run.best_mode)
@@ -172,10 +172,10 @@ class SetupMixin:
     def _setup_global_batch(self) -> None:
         """Global prompts per step and whether a group's rows may sit on several processes."""
         cfg, W = self.cfg, self.world
-        G = cfg.rollout.num_generations
+        G = cfg.rollout.group_size
         P = cfg.run.prompts_per_step or cfg.run.prompts_per_device * W
         if (P * G) % W:
-            raise ValueError(f"run.prompts_per_step={P} x rollout.num_generations={G} rows cannot be split evenly "
+            raise ValueError(f"run.prompts_per_step={P} x rollout.group_size={G} rows cannot be split evenly "
                              f"over {W} processes")
         self.prompts_per_step = P
         self.split_groups = P % W != 0

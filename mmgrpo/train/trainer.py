@@ -133,7 +133,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         """One dict per completion row (ids, mask, text, lp, offpolicy, truncated, pp, group); a group's rows are
         contiguous: its sampled members, then the methods' ``extra_rows``."""
         cfg = self.cfg
-        G_on = cfg.rollout.num_generations
+        G_on = cfg.rollout.group_size
         for m in self.methods:
             G_on = m.generations_per_group(G_on)
         # one generate() row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's

@@ -531,7 +531,7 @@ def plan_main(argv, kind: str, prog: str) -> int:
         lora = cfg.model.lora
         frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
                                                              and cfg.rollout.vllm_mode == "colocate") else 0.0
-        p = plan(name, full=not lora.enabled, lora_r=lora.r, world=known.world, strategy=known.strategy,
+        p = plan(name, full=not lora.enabled, lora_r=lora.rank, world=known.world, strategy=known.strategy,
                  rows=cfg.run.micro_batch_size,
                  prompt_tokens=known.prompt_tokens or cfg.data.max_prompt_tokens or 1024,
                  completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,

@@ -144,18 +144,18 @@ def _tiny_vlm_video() -> dict:
 def vlm_train(cfg, run_dir: Path) -> list[str]:
     train, _, media = vlm_data(cfg.data.task)
     v = _tiny_vlm_video()
-    g = min(cfg.rollout.num_generations, MAX_GROUP)
+    g = min(cfg.rollout.group_size, MAX_GROUP)
     ov = [f"model.path={TINY_VLM}", "model.dtype=float32", "model.attn_implementation=sdpa",
           f"data.train_file={train}", f"data.media_root={media}", "data.max_samples=0",
           f"data.video_fps={v['fps']}", f"data.min_frames={v['min_frames']}", f"data.max_frames={v['max_frames']}",
           f"data.video_min_pixels={v['min_pixels']}", f"data.video_max_pixels={v['max_pixels']}",
           f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}",
           f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}",
-          "data.max_prompt_tokens=0", "rollout.backend=hf", f"rollout.num_generations={g}",
+          "data.max_prompt_tokens=0", "rollout.backend=hf", f"rollout.group_size={g}",
           f"rollout.max_new_tokens={min(cfg.rollout.max_new_tokens, MAX_NEW_TOKENS)}",
           f"rollout.generation_batch_size={2 * g}", f"run.max_steps={SMOKE_STEPS}", "run.prompts_per_device=1",
           "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
-          "run.save_every=0", "run.use_tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
+          "run.save_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
           "run.grad_sync=auto", f"run.output_dir={run_dir}"]
     if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
         ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")

@@ -47,7 +47,7 @@ def train_overrides(kind: str, method: str, out, **extra) -> list[str]:
         "sample.window_size": 2, "sample.window_range": "[0,3]", "sample.single_steps": "[0,1,2]",
         "sample.cfg": "true" if kind == "sd3" else "false", "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5,
         "data.group_size": 2, "data.groups_per_epoch": 2, "data.prompts": "[a cat, a dog, a bird]",
-        "model.lora.rank": 4, "model.lora.alpha": 8, "optim.lr": 1e-2, "optim.clip_range": 0.2,
+        "model.lora.rank": 4, "model.lora.alpha": 8, "optim.lr": 1e-2, "optim.clip_low": 0.2,
         "run.num_epochs": 1, "run.output_dir": str(out), "run.save_every": 0, "run.image_grid_every": 0,
         "run.tensorboard": "false", "run.reward_curves": "false", "ema.update_every": 1, "ema.decay": 0.5, "reward.retry_backoff": 0.0,
     }
@@ -95,7 +95,7 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
             return {"nanny": torch.where(torch.tensor([p == bad for p in prompts]), float("nan"), r)}
 
         extra = {"run.num_epochs": 2, "reward.weights": "{block: 1.0, nanny: 0.5}", "run.eval_every": 1,
-                 "data.eval_prompts": "[a red cube, a cat, a tree]", "optim.beta": 0.01}
+                 "data.eval_prompts": "[a red cube, a cat, a tree]", "optim.kl_coef": 0.01}
         rewards = {"block": block_reward, "nanny": nanny}
     elif case == "win_rate":
         extra = {"run.num_epochs": 1, "reward.mode": "win_rate", "data.group_size": 4}  # 12 samples: group 1 split

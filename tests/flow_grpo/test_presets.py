@@ -2,6 +2,7 @@
 releases' code (read for facts only): advantage statistics, MixGRPO's sliding window, DanceGRPO's step subsets,
 shared initial noise and last step."""
 import math
+import re
 
 import pytest
 import torch
@@ -89,10 +90,25 @@ def test_demo_pins_the_statistics_its_numbers_were_measured_with():
 
 
 def test_bad_ddof_is_a_clear_error(tmp_path):
-    tr = make_trainer("sd3", "dance", tmp_path, **{"sample.cfg": "false", "optim.adv_std_ddof": 2})
-    traj = _traj(tr)
-    with pytest.raises(ValueError, match="adv_std_ddof"):
-        tr.compute_advantages(traj)
+    """optim.adv_std_ddof is Literal[0, 1]: refused when the config is parsed, before any model is built."""
+    with pytest.raises(ValueError, match=r"optim.adv_std_ddof.*2.*\[0, 1\]"):
+        make_trainer("sd3", "dance", tmp_path, **{"sample.cfg": "false", "optim.adv_std_ddof": 2})
+
+
+def test_a_config_edited_after_parsing_is_checked_by_the_trainer(tmp_path):
+    """The hand-written kl_type / reward.mode checks gave way to the declared Literal choices, checked again when
+    the trainer starts: a config edited in Python after it was built still fails naming the key and the choices."""
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    from .conftest import make_adapter, train_overrides
+
+    for key, value, choices in [("kl_type", "exact", "['mean', 'mean_exact', 'velocity']"),
+                                ("adv_std_ddof", 2, "[0, 1]")]:
+        cfg = load_train_config(None, train_overrides("sd3", "dance", tmp_path, **{"sample.cfg": "false"}))
+        setattr(cfg.optim, key, value)
+        with pytest.raises(ValueError, match=rf"config key 'optim\.{key}': invalid value {value!r}, expected one of "
+                                             rf"{re.escape(choices)}"):
+            FlowGRPOTrainer(cfg, adapter=make_adapter("sd3", lora=False), reward_fn={"block": block_reward})
 
 
 # ------------------------------------------------------------------------------------ MixGRPO sliding window (item 2)

@@ -25,8 +25,8 @@ def _trainer(kind, method, out, **extra):
 # every method on one architecture and each architecture with several methods (both adapters' sampling and
 # scoring paths are also checked step by step in test_sampler / test_models)
 @pytest.mark.parametrize("kind,method,extra", [
-    ("sd3", "flow", {"optim.beta": 0.01}), ("flux", "dance", {}),
-    ("flux", "fast", {"optim.beta": 0.01, "optim.kl_type": "velocity"}), ("sd3", "fast", {}),
+    ("sd3", "flow", {"optim.kl_coef": 0.01}), ("flux", "dance", {}),
+    ("flux", "fast", {"optim.kl_coef": 0.01, "optim.kl_type": "velocity"}), ("sd3", "fast", {}),
     ("sd3", "tp_grpo", {}), ("flux", "tp_grpo", {}), ("sd3", "g2rpo", {}),
 ])
 def test_each_method_trains_lora(kind, method, extra, tmp_path):
@@ -41,7 +41,7 @@ def test_each_method_trains_lora(kind, method, extra, tmp_path):
     assert (tmp_path / "checkpoints").exists()
     if method == "tp_grpo":
         assert "tp/frac_kept" in m and m["nfe_per_trajectory"] > (8 if kind == "sd3" else 4)
-    if extra.get("optim.beta"):
+    if extra.get("optim.kl_coef"):
         assert "train/kl" in m
 
 

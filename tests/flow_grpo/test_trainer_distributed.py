@@ -71,9 +71,9 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     assert t0["rewards"]["valid"].tolist() == [True, True, False] and t1["rewards"]["valid"].tolist()[0] is False
     for e, (hd, hr) in enumerate(zip(res[0]["ddp"]["history"], hist)):
         exact = e == 0  # epoch 0 sees bit-identical images; later epochs differ by float order in the weights
-        for k in ("reward/mean", "reward/std", "reward/block", "reward/invalid", "adv/groups_empty",
+        for k in ("reward/total/mean", "reward/total/std", "reward/block/mean", "reward/invalid", "adv/groups_empty",
                   "adv/groups_singleton", "adv/mean_abs", "actual_batch_size", "train/ratio_mean", "train/kl",
-                  "grad_norm", "eval/reward/mean", "eval/reward/block"):
+                  "grad_norm", "eval/reward/total/mean", "eval/reward/block/mean"):
             assert _close(hd[k], hr[k], 1e-5 if exact else 1e-3, 1e-7 if exact else 1e-4), (e, k, hd[k], hr[k])
     assert res[0]["ddp"]["history"][0]["reward/invalid"] == 2 and res[0]["ddp"]["history"][0]["adv/groups_empty"] == 1
 
@@ -105,7 +105,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     with tr.ema.swapped_in():
         for n, p in tr.unwrapped.named_parameters():
             torch.testing.assert_close(exported[n], p.detach(), rtol=1e-4, atol=1e-6, msg=n)
-    for k in ("reward/mean", "adv/mean_abs", "grad_norm", "actual_batch_size"):
+    for k in ("reward/total/mean", "adv/mean_abs", "grad_norm", "actual_batch_size"):
         assert _close(res[0]["fsdp"]["history"][0][k], hist[0][k], 1e-5, 1e-7), k
     assert res[0]["fsdp"]["resume_equal"] and res[1]["fsdp"]["resume_equal"] and res[0]["fsdp"]["resume_ema_equal"]
     assert (out / "fsdp" / "checkpoints" / "step-00000001" / "shards" / "ema_rank1.pt").is_file()

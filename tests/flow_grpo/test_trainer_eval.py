@@ -21,22 +21,22 @@ def test_eval_periodic_and_final_with_ema_fixed_seeds_grid_curves_best(tmp_path)
                          "run.save_every": 1, "run.reward_curves": "true"})
     hist = tr.train()
     # eval at epoch 2 (every 2) and at the end (epoch 3), not at epoch 1
-    assert [("eval/reward/mean" in h) for h in hist] == [False, True, True]
+    assert [("eval/reward/total/mean" in h) for h in hist] == [False, True, True]
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [("eval/reward/block" in r) for r in rows] == [False, True, True]
+    assert [("eval/reward/block/mean" in r) for r in rows] == [False, True, True]
     last = hist[-1]
     # recompute the final eval independently: EMA weights, seed of prompt i = sample_seed(seed, 5, i), 3 ODE steps
     seeds = [sample_seed(tr.cfg.run.seed, 5, i) for i in range(3)]
     with tr.ema.swapped_in():
         imgs = generate_images(tr.adapter, prompts, seeds, tr.cfg.sample, num_steps=3)
     b, br = block_reward(imgs, prompts, None)["block"], brightness_reward(imgs, prompts, None)["brightness"]
-    assert last["eval/reward/block"] == pytest.approx(float(b.mean()), abs=1e-6)
-    assert last["eval/reward/brightness"] == pytest.approx(float(br.mean()), abs=1e-6)
-    assert last["eval/reward/mean"] == pytest.approx(float((b + 0.5 * br).mean()), abs=1e-6)
+    assert last["eval/reward/block/mean"] == pytest.approx(float(b.mean()), abs=1e-6)
+    assert last["eval/reward/brightness/mean"] == pytest.approx(float(br.mean()), abs=1e-6)
+    assert last["eval/reward/total/mean"] == pytest.approx(float((b + 0.5 * br).mean()), abs=1e-6)
     assert not torch.equal(imgs, generate_images(tr.adapter, prompts, seeds, tr.cfg.sample, num_steps=3))  # EMA != raw
     e1, e2 = tr.evaluate(), tr.evaluate()  # fixed seeds: the same weights give the same eval
     e1.pop("time/eval_s"), e2.pop("time/eval_s")
-    assert e1 == e2 and e1["eval/reward/mean"] == last["eval/reward/mean"]
+    assert e1 == e2 and e1["eval/reward/total/mean"] == last["eval/reward/total/mean"]
     # grids, curves
     assert (tmp_path / "samples" / "eval_epoch_00002.png").is_file()
     assert (tmp_path / "samples" / "eval_epoch_00003.png").is_file()
@@ -45,10 +45,10 @@ def test_eval_periodic_and_final_with_ema_fixed_seeds_grid_curves_best(tmp_path)
     # keep_last=1 plus the best eval checkpoint
     mgr = CheckpointManager(tmp_path / "checkpoints")
     kept = [s for s, _ in mgr.list_checkpoints()]
-    best_epoch = 2 if hist[1]["eval/reward/mean"] >= hist[2]["eval/reward/mean"] else 3
+    best_epoch = 2 if hist[1]["eval/reward/total/mean"] >= hist[2]["eval/reward/total/mean"] else 3
     assert kept == sorted({3, best_epoch})
     best = json.loads((mgr.best_checkpoint() / "manifest.json").read_text())["metric"]
-    assert best == pytest.approx(max(hist[1]["eval/reward/mean"], hist[2]["eval/reward/mean"]))
+    assert best == pytest.approx(max(hist[1]["eval/reward/total/mean"], hist[2]["eval/reward/total/mean"]))
     assert (tmp_path / "lora_final" / "pytorch_lora_weights.safetensors").is_file()
 
 

@@ -27,7 +27,7 @@ from mmgrpo.utils.signals import EXIT_INTERRUPTED
 from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 
 EXTRA = {"run.num_epochs": 3, "run.save_every": 0, "run.keep_last": 2, "optim.lr_schedule": "cosine",
-         "optim.warmup_steps": 1, "ema.update_every": 1, "optim.beta": 0.01, "run.resume_from": "auto"}
+         "optim.warmup_steps": 1, "ema.update_every": 1, "optim.kl_coef": 0.01, "run.resume_from": "auto"}
 
 
 def _fork_cli(out, stderr_path, hook, repeat_window=None, **extra):

@@ -23,7 +23,7 @@ from mmgrpo.utils.checkpoint import CheckpointManager, verify_checkpoint
 from .conftest import make_trainer
 
 EXTRA = {"run.num_epochs": 3, "run.save_every": 1, "run.keep_last": 2, "optim.lr_schedule": "cosine",
-         "optim.warmup_steps": 1, "ema.update_every": 1, "optim.beta": 0.01, "run.resume_from": "auto"}
+         "optim.warmup_steps": 1, "ema.update_every": 1, "optim.kl_coef": 0.01, "run.resume_from": "auto"}
 
 
 def _child(out: str, block_in_save_of: int) -> None:

@@ -71,7 +71,7 @@ def test_resilient_reward_retry_timeout_drop_stop_nan():
     out = r.evaluate(IMGS, ["a"] * 3)
     assert not out["valid"].any() and r.counters["failed_calls"] == 1 and r.counters["retries"] == 1
 
-    # non-finite scores are not retried: dropped (valid=False) or raised, per nan_policy
+    # non-finite scores are not retried: dropped (valid=False) or raised, per reward.on_nonfinite (ResilientReward nan_policy)
     def nan_one(images, prompts, metadata):
         return np.array([1.0, np.nan, np.inf])
 
@@ -280,7 +280,7 @@ def test_win_rate_mode_uses_group_ids_not_prompt_strings(tmp_path):
         others = [j for j in range(len(s)) if g[j] == g[i] and j != i]
         expect[i] = sum(1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0 for j in others) / len(others)
     np.testing.assert_allclose(traj.rewards["total"].numpy(), expect)
-    assert m["reward/win_rate"] == pytest.approx(0.5)  # win rates of a full group average 1/2
+    assert m["reward/win_rate/mean"] == pytest.approx(0.5)  # win rates of a full group average 1/2
 
 
 def test_async_rewards_overlap_the_next_chunk_and_match_sync():

@@ -49,10 +49,10 @@ def make_cfg(tmp_path, model_dir, *overrides):
 
     base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
             "data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.image_min_pixels=3136",
-            "data.image_max_pixels=3136", "rollout.num_generations=4", "rollout.max_new_tokens=6",
+            "data.image_max_pixels=3136", "rollout.group_size=4", "rollout.max_new_tokens=6",
             "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8", "optim.lr=0.01",
             "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
-            "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none"]
+            "run.tensorboard=false", "run.save_every=0", "run.resume_from=none"]
     return load_config(TrainConfig, None, base + list(overrides))
 
 

@@ -95,7 +95,7 @@ def test_trainer_skips_and_counts_bad_samples_or_raises(tmp_path, tiny_dirs, th)
                mcq("rgba", _rgba_half_transparent()), mcq("empty", Image.new("RGB", (8, 8)), query=""),
                mcq("long", Image.new("RGB", (8, 8)), query="x y " * 400), mcq("pixel", Image.new("1", (1, 1)))]
     args = ["data.task=mcq", "run.max_steps=1", "run.prompts_per_device=6", "data.shuffle=false",
-            "data.max_prompt_tokens=400", "rollout.num_generations=2", "rollout.max_new_tokens=3"]
+            "data.max_prompt_tokens=400", "rollout.group_size=2", "rollout.max_new_tokens=3"]
     tr = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=samples,
                      reward_fn=th.text_reward)
     tr._make_stream()

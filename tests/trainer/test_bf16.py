@@ -109,7 +109,7 @@ def test_bf16_lora_adapters_fp32(tmp_path, tiny_dirs, th, monkeypatch):
     TRL relies on); the base stays bf16 and the optimizer needs no masters."""
     rec = _Recorder(monkeypatch)
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "model.dtype=bfloat16", "model.lora.enabled=true",
-                      "model.lora.r=4", "model.lora.alpha=8", "algo.num_iterations=2", "algo.kl_coef=0.04")
+                      "model.lora.rank=4", "model.lora.alpha=8", "algo.num_iterations=2", "algo.kl_coef=0.04")
     tr = GRPOTrainer(cfg, samples=th.video_samples(4), reward_fn=th.text_reward)
     seen = _hooks(tr.model)
     train_dt = {p.dtype for p in tr.model.parameters() if p.requires_grad}

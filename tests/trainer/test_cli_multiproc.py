@@ -34,9 +34,9 @@ def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
     out = tmp_path / "run"
     args = ["train", f"model.path={tiny_dirs('qwen2_5_vl')}", "model.dtype=float32",
             f"data.train_file={tmp_path / 'train.jsonl'}", "data.task=mcq", "reward.weights={mcq: 1.0, format: 0.5}",
-            "data.image_min_pixels=3136", "data.image_max_pixels=3136", "rollout.num_generations=2",
+            "data.image_min_pixels=3136", "data.image_max_pixels=3136", "rollout.group_size=2",
             "rollout.max_new_tokens=4", "run.max_steps=2", "run.prompts_per_device=2", f"run.output_dir={out}",
-            "run.use_tensorboard=false", "tempsamp.enabled=false"]
+            "run.tensorboard=false", "tempsamp.enabled=false"]
     assert main(args) == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and "reward/mcq/mean" in metrics[0]
@@ -46,7 +46,7 @@ def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
     (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(Exception, match="gone.png"):
         main(args[:3] + [f"data.train_file={tmp_path / 'bad.jsonl'}", "data.on_missing_media=error",
-                         f"run.output_dir={tmp_path / 'run2'}"] + args[4:-3] + ["run.use_tensorboard=false"])
+                         f"run.output_dir={tmp_path / 'run2'}"] + args[4:-3] + ["run.tensorboard=false"])
 
 
 def test_cli_stopped_run_exits_3_with_the_reason_and_checkpoint(tmp_path, tiny_dirs, monkeypatch, capsys):
@@ -66,8 +66,8 @@ def test_cli_stopped_run_exits_3_with_the_reason_and_checkpoint(tmp_path, tiny_d
     (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
     code = main(["train", f"model.path={tiny_dirs('qwen2_5_vl')}", "model.dtype=float32",
                  f"data.train_file={tmp_path / 'train.jsonl'}", "data.task=mcq", "data.image_min_pixels=3136",
-                 "data.image_max_pixels=3136", "rollout.num_generations=2", "rollout.max_new_tokens=2",
-                 "run.prompts_per_device=1", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
+                 "data.image_max_pixels=3136", "rollout.group_size=2", "rollout.max_new_tokens=2",
+                 "run.prompts_per_device=1", f"run.output_dir={tmp_path / 'run'}", "run.tensorboard=false",
                  "reward.retries=0", "reward.on_failure=stop"])
     err = capsys.readouterr().err
     assert code == 3

@@ -26,7 +26,7 @@ import time
 import pytest
 import torch
 
-ARGS = ["run.prompts_per_step=3", "rollout.num_generations=4", "rollout.max_new_tokens=4", "run.max_steps=2",
+ARGS = ["run.prompts_per_step=3", "rollout.group_size=4", "rollout.max_new_tokens=4", "run.max_steps=2",
         "run.micro_batch_size=8", "data.task=mcq", "optim.max_grad_norm=1.0", "model.freeze_vision=true"]
 RUNS = {"manual": ["run.grad_sync=manual", "run.max_steps=1"], "fsdp2": []}  # fsdp2: step 1, resume, step 2
 

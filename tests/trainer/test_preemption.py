@@ -180,7 +180,7 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
 
 
 # ------------------------------------------------------------------------------------------------ two processes
-MP_ARGS = ["run.prompts_per_step=3", "rollout.num_generations=4", "rollout.max_new_tokens=4", "run.micro_batch_size=8",
+MP_ARGS = ["run.prompts_per_step=3", "rollout.group_size=4", "rollout.max_new_tokens=4", "run.micro_batch_size=8",
            "data.task=mcq", "optim.max_grad_norm=1.0", "model.freeze_vision=true", f"run.max_steps={STEPS}",
            "run.resume_from=auto", "run.grad_sync=manual"]
 

@@ -30,8 +30,8 @@ def _image_run(tmp_path, model_dir, *extra):
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return ["train", f"model.path={model_dir}", "model.dtype=float32", f"data.train_file={tmp_path / 'train.jsonl'}",
             "data.task=mcq", "reward.weights={mcq: 1.0, format: 0.5}", "data.image_min_pixels=3136",
-            "data.image_max_pixels=3136", "rollout.num_generations=2", "rollout.max_new_tokens=4", "run.max_steps=2",
-            "run.prompts_per_device=2", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
+            "data.image_max_pixels=3136", "rollout.group_size=2", "rollout.max_new_tokens=4", "run.max_steps=2",
+            "run.prompts_per_device=2", f"run.output_dir={tmp_path / 'run'}", "run.tensorboard=false",
             "run.progress_bar=false", *extra]
 
 

@@ -16,10 +16,10 @@ from mmgrpo.utils.config import load_config
 def make_cfg(tmp_path, model_dir, *overrides):
     base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
             "data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.image_min_pixels=3136",
-            "data.image_max_pixels=3136", "rollout.num_generations=4", "rollout.max_new_tokens=6",
+            "data.image_max_pixels=3136", "rollout.group_size=4", "rollout.max_new_tokens=6",
             "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8", "optim.lr=0.01",
             "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
-            "run.use_tensorboard=false", "run.save_every=0", "run.resume_from=none"]
+            "run.tensorboard=false", "run.save_every=0", "run.resume_from=none"]
     return load_config(TrainConfig, None, base + list(overrides))
 
 
@@ -257,7 +257,7 @@ def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th, ro
     from mmgrpo.models.inputs import build_prompt_item
     from mmgrpo.models.tiny import synthetic_image
 
-    args = ["model.lora.enabled=true", "model.lora.r=4", "run.max_steps=2", "algo.kl_coef=0.1"]
+    args = ["model.lora.enabled=true", "model.lora.rank=4", "run.max_steps=2", "algo.kl_coef=0.1"]
     straight = GRPOTrainer(make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args),
                            samples=th.image_samples(3), reward_fn=th.text_reward)
     straight.train()
@@ -293,7 +293,7 @@ def test_grpo_increases_a_learnable_reward(tmp_path, tiny_dirs, th):
         r = torch.tensor([sum(c.isascii() and c.isalpha() for c in t) / max(len(t), 1) for t in texts])
         return {"ascii": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "data.task=mcq", "rollout.num_generations=8",
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "data.task=mcq", "rollout.group_size=8",
                    "rollout.max_new_tokens=8", "optim.lr=2e-2", "optim.max_grad_norm=1.0", "run.max_steps=10",
                    "run.micro_batch_size=16")
     tr = GRPOTrainer(cfg, samples=th.image_samples(4), reward_fn=ascii_reward)
