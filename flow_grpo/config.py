@@ -46,6 +46,8 @@ class SamplingConfig:
     num_steps: int = _f(10, "denoising steps K of a rollout (the last step is never trained)")
     height: int = _f(512, "image height in pixels")
     width: int = _f(512, "image width in pixels")
+    num_frames: int = _f(0, "video generators (model.kind=wan): frames per video, 1 + 4k (e.g. 5, 33, 81); 0 = the "
+                         "adapter's default (Wan: 81, WanPipeline's); must stay 0 for image generators")
     guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: Literal["flow", "dance", "cps"] = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
@@ -58,7 +60,8 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    step_mode: Literal["all", "fraction", "window", "single"] = _f("window", "all | fraction | window | single")
+    # a registry name (flow_grpo.methods.PLANS), checked when the trainer is built: new plans need no config edit
+    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -76,7 +79,9 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    credit: Literal["outcome", "tp_grpo", "g2rpo"] = _f("outcome", "outcome | tp_grpo (turning points from ODE completions) | g2rpo (multi-granularity)")
+    # a registry name (flow_grpo.methods.CREDITS), checked when the trainer is built: new credits need no config edit
+    credit: str = _f("outcome", "credit function, a flow_grpo.methods.CREDITS entry: outcome | tp_grpo (turning points "
+                     "from ODE completions) | g2rpo (multi-granularity)")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -98,9 +103,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline or FluxKontextPipeline); empty + tiny=... builds a tiny one")
-    kind: Literal["auto", "sd3", "flux", "flux_kontext"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path)")
-    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V) or QwenImagePipeline); empty + tiny=... builds a tiny one")
+    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "qwen_image"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | qwen_image")
+    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "qwen_image"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | qwen_image) - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(
@@ -176,6 +181,8 @@ class OptimConfig:
     updates_per_epoch: int = _f(1, "optimizer steps per epoch; each spans whole trajectories (all their trained steps)")
     inner_epochs: int = _f(1, "passes over the epoch's rollouts")
     drop_zero_adv: bool = _f(True, "skip trajectories whose advantages are 0 at every trained step")
+    best_of_n: int = _f(0, "DanceGRPO best-of-n: train only the n/2 highest- and n/2 lowest-advantage samples of each "
+                        "group (n even; 0 = every sample; flow_grpo.methods.best_of_n)")
     lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "constant | linear | cosine (decay to 0 over all optimizer steps), after warmup")
     warmup_steps: int = _f(0, "linear LR warmup over this many optimizer steps")
     max_consecutive_skips: int = _f(5, "non-finite advantages/loss/gradients, or an epoch where no group kept two valid "

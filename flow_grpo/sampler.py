@@ -13,9 +13,10 @@ rewards are computed: the ``step_rewards`` function of the credit's row in :data
 ``single``         one step k / k; ODE elsewhere                           G²RPO
 =================  =====================================================  ==============================
 
-``credit`` (:mod:`flow_grpo.methods`): ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE completions after every SDE step;
-R_0 is the ODE completion from the window-start latent, i.e. from the trajectory's *own* x_T through the shared
-ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step granularities after the single SDE step).
+``credit`` (:mod:`flow_grpo.methods`): ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE
+completions after every SDE step; R_0 is the ODE completion from the window-start latent, i.e. from the
+trajectory's *own* x_T through the shared ODE prefix), ``"g2rpo"`` (rewards of ODE completions at several step
+granularities after the single SDE step).
 
 ODE steps: Euler, or with ``sample.ode_solver=dpmpp2m`` DPM-Solver++(2M) (:mod:`flow_grpo.solvers`) on the steps
 after the last SDE step of each sample (MixGRPO-Flash's ``dpm_apply_strategy=post``); ``sample.post_compress_ratio``
@@ -152,6 +153,148 @@ class Trajectories:
         return len(self.prompts)
 
 
+@dataclass
+class _RolloutGrid:
+    """The sigma grid a rollout integrates and, per sample and step of it, SDE / DPM-Solver masks (after
+    ``sample.post_compress_ratio`` re-gridded the part after the last SDE step)."""
+
+    grid: torch.Tensor               # (L+1,) sigmas, ending at 0
+    sde: torch.Tensor                # (N, L) bool
+    post: Optional[torch.Tensor]     # (N, L) bool: DPM-Solver++(2M) step (ode_solver=dpmpp2m), else None
+
+
+def _rollout_grid(cfg: SamplingConfig, plan: StepPlan, sig: torch.Tensor, credit) -> _RolloutGrid:
+    post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
+    if post is None or cfg.post_compress_ratio >= 1.0:
+        return _RolloutGrid(sig, plan.sde_mask, post)
+    if credit.step_rewards is not None:
+        raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
+                         f"integrate the full grid)")
+    n = plan.sde_mask.shape[0]
+    grid, last = compress_post_grid(sig, plan.sde_mask, cfg.post_compress_ratio)
+    n_pre, n_post = last + 1, len(grid) - 1 - (last + 1)
+    sde = torch.cat([plan.sde_mask[:, :n_pre], torch.zeros(n, n_post, dtype=torch.bool)], 1)
+    return _RolloutGrid(grid, sde, torch.cat([post[:, :n_pre], torch.ones(n, n_post, dtype=torch.bool)], 1))
+
+
+@dataclass
+class _Columns:
+    """The recorded transitions of the trained columns (``col_of``: step index -> column)."""
+
+    col_of: dict
+    lat: torch.Tensor                # (N, T, *latent) x_k
+    nxt: torch.Tensor                # (N, T, *latent) x_{k+1}
+    onx: Optional[torch.Tensor]      # (N, T, *latent) Euler step from x_k (credits with keeps_ode_next)
+    logp: torch.Tensor               # (N, T) log-probs of SDE steps (0 elsewhere)
+
+    @classmethod
+    def allocate(cls, cols: torch.Tensor, xt: torch.Tensor, keep_ode_next: bool) -> "_Columns":
+        n, T = xt.shape[0], len(cols)
+        lat = torch.zeros((n, T) + tuple(xt.shape[1:]), dtype=torch.float32, device=xt.device)
+        return cls({int(k): j for j, k in enumerate(cols.tolist())}, lat, torch.zeros_like(lat),
+                   torch.zeros_like(lat) if keep_ode_next else None, torch.zeros(n, T, dtype=torch.float32))
+
+    def record(self, k: int, c0: int, c1: int, x, x_next, euler_next, log_prob) -> None:
+        """Store step k of samples [c0, c1) if k is a trained column (also for a chunk that does not train it:
+        the layout is per column)."""
+        j = self.col_of.get(k)
+        if j is None:
+            return
+        self.lat[c0:c1, j] = x
+        self.nxt[c0:c1, j] = x_next
+        if self.onx is not None:
+            self.onx[c0:c1, j] = euler_next
+        if log_prob is not None:
+            self.logp[c0:c1, j] = log_prob
+
+
+def _ode_next(v, x, grid: torch.Tensor, k: int, post: Optional[torch.Tensor], x0_prev):
+    """Deterministic step k: (next state, Euler next state, DPM-Solver history). With ``post`` (the chunk's
+    DPM-Solver mask) DPM-Solver++(2M) on the steps after the last SDE step (MixGRPO-Flash's "post" strategy); the
+    history (x0 of the previous step) is kept at every step, SDE or ODE, as the release does."""
+    euler_next = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind="ode").prev_sample
+    if post is None:
+        return euler_next, euler_next, x0_prev
+    dpm_next, x0 = dpmpp2m_step(v, x, grid[k].item(), grid[k + 1].item(), x0_prev,
+                                grid[k - 1].item() if k > 0 else None)
+    pm = post[:, k].to(x.device).view(-1, *([1] * (x.dim() - 1)))
+    return torch.where(pm, dpm_next, euler_next), euler_next, x0
+
+
+def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Columns, c0: int, c1: int,
+                noise_seeds: Sequence[int]) -> torch.Tensor:
+    """Integrate samples [c0, c1) (one model batch) along the grid, SDE where the plan says, recording the trained
+    columns; returns the final latents."""
+    shape, dev, grid = tuple(x.shape[1:]), x.device, rg.grid
+    post = rg.post[c0:c1] if rg.post is not None else None
+    x0_prev = None
+    for k in range(len(grid) - 1):
+        v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+        ode_next, euler_next, x0_prev = _ode_next(v, x, grid, k, post, x0_prev)
+        m = rg.sde[c0:c1, k]
+        log_prob = None
+        if bool(m.any()):
+            gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
+            noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
+            out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
+                           noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
+            x_next = torch.where(m.to(dev).view(-1, *([1] * len(shape))), out.prev_sample, ode_next)
+            if k in buf.col_of:
+                if out.log_prob is None:
+                    raise ValueError(f"step {k} (sigma_next={grid[k + 1].item()}) has zero std: cannot train it")
+                log_prob = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
+        else:
+            x_next = ode_next
+        buf.record(k, c0, c1, x, x_next, euler_next, log_prob)
+        x = x_next
+    return x
+
+
+def _check_rollout(cfg: SamplingConfig, n: int, seeds: Sequence[Sequence[int]], metadata: list, reward_fn):
+    """Validate the inputs of :func:`sample_trajectories`; returns the credit's table row."""
+    if not all(len(s) == n for s in seeds) or len(metadata) != n:
+        raise ValueError("prompts, xt_seeds, noise_seeds, plan_seeds and metadata must have the same length")
+    credit = get_credit(cfg.credit)  # the credit table (flow_grpo.methods)
+    if credit.step_rewards is not None and reward_fn is None:
+        raise ValueError(f"credit={cfg.credit!r} needs reward_fn")
+    if credit.check is not None:
+        credit.check(cfg)
+    if cfg.sde_kind not in ("flow", "dance", "cps"):
+        raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
+    check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
+    return credit
+
+
+def _rollout_sigmas(adapter: FlowModelAdapter, cfg: SamplingConfig) -> torch.Tensor:
+    H, W, K = cfg.height, cfg.width, cfg.num_steps
+    adapter.set_resolution(H, W)
+    sig = adapter.sigmas(K, H, W)
+    if len(sig) != K + 1 or float(sig[-1]) != 0.0:
+        raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
+    return sig
+
+
+def _score_rollout(adapter, traj: Trajectories, embeds, sig, credit, reward_fn, weights, futures) -> float:
+    """Rewards of the final images (background futures of the chunks, or one call now) and, for credits that have
+    them, the step rewards; returns the extra NFEs per trajectory (before the CFG factor)."""
+    n = len(traj)
+    if futures:  # every model call of the rollout is done: now wait for the background scores
+        raw = merge_scores([f.result() for f in futures], [c1 - c0 for c0, c1 in traj.chunks])
+        total, scores = finish_scores(raw, n, weights)
+    else:
+        total, scores = score_rewards(reward_fn, traj.images, traj.prompts, traj.metadata, weights)
+    traj.rewards = dict(scores)
+    traj.rewards["total"] = total
+    if credit.step_rewards is None:
+        return 0
+    traj.step_rewards, extra, step_valid = credit.step_rewards(adapter, traj, embeds, sig, reward_fn, weights, total)
+    # a sample is usable only if every reward of its sequence is valid
+    traj.rewards["valid"] = traj.rewards["valid"] & step_valid
+    traj.step_rewards = torch.where(traj.rewards["valid"].unsqueeze(1), traj.step_rewards,
+                                    torch.zeros_like(traj.step_rewards))
+    return extra
+
+
 @torch.no_grad()
 def sample_trajectories(
     adapter: FlowModelAdapter,
@@ -175,135 +318,49 @@ def sample_trajectories(
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
-    if not (len(xt_seeds) == len(noise_seeds) == len(plan_seeds) == len(metadata) == n):
-        raise ValueError("prompts, xt_seeds, noise_seeds, plan_seeds and metadata must have the same length")
+    credit = _check_rollout(cfg, n, (xt_seeds, noise_seeds, plan_seeds), metadata, reward_fn)
     group_ids = torch.as_tensor(group_ids, dtype=torch.long)
-    credit = get_credit(cfg.credit)  # the credit table (flow_grpo.methods)
-    if credit.step_rewards is not None and reward_fn is None:
-        raise ValueError(f"credit={cfg.credit!r} needs reward_fn")
-    if credit.check is not None:
-        credit.check(cfg)
-    if cfg.sde_kind not in ("flow", "dance", "cps"):
-        raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
-    check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
-    H, W, K = cfg.height, cfg.width, cfg.num_steps
-    adapter.set_resolution(H, W)
-    sig = adapter.sigmas(K, H, W)
-    if len(sig) != K + 1 or float(sig[-1]) != 0.0:
-        raise ValueError(f"adapter.sigmas({K}) must return K+1 values ending at 0, got {sig.tolist()}")
+    sig = _rollout_sigmas(adapter, cfg)
     plan = make_step_plan(cfg, plan_seeds, iteration)
     if credit.step_rewards is not None and not bool(plan.train_mask.any()):
         raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
                          f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
     cols = torch.nonzero(plan.train_mask.any(0)).flatten()
-    T = len(cols)
-    col_of = {int(k): j for j, k in enumerate(cols.tolist())}
     embeds = adapter.encode_prompts(prompts)
     if xt is None:
-        xt = adapter.initial_noise(xt_seeds, H, W)
+        xt = adapter.initial_noise(xt_seeds, cfg.height, cfg.width)
     elif xt.shape[0] != n:
         raise ValueError(f"xt has batch {xt.shape[0]} != {n}")
-    shape = tuple(xt.shape[1:])
-    dev = xt.device
-    lat = torch.zeros((n, T) + shape, dtype=torch.float32, device=dev)
-    nxt = torch.zeros_like(lat)
-    # TP-GRPO completions start with the Euler step the rollout already computed (see _tp_grpo_rewards)
-    onx = torch.zeros_like(lat) if credit.keeps_ode_next else None
-    logp = torch.zeros(n, T, dtype=torch.float32)
-    final = torch.zeros((n,) + shape, dtype=torch.float32, device=dev)
-    calls = 0
+    buf = _Columns.allocate(cols, xt, credit.keeps_ode_next)  # TP-GRPO completions start with the Euler step
+    final = torch.zeros(tuple(xt.shape), dtype=torch.float32, device=xt.device)
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
+    rg = _rollout_grid(cfg, plan, sig, credit)
     chunk_images, futures = [], []
-    post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
-    grid, sde_ext, post_ext = sig, plan.sde_mask, post
-    if post is not None and cfg.post_compress_ratio < 1.0:
-        if credit.step_rewards is not None:
-            raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
-                             f"integrate the full grid)")
-        grid, last = compress_post_grid(sig, plan.sde_mask, cfg.post_compress_ratio)
-        n_pre, n_post = last + 1, len(grid) - 1 - (last + 1)
-        sde_ext = torch.cat([plan.sde_mask[:, :n_pre], torch.zeros(n, n_post, dtype=torch.bool)], 1)
-        post_ext = torch.cat([post[:, :n_pre], torch.ones(n, n_post, dtype=torch.bool)], 1)
     for c0, c1 in chunks:
-        x = xt[c0:c1].float().clone()
-        emb = embeds.index(slice(c0, c1))
-        x0_prev = None
-        for k in range(len(grid) - 1):
-            v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
-            calls += 1
-            ode_next = euler_next = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind="ode").prev_sample
-            if post is not None:
-                # DPM-Solver++(2M) on the ODE steps after the last SDE step (MixGRPO-Flash's "post" strategy); the
-                # history (x0 of the previous step) is kept at every step, SDE or ODE, as the release does
-                dpm_next, x0 = dpmpp2m_step(v, x, grid[k].item(), grid[k + 1].item(), x0_prev,
-                                            grid[k - 1].item() if k > 0 else None)
-                x0_prev = x0
-                pm = post_ext[c0:c1, k].to(dev).view(-1, *([1] * len(shape)))
-                ode_next = torch.where(pm, dpm_next, euler_next)
-            m = sde_ext[c0:c1, k]
-            if bool(m.any()):
-                gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
-                noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
-                out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
-                               noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
-                mm = m.to(dev).view(-1, *([1] * len(shape)))
-                x_next = torch.where(mm, out.prev_sample, ode_next)
-                if k in col_of:
-                    j = col_of[k]
-                    lat[c0:c1, j] = x
-                    nxt[c0:c1, j] = x_next
-                    if onx is not None:
-                        onx[c0:c1, j] = euler_next
-                    if out.log_prob is None:
-                        raise ValueError(f"step {k} (sigma_next={grid[k + 1].item()}) has zero std: cannot train it")
-                    logp[c0:c1, j] = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
-            else:
-                x_next = ode_next
-                if k in col_of:  # a column trained by other chunks: keep the state for the layout
-                    lat[c0:c1, col_of[k]] = x
-                    nxt[c0:c1, col_of[k]] = x_next
-                    if onx is not None:
-                        onx[c0:c1, col_of[k]] = euler_next
-            x = x_next
+        x = _roll_chunk(adapter, cfg, xt[c0:c1].float().clone(), embeds.index(slice(c0, c1)), rg, buf, c0, c1,
+                        noise_seeds)
         final[c0:c1] = x
-        chunk_images.append(adapter.decode(x, H, W).cpu())
+        chunk_images.append(adapter.decode(x, cfg.height, cfg.width).cpu())
         if reward_fn is not None and reward_runner is not None:
             futures.append(reward_runner.submit(chunk_images[-1], list(prompts[c0:c1]), metadata[c0:c1]))
-    images = torch.cat(chunk_images)
-    cfg_mult = 2 if cfg.cfg else 1
-    nfe = (len(grid) - 1) * cfg_mult
     traj = Trajectories(
         prompts=list(prompts), metadata=metadata, group_ids=group_ids, xt_seeds=list(xt_seeds),
         noise_seeds=list(noise_seeds), step_indices=cols.clone(), sigmas=sig[cols].clone(),
-        sigmas_next=sig[cols + 1].clone(), latents=lat, next_latents=nxt, log_probs=logp,
+        sigmas_next=sig[cols + 1].clone(), latents=buf.lat, next_latents=buf.nxt, log_probs=buf.logp,
         train_mask=plan.train_mask[:, cols].clone(), sde_mask=plan.sde_mask, window_start=plan.window_start,
-        final_latents=final, images=images, chunks=chunks, sampling=cfg, ode_next_latents=onx,
+        final_latents=final, images=torch.cat(chunk_images), chunks=chunks, sampling=cfg, ode_next_latents=buf.onx,
     )
+    nfe = len(rg.grid) - 1
     if reward_fn is not None:
-        if futures:  # every model call of the rollout is done: now wait for the background scores
-            raw = merge_scores([f.result() for f in futures], [c1 - c0 for c0, c1 in chunks])
-            total, scores = finish_scores(raw, n, reward_weights)
-        else:
-            total, scores = score_rewards(reward_fn, images, prompts, metadata, reward_weights)
-        traj.rewards = dict(scores)
-        traj.rewards["total"] = total
-        if credit.step_rewards is not None:
-            traj.step_rewards, extra, step_valid = credit.step_rewards(adapter, traj, embeds, sig, reward_fn,
-                                                                       reward_weights, total)
-            nfe += extra * cfg_mult
-            # a sample is usable only if every reward of its sequence is valid
-            traj.rewards["valid"] = traj.rewards["valid"] & step_valid
-            traj.step_rewards = torch.where(traj.rewards["valid"].unsqueeze(1), traj.step_rewards,
-                                            torch.zeros_like(traj.step_rewards))
-    traj.nfe_per_trajectory = float(nfe)
+        nfe += _score_rollout(adapter, traj, embeds, sig, credit, reward_fn, reward_weights, futures)
+    traj.nfe_per_trajectory = float(nfe * (2 if cfg.cfg else 1))
     traj.seconds = time.perf_counter() - t_start
     return traj
 
 
-
-
 def _window_layout(traj: Trajectories) -> tuple[int, torch.Tensor]:
-    """Window length n and the (N, n) columns of each sample's SDE steps (:func:`flow_grpo.methods.tp_grpo.window_layout`)."""
+    """Window length n and the (N, n) columns of each sample's SDE steps
+    (:func:`flow_grpo.methods.tp_grpo.window_layout`)."""
     from .methods.tp_grpo import window_layout
 
     return window_layout(traj.train_mask)

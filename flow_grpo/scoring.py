@@ -1,13 +1,25 @@
 """Reward scoring in one place: every reward call of a flow run (rollout images, ODE completions of step credits,
-eval images, win rates) goes through :func:`score_rewards` / :func:`finish_scores`, which validate the reward dict
-and return the named tensors ``(total (N,), {component: (N,), "valid": (N,) bool})``. The fault handling of each
-reward component (timeouts, retries, drop-or-stop) is :class:`ResilientReward` and the run's set of rewards is
-:class:`RewardStack` (:mod:`flow_grpo.scoring`)."""
+eval images, win rates) goes through the run's :class:`RewardStack` (each component wrapped in
+:class:`ResilientReward`: timeout, retries, drop-or-stop, non-finite policy) and :func:`finish_scores`, which
+validates the reward dict and returns the named tensors ``(total (N,), {component: (N,), "valid": (N,) bool})``.
+Pref-GRPO's win rates replace the totals in :func:`apply_win_rates`."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from flow_grpo.rewards import Reward
+from flow_grpo.rewards.base import check_finite_numpy, check_shapes
+from mmgrpo.engine.errors import RewardCallFailed, RewardTimeout
+from mmgrpo.utils.logging import get_logger
+
+from .distributed import _dist, _gather_rows, sync_failure
+
+log = get_logger("flow_grpo.scoring")
 
 RewardFn = Callable[..., dict]
 
@@ -69,3 +81,214 @@ def finish_scores(scores: dict, n: int, weights: Optional[dict] = None) -> tuple
     scores["valid"] = valid
     return total, scores
 
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
+    """Run ``fn()``; with ``timeout > 0`` in a daemon thread that is abandoned (it cannot be killed) if it has not
+    returned after ``timeout`` seconds."""
+    if timeout <= 0:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["err"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name=f"reward-{name}")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise RewardTimeout(f"reward {name!r} did not return within {timeout:g} s")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+class ResilientReward(Reward):
+    """One reward component with fault handling (issue "Reliability").
+
+    Each call is tried ``1 + retries`` times; an attempt fails if the reward raises or exceeds ``timeout``
+    seconds; attempt k+1 starts ``backoff * 2**k`` s after attempt k failed. If every attempt fails:
+    ``on_failure="drop"`` returns score 0 with ``valid=False`` for every sample of the call (counted in
+    ``counters["dropped"]``, logged), ``"stop"`` raises :class:`RewardCallFailed`.
+
+    An output with the wrong number of scores (or not numeric) counts as a failed attempt, like an exception.
+    Non-finite scores are not retried (they are not transient): they follow ``nan_policy`` ("drop" ->
+    ``valid=False``; "raise" -> ``RewardError``). The wrapped reward's own ``nan_policy`` is bypassed (its
+    ``score`` is called directly) so that this policy applies to every component alike. Output keys of a reward
+    whose ``name`` differs from the config key are renamed to the config key (``R -> key``, ``R/aux -> key/aux``).
+    """
+
+    def __init__(self, fn: Callable, name: str, retries: int = 2, backoff: float = 1.0, timeout: float = 0.0,
+                 on_failure: str = "drop", nan_policy: str = "drop"):
+        super().__init__(name=name, nan_policy=nan_policy)
+        if on_failure not in ("drop", "stop"):
+            raise ValueError(f"on_failure must be 'drop' or 'stop', got {on_failure!r}")
+        if retries < 0 or backoff < 0 or timeout < 0:
+            raise ValueError("reward retries, retry_backoff and timeout must be >= 0")
+        self.fn = fn
+        # videos pass through a plain callable or a video reward; an image Reward is refused by MultiReward
+        self.accepts_video = not isinstance(fn, Reward) or fn.accepts_video
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.timeout = float(timeout)
+        self.on_failure = on_failure
+        self._lock = threading.Lock()
+        self.counters = {"calls": 0, "retries": 0, "timeouts": 0, "failed_calls": 0, "dropped": 0}
+
+    def _count(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.counters[k] += v
+
+    def _raw(self, imgs, prompts, md, **kw):
+        if isinstance(self.fn, Reward):
+            return self.fn.score(imgs, prompts, md, **kw)
+        return self.fn(imgs, prompts, md, **kw)
+
+    def _rename(self, raw: Any) -> Any:
+        if not isinstance(raw, Mapping):
+            return {self.name: raw}
+        own = getattr(self.fn, "name", None)
+        if not own or own == self.name or self.name in raw:
+            return raw
+        out = {}
+        for k, v in raw.items():
+            if k == own:
+                k = self.name
+            elif k.startswith(own + "/"):
+                k = self.name + k[len(own):]
+            out[k] = v
+        return out
+
+    def _evaluate(self, imgs, prompts, md, **kw):
+        import numpy as np
+
+        n = imgs.shape[0]
+        self._count(calls=1)
+        last: Optional[BaseException] = None
+        for attempt in range(self.retries + 1):
+            try:
+                raw = _call_with_timeout(lambda: self._raw(imgs, prompts, md, **kw), self.timeout, self.name)
+                check_shapes(self._rename(raw), n, self.name)  # wrong count/shape: a failed call, not a crash
+                break
+            except Exception as exc:  # noqa: BLE001 - any failure of a reward call is handled alike
+                last = exc
+                self._count(timeouts=int(isinstance(exc, RewardTimeout)))
+                log.warning("reward %r: attempt %d/%d failed: %s: %s", self.name, attempt + 1, self.retries + 1,
+                            type(exc).__name__, exc)
+                if attempt < self.retries:
+                    self._count(retries=1)
+                    time.sleep(self.backoff * 2 ** attempt)
+        else:
+            msg = (f"reward {self.name!r} failed {self.retries + 1} time(s) on a batch of {n}: "
+                   f"{type(last).__name__}: {last}")
+            self._count(failed_calls=1)
+            if self.on_failure == "stop":
+                raise RewardCallFailed(msg + " (reward.on_failure=stop)") from last
+            self._count(dropped=n)
+            log.error("%s; dropping its %d samples (reward.on_failure=drop)", msg, n)
+            return {self.name: np.zeros(n, dtype=np.float32), "valid": np.zeros(n, dtype=bool)}
+        return check_finite_numpy(self._rename(raw), n, self.name, self.nan_policy)
+
+
+def _import_factory(spec: str) -> Callable:
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr:
+        raise ValueError(f"reward.pairwise_scorer must be 'package.module:factory', got {spec!r}")
+    return getattr(importlib.import_module(mod), attr)
+
+
+class RewardStack:
+    """The trainer's rewards: ``pointwise`` (a :class:`~flow_grpo.rewards.MultiReward` over the resilient
+    components; ``out["total"] = sum_k w_k r_k``) and, in ``win_rate`` mode, ``pairwise`` (a resilient
+    :class:`~flow_grpo.rewards.PairwisePreferenceReward`, called with explicit ``group_ids``).
+
+    ``components``: optional ``{name: reward callable}`` instead of ``build_reward(name, **kwargs[name])`` for
+    every name of ``weights`` (weights of injected names default to 1)."""
+
+    def __init__(self, rc, components: Optional[Mapping[str, Callable]] = None):
+        from flow_grpo.rewards import MultiReward, PairwisePreferenceReward, ScoreComparator, build_reward
+
+        nan_policy = {"drop": "drop", "error": "raise"}[rc.on_nonfinite]  # config word -> flow_grpo.rewards
+        if components is None:
+            unknown = set(rc.kwargs) - set(rc.weights) - {"win_rate"}
+            if unknown:
+                raise ValueError(f"reward.kwargs for rewards without a weight: {sorted(unknown)}")
+            comps = {k: build_reward(k, **dict(rc.kwargs.get(k, {}))) for k in rc.weights}
+            weights = {k: float(w) for k, w in rc.weights.items()}
+        else:
+            if not isinstance(components, Mapping):
+                raise TypeError(f"reward components must be a {{name: reward}} mapping, got {type(components).__name__}")
+            comps = dict(components)
+            weights = {k: float(rc.weights.get(k, 1.0)) for k in comps}
+        if not comps:
+            raise ValueError("no rewards: set reward.weights")
+        kw = dict(retries=rc.retries, backoff=rc.retry_backoff, timeout=rc.timeout, on_failure=rc.on_failure,
+                  nan_policy=nan_policy)
+        self.mode = rc.mode
+        self.weights = weights
+        self.wrapped = {k: ResilientReward(fn, k, **kw) for k, fn in comps.items()}
+        self.pointwise = MultiReward(weights, mode="per_reward" if rc.mode == "per_reward" else "weighted_sum",
+                                     rewards=self.wrapped, nan_policy=nan_policy)
+        self.pairwise = None
+        if rc.mode == "win_rate":
+            scorer = (_import_factory(rc.pairwise_scorer)(**dict(rc.kwargs.get("win_rate", {})))
+                      if rc.pairwise_scorer else ScoreComparator(self.pointwise, key="total"))
+            pref = PairwisePreferenceReward(scorer, name="win_rate", symmetric=rc.pairwise_symmetric,
+                                            nan_policy=nan_policy)
+            self.pairwise = ResilientReward(pref, "win_rate", **kw)
+        self._seen = self._totals()
+
+    def _totals(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in list(self.wrapped.values()) + ([self.pairwise] if self.pairwise is not None else []):
+            with w._lock:
+                for k, v in w.counters.items():
+                    out[k] = out.get(k, 0) + v
+        return out
+
+    def take_counters(self) -> dict[str, int]:
+        """Counter increments (calls, retries, timeouts, failed_calls, dropped) since the previous call."""
+        now = self._totals()
+        delta = {k: now[k] - self._seen.get(k, 0) for k in now}
+        self._seen = now
+        return delta
+
+
+def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world: int, device) -> None:
+    """Pref-GRPO: replace ``traj.rewards["total"]`` by the pairwise win rate of each valid sample inside its group
+    (``pairwise``: the :class:`RewardStack`'s resilient pairwise reward). Groups may be split across processes:
+    images are gathered, each process judges the groups ``sorted(gids)[rank::world]`` and the win rates are summed
+    back (each sample is judged by one process). ``prompts`` / ``meta``: those of the gathered batch."""
+    valid = traj.rewards["valid"]
+    (imgs, gids, v), sl = _gather_rows([traj.images, traj.group_ids, valid], device)
+    n_all = gids.shape[0]
+    owned = set(torch.unique(gids).tolist()[rank::world])
+    idx = [i for i in range(n_all) if bool(v[i]) and int(gids[i]) in owned]
+    wr = torch.zeros(n_all, dtype=torch.float64)
+    bad = torch.zeros(n_all, dtype=torch.float64)
+    err = None
+    if idx:
+        try:
+            out = pairwise(imgs[idx], [prompts[i] for i in idx], [meta[i] for i in idx], group_ids=gids[idx].tolist())
+            ok = torch.as_tensor(out.get("valid", torch.ones(len(idx), dtype=torch.bool))).bool()
+            wr[idx] = torch.as_tensor(out["win_rate"]).double()
+            bad[idx] = (~ok).double()
+        except RewardCallFailed as exc:
+            err = exc
+    sync_failure(err)
+    d = _dist()
+    if d is not None:
+        t = torch.stack([wr, bad]).to(device)
+        d.all_reduce(t)
+        wr, bad = t.cpu()[0], t.cpu()[1]
+    new_valid = valid & (bad[sl] == 0)
+    traj.rewards["pointwise_total"] = traj.rewards["total"]
+    traj.rewards["win_rate"] = wr[sl].float()
+    traj.rewards["valid"] = new_valid
+    traj.rewards["total"] = torch.where(new_valid, wr[sl].float(), torch.zeros(len(traj)))

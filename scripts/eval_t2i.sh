@@ -2,7 +2,7 @@
 # Mini-GenEval (held-out split, 4 images per prompt) for a diffusers pipeline, optionally with a trained LoRA.
 # PIPELINE=tiny builds a random tiny SD3 pipeline (CPU smoke test: 64 px, 8 steps; its accuracy is ~0).
 #   scripts/eval_t2i.sh PIPELINE|tiny [LORA_DIR|-] [OUT_DIR] [key=value ...]
-#   e.g. scripts/eval_t2i.sh ckpts/sd3.5-medium runs/flow_grpo/checkpoints/step-00000100 runs/eval/t2i_grpo
+#   e.g. scripts/eval_t2i.sh ckpts/sd3.5-medium runs/flow_grpo/checkpoints/epoch-00000100 runs/eval/t2i_grpo
 [ $# -ge 1 ] || { sed -n 2,5p "$0" >&2; exit 2; }
 pipe=$1; lora=${2:--}; out=$(realpath -m "${3:-runs/eval/t2i}"); shift $(( $# >= 3 ? 3 : $# ))
 [ "$pipe" = tiny ] || pipe=$(realpath -m "$pipe")

@@ -2,14 +2,14 @@
 function is one module here plus its registry entry; the trainer and the sampler look them up by config value
 and never branch on method names. Adding one: CONTRIBUTING.md, "How to add a flow credit function"."""
 from .base import (CREDITS, PLANS, TRAIN_MASKS, AdvOptions, Credit, CreditInputs, CreditOutput, TrainMask,
-                   apply_train_masks, credit_name, get_credit, local_gather, register_credit, register_plan,
-                   register_train_mask)
+                   active_train_masks, advantage_stats, apply_train_masks, credit_name, get_credit, group_stats,
+                   local_gather, register_credit, register_plan, register_train_mask)
 from .plans import StepPlan, fraction_train_count, make_step_plan, sliding_window, window_bounds
 
 # importing a module registers its entries (in this order: train masks apply in registration order)
-from . import outcome, tp_grpo, g2rpo, masks  # noqa: E402,F401  isort:skip
+from . import outcome, tp_grpo, g2rpo, masks, best_of_n  # noqa: E402,F401  isort:skip
 
 __all__ = ["CREDITS", "PLANS", "TRAIN_MASKS", "AdvOptions", "Credit", "CreditInputs", "CreditOutput", "StepPlan",
-           "TrainMask", "apply_train_masks", "credit_name", "fraction_train_count", "get_credit", "local_gather",
-           "make_step_plan", "register_credit", "register_plan", "register_train_mask", "sliding_window",
-           "window_bounds"]
+           "TrainMask", "active_train_masks", "advantage_stats", "apply_train_masks", "credit_name",
+           "fraction_train_count", "get_credit", "group_stats", "local_gather", "make_step_plan", "register_credit",
+           "register_plan", "register_train_mask", "sliding_window", "window_bounds"]

@@ -37,6 +37,11 @@ class AdvOptions:
     def kw(self) -> dict:
         return dict(scale=self.scale, clamp=self.clamp, eps=self.eps, unbiased=self.unbiased)
 
+    @classmethod
+    def from_optim(cls, o) -> "AdvOptions":
+        """From ``optim.*``; ``adv_std_ddof`` 0 = population std (np.std), 1 = Bessel-corrected (torch.std)."""
+        return cls(o.adv_scale, o.adv_clip_max, o.adv_eps, o.adv_std_ddof == 1)
+
 
 def local_gather(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], slice]:
     """``gather`` of one process: the rows themselves."""
@@ -122,9 +127,33 @@ def credit_name(credit: str, reward_mode: str) -> str:
     return "per_reward" if credit == "outcome" and reward_mode == "per_reward" else credit
 
 
+def active_train_masks(cfg) -> list[TrainMask]:
+    """The train-mask functions ``cfg`` turns on, in registration order (``active`` validates their options, so
+    the trainer calls this before training)."""
+    return [entry for entry in TRAIN_MASKS.values() if entry.active(cfg)]
+
+
 def apply_train_masks(cfg, adv: torch.Tensor, mask: torch.Tensor, inputs: CreditInputs) -> torch.Tensor:
     """Every active train-mask function, in registration order."""
-    for entry in TRAIN_MASKS.values():
-        if entry.active(cfg):
-            mask = entry.fn(cfg, adv, mask, inputs)
+    for entry in active_train_masks(cfg):
+        mask = entry.fn(cfg, adv, mask, inputs)
     return mask
+
+
+def group_stats(inp: CreditInputs) -> dict:
+    """Groups of the gathered batch left empty / with one valid member (advantage 0), and invalid samples."""
+    (g_all, v_all), _ = inp.gather([inp.group_ids, inp.valid])
+    counts = torch.bincount(torch.unique(g_all, return_inverse=True)[1], weights=v_all.double())
+    return {"adv/groups_empty": float((counts == 0).sum()),      # every member dropped: no sample trains
+            "adv/groups_singleton": float((counts == 1).sum()),  # one member left: no baseline -> A = 0
+            "reward/invalid": float((~v_all).sum())}
+
+
+def advantage_stats(adv: torch.Tensor, mask: torch.Tensor, gather) -> dict:
+    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch."""
+    (adv_all, m_all), _ = gather([adv, mask])
+    trained = adv_all[m_all]
+    return {"adv/mean_abs": float(trained.abs().mean()) if trained.numel() else 0.0,
+            "adv/std": float(trained.std()) if trained.numel() > 1 else 0.0,
+            "adv/max": float(trained.max()) if trained.numel() else 0.0,
+            "adv/min": float(trained.min()) if trained.numel() else 0.0}

@@ -1,5 +1,5 @@
-"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext) over diffusers pipelines,
-plus hub-free tiny builders."""
+"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V, Qwen-Image)
+over diffusers pipelines, plus hub-free tiny builders."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,14 @@ import os
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
 from .flux_kontext import FluxKontextAdapter
+from .qwen_image import QwenImageAdapter
 from .sd3 import SD3Adapter
+from .wan import WanAdapter
 
-ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter}
-_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext"}
+ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
+            "qwen_image": QwenImageAdapter}
+_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
+                     "WanPipeline": "wan", "QwenImagePipeline": "qwen_image"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -82,6 +86,8 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
     return ADAPTERS[_PIPELINE_TO_KIND[name]](pipe, **kwargs)
 
 
-__all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "load_adapter",
+__all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
+           "QwenImageAdapter",
+           "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

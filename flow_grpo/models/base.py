@@ -25,9 +25,11 @@ import torch
 
 @dataclass
 class PromptEmbeds:
-    """Conditioning for a batch. ``prompt_embeds`` (B, L, D), ``pooled`` (B, P); ``neg_*`` the unconditional
-    (empty-prompt) embeddings for CFG (or None); ``text_ids`` (L, 3) for FLUX (shared by the batch);
-    ``cond_latents`` (B, C, h', w') the VAE latents of a per-sample reference image (FLUX-Kontext), or None."""
+    """Conditioning for a batch. ``prompt_embeds`` (B, L, D), ``pooled`` (B, P) (None for models without a pooled
+    embedding: Wan, Qwen-Image); ``neg_*`` the unconditional (empty-prompt) embeddings for CFG (or None);
+    ``text_ids`` (L, 3) for FLUX (shared by the batch); ``cond_latents`` (B, C, h', w') the VAE latents of a
+    per-sample reference image (FLUX-Kontext), or None; ``prompt_mask`` / ``neg_prompt_mask`` (B, L) the valid text
+    tokens of zero-padded embeddings (Qwen-Image), or None (all valid)."""
 
     prompt_embeds: torch.Tensor
     pooled: torch.Tensor
@@ -35,6 +37,8 @@ class PromptEmbeds:
     neg_pooled: Optional[torch.Tensor] = None
     text_ids: Optional[torch.Tensor] = None
     cond_latents: Optional[torch.Tensor] = None
+    prompt_mask: Optional[torch.Tensor] = None
+    neg_prompt_mask: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]
@@ -79,6 +83,8 @@ class FlowModelAdapter:
     release_max_sequence_length: int = 256
     # False for guidance-distilled models (FLUX, FLUX-Kontext: the guidance scale is an input, no CFG branch)
     supports_cfg: bool = True
+    # what ``decode`` returns: "image" uint8 (B, H, W, 3) or "video" uint8 (B, F, H, W, 3) (flow_grpo.media)
+    media: str = "image"
 
     def __init__(self, pipe, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  max_sequence_length: int | None = None):

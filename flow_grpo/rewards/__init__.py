@@ -27,7 +27,11 @@ Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factor
 ``ocr``                    ``1 - Lev(ocr, target) / max len``, rapidocr             (:mod:`.ocr`)
 ``remote``                 HTTP client of ``python -m flow_grpo.rewards.server``    (:mod:`.remote`)
 ``mini_geneval``           verifiable Mini-GenEval (strict / partial)              (:mod:`.mini_geneval`)
+``motion_verifier``        verifiable Mini-T2V over videos (strict / partial)      (:mod:`.motion`)
+``vlm_judge_video``        Qwen-VL judge over videos, fps through the video contract (:mod:`.vlm_judge_video`)
 ``geneval_official``       GenEval's own scorer (mmdet), for the remote server     (:mod:`.geneval_official`)
+``video_per_frame``        an image reward per frame, mean or min over time        (:mod:`.video`)
+``temporal_consistency``   ``1 - mean_f mean|x_f - x_{f-1}| / 255`` over a video    (:mod:`.video`)
 =========================  ==========================================================================
 
 Combinators: :class:`MultiReward` (weighted sum or per-reward for GDPO), :class:`PairwisePreferenceReward`

@@ -2,6 +2,7 @@
 
     runner = AsyncRewardRunner(reward, max_workers=2)
     fut = runner.submit(images, prompts, metadata)   # returns at once; images are copied to uint8 NHWC first
+                                                     # (videos: uint8 (B, F, H, W, 3), if the reward accepts them)
     ...sample the next batch...
     scores = fut.result()                            # dict[str, (N,) float32], errors re-raised here
 
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .base import ImageBatch, Metadata, RewardFn, normalize_metadata, to_uint8_nhwc
+from .base import ImageBatch, Metadata, RewardFn, _to_uint8_media, normalize_metadata, to_uint8_nhwc
 
 __all__ = ["AsyncRewardRunner"]
 
@@ -37,7 +38,8 @@ class AsyncRewardRunner:
 
     def submit(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
                **kwargs: Any) -> Future:
-        imgs = to_uint8_nhwc(images)
+        # a reward that accepts videos (uint8 (B, F, H, W, 3)) gets them as they are, copied
+        imgs = _to_uint8_media(images) if getattr(self.reward, "accepts_video", False) else to_uint8_nhwc(images)
         prompts = list(prompts)
         md = [dict(m) for m in normalize_metadata(metadata, imgs.shape[0], getattr(self.reward, "name", "?"))]
         return self._pool.submit(self.reward, imgs, prompts, md, **kwargs)

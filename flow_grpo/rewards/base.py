@@ -156,6 +156,16 @@ def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
     raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
 
 
+def _to_uint8_media(images: ImageBatch) -> np.ndarray:
+    """A uint8 video batch (B, F, H, W, 3) checked and copied (never aliases the input, as :func:`to_uint8_nhwc`),
+    anything else through :func:`to_uint8_nhwc`."""
+    if getattr(images, "ndim", None) == 5:
+        from ..media import check_video
+
+        return np.ascontiguousarray(check_video(images)).copy()
+    return to_uint8_nhwc(images)
+
+
 def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
     if len(images) == 0:
         raise ValueError("images: empty list")
@@ -292,6 +302,8 @@ class Reward:
     """
 
     name: str = "reward"
+    # True: ``images`` may also be a uint8 video batch (B, F, H, W, 3) (flow_grpo.rewards.video)
+    accepts_video: bool = False
 
     def __init__(self, name: str | None = None, nan_policy: NanPolicy = "raise"):
         if name is not None:
@@ -314,7 +326,7 @@ class Reward:
 
         Lets numpy-only rewards run without importing torch (e.g. in the reward server).
         """
-        imgs = to_uint8_nhwc(images)
+        imgs = _to_uint8_media(images) if self.accepts_video else to_uint8_nhwc(images)
         n = imgs.shape[0]
         return self._evaluate(imgs, _check_prompts(prompts, n, self.name),
                               normalize_metadata(metadata, n, self.name), **kwargs)
@@ -371,11 +383,15 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "imagereward": "flow_grpo.rewards.imagereward:ImageRewardReward",
     "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
     "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
+    "vlm_judge_video": "flow_grpo.rewards.vlm_judge_video:VLMVideoJudgeReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+    "motion_verifier": "flow_grpo.rewards.motion:MotionVerifierReward",
     "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
+    "video_per_frame": "flow_grpo.rewards.video:PerFrameReward",
+    "temporal_consistency": "flow_grpo.rewards.video:TemporalConsistency",
 }
 
 
@@ -441,6 +457,7 @@ class MultiReward(Reward):
     """
 
     name = "multi"
+    accepts_video = True  # videos reach the components; an image Reward among them is refused (wrap it per frame)
 
     def __init__(self, weights: Mapping[str, float], mode: Literal["weighted_sum", "per_reward"] = "weighted_sum",
                  rewards: Mapping[str, RewardFn] | None = None,
@@ -478,6 +495,9 @@ class MultiReward(Reward):
         valid = np.ones(n, dtype=bool)
         total = np.zeros(n, dtype=np.float32)
         for k, fn in self.rewards.items():
+            if imgs.ndim == 5 and isinstance(fn, Reward) and not fn.accepts_video:
+                raise RewardError(f"reward {k!r} scores images but got videos {imgs.shape}: score frames with "
+                                  f"video_per_frame (reward={k!r}, aggregate mean|min)", k)
             if isinstance(fn, Reward):
                 raw: Mapping[str, Any] = fn._evaluate(imgs, prompts, md, **kwargs)
             else:

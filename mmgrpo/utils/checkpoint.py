@@ -1,6 +1,8 @@
 """Crash-safe checkpoints, retention and RNG state.
 
-Layout under ``root``::
+Layout under ``root`` (new folders are ``<prefix>-XXXXXXXX``, ``step`` by default; the flow trainer, whose checkpoints
+count epochs, writes ``epoch-*``; ``step-*`` and ``epoch-*`` folders are both listed, resumed from and pruned, so
+runs written before the flow rename still resume)::
 
     step-00000100/           one complete checkpoint
         model.pt             one file per entry of the saved ``state`` dict (torch.save)
@@ -56,7 +58,6 @@ logger = logging.getLogger("mmgrpo.checkpoint")
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
-_STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-.*-(\d+)$")
 _WRITER_FILE = ".writer"  # hostname of the process writing a temp dir (its pid is in the dir name)
 _FOREIGN_TMP_MAX_AGE = 24 * 3600.0
@@ -224,6 +225,9 @@ class CheckpointManager:
         keep_best: also keep the checkpoint with the best ``metric`` ("max" or "min" per ``best_mode``).
         best_mode: ``"max"`` or ``"min"``.
         check_hashes: verify sha256 on load (sizes are always checked).
+        prefix: folder name prefix of new checkpoints (``<prefix>-XXXXXXXX``): what the number counts.
+        read_prefixes: prefixes listed, resumed from and subject to retention besides ``prefix`` (folders written
+            under an earlier name; at equal numbers a ``prefix`` folder counts as the newer).
     """
 
     def __init__(
@@ -233,7 +237,15 @@ class CheckpointManager:
         keep_best: bool = True,
         best_mode: str = "max",
         check_hashes: bool = True,
+        prefix: str = "step",
+        read_prefixes: tuple[str, ...] = ("step", "epoch"),
     ):
+        names = (prefix,) + tuple(p for p in read_prefixes if p != prefix)
+        if not all(re.fullmatch(r"[a-z]+", p) for p in names):
+            raise ValueError(f"checkpoint prefixes must be lowercase letters, got {names}")
+        self.prefix = prefix
+        self.read_prefixes = tuple(read_prefixes)
+        self._dir_re = re.compile(rf"^({'|'.join(names)})-(\d{{8,}})$")
         if best_mode not in ("max", "min"):
             raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
         if keep_last is not None and keep_last < 1:
@@ -246,18 +258,18 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------------------------------------- listing
     def step_dir(self, step: int) -> Path:
-        return self.root / f"step-{int(step):08d}"
+        return self.root / f"{self.prefix}-{int(step):08d}"
 
     def list_checkpoints(self) -> list[tuple[int, Path]]:
-        """``(step, path)`` of every ``step-*`` directory (valid or not), oldest first."""
+        """``(step, path)`` of every ``<prefix>-*`` directory (and ``read_prefixes``; valid or not), oldest first."""
         if not self.root.is_dir():
             return []
         out = []
         for p in self.root.iterdir():
-            m = _STEP_RE.match(p.name)
+            m = self._dir_re.match(p.name)
             if m and p.is_dir():
-                out.append((int(m.group(1)), p))
-        return sorted(out)
+                out.append((int(m.group(2)), m.group(1) == self.prefix, p))
+        return [(n, p) for n, _, p in sorted(out)]
 
     def clean_stale_tmp(self) -> list[Path]:
         """Delete ``.tmp-*`` dirs left by processes that no longer exist (a live writer's dir is left alone)."""
@@ -320,7 +332,7 @@ class CheckpointManager:
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.clean_stale_tmp()
-        tmp = self.root / f".tmp-step-{step:08d}-{os.getpid()}"
+        tmp = self.root / f".tmp-{self.prefix}-{step:08d}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -460,7 +472,7 @@ class CheckpointManager:
     def resolve(self, resume_from: str | os.PathLike | None) -> Path | None:
         """``resume_from`` semantics: ``"auto"`` -> latest valid checkpoint under ``root`` or None;
         ``None``/``""``/``"none"`` -> None; a path -> that checkpoint (verified) or, if it is a directory of
-        ``step-*`` checkpoints, its latest valid one. Raises :class:`CheckpointError` naming the problem."""
+        checkpoint folders, its latest valid one. Raises :class:`CheckpointError` naming the problem."""
         if resume_from is None:
             return None
         s = str(resume_from).strip()
@@ -472,7 +484,8 @@ class CheckpointManager:
         if not p.exists():
             raise CheckpointError(f"resume_from={s!r}: path does not exist")
         if p.is_dir() and not (p / MANIFEST_NAME).exists():
-            sub = CheckpointManager(p, keep_last=None, check_hashes=self.check_hashes)
+            sub = CheckpointManager(p, keep_last=None, check_hashes=self.check_hashes, prefix=self.prefix,
+                                    read_prefixes=self.read_prefixes)
             if sub.list_checkpoints():
                 found = sub.latest_valid()
                 if found is None:

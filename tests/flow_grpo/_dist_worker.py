@@ -72,7 +72,7 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
     if case == "fsdp":  # resume the same trainer from the epoch-1 checkpoint and redo epoch 2 (sharded state)
         final = local_weights()
         ema = [s.clone() for s in tr.ema.shadow]
-        tr.cfg.run.resume_from = str(out / case / "checkpoints" / "step-00000001")
+        tr.cfg.run.resume_from = str(out / case / "checkpoints" / "epoch-00000001")
         tr.train_epoch = orig
         tr.train(num_epochs=1)
         res["resume_equal"] = all(torch.equal(final[n], w) for n, w in local_weights().items())

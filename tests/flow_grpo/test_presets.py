@@ -80,11 +80,16 @@ def test_fast_preset_statistics_follow_the_release():
 
 
 def test_demo_pins_the_statistics_its_numbers_were_measured_with():
-    """The demo's recorded results used the group std (ddof 1): its command line says so explicitly."""
+    """The demo's recorded results used the group std (ddof 1): its recipe (configs/demo/t2i.yaml) says so
+    explicitly, for the full and the smoke run."""
     from pathlib import Path
 
-    src = (Path(__file__).parents[2] / "scripts" / "demo.py").read_text()
-    assert '"optim.adv_scale=group", "optim.adv_std_ddof=1"' in src
+    import yaml
+
+    t2i = yaml.safe_load((Path(__file__).parents[2] / "configs" / "demo" / "t2i.yaml").read_text())
+    for prof in ("full", "smoke"):
+        settings = {**t2i["grpo"], **(t2i[prof].get("grpo") or {})}
+        assert str(settings["optim.adv_scale"]) == "group" and str(settings["optim.adv_std_ddof"]) == "1", settings
     cfg = load_train_config(None, ["method=fast", "optim.adv_scale=group", "optim.adv_std_ddof=1"]).optim
     assert (cfg.adv_scale, cfg.adv_std_ddof, cfg.adv_eps) == ("group", 1, 1e-4)
 

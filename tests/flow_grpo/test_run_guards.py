@@ -65,7 +65,7 @@ def test_dead_reward_server_with_on_failure_stop_checkpoints_and_exits_3(tmp_pat
     err = capsys.readouterr().err
     assert rc == 3, err
     assert "reward.on_failure=stop" in err and "Traceback" not in err
-    ckpts = sorted((out / "checkpoints").glob("step-*"))
+    ckpts = sorted((out / "checkpoints").glob("epoch-*"))
     assert len(ckpts) == 1 and str(ckpts[0]) in err
     from mmgrpo.utils.checkpoint import CheckpointManager
 
@@ -151,7 +151,7 @@ def test_two_real_runs_into_one_folder_then_stale_lock_and_resume(tmp_path):
     a.start()
     try:
         t0 = time.time()
-        while not (out / "checkpoints" / "step-00000001" / "manifest.json").exists():
+        while not (out / "checkpoints" / "epoch-00000001" / "manifest.json").exists():
             assert a.is_alive(), "run A ended early: " + (tmp_path / "a.log").read_text()[-2000:]
             assert time.time() - t0 < 120, "run A made no checkpoint"
             time.sleep(0.05)
@@ -171,5 +171,5 @@ def test_two_real_runs_into_one_folder_then_stale_lock_and_resume(tmp_path):
                        text=True, timeout=180)
     assert c.returncode == 0, c.stderr
     assert "taking over a stale lock" in c.stderr and f"pid {a.pid}" in c.stderr
-    assert "resumed from " + str(out / "checkpoints" / "step-") in c.stderr
+    assert "resumed from " + str(out / "checkpoints" / "epoch-") in c.stderr
     assert export_problem(out / "lora_final") is None and not (out / ".lock").exists()

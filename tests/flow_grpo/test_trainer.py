@@ -72,7 +72,7 @@ def test_saved_lora_reloads_into_pipeline_and_reproduces_images(tmp_path, roundt
 
     tr = _trainer("sd3", "flow", tmp_path, **{"run.save_every": 1})
     tr.train()
-    lora_dir = tmp_path / "checkpoints" / "step-00000001" / "lora"
+    lora_dir = tmp_path / "checkpoints" / "epoch-00000001" / "lora"
     assert (lora_dir / "pytorch_lora_weights.safetensors").is_file()
     cfg = tr.cfg.sample
     # images of the trained adapter with the EMA weights (what is saved)

@@ -61,7 +61,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     final = load("ddp_e1_r0.pt")
     for n, p in tr.named_params:                                                                      # (b)
         torch.testing.assert_close(final[n], p.detach(), rtol=1e-4, atol=1e-7, msg=n)
-    st = CheckpointManager(out / "ddp" / "checkpoints").load(out / "ddp" / "checkpoints" / "step-00000002")
+    st = CheckpointManager(out / "ddp" / "checkpoints").load(out / "ddp" / "checkpoints" / "epoch-00000002")
     for s_dist, s_ref in zip(st["ema"]["shadow"], tr.ema.shadow):
         torch.testing.assert_close(s_dist, s_ref, rtol=1e-4, atol=1e-7)
     assert len(st["rng"]["per_rank"]) == 2 and st["trainer"]["world"] == 2
@@ -108,4 +108,4 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     for k in ("reward/total/mean", "adv/mean_abs", "grad_norm", "actual_batch_size"):
         assert _close(res[0]["fsdp"]["history"][0][k], hist[0][k], 1e-5, 1e-7), k
     assert res[0]["fsdp"]["resume_equal"] and res[1]["fsdp"]["resume_equal"] and res[0]["fsdp"]["resume_ema_equal"]
-    assert (out / "fsdp" / "checkpoints" / "step-00000001" / "shards" / "ema_rank1.pt").is_file()
+    assert (out / "fsdp" / "checkpoints" / "epoch-00000001" / "shards" / "ema_rank1.pt").is_file()

@@ -132,7 +132,7 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
         def save(obj, f, *a, **k):
             real_save(obj, f, *a, **k)
             p = Path(str(f))
-            if p.name == "optimizer.pt" and p.parent.name.startswith(".tmp-step-00000002-"):
+            if p.name == "optimizer.pt" and p.parent.name.startswith(".tmp-epoch-00000002-"):
                 marker.write_text(str(p.parent))
                 time.sleep(600)
 
@@ -163,7 +163,7 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
     text = {n: err[n].read_text() for n in "abc"}
     assert os.WIFEXITED(status["a"]) and os.WEXITSTATUS(status["a"]) == EXIT_INTERRUPTED, text["a"]
     assert ("flow_grpo train: SIGTERM received: stopped at epoch 1 (its samples were discarded before any update); "
-            f"checkpoint written: {tmp_path / 'a' / 'checkpoints' / 'step-00000001'}") in text["a"]
+            f"checkpoint written: {tmp_path / 'a' / 'checkpoints' / 'epoch-00000001'}") in text["a"]
     assert ckpts("a") == [1] and "Traceback" not in text["a"]
     assert os.WIFEXITED(status["b"]) and os.WEXITSTATUS(status["b"]) == EXIT_INTERRUPTED, text["b"]
     assert "SIGINT received: stopped at epoch 2; checkpoint written:" in text["b"] and "Traceback" not in text["b"]
@@ -254,7 +254,7 @@ def test_two_processes_agree_to_stop_at_the_same_epoch_and_resume_exactly(tmp_pa
                 pass
     assert all(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0 for st in status), status
     r0, r1 = (json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2))
-    ck = tmp_path / "run" / "checkpoints" / "step-00000002"
+    ck = tmp_path / "run" / "checkpoints" / "epoch-00000002"
     # rank 1 got the signal, rank 0 learned it through the reduction: both finished epoch 2 and stopped there
     assert r1["signame"] == "SIGTERM" and r0["signame"] == "a signal on another process"
     assert r0["epoch"] == r1["epoch"] == 2 and r0["where"] == r1["where"] == "epoch 2"

@@ -33,7 +33,7 @@ def _child(out: str, block_in_save_of: int) -> None:
 
         def save(obj, f, *a, **k):
             p = str(f)
-            if f".tmp-step-{block_in_save_of:08d}-" in p and p.endswith("optimizer.pt"):
+            if f".tmp-epoch-{block_in_save_of:08d}-" in p and p.endswith("optimizer.pt"):
                 real_save(obj, f, *a, **k)  # a partial checkpoint: some entries written, no manifest
                 open(os.path.join(out, "in_save"), "w").close()
                 time.sleep(600)
@@ -65,7 +65,7 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     # 1. kill after the 1st checkpoint appears (mid epoch 2)
     c1 = ctx.Process(target=_child, args=(str(run), 0))
     c1.start()
-    _wait_for(lambda: (run / "checkpoints" / "step-00000001" / "manifest.json").is_file(), c1)
+    _wait_for(lambda: (run / "checkpoints" / "epoch-00000001" / "manifest.json").is_file(), c1)
     os.kill(c1.pid, signal.SIGKILL)
     c1.join()
     assert c1.exitcode == -signal.SIGKILL
@@ -80,10 +80,10 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     os.kill(c2.pid, signal.SIGKILL)
     c2.join()
     assert c2.exitcode == -signal.SIGKILL
-    partial = [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-step-00000002")]
+    partial = [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-epoch-00000002")]
     assert len(partial) == 1 and (partial[0] / "optimizer.pt").is_file()
     assert not (partial[0] / "manifest.json").exists()
-    assert mgr.latest_valid() == run / "checkpoints" / "step-00000001"  # the previous checkpoint still loads
+    assert mgr.latest_valid() == run / "checkpoints" / "epoch-00000001"  # the previous checkpoint still loads
     # 3. resume here and finish
     tr = make_trainer("flux", "fast", run, **EXTRA)
     hist = tr.train()
@@ -100,10 +100,10 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     assert got[3] == want[3] and got[4] == want[4] == 3 and got[5] == want[5]
     assert not partial[0].exists()  # the dead writer's temp dir was cleaned up
     # what a checkpoint holds
-    man = verify_checkpoint(run / "checkpoints" / "step-00000003")
+    man = verify_checkpoint(run / "checkpoints" / "epoch-00000003")
     assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "config", "reference",
                                    "rng"}
-    st = mgr.load(run / "checkpoints" / "step-00000003")
+    st = mgr.load(run / "checkpoints" / "epoch-00000003")
     assert st["trainer"]["data"]["epoch"] == 3 and st["trainer"]["global_step"] == 3
     assert st["reference"]["kind"] == "lora_disabled" and len(st["reference"]["base_fingerprint"]) == 64
     assert set(st["rng"]["per_rank"][0]) >= {"python", "numpy", "torch"}

@@ -24,7 +24,7 @@ class _Evil:
 def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path):
     extra = {"run.resume_from": "auto", "run.save_every": 1}
     make_trainer("flux", "fast", tmp_path, **extra).train()
-    step = tmp_path / "checkpoints" / "step-00000001"
+    step = tmp_path / "checkpoints" / "epoch-00000001"
     target = tmp_path / "pwned"
     f = step / "optimizer.pt"
     torch.save({"state": {}, "param_groups": [], "x": _Evil(target)}, f)

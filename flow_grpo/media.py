@@ -1,0 +1,112 @@
+"""Images and videos through one code path: layouts, frame flattening, frame strips and grids.
+
+Layouts (what ``adapter.decode`` returns, what rewards and grids take):
+
+* image batch: uint8 (B, H, W, 3)
+* video batch: uint8 (B, F, H, W, 3)  (frames in time order; Wan decodes ``F = 4 (F' - 1) + 1`` frames)
+
+Latents are whatever the adapter's model space is ((B, C, h, w), packed (B, L, D), or video (B, C, F', h, w)); the
+SDE kernel (:mod:`flow_grpo.sde`) is elementwise with a per-sample mean over all non-batch dimensions, so it needs
+no layout information. A video is shown as a *frame strip*: its frames side by side in time order, left to right.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def media_kind(batch: Any) -> str:
+    """``"image"`` for a (B, H, W, C) batch, ``"video"`` for a (B, F, H, W, C) batch; anything else raises."""
+    nd = len(batch.shape)
+    if nd == 4:
+        return "image"
+    if nd == 5:
+        return "video"
+    raise ValueError(f"expected images (B, H, W, C) or videos (B, F, H, W, C), got shape {tuple(batch.shape)}")
+
+
+def check_video(videos: Any, name: str = "videos") -> np.ndarray:
+    """``videos`` as a uint8 numpy array (B, F, H, W, 3) (C=1 broadcast to 3); clear errors otherwise."""
+    arr = _numpy(videos)
+    if arr.ndim != 5:
+        raise ValueError(f"{name}: expected a uint8 video batch (B, F, H, W, 3), got shape {arr.shape}"
+                         + (" (an image batch: use an image reward)" if arr.ndim == 4 else ""))
+    if arr.dtype != np.uint8:
+        raise ValueError(f"{name}: expected uint8 frames (adapter.decode's output), got {arr.dtype}")
+    if arr.shape[-1] not in (1, 3):
+        raise ValueError(f"{name}: frames must be HWC with C in (1, 3), got shape {arr.shape}"
+                         + (" (looks like (B, C, F, H, W): permute to (B, F, H, W, C))" if arr.shape[1] in (1, 3) else ""))
+    if arr.shape[1] < 1:
+        raise ValueError(f"{name}: a video needs at least one frame, got shape {arr.shape}")
+    if arr.shape[-1] == 1:
+        arr = np.repeat(arr, 3, axis=-1)
+    return arr
+
+
+def flatten_frames(videos: Any) -> tuple[np.ndarray, int]:
+    """(B, F, H, W, 3) -> ((B*F, H, W, 3) frames, sample-major: frames of sample 0 first; F)."""
+    arr = check_video(videos)
+    b, f = arr.shape[:2]
+    return np.ascontiguousarray(arr.reshape(b * f, *arr.shape[2:])), f
+
+
+def strip_frame_indices(num_frames: int, max_frames: Optional[int] = None) -> list[int]:
+    """Frames shown in a strip: all of them, or ``max_frames`` evenly spaced ones including the first and last."""
+    if max_frames is None or max_frames >= num_frames:
+        return list(range(num_frames))
+    if max_frames < 1:
+        raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+    if max_frames == 1:
+        return [0]
+    return sorted({round(i * (num_frames - 1) / (max_frames - 1)) for i in range(max_frames)})
+
+
+def frame_strip(video: Any, max_frames: Optional[int] = None, gap: int = 2) -> np.ndarray:
+    """One video (F, H, W, 3) uint8 -> a strip (H, n W + (n - 1) gap, 3): its frames left to right in time order,
+    separated by ``gap`` white columns."""
+    arr = check_video(_numpy(video)[None], "video")[0]
+    idx = strip_frame_indices(arr.shape[0], max_frames)
+    h, w = arr.shape[1:3]
+    out = np.full((h, len(idx) * w + (len(idx) - 1) * gap, 3), 255, dtype=np.uint8)
+    for j, f in enumerate(idx):
+        out[:, j * (w + gap): j * (w + gap) + w] = arr[f]
+    return out
+
+
+def save_frame_strips(videos: Any, directory: str | os.PathLike, prefix: str = "sample",
+                      max_frames: Optional[int] = None) -> list[Path]:
+    """One PNG frame strip per sample: ``{directory}/{prefix}_{i:03d}.png``. Returns the paths."""
+    from PIL import Image
+
+    arr = check_video(videos)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(arr.shape[0]):
+        p = d / f"{prefix}_{i:03d}.png"
+        Image.fromarray(frame_strip(arr[i], max_frames)).save(p)
+        paths.append(p)
+    return paths
+
+
+def save_media_grid(media: Any, path: str | os.PathLike, nrow: int = 4, captions: Optional[Sequence[str]] = None,
+                    max_frames: Optional[int] = 8, **grid_kwargs: Any) -> Path:
+    """A PNG grid of a batch of images (``nrow`` per row) or videos (one frame strip per row, at most
+    ``max_frames`` frames each), captions under each tile; ``grid_kwargs`` (e.g. ``min_tile``) go to
+    :func:`mmgrpo.utils.logging.save_image_grid`."""
+    from mmgrpo.utils.logging import save_image_grid
+
+    if media_kind(media) == "image":
+        return save_image_grid(media, path, nrow=nrow, captions=captions, **grid_kwargs)
+    arr = check_video(media)
+    strips = [frame_strip(v, max_frames) for v in arr]
+    return save_image_grid(strips, path, nrow=1, captions=captions, **grid_kwargs)

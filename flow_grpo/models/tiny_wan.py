@@ -1,0 +1,54 @@
+"""Hub-free tiny Wan2.1 T2V pipeline (random weights) for CPU tests and smoke runs.
+
+* Text: a tiny ``UMT5EncoderModel`` (Wan2.1's encoder class; the real one is umT5-XXL) with the tiny Unigram
+  ``T5TokenizerFast`` of :mod:`flow_grpo.models.tiny`. No installed package ships UMT5's SentencePiece model
+  (google/umt5-xxl's ``spiece.model``, 256k pieces) and ``sentencepiece`` is not installed, so the vocabulary is a
+  hand-built one; UMT5 uses T5's tokenizer class and id layout (<pad>=0, </s>=1, <unk>=2), which this keeps.
+* VAE: ``AutoencoderKLWan`` with the real model's compression (temporal 4, spatial 8: three down-samplings, the
+  last two temporal) but 8 base channels and a 4-channel latent whose ``latents_mean``/``latents_std`` are the first
+  four of Wan2.1's 16 (so the de-normalisation path is exercised with non-trivial values).
+* Transformer: ``WanTransformer3DModel`` with Wan's patch (1, 2, 2), 2 layers, 2 heads of 8.
+* Scheduler: ``FlowMatchEulerDiscreteScheduler(shift=3.0)`` (Wan2.1 480p's shift) by default, so the pipeline's
+  ``__call__`` is the Euler ODE the adapter's loop reproduces; ``scheduler="unipc"`` gives the released folders'
+  ``UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0, prediction_type="flow_prediction")``.
+
+At 32x32 px and 5 frames the latent is (4, 2, 4, 4): 8 transformer tokens; a 4-step CFG call takes ~0.1 s.
+"""
+from __future__ import annotations
+
+# first four channels of Wan2.1's VAE statistics (AutoencoderKLWan defaults)
+_WAN_MEAN4 = [-0.7571, -0.7089, -0.9113, 0.1075]
+_WAN_STD4 = [2.8184, 1.4541, 2.3275, 2.6558]
+
+
+def build_tiny_wan_pipeline(seed: int = 0, scheduler: str = "euler"):
+    import torch
+    from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline,
+                           WanTransformer3DModel)
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from .tiny import build_t5_unigram_tokenizer
+
+    if scheduler not in ("euler", "unipc"):
+        raise ValueError(f"scheduler must be 'euler' or 'unipc', got {scheduler!r}")
+    torch.manual_seed(seed)
+    tok = build_t5_unigram_tokenizer()
+    te = UMT5EncoderModel(UMT5Config(
+        vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        decoder_start_token_id=tok.pad_token_id,
+    ))
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+    )
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=_WAN_MEAN4, latents_std=_WAN_STD4)
+    if scheduler == "euler":
+        sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    else:
+        sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
+                                        num_train_timesteps=1000)
+    pipe = WanPipeline(tokenizer=tok, text_encoder=te, transformer=transformer, vae=vae, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
