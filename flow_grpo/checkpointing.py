@@ -33,7 +33,7 @@ class CheckpointMixin:
         added by :meth:`save_checkpoint`."""
         from mmgrpo.utils.config import config_to_dict
 
-        return {
+        st = {
             "trainable": {n: p.detach().cpu().clone() for n, p in self.named_params},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.lr_scheduler.state_dict(),
@@ -42,6 +42,10 @@ class CheckpointMixin:
             "config": config_to_dict(self.cfg),
             "reference": dict(self.reference_info),
         }
+        rt = getattr(self, "method_runtime", None)
+        if hasattr(rt, "state_dict"):  # a credit's own state (DiffusionNFT's old adapter, B2-DiffuRL's history)
+            st["method"] = rt.state_dict()
+        return st
 
     def _trainer_state(self) -> dict:
         return {"epoch": self.epoch, "global_step": self.global_step, "world": self.world,
@@ -154,6 +158,12 @@ class CheckpointMixin:
                 self.lr_scheduler.load_state_dict(st["scheduler"])
             if self.ema is not None and st.get("ema"):
                 self.ema.load_state_dict(st["ema"])
+            rt = getattr(self, "method_runtime", None)
+            if hasattr(rt, "load_state_dict"):
+                if not st.get("method"):
+                    raise ValueError(f"checkpoint has no state of sample.credit={self.cfg.sample.credit} (written by "
+                                     "another method?): refusing to resume without it")
+                rt.load_state_dict(st["method"])
         self.epoch = int(tr["epoch"])
         self.global_step = int(tr["global_step"])
         self.counters.update(tr.get("counters", {}))

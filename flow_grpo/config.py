@@ -19,6 +19,16 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
   population std + 1e-4 (one PerPromptStatTracker per step)
 * ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group;
   torch.std + 1e-8 per granularity
+* ``vgpo``     VGPO (no released code): TP-GRPO's rollout (cps window, ODE completions) with credit=vgpo: temporal
+  cumulative reward against the ODE-completion values, group z-score mixed with an absolute term
+  (:mod:`flow_grpo.methods.vgpo` lists every choice the paper leaves open)
+* ``nft``      DiffusionNFT: step_mode=nft (deterministic CFG-free rollouts from the old adapter, 9 of 10 timesteps
+  trained per sample), credit=nft (forward-process loss with implicit +/- velocities), population batch std + 1e-4,
+  velocity KL 1e-4, old-adapter EMA schedule type 1
+* ``branch_grpo`` BranchGRPO: sde_kind=dance (eta 0.3), step_mode=tree (splits at 0,3,6,9: 16 leaves per group),
+  credit=branch_grpo (mean reward fusion, depth-wise torch.std z-scores), clip 1e-3
+* ``b2``       B²-DiffuRL: step_mode=b2 (one trunk per group branching s steps before the end, s from 14 to 20 over
+  100 stages), credit=b2_diffurl (best branch if z >= 0.5, worst if z < -0.5), PPO clip 0.1
 
 The advantage statistics of each preset follow its release: ``optim.adv_scale`` (group | batch std),
 ``optim.adv_std_ddof`` (0 = population std as numpy's ``np.std``, 1 = Bessel-corrected as ``torch.std``) and
@@ -61,7 +71,9 @@ class SamplingConfig:
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
     # a registry name (flow_grpo.methods.PLANS), checked when the trainer is built: new plans need no config edit
-    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single")
+    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single | "
+                        "nft (no SDE step; DiffusionNFT's trained timesteps) | tree (BranchGRPO tree rollout, one tree "
+                        "per group) | b2 (B2-DiffuRL: one trunk per group branching K - s steps before the end)")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
                                   "as DanceGRPO; 0 is an error), a random subset drawn from its plan seed")
     plan_per_sample: bool = _f(False, "draw the step plan (fraction subset, random window, single step) from a seed of "
@@ -81,7 +93,45 @@ class SamplingConfig:
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
     # a registry name (flow_grpo.methods.CREDITS), checked when the trainer is built: new credits need no config edit
     credit: str = _f("outcome", "credit function, a flow_grpo.methods.CREDITS entry: outcome | tp_grpo (turning points "
-                     "from ODE completions) | g2rpo (multi-granularity)")
+                     "from ODE completions) | g2rpo (multi-granularity) | vgpo (value-anchored per-step credit from "
+                     "ODE completions) | nft (DiffusionNFT: forward-process loss, needs step_mode=nft) | branch_grpo "
+                     "(tree reward fusion, depth-wise advantages; step_mode=tree) | b2_diffurl (best/worst branch of "
+                     "each trunk; step_mode=b2)")
+    vgpo_gamma: float = _f(1.0, "vgpo: discount of the temporal cumulative reward G_k = sum_j gamma^(j-k) (V_j - "
+                           "V_{j-1}); 1 = R - V_{k-1} (our choice, the paper gives no code)")
+    vgpo_tau: float = _f(0.1, "vgpo: reward scale of the dual advantage: absolute term (G - anchor)/tau, weight "
+                         "exp(-group_std/tau) (1 for a group without spread, where GRPO gives 0)")
+    vgpo_anchor: str = _f("0", "vgpo: absolute anchor b: a number, or 'batch' (batch mean of each step column)")
+    nft_beta: float = _f(1.0, "nft: beta of the implicit policies v+ = b v + (1-b) v_old, v- = (1+b) v_old - b v "
+                         "(release 1.0; 0.1 for OCR / multi-reward)")
+    nft_timestep_fraction: float = _f(0.99, "nft (step_mode=nft): each sample trains int(K * f) of the K sampling "
+                                      "timesteps, a random subset per sample (release 0.99: 9 of 10)")
+    nft_decay_type: Literal[0, 1, 2] = _f(1, "nft: schedule of the old adapter's EMA after each epoch, d = min((step - flat) * "
+                             "uprate, uphold) of the optimizer step: 0 = copy (d = 0), 1 = (0, 1e-3, 0.5), 2 = "
+                             "(75, 7.5e-3, 0.999)")
+    nft_adv_mode: Literal["all", "positive_only", "negative_only", "one_only", "binary"] = _f("all", "nft: all | positive_only | negative_only | one_only | binary (release adv_mode)")
+    tree_split_points: list[int] = _f([0, 3, 6, 9], "step_mode=tree (BranchGRPO): steps at which every node splits "
+                                      "into tree_branching children; data.group_size must be branching^len (16)")
+    tree_branching: int = _f(2, "step_mode=tree: children per split")
+    tree_depth_pruning: list[int] = _f([], "step_mode=tree: child depths (= step + 1) whose transitions are not "
+                                       "trained (sampling and rewards unchanged); [] = none")
+    tree_depth_slide: bool = _f(False, "step_mode=tree: the pruned depths move up by epoch // tree_slide_interval, "
+                                "until the shallowest reaches tree_stop_depth (the release counts optimizer steps)")
+    tree_slide_interval: int = _f(30, "step_mode=tree: epochs between moves of the pruned depths")
+    tree_stop_depth: int = _f(-1, "step_mode=tree: shallowest pruned depth of the slide; -1 = the last split point")
+    tree_width_pruning: Literal[0, 1, 2] = _f(0, "credit=branch_grpo: after the advantages, of the edges after the last split train "
+                                 "0 = all, 1 = the best int(n * ratio) (>= 1) of each leaf's chain, 2 = the best "
+                                 "and worst max(2, int(n * ratio)) of the tree")
+    tree_width_ratio: float = _f(0.5, "credit=branch_grpo: fraction kept by tree_width_pruning")
+    b2_num_stages: int = _f(100, "step_mode=b2 (B2-DiffuRL): training stages; stage = epoch // b2_epochs_per_stage")
+    b2_epochs_per_stage: int = _f(1, "step_mode=b2: epochs (rollout + update) per stage")
+    b2_split_left: int = _f(14, "step_mode=b2: trailing steps s branched and trained at stage 0 (K - s = branch step)")
+    b2_split_right: int = _f(20, "step_mode=b2: trailing steps at the last stage; stage i uses left + i * (right - "
+                             "left + 1) // num_stages, capped at K (the training segment grows toward the start)")
+    b2_history: int = _f(8, "credit=b2_diffurl: z-scores per prompt over this many previous epochs' rewards of the "
+                         "prompt plus the current ones (release history_cnt 8; checkpointed); 0 = current only")
+    b2_pos_threshold: float = _f(0.5, "credit=b2_diffurl: the best branch of a trunk is trained if its z >= this")
+    b2_neg_threshold: float = _f(-0.5, "credit=b2_diffurl: the worst branch of a trunk is trained if its z < this")
     granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
@@ -231,7 +281,9 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    method: Literal["", "flow", "dance", "fast", "mix", "mix_flash", "tp_grpo", "g2rpo"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | tp_grpo | g2rpo (empty = none)")
+    method: Literal["", "flow", "dance", "fast", "mix", "mix_flash", "tp_grpo", "g2rpo", "vgpo", "nft", "branch_grpo",
+                    "b2"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | "
+                               "tp_grpo | g2rpo | vgpo | nft | branch_grpo | b2 (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -311,6 +363,31 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
     "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
               "sample.credit": "g2rpo", "sample.same_noise_per_group": True,
               "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
+    # VGPO has no released code: TP-GRPO's rollout (CPS window, ODE completions) with the VGPO credit
+    "vgpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
+             "sample.credit": "vgpo", "optim.clip_low": 1e-5, "optim.adv_eps": 1e-4},
+    # DiffusionNFT (config/nft.py): deterministic CFG-free rollouts from the old adapter, forward-process loss at 9 of
+    # the 10 timesteps, advantages with the global population std, velocity KL 1e-4; its lr 3e-4 and eval EMA (0.9
+    # with warm-up) are the defaults (not repeated here: scripts/compare_methods.py strips a preset's keys from the
+    # shared command)
+    "nft": {"sample.step_mode": "nft", "sample.credit": "nft", "sample.cfg": False, "sample.guidance_scale": 1.0,
+            "sample.ode_solver": "dpmpp2m", "sample.plan_per_sample": True, "sample.nft_beta": 1.0,
+            "sample.nft_timestep_fraction": 0.99, "sample.nft_decay_type": 1, "optim.adv_scale": "batch",
+            "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.adv_clip_max": 5.0, "optim.kl_coef": 1e-4,
+            "optim.kl_type": "velocity", "ema.update_every": 1},
+    # BranchGRPO (finetune_flux_branchgrpo_8gpus.sh): DanceGRPO's SDE (eta 0.3), splits at 0,3,6,9 of 20 steps (16
+    # leaves per prompt), clip 1e-3, advantages z-scored per depth (torch.std, zero below 1e-6)
+    "branch_grpo": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "tree",
+                    "sample.credit": "branch_grpo", "sample.same_noise_per_group": True,
+                    "sample.plan_per_sample": False, "sample.tree_split_points": "[0,3,6,9]",
+                    "sample.tree_branching": 2, "optim.clip_low": 1e-3, "optim.adv_clip_max": 5.0},
+    # B2-DiffuRL (run_process.sh; SD1.4 DDIM eta 1 there, the flow SDE here): one trunk per group of 5 branches,
+    # stage schedule 14 -> 20 trailing steps over 100 stages, thresholds +-0.5, PPO clip 0.1
+    "b2": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "b2",
+           "sample.credit": "b2_diffurl", "sample.same_noise_per_group": True, "sample.plan_per_sample": False,
+           "sample.b2_num_stages": 100, "sample.b2_split_left": 14, "sample.b2_split_right": 20,
+           "sample.b2_pos_threshold": 0.5, "sample.b2_neg_threshold": -0.5, "optim.clip_low": 0.1,
+           "optim.adv_clip_max": 5.0, "optim.drop_zero_adv": True},
 }
 
 

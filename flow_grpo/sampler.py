@@ -146,6 +146,7 @@ class Trajectories:
     # tp_grpo only (None otherwise, to save memory): (N, T, *latent) Euler step from ``latents`` with the rollout's
     # own velocity, x_k + (sigma_{k+1} - sigma_k) v(x_k); the first step of every TP-GRPO completion
     ode_next_latents: Optional[torch.Tensor] = None
+    members: Optional[torch.Tensor] = None                # (N,) index of each sample in its group (if given)
     nfe_per_trajectory: float = 0.0
     seconds: float = 0.0
 
@@ -222,9 +223,10 @@ def _ode_next(v, x, grid: torch.Tensor, k: int, post: Optional[torch.Tensor], x0
 
 
 def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Columns, c0: int, c1: int,
-                noise_seeds: Sequence[int]) -> torch.Tensor:
+                noise_seeds: Sequence[int], noise_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Integrate samples [c0, c1) (one model batch) along the grid, SDE where the plan says, recording the trained
-    columns; returns the final latents."""
+    columns; returns the final latents. ``noise_keys`` (N, K), if the plan gives them, replace ``noise_seeds[i]``
+    as the base seed of sample i's step-k noise (tree / branch plans share a prefix this way)."""
     shape, dev, grid = tuple(x.shape[1:]), x.device, rg.grid
     post = rg.post[c0:c1] if rg.post is not None else None
     x0_prev = None
@@ -234,7 +236,8 @@ def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Co
         m = rg.sde[c0:c1, k]
         log_prob = None
         if bool(m.any()):
-            gens = [torch.Generator().manual_seed(_sample_seed(noise_seeds[i], k)) for i in range(c0, c1)]
+            keys = noise_seeds if noise_keys is None else noise_keys[:, k].tolist()
+            gens = [torch.Generator().manual_seed(_sample_seed(keys[i], k)) for i in range(c0, c1)]
             noise = torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) for g in gens]).to(dev)
             out = sde_step(v, x, grid[k].item(), grid[k + 1].item(), kind=cfg.sde_kind,
                            noise_level=cfg.noise_level, noise=noise, cps_tempered=cfg.cps_tempered)
@@ -310,18 +313,20 @@ def sample_trajectories(
     iteration: int = 0,
     xt: Optional[torch.Tensor] = None,
     reward_runner=None,
+    members: Optional[Sequence[int]] = None,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
     initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
     tp_grpo / g2rpo credits); ``reward_runner`` (``submit(images, prompts, metadata) -> Future``) scores each chunk
-    in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``)."""
+    in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``). ``members``:
+    the index of each sample in its group (tree / branch plans need it to give a group's samples their paths)."""
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
     credit = _check_rollout(cfg, n, (xt_seeds, noise_seeds, plan_seeds), metadata, reward_fn)
     group_ids = torch.as_tensor(group_ids, dtype=torch.long)
     sig = _rollout_sigmas(adapter, cfg)
-    plan = make_step_plan(cfg, plan_seeds, iteration)
+    plan = make_step_plan(cfg, plan_seeds, iteration, members)
     if credit.step_rewards is not None and not bool(plan.train_mask.any()):
         raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
                          f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
@@ -338,7 +343,7 @@ def sample_trajectories(
     chunk_images, futures = [], []
     for c0, c1 in chunks:
         x = _roll_chunk(adapter, cfg, xt[c0:c1].float().clone(), embeds.index(slice(c0, c1)), rg, buf, c0, c1,
-                        noise_seeds)
+                        noise_seeds, plan.noise_keys)
         final[c0:c1] = x
         chunk_images.append(adapter.decode(x, cfg.height, cfg.width).cpu())
         if reward_fn is not None and reward_runner is not None:
@@ -349,6 +354,7 @@ def sample_trajectories(
         sigmas_next=sig[cols + 1].clone(), latents=buf.lat, next_latents=buf.nxt, log_probs=buf.logp,
         train_mask=plan.train_mask[:, cols].clone(), sde_mask=plan.sde_mask, window_start=plan.window_start,
         final_latents=final, images=torch.cat(chunk_images), chunks=chunks, sampling=cfg, ode_next_latents=buf.onx,
+        members=None if members is None else torch.as_tensor(list(members), dtype=torch.long),
     )
     nfe = len(rg.grid) - 1
     if reward_fn is not None:

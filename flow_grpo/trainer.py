@@ -87,6 +87,14 @@ from .scoring import ResilientReward, RewardStack, _call_with_timeout, apply_win
 log = get_logger("flow_grpo.trainer")
 
 
+def _prompt_keys(prompts) -> torch.Tensor:
+    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
+    import hashlib
+
+    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
+                         for p in prompts], dtype=torch.int64)
+
+
 class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
     then :meth:`train`.
@@ -117,6 +125,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self._validate()
         self._setup_model()
         self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
+        # a method's own state and hooks (rollout weights, loss, per-epoch update; see flow_grpo.methods.base.Credit)
+        self.method_runtime = self.credit.runtime(self) if self.credit.runtime is not None else None
         self.rewards = RewardStack(cfg.reward, reward_fn)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
@@ -167,6 +177,12 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             lo, hi = self.rank * per, (self.rank + 1) * per
         return epoch_samples(self.cfg, self.prompts, self.metadata, epoch, lo, hi)
 
+    def _epoch_members(self) -> list[int]:
+        """Index of each of this process's samples in its group (the layout of :meth:`_epoch_samples`)."""
+        G = self.cfg.data.group_size
+        per = G * self.cfg.data.groups_per_epoch // self.world
+        return [s % G for s in range(self.rank * per, (self.rank + 1) * per)]
+
     def _rollout(self, epoch: int) -> tuple[Trajectories, dict]:
         """Sample and score the epoch's trajectories (rewards in a background thread per chunk); returns them and
         the reward call counters. A failed reward call (``on_failure=stop``) or a signal abandons the epoch: its RNG
@@ -177,9 +193,12 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
         self.model.eval()
         traj, err = None, None
+        rt = self.method_runtime
         try:
-            traj = sample_trajectories(self.adapter, prompts, self.cfg.sample, xs, ns, ps, gids, meta, self.reward_fn,
-                                       None, iteration=epoch, reward_runner=self.runner)
+            with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
+                traj = sample_trajectories(self.adapter, prompts, self.cfg.sample, xs, ns, ps, gids, meta,
+                                           self.reward_fn, None, iteration=epoch, reward_runner=self.runner,
+                                           members=self._epoch_members())
         except RewardCallFailed as exc:
             err = exc
         try:
@@ -213,7 +232,9 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         return CreditInputs(rewards=traj.rewards, group_ids=traj.group_ids, valid=valid, train_mask=traj.train_mask,
                             step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
                             opts=AdvOptions.from_optim(o), step_rewards=traj.step_rewards, device=self.device,
-                            gather=lambda ts: _gather_rows(ts, self.device))
+                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling,
+                            members=traj.members, prompt_keys=_prompt_keys(traj.prompts),
+                            runtime=self.method_runtime)
 
     def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
         """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table
@@ -236,6 +257,9 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
 
         from .sde import kl_on_mean, kl_on_velocity, sde_step
 
+        rt = self.method_runtime
+        if rt is not None and hasattr(rt, "loss"):  # a method with its own loss (DiffusionNFT)
+            return rt.loss(traj, chunk, col, adv, n_global, dummy)
         c = self.cfg
         c0, c1 = chunk
         mask = traj.train_mask[c0:c1, col].to(self.adapter.device)
@@ -342,9 +366,12 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         traj.train_mask = apply_train_masks(c, adv, traj.train_mask & valid.unsqueeze(1), self.credit_inputs(traj))
         t1 = time.perf_counter()
         upd = self._run_updates(traj, adv, skip_cause)
+        rt = self.method_runtime
+        out_rt = (rt.end_epoch() or {}) if rt is not None and hasattr(rt, "end_epoch") else {}
         t_train = time.perf_counter() - t1
         rsum = self._count_epoch(stats, reward_counts)
         out = epoch_metrics(self, traj, stats, rsum, upd, t_sample, t_train)
+        out.update(out_rt)
         self._last_traj = traj
         return out
 

@@ -142,16 +142,25 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
 
 
 def flow_setup(runner: demo.Runner, args) -> dict:
-    """The demo's T2I setup, with every key a method preset sets removed from the demo's GRPO command (the
-    preset of each compared method must decide them)."""
+    """The demo's T2I setup; :func:`method_cmd` removes from the demo's GRPO command the keys that the compared
+    method's own preset sets (that preset decides them; keys of other presets keep the demo's values: a global strip
+    let the nft preset's ``sample.cfg`` turn CFG on for every method)."""
     from flow_grpo.config import METHOD_PRESETS
 
     s = demo.t2i_setup(runner, args, demo.load_recipes().t2i, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
-    preset_keys = {k for preset in METHOD_PRESETS.values() for k in preset} | {"method"}
-    s["train_cmd"] = without_recipe_keys(without_keys(s["train_cmd"], preset_keys), method_recipes("flow").values())
+    s["train_cmd"] = without_recipe_keys(without_keys(s["train_cmd"], {"method"}), method_recipes("flow").values())
+    s["preset_keys"] = {name: set(preset) for name, preset in METHOD_PRESETS.items()}
     return s
+
+
+def method_cmd(s: dict, recipe: Path) -> list[str]:
+    """The demo's GRPO command with the recipe, minus the keys of the recipe's preset (``method:``)."""
+    import yaml
+
+    method = (yaml.safe_load((REPO / recipe).read_text()) or {}).get("method", "")
+    return with_recipe(without_keys(s["train_cmd"], s["preset_keys"].get(method, set())), recipe)
 
 
 def run_flow(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
@@ -164,7 +173,7 @@ def run_flow(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
         for seed in args.seed_list:
             d = runner.out / name / f"seed{seed}"
             if not finished(d) and not (
-                    attempt(runner, f"{name}_s{seed}_train", with_recipe(s["train_cmd"], recipe) +
+                    attempt(runner, f"{name}_s{seed}_train", method_cmd(s, recipe) +
                             budget_overrides(args, "run.num_epochs") + [f"run.output_dir={d / 'run'}",
                                                                          f"run.seed={seed}"])
                     and attempt(runner, f"{name}_s{seed}_eval", ev + [f"seed={seed}", f"out_dir={d / 'eval'}",

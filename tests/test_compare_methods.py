@@ -70,6 +70,12 @@ OLD_FLOW_METHODS = {
     "mix_flash": ["method=mix_flash"],
     "tp_grpo": ["method=tp_grpo"],
     "g2rpo": ["method=g2rpo"],
+    # added with their recipes (issue 20): the same check that recipe and override list agree
+    "vgpo": ["method=vgpo"],
+    "nft": ["method=nft"],
+    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
+    "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
+                   "sample.b2_epochs_per_stage=4"],
 }
 
 
@@ -113,3 +119,15 @@ def test_recipes_resolve_to_the_configs_of_the_old_override_lists(frontend, tmp_
         old_cfg = load(None, overrides + old[name])
         assert new_cfg == old_cfg, name
     assert len({repr(load(argv[1], argv[2:])) for argv in argvs.values()}) == len(argvs)  # all methods differ
+
+
+def test_flow_method_command_strips_only_its_own_preset_keys(tmp_path, monkeypatch):
+    """A preset key (nft's sample.cfg) leaves the shared demo command only for that preset's runs: the other methods
+    keep the demo's value (one global strip turned CFG on for every method once the nft preset existed)."""
+    argvs = _train_argv("flow", tmp_path)
+    assert "sample.cfg=false" in argvs["fast_window"] and "sample.cfg=false" in argvs["flow_grpo_sde"]
+    assert not any(a.startswith("sample.cfg=") for a in argvs["nft"])
+    from flow_grpo.config import load_train_config
+
+    monkeypatch.chdir(REPO)
+    assert load_train_config(argvs["nft"][1], argvs["nft"][2:]).sample.cfg is False

@@ -12,8 +12,14 @@ credit that needs rewards of intermediate states (TP-GRPO, G²RPO) also has a ``
 sampler calls after the final images are scored; it returns the (N, S) step rewards, the extra NFEs per
 trajectory and an (N,) validity.
 
+A credit may carry a ``runtime(trainer)`` hook (see :class:`Credit`): the trainer then samples inside its
+``rollout()`` context, uses its ``loss`` instead of the PPO column loss and checkpoints its state; DiffusionNFT is
+the one user (a forward-process loss with an EMA "old" adapter).
+
 A *sampling plan* ``plan(cfg, plan_seeds, iteration) -> StepPlan`` says which steps of each sample are SDE and
-which are trained (``sample.step_mode``). A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
+which are trained (``sample.step_mode``). A plan whose function has ``needs_members = True`` is called with a 4th
+argument, each sample's index in its group (tree / branch rollouts: BranchGRPO, B²-DiffuRL), and may set
+``StepPlan.noise_keys`` (N, K) so that the samples of one branch point draw the same noise before it. A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
 narrows the trained (sample, step) pairs after the advantages (``optim.drop_zero_adv``, best-of-n); every entry
 whose ``active(cfg)`` holds is applied, in registration order.
 """
@@ -61,6 +67,10 @@ class CreditInputs:
     step_rewards: Optional[torch.Tensor] = None  # (N, S) rewards of intermediate states (credits that have them)
     gather: Callable[[list], tuple[list, slice]] = local_gather
     device: Any = "cpu"
+    sampling: Any = None                         # the rollout's SamplingConfig (method keys, e.g. sample.vgpo_*)
+    members: Optional[torch.Tensor] = None       # (N,) index of each sample in its group (tree / branch credits)
+    prompt_keys: Optional[torch.Tensor] = None   # (N,) int64 stable hash of each prompt (per-prompt history)
+    runtime: Any = None                          # the credit's runtime object (state kept across epochs), if any
 
 
 @dataclass
@@ -78,6 +88,11 @@ class Credit:
     step_rewards: Optional[Callable] = None     # (adapter, traj, embeds, sig, reward_fn, weights, r_final)
     check: Optional[Callable[[Any], None]] = None  # (SamplingConfig) -> None, raises on a plan it cannot use
     keeps_ode_next: bool = False                # the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per column
+    # runtime(trainer) -> object, for a method that is not a reverse-process policy gradient (DiffusionNFT): any of
+    # rollout() (context manager around sampling, e.g. another set of weights), loss(traj, chunk, col, adv,
+    # n_global, dummy) -> (loss, metrics, kl, count) replacing the PPO column loss, end_epoch() after the epoch's
+    # updates, state_dict() / load_state_dict(sd) (checkpointed with the trainer)
+    runtime: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ plan in the :data:`~flow_grpo.methods.base.PLANS` table; the sampler calls :func
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -31,6 +31,10 @@ class StepPlan:
     sde_mask: torch.Tensor    # (N, K) bool: step k of sample i is stochastic
     train_mask: torch.Tensor  # (N, K) bool: step k of sample i is trained (subset of sde_mask, never the last)
     window_start: torch.Tensor  # (N,) long: first SDE step (window/single), 0 otherwise
+    # optional (N, K) int64: the SDE noise of sample i at step k is drawn from sample_seed(noise_keys[i, k], k)
+    # instead of sample_seed(noise_seeds[i], k); plans that share a prefix between samples (tree / branch
+    # rollouts) give the samples of a branch point the same keys before it
+    noise_keys: Optional[torch.Tensor] = None
 
     @classmethod
     def empty(cls, n: int, K: int) -> "StepPlan":
@@ -79,7 +83,8 @@ def sliding_window(iteration: int, lo: int, hi: int, size: int, shift_every: int
 
 
 
-def make_step_plan(cfg, plan_seeds: Sequence[int], iteration: int = 0) -> StepPlan:
+def make_step_plan(cfg, plan_seeds: Sequence[int], iteration: int = 0,
+                   members: Optional[Sequence[int]] = None) -> StepPlan:
     """Per-sample SDE/train masks (pure function of the config, the seeds and the sampling ``iteration``, the epoch
     counter that drives the sliding window). The last step is never trained; ODE in every mode (its Gaussian is
     degenerate / too sharp)."""
@@ -87,7 +92,12 @@ def make_step_plan(cfg, plan_seeds: Sequence[int], iteration: int = 0) -> StepPl
         raise ValueError("num_steps must be >= 2 (the last step is never trained)")
     if cfg.step_mode not in PLANS:
         raise ValueError(f"unknown step_mode {cfg.step_mode!r}: {' | '.join(PLANS)}")
-    return PLANS[cfg.step_mode](cfg, plan_seeds, iteration)
+    fn = PLANS[cfg.step_mode]
+    if getattr(fn, "needs_members", False):  # tree / branch plans: each sample's index in its group
+        if members is None or len(members) != len(plan_seeds):
+            raise ValueError(f"step_mode={cfg.step_mode} needs the index of every sample in its group (members)")
+        return fn(cfg, plan_seeds, iteration, [int(m) for m in members])
+    return fn(cfg, plan_seeds, iteration)
 
 
 @register_plan("all")
