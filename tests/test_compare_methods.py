@@ -53,6 +53,13 @@ OLD_VLM_METHODS = {
     "tempsamp_r1": ["tempsamp.enabled=true"],
     "reg_grpo": ["algo.loss_type=reg"],
     "t_grpo": ["tgrpo.enabled=true"],
+    # added with their recipes (issue #21): no earlier list; the same check that recipe == switches
+    "seed_grpo": ["methods.seed_grpo.enabled=true"],
+    "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
+    "entropy_top20": ["methods.entropy.enabled=true", "methods.entropy.top_quantile=0.2"],
+    "gdpo": ["methods.gdpo.enabled=true"],
+    "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
+    "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
 }
 OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],

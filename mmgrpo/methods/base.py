@@ -11,6 +11,7 @@ point                 hooks (called in registry order on the enabled methods)
 construction          ``check_config(cfg)`` (classmethod, every registered method, before the model
                       loads); ``__init__(cfg, trainer)`` (enabled methods)
 train start           ``on_train_start(resumed)`` (data selection round 0), ``on_epoch(epoch)`` (stream hook)
+prompts               ``prepare_prompts(step, preps)``: before sampling (mode, perturbed media, hints)
 sampling              ``generations_per_group(G)``; after sampling: ``extra_rows(prepared prompt)`` (injected
                       members, e.g. the ground truth)
 rewards               ``on_rewards(rb, ctx)``: after scoring, before advantages (bonuses, extra validity)
@@ -23,6 +24,8 @@ precompute            ``needs_old_logp`` / ``needs_logits``; ``before_precompute
                       logits, lp)`` per micro-batch; ``after_precompute(rb)`` (token weights)
 loss                  ``loss_mask(rb, mask)``; ``loss_kwargs(kw)`` (clip bounds, ...); ``loss_share(rows,
                       totals)`` (how a micro-batch's loss is normalised)
+update                ``after_update()`` after every applied optimizer update
+checkpoint            ``state_dict()`` / ``load_state_dict(sd)`` (saved under ``trainer.methods.<name>``)
 metrics               ``metrics(rb, m)``
 ====================  ===========================================================================================
 
@@ -76,6 +79,12 @@ class VLMMethod:
     def extra_rows(self, pp: Any) -> list[dict]:
         """Rows appended after a group's sampled members: dicts with ids, mask, text, lp, offpolicy, truncated."""
         return []
+
+    def prepare_prompts(self, step: int, preps: list) -> list:
+        """Before sampling, once per sampling round: this process's ``(position, PreparedPrompt, generations)``
+        tuples; may return them with new PreparedPrompts (another system prompt, perturbed frames, a hint; see
+        ``TaskAdapter.rebuild``). The reward still scores against ``pp.reward_sample``."""
+        return preps
 
     # ------------------------------------------------------------------ rewards / advantages
     def on_rewards(self, rb: "RolloutBatch", ctx: dict) -> None:
@@ -133,6 +142,17 @@ class VLMMethod:
         """Factor turning one micro-batch's loss into its share of the step's loss, or None (the default).
         ``totals``: global ``tokens``, ``sequences``, ``rows``, ``micro_batches``."""
         return None
+
+    def after_update(self) -> None:
+        """After every applied optimizer update (a skipped, non-finite update does not call it)."""
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict | None:
+        """The method's own state for checkpoints (tensors, numbers, strings, lists, dicts), or None."""
+        return None
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Restore :meth:`state_dict` on resume."""
 
     # ------------------------------------------------------------------ metrics
     def metrics(self, rb: "RolloutBatch", m: dict) -> None:

@@ -255,6 +255,13 @@ class HeadInputs:
                                           self.temperature, self.suppress_token_ids, self.chunk_size, mask,
                                           return_entropy)
 
+    @torch.no_grad()
+    def token_entropy(self, mask=None) -> torch.Tensor:
+        """(N, T) float32 entropy of each position's sampling distribution, chunked (no gradient); 0 where
+        ``mask`` is 0 (those rows are not computed)."""
+        ids = torch.zeros(self.hidden.shape[:-1], dtype=torch.long, device=self.hidden.device)
+        return self.token_logprobs(ids, mask, return_entropy=True)[1]
+
     def tw_token_weights(self, mask, group_ids, alpha: float = 1.7, clamp: float = 11.0) -> torch.Tensor:
         return chunked_tw_token_weights(self.hidden.detach(), self.weight.detach(), mask, group_ids, alpha, clamp,
                                         None if self.bias is None else self.bias.detach(), self.temperature,
@@ -268,6 +275,33 @@ def tw_token_weights_from(logits_or_head, mask, group_ids, alpha: float = 1.7, c
     from mmgrpo.train.methods import tw_token_weights
 
     return tw_token_weights(torch.log_softmax(logits_or_head.float(), -1), mask, group_ids, alpha, clamp)
+
+
+@torch.no_grad()
+def token_entropy_from(logits_or_head, mask=None, chunk_size: int = 1024) -> torch.Tensor:
+    """Per-token entropy (N, T) float32 of the sampling distribution, no gradient, 0 where ``mask`` is 0.
+
+    From a ``HeadInputs`` (chunked: one (chunk_size, V) block of logits at a time) or from full (N, T, V)
+    temperature-scaled, suppressed logits (as ``compute_token_logprobs(return_logits=True)`` returns them), which
+    are read ``chunk_size`` positions at a time so no second full-vocabulary tensor is made."""
+    if isinstance(logits_or_head, HeadInputs):
+        return logits_or_head.token_entropy(mask)
+    logits = logits_or_head
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (N, T, V), got {tuple(logits.shape)}")
+    N, T, V = logits.shape
+    flat = logits.reshape(N * T, V)
+    out = torch.zeros(N * T, dtype=torch.float32, device=logits.device)
+    sel = torch.ones(N * T, dtype=torch.bool, device=logits.device) if mask is None else \
+        mask.reshape(-1).to(logits.device).bool()
+    rows = sel.nonzero().flatten()
+    for s in range(0, rows.numel(), max(1, int(chunk_size))):
+        r = rows[s:s + chunk_size]
+        x = flat[r].float()
+        x = x - torch.logsumexp(x, -1, keepdim=True)
+        p = torch.exp(x)
+        out[r] = -torch.special.xlogy(p, p).sum(-1)
+    return out.view(N, T)
 
 
 def _unwrap(model):
@@ -316,4 +350,5 @@ def head_inputs(model, hidden, temperature, suppress_token_ids, chunk_size) -> H
 
 
 __all__ = ["chunked_token_logprobs", "chunked_tw_token_weights", "HeadInputs", "tw_token_weights_from",
+           "token_entropy_from",
            "chunkable_head", "capture_head_inputs", "head_inputs"]

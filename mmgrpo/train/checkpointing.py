@@ -39,6 +39,7 @@ class CheckpointMixin:
                               "model_path": self.cfg.model.path, "kl_coef": self.cfg.algo.kl_coef},
                 "selection": getattr(self, "selected_indices", None),
                 "budget": self.budget.state_dict(),
+                "methods": {m.name: sd for m in self.methods if (sd := m.state_dict()) is not None},
             },
         }
 
@@ -105,6 +106,9 @@ class CheckpointMixin:
         self.budget.load_state_dict(tr.get("budget"))
         self.counters.update(tr["counters"])
         self.consecutive_skips = int(tr.get("consecutive_skips", 0))
+        for m in self.methods:
+            if m.name in tr.get("methods", {}):
+                m.load_state_dict(tr["methods"][m.name])
         if tr.get("world_size", 1) == self.world:
             restore_rng_state(tr["rng"])
         log.info("resumed from %s at step %d", path, self.step)

@@ -108,6 +108,8 @@ class PreparedPrompt:
     text: str = ""  # chat-template-rendered prompt
     images: list | None = None
     reward_sample: dict | None = None  # canonical dict for the reward, plus model-input facts (resized image size)
+    mode: str | None = None  # prompt mode when a method rebuilt the prompt (None: data.prompt_mode)
+    hint: str = ""  # hint a method appended to the user text (TaskAdapter.rebuild)
 
 
 class TaskAdapter:
@@ -243,6 +245,40 @@ class TaskAdapter:
             return PreparedPrompt(sample, _tensors(item), text=text, images=imgs)
         item = self.processor(text=[text], return_tensors="pt")
         return PreparedPrompt(sample, _tensors(item), text=text)
+
+    def rebuild(self, prep: PreparedPrompt, mode: str | None = None, hint: str = "", frames: Any = None,
+                images: list | None = None) -> PreparedPrompt:
+        """A new PreparedPrompt of the same sample from the media already decoded in ``prep``: another prompt
+        mode (system prompt), a ``hint`` appended to the user text, other video ``frames`` (same count and time
+        axis) or other ``images``; mode and hint default to those of an earlier rebuild. The reward sample is
+        shared (the ground truth does not change)."""
+        import dataclasses
+
+        from mmgrpo.data import build_messages
+
+        mode = mode or prep.mode or self.mode
+        hint = hint or prep.hint
+        msgs = build_messages(prep.sample, mode=mode, answer_format=self.cfg.answer_format,
+                              box_frame=self.adapter.family)
+        if hint:
+            content = msgs[-1]["content"]
+            content[-1] = dict(content[-1], text=f"{content[-1]['text']}\nHint: {hint}")
+        text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        if prep.clip is not None:
+            from mmgrpo.video.processor import build_video_inputs
+
+            clip = prep.clip if frames is None else dataclasses.replace(prep.clip, frames=frames)
+            item = _tensors(build_video_inputs(self.processor, clip, text, self.adapter.family))
+            return dataclasses.replace(prep, item=item, clip=clip, text=text, mode=mode, hint=hint)
+        if prep.images:
+            imgs = prep.images if images is None else images
+            kw = {}
+            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
+                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
+            item = _tensors(self.processor(text=[text], images=imgs, return_tensors="pt", **kw))
+            return dataclasses.replace(prep, item=item, text=text, images=imgs, mode=mode, hint=hint)
+        item = _tensors(self.processor(text=[text], return_tensors="pt"))
+        return dataclasses.replace(prep, item=item, text=text, mode=mode, hint=hint)
 
     def shuffled(self, prep: PreparedPrompt, generator: torch.Generator) -> dict | None:
         """T-GRPO: the same prompt with the video's frames in a random order (time metadata unchanged).

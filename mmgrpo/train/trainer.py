@@ -259,6 +259,8 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         extra = sum(m.extra_rounds() for m in self.methods)
         for rnd in range(1 + extra):
             preps = self._prepare(self._draw())
+            for m in self.methods:
+                preps = m.prepare_prompts(step, preps)
             self._prefetch_ahead()  # the next draws' media decode while this step generates and trains
             # a group is counted by the process holding its generation 0 (split groups are counted once)
             first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
@@ -496,6 +498,8 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.consecutive_skips = 0
         self.optimizer.step()
         self.scheduler.step()
+        for m in self.methods:
+            m.after_update()
         return grad_norm, True
 
     def _loss_share(self, loss: torch.Tensor, rows: int, totals: dict) -> torch.Tensor:

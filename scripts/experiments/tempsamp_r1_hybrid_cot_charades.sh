@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# TempSamp-R1 hybrid CoT on Charades-STA, Qwen2.5-VL-7B (configs/vlm/tempsamp_r1_hybrid_cot_charades.yaml);
+# the eval asks no_think (add -- data.prompt_mode=think for the CoT mode).
+#   MODEL_DIR=Qwen2.5-VL-7B-Instruct DATA_DIR=charades OUT_DIR=runs/tempsamp_r1_hybrid_cot_charades NUM_GPUS=8 \
+#     bash $0 [train key=value ...] [-- eval key=value ...]
+#   SMOKE=1 bash $0      (CPU: tiny Qwen2.5-VL, synthetic data, 2 steps)
+source "$(dirname "$0")/_common.sh"
+train vlm configs/vlm/tempsamp_r1_hybrid_cot_charades.yaml fsdp model.path="$MODEL_DIR" \
+  data.train_file="$DATA_DIR/charades_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
+export_vlm
+evaluate eval/generate_vlm.py --config eval/configs/charades_sta.yaml model="$OUT_DIR/final" \
+  data.annotations="$DATA_DIR/charades_test.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=no_think \
+  out_dir="$OUT_DIR/eval_charades_sta" "${EVAL_ARGS[@]}"
