@@ -344,6 +344,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.data.prompts.MODES)")
     p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.data.prompts.ANSWER_FORMATS)")
     p.add_argument("--include-duration", action="store_true", help="state the video length in the prompt")
+    p.add_argument("--query-position", default="after", choices=("after", "before"),
+                   help="task text after (default) or before the video in the prompt; 'before' lets the video "
+                        "tokens attend to the query (causal attention). GRPO and eval must use the same "
+                        "(data.query_position, listed in sft_report.json's trainer_overrides)")
     p.add_argument("--fps", type=float, default=2.0)
     p.add_argument("--max-frames", type=int, default=16)
     p.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES,
@@ -397,7 +401,8 @@ def main(argv=None) -> dict:
     t_data = time.perf_counter() - t0
 
     kw = {"mode": args.mode, "answer_format": args.answer_format}
-    messages_fn = lambda s: prompts.build_messages(s, include_duration=args.include_duration, **kw)  # noqa: E731
+    messages_fn = lambda s: prompts.build_messages(s, include_duration=args.include_duration,  # noqa: E731
+                                                   query_position=args.query_position, **kw)
     answer_fn = lambda s: prompts.format_ground_truth_answer(s, **kw)  # noqa: E731
 
     # tokenizer corpus: the training prompts and answers only (rendered with the same ChatML template)
@@ -470,7 +475,7 @@ def main(argv=None) -> dict:
     report = {
         "command": " ".join([sys.executable.split("/")[-1]] + sys.argv),
         "args": vars(args),
-        "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration),
+        "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration, query_position=args.query_position),
         # what a GRPO run / the eval harness must set to see the inputs this model was trained on
         "trainer_overrides": trainer_overrides(video, args),
         "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held)},
@@ -513,6 +518,7 @@ def trainer_overrides(video, args) -> list[str]:
     if args.include_duration:
         print("[warn] --include-duration: the trainer's prompts do not state the duration", flush=True)
     return [f"data.prompt_mode={args.mode}", f"data.answer_format={args.answer_format}",
+            f"data.query_position={getattr(args, 'query_position', 'after')}",
             f"data.video_fps={video.fps}", f"data.min_frames={video.min_frames}", f"data.max_frames={video.max_frames}",
             f"data.video_min_pixels={video.min_pixels}", f"data.video_max_pixels={video.max_pixels}"]
 
