@@ -174,7 +174,8 @@ def count_params(model) -> dict:
 # data
 # ------------------------------------------------------------------------------------------------------------
 def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
-                n_val: int = 0, clock: str = "none", lanes: int = 3) -> tuple[Path, Path]:
+                n_val: int = 0, clock: str = "none", lanes: int = 3,
+                events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
     ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
@@ -183,7 +184,10 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
         if not (tr.exists() and ev.exists()):
             from mmgrpo.data.synthetic_grounding import generate as generate_v2
 
-            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes)
+            from mmgrpo.data.synthetic_grounding import N_EVENTS
+
+            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes,
+                        n_events=tuple(events) if events else N_EVENTS)
     elif not (tr.exists() and ev.exists()):
         try:
             from mmgrpo.data.synthetic_tvg import generate
@@ -298,6 +302,11 @@ def fingerprint(benchmark: str = "tvg") -> dict:
     return out
 
 
+def _read_info(data_dir: Path) -> dict:
+    p = data_dir / "info.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
 def load_split(path: Path) -> list:
     from mmgrpo.data.jsonl import load_jsonl
 
@@ -321,6 +330,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
     p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
+    p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="grounding: events per video before the optional twin (default: the generator's 3 5); "
+                        "ignored with an existing --data-dir (sft_report.json's data.info records that data's own settings)")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
                         "brightens with time); see mmgrpo/data/synthetic_grounding.py")
@@ -391,7 +403,7 @@ def main(argv=None) -> dict:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
     tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed, args.benchmark, args.n_val,
-                                   args.clock, args.lanes)
+                                   args.clock, args.lanes, args.events)
     if args.eval_split == "val":
         ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
@@ -478,7 +490,9 @@ def main(argv=None) -> dict:
         "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration, query_position=args.query_position),
         # what a GRPO run / the eval harness must set to see the inputs this model was trained on
         "trainer_overrides": trainer_overrides(video, args),
-        "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held)},
+        "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held),
+                 # the generator's settings as written by it (version 2: clock, lanes, n_events, seed ...)
+                 "info": {k: v for k, v in _read_info(data_dir).items() if k != "checks"}},
         "params": params, "dims": dims, "vocab_size": len(tok),
         "sft": {k: v for k, v in res.items() if k != "history"},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
