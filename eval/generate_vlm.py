@@ -104,6 +104,8 @@ class VLMDataConfig:
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
         default="think", metadata=_h("prompt mode (mmgrpo.data.prompts): <think> reasoning or a direct answer"))
     answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
+    query_position: Literal["after", "before"] = field(default="after", metadata=_h(
+        "task text after (default) or before the video/image in the user turn; must match the model's training"))
     max_samples: int = field(default=0, metadata=_h("evaluate only the first N samples (0 = all)"))
     on_missing_media: Literal["error", "skip"] = field(
         default="error", metadata=_h("missing/undecodable media: error, or skip = write output null (scored 0, "

@@ -65,6 +65,10 @@ class DataConfig:
         default="think", metadata=_h("mmgrpo.data prompt mode: <think> reasoning, direct answer, or hybrid"))
     answer_format: Literal["seconds", "json"] = field(default="seconds",
                                                       metadata=_h("TVG answer format asked for in the prompt"))
+    query_position: Literal["after", "before"] = field(default="after", metadata=_h(
+        "where the task text goes in the user turn: after the video/image (default, the released recipes' order) or "
+        "before it, so that with causal attention the visual tokens can attend to the query (mmgrpo.data.prompts."
+        "build_messages); must match the order the model was fine-tuned with"))
     max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
     shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
     on_missing_media: Literal["skip", "error"] = field(

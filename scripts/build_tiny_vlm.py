@@ -174,7 +174,8 @@ def count_params(model) -> dict:
 # data
 # ------------------------------------------------------------------------------------------------------------
 def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark: str = "tvg",
-                n_val: int = 0, clock: str = "none", lanes: int = 3) -> tuple[Path, Path]:
+                n_val: int = 0, clock: str = "none", lanes: int = 3,
+                events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
     ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
@@ -183,7 +184,10 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
         if not (tr.exists() and ev.exists()):
             from mmgrpo.data.synthetic_grounding import generate as generate_v2
 
-            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes)
+            from mmgrpo.data.synthetic_grounding import N_EVENTS
+
+            generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes,
+                        n_events=tuple(events) if events else N_EVENTS)
     elif not (tr.exists() and ev.exists()):
         try:
             from mmgrpo.data.synthetic_tvg import generate
@@ -298,6 +302,11 @@ def fingerprint(benchmark: str = "tvg") -> dict:
     return out
 
 
+def _read_info(data_dir: Path) -> dict:
+    p = data_dir / "info.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
 def load_split(path: Path) -> list:
     from mmgrpo.data.jsonl import load_jsonl
 
@@ -321,6 +330,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
     p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
+    p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="grounding: events per video before the optional twin (default: the generator's 3 5); "
+                        "ignored with an existing --data-dir (sft_report.json's data.info records that data's own settings)")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
                         "brightens with time); see mmgrpo/data/synthetic_grounding.py")
@@ -344,6 +356,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.data.prompts.MODES)")
     p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.data.prompts.ANSWER_FORMATS)")
     p.add_argument("--include-duration", action="store_true", help="state the video length in the prompt")
+    p.add_argument("--query-position", default="after", choices=("after", "before"),
+                   help="task text after (default) or before the video in the prompt; 'before' lets the video "
+                        "tokens attend to the query (causal attention). GRPO and eval must use the same "
+                        "(data.query_position, listed in sft_report.json's trainer_overrides)")
     p.add_argument("--fps", type=float, default=2.0)
     p.add_argument("--max-frames", type=int, default=16)
     p.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES,
@@ -387,7 +403,7 @@ def main(argv=None) -> dict:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
     tr_path, ev_path = ensure_data(data_dir, args.n_train, args.n_eval, args.seed, args.benchmark, args.n_val,
-                                   args.clock, args.lanes)
+                                   args.clock, args.lanes, args.events)
     if args.eval_split == "val":
         ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
@@ -397,7 +413,8 @@ def main(argv=None) -> dict:
     t_data = time.perf_counter() - t0
 
     kw = {"mode": args.mode, "answer_format": args.answer_format}
-    messages_fn = lambda s: prompts.build_messages(s, include_duration=args.include_duration, **kw)  # noqa: E731
+    messages_fn = lambda s: prompts.build_messages(s, include_duration=args.include_duration,  # noqa: E731
+                                                   query_position=args.query_position, **kw)
     answer_fn = lambda s: prompts.format_ground_truth_answer(s, **kw)  # noqa: E731
 
     # tokenizer corpus: the training prompts and answers only (rendered with the same ChatML template)
@@ -470,10 +487,12 @@ def main(argv=None) -> dict:
     report = {
         "command": " ".join([sys.executable.split("/")[-1]] + sys.argv),
         "args": vars(args),
-        "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration),
+        "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration, query_position=args.query_position),
         # what a GRPO run / the eval harness must set to see the inputs this model was trained on
         "trainer_overrides": trainer_overrides(video, args),
-        "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held)},
+        "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held),
+                 # the generator's settings as written by it (version 2: clock, lanes, n_events, seed ...)
+                 "info": {k: v for k, v in _read_info(data_dir).items() if k != "checks"}},
         "params": params, "dims": dims, "vocab_size": len(tok),
         "sft": {k: v for k, v in res.items() if k != "history"},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
@@ -513,6 +532,7 @@ def trainer_overrides(video, args) -> list[str]:
     if args.include_duration:
         print("[warn] --include-duration: the trainer's prompts do not state the duration", flush=True)
     return [f"data.prompt_mode={args.mode}", f"data.answer_format={args.answer_format}",
+            f"data.query_position={getattr(args, 'query_position', 'after')}",
             f"data.video_fps={video.fps}", f"data.min_frames={video.min_frames}", f"data.max_frames={video.max_frames}",
             f"data.video_min_pixels={video.min_pixels}", f"data.video_max_pixels={video.max_pixels}"]
 

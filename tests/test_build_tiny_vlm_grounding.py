@@ -50,3 +50,17 @@ def test_fingerprint_covers_the_grounding_generator_only_when_asked(monkeypatch)
     assert "synthetic_grounding" not in f1 and {k: f2[k] for k in f1} == f1
     monkeypatch.setattr(g2, "EVENT_SECONDS", (1.0, 3.0))
     assert b.fingerprint("grounding")["synthetic_grounding"] != f2["synthetic_grounding"]
+
+
+def test_query_position_and_events_reach_the_report_and_the_trainer_overrides(tmp_path):
+    b = _builder()
+    args = b.parse_args(["--query-position", "before", "--events", "2", "3", "--benchmark", "grounding"])
+    assert args.events == [2, 3]
+    from mmgrpo.sft import VideoSettings
+
+    ov = b.trainer_overrides(VideoSettings(), args)
+    assert "data.query_position=before" in ov
+    assert "data.query_position=after" in b.trainer_overrides(VideoSettings(), b.parse_args([]))
+    (tmp_path / "info.json").write_text('{"n_events": [2, 3], "clock": "light", "checks": {}}')
+    assert b._read_info(tmp_path) == {"n_events": [2, 3], "clock": "light", "checks": {}}
+    assert b._read_info(tmp_path / "none") == {}

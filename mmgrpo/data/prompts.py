@@ -26,6 +26,7 @@ from .schema import LETTERS, Sample
 
 MODES = ("think", "no_think", "hybrid")
 ANSWER_FORMATS = ("seconds", "json")
+QUERY_POSITIONS = ("after", "before")  # the text item after (default) or before the video/image item
 
 SYSTEM_PROMPTS = {
     "think": (
@@ -117,11 +118,16 @@ def user_prompt(sample: Sample | Mapping[str, Any], answer_format: str = "second
 
 def build_messages(sample: Sample | Mapping[str, Any], mode: str = "think", answer_format: str = "seconds", *,
                    include_duration: bool = False, box_frame: str = "abs", media_kwargs: Mapping | None = None,
-                   system: bool = True) -> list[dict]:
+                   system: bool = True, query_position: str = "after") -> list[dict]:
     """Qwen chat messages for one sample: a system turn (``system_prompt(mode)``) and a user turn whose content is
     ``[{"type": "video", "video": path, (video_start, video_end)}, {"type": "text", "text": ...}]`` (``"image"``
     for image samples).  ``media_kwargs`` (e.g. ``fps``, ``max_pixels``) are merged into the media item, as
     qwen-vl-utils reads them.  Render with ``processor.apply_chat_template(messages, add_generation_prompt=True)``.
+
+    ``query_position="before"`` puts the text item *before* the media item (default ``"after"``, the Qwen-VL
+    convention and every released recipe's order).  With causal attention, text before the video lets every video
+    token attend to the query; the tiny demo models need that to pick the queried event among several
+    (``docs/demo_models.md``).  Use the same order for SFT, GRPO rollouts and evaluation.
     """
     s = _as_sample(sample)
     _check(mode, answer_format)
@@ -141,7 +147,10 @@ def build_messages(sample: Sample | Mapping[str, Any], mode: str = "think", answ
     msgs: list[dict] = []
     if system:
         msgs.append({"role": "system", "content": SYSTEM_PROMPTS[mode]})
-    msgs.append({"role": "user", "content": [item, {"type": "text", "text": text}]})
+    if query_position not in QUERY_POSITIONS:
+        raise ValueError(f"query_position must be one of {QUERY_POSITIONS}, got {query_position!r}")
+    content = [item, {"type": "text", "text": text}]
+    msgs.append({"role": "user", "content": content[::-1] if query_position == "before" else content})
     return msgs
 
 

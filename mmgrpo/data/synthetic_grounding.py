@@ -135,26 +135,31 @@ def _has_distractors(events) -> bool:
     return all(any(e is not f and (e.colour == f.colour or e.shape == f.shape) for f in events) for e in events)
 
 
-def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none", lanes: int = N_LANES) -> GroundingSpec:
-    """One random video (see the module docstring); redrawn until it has at least 3 events and every event has a
-    colour or shape distractor."""
+def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none", lanes: int = N_LANES,
+                n_events: tuple[int, int] = N_EVENTS) -> GroundingSpec:
+    """One random video (see the module docstring); redrawn until it has at least ``n_events[0]`` events and every
+    event has a colour or shape distractor.  ``n_events`` = (min, max) events before the optional twin (default
+    3-5; at least 2, so that every event has a distractor)."""
+    if not 2 <= n_events[0] <= n_events[1]:
+        raise ValueError(f"n_events must be (min, max) with 2 <= min <= max, got {n_events!r}")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     while True:
-        spec = _draw_spec(rng, name, twin_prob, clock, lanes)
-        if len(spec.events) >= N_EVENTS[0] and _has_distractors(spec.events):
+        spec = _draw_spec(rng, name, twin_prob, clock, lanes, n_events)
+        if len(spec.events) >= n_events[0] and _has_distractors(spec.events):
             return spec
 
 
-def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int) -> GroundingSpec:
+def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int,
+               n_events: tuple[int, int] = N_EVENTS) -> GroundingSpec:
     fps = float(rng.choice(FPS_CHOICES))
     n = int(round(float(rng.uniform(*DURATION)) * fps))
     width, height = SIZES[int(rng.integers(len(SIZES)))]
     colours = [str(c) for c in rng.choice(list(COLOURS), size=int(rng.integers(2, 4)), replace=False)]
     shapes = [str(s) for s in rng.choice(list(SHAPES), size=int(rng.integers(2, 4)), replace=False)]
     grid = [(c, s) for c in colours for s in shapes]
-    n_events = min(int(rng.integers(N_EVENTS[0], N_EVENTS[1] + 1)), len(grid))
-    picks = [grid[i] for i in rng.choice(len(grid), size=n_events, replace=False)]
+    n_ev = min(int(rng.integers(n_events[0], n_events[1] + 1)), len(grid))
+    picks = [grid[i] for i in rng.choice(len(grid), size=n_ev, replace=False)]
     kinds = [(c, s, str(rng.choice(DIRECTIONS))) for c, s in picks]
     if rng.random() < twin_prob:  # the same colour+shape again, moving the other way
         c, s, d = kinds[int(rng.integers(len(kinds)))]
@@ -335,7 +340,7 @@ def query_swap_stats(samples) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, seed: int = 0,
              twin_prob: float = 0.3, motion_query_prob: float = 0.3, n_val: int = 0, clock: str = "none",
-             lanes: int = N_LANES) -> dict:
+             lanes: int = N_LANES, n_events: tuple[int, int] = N_EVENTS) -> dict:
     """Write the videos and ``train.jsonl`` / ``eval.jsonl`` (and ``val.jsonl`` if ``n_val``) under ``out_dir``.
 
     Splits use independent streams ``SeedSequence(seed, spawn_key=(stream,))`` (train 0, eval 1, val 2), so the
@@ -358,7 +363,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
         rows[split], specs[split] = [], []
         for k in range(n):
-            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob, clock, lanes)
+            spec = sample_spec(rng, f"g2_{split}_{k:05d}", twin_prob, clock, lanes, tuple(n_events))
             rel = f"videos/{spec.name}.mp4"
             write_video(os.path.join(out_dir, rel), (render_frame(spec, i) for i in range(spec.num_frames)),
                         spec.fps, crf=10)
@@ -376,6 +381,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     result["checks"] = checks
     with open(os.path.join(out_dir, "info.json"), "w") as fh:
         json.dump({"version": 2, "seed": seed, "n_train": n_train, "n_eval": n_eval, "n_val": n_val, "clock": clock, "lanes": lanes,
+                   "n_events": list(n_events),
                    "twin_prob": twin_prob, "motion_query_prob": motion_query_prob,
                    "n_samples": result["n_samples"], "checks": checks,
                    "span_rule": "[first_frame / fps, (last_frame + 1) / fps]"}, fh, indent=1)

@@ -246,16 +246,21 @@ def main(argv=None) -> int:
                         "= the background brightens with time (mmgrpo.data.synthetic_grounding)")
     p.add_argument("--lanes", type=int, default=3,
                    help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
+    p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="version 2: events per video before the optional twin (default 3 5; at least 2)")
     a = p.parse_args(argv)
     if a.version == 2:
         if a.mcq:
             p.error("--mcq exists only for --version 1")
-    elif a.clock != "none" or a.n_val or a.lanes != 3:
-        p.error("--clock, --n-val and --lanes exist only for --version 2")
+    elif a.clock != "none" or a.n_val or a.lanes != 3 or a.events:
+        p.error("--clock, --n-val, --lanes and --events exist only for --version 2")
     if a.version == 2:
         from .synthetic_grounding import generate as generate_v2
 
-        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock, lanes=a.lanes)
+        from .synthetic_grounding import N_EVENTS
+
+        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock, lanes=a.lanes,
+                          n_events=tuple(a.events) if a.events else N_EVENTS)
     else:
         res = generate(a.out_dir, a.n_train, a.n_eval, a.seed, a.mcq)
     print(json.dumps(res, indent=1))

@@ -127,7 +127,8 @@ class TaskAdapter:
         from mmgrpo.data import build_messages
 
         return build_messages(sample, mode=self.mode, answer_format=self.cfg.answer_format,
-                              box_frame=self.adapter.family)
+                              box_frame=self.adapter.family,
+                              query_position=getattr(self.cfg, "query_position", "after"))
 
     def gt_completion(self, sample: Any, item: dict | None = None) -> str:
         """The ground truth as a completion (TempSamp-R1); boxes in the model's frame (Qwen2.5-VL: the

@@ -84,3 +84,26 @@ def test_ground_truth_parses_back_with_the_reward_parser(sample, task, minimum, 
         assert out[name][0] >= lo, (name, gt, out)
     # the strict think format holds exactly in think mode (TempSamp-R1: the GT member scores format 1)
     assert out["format"][0] == (1.0 if mode == "think" else 0.0)
+
+
+def test_query_position_before_puts_the_text_first_in_the_prompt():
+    from types import SimpleNamespace
+
+    from mmgrpo.config import DataConfig
+    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.train.task import TaskAdapter
+
+    after = build_messages(TVG, "no_think")[1]["content"]
+    before = build_messages(TVG, "no_think", query_position="before")[1]["content"]
+    assert [c["type"] for c in after] == ["video", "text"] and before == after[::-1]
+    with pytest.raises(ValueError, match="query_position"):
+        build_messages(TVG, query_position="first")
+    text = build_tiny_tokenizer().apply_chat_template(build_messages(TVG, "no_think", query_position="before"),
+                                                     tokenize=False, add_generation_prompt=True)
+    assert text.index('"the red circle appears"') < text.index("<|vision_start|>")
+    # the trainer / eval harness read it from data.query_position (default: after, the released recipes' order)
+    ta = TaskAdapter(None, SimpleNamespace(family="qwen2_5_vl"), DataConfig(prompt_mode="no_think",
+                                                                            query_position="before"))
+    assert ta.messages(TVG)[1]["content"] == before
+    assert TaskAdapter(None, SimpleNamespace(family="qwen2_5_vl"), DataConfig())
+    assert DataConfig().query_position == "after"

@@ -151,3 +151,20 @@ def test_two_lanes_align_with_token_rows_and_keep_the_checks():
         assert s.lane_height == 32 and {e.lane for e in s.events} <= {0, 1}
         qs = [g.event_query(s, j, rng) for j in range(len(s.events))]
         assert np.allclose(g.oracle_spans(s, qs), [e.span(s.fps) for e in s.events])
+
+
+def test_n_events_sets_how_many_events_a_video_holds_and_keeps_the_distractor_rule():
+    rng = np.random.default_rng(5)
+    specs = [g.sample_spec(rng, f"n{i}", n_events=(2, 3)) for i in range(60)]
+    counts = [len(s.events) for s in specs]
+    assert min(counts) == 2 and max(counts) <= 4  # 2-3 events, +1 twin
+    assert {2, 3} <= set(counts) and all(g._has_distractors(s.events) for s in specs)
+    # the oracle still resolves every query of the reduced videos from the pixels
+    for s in specs[:5]:
+        rows = g.tvg_samples(s, "v.mp4", "x", rng)
+        assert g.oracle_spans(s, [r["query"] for r in rows]) == [r["spans"][0] for r in rows]
+    with pytest.raises(ValueError, match="n_events"):
+        g.sample_spec(rng, "bad", n_events=(1, 3))
+    # the default is unchanged: the same draws as before the option existed
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    assert g.sample_spec(a, "d") == g.sample_spec(b, "d", n_events=g.N_EVENTS)
