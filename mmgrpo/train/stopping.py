@@ -2,9 +2,8 @@
 after writing a checkpoint)."""
 from __future__ import annotations
 
-from mmgrpo.core import global_sum
+from mmgrpo.engine.dist import global_max, global_sum
 from mmgrpo.engine.errors import NothingTrained, TrainingInterrupted, TrainingStopped
-from mmgrpo.train.distributed import global_max
 from mmgrpo.utils.checkpoint import restore_rng_state
 from mmgrpo.utils.logging import get_logger
 

@@ -55,14 +55,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmgrpo.config import TrainConfig
-from mmgrpo.core import AdvantageOutput, gather_groups, global_sum, group_advantages, policy_loss
+from mmgrpo.core import AdvantageOutput, gather_groups, group_advantages, policy_loss
+from mmgrpo.engine.dist import global_max, global_sum
 from mmgrpo.methods import build_methods
 from mmgrpo.models.adapters import Policy
 from mmgrpo.models.rollout import RolloutBackend, SamplingParams, batch_to, collate_prompts, compute_token_logprobs
 from mmgrpo.train.batch import RolloutBatch, cat_batches, empty_batch, micro_batches
 from mmgrpo.train.checkpointing import CheckpointMixin
 from mmgrpo.train.compat import MethodAliases
-from mmgrpo.train.distributed import DistributedMixin, global_max
+from mmgrpo.train.distributed import DistributedMixin
 from mmgrpo.train import validation
 from mmgrpo.train.faults import nonfinite_rows
 from mmgrpo.train.metrics import MetricsMixin
