@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "all_gather_object",
+__all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
            "broadcast_object", "barrier", "gather_rows"]
 
 
@@ -59,6 +59,12 @@ def global_sum(x: float | torch.Tensor, device=None) -> float:
 def global_max(x: float | torch.Tensor, device=None) -> float:
     """Max of a scalar over processes (e.g. "does any process want to stop", the longest micro-batch plan)."""
     return all_reduce([float(x)], "max", device)[0]
+
+
+def any_process(flag: bool, device=None) -> bool:
+    """True on every process if ``flag`` is true on any (a stop request, an exhausted time budget, a non-finite
+    loss): every process then takes the same branch, so the collectives stay in step."""
+    return global_max(float(bool(flag)), device) > 0
 
 
 def all_gather_object(obj: Any) -> list:

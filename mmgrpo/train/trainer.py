@@ -56,7 +56,7 @@ import torch
 
 from mmgrpo.config import TrainConfig
 from mmgrpo.core import AdvantageOutput, gather_groups, group_advantages, policy_loss
-from mmgrpo.engine.dist import global_max, global_sum
+from mmgrpo.engine.dist import any_process, global_max, global_sum
 from mmgrpo.methods import build_methods
 from mmgrpo.models.adapters import Policy
 from mmgrpo.models.rollout import RolloutBackend, SamplingParams, batch_to, collate_prompts, compute_token_logprobs
@@ -585,7 +585,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                 if self._signals.agreed(global_max):  # SIGTERM / SIGINT: every process stops at this step
                     self._interrupt(f"step {self.step}")
                 # every process stops at the same step (the collective runs on all of them)
-                if self.budget.enabled and global_sum(float(self.budget.exhausted)) > 0:
+                if self.budget.enabled and any_process(self.budget.exhausted):
                     log.info("run.max_train_seconds=%g reached after step %d (%.1f s, %s clock)",
                              self.budget.max_seconds, self.step, self.budget.spent, self.cfg.run.budget_clock)
                     self.budget_stopped = True

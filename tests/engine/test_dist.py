@@ -17,6 +17,7 @@ def test_identities_without_a_process_group():
     assert D.all_reduce([1, 2.5], "max") == [1.0, 2.5]
     assert D.all_gather_object({"a": 1}) == [{"a": 1}]
     assert D.broadcast_object("x") == "x"
+    assert D.any_process(True) is True and D.any_process(0) is False
     D.barrier()
     outs, sl = D.gather_rows([torch.arange(3)], "cpu")
     assert outs[0].tolist() == [0, 1, 2] and sl == slice(0, 3)
@@ -48,6 +49,7 @@ def _worker(rank: int, init: str, out: str) -> None:
             "objs": D.all_gather_object({"r": rank}),
             "bcast": D.broadcast_object(f"from {rank}"),
             "world": list(D.world_info()),
+            "any": [D.any_process(rank == 1), D.any_process(False), D.any_process(True)],
         }
         rows, sl = D.gather_rows([torch.arange(rank + 1) + 10 * rank], "cpu")  # ragged: 1 row, then 2 rows
         res["rows"], res["slice"] = rows[0].tolist(), [sl.start, sl.stop]
@@ -67,6 +69,6 @@ def test_two_gloo_processes(tmp_path):
         assert res["sum"] == 4.0 and res["max"] == 10.0
         assert res["vec"] == [1.0, 2.0, -1.0] and res["vmax"] == [1.0, 0.0]
         assert res["objs"] == [{"r": 0}, {"r": 1}] and res["bcast"] == "from 0"
-        assert res["world"] == [k, 2]
+        assert res["world"] == [k, 2] and res["any"] == [True, False, True]
         assert res["rows"] == [0, 10, 11]
     assert r[0]["slice"] == [0, 1] and r[1]["slice"] == [1, 3]
