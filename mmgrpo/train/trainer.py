@@ -57,6 +57,7 @@ import torch
 from mmgrpo.config import TrainConfig
 from mmgrpo.core import AdvantageOutput, gather_groups, group_advantages, policy_loss
 from mmgrpo.engine.dist import any_process, global_max, global_sum
+from mmgrpo.engine.groups import valid_member_counts
 from mmgrpo.methods import build_methods
 from mmgrpo.models.adapters import Policy
 from mmgrpo.models.rollout import RolloutBackend, SamplingParams, batch_to, collate_prompts, compute_token_logprobs
@@ -240,8 +241,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         """Groups left with fewer than 2 valid members (rewards dropped) have no baseline: advantage exactly 0 (the
         core already gives 0 to 1-member groups; made explicit here), counted once (``count``: on the main process
         when statistics are global)."""
-        gids, inv = torch.unique(gid_all, return_inverse=True)
-        n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid_all.long())
+        n_valid, inv = valid_member_counts(gid_all, valid_all)
         degenerate = n_valid < 2
         adv_all = torch.where(degenerate[inv] | ~valid_all, torch.zeros_like(adv.float()), adv.float())
         n_deg = int(degenerate.sum()) if count else 0
