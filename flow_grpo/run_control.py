@@ -3,6 +3,7 @@ SIGINT, the time budget, and the refusal to export a run that applied no optimiz
 :class:`flow_grpo.trainer.FlowGRPOTrainer`)."""
 from __future__ import annotations
 
+from mmgrpo.engine.dist import any_process
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
 from mmgrpo.utils.logging import get_logger
 
@@ -51,7 +52,7 @@ class RunControlMixin:
         """Collective when a budget is set: every process stops after the same epoch."""
         if not self.budget.enabled:
             return False
-        if _reduce([float(self.budget.exhausted)], "max", self.device)[0] > 0:
+        if any_process(self.budget.exhausted, self.device):
             if not self.budget_stopped:
                 log.info("run.max_train_seconds=%g reached after epoch %d (%.1f s, %s clock)",
                          self.budget.max_seconds, self.epoch, self.budget.spent, self.cfg.run.budget_clock)

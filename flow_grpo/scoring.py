@@ -5,7 +5,6 @@ validates the reward dict and returns the named tensors ``(total (N,), {componen
 Pref-GRPO's win rates replace the totals in :func:`apply_win_rates`."""
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence
@@ -15,6 +14,7 @@ import torch
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy, check_shapes
 from mmgrpo.engine.errors import RewardCallFailed, RewardTimeout
+from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries, run_with_timeout
 from mmgrpo.utils.logging import get_logger
 
 from .distributed import _dist, _gather_rows, sync_failure
@@ -85,25 +85,12 @@ def finish_scores(scores: dict, n: int, weights: Optional[dict] = None) -> tuple
 
 def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
     """Run ``fn()``; with ``timeout > 0`` in a daemon thread that is abandoned (it cannot be killed) if it has not
-    returned after ``timeout`` seconds."""
-    if timeout <= 0:
-        return fn()
-    box: dict[str, Any] = {}
+    returned after ``timeout`` seconds (:func:`mmgrpo.engine.reward_calls.run_with_timeout`)."""
+    return run_with_timeout(fn, timeout, _timeout_error(name), f"reward-{name}")
 
-    def run() -> None:
-        try:
-            box["out"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["err"] = exc
 
-    t = threading.Thread(target=run, daemon=True, name=f"reward-{name}")
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise RewardTimeout(f"reward {name!r} did not return within {timeout:g} s")
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
+def _timeout_error(name: str) -> Callable[[float], BaseException]:
+    return lambda timeout: RewardTimeout(f"reward {name!r} did not return within {timeout:g} s")
 
 
 class ResilientReward(Reward):
@@ -135,13 +122,17 @@ class ResilientReward(Reward):
         self.backoff = float(backoff)
         self.timeout = float(timeout)
         self.on_failure = on_failure
-        self._lock = threading.Lock()
-        self.counters = {"calls": 0, "retries": 0, "timeouts": 0, "failed_calls": 0, "dropped": 0}
+        self.stats = CallStats()  # calls / retries / timeouts / failures, counted by the shared retry policy
+        self.dropped = 0
+        self._lock = self.stats.lock
 
-    def _count(self, **kw: int) -> None:
+    @property
+    def counters(self) -> dict[str, int]:
+        """A snapshot: calls, retries, timeouts, failed_calls, dropped (samples of dropped calls)."""
+        st = self.stats
         with self._lock:
-            for k, v in kw.items():
-                self.counters[k] += v
+            return {"calls": st.calls, "retries": st.retries, "timeouts": st.timeouts, "failed_calls": st.failures,
+                    "dropped": self.dropped}
 
     def _raw(self, imgs, prompts, md, **kw):
         if isinstance(self.fn, Reward):
@@ -167,29 +158,26 @@ class ResilientReward(Reward):
         import numpy as np
 
         n = imgs.shape[0]
-        self._count(calls=1)
-        last: Optional[BaseException] = None
-        for attempt in range(self.retries + 1):
-            try:
-                raw = _call_with_timeout(lambda: self._raw(imgs, prompts, md, **kw), self.timeout, self.name)
-                check_shapes(self._rename(raw), n, self.name)  # wrong count/shape: a failed call, not a crash
-                break
-            except Exception as exc:  # noqa: BLE001 - any failure of a reward call is handled alike
-                last = exc
-                self._count(timeouts=int(isinstance(exc, RewardTimeout)))
-                log.warning("reward %r: attempt %d/%d failed: %s: %s", self.name, attempt + 1, self.retries + 1,
-                            type(exc).__name__, exc)
-                if attempt < self.retries:
-                    self._count(retries=1)
-                    time.sleep(self.backoff * 2 ** attempt)
-        else:
-            msg = (f"reward {self.name!r} failed {self.retries + 1} time(s) on a batch of {n}: "
-                   f"{type(last).__name__}: {last}")
-            self._count(failed_calls=1)
+
+        def warn(attempt: int, exc: BaseException, wait: Optional[float]) -> None:
+            log.warning("reward %r: attempt %d/%d failed: %s: %s", self.name, attempt + 1, self.retries + 1,
+                        type(exc).__name__, exc)
+
+        def failed(attempts: int, last: BaseException) -> str:
+            return f"reward {self.name!r} failed {attempts} time(s) on a batch of {n}: {type(last).__name__}: {last}"
+
+        try:  # an output with the wrong number of scores fails its attempt (``check``), it does not crash
+            raw = call_with_retries(
+                lambda: self._raw(imgs, prompts, md, **kw), RetryPolicy(self.retries, self.backoff, self.timeout),
+                stats=self.stats, check=lambda out: check_shapes(self._rename(out), n, self.name),
+                on_attempt_failed=warn, timeout_error=_timeout_error(self.name), timeout_type=RewardTimeout,
+                failure_message=failed, thread_name=f"reward-{self.name}", sleep=time.sleep)
+        except RewardCallFailed as exc:
             if self.on_failure == "stop":
-                raise RewardCallFailed(msg + " (reward.on_failure=stop)") from last
-            self._count(dropped=n)
-            log.error("%s; dropping its %d samples (reward.on_failure=drop)", msg, n)
+                raise RewardCallFailed(f"{exc} (reward.on_failure=stop)") from exc.__cause__
+            with self._lock:
+                self.dropped += n
+            log.error("%s; dropping its %d samples (reward.on_failure=drop)", exc, n)
             return {self.name: np.zeros(n, dtype=np.float32), "valid": np.zeros(n, dtype=bool)}
         return check_finite_numpy(self._rename(raw), n, self.name, self.nan_policy)
 
@@ -247,9 +235,8 @@ class RewardStack:
     def _totals(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for w in list(self.wrapped.values()) + ([self.pairwise] if self.pairwise is not None else []):
-            with w._lock:
-                for k, v in w.counters.items():
-                    out[k] = out.get(k, 0) + v
+            for k, v in w.counters.items():  # a consistent snapshot of each reward's counters
+                out[k] = out.get(k, 0) + v
         return out
 
     def take_counters(self) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """The shared group-advantage core: pure torch functions, no model code.
 
 * :mod:`mmgrpo.core.advantages` - group advantages (group / batch / no std scaling), multi-reward (GDPO),
-  pairwise win rates (Pref-GRPO), TempSamp-R1 shaping, anchoring and diagnostics, per-prompt stat tracker.
+  pairwise win rates (Pref-GRPO), TempSamp-R1 shaping, anchoring and diagnostics.
 * :mod:`mmgrpo.core.losses` - PPO-clip (clip-higher, dual-clip), GSPO sequence ratios, Reg-GRPO, token
   weights, loss aggregation modes, k1/k2/k3 KL.
 * :mod:`mmgrpo.core.step_credit` - step-level credit: TP-GRPO turning points, per-step advantages.
@@ -9,7 +9,6 @@
 """
 from .advantages import (
     AdvantageOutput,
-    PerPromptStatTracker,
     anchor_offpolicy_advantages,
     group_advantages,
     multi_reward_advantages,
@@ -23,17 +22,16 @@ from .step_credit import (
     StepCredit,
     balance_turning_points,
     incremental_rewards,
-    outcome_broadcast,
     step_advantages,
     turning_point_rewards,
     turning_points,
 )
 
 __all__ = [
-    "AdvantageOutput", "PerPromptStatTracker", "anchor_offpolicy_advantages", "group_advantages",
+    "AdvantageOutput", "anchor_offpolicy_advantages", "group_advantages",
     "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
     "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
     "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
-    "balance_turning_points", "incremental_rewards", "outcome_broadcast", "step_advantages",
+    "balance_turning_points", "incremental_rewards", "step_advantages",
     "turning_point_rewards", "turning_points",
 ]

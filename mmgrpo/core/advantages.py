@@ -25,7 +25,6 @@ __all__ = [
     "tempsamp_shape",
     "anchor_offpolicy_advantages",
     "offpolicy_diagnostics",
-    "PerPromptStatTracker",
 ]
 
 
@@ -386,66 +385,3 @@ def offpolicy_diagnostics(
     out["sign_flip_rate"] = flips / n_on if n_on else 0.0
     return out
 
-
-class PerPromptStatTracker:
-    """Per-prompt reward statistics across steps (DDPO / Flow-GRPO style).
-
-    ``update(keys, rewards)`` appends each reward to its key's buffer (optionally keeping only the last
-    ``buffer_size``), then normalises every reward by its key's buffer statistics:
-    :math:`A = (r-\\mu_{key})/(\\sigma_{key}+\\epsilon)`. With ``global_std=True`` the std of the current batch is
-    used instead (Flow-GRPO's SD3 configs). While a key has fewer than ``min_count`` entries the current batch's
-    mean and std are used (DDPO's fallback). ``buffer_size=None`` and ``clear()`` every epoch reproduce Flow-GRPO
-    (no history). Keys are any hashables: prompt ids, (prompt, step) tuples, ...
-
-    The buffers are part of the training state: :meth:`state_dict` / :meth:`load_state_dict` for exact resume.
-    """
-
-    def __init__(self, buffer_size: int | None = None, min_count: int = 0, global_std: bool = False,
-                 eps: float = 1e-4, unbiased: bool = True) -> None:
-        self.buffer_size = buffer_size
-        self.min_count = min_count
-        self.global_std = global_std
-        self.eps = eps
-        self.unbiased = unbiased
-        self.buffers: dict = {}
-
-    def update(self, keys: Sequence, rewards: Tensor) -> Tensor:
-        r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
-        if len(keys) != r.numel():
-            raise ValueError(f"{len(keys)} keys for {r.numel()} rewards")
-        if not torch.isfinite(r).all():
-            raise ValueError("non-finite rewards passed to PerPromptStatTracker.update")
-        for key, val in zip(keys, r.tolist()):
-            buf = self.buffers.setdefault(key, [])
-            buf.append(val)
-            if self.buffer_size is not None and len(buf) > self.buffer_size:
-                del buf[: len(buf) - self.buffer_size]
-        batch_std = r.std(unbiased=self.unbiased) if r.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
-        batch_mean = r.mean()
-        adv = torch.empty_like(r)
-        for i, key in enumerate(keys):
-            buf = torch.tensor(self.buffers[key], dtype=torch.float64)
-            if len(buf) < max(self.min_count, 1):
-                mu, sd = batch_mean, batch_std
-            else:
-                mu = buf.mean()
-                sd = batch_std if self.global_std else (
-                    buf.std(unbiased=self.unbiased) if len(buf) > 1 else torch.tensor(0.0, dtype=torch.float64))
-            if len(buf) > 0 and bool((buf == buf[0]).all()) and not self.global_std and len(buf) >= max(self.min_count, 1):
-                adv[i] = 0.0  # constant history: no signal, exactly zero
-            else:
-                adv[i] = (r[i] - mu) / (sd + self.eps)
-        return adv.to(torch.float32)
-
-    def clear(self) -> None:
-        self.buffers.clear()
-
-    def stats(self) -> dict[str, float]:
-        sizes = [len(b) for b in self.buffers.values()]
-        return {"num_keys": float(len(sizes)), "mean_buffer": (sum(sizes) / len(sizes)) if sizes else 0.0}
-
-    def state_dict(self) -> dict:
-        return {"buffers": {k: list(v) for k, v in self.buffers.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.buffers = {k: list(v) for k, v in state["buffers"].items()}

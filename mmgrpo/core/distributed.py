@@ -15,16 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from mmgrpo.engine.dist import global_sum, world_info  # noqa: F401 - moved to the engine, kept importable here
+
 from .advantages import AdvantageOutput, group_advantages
 
 __all__ = ["gather_groups", "distributed_group_advantages", "global_sum", "world_info"]
-
-
-def world_info() -> tuple[int, int]:
-    """(rank, world_size); (0, 1) when torch.distributed is not initialised."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
@@ -56,17 +51,6 @@ def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
         dist.all_gather(parts, padded)
         out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
     return out, slice(offset, offset + n_local)
-
-
-def global_sum(x: float | Tensor) -> float:
-    """Sum a scalar over processes (e.g. the global token count for ``aggregate_loss(num_tokens=...)``)."""
-    t = torch.as_tensor(float(x), dtype=torch.float64)
-    _, world = world_info()
-    if world > 1:
-        if dist.get_backend() == "nccl" and torch.cuda.is_available():
-            t = t.cuda()
-        dist.all_reduce(t)
-    return float(t.item())
 
 
 def distributed_group_advantages(

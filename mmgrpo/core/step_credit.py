@@ -41,7 +41,6 @@ __all__ = [
     "balance_turning_points",
     "turning_point_rewards",
     "step_advantages",
-    "outcome_broadcast",
 ]
 
 
@@ -169,10 +168,3 @@ def step_advantages(
     return group_advantages(r, group_ids, scale=scale, eps=eps, unbiased=unbiased, clamp=clamp,
                             valid=valid).advantages
 
-
-def outcome_broadcast(rewards: Tensor, num_steps: int) -> Tensor:
-    """Outcome credit (Flow-GRPO): every step of trajectory i gets the trajectory's reward. (N,) -> (N, K)."""
-    r = torch.as_tensor(rewards)
-    if r.dim() != 1:
-        raise ValueError(f"rewards must be (N,), got {tuple(r.shape)}")
-    return r.unsqueeze(1).expand(r.shape[0], num_steps).clone()

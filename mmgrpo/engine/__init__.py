@@ -1,6 +1,12 @@
 """Shared engine layer used by both trainers (``mmgrpo.train`` for Qwen-VL policies, ``flow_grpo`` for
 flow-matching generators): functions and small classes, not a base trainer class.
 
-So far: :mod:`mmgrpo.engine.errors` (one exception family for both trainers and both CLIs).
+* :mod:`mmgrpo.engine.errors` - one exception family for both trainers and both CLIs;
+* :mod:`mmgrpo.engine.dist` - cross-process reductions (sum / max / any / gather / broadcast), identities
+  without a process group;
+* :mod:`mmgrpo.engine.reward_calls` - reward calls with retries, per-attempt timeouts and exponential back-off;
+* :mod:`mmgrpo.engine.groups` - valid members per group (degenerate-group counting).
+
+The time budget both trainers use is :class:`mmgrpo.utils.budget.TimeBudget`.
 Kept import-light (no torch at package import) so the CLIs can use it before training starts.
 """

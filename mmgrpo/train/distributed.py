@@ -1,26 +1,15 @@
-"""Cross-process pieces of the VLM trainer: max-reduction, parameter broadcast, hand-summed gradients, the
-prepared engine's gradient sync / norm, and the sampling context for sharded parameters."""
+"""Cross-process pieces of the VLM trainer: parameter broadcast, hand-summed gradients, the
+prepared engine's gradient sync / norm, and the sampling context for sharded parameters.  Scalar
+reductions (``global_max``, ``global_sum``) live in :mod:`mmgrpo.engine.dist`."""
 from __future__ import annotations
 
 import contextlib
 
 import torch
 
+from mmgrpo.engine.dist import global_max  # noqa: F401 - moved to the engine, kept importable here
+
 __all__ = ["DistributedMixin", "global_max"]
-
-
-def global_max(x: float) -> float:
-    """Max of a scalar over processes (identity without torch.distributed)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return float(x)
-    t = torch.tensor([float(x)], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
 
 
 class DistributedMixin:

@@ -1,7 +1,8 @@
 """Faults during training: reward calls that raise / hang, non-finite numbers, and stopping without losing the run.
 
 * :func:`call_with_retries` runs a reward function with a per-call timeout (a daemon thread: a hung remote judge
-  cannot block the run, nor the interpreter's exit) and exponential back-off retries;
+  cannot block the run, nor the interpreter's exit) and exponential back-off retries (the shared policy of
+  :mod:`mmgrpo.engine.reward_calls`);
 * :func:`nonfinite_rows` finds rows whose rewards are NaN/inf;
 * :class:`TrainingStopped` is raised by the trainer AFTER it wrote a checkpoint, with a message saying why and
   where to resume from (``mmgrpo train`` turns it into exit code 3, not a traceback);
@@ -12,47 +13,19 @@ The exception classes live in :mod:`mmgrpo.engine.errors` (one family for both t
 """
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingStopped  # noqa: F401 - re-exported
+from mmgrpo.engine.reward_calls import CallStats, RetryPolicy  # noqa: F401 - CallStats re-exported
+from mmgrpo.engine.reward_calls import call_with_retries as _call_with_retries
 from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train.faults")
 
 __all__ = ["TrainingStopped", "NothingTrained", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
-
-
-@dataclass
-class CallStats:
-    retries: int = 0  # failed attempts that were retried
-    failures: int = 0  # calls that failed for good
-    timeouts: int = 0  # attempts that exceeded the timeout
-
-
-def _run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
-    """``fn()`` in a daemon thread; TimeoutError after ``timeout`` s (the thread is abandoned, not killed:
-    Python cannot kill threads; a daemon thread does not keep the process alive)."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    th = threading.Thread(target=target, name="mmgrpo-reward", daemon=True)
-    th.start()
-    th.join(timeout)
-    if th.is_alive():
-        raise TimeoutError(f"no answer within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def call_with_retries(fn: Callable[..., Any], args: tuple, retries: int = 2, backoff: float = 1.0,
@@ -62,31 +35,16 @@ def call_with_retries(fn: Callable[..., Any], args: tuple, retries: int = 2, bac
 
     ``timeout`` > 0 bounds every attempt (seconds); 0 = no bound (the call runs in the caller's thread).
     Raises :class:`RewardCallFailed` (chaining the last error) when every attempt failed.  KeyboardInterrupt and
-    SystemExit are never swallowed.
+    SystemExit are never swallowed.  The policy is :func:`mmgrpo.engine.reward_calls.call_with_retries`; this
+    wrapper keeps the VLM trainer's signature and log line (a warning before each retry).
     """
-    stats = stats if stats is not None else CallStats()
-    last: BaseException | None = None
-    for attempt in range(retries + 1):
-        try:
-            if timeout and timeout > 0:
-                return _run_with_timeout(lambda: fn(*args), timeout)
-            return fn(*args)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of user code is a fault to handle
-            last = e
-            if isinstance(e, TimeoutError):
-                stats.timeouts += 1
-            if attempt < retries:
-                stats.retries += 1
-                wait = backoff * (2 ** attempt)
-                log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.3g s", what, attempt + 1,
-                            retries + 1, type(e).__name__, e, wait)
-                if wait > 0:
-                    sleep(wait)
-    stats.failures += 1
-    raise RewardCallFailed(f"{what} failed {retries + 1} time(s); last error: {type(last).__name__}: {last}") \
-        from last
+    def warn(attempt: int, e: BaseException, wait: float | None) -> None:
+        if wait is not None:
+            log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.3g s", what, attempt + 1,
+                        retries + 1, type(e).__name__, e, wait)
+
+    return _call_with_retries(lambda: fn(*args), RetryPolicy(retries, backoff, timeout), stats=stats,
+                              on_attempt_failed=warn, what=what, sleep=sleep)
 
 
 def nonfinite_rows(rewards: Mapping[str, torch.Tensor], n: int, keys: list[str] | None = None) -> torch.Tensor:

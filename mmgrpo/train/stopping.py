@@ -2,9 +2,8 @@
 after writing a checkpoint)."""
 from __future__ import annotations
 
-from mmgrpo.core import global_sum
+from mmgrpo.engine.dist import any_process, global_max
 from mmgrpo.engine.errors import NothingTrained, TrainingInterrupted, TrainingStopped
-from mmgrpo.train.distributed import global_max
 from mmgrpo.utils.checkpoint import restore_rng_state
 from mmgrpo.utils.logging import get_logger
 
@@ -43,7 +42,7 @@ class StopMixin:
     def _check_stop(self) -> None:
         """After collect (the same collectives ran everywhere): stop on every process if any process asked to, or
         a SIGTERM / SIGINT reached one (the step is abandoned: a resume redraws its prompts)."""
-        stop = global_sum(float(self._stop_reason is not None)) > 0
+        stop = any_process(self._stop_reason is not None)
         signalled = not stop and self._signals is not None and self._signals.agreed(global_max)
         if not (stop or signalled):
             return

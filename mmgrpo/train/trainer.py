@@ -55,14 +55,16 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmgrpo.config import TrainConfig
-from mmgrpo.core import AdvantageOutput, gather_groups, global_sum, group_advantages, policy_loss
+from mmgrpo.core import AdvantageOutput, gather_groups, group_advantages, policy_loss
+from mmgrpo.engine.dist import any_process, global_max, global_sum
+from mmgrpo.engine.groups import valid_member_counts
 from mmgrpo.methods import build_methods
 from mmgrpo.models.adapters import Policy
 from mmgrpo.models.rollout import RolloutBackend, SamplingParams, batch_to, collate_prompts, compute_token_logprobs
 from mmgrpo.train.batch import RolloutBatch, cat_batches, empty_batch, micro_batches
 from mmgrpo.train.checkpointing import CheckpointMixin
 from mmgrpo.train.compat import MethodAliases
-from mmgrpo.train.distributed import DistributedMixin, global_max
+from mmgrpo.train.distributed import DistributedMixin
 from mmgrpo.train import validation
 from mmgrpo.train.faults import nonfinite_rows
 from mmgrpo.train.metrics import MetricsMixin
@@ -239,8 +241,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         """Groups left with fewer than 2 valid members (rewards dropped) have no baseline: advantage exactly 0 (the
         core already gives 0 to 1-member groups; made explicit here), counted once (``count``: on the main process
         when statistics are global)."""
-        gids, inv = torch.unique(gid_all, return_inverse=True)
-        n_valid = torch.zeros(len(gids), dtype=torch.long).scatter_add_(0, inv, valid_all.long())
+        n_valid, inv = valid_member_counts(gid_all, valid_all)
         degenerate = n_valid < 2
         adv_all = torch.where(degenerate[inv] | ~valid_all, torch.zeros_like(adv.float()), adv.float())
         n_deg = int(degenerate.sum()) if count else 0
@@ -588,7 +589,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                 if self._signals.agreed(global_max):  # SIGTERM / SIGINT: every process stops at this step
                     self._interrupt(f"step {self.step}")
                 # every process stops at the same step (the collective runs on all of them)
-                if self.budget.enabled and global_sum(float(self.budget.exhausted)) > 0:
+                if self.budget.enabled and any_process(self.budget.exhausted):
                     log.info("run.max_train_seconds=%g reached after step %d (%.1f s, %s clock)",
                              self.budget.max_seconds, self.step, self.budget.spent, self.cfg.run.budget_clock)
                     self.budget_stopped = True

@@ -8,7 +8,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mmgrpo.core import (
-    PerPromptStatTracker,
     anchor_offpolicy_advantages,
     group_advantages,
     multi_reward_advantages,
@@ -237,20 +236,3 @@ def test_anchoring_and_diagnostics():
     assert d["groups_no_positive_onpolicy"] == pytest.approx(0.5)  # group 1 has none > 0 (both negative)
 
 
-def test_stat_tracker_history_and_fallback():
-    t = PerPromptStatTracker(buffer_size=4, min_count=2)
-    a1 = t.update(["p", "p", "q"], torch.tensor([1.0, 3.0, 10.0]))
-    # p has 2 entries -> own stats (mean 2, sd sqrt(2)); q has 1 < min_count -> batch stats
-    assert a1[0].item() == pytest.approx((1 - 2) / (math.sqrt(2) + 1e-4), rel=1e-5)
-    bm, bs = statistics.fmean([1, 3, 10]), statistics.stdev([1, 3, 10])
-    assert a1[2].item() == pytest.approx((10 - bm) / (bs + 1e-4), rel=1e-5)
-    a2 = t.update(["p", "p", "p"], torch.tensor([5.0, 5.0, 5.0]))
-    buf = [3.0, 5.0, 5.0, 5.0]  # last 4 kept
-    assert t.buffers["p"] == buf
-    assert a2[0].item() == pytest.approx((5 - statistics.fmean(buf)) / (statistics.stdev(buf) + 1e-4), rel=1e-5)
-    s = t.state_dict()
-    t2 = PerPromptStatTracker(buffer_size=4, min_count=2)
-    t2.load_state_dict(s)
-    assert t2.buffers == t.buffers
-    t.clear()
-    assert t.buffers == {}

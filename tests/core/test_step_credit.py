@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from mmgrpo.core import (
     balance_turning_points,
     incremental_rewards,
-    outcome_broadcast,
     step_advantages,
     turning_point_rewards,
     turning_points,
@@ -126,8 +125,6 @@ def test_step_advantages_and_broadcast():
     A = step_advantages(r, g, clamp=None, unbiased=True)
     assert A[:, 0].tolist() == pytest.approx([-1 / (s + 1e-4), 1 / (s + 1e-4), 0, 0], abs=1e-6)
     assert step_advantages(r * 100, g, clamp=0.5).abs().max() <= 0.5
-    b = outcome_broadcast(torch.tensor([1.0, 2.0]), 3)
-    assert b.tolist() == [[1, 1, 1], [2, 2, 2]]
 
 
 def test_errors():

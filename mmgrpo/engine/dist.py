@@ -1,0 +1,103 @@
+"""Cross-process reductions shared by both trainers: one collective each, identities without a process group
+(a single process, or ``torch.distributed`` not initialised), so single-process code needs no branches.
+
+Every function is collective: all processes call it in the same order.  Floats are reduced in float64; the
+reduction tensor goes to ``device`` if given, else to CUDA when the backend is NCCL (which needs CUDA tensors),
+else stays on the CPU.  The old names stay importable: ``mmgrpo.core.global_sum``,
+``mmgrpo.train.distributed.global_max``, ``flow_grpo.distributed._reduce`` / ``_all_gather_object`` /
+``_broadcast_object`` / ``_barrier`` are these functions.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+__all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
+           "broadcast_object", "barrier", "gather_rows"]
+
+
+def process_group():
+    """``torch.distributed`` if a process group with more than one process is running, else None."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def world_info() -> tuple[int, int]:
+    """(rank, world_size); (0, 1) when torch.distributed is not initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _device(d, device):
+    if device is not None:
+        return device
+    return "cuda" if d.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
+
+
+def all_reduce(values: Sequence[float], op: str = "sum", device=None) -> list[float]:
+    """All-reduce a list of floats (``op``: sum | max) in one collective; identity without a process group."""
+    if op not in ("sum", "max"):
+        raise ValueError(f"op must be 'sum' or 'max', got {op!r}")
+    d = process_group()
+    if d is None:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device(d, device))
+    d.all_reduce(t, op=d.ReduceOp.SUM if op == "sum" else d.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def global_sum(x: float | torch.Tensor, device=None) -> float:
+    """Sum of a scalar over processes (e.g. the global token count for ``aggregate_loss(num_tokens=...)``)."""
+    return all_reduce([float(x)], "sum", device)[0]
+
+
+def global_max(x: float | torch.Tensor, device=None) -> float:
+    """Max of a scalar over processes (e.g. "does any process want to stop", the longest micro-batch plan)."""
+    return all_reduce([float(x)], "max", device)[0]
+
+
+def any_process(flag: bool, device=None) -> bool:
+    """True on every process if ``flag`` is true on any (a stop request, an exhausted time budget, a non-finite
+    loss): every process then takes the same branch, so the collectives stay in step."""
+    return global_max(float(bool(flag)), device) > 0
+
+
+def all_gather_object(obj: Any) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` (picklable objects); ``[obj]`` without a process group."""
+    d = process_group()
+    if d is None:
+        return [obj]
+    out: list = [None] * d.get_world_size()
+    d.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every process; ``obj`` itself without a process group."""
+    d = process_group()
+    if d is None:
+        return obj
+    box = [obj]
+    d.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every process; no-op without a process group."""
+    d = process_group()
+    if d is not None:
+        d.barrier()
+
+
+def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:
+    """:func:`mmgrpo.core.gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU.
+    Returns the gathered tensors and the slice of this process's rows."""
+    from mmgrpo.core import gather_groups
+
+    outs, sl = gather_groups([t.to(device) if device is not None else t for t in tensors])
+    return [o.cpu() for o in outs], sl
