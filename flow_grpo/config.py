@@ -48,6 +48,10 @@ class SamplingConfig:
     width: int = _f(512, "image width in pixels")
     num_frames: int = _f(0, "video generators (model.kind=wan): frames per video, 1 + 4k (e.g. 5, 33, 81); 0 = the "
                          "adapter's default (Wan: 81, WanPipeline's); must stay 0 for image generators")
+    shift: Optional[float] = _f(None, "flow-matching time shift s of the rollout and eval sigma schedules, "
+                                "sigma' = s sigma / (1 + (s - 1) sigma), replacing the folder scheduler's (FLUX / "
+                                "Qwen-Image: its resolution-dependent shift is turned off; Wan/UniPC: flow_shift); "
+                                "None = the folder's (e.g. DanceGRPO / Pref-GRPO FLUX: 3)")
     guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: Literal["flow", "dance", "cps"] = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")

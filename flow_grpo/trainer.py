@@ -66,7 +66,7 @@ from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.signals import StopOnSignal
 
-from .build import SetupMixin, _peft_init, set_num_frames  # noqa: F401 - _peft_init: old import path
+from .build import SetupMixin, _peft_init, set_num_frames, set_shift  # noqa: F401 - _peft_init: old import path
 from .checkpointing import CheckpointMixin
 from .config import TrainConfig
 from .data import epoch_samples, eval_prompts, load_prompts, train_prompts  # noqa: F401 - load_prompts: old path
@@ -114,6 +114,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         set_num_frames(self.adapter, cfg.sample.num_frames)
+        set_shift(self.adapter, cfg.sample.shift)
         self._validate()
         self._setup_model()
         self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
