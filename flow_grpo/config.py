@@ -147,6 +147,11 @@ class RewardConfig:
                               "imported and called: trusted configs only); empty = compare the weighted sum of the "
                               "pointwise rewards (ScoreComparator)")
     pairwise_symmetric: bool = _f(False, "win_rate: judge every pair in both orders (cancels a judge's position bias, 2x cost)")
+    win_rate_weight: float = _f(1.0, "win_rate: weight of the pairwise win rate in the trained reward, "
+                                "total = win_rate_weight * win_rate + pointwise_weight * sum_k w_k r_k")
+    pointwise_weight: float = _f(0.0, "win_rate: weight of the pointwise rewards' weighted sum (reward.weights) added "
+                                 "to the win rate before group normalisation (Pref-GRPO's --use_clip: win rate 0.4 + "
+                                 "CLIP 0.6 with weights={clip_score: 1}); 0 = they are only logged")
     on_nonfinite: Literal["drop", "error"] = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its "
                                                 "group, counted and logged) | error (stop the run)")
     retries: int = _f(2, "extra attempts of a reward call that raised or timed out (per component, per call)")

@@ -203,7 +203,9 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         n_all = len(traj) * self.world
         prompts, meta, *_ = self._epoch_samples(self.epoch, 0, n_all) if self.world > 1 else (traj.prompts,
                                                                                              traj.metadata)
-        apply_win_rates(traj, self.rewards.pairwise, prompts, meta, self.rank, self.world, self.device)
+        rc = self.cfg.reward
+        apply_win_rates(traj, self.rewards.pairwise, prompts, meta, self.rank, self.world, self.device,
+                        win_rate_weight=rc.win_rate_weight, pointwise_weight=rc.pointwise_weight)
 
     # ------------------------------------------------------------------ advantages (the credit table)
     def credit_inputs(self, traj: Trajectories) -> CreditInputs:
