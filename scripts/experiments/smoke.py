@@ -215,6 +215,8 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
            "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
            "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
            "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
+    if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained
+        ov.append(f"optim.best_of_n={max(2, g - 2)}")
     heavy = sorted(set(cfg.reward.weights) - LIGHT_FLOW_REWARDS)
     if _flow_kind(cfg) == "wan":  # videos: per-frame rewards whose image reward is light, and temporal consistency
         inner = (cfg.reward.kwargs.get("video_per_frame") or {}).get("reward", "brightness")
