@@ -57,6 +57,22 @@ def _note(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ synthetic data
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Everything written to stdout, at the file-descriptor level too (building the tiny FLUX prints blank lines
+    from native code), goes to stderr: stdout carries only the overrides."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _atomic_dir(final: Path, write) -> Path:
     """Run ``write(tmp_dir)`` and rename the result to ``final`` unless another process got there first."""
     if final.exists():
@@ -64,7 +80,7 @@ def _atomic_dir(final: Path, write) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the overrides
+        with _stdout_to_stderr():  # stdout carries the overrides
             write(tmp)
         try:
             os.rename(tmp, final)
