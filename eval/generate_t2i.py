@@ -17,6 +17,13 @@
   ``v = v_base + w (v_tuned - v_base)`` per step, the base being the same transformer with the LoRA disabled
   (peft's adapter switch, no second model copy); ``scripts/rlg_curve.sh`` sweeps w.
 * Rewards: ``flow_grpo.rewards.MultiReward`` over ``rewards`` (each with weight 1; ``reward_kwargs={name: {...}}``).
+* Videos: with a text-to-video pipeline (a Wan2.1 ``WanPipeline`` folder; ``num_frames``, 1 + 4k) each sample is
+  a video (F, H, W, 3) scored by video rewards (``video_per_frame``, ``temporal_consistency``; an image reward is
+  refused) and saved as one lossless PNG *frame strip* ``images/NNNNNN.png`` (H x F*W: frames left to right in time
+  order, no gap; ``video_from_strip(path, num_frames)`` splits it back, the row's ``num_frames`` says how many).
+  A PNG strip rather than an mp4: no video codec dependency, viewable anywhere, and exact pixels, so re-scoring a
+  saved video gives the same rewards. Grids show one frame strip per row (at most 8 frames). Benchmark layouts are
+  image-only.
 
 Outputs in ``out_dir``: ``settings.json`` (pipeline + LoRA fingerprints, sampler, sigma schedule, prompt file
 sha256, rewards, versions; written before generation), ``images.jsonl`` (one row per image: index, prompt, seed,
@@ -74,7 +81,8 @@ class EvalT2IConfig:
     """Generate + score a flow-matching text-to-image pipeline on a prompt set (see the module docstring)."""
 
     pipeline: str = field(default="", metadata=_h("diffusers pipeline folder (SD3 or FLUX)"))
-    kind: Literal["auto", "sd3", "flux"] = field(default="auto", metadata=_h("adapter kind; auto = model_index.json"))
+    kind: Literal["auto", "sd3", "flux", "wan"] = field(default="auto", metadata=_h(
+        "adapter kind; auto = model_index.json (wan: a text-to-video WanPipeline folder, see num_frames)"))
     lora: str = field(default="", metadata=_h("LoRA folder (pytorch_lora_weights.safetensors) or trainer checkpoint"))
     prompts: str = field(default="", metadata=_h(
         ".txt (one prompt per line) or .jsonl ({'prompt', 'tag', ...}); with a benchmark layout, that benchmark's "
@@ -95,6 +103,11 @@ class EvalT2IConfig:
         "model's velocity has its own CFG. Two model calls per step. none = off (the pipeline as loaded)"))
     guidance_scale: float = field(default=4.5, metadata=_h("CFG scale (SD3) / embedded guidance (FLUX)"))
     cfg: Optional[bool] = field(default=None, metadata=_h("classifier-free guidance; none = auto (SD3 on, FLUX off)"))
+    num_frames: int = field(default=0, metadata=_h(
+        "video generators (Wan): frames per video, 1 + 4k; 0 = the adapter's default (Wan: 81); must stay 0 for "
+        "image generators. Each video is saved as one PNG frame strip (frames left to right, no gap)"))
+    shift: Optional[float] = field(default=None, metadata=_h(
+        "flow-matching time shift of the sigma schedule (as the trainer's sample.shift); none = the folder's"))
     height: int = field(default=512, metadata=_h("image height"))
     width: int = field(default=512, metadata=_h("image width"))
     seed: int = field(default=0, metadata=_h("x_T of image k of prompt p is seeded with sample_seed(seed, p, k)"))
@@ -116,6 +129,18 @@ class EvalT2IConfig:
     overwrite: bool = field(default=False, metadata=_h("delete existing results in out_dir first"))
     max_batches: int = field(default=0, metadata=_h("stop after N generated batches, unscored (0 = to the end)"))
     progress: bool = field(default=True, metadata=_h("tqdm progress bar"))
+
+
+def video_from_strip(path, num_frames: int):
+    """A saved video (PNG frame strip of ``num_frames`` frames, no gap) -> uint8 (F, H, W, 3)."""
+    import numpy as np
+    from PIL import Image
+
+    strip = np.asarray(Image.open(path).convert("RGB"))
+    h, total = strip.shape[:2]
+    if num_frames < 1 or total % num_frames:
+        raise ValueError(f"{path}: width {total} is not {num_frames} frames")
+    return np.stack(np.split(strip, num_frames, axis=1))
 
 
 def resolve_lora(path: str) -> str:
@@ -147,6 +172,13 @@ def load_eval_adapter(cfg: EvalT2IConfig):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
     adapter = load_adapter(cfg.pipeline, kind=cfg.kind, device=device, dtype=dtype,
                            max_sequence_length=cfg.max_sequence_length)
+    from flow_grpo.build import set_num_frames, set_shift
+
+    set_num_frames(adapter, cfg.num_frames)  # refused for image generators
+    set_shift(adapter, cfg.shift)
+    if adapter.media == "video" and cfg.layout != "default":
+        raise ValueError(f"layout={cfg.layout} is an image benchmark's; {adapter.kind!r} generates videos: use "
+                         "layout=default")
     if lora is not None:
         adapter.pipe.load_lora_weights(lora)  # peft layers injected into adapter.transformer in place
         adapter.lora_enabled = True  # adapter.reference() (LoRA disabled) is the base model of RL guidance
@@ -187,6 +219,9 @@ def build_settings(cfg: EvalT2IConfig, adapter, lora: Optional[str], device, dty
             "cfg": use_cfg,
             "height": cfg.height,
             "width": cfg.width,
+            "media": adapter.media,
+            **({"num_frames": adapter.num_frames} if adapter.media == "video" else {}),
+            "shift": cfg.shift,
             "seed": cfg.seed,
             "seed_rule": "x_T of image k of prompt p: sample_seed(seed, p, k)",
             "batch_size": cfg.batch_size,
@@ -243,7 +278,7 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
 
     from flow_grpo.config import SamplingConfig
     from flow_grpo.sampler import generate_images
-    from mmgrpo.utils.logging import save_image_grid
+    from flow_grpo.media import frame_strip, save_media_grid
 
     scfg = SamplingConfig(num_steps=cfg.num_steps, height=cfg.height, width=cfg.width,
                           guidance_scale=cfg.guidance_scale, cfg=_use_cfg(cfg, adapter), batch_size=cfg.batch_size,
@@ -260,7 +295,7 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
                 break
             batch = [items[i] for i in b]  # the whole batch: composition stays fixed across resumes
             prompts = [it["prompt"] for it in batch]
-            imgs = generate_images(adapter, prompts, [it["seed"] for it in batch], scfg,  # uint8 (B, H, W, 3)
+            imgs = generate_images(adapter, prompts, [it["seed"] for it in batch], scfg,  # uint8 (B, [F,] H, W, 3)
                                    rlg_weight=cfg.rlg_weight)
             scores = _scalar_rewards(reward(imgs, prompts, [it["metadata"] for it in batch]), len(batch))
             arr = imgs.cpu().numpy() if hasattr(imgs, "cpu") else np.asarray(imgs)
@@ -272,19 +307,21 @@ def generate(cfg: EvalT2IConfig, adapter, reward, items: Sequence[dict], writer:
                     (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                     if cfg.layout == "geneval":
                         t2i_layouts.write_geneval_metadata(out_dir, it["prompt_index"], it["layout_meta"])
-                    Image.fromarray(arr[j]).save(out_dir / rel, format="PNG")
+                    # a video: one lossless frame strip (H, F*W, 3), split back with video_from_strip
+                    Image.fromarray(arr[j] if arr.ndim == 4 else frame_strip(arr[j], gap=0)).save(
+                        out_dir / rel, format="PNG")
                 if str(it["index"]) in writer.done:
                     continue
                 rows.append({"index": it["index"], "prompt_index": it["prompt_index"], "sample": it["sample"],
                              "prompt": it["prompt"], "seed": it["seed"], "tag": it["metadata"].get("tag"),
                              "metadata": it["metadata"], "rewards": {k: v[j] for k, v in scores.items()},
-                             "image": rel})
+                             "image": rel, **({"num_frames": int(arr.shape[1])} if arr.ndim == 5 else {})})
             if cfg.grid_nrow > 0:
                 main_key = next(iter(scores), None)
                 caps = [it["prompt"] + (f" | {scores[main_key][j]:.3f}" if main_key else "")
                         for j, it in enumerate(batch)]
-                save_image_grid(arr, out_dir / "grids" / f"batch_{bi:05d}.png", nrow=cfg.grid_nrow, captions=caps,
-                                min_tile=cfg.grid_min_tile)
+                save_media_grid(arr, out_dir / "grids" / f"batch_{bi:05d}.png", nrow=cfg.grid_nrow, captions=caps,
+                                min_tile=cfg.grid_min_tile)  # videos: one frame strip per row
             writer.append(rows)  # after the PNGs: a row never points at a missing file
             stats["n_batches_generated"] += 1
             stats["n_generated"] += len(rows)
@@ -358,7 +395,15 @@ def run(cfg: EvalT2IConfig) -> dict:
     settings = build_settings(cfg, adapter, lora, device, dtype, len(prompts))
     check_resume(out_dir, settings, ROWS)
     write_json(out_dir / "settings.json", settings)
-    reward = MultiReward({n: 1.0 for n in cfg.rewards}, reward_kwargs={k: v for k, v in cfg.reward_kwargs.items()})
+    kw = {k: dict(v) for k, v in cfg.reward_kwargs.items()}
+    built = {}
+    if "video_per_frame" in cfg.rewards:  # its outputs are named after its image reward (brightness, hpsv2, ...):
+        from flow_grpo.rewards import build_reward  # renamed to the config key, as the trainer does (R -> key)
+        from flow_grpo.scoring import ResilientReward
+
+        built["video_per_frame"] = ResilientReward(build_reward("video_per_frame", **kw.pop("video_per_frame", {})),
+                                                   "video_per_frame", retries=0, on_failure="stop")
+    reward = MultiReward({n: 1.0 for n in cfg.rewards}, rewards=built, reward_kwargs=kw)
     writer = ResumableJsonl(out_dir / ROWS, key="index").open()
     if writer.n_truncated_bytes:
         log.warning("%s: truncated a torn last line (%d bytes) from an interrupted run", writer.path,

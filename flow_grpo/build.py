@@ -185,6 +185,12 @@ class SetupMixin:
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
 
 
+def set_shift(adapter, shift) -> None:
+    """``sample.shift`` -> the adapter's sigma schedule (None keeps the folder scheduler's shift)."""
+    if shift is not None:
+        adapter.set_shift(shift)
+
+
 def set_num_frames(adapter, num_frames: int) -> None:
     """``sample.num_frames`` -> the video adapter (0 keeps its default); an image generator refuses frames."""
     if not num_frames:

@@ -58,6 +58,10 @@ class SamplingConfig:
     width: int = _f(512, "image width in pixels")
     num_frames: int = _f(0, "video generators (model.kind=wan): frames per video, 1 + 4k (e.g. 5, 33, 81); 0 = the "
                          "adapter's default (Wan: 81, WanPipeline's); must stay 0 for image generators")
+    shift: Optional[float] = _f(None, "flow-matching time shift s of the rollout and eval sigma schedules, "
+                                "sigma' = s sigma / (1 + (s - 1) sigma), replacing the folder scheduler's (FLUX / "
+                                "Qwen-Image: its resolution-dependent shift is turned off; Wan/UniPC: flow_shift); "
+                                "None = the folder's (e.g. DanceGRPO / Pref-GRPO FLUX: 3)")
     guidance_scale: float = _f(4.5, "CFG scale (SD3) or embedded guidance (FLUX)")
     cfg: bool = _f(True, "SD3: classifier-free guidance in rollout AND training (one forward on [uncond; cond]); must be false for FLUX")
     sde_kind: Literal["flow", "dance", "cps"] = _f("cps", "SDE of the stochastic steps: flow (Flow-GRPO) | dance (DanceGRPO) | cps")
@@ -193,6 +197,11 @@ class RewardConfig:
                               "imported and called: trusted configs only); empty = compare the weighted sum of the "
                               "pointwise rewards (ScoreComparator)")
     pairwise_symmetric: bool = _f(False, "win_rate: judge every pair in both orders (cancels a judge's position bias, 2x cost)")
+    win_rate_weight: float = _f(1.0, "win_rate: weight of the pairwise win rate in the trained reward, "
+                                "total = win_rate_weight * win_rate + pointwise_weight * sum_k w_k r_k")
+    pointwise_weight: float = _f(0.0, "win_rate: weight of the pointwise rewards' weighted sum (reward.weights) added "
+                                 "to the win rate before group normalisation (Pref-GRPO's --use_clip: win rate 0.4 + "
+                                 "CLIP 0.6 with weights={clip_score: 1}); 0 = they are only logged")
     on_nonfinite: Literal["drop", "error"] = _f("drop", "non-finite reward: drop (the sample gets valid=False, leaves its "
                                                 "group, counted and logged) | error (stop the run)")
     retries: int = _f(2, "extra attempts of a reward call that raised or timed out (per component, per call)")

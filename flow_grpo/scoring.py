@@ -247,9 +247,13 @@ class RewardStack:
         return delta
 
 
-def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world: int, device) -> None:
+def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world: int, device,
+                    win_rate_weight: float = 1.0, pointwise_weight: float = 0.0) -> None:
     """Pref-GRPO: replace ``traj.rewards["total"]`` by the pairwise win rate of each valid sample inside its group
-    (``pairwise``: the :class:`RewardStack`'s resilient pairwise reward). Groups may be split across processes:
+    (``pairwise``: the :class:`RewardStack`'s resilient pairwise reward), combined with the pointwise total as
+    ``win_rate_weight * win_rate + pointwise_weight * pointwise_total`` (reward.win_rate_weight /
+    reward.pointwise_weight; Pref-GRPO's CLIP term: a reward-level weighted sum, then the usual group
+    normalisation). Groups may be split across processes:
     images are gathered, each process judges the groups ``sorted(gids)[rank::world]`` and the win rates are summed
     back (each sample is judged by one process). ``prompts`` / ``meta``: those of the gathered batch."""
     valid = traj.rewards["valid"]
@@ -278,4 +282,7 @@ def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world:
     traj.rewards["pointwise_total"] = traj.rewards["total"]
     traj.rewards["win_rate"] = wr[sl].float()
     traj.rewards["valid"] = new_valid
-    traj.rewards["total"] = torch.where(new_valid, wr[sl].float(), torch.zeros(len(traj)))
+    total = float(win_rate_weight) * wr[sl].float()
+    if pointwise_weight:
+        total = total + float(pointwise_weight) * traj.rewards["pointwise_total"].float()
+    traj.rewards["total"] = torch.where(new_valid, total, torch.zeros(len(traj)))

@@ -66,7 +66,7 @@ from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.signals import StopOnSignal
 
-from .build import SetupMixin, _peft_init, set_num_frames  # noqa: F401 - _peft_init: old import path
+from .build import SetupMixin, _peft_init, set_num_frames, set_shift  # noqa: F401 - _peft_init: old import path
 from .checkpointing import CheckpointMixin
 from .config import TrainConfig
 from .data import epoch_samples, eval_prompts, load_prompts, train_prompts  # noqa: F401 - load_prompts: old path
@@ -122,6 +122,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         set_num_frames(self.adapter, cfg.sample.num_frames)
+        set_shift(self.adapter, cfg.sample.shift)
         self._validate()
         self._setup_model()
         self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
@@ -221,7 +222,9 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         n_all = len(traj) * self.world
         prompts, meta, *_ = self._epoch_samples(self.epoch, 0, n_all) if self.world > 1 else (traj.prompts,
                                                                                              traj.metadata)
-        apply_win_rates(traj, self.rewards.pairwise, prompts, meta, self.rank, self.world, self.device)
+        rc = self.cfg.reward
+        apply_win_rates(traj, self.rewards.pairwise, prompts, meta, self.rank, self.world, self.device,
+                        win_rate_weight=rc.win_rate_weight, pointwise_weight=rc.pointwise_weight)
 
     # ------------------------------------------------------------------ advantages (the credit table)
     def credit_inputs(self, traj: Trajectories) -> CreditInputs:

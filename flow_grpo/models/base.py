@@ -23,6 +23,19 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 
+def shifted_scheduler_config(conf: dict, shift: float) -> dict:
+    """A flow-matching scheduler config with the fixed time shift ``shift`` (FlowMatchEulerDiscreteScheduler:
+    ``shift`` and no dynamic shifting; UniPC with flow sigmas: ``flow_shift``)."""
+    conf = dict(conf)
+    if conf.get("use_flow_sigmas") or "flow_shift" in conf:
+        conf["flow_shift"] = float(shift)
+    else:
+        conf["shift"] = float(shift)
+    if "use_dynamic_shifting" in conf:
+        conf["use_dynamic_shifting"] = False
+    return conf
+
+
 @dataclass
 class PromptEmbeds:
     """Conditioning for a batch. ``prompt_embeds`` (B, L, D), ``pooled`` (B, P) (None for models without a pooled
@@ -85,6 +98,8 @@ class FlowModelAdapter:
     supports_cfg: bool = True
     # what ``decode`` returns: "image" uint8 (B, H, W, 3) or "video" uint8 (B, F, H, W, 3) (flow_grpo.media)
     media: str = "image"
+    # sample.shift: an explicit flow-matching shift replacing the folder scheduler's (None = the folder's)
+    shift_override: Optional[float] = None
 
     def __init__(self, pipe, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  max_sequence_length: int | None = None):
@@ -227,9 +242,21 @@ class FlowModelAdapter:
         return latents
 
     # ----------------------------------------------------------------- schedule
+    def set_shift(self, shift: Optional[float]) -> None:
+        """Override the folder scheduler's flow-matching shift (``sample.shift``; None = the folder's)."""
+        if shift is not None and not float(shift) > 0:
+            raise ValueError(f"sample.shift must be > 0 (or None = the folder scheduler's), got {shift}")
+        self.shift_override = None if shift is None else float(shift)
+
     def _fresh_scheduler(self):
-        """A copy of the pipeline's scheduler: computing sigmas never mutates shared scheduler state."""
-        return type(self.pipe.scheduler).from_config(copy.deepcopy(dict(self.pipe.scheduler.config)))
+        """A copy of the pipeline's scheduler: computing sigmas never mutates shared scheduler state. With
+        :meth:`set_shift` the copy uses the fixed shift ``s`` instead (``sigma' = s sigma / (1 + (s - 1) sigma)``):
+        resolution-dependent shifting is turned off (FLUX / Qwen-Image folders use it), UniPC's ``flow_shift``
+        (Wan folders) is set to ``s``; anything else of the folder's scheduler (e.g. ``shift_terminal``) is kept."""
+        conf = copy.deepcopy(dict(self.pipe.scheduler.config))
+        if self.shift_override is not None:
+            conf = shifted_scheduler_config(conf, self.shift_override)
+        return type(self.pipe.scheduler).from_config(conf)
 
     def sigmas(self, num_steps: int, height: int, width: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

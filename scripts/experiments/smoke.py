@@ -10,12 +10,14 @@ models and synthetic data (CPU, one process, 2 steps), and the synthetic data it
 What changes and what does not:
 
 * **swapped**: the model (``data/checkpoints/tiny_vlm``; SD3 recipes ``data/checkpoints/tiny_flow``, FLUX recipes a
-  tiny random FLUX built in memory, ``model.tiny=flux``), the data (synthetic videos / images / prompts of the
+  tiny random FLUX built in memory, ``model.tiny=flux``; Wan recipes the tiny Wan of ``model.tiny=wan`` saved as a
+  folder, 5 frames at 32 px), the data (synthetic videos / images / prompts of the
   recipe's task), the device (CPU, float32, no mixed precision, one process), and the *shape* of the run: 2 steps,
   1-2 prompts per step, a group of at most 4, at most 24 new tokens, the tiny models' own resolution / frame budget
   (a tiny model at 512 px or 768 frames would take minutes per step without testing anything more);
 * **rewards that need downloaded weights** (anything outside ``LIGHT_FLOW_REWARDS``: PickScore, HPS, OCR, CLIP,
-  GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts, and a
+  GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts (Wan
+  recipes: ``video_per_frame`` over ``brightness``, a cheap per-frame reward), and a
   ``reward.pairwise_scorer`` plugin by the built-in score comparator; every substitution is printed to stderr;
 * **kept** (read from the recipe, never overridden): the method preset, SDE kind, noise level, step plan / window,
   credit, denoising steps, advantage statistics, clip range, KL, learning rate, TempSamp / T-GRPO / TW-GRPO /
@@ -43,6 +45,9 @@ TINY_FLOW = REPO / "data" / "checkpoints" / "tiny_flow"
 # flow rewards that run on CPU without downloaded weights
 LIGHT_FLOW_REWARDS = {"mini_geneval", "brightness", "color_target", "jpeg_compressibility", "jpeg_incompressibility"}
 SMOKE_STEPS = 2
+# Wan recipes: the tiny Wan's shape (5 frames = 2 latent frames, 32 px, 16 text tokens) and a cheap per-frame reward
+WAN_SHAPE = ["sample.height=32", "sample.width=32", "sample.num_frames=5", "model.max_sequence_length=16"]
+SMOKE_VIDEO_REWARD = "{reward: brightness, aggregate: mean}"
 MAX_GROUP = 4
 MAX_NEW_TOKENS = 24
 
@@ -52,6 +57,22 @@ def _note(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ synthetic data
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Everything written to stdout, at the file-descriptor level too (building the tiny FLUX prints blank lines
+    from native code), goes to stderr: stdout carries only the overrides."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _atomic_dir(final: Path, write) -> Path:
     """Run ``write(tmp_dir)`` and rename the result to ``final`` unless another process got there first."""
     if final.exists():
@@ -59,7 +80,7 @@ def _atomic_dir(final: Path, write) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the overrides
+        with _stdout_to_stderr():  # stdout carries the overrides
             write(tmp)
         try:
             os.rename(tmp, final)
@@ -185,8 +206,10 @@ def vlm_eval(cfg, run_dir: Path) -> list[str]:
 
 
 def _flow_kind(cfg) -> str:
-    if cfg.model.kind in ("sd3", "flux"):
+    if cfg.model.kind in ("sd3", "flux", "wan"):
         return cfg.model.kind
+    if (cfg.model.tiny or "") == "wan":
+        return "wan"
     return "flux" if "flux" in (cfg.model.tiny or "") else "sd3"
 
 
@@ -197,6 +220,8 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     if _flow_kind(cfg) == "sd3":  # the shipped, pre-trained tiny SD3 at its own resolution and text length
         ov = [f"model.pipeline_dir={TINY_FLOW}", "model.tiny=", f"sample.height={info['height']}",
               f"sample.width={info['width']}", f"model.max_sequence_length={info['max_sequence_length']}"]
+    elif _flow_kind(cfg) == "wan":  # the tiny Wan (model.tiny=wan's builder) written once as a pipeline folder
+        ov = [f"model.pipeline_dir={tiny_wan_dir()}", "model.tiny=", "model.kind=wan"] + WAN_SHAPE
     else:  # a tiny random FLUX written once as a pipeline folder (64 px = 16 packed latent tokens)
         ov = [f"model.pipeline_dir={tiny_flux_dir()}", "model.tiny=", "model.kind=flux", "sample.height=64",
               "sample.width=64", "model.max_sequence_length=16"]
@@ -206,8 +231,17 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
            "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
            "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
            "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
+    if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained
+        ov.append(f"optim.best_of_n={max(2, g - 2)}")
     heavy = sorted(set(cfg.reward.weights) - LIGHT_FLOW_REWARDS)
-    if heavy:
+    if _flow_kind(cfg) == "wan":  # videos: per-frame rewards whose image reward is light, and temporal consistency
+        inner = (cfg.reward.kwargs.get("video_per_frame") or {}).get("reward", "brightness")
+        heavy = sorted(set(cfg.reward.weights) - {"video_per_frame", "temporal_consistency"}
+                       | ({f"video_per_frame({inner})"} if inner not in LIGHT_FLOW_REWARDS else set()))
+        if heavy:
+            _note(f"rewards {heavy} need downloaded weights: substituted by per-frame brightness (video_per_frame)")
+            ov += ["reward.weights={video_per_frame: 1.0}", f"reward.kwargs={{video_per_frame: {SMOKE_VIDEO_REWARD}}}"]
+    elif heavy:
         _note(f"rewards {heavy} need downloaded weights or a server: substituted by mini_geneval (partial credit)")
         ov += ["reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}"]
     if cfg.reward.pairwise_scorer:
@@ -222,7 +256,11 @@ def flow_eval(cfg, run_dir: Path) -> list[str]:
     ov = [f"prompts={heldout}", "max_prompts=2", "images_per_prompt=1", "num_steps=4", "batch_size=2",
           "device=cpu", "dtype=float32", "hash_weights=none", "grid_nrow=0", "progress=false", "overwrite=true",
           "rewards=[mini_geneval]", "reward_kwargs={}"]
-    if kind == "sd3":
+    if kind == "wan":  # videos: the per-frame reward, the tiny Wan's frame budget
+        ov = [x for x in ov if not x.startswith(("rewards=", "reward_kwargs="))]
+        ov += ["rewards=[video_per_frame]", f"reward_kwargs={{video_per_frame: {SMOKE_VIDEO_REWARD}}}",
+               "height=32", "width=32", "num_frames=5", "max_sequence_length=16"]
+    elif kind == "sd3":
         info = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text())
         ov += [f"height={info['height']}", f"width={info['width']}",
                f"max_sequence_length={info['max_sequence_length']}"]
@@ -237,7 +275,17 @@ def tiny_base(kind: str, cfg) -> Path:
     """The tiny model a smoke run trains (the base of export_vlm / assemble_pipeline)."""
     if kind == "vlm":
         return TINY_VLM
-    return TINY_FLOW if _flow_kind(cfg) == "sd3" else tiny_flux_dir()
+    kind = _flow_kind(cfg)
+    return TINY_FLOW if kind == "sd3" else tiny_wan_dir() if kind == "wan" else tiny_flux_dir()
+
+
+def tiny_wan_dir() -> Path:
+    def write(d: Path) -> None:
+        from flow_grpo.models.tiny import save_tiny_pipeline
+
+        save_tiny_pipeline(str(d), "wan", seed=0)
+
+    return _atomic_dir(data_root() / "tiny_wan", write)
 
 
 def tiny_flux_dir() -> Path:
