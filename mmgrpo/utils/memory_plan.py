@@ -370,6 +370,10 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
         out["grads"] = T * 2 / div
         out["optimizer"] = T * 8 / div
         out["master_weights"] = (T * 4 + T * 4) / div if fp32_master_weights or sharded else 0.0
+        # AdamW's step temporaries: torch's foreach AdamW (the default on GPU) builds sqrt(v) for every trained
+        # tensor at once, one fp32 copy of them. Measured need at real width (Qwen2.5-VL-3B, 1 layer, full FT on
+        # CPU, where torch uses the single-tensor AdamW): 10.11 GiB against 7.83 without this term (docs/real_scale.md)
+        out["optimizer_step"] = T * 4 / div
     else:
         out["lora_weights"] = T * 4  # adapters are small: replicated under every strategy
         out["grads"] = T * 4

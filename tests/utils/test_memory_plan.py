@@ -45,6 +45,7 @@ def test_plan_full_finetune_bytes_by_hand():
     assert p["grads"] == 200  # bf16 grads of the 100 trained parameters
     assert p["optimizer"] == 800  # two fp32 AdamW moments
     assert p["master_weights"] == 800  # fp32 masters + their fp32 grads during step()
+    assert p["optimizer_step"] == 400  # foreach AdamW's fp32 temporary of every trained tensor
     assert p["logits"] == 2 * 5 * 50 * 10
     assert p["activations"] == 2 * (3 + 5) * (2 * 1.0 + 2.0)
     assert p["rollout_engine"] == 2 * 4 * 2 * (3 + 5)
