@@ -472,7 +472,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             metrics["time/train_budget_s"] = self.budget.lap()
             self.epoch += 1
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}", refresh=False)
+            bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}", refresh=False)
             if self._budget_exhausted():  # this epoch is the last one: final eval, checkpoint and export follow
                 end = self.epoch
             history.append(self._end_of_epoch(metrics, final=self.epoch == end))
