@@ -123,18 +123,31 @@ def memory_report(rss_setup: float) -> dict:
             "step_peak_rss_mb": common.peak_hwm_mb(), "step_growth_mb": common.peak_hwm_mb() - rss_setup}
 
 
-def profile_step(step_fn, top: int = 25) -> str:
+def new_profiler():
+    """cProfile on this process's CPU time (``time.process_time``): on a loaded machine a wall-clock profile
+    charges other jobs' time slices to whatever function was running."""
     import cProfile
+
+    return cProfile.Profile(time.process_time)
+
+
+def profile_text(pr, top: int = 40) -> str:
     import io
     import pstats
 
-    pr = cProfile.Profile()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def profile_step(step_fn, top: int = 40) -> str:
+    pr = new_profiler()
     pr.enable()
     step_fn()
     pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
-    return s.getvalue()
+    return profile_text(pr, top)
 
 
 # ============================================================================================== ours
@@ -282,10 +295,8 @@ def worker_trl(args) -> None:
                 state["target"] = state["done"] + k
                 state["t0"] = time.perf_counter()
             elif cmd == "profile":
-                import cProfile
-
                 state["target"] = state["done"] + 1
-                state["prof"] = cProfile.Profile()
+                state["prof"] = new_profiler()
                 state["prof"].enable()
             else:
                 control.should_training_stop = True
@@ -308,15 +319,11 @@ def worker_trl(args) -> None:
             state["done"] += 1
             if state["done"] == state["target"]:
                 if state["prof"] is not None:
-                    import io
-                    import pstats
-
                     state["prof"].disable()
-                    buf = io.StringIO()
-                    pstats.Stats(state["prof"], stream=buf).sort_stats("cumulative").print_stats(25)
+                    text = profile_text(state["prof"])
                     state["prof"] = None
                     state["last"] = state["done"]
-                    say({"event": "profile", "text": buf.getvalue()})
+                    say({"event": "profile", "text": text})
                 else:
                     dt = time.perf_counter() - state["t0"]
                     k = state["done"] - state["last"]
