@@ -56,15 +56,15 @@ MODES = {
                  flow_model="mid", K=[4, 8, 16], sizes=[64, 128, 256], flow_rounds=2),
     "quick": dict(model="tiny", G=[2, 4, 8, 16], tokens=[256, 1024, 4096], T=16, rounds=1,
                   flow_model="tiny", K=[4, 8, 16], sizes=[32, 64, 128], flow_rounds=1),
-    "smoke": dict(model="tiny", G=[2, 4], tokens=[256], T=4, rounds=1,
-                  flow_model="tiny", K=[2, 4], sizes=[32], flow_rounds=1),
+    "smoke": dict(model="tiny", G=[2, 4], tokens=[128], T=2, rounds=1,
+                  flow_model="tiny", K=[2, 3], sizes=[32], flow_rounds=1),
 }
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny models (VLM and FLUX), 1 round: a few minutes")
-    p.add_argument("--smoke", action="store_true", help="tiny models, G in {2,4}, 256 tokens, K in {2,4}: seconds")
+    p.add_argument("--smoke", action="store_true", help="tiny models, G in {2,4}, 128 tokens, K in {2,3}: seconds")
     p.add_argument("--parts", default="vlm,flow", help="comma-separated subset of vlm,flow")
     p.add_argument("--G", default="", help="group sizes, e.g. 2,4,8,16 (default: the mode's)")
     p.add_argument("--tokens", default="", help="video tokens, multiples of 64, e.g. 256,1024,4096")
