@@ -79,6 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", default=os.path.join(_ROOT, "docs", "perf"), help="JSON and PNG go here")
     p.add_argument("--json", default="", help="also write the JSON here (eval/perf/run.py convention)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    p.add_argument("--replot", default="", help="only redraw the PNGs from this JSON (written by an earlier run)")
     a = p.parse_args(argv)
     a.mode = "smoke" if a.smoke else ("quick" if a.quick else "full")
     m = MODES[a.mode]
@@ -300,28 +301,31 @@ def plot_vlm(vlm: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     cells = vlm["cells"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     colours = dict(zip(vlm["tokens"], ["tab:blue", "tab:orange", "tab:red", "tab:green"]))
     for n in vlm["tokens"]:
         row = [cells[f"G{G}_tok{n}"] for G in vlm["Gs"] if f"G{G}_tok{n}" in cells]
         Gs = [d["G"] for d in row]
-        for side, ls in (("naive", "--"), ("ours", "-")):
-            axes[0].plot(Gs, [d[f"{side}_wall_median_s"] for d in row], ls, marker="o", color=colours[n],
-                         label=f"{side}, {n} video tokens")
-            axes[1].plot(Gs, [d[f"{side}_peak_max_mb"] for d in row], ls, marker="o", color=colours[n],
-                         label=f"{side}, {n} video tokens")
-        axes[2].plot(Gs, [d["speedup"] for d in row], "-", marker="o", color=colours[n], label=f"{n} video tokens")
-    for ax, yl in zip(axes, ("step time (s, median)", "extra peak RSS during the step (MiB)",
-                             "naive / ours (median paired ratio)")):
+        for side, ls, mk in (("naive", "--", "s"), ("ours", "-", "o")):
+            lab = f"{side}, {n} video tokens"
+            axes[0].plot(Gs, [d[f"{side}_cpu_median_s"] for d in row], ls, marker=mk, color=colours[n], label=lab)
+            axes[1].plot(Gs, [d[f"{side}_wall_median_s"] for d in row], ls, marker=mk, color=colours[n], label=lab)
+            axes[2].plot(Gs, [d[f"{side}_peak_max_mb"] for d in row], ls, marker=mk, color=colours[n], label=lab)
+        axes[3].plot(Gs, [d["speedup_cpu"] for d in row], ":", marker="s", color=colours[n],
+                     label=f"CPU time, {n} video tokens")
+        axes[3].plot(Gs, [d["speedup"] for d in row], "-", marker="o", color=colours[n],
+                     label=f"wall, {n} video tokens")
+    for ax, yl in zip(axes, ("step CPU time (s, thread time, median)", "step wall time (s, median)",
+                             "extra peak RSS during the step (MiB)", "naive / ours (median paired ratio)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(vlm["Gs"], [str(g) for g in vlm["Gs"]])
         ax.set_xlabel("group size G")
         ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
+    for ax in axes[:3]:
+        ax.set_yscale("log")
     axes[0].legend(fontsize=7)
-    axes[2].legend(fontsize=7)
+    axes[3].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -335,12 +339,14 @@ def plot_flow(flow: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     cells = flow["cells"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for S in flow["sizes"]:
         row = [cells[f"K{K}_px{S}"] for K in flow["Ks"]]
-        axes[0].plot(flow["Ks"], [d["wall_median_s"] for d in row], "-o", label=f"{S}x{S} px")
-        axes[1].plot(flow["Ks"], [d["vs_base_median"] for d in row], "-o", label=f"{S}x{S} px")
-    for ax, yl in zip(axes, ("epoch time (s, median)", f"epoch time / {flow['base_cell']} (paired)")):
+        axes[0].plot(flow["Ks"], [d["cpu_median_s"] for d in row], "-o", label=f"{S}x{S} px")
+        axes[1].plot(flow["Ks"], [d["wall_median_s"] for d in row], "-o", label=f"{S}x{S} px")
+        axes[2].plot(flow["Ks"], [d["vs_base_median"] for d in row], "-o", label=f"{S}x{S} px")
+    for ax, yl in zip(axes, ("epoch CPU time (s, thread time, median)", "epoch wall time (s, median)",
+                             f"epoch wall time / {flow['base_cell']} (paired)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(flow["Ks"], [str(k) for k in flow["Ks"]])
@@ -355,8 +361,29 @@ def plot_flow(flow: dict, path: str, title: str) -> None:
 
 
 # ============================================================================================== main
+def write_plots(out: dict, out_dir: str) -> None:
+    sfx = "" if out["mode"] == "full" else f"_{out['mode']}"
+    where = (f"{out['mode']} mode, load {out['load_start']} -> {out['machine_end'].get('loadavg_1m')}, "
+             f"{out['machine'].get('torch_threads', 1)} thread(s)")
+    if "vlm" in out:
+        p = os.path.join(out_dir, f"cost_growth_vlm{sfx}.png")
+        plot_vlm(out["vlm"], p, f"VLM GRPO step ({out['vlm']['model']} Qwen2.5-VL, T={out['vlm']['T']}, one video "
+                                f"prompt x G): naive (repeated prompts) vs ours (shared prefix) -- {where}")
+        out["vlm_plot"] = os.path.relpath(p, _ROOT)
+    if "flow" in out:
+        p = os.path.join(out_dir, f"cost_growth_flow{sfx}.png")
+        plot_flow(out["flow"], p, f"Flow-GRPO epoch ({out['flow']['model']['model']} FLUX, 2 groups x 4 images, "
+                                  f"LoRA r=8) -- {where}")
+        out["flow_plot"] = os.path.relpath(p, _ROOT)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            out = json.load(f)
+        write_plots(out, os.path.dirname(os.path.abspath(args.replot)))
+        return out
     common.set_threads(args.threads)
     t0 = time.time()
     load0 = round(os.getloadavg()[0], 2)
@@ -371,18 +398,8 @@ def main(argv=None) -> dict:
     out["wall_s"] = round(time.time() - t0, 1)
     sfx = "" if args.mode == "full" else f"_{args.mode}"
     os.makedirs(args.out_dir, exist_ok=True)
-    where = f"{args.mode} mode, load {load0} -> {out['machine_end'].get('loadavg_1m')}, 1 thread"
     if not args.no_plot:
-        if "vlm" in out:
-            p = os.path.join(args.out_dir, f"cost_growth_vlm{sfx}.png")
-            plot_vlm(out["vlm"], p, f"VLM GRPO step ({out['vlm']['model']} Qwen2.5-VL, T={args.T}, one video prompt "
-                                    f"x G): naive (repeated prompts) vs ours (shared prefix) -- {where}")
-            out["vlm_plot"] = os.path.relpath(p, _ROOT)
-        if "flow" in out:
-            p = os.path.join(args.out_dir, f"cost_growth_flow{sfx}.png")
-            plot_flow(out["flow"], p, f"Flow-GRPO epoch ({args.flow_model} FLUX, 2 groups x 4 images, LoRA r=8) "
-                                      f"-- {where}")
-            out["flow_plot"] = os.path.relpath(p, _ROOT)
+        write_plots(out, args.out_dir)
     speed = [d["speedup"] for d in out.get("vlm", {}).get("cells", {}).values()]
     value = max(speed) if speed else float("nan")
     if speed:
