@@ -143,26 +143,21 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         # and samples its rows from that prefill (rollout.shared_prefix); one call per distinct count (a group
         # split across processes owns fewer rows here)
         sampled: dict[int, list[dict]] = {}
-        gen_time, n_tok = 0.0, 0
-        for k in sorted({len(g) for g in gens_of.values()}, reverse=True):
-            part = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
-            if not k or not part:
-                continue
-            seeds = [sample_seed(cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
-            t0 = time.time()
-            with self._generation_context():
-                out = self.backend.generate(
-                    [pp.item for _, pp in part], k, self.sampling, seeds=seeds,
-                    raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
-                                  "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
-            gen_time += time.time() - t0
-            n_tok += int(out.completion_mask.sum())
-            T = out.completion_ids.shape[1]
-            for i, (pos, _) in enumerate(part):  # rows are prompt-major: prompt i owns rows i*k .. i*k+k-1
-                sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
-                                     lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
-                                     offpolicy=False, truncated=bool(out.truncated[r]))
-                                for r in range(i * k, (i + 1) * k)]
+        n_tok = 0
+        t0 = time.time()
+        with self._generation_context():  # once per step however the groups split: with FSDP it runs collectives
+            for k in sorted({len(g) for g in gens_of.values()}, reverse=True):
+                part = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
+                if k:
+                    out = self._generate_part(step, part, k, gens_of)
+                    n_tok += int(out.completion_mask.sum())
+                    T = out.completion_ids.shape[1]
+                    for i, (pos, _) in enumerate(part):  # prompt-major: prompt i owns rows i*k .. i*k+k-1
+                        sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r],
+                                             text=out.texts[r], offpolicy=False, truncated=bool(out.truncated[r]),
+                                             lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T))
+                                        for r in range(i * k, (i + 1) * k)]
+        gen_time = time.time() - t0
         self.counters["generated_tokens"] += n_tok
         rows: list[dict] = []
         for pos, pp, _ in preps:
@@ -170,6 +165,14 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             for m in self.methods:
                 rows += [dict(x, pp=pp, group=pos) for x in m.extra_rows(pp)]
         return rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)}
+
+    def _generate_part(self, step: int, part: list, k: int, gens_of: dict):
+        """``k`` generations of each prompt of ``part`` [(position, prepared prompt)] in one backend call."""
+        seeds = [sample_seed(self.cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
+        return self.backend.generate(
+            [pp.item for _, pp in part], k, self.sampling, seeds=seeds,
+            raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
+                          "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
 
     def _score_rows(self, rows: list[dict], info: dict[str, float]) -> RolloutBatch:
         """Pad the rows into a batch and score them; ``valid`` marks rows whose rewards exist and are finite."""
