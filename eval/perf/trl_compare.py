@@ -78,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", default="", help="reuse/save the model folder here (default: a temp dir)")
     p.add_argument("--profile", action="store_true",
                    help="after timing, each worker cProfiles one more step and prints the top functions")
+    p.add_argument("--ours-set", default="", help="extra key=value trainer overrides for the ours* workers, comma-"
+                                                  "separated (e.g. data.prefetch=0); recorded in the JSON")
     p.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--total-steps", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -209,6 +211,7 @@ def worker_ours(args, grouped: bool) -> None:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
     if "shared_prefix" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
         overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
+    overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]
     cfg = load_config(TrainConfig, None, overrides)
     policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -377,7 +380,7 @@ class Worker:
     def __init__(self, name: str, args, total_steps: int):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-dir", args.model_dir,
                "--B", str(args.B), "--G", str(args.G), "--T", str(args.T), "--image-size", str(args.image_size),
-               "--threads", str(args.threads), "--total-steps", str(total_steps)]
+               "--threads", str(args.threads), "--total-steps", str(total_steps), "--ours-set", args.ours_set]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.name = name
         self.log = open(os.path.join(tempfile.gettempdir(), f"mmgrpo_perf_trl_{name}_{os.getpid()}.log"), "w")
@@ -474,7 +477,7 @@ def main(argv=None) -> dict:
     sps = {n: [x["samples"] / x["seconds"] for x in per[n]] for n in names}
     res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
-           "image_size": args.image_size, "rounds": args.rounds, "steps_per_round": args.steps,
+           "image_size": args.image_size, "ours_set": args.ours_set, "rounds": args.rounds, "steps_per_round": args.steps,
            "prompt_tokens": ready[names[0]]["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
            "completion_len_last": {n: mem[n].get("completion_len") for n in names},
            "samples_per_s": sps, "samples_per_s_median": {n: statistics.median(v) for n, v in sps.items()},
