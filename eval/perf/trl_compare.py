@@ -2,10 +2,12 @@
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with ``run.logprob_impl=prefix_group`` (its
-                    default: ``mmgrpo.models.prefix_group``, each prompt encoded once per group); with a trainer
-                    that predates that option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
-* ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` (prompt repeated G times);
+* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
+                    (``mmgrpo.models.prefix_group``: each prompt encoded once per group in the loss) and
+                    ``rollout.shared_prefix=true`` (each prompt prefilled once while sampling); with a trainer
+                    that predates the first option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
+* ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` and ``rollout.shared_prefix=false`` (prompt
+                    repeated G times in sampling and loss, as TRL does);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
 
 Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once; vision tower frozen, LLM fully
@@ -19,7 +21,9 @@ the same cheap text reward.  Threads: ``--threads`` in every worker.
 Protocol: warm-up steps, then ``--rounds`` rounds; in each round every worker runs ``--steps`` steps, one
 worker after the other, the order rotating.  samples/s = B*G*steps / wall time of the round (generation,
 rewards, forward/backward, optimizer, the trainer's own logging).  Headline = median over rounds of the paired
-ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Peak memory: each worker's ``ru_maxrss`` (whole process
+ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Cross-checks printed and in the JSON: the paired ratio of
+process CPU time per step (``time.process_time``: not inflated by other jobs on a loaded machine; includes helper
+threads such as our media prefetch), and the vision-tower patches each worker encodes per step.  Peak memory: each worker's ``ru_maxrss`` (whole process
 life, includes imports) and its peak RSS growth over the training steps (VmHWM after setup).
 
 Modes: full (default) = mid model, 8 rounds of 1 step, all three workers (about 30 minutes at load 6 on 2 cores);
@@ -74,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", default="", help="reuse/save the model folder here (default: a temp dir)")
     p.add_argument("--profile", action="store_true",
                    help="after timing, each worker cProfiles one more step and prints the top functions")
+    p.add_argument("--ours-set", default="", help="extra key=value trainer overrides for the ours* workers, comma-"
+                                                  "separated (e.g. data.prefetch=0); recorded in the JSON")
     p.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--total-steps", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -123,18 +129,45 @@ def memory_report(rss_setup: float) -> dict:
             "step_peak_rss_mb": common.peak_hwm_mb(), "step_growth_mb": common.peak_hwm_mb() - rss_setup}
 
 
-def profile_step(step_fn, top: int = 25) -> str:
+def new_profiler():
+    """cProfile on this process's CPU time (``time.process_time``): on a loaded machine a wall-clock profile
+    charges other jobs' time slices to whatever function was running."""
     import cProfile
+
+    return cProfile.Profile(time.process_time)
+
+
+def profile_text(pr, top: int = 40) -> str:
     import io
     import pstats
 
-    pr = cProfile.Profile()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def count_vision_patches(model) -> list:
+    """A one-element list counting the patches the vision tower has seen (a forward pre-hook): shows how many
+    times each image is encoded per step (sampling + loss)."""
+    visual = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else model.visual
+    seen = [0]
+
+    def hook(module, args, kwargs):
+        x = args[0] if args else kwargs.get("hidden_states")
+        seen[0] += int(x.shape[0])
+
+    visual.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+def profile_step(step_fn, top: int = 40) -> str:
+    pr = new_profiler()
     pr.enable()
     step_fn()
     pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
-    return s.getvalue()
+    return profile_text(pr, top)
 
 
 # ============================================================================================== ours
@@ -176,11 +209,15 @@ def worker_ours(args, grouped: bool) -> None:
         "run.device=cpu", "run.log_every=1"]
     if has_switch:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    if "shared_prefix" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
+        overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
+    overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]
     cfg = load_config(TrainConfig, None, overrides)
     policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    shared = getattr(cfg.rollout, "shared_prefix", False)  # the trainer's own setting (default true)
     backend = HFRolloutBackend(policy.model, policy.processor, list(policy.suppress_token_ids) + [eos],
-                               max_batch_size=rows)
+                               max_batch_size=rows, **({"shared_prefix": shared} if shared else {}))
 
     def reward_fn(texts, samples_):
         r = torch.tensor([reward_value(t) for t in texts])
@@ -190,6 +227,7 @@ def worker_ours(args, grouped: bool) -> None:
     tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
     tr._make_stream()
     common.set_threads(args.threads)
+    patches = count_vision_patches(policy.model)
     n_train = int(sum(p.numel() for p in tr.params))
     rss_setup = common.rss_mb()
     common.reset_peak_rss()
@@ -200,14 +238,16 @@ def worker_ours(args, grouped: bool) -> None:
     while True:
         cmd, k = read_command()
         if cmd == "run":
-            t0 = time.perf_counter()
+            t0, c0, p0 = time.perf_counter(), time.process_time(), patches[0]
             for _ in range(k):
                 m = tr.train_step()
                 lengths.append(m.get("completions/mean_length", 0.0))
                 impl = getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             rb = tr.last_batch
-            say({"event": "done", "steps": k, "seconds": dt, "samples": k * rb.n, "logprob_impl": impl,
+            say({"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * rb.n,
+                 "logprob_impl": impl, "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
+                 "vision_patches_per_step": (patches[0] - p0) / k,
                  "prompt_tokens": int(rb.items[0]["input_ids"].shape[1]), "completion_len": lengths[-1]})
         elif cmd == "profile":
             say({"event": "profile", "text": profile_step(tr.train_step)})
@@ -268,7 +308,9 @@ def worker_trl(args) -> None:
         disable_tqdm=True, seed=0, dataloader_num_workers=0,
         generation_kwargs={"suppress_tokens": vision_token_ids(processor.tokenizer) + [eos]})
 
-    state = {"target": 0, "done": 0, "t0": 0.0, "rss_setup": 0.0, "last": 0, "prof": None, "logs": {}}
+    state = {"target": 0, "done": 0, "t0": 0.0, "c0": 0.0, "p0": 0, "rss_setup": 0.0, "last": 0, "prof": None,
+             "logs": {}}
+    patches = count_vision_patches(model)
     from trl.data_utils import prepare_multimodal_messages
 
     first = prepare_multimodal_messages(rows[0]["prompt"], images=[rows[0]["image"]])
@@ -280,12 +322,10 @@ def worker_trl(args) -> None:
             cmd, k = read_command()
             if cmd == "run":
                 state["target"] = state["done"] + k
-                state["t0"] = time.perf_counter()
+                state["t0"], state["c0"], state["p0"] = time.perf_counter(), time.process_time(), patches[0]
             elif cmd == "profile":
-                import cProfile
-
                 state["target"] = state["done"] + 1
-                state["prof"] = cProfile.Profile()
+                state["prof"] = new_profiler()
                 state["prof"].enable()
             else:
                 control.should_training_stop = True
@@ -308,20 +348,17 @@ def worker_trl(args) -> None:
             state["done"] += 1
             if state["done"] == state["target"]:
                 if state["prof"] is not None:
-                    import io
-                    import pstats
-
                     state["prof"].disable()
-                    buf = io.StringIO()
-                    pstats.Stats(state["prof"], stream=buf).sort_stats("cumulative").print_stats(25)
+                    text = profile_text(state["prof"])
                     state["prof"] = None
                     state["last"] = state["done"]
-                    say({"event": "profile", "text": buf.getvalue()})
+                    say({"event": "profile", "text": text})
                 else:
-                    dt = time.perf_counter() - state["t0"]
+                    dt, cpu = time.perf_counter() - state["t0"], time.process_time() - state["c0"]
                     k = state["done"] - state["last"]
                     state["last"] = state["done"]
-                    say({"event": "done", "steps": k, "seconds": dt, "samples": k * args.B * args.G,
+                    say({"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * args.B * args.G,
+                         "vision_patches_per_step": (patches[0] - state["p0"]) / k,
                          "prompt_tokens": prompt_tokens,
                          "completion_len": state["logs"].get("completions/mean_length")})
                 self._wait(control)
@@ -343,7 +380,7 @@ class Worker:
     def __init__(self, name: str, args, total_steps: int):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model-dir", args.model_dir,
                "--B", str(args.B), "--G", str(args.G), "--T", str(args.T), "--image-size", str(args.image_size),
-               "--threads", str(args.threads), "--total-steps", str(total_steps)]
+               "--threads", str(args.threads), "--total-steps", str(total_steps), "--ours-set", args.ours_set]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.name = name
         self.log = open(os.path.join(tempfile.gettempdir(), f"mmgrpo_perf_trl_{name}_{os.getpid()}.log"), "w")
@@ -376,6 +413,7 @@ def main(argv=None) -> dict:
             worker_ours(args, grouped=args.worker == "ours")
         return {}
     t_start = time.time()
+    load_start = round(os.getloadavg()[0], 2)
     common.set_threads(args.threads)  # the parent only coordinates; recorded in machine_info
     names = [w.strip() for w in args.workers.split(",") if w.strip()]
     if "trl" not in names or not any(n.startswith("ours") for n in names):
@@ -412,9 +450,13 @@ def main(argv=None) -> dict:
             res = workers[n].run(args.steps)
             if n.startswith("ours") and res.get("logprob_impl") != ("prefix_group" if n == "ours" else "naive"):
                 raise SystemExit(f"worker {n} ran the {res.get('logprob_impl')} log-prob path")
+            if n == "ours" and res.get("shared_prefix") is False:
+                raise SystemExit("worker ours sampled with repeated prompts (rollout.shared_prefix off)")
             per[n].append(res)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{n} {per[n][-1]['samples'] / per[n][-1]['seconds']:.2f} samples/s" for n in names), flush=True)
+            f"{n} {per[n][-1]['samples'] / per[n][-1]['seconds']:.2f} samples/s "
+            f"({per[n][-1]['cpu_seconds'] / per[n][-1]['steps']:.2f} s CPU/step)" for n in names)
+            + f" | load {os.getloadavg()[0]:.1f}", flush=True)
     profiles = {}
     if args.profile:  # one more step per worker under cProfile (not timed)
         for n in names:
@@ -435,11 +477,14 @@ def main(argv=None) -> dict:
     sps = {n: [x["samples"] / x["seconds"] for x in per[n]] for n in names}
     res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
-           "image_size": args.image_size, "rounds": args.rounds, "steps_per_round": args.steps,
+           "image_size": args.image_size, "ours_set": args.ours_set, "rounds": args.rounds, "steps_per_round": args.steps,
            "prompt_tokens": ready[names[0]]["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
            "completion_len_last": {n: mem[n].get("completion_len") for n in names},
            "samples_per_s": sps, "samples_per_s_median": {n: statistics.median(v) for n, v in sps.items()},
-           "memory": mem, "profiles": profiles, "wall_s": time.time() - t_start}
+           "cpu_s_per_step": {n: [x["cpu_seconds"] / x["steps"] for x in per[n]] for n in names},
+           "vision_patches_per_step": {n: per[n][-1].get("vision_patches_per_step") for n in names},
+           "shared_prefix": {n: per[n][-1].get("shared_prefix") for n in names if n.startswith("ours")},
+           "load_start": load_start, "memory": mem, "profiles": profiles, "wall_s": time.time() - t_start}
     for n in names:
         m = mem[n]
         print(f"{n}: median {res['samples_per_s_median'][n]:.2f} samples/s over {args.rounds} rounds "
@@ -453,8 +498,15 @@ def main(argv=None) -> dict:
         if n.startswith("ours"):
             paired = [a / b for a, b in zip(sps[n], sps["trl"])]
             ratios[n] = statistics.median(paired)
-            res[f"speedup_{n}_vs_trl"] = {"median": ratios[n], "paired": paired,
+            # cross-check: process CPU time per step (what the load does not inflate; includes helper threads)
+            cpu = [b / a for a, b in zip(res["cpu_s_per_step"][n], res["cpu_s_per_step"]["trl"])]
+            res[f"speedup_{n}_vs_trl"] = {"median": ratios[n], "paired": paired, "cpu_median": statistics.median(cpu),
+                                          "cpu_paired": cpu,
                                           "peak_rss_ratio": mem[n]["peak_rss_mb"] / mem["trl"]["peak_rss_mb"]}
+            print(f"{n} vs trl: paired wall {ratios[n]:.2f}x {[round(x, 2) for x in paired]}, paired CPU time "
+                  f"{statistics.median(cpu):.2f}x, vision patches/step {res['vision_patches_per_step'][n]} vs "
+                  f"{res['vision_patches_per_step']['trl']}, peak RSS {res[f'speedup_{n}_vs_trl']['peak_rss_ratio']:.2f}x "
+                  "TRL's", flush=True)
     head = "ours" if "ours" in ratios else next(iter(ratios))
     res["headline_worker"] = head
     res["trl_speedup"] = ratios[head]

@@ -138,32 +138,43 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         G_on = cfg.rollout.group_size
         for m in self.methods:
             G_on = m.generations_per_group(G_on)
-        # one generate() row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's
-        # sample does not depend on which process draws it
-        gen_rows = [(pos, pp, g) for pos, pp, gens in preps for g in (range(G_on) if gens is None else gens)]
-        seeds = [sample_seed(cfg.run.seed, step, pos, g) for pos, _, g in gen_rows]
+        # one row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's sample does
+        # not depend on which process draws it
+        gens_of = {pos: list(range(G_on)) if gens is None else list(gens) for pos, _, gens in preps}
+        # each prompt goes to the backend ONCE with its number of generations, so the HF backend prefills it once
+        # and samples its rows from that prefill (rollout.shared_prefix); one call per distinct count (a group
+        # split across processes owns fewer rows here)
+        sampled: dict[int, list[dict]] = {}
+        n_tok = 0
         t0 = time.time()
-        with self._generation_context():
-            out = self.backend.generate(
-                [pp.item for _, pp, _ in gen_rows], 1, self.sampling, seeds=seeds,
-                raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
-                              "video": None if pp.clip is None else pp.clip.frames} for _, pp, _ in gen_rows])
+        with self._generation_context():  # once per step however the groups split: with FSDP it runs collectives
+            for k in sorted({len(g) for g in gens_of.values()}, reverse=True):
+                part = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
+                if k:
+                    out = self._generate_part(step, part, k, gens_of)
+                    n_tok += int(out.completion_mask.sum())
+                    T = out.completion_ids.shape[1]
+                    for i, (pos, _) in enumerate(part):  # prompt-major: prompt i owns rows i*k .. i*k+k-1
+                        sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r],
+                                             text=out.texts[r], offpolicy=False, truncated=bool(out.truncated[r]),
+                                             lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T))
+                                        for r in range(i * k, (i + 1) * k)]
         gen_time = time.time() - t0
-        n_tok = int(out.completion_mask.sum())
         self.counters["generated_tokens"] += n_tok
         rows: list[dict] = []
-        T = out.completion_ids.shape[1]
-        by_pos: dict[int, list[int]] = {}
-        for r, (pos, _, _) in enumerate(gen_rows):
-            by_pos.setdefault(pos, []).append(r)
         for pos, pp, _ in preps:
-            for r in by_pos[pos]:
-                rows.append(dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
-                                 lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
-                                 offpolicy=False, truncated=bool(out.truncated[r]), pp=pp, group=pos))
+            rows += [dict(x, pp=pp, group=pos) for x in sampled.get(pos, [])]
             for m in self.methods:
                 rows += [dict(x, pp=pp, group=pos) for x in m.extra_rows(pp)]
         return rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)}
+
+    def _generate_part(self, step: int, part: list, k: int, gens_of: dict):
+        """``k`` generations of each prompt of ``part`` [(position, prepared prompt)] in one backend call."""
+        seeds = [sample_seed(self.cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
+        return self.backend.generate(
+            [pp.item for _, pp in part], k, self.sampling, seeds=seeds,
+            raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
+                          "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
 
     def _score_rows(self, rows: list[dict], info: dict[str, float]) -> RolloutBatch:
         """Pad the rows into a batch and score them; ``valid`` marks rows whose rewards exist and are finite."""

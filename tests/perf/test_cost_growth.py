@@ -1,0 +1,42 @@
+"""Smoke test of eval/perf/cost_growth.py (issue #18 item 5): the smallest grid runs, pairs naive and ours in every
+cell, writes its JSON and both plots, and prints its headline last."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+import sys
+
+import pytest
+
+PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "eval", "perf")
+
+
+def test_cost_growth_smoke(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    n = torch.get_num_threads()
+    if PERF not in sys.path:
+        sys.path.insert(0, PERF)
+    cg = importlib.import_module("cost_growth")
+    try:
+        out = cg.main(["--smoke", "--G", "2", "--out-dir", str(tmp_path), "--model-dir", str(tmp_path / "vlm")])
+    finally:
+        torch.set_num_threads(n)
+    last = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()][-1]
+    assert last.startswith("cost_growth_max_speedup=")
+    res = json.loads((tmp_path / "cost_growth_smoke.json").read_text())
+    assert (tmp_path / "cost_growth_vlm_smoke.png").stat().st_size > 1000
+    assert (tmp_path / "cost_growth_flow_smoke.png").stat().st_size > 1000
+    cell = res["vlm"]["cells"]["G2_tok128"]
+    assert cell["video_tokens"] == 128 and cell["prompt_tokens"] > 128
+    for side in ("naive", "ours"):
+        assert len(cell[f"{side}_wall_s"]) == len(cell[f"{side}_peak_mb"]) == 1
+        assert min(cell[f"{side}_wall_s"] + cell[f"{side}_cpu_s"]) > 0
+    paired = [a / b for a, b in zip(cell["naive_wall_s"], cell["ours_wall_s"])]
+    assert cell["speedup"] == pytest.approx(statistics.median(paired))
+    assert float(last.split("=")[1]) == pytest.approx(out["extra_keys"]["cost_growth_max_speedup"], abs=0.006)
+    flow = res["flow"]["cells"]
+    assert set(flow) == {"K2_px32", "K3_px32"} and flow["K2_px32"]["vs_base_median"] == pytest.approx(1.0)
+    assert all(d["wall_median_s"] > 0 for d in flow.values())
