@@ -130,3 +130,18 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
     m = {}
     methods[0].metrics(rb, m)
     assert m["entropy_bonus/entropy"] > 0
+
+
+def test_train_step_logs_the_current_policy_entropy_as_the_precompute_does(tmp_path, tiny_dirs, th):
+    """One step with num_iterations=1: the current policy at the update is the old policy, so the bonus's logged
+    entropy (with gradient, training forward) equals methods.entropy's no-grad precompute mean."""
+    import mmgrpo.train.trainer as T
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "methods.entropy_bonus.coef=0.001",
+                      "methods.entropy.enabled=true")
+    tr = T.GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
+    assert [m.name for m in tr.methods] == ["entropy", "entropy_bonus"]
+    tr._make_stream()
+    m = tr.train_step()
+    assert m["entropy_bonus/entropy"] == pytest.approx(m["entropy/mean"], rel=1e-4)
+    assert m["entropy_bonus/entropy"] > 0
