@@ -12,6 +12,7 @@ add one ``MethodSpec`` here, and a test (see CONTRIBUTING.md).
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Callable, Literal, Optional
 
@@ -83,6 +84,18 @@ class EntropyOptions:
     top_quantile: float = field(default=1.0, metadata=_h(
         "rho: train only the top-rho completion tokens by entropy ('Beyond the 80/20 rule': 0.2; TRL "
         "top_entropy_quantile); 1.0 = every token (logging only)"))
+
+
+@dataclass
+class EntropyBonusOptions:
+    coef: float = field(default=0.0, metadata=_h(
+        "entropy bonus: loss = policy loss - coef * entropy of the current policy over the loss tokens (with "
+        "gradient, chunked, aggregated like the policy loss: algo.agg); 0 = off. Temporal-R1 / verl "
+        "entropy_coeff: 1e-3; mmgrpo.methods.entropy_bonus"))
+
+    def __post_init__(self):
+        if not (math.isfinite(self.coef) and self.coef >= 0):
+            raise ValueError(f"methods.entropy_bonus.coef must be a finite number >= 0, got {self.coef}")
 
 
 @dataclass
@@ -176,6 +189,10 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("entropy", "mmgrpo.methods.entropy_mask:TokenEntropy", lambda c: c.methods.entropy.enabled,
                "per-token entropy logging + high-entropy-token masking (methods.entropy.enabled)",
                options=EntropyOptions),
+    MethodSpec("entropy_bonus", "mmgrpo.methods.entropy_bonus:EntropyBonus",
+               lambda c: c.methods.entropy_bonus.coef > 0,
+               "entropy bonus -coef * H in the policy loss, with gradient (methods.entropy_bonus.coef > 0)",
+               options=EntropyBonusOptions),
     MethodSpec("vllm_is", "mmgrpo.methods.vllm_is:VLLMImportanceSampling",
                lambda c: c.rollout.backend == "vllm" and c.rollout.vllm_is_cap > 0,
                "truncated importance sampling against the vLLM engine (rollout.vllm_is_cap, backend=vllm)"),

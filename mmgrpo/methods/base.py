@@ -23,7 +23,8 @@ collect rounds        ``extra_rounds()``; ``filter_batch(rb)`` per round; ``fini
 precompute            ``needs_old_logp`` / ``needs_logits``; ``before_precompute(rb)``; ``on_logits(rb, idx,
                       logits, lp)`` per micro-batch; ``after_precompute(rb)`` (token weights)
 loss                  ``loss_mask(rb, mask)``; ``loss_kwargs(kw)`` (clip bounds, ...); ``loss_share(rows,
-                      totals)`` (how a micro-batch's loss is normalised)
+                      totals)`` (how a micro-batch's loss is normalised); ``extra_loss(rb, idx, logits, mask,
+                      kw)`` per training micro-batch (``needs_train_logits``: a term added to the policy loss)
 update                ``after_update()`` after every applied optimizer update
 checkpoint            ``state_dict()`` / ``load_state_dict(sd)`` (saved under ``trainer.methods.<name>``)
 metrics               ``metrics(rb, m)``
@@ -52,6 +53,8 @@ class VLMMethod:
     needs_old_logp: bool = False
     #: the precompute forward must return the logits (or head inputs) for ``on_logits``
     needs_logits: bool = False
+    #: the training forward must return the logits (or head inputs) for ``extra_loss``
+    needs_train_logits: bool = False
     #: the prompt stream calls ``on_epoch`` when an epoch begins (and prefetching stops at epoch boundaries)
     uses_epoch_hook: bool = False
 
@@ -141,6 +144,14 @@ class VLMMethod:
     def loss_share(self, rows: int, totals: dict) -> float | None:
         """Factor turning one micro-batch's loss into its share of the step's loss, or None (the default).
         ``totals``: global ``tokens``, ``sequences``, ``rows``, ``micro_batches``."""
+        return None
+
+    def extra_loss(self, rb: "RolloutBatch", idx: "torch.Tensor", logits: Any, mask: "torch.Tensor",
+                   kw: dict) -> "torch.Tensor | None":
+        """Per training micro-batch (``needs_train_logits``): a scalar added to the policy loss before its
+        micro-batch share (``loss_share``) is taken. ``logits``: the current policy's (rows, T, V) logits or
+        ``HeadInputs`` WITH gradient; ``mask``: (rows, T) loss tokens (all zero in a weight-0 padding forward);
+        ``kw``: the ``core.policy_loss`` keyword arguments (aggregation, global counts)."""
         return None
 
     def after_update(self) -> None:

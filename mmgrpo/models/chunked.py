@@ -350,5 +350,37 @@ def head_inputs(model, hidden, temperature, suppress_token_ids, chunk_size) -> H
 
 
 __all__ = ["chunked_token_logprobs", "chunked_tw_token_weights", "HeadInputs", "tw_token_weights_from",
-           "token_entropy_from",
+           "token_entropy_from", "token_entropy_with_grad",
            "chunkable_head", "capture_head_inputs", "head_inputs"]
+
+
+def _rows_entropy(x: torch.Tensor) -> torch.Tensor:
+    """(c, V) logits -> (c,) fp32 entropy; ids at -inf (suppressed) contribute 0 with a finite gradient."""
+    lp = torch.log_softmax(x.float(), -1)
+    p = lp.exp()
+    return -(p * torch.where(p > 0, lp, torch.zeros_like(lp))).sum(-1)
+
+
+def token_entropy_with_grad(logits_or_head, mask: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """Per-token entropy (N, T) float32 of the sampling distribution WITH gradient (an entropy bonus in the loss),
+    0 where ``mask`` is 0.
+
+    From a ``HeadInputs``: the chunked autograd Function (``_ChunkedLogProbs``, analytic dH/dx = -p (log p + H)),
+    one (chunk_size, V) block of logits in the forward and in the backward.  From full (N, T, V) logits (a model
+    whose head is not a plain ``nn.Linear``): ``chunk_size`` rows at a time under activation checkpointing, so
+    the fp32 softmax of only one chunk exists at a time (the gradient w.r.t. the logits is full-size, as the
+    log-prob path's is)."""
+    if isinstance(logits_or_head, HeadInputs):
+        ids = torch.zeros(logits_or_head.hidden.shape[:-1], dtype=torch.long, device=logits_or_head.hidden.device)
+        return logits_or_head.token_logprobs(ids, mask.to(ids.device), return_entropy=True)[1]
+    from torch.utils.checkpoint import checkpoint
+
+    logits = logits_or_head
+    if logits.dim() != 3 or logits.shape[:2] != mask.shape:
+        raise ValueError(f"logits must be (N, T, V) matching mask {tuple(mask.shape)}, got {tuple(logits.shape)}")
+    N, T, V = logits.shape
+    flat = logits.reshape(N * T, V)
+    c = max(1, int(chunk_size))
+    # contiguous row slices are views: checkpoint keeps no copy of them (an index_select would)
+    ent = torch.cat([checkpoint(_rows_entropy, flat[s:s + c], use_reentrant=False) for s in range(0, N * T, c)])
+    return torch.where(mask.to(logits.device).bool(), ent.view(N, T), torch.zeros((), device=logits.device))

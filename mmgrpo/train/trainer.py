@@ -475,7 +475,10 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                     loss_mask: torch.Tensor, loss_kw: dict, totals: dict):
         """Forward + backward of one planned micro-batch: (loss output, weighted loss value, its token count)."""
         with self._sync_context(last):
-            lp = self._logp(self.model, b, idx).float()
+            extra = [meth for meth in self.methods if meth.needs_train_logits]
+            res = self._logp(self.model, b, idx, return_logits=bool(extra))
+            lp, logits = res if extra else (res, None)
+            lp = lp.float()
             Tm = lp.shape[1]
             lmask = loss_mask if b is rb else b.completion_mask
             m = lmask[idx, :Tm].to(lp.device)
@@ -484,7 +487,12 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             out = policy_loss(
                 lp, old, b.advantages[idx].to(lp.device), m, token_weights=pick(b.token_weights),
                 ref_logp=pick(b.ref_logp), group_ids=b.group_ids[idx].to(lp.device), **loss_kw)
-            loss = self._loss_share(out.loss, len(idx), totals)
+            loss = out.loss
+            for meth in extra:  # e.g. an entropy bonus; a padding forward (weight 0) gets an empty mask
+                term = meth.extra_loss(b, idx, logits, m if wgt else torch.zeros_like(m), loss_kw)
+                loss = loss if term is None else loss + term
+            del logits
+            loss = self._loss_share(loss, len(idx), totals)
             lval = float(loss.detach()) * wgt
             # backward even for a non-finite loss: every process must run the same collectives; the update is
             # skipped on the (global) non-finite flag
