@@ -178,7 +178,9 @@ def check_resume(out_dir: str | os.PathLike, settings: Mapping[str, Any], result
                 (old.get("code") or {}).get("commit"))
         return
     a = flatten({k: v for k, v in old.items() if k not in NON_FINGERPRINT})
-    b = flatten({k: v for k, v in settings.items() if k not in NON_FINGERPRINT})
+    # compare as saved: tuples become lists, numpy scalars numbers (else equal values are listed as changed)
+    now = json.loads(json.dumps({k: v for k, v in settings.items() if k not in NON_FINGERPRINT}, default=str))
+    b = flatten(now)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     shown = "; ".join(f"{k}: {_short(a.get(k))} -> {_short(b.get(k))}" for k in diff[:8])
     more = f" (+{len(diff) - 8} more)" if len(diff) > 8 else ""

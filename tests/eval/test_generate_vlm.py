@@ -296,6 +296,15 @@ def test_check_resume_and_fingerprints(tmp_path):
     check_resume(tmp_path, settings("a", "c2"), "predictions.jsonl")  # another git commit: allowed (recorded)
     with pytest.raises(ResumeError, match=r"data.sha256: a -> b"):
         check_resume(tmp_path, settings("b", "c1"), "predictions.jsonl")
+    # the message lists only real changes: a tuple in memory equals the list it was saved as
+    s0 = {**settings("a", "c1"), "processor": {"mean": (0.5, 0.25)}}
+    s0["fingerprint"] = settings_fingerprint(s0)
+    (tmp_path / "settings.json").write_text(json.dumps(s0))
+    s1 = {**settings("b", "c1"), "processor": {"mean": (0.5, 0.25)}}
+    s1["fingerprint"] = settings_fingerprint(s1)
+    with pytest.raises(ResumeError) as e:
+        check_resume(tmp_path, s1, "predictions.jsonl")
+    assert "data.sha256" in str(e.value) and "processor.mean" not in str(e.value)
 
     # weights: 'sampled' hashes size + 64 chunks of 64 KiB; 'full' every byte
     f = tmp_path / "w.safetensors"
