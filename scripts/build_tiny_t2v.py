@@ -269,7 +269,27 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--eval-steps", type=int, default=10, help="Euler steps of the base evaluation")
     p.add_argument("--eval-per-prompt", type=int, default=0, help="val-split seeds per prompt (0 = skip eval)")
+    p.add_argument("--eval-only", default="",
+                   help="no build: evaluate this pipeline folder on --eval-split (with --lora), print JSON, exit")
+    p.add_argument("--lora", default="", help="--eval-only: a LoRA folder (pytorch_lora_weights.safetensors), "
+                                              "e.g. a flow_grpo run's lora_final")
+    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"])
     return p.parse_args(argv)
+
+
+def eval_only(args) -> int:
+    """``--eval-only DIR [--lora L]``: the motion-verifier evaluation of a saved base (or base + GRPO LoRA)."""
+    from flow_grpo.models import load_adapter
+
+    ad = load_adapter(args.eval_only, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    if args.lora:
+        ad.pipe.load_lora_weights(args.lora)  # as eval/generate_t2i.py: peft layers injected in place
+    ad.transformer.eval()
+    t = time.perf_counter()
+    ev = evaluate(ad, args.eval_split, max(1, args.eval_per_prompt), args.eval_steps, args.size)
+    ev.update(seconds=time.perf_counter() - t, pipeline=args.eval_only, lora=args.lora or None)
+    print(json.dumps(ev), flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -282,6 +302,8 @@ def main(argv=None) -> int:
     from flow_grpo.pretrain import PretrainConfig, pretrain
     from mmgrpo.data.synthetic_t2v import all_prompts, render_clip
 
+    if args.eval_only:
+        return eval_only(args)
     if (args.frames - 1) % 4:
         raise ValueError(f"--frames {args.frames}: the Wan VAE encodes 1 + 4k frames (e.g. 9, 13)")
     t_start = time.perf_counter()
