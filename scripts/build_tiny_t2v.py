@@ -265,6 +265,7 @@ def parse_args(argv=None):
     p.add_argument("--patch", type=int, default=8, help="spatial patch of the transformer (px, latent = pixels)")
     p.add_argument("--shift", type=float, default=1.0, help="scheduler shift saved in the pipeline")
     p.add_argument("--cond-dropout", type=float, default=0.1, help="probability of training on the empty prompt")
+    p.add_argument("--ema", type=float, default=0.0, help="EMA decay of the transformer weights (0 = off)")
     p.add_argument("--train-text", action="store_true", help="train the tiny UMT5 encoder jointly")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--eval-steps", type=int, default=10, help="Euler steps of the base evaluation")
@@ -325,7 +326,8 @@ def main(argv=None) -> int:
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
 
     cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
-                         cond_dropout=args.cond_dropout, train_text_encoders=args.train_text,
+                         cond_dropout=args.cond_dropout, ema_decay=args.ema,
+                         train_text_encoders=args.train_text,
                          max_seconds=args.seconds, log_every=25)
     hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
     if hist["steps"] == 0:
