@@ -201,7 +201,7 @@ def pretrain(adapter, batch_fn: Callable[[int], tuple[Any, list[str]]], cfg: Pre
              encode_fn: Callable[[Any, Any], torch.Tensor] = encode_images) -> dict:
     """Full fine-tune of ``adapter.transformer`` with the rectified-flow loss.
 
-    ``batch_fn(step) -> (images uint8 (B, H, W, 3), prompts list[str] of length B)``; ``encode_fn(adapter, images)``
+    ``batch_fn(step) -> (images uint8 (B, H, W, 3) or videos (B, F, H, W, 3), prompts list[str] of length B)``; ``encode_fn(adapter, images)``
     turns the images into model-space latents (default :func:`encode_images`, i.e. the pipeline's VAE; a caller may
     pass an exact shortcut for a hand-set autoencoder). Returns
     ``{"losses": [...] per step, "steps": n_done, "seconds": wall, "stopped_early": bool, "config": {...}}``.
@@ -231,7 +231,7 @@ def pretrain(adapter, batch_fn: Callable[[int], tuple[Any, list[str]]], cfg: Pre
         if len(prompts) != len(images):
             raise ValueError(f"batch_fn({step}) returned {len(images)} images but {len(prompts)} prompts")
         if not shape_checked:
-            adapter.set_resolution(int(images.shape[1]), int(images.shape[2]))
+            adapter.set_resolution(int(images.shape[-3]), int(images.shape[-2]))  # (B, [F,] H, W, 3)
             shape_checked = True
         x0 = encode_fn(adapter, images)
         b = len(prompts)

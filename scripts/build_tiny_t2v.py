@@ -1,0 +1,365 @@
+#!/usr/bin/env python
+"""Build the tiny text-to-video base generator of the CPU T2V demo (Mini-T2V, issue #22 item 5), no downloads.
+
+    python scripts/build_tiny_t2v.py --out runs/tiny_t2v [--seconds 840] [--direction-noise 0.3] [--eval-per-prompt 1]
+
+Defaults = the best pilot build so far (patch 4, width 96, lr 2e-3, EMA 0.995, 1800 steps x 8 clips, ~12 min on the
+shared 2-core machine). That base does NOT yet draw clean objects (val strict accuracy 0): work in progress.
+
+What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #22 item 5): status"):
+
+* a ``WanPipeline`` folder (``save_pretrained``; reload with ``flow_grpo.models.load_adapter(out)``):
+  - ``vae``: :func:`identity_wan_vae`, a hand-set ``AutoencoderKLWan`` with no down/up-sampling (spatial and
+    temporal factor 1) whose latent *is* the clip's RGB in [-1, 1] (3 channels), up to float error. Why not the
+    tiny random Wan VAE of :mod:`flow_grpo.models.tiny_wan`: it cannot reconstruct anything (random weights; the
+    builder prints its reconstruction error), and training a 3-D VAE is not affordable in a CPU build. Every
+    residual branch and attention projection is zeroed (identity blocks); the only non-linear parts left, the
+    heads' RMS-norm + SiLU, are made linear to ~1e-4 by carrying the signal at 1e-3 of a large constant channel
+    (RMS-norm then divides by ~that constant) and rescaling after SiLU (``silu(e) = e/2 + O(e^2)``);
+  - ``transformer``: a small ``WanTransformer3DModel`` with patch (1, ``--patch``, ``--patch``) on that
+    pixel-space latent (``--patch 4``, width 96: 64 tokens per frame at 32 px, 576 for 9 frames; patch 8 at
+    width 64 cannot carry a token's 192 noise numbers and its samples stay noise, docs/demo_models.md);
+  - ``text_encoder``: the tiny random ``UMT5EncoderModel`` + hand-built tokenizer of ``tiny_wan`` (frozen unless
+    ``--train-text``).
+* training: rectified flow (:func:`flow_grpo.pretrain.pretrain`) on Mini-T2V reference clips
+  (:func:`mmgrpo.data.synthetic_t2v.render_clip`) of the *train* split, tags ``motion`` / ``count_motion`` /
+  ``two_motion`` / ``order``, with the deliberate weakness below.
+* **Weakness (direction noise)**: with probability ``--direction-noise`` per training clip that has at least one
+  moving object, the clip is rendered with the *first* moving entry's direction replaced by another one (uniform
+  over the other three); the caption stays the drawn prompt. So the base follows the prompt's direction only
+  partly, which the motion verifier's direction check (and GRPO on it) can fix. :func:`noisy_spec` is the rule.
+* ``build_info.json``: command, args, parameter counts, VAE reconstruction errors (identity VAE and tiny random
+  VAE), steps, seconds, final loss, load average, count of noised clips.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+
+DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short)
+TAGS = ("motion", "count_motion", "two_motion", "order")
+_K = 1000.0   # constant channel carried through the VAE heads (RMS-norm then divides by ~_K)
+_EPS = 1e-3   # signal scale inside the heads: SiLU(e) = e/2 + O(e^2), so the head is linear to ~e/2 relative
+
+
+# ----------------------------------------------------------------------------------------------- VAE
+def identity_wan_vae(base_dim: int = 4, latent_mean: float = 0.0, latent_std: float = 0.5):
+    """A hand-set ``AutoencoderKLWan`` (``dim_mult=[1]``, no resampling, ``scale_factor_temporal/spatial=1``):
+    encode ``x`` (B, 3, F, H, W) in [-1, 1] -> latent mean = x; decode latent -> x (clamped to [-1, 1]).
+
+    Channels inside: 0..2 carry the RGB, channel 3 a constant ``_K`` (set by a conv bias), so each head's RMS-norm
+    divides by ~``_K`` (relative error |x|^2 / (2 K^2)); the norm gains bring the RGB to ``_EPS`` scale before the
+    SiLU and the output conv multiplies back by ``2 / _EPS`` (error ~``_EPS / 2`` relative). ``latents_mean/std``
+    (per channel) normalise the model-space latent: ``z = (x - mean) / std``."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    if base_dim < 4:
+        raise ValueError(f"base_dim must be >= 4 (3 RGB channels + 1 constant), got {base_dim}")
+    vae = AutoencoderKLWan(base_dim=base_dim, z_dim=3, dim_mult=[1], num_res_blocks=1, temperal_downsample=[],
+                           latents_mean=[latent_mean] * 3, latents_std=[latent_std] * 3,
+                           scale_factor_temporal=1, scale_factor_spatial=1)
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.zero_()
+        for m in vae.modules():  # RMS-norm gains back to 1 (zeroed above), re-set in the heads below
+            if type(m).__name__ == "WanRMS_norm":
+                m.gamma.fill_(1.0)
+        # every residual branch / attention output is zero already (all convs zeroed): blocks are identities
+
+        def center(conv, pairs, bias=None):
+            """Causal 3x3x3 (or 1x1x1) conv: out[o] += w * in[i] at the current frame, centre pixel."""
+            kt = conv.weight.shape[2] - 1
+            ks = conv.weight.shape[3] // 2
+            for o, i, w in pairs:
+                conv.weight[o, i, kt, ks, ks] = w
+            if bias is not None:
+                for o, b in bias.items():
+                    conv.bias[o] = b
+
+        rgb = [(c, c, 1.0) for c in range(3)]
+        scale = (base_dim ** 0.5)  # WanRMS_norm multiplies by sqrt(dim)
+        # encoder: rgb -> [rgb, K]; head: norm -> rgb * _EPS (gamma), SiLU, conv_out -> mean = rgb, logvar = -30
+        center(vae.encoder.conv_in, rgb, bias={3: _K})
+        vae.encoder.norm_out.gamma.fill_(_K * _EPS / scale)
+        center(vae.encoder.conv_out, [(c, c, 2.0 / _EPS) for c in range(3)], bias={3 + c: -30.0 for c in range(3)})
+        center(vae.quant_conv, [(c, c, 1.0) for c in range(6)])
+        center(vae.post_quant_conv, [(c, c, 1.0) for c in range(3)])
+        center(vae.decoder.conv_in, rgb, bias={3: _K})
+        vae.decoder.norm_out.gamma.fill_(_K * _EPS / scale)
+        center(vae.decoder.conv_out, [(c, c, 2.0 / _EPS) for c in range(3)])
+    return vae
+
+
+def vae_roundtrip_error(vae, clip) -> float:
+    """Max |decode(encode(x).mode()) - x| in uint8 levels for one uint8 clip (F, H, W, 3)."""
+    import numpy as np
+    import torch
+
+    x = torch.from_numpy(np.asarray(clip)).permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
+    with torch.no_grad():
+        z = vae.encode(x).latent_dist.mode()
+        y = vae.decode(z).sample
+    f = min(x.shape[2], y.shape[2])
+    return float(((y[:, :, :f] - x[:, :, :f]).abs().max() * 127.5))
+
+
+# ----------------------------------------------------------------------------------------------- pipeline
+def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int = 2, patch: int = 8,
+                   shift: float = 1.0, zero_init: bool = True):
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from flow_grpo.models.tiny import build_t5_unigram_tokenizer
+    from flow_grpo.pretrain import adaln_zero_init_
+
+    torch.manual_seed(seed)
+    tok = build_t5_unigram_tokenizer()
+    te = UMT5EncoderModel(UMT5Config(
+        vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        decoder_start_token_id=tok.pad_token_id,
+    ))
+    if width % heads:
+        raise ValueError(f"--width {width} must be a multiple of --heads {heads}")
+    transformer = WanTransformer3DModel(
+        patch_size=(1, patch, patch), num_attention_heads=heads, attention_head_dim=width // heads, in_channels=3,
+        out_channels=3, text_dim=32, freq_dim=32, ffn_dim=2 * width, num_layers=layers, rope_max_seq_len=64,
+    )
+    if zero_init:
+        with torch.no_grad():  # Wan's final projection: start from a zero velocity (adaLN-Zero style)
+            transformer.proj_out.weight.zero_()
+            transformer.proj_out.bias.zero_()
+        adaln_zero_init_(transformer)
+    pipe = WanPipeline(tokenizer=tok, text_encoder=te, transformer=transformer, vae=identity_wan_vae(),
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=shift))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# ----------------------------------------------------------------------------------------------- data
+def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
+    """The direction-noise rule: with probability ``p`` (one ``rng.random()`` draw per spec *with a mover*; specs
+    without a moving entry draw nothing and are returned unchanged), the first entry whose direction is not
+    ``"none"`` gets another direction, ``rng.choice`` of the other three in ``DIRECTIONS`` order. Returns
+    ``(spec_to_render, noised)``; the input is not modified."""
+    from mmgrpo.data.synthetic_t2v import DIRECTIONS
+
+    movers = [i for i, e in enumerate(spec["objects"]) if e["direction"] != "none"]
+    if not movers or rng.random() >= p:
+        return spec, False
+    i = movers[0]
+    objs = [dict(e) for e in spec["objects"]]
+    objs[i]["direction"] = rng.choice([d for d in DIRECTIONS if d != objs[i]["direction"]])
+    return dict(spec, objects=objs), True
+
+
+class ClipBatches:
+    """``batch_fn(step) -> (uint8 (B, F, H, W, 3), prompts)`` of train-split Mini-T2V clips; captions are always
+    the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips."""
+
+    def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
+                 tags=TAGS):
+        from mmgrpo.data.synthetic_t2v import all_prompts
+
+        self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
+        self.specs = all_prompts("train", tags=list(tags))
+        self.rng = random.Random(seed)
+        self.noised = self.drawn = 0
+
+    def __call__(self, step: int):
+        import numpy as np
+
+        from mmgrpo.data.synthetic_t2v import render_clip
+
+        clips, prompts = [], []
+        for _ in range(self.batch_size):
+            spec = self.rng.choice(self.specs)
+            shown, noised = noisy_spec(spec, self.rng, self.p)
+            self.noised += noised
+            self.drawn += 1
+            clips.append(render_clip(shown, self.size, self.frames, seed=self.rng.getrandbits(31)))
+            prompts.append(spec["prompt"])
+        return np.stack(clips), prompts
+
+
+def clip_latents(pipe, clips):
+    """Exact shortcut of :func:`identity_wan_vae`'s encoder: uint8 (B, F, H, W, 3) -> model-space latents
+    (B, 3, F, H, W) = ``(x / 127.5 - 1 - mean) / std`` (the VAE's latent is the RGB itself)."""
+    import numpy as np
+    import torch
+
+    x = torch.from_numpy(np.asarray(clips)).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
+    cfg = pipe.vae.config
+    mean = torch.tensor(cfg.latents_mean).view(1, 3, 1, 1, 1)
+    std = torch.tensor(cfg.latents_std).view(1, 3, 1, 1, 1)
+    return (x - mean) / std
+
+
+# ----------------------------------------------------------------------------------------------- eval
+def generate(adapter, prompts, seeds, steps: int = 10, size: int = 32):
+    """uint8 (B, F, H, W, 3): the adapter's Euler ODE from per-sample CPU noise (seeded), no CFG."""
+    import torch
+
+    from flow_grpo.models.base import PromptEmbeds  # noqa: F401  (adapter.encode_prompts returns it)
+
+    with torch.no_grad():
+        shape = adapter.noise_shape(size, size)
+        x = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+        emb = adapter.encode_prompts(list(prompts))
+        sig = adapter.sigmas(steps, size, size)
+        for k in range(steps):
+            v = adapter.predict_velocity(x, sig[k].expand(len(seeds)), emb, cfg=False)
+            x = x + (sig[k + 1] - sig[k]) * v
+        return adapter.decode(x, size, size).cpu().numpy()
+
+
+def evaluate(adapter, split: str = "val", per_prompt: int = 1, steps: int = 10, size: int = 32, seed: int = 1234,
+             batch: int = 16) -> dict:
+    """Motion-verifier strict accuracy / mean partial score over all prompts of ``split`` (``per_prompt`` seeds
+    each), overall, per tag and per check kind."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.data.synthetic_t2v import all_prompts
+
+    items = [(m, seed * 100_003 + i * per_prompt + j) for i, m in enumerate(all_prompts(split, tags=list(TAGS)))
+             for j in range(per_prompt)]
+    rows = []
+    for i in range(0, len(items), batch):
+        chunk = items[i:i + batch]
+        vids = generate(adapter, [m["prompt"] for m, _ in chunk], [s for _, s in chunk], steps, size)
+        for (m, _), v in zip(chunk, vids):
+            r = verify_clip(v, m)
+            rows.append((m["tag"], r))
+    def agg(rs):
+        return {"strict": sum(r["strict"] for r in rs) / len(rs), "partial": sum(r["partial"] for r in rs) / len(rs),
+                "n": len(rs)}
+    checks: dict[str, list[bool]] = {}
+    for _, r in rows:
+        for c in r["checks"]:
+            checks.setdefault(c["check"], []).append(bool(c["ok"]))
+    return {"split": split, **agg([r for _, r in rows]),
+            "per_tag": {t: agg([r for tt, r in rows if tt == t]) for t in sorted({t for t, _ in rows})},
+            "per_check": {k: sum(v) / len(v) for k, v in checks.items()}, "steps": steps}
+
+
+# ----------------------------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/tiny_t2v", help="output pipeline folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds", type=float, default=840.0, help="wall-clock budget for training (stops early)")
+    p.add_argument("--steps", type=int, default=1800, help="optimizer steps (if the --seconds budget allows)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--size", type=int, default=32, help="clip side in px (Mini-T2V needs >= 32)")
+    p.add_argument("--frames", type=int, default=9, help="clip frames (the Wan VAE encodes 1 + 4k frames)")
+    p.add_argument("--direction-noise", type=float, default=0.3,
+                   help="probability that a training clip with a mover shows its first mover going another "
+                        "direction than the caption says (the deliberate weakness; 0 = clean)")
+    p.add_argument("--width", type=int, default=96, help="transformer width (heads x head dim)")
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--patch", type=int, default=4, help="spatial patch of the transformer (px, latent = pixels)")
+    p.add_argument("--shift", type=float, default=1.0, help="scheduler shift saved in the pipeline")
+    p.add_argument("--cond-dropout", type=float, default=0.1, help="probability of training on the empty prompt")
+    p.add_argument("--ema", type=float, default=0.995, help="EMA decay of the transformer weights (0 = off)")
+    p.add_argument("--train-text", action="store_true", help="train the tiny UMT5 encoder jointly")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--eval-steps", type=int, default=10, help="Euler steps of the base evaluation")
+    p.add_argument("--eval-per-prompt", type=int, default=0, help="val-split seeds per prompt (0 = skip eval)")
+    p.add_argument("--eval-only", default="",
+                   help="no build: evaluate this pipeline folder on --eval-split (with --lora), print JSON, exit")
+    p.add_argument("--lora", default="", help="--eval-only: a LoRA folder (pytorch_lora_weights.safetensors), "
+                                              "e.g. a flow_grpo run's lora_final")
+    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"])
+    return p.parse_args(argv)
+
+
+def eval_only(args) -> int:
+    """``--eval-only DIR [--lora L]``: the motion-verifier evaluation of a saved base (or base + GRPO LoRA)."""
+    from flow_grpo.models import load_adapter
+
+    ad = load_adapter(args.eval_only, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    if args.lora:
+        ad.pipe.load_lora_weights(args.lora)  # as eval/generate_t2i.py: peft layers injected in place
+    ad.transformer.eval()
+    t = time.perf_counter()
+    ev = evaluate(ad, args.eval_split, max(1, args.eval_per_prompt), args.eval_steps, args.size)
+    ev.update(seconds=time.perf_counter() - t, pipeline=args.eval_only, lora=args.lora or None)
+    print(json.dumps(ev), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    from flow_grpo.models import adapter_from_pipeline, load_adapter
+    from flow_grpo.pretrain import PretrainConfig, pretrain
+    from mmgrpo.data.synthetic_t2v import all_prompts, render_clip
+
+    if args.eval_only:
+        return eval_only(args)
+    if (args.frames - 1) % 4:
+        raise ValueError(f"--frames {args.frames}: the Wan VAE encodes 1 + 4k frames (e.g. 9, 13)")
+    t_start = time.perf_counter()
+    pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift)
+    # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
+    ref = render_clip(all_prompts("train", tags=["two_motion"])[0], args.size, args.frames, seed=0)
+    from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline
+
+    recon = {"identity_vae_max_err_uint8": vae_roundtrip_error(pipe.vae, ref),
+             "tiny_random_wan_vae_max_err_uint8": vae_roundtrip_error(build_tiny_wan_pipeline(0).vae, ref)}
+    print("vae reconstruction", json.dumps(recon), flush=True)
+    adapter = adapter_from_pipeline(pipe, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    n_params = {n: sum(p.numel() for p in getattr(pipe, n).parameters()) for n in ("transformer", "vae",
+                                                                                    "text_encoder")}
+    print(f"params: {n_params}", flush=True)
+    batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise)
+
+    def log(rec):
+        print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
+
+    cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
+                         cond_dropout=args.cond_dropout, ema_decay=args.ema,
+                         train_text_encoders=args.train_text,
+                         max_seconds=args.seconds, log_every=25)
+    hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
+    if hist["steps"] == 0:
+        raise RuntimeError("pretrain did no step (budget too small?); nothing saved")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pipe.save_pretrained(str(out), safe_serialization=True)
+    cmd = "python scripts/build_tiny_t2v.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                   else sys.argv[1:]))
+    info = {"command": cmd, "args": vars(args), "params": n_params, "vae_reconstruction": recon,
+            "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
+            "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
+            "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,
+            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "num_frames": args.frames, "size": args.size,
+            "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
+    if args.eval_per_prompt > 0:
+        ad = load_adapter(str(out), max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+        t = time.perf_counter()
+        ev = evaluate(ad, "val", args.eval_per_prompt, args.eval_steps, args.size)
+        ev["seconds"] = time.perf_counter() - t
+        (out / "eval_val.json").write_text(json.dumps(ev, indent=2) + "\n")
+        info["val_strict"], info["val_partial"] = ev["strict"], ev["partial"]
+        print("val", json.dumps(ev), flush=True)
+    info["build_seconds"] = time.perf_counter() - t_start
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in info.items() if k != "args"}, indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
