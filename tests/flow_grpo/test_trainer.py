@@ -124,6 +124,17 @@ def test_config_presets_and_errors(tmp_path):
                         adapter=make_adapter("flux", lora=False), reward_fn={"block": block_reward})
 
 
+@pytest.mark.parametrize("key,value,listed", [("sample.credit", "tp", "outcome"), ("sample.step_mode", "every", "window")])
+def test_unknown_registry_names_fail_when_the_trainer_is_built(key, value, listed, tmp_path):
+    """sample.credit / sample.step_mode name rows of the flow_grpo.methods tables (a method registered at run time
+    needs no config edit), so they are plain strings, not Literals; an unknown name fails when the trainer is built,
+    before anything is sampled, and the message lists the table's names."""
+    cfg = load_train_config(None, _overrides("sd3", "flow", tmp_path, **{key: value}))
+    with pytest.raises(ValueError) as ei:
+        FlowGRPOTrainer(cfg, adapter=make_adapter("sd3", lora=False), reward_fn={"block": block_reward})
+    assert repr(value) in str(ei.value) and listed in str(ei.value), str(ei.value)
+
+
 def test_load_prompts(tmp_path):
     t = tmp_path / "p.txt"
     t.write_text("a cat\n\n a dog \n")

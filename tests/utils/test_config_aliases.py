@@ -172,12 +172,10 @@ def test_flow_preset_with_old_keys_in_yaml(tmp_path):
 
 @pytest.mark.parametrize("key,value,allowed", [
     ("sample.sde_kind", "ode", "['flow', 'dance', 'cps']"),
-    ("sample.step_mode", "every", "['all', 'fraction', 'window', 'single']"),
     ("sample.window_policy", "slide", "['fixed', 'random', 'sliding', 'sliding_wrap']"),
-    ("sample.credit", "tp", "['outcome', 'tp_grpo', 'g2rpo']"),
     ("sample.ode_solver", "heun", "['euler', 'dpmpp2m']"),
-    ("model.tiny", "sdxl", "['', 'sd3', 'sd3_t5', 'flux', 'flux_kontext']"),
-    ("model.kind", "sdxl", "['auto', 'sd3', 'flux', 'flux_kontext']"),
+    ("model.tiny", "sdxl", "['', 'sd3', 'sd3_t5', 'flux', 'flux_kontext', 'wan', 'qwen_image']"),
+    ("model.kind", "sdxl", "['auto', 'sd3', 'flux', 'flux_kontext', 'wan', 'qwen_image']"),
     ("model.dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
     ("reward.mode", "sum", "['weighted_sum', 'per_reward', 'win_rate']"),
     ("reward.on_nonfinite", "raise", "['drop', 'error']"),
@@ -188,7 +186,8 @@ def test_flow_preset_with_old_keys_in_yaml(tmp_path):
     ("optim.lr_schedule", "step", "['constant', 'linear', 'cosine']"),
     ("run.budget_clock", "gpu", "['wall', 'cpu']"),
     ("run.mixed_precision", "bf32", "['no', 'bf16', 'fp16']"),
-    ("method", "grpo", "['', 'flow', 'dance', 'fast', 'mix', 'mix_flash', 'tp_grpo', 'g2rpo']"),
+    ("method", "grpo", "['', 'flow', 'dance', 'fast', 'mix', 'mix_flash', 'tp_grpo', 'g2rpo', 'vgpo', 'nft', "
+               "'branch_grpo', 'b2']"),
 ])
 def test_flow_enums_are_declared_and_named_in_errors(key, value, allowed):
     with pytest.raises(ValueError) as ei:
