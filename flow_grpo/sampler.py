@@ -2,16 +2,8 @@
 
 One code path serves every method; they differ only in the *step plan* (which steps are SDE, which are trained;
 ``sample.step_mode``, a function of the :data:`flow_grpo.methods.PLANS` table) and in the *step credit* (what extra
-rewards are computed: the ``step_rewards`` function of the credit's row in :data:`flow_grpo.methods.CREDITS`):
-
-=================  =====================================================  ==============================
-``step_mode``      SDE steps / trained steps (the last step is never)      method
-=================  =====================================================  ==============================
-``all``            all but the last / all but the last                     Flow-GRPO, TP-GRPO (full)
-``fraction``       all but the last / int((K-1) f) random steps             DanceGRPO (``timestep_fraction``)
-``window``         ``[w0, w0+n)`` / same; ODE elsewhere                    Flow-GRPO-Fast, MixGRPO, TP-GRPO
-``single``         one step k / k; ODE elsewhere                           G²RPO
-=================  =====================================================  ==============================
+rewards are computed: the ``step_rewards`` function of the credit's row in :data:`flow_grpo.methods.CREDITS`).
+The plans and the methods using them are listed in :mod:`flow_grpo.methods.plans`.
 
 ``credit`` (:mod:`flow_grpo.methods`): ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE
 completions after every SDE step; R_0 is the ODE completion from the window-start latent, i.e. from the

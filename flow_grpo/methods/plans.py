@@ -8,6 +8,9 @@ plan in the :data:`~flow_grpo.methods.base.PLANS` table; the sampler calls :func
 ``fraction``       all but the last / int((K-1) f) random steps             DanceGRPO (``timestep_fraction``)
 ``window``         ``[w0, w0+n)`` / same; ODE elsewhere                    Flow-GRPO-Fast, MixGRPO, TP-GRPO
 ``single``         one step k / k; ODE elsewhere                           G²RPO
+``nft``            none (deterministic rollouts) / sampled at training     DiffusionNFT (``methods/nft.py``)
+``tree``           the split steps of a per-group tree / same              BranchGRPO (``methods/branch_grpo.py``)
+``b2``             a shared trunk, branches K-s steps before the end        B²-DiffuRL (``methods/b2_diffurl.py``)
 =================  =====================================================  ==============================
 """
 from __future__ import annotations

@@ -193,10 +193,15 @@ class VLMJudgeReward(Reward):
         return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
 
     def score(self, images, prompts, metadata, **kwargs: Any):
-        import torch
-
         ims = _pil(images, self.image_size)
         p = self.judge.answer_probs([self.messages(q) for q in prompts], [[im] for im in ims], self.answer_ids)
+        return self.scores_from_probs(p)
+
+    def scores_from_probs(self, p):
+        """(N, answers) probabilities of the answer tokens -> {name: score, name/answer_mass: mass}: renormalised
+        over the answer tokens; yes_no = P(yes), rating = expected rating mapped to [0, 1]."""
+        import torch
+
         mass = p.sum(dim=1)
         q = p / mass.clamp_min(1e-30)[:, None]
         if self.mode == "yes_no":

@@ -123,12 +123,4 @@ class VLMVideoJudgeReward(VLMJudgeReward):
                 batch = batch_to(collate_prompts(items[s:s + judge.batch_size], pad), judge.device)
                 logits = judge.model(**batch, use_cache=False, logits_to_keep=1).logits[:, -1].float()
                 probs.append(torch.softmax(logits, dim=-1)[:, list(self.answer_ids)].cpu())
-        p = torch.cat(probs)
-        mass = p.sum(dim=1)
-        q = p / mass.clamp_min(1e-30)[:, None]
-        if self.mode == "yes_no":
-            r = q[:, 0]
-        else:
-            k = torch.arange(1, self.scale_max + 1, dtype=q.dtype)
-            r = ((q * k).sum(dim=1) - 1.0) / (self.scale_max - 1)
-        return {self.name: r, f"{self.name}/answer_mass": mass}
+        return self.scores_from_probs(torch.cat(probs))
