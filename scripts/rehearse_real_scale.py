@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from eval.perf.common import reset_peak_rss  # noqa: E402 - after the repo is on sys.path
+
 FRAMES, FRAME_PX = 8, 224  # 8 frames of 224x224 -> 4 temporal patches x 16x16 -> 256 LLM tokens (Qwen2/2.5-VL)
 G = 4
 
@@ -60,16 +62,6 @@ def touch_weights(*modules) -> None:
         for m in modules:
             for p in m.parameters():
                 p.detach().float().sum() if p.numel() < 2 ** 26 else [c.float().sum() for c in p.detach().split(4096)]
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def maxrss_bytes() -> int:
@@ -175,7 +167,7 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
     tr = GRPOTrainer(cfg, samples=[sample], reward_fn=_text_reward)
     tr._make_stream()
     touch_weights(tr.model)
-    reset = reset_peak()
+    reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
     m = tr.train_step()
     sec = time.perf_counter() - t0
@@ -222,7 +214,7 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
     mmgrpo.core.policy_loss = recording_loss
     touch_weights(*[m for m in (getattr(ad.pipe, k, None) for k in ("transformer", "vae", "text_encoder",
                     "text_encoder_2", "text_encoder_3")) if m is not None])
-    reset = reset_peak()
+    reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
     m = tr.train_epoch()
     sec = time.perf_counter() - t0
