@@ -375,6 +375,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vision-hidden", type=int, default=32)
     p.add_argument("--vision-depth", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary before the number tokens")
+    p.add_argument("--vision-pretrain-steps", type=int, default=0,
+                   help="grounding: before SFT, pre-train the vision tower for this many steps to tag which "
+                        "colour+shape each temporal block shows (mmgrpo.sft.pretrain_vision_tags; 0 = off)")
+    p.add_argument("--vision-pretrain-lr", type=float, default=2e-3, help="learning rate of that stage")
+    p.add_argument("--freeze-vision", action="store_true",
+                   help="keep the vision tower fixed during SFT (e.g. after --vision-pretrain-steps)")
     p.add_argument("--eval-batch-size", type=int, default=50)
     p.add_argument("--ship", default="", help="also copy the model files + sft_report.json (not the data) here, "
                    "e.g. data/checkpoints/tiny_vlm (the checkpoint shipped with the repo, used by scripts/demo.py)")
@@ -454,11 +460,14 @@ def main(argv=None) -> dict:
           f"{e0.prompt['input_ids'].shape[-1]} tokens (video grid {e0.prompt['video_grid_thw'].tolist()}), "
           f"answer {len(e0.answer_ids)} tokens: {e0.answer_text!r}", flush=True)
 
+    vis_res = None
+    if args.vision_pretrain_steps:
+        vis_res = vision_pretrain(model, ex_train, args)
     before = sft.evaluate_tvg(model, processor, ex_eval, batch_size=args.eval_batch_size)
     print(f"[eval before] mIoU {before['mIoU']:.1f} parse {before['parse_rate']:.0f}%", flush=True)
 
     cfg = sft.SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                        seed=args.seed, max_seconds=args.seconds, log_every=25)
+                        seed=args.seed, max_seconds=args.seconds, log_every=25, train_vision=not args.freeze_vision)
     res = sft.train_sft(model, ex_train, cfg, tok.pad_token_id,
                         log=lambda r: print(f"[sft] step {r['step']:4d} loss {r['loss']:.3f} lr {r['lr']:.2e} "
                                             f"{r['seconds']:.0f}s", flush=True))
@@ -495,6 +504,10 @@ def main(argv=None) -> dict:
                  "info": {k: v for k, v in _read_info(data_dir).items() if k != "checks"}},
         "params": params, "dims": dims, "vocab_size": len(tok),
         "sft": {k: v for k, v in res.items() if k != "history"},
+        "vision_pretrain": None if vis_res is None else {
+            **{k: v for k, v in vis_res.items() if k != "history"},
+            "curve": [(h["step"], round(h["loss"], 4), round(h["recall"], 3), round(h["false_pos"], 4))
+                      for h in vis_res["history"][:: max(1, len(vis_res["history"]) // 20)]]},
         "loss_curve": [(h["step"], round(h["loss"], 4)) for h in res["history"][:: max(1, len(res["history"]) // 40)]],
         "final_loss": res["history"][-1]["loss"] if res["history"] else None,
         "fingerprint": fingerprint(args.benchmark),
@@ -511,6 +524,29 @@ def main(argv=None) -> dict:
         ship(out, Path(args.ship))
     print(f"[done] saved {out} in {report['seconds']['total']:.0f}s (reload logit diff {reload_diff})", flush=True)
     return report
+
+
+def vision_pretrain(model, examples, args) -> dict:
+    """The tagging stage (``--vision-pretrain-steps``): one item per training video, labels from the renderer's
+    ground truth (``synthetic_grounding.block_tags``) over the frames the processor actually sampled."""
+    from mmgrpo import sft
+    from mmgrpo.data.synthetic_grounding import TAG_CLASSES, block_tags
+
+    if args.benchmark != "grounding":
+        raise SystemExit("--vision-pretrain-steps needs --benchmark grounding (the labels come from its renderer)")
+    by_video: dict = {}
+    for e in examples:
+        by_video.setdefault(sft.sample_dict(e.sample)["video"], []).append(e)
+    items = []
+    for exs in by_video.values():
+        tags = block_tags([e.sample for e in exs], exs[0].clip.frame_indices)
+        items.append((exs[0].prompt, tags))
+    print(f"[vision] tagging pre-training on {len(items)} videos, {len(TAG_CLASSES)} classes", flush=True)
+    return sft.pretrain_vision_tags(
+        model, items, len(TAG_CLASSES), steps=args.vision_pretrain_steps, lr=args.vision_pretrain_lr,
+        seed=args.seed, log=lambda r: print(f"[vision] step {r['step']:4d} loss {r['loss']:.4f} recall "
+                                           f"{r['recall']:.2f} false-pos {r['false_pos']:.3f} {r['seconds']:.0f}s",
+                                           flush=True))
 
 
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "processor_config.json",

@@ -379,3 +379,37 @@ def test_chunked_head_same_loss_and_gradients(tiny, side):
     for k in ga:
         assert float((ga[k] - gb[k]).abs().max()) <= 1e-5 * max(float(ga[k].abs().max()), 1e-12), k
     model.zero_grad(set_to_none=True)
+
+
+# --------------------------------------------------------------------------------------- vision tagging stage
+def test_block_tags_by_hand():
+    from mmgrpo.data.synthetic_grounding import TAG_CLASSES, block_tags
+
+    rows = [{"meta": {"colour": "red", "shape": "circle", "frames": [3, 7]}},
+            {"meta": {"colour": "blue", "shape": "square", "frames": [10, 10]}}]
+    # 8 sampled frames -> 4 blocks of 2: (0, 2) (4, 6) (8, 10) (12, 14)
+    tags = block_tags(rows, [0, 2, 4, 6, 8, 10, 12, 14])
+    red, blue = TAG_CLASSES.index("red circle"), TAG_CLASSES.index("blue square")
+    assert len(tags) == 4 and all(len(t) == len(TAG_CLASSES) == 18 for t in tags)
+    on = [{i for i, v in enumerate(t) if v} for t in tags]
+    # red visible on frames 3..7: sampled frames 4 and 6 (block 1) only; frame 2 < 3 so block 0 is empty
+    assert on == [set(), {red}, {blue}, set()]
+
+
+def test_pretrain_vision_tags_learns_and_touches_only_the_vision_tower(tiny):
+    model, _, exs = tiny
+    model = __import__("copy").deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # label: block shows the red block (frames of SAMPLES' red ranges), one class; a second class never present
+    items = []
+    for (s, fr), e in zip(SAMPLES, exs):
+        t = int(e.prompt["video_grid_thw"][0, 0])
+        red = (fr[:, 10:30, 10:30] == (230, 30, 30)).all(-1).any((1, 2))
+        items.append((e.prompt, [[float(red[2 * i] or red[2 * i + 1]), 0.0] for i in range(t)]))
+    res = sft.pretrain_vision_tags(model, items, 2, steps=30, batch_size=3, lr=1e-2, seed=0)
+    losses = [h["loss"] for h in res["history"]]
+    assert res["steps_done"] == 30 and res["stopped_by"] == "steps"
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    assert res["history"][-1]["recall"] == 1.0 and res["history"][-1]["false_pos"] < 0.2
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".visual." in f".{n}." for n in changed)

@@ -205,6 +205,31 @@ def tvg_samples(spec: GroundingSpec, video_rel: str, split: str, rng, motion_que
     return out
 
 
+TAG_CLASSES = tuple(f"{c} {s}" for c in COLOURS for s in SHAPES)  # what a visual token can show
+
+
+def block_tags(rows, frame_indices, temporal_patch_size: int = 2) -> list[list[float]]:
+    """Which colour+shape objects each temporal block of a sampled clip shows, from the renderer's ground truth.
+
+    ``rows``: the query rows of ONE video (:func:`tvg_samples`: every event of a video has exactly one row, whose
+    ``meta`` holds its ``colour``, ``shape`` and visible frame range ``frames = [a, b]``). ``frame_indices``: the
+    clip's sampled frames (absolute decoded-frame indices, ``VideoClip.frame_indices``). Block ``i`` holds sampled
+    frames ``i*P .. i*P+P-1`` (``P = temporal_patch_size``, Qwen's temporal patch). Returns one 0/1 row of
+    ``len(TAG_CLASSES)`` per block: 1 where an event of that colour+shape is visible in at least one of the
+    block's frames. Used as the label of the vision-tower pre-training stage of the tiny grounding base.
+    """
+    n_blocks = len(frame_indices) // temporal_patch_size
+    tags = [[0.0] * len(TAG_CLASSES) for _ in range(n_blocks)]
+    for r in rows:
+        m = r["meta"] if isinstance(r, dict) else r.meta  # a JSONL row or a canonical Sample
+        cls = TAG_CLASSES.index(f"{m['colour']} {m['shape']}")
+        a, b = m["frames"]
+        for i in range(n_blocks):
+            if any(a <= f <= b for f in frame_indices[i * temporal_patch_size:(i + 1) * temporal_patch_size]):
+                tags[i][cls] = 1.0
+    return tags
+
+
 def frames_digest(spec: GroundingSpec) -> str:
     """SHA-256 of ``(fps, num_frames, width, height)`` and the rendered frames (as in version 1)."""
     import hashlib
