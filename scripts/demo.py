@@ -229,6 +229,8 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
     common = [f"data.prompt_mode={prompt.get('mode', 'no_think')}",
               f"data.answer_format={prompt.get('answer_format', 'seconds')}",
+              # a base SFT'd with the query before the video must see it there in GRPO and evaluation too
+              f"data.query_position={prompt.get('query_position', 'after')}",
               f"data.video_fps={video.get('fps', 2.0)}", f"data.max_frames={video.get('max_frames', 16)}",
               f"data.video_min_pixels={video.get('min_pixels', 4 * 784)}",
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]

@@ -137,6 +137,8 @@ def test_recipes_drive_the_commands(tmp_path):
     other = tmp_path / "other_base"  # another grounding base: a folder with a config.json is used as shipped
     other.mkdir()
     (other / "config.json").write_text("{}")
+    # a base SFT'd with the query before the video: GRPO and evaluation must put it there too
+    (other / "sft_report.json").write_text(json.dumps({"prompt": {"mode": "no_think", "query_position": "before"}}))
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--tasks", "tvg",
                            "--out", str(out), f"tvg.base={other}", "tvg.benchmark_args=[--version, '2']",
                            "tvg.full.grpo.run.max_steps=7", "tvg.eval.decoding.max_new_tokens=30"],
@@ -149,6 +151,7 @@ def test_recipes_drive_the_commands(tmp_path):
     assert "run.max_steps=7" in train and "run.max_steps=40" not in train and "tempsamp.enabled=true" in train
     assert f"model.path={other} " in train and not any("build_tiny_vlm.py" in c for c in cmds)
     assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)
+    assert all("data.query_position=before" in c for c in cmds if "generate_vlm.py" in c or "mmgrpo.cli train" in c)
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--out", str(out),
                           "tvg.full.grpo_steps=3"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and "tvg.full.grpo_steps" in bad.stderr
