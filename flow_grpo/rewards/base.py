@@ -527,7 +527,9 @@ class MultiReward(Reward):
 class PairwiseScorer(Protocol):
     """``compare(images_a, images_b, prompts, metadata) -> (M,)`` with values in [0, 1]:
     1 = a preferred, 0 = b preferred, 0.5 = tie (a probability P(a > b) is also accepted).
-    ``images_a``/``images_b`` are uint8 (M, H, W, 3); ``prompts``/``metadata`` are those of the pair (same group)."""
+    ``images_a``/``images_b`` are uint8 (M, H, W, 3), or videos (M, F, H, W, 3) for a video generator;
+    ``prompts``/``metadata`` are those of the pair (same group). A scorer with ``accepts_video = False`` is
+    refused videos by :class:`PairwisePreferenceReward` (with a clear error instead of a shape error inside it)."""
 
     def __call__(self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str],
                  metadata: list[Mapping[str, Any]]) -> Any: ...
@@ -544,6 +546,8 @@ class ScoreComparator:
         self.key = key or getattr(reward, "name", None)
         if self.key is None:
             raise ValueError("ScoreComparator: pass key= for a reward without a .name")
+        # videos go to the pointwise reward, which decides (MultiReward refuses image-only components itself)
+        self.accepts_video = not isinstance(reward, Reward) or reward.accepts_video
 
     def __call__(self, images_a, images_b, prompts, metadata):
         m = images_a.shape[0]
@@ -581,7 +585,12 @@ class PairwisePreferenceReward(Reward):
 
     Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
     (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
+
+    Videos (uint8 (N, F, H, W, 3)) are passed to the scorer whole (pairs of videos), unless the scorer says
+    ``accepts_video = False`` (e.g. the VLM image pairwise judge), which is refused with an error naming it.
     """
+
+    accepts_video = True  # the media check is the scorer's (see score)
 
     def __init__(self, scorer: PairwiseScorer, name: str = "pref_win_rate", symmetric: bool = False,
                  hard: bool = True, nan_policy: NanPolicy = "raise"):
@@ -612,6 +621,10 @@ class PairwisePreferenceReward(Reward):
         from mmgrpo.core.advantages import pairwise_win_rate
 
         n = images.shape[0]
+        if images.ndim == 5 and not getattr(self.scorer, "accepts_video", True):
+            raise RewardError(f"reward {self.name!r}: the pairwise scorer {type(self.scorer).__name__} compares "
+                              f"images, got videos {images.shape}; use a scorer that accepts videos (e.g. "
+                              "ScoreComparator over a video reward: reward.pairwise_scorer unset)", self.name)
         if group_ids is None:
             missing = [i for i, m in enumerate(metadata) if "group_id" not in m]
             if missing:
