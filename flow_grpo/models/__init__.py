@@ -1,4 +1,4 @@
-"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V, Qwen-Image)
+"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V and I2V, Qwen-Image)
 over diffusers pipelines, plus hub-free tiny builders."""
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from .flux_kontext import FluxKontextAdapter
 from .qwen_image import QwenImageAdapter
 from .sd3 import SD3Adapter
 from .wan import WanAdapter
+from .wan_i2v import WanI2VAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
-            "qwen_image": QwenImageAdapter}
+            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
-                     "WanPipeline": "wan", "QwenImagePipeline": "qwen_image"}
+                     "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -87,7 +88,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "QwenImageAdapter",
+           "WanI2VAdapter", "QwenImageAdapter",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]
