@@ -142,3 +142,26 @@ def test_wan_i2v_folder_roundtrip_through_load_adapter(tmp_path, roundtrip):
         ad.transformer.blocks[0].attn2.add_k_proj.weight[0, 0] += 1e-2  # the image cross-attention
     with pytest.raises(AssertionError, match="not close"):
         roundtrip.close(tiny_ode(ad, emb, [1], 5.0, True, 3, H, W), x_ref, atol=ROUNDTRIP_ATOL)
+
+
+def test_wan_i2v_trains_from_a_jsonl_prompt_file_with_first_frames(tmp_path):
+    """model.tiny=wan_i2v: the trainer binds each JSONL line's ``image`` (relative to the file) and trains the LoRA
+    on videos started from those frames, with a video reward."""
+    from flow_grpo.config import load_train_config
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    from .conftest import train_overrides
+
+    for name, seed in (("a.png", 1), ("b.png", 2)):
+        _image(32, 32, seed).save(tmp_path / name)
+    src = tmp_path / "clips.jsonl"
+    src.write_text('{"prompt": "it moves left", "image": "a.png"}\n{"prompt": "it jumps", "image": "b.png"}\n')
+    ov = {"model.tiny": "wan_i2v", "data.train_path": str(src), "sample.num_frames": FRAMES, "sample.height": H,
+          "sample.width": W, "sample.cfg": "true", "sample.guidance_scale": 5.0, "data.eval_prompts": "[]",
+          "reward.weights": "{temporal_consistency: 1.0}"}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("wan", "flow", tmp_path / "run", **ov)))
+    assert tr.adapter.kind == "wan_i2v" and tr.adapter.reference_images["it jumps"] == str(tmp_path / "b.png")
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    m = tr.train()[-1]
+    assert m["train/ratio_mean"] == 1.0 and tr._last_traj.images.shape == (4, FRAMES, H, W, 3)
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
