@@ -156,16 +156,6 @@ def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
     raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
 
 
-def _to_uint8_media(images: ImageBatch) -> np.ndarray:
-    """A uint8 video batch (B, F, H, W, 3) checked and copied (never aliases the input, as :func:`to_uint8_nhwc`),
-    anything else through :func:`to_uint8_nhwc`."""
-    if getattr(images, "ndim", None) == 5:
-        from ..media import check_video
-
-        return np.ascontiguousarray(check_video(images)).copy()
-    return to_uint8_nhwc(images)
-
-
 def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
     if len(images) == 0:
         raise ValueError("images: empty list")
@@ -302,8 +292,10 @@ class Reward:
     """
 
     name: str = "reward"
-    # True: ``images`` may also be a uint8 video batch (B, F, H, W, 3) (flow_grpo.rewards.video)
+    # True: ``images`` may also be a video batch, given to ``score`` as uint8 (B, F, H, W, 3) (flow_grpo.media)
     accepts_video: bool = False
+    # True: videos only (motion verifier, video judges); an image batch is refused by ``evaluate``
+    video_only: bool = False
 
     def __init__(self, name: str | None = None, nan_policy: NanPolicy = "raise"):
         if name is not None:
@@ -326,7 +318,9 @@ class Reward:
 
         Lets numpy-only rewards run without importing torch (e.g. in the reward server).
         """
-        imgs = _to_uint8_media(images) if self.accepts_video else to_uint8_nhwc(images)
+        from ..media import to_uint8_media
+
+        imgs = to_uint8_media(images, self.accepts_video, self.video_only, f"reward {self.name!r}: videos")
         n = imgs.shape[0]
         return self._evaluate(imgs, _check_prompts(prompts, n, self.name),
                               normalize_metadata(metadata, n, self.name), **kwargs)
