@@ -108,8 +108,9 @@ class SetupMixin:
                              "completions make a process-dependent number of (collective) sharded forwards")
 
     def _bind_reference_images(self) -> None:
-        """Editing models (FLUX-Kontext): a JSONL prompt line's ``image`` field is its reference image (path relative
-        to the prompt file); without any, the model runs text-to-image."""
+        """Reference-image models (FLUX-Kontext, Wan2.1 I2V, Qwen-Image-Edit): a JSONL prompt line's ``image`` field
+        is its reference image (path relative to the prompt file); without any, Kontext runs text-to-image (the
+        other two then refuse to encode prompts, naming the missing field)."""
         bind = getattr(self.adapter, "bind_reference_images", None)
         if bind is None:
             return

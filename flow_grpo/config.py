@@ -157,9 +157,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V) or QwenImagePipeline); empty + tiny=... builds a tiny one")
-    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "qwen_image"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | qwen_image")
-    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "qwen_image"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | qwen_image) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V), WanImageToVideoPipeline (Wan2.1 I2V), QwenImagePipeline or QwenImageEditPipeline); empty + tiny=... builds a tiny one")
+    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | wan_i2v (videos from a first frame: JSONL 'image' as flux_kontext) | qwen_image | qwen_image_edit (JSONL 'image' as flux_kontext)")
+    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | wan_i2v | qwen_image | qwen_image_edit) - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(

@@ -52,6 +52,51 @@ def check_video(videos: Any, name: str = "videos") -> np.ndarray:
     return arr
 
 
+def to_uint8_videos(videos: Any, name: str = "videos") -> np.ndarray:
+    """A batch of videos as uint8 (B, F, H, W, 3), never aliasing the input: uint8 (B, F, H, W, 3|1) (checked by
+    :func:`check_video`), float (B, F, 3|1, H, W) in [0, 1] (numpy or torch; converted frame by frame with the
+    image path's checks, :func:`flow_grpo.rewards.base.to_uint8_nhwc`), or a list of B clips of one shape.
+    ``name`` starts the error messages."""
+    if isinstance(videos, (list, tuple)):
+        arrs = [_numpy(v) for v in videos]
+        if not arrs or any(a.shape != arrs[0].shape for a in arrs):
+            raise ValueError(f"{name}: a list needs B >= 1 clips of one shape, got {[a.shape for a in arrs]}")
+        videos = np.stack(arrs)
+    if hasattr(videos, "detach"):
+        videos = videos.detach().cpu()
+        videos = (videos.float() if videos.is_floating_point() else videos).numpy()
+    v = np.asarray(videos)
+    if v.ndim != 5:
+        raise ValueError(f"{name}: expected a video batch (5-d), uint8 (B, F, H, W, 3) or float (B, F, 3, H, W), got "
+                         f"shape {v.shape}" + (" (an image batch: use an image reward)" if v.ndim == 4 else ""))
+    if v.dtype == np.uint8:
+        return np.ascontiguousarray(check_video(v, name)).copy()
+    from .rewards.base import to_uint8_nhwc  # the image path's dtype / range checks, per frame
+
+    b, f = v.shape[:2]
+    flat = to_uint8_nhwc(v.reshape(b * f, *v.shape[2:]))
+    return flat.reshape(b, f, *flat.shape[1:])
+
+
+def is_video_batch(batch: Any) -> bool:
+    """A 5-d array / tensor, or a list of 4-d clips."""
+    if isinstance(batch, (list, tuple)):
+        return len(batch) > 0 and getattr(batch[0], "ndim", None) == 4
+    return getattr(batch, "ndim", None) == 5
+
+
+def to_uint8_media(batch: Any, accepts_video: bool = False, video_only: bool = False, name: str = "videos"
+                   ) -> np.ndarray:
+    """The one input converter of the rewards (``Reward.evaluate``, ``AsyncRewardRunner``): videos through
+    :func:`to_uint8_videos` when ``video_only``, or when ``accepts_video`` and the batch is videos; anything else
+    as images (uint8 (B, H, W, 3), :func:`flow_grpo.rewards.base.to_uint8_nhwc`)."""
+    if video_only or (accepts_video and is_video_batch(batch)):
+        return to_uint8_videos(batch, name)
+    from .rewards.base import to_uint8_nhwc
+
+    return to_uint8_nhwc(batch)
+
+
 def flatten_frames(videos: Any) -> tuple[np.ndarray, int]:
     """(B, F, H, W, 3) -> ((B*F, H, W, 3) frames, sample-major: frames of sample 0 first; F)."""
     arr = check_video(videos)

@@ -1,5 +1,5 @@
-"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V, Qwen-Image)
-over diffusers pipelines, plus hub-free tiny builders."""
+"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V and I2V, Qwen-Image and
+Qwen-Image-Edit) over diffusers pipelines, plus hub-free tiny builders."""
 from __future__ import annotations
 
 import json
@@ -9,13 +9,16 @@ from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
 from .flux_kontext import FluxKontextAdapter
 from .qwen_image import QwenImageAdapter
+from .qwen_image_edit import QwenImageEditAdapter
 from .sd3 import SD3Adapter
 from .wan import WanAdapter
+from .wan_i2v import WanI2VAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
-            "qwen_image": QwenImageAdapter}
+            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
-                     "WanPipeline": "wan", "QwenImagePipeline": "qwen_image"}
+                     "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
+                     "QwenImageEditPipeline": "qwen_image_edit"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -87,7 +90,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "QwenImageAdapter",
+           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

@@ -42,7 +42,8 @@ class PromptEmbeds:
     embedding: Wan, Qwen-Image); ``neg_*`` the unconditional (empty-prompt) embeddings for CFG (or None);
     ``text_ids`` (L, 3) for FLUX (shared by the batch); ``cond_latents`` (B, C, h', w') the VAE latents of a
     per-sample reference image (FLUX-Kontext), or None; ``prompt_mask`` / ``neg_prompt_mask`` (B, L) the valid text
-    tokens of zero-padded embeddings (Qwen-Image), or None (all valid)."""
+    tokens of zero-padded embeddings (Qwen-Image), or None (all valid); ``image_embeds`` (B, L', D') a per-sample
+    reference image's encoder states (Wan2.1 I2V: CLIP vision), or None."""
 
     prompt_embeds: torch.Tensor
     pooled: torch.Tensor
@@ -52,6 +53,7 @@ class PromptEmbeds:
     cond_latents: Optional[torch.Tensor] = None
     prompt_mask: Optional[torch.Tensor] = None
     neg_prompt_mask: Optional[torch.Tensor] = None
+    image_embeds: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]

@@ -14,17 +14,16 @@ table (``set_reference_images`` / ``bind_reference_images``, fed from a JSONL pr
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from .base import PromptEmbeds
 from .flux import FluxAdapter
+from .reference import ReferenceImages, load_reference_table, to_pil as _to_pil  # noqa: F401 (re-exported)
 
 
-class FluxKontextAdapter(FluxAdapter):
+class FluxKontextAdapter(ReferenceImages, FluxAdapter):
     """FLUX.1-Kontext. Reference preprocessing follows ``FluxKontextPipeline.__call__``: with ``auto_resize`` (the
     pipeline's default ``_auto_resize=True``) the reference is resized to the preferred Kontext resolution of the
     closest aspect ratio, otherwise it keeps its size; either way the size is floored to a multiple of
@@ -35,6 +34,7 @@ class FluxKontextAdapter(FluxAdapter):
 
     kind = "flux_kontext"
     pipeline_cls_name = "FluxKontextPipeline"
+    reference_label = "FLUX-Kontext"
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,
                  auto_resize: bool = True):
@@ -45,28 +45,9 @@ class FluxKontextAdapter(FluxAdapter):
         self._cond_ids_cache: dict[tuple[int, int], torch.Tensor] = {}
 
     # ----------------------------------------------------------------- reference images
-    def set_reference_images(self, table: Optional[Mapping[str, Any]]) -> None:
-        """Prompt -> reference image (path, PIL image, or uint8 (H, W, 3) array/tensor) used when
-        ``encode_prompts`` gets no ``images``; once set, a prompt missing from it is an error. None: no table."""
-        self.reference_images = None if table is None else dict(table)
-
-    def bind_reference_images(self, prompts: Sequence[str], metadata: Sequence[Mapping], source: str = "") -> None:
-        """Add the ``image`` field of each prompt's metadata (a JSONL prompt line) to the reference table; relative
-        paths are resolved against the folder of ``source`` (the prompt file). See ``load_reference_table``."""
-        table = dict(self.reference_images or {})
-        table.update(load_reference_table(prompts, metadata, source, existing=table))
-        self.reference_images = table
-
     def clear_prompt_cache(self) -> None:
         super().clear_prompt_cache()
         self._ref_cache.clear()
-
-    def _reference_for(self, prompt: str):
-        if self.reference_images is None:
-            return None
-        if prompt not in self.reference_images:
-            raise KeyError(f"FLUX-Kontext: no reference image for prompt {prompt!r} (not in the reference table)")
-        return self.reference_images[prompt]
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str], images: Optional[Sequence[Any]] = None) -> PromptEmbeds:
@@ -74,25 +55,15 @@ class FluxKontextAdapter(FluxAdapter):
         content). ``images``: one reference per prompt (None entries only if all are None); default: the table."""
         prompts = list(prompts)
         embeds = super().encode_prompts(prompts)
-        refs = list(images) if images is not None else [self._reference_for(p) for p in prompts]
-        if len(refs) != len(prompts):
-            raise ValueError(f"{len(refs)} reference images for {len(prompts)} prompts")
-        if all(r is None for r in refs):
+        refs = self.reference_images_for(prompts, images)
+        if not refs or refs[0] is None:
             return embeds
-        if any(r is None for r in refs):
-            raise ValueError("FLUX-Kontext: a batch mixes prompts with and without a reference image")
         lat = [self.encode_reference(r) for r in refs]
         shapes = {tuple(x.shape) for x in lat}
         if len(shapes) > 1:
             raise ValueError(f"FLUX-Kontext: reference images of one batch must have the same latent size, got "
                              f"{sorted(shapes)} (resize them, or keep auto_resize=True for same-aspect images)")
         return dataclasses.replace(embeds, cond_latents=torch.cat(lat))
-
-    def _reference_key(self, image) -> tuple:
-        if isinstance(image, (str, os.PathLike)):
-            return ("path", os.path.abspath(os.fspath(image)))
-        pil = _to_pil(image)
-        return ("pixels", pil.mode, pil.size, hashlib.sha1(pil.tobytes()).hexdigest())
 
     @torch.no_grad()
     def encode_reference(self, image) -> torch.Tensor:
@@ -160,51 +131,3 @@ class FluxKontextAdapter(FluxAdapter):
             encoder_hidden_states=embeds.prompt_embeds, txt_ids=embeds.text_ids, img_ids=ids, return_dict=False,
         )[0]
         return out[:, :n].float()  # the generated tokens; the context tokens' outputs are discarded
-
-
-def _to_pil(image):
-    """A reference image as an RGB PIL image: path, PIL image, or uint8 (H, W, 3) numpy array / torch tensor."""
-    from PIL import Image
-
-    if isinstance(image, (str, os.PathLike)):
-        path = os.fspath(image)
-        try:
-            with Image.open(path) as im:
-                return im.convert("RGB")
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read reference image {path}: {exc}") from None
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    arr = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else image
-    import numpy as np
-
-    arr = np.asarray(arr)
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] != 3:
-        raise ValueError(f"reference image array must be uint8 (H, W, 3), got {arr.dtype} {arr.shape}")
-    return Image.fromarray(arr, mode="RGB")
-
-
-def load_reference_table(prompts: Sequence[str], metadata: Sequence[Mapping], source: str = "",
-                         existing: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
-    """Prompt -> reference image path from prompt-file metadata: a JSONL line
-    ``{"prompt": "make the cat blue", "image": "images/cat.png", ...}`` (``image`` relative to the prompt file's
-    folder, or absolute). Every line must have an ``image``; the same prompt text with two different images is an
-    error (the prompt string is the key the samplers pass around), naming the file and the prompt."""
-    base = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
-    where = source or "prompts"
-    table: dict[str, str] = {}
-    prior = dict(existing or {})
-    for i, (prompt, meta) in enumerate(zip(prompts, metadata)):
-        img = meta.get("image") if isinstance(meta, Mapping) else None
-        if not isinstance(img, str) or not img:
-            raise ValueError(f"{where}: prompt #{i + 1} {prompt!r}: FLUX-Kontext needs a string field 'image' "
-                             "(reference image path) on every prompt line")
-        path = img if os.path.isabs(img) else os.path.join(base, img)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{where}: prompt #{i + 1} {prompt!r}: reference image not found: {path}")
-        old = table.get(prompt, prior.get(prompt))
-        if old is not None and os.path.abspath(os.fspath(old)) != os.path.abspath(path):
-            raise ValueError(f"{where}: prompt {prompt!r} appears with two reference images ({old} and {path}); "
-                             "make the edit instructions unique per image")
-        table[prompt] = path
-    return table

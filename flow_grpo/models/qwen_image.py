@@ -30,6 +30,7 @@ class QwenImageAdapter(FluxAdapter):
     kind = "qwen_image"
     pipeline_cls_name = "QwenImagePipeline"
     release_max_sequence_length = 512  # QwenImagePipeline.__call__ default (it refuses more than 1024)
+    max_sequence_length_cap = 1024
     supports_cfg = True
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,
@@ -38,8 +39,9 @@ class QwenImageAdapter(FluxAdapter):
             raise ValueError("QwenImageAdapter: guidance-distilled Qwen-Image transformers (guidance_embeds=True) "
                              "are not supported")
         super().__init__(pipe, device=device, dtype=dtype, max_sequence_length=max_sequence_length)
-        if not 0 < self.max_sequence_length <= 1024:
-            raise ValueError(f"max_sequence_length must be in 1..1024 (QwenImagePipeline), got {self.max_sequence_length}")
+        if not 0 < self.max_sequence_length <= self.max_sequence_length_cap:
+            raise ValueError(f"max_sequence_length must be in 1..{self.max_sequence_length_cap} "
+                             f"({self.pipeline_cls_name}), got {self.max_sequence_length}")
         self.negative_prompt = negative_prompt
         self._neg: tuple[torch.Tensor, torch.Tensor] | None = None  # the padded negative embedding, encoded once
 

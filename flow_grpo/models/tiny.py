@@ -228,6 +228,13 @@ def build_tiny_wan_pipeline(seed: int = 0, **kwargs):
     return build(seed, **kwargs)
 
 
+def build_tiny_wan_i2v_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.1 I2V pipeline (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan_i2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan_i2v_pipeline as build
+
+    return build(seed, **kwargs)
+
+
 def build_tiny_qwen_image_pipeline(seed: int = 0):
     """Tiny Qwen-Image pipeline (see :mod:`flow_grpo.models.tiny_qwen_image`)."""
     from .tiny_qwen_image import build_tiny_qwen_image_pipeline as build
@@ -235,16 +242,24 @@ def build_tiny_qwen_image_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_qwen_image_edit_pipeline(seed: int = 0):
+    """Tiny Qwen-Image-Edit pipeline (see :mod:`flow_grpo.models.tiny_qwen_image`)."""
+    from .tiny_qwen_image import build_tiny_qwen_image_edit_pipeline as build
+
+    return build(seed)
+
+
 TINY_BUILDERS: dict[str, Any] = {
     "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
-    "qwen_image": build_tiny_qwen_image_pipeline,
+    "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
+    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline,
 }
 
 
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
     """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext' |
-    'wan' | 'qwen_image') and ``save_pretrained`` it into ``directory``."""
+    'wan' | 'wan_i2v' | 'qwen_image' | 'qwen_image_edit') and ``save_pretrained`` it into ``directory``."""
     builders = TINY_BUILDERS
     if kind not in builders:
         raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")

@@ -1,4 +1,4 @@
-"""Hub-free tiny Qwen-Image pipeline (random weights) for CPU tests and smoke runs.
+"""Hub-free tiny Qwen-Image and Qwen-Image-Edit pipelines (random weights) for CPU tests and smoke runs.
 
 * Text encoder: the VLM front-end's tiny ``Qwen2_5_VLForConditionalGeneration`` and its tiny Qwen2 tokenizer
   (:func:`mmgrpo.models.tiny.build_tiny_model`; hidden size 64 = the transformer's ``joint_attention_dim``).
@@ -11,7 +11,11 @@
 * Transformer: ``QwenImageTransformer2DModel`` with patch 2 (16 = 4 x 4 input channels), 2 layers, 2 heads of 16,
   RoPE axes (4, 6, 6).
 * Scheduler: Qwen/Qwen-Image's ``FlowMatchEulerDiscreteScheduler`` config (dynamic exponential shift with
-  base/max shift 0.5/0.9 over 256..8192 tokens, ``shift_terminal`` 0.02).
+  base/max shift 0.5/0.9 over 256..8192 tokens, ``shift_terminal`` 0.02), for both pipelines (a real
+  Qwen-Image-Edit folder's own scheduler config is what the adapter reads).
+* Qwen-Image-Edit: the same components plus the tiny Qwen2.5-VL processor (its image processor's small pixel
+  bounds keep the reference image's vision tokens few); ``QwenImageEditPipeline`` drops the first 64 tokens of its
+  template (the released tokenizer's system prompt), which again falls elsewhere under the tiny tokenizer.
 """
 from __future__ import annotations
 
@@ -24,9 +28,33 @@ QWEN_IMAGE_SCHEDULER = dict(
 
 
 def build_tiny_qwen_image_pipeline(seed: int = 0):
+    from diffusers import QwenImagePipeline
+
+    parts = _tiny_parts(seed)
+    parts.pop("processor")
+    pipe = QwenImagePipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_qwen_image_edit_pipeline(seed: int = 0):
+    """``QwenImageEditPipeline`` over the same components (same seed, same weights) plus the tiny Qwen2.5-VL
+    processor: Qwen-Image-Edit feeds the reference image to the text encoder through it (vision tokens)."""
+    from diffusers import QwenImageEditPipeline
+    from transformers import Qwen2VLProcessor
+
+    parts = _tiny_parts(seed)
+    p = parts["processor"]  # the pipeline's declared class (same image processing as Qwen2.5-VL's for images)
+    parts["processor"] = Qwen2VLProcessor(image_processor=p.image_processor, tokenizer=p.tokenizer,
+                                          video_processor=p.video_processor)
+    pipe = QwenImageEditPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _tiny_parts(seed: int) -> dict:
     import torch
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
     from mmgrpo.models.tiny import build_tiny_model
 
@@ -39,7 +67,5 @@ def build_tiny_qwen_image_pipeline(seed: int = 0):
     )
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                                  temperal_downsample=[False, True, True], latents_mean=_MEAN4, latents_std=_STD4)
-    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae,
-                             text_encoder=text_encoder, tokenizer=processor.tokenizer, transformer=transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae, text_encoder=text_encoder,
+                tokenizer=processor.tokenizer, processor=processor, transformer=transformer)

@@ -52,3 +52,33 @@ def build_tiny_wan_pipeline(seed: int = 0, scheduler: str = "euler"):
     pipe = WanPipeline(tokenizer=tok, text_encoder=te, transformer=transformer, vae=vae, scheduler=sched)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def build_tiny_wan_i2v_pipeline(seed: int = 0, scheduler: str = "euler"):
+    """Tiny Wan2.1 I2V (``WanImageToVideoPipeline``): the T2V components above (same seed, same weights for the
+    text encoder and the VAE), a tiny ``CLIPVisionModel`` image encoder (Wan2.1 I2V uses CLIP ViT-H/14's
+    penultimate hidden states; here 32 px, patch 8: 17 tokens of width 32) with its ``CLIPImageProcessor``, and a
+    transformer with Wan2.1 I2V's input layout: ``in_channels = 2 z + 4`` (noise latents, then the 4-channel
+    first-frame mask and the VAE latents of the conditioning video: 4 + 4 + 4 = 12; the release has 16 + 4 + 16),
+    ``image_dim`` = the CLIP width and ``added_kv_proj_dim`` = the transformer width (as the release: 5120)."""
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    t2v = build_tiny_wan_pipeline(seed, scheduler=scheduler)
+    torch.manual_seed(seed + 1)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        patch_size=8, projection_dim=32,
+    ))
+    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    z = t2v.vae.config.z_dim
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=2 * z + 4, out_channels=z,
+        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32, image_dim=32, added_kv_proj_dim=16,
+    )
+    pipe = WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                   scheduler=t2v.scheduler, image_processor=processor, image_encoder=image_encoder,
+                                   transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .base import ImageBatch, Metadata, RewardFn, _to_uint8_media, normalize_metadata, to_uint8_nhwc
+from ..media import to_uint8_media
+from .base import ImageBatch, Metadata, RewardFn, normalize_metadata
 
 __all__ = ["AsyncRewardRunner"]
 
@@ -38,8 +39,9 @@ class AsyncRewardRunner:
 
     def submit(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
                **kwargs: Any) -> Future:
-        # a reward that accepts videos (uint8 (B, F, H, W, 3)) gets them as they are, copied
-        imgs = _to_uint8_media(images) if getattr(self.reward, "accepts_video", False) else to_uint8_nhwc(images)
+        # a reward that accepts videos gets them as uint8 (B, F, H, W, 3), copied (Reward.evaluate's converter)
+        imgs = to_uint8_media(images, getattr(self.reward, "accepts_video", False),
+                              getattr(self.reward, "video_only", False))
         prompts = list(prompts)
         md = [dict(m) for m in normalize_metadata(metadata, imgs.shape[0], getattr(self.reward, "name", "?"))]
         return self._pool.submit(self.reward, imgs, prompts, md, **kwargs)

@@ -156,16 +156,6 @@ def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
     raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
 
 
-def _to_uint8_media(images: ImageBatch) -> np.ndarray:
-    """A uint8 video batch (B, F, H, W, 3) checked and copied (never aliases the input, as :func:`to_uint8_nhwc`),
-    anything else through :func:`to_uint8_nhwc`."""
-    if getattr(images, "ndim", None) == 5:
-        from ..media import check_video
-
-        return np.ascontiguousarray(check_video(images)).copy()
-    return to_uint8_nhwc(images)
-
-
 def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
     if len(images) == 0:
         raise ValueError("images: empty list")
@@ -302,8 +292,10 @@ class Reward:
     """
 
     name: str = "reward"
-    # True: ``images`` may also be a uint8 video batch (B, F, H, W, 3) (flow_grpo.rewards.video)
+    # True: ``images`` may also be a video batch, given to ``score`` as uint8 (B, F, H, W, 3) (flow_grpo.media)
     accepts_video: bool = False
+    # True: videos only (motion verifier, video judges); an image batch is refused by ``evaluate``
+    video_only: bool = False
 
     def __init__(self, name: str | None = None, nan_policy: NanPolicy = "raise"):
         if name is not None:
@@ -326,7 +318,9 @@ class Reward:
 
         Lets numpy-only rewards run without importing torch (e.g. in the reward server).
         """
-        imgs = _to_uint8_media(images) if self.accepts_video else to_uint8_nhwc(images)
+        from ..media import to_uint8_media
+
+        imgs = to_uint8_media(images, self.accepts_video, self.video_only, f"reward {self.name!r}: videos")
         n = imgs.shape[0]
         return self._evaluate(imgs, _check_prompts(prompts, n, self.name),
                               normalize_metadata(metadata, n, self.name), **kwargs)
@@ -527,7 +521,9 @@ class MultiReward(Reward):
 class PairwiseScorer(Protocol):
     """``compare(images_a, images_b, prompts, metadata) -> (M,)`` with values in [0, 1]:
     1 = a preferred, 0 = b preferred, 0.5 = tie (a probability P(a > b) is also accepted).
-    ``images_a``/``images_b`` are uint8 (M, H, W, 3); ``prompts``/``metadata`` are those of the pair (same group)."""
+    ``images_a``/``images_b`` are uint8 (M, H, W, 3), or videos (M, F, H, W, 3) for a video generator;
+    ``prompts``/``metadata`` are those of the pair (same group). A scorer with ``accepts_video = False`` is
+    refused videos by :class:`PairwisePreferenceReward` (with a clear error instead of a shape error inside it)."""
 
     def __call__(self, images_a: np.ndarray, images_b: np.ndarray, prompts: list[str],
                  metadata: list[Mapping[str, Any]]) -> Any: ...
@@ -544,6 +540,8 @@ class ScoreComparator:
         self.key = key or getattr(reward, "name", None)
         if self.key is None:
             raise ValueError("ScoreComparator: pass key= for a reward without a .name")
+        # videos go to the pointwise reward, which decides (MultiReward refuses image-only components itself)
+        self.accepts_video = not isinstance(reward, Reward) or reward.accepts_video
 
     def __call__(self, images_a, images_b, prompts, metadata):
         m = images_a.shape[0]
@@ -581,7 +579,12 @@ class PairwisePreferenceReward(Reward):
 
     Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
     (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
+
+    Videos (uint8 (N, F, H, W, 3)) are passed to the scorer whole (pairs of videos), unless the scorer says
+    ``accepts_video = False`` (e.g. the VLM image pairwise judge), which is refused with an error naming it.
     """
+
+    accepts_video = True  # the media check is the scorer's (see score)
 
     def __init__(self, scorer: PairwiseScorer, name: str = "pref_win_rate", symmetric: bool = False,
                  hard: bool = True, nan_policy: NanPolicy = "raise"):
@@ -612,6 +615,10 @@ class PairwisePreferenceReward(Reward):
         from mmgrpo.core.advantages import pairwise_win_rate
 
         n = images.shape[0]
+        if images.ndim == 5 and not getattr(self.scorer, "accepts_video", True):
+            raise RewardError(f"reward {self.name!r}: the pairwise scorer {type(self.scorer).__name__} compares "
+                              f"images, got videos {images.shape}; use a scorer that accepts videos (e.g. "
+                              "ScoreComparator over a video reward: reward.pairwise_scorer unset)", self.name)
         if group_ids is None:
             missing = [i for i, m in enumerate(metadata) if "group_id" not in m]
             if missing:

@@ -42,7 +42,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .base import NanPolicy, Reward, RewardError, normalize_metadata, to_uint8_nhwc
+from ..media import to_uint8_videos  # noqa: F401 (re-exported: the layouts the verifier takes)
+from .base import NanPolicy, Reward, RewardError
 
 __all__ = ["segment_frame", "segment_clip", "verify_clip", "MotionVerifierReward", "to_uint8_videos"]
 
@@ -204,26 +205,6 @@ def _direction_check(i: int, direction: str, per: list[list[dict]], count: int, 
 # ----------------------------------------------------------------------------------------------------------
 # reward
 # ----------------------------------------------------------------------------------------------------------
-def to_uint8_videos(videos: Any) -> np.ndarray:
-    """A batch of videos as uint8 (B, F, H, W, 3): from uint8 (B, F, H, W, 3|1), float (B, F, 3|1, H, W) in
-    [0, 1] (numpy or torch), or a list of uint8 (F, H, W, 3) arrays of equal shape.  Never aliases the input."""
-    if isinstance(videos, (list, tuple)):
-        arrs = [np.asarray(v) for v in videos]
-        if not arrs or any(a.shape != arrs[0].shape for a in arrs):
-            raise ValueError(f"videos: a list needs B >= 1 clips of one shape, got {[a.shape for a in arrs]}")
-        videos = np.stack(arrs)
-    if hasattr(videos, "detach"):
-        videos = videos.detach().cpu()
-        videos = (videos.float() if videos.is_floating_point() else videos).numpy()
-    v = np.asarray(videos)
-    if v.ndim != 5:
-        raise ValueError(f"videos: expected a 5-d batch, uint8 (B, F, H, W, 3) or float (B, F, 3, H, W), "
-                         f"got shape {v.shape}")
-    b, f = v.shape[:2]
-    flat = to_uint8_nhwc(v.reshape(b * f, *v.shape[2:]))  # the image path's dtype / range checks, per frame
-    return flat.reshape(b, f, *flat.shape[1:])
-
-
 class MotionVerifierReward(Reward):
     """Mini-T2V verifier reward (strict or partial); see the module docstring.
 
@@ -235,6 +216,7 @@ class MotionVerifierReward(Reward):
 
     name = "motion_verifier"
     accepts_video = True  # MultiReward passes it the (B, F, H, W, 3) videos (flow_grpo.rewards.base)
+    video_only = True  # Reward.evaluate converts with flow_grpo.media.to_uint8_videos
 
     def __init__(self, mode: Literal["strict", "partial"] = "strict", max_color_dist: float = 80.0,
                  min_area: int | None = None, min_visible: float = 0.25, min_move: float = 0.25,
@@ -245,16 +227,6 @@ class MotionVerifierReward(Reward):
         self.mode = mode
         self.kw = dict(max_color_dist=float(max_color_dist), min_area=min_area, min_visible=float(min_visible),
                        min_move=float(min_move), max_drift=float(max_drift))
-
-    def evaluate(self, images: Any, prompts: Sequence[str], metadata: Any = None, **kwargs: Any
-                 ) -> dict[str, np.ndarray]:
-        """``images`` is a batch of videos here (layouts in :func:`to_uint8_videos`)."""
-        from .base import _check_prompts
-
-        vids = to_uint8_videos(images)
-        n = vids.shape[0]
-        return self._evaluate(vids, _check_prompts(prompts, n, self.name), normalize_metadata(metadata, n, self.name),
-                              **kwargs)
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         from mmgrpo.data.synthetic_t2v import parse_prompt

@@ -22,13 +22,12 @@ adapter's ``decode`` returns, see :mod:`flow_grpo.media`) instead of (B, H, W, 3
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import numpy as np
 
-from ..media import check_video
-from .base import NanPolicy, Reward, RewardFn, _check_prompts, build_reward, check_shapes, normalize_metadata
+from .base import NanPolicy, Reward, RewardFn, build_reward, check_shapes
 
 __all__ = ["VideoReward", "PerFrameReward", "TemporalConsistency"]
 
@@ -39,12 +38,7 @@ class VideoReward(Reward):
     """Base class of rewards over videos: ``score(videos (B, F, H, W, 3) uint8, prompts, metadata)``."""
 
     accepts_video = True
-
-    def evaluate(self, images, prompts: Sequence[str], metadata=None, **kwargs: Any) -> dict[str, np.ndarray]:
-        videos = check_video(images, f"reward {self.name!r}: videos")
-        n = videos.shape[0]
-        return self._evaluate(videos, _check_prompts(prompts, n, self.name),
-                              normalize_metadata(metadata, n, self.name), **kwargs)
+    video_only = True  # Reward.evaluate converts with flow_grpo.media.to_uint8_videos
 
 
 class PerFrameReward(VideoReward):

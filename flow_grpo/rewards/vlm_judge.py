@@ -217,6 +217,8 @@ class VLMPairwiseJudge:
     with image a shown as "Image 1" and b as "Image 2" (prompt format in the module docstring).  Use
     ``PairwisePreferenceReward(..., symmetric=True)`` to average out the judge's position bias."""
 
+    accepts_video = False  # two images per prompt; PairwisePreferenceReward refuses videos with a clear error
+
     def __init__(self, path: str | None = None, *, model=None, processor=None, question: str = QUESTION_PAIR,
                  template: str = TEMPLATE_PAIR, answers: Sequence[str] = ("1", "2"), image_size: int | None = None,
                  family: str = "auto", dtype: Any = "float32", device: str = "cpu", batch_size: int = 8):

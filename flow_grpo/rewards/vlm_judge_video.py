@@ -24,7 +24,7 @@ Prompt (``mode="yes_no"``; ``"scale"`` asks for a rating 1..K as the image judge
 
 Outputs ``{name: r, name + "/answer_mass": p(Yes) + p(No)}`` (see :mod:`flow_grpo.rewards.vlm_judge`).
 Videos: uint8 (B, F, H, W, 3), float (B, F, 3, H, W) in [0, 1], or a list of (F, H, W, 3) arrays
-(:func:`flow_grpo.rewards.motion.to_uint8_videos`).
+(:func:`flow_grpo.media.to_uint8_videos`).
 
 Pixels: ``min_pixels`` / ``max_pixels`` / ``total_pixels`` default to qwen-vl-utils' video budget (128 / 768
 28x28 patches per frame), which upscales a 48x48 clip to about 316x316; pass e.g. ``min_pixels=56*56`` to judge
@@ -32,12 +32,11 @@ tiny clips at 56x56 (4 visual tokens per 2 frames).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .base import NanPolicy, normalize_metadata
+from .base import NanPolicy
 from .vlm_judge import TEMPLATE_POINT, VLMJudgeReward
 
 __all__ = ["VLMVideoJudgeReward", "QUESTION_VIDEO_YES_NO", "QUESTION_VIDEO_SCALE"]
@@ -60,6 +59,7 @@ class VLMVideoJudgeReward(VLMJudgeReward):
     """
 
     accepts_video = True  # MultiReward passes it the (B, F, H, W, 3) videos (flow_grpo.rewards.base)
+    video_only = True  # Reward.evaluate converts with flow_grpo.media.to_uint8_videos
 
     name = "vlm_judge_video"
 
@@ -91,17 +91,6 @@ class VLMVideoJudgeReward(VLMJudgeReward):
         vp = self.judge.processor.video_processor
         return load_video(frames, fps=float(self.sample_fps or fps), video_fps=float(fps),
                           image_factor=int(vp.patch_size) * int(vp.merge_size), **self.video_kw)
-
-    def evaluate(self, images: Any, prompts: Sequence[str], metadata: Any = None, **kwargs: Any
-                 ) -> dict[str, np.ndarray]:
-        """``images`` is a batch of videos here (layouts in the module docstring)."""
-        from .base import _check_prompts
-        from .motion import to_uint8_videos
-
-        vids = to_uint8_videos(images)
-        n = vids.shape[0]
-        return self._evaluate(vids, _check_prompts(prompts, n, self.name), normalize_metadata(metadata, n, self.name),
-                              **kwargs)
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         import torch

@@ -139,8 +139,11 @@ def _variants() -> list[tuple[str, str, dict]]:
     return out
 
 
-def _stable_rank(tag: str, key: str) -> str:
-    return hashlib.sha1(f"mini-geneval|{tag}|{key}".encode()).hexdigest()
+def stable_rank(salt: str, tag: str, key: str) -> str:
+    """A per-(tag, key) sort key that depends on no RNG state or Python hash seed (the held-out split of a
+    benchmark must be the same on every machine); ``salt`` names the benchmark, so two benchmarks split
+    independently."""
+    return hashlib.sha1(f"{salt}|{tag}|{key}".encode()).hexdigest()
 
 
 _TABLE: dict[str, list[dict]] | None = None
@@ -154,7 +157,7 @@ def _table() -> dict[str, list[dict]]:
         variants = _variants()
         heldout_keys: set[tuple[str, str]] = set()
         for tag in TAGS:
-            keys = sorted({k for t, k, _ in variants if t == tag}, key=lambda k: _stable_rank(tag, k))
+            keys = sorted({k for t, k, _ in variants if t == tag}, key=lambda k: stable_rank("mini-geneval", tag, k))
             n_held = max(1, math.ceil(HELDOUT_FRACTION * len(keys))) if len(keys) > 1 else 0
             heldout_keys.update((tag, k) for k in keys[:n_held])
         table: dict[str, list[dict]] = {"train": [], "heldout": []}

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from .synthetic_t2i import stable_rank
 from .synthetic_tvg import BACKGROUND, COLOURS as _TVG_COLOURS, _shape_mask
 
 __all__ = [
@@ -120,10 +121,6 @@ def _variants() -> list[tuple[str, str, dict]]:
             for t, k, m in out]
 
 
-def _stable_rank(tag: str, key: str) -> str:
-    return hashlib.sha1(f"mini-t2v|{tag}|{key}".encode()).hexdigest()
-
-
 _TABLE: dict[str, list[dict]] | None = None
 _BY_PROMPT: dict[str, dict] | None = None
 
@@ -134,7 +131,7 @@ def _table() -> dict[str, list[dict]]:
         variants = _variants()
         split_of: dict[tuple[str, str], str] = {}
         for tag in TAGS:
-            keys = sorted({k for t, k, _ in variants if t == tag}, key=lambda k: _stable_rank(tag, k))
+            keys = sorted({k for t, k, _ in variants if t == tag}, key=lambda k: stable_rank("mini-t2v", tag, k))
             n_held = math.ceil(SPLIT_FRACTIONS["heldout"] * len(keys))
             n_val = math.ceil(SPLIT_FRACTIONS["val"] * len(keys))
             for j, k in enumerate(keys):

@@ -40,6 +40,36 @@ def make_adapter(kind: str, lora: bool = True, seed: int = 0):
     return ad
 
 
+# ------------------------------------------------------------------------------------------------ pipeline equality
+# The setup shared by the adapter tests (test_models_{wan,wan_i2v,qwen_image,t5_kontext}.py): a tiny pipeline of a
+# kind wrapped in its adapter, our explicit ODE loop, and the pipeline's float frames as uint8.
+def tiny_adapter(kind: str, seed: int = 0, builder_kwargs=None, **adapter_kwargs):
+    """The adapter over ``TINY_BUILDERS[kind](seed, **builder_kwargs)`` (``adapter_kwargs``: e.g. num_frames)."""
+    from flow_grpo.models import adapter_from_pipeline
+    from flow_grpo.models.tiny import TINY_BUILDERS
+
+    return adapter_from_pipeline(TINY_BUILDERS[kind](seed=seed, **(builder_kwargs or {})), **adapter_kwargs)
+
+
+def tiny_ode(ad, emb, seeds, gs, cfg, steps, height, width):
+    """Our explicit loop: the adapter's sigmas and velocity, the Euler step of the SDE kernel (kind='ode')."""
+    from flow_grpo.sde import sde_step
+
+    ad.set_resolution(height, width)
+    x = ad.initial_noise(seeds, height, width)
+    sig = ad.sigmas(steps, height, width)
+    with torch.no_grad():
+        for k in range(steps):
+            v = ad.predict_velocity(x, sig[k].item(), emb, gs, cfg)
+            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
+    return x
+
+
+def as_uint8(np_media):
+    """A pipeline's ``output_type="np"`` floats in [0, 1] as the uint8 the adapters' ``decode`` returns."""
+    return torch.from_numpy((np_media * 255).round()).to(torch.uint8)
+
+
 def train_overrides(kind: str, method: str, out, **extra) -> list[str]:
     """Tiny-run overrides (64 px, 4 steps, 2x2 samples, LoRA r=4) shared by the trainer tests."""
     ov = {

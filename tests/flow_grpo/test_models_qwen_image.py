@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from flow_grpo.models import adapter_from_pipeline, load_adapter
+from flow_grpo.models import load_adapter
 from flow_grpo.models.tiny import save_tiny_pipeline
-from flow_grpo.models.tiny_qwen_image import build_tiny_qwen_image_pipeline
-from flow_grpo.sde import sde_step
+
+from .conftest import as_uint8 as _as_uint8, tiny_adapter, tiny_ode
 
 H = W = 64  # 8x8 latents -> 16 packed tokens
 STEPS = 4
@@ -24,22 +24,11 @@ MSL = 160
 
 def _qwen(seed=0, **kw):
     kw.setdefault("max_sequence_length", MSL)
-    return adapter_from_pipeline(build_tiny_qwen_image_pipeline(seed), **kw)
+    return tiny_adapter("qwen_image", seed, **kw)
 
 
 def _ode(ad, emb, seeds, gs, cfg, steps=STEPS):
-    ad.set_resolution(H, W)
-    x = ad.initial_noise(seeds, H, W)
-    sig = ad.sigmas(steps, H, W)
-    with torch.no_grad():
-        for k in range(steps):
-            v = ad.predict_velocity(x, sig[k].item(), emb, gs, cfg)
-            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
-    return x
-
-
-def _as_uint8(np_images):
-    return torch.from_numpy((np_images * 255).round()).to(torch.uint8)
+    return tiny_ode(ad, emb, seeds, gs, cfg, steps, H, W)
 
 
 @pytest.mark.parametrize("gs,cfg", [(4.0, True), (1.0, False)])

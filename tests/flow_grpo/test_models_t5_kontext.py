@@ -12,39 +12,24 @@ import pytest
 import torch
 from PIL import Image
 
-from flow_grpo.models import adapter_from_pipeline, load_adapter
-from flow_grpo.models.tiny import (build_tiny_flux_kontext_pipeline, build_tiny_sd3_pipeline,
-                                   build_tiny_sd3_t5_pipeline, save_tiny_pipeline)
-from flow_grpo.sde import sde_step
+from flow_grpo.models import load_adapter
+from flow_grpo.models.tiny import build_tiny_sd3_t5_pipeline, save_tiny_pipeline
 
-from .conftest import H, W
+from .conftest import H, W, as_uint8 as _as_uint8, tiny_adapter, tiny_ode
 
 STEPS = 4
 
 
 def _sd3_t5(seed=0, **kw):
-    return adapter_from_pipeline(build_tiny_sd3_t5_pipeline(seed), **kw)
+    return tiny_adapter("sd3_t5", seed, **kw)
 
 
 def _kontext(seed=0, **kw):
-    return adapter_from_pipeline(build_tiny_flux_kontext_pipeline(seed), max_sequence_length=16, auto_resize=False,
-                                 **kw)
+    return tiny_adapter("flux_kontext", seed, max_sequence_length=16, auto_resize=False, **kw)
 
 
 def _ode(ad, emb, seeds, gs, cfg, steps=STEPS):
-    """Our explicit loop: sigmas from the adapter, velocity, Euler step of the SDE kernel (kind='ode')."""
-    ad.set_resolution(H, W)
-    x = ad.initial_noise(seeds, H, W)
-    sig = ad.sigmas(steps, H, W)
-    with torch.no_grad():
-        for k in range(steps):
-            v = ad.predict_velocity(x, sig[k].item(), emb, gs, cfg)
-            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
-    return x
-
-
-def _as_uint8(np_images):
-    return torch.from_numpy((np_images * 255).round()).to(torch.uint8)
+    return tiny_ode(ad, emb, seeds, gs, cfg, steps, H, W)
 
 
 def _image(h, w, seed):
@@ -108,7 +93,7 @@ def test_sd3_t5_joint_embedding_layout():
     torch.testing.assert_close(emb.pooled, torch.cat(pooled, -1), rtol=0, atol=1e-6)
     torch.testing.assert_close(emb.neg_prompt_embeds[:, 77:], t5_neg, rtol=0, atol=1e-6)
     # the T5 branch is live: the same weights without T5 (zeros in its place) give another velocity
-    no_t5 = adapter_from_pipeline(build_tiny_sd3_pipeline(0), max_sequence_length=16)
+    no_t5 = tiny_adapter("sd3", 0, max_sequence_length=16)
     e0 = no_t5.encode_prompts([prompt])
     assert torch.equal(e0.prompt_embeds[:, :77], emb.prompt_embeds[:, :77]) and not e0.prompt_embeds[:, 77:].any()
     x = ad.initial_noise([1], H, W)

@@ -8,10 +8,11 @@ whole path from the prompt string."""
 import pytest
 import torch
 
-from flow_grpo.models import adapter_from_pipeline, load_adapter
+from flow_grpo.models import load_adapter
 from flow_grpo.models.tiny import save_tiny_pipeline
-from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline
 from flow_grpo.sde import sde_step
+
+from .conftest import as_uint8 as _as_uint8, tiny_adapter, tiny_ode
 
 H = W = 32  # latent 4x4, patch 2 -> 4 tokens per latent frame
 FRAMES = 5  # -> 2 latent frames (temporal factor 4)
@@ -20,22 +21,11 @@ STEPS = 4
 
 def _wan(seed=0, **kw):
     kw.setdefault("num_frames", FRAMES)
-    return adapter_from_pipeline(build_tiny_wan_pipeline(seed), **kw)
+    return tiny_adapter("wan", seed, **kw)
 
 
 def _ode(ad, emb, seeds, gs, cfg, steps=STEPS):
-    """Our explicit loop: sigmas from the adapter, velocity, Euler step of the SDE kernel (kind='ode')."""
-    x = ad.initial_noise(seeds, H, W)
-    sig = ad.sigmas(steps, H, W)
-    with torch.no_grad():
-        for k in range(steps):
-            v = ad.predict_velocity(x, sig[k].item(), emb, gs, cfg)
-            x = sde_step(v, x, sig[k].item(), sig[k + 1].item(), kind="ode").prev_sample
-    return x
-
-
-def _as_uint8(np_video):
-    return torch.from_numpy((np_video * 255).round()).to(torch.uint8)
+    return tiny_ode(ad, emb, seeds, gs, cfg, steps, H, W)
 
 
 def test_wan_ode_matches_pipeline_call_bitwise():
@@ -89,7 +79,7 @@ def test_wan_unipc_folder_sigmas_and_timesteps_are_the_schedulers(steps):
     grid point is its (integer) timestep."""
     from diffusers import UniPCMultistepScheduler
 
-    ad = adapter_from_pipeline(build_tiny_wan_pipeline(0, scheduler="unipc"), num_frames=FRAMES)
+    ad = tiny_adapter("wan", 0, builder_kwargs={"scheduler": "unipc"}, num_frames=FRAMES)
     assert ad.integer_timesteps
     ref = UniPCMultistepScheduler.from_config(ad.pipe.scheduler.config)
     ref.set_timesteps(steps)

@@ -117,7 +117,7 @@ def test_reward_registry_layouts_and_errors():
     np.testing.assert_array_equal(to_uint8_videos(list(good)), good)
     with pytest.raises(RewardError, match="sample 0 .* not a Mini-T2V prompt"):
         r(good[:1], ["a purple cow"])
-    with pytest.raises(ValueError, match="5-d batch"):
+    with pytest.raises(ValueError, match="video batch \\(5-d\\)"):
         r(good[0], ["a"] * 12)
 
 
