@@ -148,11 +148,12 @@ def load_sharded(path: str | os.PathLike, template: Mapping[str, Any]) -> dict:
     return sd
 
 
-def _opts():
+def _opts(load: bool = False):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    # trainable tensors only: a LoRA run never writes its frozen base
-    return StateDictOptions(ignore_frozen_params=True)
+    # trainable tensors only: a LoRA run never writes its frozen base. Loading them is not strict about the frozen
+    # ones; every trainable one is checked by DCP (a template key missing from the checkpoint raises)
+    return StateDictOptions(ignore_frozen_params=True, strict=not load)
 
 
 def sharded_model_optim(model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
@@ -194,9 +195,9 @@ def load_sharded_model_optim(path: str | os.PathLike, model: torch.nn.Module, op
     if meta.get("has_state", True):
         set_state_dict(model, opt, model_state_dict=got["model"],
                        optim_state_dict={"state": got["optim"], "param_groups": list(meta["param_groups"])},
-                       options=_opts())
+                       options=_opts(load=True))
     else:
-        set_model_state_dict(model, got["model"], options=_opts())
+        set_model_state_dict(model, got["model"], options=_opts(load=True))
         for g, saved in zip(opt.param_groups, meta["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
     return got.get("extra", {})

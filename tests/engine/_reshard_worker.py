@@ -20,8 +20,12 @@ STEP = 2
 
 def build(seed: int):
     torch.manual_seed(seed)
-    # 5 output rows: shards of uneven size on 2 processes
-    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    # 5 output rows: shards of uneven size on 2 processes; a frozen tensor (a LoRA run's base) is not written
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(0.1)  # the same base whatever the seed, as a base read from the model path
+    model[0].bias.requires_grad_(False)
+    return model
 
 
 def batch():
@@ -42,9 +46,9 @@ def full(t):
 
 
 def dump(model, opt, ema):
-    names = [n for n, _ in model.named_parameters()]
-    st = {"params": {n: full(p) for n, p in model.named_parameters()}, "optim": {}, "ema": {}}
-    for n, p in zip(names, model.parameters()):
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    st = {"params": {n: full(p) for n, p in trained}, "optim": {}, "ema": {}}
+    for n, p in trained:
         s = opt.state.get(p, {})
         st["optim"][n] = {k: full(v) for k, v in s.items()}
     for n, e in ema.items():
@@ -76,15 +80,16 @@ def worker(rank, mode, world, out, port):
         model = shard(build(0 if mode == "save" else 1), world)
     else:
         model = build(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05, weight_decay=0.1)
     mgr = CheckpointManager(out / "ckpts", keep_last=None, keep_best=False)
     if mode == "save":
         ema = {n: (p.to_local() if hasattr(p, "to_local") else p).detach().float().clone() * 0.5
-               for n, p in model.named_parameters()}
+               for n, p in model.named_parameters() if p.requires_grad}
         for _ in range(STEP):
             train_step(model, opt)
             for n, p in model.named_parameters():
-                ema[n].mul_(0.9).add_(p.to_local().detach(), alpha=0.1)
+                if n in ema:
+                    ema[n].mul_(0.9).add_(p.to_local().detach(), alpha=0.1)
         params = dict(model.named_parameters())
         ema_dt = {n: sharded_like(e, params[n]) for n, e in ema.items()}
         ref = dump(model, opt, ema_dt)
@@ -94,19 +99,20 @@ def worker(rank, mode, world, out, port):
         save_checkpoint(mgr, STEP, lambda: {"optimizer": meta}, is_main=rank == 0,
                         sharded=lambda d: save_sharded(d, {**tensors, "extra": {"ema": ema_dt}}))
         train_step(model, opt)
-        ref["after_step"] = {n: full(p) for n, p in model.named_parameters()}
+        ref["after_step"] = {n: full(p) for n, p in model.named_parameters() if p.requires_grad}
         if rank == 0:
             torch.save(ref, out / "ref.pt")
     else:
         path = mgr.latest_valid()
         meta = safe_torch_load(path / "optimizer.pt")
         params = dict(model.named_parameters())
-        ema = {n: torch.zeros_like(p.to_local() if hasattr(p, "to_local") else p) for n, p in params.items()}
+        ema = {n: torch.zeros_like(p.to_local() if hasattr(p, "to_local") else p) for n, p in params.items()
+               if p.requires_grad}
         got_ema = load_sharded_model_optim(path / "state", model, opt, meta,
                                            extra={"ema": {n: sharded_like(e, params[n]) for n, e in ema.items()}})
         got = dump(model, opt, got_ema["ema"])
         train_step(model, opt)
-        got["after_step"] = {n: full(p) for n, p in model.named_parameters()}
+        got["after_step"] = {n: full(p) for n, p in model.named_parameters() if p.requires_grad}
         if rank == 0:
             torch.save(got, out / f"got_{mode if mode == 'plain' else world}.pt")
     if dist.is_initialized():
