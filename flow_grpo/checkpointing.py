@@ -187,6 +187,9 @@ class CheckpointMixin:
             refuse_unsafe_pickles(path / STATE_DIR)
             self.accelerator.load_state(str(path / STATE_DIR))
             return
+        if getattr(getattr(self.optimizer, "optimizer", self.optimizer), "masters", None) is not None:
+            raise ValueError(f"resume: {path} holds sharded optimizer state; this run keeps fp32 master weights "
+                             "(bf16 trainable weights), which cannot take it: resume with the sharded setup")
         ema_meta = st.get("ema") or {}
         extra = {"ema": self._ema_sharded()} if self.ema is not None and ema_meta else None
         got = load_sharded_model_optim(path / STATE_DIR, self.model, self.optimizer, st["optimizer"], extra=extra)

@@ -133,7 +133,7 @@ class CheckpointMixin:
                 refuse_unsafe_pickles(path / STATE_DIR)
                 self.accelerator.load_state(str(path / STATE_DIR))
             else:
-                if getattr(self.optimizer, "masters", None) is not None:
+                if getattr(getattr(self.optimizer, "optimizer", self.optimizer), "masters", None) is not None:
                     raise ValueError(f"resume: {path} holds sharded optimizer state; this run keeps fp32 master "
                                      "weights (optim.fp32_master_weights), which cannot take it: resume with "
                                      "optim.fp32_master_weights=false or with the sharded setup")
