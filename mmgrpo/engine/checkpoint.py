@@ -31,8 +31,10 @@ streams (logged) - the weights, optimizer and data position are still exact.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -127,12 +129,21 @@ def _tensors_only(tree: Mapping[str, Any], where: str = "") -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every call without a process group that it assumes one process, which is what is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_sharded(path: str | os.PathLike, tensors: Mapping[str, Any]) -> None:
     """Collective: write a nested dict of tensors / DTensors with ``torch.distributed.checkpoint`` (each process
     its shards; replicated tensors once)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_tensors_only(tensors), checkpoint_id=str(path))
+    with _single_process_quiet():
+        dcp.save(_tensors_only(tensors), checkpoint_id=str(path))
 
 
 def load_sharded(path: str | os.PathLike, template: Mapping[str, Any]) -> dict:
@@ -144,7 +155,8 @@ def load_sharded(path: str | os.PathLike, template: Mapping[str, Any]) -> dict:
 
     refuse_unsafe_pickles(path)
     sd = _tensors_only(template)
-    dcp.load(sd, checkpoint_id=str(path))
+    with _single_process_quiet():
+        dcp.load(sd, checkpoint_id=str(path))
     return sd
 
 
