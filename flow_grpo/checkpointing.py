@@ -18,8 +18,8 @@ from typing import Optional
 
 import torch
 
-from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_model_optim, restore_rng, save_checkpoint,
-                                      save_sharded, sharded_like, sharded_model_optim)
+from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
+                                      sharded_like, sharded_writer)
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.write_errors import names_write_errors
 
@@ -98,13 +98,8 @@ class CheckpointMixin:
         rng = gather_rng()
         extra, sharded = {}, None
         if self.sharded:
-            if self.deepspeed:  # pragma: no cover - the engine keeps its own format (untested here)
-                sharded = lambda d: self.accelerator.save_state(str(d))  # noqa: E731
-                meta = {}
-            else:
-                tensors, meta = sharded_model_optim(self.model, self.optimizer)
-                tensors["extra"] = {"ema": self._ema_sharded()}
-                sharded = lambda d: save_sharded(d, tensors)  # noqa: E731
+            sharded, meta = sharded_writer(self.model, self.optimizer, self.accelerator, deepspeed=self.deepspeed,
+                                           extra={"ema": self._ema_sharded()})
 
             def entries():
                 return {**self._sharded_entries(meta), "rng": rng}
@@ -181,21 +176,13 @@ class CheckpointMixin:
 
     def _load_sharded(self, st: dict, path: Path) -> None:
         """``state/`` (DCP) into this run's layout, whatever number of processes wrote it."""
-        if self.deepspeed:  # pragma: no cover - untested here
-            from mmgrpo.utils.checkpoint import refuse_unsafe_pickles
-
-            refuse_unsafe_pickles(path / STATE_DIR)
-            self.accelerator.load_state(str(path / STATE_DIR))
-            return
-        if getattr(getattr(self.optimizer, "optimizer", self.optimizer), "masters", None) is not None:
-            raise ValueError(f"resume: {path} holds sharded optimizer state; this run keeps fp32 master weights "
-                             "(bf16 trainable weights), which cannot take it: resume with the sharded setup")
         ema_meta = st.get("ema") or {}
         extra = {"ema": self._ema_sharded()} if self.ema is not None and ema_meta else None
-        got = load_sharded_model_optim(path / STATE_DIR, self.model, self.optimizer, st["optimizer"], extra=extra)
+        got = load_sharded_state(path / STATE_DIR, self.model, self.optimizer, self.accelerator, st["optimizer"],
+                                 deepspeed=self.deepspeed, extra=extra)
         if st.get("scheduler"):
             self.lr_scheduler.load_state_dict(st["scheduler"])
-        if extra:
+        if extra and got:
             shadow = [(t.to_local() if hasattr(t, "to_local") else t) for t in got["ema"].values()]
             self.ema.load_state_dict({**ema_meta, "shadow": shadow})
 

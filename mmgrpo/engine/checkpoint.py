@@ -15,14 +15,14 @@ written last, rename; retention of the last N + best). Inside it:
 Why DCP and not ``accelerator.save_state`` + ``register_for_checkpointing``: measured on CPU (gloo, FSDP2;
 ``tests/engine/test_checkpoint_reshard.py``), DCP restores the FSDP2 weights and the AdamW state bit for bit on 1,
 2 (and, into an unsharded module, 1) processes from a checkpoint written by 2 (or 1): its load plans reshard by
-parameter name. ``accelerator.save_state`` writes the model and optimizer through the same DCP under FSDP, but it
-also writes ``random_states_<rank>.pkl`` / ``custom_checkpoint_<i>.pkl`` that ``load_state`` unpickles with
-``weights_only=False`` (loading would run code from the files), keys the custom state by registration order,
-and has no way to load into a different process count's RNG files; and for replicated runs it saves the full
-model (frozen base included) instead of the trainable tensors. Everything accelerate added is covered here
-with plain, safely loadable entries. Only tensors go through DCP: its non-tensor items are read with
-``torch.load(weights_only=False)``, so none are written, templates only ask for tensors, and ``.metadata`` is
-checked with :func:`mmgrpo.utils.checkpoint.refuse_unsafe_pickles` before loading.
+parameter name. ``accelerator.save_state`` writes the model and optimizer through the same DCP under FSDP; what it
+adds does not fit: the objects given to ``register_for_checkpointing`` (data position, counters, budget, EMA) go to
+``custom_checkpoint_<i>.pkl``, which ``load_state`` reads with ``torch.load(weights_only=False)`` (accelerate 1.15
+``load_custom_state``: loading would run code from the file) and which are keyed by registration order; and for
+replicated runs it saves the whole model (frozen base included) instead of the trained tensors. Everything it
+added is kept here as plain, safely loadable entries. Only tensors go through DCP: DCP reads its non-tensor items
+with ``torch.load(weights_only=False)`` too, so none are written, load templates only ask for tensors, and
+``.metadata`` is checked with :func:`mmgrpo.utils.checkpoint.refuse_unsafe_pickles` before loading.
 
 Process-count changes: a sharded checkpoint resumes on any number of processes (and into an unsharded run);
 replicated entries are the same on every process, so they resume on any number too. RNG states are restored only
@@ -42,8 +42,9 @@ import torch
 
 from mmgrpo.engine import dist as _dist
 
-__all__ = ["SkipHalt", "gather_rng", "restore_rng", "save_checkpoint", "sharded_model_optim",
-           "load_sharded_model_optim", "sharded_like", "save_sharded", "load_sharded", "STATE_DIR"]
+__all__ = ["SkipHalt", "gather_rng", "restore_rng", "save_checkpoint", "sharded_writer", "load_sharded_state",
+           "sharded_model_optim", "load_sharded_model_optim", "sharded_like", "save_sharded", "load_sharded",
+           "STATE_DIR"]
 
 log = logging.getLogger("mmgrpo.checkpoint")
 
@@ -228,6 +229,36 @@ def sharded_like(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def sharded_writer(model: torch.nn.Module, optimizer, accelerator, deepspeed: bool = False,
+                   extra: Optional[Mapping[str, Any]] = None) -> tuple[Callable[[Path], None], dict]:
+    """(writer, optimizer meta) of a sharded run for :func:`save_checkpoint`: the writer saves the weights, the
+    optimizer moments and ``extra`` tensors (e.g. EMA shadows from :func:`sharded_like`) into ``state/``; the meta
+    goes to ``optimizer.pt``. DeepSpeed: the engine's own ``save_state`` (untested here: no DeepSpeed install)."""
+    if deepspeed:  # pragma: no cover
+        return (lambda d: accelerator.save_state(str(d))), {}
+    tensors, meta = sharded_model_optim(model, optimizer)
+    if extra:
+        tensors["extra"] = dict(extra)
+    return (lambda d: save_sharded(d, tensors)), meta
+
+
+def load_sharded_state(path: str | os.PathLike, model: torch.nn.Module, optimizer, accelerator, meta: Mapping,
+                       deepspeed: bool = False, extra: Optional[Mapping[str, Any]] = None) -> dict:
+    """Collective: the inverse of :func:`sharded_writer` (``path``: the checkpoint's ``state/``) into this run's
+    layout, whatever number of processes wrote it; returns the loaded ``extra`` tensors."""
+    from mmgrpo.utils.checkpoint import refuse_unsafe_pickles
+
+    if deepspeed:  # pragma: no cover
+        refuse_unsafe_pickles(path)
+        accelerator.load_state(str(path))
+        return {}
+    if getattr(getattr(optimizer, "optimizer", optimizer), "masters", None) is not None:
+        raise ValueError(f"resume: {path} holds sharded optimizer state; this run keeps fp32 master weights of bf16 "
+                         "parameters (optim.fp32_master_weights), which cannot take it: resume with "
+                         "optim.fp32_master_weights=false or with the sharded setup that wrote it")
+    return load_sharded_model_optim(path, model, optimizer, meta, extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------- the folder

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_model_optim, restore_rng, save_checkpoint,
-                                      save_sharded, sharded_model_optim)
+from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
+                                      sharded_writer)
 from mmgrpo.utils.checkpoint import capture_rng_state, refuse_unsafe_pickles
 from mmgrpo.utils.config import config_to_dict
 from mmgrpo.utils.logging import get_logger
@@ -63,11 +63,8 @@ class CheckpointMixin:
         full_sd = sharded = None
         optim_meta = None
         if self.sharded:
-            if self.dist_kind == "DEEPSPEED":  # pragma: no cover - the engine keeps its own format (untested here)
-                sharded = lambda d: self.accelerator.save_state(str(d))  # noqa: E731
-            else:
-                tensors, optim_meta = sharded_model_optim(self.model, self.optimizer)
-                sharded = lambda d: save_sharded(d, tensors)  # noqa: E731
+            sharded, optim_meta = sharded_writer(self.model, self.optimizer, self.accelerator,
+                                                 deepspeed=self.dist_kind == "DEEPSPEED")
             # the portable copy of the trained weights (collective: gathers the shards)
             full_sd = self.accelerator.get_state_dict(self.model)
         extra = {}
@@ -129,15 +126,8 @@ class CheckpointMixin:
         if (path / "accelerate").is_dir():
             return self._load_legacy_accelerate(path)
         if (path / STATE_DIR).is_dir():
-            if self.dist_kind == "DEEPSPEED":  # pragma: no cover - untested here
-                refuse_unsafe_pickles(path / STATE_DIR)
-                self.accelerator.load_state(str(path / STATE_DIR))
-            else:
-                if getattr(getattr(self.optimizer, "optimizer", self.optimizer), "masters", None) is not None:
-                    raise ValueError(f"resume: {path} holds sharded optimizer state; this run keeps fp32 master "
-                                     "weights (optim.fp32_master_weights), which cannot take it: resume with "
-                                     "optim.fp32_master_weights=false or with the sharded setup")
-                load_sharded_model_optim(path / STATE_DIR, self.model, self.optimizer, st["optimizer"])
+            load_sharded_state(path / STATE_DIR, self.model, self.optimizer, self.accelerator, st["optimizer"],
+                               deepspeed=self.dist_kind == "DEEPSPEED")
         else:
             if self.sharded:
                 raise ValueError(f"resume: {path} was written by a replicated run (no {STATE_DIR}/ folder); a "
