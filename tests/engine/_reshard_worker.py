@@ -5,7 +5,8 @@ checkpoint through mmgrpo.engine.checkpoint, then take one more step; rank 0 dum
 after the extra step (``ref.pt``).
 load: WORLD processes build the same MLP from another seed, shard it, load the checkpoint, dump the full tensors,
 take the same extra step and dump the weights (``got_<WORLD>.pt``).
-plain: one process, no process group, no sharding: the same load into a plain module (``got_plain.pt``).
+plain: one process, no process group, no sharding: the same load into a plain module (``got_plain.pt``; run after
+``load 1``).
 """
 import os
 import sys
@@ -118,6 +119,8 @@ def worker(rank, mode, world, out, port):
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    if mode == "load" and world == 1:  # the same load into a plain module, without starting another interpreter
+        worker(0, "plain", 1, out, None)
 
 
 def _free_port():
