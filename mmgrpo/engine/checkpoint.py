@@ -227,10 +227,6 @@ def sharded_like(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
                               stride=param.stride())
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def sharded_writer(model: torch.nn.Module, optimizer, accelerator, deepspeed: bool = False,
                    extra: Optional[Mapping[str, Any]] = None) -> tuple[Callable[[Path], None], dict]:
     """(writer, optimizer meta) of a sharded run for :func:`save_checkpoint`: the writer saves the weights, the
