@@ -1,10 +1,13 @@
-"""Checkpoints and the final export of the flow trainer (mixed into :class:`flow_grpo.trainer.FlowGRPOTrainer`).
+"""Checkpoints and the final export of the flow trainer (mixed into :class:`flow_grpo.trainer.FlowGRPOTrainer`), in the
+one format of :mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
 
-Replicated backends (single process, DDP): the main process writes trainable weights, optimizer, LR schedule, EMA,
-counters, data position, reference fingerprint, config and every process's RNG state into an atomic
-``checkpoints/epoch-XXXXXXXX`` folder (:class:`mmgrpo.utils.checkpoint.CheckpointManager`; older runs'
-``step-XXXXXXXX`` folders resume too). Sharded backends (FSDP, DeepSpeed): ``accelerator.save_state`` shards inside
-the same folder. Halted runs write ``halted/step-XXXXXXXX`` (the optimizer step they stopped at)."""
+Atomic ``checkpoints/epoch-XXXXXXXX`` folders (:class:`mmgrpo.utils.checkpoint.CheckpointManager`; older runs'
+``step-XXXXXXXX`` folders resume too); halted runs write ``halted/step-XXXXXXXX`` (the optimizer step they stopped
+at). Entries of the main process: ``trainer`` (epoch, step, counters, skip state, budget, data), ``config``,
+``reference``, ``rng`` (every process's), ``scheduler``, ``optimizer``, ``ema`` and, when every process holds the
+whole trainable state (single process, DDP), ``trainable`` and the method's state (``method``). Sharded runs (FSDP2)
+write the weights, AdamW moments and EMA shadows to ``state/`` instead (every process its shards; resumable on any
+number of processes). Sharded checkpoints of the earlier format (``shards/``) still resume on the same number."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
+                                      sharded_like, sharded_writer)
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.write_errors import names_write_errors
 
@@ -25,10 +30,10 @@ log = get_logger("flow_grpo.trainer")
 
 class CheckpointMixin:
     """State dict, save / resume, replica check and the final export; needs the trainer's attributes (cfg,
-    accelerator, model, optimizer, lr_scheduler, ema, named_params, counters, budget, ckpt, halt_ckpt, ...)."""
+    accelerator, model, optimizer, lr_scheduler, ema, named_params, counters, skips, budget, ckpt, halt_ckpt, ...)."""
 
     def state_dict(self) -> dict:
-        """Checkpoint entries (replicated backends; written by the main process): trainable weights, optimizer,
+        """Checkpoint entries of a replicated run (written by the main process): trainable weights, optimizer,
         LR schedule, EMA, counters and data position, reference settings, config. RNG states of every process are
         added by :meth:`save_checkpoint`."""
         from mmgrpo.utils.config import config_to_dict
@@ -47,9 +52,20 @@ class CheckpointMixin:
             st["method"] = rt.state_dict()
         return st
 
+    def _sharded_entries(self, optim_meta: dict) -> dict:
+        """The main process's entries of a sharded run (tensors are in ``state/``)."""
+        from mmgrpo.utils.config import config_to_dict
+
+        ema = ({k: v for k, v in self.ema.state_dict().items() if k != "shadow"} if self.ema is not None else {})
+        return {"optimizer": optim_meta, "scheduler": self.lr_scheduler.state_dict(), "ema": ema,
+                "trainer": self._trainer_state(), "config": config_to_dict(self.cfg),
+                "reference": dict(self.reference_info)}
+
     def _trainer_state(self) -> dict:
+        scaler = getattr(self.accelerator, "scaler", None)  # fp16 mixed precision only
         return {"epoch": self.epoch, "global_step": self.global_step, "world": self.world,
-                "counters": dict(self.counters), "best_eval": self.best_eval, "budget": self.budget.state_dict(),
+                "counters": dict(self.counters), **self.skips.state_dict(), "best_eval": self.best_eval,
+                "budget": self.budget.state_dict(), "scaler": scaler.state_dict() if scaler is not None else None,
                 "data": {"epoch": self.epoch, "num_prompts": len(self.prompts),
                          "prompts_sha256": hashlib.sha256("\n".join(self.prompts).encode()).hexdigest(),
                          "group_size": self.cfg.data.group_size, "groups_per_epoch": self.cfg.data.groups_per_epoch}}
@@ -69,61 +85,43 @@ class CheckpointMixin:
             raise RuntimeError(f"processes {bad} hold different trainable weights than process 0: gradients were not "
                                "synchronised")
 
+    def _ema_sharded(self) -> dict:
+        """The EMA shadows as tensors DCP can reshard (DTensors with their parameter's layout)."""
+        if self.ema is None:
+            return {}
+        return {n: sharded_like(s, p) for (n, p), s in zip(self.named_params, self.ema.shadow)}
+
     def save_checkpoint(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
         """Collective: every process must call it. Returns the checkpoint dir on the main process."""
-        from mmgrpo.utils.checkpoint import capture_rng_state
-
         mgr = self.halt_ckpt if halted else self.ckpt
         step = self.global_step if halted else self.epoch
-        rng_all = _all_gather_object(capture_rng_state())
+        rng = gather_rng()
+        extra, sharded = {}, None
         if self.sharded:
-            return self._save_sharded(mgr, step, metric, rng_all)
-        self._check_replicas_in_sync()
-        path = None
-        if self.is_main:
-            state = self.state_dict()
-            state["rng"] = {"per_rank": rng_all, "world": self.world}
-            extra = {}
-            if self.cfg.model.lora.enabled:
+            sharded, meta = sharded_writer(self.model, self.optimizer, self.accelerator, deepspeed=self.deepspeed,
+                                           extra={"ema": self._ema_sharded()})
+
+            def entries():
+                return {**self._sharded_entries(meta), "rng": rng}
+        else:
+            self._check_replicas_in_sync()
+
+            def entries():
+                return {**self.state_dict(), "rng": rng}
+
+            if self.cfg.model.lora.enabled and self.is_main:
                 def write_lora(p):
                     os.makedirs(p, exist_ok=True)
                     with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
                         self.adapter.save_lora(str(p))
                 extra["lora"] = write_lora
-            path = mgr.save(step, state, metric=metric, extra_files=extra)
-        _barrier()
+        path = save_checkpoint(mgr, step, entries, is_main=self.is_main, sharded=sharded, metric=metric,
+                               extra_files=extra)
         if not halted:
             self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
         return path
 
-    def _save_sharded(self, mgr, step: int, metric, rng_all) -> Optional[Path]:
-        """FSDP / DeepSpeed: every process writes its shards (``accelerator.save_state``: model, optimizer, schedule
-        and RNG in the backend's sharded format, plus ``ema_rank{r}.pt``) into a staging dir that the main process
-        then moves into the atomic checkpoint. Resume needs the same number of processes."""
-        stage = None
-        if self.is_main:
-            mgr.root.mkdir(parents=True, exist_ok=True)
-            stage = mgr.root / f".tmp-shards-{step:08d}-{os.getpid()}"
-            stage.mkdir(exist_ok=True)
-        stage = Path(_broadcast_object(str(stage) if stage is not None else None))
-        self.accelerator.save_state(str(stage / "accelerate"))
-        torch.save(self.ema.state_dict() if self.ema is not None else {}, stage / f"ema_rank{self.rank}.pt")
-        _barrier()
-        path = None
-        if self.is_main:
-            from mmgrpo.utils.config import config_to_dict
-
-            state = {"trainer": self._trainer_state(), "config": config_to_dict(self.cfg),
-                     "reference": dict(self.reference_info), "rng": {"per_rank": rng_all, "world": self.world}}
-            path = mgr.save(step, state, metric=metric, extra_files={"shards": lambda p: os.rename(stage, p)})
-        _barrier()
-        if mgr is self.ckpt:
-            self._last_save = (self.epoch, path)  # a stop right after this save does not write it again
-        return path
-
     def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
-        from mmgrpo.utils.checkpoint import restore_rng_state
-
         ref = st.get("reference")
         if ref and ref.get("base_fingerprint") != self.reference_info["base_fingerprint"]:
             raise ValueError("checkpoint was trained on different base weights (fingerprint mismatch): refusing to "
@@ -133,49 +131,73 @@ class CheckpointMixin:
         sha = hashlib.sha256("\n".join(self.prompts).encode()).hexdigest()
         if data and data.get("prompts_sha256") != sha:
             log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
-        if self.sharded:
-            if path is None:
-                raise ValueError("sharded resume needs the checkpoint path")
-            if int(tr.get("world", self.world)) != self.world:
-                raise ValueError(f"sharded checkpoint written by {tr.get('world')} processes; resume with the same "
-                                 f"number (now {self.world})")
-            from mmgrpo.utils.checkpoint import refuse_unsafe_pickles, safe_torch_load
-
-            refuse_unsafe_pickles(Path(path) / "shards")  # torch.distributed.checkpoint unpickles .metadata as is
-            self.accelerator.load_state(str(Path(path) / "shards" / "accelerate"))
-            if self.ema is not None:
-                self.ema.load_state_dict(safe_torch_load(Path(path) / "shards" / f"ema_rank{self.rank}.pt"))
+        if path is not None and (Path(path) / "shards").is_dir():
+            self._load_legacy_shards(tr, Path(path))
+        elif path is not None and (Path(path) / STATE_DIR).is_dir():
+            self._load_sharded(st, Path(path))
         else:
-            names = dict(self.named_params)
-            missing = set(names) - set(st["trainable"])
-            if missing:
-                raise ValueError(f"checkpoint lacks trainable parameters {sorted(missing)[:5]}")
-            with torch.no_grad():
-                for n, p in names.items():
-                    p.copy_(st["trainable"][n].to(p.device, p.dtype))
-            self.optimizer.load_state_dict(st["optimizer"])
-            if "scheduler" in st:
-                self.lr_scheduler.load_state_dict(st["scheduler"])
-            if self.ema is not None and st.get("ema"):
-                self.ema.load_state_dict(st["ema"])
-            rt = getattr(self, "method_runtime", None)
-            if hasattr(rt, "load_state_dict"):
-                if not st.get("method"):
-                    raise ValueError(f"checkpoint has no state of sample.credit={self.cfg.sample.credit} (written by "
-                                     "another method?): refusing to resume without it")
-                rt.load_state_dict(st["method"])
+            if self.sharded:
+                raise ValueError(f"resume: {path} was written by a replicated run (no {STATE_DIR}/ folder); a sharded "
+                                 "run resumes from sharded checkpoints only")
+            self._load_replicated(st)
         self.epoch = int(tr["epoch"])
         self.global_step = int(tr["global_step"])
-        self.counters.update(tr.get("counters", {}))
+        self.counters.update({k: v for k, v in tr.get("counters", {}).items() if k != "consecutive_skips"})
+        self.skips.load_state_dict(tr)
         self.best_eval = tr.get("best_eval")
         self.budget.load_state_dict(tr.get("budget"))
+        scaler = getattr(self.accelerator, "scaler", None)
+        if tr.get("scaler") is not None and scaler is not None:
+            scaler.load_state_dict(tr["scaler"])
         rng = st.get("rng")
-        if rng is not None:
-            per = rng.get("per_rank") if isinstance(rng, dict) and "per_rank" in rng else [rng]
-            if self.rank < len(per):
-                restore_rng_state(per[self.rank])
-            else:
-                log.warning("resume: no RNG state saved for process %d (checkpoint had %d)", self.rank, len(per))
+        if rng is not None and "per_rank" not in rng:  # a single state (never written by this trainer; be lenient)
+            rng = {"per_rank": [rng], "world": 1}
+        restore_rng(rng, self.rank, self.world)
+
+    def _load_replicated(self, st: dict) -> None:
+        names = dict(self.named_params)
+        missing = set(names) - set(st["trainable"])
+        if missing:
+            raise ValueError(f"checkpoint lacks trainable parameters {sorted(missing)[:5]}")
+        with torch.no_grad():
+            for n, p in names.items():
+                p.copy_(st["trainable"][n].to(p.device, p.dtype))
+        self.optimizer.load_state_dict(st["optimizer"])
+        if "scheduler" in st:
+            self.lr_scheduler.load_state_dict(st["scheduler"])
+        if self.ema is not None and st.get("ema"):
+            self.ema.load_state_dict(st["ema"])
+        rt = getattr(self, "method_runtime", None)
+        if hasattr(rt, "load_state_dict"):
+            if not st.get("method"):
+                raise ValueError(f"checkpoint has no state of sample.credit={self.cfg.sample.credit} (written by "
+                                 "another method?): refusing to resume without it")
+            rt.load_state_dict(st["method"])
+
+    def _load_sharded(self, st: dict, path: Path) -> None:
+        """``state/`` (DCP) into this run's layout, whatever number of processes wrote it."""
+        ema_meta = st.get("ema") or {}
+        extra = {"ema": self._ema_sharded()} if self.ema is not None and ema_meta else None
+        got = load_sharded_state(path / STATE_DIR, self.model, self.optimizer, self.accelerator, st["optimizer"],
+                                 deepspeed=self.deepspeed, extra=extra)
+        if st.get("scheduler"):
+            self.lr_scheduler.load_state_dict(st["scheduler"])
+        if extra and got:
+            shadow = [(t.to_local() if hasattr(t, "to_local") else t) for t in got["ema"].values()]
+            self.ema.load_state_dict({**ema_meta, "shadow": shadow})
+
+    def _load_legacy_shards(self, tr: dict, path: Path) -> None:
+        """Sharded checkpoints of the earlier format: ``shards/accelerate`` (``accelerator.save_state``) and
+        ``shards/ema_rank<r>.pt``; the same number of processes only."""
+        from mmgrpo.utils.checkpoint import refuse_unsafe_pickles, safe_torch_load
+
+        if int(tr.get("world", self.world)) != self.world:
+            raise ValueError(f"sharded checkpoint (earlier format) written by {tr.get('world')} processes; resume "
+                             f"with the same number (now {self.world})")
+        refuse_unsafe_pickles(path / "shards")  # torch.distributed.checkpoint unpickles .metadata as is
+        self.accelerator.load_state(str(path / "shards" / "accelerate"))
+        if self.ema is not None:
+            self.ema.load_state_dict(safe_torch_load(path / "shards" / f"ema_rank{self.rank}.pt"))
 
     def maybe_resume(self) -> Optional[Path]:
         """Collective. ``run.resume_from``: auto (latest valid checkpoint, if any) | none | a path."""

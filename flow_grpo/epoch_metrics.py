@@ -69,7 +69,7 @@ def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float,
         "steps/applied": float(status["applied"]), "steps/skipped": float(status["skipped"]),
         "steps/empty": float(status["empty"]),
         "steps/skipped_total": float(tr.counters["skipped_steps"]),
-        "steps/consecutive_skips": float(tr.counters["consecutive_skips"]),
+        "steps/consecutive_skips": float(tr.skips.consecutive),
     }
     out.update(_update_metrics(upd, tr.cfg.optim.kl_coef))
     return out

@@ -37,7 +37,7 @@ class RunControlMixin:
             return
         if self.logger is not None:
             self.logger.flush()
-        cause = getattr(self, "_last_skip_cause", None) or (
+        cause = self.skips.last_cause or (
             "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
             "optim.drop_zero_adv=true)")
         raise NothingTrained(

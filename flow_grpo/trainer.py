@@ -61,6 +61,7 @@ import torch
 # TrainingHalted: the old name of TrainingStopped, re-exported with the other errors for old imports
 from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeout, TrainingHalted,  # noqa: F401
                                   TrainingInterrupted, TrainingStopped)
+from mmgrpo.engine.checkpoint import SkipHalt
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
@@ -152,7 +153,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
         self.budget_stopped = False
         self._signals: Optional[StopOnSignal] = None  # active during train(): SIGTERM / SIGINT stop at an epoch edge
-        self.counters = {"applied_steps": 0, "skipped_steps": 0, "consecutive_skips": 0, "empty_updates": 0,
+        self.skips = SkipHalt(cfg.optim.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
+        self.counters = {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
                          "groups_singleton": 0}
         self.best_eval: Optional[float] = None
@@ -409,16 +411,15 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         if status == "applied":
             grad_norms.append(gn)
             self.counters["applied_steps"] += 1
-            self.counters["consecutive_skips"] = 0
+            self.skips.applied()
             if self.ema is not None and self.global_step % c.ema.update_every == 0:
                 self.ema.update(self.global_step)
             return
         self.counters["skipped_steps"] += 1
-        self.counters["consecutive_skips"] += 1
-        self._last_skip_cause = what
+        halt = self.skips.skipped(what)
         log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)",
-                    self.epoch, u, what, self.counters["consecutive_skips"])
-        if self.counters["consecutive_skips"] >= c.optim.max_consecutive_skips:
+                    self.epoch, u, what, self.skips.consecutive)
+        if halt:
             self._halt(what)
 
     def _count_epoch(self, stats: dict, reward_counts: dict) -> list[float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mmgrpo.engine.checkpoint import SkipHalt
 from mmgrpo.methods import check_config, enabled_classes
 from mmgrpo.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.models.rollout import HFRolloutBackend, RolloutBackend
@@ -126,7 +127,7 @@ class SetupMixin:
                          # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
                          "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
                          "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
-        self.consecutive_skips = 0
+        self.skips = SkipHalt(cfg.run.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
         self._stop_reason: str | None = None
         self._signals: StopOnSignal | None = None  # active during train(): SIGTERM / SIGINT stop at a step boundary
         self._step_snapshot: dict | None = None

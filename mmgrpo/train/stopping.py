@@ -17,10 +17,18 @@ class StopMixin:
 
     def _record_skip(self, why: str, n: int = 1) -> None:
         self.counters["skipped_steps"] += n
-        self.consecutive_skips += n
-        self._last_skip_cause = why
+        self.skips.skipped(why, n)
         log.warning("step %d: %s -> optimizer step skipped (%d skipped in a row, %d in total)",
                     self.step + 1, why, self.consecutive_skips, self.counters["skipped_steps"])
+
+    @property
+    def consecutive_skips(self) -> int:
+        """Optimizer steps skipped in a row (:class:`mmgrpo.engine.checkpoint.SkipHalt`)."""
+        return self.skips.consecutive
+
+    @property
+    def _last_skip_cause(self) -> str:
+        return self.skips.last_cause or "unknown"
 
     def _applied_updates(self) -> int:
         """Optimizer updates applied so far in the run (every step attempts num_iterations; skips are counted)."""
@@ -33,7 +41,7 @@ class StopMixin:
         self.logger.flush()
         raise NothingTrained(
             f"nothing was trained: all {self.counters['skipped_steps']} optimizer step(s) of the run's {self.step} "
-            f"step(s) were skipped (last cause: {getattr(self, '_last_skip_cause', 'unknown')}; "
+            f"step(s) were skipped (last cause: {self._last_skip_cause}; "
             f"data/skipped_missing_media={self.counters['skipped_missing_media']}, "
             f"faults/reward_failed_calls={self.counters['reward_failed_calls']}, "
             f"faults/reward_nonfinite_rows={self.counters['reward_nonfinite_rows']}); no final checkpoint written. "

@@ -515,7 +515,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             self.optimizer.zero_grad(set_to_none=True)
             self._record_skip("non-finite loss" if loss_bad else "non-finite gradients")
             return grad_norm, False
-        self.consecutive_skips = 0
+        self.skips.applied()
         self.optimizer.step()
         self.scheduler.step()
         for m in self.methods:
@@ -572,11 +572,11 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                 self._log_completions(rb, self.step)
         self.last_batch = rb
         K = self.cfg.run.max_consecutive_skips
-        if K and self.consecutive_skips >= K:
+        if self.skips.halt_due:
             self.logger.log(m, self.step)
             never = " (no optimizer step of this run was applied)" if self._applied_updates() <= 0 else ""
             self._stop(f"{self.consecutive_skips} consecutive optimizer steps were skipped{never} (last cause: "
-                       f"{getattr(self, '_last_skip_cause', 'unknown')}; run.max_consecutive_skips={K}); check the "
+                       f"{self._last_skip_cause}; run.max_consecutive_skips={K}); check the "
                        f"data and media, the rewards, the learning rate and mixed precision before resuming")
         return m
 

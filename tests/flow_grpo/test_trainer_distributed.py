@@ -108,4 +108,16 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     for k in ("reward/total/mean", "adv/mean_abs", "grad_norm", "actual_batch_size"):
         assert _close(res[0]["fsdp"]["history"][0][k], hist[0][k], 1e-5, 1e-7), k
     assert res[0]["fsdp"]["resume_equal"] and res[1]["fsdp"]["resume_equal"] and res[0]["fsdp"]["resume_ema_equal"]
-    assert (out / "fsdp" / "checkpoints" / "epoch-00000001" / "shards" / "ema_rank1.pt").is_file()
+    # the one checkpoint format (mmgrpo.engine.checkpoint): shards of weights, AdamW moments and EMA in state/ (DCP)
+    ck = out / "fsdp" / "checkpoints" / "epoch-00000001"
+    assert (ck / "state" / ".metadata").is_file() and not (ck / "shards").exists()
+    # ... which one process resumes (unsharded): the weights the two processes held after the 1st epoch, bit for bit
+    ov, rewards = dist_case("fsdp", tmp_path / "one")
+    one = FlowGRPOTrainer(load_train_config(None, ov + [f"run.resume_from={ck}"]),
+                          adapter=make_adapter("flux", lora=False), reward_fn=rewards)
+    assert one.maybe_resume() == ck and one.epoch == 1 and not one.sharded
+    e0 = load("fsdp_e0_r0.pt"), load("fsdp_e0_r1.pt")  # dumped at the end of epoch index 0 = checkpoint 1
+    for n, p in one.named_params:
+        full = torch.cat([e0[0][n], e0[1][n]]) if e0[0][n].shape != p.shape else e0[0][n]
+        assert torch.equal(full.reshape(p.shape), p.detach()), n
+    one.close()
