@@ -413,3 +413,29 @@ def test_pretrain_vision_tags_learns_and_touches_only_the_vision_tower(tiny):
     assert res["history"][-1]["recall"] == 1.0 and res["history"][-1]["false_pos"] < 0.2
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".visual." in f".{n}." for n in changed)
+
+
+GROUNDING = REPO / "data" / "checkpoints" / "tiny_vlm_grounding"  # the base that reads the query (issue #16)
+
+
+@pytest.mark.skipif(not (GROUNDING / "config.json").exists(), reason="no shipped grounding base")
+def test_shipped_grounding_base_is_current_reads_the_query_and_loads(builder):
+    """The grounding base (benchmark version 2) was built from today's generator and templates, with the vision
+    tagging stage and a frozen tower, and its own report shows the query deciding the answer on validation
+    (own-query mIoU at least 10 above another query's span of the same video). Rebuild commands:
+    docs/demo_models.md, "Third round"."""
+    import json
+
+    from mmgrpo.models.adapters import load_policy
+
+    report = json.loads((GROUNDING / "sft_report.json").read_text())
+    stage1 = json.loads((GROUNDING / "sft_report_stage1_W1.json").read_text())
+    assert report["fingerprint"] == builder.fingerprint("grounding"), "stale grounding base: rebuild it"
+    assert stage1["args"]["vision_pretrain_steps"] > 0 and stage1["args"]["freeze_vision"]
+    assert report["args"]["freeze_vision"] and report["args"]["eval_split"] == "val"
+    assert report["prompt"]["query_position"] == "before" and report["reload_max_abs_logit_diff"] == 0.0
+    qs = report["eval_heldout"]["query_swap"]
+    assert qs["own_mIoU"] - qs["other_mIoU"] >= 10.0
+    assert report["eval_heldout"]["mIoU"] >= report["video_blind_baselines"]["duration_relative_span"]["mIoU"] + 15
+    policy = load_policy(GROUNDING, dtype="float32")
+    assert policy.family == "qwen2_5_vl" and policy.model.config.vision_config.hidden_size == 32
