@@ -10,7 +10,7 @@ import sys
 if __package__ in (None, ""):  # run as a script from a checkout: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmgrpo.data import synthetic_t2v as _impl  # noqa: E402
+from mmgrpo.synthetic import t2v as _impl  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(_impl.main())

@@ -9,7 +9,7 @@ import sys
 if __package__ in (None, ""):  # run as a script from a checkout: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmgrpo.data.synthetic_tvg import (  # noqa: E402,F401
+from mmgrpo.synthetic.tvg import (  # noqa: E402,F401
     COLOURS,
     SHAPES,
     Event,

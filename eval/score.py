@@ -60,12 +60,12 @@ if __package__ in (None, ""):  # executed as a script: make the repository root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.metrics import DEFAULT_DURATION_BUCKETS, breakdown, group_value, mean_pct, pct, rate_at  # noqa: E402
-from mmgrpo.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # noqa: E402
-from mmgrpo.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
-from mmgrpo.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
-from mmgrpo.rewards.parsing import ParseStatus  # noqa: E402
-from mmgrpo.rewards.protocols import PARSE_MODES, check_parse_mode  # noqa: E402
-from mmgrpo.rewards.tasks import (  # noqa: E402
+from mmgrpo.vlm.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # noqa: E402
+from mmgrpo.vlm.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
+from mmgrpo.vlm.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
+from mmgrpo.vlm.rewards.parsing import ParseStatus  # noqa: E402
+from mmgrpo.vlm.rewards.protocols import PARSE_MODES, check_parse_mode  # noqa: E402
+from mmgrpo.vlm.rewards.tasks import (  # noqa: E402
     ParseConfig,
     SampleError,
     box_best_iou,

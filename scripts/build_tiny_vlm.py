@@ -55,7 +55,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from mmgrpo.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
+    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -87,7 +87,7 @@ def build_processor(tok, min_pixels: int, max_pixels: int, family: str = "qwen2_
     Qwen3-VL -- but frames are resized by ``load_video`` first, so these only matter for images)."""
     from transformers import Qwen2VLImageProcessor
 
-    from mmgrpo.models.tiny import CHAT_TEMPLATE
+    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE
 
     _check_family(family)
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
@@ -110,7 +110,7 @@ def model_config(tok, hidden: int = 128, layers: int = 4, heads: int = 4, kv_hea
                  rope_theta: float = 1e4, tokens_per_second: int = 2, family: str = "qwen2_5_vl"):
     """Qwen2.5-VL (or Qwen3-VL) config.  ``mrope_section`` splits head_dim/2 over (time, height, width) in the 7B
     model's proportions ([16, 24, 24] of 64): time gets the rest after 3/8 each to height and width."""
-    from mmgrpo.models.tiny import SPECIAL_TOKENS
+    from mmgrpo.vlm.models.tiny import SPECIAL_TOKENS
 
     _check_family(family)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -147,7 +147,7 @@ def build_model(tok, seed: int = 0, family: str = "qwen2_5_vl", **dims):
     """Random model (float32, SDPA) whose generation config decodes greedily and never emits vision tokens."""
     import torch
 
-    from mmgrpo.models.tiny import model_class, vision_token_ids
+    from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
 
     cfg = model_config(tok, family=family, **dims)
     cfg._attn_implementation = "sdpa"
@@ -182,15 +182,15 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     if benchmark == "grounding":
         if not (tr.exists() and ev.exists()):
-            from mmgrpo.data.synthetic_grounding import generate as generate_v2
+            from mmgrpo.synthetic.grounding import generate as generate_v2
 
-            from mmgrpo.data.synthetic_grounding import N_EVENTS
+            from mmgrpo.synthetic.grounding import N_EVENTS
 
             generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes,
                         n_events=tuple(events) if events else N_EVENTS)
     elif not (tr.exists() and ev.exists()):
         try:
-            from mmgrpo.data.synthetic_tvg import generate
+            from mmgrpo.synthetic.tvg import generate
         except ImportError:  # older layout: a repo-root generator module
             from data.synthetic_tvg import generate
 
@@ -214,7 +214,7 @@ def prior_baselines(train: list, held: list) -> dict:
     look at the video cannot beat these by much: they say how much of an mIoU is the span-length prior."""
     import numpy as np
 
-    from mmgrpo.sft import score_tvg_outputs
+    from mmgrpo.vlm.sft import score_tvg_outputs
 
     def arrays(xs):
         return (np.array([x.duration for x in xs]), np.array([x.spans[0][0] for x in xs]),
@@ -272,9 +272,9 @@ def fingerprint(benchmark: str = "tvg") -> dict:
     import hashlib
     import inspect
 
-    from mmgrpo.data import prompts
-    from mmgrpo.data import synthetic_tvg as syn
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.synthetic import tvg as syn
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     s = {"id": "fp", "task": "tvg", "video": "v.mp4", "duration": 9.5, "query": "When does the red circle appear?",
          "spans": [[1.25, 4.5]]}
@@ -291,7 +291,7 @@ def fingerprint(benchmark: str = "tvg") -> dict:
 
     out = {"prompts": h(text), "synthetic_tvg": h(gen)}
     if benchmark == "grounding":
-        from mmgrpo.data import synthetic_grounding as g2
+        from mmgrpo.synthetic import grounding as g2
 
         src = repr([g2.DURATION, g2.EVENT_SECONDS, g2.N_EVENTS, g2.N_LANES, g2.MIN_MOVE, g2.CLOCK_ROWS,
                     g2.CLOCK_PX_PER_S, g2.CLOCK_RGB, g2.LIGHT_START, g2.LIGHT_PER_S, g2.APPEAR_TEMPLATES,
@@ -308,7 +308,7 @@ def _read_info(data_dir: Path) -> dict:
 
 
 def load_split(path: Path) -> list:
-    from mmgrpo.data.jsonl import load_jsonl
+    from mmgrpo.vlm.data.jsonl import load_jsonl
 
     samples, report = load_jsonl(path, on_error="raise")
     print(f"[data] {report.summary()}", flush=True)
@@ -391,9 +391,9 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     import torch
 
-    from mmgrpo import sft
-    from mmgrpo.data import prompts
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm import sft
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -430,7 +430,7 @@ def main(argv=None) -> dict:
     if args.init:  # continue from a checkpoint of this script (curriculum): its tokenizer, processor and weights
         from transformers import AutoProcessor
 
-        from mmgrpo.models.tiny import model_class
+        from mmgrpo.vlm.models.tiny import model_class
 
         processor = AutoProcessor.from_pretrained(args.init)
         tok = processor.tokenizer
@@ -546,9 +546,9 @@ def check_reload(path: Path, model, examples, pad_token_id: int, family: str = "
     import torch
     from transformers import AutoProcessor
 
-    from mmgrpo.models.tiny import model_class
+    from mmgrpo.vlm.models.tiny import model_class
 
-    from mmgrpo.sft import collate_sft
+    from mmgrpo.vlm.sft import collate_sft
 
     AutoProcessor.from_pretrained(path)  # must load
     m2 = model_class(family).from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")

@@ -275,7 +275,7 @@ def validation_curve(train_dir: Path) -> list[dict]:
 def draw_timelines(out: Path, annotations: Path, n: int) -> None:
     """``tvg/timeline.png``: for the first ``n`` held-out videos, the frames the model saw (the evaluator's own
     video settings, from its settings.json), the ground-truth span and the spans predicted before / after GRPO."""
-    from mmgrpo.utils.timeline import tvg_timelines
+    from mmgrpo.vlm.timeline import tvg_timelines
 
     video = _read_json(out / "eval_after" / "settings.json").get("video", {})
     if not n or not video:
@@ -293,7 +293,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
     video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
     query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
     GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
-    from mmgrpo.sft import query_swap_probe, score_tvg_outputs
+    from mmgrpo.vlm.sft import query_swap_probe, score_tvg_outputs
 
     anns = {}
     for line in annotations.read_text().splitlines():

@@ -102,7 +102,7 @@ def test_recipes_resolve_to_the_configs_of_the_old_override_lists(frontend, tmp_
     import compare_methods as cm
 
     from flow_grpo.config import load_train_config
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     old = {"vlm": OLD_VLM_METHODS, "flow": OLD_FLOW_METHODS}[frontend]

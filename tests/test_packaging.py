@@ -68,7 +68,7 @@ def test_data_synthetic_t2i_is_an_alias_of_the_package_module(tmp_path):
     """Scripts that import ``data.synthetic_t2i`` (from a checkout) get the package module itself, and the CLI
     ``python data/synthetic_t2i.py`` still writes prompts."""
     from data import synthetic_t2i as alias
-    from mmgrpo.data import synthetic_t2i as impl
+    from mmgrpo.synthetic import t2i as impl
 
     assert alias is impl and alias._draw_shape is impl._draw_shape  # private helpers too (build_tiny_flow)
     out = tmp_path / "p.jsonl"

@@ -191,7 +191,7 @@ def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl
     merged tokens (448x448 -> 256)."""
     import torch
 
-    from mmgrpo.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
+    from mmgrpo.vlm.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
 
     proc = build_tiny_processor(family)
     f = 28 if family != "qwen3_vl" else 32

@@ -64,10 +64,10 @@ def parse_args(argv=None):
 def run(args, root: str) -> dict:
     import torch
 
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     d = os.path.join(root, args.model)
     if not os.path.exists(os.path.join(d, "config.json")):

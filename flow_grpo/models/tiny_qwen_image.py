@@ -28,7 +28,7 @@ def build_tiny_qwen_image_pipeline(seed: int = 0):
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
                            QwenImageTransformer2DModel)
 
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     text_encoder, processor = build_tiny_model("qwen2_5_vl", seed=seed)
     torch.manual_seed(seed)

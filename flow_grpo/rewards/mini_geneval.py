@@ -25,7 +25,7 @@ __all__ = ["load_synthetic_t2i", "MiniGenEvalReward"]
 
 def load_synthetic_t2i() -> ModuleType:
     """The Mini-GenEval benchmark module, :mod:`mmgrpo.data.synthetic_t2i` (kept for old callers)."""
-    from mmgrpo.data import synthetic_t2i
+    from mmgrpo.synthetic import t2i as synthetic_t2i
 
     return synthetic_t2i
 

@@ -65,8 +65,8 @@ def segment_clip(clip: np.ndarray, palette: Mapping[str, tuple[int, int, int]] |
                  background: tuple[int, int, int] | None = None, max_color_dist: float = 80.0,
                  min_area: int | None = None) -> list[list[dict]]:
     """:func:`segment_frame` of every frame of a uint8 (F, H, W, 3) clip, vectorised over the clip."""
-    from mmgrpo.data import synthetic_t2i as t2i
-    from mmgrpo.data import synthetic_t2v as t2v
+    from mmgrpo.synthetic import t2i as t2i
+    from mmgrpo.synthetic import t2v as t2v
 
     palette = t2v.COLORS if palette is None else palette
     background = t2v.BACKGROUND if background is None else background
@@ -144,7 +144,7 @@ def verify_clip(frames: np.ndarray, spec: Mapping[str, Any], max_color_dist: flo
     ``checks``: one dict per check (``{"check", "entry" (index or None), "ok", ...values}``); ``tracks``: per
     entry the seen frames, per-frame counts and (for movers) the displacement.  Formulas in the module docstring.
     """
-    from mmgrpo.data.synthetic_t2v import validate_spec
+    from mmgrpo.synthetic.t2v import validate_spec
 
     clip = np.asarray(frames)
     if clip.ndim != 4 or clip.shape[-1] != 3 or clip.dtype != np.uint8:
@@ -257,7 +257,7 @@ class MotionVerifierReward(Reward):
                               **kwargs)
 
     def score(self, images, prompts, metadata, **kwargs: Any):
-        from mmgrpo.data.synthetic_t2v import parse_prompt
+        from mmgrpo.synthetic.t2v import parse_prompt
 
         n = images.shape[0]
         strict, partial = np.zeros(n), np.zeros(n)

@@ -72,7 +72,7 @@ def load_judge(path: str, family: str = "auto", dtype: Any = "float32", device: 
     """``(model, processor, adapter)`` from a local Qwen-VL folder, in eval mode (nothing trainable)."""
     from transformers import AutoProcessor
 
-    from mmgrpo.models.adapters import _dtype, detect_family, get_adapter
+    from mmgrpo.vlm.models.adapters import _dtype, detect_family, get_adapter
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"VLM judge folder not found: {path}")
@@ -92,7 +92,7 @@ class VLMJudge:
     def __init__(self, path: str | None = None, *, model=None, processor=None, family: str = "auto",
                  dtype: Any = "float32", device: str = "cpu", batch_size: int = 8,
                  attn_implementation: str | None = "sdpa"):
-        from mmgrpo.models.adapters import detect_family, get_adapter
+        from mmgrpo.vlm.models.adapters import detect_family, get_adapter
 
         if model is None or processor is None:
             if path is None:
@@ -126,8 +126,8 @@ class VLMJudge:
         """(B, A) full-vocabulary probabilities of the answer tokens at the next position, in batches."""
         import torch
 
-        from mmgrpo.models.inputs import build_prompt_item
-        from mmgrpo.models.rollout import batch_to, collate_prompts
+        from mmgrpo.vlm.models.inputs import build_prompt_item
+        from mmgrpo.vlm.models.rollout import batch_to, collate_prompts
 
         pad = self.processor.tokenizer.pad_token_id
         out = []

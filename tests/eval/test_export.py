@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
 
 from eval import score as score_mod  # noqa: E402
 from eval.export import check_formats, export, nextgqa_key  # noqa: E402
-from mmgrpo.data.converters import convert_charades_sta, convert_dense_captions  # noqa: E402
+from mmgrpo.vlm.data.converters import convert_charades_sta, convert_dense_captions  # noqa: E402
 
 
 def _canon(samples):

@@ -4,7 +4,7 @@ import types
 
 import torch
 
-from mmgrpo.methods.dapo import OverlongMask, drop_zero_std_groups, keep_first_groups
+from mmgrpo.vlm.methods.dapo import OverlongMask, drop_zero_std_groups, keep_first_groups
 
 
 def test_zero_std_groups_are_dropped_whole_and_counted():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mmgrpo.methods.t_grpo import temporal_bonus
+from mmgrpo.vlm.methods.t_grpo import temporal_bonus
 
 
 def test_temporal_bonus_is_per_group_by_hand():

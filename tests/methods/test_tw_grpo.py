@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmgrpo.methods.tw_grpo import tw_token_weights
+from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 
 
 def _tw_reference(logprobs, mask, gids, alpha, clamp):

@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from mmgrpo.train.trainer import RolloutBatch, cat_batches, micro_batches
+from mmgrpo.vlm.train.trainer import RolloutBatch, cat_batches, micro_batches
 
 
 def _batch(n: int, T: int, start: int) -> RolloutBatch:

@@ -34,7 +34,7 @@ CASES = {
 
 
 def run_case(name, tmp_path, model_dir, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     over, kind = CASES[name]
     cfg = th.make_cfg(tmp_path, model_dir, *over)
@@ -87,7 +87,7 @@ if __name__ == "__main__" and "--record" in sys.argv:  # run once on the pre-ref
     torch.set_num_threads(1)
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     import conftest
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     import types
 

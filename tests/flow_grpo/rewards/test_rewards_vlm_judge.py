@@ -15,7 +15,7 @@ PROMPTS = ["a red cube", "two cats on a table", "a door"]
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, proc = build_tiny_model("qwen2_5_vl", seed=0)
     with torch.no_grad():  # sharpen the random next-token distribution so samples' scores differ clearly
