@@ -4,7 +4,7 @@
 
 FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | tempsamp | nextgqa | video_r1 |
 refcoco.
-See ``mmgrpo.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
+See ``mmgrpo.vlm.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
 """
 import argparse
 import json

@@ -1,9 +1,9 @@
 """Mini-GenEval synthetic text-to-image benchmark (CLI + module).  The implementation lives in
-:mod:`mmgrpo.data.synthetic_t2i` so it is importable from an installed package; this file is an alias of it.
+:mod:`mmgrpo.synthetic.t2i` so it is importable from an installed package; this file is an alias of it.
 
     python data/synthetic_t2i.py --n 1000 --split train --seed 0 --out train.jsonl [--images DIR]
 
-``import data.synthetic_t2i`` (from a checkout) gives the very module object ``mmgrpo.data.synthetic_t2i``
+``import data.synthetic_t2i`` (from a checkout) gives the very module object ``mmgrpo.synthetic.t2i``
 (private helpers and monkeypatching included), not a copy.
 """
 import os

@@ -1,5 +1,5 @@
 """Mini-T2V synthetic text-to-video benchmark (CLI + module).  The implementation lives in
-:mod:`mmgrpo.data.synthetic_t2v` so it is importable from an installed package (the ``motion_verifier`` reward
+:mod:`mmgrpo.synthetic.t2v` so it is importable from an installed package (the ``motion_verifier`` reward
 uses it); this file is an alias of it.
 
     python data/synthetic_t2v.py OUT [--splits train val heldout] [--n 200 | --all] [--seed 0] [--mp4]

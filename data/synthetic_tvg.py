@@ -1,5 +1,5 @@
 """Synthetic temporal-grounding benchmark (CLI + module).  The implementation lives in
-:mod:`mmgrpo.data.synthetic_tvg` so it is importable from an installed package; this file re-exports it.
+:mod:`mmgrpo.synthetic.tvg` so it is importable from an installed package; this file re-exports it.
 
     python data/synthetic_tvg.py OUT_DIR --n-train 64 --n-eval 16 --seed 0 [--mcq]
 """

@@ -8,8 +8,8 @@
 ``adapter_config.json`` names the base), or a trainer checkpoint holding ``adapter/``; ``adapter=DIR`` applies an
 adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every setting.
 
-Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.train.task.load_samples``, turned
-into model inputs by ``mmgrpo.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
+Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.train.task.load_samples``, turned
+into model inputs by ``mmgrpo.vlm.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
 ``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
 rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
 of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
@@ -94,15 +94,15 @@ def _h(text: str) -> dict:
 
 @dataclass
 class VLMDataConfig:
-    """Field names match ``mmgrpo.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
+    """Field names match ``mmgrpo.vlm.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
 
-    annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.data schema)"))
+    annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.vlm.data schema)"))
     media_root: str = field(default="",
                             metadata=_h("prefix for relative video/image paths (default: the JSONL's folder)"))
     task: Literal["tvg", "mcq", "gqa", "rec"] = field(default="tvg",
                                                       metadata=_h("task scored (every sample must have it)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
-        default="think", metadata=_h("prompt mode (mmgrpo.data.prompts): <think> reasoning or a direct answer"))
+        default="think", metadata=_h("prompt mode (mmgrpo.vlm.data.prompts): <think> reasoning or a direct answer"))
     answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
         "task text after (default) or before the video/image in the user turn; must match the model's training"))
@@ -520,7 +520,7 @@ def _json_safe(d: dict) -> dict:
 
 
 def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple[list[str], list[int], list[bool]]:
-    """:func:`mmgrpo.models.rollout.greedy_generate` (one definition, shared with the trainer's validation so a
+    """:func:`mmgrpo.vlm.models.rollout.greedy_generate` (one definition, shared with the trainer's validation so a
     validation point and an evaluation of the same weights decode alike); imported lazily (``--help`` stays
     torch-free)."""
     from mmgrpo.vlm.models.rollout import greedy_generate as _greedy

@@ -22,7 +22,7 @@ What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #2
   - ``text_encoder``: the tiny random ``UMT5EncoderModel`` + hand-built tokenizer of ``tiny_wan`` (frozen unless
     ``--train-text``).
 * training: rectified flow (:func:`flow_grpo.pretrain.pretrain`) on Mini-T2V reference clips
-  (:func:`mmgrpo.data.synthetic_t2v.render_clip`) of the *train* split, tags ``motion`` / ``count_motion`` /
+  (:func:`mmgrpo.synthetic.t2v.render_clip`) of the *train* split, tags ``motion`` / ``count_motion`` /
   ``two_motion`` / ``order``, with the deliberate weakness below.
 * **Weakness (direction noise)**: with probability ``--direction-noise`` per training clip that has at least one
   moving object, the clip is rendered with the *first* moving entry's direction replaced by another one (uniform

@@ -9,7 +9,7 @@
    integer 0..99, every fraction ``.d`` / ``.dd``, ``<answer>``, ``</answer>``, ``<think>``, ``</think>``), so
    ``<answer>12.54 to 17.83</answer><|im_end|>`` is 9 tokens; wrap it in the Qwen2.5-VL processor;
 3. build a randomly initialised small Qwen2.5-VL (defaults: LLM hidden 96 x 3 layers, ViT 32 x 2 blocks);
-4. SFT (``mmgrpo.sft``) for a FIXED number of steps (``--steps``; no held-out data is looked at to stop);
+4. SFT (``mmgrpo.vlm.sft``) for a FIXED number of steps (``--steps``; no held-out data is looked at to stop);
    ``--seconds`` is only a wall-clock guard: if it is hit, training stops early and ``stopped_by`` says so;
 5. evaluate greedy decoding on the held-out split (mIoU, R1@0.3/0.5/0.7, parse rate, tokens/s);
 6. ``save_pretrained`` model + processor into ``<out>`` (loads with ``from_pretrained`` / ``load_policy`` like any
@@ -45,7 +45,7 @@ def number_tokens(max_int: int = 99) -> list[str]:
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99):
     """Qwen2 tokenizer around a byte-level BPE trained on ``corpus`` (deterministic), Qwen's special tokens and
-    ChatML template (``mmgrpo.models.tiny``), plus :func:`number_tokens` and :data:`ANSWER_TOKENS` as *non-special*
+    ChatML template (``mmgrpo.vlm.models.tiny``), plus :func:`number_tokens` and :data:`ANSWER_TOKENS` as *non-special*
     added tokens (matched leftmost-longest before BPE, kept by ``decode(skip_special_tokens=True)``).
 
     Digits are removed from the BPE corpus so no merge ever mixes digits: numbers tokenise only through the added
@@ -177,7 +177,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
                 n_val: int = 0, clock: str = "none", lanes: int = 3,
                 events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
-    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
+    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.synthetic.grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     if benchmark == "grounding":
@@ -265,10 +265,10 @@ def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) 
 
 def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
-    answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
-    (``mmgrpo.data.synthetic_tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
+    answer (``mmgrpo.vlm.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
+    (``mmgrpo.synthetic.tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
     checkpoint whose fingerprint differs from the current code's must be rebuilt.  ``benchmark="grounding"`` adds
-    ``synthetic_grounding``: the same for ``mmgrpo.data.synthetic_grounding`` (version 2)."""
+    ``synthetic_grounding``: the same for ``mmgrpo.synthetic.grounding`` (version 2)."""
     import hashlib
     import inspect
 
@@ -327,7 +327,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-dir", default="", help="folder with train.jsonl / eval.jsonl (default: <out>/data)")
     p.add_argument("--benchmark", default="tvg", choices=("tvg", "grounding"),
                    help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
-                        "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
+                        "(mmgrpo/synthetic/grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
     p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
     p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
@@ -335,7 +335,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "ignored with an existing --data-dir (sft_report.json's data.info records that data's own settings)")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
-                        "brightens with time); see mmgrpo/data/synthetic_grounding.py")
+                        "brightens with time); see mmgrpo/synthetic/grounding.py")
     p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
                    help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
     p.add_argument("--label-noise", type=float, default=0.0,
@@ -353,8 +353,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.data.prompts.MODES)")
-    p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.data.prompts.ANSWER_FORMATS)")
+    p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.vlm.data.prompts.MODES)")
+    p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.vlm.data.prompts.ANSWER_FORMATS)")
     p.add_argument("--include-duration", action="store_true", help="state the video length in the prompt")
     p.add_argument("--query-position", default="after", choices=("after", "before"),
                    help="task text after (default) or before the video in the prompt; 'before' lets the video "

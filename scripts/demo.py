@@ -234,7 +234,7 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]
     ev = [PY, "eval/generate_vlm.py", "--config", recipe.eval_config,
           f"data.annotations={data_dir / 'eval.jsonl'}"] + kv(recipe.eval) + common + kv(prof.eval)
-    train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
+    train = [PY, "-m", "mmgrpo.vlm.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
         [f"data.train_file={data_dir / 'train.jsonl'}"] + common + kv(prof.grpo) + val_file
     return {"base": base, "data_dir": data_dir, "report": rep, "eval_cmd": ev, "train_cmd": train}
 
@@ -266,7 +266,7 @@ def tvg(runner: Runner, args, recipe: TVGRecipe) -> dict:
 
 
 def validation_curve(train_dir: Path) -> list[dict]:
-    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.train.validation)."""
+    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.vlm.train.validation)."""
     path = train_dir / "validation" / "curve.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate")}} for r in rows]

@@ -1,4 +1,4 @@
-"""mmgrpo.sft (answer-only cross-entropy SFT) and the demo's tiny-VLM builder (scripts/build_tiny_vlm.py)."""
+"""mmgrpo.vlm.sft (answer-only cross-entropy SFT) and the demo's tiny-VLM builder (scripts/build_tiny_vlm.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -164,7 +164,7 @@ def test_padding_does_not_change_any_rows_loss(tiny, side):
 
 
 def test_left_layout_matches_the_grpo_log_prob_function(tiny):
-    """The SFT loss equals minus the token-mean of mmgrpo.models.rollout.compute_token_logprobs (same layout)."""
+    """The SFT loss equals minus the token-mean of mmgrpo.vlm.models.rollout.compute_token_logprobs (same layout)."""
     from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
 
     model, processor, exs = tiny
@@ -338,7 +338,7 @@ SHIPPED = REPO / "data" / "checkpoints" / "tiny_vlm"  # where scripts/demo.py lo
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped demo checkpoint")
 def test_shipped_checkpoint_is_current_and_loads(builder):
     """The shipped demo VLM was built from today's prompt templates and synthetic generator, and loads like any
-    Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/data/prompts.py or synthetic_tvg.py, rebuild:
+    Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/vlm/data/prompts.py or synthetic_tvg.py, rebuild:
     python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship data/checkpoints/tiny_vlm"""
     import json
 

@@ -1,8 +1,8 @@
 """Benchmark ``logprob_memory_ratio``: extra peak memory of token log-probs + backward, full logits vs chunked head.
 
-A = full: ``F.linear`` -> (N, T, V) fp32 logits -> ``mmgrpo.models.rollout.token_logprobs_from_logits`` (what the
+A = full: ``F.linear`` -> (N, T, V) fp32 logits -> ``mmgrpo.vlm.models.rollout.token_logprobs_from_logits`` (what the
     trainer did before ``algo.logprob_chunk_size``);
-B = chunked: ``mmgrpo.models.chunked.chunked_token_logprobs`` (the head applied ``--chunk`` tokens at a time, in the
+B = chunked: ``mmgrpo.vlm.models.chunked.chunked_token_logprobs`` (the head applied ``--chunk`` tokens at a time, in the
     forward and in the recomputing backward).
 
 Both: Qwen's vocabulary V = 151,936, N = 8 completions x T = 512 tokens (every token valid, so the chunked side

@@ -3,7 +3,7 @@
 A = repeated: ``HFRolloutBackend(shared_prefix=False)``: ``model.generate`` on the prompt repeated G times (G
     vision-tower passes, G prefills of the ~1k-token prompt, then G rows decoded);
 B = shared: ``HFRolloutBackend(shared_prefix=True)``: one vision-tower pass and one prefill, the KV cache repeated
-    to G rows, the same G rows decoded (``mmgrpo.models.rollout.shared_prefix_sample``).
+    to G rows, the same G rows decoded (``mmgrpo.vlm.models.rollout.shared_prefix_sample``).
 
 Both: the same model (``load_policy`` on one saved folder: fp32, sdpa; ``mid`` by default, see common.VLM_SIZES),
 the same video prompt (32 frames at 224x224 -> 1024 video tokens), G = 8, exactly ``--T`` = 64 new tokens (EOS is

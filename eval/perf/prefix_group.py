@@ -1,8 +1,8 @@
 """Benchmark ``prefix_group_speedup``: GRPO forward+backward of one group, naive vs shared-prefix.
 
-A = naive: ``mmgrpo.models.rollout.compute_token_logprobs`` on the prompt repeated G times (G vision-tower passes,
+A = naive: ``mmgrpo.vlm.models.rollout.compute_token_logprobs`` on the prompt repeated G times (G vision-tower passes,
     G forwards over prompt+completion);
-B = grouped: ``mmgrpo.models.prefix_group.grouped_token_logprobs`` (vision + prompt once, G suffixes attend to
+B = grouped: ``mmgrpo.vlm.models.prefix_group.grouped_token_logprobs`` (vision + prompt once, G suffixes attend to
     the shared keys/values).
 
 Both: same model (loaded with ``load_policy`` from one saved folder: fp32, sdpa, vision frozen, LLM fully trainable,

@@ -2,8 +2,8 @@
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
-                    (``mmgrpo.models.prefix_group``: each prompt encoded once per group in the loss) and
+* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
+                    (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once per group in the loss) and
                     ``rollout.shared_prefix=true`` (each prompt prefilled once while sampling); with a trainer
                     that predates the first option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
 * ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` and ``rollout.shared_prefix=false`` (prompt

@@ -1,9 +1,9 @@
 """A VLM judge reward on mmgrpo's own Qwen-VL front-end: pointwise scores and pairwise preferences.
 
 The judge is any Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder (e.g. a UnifiedReward-style fine-tune or a
-plain instruct model), loaded with the family adapters of :mod:`mmgrpo.models.adapters`; prompts are built with
-:func:`mmgrpo.models.inputs.build_prompt_item` and left-padded into one batch by
-:func:`mmgrpo.models.rollout.collate_prompts` -- the same path the VLM trainer's rollouts use.  No text is
+plain instruct model), loaded with the family adapters of :mod:`mmgrpo.vlm.models.adapters`; prompts are built with
+:func:`mmgrpo.vlm.models.inputs.build_prompt_item` and left-padded into one batch by
+:func:`mmgrpo.vlm.models.rollout.collate_prompts` -- the same path the VLM trainer's rollouts use.  No text is
 generated: the score is read from the next-token distribution after the chat template's generation prompt
 (one forward pass per batch, deterministic, no parsing failures).
 
@@ -152,7 +152,7 @@ class VLMJudgeReward(Reward):
     """Pointwise VLM judge (``mode="yes_no"`` or ``"scale"``); formulas and prompt format in the module docstring.
 
     Args:
-        path: local Qwen-VL folder, or ``model=`` + ``processor=`` (e.g. ``mmgrpo.models.tiny.build_tiny_model``).
+        path: local Qwen-VL folder, or ``model=`` + ``processor=`` (e.g. ``mmgrpo.vlm.models.tiny.build_tiny_model``).
         mode: ``"yes_no"`` -> ``p(Yes)/(p(Yes)+p(No))``; ``"scale"`` -> rescaled expected rating 1..``scale_max``.
         question / template: the instruction and the user-text layout (``{prompt}``, ``{question}`` fields).
         answers: override the answer strings (yes_no: ``("Yes", "No")``; scale: ``"1".."K"``).

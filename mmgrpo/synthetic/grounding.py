@@ -1,6 +1,6 @@
 """Synthetic temporal-grounding benchmark, version 2: the video and the query decide the answer.
 
-Version 1 (:mod:`mmgrpo.data.synthetic_tvg`) has 1-3 events of distinct colours *and* shapes lasting 1 s to 60 %
+Version 1 (:mod:`mmgrpo.synthetic.tvg`) has 1-3 events of distinct colours *and* shapes lasting 1 s to 60 %
 of the video, so a span that ignores the video scores about 45 mIoU (``docs/demo_models.md``).  Here:
 
 * a video (10-16 s, 4-10 fps, 64x64 or 96x64) holds 3-5 **moving** events, each visible for only 1-2 s at a

@@ -48,7 +48,7 @@ For include entry e with count k_e: ``n_e`` = #objects matching class and colour
     correct = all n_e == k_e  and  all c_p == 1  and  x == 0
 
 CLI: ``python data/synthetic_t2i.py --n 1000 --split train --seed 0 --out train.jsonl [--images DIR]``
-(or ``python -m mmgrpo.data.synthetic_t2i ...``).  This module is part of the installed package (the
+(or ``python -m mmgrpo.synthetic.t2i ...``).  This module is part of the installed package (the
 ``mini_geneval`` reward imports it); ``data/synthetic_t2i.py`` in a source checkout is an alias of it.
 """
 from __future__ import annotations

@@ -238,12 +238,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mcq", action="store_true", help="also write the colour multiple-choice task (version 1)")
     p.add_argument("--version", type=int, default=1, choices=(1, 2),
-                   help="1: this module's benchmark; 2: mmgrpo.data.synthetic_grounding (3-5 short moving events "
+                   help="1: this module's benchmark; 2: mmgrpo.synthetic.grounding (3-5 short moving events "
                         "with colour/shape distractors and motion queries, where a video-blind span scores low)")
     p.add_argument("--n-val", type=int, default=0, help="version 2: also write a validation split val.jsonl")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
-                        "= the background brightens with time (mmgrpo.data.synthetic_grounding)")
+                        "= the background brightens with time (mmgrpo.synthetic.grounding)")
     p.add_argument("--lanes", type=int, default=3,
                    help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
     p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),

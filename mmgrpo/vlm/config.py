@@ -1,6 +1,6 @@
 """Configuration of the VLM GRPO trainer (nested dataclasses; YAML + ``key=value`` via ``mmgrpo.utils.config``).
 
-Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
+Every method is a config switch on the same loop (``mmgrpo.vlm.train.trainer``):
 
 * plain GRPO / DAPO / Dr.GRPO: ``algo.*`` (advantage scale, clip, aggregation, KL, num_iterations, group filter);
 * TempSamp-R1: ``tempsamp.enabled=true`` (+ ``tempsamp.mode=shape|anchor|none``);
@@ -8,8 +8,8 @@ Every method is a config switch on the same loop (``mmgrpo.train.trainer``):
 * Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
 * TW-GRPO: ``twgrpo.enabled=true``;
 * data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``;
-* methods registered later (``mmgrpo.methods.REGISTRY``): ``methods.<name>.enabled=true``, e.g. NGRPO;
-* answer parsing as a release does it (``mmgrpo.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
+* methods registered later (``mmgrpo.vlm.methods.REGISTRY``): ``methods.<name>.enabled=true``, e.g. NGRPO;
+* answer parsing as a release does it (``mmgrpo.vlm.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
   ``tempsamp_r1`` (TempSamp-R1), ``video_r1`` (Video-R1 / T-GRPO), ``vlm_r1`` (VLM-R1 REC); default ``lenient``.
 
 No torch import here: ``mmgrpo train --help`` stays fast.
@@ -58,16 +58,16 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train_file: str = field(default="", metadata=_h("canonical JSONL of samples (mmgrpo.data schema)"))
+    train_file: str = field(default="", metadata=_h("canonical JSONL of samples (mmgrpo.vlm.data schema)"))
     media_root: str = field(default="", metadata=_h("prefix for relative video/image paths"))
     task: str = field(default="tvg", metadata=_h("tvg | mcq | gqa | rec | numeric (prompt + reward family)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
-        default="think", metadata=_h("mmgrpo.data prompt mode: <think> reasoning, direct answer, or hybrid"))
+        default="think", metadata=_h("mmgrpo.vlm.data prompt mode: <think> reasoning, direct answer, or hybrid"))
     answer_format: Literal["seconds", "json"] = field(default="seconds",
                                                       metadata=_h("TVG answer format asked for in the prompt"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
         "where the task text goes in the user turn: after the video/image (default, the released recipes' order) or "
-        "before it, so that with causal attention the visual tokens can attend to the query (mmgrpo.data.prompts."
+        "before it, so that with causal attention the visual tokens can attend to the query (mmgrpo.vlm.data.prompts."
         "build_messages); must match the order the model was fine-tuned with"))
     max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
     shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
@@ -114,9 +114,9 @@ class RolloutConfig:
     vllm_mode: Literal["colocate", "server"] = field(
         default="colocate", metadata=_h("vLLM placement: colocate = an engine inside each training process on its "
                                         "GPU (weights by CUDA IPC); server = a separate `python -m "
-                                        "mmgrpo.models.vllm_server` on other GPUs (HTTP generate, NCCL weights)"))
+                                        "mmgrpo.vlm.models.vllm_server` on other GPUs (HTTP generate, NCCL weights)"))
     vllm_server_url: str = field(default="http://127.0.0.1:8000",
-                                 metadata=_h("server mode: base URL of mmgrpo.models.vllm_server"))
+                                 metadata=_h("server mode: base URL of mmgrpo.vlm.models.vllm_server"))
     vllm_server_timeout: float = field(
         default=240.0, metadata=_h("server mode: seconds to wait for the server at start and per HTTP call"))
     vllm_group_port: int = field(default=51216, metadata=_h(
@@ -134,7 +134,7 @@ class RolloutConfig:
 class RewardConfig:
     weights: dict[str, float] = field(
         default_factory=lambda: {"iou": 1.0, "format": 0.5},
-        metadata=_h("reward names (mmgrpo.rewards.registry.REWARDS) and weights: total = sum w_k r_k"))
+        metadata=_h("reward names (mmgrpo.vlm.rewards.registry.REWARDS) and weights: total = sum w_k r_k"))
     accuracy_key: str = field(
         default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
@@ -143,7 +143,7 @@ class RewardConfig:
         metadata=_h("how answers are read and measured: lenient (the project's tolerant parser) or a release's "
                     "rules so rewards match the paper: time_r1 | time_r1_eval | tempsamp_r1 (tvg), video_r1 | "
                     "video_r1_eval (mcq), vlm_r1 | vlm_r1_eval (rec), nextgqa (gqa); see "
-                    "mmgrpo.rewards.protocols.PARSE_MODES"))
+                    "mmgrpo.vlm.rewards.protocols.PARSE_MODES"))
     options: dict[str, Any] = field(default_factory=dict,
                                     metadata=_h("extra build_reward_fn options, YAML values (e.g. {sigma: 0.2})"))
     on_nonfinite: Literal["drop", "error"] = field(
@@ -177,7 +177,7 @@ class AlgoConfig:
     filter_max_rounds: int = field(default=3, metadata=_h("extra sampling rounds to refill filtered groups"))
     logprob_chunk_size: int = field(
         default=256, metadata=_h("tokens per chunk of the output head in token log-probs / TW-GRPO weights "
-                                 "(mmgrpo.models.chunked): only (chunk x vocab) logits exist at a time, in forward "
+                                 "(mmgrpo.vlm.models.chunked): only (chunk x vocab) logits exist at a time, in forward "
                                  "and backward, with the same values and gradients; 0 = full (N x T x vocab) "
                                  "logits"))
 
@@ -283,7 +283,7 @@ class RunConfig:
                                     "DeepSpeed); auto = accelerate under FSDP / DeepSpeed, else manual"))
     logprob_impl: Literal["naive", "prefix_group"] = field(
         default="prefix_group",
-        metadata=_h("prefix_group: each prompt (vision + text) encoded once per group (mmgrpo.models.prefix_group; "
+        metadata=_h("prefix_group: each prompt (vision + text) encoded once per group (mmgrpo.vlm.models.prefix_group; "
                     "same numbers as naive), with a logged fallback to naive where it is not exact or not "
                     "supported (run.grad_sync=accelerate, unverified model families, reentrant checkpointing); "
                     "naive: the prompt repeated per row"))
@@ -310,7 +310,7 @@ class RunConfig:
 
 @dataclass
 class ValidationConfig:
-    """Greedy evaluation on a fixed validation set during training (mmgrpo.train.validation)."""
+    """Greedy evaluation on a fixed validation set during training (mmgrpo.vlm.train.validation)."""
 
     file: str = field(default="", metadata=_h(
         "validation JSONL (canonical format, same task as data.train_file); never the held-out test split "

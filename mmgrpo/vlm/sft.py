@@ -1,7 +1,7 @@
 """Supervised fine-tuning (SFT) of a Qwen-VL model on canonical samples: cross-entropy on the answer tokens only.
 
 Used to build the demo's small base VLM (``scripts/build_tiny_vlm.py``), but nothing here is demo-specific: any
-canonical sample (``mmgrpo.data`` schema; video, image or text-only) with a ground-truth answer works, with any
+canonical sample (``mmgrpo.vlm.data`` schema; video, image or text-only) with a ground-truth answer works, with any
 Qwen2/2.5/3-VL processor.
 
 Pipeline (the same contract the GRPO trainer uses, so the SFT model is trained on exactly the prompts it is later
@@ -14,7 +14,7 @@ sampled on)::
 Batch layout (``collate_sft``), B rows, prompt P_i tokens, answer T_i tokens (incl. the end-of-turn token):
 
 * ``padding_side="left"``: ``[pad.. | prompt_i | answer_i | pad..]`` -- prompts left-padded to max P, answers
-  right-padded to max T.  This is the rollout/log-prob layout of :mod:`mmgrpo.models.rollout`
+  right-padded to max T.  This is the rollout/log-prob layout of :mod:`mmgrpo.vlm.models.rollout`
   (``collate_prompts`` + ``join_prompt_completion``), so SFT and GRPO see identical inputs.
 * ``padding_side="right"``: ``[prompt_i | answer_i | pad..]`` -- the usual SFT layout.
 
@@ -102,7 +102,7 @@ class SFTExample:
 
 
 def _prompt_fns(mode: str, answer_format: str) -> tuple[Callable, Callable]:
-    """(messages_fn, answer_fn) from :mod:`mmgrpo.data.prompts` (the templates the trainer uses), with the same
+    """(messages_fn, answer_fn) from :mod:`mmgrpo.vlm.data.prompts` (the templates the trainer uses), with the same
     mode and answer format for the prompt and the target (their own defaults differ: think vs no_think)."""
     from mmgrpo.vlm.data import prompts
 
@@ -142,7 +142,7 @@ def prepare_example(
 ) -> SFTExample:
     """Build one :class:`SFTExample` from a canonical sample.
 
-    ``mode`` / ``answer_format`` select the :mod:`mmgrpo.data.prompts` templates for both the prompt and the target
+    ``mode`` / ``answer_format`` select the :mod:`mmgrpo.vlm.data.prompts` templates for both the prompt and the target
     unless ``messages_fn`` / ``answer_fn`` are given.  The prompt goes through ``build_messages`` -> chat template
     -> ``load_video`` -> ``build_video_inputs`` (video samples), the processor with ``images=`` (image samples) or
     the tokenizer alone (text).  ``frames`` (a (T, H, W, 3) array / list of frames at ``video_fps``) replaces
@@ -265,7 +265,7 @@ def token_nll(model, batch: dict, labels, chunk_size: int = 0):
     """Per-token negative log-likelihood (B, L-1) of ``labels[:, 1:]`` (0 where ignored) and the mask (B, L-1).
 
     ``chunk_size`` > 0: the output head runs on the answer positions only, that many at a time
-    (``mmgrpo.models.chunked``; same values and gradients, no (B, L, V) logits); 0 = full logits."""
+    (``mmgrpo.vlm.models.chunked``; same values and gradients, no (B, L, V) logits); 0 = full logits."""
     import torch.nn.functional as F
 
     if chunk_size > 0:
@@ -323,7 +323,7 @@ class SFTConfig:
     seed: int = 0
     max_seconds: float = 0.0  # wall-clock guard (0 = off); if hit, training stops early and says so
     log_every: int = 10
-    logprob_chunk_size: int = 256  # answer tokens per chunk of the output head (mmgrpo.models.chunked); 0 = full
+    logprob_chunk_size: int = 256  # answer tokens per chunk of the output head (mmgrpo.vlm.models.chunked); 0 = full
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -418,7 +418,7 @@ def generate_greedy(model, processor, examples: Sequence[SFTExample], batch_size
 
 
 def score_tvg_outputs(texts: Sequence[str], samples: Sequence[Any]) -> dict:
-    """TVG metrics with the training reward's parser (``mmgrpo.rewards.tasks``, strict: an ``<answer>`` block is
+    """TVG metrics with the training reward's parser (``mmgrpo.vlm.rewards.tasks``, strict: an ``<answer>`` block is
     required).  Unparsed outputs count as IoU 0.  Percentages: ``mIoU``, ``R1@0.3/0.5/0.7``, ``parse_rate``."""
     from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_temporal, span_iou
 

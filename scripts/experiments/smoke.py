@@ -315,7 +315,7 @@ def missing_rewards(kind: str, cfg) -> list[str]:
     if kind == "vlm":
         from mmgrpo.vlm.rewards.registry import REWARDS
 
-        return [f"reward {n!r} (mmgrpo.rewards.registry.REWARDS)" for n in cfg.reward.weights if n not in REWARDS]
+        return [f"reward {n!r} (mmgrpo.vlm.rewards.registry.REWARDS)" for n in cfg.reward.weights if n not in REWARDS]
     from flow_grpo.rewards import available_rewards
 
     def importable(spec: str) -> bool:

@@ -152,7 +152,7 @@ def test_interrupted_run_resumes_to_identical_file(env):
     for m in (ma, mb):
         m.pop("config"), m["generation"].pop("last_invocation")
     assert ma == mb
-    # parity with the TRAINING path: mmgrpo.config.DataConfig + TaskAdapter.prepare + HFRolloutBackend(greedy),
+    # parity with the TRAINING path: mmgrpo.vlm.config.DataConfig + TaskAdapter.prepare + HFRolloutBackend(greedy),
     # same left-padded batches of 2 -> the same texts, token counts and frame counts
     from mmgrpo.vlm.config import DataConfig
     from mmgrpo.vlm.models.adapters import load_policy

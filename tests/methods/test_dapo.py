@@ -1,4 +1,4 @@
-"""DAPO's data-side pieces (mmgrpo.methods.dapo) by hand: which groups dynamic sampling drops, which rows the
+"""DAPO's data-side pieces (mmgrpo.vlm.methods.dapo) by hand: which groups dynamic sampling drops, which rows the
 fixed batch size keeps, and the overlong mask."""
 import types
 

@@ -1,4 +1,4 @@
-"""NGRPO (mmgrpo.methods.ngrpo): calibrated advantages against values computed by hand, and the method in a
+"""NGRPO (mmgrpo.vlm.methods.ngrpo): calibrated advantages against values computed by hand, and the method in a
 tiny trainer (enabled by config, all-wrong groups train, the asymmetric clip bounds reach the loss)."""
 import math
 

@@ -1,4 +1,4 @@
-"""The method registry and hook API (mmgrpo.methods): the old config switches enable the same methods, in the
+"""The method registry and hook API (mmgrpo.vlm.methods): the old config switches enable the same methods, in the
 documented hook order, and the trainer's loop file names no method."""
 import ast
 import pathlib

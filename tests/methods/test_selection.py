@@ -1,4 +1,4 @@
-"""Data selection (mmgrpo.methods.selection): the criteria by hand; Time-R1 Gaussian difficulty selection (issue
+"""Data selection (mmgrpo.vlm.methods.selection): the criteria by hand; Time-R1 Gaussian difficulty selection (issue
 #23 item 5) against the release (src/utils/process_data.py, task gaussian_03): candidates are the items with
 IoU > 0; P(pick) ∝ exp(-(d - 0.3)^2 / (2 * 0.2^2))."""
 import math

@@ -1,4 +1,4 @@
-"""T-GRPO temporal bonus (mmgrpo.methods.t_grpo), by hand."""
+"""T-GRPO temporal bonus (mmgrpo.vlm.methods.t_grpo), by hand."""
 import pytest
 import torch
 

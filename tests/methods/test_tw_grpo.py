@@ -1,4 +1,4 @@
-"""TW-GRPO token weights (mmgrpo.methods.tw_grpo) against an independent loop."""
+"""TW-GRPO token weights (mmgrpo.vlm.methods.tw_grpo) against an independent loop."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Chunked log-probs / entropy / TW-GRPO weights (mmgrpo.models.chunked) against the full-logits computation.
+"""Chunked log-probs / entropy / TW-GRPO weights (mmgrpo.vlm.models.chunked) against the full-logits computation.
 
 The reference is ``torch.distributions.Categorical`` on the full (N, T, V) logits, written here independently of
 the chunked kernel (its analytic backward is checked against autograd through Categorical)."""

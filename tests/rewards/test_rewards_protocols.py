@@ -1,4 +1,4 @@
-"""Per-release parse modes (mmgrpo.rewards.protocols): one test per rule, expected values written from the released
+"""Per-release parse modes (mmgrpo.vlm.rewards.protocols): one test per rule, expected values written from the released
 code's documented behaviour (the rule each test checks is named in its docstring), never from this module's output."""
 import pytest
 

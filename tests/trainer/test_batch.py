@@ -1,4 +1,4 @@
-"""The rollout batch (mmgrpo.train.batch): RolloutBatch.select / cat_batches carry every field (built by keyword
+"""The rollout batch (mmgrpo.vlm.train.batch): RolloutBatch.select / cat_batches carry every field (built by keyword
 now; a field added later without updating them would be caught here); micro-batches keep groups whole."""
 import dataclasses
 

@@ -7,7 +7,7 @@ import pytest
 
 
 def test_train_help_lists_every_option_without_torch():
-    code = ("import sys\nfrom mmgrpo.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+    code = ("import sys\nfrom mmgrpo.vlm.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
             "    pass\nprint('TORCH_LOADED', 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "TORCH_LOADED False" in out

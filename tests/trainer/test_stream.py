@@ -1,4 +1,4 @@
-"""The prompt stream (mmgrpo.train.stream)."""
+"""The prompt stream (mmgrpo.vlm.train.stream)."""
 import pytest
 
 from mmgrpo.vlm.train.trainer import PromptStream

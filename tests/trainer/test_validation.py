@@ -1,4 +1,4 @@
-"""Validation during training (mmgrpo.train.validation): each point of the curve equals an independent
+"""Validation during training (mmgrpo.vlm.train.validation): each point of the curve equals an independent
 eval/generate_vlm.py evaluation of the checkpoint saved at that step; validation does not change training; the
 config switch chooses the best checkpoint on validation only."""
 import json

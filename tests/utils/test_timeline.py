@@ -1,4 +1,4 @@
-"""TVG timeline pictures (mmgrpo.utils.timeline): bars at the pixel columns of their spans, the model's frames."""
+"""TVG timeline pictures (mmgrpo.vlm.timeline): bars at the pixel columns of their spans, the model's frames."""
 import json
 from pathlib import Path
 

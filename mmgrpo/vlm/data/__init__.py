@@ -21,12 +21,12 @@ Public API (stable)::
     format_ground_truth_answer(sample, mode="no_think", answer_format="seconds", clip_relative=True,
                                think_text="", box_frame="abs", resized_size=None) -> str
 
-Schema (:mod:`mmgrpo.data.schema`): times are seconds of absolute video time, boxes original-image pixels
+Schema (:mod:`mmgrpo.vlm.data.schema`): times are seconds of absolute video time, boxes original-image pixels
 [x1, y1, x2, y2], ``image_size`` = [width, height]; tasks tvg / mcq / gqa / rec.
-Converters (:mod:`mmgrpo.data.converters`, CLI ``python data/convert.py FORMAT IN OUT``): Charades-STA,
+Converters (:mod:`mmgrpo.vlm.data.converters`, CLI ``python data/convert.py FORMAT IN OUT``): Charades-STA,
 ActivityNet-style dense captions, Time-R1 / TVGBench, NExT-GQA, Video-R1 multiple choice, RefCOCO-style REC.
-Synthetic benchmark (:mod:`mmgrpo.data.synthetic_tvg`, CLI ``python data/synthetic_tvg.py``): generated mp4s with
-exactly known event spans.  Mini-GenEval (:mod:`mmgrpo.data.synthetic_t2i`, CLI ``python data/synthetic_t2i.py``):
+Synthetic benchmark (:mod:`mmgrpo.synthetic.tvg`, CLI ``python data/synthetic_tvg.py``): generated mp4s with
+exactly known event spans.  Mini-GenEval (:mod:`mmgrpo.synthetic.t2i`, CLI ``python data/synthetic_t2i.py``):
 synthetic text-to-image prompts with a programmatic verifier (the ``mini_geneval`` reward of ``flow_grpo``).
 """
 from .jsonl import LoadReport, load_jsonl, resolve_media, write_jsonl

@@ -1,4 +1,4 @@
-"""Converters from public annotation formats to canonical :class:`~mmgrpo.data.schema.Sample` lists.
+"""Converters from public annotation formats to canonical :class:`~mmgrpo.vlm.data.schema.Sample` lists.
 
 Every converter returns ``(samples, report)``: validated samples and a :class:`ConvertReport` with counts of
 skipped and fixed records.  ``on_error="raise"`` (default) raises :class:`DataError` naming the input file and the

@@ -10,7 +10,7 @@ Answer formats for time spans: ``seconds`` -> ``"12.54 to 17.83"`` (two decimals
 ``json`` -> ``{"start_time": 12.54, "end_time": 17.83}`` (Temporal-R1; numbers, not quoted strings).
 
 Times in answers are **relative to the clip start** when the sample has ``video_start`` (that is what the model's
-time axis encodes; the reward adds ``video_start`` back, ``clip_relative=True`` in :mod:`mmgrpo.rewards`).
+time axis encodes; the reward adds ``video_start`` back, ``clip_relative=True`` in :mod:`mmgrpo.vlm.rewards`).
 
 Per-task answer contents: tvg -> one span; mcq -> the option letter; gqa -> the letter and the evidence span(s)
 inside the answer block as ``<answer>(C) <glue>3.00 to 7.50</glue></answer>``; rec -> ``[x1, y1, x2, y2]`` in the

@@ -6,7 +6,7 @@ anything is sampled). Each entry says which config switch enables the method -- 
 old configs keep working -- and where its class lives (imported only when enabled: the registry itself does not
 import torch).
 
-Adding a method: write ``mmgrpo/methods/<name>.py`` with a :class:`~mmgrpo.methods.base.VLMMethod` subclass,
+Adding a method: write ``mmgrpo/vlm/methods/<name>.py`` with a :class:`~mmgrpo.vlm.methods.base.VLMMethod` subclass,
 add one ``MethodSpec`` here, and a test (see CONTRIBUTING.md).
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _h(text: str) -> dict:
 class NGRPOOptions:
     enabled: bool = field(default=False, metadata=_h(
         "NGRPO: group statistics include virtual maximum-reward samples (all-wrong groups keep a negative "
-        "advantage) + asymmetric clipping; mmgrpo.methods.ngrpo"))
+        "advantage) + asymmetric clipping; mmgrpo.vlm.methods.ngrpo"))
     max_reward: float = field(default=1.0, metadata=_h(
         "reward of the virtual samples: the largest (weighted) total the task can give (the release: 1.0)"))
     num_virtual: int = field(default=1, metadata=_h("virtual samples per group (the release: 1)"))
@@ -51,7 +51,7 @@ class NGRPOOptions:
 class SeedGRPOOptions:
     enabled: bool = field(default=False, metadata=_h(
         "SEED-GRPO: scale each group's advantages by f(alpha * semantic entropy of its answers / log G); answers "
-        "are clustered by meaning (tvg/rec: overlap, mcq/gqa: letters); mmgrpo.methods.seed_grpo"))
+        "are clustered by meaning (tvg/rec: overlap, mcq/gqa: letters); mmgrpo.vlm.methods.seed_grpo"))
     alpha: float = field(default=0.5, metadata=_h("sensitivity alpha (linear: all-different answers keep 1-alpha)"))
     fn: Literal["linear", "exp", "focal"] = field(default="linear", metadata=_h(
         "f(x): linear 1-x, exp e^-x, focal (1-x)^gamma"))
@@ -69,7 +69,7 @@ class SeedGRPOOptions:
 class DAPOOverlongOptions:
     enabled: bool = field(default=False, metadata=_h(
         "DAPO soft overlong punishment added to the reward: 0 up to max_len - cache_len tokens, then linear to "
-        "-factor at max_len; mmgrpo.methods.dapo_overlong"))
+        "-factor at max_len; mmgrpo.vlm.methods.dapo_overlong"))
     max_len: int = field(default=0, metadata=_h("L_max in tokens (0 = rollout.max_new_tokens)"))
     cache_len: int = field(default=0, metadata=_h("L_cache, the punishment interval (0 = max_len // 5, DAPO's "
                                                    "4096 of 20480)"))
@@ -91,7 +91,7 @@ class EntropyBonusOptions:
     coef: float = field(default=0.0, metadata=_h(
         "entropy bonus: loss = policy loss - coef * entropy of the current policy over the loss tokens (with "
         "gradient, chunked, aggregated like the policy loss: algo.agg); 0 = off. Temporal-R1 / verl "
-        "entropy_coeff: 1e-3; mmgrpo.methods.entropy_bonus"))
+        "entropy_coeff: 1e-3; mmgrpo.vlm.methods.entropy_bonus"))
 
     def __post_init__(self):
         if not (math.isfinite(self.coef) and self.coef >= 0):
@@ -102,7 +102,7 @@ class EntropyBonusOptions:
 class GDPOOptions:
     enabled: bool = field(default=False, metadata=_h(
         "GDPO: normalise every reward component (reward.weights + additive terms) within its group, sum with the "
-        "weights, then standardise over the batch; mmgrpo.methods.gdpo"))
+        "weights, then standardise over the batch; mmgrpo.vlm.methods.gdpo"))
     renormalize: bool = field(default=True, metadata=_h("batch-standardise the summed advantages (GDPO, TRL)"))
 
 
@@ -110,7 +110,7 @@ class GDPOOptions:
 class DifficultyAugOptions:
     enabled: bool = field(default=False, metadata=_h(
         "DeepVideo-R1 difficulty-aware augmentation: prompts easier than the recent mean get masked frames + "
-        "noise, harder ones a reasoning hint; mmgrpo.methods.difficulty_aug"))
+        "noise, harder ones a reasoning hint; mmgrpo.vlm.methods.difficulty_aug"))
     window: int = field(default=8, metadata=_h("replay window W (steps) of the reference mean reward"))
     threshold: float = field(default=0.1, metadata=_h("|difficulty| below this: no augmentation"))
     scale: float = field(default=0.5, metadata=_h("difficulty at which the strength reaches 1"))
@@ -128,7 +128,7 @@ class DifficultyAugOptions:
 class HybridCoTOptions:
     enabled: bool = field(default=False, metadata=_h(
         "TempSamp-R1 hybrid CoT schedule: per step a share of the prompts thinks, the rest answers directly; the "
-        "format reward follows each prompt's mode; mmgrpo.methods.hybrid_cot"))
+        "format reward follows each prompt's mode; mmgrpo.vlm.methods.hybrid_cot"))
     stage1_steps: int = field(default=0, metadata=_h("steps of stage 1 (direct answers only)"))
     think_fraction: float = field(default=0.5, metadata=_h("stage 2: share of prompts asked to think"))
     ramp_steps: int = field(default=0, metadata=_h("steps over which the share rises linearly to think_fraction"))
@@ -140,7 +140,7 @@ class HybridCoTOptions:
 class RefSyncOptions:
     enabled: bool = field(default=False, metadata=_h(
         "TR-DPO / TRL sync_ref_model: every sync_steps updates the KL reference becomes mixup_alpha * policy + "
-        "(1 - mixup_alpha) * reference (needs algo.kl_coef > 0, full fine-tuning); mmgrpo.methods.ref_sync"))
+        "(1 - mixup_alpha) * reference (needs algo.kl_coef > 0, full fine-tuning); mmgrpo.vlm.methods.ref_sync"))
     sync_steps: int = field(default=512, metadata=_h("ref_model_sync_steps tau (TRL 512)"))
     mixup_alpha: float = field(default=0.6, metadata=_h("ref_model_mixup_alpha (TRL 0.6; 1 = hard copy)"))
 
@@ -206,7 +206,7 @@ REGISTRY: tuple[MethodSpec, ...] = (
 # the ``methods`` section of TrainConfig: one field per registry entry that declares options
 MethodsConfig = make_dataclass(
     "MethodsConfig", [(s.name, s.options, field(default_factory=s.options)) for s in REGISTRY if s.options],
-    namespace={"__doc__": "Options of the methods registered in mmgrpo.methods (methods.<name>.<option>)."})
+    namespace={"__doc__": "Options of the methods registered in mmgrpo.vlm.methods (methods.<name>.<option>)."})
 MethodsConfig.__module__ = __name__
 
 

@@ -1,8 +1,8 @@
-"""The hook API between the VLM GRPO loop (``mmgrpo.train.trainer``) and the methods of ``mmgrpo.methods``.
+"""The hook API between the VLM GRPO loop (``mmgrpo.vlm.train.trainer``) and the methods of ``mmgrpo.vlm.methods``.
 
 A method is a :class:`VLMMethod` subclass that overrides only the hooks it needs; every default is a no-op, so
 the loop can call every enabled method at every named point without knowing which methods exist. Methods are
-built once per trainer (``mmgrpo.methods.build_methods``) in the registry's order, and the loop calls each hook
+built once per trainer (``mmgrpo.vlm.methods.build_methods``) in the registry's order, and the loop calls each hook
 on the enabled methods in that order. Per step, the named points are, top to bottom:
 
 ====================  ===========================================================================================
@@ -30,7 +30,7 @@ checkpoint            ``state_dict()`` / ``load_state_dict(sd)`` (saved under ``
 metrics               ``metrics(rb, m)``
 ====================  ===========================================================================================
 
-Hooks take and return tensors of the :class:`~mmgrpo.train.batch.RolloutBatch` (N rows, group ids (N,) int64,
+Hooks take and return tensors of the :class:`~mmgrpo.vlm.train.batch.RolloutBatch` (N rows, group ids (N,) int64,
 T completion positions); the formulas live in each method's module, with tests against hand-computed values.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ arXiv 2506.01939; TRL ``top_entropy_quantile``).
 
 Entropy of position t of completion i under the sampling distribution (temperature-scaled, suppressed ids
 excluded): :math:`H_{i,t} = -\sum_v p_v\log p_v`. It is computed chunked
-(:func:`mmgrpo.models.chunked.token_entropy_from`: at most one (chunk, V) block of logits at a time, never a
+(:func:`mmgrpo.vlm.models.chunked.token_entropy_from`: at most one (chunk, V) block of logits at a time, never a
 full-vocabulary copy) and detached: the entropy only selects tokens, it is not optimised.
 
 **Masking** keeps the policy-gradient term of the top-ρ fraction of completion tokens by entropy ("forking

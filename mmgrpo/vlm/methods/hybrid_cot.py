@@ -20,7 +20,7 @@ Choices (the paper gives the stages, not the per-step mechanics):
   hash first), so the mix does not fluctuate with small P; ``exact=False`` draws each prompt independently;
 * the draw is a hash of (seed, step, prompt key): the same on every process, and a resumed run repeats it;
 * the format reward of a no-think row is "a closed ``<answer>`` block and no ``<think>`` tag", of a think row the
-  strict think/answer format (:func:`mmgrpo.rewards.format.format_reward`).
+  strict think/answer format (:func:`mmgrpo.vlm.rewards.format.format_reward`).
 """
 from __future__ import annotations
 

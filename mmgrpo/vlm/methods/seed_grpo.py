@@ -160,7 +160,7 @@ CLUSTER_TASKS = ("tvg", "mcq", "gqa", "rec", "numeric")
 def cluster_texts(texts: Sequence[str], task: str, group_ids, threshold: float = 0.5,
                   unparsed: Literal["shared", "own"] = "shared", num_decimals: int = 6) -> Tensor:
     """Cluster completions by the meaning of their answer, per task, with the project's parsers
-    (:mod:`mmgrpo.rewards.parsing`): tvg -> the span (overlap >= ``threshold``); mcq / gqa -> the option letter
+    (:mod:`mmgrpo.vlm.rewards.parsing`): tvg -> the span (overlap >= ``threshold``); mcq / gqa -> the option letter
     set (gqa: its evidence span is not part of the meaning here); rec -> the box (overlap); numeric -> the value
     rounded to ``num_decimals``. A text whose answer does not parse is "no answer" (see ``unparsed``)."""
     from mmgrpo.vlm.rewards import parsing as P

@@ -1,7 +1,7 @@
 """TW-GRPO: token weights from the intra-group divergence of the old policy's per-position distributions.
 
 ``twgrpo.enabled``: the precompute forward returns logits (or the chunked head's inputs,
-``mmgrpo.models.chunked``) and :func:`tw_token_weights` turns each group's into (N, T) weights in [1, alpha]
+``mmgrpo.vlm.models.chunked``) and :func:`tw_token_weights` turns each group's into (N, T) weights in [1, alpha]
 that multiply the per-token loss (``rb.token_weights``). Needs old log-probs even with one iteration.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Qwen-VL policies: per-family adapters, hub-free tiny builders, rollout backends and token log-probs.
 
-Import submodules directly (``mmgrpo.models.rollout`` etc.); this package imports nothing heavy.
+Import submodules directly (``mmgrpo.vlm.models.rollout`` etc.); this package imports nothing heavy.
 """
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ def grouped_token_logprobs(
         Rows are group-major: rows ``sum(group_sizes[:b]) ..`` belong to prompt b.
       group_sizes: completions per prompt (default: N // B each, N must be divisible by B).
       temperature, suppress_token_ids: the sampling distribution, as in ``compute_token_logprobs``.
-      chunk_size: > 0 applies the output head ``chunk_size`` tokens at a time (``mmgrpo.models.chunked``), as in
+      chunk_size: > 0 applies the output head ``chunk_size`` tokens at a time (``mmgrpo.vlm.models.chunked``), as in
         ``compute_token_logprobs``; ``return_logits`` then returns a ``chunked.HeadInputs``.
 
     Returns:

@@ -113,7 +113,7 @@ def compute_token_logprobs(
     Returns logp (N, T) float32 with 0 where mask == 0; with ``return_logits`` also the temperature-scaled,
     vision-suppressed logits (N, T, V) (for entropy / TW-GRPO token weights).
     Only the last T+1 positions go through the LM head (``logits_to_keep``), so memory is O(N*T*V).
-    ``chunk_size`` > 0: the head is applied to that many tokens at a time (``mmgrpo.models.chunked``; same
+    ``chunk_size`` > 0: the head is applied to that many tokens at a time (``mmgrpo.vlm.models.chunked``; same
     numbers and gradients, O(chunk_size*V) logits memory); ``return_logits`` then returns a
     ``chunked.HeadInputs`` (hidden states + head) instead of the logits.  Falls back to the full logits for a
     model whose output head is not a plain ``nn.Linear``.
@@ -340,7 +340,7 @@ def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple
     ``greedy=True`` (same collation, EOS / pad ids, suppressed vision tokens) without keeping the per-step logits,
     which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
     completion tokens incl. EOS, truncated).  Used by ``eval/generate_vlm.py`` and by the trainer's validation
-    (``mmgrpo.train.validation``), so a validation point and an evaluation of the same weights decode alike."""
+    (``mmgrpo.vlm.train.validation``), so a validation point and an evaluation of the same weights decode alike."""
     model, tok = policy.model, policy.tokenizer
     pad = tok.pad_token_id
     eos = _eos_ids(model, tok)
@@ -636,7 +636,7 @@ _VLLM_NAMES = ("VLLMRolloutBackend", "vllm_requests", "VLLM_NEUTRAL_SAMPLING")
 
 
 def __getattr__(name: str):
-    """The vLLM backend moved to :mod:`mmgrpo.models.vllm_backend`; the old import path still works (lazily, as
+    """The vLLM backend moved to :mod:`mmgrpo.vlm.models.vllm_backend`; the old import path still works (lazily, as
     that module imports this one)."""
     if name in _VLLM_NAMES:
         from . import vllm_backend

@@ -95,7 +95,7 @@ def check_vllm_version(installed: str) -> None:
 
     if key(installed) < key(VLLM_SOURCE_VERSION):
         raise ImportError(f"vLLM {installed} is older than {VLLM_SOURCE_VERSION}, the release whose public API "
-                          "mmgrpo.models.vllm_backend uses (pip install 'mmgrpo[vllm]')")
+                          "mmgrpo.vlm.models.vllm_backend uses (pip install 'mmgrpo[vllm]')")
 
 
 class VisionTokenMismatch(RuntimeError):

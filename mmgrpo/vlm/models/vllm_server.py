@@ -3,7 +3,7 @@
 Like TRL's ``trl vllm-serve`` this is a small server around ``vllm.LLM`` (not the OpenAI-compatible ``vllm serve``,
 whose chat endpoint would re-decode videos and lose mmgrpo's exact frames and fps).  Start it on the rollout GPUs::
 
-    CUDA_VISIBLE_DEVICES=4,5,6,7 python -m mmgrpo.models.vllm_server --model PATH --tensor-parallel-size 4 --port 8000
+    CUDA_VISIBLE_DEVICES=4,5,6,7 python -m mmgrpo.vlm.models.vllm_server --model PATH --tensor-parallel-size 4 --port 8000
 
 and train with ``rollout.backend=vllm rollout.vllm_mode=server rollout.vllm_server_url=http://HOST:8000``.
 
@@ -103,7 +103,7 @@ def decode_request(obj: dict) -> tuple[dict, dict]:
 # client
 # ----------------------------------------------------------------------------------------------------------
 class VLLMServerClient:
-    """HTTP client of :mod:`mmgrpo.models.vllm_server` (also a ``VLLMWeightSyncClient``)."""
+    """HTTP client of :mod:`mmgrpo.vlm.models.vllm_server` (also a ``VLLMWeightSyncClient``)."""
 
     def __init__(self, base_url: str, timeout: float = 240.0):
         if not base_url.startswith(("http://", "https://")):
@@ -140,7 +140,7 @@ class VLLMServerClient:
         while not self.health():
             if time.monotonic() > deadline:
                 raise ConnectionError(f"vLLM server {self.base_url} not healthy after {seconds:.0f}s "
-                                      "(rollout.vllm_server_timeout); is `python -m mmgrpo.models.vllm_server` up?")
+                                      "(rollout.vllm_server_timeout); is `python -m mmgrpo.vlm.models.vllm_server` up?")
             time.sleep(poll)
 
     def world_size(self) -> int:

@@ -1,4 +1,4 @@
-"""Format rewards (pure Python); see :func:`mmgrpo.rewards.parsing.parse_structure` for the exact rules."""
+"""Format rewards (pure Python); see :func:`mmgrpo.vlm.rewards.parsing.parse_structure` for the exact rules."""
 from __future__ import annotations
 
 from typing import Any

@@ -4,7 +4,7 @@ This is the project's **lenient** parser (parse mode ``lenient``), a deliberate 
 model meant in as many spellings as possible (unclosed ``<answer>``, "25.3s", "(C)", "The answer is C", option
 text, float or reversed boxes), so training gets a signal and evaluation counts format errors separately
 (``status``). The released methods read answers more strictly; their rules are reproduced, one mode per release,
-in :mod:`mmgrpo.rewards.protocols` (``reward.parse_mode=...`` for training, ``eval/score.py --protocol official``
+in :mod:`mmgrpo.vlm.rewards.protocols` (``reward.parse_mode=...`` for training, ``eval/score.py --protocol official``
 for evaluation).
 
 Every public function here **never raises on any input** (strings, ``None``, other objects): it returns a

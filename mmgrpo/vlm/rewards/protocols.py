@@ -1,6 +1,6 @@
 """Per-release answer parsing and measurement rules ("parse modes"), next to the project's lenient parser.
 
-The project's default parser (:mod:`mmgrpo.rewards.parsing`, mode ``lenient``) is deliberately forgiving: it
+The project's default parser (:mod:`mmgrpo.vlm.rewards.parsing`, mode ``lenient``) is deliberately forgiving: it
 accepts an unclosed ``<answer>``, "25.3s", "(C)", "The answer is C", option text, float and reversed boxes, and
 it swaps reversed spans and clamps predictions to the video. That is a documented choice for training signal and
 diagnostics, but each released method reads answers more strictly, and its numbers are only comparable when the

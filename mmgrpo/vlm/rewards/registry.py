@@ -13,7 +13,7 @@ normalise each reward within its group before summing (GDPO), pass the per-rewar
 to ``mmgrpo.core.multi_reward_advantages(..., mode="normalize_then_sum")`` and ignore ``total``.
 
 Samples are canonical-schema dicts aligned with the completions (the trainer repeats each prompt's sample G
-times); see :mod:`mmgrpo.rewards.tasks` for the fields, the clip-relative time convention and the multi-GT rule.
+times); see :mod:`mmgrpo.vlm.rewards.tasks` for the fields, the clip-relative time convention and the multi-GT rule.
 Non-finite rewards never leak: one raises ``ValueError`` naming the reward and the sample id.
 
 Torch is imported only when the function is called; :meth:`RewardFn.score` returns plain Python lists.
@@ -304,7 +304,7 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
 
     names_and_weights: reward name → weight in ``total`` (see ``REWARDS`` for names and the tasks they apply to).
     cfg (all optional unless noted): parse_mode ("lenient": the project parser, or a released method's parsing and
-    measuring rules, see ``mmgrpo.rewards.protocols.PARSE_MODES``: time_r1 / time_r1_eval / tempsamp_r1 (tvg),
+    measuring rules, see ``mmgrpo.vlm.rewards.protocols.PARSE_MODES``: time_r1 / time_r1_eval / tempsamp_r1 (tvg),
     video_r1 / video_r1_eval (mcq), vlm_r1 / vlm_r1_eval (rec), nextgqa (gqa); a release mode ignores
     fallback_to_text / allow_unclosed / which), fallback_to_text (False), allow_unclosed (True), which ("auto"),
     clip_relative (True), span_tags (("glue", "evidence")), sigma (0.1, Gaussian width as a fraction of D),

@@ -1,6 +1,6 @@
 """Per-sample glue between a raw completion, a canonical-schema sample and the reward math.
 
-Used by both the training reward registry (:mod:`mmgrpo.rewards.registry`) and the eval scorer
+Used by both the training reward registry (:mod:`mmgrpo.vlm.rewards.registry`) and the eval scorer
 (``eval/score.py``), so that training rewards and reported metrics parse and measure identically.
 Pure Python, no torch.
 
@@ -21,7 +21,7 @@ Multiple ground-truth spans (single-span rewards): the best-matching one counts,
 over ground-truth spans (NExT-GQA's convention for IoU / IoP). ``multi_interval_iou`` instead compares unions.
 
 Parse modes (``ParseConfig.parse_mode``): ``lenient`` (default) is the project parser with the clamping and
-ordering above; every other mode (``mmgrpo.rewards.protocols.PARSE_MODES``) reads the answer as one release does
+ordering above; every other mode (``mmgrpo.vlm.rewards.protocols.PARSE_MODES``) reads the answer as one release does
 and measures as it does: no swapping, no clamping of prediction or ground truth (the clip offset still applies).
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ class ParseConfig:
     span_tags: for GQA, tags whose last block holds the evidence span(s) (``<glue>``); if none is present the
         span is read from the answer block.
     parse_mode: ``lenient`` (the project parser; the four options above apply) or a release's rules
-        (``mmgrpo.rewards.protocols.PARSE_MODES``: time_r1, time_r1_eval, tempsamp_r1 for tvg; video_r1,
+        (``mmgrpo.vlm.rewards.protocols.PARSE_MODES``: time_r1, time_r1_eval, tempsamp_r1 for tvg; video_r1,
         video_r1_eval for mcq; vlm_r1, vlm_r1_eval for rec; nextgqa for gqa), which ignore those options.
     """
 

@@ -1,6 +1,6 @@
 """Temporal overlap rewards and metrics on spans in seconds (pure Python floats; no torch).
 
-A span is anything with ``.start/.end`` (:class:`~mmgrpo.rewards.parsing.Span`) or a 2-sequence ``(s, e)``.
+A span is anything with ``.start/.end`` (:class:`~mmgrpo.vlm.rewards.parsing.Span`) or a 2-sequence ``(s, e)``.
 Every function first **orders** each span (a reversed ``(e, s)`` is swapped) and, when ``duration`` D is given,
 **clamps** both ends to ``[0, D]``. Non-finite inputs raise ``ValueError`` (the parsers never produce them, so
 seeing one is a bug upstream, not a zero reward).

@@ -1,4 +1,4 @@
-"""Trainer attributes that moved into ``mmgrpo.methods`` modules, kept so existing callers keep working."""
+"""Trainer attributes that moved into ``mmgrpo.vlm.methods`` modules, kept so existing callers keep working."""
 from __future__ import annotations
 
 
@@ -18,7 +18,7 @@ class MethodAliases:
         return got
 
     def select_data(self, round: int = 0) -> list[int]:
-        """Data selection round ``round`` now (``mmgrpo.methods.selection.DataSelection.select``)."""
+        """Data selection round ``round`` now (``mmgrpo.vlm.methods.selection.DataSelection.select``)."""
         return self._method("selection").select(round)
 
     def _tempsamp_shape_key(self) -> str:

@@ -1,4 +1,4 @@
-"""Kept for old imports: the method kernels live in ``mmgrpo.methods`` (one module per method)."""
+"""Kept for old imports: the method kernels live in ``mmgrpo.vlm.methods`` (one module per method)."""
 from mmgrpo.vlm.methods.t_grpo import temporal_bonus
 from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 

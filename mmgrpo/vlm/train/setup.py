@@ -122,7 +122,7 @@ class SetupMixin:
         self.budget_stopped = False
         self.counters = {"skipped_missing_media": 0, "skipped_bad_samples": 0, "filtered_groups": 0,
                          "generated_tokens": 0,
-                         # faults (see mmgrpo.train.faults): rows dropped for NaN/inf or failed rewards, reward
+                         # faults (see mmgrpo.vlm.train.faults): rows dropped for NaN/inf or failed rewards, reward
                          # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
                          "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
                          "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}

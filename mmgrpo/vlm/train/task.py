@@ -1,8 +1,8 @@
 """Sample -> prompt item (messages + media through the processor), ground-truth completion, shuffled-frame variant.
 
-Built on the shared modules: ``mmgrpo.data`` (``build_messages``, ``format_ground_truth_answer``, ``load_jsonl``),
-``mmgrpo.video`` (``load_video`` + ``build_video_inputs``: the fps / time-axis contract) and ``mmgrpo.rewards``
-(``build_reward_fn``).  Samples are ``mmgrpo.data.Sample`` objects (or canonical dicts); in-memory frames may be
+Built on the shared modules: ``mmgrpo.vlm.data`` (``build_messages``, ``format_ground_truth_answer``, ``load_jsonl``),
+``mmgrpo.video`` (``load_video`` + ``build_video_inputs``: the fps / time-axis contract) and ``mmgrpo.vlm.rewards``
+(``build_reward_fn``).  Samples are ``mmgrpo.vlm.data.Sample`` objects (or canonical dicts); in-memory frames may be
 given as ``video`` (an array) with ``meta["video_fps"]`` (tests, synthetic data).
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def as_dict(sample: Any) -> dict:
 
 
 def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False) -> list:
-    """Canonical JSONL -> samples (``mmgrpo.data.load_jsonl``: errors name file, line, id and field).
+    """Canonical JSONL -> samples (``mmgrpo.vlm.data.load_jsonl``: errors name file, line, id and field).
 
     ``check_media``: find every missing video/image before training and raise one error listing them
     (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time."""

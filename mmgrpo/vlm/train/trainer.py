@@ -1,7 +1,7 @@
-"""The VLM GRPO trainer: one readable loop; methods plug in through the hooks of ``mmgrpo.methods``.
+"""The VLM GRPO trainer: one readable loop; methods plug in through the hooks of ``mmgrpo.vlm.methods``.
 
-The loop names no method: the methods the config enables (``mmgrpo.methods.REGISTRY``) are built once and their
-hooks called at fixed points, in registry order (``mmgrpo.methods.base`` lists the points). Per step
+The loop names no method: the methods the config enables (``mmgrpo.vlm.methods.REGISTRY``) are built once and their
+hooks called at fixed points, in registry order (``mmgrpo.vlm.methods.base`` lists the points). Per step
 (``GRPOTrainer.train``):
 
 1. **collect**: draw prompts (deterministic, resumable stream; each process takes its slice), build processor inputs
@@ -13,7 +13,7 @@ hooks called at fixed points, in registry order (``mmgrpo.methods.base`` lists t
 2. **precompute** on fixed micro-batches of whole groups: old log-probs (num_iterations > 1, or a method needs
    them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``,
    the same function and the same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs
-   ``algo.logprob_chunk_size`` tokens at a time, ``mmgrpo.models.chunked``: no full-vocabulary logits exist);
+   ``algo.logprob_chunk_size`` tokens at a time, ``mmgrpo.vlm.models.chunked``: no full-vocabulary logits exist);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
@@ -21,12 +21,12 @@ hooks called at fixed points, in registry order (``mmgrpo.methods.base`` lists t
    completions to ``completions.jsonl``) and checkpoint (all state through ``CheckpointManager``; the last
    ``run.keep_last`` plus the best by ``run.best_metric``).
 
-This file holds the loop; the rest of the trainer lives beside it in ``mmgrpo.train``: ``setup`` (accelerator,
+This file holds the loop; the rest of the trainer lives beside it in ``mmgrpo.vlm.train``: ``setup`` (accelerator,
 policy, optimizer, run state), ``stream`` / ``prompts`` (which samples a step draws, media prefetch), ``batch``
 (``RolloutBatch``, micro-batches), ``scoring`` (reward calls), ``distributed``, ``metrics``, ``checkpointing``,
 ``stopping`` (skips, stops, signals).
 
-Faults (``mmgrpo.train.faults``): a reward call that raises or times out is retried with back-off, then its rows
+Faults (``mmgrpo.vlm.train.faults``): a reward call that raises or times out is retried with back-off, then its rows
 are dropped (counted) or the run stops; NaN/inf rewards drop their rows from the group (``valid``) or stop the run;
 groups left with < 2 members get advantage 0 (counted); NaN/inf advantages, loss or gradients skip the optimizer
 step (counted); ``run.max_consecutive_skips`` skips in a row stop the run.  A stop always writes a checkpoint
@@ -113,7 +113,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                                                    cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
-        self.methods = build_methods(cfg, self)  # mmgrpo.methods: their hooks, in registry order
+        self.methods = build_methods(cfg, self)  # mmgrpo.vlm.methods: their hooks, in registry order
         self.backend = backend if backend is not None else self._default_backend()
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)

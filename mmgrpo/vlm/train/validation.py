@@ -4,14 +4,14 @@ The held-out metric of a GRPO run can move a lot between nearby steps while the 
 42.0 -> 32.3 mIoU between steps 40 and 85 of one run), so the step whose weights are kept must be chosen on data
 that is neither trained on nor reported: ``validation.file``. At step 0 (``validation.at_start``, a fresh run),
 every ``validation.every`` steps and after the last step, the current policy decodes every validation prompt
-greedily -- with :func:`mmgrpo.models.rollout.greedy_generate`, the function ``eval/generate_vlm.py`` uses, on
-inputs prepared by the trainer's own :class:`~mmgrpo.train.task.TaskAdapter`, in fixed consecutive batches of
+greedily -- with :func:`mmgrpo.vlm.models.rollout.greedy_generate`, the function ``eval/generate_vlm.py`` uses, on
+inputs prepared by the trainer's own :class:`~mmgrpo.vlm.train.task.TaskAdapter`, in fixed consecutive batches of
 ``validation.batch_size`` -- so a point of the curve equals an evaluation of the checkpoint saved at that step
 with the same data settings and batch size.
 
 Scores (percent): the trainer's reward functions on the greedy outputs (``val/reward/<name>``, means) and
 ``val/accuracy``; for temporal grounding also ``val/mIoU``, ``val/R1@0.3/0.5/0.7`` and ``val/parse_rate`` with
-the training reward's parser (:func:`mmgrpo.sft.score_tvg_outputs`; an output without ``<answer>`` scores 0,
+the training reward's parser (:func:`mmgrpo.vlm.sft.score_tvg_outputs`; an output without ``<answer>`` scores 0,
 where the eval harness's lenient protocol may still read a span).
 
 Written to ``<output_dir>/validation/``: ``curve.jsonl`` (one row per point), ``curve.png`` (headline metric

@@ -1,4 +1,4 @@
-"""VLM judge on a tiny random Qwen2.5-VL (mmgrpo.models.tiny), in memory and loaded from its saved folder.
+"""VLM judge on a tiny random Qwen2.5-VL (mmgrpo.vlm.models.tiny), in memory and loaded from its saved folder.
 
 References are computed one sample at a time straight from the processor and the model (no batching, no padding,
 the chat written out here), so batching / left padding / the answer-token read-out are all checked."""
