@@ -89,9 +89,10 @@ def test_shared_modules_import_mmgrpo_vlm_only_where_listed():
 def test_the_repository_uses_the_new_paths_only():
     """The aliases are for code outside the repository; inside, every import names the new module."""
     this = Path(__file__).resolve()
-    old = {str(p.relative_to(REPO)): sorted(m for m in _imports(p) if _aliases.new_name(m))
+    old = {str(p.relative_to(REPO)): sorted(f"{m} -> {_aliases.new_name(m)}" for m in _imports(p)
+                                            if _aliases.new_name(m))
            for p in _py_files("mmgrpo", "flow_grpo", "eval", "scripts", "tests", "data") if p != this}
-    assert {k: v for k, v in old.items() if v} == {}
+    assert {k: v for k, v in old.items() if v} == {}  # file -> ["old -> new", ...]: import the new name
 
 
 _NO_VLM = """
