@@ -1,7 +1,8 @@
 """mmgrpo: Group Relative Policy Optimization for multimodal models.
 
-Two front-ends share one group-advantage core:
-  * ``mmgrpo``    - Qwen2/2.5/3-VL video and image policies (temporal grounding, video QA, REC);
+Two front-ends share one library (``mmgrpo.core``, ``mmgrpo.engine``, ``mmgrpo.utils``, ``mmgrpo.video``,
+``mmgrpo.synthetic``):
+  * ``mmgrpo.vlm`` - Qwen2/2.5/3-VL video and image policies (temporal grounding, video QA, REC);
   * ``flow_grpo`` - SD3 / FLUX flow-matching generators with exact per-step SDE log-probs.
 """
 from setuptools import find_packages, setup
@@ -40,7 +41,7 @@ EXTRAS = {
     ],
     "gpu": ["xformers"],
     "ocr": ["rapidocr-onnxruntime>=1.4"],
-    "vllm": ["vllm>=0.33"],  # the public V1 API mmgrpo.models.vllm_backend was checked against (0.33.0)
+    "vllm": ["vllm>=0.33"],  # the public V1 API mmgrpo.vlm.models.vllm_backend was checked against (0.33.0)
 }
 
 setup(
@@ -54,7 +55,7 @@ setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
-            "mmgrpo=mmgrpo.cli:main",
+            "mmgrpo=mmgrpo.vlm.cli:main",
             "flow_grpo=flow_grpo.cli:main",
         ]
     },

@@ -4,7 +4,7 @@
 
 FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | tempsamp | nextgqa | video_r1 |
 refcoco.
-See ``mmgrpo.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
+See ``mmgrpo.vlm.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
 """
 import argparse
 import json
@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    from mmgrpo.data import write_jsonl
-    from mmgrpo.data import converters as C
+    from mmgrpo.vlm.data import write_jsonl
+    from mmgrpo.vlm.data import converters as C
 
     span_kw = dict(on_error=a.on_error, swap_reversed=a.swap_reversed, clamp_tolerance=a.clamp_tolerance)
     if a.format == "charades_sta":
@@ -88,7 +88,7 @@ if __name__ == "__main__":
     try:
         raise SystemExit(main())
     except Exception as e:  # a clean one-line error for data problems
-        from mmgrpo.data import DataError
+        from mmgrpo.vlm.data import DataError
 
         if isinstance(e, DataError):
             print(f"error: {e}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Synthetic temporal-grounding benchmark (CLI + module).  The implementation lives in
-:mod:`mmgrpo.data.synthetic_tvg` so it is importable from an installed package; this file re-exports it.
+:mod:`mmgrpo.synthetic.tvg` so it is importable from an installed package; this file re-exports it.
 
     python data/synthetic_tvg.py OUT_DIR --n-train 64 --n-eval 16 --seed 0 [--mcq]
 """
@@ -9,7 +9,7 @@ import sys
 if __package__ in (None, ""):  # run as a script from a checkout: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mmgrpo.data.synthetic_tvg import (  # noqa: E402,F401
+from mmgrpo.synthetic.tvg import (  # noqa: E402,F401
     COLOURS,
     SHAPES,
     Event,

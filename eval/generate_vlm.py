@@ -8,8 +8,8 @@
 ``adapter_config.json`` names the base), or a trainer checkpoint holding ``adapter/``; ``adapter=DIR`` applies an
 adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every setting.
 
-Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.train.task.load_samples``, turned
-into model inputs by ``mmgrpo.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
+Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.train.task.load_samples``, turned
+into model inputs by ``mmgrpo.vlm.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
 ``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
 rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
 of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
@@ -94,15 +94,15 @@ def _h(text: str) -> dict:
 
 @dataclass
 class VLMDataConfig:
-    """Field names match ``mmgrpo.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
+    """Field names match ``mmgrpo.vlm.config.DataConfig`` so ``TaskAdapter`` reads this section directly."""
 
-    annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.data schema)"))
+    annotations: str = field(default="", metadata=_h("canonical JSONL to evaluate (mmgrpo.vlm.data schema)"))
     media_root: str = field(default="",
                             metadata=_h("prefix for relative video/image paths (default: the JSONL's folder)"))
     task: Literal["tvg", "mcq", "gqa", "rec"] = field(default="tvg",
                                                       metadata=_h("task scored (every sample must have it)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
-        default="think", metadata=_h("prompt mode (mmgrpo.data.prompts): <think> reasoning or a direct answer"))
+        default="think", metadata=_h("prompt mode (mmgrpo.vlm.data.prompts): <think> reasoning or a direct answer"))
     answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
         "task text after (default) or before the video/image in the user turn; must match the model's training"))
@@ -257,7 +257,7 @@ def _resolved_dtype(spec: str, device) -> str:
 def load_eval_policy(cfg: EvalVLMConfig):
     """``Policy`` in eval mode, no gradients; an adapter is loaded with ``load_policy(lora_path=...)`` (the
     trainer's path) and merged when ``merge_adapter``."""
-    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.vlm.models.adapters import load_policy
 
     base, adapter = resolve_model(cfg.model, cfg.adapter)
     device = _device(cfg.device)
@@ -301,7 +301,7 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
     """Every setting that changes the number (see the module docstring); ``fingerprint`` hashes all but ``run``."""
     import hashlib
 
-    from mmgrpo.data import system_prompt
+    from mmgrpo.vlm.data import system_prompt
     from mmgrpo.utils.config import config_to_dict
 
     d = cfg.data
@@ -388,7 +388,7 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
                              official_mode=sc.official_mode)
     task = cfg.data.task
     if sc.official_mode not in ("auto", ""):  # a typo must fail before hours of generation, not at scoring
-        from mmgrpo.rewards.protocols import check_parse_mode
+        from mmgrpo.vlm.rewards.protocols import check_parse_mode
 
         check_parse_mode(sc.official_mode, task)
     if sc.thresholds:
@@ -468,7 +468,7 @@ def _sample_attr(s: Any, k: str) -> Any:
 
 
 def _load(cfg: EvalVLMConfig) -> list:
-    from mmgrpo.train.task import load_samples
+    from mmgrpo.vlm.train.task import load_samples
 
     d = cfg.data
     if not d.annotations:
@@ -490,7 +490,7 @@ def _load(cfg: EvalVLMConfig) -> list:
 
 
 def _checkpoint_overrides(gc) -> dict:
-    from mmgrpo.models.rollout import checkpoint_decoding_overrides
+    from mmgrpo.vlm.models.rollout import checkpoint_decoding_overrides
 
     return checkpoint_decoding_overrides(gc)
 
@@ -520,10 +520,10 @@ def _json_safe(d: dict) -> dict:
 
 
 def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple[list[str], list[int], list[bool]]:
-    """:func:`mmgrpo.models.rollout.greedy_generate` (one definition, shared with the trainer's validation so a
+    """:func:`mmgrpo.vlm.models.rollout.greedy_generate` (one definition, shared with the trainer's validation so a
     validation point and an evaluation of the same weights decode alike); imported lazily (``--help`` stays
     torch-free)."""
-    from mmgrpo.models.rollout import greedy_generate as _greedy
+    from mmgrpo.vlm.models.rollout import greedy_generate as _greedy
 
     return _greedy(policy, items, max_new_tokens)
 
@@ -552,7 +552,7 @@ def rts_answer_key(task: str, text: Optional[str]) -> Any:
     """What two sampled answers must share to agree: the letter set (mcq/gqa), the span (tvg), the box (rec).
     An unparsable answer is None, and None equals None (the release compares the extracted strings, so
     all-unparsable answers agree and stop the loop)."""
-    from mmgrpo.rewards.parsing import parse_box, parse_choice, parse_span
+    from mmgrpo.vlm.rewards.parsing import parse_box, parse_choice, parse_span
 
     if task in ("mcq", "gqa"):
         p = parse_choice(text, fallback_to_text=False)
@@ -568,11 +568,11 @@ def _key_similarity(task: str, a: Any, b: Any) -> float:
     if a is None or b is None:
         return 1.0 if a is b else 0.0
     if task == "tvg":
-        from mmgrpo.rewards.temporal import temporal_iou
+        from mmgrpo.vlm.rewards.temporal import temporal_iou
 
         return temporal_iou(a, b)
     if task == "rec":
-        from mmgrpo.rewards.box import box_iou
+        from mmgrpo.vlm.rewards.box import box_iou
 
         return box_iou(a, b)
     return 1.0 if a == b else 0.0
@@ -639,7 +639,7 @@ def rts_adapters(cfg: EvalVLMConfig, policy) -> dict:
     video only, so each frame count has its own)."""
     import dataclasses
 
-    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.vlm.train.task import TaskAdapter
 
     return {n: with_clip_cache(TaskAdapter(policy.processor, policy.adapter,
                                            dataclasses.replace(cfg.data, min_frames=n, max_frames=n)),
@@ -670,8 +670,8 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
     """Generate the missing predictions batch by batch (fixed batches); returns counters.
 
     ``interrupted`` is True when ``max_batches`` stopped the run before the end."""
-    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.train.task import MissingMediaError
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.vlm.train.task import MissingMediaError
     from mmgrpo.utils.seeding import sample_seed
 
     dec = cfg.decoding
@@ -755,7 +755,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
 
 
 def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch, log) -> list[dict]:
-    from mmgrpo.train.task import MissingMediaError
+    from mmgrpo.vlm.train.task import MissingMediaError
 
     rows = []
     for i in b:
@@ -845,7 +845,7 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
 # ------------------------------------------------------------------------------------------------ main
 def run(cfg: EvalVLMConfig) -> dict:
     """The whole pipeline; returns ``{"settings", "stats", "metrics" (None if interrupted), "out_dir"}``."""
-    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.vlm.train.task import TaskAdapter
     from mmgrpo.utils.logging import get_logger
 
     log = get_logger("mmgrpo.eval")

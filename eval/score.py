@@ -22,18 +22,18 @@ Protocols (``--protocol``, default ``official``; every report carries **both**, 
   (``vlm_r1_eval``: integer boxes, last box inside {...}, IoU > 0.5, no clamping), gqa = NExT-GQA's grounding
   evaluation (``nextgqa``: a zero-length span inside the ground truth has IoP 1, no clamping, missing predictions
   not counted; the answer letter as VideoChat-R1's GQA evaluation reads it). ``--official-mode`` picks another release mode of the task (e.g. ``tempsamp_r1`` for tvg).
-  The parse modes are documented in ``mmgrpo.rewards.protocols``.
+  The parse modes are documented in ``mmgrpo.vlm.rewards.protocols``.
 * ``lenient`` is the project's tolerant parser, with the rules below.
 
 Missing predictions: an empty or partial predictions file is an error (exit 1, with a warning naming the count)
 unless ``--allow-missing``; the API (:func:`score`) never refuses and reports ``n_missing``.
 
-Lenient rules (identical parsing and IoU to the training rewards: everything is imported from ``mmgrpo.rewards``):
+Lenient rules (identical parsing and IoU to the training rewards: everything is imported from ``mmgrpo.vlm.rewards``):
 * the answer is read from the **last** ``<answer>`` block; with no block the whole text is parsed
   (``--no-fallback`` turns that off); the choice is recorded in ``metrics["config"]`` and the number of outputs
   that needed it in ``n_fallback``;
 * reversed spans are swapped (``n_reversed``); spans are clamped to [0, duration] (``n_clamped``); predicted
-  times are clip-relative when the annotation has ``video_start`` (see ``mmgrpo.rewards.tasks``);
+  times are clip-relative when the annotation has ``video_start`` (see ``mmgrpo.vlm.rewards.tasks``);
 * an unparseable output scores IoU 0 / wrong; an annotation with no prediction also scores 0 and is counted in
   ``n_missing`` (it is included in ``n`` and in every rate); ``parse_failure_rate`` is over the outputs that
   exist (n − n_missing); predictions whose id is not in the annotations are ignored and counted in
@@ -60,12 +60,12 @@ if __package__ in (None, ""):  # executed as a script: make the repository root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.metrics import DEFAULT_DURATION_BUCKETS, breakdown, group_value, mean_pct, pct, rate_at  # noqa: E402
-from mmgrpo.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # noqa: E402
-from mmgrpo.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
-from mmgrpo.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
-from mmgrpo.rewards.parsing import ParseStatus  # noqa: E402
-from mmgrpo.rewards.protocols import PARSE_MODES, check_parse_mode  # noqa: E402
-from mmgrpo.rewards.tasks import (  # noqa: E402
+from mmgrpo.vlm.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # noqa: E402
+from mmgrpo.vlm.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
+from mmgrpo.vlm.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
+from mmgrpo.vlm.rewards.parsing import ParseStatus  # noqa: E402
+from mmgrpo.vlm.rewards.protocols import PARSE_MODES, check_parse_mode  # noqa: E402
+from mmgrpo.vlm.rewards.tasks import (  # noqa: E402
     ParseConfig,
     SampleError,
     box_best_iou,
@@ -486,7 +486,7 @@ def protocol_reference(task: str, protocol: str, mode: str) -> dict:
     """What a protocol reproduces (written into every metrics file)."""
     if protocol == "lenient":
         return {"name": "lenient", "parse_mode": "lenient",
-                "reference": "mmgrpo lenient parser (documented in eval/score.py and mmgrpo.rewards.parsing)"}
+                "reference": "mmgrpo lenient parser (documented in eval/score.py and mmgrpo.vlm.rewards.parsing)"}
     pm = PARSE_MODES[mode]
     return {"name": "official", "parse_mode": mode, "reference": pm.release, "rules": pm.summary}
 

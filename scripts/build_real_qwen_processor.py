@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("out_dir", help="folder to write")
     p.add_argument("--tiny-model", action="store_true", help="also save a random tiny model with the real vocab")
     a = p.parse_args(argv)
-    from mmgrpo.models.real_tokenizer import (build_qwen2_5_vl_processor, build_qwen_tokenizer,
+    from mmgrpo.vlm.models.real_tokenizer import (build_qwen2_5_vl_processor, build_qwen_tokenizer,
                                               save_real_vocab_tiny_model)
 
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #2
   - ``text_encoder``: the tiny random ``UMT5EncoderModel`` + hand-built tokenizer of ``tiny_wan`` (frozen unless
     ``--train-text``).
 * training: rectified flow (:func:`flow_grpo.pretrain.pretrain`) on Mini-T2V reference clips
-  (:func:`mmgrpo.data.synthetic_t2v.render_clip`) of the *train* split, tags ``motion`` / ``count_motion`` /
+  (:func:`mmgrpo.synthetic.t2v.render_clip`) of the *train* split, tags ``motion`` / ``count_motion`` /
   ``two_motion`` / ``order``, with the deliberate weakness below.
 * **Weakness (direction noise)**: with probability ``--direction-noise`` per training clip that has at least one
   moving object, the clip is rendered with the *first* moving entry's direction replaced by another one (uniform
@@ -150,7 +150,7 @@ def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
     without a moving entry draw nothing and are returned unchanged), the first entry whose direction is not
     ``"none"`` gets another direction, ``rng.choice`` of the other three in ``DIRECTIONS`` order. Returns
     ``(spec_to_render, noised)``; the input is not modified."""
-    from mmgrpo.data.synthetic_t2v import DIRECTIONS
+    from mmgrpo.synthetic.t2v import DIRECTIONS
 
     movers = [i for i, e in enumerate(spec["objects"]) if e["direction"] != "none"]
     if not movers or rng.random() >= p:
@@ -167,7 +167,7 @@ class ClipBatches:
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
                  tags=TAGS):
-        from mmgrpo.data.synthetic_t2v import all_prompts
+        from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
         self.specs = all_prompts("train", tags=list(tags))
@@ -177,7 +177,7 @@ class ClipBatches:
     def __call__(self, step: int):
         import numpy as np
 
-        from mmgrpo.data.synthetic_t2v import render_clip
+        from mmgrpo.synthetic.t2v import render_clip
 
         clips, prompts = [], []
         for _ in range(self.batch_size):
@@ -226,7 +226,7 @@ def evaluate(adapter, split: str = "val", per_prompt: int = 1, steps: int = 10, 
     """Motion-verifier strict accuracy / mean partial score over all prompts of ``split`` (``per_prompt`` seeds
     each), overall, per tag and per check kind."""
     from flow_grpo.rewards.motion import verify_clip
-    from mmgrpo.data.synthetic_t2v import all_prompts
+    from mmgrpo.synthetic.t2v import all_prompts
 
     items = [(m, seed * 100_003 + i * per_prompt + j) for i, m in enumerate(all_prompts(split, tags=list(TAGS)))
              for j in range(per_prompt)]
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, args.threads))
     from flow_grpo.models import adapter_from_pipeline, load_adapter
     from flow_grpo.pretrain import PretrainConfig, pretrain
-    from mmgrpo.data.synthetic_t2v import all_prompts, render_clip
+    from mmgrpo.synthetic.t2v import all_prompts, render_clip
 
     if args.eval_only:
         return eval_only(args)

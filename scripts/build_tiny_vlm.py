@@ -9,7 +9,7 @@
    integer 0..99, every fraction ``.d`` / ``.dd``, ``<answer>``, ``</answer>``, ``<think>``, ``</think>``), so
    ``<answer>12.54 to 17.83</answer><|im_end|>`` is 9 tokens; wrap it in the Qwen2.5-VL processor;
 3. build a randomly initialised small Qwen2.5-VL (defaults: LLM hidden 96 x 3 layers, ViT 32 x 2 blocks);
-4. SFT (``mmgrpo.sft``) for a FIXED number of steps (``--steps``; no held-out data is looked at to stop);
+4. SFT (``mmgrpo.vlm.sft``) for a FIXED number of steps (``--steps``; no held-out data is looked at to stop);
    ``--seconds`` is only a wall-clock guard: if it is hit, training stops early and ``stopped_by`` says so;
 5. evaluate greedy decoding on the held-out split (mIoU, R1@0.3/0.5/0.7, parse rate, tokens/s);
 6. ``save_pretrained`` model + processor into ``<out>`` (loads with ``from_pretrained`` / ``load_policy`` like any
@@ -45,7 +45,7 @@ def number_tokens(max_int: int = 99) -> list[str]:
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99):
     """Qwen2 tokenizer around a byte-level BPE trained on ``corpus`` (deterministic), Qwen's special tokens and
-    ChatML template (``mmgrpo.models.tiny``), plus :func:`number_tokens` and :data:`ANSWER_TOKENS` as *non-special*
+    ChatML template (``mmgrpo.vlm.models.tiny``), plus :func:`number_tokens` and :data:`ANSWER_TOKENS` as *non-special*
     added tokens (matched leftmost-longest before BPE, kept by ``decode(skip_special_tokens=True)``).
 
     Digits are removed from the BPE corpus so no merge ever mixes digits: numbers tokenise only through the added
@@ -55,7 +55,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from mmgrpo.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
+    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -87,7 +87,7 @@ def build_processor(tok, min_pixels: int, max_pixels: int, family: str = "qwen2_
     Qwen3-VL -- but frames are resized by ``load_video`` first, so these only matter for images)."""
     from transformers import Qwen2VLImageProcessor
 
-    from mmgrpo.models.tiny import CHAT_TEMPLATE
+    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE
 
     _check_family(family)
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
@@ -110,7 +110,7 @@ def model_config(tok, hidden: int = 128, layers: int = 4, heads: int = 4, kv_hea
                  rope_theta: float = 1e4, tokens_per_second: int = 2, family: str = "qwen2_5_vl"):
     """Qwen2.5-VL (or Qwen3-VL) config.  ``mrope_section`` splits head_dim/2 over (time, height, width) in the 7B
     model's proportions ([16, 24, 24] of 64): time gets the rest after 3/8 each to height and width."""
-    from mmgrpo.models.tiny import SPECIAL_TOKENS
+    from mmgrpo.vlm.models.tiny import SPECIAL_TOKENS
 
     _check_family(family)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -147,7 +147,7 @@ def build_model(tok, seed: int = 0, family: str = "qwen2_5_vl", **dims):
     """Random model (float32, SDPA) whose generation config decodes greedily and never emits vision tokens."""
     import torch
 
-    from mmgrpo.models.tiny import model_class, vision_token_ids
+    from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
 
     cfg = model_config(tok, family=family, **dims)
     cfg._attn_implementation = "sdpa"
@@ -177,20 +177,20 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
                 n_val: int = 0, clock: str = "none", lanes: int = 3,
                 events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
-    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.data.synthetic_grounding.generate``
+    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.synthetic.grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     if benchmark == "grounding":
         if not (tr.exists() and ev.exists()):
-            from mmgrpo.data.synthetic_grounding import generate as generate_v2
+            from mmgrpo.synthetic.grounding import generate as generate_v2
 
-            from mmgrpo.data.synthetic_grounding import N_EVENTS
+            from mmgrpo.synthetic.grounding import N_EVENTS
 
             generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes,
                         n_events=tuple(events) if events else N_EVENTS)
     elif not (tr.exists() and ev.exists()):
         try:
-            from mmgrpo.data.synthetic_tvg import generate
+            from mmgrpo.synthetic.tvg import generate
         except ImportError:  # older layout: a repo-root generator module
             from data.synthetic_tvg import generate
 
@@ -214,7 +214,7 @@ def prior_baselines(train: list, held: list) -> dict:
     look at the video cannot beat these by much: they say how much of an mIoU is the span-length prior."""
     import numpy as np
 
-    from mmgrpo.sft import score_tvg_outputs
+    from mmgrpo.vlm.sft import score_tvg_outputs
 
     def arrays(xs):
         return (np.array([x.duration for x in xs]), np.array([x.spans[0][0] for x in xs]),
@@ -265,16 +265,16 @@ def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) 
 
 def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
-    answer (``mmgrpo.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
-    (``mmgrpo.data.synthetic_tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
+    answer (``mmgrpo.vlm.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
+    (``mmgrpo.synthetic.tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
     checkpoint whose fingerprint differs from the current code's must be rebuilt.  ``benchmark="grounding"`` adds
-    ``synthetic_grounding``: the same for ``mmgrpo.data.synthetic_grounding`` (version 2)."""
+    ``synthetic_grounding``: the same for ``mmgrpo.synthetic.grounding`` (version 2)."""
     import hashlib
     import inspect
 
-    from mmgrpo.data import prompts
-    from mmgrpo.data import synthetic_tvg as syn
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.synthetic import tvg as syn
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     s = {"id": "fp", "task": "tvg", "video": "v.mp4", "duration": 9.5, "query": "When does the red circle appear?",
          "spans": [[1.25, 4.5]]}
@@ -291,7 +291,7 @@ def fingerprint(benchmark: str = "tvg") -> dict:
 
     out = {"prompts": h(text), "synthetic_tvg": h(gen)}
     if benchmark == "grounding":
-        from mmgrpo.data import synthetic_grounding as g2
+        from mmgrpo.synthetic import grounding as g2
 
         src = repr([g2.DURATION, g2.EVENT_SECONDS, g2.N_EVENTS, g2.N_LANES, g2.MIN_MOVE, g2.CLOCK_ROWS,
                     g2.CLOCK_PX_PER_S, g2.CLOCK_RGB, g2.LIGHT_START, g2.LIGHT_PER_S, g2.APPEAR_TEMPLATES,
@@ -308,7 +308,7 @@ def _read_info(data_dir: Path) -> dict:
 
 
 def load_split(path: Path) -> list:
-    from mmgrpo.data.jsonl import load_jsonl
+    from mmgrpo.vlm.data.jsonl import load_jsonl
 
     samples, report = load_jsonl(path, on_error="raise")
     print(f"[data] {report.summary()}", flush=True)
@@ -327,7 +327,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-dir", default="", help="folder with train.jsonl / eval.jsonl (default: <out>/data)")
     p.add_argument("--benchmark", default="tvg", choices=("tvg", "grounding"),
                    help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
-                        "(mmgrpo/data/synthetic_grounding.py: short moving events, distractors, motion queries)")
+                        "(mmgrpo/synthetic/grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
     p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
     p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
@@ -335,7 +335,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "ignored with an existing --data-dir (sft_report.json's data.info records that data's own settings)")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
-                        "brightens with time); see mmgrpo/data/synthetic_grounding.py")
+                        "brightens with time); see mmgrpo/synthetic/grounding.py")
     p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
                    help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
     p.add_argument("--label-noise", type=float, default=0.0,
@@ -353,8 +353,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.data.prompts.MODES)")
-    p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.data.prompts.ANSWER_FORMATS)")
+    p.add_argument("--mode", default="no_think", help="prompt mode (mmgrpo.vlm.data.prompts.MODES)")
+    p.add_argument("--answer-format", default="seconds", help="answer format (mmgrpo.vlm.data.prompts.ANSWER_FORMATS)")
     p.add_argument("--include-duration", action="store_true", help="state the video length in the prompt")
     p.add_argument("--query-position", default="after", choices=("after", "before"),
                    help="task text after (default) or before the video in the prompt; 'before' lets the video "
@@ -397,9 +397,9 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     import torch
 
-    from mmgrpo import sft
-    from mmgrpo.data import prompts
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm import sft
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -436,7 +436,7 @@ def main(argv=None) -> dict:
     if args.init:  # continue from a checkpoint of this script (curriculum): its tokenizer, processor and weights
         from transformers import AutoProcessor
 
-        from mmgrpo.models.tiny import model_class
+        from mmgrpo.vlm.models.tiny import model_class
 
         processor = AutoProcessor.from_pretrained(args.init)
         tok = processor.tokenizer
@@ -529,8 +529,8 @@ def main(argv=None) -> dict:
 def vision_pretrain(model, examples, args) -> dict:
     """The tagging stage (``--vision-pretrain-steps``): one item per training video, labels from the renderer's
     ground truth (``synthetic_grounding.block_tags``) over the frames the processor actually sampled."""
-    from mmgrpo import sft
-    from mmgrpo.data.synthetic_grounding import TAG_CLASSES, block_tags
+    from mmgrpo.vlm import sft
+    from mmgrpo.synthetic.grounding import TAG_CLASSES, block_tags
 
     if args.benchmark != "grounding":
         raise SystemExit("--vision-pretrain-steps needs --benchmark grounding (the labels come from its renderer)")
@@ -582,9 +582,9 @@ def check_reload(path: Path, model, examples, pad_token_id: int, family: str = "
     import torch
     from transformers import AutoProcessor
 
-    from mmgrpo.models.tiny import model_class
+    from mmgrpo.vlm.models.tiny import model_class
 
-    from mmgrpo.sft import collate_sft
+    from mmgrpo.vlm.sft import collate_sft
 
     AutoProcessor.from_pretrained(path)  # must load
     m2 = model_class(family).from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")

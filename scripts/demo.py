@@ -236,7 +236,7 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
               f"data.video_max_pixels={video.get('max_pixels', 6 * 784)}"]
     ev = [PY, "eval/generate_vlm.py", "--config", recipe.eval_config,
           f"data.annotations={data_dir / 'eval.jsonl'}"] + kv(recipe.eval) + common + kv(prof.eval)
-    train = [PY, "-m", "mmgrpo.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
+    train = [PY, "-m", "mmgrpo.vlm.cli", "train", f"model.path={base}"] + kv(recipe.grpo) + \
         [f"data.train_file={data_dir / 'train.jsonl'}"] + common + kv(prof.grpo) + val_file
     return {"base": base, "data_dir": data_dir, "report": rep, "eval_cmd": ev, "train_cmd": train}
 
@@ -268,7 +268,7 @@ def tvg(runner: Runner, args, recipe: TVGRecipe) -> dict:
 
 
 def validation_curve(train_dir: Path) -> list[dict]:
-    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.train.validation)."""
+    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.vlm.train.validation)."""
     path = train_dir / "validation" / "curve.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate")}} for r in rows]
@@ -277,7 +277,7 @@ def validation_curve(train_dir: Path) -> list[dict]:
 def draw_timelines(out: Path, annotations: Path, n: int) -> None:
     """``tvg/timeline.png``: for the first ``n`` held-out videos, the frames the model saw (the evaluator's own
     video settings, from its settings.json), the ground-truth span and the spans predicted before / after GRPO."""
-    from mmgrpo.utils.timeline import tvg_timelines
+    from mmgrpo.vlm.timeline import tvg_timelines
 
     video = _read_json(out / "eval_after" / "settings.json").get("video", {})
     if not n or not video:
@@ -295,7 +295,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
     video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
     query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
     GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
-    from mmgrpo.sft import query_swap_probe, score_tvg_outputs
+    from mmgrpo.vlm.sft import query_swap_probe, score_tvg_outputs
 
     anns = {}
     for line in annotations.read_text().splitlines():

@@ -11,7 +11,7 @@ data=${SYN_TVG_DIR:-runs/data/synthetic_tvg}
 [ -f $data/eval.jsonl ] || python data/synthetic_tvg.py $data --n-train 64 --n-eval 16 --seed 0
 if [ "$model" = tiny ]; then
   model=runs/tiny_qwen2_5_vl
-  [ -f $model/config.json ] || python -c "from mmgrpo.models.tiny import save_tiny_model; save_tiny_model('$model')"
+  [ -f $model/config.json ] || python -c "from mmgrpo.vlm.models.tiny import save_tiny_model; save_tiny_model('$model')"
   set -- decoding.max_new_tokens=16 "$@"
 fi
 python eval/generate_vlm.py --config eval/configs/synthetic_tvg.yaml model="$model" \

@@ -54,9 +54,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     from transformers import AutoProcessor
 
-    from mmgrpo import sft
-    from mmgrpo.data import prompts
-    from mmgrpo.models.tiny import model_class
+    from mmgrpo.vlm import sft
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.vlm.models.tiny import model_class
 
     torch.set_num_threads(1)
     rep = json.loads(open(os.path.join(args.base, "sft_report.json")).read())

@@ -74,8 +74,8 @@ def maxrss_bytes() -> int:
 def build_vlm(spec: dict, layers: int, out: Path, shard: str) -> dict:
     import torch
 
-    from mmgrpo.models.real_tokenizer import build_qwen2_5_vl_processor, build_qwen_tokenizer
-    from mmgrpo.models.tiny import model_class, vision_token_ids
+    from mmgrpo.vlm.models.real_tokenizer import build_qwen2_5_vl_processor, build_qwen_tokenizer
+    from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
     from mmgrpo.utils.memory_plan import vlm_config
 
     cfg = vlm_config(spec, layers)
@@ -106,7 +106,7 @@ def build_vlm(spec: dict, layers: int, out: Path, shard: str) -> dict:
 def _qwen3_processor(tok):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
-    from mmgrpo.models.real_tokenizer import QWEN2_5_VL_CHAT_TEMPLATE
+    from mmgrpo.vlm.models.real_tokenizer import QWEN2_5_VL_CHAT_TEMPLATE
 
     common = dict(size={"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}, patch_size=16, merge_size=2,
                   temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)  # Qwen3-VL preprocessor
@@ -147,9 +147,9 @@ def _image_reward(images, prompts, metadata):
 
 
 def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens: int) -> dict:
-    from mmgrpo.config import TrainConfig
-    from mmgrpo.models.tiny import synthetic_frames
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.vlm.models.tiny import synthetic_frames
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
     px = spec.get("frame_px", FRAME_PX)
@@ -242,7 +242,7 @@ def _stage(a) -> dict:
         info["build_seconds"] = time.perf_counter() - t0
         return info
     import flow_grpo.trainer  # noqa: F401  (the imports count in the baseline, not in the peak)
-    import mmgrpo.train.trainer  # noqa: F401
+    import mmgrpo.vlm.train.trainer  # noqa: F401
     import peft  # noqa: F401
     base = rss_bytes()
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ def _builder():
 
 
 def test_identity_vae_reconstructs_a_clip():
-    from mmgrpo.data.synthetic_t2v import all_prompts, render_clip
+    from mmgrpo.synthetic.t2v import all_prompts, render_clip
 
     b = _builder()
     clip = render_clip(all_prompts("train", tags=["two_motion"])[0], 32, 5, seed=0)

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmgrpo.data.schema import Sample
+from mmgrpo.vlm.data.schema import Sample
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_label_noise_is_bounded_fixed_per_seed_and_keeps_spans_valid():
 
 
 def test_fingerprint_covers_the_grounding_generator_only_when_asked(monkeypatch):
-    from mmgrpo.data import synthetic_grounding as g2
+    from mmgrpo.synthetic import grounding as g2
 
     b = _builder()
     f1, f2 = b.fingerprint(), b.fingerprint("grounding")
@@ -56,7 +56,7 @@ def test_query_position_and_events_reach_the_report_and_the_trainer_overrides(tm
     b = _builder()
     args = b.parse_args(["--query-position", "before", "--events", "2", "3", "--benchmark", "grounding"])
     assert args.events == [2, 3]
-    from mmgrpo.sft import VideoSettings
+    from mmgrpo.vlm.sft import VideoSettings
 
     ov = b.trainer_overrides(VideoSettings(), args)
     assert "data.query_position=before" in ov

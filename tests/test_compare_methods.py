@@ -29,7 +29,7 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = (tmp_path / "commands.sh").read_text().splitlines()
-    train = [c for c in cmds if "mmgrpo.cli train" in c]
+    train = [c for c in cmds if "mmgrpo.vlm.cli train" in c]
     assert len(train) == 2 * len(cm.method_recipes("vlm"))
     assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
     assert not any("tempsamp.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
@@ -89,7 +89,7 @@ def _train_argv(frontend, tmp_path):
     out = {}
     for line in (tmp_path / "commands.sh").read_text().splitlines():
         argv = shlex.split(line)
-        if "train" in argv and ("mmgrpo.cli" in argv or "flow_grpo.cli" in argv):
+        if "train" in argv and ("mmgrpo.vlm.cli" in argv or "flow_grpo.cli" in argv):
             name = next(a for a in argv if a.startswith("run.output_dir=")).split("/")[-3]
             out[name] = argv[argv.index("train") + 1:]
     return out
@@ -102,7 +102,7 @@ def test_recipes_resolve_to_the_configs_of_the_old_override_lists(frontend, tmp_
     import compare_methods as cm
 
     from flow_grpo.config import load_train_config
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     old = {"vlm": OLD_VLM_METHODS, "flow": OLD_FLOW_METHODS}[frontend]

@@ -13,7 +13,7 @@ def test_demo_dry_run_lists_every_stage(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = (out / "commands.sh").read_text()
-    for needle in ["build_tiny_vlm.py", "synthetic_tvg.py", "generate_vlm.py", "mmgrpo.cli train",
+    for needle in ["build_tiny_vlm.py", "synthetic_tvg.py", "generate_vlm.py", "mmgrpo.vlm.cli train",
                    "model.lora.enabled=true", "adapter="]:
         assert needle in cmds, needle
     if (REPO / "scripts" / "build_tiny_flow.py").exists():
@@ -147,7 +147,7 @@ def test_recipes_drive_the_commands(tmp_path):
     cmds = (out / "commands.sh").read_text().splitlines()
     data = next(c for c in cmds if "synthetic_tvg.py" in c)
     assert data.endswith("--version 2")
-    train = next(c for c in cmds if "mmgrpo.cli train" in c)
+    train = next(c for c in cmds if "mmgrpo.vlm.cli train" in c)
     assert "run.max_steps=7" in train and "run.max_steps=40" not in train and "tempsamp.enabled=true" in train
     assert f"model.path={other} " in train and not any("build_tiny_vlm.py" in c for c in cmds)
     assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)

@@ -104,13 +104,13 @@ def test_a_reward_missing_from_this_checkout_stops_before_launch(tmp_path):
 
 def test_missing_rewards_lists_unknown_names_only():
     from flow_grpo.config import load_train_config
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     cfg = load_train_config(None, ["reward.weights={mini_geneval: 1.0, no_such_reward: 1.0}"])
     assert smoke.missing_rewards("flow", cfg) == ["reward 'no_such_reward' (flow_grpo.rewards registry)"]
     vcfg = load_config(TrainConfig, None, ["reward.weights={iou: 1.0, no_such_reward: 1.0}"])
-    assert smoke.missing_rewards("vlm", vcfg) == ["reward 'no_such_reward' (mmgrpo.rewards.registry.REWARDS)"]
+    assert smoke.missing_rewards("vlm", vcfg) == ["reward 'no_such_reward' (mmgrpo.vlm.rewards.registry.REWARDS)"]
 
 
 def test_export_vlm_writes_the_trained_tensors_over_the_base(tmp_path):

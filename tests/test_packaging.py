@@ -1,7 +1,8 @@
 """Packaging: an installed (non-editable) wheel works without the source checkout.
 
 The Mini-GenEval reward used to load ``<repo>/data/synthetic_t2i.py`` by file path, which does not exist in a
-wheel; the benchmark is now :mod:`mmgrpo.data.synthetic_t2i` and ``data/synthetic_t2i.py`` an alias of it.
+wheel; the benchmark is now :mod:`mmgrpo.synthetic.t2i` and ``data/synthetic_t2i.py`` an alias of it.  The wheel
+also carries the ``mmgrpo.vlm`` front-end, the old-path aliases and the ``mmgrpo`` console script.
 Manual equivalent of the wheel test::
 
     pip wheel --no-deps --no-build-isolation -w /tmp/wheel .
@@ -30,6 +31,11 @@ target = sys.argv[1]
 for mod in (mmgrpo, bench, m):  # every module comes from the installed copy, none from a checkout
     assert mod.__file__.startswith(target), mod.__file__
 assert "data" not in sys.modules  # nothing imported the checkout's top-level data/ folder
+import importlib.metadata as md
+import mmgrpo.cli as old_cli, mmgrpo.vlm.cli as new_cli, mmgrpo.synthetic.tvg as tvg
+assert old_cli is new_cli and new_cli.__file__.startswith(target) and tvg.__file__.startswith(target)
+eps = [e.value for e in md.distribution("mmgrpo").entry_points if e.name == "mmgrpo"]
+assert eps == ["mmgrpo.vlm.cli:main"], eps  # the console script of the wheel is the moved CLI
 meta = bench.make_prompts(2, 0, "train")
 imgs = np.stack([bench.render(x, 64, seed=i) for i, x in enumerate(meta)])
 out = m.MiniGenEvalReward()(imgs, [x["prompt"] for x in meta], meta)
@@ -68,7 +74,7 @@ def test_data_synthetic_t2i_is_an_alias_of_the_package_module(tmp_path):
     """Scripts that import ``data.synthetic_t2i`` (from a checkout) get the package module itself, and the CLI
     ``python data/synthetic_t2i.py`` still writes prompts."""
     from data import synthetic_t2i as alias
-    from mmgrpo.data import synthetic_t2i as impl
+    from mmgrpo.synthetic import t2i as impl
 
     assert alias is impl and alias._draw_shape is impl._draw_shape  # private helpers too (build_tiny_flow)
     out = tmp_path / "p.jsonl"

@@ -1,4 +1,4 @@
-"""mmgrpo.sft (answer-only cross-entropy SFT) and the demo's tiny-VLM builder (scripts/build_tiny_vlm.py)."""
+"""mmgrpo.vlm.sft (answer-only cross-entropy SFT) and the demo's tiny-VLM builder (scripts/build_tiny_vlm.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("torchvision")
 
-from mmgrpo import sft  # noqa: E402
+from mmgrpo.vlm import sft  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_KW = dict(mode="no_think", answer_format="seconds")
@@ -47,7 +47,7 @@ SAMPLES = [
 
 
 def _examples(processor, family="qwen2_5_vl"):
-    from mmgrpo.data import prompts
+    from mmgrpo.vlm.data import prompts
 
     vs = sft.VideoSettings(fps=2.0, min_frames=4, max_frames=16, min_pixels=4 * 28 * 28, max_pixels=6 * 28 * 28)
     return [sft.prepare_example(s, processor, model_family=family, video=vs, frames=fr, video_fps=2.0,
@@ -68,7 +68,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, processor = build_tiny_model("qwen2_5_vl", seed=0)
     return model, processor, _examples(processor)
@@ -164,8 +164,8 @@ def test_padding_does_not_change_any_rows_loss(tiny, side):
 
 
 def test_left_layout_matches_the_grpo_log_prob_function(tiny):
-    """The SFT loss equals minus the token-mean of mmgrpo.models.rollout.compute_token_logprobs (same layout)."""
-    from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
+    """The SFT loss equals minus the token-mean of mmgrpo.vlm.models.rollout.compute_token_logprobs (same layout)."""
+    from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
 
     model, processor, exs = tiny
     pad = processor.tokenizer.pad_token_id
@@ -183,7 +183,7 @@ def test_left_layout_matches_the_grpo_log_prob_function(tiny):
 
 
 def test_loss_decreases_when_training(tiny):
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, processor = build_tiny_model("qwen2_5_vl", seed=1)
     exs = tiny[2]
@@ -204,7 +204,7 @@ def test_loss_decreases_when_training(tiny):
 
 
 def test_vision_frozen_when_asked(tiny):
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, processor = build_tiny_model("qwen2_5_vl", seed=2)
     vis0 = {n: p.detach().clone() for n, p in model.named_parameters() if "visual" in n.split(".")}
@@ -277,7 +277,7 @@ def builder():
 
 
 def test_tokenizer_makes_answers_cheap(builder):
-    from mmgrpo.data import prompts
+    from mmgrpo.vlm.data import prompts
 
     corpus = [prompts.build_messages(s, **PROMPT_KW)[1]["content"][1]["text"] for s, _ in SAMPLES] * 20
     tok = builder.build_tokenizer(corpus, vocab_size=300)
@@ -295,8 +295,8 @@ def test_tokenizer_makes_answers_cheap(builder):
 def test_built_model_saves_and_reloads_identically(builder, tmp_path, roundtrip):
     from transformers import AutoProcessor
 
-    from mmgrpo.data import prompts
-    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.vlm.models.adapters import load_policy
 
     corpus = [prompts.build_messages(s, **PROMPT_KW)[1]["content"][1]["text"] for s, _ in SAMPLES] * 20
     tok = builder.build_tokenizer(corpus, vocab_size=300)
@@ -325,7 +325,7 @@ def test_built_model_saves_and_reloads_identically(builder, tmp_path, roundtrip)
     roundtrip.same_weights(policy.model, model)  # stored values: bit for bit
     with torch.no_grad():  # computed from another memory layout: to a tolerance (conftest.RoundTrip)
         roundtrip.close(policy.model(**batch).logits, model(**batch).logits, atol=roundtrip.LOGITS_ATOL)
-    from mmgrpo.models.tiny import vision_token_ids
+    from mmgrpo.vlm.models.tiny import vision_token_ids
 
     gc = policy.model.generation_config
     assert set(vision_token_ids(tok)) <= set(gc.suppress_tokens or [])
@@ -338,11 +338,11 @@ SHIPPED = REPO / "data" / "checkpoints" / "tiny_vlm"  # where scripts/demo.py lo
 @pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped demo checkpoint")
 def test_shipped_checkpoint_is_current_and_loads(builder):
     """The shipped demo VLM was built from today's prompt templates and synthetic generator, and loads like any
-    Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/data/prompts.py or synthetic_tvg.py, rebuild:
+    Qwen2.5-VL checkpoint.  If this fails after a change to mmgrpo/vlm/data/prompts.py or synthetic_tvg.py, rebuild:
     python scripts/build_tiny_vlm.py --out runs/tiny_vlm --seconds 240 --seed 0 --ship data/checkpoints/tiny_vlm"""
     import json
 
-    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.vlm.models.adapters import load_policy
 
     report = json.loads((SHIPPED / "sft_report.json").read_text())
     assert report["fingerprint"] == builder.fingerprint(), (
@@ -383,7 +383,7 @@ def test_chunked_head_same_loss_and_gradients(tiny, side):
 
 # --------------------------------------------------------------------------------------- vision tagging stage
 def test_block_tags_by_hand():
-    from mmgrpo.data.synthetic_grounding import TAG_CLASSES, block_tags
+    from mmgrpo.synthetic.grounding import TAG_CLASSES, block_tags
 
     rows = [{"meta": {"colour": "red", "shape": "circle", "frames": [3, 7]}},
             {"meta": {"colour": "blue", "shape": "square", "frames": [10, 10]}}]
@@ -426,7 +426,7 @@ def test_shipped_grounding_base_is_current_reads_the_query_and_loads(builder):
     docs/demo_models.md, "Third round"."""
     import json
 
-    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.vlm.models.adapters import load_policy
 
     report = json.loads((GROUNDING / "sft_report.json").read_text())
     stage1 = json.loads((GROUNDING / "sft_report_stage1_W1.json").read_text())

@@ -175,7 +175,7 @@ def peak_during(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 # ------------------------------------------------------------------------------ VLMs for the VLM benchmarks
 VLM_SIZES = {
-    # tiny: mmgrpo.models.tiny (hidden 64, 2 layers, ~0.2M); mid: hidden 256, 6 layers, MLP 1024 (~6.5M)
+    # tiny: mmgrpo.vlm.models.tiny (hidden 64, 2 layers, ~0.2M); mid: hidden 256, 6 layers, MLP 1024 (~6.5M)
     "mid": dict(text=dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
                           num_key_value_heads=2, mrope_section=[8, 12, 12]),
                 vision=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2)),
@@ -184,14 +184,14 @@ VLM_SIZES = {
 
 def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl", seed: int = 0,
                    video_max_tokens_per_frame: int = 64, image_max_tokens: int = 256) -> str:
-    """Save a random Qwen-VL (``tiny`` from mmgrpo.models.tiny, or ``mid``) + its processor to ``directory``.
+    """Save a random Qwen-VL (``tiny`` from mmgrpo.vlm.models.tiny, or ``mid``) + its processor to ``directory``.
 
     The processor's video size allows up to ``video_max_tokens_per_frame`` merged tokens per temporal patch
     (224x224 frames -> 64), so a 32-frame clip gives a 1024-token video prefix; images up to ``image_max_tokens``
     merged tokens (448x448 -> 256)."""
     import torch
 
-    from mmgrpo.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
+    from mmgrpo.vlm.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
 
     proc = build_tiny_processor(family)
     f = 28 if family != "qwen3_vl" else 32

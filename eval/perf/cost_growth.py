@@ -111,7 +111,7 @@ def timed(fn):
 
 # ============================================================================================== VLM
 def video_sample(frames: int, i: int = 0) -> dict:
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     return {"id": f"v{frames}_{i}", "task": "tvg", "query": "when does the square move?",
             "video": synthetic_frames(i, frames, 224, 224), "meta": {"video_fps": 2.0}, "duration": frames / 2.0,
@@ -126,9 +126,9 @@ def reward_fn(texts, samples):
 
 
 def build_trainer(args, policy, G: int, side: str):
-    from mmgrpo.config import TrainConfig
-    from mmgrpo.models.rollout import HFRolloutBackend
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
     out = tempfile.mkdtemp(prefix=f"mmgrpo_cg_{side}{G}_")
@@ -156,7 +156,7 @@ def build_trainer(args, policy, G: int, side: str):
 def run_vlm(args) -> dict:
     import torch
 
-    from mmgrpo.models.adapters import load_policy
+    from mmgrpo.vlm.models.adapters import load_policy
 
     own = None
     if not args.model_dir:

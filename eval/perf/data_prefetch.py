@@ -97,8 +97,8 @@ def write_clips(root: str, args) -> list[str]:
 def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, args):
     import torch
 
-    from mmgrpo.config import TrainConfig
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
     overrides = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",

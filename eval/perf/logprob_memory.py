@@ -1,8 +1,8 @@
 """Benchmark ``logprob_memory_ratio``: extra peak memory of token log-probs + backward, full logits vs chunked head.
 
-A = full: ``F.linear`` -> (N, T, V) fp32 logits -> ``mmgrpo.models.rollout.token_logprobs_from_logits`` (what the
+A = full: ``F.linear`` -> (N, T, V) fp32 logits -> ``mmgrpo.vlm.models.rollout.token_logprobs_from_logits`` (what the
     trainer did before ``algo.logprob_chunk_size``);
-B = chunked: ``mmgrpo.models.chunked.chunked_token_logprobs`` (the head applied ``--chunk`` tokens at a time, in the
+B = chunked: ``mmgrpo.vlm.models.chunked.chunked_token_logprobs`` (the head applied ``--chunk`` tokens at a time, in the
     forward and in the recomputing backward).
 
 Both: Qwen's vocabulary V = 151,936, N = 8 completions x T = 512 tokens (every token valid, so the chunked side
@@ -66,7 +66,7 @@ def parse_args(argv=None):
     a.T = a.T or (64 if a.smoke else 512)
     a.hidden = a.hidden or (64 if a.smoke else (128 if a.quick else 3584))
     if a.chunk is None:
-        from mmgrpo.config import AlgoConfig
+        from mmgrpo.vlm.config import AlgoConfig
 
         a.chunk = AlgoConfig().logprob_chunk_size or 256
     return a
@@ -89,8 +89,8 @@ def _inputs(a):
 def _step(a, variant, h, w, ids, mask, c):
     import torch.nn.functional as F
 
-    from mmgrpo.models.chunked import chunked_token_logprobs
-    from mmgrpo.models.rollout import token_logprobs_from_logits
+    from mmgrpo.vlm.models.chunked import chunked_token_logprobs
+    from mmgrpo.vlm.models.rollout import token_logprobs_from_logits
 
     sup = [i for i in QWEN_VISION_IDS if i < a.vocab]
     if variant == "full":

@@ -3,7 +3,7 @@
 A = repeated: ``HFRolloutBackend(shared_prefix=False)``: ``model.generate`` on the prompt repeated G times (G
     vision-tower passes, G prefills of the ~1k-token prompt, then G rows decoded);
 B = shared: ``HFRolloutBackend(shared_prefix=True)``: one vision-tower pass and one prefill, the KV cache repeated
-    to G rows, the same G rows decoded (``mmgrpo.models.rollout.shared_prefix_sample``).
+    to G rows, the same G rows decoded (``mmgrpo.vlm.models.rollout.shared_prefix_sample``).
 
 Both: the same model (``load_policy`` on one saved folder: fp32, sdpa; ``mid`` by default, see common.VLM_SIZES),
 the same video prompt (32 frames at 224x224 -> 1024 video tokens), G = 8, exactly ``--T`` = 64 new tokens (EOS is
@@ -64,10 +64,10 @@ def parse_args(argv=None):
 def run(args, root: str) -> dict:
     import torch
 
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     d = os.path.join(root, args.model)
     if not os.path.exists(os.path.join(d, "config.json")):

@@ -1,8 +1,8 @@
 """Benchmark ``prefix_group_speedup``: GRPO forward+backward of one group, naive vs shared-prefix.
 
-A = naive: ``mmgrpo.models.rollout.compute_token_logprobs`` on the prompt repeated G times (G vision-tower passes,
+A = naive: ``mmgrpo.vlm.models.rollout.compute_token_logprobs`` on the prompt repeated G times (G vision-tower passes,
     G forwards over prompt+completion);
-B = grouped: ``mmgrpo.models.prefix_group.grouped_token_logprobs`` (vision + prompt once, G suffixes attend to
+B = grouped: ``mmgrpo.vlm.models.prefix_group.grouped_token_logprobs`` (vision + prompt once, G suffixes attend to
     the shared keys/values).
 
 Both: same model (loaded with ``load_policy`` from one saved folder: fp32, sdpa, vision frozen, LLM fully trainable,
@@ -71,9 +71,9 @@ def parse_args(argv=None):
 def build_case(model_dir: str, args):
     import torch
 
-    from mmgrpo.models.adapters import LoraSpec, load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     pol = load_policy(model_dir, lora=LoraSpec(r=16, alpha=32) if args.lora else None)
     pol.model.train()
@@ -113,8 +113,8 @@ def make_step(pol, fn, batch, ids, mask, w):
 def run_model(size: str, root: str, args) -> dict:
     import torch
 
-    from mmgrpo.models.prefix_group import grouped_token_logprobs
-    from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
+    from mmgrpo.vlm.models.prefix_group import grouped_token_logprobs
+    from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
 
     d = os.path.join(root, size)
     if not os.path.exists(os.path.join(d, "config.json")):

@@ -31,7 +31,7 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# (result key, script in this folder). prefix_group.py / trl_compare.py are written by another engineer.
+# (result key, script in this folder).
 BENCHMARKS: list[tuple[str, str]] = [
     ("flow_rollout_overhead", "flow_rollout.py"),
     ("flow_train_overhead", "flow_train.py"),

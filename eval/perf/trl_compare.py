@@ -2,8 +2,8 @@
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
-                    (``mmgrpo.models.prefix_group``: each prompt encoded once per group in the loss) and
+* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
+                    (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once per group in the loss) and
                     ``rollout.shared_prefix=true`` (each prompt prefilled once while sampling); with a trainer
                     that predates the first option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
 * ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` and ``rollout.shared_prefix=false`` (prompt
@@ -99,7 +99,7 @@ def parse_args(argv=None):
 
 def samples(n: int, size: int) -> list[dict]:
     """Multiple-choice image prompts (the trainer's canonical sample dicts)."""
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     return [{"id": f"img{i}", "task": "mcq", "query": f"which colour is the object number {i}?",
              "image": synthetic_image(i, size, size), "options": ["red", "green", "blue", "yellow"],
@@ -176,11 +176,11 @@ def worker_ours(args, grouped: bool) -> None:
 
     import torch
 
-    from mmgrpo.config import TrainConfig
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
-    from mmgrpo.models.rollout import HFRolloutBackend
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
     class GroupedGRPOTrainer(GRPOTrainer):
@@ -266,8 +266,8 @@ def worker_trl(args) -> None:
     from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from mmgrpo.models.adapters import get_adapter, vision_token_ids
-    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.vlm.models.adapters import get_adapter, vision_token_ids
+    from mmgrpo.vlm.train.task import TaskAdapter
 
     common.set_threads(args.threads)
     processor = AutoProcessor.from_pretrained(args.model_dir)

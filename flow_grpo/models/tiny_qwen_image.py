@@ -1,7 +1,7 @@
 """Hub-free tiny Qwen-Image and Qwen-Image-Edit pipelines (random weights) for CPU tests and smoke runs.
 
 * Text encoder: the VLM front-end's tiny ``Qwen2_5_VLForConditionalGeneration`` and its tiny Qwen2 tokenizer
-  (:func:`mmgrpo.models.tiny.build_tiny_model`; hidden size 64 = the transformer's ``joint_attention_dim``).
+  (:func:`mmgrpo.vlm.models.tiny.build_tiny_model`; hidden size 64 = the transformer's ``joint_attention_dim``).
   ``QwenImagePipeline`` drops the first 34 tokens of the encoded chat template (``prompt_template_encode_start_idx``:
   the length of its system prompt under the released Qwen2.5-VL tokenizer); the tiny byte-level BPE splits that
   template into other tokens, so with it the cut falls elsewhere in the template. Adapter and pipeline share
@@ -56,7 +56,7 @@ def _tiny_parts(seed: int) -> dict:
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     text_encoder, processor = build_tiny_model("qwen2_5_vl", seed=seed)
     torch.manual_seed(seed)

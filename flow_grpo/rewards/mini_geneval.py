@@ -1,14 +1,14 @@
 """``mini_geneval`` reward: the programmatic verifier of the synthetic Mini-GenEval benchmark.
 
 Outputs ``{name: strict or partial, name + "/strict": 1[correct], name + "/partial": score}`` where ``correct``
-and ``score`` are :func:`mmgrpo.data.synthetic_t2i.verify`'s (formulas there).  Training on ``mode="strict"``
+and ``score`` are :func:`mmgrpo.synthetic.t2i.verify`'s (formulas there).  Training on ``mode="strict"``
 mirrors Flow-GRPO's GenEval setup (``only_strict=True``); ``mode="partial"`` gives a denser signal.
 
 Metadata per sample: the benchmark's dict (``{"include": [...], ...}``); without it the prompt is looked up in
-the grammar (:func:`mmgrpo.data.synthetic_t2i.parse_prompt`), and a prompt outside the grammar raises
+the grammar (:func:`mmgrpo.synthetic.t2i.parse_prompt`), and a prompt outside the grammar raises
 :class:`~flow_grpo.rewards.base.RewardError` naming the sample.
 
-The benchmark is :mod:`mmgrpo.data.synthetic_t2i` (part of the installed package, so this reward works from a
+The benchmark is :mod:`mmgrpo.synthetic.t2i` (part of the installed package, so this reward works from a
 wheel; ``data/synthetic_t2i.py`` in a source checkout is an alias of it).
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ __all__ = ["load_synthetic_t2i", "MiniGenEvalReward"]
 
 
 def load_synthetic_t2i() -> ModuleType:
-    """The Mini-GenEval benchmark module, :mod:`mmgrpo.data.synthetic_t2i` (kept for old callers)."""
-    from mmgrpo.data import synthetic_t2i
+    """The Mini-GenEval benchmark module, :mod:`mmgrpo.synthetic.t2i` (kept for old callers)."""
+    from mmgrpo.synthetic import t2i as synthetic_t2i
 
     return synthetic_t2i
 

@@ -1,12 +1,12 @@
-"""``motion_verifier``: the programmatic verifier of the Mini-T2V benchmark (:mod:`mmgrpo.data.synthetic_t2v`).
+"""``motion_verifier``: the programmatic verifier of the Mini-T2V benchmark (:mod:`mmgrpo.synthetic.t2v`).
 
 Given decoded frames (F, H, W, 3) uint8 and a prompt's spec, :func:`verify_clip` finds the objects of every frame,
 tracks each spec entry by its colour (the entries of one spec have distinct colours) and runs these checks:
 
-Detection (per frame, as Mini-GenEval's detector, :func:`mmgrpo.data.synthetic_t2i.segment_objects`): a pixel gets
+Detection (per frame, as Mini-GenEval's detector, :func:`mmgrpo.synthetic.t2i.segment_objects`): a pixel gets
 the nearest palette colour if that is within ``max_color_dist`` (RGB) and nearer than the background; 8-connected
 components of one colour with ``area >= min_area`` (default ``max(4, 0.008 H W)``, 18 px at 48x48) are objects;
-their shape comes from :func:`mmgrpo.data.synthetic_t2i.classify_shape` (bbox fill, aspect, half-plane asymmetry,
+their shape comes from :func:`mmgrpo.synthetic.t2i.classify_shape` (bbox fill, aspect, half-plane asymmetry,
 corner fill).  ``n_k(e)`` = the number of objects of entry e's colour on frame k; e is *seen* on frame k when
 ``n_k(e) >= 1``; ``min_frames = max(1, ceil(min_visible * F))`` (3 of 12 frames by default).
 
@@ -30,7 +30,7 @@ A missing entry fails ``color``, ``shape``, ``count`` and ``direction`` (and ``o
 Reward outputs: ``{name: strict or partial, name + "/strict", name + "/partial"}``.  Input videos: uint8
 (B, F, H, W, 3) (numpy or torch), float (B, F, 3, H, W) in [0, 1], or a list of B uint8 (F, H, W, 3) arrays.
 Metadata per sample: the benchmark spec (``{"objects": [...]}``) or none, in which case the prompt is looked up in
-the grammar (:func:`mmgrpo.data.synthetic_t2v.parse_prompt`); a prompt outside it raises
+the grammar (:func:`mmgrpo.synthetic.t2v.parse_prompt`); a prompt outside it raises
 :class:`~flow_grpo.rewards.base.RewardError` naming the sample.
 """
 from __future__ import annotations
@@ -66,8 +66,8 @@ def segment_clip(clip: np.ndarray, palette: Mapping[str, tuple[int, int, int]] |
                  background: tuple[int, int, int] | None = None, max_color_dist: float = 80.0,
                  min_area: int | None = None) -> list[list[dict]]:
     """:func:`segment_frame` of every frame of a uint8 (F, H, W, 3) clip, vectorised over the clip."""
-    from mmgrpo.data import synthetic_t2i as t2i
-    from mmgrpo.data import synthetic_t2v as t2v
+    from mmgrpo.synthetic import t2i as t2i
+    from mmgrpo.synthetic import t2v as t2v
 
     palette = t2v.COLORS if palette is None else palette
     background = t2v.BACKGROUND if background is None else background
@@ -116,7 +116,7 @@ def _label(cls: np.ndarray) -> np.ndarray:
 
 
 def _shape_of(ys: np.ndarray, xs: np.ndarray, classify) -> str:
-    """Mini-GenEval's shape features of one component (see :mod:`mmgrpo.data.synthetic_t2i`)."""
+    """Mini-GenEval's shape features of one component (see :mod:`mmgrpo.synthetic.t2i`)."""
     x0, x1, y0, y1 = int(xs.min()), int(xs.max()), int(ys.min()), int(ys.max())
     bw, bh, area = x1 - x0 + 1, y1 - y0 + 1, ys.size
     cy, cx = (y0 + y1) / 2.0, (x0 + x1) / 2.0
@@ -145,7 +145,7 @@ def verify_clip(frames: np.ndarray, spec: Mapping[str, Any], max_color_dist: flo
     ``checks``: one dict per check (``{"check", "entry" (index or None), "ok", ...values}``); ``tracks``: per
     entry the seen frames, per-frame counts and (for movers) the displacement.  Formulas in the module docstring.
     """
-    from mmgrpo.data.synthetic_t2v import validate_spec
+    from mmgrpo.synthetic.t2v import validate_spec
 
     clip = np.asarray(frames)
     if clip.ndim != 4 or clip.shape[-1] != 3 or clip.dtype != np.uint8:
@@ -229,7 +229,7 @@ class MotionVerifierReward(Reward):
                        min_move=float(min_move), max_drift=float(max_drift))
 
     def score(self, images, prompts, metadata, **kwargs: Any):
-        from mmgrpo.data.synthetic_t2v import parse_prompt
+        from mmgrpo.synthetic.t2v import parse_prompt
 
         n = images.shape[0]
         strict, partial = np.zeros(n), np.zeros(n)

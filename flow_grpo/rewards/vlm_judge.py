@@ -1,9 +1,9 @@
 """A VLM judge reward on mmgrpo's own Qwen-VL front-end: pointwise scores and pairwise preferences.
 
 The judge is any Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder (e.g. a UnifiedReward-style fine-tune or a
-plain instruct model), loaded with the family adapters of :mod:`mmgrpo.models.adapters`; prompts are built with
-:func:`mmgrpo.models.inputs.build_prompt_item` and left-padded into one batch by
-:func:`mmgrpo.models.rollout.collate_prompts` -- the same path the VLM trainer's rollouts use.  No text is
+plain instruct model), loaded with the family adapters of :mod:`mmgrpo.vlm.models.adapters`; prompts are built with
+:func:`mmgrpo.vlm.models.inputs.build_prompt_item` and left-padded into one batch by
+:func:`mmgrpo.vlm.models.rollout.collate_prompts` -- the same path the VLM trainer's rollouts use.  No text is
 generated: the score is read from the next-token distribution after the chat template's generation prompt
 (one forward pass per batch, deterministic, no parsing failures).
 
@@ -72,7 +72,7 @@ def load_judge(path: str, family: str = "auto", dtype: Any = "float32", device: 
     """``(model, processor, adapter)`` from a local Qwen-VL folder, in eval mode (nothing trainable)."""
     from transformers import AutoProcessor
 
-    from mmgrpo.models.adapters import _dtype, detect_family, get_adapter
+    from mmgrpo.vlm.models.adapters import _dtype, detect_family, get_adapter
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"VLM judge folder not found: {path}")
@@ -92,7 +92,7 @@ class VLMJudge:
     def __init__(self, path: str | None = None, *, model=None, processor=None, family: str = "auto",
                  dtype: Any = "float32", device: str = "cpu", batch_size: int = 8,
                  attn_implementation: str | None = "sdpa"):
-        from mmgrpo.models.adapters import detect_family, get_adapter
+        from mmgrpo.vlm.models.adapters import detect_family, get_adapter
 
         if model is None or processor is None:
             if path is None:
@@ -126,8 +126,8 @@ class VLMJudge:
         """(B, A) full-vocabulary probabilities of the answer tokens at the next position, in batches."""
         import torch
 
-        from mmgrpo.models.inputs import build_prompt_item
-        from mmgrpo.models.rollout import batch_to, collate_prompts
+        from mmgrpo.vlm.models.inputs import build_prompt_item
+        from mmgrpo.vlm.models.rollout import batch_to, collate_prompts
 
         pad = self.processor.tokenizer.pad_token_id
         out = []
@@ -152,7 +152,7 @@ class VLMJudgeReward(Reward):
     """Pointwise VLM judge (``mode="yes_no"`` or ``"scale"``); formulas and prompt format in the module docstring.
 
     Args:
-        path: local Qwen-VL folder, or ``model=`` + ``processor=`` (e.g. ``mmgrpo.models.tiny.build_tiny_model``).
+        path: local Qwen-VL folder, or ``model=`` + ``processor=`` (e.g. ``mmgrpo.vlm.models.tiny.build_tiny_model``).
         mode: ``"yes_no"`` -> ``p(Yes)/(p(Yes)+p(No))``; ``"scale"`` -> rescaled expected rating 1..``scale_max``.
         question / template: the instruction and the user-text layout (``{prompt}``, ``{question}`` fields).
         answers: override the answer strings (yes_no: ``("Yes", "No")``; scale: ``"1".."K"``).

@@ -95,7 +95,7 @@ class VLMVideoJudgeReward(VLMJudgeReward):
     def score(self, images, prompts, metadata, **kwargs: Any):
         import torch
 
-        from mmgrpo.models.rollout import batch_to, collate_prompts
+        from mmgrpo.vlm.models.rollout import batch_to, collate_prompts
         from mmgrpo.video import build_video_inputs
 
         judge = self.judge

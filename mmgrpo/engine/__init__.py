@@ -1,4 +1,4 @@
-"""Shared engine layer used by both trainers (``mmgrpo.train`` for Qwen-VL policies, ``flow_grpo`` for
+"""Shared engine layer used by both trainers (``mmgrpo.vlm.train`` for Qwen-VL policies, ``flow_grpo`` for
 flow-matching generators): functions and small classes, not a base trainer class.
 
 * :mod:`mmgrpo.engine.errors` - one exception family for both trainers and both CLIs;

@@ -12,7 +12,7 @@ Every error a run raises on purpose derives from :class:`MMGRPOError`; the CLIs 
 * :class:`RewardTimeout`: one attempt of a (flow) reward call timed out (retried, then :class:`RewardCallFailed`).
 
 Each class keeps the base it had before the merge (``RuntimeError``, ``TimeoutError``, ``Exception``) so existing
-``except`` clauses still catch it.  The old import paths stay valid: ``mmgrpo.train.faults``,
+``except`` clauses still catch it.  The old import paths stay valid: ``mmgrpo.vlm.train.faults``,
 ``mmgrpo.utils.signals``, ``mmgrpo.utils.runlock`` and ``flow_grpo.trainer`` re-export these classes;
 ``TrainingHalted`` (the flow trainer's old name) is an alias of :class:`TrainingStopped`, kept for old imports.
 No heavy imports here (the CLIs import this for ``--help``).

@@ -32,7 +32,7 @@ import copy
 import sys
 from typing import Any
 
-from mmgrpo.models.real_tokenizer import QWEN_IDS
+from mmgrpo.vlm.models.real_tokenizer import QWEN_IDS
 
 GiB = 1024 ** 3
 GPU_OVERHEAD_BYTES = int(1.5 * GiB)  # CUDA context + NCCL buffers + kernels' workspaces (allowance, not measured)
@@ -315,7 +315,7 @@ def counts(spec: dict, layers: int | None = None, lora_r: int = 16, lora_targets
     ``full`` (what full fine-tuning trains), ``lora`` (adapter parameters), ``layers``, ``per_layer`` (largest
     trained block), ``hidden``, ``vocab``, ``kv`` (KV-cache bytes per token per layer, bf16)."""
     if spec["type"] == "vlm":
-        from mmgrpo.models.tiny import model_class
+        from mmgrpo.vlm.models.tiny import model_class
 
         cfg = vlm_config(spec, layers)
         m = _meta(lambda: model_class(spec["family"])(cfg))
@@ -505,7 +505,7 @@ def plan_main(argv, kind: str, prog: str) -> int:
             return 0
     known, rest = pre.parse_known_args(argv)
     if kind == "vlm":
-        from mmgrpo.config import TrainConfig
+        from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import parse_config_cli
 
         cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)

@@ -9,7 +9,7 @@
 #
 # Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it). Training is
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
-#   -m mmgrpo.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
+#   -m mmgrpo.vlm.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
 #   reported before anything starts. DRY_RUN=1 prints the commands without running them.
 # Arguments: key=value overrides of the training run, then `--` and key=value overrides of the evaluation.
 # Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
@@ -95,7 +95,7 @@ train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
   shift 3
   [ -f "$_RECIPE" ] || _die "recipe not found: $_RECIPE"
   [ -f "$accel" ] || _die "accelerate config not found: $accel"
-  case "$_KIND" in vlm) module=mmgrpo.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
+  case "$_KIND" in vlm) module=mmgrpo.vlm.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
     mapfile -t smoke < <(_smoke train "$OUT_DIR") || true

@@ -30,7 +30,7 @@ def latest_checkpoint(run: Path) -> Path:
 def export(run: str, base: str, out: str) -> Path:
     import torch
 
-    from mmgrpo.models.adapters import detect_family, get_adapter
+    from mmgrpo.vlm.models.adapters import detect_family, get_adapter
 
     ckpt = latest_checkpoint(Path(run))
     if (ckpt / "adapter").is_dir():

@@ -93,8 +93,8 @@ def _atomic_dir(final: Path, write) -> Path:
 
 def _write_videos(d: Path) -> None:
     """Synthetic TVG videos (2 train + 2 eval videos) and their tvg / mcq / gqa sample files."""
-    from mmgrpo.data import Sample, write_jsonl
-    from mmgrpo.data.synthetic_tvg import generate
+    from mmgrpo.vlm.data import Sample, write_jsonl
+    from mmgrpo.synthetic.tvg import generate
 
     res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
     for split in ("train", "eval"):  # grounded QA = the colour question + the event's span as evidence
@@ -109,7 +109,7 @@ def _write_images(d: Path) -> None:
     import numpy as np
     from PIL import Image
 
-    from mmgrpo.data import Sample, write_jsonl
+    from mmgrpo.vlm.data import Sample, write_jsonl
 
     colours = {"red": (255, 0, 0), "green": (0, 200, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0)}
     (d / "images").mkdir(parents=True)
@@ -302,7 +302,7 @@ def load_recipe(kind: str, path: str, overrides=()):
         from flow_grpo.config import load_train_config
 
         return load_train_config(path, list(overrides))
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     return load_config(TrainConfig, path, list(overrides))
@@ -313,9 +313,9 @@ def missing_rewards(kind: str, cfg) -> list[str]:
     import importlib.util
 
     if kind == "vlm":
-        from mmgrpo.rewards.registry import REWARDS
+        from mmgrpo.vlm.rewards.registry import REWARDS
 
-        return [f"reward {n!r} (mmgrpo.rewards.registry.REWARDS)" for n in cfg.reward.weights if n not in REWARDS]
+        return [f"reward {n!r} (mmgrpo.vlm.rewards.registry.REWARDS)" for n in cfg.reward.weights if n not in REWARDS]
     from flow_grpo.rewards import available_rewards
 
     def importable(spec: str) -> bool:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.data import DataError, load_jsonl
-from mmgrpo.data import converters as C
+from mmgrpo.vlm.data import DataError, load_jsonl
+from mmgrpo.vlm.data import converters as C
 
 FIX = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

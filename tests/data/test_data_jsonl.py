@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.data import DataError, Sample, load_jsonl, write_jsonl
+from mmgrpo.vlm.data import DataError, Sample, load_jsonl, write_jsonl
 
 
 def tvg(**kw):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mmgrpo.data import MODES, Sample, build_messages, format_ground_truth_answer, format_span, system_prompt
+from mmgrpo.vlm.data import MODES, Sample, build_messages, format_ground_truth_answer, format_span, system_prompt
 
 TVG = Sample(id="t", task="tvg", query="the red circle appears", video="/v/a.mp4", duration=30.0,
              spans=[[12.5, 17.75]]).validate()
@@ -74,8 +74,8 @@ CASES = [
 @pytest.mark.parametrize("answer_format", ["seconds", "json"])
 @pytest.mark.parametrize("sample, task, minimum, cfg", CASES, ids=lambda x: getattr(x, "id", None))
 def test_ground_truth_parses_back_with_the_reward_parser(sample, task, minimum, cfg, mode, answer_format):
-    registry = pytest.importorskip("mmgrpo.rewards.registry",
-                                   reason="mmgrpo.rewards (the answer parser) is owned by another engineer")
+    from mmgrpo.vlm.rewards import registry
+
     gt = format_ground_truth_answer(sample, mode, answer_format)
     fn = registry.build_reward_fn({**{k: 1.0 for k in minimum}, "format": 1.0}, task, **cfg)
     out = fn.score([gt], [sample.to_dict()])
@@ -89,9 +89,9 @@ def test_ground_truth_parses_back_with_the_reward_parser(sample, task, minimum, 
 def test_query_position_before_puts_the_text_first_in_the_prompt():
     from types import SimpleNamespace
 
-    from mmgrpo.config import DataConfig
-    from mmgrpo.models.tiny import build_tiny_tokenizer
-    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.vlm.config import DataConfig
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.train.task import TaskAdapter
 
     after = build_messages(TVG, "no_think")[1]["content"]
     before = build_messages(TVG, "no_think", query_position="before")[1]["content"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.data import DataError, load_jsonl
-from mmgrpo.data import converters as C
-from mmgrpo.rewards.tasks import temporal_window
+from mmgrpo.vlm.data import DataError, load_jsonl
+from mmgrpo.vlm.data import converters as C
+from mmgrpo.vlm.rewards.tasks import temporal_window
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmgrpo.data import synthetic_t2v as T
+from mmgrpo.synthetic import t2v as T
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmgrpo.data import load_jsonl
-from mmgrpo.data.synthetic_tvg import COLOURS, frames_digest, generate, render_frame, sample_spec
+from mmgrpo.vlm.data import load_jsonl
+from mmgrpo.synthetic.tvg import COLOURS, frames_digest, generate, render_frame, sample_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,7 +28,7 @@ def test_identities_without_a_process_group():
 def test_old_names_are_the_engine_functions():
     import flow_grpo.distributed as fd
     import mmgrpo.core as core
-    import mmgrpo.train.distributed as td
+    import mmgrpo.vlm.train.distributed as td
 
     assert core.global_sum is D.global_sum and core.world_info is D.world_info and td.global_max is D.global_max
     assert fd._all_gather_object is D.all_gather_object and fd._broadcast_object is D.broadcast_object

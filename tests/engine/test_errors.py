@@ -12,7 +12,7 @@ from mmgrpo.utils import exit_codes
 
 def test_old_import_paths_name_the_same_classes():
     import flow_grpo.trainer as ft
-    import mmgrpo.train.faults as faults
+    import mmgrpo.vlm.train.faults as faults
     import mmgrpo.utils.runlock as runlock
     import mmgrpo.utils.signals as signals
 
@@ -47,10 +47,10 @@ CASES = [(E.TrainingStopped("s", "/c"), exit_codes.STOPPED), (E.TrainingHalted("
 @pytest.mark.parametrize("exc,code", CASES, ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x))
 def test_both_clis_map_each_error_to_its_exit_code(monkeypatch, capsys, tmp_path, exc, code):
     import flow_grpo.trainer as ft
-    import mmgrpo.train.trainer as tm
+    import mmgrpo.vlm.train.trainer as tm
     import mmgrpo.utils.config as uc
     from flow_grpo.cli import main as flow_main
-    from mmgrpo.cli import main as vlm_main
+    from mmgrpo.vlm.cli import main as vlm_main
 
     def raising(cfg):
         raise exc

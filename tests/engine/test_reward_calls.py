@@ -122,7 +122,7 @@ def test_both_trainers_use_the_engine_policy(monkeypatch):
     import numpy as np
 
     import flow_grpo.scoring as fs
-    import mmgrpo.train.faults as vf
+    import mmgrpo.vlm.train.faults as vf
     from mmgrpo.engine import reward_calls as rc
 
     used = []

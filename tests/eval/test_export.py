@@ -1,5 +1,5 @@
 """eval/export.py: the benchmarks' own submission formats, from annotation lines in each benchmark's public format
-(converted with mmgrpo.data.converters) and model outputs written by hand.  Expected files are spelled out here;
+(converted with mmgrpo.vlm.data.converters) and model outputs written by hand.  Expected files are spelled out here;
 the official scorers' reading rules (lmms-eval's key split, Time-R1's IoU, NExT-GQA's tIoU/IoP, lmms-eval's
 normalised box IoU) are restated independently and applied to the exported values.
 """
@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
 
 from eval import score as score_mod  # noqa: E402
 from eval.export import check_formats, export, nextgqa_key  # noqa: E402
-from mmgrpo.data.converters import convert_charades_sta, convert_dense_captions  # noqa: E402
+from mmgrpo.vlm.data.converters import convert_charades_sta, convert_dense_captions  # noqa: E402
 
 
 def _canon(samples):

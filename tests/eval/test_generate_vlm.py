@@ -60,8 +60,8 @@ def _craft(src: str, dst: Path) -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from mmgrpo.data.synthetic_tvg import generate
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("gen_vlm")
     tiny = save_tiny_model(root / "tiny", "qwen2_5_vl")
@@ -152,12 +152,12 @@ def test_interrupted_run_resumes_to_identical_file(env):
     for m in (ma, mb):
         m.pop("config"), m["generation"].pop("last_invocation")
     assert ma == mb
-    # parity with the TRAINING path: mmgrpo.config.DataConfig + TaskAdapter.prepare + HFRolloutBackend(greedy),
+    # parity with the TRAINING path: mmgrpo.vlm.config.DataConfig + TaskAdapter.prepare + HFRolloutBackend(greedy),
     # same left-padded batches of 2 -> the same texts, token counts and frame counts
-    from mmgrpo.config import DataConfig
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.config import DataConfig
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
 
     pol = load_policy(env["tiny"], dtype="float32")
     ta = TaskAdapter(pol.processor, pol.adapter, DataConfig(task="tvg", prompt_mode="no_think", video_min_pixels=3136,
@@ -184,7 +184,7 @@ def _cfg(*overrides):
 
 
 def test_adapter_folder_is_resolved_and_applied(env):
-    from mmgrpo.models.adapters import LoraSpec, load_policy
+    from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
 
     pol = load_policy(env["tiny"], lora=LoraSpec(r=4, alpha=8), dtype="float32")
     with torch.no_grad():
@@ -212,7 +212,7 @@ def test_eval_data_defaults_equal_training_defaults():
     """The video contract defaults of eval and training are the same numbers (and TaskAdapter's field names)."""
     from dataclasses import fields
 
-    from mmgrpo.config import DataConfig
+    from mmgrpo.vlm.config import DataConfig
 
     train, ev = DataConfig(), generate_vlm.VLMDataConfig()
     shared = {f.name for f in fields(DataConfig)} & {f.name for f in fields(generate_vlm.VLMDataConfig)}
@@ -378,8 +378,8 @@ def test_batched_greedy_equals_batch_size_one(env):
 
 
 def test_clip_cache_gives_the_same_inputs_and_decodes_each_video_once(env):
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
 
     cfg = _cfg(f"model={env['tiny']}", f"data.annotations={env['ann']}", "out_dir=unused")
     pol = load_policy(env["tiny"], dtype="float32")

@@ -94,8 +94,8 @@ def test_loop_without_agreement_ends_at_the_cap():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from mmgrpo.data.synthetic_tvg import generate
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("rts")
     tiny = save_tiny_model(root / "tiny", "qwen2_5_vl")

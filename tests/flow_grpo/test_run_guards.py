@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from flow_grpo.cli import main
-from mmgrpo.train.faults import NothingTrained
+from mmgrpo.vlm.train.faults import NothingTrained
 from mmgrpo.utils.export import EXPORT_MANIFEST, export_problem
 
 from .conftest import make_trainer, train_overrides

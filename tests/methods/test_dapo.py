@@ -1,10 +1,10 @@
-"""DAPO's data-side pieces (mmgrpo.methods.dapo) by hand: which groups dynamic sampling drops, which rows the
+"""DAPO's data-side pieces (mmgrpo.vlm.methods.dapo) by hand: which groups dynamic sampling drops, which rows the
 fixed batch size keeps, and the overlong mask."""
 import types
 
 import torch
 
-from mmgrpo.methods.dapo import OverlongMask, drop_zero_std_groups, keep_first_groups
+from mmgrpo.vlm.methods.dapo import OverlongMask, drop_zero_std_groups, keep_first_groups
 
 
 def test_zero_std_groups_are_dropped_whole_and_counted():

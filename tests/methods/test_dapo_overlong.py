@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from mmgrpo.methods.dapo_overlong import completion_lengths, overlong_penalty
+from mmgrpo.vlm.methods.dapo_overlong import completion_lengths, overlong_penalty
 
 
 def test_piecewise_by_hand():

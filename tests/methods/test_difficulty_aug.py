@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mmgrpo.methods.difficulty_aug import (AugPlan, DifficultyWindow, add_frame_noise, coarse_span_hint, drop_frames,
+from mmgrpo.vlm.methods.difficulty_aug import (AugPlan, DifficultyWindow, add_frame_noise, coarse_span_hint, drop_frames,
                                            elimination_hint, mask_frames, plan_augmentation, reasoning_hint)
 
 

@@ -3,8 +3,8 @@ direct formula, and in a tiny trainer: coef > 0 changes the gradient by exactly 
 import pytest
 import torch
 
-from mmgrpo.methods.entropy_bonus import entropy_bonus_term
-from mmgrpo.models.chunked import HeadInputs, token_entropy_with_grad
+from mmgrpo.vlm.methods.entropy_bonus import entropy_bonus_term
+from mmgrpo.vlm.models.chunked import HeadInputs, token_entropy_with_grad
 
 
 def _inputs(N=3, T=5, H=6, V=11, temp=0.7, suppress=(2, 7)):
@@ -81,9 +81,9 @@ def test_bad_coef_is_refused(tmp_path, th):
 
 @pytest.mark.parametrize("chunk", [256, 0])
 def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th, chunk):
-    import mmgrpo.train.trainer as T
-    from mmgrpo.models.rollout import compute_token_logprobs
-    from mmgrpo.train.batch import micro_batches
+    import mmgrpo.vlm.train.trainer as T
+    from mmgrpo.vlm.models.rollout import compute_token_logprobs
+    from mmgrpo.vlm.train.batch import micro_batches
 
     c = 0.5
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "run.micro_batch_size=4",
@@ -135,7 +135,7 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
 def test_train_step_logs_the_current_policy_entropy_as_the_precompute_does(tmp_path, tiny_dirs, th):
     """One step with num_iterations=1: the current policy at the update is the old policy, so the bonus's logged
     entropy (with gradient, training forward) equals methods.entropy's no-grad precompute mean."""
-    import mmgrpo.train.trainer as T
+    import mmgrpo.vlm.train.trainer as T
 
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "methods.entropy_bonus.coef=0.001",
                       "methods.entropy.enabled=true")

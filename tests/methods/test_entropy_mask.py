@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mmgrpo.methods.entropy_mask import entropy_metrics, entropy_threshold, high_entropy_mask
-from mmgrpo.models.chunked import HeadInputs, token_entropy_from
+from mmgrpo.vlm.methods.entropy_mask import entropy_metrics, entropy_threshold, high_entropy_mask
+from mmgrpo.vlm.models.chunked import HeadInputs, token_entropy_from
 
 
 def _head(N=3, T=5, H=6, V=11, temp=0.7, suppress=(2, 7)):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mmgrpo.methods.gdpo import gdpo_advantages, gdpo_components
+from mmgrpo.vlm.methods.gdpo import gdpo_advantages, gdpo_components
 
 
 def test_decoupled_differs_from_summed_by_hand():

@@ -1,7 +1,7 @@
 """TempSamp-R1 hybrid CoT schedule: think probability by hand, exact deterministic mode assignment, mode formats."""
 import pytest
 
-from mmgrpo.methods.hybrid_cot import assign_modes, mode_format_reward, think_probability
+from mmgrpo.vlm.methods.hybrid_cot import assign_modes, mode_format_reward, think_probability
 
 
 def test_think_probability_stages_and_ramp():

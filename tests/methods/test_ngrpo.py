@@ -1,11 +1,11 @@
-"""NGRPO (mmgrpo.methods.ngrpo): calibrated advantages against values computed by hand, and the method in a
+"""NGRPO (mmgrpo.vlm.methods.ngrpo): calibrated advantages against values computed by hand, and the method in a
 tiny trainer (enabled by config, all-wrong groups train, the asymmetric clip bounds reach the loss)."""
 import math
 
 import pytest
 import torch
 
-from mmgrpo.methods.ngrpo import ngrpo_advantages
+from mmgrpo.vlm.methods.ngrpo import ngrpo_advantages
 
 
 def test_papers_example_one_correct_of_eight_by_hand():
@@ -46,7 +46,7 @@ def test_bad_input_is_refused():
 
 
 def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny_dirs, th, monkeypatch):
-    import mmgrpo.train.trainer as T
+    import mmgrpo.vlm.train.trainer as T
 
     def all_wrong(texts, samples):
         z = torch.zeros(len(texts))
@@ -72,7 +72,7 @@ def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny
 
 
 def test_config_refuses_a_second_estimator_before_loading_the_model(tmp_path, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     cfg = th.make_cfg(tmp_path, tmp_path / "no-model", "methods.ngrpo.enabled=true", "tempsamp.enabled=true",
                       "tempsamp.mode=anchor")

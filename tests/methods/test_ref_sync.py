@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from mmgrpo.methods.ref_sync import mix_models_, mix_parameters_, sync_due
+from mmgrpo.vlm.methods.ref_sync import mix_models_, mix_parameters_, sync_due
 
 
 def test_sync_due_like_trl_global_step():

@@ -1,13 +1,13 @@
-"""The method registry and hook API (mmgrpo.methods): the old config switches enable the same methods, in the
+"""The method registry and hook API (mmgrpo.vlm.methods): the old config switches enable the same methods, in the
 documented hook order, and the trainer's loop file names no method."""
 import ast
 import pathlib
 
 import pytest
 
-from mmgrpo.methods import REGISTRY, VLMMethod, _load, enabled_names
+from mmgrpo.vlm.methods import REGISTRY, VLMMethod, _load, enabled_names
 
-LOOP = pathlib.Path(__file__).parents[2] / "mmgrpo" / "train" / "trainer.py"
+LOOP = pathlib.Path(__file__).parents[2] / "mmgrpo" / "vlm" / "train" / "trainer.py"
 
 
 def test_every_entry_loads_a_method_of_its_name():
@@ -31,14 +31,14 @@ def test_every_entry_loads_a_method_of_its_name():
     (["methods.ngrpo.enabled=true", "twgrpo.enabled=true"], ["ngrpo", "tw_grpo"]),
 ])
 def test_old_config_switches_enable_the_methods_in_hook_order(overrides, want):
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     assert enabled_names(load_config(TrainConfig, None, ["model.path=x", *overrides])) == want
 
 
 def test_the_loop_names_no_method():
-    """No config switch of a method, and no method name, in the code of mmgrpo/train/trainer.py (docstrings
+    """No config switch of a method, and no method name, in the code of mmgrpo/vlm/train/trainer.py (docstrings
     may give examples)."""
     tree = ast.parse(LOOP.read_text())
     docs = {id(n.body[0].value) for n in ast.walk(tree)

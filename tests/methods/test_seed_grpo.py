@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from mmgrpo.methods.seed_grpo import (box_iou, cluster_by_overlap, cluster_exact, cluster_texts, seed_advantages,
+from mmgrpo.vlm.methods.seed_grpo import (box_iou, cluster_by_overlap, cluster_exact, cluster_texts, seed_advantages,
                                       seed_weights, semantic_entropy, span_iou)
 
 

@@ -1,4 +1,4 @@
-"""Data selection (mmgrpo.methods.selection): the criteria by hand; Time-R1 Gaussian difficulty selection (issue
+"""Data selection (mmgrpo.vlm.methods.selection): the criteria by hand; Time-R1 Gaussian difficulty selection (issue
 #23 item 5) against the release (src/utils/process_data.py, task gaussian_03): candidates are the items with
 IoU > 0; P(pick) ∝ exp(-(d - 0.3)^2 / (2 * 0.2^2))."""
 import math
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mmgrpo.methods.selection import reward_stats, select_indices
+from mmgrpo.vlm.methods.selection import reward_stats, select_indices
 
 # one base-model IoU per item (K = 1, as the release: difficulty = 100 * IoU of one greedy answer)
 MEANS = [0.3, 0.0, 0.5, 0.1, 0.0, 0.9]
@@ -42,7 +42,7 @@ def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_d
     samples are dropped, and selection.greedy scores argmax answers (K copies agree)."""
     import json
 
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     iou_of = {"i0": 0.0, "i1": 0.3, "i2": 0.5}
 

@@ -1,8 +1,8 @@
-"""T-GRPO temporal bonus (mmgrpo.methods.t_grpo), by hand."""
+"""T-GRPO temporal bonus (mmgrpo.vlm.methods.t_grpo), by hand."""
 import pytest
 import torch
 
-from mmgrpo.methods.t_grpo import temporal_bonus
+from mmgrpo.vlm.methods.t_grpo import temporal_bonus
 
 
 def test_temporal_bonus_is_per_group_by_hand():

@@ -25,7 +25,7 @@ def _set_rewards(rb, iou, fmt, weights):
 
 
 def test_shapes_iou_then_adds_format_like_the_release(tmp_path, tiny_dirs, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     w = {"iou": 1.0, "format_loose": 0.1}  # the release's loose check: an <answer> block with a span
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true",
@@ -62,7 +62,7 @@ def test_iou_only_weights_unchanged_bitwise(tmp_path, tiny_dirs, th):
     """The demo trains with reward.weights={iou: 1.0}: shaping the IoU and shaping the total are the same numbers,
     bit for bit (the demo's results do not move)."""
     from mmgrpo.core import tempsamp_shape
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "reward.weights={iou: 1.0}",
                       "run.max_steps=1")
@@ -76,7 +76,7 @@ def test_iou_only_weights_unchanged_bitwise(tmp_path, tiny_dirs, th):
 
 
 def test_bad_shape_reward_is_refused(tmp_path, tiny_dirs, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "tempsamp.shape_reward=box_iou",
                       "reward.weights={iou: 1.0}", "run.max_steps=1")
@@ -90,7 +90,7 @@ def test_alpha2_must_be_positive(tmp_path, tiny_dirs, th):
 
 
 def test_bad_shape_reward_is_refused_even_when_off_and_before_the_model_loads(tmp_path, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     cfg = th.make_cfg(tmp_path, tmp_path / "no-model", "tempsamp.shape_reward=box_iou", "reward.weights={iou: 1.0}")
     with pytest.raises(ValueError, match="shape_reward='box_iou'"):

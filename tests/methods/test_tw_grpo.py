@@ -1,11 +1,11 @@
-"""TW-GRPO token weights (mmgrpo.methods.tw_grpo) against an independent loop."""
+"""TW-GRPO token weights (mmgrpo.vlm.methods.tw_grpo) against an independent loop."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from mmgrpo.methods.tw_grpo import tw_token_weights
+from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 
 
 def _tw_reference(logprobs, mask, gids, alpha, clamp):

@@ -7,7 +7,7 @@ torch.set_num_threads(1)  # the 2-core machine is shared: oversubscription makes
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("tiny_vl")
     cache = {}
@@ -30,7 +30,7 @@ def real_qwen_dir(tmp_path_factory):
     pytest.importorskip("tiktoken")
     if importlib.util.find_spec("dashscope") is None:
         pytest.skip("dashscope (ships qwen.tiktoken) not installed: pip install 'mmgrpo[dev]'")
-    from mmgrpo.models.real_tokenizer import build_qwen2_5_vl_processor, save_real_vocab_tiny_model
+    from mmgrpo.vlm.models.real_tokenizer import build_qwen2_5_vl_processor, save_real_vocab_tiny_model
 
     t0 = time.perf_counter()
     proc = build_qwen2_5_vl_processor()

@@ -14,11 +14,11 @@ import warnings
 import pytest
 import torch
 
-from mmgrpo.models.adapters import load_policy
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.rollout import (HFRolloutBackend, SamplingParams, _generation_modules, collate_prompts,
+from mmgrpo.vlm.models.adapters import load_policy
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.rollout import (HFRolloutBackend, SamplingParams, _generation_modules, collate_prompts,
                                    compute_token_logprobs, explicit_decoding)
-from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+from mmgrpo.vlm.models.tiny import synthetic_frames, synthetic_image
 
 # Qwen2.5-VL-{3B,7B}-Instruct generation_config.json (decoding fields; ids are the tiny tokenizer's)
 RELEASED = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.1, "top_p": 0.001, "top_k": 1}
@@ -128,7 +128,7 @@ def test_every_shaping_field_is_neutral_inside_generate(released_policy):
 
 
 def test_generation_modules_found_under_peft(tiny_dirs):
-    from mmgrpo.models.adapters import LoraSpec
+    from mmgrpo.vlm.models.adapters import LoraSpec
 
     pol = load_policy(tiny_dirs("qwen2_5_vl"), lora=LoraSpec(r=2))
     mods = _generation_modules(pol.model)

@@ -5,12 +5,12 @@ recomputations in test_rollout_logprobs.py / test_prefix_group.py), fp32 CPU, ti
 import pytest
 import torch
 
-from mmgrpo.models.adapters import LoraSpec, load_policy
-from mmgrpo.models.chunked import HeadInputs, chunkable_head, tw_token_weights_from
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.prefix_group import grouped_rows_token_logprobs, grouped_token_logprobs
-from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
-from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
+from mmgrpo.vlm.models.chunked import HeadInputs, chunkable_head, tw_token_weights_from
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs, grouped_token_logprobs
+from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
+from mmgrpo.vlm.models.tiny import synthetic_frames, synthetic_image
 
 G, T, TEMP = 3, 6, 0.9
 LENS = [6, 2, 4, 1, 5, 6]

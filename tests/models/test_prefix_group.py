@@ -8,12 +8,12 @@ gets a gradient) and full fine-tuning with a trainable vision tower; gradient ch
 import pytest
 import torch
 
-from mmgrpo.models.adapters import LoraSpec, load_policy
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.prefix_group import (group_position_ids, grouped_rows_token_logprobs,
+from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.prefix_group import (group_position_ids, grouped_rows_token_logprobs,
                                         grouped_token_logprobs)
-from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
-from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
+from mmgrpo.vlm.models.tiny import synthetic_frames, synthetic_image
 
 G, T = 3, 7
 LENS = [7, 3, 5, 1, 6, 7]  # per row; rows 0-2 group 0, rows 3-5 group 1 (right padding)
@@ -147,7 +147,7 @@ def test_mrope_continuation_matters(tiny_dirs, monkeypatch):
     """The equality above is sensitive to the suffix's 3-D positions: plain 1-D positions P+t (what a text-only
     prefix cache would use) are far off for a video prompt, where text after the video continues from the rope
     index, not from the token count."""
-    import mmgrpo.models.prefix_group as pg
+    import mmgrpo.vlm.models.prefix_group as pg
 
     pol = load_policy(tiny_dirs("qwen2_5_vl"))
     item = _items(pol)["video"]
@@ -227,7 +227,7 @@ def test_unsupported_model_falls_back_to_naive_path():
     raises a TypeError naming the limitation."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from mmgrpo.models.prefix_group import supports_grouping
+    from mmgrpo.vlm.models.prefix_group import supports_grouping
 
     torch.manual_seed(0)
     lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -114,11 +114,11 @@ def crafted(real_qwen_dir, tmp_path_factory):
 
 
 def test_rollout_stops_on_im_end_pads_with_endoftext_and_parses(crafted):
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.models.tiny import synthetic_frames
-    from mmgrpo.rewards.tasks import ParseConfig, prepare_temporal, span_iou
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+    from mmgrpo.vlm.models.tiny import synthetic_frames
+    from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_temporal, span_iou
 
     pol = load_policy(crafted)
     assert pol.suppress_token_ids == [151652, 151653, 151654, 151655, 151656]
@@ -144,7 +144,7 @@ def test_rollout_stops_on_im_end_pads_with_endoftext_and_parses(crafted):
 def test_completion_masks_with_the_released_eos_pair():
     """<|endoftext|> is both the pad id and the released config's second EOS: the mask ends at the first of
     either, and a padded tail never extends a row."""
-    from mmgrpo.models.rollout import completion_mask_from_ids
+    from mmgrpo.vlm.models.rollout import completion_mask_from_ids
 
     ids = torch.tensor([[17, 151645, 151643, 151643], [17, 311, 151643, 151643], [17, 311, 220, 22]])
     mask, trunc = completion_mask_from_ids(ids, [151645, 151643])
@@ -155,9 +155,9 @@ def test_sft_target_is_the_released_templates_assistant_turn(proc):
     """SFT tokenises the prompt (generation prompt) and the answer separately: with the real BPE the result must be
     the tokenisation of the whole conversation rendered by the released template (assistant turn included), so
     the model is trained on exactly the token sequence it will see and produce; labels cover the answer only."""
-    from mmgrpo import sft
-    from mmgrpo.data import prompts
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm import sft
+    from mmgrpo.vlm.data import prompts
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     tok = proc.tokenizer
     sample = dict(id="a", task="tvg", video="a.mp4", duration=4.0, query="When is the red circle visible?",
@@ -179,11 +179,11 @@ def test_sft_target_is_the_released_templates_assistant_turn(proc):
 def test_prefix_grouping_with_real_ids_and_vocabulary(real_qwen_dir):
     """Shared-prefix scoring on the real vocabulary (151,936 logits) and real vision ids (the MRoPE index finds
     <|vision_start|> 151652 and the pads by the config's ids): equal to the naive per-row path."""
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.prefix_group import grouped_rows_token_logprobs
-    from mmgrpo.models.rollout import collate_prompts, compute_token_logprobs
-    from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs
+    from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
+    from mmgrpo.vlm.models.tiny import synthetic_frames, synthetic_image
 
     pol = load_policy(real_qwen_dir)
 

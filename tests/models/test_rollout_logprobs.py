@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from mmgrpo.core import policy_loss
-from mmgrpo.models.adapters import load_policy
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.rollout import (HFRolloutBackend, SamplingParams, collate_prompts, completion_mask_from_ids,
+from mmgrpo.vlm.models.adapters import load_policy
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.rollout import (HFRolloutBackend, SamplingParams, collate_prompts, completion_mask_from_ids,
                                    compute_token_logprobs, make_seeds, token_logprobs_from_logits)
-from mmgrpo.models.tiny import VISION_SPECIAL_TOKENS, synthetic_frames, synthetic_image
+from mmgrpo.vlm.models.tiny import VISION_SPECIAL_TOKENS, synthetic_frames, synthetic_image
 
 
 def _items(pol):
@@ -146,8 +146,8 @@ def test_make_seeds_process_independent():
 
 def test_vllm_output_conversion():
     """An engine's per-row token lists -> RolloutOutput (requests: tests/models/test_vllm_backend.py)."""
-    from mmgrpo.models.rollout import rollout_from_token_lists
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.models.rollout import rollout_from_token_lists
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     eos = tok.convert_tokens_to_ids("<|im_end|>")

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mmgrpo.models.adapters import load_policy
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.rollout import HFRolloutBackend, SamplingParams
-from mmgrpo.models.tiny import synthetic_frames, synthetic_image
+from mmgrpo.vlm.models.adapters import load_policy
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+from mmgrpo.vlm.models.tiny import synthetic_frames, synthetic_image
 
 
 def _msgs(kind, q):
@@ -97,7 +97,7 @@ def test_repeated_cache_buffers_equal_repeat_then_concatenate():
     past the planned room (it then grows by concatenation)."""
     from transformers.cache_utils import DynamicCache
 
-    from mmgrpo.models.rollout import _repeat_cache
+    from mmgrpo.vlm.models.rollout import _repeat_cache
 
     g = torch.Generator().manual_seed(0)
     k, v = torch.randn(2, 2, 5, 4, generator=g), torch.randn(2, 2, 5, 4, generator=g)

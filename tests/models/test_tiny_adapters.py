@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from mmgrpo.models.adapters import LoraSpec, detect_family, get_adapter, load_policy
-from mmgrpo.models.inputs import build_prompt_item
-from mmgrpo.models.tiny import (VISION_SPECIAL_TOKENS, build_tiny_model, synthetic_frames, synthetic_image)
+from mmgrpo.vlm.models.adapters import LoraSpec, detect_family, get_adapter, load_policy
+from mmgrpo.vlm.models.inputs import build_prompt_item
+from mmgrpo.vlm.models.tiny import (VISION_SPECIAL_TOKENS, build_tiny_model, synthetic_frames, synthetic_image)
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 

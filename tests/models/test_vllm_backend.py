@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mmgrpo.core.importance import truncated_is_weights
-from mmgrpo.models.rollout import SamplingParams
-from mmgrpo.models.vllm_backend import (VIDEO_MM_PROCESSOR_KWARGS, LocalEngine, VisionTokenMismatch,
+from mmgrpo.vlm.models.rollout import SamplingParams
+from mmgrpo.vlm.models.vllm_backend import (VIDEO_MM_PROCESSOR_KWARGS, LocalEngine, VisionTokenMismatch,
                                         VLLMRolloutBackend, WeightPusher, collapse_vision_runs, colocate_backend,
                                         hf_named_weights, sync_parameter_names, video_item,
                                         vllm_requests)
@@ -222,7 +222,7 @@ def test_requests_refuse_video_without_fps_and_missing_media():
 # generate through the fake LLM
 # ----------------------------------------------------------------------------------------------------------
 def _tok():
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
@@ -381,7 +381,7 @@ def _serve(server):
 
 
 def test_server_client_http_requests():
-    from mmgrpo.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
 
     _RecordingHandler.log = []
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingHandler)
@@ -420,7 +420,7 @@ def test_server_client_http_requests():
 def test_server_round_trip_with_fake_llm():
     from PIL import Image
 
-    from mmgrpo.models.vllm_server import VLLMServerClient, make_server
+    from mmgrpo.vlm.models.vllm_server import VLLMServerClient, make_server
 
     tok = _tok()
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -490,7 +490,7 @@ def test_is_weights_multiply_the_policy_term_like_trl():
 
 
 def test_engine_pinned_to_this_process_gpu(monkeypatch):
-    from mmgrpo.models import vllm_backend as vb
+    from mmgrpo.vlm.models import vllm_backend as vb
 
     seen = []
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
@@ -509,7 +509,7 @@ def test_vllm_processor_call_gives_the_hf_path_video_tensors_and_time_axis():
     pixels, grid and second_per_grid_ts (= 2 / sample_fps = 1.0 s here); the old backend's bare frames get 2/24."""
     from transformers.video_utils import VideoMetadata
 
-    from mmgrpo.models.tiny import build_tiny_processor
+    from mmgrpo.vlm.models.tiny import build_tiny_processor
     from mmgrpo.video import build_video_inputs
 
     proc = build_tiny_processor("qwen2_5_vl")
@@ -531,7 +531,7 @@ def test_vllm_processor_call_gives_the_hf_path_video_tensors_and_time_axis():
 
 
 def test_vllm_version_check():
-    from mmgrpo.models.vllm_backend import check_vllm_version
+    from mmgrpo.vlm.models.vllm_backend import check_vllm_version
 
     for ok in ("0.33.0", "0.33.1+cu128", "0.34.0rc1", "1.0.0"):
         check_vllm_version(ok)

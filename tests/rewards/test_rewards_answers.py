@@ -3,10 +3,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.rewards.choice import mcq_exact, mcq_soft
-from mmgrpo.rewards.format import format_reward
-from mmgrpo.rewards.length import length_bonus
-from mmgrpo.rewards.numeric import mean_relative_accuracy, numeric_reward, relative_error
+from mmgrpo.vlm.rewards.choice import mcq_exact, mcq_soft
+from mmgrpo.vlm.rewards.format import format_reward
+from mmgrpo.vlm.rewards.length import length_bonus
+from mmgrpo.vlm.rewards.numeric import mean_relative_accuracy, numeric_reward, relative_error
 
 
 def test_mcq_exact_and_soft():

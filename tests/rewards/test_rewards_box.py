@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.rewards.box import box_iou, box_to_original, clamp_box, resolve_box_frame, smart_resize
+from mmgrpo.vlm.rewards.box import box_iou, box_to_original, clamp_box, resolve_box_frame, smart_resize
 
 PROP = settings(max_examples=80, deadline=None)
 

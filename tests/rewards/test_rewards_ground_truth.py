@@ -1,10 +1,9 @@
-"""Cross-check with the data area: a ground-truth answer written by ``mmgrpo.data.prompts`` (TempSamp-R1's
+"""Cross-check with the data area: a ground-truth answer written by ``mmgrpo.vlm.data.prompts`` (TempSamp-R1's
 off-policy member, SFT targets) must score perfectly under the reward parsers, in every answer format."""
 import pytest
 
-from mmgrpo.rewards import build_reward_fn
-
-prompts = pytest.importorskip("mmgrpo.data.prompts")
+from mmgrpo.vlm.data import prompts
+from mmgrpo.vlm.rewards import build_reward_fn
 
 TVG = dict(id="t", task="tvg", video="v.mp4", duration=300.0, video_start=100.0, video_end=130.0,
            spans=[[110.25, 120.5]], query="q")  # fmt: skip

@@ -3,15 +3,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.rewards import build_reward_fn
-from mmgrpo.rewards.multibox import (
+from mmgrpo.vlm.rewards import build_reward_fn
+from mmgrpo.vlm.rewards.multibox import (
     confidence_reward,
     greedy_match,
     multibox_iou_reward,
     parse_scored_boxes,
     visual_rft_iou,
 )
-from mmgrpo.rewards.ocr import ocr_wer_reward, word_edit_distance, word_error_rate
+from mmgrpo.vlm.rewards.ocr import ocr_wer_reward, word_edit_distance, word_error_rate
 
 PROP = settings(max_examples=80, deadline=None)
 words = st.lists(st.sampled_from(["a", "b", "c", "dd"]), max_size=6)
@@ -134,7 +134,7 @@ def test_registry_multibox_and_ocr():
 def test_trainer_accuracy_key_follows_the_new_rewards():
     from types import SimpleNamespace
 
-    from mmgrpo.train.task import accuracy_key
+    from mmgrpo.vlm.train.task import accuracy_key
 
     def cfg(w):
         return SimpleNamespace(accuracy_key="auto", weights=w)

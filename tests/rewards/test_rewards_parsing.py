@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.rewards.parsing import (
+from mmgrpo.vlm.rewards.parsing import (
     Box,
     ParseStatus,
     Span,

@@ -1,10 +1,10 @@
-"""Per-release parse modes (mmgrpo.rewards.protocols): one test per rule, expected values written from the released
+"""Per-release parse modes (mmgrpo.vlm.rewards.protocols): one test per rule, expected values written from the released
 code's documented behaviour (the rule each test checks is named in its docstring), never from this module's output."""
 import pytest
 
-from mmgrpo.rewards import build_reward_fn
-from mmgrpo.rewards.parsing import ParseStatus
-from mmgrpo.rewards.protocols import (
+from mmgrpo.vlm.rewards import build_reward_fn
+from mmgrpo.vlm.rewards.parsing import ParseStatus
+from mmgrpo.vlm.rewards.protocols import (
     PARSE_MODES,
     check_parse_mode,
     nextgqa_iou_iop,
@@ -16,7 +16,7 @@ from mmgrpo.rewards.protocols import (
     videochat_r1_letter,
     vlm_r1_box_iou,
 )
-from mmgrpo.rewards.tasks import ParseConfig, prepare_choice, prepare_temporal, span_boundary_iou, span_iou
+from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_choice, prepare_temporal, span_boundary_iou, span_iou
 
 TVG = {"id": "t", "duration": 30.0, "spans": [[10.0, 20.0]]}
 
@@ -217,7 +217,7 @@ def test_modes_are_checked_against_the_task():
 
 
 def test_train_config_validates_reward_parse_mode_before_loading():
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import apply_overrides
 
     cfg = apply_overrides(TrainConfig(), ["reward.parse_mode=time_r1"])
@@ -227,8 +227,8 @@ def test_train_config_validates_reward_parse_mode_before_loading():
 
 
 def test_build_rewards_passes_the_mode_to_the_reward_function():
-    from mmgrpo.config import RewardConfig
-    from mmgrpo.train.task import build_rewards
+    from mmgrpo.vlm.config import RewardConfig
+    from mmgrpo.vlm.train.task import build_rewards
 
     fn, _ = build_rewards(RewardConfig(weights={"iou": 1.0}, parse_mode="time_r1"), "tvg", "qwen2_5_vl", None,
                           prompt_mode="no_think")

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-import mmgrpo.rewards.registry as registry
-from mmgrpo.rewards import REWARDS, SampleError, build_reward_fn
+import mmgrpo.vlm.rewards.registry as registry
+from mmgrpo.vlm.rewards import REWARDS, SampleError, build_reward_fn
 
 TVG = {"id": "v1", "task": "tvg", "duration": 30.0, "spans": [[10.0, 20.0]]}
 

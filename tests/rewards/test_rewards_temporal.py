@@ -5,8 +5,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.rewards.parsing import Span
-from mmgrpo.rewards.temporal import (
+from mmgrpo.vlm.rewards.parsing import Span
+from mmgrpo.vlm.rewards.temporal import (
     boundary_iou,
     clamp_span,
     gaussian_boundary_reward,

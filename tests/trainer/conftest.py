@@ -9,7 +9,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("tiny_vl_trainer")
     cache = {}
@@ -23,14 +23,14 @@ def tiny_dirs(tmp_path_factory):
 
 
 def video_samples(n, frames=4, size=56):
-    from mmgrpo.models.tiny import synthetic_frames
+    from mmgrpo.vlm.models.tiny import synthetic_frames
 
     return [{"id": f"v{i}", "task": "tvg", "query": "a square moves", "video": synthetic_frames(i, frames, size, size),
              "meta": {"video_fps": 2.0}, "duration": frames / 2.0, "spans": [[0.5, 1.5]]} for i in range(n)]
 
 
 def image_samples(n, size=56):
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     return [{"id": f"i{i}", "task": "mcq", "query": "which colour?", "image": synthetic_image(i, size, size),
              "options": ["red", "green", "blue"], "answer": "B"} for i in range(n)]
@@ -44,7 +44,7 @@ def text_reward(texts, samples):
 
 def make_cfg(tmp_path, model_dir, *overrides):
     """A small, fast trainer config (tiny model, 2 prompts x G=4, 6 new tokens, no checkpoints) + overrides."""
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgrpo.config import DataConfig
-from mmgrpo.train.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.config import DataConfig
+from mmgrpo.vlm.train.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
 def mcq(sid, image, query="which colour?"):
@@ -25,7 +25,7 @@ def mcq(sid, image, query="which colour?"):
 def adapter(tiny_dirs):
     from transformers import AutoProcessor
 
-    from mmgrpo.models.adapters import get_adapter
+    from mmgrpo.vlm.models.adapters import get_adapter
 
     proc = AutoProcessor.from_pretrained(tiny_dirs("qwen2_5_vl"))
     cfg = DataConfig(task="mcq", prompt_mode="no_think", image_min_pixels=3136, image_max_pixels=3136,

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 BF16 = torch.bfloat16
 
@@ -24,7 +24,7 @@ class _Recorder:
     """Wraps the trainer's ``policy_loss`` to record dtypes, first-iteration log-ratios and losses."""
 
     def __init__(self, monkeypatch):
-        import mmgrpo.train.trainer as T
+        import mmgrpo.vlm.train.trainer as T
 
         self.calls = []
         real = T.policy_loss
@@ -184,7 +184,7 @@ def test_bf16_lora_adapter_saved_and_reloaded_in_fp32(tmp_path, tiny_dirs):
 
     from safetensors.torch import load_file
 
-    from mmgrpo.models.adapters import LoraSpec, load_policy
+    from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
 
     pol = load_policy(tiny_dirs("qwen2_5_vl"), dtype="bfloat16",
                       lora=LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]))

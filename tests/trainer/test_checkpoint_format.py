@@ -5,7 +5,7 @@ resume from the new format gives; and the skip-and-halt count survives a resume.
 import pytest
 import torch
 
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state
 from mmgrpo.utils.config import config_to_dict
 

@@ -4,8 +4,8 @@ log-prob paths (naive and prefix_group)."""
 import pytest
 import torch
 
-from mmgrpo.models.chunked import HeadInputs
-from mmgrpo.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.models.chunked import HeadInputs
+from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
 
 
 def _state(tr, rb, mbs):

@@ -7,11 +7,11 @@ import pytest
 
 
 def test_train_help_lists_every_option_without_torch():
-    code = ("import sys\nfrom mmgrpo.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+    code = ("import sys\nfrom mmgrpo.vlm.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
             "    pass\nprint('TORCH_LOADED', 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "TORCH_LOADED False" in out
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import iter_fields
 
     names = [f[0] if isinstance(f, tuple) else getattr(f, "name", str(f)) for f in iter_fields(TrainConfig)]
@@ -22,8 +22,8 @@ def test_train_help_lists_every_option_without_torch():
 
 
 def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
-    from mmgrpo.cli import main
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.cli import main
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     rows = []
     for i in range(3):
@@ -52,9 +52,9 @@ def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
 def test_cli_stopped_run_exits_3_with_the_reason_and_checkpoint(tmp_path, tiny_dirs, monkeypatch, capsys):
     """A fault policy that stops the run (here: reward.on_failure=stop) ends `mmgrpo train` with exit code 3 and a
     one-line reason naming the checkpoint to resume from -- not a traceback, and not a lost run."""
-    import mmgrpo.train.trainer as trainer_mod
-    from mmgrpo.cli import main
-    from mmgrpo.models.tiny import synthetic_image
+    import mmgrpo.vlm.train.trainer as trainer_mod
+    from mmgrpo.vlm.cli import main
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     def judge_down(texts, samples):
         raise ConnectionError("judge unreachable")

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from mmgrpo.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 STEPS = 3

@@ -1,7 +1,7 @@
-"""The VLM methods moved onto hooks (``mmgrpo.methods``, issue #15 item 3) train exactly as the pre-refactor
+"""The VLM methods moved onto hooks (``mmgrpo.vlm.methods``, issue #15 item 3) train exactly as the pre-refactor
 trainer did: per-step losses, rewards, advantages and a parameter checksum of a short tiny run per method,
 recorded ONCE by running the original code (``python tests/trainer/test_method_golden.py --record`` at commit
-bedc303, before ``mmgrpo/methods`` existed) in ``fixtures/method_golden.json``. Compared within 1e-6 relative
+bedc303, before ``mmgrpo/vlm/methods`` existed) in ``fixtures/method_golden.json``. Compared within 1e-6 relative
 (CPU, fp32, one process, same layout). Not a formula check (each method's kernel has its own hand-computed
 tests): a guard that moving code did not change what the loop computes."""
 import json
@@ -34,7 +34,7 @@ CASES = {
 
 
 def run_case(name, tmp_path, model_dir, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     over, kind = CASES[name]
     cfg = th.make_cfg(tmp_path, model_dir, *over)
@@ -87,7 +87,7 @@ if __name__ == "__main__" and "--record" in sys.argv:  # run once on the pre-ref
     torch.set_num_threads(1)
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     import conftest
-    from mmgrpo.models.tiny import save_tiny_model
+    from mmgrpo.vlm.models.tiny import save_tiny_model
 
     import types
 

@@ -39,7 +39,7 @@ def _worker(rank, port, model, root, th):
     torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, GradientState
 
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()
@@ -104,7 +104,7 @@ def _fork(fn):
 
 
 def test_two_processes_equal_one_process_with_split_group(tmp_path, tiny_dirs, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     model = tiny_dirs("qwen2_5_vl")
     with socket.socket() as s:

@@ -42,10 +42,10 @@ def _fork_cli(th, cfg, stderr_path, hook, repeat_window=None):
         fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
         sys.stderr = os.fdopen(2, "w", buffering=1)  # pytest's capture object otherwise
-        import mmgrpo.train.trainer as tm
+        import mmgrpo.vlm.train.trainer as tm
         import mmgrpo.utils.config as uc
         import mmgrpo.utils.signals as sg
-        from mmgrpo.cli import main
+        from mmgrpo.vlm.cli import main
 
         if repeat_window is not None:
             sg.REPEAT_WINDOW = repeat_window
@@ -106,7 +106,7 @@ def _assert_bitwise(a, b):
 
 
 def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(tmp_path, tiny_dirs, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     model = tiny_dirs("qwen2_5_vl")
 
@@ -195,7 +195,7 @@ def _mp_worker(rank, port, model, root, th):
     torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, GradientState
 
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.signals import TrainingInterrupted
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
@@ -273,9 +273,9 @@ def test_two_processes_agree_to_stop_at_the_same_step_and_resume_exactly(tmp_pat
 
 def test_ctrl_c_before_the_loop_exits_130_without_traceback(monkeypatch, capsys, tmp_path):
     """Ctrl-C while the model loads (no handler yet, nothing to save): one line and 130, not a traceback."""
-    import mmgrpo.train.trainer as tm
+    import mmgrpo.vlm.train.trainer as tm
     import mmgrpo.utils.config as uc
-    from mmgrpo.cli import main
+    from mmgrpo.vlm.cli import main
 
     def loading(cfg):
         raise KeyboardInterrupt

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from mmgrpo.data.prefetch import Prefetcher
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.data.prefetch import Prefetcher
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
 def test_prefetcher_order_hits_misses_cancel_and_errors():

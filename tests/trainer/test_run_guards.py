@@ -11,16 +11,16 @@ import sys
 import pytest
 import torch
 
-from mmgrpo.cli import main
-from mmgrpo.train.faults import NothingTrained, TrainingStopped
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.cli import main
+from mmgrpo.vlm.train.faults import NothingTrained, TrainingStopped
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager, verify_checkpoint
 from mmgrpo.utils.runlock import OutputDirLocked
 
 
 def _image_run(tmp_path, model_dir, *extra):
     """CLI args of a 2-step run on 3 image samples stored as files (like a user's data folder)."""
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     rows = []
     for i in range(3):
@@ -109,7 +109,7 @@ def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, caps
         rc = main(["train", "model.path=/nonexistent", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
         err = capsys.readouterr().err
         assert rc == 5 and f"in use by another run (pid {holder.pid} on host" in err
-        from mmgrpo.config import TrainConfig
+        from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import load_config
 
         cfg = load_config(TrainConfig, None, ["model.path=/nonexistent", f"run.output_dir={out}"])

@@ -3,8 +3,8 @@
 the update are those of the repeated-prompt path, and split groups keep their rows and seeds."""
 import torch
 
-from mmgrpo.models.rollout import RolloutOutput
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.models.rollout import RolloutOutput
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.seeding import sample_seed
 
 

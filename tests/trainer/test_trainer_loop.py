@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from mmgrpo.config import TrainConfig
-from mmgrpo.train.task import MissingMediaError
-from mmgrpo.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.config import TrainConfig
+from mmgrpo.vlm.train.task import MissingMediaError
+from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
 from mmgrpo.utils.config import load_config
 
 
@@ -151,7 +151,7 @@ def test_other_families_plain_grpo(tmp_path, tiny_dirs, th, family):
 
 def test_rec_ground_truth_box_in_resized_frame_scores_high(tmp_path, tiny_dirs, th):
     """Qwen2.5-VL boxes live in the processor-resized image: GT injection, prompt and reward must agree."""
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     samples = [{"id": "r0", "task": "rec", "query": "the red box", "image": synthetic_image(0, 84, 112),
                 "boxes": [[20, 12, 80, 60]], "image_size": [112, 84]}]
@@ -253,9 +253,9 @@ def test_data_selection_keeps_varying_samples(tmp_path, tiny_dirs, th):
 
 
 def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th, roundtrip):
-    from mmgrpo.models.adapters import load_policy
-    from mmgrpo.models.inputs import build_prompt_item
-    from mmgrpo.models.tiny import synthetic_image
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.models.inputs import build_prompt_item
+    from mmgrpo.vlm.models.tiny import synthetic_image
 
     args = ["model.lora.enabled=true", "model.lora.rank=4", "run.max_steps=2", "algo.kl_coef=0.1"]
     straight = GRPOTrainer(make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args),

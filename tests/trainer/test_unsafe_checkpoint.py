@@ -31,7 +31,7 @@ def _craft(step_dir, filename, target):
 
 
 def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path, tiny_dirs, th):
-    from mmgrpo.train.trainer import GRPOTrainer
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
 
     model = tiny_dirs("qwen2_5_vl")
     args = ["data.task=mcq", "rollout.max_new_tokens=3", "run.resume_from=auto"]

@@ -1,4 +1,4 @@
-"""Validation during training (mmgrpo.train.validation): each point of the curve equals an independent
+"""Validation during training (mmgrpo.vlm.train.validation): each point of the curve equals an independent
 eval/generate_vlm.py evaluation of the checkpoint saved at that step; validation does not change training; the
 config switch chooses the best checkpoint on validation only."""
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.config import TrainConfig
-from mmgrpo.train.trainer import GRPOTrainer
+from mmgrpo.vlm.config import TrainConfig
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ PIX = ["data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.video_t
 
 @pytest.fixture(scope="module")
 def tvg_data(tmp_path_factory):
-    from mmgrpo.data.synthetic_tvg import generate
+    from mmgrpo.synthetic.tvg import generate
 
     return generate(tmp_path_factory.mktemp("val_tvg"), n_train=2, n_eval=2, seed=0)
 
@@ -36,7 +36,7 @@ def _cfg(tmp_path, model, data, *extra):
 def test_curve_points_equal_an_independent_eval_of_the_saved_checkpoints(tmp_path, tiny_dirs, tvg_data, th):
     sys.path.insert(0, str(ROOT))
     from eval import generate_vlm
-    from mmgrpo.sft import score_tvg_outputs
+    from mmgrpo.vlm.sft import score_tvg_outputs
 
     model = tiny_dirs("qwen2_5_vl")
     val = ["validation.every=1", f"validation.file={tvg_data['eval']}", "validation.batch_size=2",
@@ -105,7 +105,7 @@ def test_select_best_chooses_on_validation_only(tmp_path, tvg_data):
 def test_select_best_keeps_the_best_validation_checkpoint(tmp_path, tiny_dirs, tvg_data, monkeypatch):
     """Checkpoints at every validation step; the one kept as best is the step with the highest val/mIoU, even
     when it is neither the last nor among the run.keep_last most recent ones."""
-    from mmgrpo.train import validation
+    from mmgrpo.vlm.train import validation
 
     scores = iter([10.0, 50.0, 20.0, 30.0, 40.0])  # steps 0..4: step 1 is the best
     monkeypatch.setattr(validation.Validator, "score",

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from mmgrpo.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
 
 
 def _fakes():
@@ -19,7 +19,7 @@ def _fakes():
 
 def _backend(tok):
     """The colocate wiring (LLMWeightSyncClient over the LLM) with the fake LLM and the fake transfer engine."""
-    from mmgrpo.models.vllm_backend import LLMWeightSyncClient, LocalEngine, VLLMRolloutBackend, WeightPusher
+    from mmgrpo.vlm.models.vllm_backend import LLMWeightSyncClient, LocalEngine, VLLMRolloutBackend, WeightPusher
 
     f = _fakes()
     llm = f.FakeLLM(eos=tok.convert_tokens_to_ids("<|im_end|>"), vocab=(40, 41, 42, 43))
@@ -31,7 +31,7 @@ def _backend(tok):
 
 def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_path, tiny_dirs, th):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "rollout.backend=vllm", "rollout.vllm_is_cap=2.0")
-    from mmgrpo.models.tiny import build_tiny_tokenizer
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     be, llm = _backend(build_tiny_tokenizer())
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=be)
@@ -67,7 +67,7 @@ def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_p
 
 
 def test_vllm_refuses_tgrpo_before_loading(tmp_path, th):
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     with pytest.raises(ValueError, match="tgrpo.enabled needs rollout.backend=hf"):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mmgrpo.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
 
 from .test_trainer_loop import make_cfg, run, sane, trainable
 
@@ -71,7 +71,7 @@ def test_gdpo_normalises_each_reward(tmp_path, tiny_dirs, th):
 
 def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, th):
     from mmgrpo.core.losses import policy_loss
-    from mmgrpo.models.rollout import compute_token_logprobs
+    from mmgrpo.vlm.models.rollout import compute_token_logprobs
 
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true",
                    "methods.entropy.top_quantile=0.5", "data.task=mcq", "run.logprob_impl=naive")
@@ -120,8 +120,8 @@ def test_entropy_with_shared_prefix_logprobs_matches_naive(tmp_path, tiny_dirs, 
 
 
 def test_hybrid_cot_modes_and_format(tmp_path, tiny_dirs, th):
-    from mmgrpo.data.prompts import SYSTEM_PROMPTS
-    from mmgrpo.methods.hybrid_cot import mode_format_reward
+    from mmgrpo.vlm.data.prompts import SYSTEM_PROMPTS
+    from mmgrpo.vlm.methods.hybrid_cot import mode_format_reward
 
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.hybrid_cot.enabled=true", "data.prompt_mode=think",
                    "methods.hybrid_cot.think_fraction=0.5", "reward.weights={mcq: 1.0, format: 0.5}",
@@ -242,8 +242,8 @@ def test_seed_grpo_refuses_a_task_without_clustering(tmp_path, th):
 
 def test_disabled_methods_accept_any_config():
     """check_config runs for every registered method: a disabled wave-2 method must not refuse anything."""
-    from mmgrpo.config import TrainConfig
-    from mmgrpo.methods import check_config
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.vlm.methods import check_config
     from mmgrpo.utils.config import load_config
 
     cfg = load_config(TrainConfig, None, ["data.task=ocr", "data.prompt_mode=hybrid", "tempsamp.enabled=true",

@@ -126,7 +126,7 @@ def test_check_choices_names_key_and_allowed_values():
 
 # ------------------------------------------------------------------------------------ the two front-ends
 def _vlm(overrides):
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
 
     return load_config(TrainConfig, None, overrides)
 

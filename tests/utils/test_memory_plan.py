@@ -65,7 +65,7 @@ def test_plan_sharding_and_lora():
 
 
 def test_plan_cli_exit_codes(capsys):
-    from mmgrpo.cli import main
+    from mmgrpo.vlm.cli import main
 
     assert main(["plan", "--model", "qwen2.5-vl-7b", "--gpu-gb", "80", "model.lora.enabled=true"]) == 0
     assert "fits: yes" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""TVG timeline pictures (mmgrpo.utils.timeline): bars at the pixel columns of their spans, the model's frames."""
+"""TVG timeline pictures (mmgrpo.vlm.timeline): bars at the pixel columns of their spans, the model's frames."""
 import json
 from pathlib import Path
 
@@ -36,7 +36,7 @@ def test_bars_sit_at_their_spans():
 
 
 def test_timelines_from_a_synthetic_video_and_prediction_files(tmp_path):
-    from mmgrpo.data.synthetic_tvg import generate
+    from mmgrpo.synthetic.tvg import generate
     from mmgrpo.video.clip import load_video
 
     g = generate(tmp_path / "syn", n_train=0, n_eval=2, seed=0)

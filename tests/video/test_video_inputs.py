@@ -7,8 +7,7 @@ import torch
 
 from mmgrpo.video import TimeAxisError, VideoClip, build_video_inputs, check_time_axis, load_video
 from mmgrpo.video.testing import write_index_video
-
-tiny = pytest.importorskip("mmgrpo.models.tiny")
+from mmgrpo.vlm.models import tiny
 
 F2 = 28 * 28
 
@@ -145,8 +144,8 @@ def test_contract_errors(video16, qwen25):
 
 def test_end_to_end_synthetic_sample(tmp_path, qwen25):
     """JSONL sample -> build_messages -> chat template -> load_video (clip) -> build_video_inputs -> forward."""
-    from mmgrpo.data import build_messages, load_jsonl
-    from mmgrpo.data.synthetic_tvg import generate
+    from mmgrpo.vlm.data import build_messages, load_jsonl
+    from mmgrpo.synthetic.tvg import generate
 
     model, processor = qwen25
     res = generate(tmp_path, n_train=1, n_eval=0, seed=3)

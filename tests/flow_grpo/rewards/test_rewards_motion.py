@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from flow_grpo.rewards import RewardError, build_reward
 from flow_grpo.rewards.motion import segment_frame, to_uint8_videos, verify_clip
-from mmgrpo.data import synthetic_t2v as T
+from mmgrpo.synthetic import t2v as T
 
 OPPOSITE = {"left": "right", "right": "left", "up": "down", "down": "up"}
 
@@ -165,7 +165,7 @@ def test_motion_verifier_combines_with_other_video_rewards_in_multireward():
     """The trainer scores videos through MultiReward: the verifier must declare that it takes videos (an image
     reward among video rewards is refused there), and its total must be the weighted sum of its components."""
     from flow_grpo.rewards import MultiReward, build_reward
-    from mmgrpo.data import synthetic_t2v as st
+    from mmgrpo.synthetic import t2v as st
 
     rows = st.make_prompts(3, split="val")
     clips = np.stack([st.render_clip(r["spec"] if "spec" in r else r, seed=i) for i, r in enumerate(rows)])

@@ -1,4 +1,4 @@
-"""VLM judge on a tiny random Qwen2.5-VL (mmgrpo.models.tiny), in memory and loaded from its saved folder.
+"""VLM judge on a tiny random Qwen2.5-VL (mmgrpo.vlm.models.tiny), in memory and loaded from its saved folder.
 
 References are computed one sample at a time straight from the processor and the model (no batching, no padding,
 the chat written out here), so batching / left padding / the answer-token read-out are all checked."""
@@ -15,7 +15,7 @@ PROMPTS = ["a red cube", "two cats on a table", "a door"]
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, proc = build_tiny_model("qwen2_5_vl", seed=0)
     with torch.no_grad():  # sharpen the random next-token distribution so samples' scores differ clearly

@@ -14,7 +14,7 @@ PROMPTS = ["a red circle moves from left to right", "two yellow circles move up"
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, proc = build_tiny_model("qwen2_5_vl", seed=0)
     with torch.no_grad():  # sharpen the random next-token distribution so scores differ clearly
@@ -92,7 +92,7 @@ def test_video_judge_registry_sampling_and_scale_mode(tiny, videos):
 def test_qwen3_vl_judge_prompt_carries_the_frame_times():
     """Qwen3-VL writes `<t seconds>` per temporal slice, t = mean time of its 2 frames: for 6 frames at 4 fps
     (0, 0.25, ..., 1.25 s) that is 0.125, 0.625, 1.125 s, printed with one decimal."""
-    from mmgrpo.models.tiny import build_tiny_model
+    from mmgrpo.vlm.models.tiny import build_tiny_model
 
     model, proc = build_tiny_model("qwen3_vl", seed=0)
     r = VLMVideoJudgeReward(model=model, processor=proc, min_pixels=64 * 64, max_pixels=64 * 64)

@@ -1,0 +1,67 @@
+"""``mmgrpo`` command line: ``mmgrpo train [--config FILE] [key=value ...]``.
+
+``mmgrpo train --help`` lists every option (dotted name, type, default, help) without importing torch.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+USAGE = """usage: mmgrpo <command> [options]
+
+commands:
+  train      GRPO fine-tuning of a Qwen2/2.5/3-VL policy (mmgrpo train --help lists every option)
+  plan       predicted peak memory per device for a train config (mmgrpo plan --help)
+  make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [qwen2_5_vl|qwen2_vl|qwen3_vl]
+"""
+
+
+def train_main(argv: Sequence[str]) -> int:
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.utils.config import parse_config_cli
+
+    from mmgrpo.utils import exit_codes
+
+    cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
+                           description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
+                                       "Options: defaults < --config YAML < key=value overrides.\n\n"
+                                       + exit_codes.HELP)
+    from mmgrpo.utils.runlock import release_run_lock
+
+    def train() -> None:
+        from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+        GRPOTrainer(cfg).train()
+
+    try:
+        return exit_codes.run_training("mmgrpo train", train)
+    finally:
+        release_run_lock(cfg.run.output_dir)  # the run is over (also when the trainer outlives this call)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train":
+        return train_main(rest)
+    if cmd == "plan":
+        from mmgrpo.utils.memory_plan import plan_main
+
+        return plan_main(rest, "vlm", "mmgrpo plan")
+    if cmd == "make-tiny":
+        if not rest:
+            print("usage: mmgrpo make-tiny DIR [family]", file=sys.stderr)
+            return 2
+        from mmgrpo.vlm.models.tiny import save_tiny_model
+
+        print(save_tiny_model(rest[0], rest[1] if len(rest) > 1 else "qwen2_5_vl"))
+        return 0
+    print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

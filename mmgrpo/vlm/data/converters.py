@@ -1,0 +1,736 @@
+"""Converters from public annotation formats to canonical :class:`~mmgrpo.vlm.data.schema.Sample` lists.
+
+Every converter returns ``(samples, report)``: validated samples and a :class:`ConvertReport` with counts of
+skipped and fixed records.  ``on_error="raise"`` (default) raises :class:`DataError` naming the input file and the
+line / record; ``"skip"`` drops the record and counts it.  Spans that end past the video (common in Charades-STA
+and ActivityNet, whose annotations were made on other encodes) are clamped to the duration when the overshoot is
+at most ``clamp_tolerance`` seconds (``meta["clamped_span"]`` keeps the original); larger overshoots and reversed
+spans are errors unless ``swap_reversed=True``.
+
+Formats (``FORMATS`` maps the CLI names to functions):
+
+* ``charades_sta``   -- ``Charades_sta_{train,test}.txt``: ``"VID s e##sentence"`` per line; durations from a dict,
+  the Charades CSV (columns ``id``, ``length``) or by probing ``video_dir/VID.mp4``.
+* ``dense_captions`` -- ActivityNet Captions / Charades dense JSON ``{vid: {duration, timestamps, sentences}}``.
+* ``time_r1``        -- Time-R1 / TVGBench JSON (``path, question, answer "s-e", duration``) and TimeRFT items
+  (``video, duration, timestamp [s, e], sentence, video_start?, video_end?``).
+* ``nextgqa``        -- NExT-GQA in the VideoChat-R1 layout (``video, question, options ["(A) ...", ...],
+  duration, glue [[s, e], ...], answer "(C)"``).
+* ``video_r1``       -- Video-R1 multiple-choice QA (``problem, options ["A. ...", ...], solution
+  "<answer>X</answer>", problem_type, data_type, path``); other problem types are skipped and counted.
+* ``tempsamp``       -- TempSamp-R1's JSONL (``problem`` with the quoted event, ``answer`` / ``solution``
+  ``"<answer> s to e </answer>"``, ``videos [path]``, ``duration``).
+* ``refcoco``        -- RefCOCO-style REC JSON/JSONL (``image``, expression in ``normal_caption`` / ``sentence`` /
+  ``expression`` / ``text`` / ``problem``, box in ``solution`` / ``bbox`` / ``box`` as xyxy (or COCO xywh),
+  image size from ``width``/``height`` / ``image_size`` / a ``sizes`` dict / reading the image).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from .schema import LETTERS, DataError, Sample
+
+logger = logging.getLogger("mmgrpo.data")
+
+
+@dataclass
+class ConvertReport:
+    source: str
+    n_in: int = 0
+    n_out: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    n_clamped: int = 0
+    n_swapped: int = 0
+    errors: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        s = f"{self.source}: {self.n_out} samples from {self.n_in} records"
+        if self.skipped:
+            s += "; skipped " + ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
+        if self.n_clamped:
+            s += f"; {self.n_clamped} span end(s) clamped to the duration"
+        if self.n_swapped:
+            s += f"; {self.n_swapped} reversed span(s) swapped"
+        return s
+
+    __str__ = summary
+
+
+class _Ctx:
+    """Shared bookkeeping: error policy, span fixing and validation for one input file."""
+
+    def __init__(self, source, on_error, swap_reversed, clamp_tolerance):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.source = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<memory>"
+        self.on_error = on_error
+        self.swap = swap_reversed
+        self.tol = clamp_tolerance
+        self.report = ConvertReport(self.source)
+        self.samples: list[Sample] = []
+        self.ids: set = set()
+
+    def fail(self, e: DataError, line=None, record=None):
+        e = e.located(self.source, line, record)
+        self.report.errors.append(e)
+        self.report.skipped[e.kind] += 1
+        if self.on_error == "raise":
+            raise e
+        logger.warning("skipping: %s", e)
+
+    def skip(self, kind: str):
+        self.report.skipped[kind] += 1
+
+    def fix_span(self, s: Any, e: Any, duration: float | None, fieldname: str, sid: str, meta: dict):
+        try:
+            s, e = float(s), float(e)
+        except (TypeError, ValueError):
+            raise DataError(f"span bounds must be numbers, got [{s!r}, {e!r}]", field=fieldname, sample_id=sid)
+        if s > e and self.swap:
+            s, e = e, s
+            self.report.n_swapped += 1
+            meta["swapped_spans"] = int(meta.get("swapped_spans", 0)) + 1
+        if duration is not None and e > duration and e - duration <= self.tol and s < duration:
+            meta.setdefault("clamped_span", []).append([s, e])
+            e = float(duration)
+            self.report.n_clamped += 1
+        return [s, e]
+
+    def add(self, sample: Sample, line=None):
+        if sample.id in self.ids:
+            raise DataError("duplicate id", field="id", sample_id=sample.id, kind="duplicate_id")
+        sample.validate()
+        self.ids.add(sample.id)
+        self.samples.append(sample)
+
+    def finish(self):
+        self.report.n_out = len(self.samples)
+        return self.samples, self.report
+
+
+def _read_json_or_jsonl(src) -> Any:
+    if not isinstance(src, (str, os.PathLike)):
+        return src
+    path = os.fspath(src)
+    if not os.path.isfile(path):
+        raise DataError("file not found", path=path, kind="missing_file")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as first:
+        rows = []
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as ex:
+                if i == 1:  # neither JSON nor JSONL: report the JSON error
+                    raise DataError(f"malformed JSON: {first.msg} (line {first.lineno}, column {first.colno})",
+                                    path=path, kind="malformed_json") from None
+                raise DataError(f"malformed JSON line: {ex.msg}", path=path, line=i, kind="malformed_json") from None
+        return rows
+
+
+def _records(data, source) -> list:
+    if isinstance(data, dict):
+        for key in ("data", "annotations", "items"):
+            if isinstance(data.get(key), list):
+                return data[key]
+        raise DataError("expected a list of records", path=source)
+    if not isinstance(data, list):
+        raise DataError(f"expected a list of records, got {type(data).__name__}", path=source)
+    return data
+
+
+def _video_path(video_dir: str | None, name: str, template: str = "{vid}.mp4") -> str:
+    rel = template.format(vid=name) if "{vid}" in template else name
+    return os.path.join(video_dir, rel) if video_dir else rel
+
+
+# ---------------------------------------------------------------------------------------------- Charades-STA
+def read_charades_durations(csv_path: str | os.PathLike) -> dict[str, float]:
+    """``{video id: length in seconds}`` from ``Charades_v1_{train,test}.csv`` (columns ``id`` and ``length``)."""
+    out = {}
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        if not reader.fieldnames or "id" not in reader.fieldnames or "length" not in reader.fieldnames:
+            raise DataError(f"needs columns 'id' and 'length', has {reader.fieldnames}", path=os.fspath(csv_path))
+        for i, row in enumerate(reader, start=2):
+            try:
+                out[row["id"].strip()] = float(row["length"])
+            except (TypeError, ValueError):
+                raise DataError(f"bad length {row['length']!r}", path=os.fspath(csv_path), line=i,
+                                field="length") from None
+    return out
+
+
+def convert_charades_sta(
+    txt_path: str | os.PathLike,
+    durations: Mapping[str, float] | str | os.PathLike | None = None,
+    video_dir: str | None = None,
+    video_template: str = "{vid}.mp4",
+    probe_root: str | os.PathLike | None = None,
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """Charades-STA ``"VID s e##sentence"`` lines -> tvg samples (id ``VID_line``).
+
+    Durations: a dict, a Charades CSV path, or (``durations=None``) probing ``probe_root/VID.mp4`` (decord/PyAV).
+    ``video`` is ``video_dir/VID.mp4`` (relative unless ``video_dir`` is absolute).
+    """
+    ctx = _Ctx(txt_path, on_error, swap_reversed, clamp_tolerance)
+    if isinstance(durations, (str, os.PathLike)):
+        durations = read_charades_durations(durations)
+    probed: dict[str, float] = {}
+    path = os.fspath(txt_path)
+    if not os.path.isfile(path):
+        raise DataError("file not found", path=path, kind="missing_file")
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        ctx.report.n_in += 1
+        try:
+            if "##" not in line:
+                raise DataError("expected 'VID start end##sentence'", field="line", kind="malformed")
+            head, sentence = line.split("##", 1)
+            parts = head.split()
+            if len(parts) != 3:
+                raise DataError(f"expected 'VID start end' before '##', got {head!r}", field="line",
+                                kind="malformed")
+            vid, s, e = parts
+            sid = f"{vid}_{lineno}"
+            if durations is not None:
+                if vid not in durations:
+                    raise DataError(f"no duration for video {vid}", field="duration", sample_id=sid,
+                                    kind="missing_field")
+                dur = float(durations[vid])
+            else:
+                if probe_root is None:
+                    raise ValueError("convert_charades_sta needs durations (dict or CSV) or probe_root")
+                if vid not in probed:
+                    from mmgrpo.video import VideoError, probe_video
+
+                    try:
+                        probed[vid] = probe_video(os.path.join(os.fspath(probe_root),
+                                                               video_template.format(vid=vid))).duration
+                    except VideoError as ex:
+                        raise DataError(f"cannot probe duration: {ex}", field="duration", sample_id=sid,
+                                        kind="missing_media") from None
+                dur = probed[vid]
+            meta = {"source": "charades_sta", "video_id": vid, "line": lineno}
+            span = ctx.fix_span(s, e, dur, "spans[0]", sid, meta)
+            ctx.add(Sample(id=sid, task="tvg", query=sentence.strip(), video=_video_path(video_dir, vid,
+                           video_template), duration=dur, spans=[span], meta=meta))
+        except DataError as ex:
+            ctx.fail(ex, line=lineno)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- dense captions
+def convert_dense_captions(
+    src: str | os.PathLike | Mapping,
+    video_dir: str | None = None,
+    video_template: str = "{vid}.mp4",
+    source_name: str = "activitynet_captions",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """``{vid: {duration, timestamps: [[s, e], ...], sentences: [...]}}`` -> one tvg sample per sentence
+    (id ``VID_k``)."""
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    data = _read_json_or_jsonl(src)
+    if not isinstance(data, dict):
+        raise DataError("expected an object {video_id: {duration, timestamps, sentences}}", path=ctx.source)
+    for vid, rec in data.items():
+        try:
+            if not isinstance(rec, dict):
+                raise DataError("record must be an object", sample_id=vid, kind="malformed")
+            for k in ("duration", "timestamps", "sentences"):
+                if k not in rec:
+                    raise DataError("missing field", field=k, sample_id=vid, kind="missing_field")
+            ts, sents = rec["timestamps"], rec["sentences"]
+            if not isinstance(ts, list) or not isinstance(sents, list) or len(ts) != len(sents):
+                raise DataError(f"{len(ts) if isinstance(ts, list) else '?'} timestamps for "
+                                f"{len(sents) if isinstance(sents, list) else '?'} sentences",
+                                field="timestamps", sample_id=vid, kind="malformed")
+        except DataError as ex:
+            ctx.report.n_in += 1
+            ctx.fail(ex, record=vid)
+            continue
+        for k, (span, sent) in enumerate(zip(ts, sents)):
+            ctx.report.n_in += 1
+            sid = f"{vid}_{k}"
+            try:
+                if not (isinstance(span, (list, tuple)) and len(span) == 2):
+                    raise DataError(f"must be [start, end], got {span!r}", field=f"timestamps[{k}]",
+                                    sample_id=sid)
+                meta = {"source": source_name, "video_id": vid, "index": k}
+                dur = float(rec["duration"])
+                sp = ctx.fix_span(span[0], span[1], dur, f"timestamps[{k}]", sid, meta)
+                ctx.add(Sample(id=sid, task="tvg", query=str(sent).strip(),
+                               video=_video_path(video_dir, vid, video_template), duration=dur, spans=[sp],
+                               meta=meta))
+            except DataError as ex:
+                ctx.fail(ex, record=sid)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- Time-R1 / TVGBench
+_SPAN_STR = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*(?:-|to|,)\s*([-+]?\d+(?:\.\d+)?)\s*$")
+
+
+def _parse_span_str(s: str) -> tuple[float, float]:
+    m = _SPAN_STR.match(str(s))
+    if not m:
+        raise DataError(f"expected 'start-end' seconds, got {s!r}", field="answer")
+    return float(m.group(1)), float(m.group(2))
+
+
+def convert_time_r1(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+    timerft_videos: str = "clip",
+) -> tuple[list[Sample], ConvertReport]:
+    """Time-R1 data -> tvg samples.  TVGBench items ``{path, question, answer "s-e", duration, ...}`` and
+    TimeRFT items ``{video, duration, timestamp [s, e], sentence, qid?, video_start?, video_end?}``; other keys
+    go to ``meta``.  id: ``qid`` / ``id`` when present, else the record index.
+
+    Clipped TimeRFT items (``video_start``/``video_end`` set, e.g. ``4jujhM5qhEc_00:00:39:000_00:01:24:700.mp4``,
+    duration 45.7, video_start 39.0, video_end 84.7, timestamp [34.9, 41.9]): ``video_start``/``video_end`` are
+    the clip's place on the *source* video's timeline (the file name encodes them), ``duration`` is the clip's
+    length (= video_end - video_start) and ``timestamp`` is relative to the clip's first frame (in train_2k5.json
+    all 665 clipped timestamps lie in [0, duration], only 346 in [video_start, video_end]).  The release trains on
+    the whole clip file (its trainer's frame request carries no video_start) against the unshifted timestamp, as
+    its TVGBench evaluation does with ``start``/``end``.  So by default (``timerft_videos="clip"``) the sample is
+    the file as it is: spans = timestamp, no crop, the source bounds kept as ``meta["source_start"]``/
+    ``["source_end"]``.  ``timerft_videos="source"`` is for files that are the full source videos: crop
+    [video_start, video_end], spans shifted by video_start, duration = video_end (the source's full length is not
+    in the annotation; a lower bound).
+    """
+    if timerft_videos not in ("clip", "source"):
+        raise ValueError(f"timerft_videos must be 'clip' or 'source', got {timerft_videos!r}")
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("qid", r.get("id", i)))
+            video = r.get("path", r.get("video"))
+            query = r.get("question", r.get("sentence", r.get("query")))
+            if video is None:
+                raise DataError("missing field", field="path/video", sample_id=sid, kind="missing_field")
+            if query is None:
+                raise DataError("missing field", field="question/sentence", sample_id=sid, kind="missing_field")
+            if "duration" not in r:
+                raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
+            dur = float(r["duration"])
+            if "answer" in r:
+                s, e = _parse_span_str(r["answer"])
+            elif "timestamp" in r:
+                ts = r["timestamp"]
+                if not (isinstance(ts, (list, tuple)) and len(ts) == 2):
+                    raise DataError(f"must be [start, end], got {ts!r}", field="timestamp", sample_id=sid)
+                s, e = ts
+            else:
+                raise DataError("missing field", field="answer/timestamp", sample_id=sid, kind="missing_field")
+            used = {"qid", "id", "path", "video", "question", "sentence", "query", "duration", "answer",
+                    "timestamp", "video_start", "video_end"}
+            meta = {"source": "time_r1", **{k: v for k, v in r.items() if k not in used}}
+            span = ctx.fix_span(s, e, dur, "spans[0]", sid, meta)
+            clip = {}
+            vs, ve = r.get("video_start"), r.get("video_end")
+            if vs is not None or ve is not None:
+                if not (_num(vs) and _num(ve) and 0 <= vs < ve):
+                    raise DataError(f"need 0 <= video_start < video_end, got [{vs!r}, {ve!r}]", field="video_start",
+                                    sample_id=sid)
+                meta["source_start"], meta["source_end"] = float(vs), float(ve)
+                if timerft_videos == "source":  # the file is the source video: crop it, spans to file time
+                    clip = {"video_start": float(vs), "video_end": float(ve)}
+                    span = [span[0] + vs, span[1] + vs]
+                    dur = max(dur + vs, float(ve))
+            ctx.add(Sample(id=sid, task="tvg", query=str(query).strip(),
+                           video=os.path.join(video_dir, video) if video_dir else video, duration=dur, spans=[span],
+                           meta=meta, **clip))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# ---------------------------------------------------------------------------------------------- options helpers
+_OPT_PREFIX = re.compile(r"^\s*(?:\(([A-Za-z])\)|([A-Za-z])\s*[.):：])\s*")
+
+
+def strip_option_prefix(opt: str, expected_letter: str | None = None) -> str:
+    """"(A) red" / "A. red" / "A) red" / "A: red" -> "red".  With ``expected_letter`` the prefix must match."""
+    m = _OPT_PREFIX.match(opt)
+    if not m:
+        return opt.strip()
+    letter = (m.group(1) or m.group(2)).upper()
+    if expected_letter is not None and letter != expected_letter:
+        raise DataError(f"option {opt!r} is labelled {letter}, expected {expected_letter}", field="options")
+    return opt[m.end():].strip()
+
+
+def split_options(options: Any) -> list[str]:
+    """A list of options, or one string "(A) x (B) y ..." -> ["x", "y", ...] without prefixes."""
+    if isinstance(options, str):
+        parts = re.split(r"\(([A-Z])\)", options)
+        # ["", "A", " x ", "B", " y "]
+        if len(parts) < 3:
+            raise DataError(f"cannot split options {options!r}", field="options")
+        return [parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)]
+    if not isinstance(options, list):
+        raise DataError(f"options must be a list or a string, got {type(options).__name__}", field="options")
+    return [strip_option_prefix(str(o), LETTERS[i]) for i, o in enumerate(options)]
+
+
+def answer_letter(answer: Any, options: list[str]) -> str:
+    """"(C)" / "C" / "C. text" / "<answer>C</answer>" / an option's text / an int index -> "C"."""
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if 0 <= answer < len(options):
+            return LETTERS[answer]
+        raise DataError(f"answer index {answer} out of range", field="answer")
+    a = str(answer).strip()
+    m = re.search(r"<answer>\s*(.*?)\s*</answer>", a, re.S)
+    if m:
+        a = m.group(1)
+    m = re.fullmatch(r"\(?([A-Za-z])\)?(?:\s*[.):：].*)?", a, re.S)
+    if m and LETTERS.index(m.group(1).upper()) < len(options):
+        return m.group(1).upper()
+    low = [o.lower() for o in options]
+    if a.lower() in low:
+        return LETTERS[low.index(a.lower())]
+    raise DataError(f"cannot map answer {answer!r} to one of {len(options)} options", field="answer")
+
+
+# ---------------------------------------------------------------------------------------------- NExT-GQA
+def convert_nextgqa(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    video_template: str = "{vid}.mp4",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """NExT-GQA (VideoChat-R1 layout) -> gqa samples: options without "(A)" prefixes, answer letter, glue spans.
+    ``video`` without an extension gets ``video_template``.  id: ``qid`` / ``id``, else ``VIDEO_index``."""
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            for k in ("video", "question", "options", "duration", "answer"):
+                if k not in r:
+                    raise DataError("missing field", field=k, kind="missing_field")
+            glue = r.get("glue", r.get("spans", r.get("solution")))
+            if glue is None:
+                raise DataError("missing field", field="glue", kind="missing_field")
+            video = str(r["video"])
+            sid = str(r.get("qid", r.get("id", f"{os.path.splitext(os.path.basename(video))[0]}_{i}")))
+            options = split_options(r["options"])
+            letter = answer_letter(r["answer"], options)
+            dur = float(r["duration"])
+            meta = {"source": "nextgqa", **{k: v for k, v in r.items()
+                                            if k not in ("video", "question", "options", "duration", "answer",
+                                                         "glue", "spans", "solution", "qid", "id")}}
+            if isinstance(glue, list) and len(glue) == 2 and all(isinstance(x, (int, float)) for x in glue):
+                glue = [glue]  # a single [s, e]
+            if not isinstance(glue, list):
+                raise DataError(f"must be [[s, e], ...], got {glue!r}", field="glue", sample_id=sid)
+            spans = []
+            for j, g in enumerate(glue):
+                if not (isinstance(g, (list, tuple)) and len(g) == 2):
+                    raise DataError(f"must be [s, e], got {g!r}", field=f"glue[{j}]", sample_id=sid)
+                spans.append(ctx.fix_span(g[0], g[1], dur, f"glue[{j}]", sid, meta))
+            if "." not in os.path.basename(video):
+                video = video_template.format(vid=video)
+            ctx.add(Sample(id=sid, task="gqa", query=str(r["question"]).strip(),
+                           video=os.path.join(video_dir, video) if video_dir else video, duration=dur,
+                           spans=spans, options=options, answer=letter, meta=meta))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- Video-R1 MCQ
+def convert_video_r1(
+    src: str | os.PathLike | list,
+    media_dir: str | None = None,
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """Video-R1 items -> mcq samples (``problem_type == "multiple choice"``; other types skipped and counted as
+    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.  The media path is
+    ``path`` (Video-R1) or, in files of the same style, ``video`` / ``image``.
+    id: ``problem_id`` / ``id``, else the record index."""
+    ctx = _Ctx(src, on_error, False, 0.0)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            ptype = str(r.get("problem_type", "")).strip().lower()
+            if ptype != "multiple choice":
+                ctx.skip("unsupported_problem_type")
+                continue
+            for k in ("problem", "options", "solution", "data_type"):
+                if k not in r:
+                    raise DataError("missing field", field=k, kind="missing_field")
+            media_key = next((k for k in ("path", "video", "image") if r.get(k) is not None), None)
+            if media_key is None:  # Video-R1 names it "path"; other files in its style "video" (or "image")
+                raise DataError("missing field (the media path)", field="path/video", kind="missing_field")
+            sid = str(r.get("problem_id", r.get("id", i)))
+            options = split_options(r["options"])
+            letter = answer_letter(r["solution"], options)
+            dtype = str(r["data_type"]).lower()
+            if dtype not in ("video", "image"):
+                raise DataError(f"data_type must be 'video' or 'image', got {dtype!r}", field="data_type",
+                                sample_id=sid)
+            path = str(r[media_key])
+            if media_dir:
+                path = os.path.join(media_dir, path)
+            meta = {"source": "video_r1", **{k: v for k, v in r.items()
+                                             if k not in ("problem", "options", "solution", "problem_type",
+                                                          "data_type", media_key, "problem_id", "id")}}
+            ctx.add(Sample(id=sid, task="mcq", query=str(r["problem"]).strip(), options=options, answer=letter,
+                           meta=meta, **{dtype: path}))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- TempSamp-R1
+_EVENT_IN_PROMPT = re.compile(r'(?:pinpoint|locate|find)\s+(?:the\s+)?(?:event|clip|moment)\s+["\u201c](.+)["\u201d]'
+                              r'\s+in the video', re.S | re.I)
+
+
+def convert_tempsamp(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    query_from: str = "event",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """TempSamp-R1's released training JSONL (TimeLens data) -> tvg samples.
+
+    Record: ``problem`` (the whole user prompt, ``<video>To accurately pinpoint the event "QUERY" in the video,
+    ...``; or ``messages[0].content``, TimeLens' raw layout), ``answer`` / ``solution`` (``"<answer> s to e
+    </answer>"`` or ``"s to e"``, seconds), ``videos`` ([one path]; or ``video`` / ``path``), ``duration``, and
+    ``problem_type`` ("temporal grounding"; other types are skipped and counted as ``unsupported_problem_type``).
+    ``query_from="event"`` takes the quoted event out of the prompt (the project builds its own prompt; a problem
+    without that pattern is an error naming the record); ``"problem"`` keeps the whole text without ``<video>``.
+    The original ``problem`` stays in ``meta["problem"]``; other keys (difficulty, gt_len, ...) go to ``meta``.
+    id: ``id`` / ``qid`` / ``problem_id``, else the record index.
+    """
+    if query_from not in ("event", "problem"):
+        raise ValueError(f"query_from must be 'event' or 'problem', got {query_from!r}")
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", r.get("qid", r.get("problem_id", i))))
+            ptype = str(r.get("problem_type", "temporal grounding")).strip().lower()
+            if ptype != "temporal grounding":
+                ctx.skip("unsupported_problem_type")
+                continue
+            problem = r.get("problem")
+            if problem is None and isinstance(r.get("messages"), list) and r["messages"]:
+                problem = (r["messages"][0] or {}).get("content")
+            if not isinstance(problem, str) or not problem.strip():
+                raise DataError("missing field", field="problem", sample_id=sid, kind="missing_field")
+            text = problem.replace("<video>", "").strip()
+            if query_from == "event":
+                m = _EVENT_IN_PROMPT.search(text)
+                if not m:
+                    raise DataError('no quoted event ("... the event \"QUERY\" in the video ...") in the prompt; '
+                                    "use query_from='problem' to keep the whole text", field="problem",
+                                    sample_id=sid, kind="unrecognised_prompt")
+                text = m.group(1).strip()
+            ans = r.get("answer", r.get("solution"))
+            if ans is None:
+                raise DataError("missing field", field="answer/solution", sample_id=sid, kind="missing_field")
+            m = re.search(r"<answer>(.*?)</answer>", str(ans), re.S)
+            s, e = _parse_span_str(m.group(1) if m else str(ans))
+            videos = r.get("videos")
+            if videos is None:
+                videos = [r[k] for k in ("video", "path") if r.get(k) is not None][:1]
+            if isinstance(videos, str):
+                videos = [videos]
+            if not isinstance(videos, list) or len(videos) != 1:
+                raise DataError(f"expected one video, got {videos!r}", field="videos", sample_id=sid)
+            if r.get("duration") is None:
+                raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
+            dur = float(r["duration"])
+            meta = {"source": "tempsamp_r1", "problem": problem,
+                    **{k: v for k, v in r.items() if k not in ("id", "qid", "problem_id", "problem", "messages",
+                                                               "answer", "solution", "videos", "video", "path",
+                                                               "duration")}}
+            span = ctx.fix_span(s, e, dur, "answer", sid, meta)
+            video = str(videos[0])
+            ctx.add(Sample(id=sid, task="tvg", query=text, video=os.path.join(video_dir, video) if video_dir else video,
+                           duration=dur, spans=[span], meta=meta))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- RefCOCO REC
+_EXPR_KEYS = ("normal_caption", "sentence", "expression", "text", "problem", "query")
+_BOX_KEYS = ("solution", "bbox", "box")
+
+
+_REC_INSTRUCTION = re.compile(r"^\s*please provide the bounding box coordinates? of the region this sentence "
+                              r"describes:\s*", re.I)
+
+
+def _box_from_text(text: str, sid: str) -> Any:
+    """``"[x1, y1, x2, y2]"`` / ``"<answer> [...] </answer>"`` / ``'{"bbox_2d": [...]}'`` -> the parsed value."""
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    try:
+        box = json.loads((m.group(1) if m else text).strip())
+    except json.JSONDecodeError:
+        raise DataError(f"box must be a JSON list [x1, y1, x2, y2], got {text!r}", field="bbox",
+                        sample_id=sid) from None
+    if isinstance(box, dict) and "bbox_2d" in box:
+        box = box["bbox_2d"]
+    return box
+
+
+def _vlm_r1_turns(r: dict, sid: str) -> dict:
+    """VLM-R1 JSONL record -> the flat layout: expression from the human turn, box text from the gpt turn."""
+    turns = r["conversations"]
+    if not (isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, dict) for t in turns[:2])):
+        raise DataError("expected [{from: human, value}, {from: gpt, value}]", field="conversations", sample_id=sid)
+    image = r.get("image")
+    if isinstance(image, list):
+        if len(image) != 1:
+            raise DataError(f"REC needs one image, got {len(image)}", field="image", sample_id=sid)
+        image = image[0]
+    out = {k: v for k, v in r.items() if k not in ("conversations", "image")}
+    out["image"] = image
+    out["problem"] = str(turns[0].get("value", "")).replace("<image>", "").strip()
+    out["solution"] = turns[1].get("value")
+    return out
+
+
+def convert_refcoco(
+    src: str | os.PathLike | list,
+    image_dir: str | None = None,
+    bbox_format: str = "xyxy",
+    sizes: Mapping[str, Iterable[int]] | None = None,
+    read_sizes_from: str | os.PathLike | None = None,
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """RefCOCO-style REC records -> rec samples with ``boxes`` in original-image pixels (xyxy) and ``image_size``.
+
+    Box: ``bbox_format="xyxy"`` ([x1, y1, x2, y2]) or ``"xywh"`` (COCO [x, y, w, h]).  Image size, first found:
+    ``width``/``height`` or ``image_size`` in the record, ``sizes[image]``, or the image file read with PIL from
+    ``read_sizes_from`` (a directory).  id: ``id`` / ``ann_id``, else the record index.
+
+    VLM-R1's JSONL layout is read too: ``{"id", "image", "conversations": [{"from": "human", "value":
+    "<image>EXPRESSION"}, {"from": "gpt", "value": "[x1, y1, x2, y2]"}]}`` (the answer may sit in ``<answer>``
+    tags or be ``{"bbox_2d": [...]}``; VLM-R1 reads it with ``json.loads``).  The instruction "Please provide the
+    bounding box coordinate of the region this sentence describes:" is removed from an expression that carries it.
+    """
+    if bbox_format not in ("xyxy", "xywh"):
+        raise ValueError(f"bbox_format must be 'xyxy' or 'xywh', got {bbox_format!r}")
+    ctx = _Ctx(src, on_error, False, 0.0)
+    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    for i, r in enumerate(recs):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", r.get("ann_id", i)))
+            if "conversations" in r:
+                r = _vlm_r1_turns(r, sid)
+            image = r.get("image", r.get("image_path", r.get("file_name")))
+            if image is None:
+                raise DataError("missing field", field="image", sample_id=sid, kind="missing_field")
+            expr = next((r[k] for k in _EXPR_KEYS if isinstance(r.get(k), str) and r[k].strip()), None)
+            if expr is None:
+                raise DataError(f"missing referring expression (one of {_EXPR_KEYS})", field="sentence",
+                                sample_id=sid, kind="missing_field")
+            expr = _REC_INSTRUCTION.sub("", expr)
+            box = next((r[k] for k in _BOX_KEYS if r.get(k) is not None), None)
+            if box is None:
+                raise DataError(f"missing box (one of {_BOX_KEYS})", field="bbox", sample_id=sid,
+                                kind="missing_field")
+            if isinstance(box, str):
+                box = _box_from_text(box, sid)
+            boxes = box if (isinstance(box, list) and box and isinstance(box[0], list)) else [box]
+            out = []
+            for j, b in enumerate(boxes):
+                if not (isinstance(b, (list, tuple)) and len(b) == 4):
+                    raise DataError(f"must have 4 numbers, got {b!r}", field=f"bbox[{j}]", sample_id=sid)
+                b = [float(x) for x in b]
+                out.append([b[0], b[1], b[0] + b[2], b[1] + b[3]] if bbox_format == "xywh" else b)
+            if "width" in r and "height" in r:
+                size = [int(r["width"]), int(r["height"])]
+            elif r.get("image_size") is not None:
+                size = [int(x) for x in r["image_size"]]
+            elif sizes is not None and image in sizes:
+                size = [int(x) for x in sizes[image]]
+            elif read_sizes_from is not None:
+                from PIL import Image
+
+                p = os.path.join(os.fspath(read_sizes_from), image)
+                try:
+                    with Image.open(p) as im:
+                        size = [int(im.width), int(im.height)]
+                except OSError as ex:
+                    raise DataError(f"cannot read image size from {p}: {ex}", field="image_size", sample_id=sid,
+                                    kind="missing_media") from None
+            else:
+                raise DataError("missing image size (width/height, image_size, sizes= or read_sizes_from=)",
+                                field="image_size", sample_id=sid, kind="missing_field")
+            meta = {"source": "refcoco", **{k: v for k, v in r.items() if k not in
+                                            ("id", "ann_id", "image", "image_path", "file_name", "width", "height",
+                                             "image_size", *_EXPR_KEYS, *_BOX_KEYS)}}
+            ctx.add(Sample(id=sid, task="rec", query=expr.strip(),
+                           image=os.path.join(image_dir, image) if image_dir else image, boxes=out,
+                           image_size=size, meta=meta))
+        except DataError as ex:
+            ctx.fail(ex, record=f"record {i}")
+    return ctx.finish()
+
+
+FORMATS: dict[str, Callable[..., tuple[list[Sample], ConvertReport]]] = {
+    "charades_sta": convert_charades_sta,
+    "dense_captions": convert_dense_captions,
+    "activitynet": convert_dense_captions,
+    "time_r1": convert_time_r1,
+    "tvgbench": convert_time_r1,
+    "nextgqa": convert_nextgqa,
+    "video_r1": convert_video_r1,
+    "tempsamp": convert_tempsamp,
+    "refcoco": convert_refcoco,
+}

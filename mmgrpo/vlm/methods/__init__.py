@@ -1,0 +1,236 @@
+"""VLM methods as modules: one file per method, a hook API (``base.VLMMethod``) and this registry.
+
+``REGISTRY`` lists every method in the order the loop calls their hooks (the order is part of the behaviour:
+TW-GRPO's token weights exist before the vLLM importance weights multiply them; data selection runs before
+anything is sampled). Each entry says which config switch enables the method -- the existing config keys, so
+old configs keep working -- and where its class lives (imported only when enabled: the registry itself does not
+import torch).
+
+Adding a method: write ``mmgrpo/vlm/methods/<name>.py`` with a :class:`~mmgrpo.vlm.methods.base.VLMMethod` subclass,
+add one ``MethodSpec`` here, and a test (see CONTRIBUTING.md).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Callable, Literal, Optional
+
+from mmgrpo.vlm.methods.base import VLMMethod
+
+__all__ = ["MethodSpec", "MethodsConfig", "REGISTRY", "VLMMethod", "build_methods", "check_config",
+           "enabled_classes", "enabled_names"]
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+# Options of methods added after the registry existed: one dataclass each, a section ``methods.<name>`` of the
+# config (``methods.ngrpo.enabled=true``), declared here so that ``mmgrpo train --help`` lists them without
+# importing torch. The methods that predate the registry keep their own config sections (tempsamp, tgrpo, ...).
+@dataclass
+class NGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "NGRPO: group statistics include virtual maximum-reward samples (all-wrong groups keep a negative "
+        "advantage) + asymmetric clipping; mmgrpo.vlm.methods.ngrpo"))
+    max_reward: float = field(default=1.0, metadata=_h(
+        "reward of the virtual samples: the largest (weighted) total the task can give (the release: 1.0)"))
+    num_virtual: int = field(default=1, metadata=_h("virtual samples per group (the release: 1)"))
+    clip_low: Optional[float] = field(default=0.16, metadata=_h(
+        "PPO clip epsilon below 1 (binds for A < 0; the release: 0.16); none = algo.clip_low"))
+    clip_high: Optional[float] = field(default=0.24, metadata=_h(
+        "PPO clip epsilon above 1 (binds for A > 0; the release: 0.24); none = algo.clip_high"))
+
+    def __post_init__(self):
+        if self.num_virtual < 1:
+            raise ValueError(f"methods.ngrpo.num_virtual must be >= 1, got {self.num_virtual}")
+
+
+@dataclass
+class SeedGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "SEED-GRPO: scale each group's advantages by f(alpha * semantic entropy of its answers / log G); answers "
+        "are clustered by meaning (tvg/rec: overlap, mcq/gqa: letters); mmgrpo.vlm.methods.seed_grpo"))
+    alpha: float = field(default=0.5, metadata=_h("sensitivity alpha (linear: all-different answers keep 1-alpha)"))
+    fn: Literal["linear", "exp", "focal"] = field(default="linear", metadata=_h(
+        "f(x): linear 1-x, exp e^-x, focal (1-x)^gamma"))
+    gamma: float = field(default=2.0, metadata=_h("focal exponent"))
+    estimator: Literal["count", "prob", "mc"] = field(default="count", metadata=_h(
+        "p(cluster): count = share of answers; prob = share of the sampled sequences' probability mass; mc = "
+        "the paper's Monte-Carlo form -1/K sum log p"))
+    length_normalize: bool = field(default=False, metadata=_h("prob/mc: per-token (length-normalised) log-probs"))
+    threshold: float = field(default=0.5, metadata=_h("tvg/rec: IoU at which two answers mean the same"))
+    unparsed: Literal["shared", "own"] = field(default="shared", metadata=_h(
+        "answers that do not parse: one shared 'no answer' cluster, or each its own"))
+
+
+@dataclass
+class DAPOOverlongOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DAPO soft overlong punishment added to the reward: 0 up to max_len - cache_len tokens, then linear to "
+        "-factor at max_len; mmgrpo.vlm.methods.dapo_overlong"))
+    max_len: int = field(default=0, metadata=_h("L_max in tokens (0 = rollout.max_new_tokens)"))
+    cache_len: int = field(default=0, metadata=_h("L_cache, the punishment interval (0 = max_len // 5, DAPO's "
+                                                   "4096 of 20480)"))
+    factor: float = field(default=1.0, metadata=_h("penalty scale (DAPO 1.0)"))
+
+
+@dataclass
+class EntropyOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "per-token entropy of the policy, chunked (entropy/* metrics; one extra no-grad forward per step); "
+        "mmgrpo.vlm.methods.entropy_mask"))
+    top_quantile: float = field(default=1.0, metadata=_h(
+        "rho: train only the top-rho completion tokens by entropy ('Beyond the 80/20 rule': 0.2; TRL "
+        "top_entropy_quantile); 1.0 = every token (logging only)"))
+
+
+@dataclass
+class EntropyBonusOptions:
+    coef: float = field(default=0.0, metadata=_h(
+        "entropy bonus: loss = policy loss - coef * entropy of the current policy over the loss tokens (with "
+        "gradient, chunked, aggregated like the policy loss: algo.agg); 0 = off. Temporal-R1 / verl "
+        "entropy_coeff: 1e-3; mmgrpo.vlm.methods.entropy_bonus"))
+
+    def __post_init__(self):
+        if not (math.isfinite(self.coef) and self.coef >= 0):
+            raise ValueError(f"methods.entropy_bonus.coef must be a finite number >= 0, got {self.coef}")
+
+
+@dataclass
+class GDPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GDPO: normalise every reward component (reward.weights + additive terms) within its group, sum with the "
+        "weights, then standardise over the batch; mmgrpo.vlm.methods.gdpo"))
+    renormalize: bool = field(default=True, metadata=_h("batch-standardise the summed advantages (GDPO, TRL)"))
+
+
+@dataclass
+class DifficultyAugOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DeepVideo-R1 difficulty-aware augmentation: prompts easier than the recent mean get masked frames + "
+        "noise, harder ones a reasoning hint; mmgrpo.vlm.methods.difficulty_aug"))
+    window: int = field(default=8, metadata=_h("replay window W (steps) of the reference mean reward"))
+    threshold: float = field(default=0.1, metadata=_h("|difficulty| below this: no augmentation"))
+    scale: float = field(default=0.5, metadata=_h("difficulty at which the strength reaches 1"))
+    max_mask_frac: float = field(default=0.5, metadata=_h("fraction of frames masked at strength 1"))
+    max_noise: float = field(default=25.0, metadata=_h("pixel noise std (0-255 units) at strength 1"))
+    max_hint_frac: float = field(default=0.5, metadata=_h(
+        "share of a successful answer's reasoning given as the hint at strength 1"))
+    success_threshold: float = field(default=0.5, metadata=_h(
+        "an answer is 'successful' (a hint source) when its accuracy reward (reward.accuracy_key) reaches this"))
+    fallback_hints: bool = field(default=True, metadata=_h(
+        "no successful answer yet: hint from the ground truth (MCQ: wrong options; TVG: the half of the video)"))
+
+
+@dataclass
+class HybridCoTOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "TempSamp-R1 hybrid CoT schedule: per step a share of the prompts thinks, the rest answers directly; the "
+        "format reward follows each prompt's mode; mmgrpo.vlm.methods.hybrid_cot"))
+    stage1_steps: int = field(default=0, metadata=_h("steps of stage 1 (direct answers only)"))
+    think_fraction: float = field(default=0.5, metadata=_h("stage 2: share of prompts asked to think"))
+    ramp_steps: int = field(default=0, metadata=_h("steps over which the share rises linearly to think_fraction"))
+    exact: bool = field(default=True, metadata=_h("exactly round(share x prompts) think per step (else each "
+                                                  "prompt draws independently)"))
+
+
+@dataclass
+class RefSyncOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "TR-DPO / TRL sync_ref_model: every sync_steps updates the KL reference becomes mixup_alpha * policy + "
+        "(1 - mixup_alpha) * reference (needs algo.kl_coef > 0, full fine-tuning); mmgrpo.vlm.methods.ref_sync"))
+    sync_steps: int = field(default=512, metadata=_h("ref_model_sync_steps tau (TRL 512)"))
+    mixup_alpha: float = field(default=0.6, metadata=_h("ref_model_mixup_alpha (TRL 0.6; 1 = hard copy)"))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    target: str  # "module:Class"
+    enabled: Callable[[Any], bool]  # TrainConfig -> on / off
+    help: str = ""
+    options: Optional[type] = None  # a dataclass: the config section methods.<name>
+
+
+REGISTRY: tuple[MethodSpec, ...] = (
+    MethodSpec("selection", "mmgrpo.vlm.methods.selection:DataSelection", lambda c: c.selection.enabled,
+               "Temporal-RLT / Time-R1 / DAPO offline data selection (selection.enabled)"),
+    MethodSpec("tempsamp_r1", "mmgrpo.vlm.methods.tempsamp_r1:TempSampR1", lambda c: c.tempsamp.enabled,
+               "TempSamp-R1 ground-truth injection + shaping / anchoring (tempsamp.enabled)"),
+    MethodSpec("t_grpo", "mmgrpo.vlm.methods.t_grpo:TGRPO", lambda c: c.tgrpo.enabled,
+               "T-GRPO (Video-R1) temporal bonus from shuffled-frame rollouts (tgrpo.enabled)"),
+    MethodSpec("dapo_dynamic_sampling", "mmgrpo.vlm.methods.dapo:DynamicSampling", lambda c: c.algo.filter_zero_std,
+               "DAPO dynamic sampling: drop zero-variance groups and refill (algo.filter_zero_std)"),
+    MethodSpec("overlong_mask", "mmgrpo.vlm.methods.dapo:OverlongMask",
+               lambda c: c.rollout.mask_truncated_completions,
+               "DAPO overlong filtering: truncated completions leave the loss (rollout.mask_truncated_completions)"),
+    MethodSpec("ngrpo", "mmgrpo.vlm.methods.ngrpo:NGRPO", lambda c: c.methods.ngrpo.enabled,
+               "NGRPO virtual maximum-reward advantage calibration + asymmetric clipping (methods.ngrpo.enabled)",
+               options=NGRPOOptions),
+    MethodSpec("hybrid_cot", "mmgrpo.vlm.methods.hybrid_cot:HybridCoT", lambda c: c.methods.hybrid_cot.enabled,
+               "TempSamp-R1 hybrid CoT think / no-think schedule (methods.hybrid_cot.enabled)",
+               options=HybridCoTOptions),
+    MethodSpec("dapo_overlong", "mmgrpo.vlm.methods.dapo_overlong:DAPOOverlong",
+               lambda c: c.methods.dapo_overlong.enabled,
+               "DAPO soft overlong punishment in the reward (methods.dapo_overlong.enabled)",
+               options=DAPOOverlongOptions),
+    MethodSpec("difficulty_aug", "mmgrpo.vlm.methods.difficulty_aug:DifficultyAug",
+               lambda c: c.methods.difficulty_aug.enabled,
+               "DeepVideo-R1 difficulty-aware augmentation (methods.difficulty_aug.enabled)",
+               options=DifficultyAugOptions),
+    MethodSpec("gdpo", "mmgrpo.vlm.methods.gdpo:GDPO", lambda c: c.methods.gdpo.enabled,
+               "GDPO per-reward group normalisation (methods.gdpo.enabled)", options=GDPOOptions),
+    MethodSpec("seed_grpo", "mmgrpo.vlm.methods.seed_grpo:SeedGRPO", lambda c: c.methods.seed_grpo.enabled,
+               "SEED-GRPO semantic-entropy advantage scaling (methods.seed_grpo.enabled)", options=SeedGRPOOptions),
+    MethodSpec("tw_grpo", "mmgrpo.vlm.methods.tw_grpo:TWGRPO", lambda c: c.twgrpo.enabled,
+               "TW-GRPO token weights from intra-group divergence (twgrpo.enabled)"),
+    MethodSpec("entropy", "mmgrpo.vlm.methods.entropy_mask:TokenEntropy", lambda c: c.methods.entropy.enabled,
+               "per-token entropy logging + high-entropy-token masking (methods.entropy.enabled)",
+               options=EntropyOptions),
+    MethodSpec("entropy_bonus", "mmgrpo.vlm.methods.entropy_bonus:EntropyBonus",
+               lambda c: c.methods.entropy_bonus.coef > 0,
+               "entropy bonus -coef * H in the policy loss, with gradient (methods.entropy_bonus.coef > 0)",
+               options=EntropyBonusOptions),
+    MethodSpec("vllm_is", "mmgrpo.vlm.methods.vllm_is:VLLMImportanceSampling",
+               lambda c: c.rollout.backend == "vllm" and c.rollout.vllm_is_cap > 0,
+               "truncated importance sampling against the vLLM engine (rollout.vllm_is_cap, backend=vllm)"),
+    MethodSpec("reg_grpo", "mmgrpo.vlm.methods.reg_grpo:RegGRPO", lambda c: c.algo.loss_type == "reg",
+               "Reg-GRPO (DeepVideo-R1) loss share per micro-batch (algo.loss_type=reg)"),
+    MethodSpec("ref_sync", "mmgrpo.vlm.methods.ref_sync:RefSync", lambda c: c.methods.ref_sync.enabled,
+               "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
+)
+
+
+# the ``methods`` section of TrainConfig: one field per registry entry that declares options
+MethodsConfig = make_dataclass(
+    "MethodsConfig", [(s.name, s.options, field(default_factory=s.options)) for s in REGISTRY if s.options],
+    namespace={"__doc__": "Options of the methods registered in mmgrpo.vlm.methods (methods.<name>.<option>)."})
+MethodsConfig.__module__ = __name__
+
+
+def enabled_names(cfg: Any) -> list[str]:
+    """Names of the methods ``cfg`` enables, in hook order."""
+    return [s.name for s in REGISTRY if s.enabled(cfg)]
+
+
+def _load(target: str) -> type[VLMMethod]:
+    mod, cls = target.split(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def check_config(cfg: Any) -> None:
+    """Every registered method's ``check_config`` (enabled or not), in registry order."""
+    for s in REGISTRY:
+        _load(s.target).check_config(cfg)
+
+
+def enabled_classes(cfg: Any) -> list[type[VLMMethod]]:
+    """The classes of the enabled methods (class attributes such as ``needs_whole_groups``), in hook order."""
+    return [_load(s.target) for s in REGISTRY if s.enabled(cfg)]
+
+
+def build_methods(cfg: Any, trainer: Any) -> list[VLMMethod]:
+    """The enabled methods, constructed in registry (= hook) order."""
+    return [_load(s.target)(cfg, trainer) for s in REGISTRY if s.enabled(cfg)]
