@@ -78,7 +78,8 @@ OLD_FLOW_METHODS = {
                    "sample.b2_epochs_per_stage=4"],
     "adv_grpo": ["method=adv_grpo", "reward.weights={mini_geneval: 1.0, adv_dino: 1.0}",
                  "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true}}",
-                 "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3"],
+                 "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3",
+                 "methods.adv_grpo.steps=5"],
 }
 
 
