@@ -71,10 +71,11 @@ class DinoBackbone:
     ``model_dir``: a local folder (``Dinov2Model.from_pretrained``; needs config.json and model.safetensors,
     pickled ``.bin`` weights are refused: loading weights never runs code). ``tiny=True``: a random
     :func:`tiny_dinov2_config` model, initialised from ``seed``. ``image_size``: input resolution (default the
-    model config's, 518 for the released DINOv2 weights as in the release)."""
+    model config's, 518 for the released DINOv2 weights as in the release). ``device``: where it runs (e.g. cuda;
+    float32), ``batch_size`` images per forward."""
 
     def __init__(self, model_dir: str = "", tiny: bool = False, image_size: Optional[int] = None, seed: int = 0,
-                 device: str = "cpu", config: Any = None):
+                 device: str = "cpu", config: Any = None, batch_size: int = 32):
         import torch
         from transformers import Dinov2Model
 
@@ -97,6 +98,7 @@ class DinoBackbone:
         self.model.requires_grad_(False)
         self.device = device
         self.image_size = int(image_size or self.model.config.image_size)
+        self.batch_size = max(1, int(batch_size))
         self.dim = int(self.model.config.hidden_size)
 
     def preprocess(self, images_u8: np.ndarray):
@@ -112,18 +114,40 @@ class DinoBackbone:
         return (x - mean) / std
 
     def tokens(self, images_u8: np.ndarray):
-        """(CLS (N, D), patches (N, P, D)) float32, no gradient (the backbone is frozen)."""
+        """(CLS (N, D), patches (N, P, D)) float32, no gradient (the backbone is frozen); ``batch_size`` images per
+        forward (a whole epoch's images at 518 px would not fit at once)."""
         import torch
 
+        outs = []
         with torch.no_grad():
-            out = self.model(pixel_values=self.preprocess(images_u8))
-        h = out.last_hidden_state.float()
+            for i in range(0, len(images_u8), self.batch_size):
+                outs.append(self.model(pixel_values=self.preprocess(images_u8[i:i + self.batch_size]))
+                            .last_hidden_state.float())
+        h = torch.cat(outs)
         return h[:, 0], h[:, 1:]
 
 
 def l2_normalize(x):
     """``x / (||x|| + 1e-6)`` along the last axis (the release's normalisation)."""
     return x / (x.norm(dim=-1, keepdim=True) + _EPS)
+
+
+class _LRU:
+    """A small least-recently-used cache: ``get(key, make)``."""
+
+    def __init__(self, size: int):
+        from collections import OrderedDict
+
+        self.size, self.data = max(1, int(size)), OrderedDict()
+
+    def get(self, key, make):
+        if key in self.data:
+            self.data.move_to_end(key)
+            return self.data[key]
+        value = self.data[key] = make()
+        if len(self.data) > self.size:
+            self.data.popitem(last=False)
+        return value
 
 
 class ReferenceImages:
@@ -133,22 +157,20 @@ class ReferenceImages:
     of the prompt's metadata, or of the parsed prompt), seeds ``seed .. seed + per_prompt - 1``, at the size of the
     images they are compared with. ``source="metadata"``: image files named by the prompt's metadata entry
     ``reference_images`` (a list of paths; a JSONL prompt file line ``{"prompt": ..., "reference_images": [...]}``),
-    resized (bicubic) to the compared images' size. Cached per (prompt, size)."""
+    resized (bicubic) to the compared images' size. The last ``cache_size`` prompts are kept in memory (a large prompt
+    set's references at 512 px would not fit)."""
 
-    def __init__(self, source: str = "mini_geneval", per_prompt: int = 8, seed: int = 0):
+    def __init__(self, source: str = "mini_geneval", per_prompt: int = 8, seed: int = 0, cache_size: int = 256):
         if source not in ("mini_geneval", "metadata"):
             raise ValueError(f"reference source must be 'mini_geneval' or 'metadata', got {source!r}")
         if per_prompt < 1:
             raise ValueError(f"references per prompt must be >= 1, got {per_prompt}")
         self.source, self.per_prompt, self.seed = source, int(per_prompt), int(seed)
-        self._cache: dict[tuple[str, int], np.ndarray] = {}
+        self._cache = _LRU(cache_size)
 
     def get(self, prompt: str, metadata: Mapping[str, Any], size: int) -> np.ndarray:
         """uint8 (per_prompt, size, size, 3) references of ``prompt``."""
-        key = (prompt, int(size))
-        if key not in self._cache:
-            self._cache[key] = self._load(prompt, metadata or {}, int(size))
-        return self._cache[key]
+        return self._cache.get((prompt, int(size)), lambda: self._load(prompt, metadata or {}, int(size)))
 
     def _load(self, prompt: str, md: Mapping[str, Any], size: int) -> np.ndarray:
         if self.source == "mini_geneval":
@@ -199,13 +221,12 @@ class DinoSimilarityReward(Reward):
         super().__init__(name=name, nan_policy=nan_policy)
         self.backbone = backbone or DinoBackbone(model_dir, tiny, image_size, seed, device)
         self.refs = ReferenceImages(references, refs_per_prompt, ref_seed)
-        self._ref_cls: dict[tuple[str, int], Any] = {}
+        self._ref_cls = _LRU(4096)
 
     def _ref_features(self, prompt: str, md: Mapping[str, Any], size: int):
-        key = (prompt, size)
-        if key not in self._ref_cls:  # frozen backbone, fixed references: computed once per prompt
-            self._ref_cls[key] = l2_normalize(self.backbone.tokens(self.refs.get(prompt, md, size))[0])
-        return self._ref_cls[key]
+        # frozen backbone, fixed references: the features of a prompt's references are computed once (while cached)
+        return self._ref_cls.get((prompt, size),
+                                 lambda: l2_normalize(self.backbone.tokens(self.refs.get(prompt, md, size))[0]))
 
     def score(self, images, prompts, metadata, **kwargs):
         size = _square_size(images)

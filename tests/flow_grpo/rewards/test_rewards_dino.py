@@ -156,6 +156,9 @@ def test_backbone_matches_dinov2model_and_leaves_the_global_rng_alone():
     cls, patches = bb.tokens(imgs)
     assert torch.allclose(cls, h[:, 0], atol=1e-5) and torch.allclose(patches, h[:, 1:], atol=1e-5)
     assert patches.shape == (2, 64, 32)
+    # batched forwards give the same tokens
+    bb.batch_size = 1
+    assert torch.allclose(bb.tokens(imgs)[1], patches, atol=1e-6)
     # other sizes are resized to the model's input (bicubic)
     big = np.repeat(np.repeat(imgs, 2, axis=1), 2, axis=2)
     assert bb.preprocess(big).shape == (2, 3, 32, 32)
@@ -192,6 +195,10 @@ def test_mini_geneval_references_are_the_renderers_oracle_images():
     assert np.array_equal(pair[3], got[0]) and np.array_equal(pair[1], got[1])
     with pytest.raises(Exception, match="not a Mini-GenEval prompt"):
         refs.get("a photo of a dog", {}, 32)
+    small = ReferenceImages("mini_geneval", per_prompt=1, cache_size=1)  # bounded memory: the last prompt only
+    small.get("a red circle", {}, 32)
+    small.get("two red circles", {}, 32)
+    assert list(small._cache.data) == [("two red circles", 32)]
 
 
 def test_metadata_references_and_registry(tmp_path):
