@@ -21,7 +21,8 @@ features) that :class:`AdvGRPORuntime` updates through the credit table's runtim
   trainer and restored exactly on resume.
 
 Each update costs a DINO forward of the epoch's images and of their references (logged: ``adv_grpo/d_loss``,
-``adv_grpo/d_acc`` (the release's CLS accuracy), ``adv_grpo/d_logit_real`` / ``adv_grpo/d_logit_fake``, ``adv_grpo/reward_updates``, ``adv_grpo/policy_epoch``).
+``adv_grpo/d_acc`` (the release's CLS accuracy), ``adv_grpo/d_logit_real`` / ``adv_grpo/d_logit_fake``,
+``adv_grpo/reward_updates``, ``adv_grpo/policy_epoch``).
 One process only for now: the update would need the gathered images of every process (refused with a message).
 """
 from __future__ import annotations

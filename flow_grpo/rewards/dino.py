@@ -21,7 +21,8 @@ restricted to the prompt explicitly.
 ``adv_dino`` (:class:`AdversarialDinoReward`, the adversarial reward model): a trainable MLP head
 :math:`h` (Linear(D, 512), GELU, Linear(512, 1), the release's ``DINOHead``) on the frozen features,
 
-.. math:: r(x) = w_{cls}\,h(\hat c(x)) + (1-w_{cls})\,\mathrm{mean}_p\,h(\hat P_p(x)),\qquad \hat v = v/(\lVert v\rVert+10^{-6})
+.. math:: r(x) = w_{cls}\,h(\hat c(x)) + (1-w_{cls})\,\mathrm{mean}_p\,h(\hat P_p(x)),
+   \qquad \hat v = v/(\lVert v\rVert+10^{-6})
 
 (the release's ``dino_patch_cotrain_score``, ``cls_weight`` 0.7), trained against the policy by
 :func:`discriminator_loss` (reference images positive, the policy's samples negative; hinge loss). The update
@@ -281,7 +282,8 @@ def discriminator_loss(head, cls_real, patch_real, cls_fake, patch_fake, patch_w
         loss = loss + patch_weight * hinge_loss(head(f(pr)).squeeze(-1), head(f(pf)).squeeze(-1))
     with torch.no_grad():
         acc = 0.5 * (float((lr_cls > 0).float().mean()) + float((lf_cls < 0).float().mean()))
-        stats = {"adv_grpo/d_loss": float(loss.detach()), "adv_grpo/d_acc": acc, "adv_grpo/d_logit_real": float(lr_cls.mean()),
+        stats = {"adv_grpo/d_loss": float(loss.detach()), "adv_grpo/d_acc": acc,
+                 "adv_grpo/d_logit_real": float(lr_cls.mean()),
                  "adv_grpo/d_logit_fake": float(lf_cls.mean())}
     return loss, stats
 
