@@ -27,6 +27,9 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
   velocity KL 1e-4, old-adapter EMA schedule type 1
 * ``branch_grpo`` BranchGRPO: sde_kind=dance (eta 0.3), step_mode=tree (splits at 0,3,6,9: 16 leaves per group),
   credit=branch_grpo (mean reward fusion, depth-wise torch.std z-scores), clip 1e-3
+* ``adv_grpo`` Adv-GRPO: Flow-GRPO-Fast's rollout with the SDE window fixed at steps 0-1, credit=adv_grpo (outcome
+  advantages; the reward model ``methods.adv_grpo.reward``, e.g. ``adv_dino``, is trained against the policy in
+  the loop: :mod:`flow_grpo.methods.adv_grpo`)
 * ``b2``       B²-DiffuRL: step_mode=b2 (one trunk per group branching s steps before the end, s from 14 to 20 over
   100 stages), credit=b2_diffurl (best branch if z >= 0.5, worst if z < -0.5), PPO clip 0.1
 
@@ -289,10 +292,39 @@ class RunConfig:
 
 
 @dataclass
+class AdvGRPOConfig:
+    """Adv-GRPO's reward-model update (``sample.credit=adv_grpo``; :mod:`flow_grpo.methods.adv_grpo`)."""
+
+    reward: str = _f("adv_dino", "name of the reward component (a reward.weights key) whose head is trained "
+                     "adversarially: reference images positive, the epoch's samples negative")
+    schedule: Literal["alternate", "interleave"] = _f("alternate", "alternate (the release: epoch e updates the "
+                      "reward model only, no policy step, unless (e+1) % every == 0, when it updates the policy only) "
+                      "| interleave (the policy trains every epoch; the reward model is updated after epochs with "
+                      "(e+1) % every == 0, on that epoch's samples)")
+    every: int = _f(10, "k of the schedule (the release's d_times = 10)")
+    lr: float = _f(1e-4, "Adam learning rate of the reward head (the release's d_lr = 1e-4)")
+    betas: tuple[float, float] = _f((0.5, 0.999), "Adam betas of the reward head (the release's (0.5, 0.999))")
+    steps: int = _f(1, "reward-model optimizer steps per update, each on the whole epoch (the release: 1)")
+    patch_weight: float = _f(0.3, "weight of the patch-token hinge loss added to the CLS hinge loss (the release's "
+                             "patch_loss_weight 0.3; 0 = CLS only)")
+    n_patches: int = _f(64, "patch tokens drawn per image for the patch hinge loss (the release: 64)")
+    train_on_raw_features: bool = _f(False, "true = the release's train_dino, which feeds the head unnormalised DINO "
+                                     "tokens while the reward feeds it L2-normalised ones; false = normalised in both")
+
+
+@dataclass
+class FlowMethodsConfig:
+    """Options of methods that keep their own state in the loop (``methods.<name>.*``)."""
+
+    adv_grpo: AdvGRPOConfig = field(default_factory=AdvGRPOConfig, metadata={"help": "Adv-GRPO: the adversarial "
+                                    "reward model's optimizer and update schedule"})
+
+
+@dataclass
 class TrainConfig:
     method: Literal["", "flow", "dance", "fast", "mix", "mix_flash", "tp_grpo", "g2rpo", "vgpo", "nft", "branch_grpo",
-                    "b2"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | mix_flash | "
-                               "tp_grpo | g2rpo | vgpo | nft | branch_grpo | b2 (empty = none)")
+                    "b2", "adv_grpo"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | "
+                               "mix_flash | tp_grpo | g2rpo | vgpo | nft | branch_grpo | b2 | adv_grpo (empty = none)")
     model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "the diffusers pipeline and what is trained"})
     sample: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "rollouts: SDE kind, step plan, step credit"})
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "train / eval prompts and the group layout"})
@@ -300,6 +332,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "loss, AdamW, LR schedule, non-finite step skipping"})
     ema: EMAConfig = field(default_factory=EMAConfig, metadata={"help": "EMA of the trainable weights (eval, saved LoRA)"})
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
+    methods: FlowMethodsConfig = field(default_factory=FlowMethodsConfig, metadata={"help": "methods with their own "
+                                       "state in the loop (Adv-GRPO's reward model)"})
 
     def __post_init__(self):
         check_choices(self)
@@ -336,6 +370,14 @@ def check_numbers(c: "TrainConfig") -> None:
     for name, v in (("optim.clip_low", c.optim.clip_low), ("optim.adv_clip_max", c.optim.adv_clip_max)):
         if not v > 0:  # inf = no clipping
             raise ValueError(f"{name} must be > 0, got {v}")
+    a = c.methods.adv_grpo
+    at_least("methods.adv_grpo.every", a.every, 1)
+    at_least("methods.adv_grpo.steps", a.steps, 1)
+    at_least("methods.adv_grpo.n_patches", a.n_patches, 1)
+    if not (math.isfinite(a.lr) and a.lr > 0) or not (math.isfinite(a.patch_weight) and a.patch_weight >= 0):
+        raise ValueError(f"methods.adv_grpo.lr must be > 0 and patch_weight >= 0, got {a.lr}, {a.patch_weight}")
+    if not all(math.isfinite(b) and 0 <= b < 1 for b in a.betas):
+        raise ValueError(f"methods.adv_grpo.betas must be two numbers in [0, 1), got {list(a.betas)}")
     if math.isnan(c.optim.max_grad_norm):
         raise ValueError("optim.max_grad_norm is NaN (<= 0 disables clipping)")
     if not all(math.isfinite(b) and 0 <= b < 1 for b in c.optim.betas):
@@ -397,6 +439,13 @@ METHOD_PRESETS: dict[str, dict[str, object]] = {
            "sample.b2_num_stages": 100, "sample.b2_split_left": 14, "sample.b2_split_right": 20,
            "sample.b2_pos_threshold": 0.5, "sample.b2_neg_threshold": -0.5, "optim.clip_low": 0.1,
            "optim.adv_clip_max": 5.0, "optim.drop_zero_adv": True},
+    # Adv-GRPO (config/grpo.py:dino_cotrain_sd3_patch_fast): Flow-GRPO-Fast's rollout (CPS, noise 0.8, 10 steps, SDE
+    # window fixed at steps 0-1: random_timestep=0, train_num_steps=2), clip 1e-5, global population std + 1e-4, no KL;
+    # the reward model's update (d_times 10, d_lr 1e-4, Adam (0.5, 0.999)) is methods.adv_grpo (defaults = release)
+    "adv_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
+                 "sample.window_policy": "fixed", "sample.window_size": 2, "sample.window_range": "[0,5]",
+                 "sample.credit": "adv_grpo", "optim.clip_low": 1e-5, "optim.adv_scale": "batch",
+                 "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.kl_coef": 0.0},
 }
 
 

@@ -372,7 +372,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         t1 = time.perf_counter()
         upd = self._run_updates(traj, adv, skip_cause)
         rt = self.method_runtime
-        out_rt = (rt.end_epoch() or {}) if rt is not None and hasattr(rt, "end_epoch") else {}
+        out_rt = (rt.end_epoch(traj) or {}) if rt is not None and hasattr(rt, "end_epoch") else {}
         t_train = time.perf_counter() - t1
         rsum = self._count_epoch(stats, reward_counts)
         out = epoch_metrics(self, traj, stats, rsum, upd, t_sample, t_train)

@@ -143,24 +143,27 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
 
 def flow_setup(runner: demo.Runner, args) -> dict:
     """The demo's T2I setup; :func:`method_cmd` removes from the demo's GRPO command the keys that the compared
-    method's own preset sets (that preset decides them; keys of other presets keep the demo's values: a global strip
+    method's own preset and recipe set (they decide them; other methods keep the demo's values: a global strip
     let the nft preset's ``sample.cfg`` turn CFG on for every method)."""
     from flow_grpo.config import METHOD_PRESETS
 
     s = demo.t2i_setup(runner, args, demo.load_recipes().t2i, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
-    s["train_cmd"] = without_recipe_keys(without_keys(s["train_cmd"], {"method"}), method_recipes("flow").values())
+    s["train_cmd"] = without_keys(s["train_cmd"], {"method"})
     s["preset_keys"] = {name: set(preset) for name, preset in METHOD_PRESETS.items()}
     return s
 
 
 def method_cmd(s: dict, recipe: Path) -> list[str]:
-    """The demo's GRPO command with the recipe, minus the keys of the recipe's preset (``method:``)."""
+    """The demo's GRPO command with the recipe, minus the keys the recipe sets and those of its preset
+    (``method:``). Only this method's command loses them: a recipe that sets ``reward.weights`` (Adv-GRPO adds its
+    reward model) must not take the demo's reward away from the other methods."""
     import yaml
 
     method = (yaml.safe_load((REPO / recipe).read_text()) or {}).get("method", "")
-    return with_recipe(without_keys(s["train_cmd"], s["preset_keys"].get(method, set())), recipe)
+    cmd = without_recipe_keys(without_keys(s["train_cmd"], s["preset_keys"].get(method, set())), [recipe])
+    return with_recipe(cmd, recipe)
 
 
 def run_flow(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:

@@ -76,6 +76,10 @@ OLD_FLOW_METHODS = {
     "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
     "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
                    "sample.b2_epochs_per_stage=4"],
+    "adv_grpo": ["method=adv_grpo", "reward.weights={mini_geneval: 1.0, adv_dino: 1.0}",
+                 "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true}}",
+                 "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3",
+                 "methods.adv_grpo.steps=5"],
 }
 
 
@@ -131,3 +135,17 @@ def test_flow_method_command_strips_only_its_own_preset_keys(tmp_path, monkeypat
 
     monkeypatch.chdir(REPO)
     assert load_train_config(argvs["nft"][1], argvs["nft"][2:]).sample.cfg is False
+
+
+def test_flow_recipe_keys_leave_only_that_methods_command(tmp_path, monkeypatch):
+    """adv_grpo's recipe sets reward.weights (it adds its reward model): only its own command loses the demo's
+    reward.weights / reward.kwargs; every other method keeps the demo's mini_geneval reward."""
+    from flow_grpo.config import load_train_config
+
+    argvs = _train_argv("flow", tmp_path)
+    monkeypatch.chdir(REPO)
+    for name, argv in argvs.items():
+        cfg = load_train_config(argv[1], argv[2:])
+        want = {"mini_geneval": 1.0, "adv_dino": 1.0} if name == "adv_grpo" else {"mini_geneval": 1.0}
+        assert cfg.reward.weights == want and cfg.reward.kwargs["mini_geneval"] == {"mode": "partial"}, name
+    assert not any(a.startswith("reward.") for a in argvs["adv_grpo"][2:])

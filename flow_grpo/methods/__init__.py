@@ -7,7 +7,7 @@ from .base import (CREDITS, PLANS, TRAIN_MASKS, AdvOptions, Credit, CreditInputs
 from .plans import StepPlan, fraction_train_count, make_step_plan, sliding_window, window_bounds
 
 # importing a module registers its entries (in this order: train masks apply in registration order)
-from . import outcome, tp_grpo, g2rpo, masks, best_of_n, vgpo, nft, b2_diffurl, branch_grpo  # noqa: E402,F401  isort:skip
+from . import outcome, tp_grpo, g2rpo, masks, best_of_n, vgpo, nft, b2_diffurl, branch_grpo, adv_grpo  # noqa: E402,F401,E501  isort:skip
 
 __all__ = ["CREDITS", "PLANS", "TRAIN_MASKS", "AdvOptions", "Credit", "CreditInputs", "CreditOutput", "StepPlan",
            "TrainMask", "active_train_masks", "advantage_stats", "apply_train_masks", "credit_name",

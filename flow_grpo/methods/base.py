@@ -13,8 +13,9 @@ sampler calls after the final images are scored; it returns the (N, S) step rewa
 trajectory and an (N,) validity.
 
 A credit may carry a ``runtime(trainer)`` hook (see :class:`Credit`): the trainer then samples inside its
-``rollout()`` context, uses its ``loss`` instead of the PPO column loss and checkpoints its state; DiffusionNFT is
-the one user (a forward-process loss with an EMA "old" adapter).
+``rollout()`` context, uses its ``loss`` instead of the PPO column loss, calls its ``end_epoch(traj)`` and checkpoints
+its state; users: DiffusionNFT (a forward-process loss with an EMA "old" adapter), Adv-GRPO (a reward model trained
+against the policy after the epoch's update).
 
 A *sampling plan* ``plan(cfg, plan_seeds, iteration) -> StepPlan`` says which steps of each sample are SDE and
 which are trained (``sample.step_mode``). A plan whose function has ``needs_members = True`` is called with a 4th
@@ -90,8 +91,9 @@ class Credit:
     keeps_ode_next: bool = False                # the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per column
     # runtime(trainer) -> object, for a method that is not a reverse-process policy gradient (DiffusionNFT): any of
     # rollout() (context manager around sampling, e.g. another set of weights), loss(traj, chunk, col, adv,
-    # n_global, dummy) -> (loss, metrics, kl, count) replacing the PPO column loss, end_epoch() after the epoch's
-    # updates, state_dict() / load_state_dict(sd) (checkpointed with the trainer)
+    # n_global, dummy) -> (loss, metrics, kl, count) replacing the PPO column loss, end_epoch(traj) after the epoch's
+    # updates (the epoch's Trajectories; returns metrics), state_dict() / load_state_dict(sd) (checkpointed with the
+    # trainer). Users: DiffusionNFT (old adapter), Adv-GRPO (the adversarial reward model's update)
     runtime: Optional[Callable[[Any], Any]] = None
 
 

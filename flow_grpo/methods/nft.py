@@ -369,7 +369,7 @@ class NFTRuntime:
         kl = float((out.kl * mask).sum() / m) if o.kl_coef > 0 else 0.0
         return loss, metrics, kl, int(mask.sum())
 
-    def end_epoch(self) -> dict:
+    def end_epoch(self, traj=None) -> dict:
         d = old_decay(self.trainer.global_step, self.trainer.cfg.sample.nft_decay_type)
         self.old.decay = d
         self.old.update()

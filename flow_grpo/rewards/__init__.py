@@ -32,6 +32,8 @@ Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factor
 ``geneval_official``       GenEval's own scorer (mmdet), for the remote server     (:mod:`.geneval_official`)
 ``video_per_frame``        an image reward per frame, mean or min over time        (:mod:`.video`)
 ``temporal_consistency``   ``1 - mean_f mean|x_f - x_{f-1}| / 255`` over a video    (:mod:`.video`)
+``dino_similarity``        ``max_j cos(DINO_cls(x), DINO_cls(ref_j))``, references   (:mod:`.dino`)
+``adv_dino``               Adv-GRPO's adversarial DINO head (trained in the loop)   (:mod:`.dino`)
 =========================  ==========================================================================
 
 Combinators: :class:`MultiReward` (weighted sum or per-reward for GDPO), :class:`PairwisePreferenceReward`

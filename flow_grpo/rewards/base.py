@@ -386,6 +386,8 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
     "video_per_frame": "flow_grpo.rewards.video:PerFrameReward",
     "temporal_consistency": "flow_grpo.rewards.video:TemporalConsistency",
+    "dino_similarity": "flow_grpo.rewards.dino:DinoSimilarityReward",
+    "adv_dino": "flow_grpo.rewards.dino:AdversarialDinoReward",
 }
 
 

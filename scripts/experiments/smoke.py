@@ -234,6 +234,13 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained
         ov.append(f"optim.best_of_n={max(2, g - 2)}")
     heavy = sorted(set(cfg.reward.weights) - LIGHT_FLOW_REWARDS)
+    if cfg.sample.credit == "adv_grpo":  # Adv-GRPO trains its reward model: keep it, on a tiny random DINOv2
+        _note("Adv-GRPO: the reward model adv_dino on a tiny random DINOv2 with the mini-GenEval renderer's references "
+              "(+ mini_geneval), and both the policy and the reward model updated every epoch (2 epochs)")
+        return ov + ["reward.weights={mini_geneval: 1.0, adv_dino: 1.0}",
+                     "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true, refs_per_prompt: 2}}",
+                     "methods.adv_grpo.reward=adv_dino", "methods.adv_grpo.schedule=interleave",
+                     "methods.adv_grpo.every=1"]
     if _flow_kind(cfg) == "wan":  # videos: per-frame rewards whose image reward is light, and temporal consistency
         inner = (cfg.reward.kwargs.get("video_per_frame") or {}).get("reward", "brightness")
         heavy = sorted(set(cfg.reward.weights) - {"video_per_frame", "temporal_consistency"}

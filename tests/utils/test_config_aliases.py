@@ -187,7 +187,8 @@ def test_flow_preset_with_old_keys_in_yaml(tmp_path):
     ("run.budget_clock", "gpu", "['wall', 'cpu']"),
     ("run.mixed_precision", "bf32", "['no', 'bf16', 'fp16']"),
     ("method", "grpo", "['', 'flow', 'dance', 'fast', 'mix', 'mix_flash', 'tp_grpo', 'g2rpo', 'vgpo', 'nft', "
-               "'branch_grpo', 'b2']"),
+               "'branch_grpo', 'b2', 'adv_grpo']"),
+    ("methods.adv_grpo.schedule", "often", "['alternate', 'interleave']"),
 ])
 def test_flow_enums_are_declared_and_named_in_errors(key, value, allowed):
     with pytest.raises(ValueError) as ei:
