@@ -154,7 +154,7 @@ class _LRU:
 class ReferenceImages:
     """The reference ("real") images of each prompt, ``per_prompt`` of them.
 
-    ``source="mini_geneval"``: the Mini-GenEval renderer's oracle images (:func:`mmgrpo.data.synthetic_t2i.render`
+    ``source="mini_geneval"``: the Mini-GenEval renderer's oracle images (:func:`mmgrpo.synthetic.t2i.render`
     of the prompt's metadata, or of the parsed prompt), seeds ``seed .. seed + per_prompt - 1``, at the size of the
     images they are compared with. ``source="metadata"``: image files named by the prompt's metadata entry
     ``reference_images`` (a list of paths; a JSONL prompt file line ``{"prompt": ..., "reference_images": [...]}``),
@@ -175,7 +175,7 @@ class ReferenceImages:
 
     def _load(self, prompt: str, md: Mapping[str, Any], size: int) -> np.ndarray:
         if self.source == "mini_geneval":
-            from mmgrpo.data import synthetic_t2i as bench
+            from mmgrpo.synthetic import t2i as bench
 
             spec = md if "include" in md else bench.parse_prompt(prompt)
             if spec is None:

@@ -182,7 +182,7 @@ def test_local_folder_loads_and_bad_folders_are_named(tmp_path):
 
 
 def test_mini_geneval_references_are_the_renderers_oracle_images():
-    from mmgrpo.data import synthetic_t2i as bench
+    from mmgrpo.synthetic import t2i as bench
 
     refs = ReferenceImages("mini_geneval", per_prompt=3, seed=4)
     md = bench.parse_prompt("two red circles")
