@@ -41,6 +41,7 @@ SAMPLING = ["sample.num_steps=10", "sample.height=32", "sample.width=32", "sampl
 
 def run(cmd: list[str], log: Path) -> None:
     print("[rlg_vs_kl]", " ".join(cmd), flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         if subprocess.run(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT).returncode:
             raise SystemExit(f"[rlg_vs_kl] failed, see {log}")
