@@ -104,7 +104,13 @@ def point(d: Path, base_imgs) -> dict:
     return {"partial": m["rewards"]["mini_geneval/partial"]["mean"],
             "partial_se": statistics.stdev(partial) / len(partial) ** 0.5,
             "acc": 100 * m["mini_geneval"]["accuracy"], "overall": 100 * m["mini_geneval"]["overall"],
-            "drift": float(np.abs(images(d) - base_imgs).mean()), "n_images": len(rows)}
+            "drift": float(np.abs(images(d) - base_imgs).mean()), "n_images": len(rows),
+            "per_image": [partial[i] for i in np.argsort([r["index"] for r in rows])]}
+
+
+def paired_se(a: list[float], b: list[float]) -> float:
+    """Standard error of mean(a - b) over paired images (same x_T): the evaluation noise of a difference."""
+    return statistics.stdev([x - y for x, y in zip(a, b, strict=True)]) / len(a) ** 0.5
 
 
 def interp(xs: list[float], ys: list[float], y: float) -> float | None:
@@ -157,9 +163,14 @@ def main(argv=None) -> int:
             w_r = interp(ws, curve_r, q["partial"])  # the w whose reward equals the KL model's
             w_d = interp(ws, curve_d, q["drift"])    # the w whose drift equals the KL model's
             d_at = None if w_r is None else interp_y(ws, curve_d, w_r)
-            match[k] = {"w_reward": w_r, "w_drift": w_d, "rlg_drift_at_w_reward": d_at}
+            match[k] = {"w_reward": w_r, "w_drift": w_d, "rlg_drift_at_w_reward": d_at,
+                        "partial_minus_w1": q["partial"] - pts["w1"]["partial"],
+                        "paired_se_vs_w1": paired_se(q["per_image"], pts["w1"]["per_image"])}
         res["seeds"][str(s)] = {"points": pts, "match": match,
                                 "train_cpu_s": {k: train_seconds(out, s, k) for k in kls}}
+    for r in res["seeds"].values():  # per-image rewards are in each eval folder's images.jsonl
+        for q in r["points"].values():
+            q.pop("per_image")
     (out / "rlg_vs_kl.json").write_text(json.dumps(res, indent=1) + "\n")
     table = report(res, kls, ws)
     (out / "rlg_vs_kl.md").write_text(table)
@@ -185,17 +196,18 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
         pts, cpu = r["points"], r["train_cpu_s"]
         lines += [f"Training seed {s}:", "",
                   "| model | partial reward (± s.e.) | strict acc. image-level (%) | drift from base (mean abs px) "
-                  "| training CPU-s | RLG w with the same reward | RLG w with the same drift | RLG drift at that reward |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| training CPU-s | RLG w with the same reward | RLG w with the same drift | RLG drift at that reward "
+                  "| reward - w=1 (paired s.e.) |", "|---|---|---|---|---|---|---|---|---|"]
         for w in ws:
             q = pts[f"w{w:g}"]
             lines.append(f"| RLG w = {w:g} (kl 0 LoRA) | {q['partial']:.3f} ± {q['partial_se']:.3f} | {q['acc']:.1f} | "
-                         f"{q['drift']:.2f} | {_f(cpu[kls[0]], '{:.0f}') if w else '–'} | | | |")
+                         f"{q['drift']:.2f} | {_f(cpu[kls[0]], '{:.0f}') if w else '–'} | | | | |")
         for k in kls[1:]:
             q, m = pts[f"kl{k}"], r["match"][k]
             lines.append(f"| KL beta = {k} (w = 1) | {q['partial']:.3f} ± {q['partial_se']:.3f} | {q['acc']:.1f} | "
                          f"{q['drift']:.2f} | {_f(cpu[k], '{:.0f}')} | {_f(m['w_reward'], '{:.2f}')} | "
-                         f"{_f(m['w_drift'], '{:.2f}')} | {_f(m['rlg_drift_at_w_reward'], '{:.2f}')} |")
+                         f"{_f(m['w_drift'], '{:.2f}')} | {_f(m['rlg_drift_at_w_reward'], '{:.2f}')} | "
+                         f"{m['partial_minus_w1']:+.3f} ({m['paired_se_vs_w1']:.3f}) |")
         lines.append("")
     return "\n".join(lines)
 

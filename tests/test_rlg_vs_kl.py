@@ -37,3 +37,5 @@ def test_point_reads_reward_accuracy_and_pixel_drift(tmp_path):
     assert q["drift"] == pytest.approx((10 + 20) / 2)  # |10-20| and |40-20|, averaged over all pixels
     assert (q["partial"], q["acc"], q["overall"], q["n_images"]) == (0.75, 50.0, 25.0, 2)
     assert q["partial_se"] == pytest.approx(np.std([1.0, 0.5], ddof=1) / np.sqrt(2))
+    assert q["per_image"] == [1.0, 0.5]
+    assert r.paired_se([1.0, 0.5, 0.0], [0.5, 0.5, 0.5]) == pytest.approx(np.std([0.5, 0.0, -0.5], ddof=1) / np.sqrt(3))
