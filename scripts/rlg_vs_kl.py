@@ -124,7 +124,7 @@ def interp(xs: list[float], ys: list[float], y: float) -> float | None:
 def train_seconds(out: Path, seed: int, kl: str) -> float | None:
     f = out / f"train_kl{kl}_s{seed}" / "metrics.jsonl"
     rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
-    return sum(r.get("time/train_budget_s", 0.0) for r in rows) or None
+    return rows[-1].get("time/train_budget_s") if rows else None  # cumulative process CPU seconds of training
 
 
 def main(argv=None) -> int:
