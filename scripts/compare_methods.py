@@ -44,11 +44,21 @@ RECIPES = Path("configs") / "compare"  # relative to the repository (the command
 REFERENCE = {"vlm": "grpo", "flow": "flow_grpo_sde"}  # first row of the table; the others are compared with it
 
 
-def method_recipes(frontend: str) -> dict[str, Path]:
-    """method -> its recipe (``configs/compare/<frontend>/<method>.yaml``): the reference first, then by name."""
-    files = sorted((REPO / RECIPES / frontend).glob("*.yaml"))
+def method_recipes(frontend: str, folder: str | Path | None = None) -> dict[str, Path]:
+    """method -> its recipe (``configs/compare/<frontend>/<method>.yaml``, or ``<folder>/<method>.yaml``): the
+    reference first, then by name."""
+    folder = Path(folder) if folder else RECIPES / frontend
+    files = sorted((REPO / folder).glob("*.yaml"))
+    if not files:
+        raise SystemExit(f"[compare] no recipes (*.yaml) in {REPO / folder}")
     names = sorted((f.stem for f in files), key=lambda n: (n != REFERENCE[frontend], n))
-    return {n: RECIPES / frontend / f"{n}.yaml" for n in names}
+    return {n: folder / f"{n}.yaml" for n in names}
+
+
+def all_recipes(frontend: str, folder: str | Path | None) -> list[Path]:
+    """The recipes whose keys leave the demo's command: the default folder's (so the demo's own method switch,
+    TempSamp-R1, never leaks into a run of another folder) and those of ``folder`` if given."""
+    return list(method_recipes(frontend).values()) + (list(method_recipes(frontend, folder).values()) if folder else [])
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,7 +115,7 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
     s = demo.tvg_setup(runner, args, demo.load_recipes().tvg, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
     # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
-    s["train_cmd"] = without_recipe_keys(s["train_cmd"], method_recipes("vlm").values())
+    s["train_cmd"] = without_recipe_keys(s["train_cmd"], all_recipes("vlm", args.recipes))
     if args.eval_split == "validation":
         # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
         seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000
@@ -126,8 +136,8 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
                 continue
             ckpt = demo.latest_checkpoint(d / "run") if not runner.dry_run else d / "run" / "checkpoints" / "x"
             if not finished(d) and (ckpt is None or not attempt(
-                    runner, f"{name}_s{seed}_eval", ev + [f"model={base}", f"out_dir={d / 'eval'}",
-                                                          f"adapter={ckpt / 'adapter'}"])):
+                    runner, f"{name}_s{seed}_eval", ev + [f"out_dir={d / 'eval'}"] + trained_model(
+                        runner, base, ckpt, d / "model", recipe))):
                 rows.append({"method": name, "seed": seed, "error": "evaluation failed (see the log)"})
                 continue
             hist = read_metrics(d / "run" / "metrics.jsonl")
@@ -139,6 +149,32 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
                          # the task reward of on-policy rows (IoU), not the method-shaped total (T-GRPO bonus)
                          "curve": [(h.get("perf/train_seconds"), h.get("reward/iou/mean")) for h in hist]})
     return rows
+
+
+def trained_model(runner: demo.Runner, base: Path, ckpt: Path, export: Path, recipe: Path) -> list[str]:
+    """The evaluator's model arguments for a trained VLM run: the base + the checkpoint's LoRA ``adapter/``, or, for
+    a full fine-tune (``model.lora.enabled: false`` in the recipe; its checkpoint has no model folder), the base
+    with the checkpoint's trained weights written once as a model folder ``export`` (:func:`export_full_model`)."""
+    import yaml
+
+    lora = ((yaml.safe_load((REPO / recipe).read_text()) or {}).get("model", {}).get("lora", {}) or {}).get(
+        "enabled", True)
+    if lora:
+        return [f"model={base}", f"adapter={ckpt / 'adapter'}"]
+    if not runner.dry_run and not (export / "config.json").exists():
+        export_full_model(base, ckpt, export)
+    return [f"model={export}"]
+
+
+def export_full_model(base: Path, ckpt: Path, out: Path) -> None:
+    """A full fine-tune's checkpoint as a model folder: ``base`` with the checkpoint's trained weights
+    (``policy.pt``, loaded tensors-only) saved with ``save_pretrained``."""
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.utils.checkpoint import CheckpointManager
+
+    policy = load_policy(str(base), dtype="float32")  # the trainer's defaults: vision frozen, float32
+    policy.load_trainable_state_dict(CheckpointManager(ckpt.parent).load(ckpt)["policy"])
+    policy.save_pretrained(out)
 
 
 def flow_setup(runner: demo.Runner, args) -> dict:
@@ -326,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=120.0, help="training CPU-seconds per run (equal for all)")
     p.add_argument("--methods", default="", help="comma subset of the methods: names of the recipes in "
                    "configs/compare/<frontend>/ (default: all of them)")
+    p.add_argument("--recipes", default="", metavar="DIR",
+                   help="recipe folder instead of configs/compare/<frontend>/ (relative to the repository), e.g. "
+                   "configs/compare/vlm_full (full fine-tuning, for methods that need it: TR-DPO reference sync); the "
+                   "demo's overrides of keys these recipes set are removed for these runs only")
     p.add_argument("--steps", type=int, default=0, help="train a fixed number of steps (VLM) / epochs (flow) "
                    "instead of the time budget")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -339,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.seed, args.rebuild = args.seed_list[0], False
     args.tvg_train, args.tvg_eval = (4, 3) if args.smoke else (120, 60)
-    table_of = method_recipes(args.frontend)
+    table_of = method_recipes(args.frontend, args.recipes)
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()] or list(table_of)
     unknown = [m for m in chosen if m not in table_of]
     if unknown:

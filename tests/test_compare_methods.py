@@ -60,6 +60,7 @@ OLD_VLM_METHODS = {
     "gdpo": ["methods.gdpo.enabled=true"],
     "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
     "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
+    "ngrpo": ["methods.ngrpo.enabled=true"],
 }
 OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],
@@ -80,6 +81,7 @@ OLD_FLOW_METHODS = {
                  "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true}}",
                  "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3",
                  "methods.adv_grpo.steps=5"],
+    "pref_grpo": ["method=flow", "reward.mode=win_rate", "reward.win_rate_weight=1.0", "reward.pointwise_weight=0.0"],
 }
 
 
@@ -149,3 +151,53 @@ def test_flow_recipe_keys_leave_only_that_methods_command(tmp_path, monkeypatch)
         want = {"mini_geneval": 1.0, "adv_dino": 1.0} if name == "adv_grpo" else {"mini_geneval": 1.0}
         assert cfg.reward.weights == want and cfg.reward.kwargs["mini_geneval"] == {"mode": "partial"}, name
     assert not any(a.startswith("reward.") for a in argvs["adv_grpo"][2:])
+
+
+def test_full_finetune_recipe_folder_strips_the_demo_lora_and_method_switch(tmp_path, monkeypatch):
+    """``--recipes configs/compare/vlm_full``: its recipes decide LoRA / lr / KL (the demo's values leave these runs),
+    the demo's own method switch (TempSamp-R1) still leaves them, and the evaluation reads the exported full model."""
+    import shlex
+
+    from mmgrpo.vlm.config import TrainConfig
+    from mmgrpo.utils.config import load_config
+
+    subprocess.run([sys.executable, str(REPO / "scripts" / "compare_methods.py"), "vlm", "--dry-run", "--seeds", "0",
+                    "--budget", "7", "--out", str(tmp_path), "--recipes", "configs/compare/vlm_full"], check=True,
+                   capture_output=True, timeout=120, cwd=REPO)
+    cmds = [shlex.split(c) for c in (tmp_path / "commands.sh").read_text().splitlines()]
+    train = {next(a for a in c if a.startswith("run.output_dir=")).split("/")[-3]: c[c.index("train") + 1:]
+             for c in cmds if "mmgrpo.vlm.cli" in c and "train" in c}
+    assert set(train) == {"grpo", "ref_sync"}
+    monkeypatch.chdir(REPO)
+    for name, argv in train.items():
+        assert not any(a.split("=")[0] in {"tempsamp.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
+        cfg = load_config(TrainConfig, argv[1], argv[2:])
+        assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.tempsamp.enabled) == (False, 1e-4, 0.04,
+                                                                                                   False)
+        assert cfg.methods.ref_sync.enabled is (name == "ref_sync")
+    evals = [c for c in cmds if "eval/generate_vlm.py" in c and any("/seed0/eval" in a for a in c)]
+    assert len(evals) == 2 and all(f"model={tmp_path}/{n}/seed0/model" in c for n, c in
+                                   zip(("grpo", "ref_sync"), evals))
+    assert not any(a.startswith("adapter=") for c in evals for a in c)
+
+
+def test_export_full_model_writes_the_checkpoint_weights(tmp_path):
+    """A full fine-tune's checkpoint (policy.pt: the trained tensors) becomes a model folder holding exactly those
+    weights; the frozen ones (vision tower) are the base's."""
+    import compare_methods as cm
+    import torch
+
+    from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.utils.checkpoint import CheckpointManager
+
+    base = REPO / "data" / "checkpoints" / "tiny_vlm"
+    pol = load_policy(str(base), dtype="float32")
+    sd = pol.trainable_state_dict()
+    name = next(k for k in sd if k.endswith("mlp.down_proj.weight"))
+    sd[name] = sd[name] + 0.5  # a trained weight that differs from the base
+    ckpt = CheckpointManager(tmp_path / "checkpoints").save(3, {"policy": sd})
+    cm.export_full_model(base, ckpt, tmp_path / "model")
+    got = load_policy(str(tmp_path / "model"), dtype="float32").model.state_dict()
+    ref = pol.model.state_dict()
+    assert torch.equal(got[name], ref[name] + 0.5)
+    assert all(torch.equal(got[k], v) for k, v in ref.items() if k != name)
