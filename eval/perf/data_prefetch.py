@@ -3,8 +3,7 @@
 Real mp4 files (``--seconds`` 10 s at 30 fps, ``--size`` 640x360, H.264 crf 23 written with PyAV),
 decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fps=2`` capped to 16 sampled frames
 (``data.max_frames=16``), resized by the processor (``data.video_max_pixels``) and trained on by ``GRPOTrainer``
-(the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens (16 with --quick), one
-optimizer step).
+(the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens, one optimizer step).
 
 The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
 ``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
@@ -20,8 +19,10 @@ each step (2 samples per step).  Prints ``prefetch=N: ...`` lines and the headli
 before ``data.decode_threads`` existed).
 
 Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
-inline reference), the tiny model (1.5 s steps: a harder test, the decoding has less time to hide in), 4 steps,
-one 480x270 clip, 16 new tokens (~20 s at load 8); ``--smoke`` = tiny model, 2 s clips, 3 steps per mode.
+inline reference), the tiny model (a harder test: its step is ~0.4 s on a quiet machine, the decoding has less time
+to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
+made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~50 s at load 19;
+``--smoke`` = tiny model, 2 s clips, 3 steps per mode, 16 new tokens.
 
     python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
 """
@@ -54,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
     p.add_argument("--videos", type=int, default=None,
                    help="distinct mp4 files, samples cycle over them (default 2; 1 with --quick)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="completion tokens per sample (rollout.max_new_tokens; default 32, 16 with --smoke)")
     p.add_argument("--prefetch", type=int, default=1, help="data.prefetch of the measured mode")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--decode-threads", type=int, default=None,
@@ -67,7 +70,7 @@ def parse_args(argv=None):
     light = a.quick or a.smoke
     a.size = a.size or ("480x270" if light else "640x360")
     a.videos = a.videos or (1 if light else 2)
-    a.new_tokens = 16 if light else 32
+    a.new_tokens = a.new_tokens or (16 if a.smoke else 32)  # --quick: 32 like the full mode (was 16: see docs)
     return a
 
 
