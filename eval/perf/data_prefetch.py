@@ -19,8 +19,8 @@ each step (2 samples per step).  Prints ``prefetch=N: ...`` lines and the headli
 before ``data.decode_threads`` existed).
 
 Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
-inline reference), the tiny model (a harder test: its step is ~0.4 s on a quiet machine, the decoding has less time
-to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
+inline reference), the tiny model (a harder test: its step is far shorter than a real one, so the decoding has less
+time to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
 made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~50 s at load 19;
 ``--smoke`` = tiny model, 2 s clips, 3 steps per mode, 16 new tokens.
 
