@@ -90,7 +90,7 @@ class DataConfig:
         "(0 = inline, in the step).  Same tensors either way; a checkpoint records the batch being trained"))
     decode_threads: int = field(default=1, metadata=_h(
         "video decoder threads per file (decord / PyAV; 0 = FFmpeg's automatic choice, one per core).  The frames "
-        "are identical; 1 uses the least CPU time in total (~25 % less than automatic on 2 cores), which is what "
+        "are identical; 1 uses the least CPU time in total (17-28 % less than automatic on 2 cores), which is what "
         "counts when decoding runs in the background next to training (data.prefetch >= 1).  0 can shorten an "
         "inline decode (data.prefetch=0) of large videos on an idle many-core machine"))
     on_bad_sample: Literal["skip", "error"] = field(

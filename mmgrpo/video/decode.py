@@ -123,7 +123,7 @@ def open_video(path: str | os.PathLike, backend: str = "auto", threads: int = 0)
     """Open ``path`` with ``backend`` ("auto" = decord, falling back to PyAV on any error).
 
     ``threads``: decoder threads (0 = FFmpeg's automatic choice, one per core; 1 = single-threaded).  The frames
-    are identical either way; one thread costs the least CPU time in total (about 25 % less than automatic
+    are identical either way; one thread costs the least CPU time in total (17-28 % less than automatic
     frame threading on 2 cores, measured in docs/performance.md), which is what counts when decoding runs in the
     background next to training (``data.prefetch``), while more threads can shorten the wait of one inline decode
     of a large video on an idle many-core machine."""
