@@ -3,8 +3,7 @@
 Real mp4 files (``--seconds`` 10 s at 30 fps, ``--size`` 640x360, H.264 crf 23 written with PyAV),
 decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fps=2`` capped to 16 sampled frames
 (``data.max_frames=16``), resized by the processor (``data.video_max_pixels``) and trained on by ``GRPOTrainer``
-(the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens (16 with --quick), one
-optimizer step).
+(the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens, one optimizer step).
 
 The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
 ``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
@@ -13,11 +12,17 @@ with ``data.prefetch=1`` (the first step has nothing prefetched yet: its wait is
 fraction with ``data.prefetch=0``).  The two modes run one after the other (not interleaved: a prefetching trainer's
 thread would work during the other trainer's steps and flatter it); order prefetch=0 first.
 
-Prints ``prefetch=N: ...`` lines and the headline LAST: ``data_wait_fraction=X.XX``.
+First, with no training running, it prepares each clip inline 3 times and prints the CPU time (process time, so
+decord's decoding threads count) and wall time of one sample: the work the background thread must hide behind
+each step (2 samples per step).  Prints ``prefetch=N: ...`` lines and the headline LAST:
+``data_wait_fraction=X.XX``.  ``--decode-threads 0`` restores FFmpeg's automatic decoder threads (the setting
+before ``data.decode_threads`` existed).
 
 Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
-inline reference), the tiny model (1.5 s steps: a harder test, the decoding has less time to hide in), 4 steps,
-one 480x270 clip, 16 new tokens (~20 s at load 8); ``--smoke`` = tiny model, 2 s clips, 3 steps per mode.
+inline reference), the tiny model (a harder test: its step is far shorter than a real one, so the decoding has less
+time to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
+made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~50 s at load 19;
+``--smoke`` = tiny model, 2 s clips, 3 steps per mode, 16 new tokens.
 
     python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
 """
@@ -50,8 +55,13 @@ def parse_args(argv=None):
     p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
     p.add_argument("--videos", type=int, default=None,
                    help="distinct mp4 files, samples cycle over them (default 2; 1 with --quick)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="completion tokens per sample (rollout.max_new_tokens; default 32, 16 with --smoke)")
     p.add_argument("--prefetch", type=int, default=1, help="data.prefetch of the measured mode")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--decode-threads", type=int, default=None,
+                   help="data.decode_threads (default: the config default, 1; 0 = FFmpeg's automatic threads, the "
+                        "setting before it existed)")
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     a.model = a.model or ("tiny" if (a.smoke or a.quick) else "mid")
@@ -60,7 +70,7 @@ def parse_args(argv=None):
     light = a.quick or a.smoke
     a.size = a.size or ("480x270" if light else "640x360")
     a.videos = a.videos or (1 if light else 2)
-    a.new_tokens = 16 if light else 32
+    a.new_tokens = a.new_tokens or (16 if a.smoke else 32)  # --quick: 32 like the full mode (was 16: see docs)
     return a
 
 
@@ -108,6 +118,8 @@ def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, 
                  f"run.max_steps={args.steps}", "run.prompts_per_device=2", "run.micro_batch_size=8",
                  "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.tensorboard=false", "run.save_every=0",
                  "run.resume_from=none", "run.progress_bar=false"]
+    if args.decode_threads is not None:
+        overrides.append(f"data.decode_threads={args.decode_threads}")
     cfg = load_config(TrainConfig, None, overrides)
     samples = [{"id": f"s{i}", "task": "tvg", "query": "when does the square cross the middle?",
                 "video": paths[i % len(paths)], "duration": args.seconds,
@@ -120,10 +132,45 @@ def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, 
     return GRPOTrainer(cfg, samples=samples, reward_fn=reward)
 
 
+def prepare_cost(model_dir, root, paths, args, reps: int = 3) -> dict:
+    """CPU (process time: decord's decoding threads included) and wall seconds to prepare one sample (decode,
+    sample, resize, processor) inline, with no training running: what one batch costs the background thread."""
+    tr = make_trainer(model_dir, os.path.join(root, "cost"), paths, 0, args)
+    s = tr.samples[:len(paths)]
+    tr.task.prepare(s[0])  # lazy imports / first-call setup
+    cpu, wall = [], []
+    for _ in range(reps):
+        for x in s:
+            w0, c0 = time.perf_counter(), time.process_time()
+            tr.task.prepare(x)
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    res = {"decode_threads": tr.cfg.data.decode_threads, "cpu_s": [round(c, 4) for c in cpu],
+           "wall_s": [round(w, 4) for w in wall], "cpu_median_s": med(cpu), "wall_median_s": med(wall),
+           "batch_cpu_s": 2 * med(cpu)}  # 2 prompts per step
+    print(f"prepare one sample inline (data.decode_threads={res['decode_threads']}): CPU median "
+          f"{res['cpu_median_s']:.3f}s (min {min(cpu):.3f}), wall median {res['wall_median_s']:.3f}s; "
+          f"one step's batch of 2: {res['batch_cpu_s']:.3f}s CPU", flush=True)
+    return res
+
+
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
     tr._make_stream()
-    waits, steps = [], []
+    waits, steps, work = [], [], []
+    pf = tr._get_prefetcher()
+    if pf is not None:  # wall time of each background preparation (stretched when it competes with the step)
+        prepare = pf.prepare
+
+        def timed_prepare(sample):
+            w0 = time.perf_counter()
+            try:
+                return prepare(sample)
+            finally:
+                work.append(time.perf_counter() - w0)
+
+        pf.prepare = timed_prepare
     try:
         for _ in range(args.steps):
             m = tr.train_step()
@@ -134,10 +181,16 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     rest = slice(1, None)
     frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
     res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
-           "fraction_all": sum(waits) / sum(steps)}
+           "fraction_all": sum(waits) / sum(steps),
+           "decode_threads": tr.cfg.data.decode_threads,
+           "worker_prepare_wall_s": [round(w, 4) for w in work]}  # samples prepared by the background thread
     print(f"prefetch={prefetch}: step median {sorted(steps)[len(steps) // 2]:.2f}s | wait per step "
           f"{' '.join(f'{w:.3f}' for w in waits)} s | wait fraction after step 1 = {frac:.3f} "
           f"(all steps {res['fraction_all']:.3f})", flush=True)
+    if work:
+        print(f"prefetch={prefetch}: background preparation per sample (data.decode_threads="
+              f"{res['decode_threads']}): wall median {sorted(work)[len(work) // 2]:.3f}s over {len(work)} samples",
+              flush=True)
     return res
 
 
@@ -153,6 +206,7 @@ def main(argv=None) -> dict:
         paths = write_clips(root, args)
         t_w = time.time() - t_w
         model_dir = common.save_bench_vlm(os.path.join(root, args.model), args.model)
+        cost = prepare_cost(model_dir, root, paths, args)
         inline = None if args.quick else run_mode(model_dir, root, paths, 0, args)  # quick: the headline only
         ahead = run_mode(model_dir, root, paths, args.prefetch, args)
     out = {"benchmark": "data_prefetch",
@@ -160,7 +214,8 @@ def main(argv=None) -> dict:
            "machine": common.machine_info(), "wall_s": time.time() - t0, "write_clips_s": t_w,
            "clip": {"seconds": args.seconds, "fps": args.fps, "size": args.size, "sampled_frames": 16,
                     "reader": os.environ.get("FORCE_QWENVL_VIDEO_READER")},
-           "inline": inline, "prefetched": ahead, "data_wait_fraction": ahead["fraction_after_first"],
+           "prepare_cost": cost, "inline": inline, "prefetched": ahead,
+           "data_wait_fraction": ahead["fraction_after_first"],
            "data_wait_fraction_inline": inline["fraction_after_first"] if inline else None}
     if inline:
         print(f"data_wait_fraction_inline={inline['fraction_after_first']:.2f}")

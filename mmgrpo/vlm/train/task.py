@@ -161,7 +161,8 @@ class TaskAdapter:
         kw = dict(fps=self.cfg.video_fps, min_frames=self.cfg.min_frames, max_frames=self.cfg.max_frames,
                   min_pixels=self.cfg.video_min_pixels, max_pixels=self.cfg.video_max_pixels,
                   total_pixels=self.cfg.video_total_pixels, image_factor=self.adapter.patch_size * 2,
-                  video_start=_get(sample, "video_start"), video_end=_get(sample, "video_end"))
+                  video_start=_get(sample, "video_start"), video_end=_get(sample, "video_end"),
+                  decode_threads=getattr(self.cfg, "decode_threads", 0))
         meta = _get(sample, "meta") or {}
         vfps = _get(sample, "video_fps", meta.get("video_fps"))
         if not isinstance(v, str) and vfps is not None:
