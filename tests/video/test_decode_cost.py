@@ -77,10 +77,10 @@ def test_trainer_task_same_model_inputs(textured_mp4, monkeypatch):
     """TaskAdapter.prepare with the default data.decode_threads=1 vs 0 (the decoder's automatic threads, the path
     before): the same input_ids / pixel_values_videos / video_grid_thw / second_per_grid_ts / timestamps."""
     decord = pytest.importorskip("decord")
-    tiny = pytest.importorskip("mmgrpo.models.tiny")
-    from mmgrpo.config import DataConfig
-    from mmgrpo.models.adapters import get_adapter
-    from mmgrpo.train.task import TaskAdapter
+    from mmgrpo.vlm.models import tiny
+    from mmgrpo.vlm.config import DataConfig
+    from mmgrpo.vlm.models.adapters import get_adapter
+    from mmgrpo.vlm.train.task import TaskAdapter
 
     _, processor = tiny.build_tiny_model("qwen2_5_vl")
     assert DataConfig().decode_threads == 1
@@ -103,7 +103,7 @@ def test_trainer_task_same_model_inputs(textured_mp4, monkeypatch):
 
 
 def test_negative_decode_threads_is_a_config_error():
-    from mmgrpo.config import TrainConfig
+    from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
     with pytest.raises(ValueError, match="data.decode_threads must be >= 0"):
