@@ -3,8 +3,15 @@
 
     python scripts/build_tiny_t2v.py --out runs/tiny_t2v [--seconds 840] [--direction-noise 0.3] [--eval-per-prompt 1]
 
-Defaults = the best pilot build so far (patch 4, width 96, lr 2e-3, EMA 0.995, 1800 steps x 8 clips, ~12 min on the
-shared 2-core machine). That base does NOT yet draw clean objects (val strict accuracy 0): work in progress.
+Defaults = the round-1 pilot (patch 4, width 96, lr 2e-3, EMA 0.995, 1800 steps x 8 clips, ~12 min on the
+shared 2-core machine). That base does NOT draw clean objects (val strict accuracy 0). Round 2 (an easier
+training layout for a tiny model; docs/demo_models.md) is::
+
+    python scripts/build_tiny_t2v.py --out runs/tiny_t2v --layout aligned --tags motion --frames 5 --patch 8 \
+        --width 256 --heads 4 --layers 2 --batch-size 16 --steps 1400 --train-text --direction-noise 0.5
+
+It draws clean token-aligned shapes but did not yet follow the prompt or move coherently when its builds were cut
+at <= 1,000 steps by the time budget on a loaded machine: work in progress.
 
 What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #22 item 5): status"):
 
@@ -335,19 +342,19 @@ def evaluate(adapter, split: str = "val", per_prompt: int = 1, steps: int = 10, 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/tiny_t2v", help="output pipeline folder")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights init and of the training clips")
     p.add_argument("--seconds", type=float, default=840.0, help="wall-clock budget for training (stops early)")
     p.add_argument("--steps", type=int, default=1800, help="optimizer steps (if the --seconds budget allows)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=8, help="training clips per optimizer step")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (warm-up, then cosine)")
     p.add_argument("--size", type=int, default=32, help="clip side in px (Mini-T2V needs >= 32)")
     p.add_argument("--frames", type=int, default=9, help="clip frames (the Wan VAE encodes 1 + 4k frames)")
     p.add_argument("--direction-noise", type=float, default=0.3,
                    help="probability that a training clip with a mover shows its first mover going another "
                         "direction than the caption says (the deliberate weakness; 0 = clean)")
     p.add_argument("--width", type=int, default=96, help="transformer width (heads x head dim)")
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2, help="attention heads (--width / heads = head dim)")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
     p.add_argument("--patch", type=int, default=4, help="spatial patch of the transformer (px, latent = pixels)")
     p.add_argument("--shift", type=float, default=1.0, help="scheduler shift saved in the pipeline")
     p.add_argument("--cond-dropout", type=float, default=0.1, help="probability of training on the empty prompt")
@@ -360,7 +367,8 @@ def parse_args(argv=None):
                    help="no build: evaluate this pipeline folder on --eval-split (with --lora), print JSON, exit")
     p.add_argument("--lora", default="", help="--eval-only: a LoRA folder (pytorch_lora_weights.safetensors), "
                                               "e.g. a flow_grpo run's lora_final")
-    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"])
+    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"],
+                   help="--eval-only: the Mini-T2V split to evaluate (choose settings on train / val only)")
     p.add_argument("--eval-seed", type=int, default=1234, help="noise seed base of the evaluation clips")
     p.add_argument("--eval-out", default="", help="--eval-only: also write the JSON (with per-clip records) here "
                                                   "and the clips as frame-strip PNGs next to it (<stem>_strips/)")
