@@ -119,7 +119,7 @@ def vae_roundtrip_error(vae, clip) -> float:
 
 # ----------------------------------------------------------------------------------------------- pipeline
 def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int = 2, patch: int = 8,
-                   shift: float = 1.0, zero_init: bool = True):
+                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -128,7 +128,12 @@ def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int =
     from flow_grpo.pretrain import adaln_zero_init_
 
     torch.manual_seed(seed)
-    tok = build_t5_unigram_tokenizer()
+    # word_tokens: every word of the Mini-T2V train prompts is one token. The shared tiny vocabulary splits
+    # "circle", "left", "right", ... into characters, and the longest prompts then exceed the 32-token text
+    # length: "a blue triangle moves from right to left" is 37 tokens, cut inside its last word.
+    extra = [m["prompt"] for m in __import__("mmgrpo.data.synthetic_t2v", fromlist=["all_prompts"]).all_prompts(
+        "train")] if word_tokens else []
+    tok = build_t5_unigram_tokenizer(extra_corpus=extra)
     te = UMT5EncoderModel(UMT5Config(
         vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -377,6 +382,10 @@ def parse_args(argv=None):
     p.add_argument("--layout", default="free", choices=["free", "aligned"],
                    help="training clips: 'free' = the benchmark's render_clip; 'aligned' = render_aligned (shapes "
                         "in patch-sized cells, movers go --move-cells cells; tags motion / two_motion only)")
+    p.add_argument("--word-tokens", action="store_true",
+                   help="tokenizer vocabulary with every Mini-T2V word as one token (default: the shared tiny "
+                        "vocabulary, which spells shape and direction words letter by letter and cuts the longest "
+                        "prompts at 32 tokens)")
     p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
     return p.parse_args(argv)
 
@@ -424,7 +433,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     if args.layout == "aligned" and args.size % args.patch:
         raise ValueError(f"--layout aligned: --size {args.size} must be a multiple of --patch {args.patch}")
-    pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift)
+    pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
+                          word_tokens=args.word_tokens)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
     ref = render_clip(all_prompts("train", tags=["two_motion"])[0], args.size, args.frames, seed=0)
     from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline

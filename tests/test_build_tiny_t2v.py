@@ -110,3 +110,22 @@ def test_render_aligned_cells_motion_and_verifier():
         b.render_aligned(all_prompts("train", tags=["count_motion"])[0], 32, 5)
     assert b.drawn_direction([3.0, -1.0]) == "right" and b.drawn_direction([0.5, -4.0]) == "up"
     assert b.drawn_direction(None) == "none"
+
+
+def test_word_tokens_vocabulary():
+    """--word-tokens: every Mini-T2V prompt word is one token (no <unk>, the longest prompt fits the 32-token text
+    length); without it the shared tiny vocabulary is unchanged and spells "triangle" letter by letter."""
+    from flow_grpo.models.tiny import build_t5_unigram_tokenizer
+    from mmgrpo.data.synthetic_t2v import all_prompts
+
+    b = _builder()
+    tok = b.build_pipeline(0, 16, 2, 1, 8, word_tokens=True).tokenizer
+    for split in ("train", "val", "heldout"):
+        for m in all_prompts(split):
+            ids = tok(m["prompt"]).input_ids
+            assert len(ids) == len(m["prompt"].split()) + 1 <= b.DEMO_MAX_SEQUENCE_LENGTH  # words + </s>
+            assert tok.unk_token_id not in ids
+    shared = build_t5_unigram_tokenizer()
+    assert len(shared) == 85 and len(shared("triangle").input_ids) > 2
+    long = shared("a blue triangle moves from right to left").input_ids
+    assert len(long) > b.DEMO_MAX_SEQUENCE_LENGTH  # why the option exists
