@@ -386,6 +386,9 @@ def parse_args(argv=None):
                    help="tokenizer vocabulary with every Mini-T2V word as one token (default: the shared tiny "
                         "vocabulary, which spells shape and direction words letter by letter and cuts the longest "
                         "prompts at 32 tokens)")
+    p.add_argument("--sigma-mean", type=float, default=0.0,
+                   help="mean of the logit-normal training noise levels (0 = SD3's default; > 0 trains more at "
+                        "high noise, where a clip's trajectory is decided)")
     p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
     return p.parse_args(argv)
 
@@ -453,7 +456,7 @@ def main(argv=None) -> int:
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
 
     cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
-                         cond_dropout=args.cond_dropout, ema_decay=args.ema,
+                         cond_dropout=args.cond_dropout, ema_decay=args.ema, sigma_mean=args.sigma_mean,
                          train_text_encoders=args.train_text,
                          max_seconds=args.seconds, log_every=25)
     hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
