@@ -3,8 +3,15 @@
 
     python scripts/build_tiny_t2v.py --out runs/tiny_t2v [--seconds 840] [--direction-noise 0.3] [--eval-per-prompt 1]
 
-Defaults = the best pilot build so far (patch 4, width 96, lr 2e-3, EMA 0.995, 1800 steps x 8 clips, ~12 min on the
-shared 2-core machine). That base does NOT yet draw clean objects (val strict accuracy 0): work in progress.
+Defaults = the round-1 pilot (patch 4, width 96, lr 2e-3, EMA 0.995, 1800 steps x 8 clips, ~12 min on the
+shared 2-core machine). That base does NOT draw clean objects (val strict accuracy 0). Round 2 (an easier
+training layout for a tiny model; docs/demo_models.md) is::
+
+    python scripts/build_tiny_t2v.py --out runs/tiny_t2v --layout aligned --tags motion --frames 5 --patch 8 \
+        --width 256 --heads 4 --layers 2 --batch-size 16 --steps 1400 --train-text --direction-noise 0.5
+
+It draws clean token-aligned shapes but did not yet follow the prompt or move coherently when its builds were cut
+at <= 1,000 steps by the time budget on a loaded machine: work in progress.
 
 What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #22 item 5): status"):
 
@@ -112,7 +119,7 @@ def vae_roundtrip_error(vae, clip) -> float:
 
 # ----------------------------------------------------------------------------------------------- pipeline
 def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int = 2, patch: int = 8,
-                   shift: float = 1.0, zero_init: bool = True):
+                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -121,7 +128,12 @@ def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int =
     from flow_grpo.pretrain import adaln_zero_init_
 
     torch.manual_seed(seed)
-    tok = build_t5_unigram_tokenizer()
+    # word_tokens: every word of the Mini-T2V train prompts is one token. The shared tiny vocabulary splits
+    # "circle", "left", "right", ... into characters, and the longest prompts then exceed the 32-token text
+    # length: "a blue triangle moves from right to left" is 37 tokens, cut inside its last word.
+    extra = [m["prompt"] for m in __import__("mmgrpo.synthetic.t2v", fromlist=["all_prompts"]).all_prompts(
+        "train")] if word_tokens else []
+    tok = build_t5_unigram_tokenizer(extra_corpus=extra)
     te = UMT5EncoderModel(UMT5Config(
         vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -161,15 +173,70 @@ def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
     return dict(spec, objects=objs), True
 
 
+def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, move_cells: int = 2,
+                   seed: int = 0):
+    """A token-aligned reference clip of ``spec`` (the ``--layout aligned`` training data): uint8 (F, H, W, 3).
+
+    The frame is a grid of ``cell`` px cells (``cell`` = the transformer's patch = the shape size, so each token
+    holds either background or one whole shape). Every object sits exactly in one cell on every frame. A mover
+    starts in a random cell from which it can go ``move_cells`` cells its way, and on frame k is
+    ``floor(k * move_cells / (F - 1))`` cells along (so at 5 frames and 2 cells: 0, 0, 1, 1, 2); its other
+    coordinate is random and constant. Still objects ("none") sit in a random cell. Objects of one clip never
+    share a cell. Only specs whose entries all have count 1 and order 0 (tags ``motion`` and ``two_motion``):
+    others raise ValueError. The verifier accepts these clips (tested) as long as ``move_cells * cell >=
+    min_move * size`` (16 px >= 8 px at the defaults)."""
+    import numpy as np
+
+    from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, validate_spec
+    from mmgrpo.synthetic.tvg import _shape_mask
+
+    objs = validate_spec(spec)
+    if any(e["count"] != 1 or e["order"] != 0 for e in objs):
+        raise ValueError(f"render_aligned: only count-1, order-0 entries (tags motion / two_motion), got "
+                         f"{spec.get('prompt')!r}")
+    g = size // cell
+    if g * cell != size or move_cells >= g or frames < 2:
+        raise ValueError(f"render_aligned: size {size} must be a multiple of cell {cell} with more than "
+                         f"move_cells {move_cells} cells per side, frames {frames} >= 2")
+    rng = random.Random(seed)
+    axis_sign = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}
+    for _attempt in range(200):
+        paths = []  # per object: list of (col, row) per frame
+        for e in objs:
+            if e["direction"] == "none":
+                c = (rng.randrange(g), rng.randrange(g))
+                paths.append([c] * frames)
+                continue
+            axis, sign = axis_sign[e["direction"]]
+            a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
+            b = rng.randrange(g)
+            steps = [sign * (k * move_cells // (frames - 1)) for k in range(frames)]
+            paths.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
+        if all(len(set(p[k] for p in paths)) == len(paths) for k in range(frames)):
+            break
+    else:
+        raise RuntimeError(f"render_aligned: could not place {spec.get('prompt')!r}")
+    clip = np.empty((frames, size, size, 3), np.uint8)
+    clip[:] = BACKGROUND
+    for e, path in zip(objs, paths):
+        m = _shape_mask(e["shape"], cell)
+        for k, (cx, cy) in enumerate(path):
+            clip[k, cy * cell:(cy + 1) * cell, cx * cell:(cx + 1) * cell][m] = COLORS[e["color"]]
+    return clip
+
+
 class ClipBatches:
     """``batch_fn(step) -> (uint8 (B, F, H, W, 3), prompts)`` of train-split Mini-T2V clips; captions are always
-    the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips."""
+    the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips.
+    ``layout="free"``: the benchmark's :func:`render_clip`; ``"aligned"``: :func:`render_aligned` (``cell``,
+    ``move_cells``)."""
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
-                 tags=TAGS):
+                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2):
         from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
+        self.layout, self.cell, self.move_cells = layout, cell, move_cells
         self.specs = all_prompts("train", tags=list(tags))
         self.rng = random.Random(seed)
         self.noised = self.drawn = 0
@@ -185,7 +252,11 @@ class ClipBatches:
             shown, noised = noisy_spec(spec, self.rng, self.p)
             self.noised += noised
             self.drawn += 1
-            clips.append(render_clip(shown, self.size, self.frames, seed=self.rng.getrandbits(31)))
+            seed = self.rng.getrandbits(31)
+            if self.layout == "aligned":
+                clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed))
+            else:
+                clips.append(render_clip(shown, self.size, self.frames, seed=seed))
             prompts.append(spec["prompt"])
         return np.stack(clips), prompts
 
@@ -221,22 +292,42 @@ def generate(adapter, prompts, seeds, steps: int = 10, size: int = 32):
         return adapter.decode(x, size, size).cpu().numpy()
 
 
+def drawn_direction(displacement) -> str:
+    """The way a tracked object actually went: the dominant axis of its ``[dx, dy]`` (image y grows down), or
+    ``"none"`` when it was not tracked over two frames (the verifier's ``tracks[i]["displacement"]``)."""
+    if not displacement or displacement[0] is None:
+        return "none"
+    dx, dy = displacement
+    if abs(dx) >= abs(dy):
+        return "right" if dx > 0 else "left" if dx < 0 else "none"
+    return "down" if dy > 0 else "up"
+
+
 def evaluate(adapter, split: str = "val", per_prompt: int = 1, steps: int = 10, size: int = 32, seed: int = 1234,
-             batch: int = 16) -> dict:
-    """Motion-verifier strict accuracy / mean partial score over all prompts of ``split`` (``per_prompt`` seeds
-    each), overall, per tag and per check kind."""
+             batch: int = 16, tags=TAGS, keep_videos: bool = False) -> dict:
+    """Motion-verifier strict accuracy / mean partial score over all prompts of ``split`` with ``tags``
+    (``per_prompt`` seeds each), overall, per tag and per check kind; ``samples``: one record per clip (prompt,
+    seed, strict, partial, failed checks, the first entry's asked and drawn direction). ``keep_videos``: the
+    uint8 clips too, under ``"videos"`` (not JSON)."""
     from flow_grpo.rewards.motion import verify_clip
     from mmgrpo.synthetic.t2v import all_prompts
 
-    items = [(m, seed * 100_003 + i * per_prompt + j) for i, m in enumerate(all_prompts(split, tags=list(TAGS)))
+    items = [(m, seed * 100_003 + i * per_prompt + j) for i, m in enumerate(all_prompts(split, tags=list(tags)))
              for j in range(per_prompt)]
-    rows = []
+    rows, samples, videos = [], [], []
     for i in range(0, len(items), batch):
         chunk = items[i:i + batch]
         vids = generate(adapter, [m["prompt"] for m, _ in chunk], [s for _, s in chunk], steps, size)
-        for (m, _), v in zip(chunk, vids):
+        for (m, sd), v in zip(chunk, vids):
             r = verify_clip(v, m)
             rows.append((m["tag"], r))
+            samples.append({"prompt": m["prompt"], "tag": m["tag"], "seed": sd, "strict": r["strict"],
+                            "partial": r["partial"], "failed": [c["check"] for c in r["checks"] if not c["ok"]],
+                            "asked": m["objects"][0]["direction"],
+                            "drawn": drawn_direction(r["tracks"][0].get("displacement"))})
+            if keep_videos:
+                videos.append(v)
+
     def agg(rs):
         return {"strict": sum(r["strict"] for r in rs) / len(rs), "partial": sum(r["partial"] for r in rs) / len(rs),
                 "n": len(rs)}
@@ -244,28 +335,31 @@ def evaluate(adapter, split: str = "val", per_prompt: int = 1, steps: int = 10, 
     for _, r in rows:
         for c in r["checks"]:
             checks.setdefault(c["check"], []).append(bool(c["ok"]))
-    return {"split": split, **agg([r for _, r in rows]),
-            "per_tag": {t: agg([r for tt, r in rows if tt == t]) for t in sorted({t for t, _ in rows})},
-            "per_check": {k: sum(v) / len(v) for k, v in checks.items()}, "steps": steps}
+    out = {"split": split, "tags": list(tags), "per_prompt": per_prompt, **agg([r for _, r in rows]),
+           "per_tag": {t: agg([r for tt, r in rows if tt == t]) for t in sorted({t for t, _ in rows})},
+           "per_check": {k: sum(v) / len(v) for k, v in checks.items()}, "steps": steps, "samples": samples}
+    if keep_videos:
+        out["videos"] = videos
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/tiny_t2v", help="output pipeline folder")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights init and of the training clips")
     p.add_argument("--seconds", type=float, default=840.0, help="wall-clock budget for training (stops early)")
     p.add_argument("--steps", type=int, default=1800, help="optimizer steps (if the --seconds budget allows)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=8, help="training clips per optimizer step")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (warm-up, then cosine)")
     p.add_argument("--size", type=int, default=32, help="clip side in px (Mini-T2V needs >= 32)")
     p.add_argument("--frames", type=int, default=9, help="clip frames (the Wan VAE encodes 1 + 4k frames)")
     p.add_argument("--direction-noise", type=float, default=0.3,
                    help="probability that a training clip with a mover shows its first mover going another "
                         "direction than the caption says (the deliberate weakness; 0 = clean)")
     p.add_argument("--width", type=int, default=96, help="transformer width (heads x head dim)")
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2, help="attention heads (--width / heads = head dim)")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
     p.add_argument("--patch", type=int, default=4, help="spatial patch of the transformer (px, latent = pixels)")
     p.add_argument("--shift", type=float, default=1.0, help="scheduler shift saved in the pipeline")
     p.add_argument("--cond-dropout", type=float, default=0.1, help="probability of training on the empty prompt")
@@ -278,7 +372,24 @@ def parse_args(argv=None):
                    help="no build: evaluate this pipeline folder on --eval-split (with --lora), print JSON, exit")
     p.add_argument("--lora", default="", help="--eval-only: a LoRA folder (pytorch_lora_weights.safetensors), "
                                               "e.g. a flow_grpo run's lora_final")
-    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"])
+    p.add_argument("--eval-split", default="val", choices=["train", "val", "heldout"],
+                   help="--eval-only: the Mini-T2V split to evaluate (choose settings on train / val only)")
+    p.add_argument("--eval-seed", type=int, default=1234, help="noise seed base of the evaluation clips")
+    p.add_argument("--eval-out", default="", help="--eval-only: also write the JSON (with per-clip records) here "
+                                                  "and the clips as frame-strip PNGs next to it (<stem>_strips/)")
+    p.add_argument("--tags", nargs="+", default=list(TAGS), choices=list(TAGS),
+                   help="Mini-T2V tags of the training clips and of the evaluation")
+    p.add_argument("--layout", default="free", choices=["free", "aligned"],
+                   help="training clips: 'free' = the benchmark's render_clip; 'aligned' = render_aligned (shapes "
+                        "in patch-sized cells, movers go --move-cells cells; tags motion / two_motion only)")
+    p.add_argument("--word-tokens", action="store_true",
+                   help="tokenizer vocabulary with every Mini-T2V word as one token (default: the shared tiny "
+                        "vocabulary, which spells shape and direction words letter by letter and cuts the longest "
+                        "prompts at 32 tokens)")
+    p.add_argument("--sigma-mean", type=float, default=0.0,
+                   help="mean of the logit-normal training noise levels (0 = SD3's default; > 0 trains more at "
+                        "high noise, where a clip's trajectory is decided)")
+    p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
     return p.parse_args(argv)
 
 
@@ -291,9 +402,20 @@ def eval_only(args) -> int:
         ad.pipe.load_lora_weights(args.lora)  # as eval/generate_t2i.py: peft layers injected in place
     ad.transformer.eval()
     t = time.perf_counter()
-    ev = evaluate(ad, args.eval_split, max(1, args.eval_per_prompt), args.eval_steps, args.size)
+    ev = evaluate(ad, args.eval_split, max(1, args.eval_per_prompt), args.eval_steps, args.size,
+                  seed=args.eval_seed, tags=args.tags, keep_videos=bool(args.eval_out))
     ev.update(seconds=time.perf_counter() - t, pipeline=args.eval_only, lora=args.lora or None)
-    print(json.dumps(ev), flush=True)
+    videos = ev.pop("videos", None)
+    if args.eval_out:
+        out = Path(args.eval_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(ev, indent=1) + "\n")
+        import numpy as np
+
+        from flow_grpo.media import save_frame_strips
+
+        save_frame_strips(np.stack(videos), str(out.parent / f"{out.stem}_strips"))
+    print(json.dumps({k: v for k, v in ev.items() if k != "samples"}), flush=True)
     return 0
 
 
@@ -312,7 +434,10 @@ def main(argv=None) -> int:
     if (args.frames - 1) % 4:
         raise ValueError(f"--frames {args.frames}: the Wan VAE encodes 1 + 4k frames (e.g. 9, 13)")
     t_start = time.perf_counter()
-    pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift)
+    if args.layout == "aligned" and args.size % args.patch:
+        raise ValueError(f"--layout aligned: --size {args.size} must be a multiple of --patch {args.patch}")
+    pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
+                          word_tokens=args.word_tokens)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
     ref = render_clip(all_prompts("train", tags=["two_motion"])[0], args.size, args.frames, seed=0)
     from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline
@@ -324,13 +449,14 @@ def main(argv=None) -> int:
     n_params = {n: sum(p.numel() for p in getattr(pipe, n).parameters()) for n in ("transformer", "vae",
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
-    batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise)
+    batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise, args.tags,
+                          args.layout, args.patch, args.move_cells)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
 
     cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
-                         cond_dropout=args.cond_dropout, ema_decay=args.ema,
+                         cond_dropout=args.cond_dropout, ema_decay=args.ema, sigma_mean=args.sigma_mean,
                          train_text_encoders=args.train_text,
                          max_seconds=args.seconds, log_every=25)
     hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
@@ -350,12 +476,17 @@ def main(argv=None) -> int:
     if args.eval_per_prompt > 0:
         ad = load_adapter(str(out), max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
         t = time.perf_counter()
-        ev = evaluate(ad, "val", args.eval_per_prompt, args.eval_steps, args.size)
+        ev = evaluate(ad, "val", args.eval_per_prompt, args.eval_steps, args.size, seed=args.eval_seed,
+                      tags=args.tags)
         ev["seconds"] = time.perf_counter() - t
         (out / "eval_val.json").write_text(json.dumps(ev, indent=2) + "\n")
         info["val_strict"], info["val_partial"] = ev["strict"], ev["partial"]
-        print("val", json.dumps(ev), flush=True)
+        print("val", json.dumps({k: v for k, v in ev.items() if k != "samples"}), flush=True)
     info["build_seconds"] = time.perf_counter() - t_start
+    demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
+            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "layout": args.layout,
+            "direction_noise": args.direction_noise, "build_command": cmd}
+    (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps({k: v for k, v in info.items() if k != "args"}, indent=1), flush=True)
     return 0

@@ -80,3 +80,52 @@ def test_build_tiny_budget_loads_through_adapter(tmp_path):
     assert ad.kind == "wan" and ad.noise_shape(32, 32) == (3, 5, 32, 32)
     vid = b.generate(ad, ["a red circle moves up"], [0], steps=2, size=32)
     assert vid.shape == (1, 5, 32, 32, 3) and vid.dtype == np.uint8
+
+
+def test_render_aligned_cells_motion_and_verifier():
+    """--layout aligned: each shape fills exactly one 8 px cell on every frame, a mover steps 0, 0, 1, 1, 2 cells
+    its way over 5 frames (floor(k * 2 / 4)), and the verifier accepts every clip of the motion / two_motion tags."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.synthetic.t2v import BACKGROUND, all_prompts
+
+    b = _builder()
+    bg = np.array(BACKGROUND, np.uint8)
+    for d, (ax, sign) in {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}.items():
+        spec = {"prompt": f"a red square moves {d}", "objects": [
+            {"color": "red", "shape": "square", "count": 1, "direction": d, "order": 0}]}
+        for seed in range(4):
+            clip = b.render_aligned(spec, 32, 5, 8, 2, seed)
+            cells = []
+            for fr in clip:
+                fg = np.argwhere((fr != bg).any(-1))  # (row, col) of the square's 64 pixels
+                assert len(fg) == 64 and (fg.min(0) % 8 == 0).all() and (fg.max(0) - fg.min(0) == 7).all()
+                cells.append((fg.min(0)[1] // 8, fg.min(0)[0] // 8))  # (col, row)
+            along = [c[ax] - cells[0][ax] for c in cells]
+            assert along == [0, 0, sign, sign, 2 * sign]
+            assert len({c[1 - ax] for c in cells}) == 1
+    for split in ("train", "heldout"):
+        for m in all_prompts(split, tags=["motion", "two_motion"])[:40]:
+            assert verify_clip(b.render_aligned(m, 32, 5, 8, 2, 3), m)["strict"]
+    with pytest.raises(ValueError, match="count-1"):
+        b.render_aligned(all_prompts("train", tags=["count_motion"])[0], 32, 5)
+    assert b.drawn_direction([3.0, -1.0]) == "right" and b.drawn_direction([0.5, -4.0]) == "up"
+    assert b.drawn_direction(None) == "none"
+
+
+def test_word_tokens_vocabulary():
+    """--word-tokens: every Mini-T2V prompt word is one token (no <unk>, the longest prompt fits the 32-token text
+    length); without it the shared tiny vocabulary is unchanged and spells "triangle" letter by letter."""
+    from flow_grpo.models.tiny import build_t5_unigram_tokenizer
+    from mmgrpo.synthetic.t2v import all_prompts
+
+    b = _builder()
+    tok = b.build_pipeline(0, 16, 2, 1, 8, word_tokens=True).tokenizer
+    for split in ("train", "val", "heldout"):
+        for m in all_prompts(split):
+            ids = tok(m["prompt"]).input_ids
+            assert len(ids) == len(m["prompt"].split()) + 1 <= b.DEMO_MAX_SEQUENCE_LENGTH  # words + </s>
+            assert tok.unk_token_id not in ids
+    shared = build_t5_unigram_tokenizer()
+    assert len(shared) == 85 and len(shared("triangle").input_ids) > 2
+    long = shared("a blue triangle moves from right to left").input_ids
+    assert len(long) > b.DEMO_MAX_SEQUENCE_LENGTH  # why the option exists

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gzip
 import os
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 _CORPUS = [
     "a photo of a cat", "a photo of a dog", "a red apple on a table", "a blue car in the street",
@@ -81,7 +81,7 @@ def build_t5_tokenizer(vocab_size: int = 300, model_max_length: int = 64):
     )
 
 
-def build_t5_unigram_tokenizer(model_max_length: int = 512):
+def build_t5_unigram_tokenizer(model_max_length: int = 512, extra_corpus: Sequence[str] = ()):
     """A ``T5TokenizerFast`` (a Unigram model, like T5's SentencePiece one) over a tiny hand-built vocabulary.
 
     Pieces: the corpus words with SentencePiece's word-start marker ("\u2581cat"), the bare marker, and single
@@ -89,15 +89,18 @@ def build_t5_unigram_tokenizer(model_max_length: int = 512):
     characters penalised, so corpus words are one token and other words split into characters (<unk> only for
     characters outside lowercase letters, digits and the corpus, e.g. capitals: there is no NFKC/lowercasing). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
     differently from one process to the next, which would change token ids between a build and its reload.
-    No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them."""
+    No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them.
+    ``extra_corpus``: more lines whose words become single tokens too (e.g. a benchmark's prompts; the default
+    keeps the ids of existing folders)."""
     import math
     import string
     from collections import Counter
 
     from transformers import T5TokenizerFast
 
-    words = Counter(w for line in _CORPUS for w in line.split())
-    chars = Counter(c for line in _CORPUS for c in line.replace(" ", ""))
+    corpus = list(_CORPUS) + list(extra_corpus)
+    words = Counter(w for line in corpus for w in line.split())
+    chars = Counter(c for line in corpus for c in line.replace(" ", ""))
     chars.update(string.ascii_lowercase + string.digits)  # add-one smoothing, and full lowercase/digit coverage
     total = sum(words.values()) + sum(chars.values())
     scored = {"\u2581" + w: math.log(n / total) for w, n in words.items()}
