@@ -26,6 +26,22 @@ except ImportError:  # pragma: no cover
     pass
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_not_ignored():
+    """A shell starts background jobs (``cmd &``, nohup) with SIGINT ignored, and an ignored disposition is
+    inherited across exec; the signal handlers (mmgrpo.utils.signals) deliberately respect it, so the preemption
+    tests, which send SIGINT, would fail only because of how the suite was launched. Restore Python's default for
+    the session: child processes then start with SIGINT at its default."""
+    import signal
+
+    old = signal.getsignal(signal.SIGINT)
+    if old is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if old is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     try:
