@@ -66,6 +66,7 @@ OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],
     "flow_grpo_cps": ["method=flow", "sample.sde_kind=cps", "sample.noise_level=0.8"],
     "dance_grpo": ["method=dance"],
+    "dance_best_of_n": ["method=dance", "optim.best_of_n=4"],
     "fast_window": ["method=fast"],
     "mix_window": ["method=mix"],
     "mix_flash": ["method=mix_flash"],
