@@ -149,11 +149,15 @@ def test_valid_json_booleans_and_null_scores_are_accepted():
     assert out["r"][0] == 1.0 and np.isnan(out["r"][1]) and out["valid"].tolist() == [True, False]
 
 
-@pytest.mark.parametrize("drip_from, status", [(0, "200 OK"), (60, "200 OK"), (60, "500 Internal Server Error")],
+@pytest.mark.parametrize("drip_from, status", [("start", "200 OK"), ("body", "200 OK"),
+                                               ("body", "500 Internal Server Error")],
                          ids=["headers", "body", "error-body"])
 def test_dripping_server_cannot_defeat_the_timeout(drip_from, status):
-    # one byte every 0.05 s: each socket read succeeds well within the 0.4 s timeout, the reply never completes
+    # one byte every 0.05 s: each socket read succeeds well within the 0.4 s timeout, the reply never completes.
+    # "body": the status line and headers arrive at once and only the body drips (a fixed offset of 60 bytes cut
+    # the 500 reply's headers, so whether "HTTP 500" could be seen before the deadline was a race)
     reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}, "error": "x" * 100}, status)
+    drip_from = 0 if drip_from == "start" else reply.index(b"\r\n\r\n") + 4
     with fake_server(reply, drip=0.05, drip_from=drip_from) as (url, _):
         client = RemoteReward(url, timeout=0.4, retries=0, name="r")
         t0 = time.perf_counter()
