@@ -264,6 +264,52 @@ def test_query_swap_probe_by_hand():
     assert sft.query_swap_probe(texts[2:], samples[2:])["n"] == 0
 
 
+def test_queries_of_one_video_share_one_pixel_tensor(tiny, tmp_path):
+    """prepare_examples keeps one copy of a video's pixels for all its queries (SFT memory on 3 queries per video),
+    and the shared tensor equals what each query's own processor call gives."""
+    from mmgrpo.video.writer import write_video
+
+    _, processor, _ = tiny
+    write_video(str(tmp_path / "v.mp4"), list(_frames(8, 0, red=(2, 5))), 2.0, crf=10)
+    write_video(str(tmp_path / "w.mp4"), list(_frames(8, 3, red=(4, 7))), 2.0, crf=10)
+    mk = lambda i, v, q: dict(id=i, task="tvg", video=str(tmp_path / v), duration=4.0, query=q,  # noqa: E731
+                              spans=[[1.0, 2.5]])
+    samples = [mk("a", "v.mp4", "When does the red circle appear?"), mk("b", "v.mp4", "When is the blue square seen?"),
+               mk("c", "w.mp4", "When does the red circle appear?")]
+    vs = sft.VideoSettings(fps=2.0, min_frames=4, max_frames=16, min_pixels=4 * 28 * 28, max_pixels=6 * 28 * 28)
+    shared = sft.prepare_examples(samples, processor, video=vs, **PROMPT_KW)
+    alone = [sft.prepare_example(x, processor, video=vs, **PROMPT_KW) for x in samples]
+    px = [e.prompt["pixel_values_videos"] for e in shared]
+    assert px[0] is px[1] and px[0] is not px[2]
+    for e, f in zip(shared, alone):
+        assert torch.equal(e.prompt["pixel_values_videos"], f.prompt["pixel_values_videos"])
+        assert torch.equal(e.prompt["input_ids"], f.prompt["input_ids"])
+
+
+def test_event_probe_by_hand():
+    mk = lambda i, v, sp: dict(id=i, task="tvg", video=v, duration=12.0, query="q", spans=[sp])  # noqa: E731
+    # v1: events [1, 3], [5, 7], [9, 10]; v2: events [2, 4], [6, 8]
+    samples = [mk("a", "v1", [1.0, 3.0]), mk("b", "v1", [5.0, 7.0]), mk("c", "v1", [9.0, 10.0]),
+               mk("d", "v2", [2.0, 4.0]), mk("e", "v2", [6.0, 8.0])]
+    texts = ["<answer>2.00 to 4.00</answer>",    # a: lands on [1, 3] (IoU 1/3), its own: hit, offsets +1 / +1
+             "<answer>1.50 to 3.00</answer>",    # b: lands on [1, 3] (the earliest event), not its own
+             "no answer",                        # c: unparsed
+             "<answer>2.00 to 4.50</answer>",    # d: hit, IoU 2 / 2.5, offsets 0 / +0.5
+             "<answer>10.00 to 11.00</answer>"]  # e: overlaps no event: lands nowhere
+    out = sft.event_probe(texts, samples)
+    assert out["n"] == 5
+    assert out["hit"] == pytest.approx(100 * 2 / 5) and out["landed"] == pytest.approx(100 * 3 / 5)
+    assert out["first"] == pytest.approx(100 * 3 / 5)  # a, b (v1's [1, 3]) and d (v2's [2, 4])
+    assert out["chance"] == pytest.approx(100 * (3 * (1 / 3) + 2 * (1 / 2)) / 5)
+    assert out["start_offset"] == pytest.approx((1.0 + 0.0) / 2) and out["end_offset"] == pytest.approx(0.75)
+    assert out["hit_mIoU"] == pytest.approx(100 * (1 / 3 + 0.8) / 2)
+    assert out["width"] == pytest.approx((2.0 + 1.5 + 2.5 + 1.0) / 4)
+    none = sft.event_probe(["x"], samples[:1])
+    assert none["hit"] == 0.0 and none["start_offset"] is None and none["width"] is None
+    with pytest.raises(ValueError):
+        sft.event_probe(texts[:2], samples)
+
+
 def test_ground_truth_answers_score_100(tiny):
     _, _, exs = tiny
     out = sft.score_tvg_outputs([e.answer_text for e in exs], [e.sample for e in exs])
