@@ -136,33 +136,38 @@ def interp_y(xs: list[float], ys: list[float], x: float) -> float:
     raise ValueError(f"{x} outside [{xs[0]}, {xs[-1]}]")
 
 
-def matched_w(curve: list[dict], ws: list[float], q: dict, idx=None) -> tuple[float | None, float | None]:
-    """(w whose reward equals q's, w whose drift equals q's) on the RLG curve ``curve`` (one point per w in ``ws``),
-    from the per-image values, over the images ``idx`` (all if None; a bootstrap resample otherwise)."""
+def matched_w(curve: list[dict], ws: list[float], q: dict, idx=None) -> dict:
+    """Where the model ``q`` sits on the RLG curve ``curve`` (one point per w in ``ws``), from the per-image values
+    over the images ``idx`` (all if None; a bootstrap resample otherwise): the w whose reward equals q's, the w whose
+    drift equals q's (None where the curve never reaches it), and ``reward_gap``: q's reward minus the curve's
+    reward at q's drift (0 if q lies on the curve; > 0: more reward than RLG at the same distance from the base)."""
     import numpy as np
 
     def mean(pt, key):
         v = np.asarray(pt[key])
         return float(v.mean() if idx is None else v[idx].mean())
 
-    return (interp(ws, [mean(c, "per_image") for c in curve], mean(q, "per_image")),
-            interp(ws, [mean(c, "per_image_drift") for c in curve], mean(q, "per_image_drift")))
+    rewards = [mean(c, "per_image") for c in curve]
+    w_r = interp(ws, rewards, mean(q, "per_image"))
+    w_d = interp(ws, [mean(c, "per_image_drift") for c in curve], mean(q, "per_image_drift"))
+    gap = None if w_d is None else mean(q, "per_image") - interp_y(ws, rewards, w_d)
+    return {"w_reward": w_r, "w_drift": w_d, "reward_gap": gap}
 
 
 def bootstrap_w(curve: list[dict], ws: list[float], q: dict, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Evaluation noise of the matched w's: resample the images with replacement, the SAME images for the curve and
-    the KL model (they share x_T), and re-match. Standard deviation over resamples (those that cross the curve) and
-    the fraction that did not cross it."""
+    """Evaluation noise of :func:`matched_w`: resample the images with replacement, the SAME images for the curve
+    and the model (they share x_T), and re-match. Standard deviation over the resamples where the value exists, and
+    the fraction where it does not (the curve not reached)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     n = len(q["per_image"])
     got = [matched_w(curve, ws, q, rng.integers(0, n, n)) for _ in range(n_boot)]
     out = {}
-    for j, key in enumerate(("w_reward", "w_drift")):
-        vals = [g[j] for g in got if g[j] is not None]
+    for key in ("w_reward", "w_drift", "reward_gap"):
+        vals = [g[key] for g in got if g[key] is not None]
         out[f"{key}_boot_se"] = statistics.stdev(vals) if len(vals) > 1 else None
-        out[f"{key}_no_cross"] = 1.0 - len(vals) / n_boot
+        out[f"{key}_missing"] = 1.0 - len(vals) / n_boot
     return out
 
 
@@ -233,10 +238,7 @@ def main(argv=None) -> int:
                 if c != "0" and float(k) <= float(c):
                     continue  # RLG with w in [0, 1] of a beta LoRA can only reach larger betas
                 q = pts[f"kl{k}"]
-                w_r, w_d = matched_w(curve, cws, q)
-                m = {"w_reward": w_r, "w_drift": w_d,
-                     "rlg_drift_at_w_reward": None if w_r is None else interp_y(cws, [x["drift"] for x in curve], w_r),
-                     **bootstrap_w(curve, cws, q, args.bootstrap, seed=s)}
+                m = {**matched_w(curve, cws, q), **bootstrap_w(curve, cws, q, args.bootstrap, seed=s)}
                 if c == "0":
                     m.update(partial_minus_w1=q["partial"] - pts["w1"]["partial"],
                              paired_se_vs_w1=paired_se(q["per_image"], pts["w1"]["per_image"]))
@@ -269,7 +271,7 @@ def summary(res: dict, kls: list[str]) -> dict:
             if not rows:
                 continue
             e = {}
-            for key in ("w_reward", "w_drift"):
+            for key in ("w_reward", "w_drift", "reward_gap"):
                 m, se, n = mean_se([x[key] for x in rows])
                 e[key] = {"per_seed": [x[key] for x in rows], "mean": m, "se": se, "n": n}
             if c == "0":
@@ -298,7 +300,8 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
         lines += [f"Training seed {s}:", "",
                   "| model | partial reward (± s.e.) | strict acc. image-level (%) | drift from base (mean abs px) "
                   "| RLG w with the same reward (boot. s.e.) | RLG w with the same drift (boot. s.e.) "
-                  "| RLG drift at that reward | reward - w=1 (paired s.e.) |", "|---|---|---|---|---|---|---|---|"]
+                  "| reward - RLG reward at the same drift (boot. s.e.) | reward - w=1 (paired s.e.) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for w in ws:
             q = pts[f"w{w:g}"]
             lines.append(f"| RLG w = {w:g} (kl 0 LoRA) | {q['partial']:.3f} ± {q['partial_se']:.3f} | "
@@ -307,7 +310,8 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
             q, m = pts[f"kl{k}"], r["match"]["0"][k]
             lines.append(f"| KL beta = {k} (w = 1) | {q['partial']:.3f} ± {q['partial_se']:.3f} | {q['acc']:.1f} | "
                          f"{q['drift']:.2f} | {_pm(m['w_reward'], m['w_reward_boot_se'])} | "
-                         f"{_pm(m['w_drift'], m['w_drift_boot_se'])} | {_f(m['rlg_drift_at_w_reward'], '{:.2f}')} | "
+                         f"{_pm(m['w_drift'], m['w_drift_boot_se'])} | "
+                         f"{_pm(m['reward_gap'], m['reward_gap_boot_se'], '{:+.3f}')} | "
                          f"{m['partial_minus_w1']:+.3f} ({m['paired_se_vs_w1']:.3f}) |")
         for c, ms in r["match"].items():
             if c == "0":
@@ -316,7 +320,7 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
                 lines.append(f"| KL beta = {k} on the RLG curve of the beta = {c} LoRA (predicted w = "
                              f"{m['w_predicted']:.2f}) | | | | {_pm(m['w_reward'], m['w_reward_boot_se'])} | "
                              f"{_pm(m['w_drift'], m['w_drift_boot_se'])} | "
-                             f"{_f(m['rlg_drift_at_w_reward'], '{:.2f}')} | |")
+                             f"{_pm(m['reward_gap'], m['reward_gap_boot_se'], '{:+.3f}')} | |")
         lines.append("")
     summ = res.get("summary", {})
     if summ:
@@ -324,10 +328,11 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
         lines += [f"Across training seeds ({seeds}): mean ± standard error over seeds (each KL model matched on its "
                   "own seed's RLG curve)", "",
                   "| RLG curve of | KL model | w by reward, per seed | w by reward | w by drift, per seed | w by drift "
-                  "| predicted w | w x beta (reward) | reward - w=1 |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| predicted w | w x beta (reward) | reward - RLG at the same drift, per seed | the same, mean "
+                  "| reward - w=1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c, ks in summ.items():
             for k, e in ks.items():
-                per = lambda key: " / ".join(_f(x, "{:.2f}") for x in e[key]["per_seed"])  # noqa: E731
+                per = lambda key, fmt="{:.2f}": " / ".join(_f(x, fmt) for x in e[key]["per_seed"])  # noqa: E731
                 wb = e.get("w_reward_times_beta")
                 dm = e.get("partial_minus_w1")
                 lines.append(f"| {'kl 0 LoRA' if c == '0' else f'beta = {c} LoRA'} | beta = {k} | {per('w_reward')} | "
@@ -335,6 +340,8 @@ def report(res: dict, kls: list[str], ws: list[float]) -> str:
                              f"{_pm(e['w_drift']['mean'], e['w_drift']['se'])} | "
                              f"{_f(e.get('w_predicted'), '{:.2f}')} | "
                              f"{'' if wb is None else _pm(wb['mean'], wb['se'], '{:.3f}')} | "
+                             f"{per('reward_gap', '{:+.3f}')} | "
+                             f"{_pm(e['reward_gap']['mean'], e['reward_gap']['se'], '{:+.3f}')} | "
                              f"{'' if dm is None else _pm(dm['mean'], dm['se'], '{:+.3f}')} |")
         lines.append("")
     return "\n".join(lines)

@@ -51,12 +51,16 @@ def test_matched_w_interpolates_the_per_image_means_by_hand():
 
     ws = [0.0, 1.0, 2.0]
     curve = [_pt([0.4, 0.6], [0.0, 0.0]), _pt([0.6, 0.8], [2.0, 4.0]), _pt([0.8, 0.8], [4.0, 8.0])]
-    # curve means: reward 0.5, 0.7, 0.8; drift 0, 3, 6. Model: reward 0.6 -> w 0.5; drift 4.5 -> w 1.5
-    assert r.matched_w(curve, ws, _pt([0.5, 0.7], [3.0, 6.0])) == pytest.approx((0.5, 1.5))
-    # only image 1: curve reward 0.6, 0.8, 0.8 and drift 0, 4, 8; the model's 0.7 -> 0.5, its 6 -> 1.5
-    w_r, w_d = r.matched_w(curve, ws, _pt([0.5, 0.7], [3.0, 6.0]), idx=[1, 1])
-    assert (w_r, w_d) == pytest.approx((0.5, 1.5))
-    assert r.matched_w(curve, ws, _pt([0.9, 0.9], [1.0, 1.0]))[0] is None  # above the curve: no w
+    # curve means: reward 0.5, 0.7, 0.8; drift 0, 3, 6. Model: reward 0.6 -> w 0.5; drift 4.5 -> w 1.5, where the
+    # curve's reward is 0.75: the model has 0.15 less reward than RLG at its drift
+    got = r.matched_w(curve, ws, _pt([0.5, 0.7], [3.0, 6.0]))
+    assert (got["w_reward"], got["w_drift"], got["reward_gap"]) == pytest.approx((0.5, 1.5, -0.15))
+    # only image 1: curve reward 0.6, 0.8, 0.8 and drift 0, 4, 8; the model's 0.7 -> 0.5, its 6 -> 1.5 (reward 0.8)
+    got = r.matched_w(curve, ws, _pt([0.5, 0.7], [3.0, 6.0]), idx=[1, 1])
+    assert (got["w_reward"], got["w_drift"], got["reward_gap"]) == pytest.approx((0.5, 1.5, -0.1))
+    got = r.matched_w(curve, ws, _pt([0.9, 0.9], [1.0, 1.0]))  # above the curve: no w by reward
+    assert got["w_reward"] is None and got["reward_gap"] == pytest.approx(0.9 - (0.5 + 0.2 / 3))
+    assert r.matched_w(curve, ws, _pt([0.5, 0.5], [9.0, 9.0]))["reward_gap"] is None  # beyond the curve's drift
 
 
 def test_bootstrap_resamples_curve_and_model_together():
@@ -70,11 +74,13 @@ def test_bootstrap_resamples_curve_and_model_together():
     a, e = rng.normal(0, 1.0, n), rng.normal(0, 0.1, n)
     curve = [_pt(a, np.zeros(n)), _pt(a + 1, np.full(n, 2.0))]
     q = _pt(a + 0.5 + e, np.full(n, 1.0))
-    w_r, w_d = r.matched_w(curve, [0.0, 1.0], q)
-    assert w_r == pytest.approx(0.5 + e.mean()) and w_d == pytest.approx(0.5)
+    got = r.matched_w(curve, [0.0, 1.0], q)
+    assert got["w_reward"] == pytest.approx(0.5 + e.mean()) and got["w_drift"] == pytest.approx(0.5)
+    assert got["reward_gap"] == pytest.approx(e.mean())  # reward a + 0.5 + e against the curve's a + 0.5 at w 0.5
     b = r.bootstrap_w(curve, [0.0, 1.0], q, n_boot=2000, seed=0)
     assert b["w_reward_boot_se"] == pytest.approx(e.std() / np.sqrt(n), rel=0.1)
-    assert b["w_drift_boot_se"] == pytest.approx(0.0, abs=1e-12) and b["w_reward_no_cross"] == 0.0
+    assert b["reward_gap_boot_se"] == pytest.approx(e.std() / np.sqrt(n), rel=0.1)
+    assert b["w_drift_boot_se"] == pytest.approx(0.0, abs=1e-12) and b["w_reward_missing"] == 0.0
 
 
 def test_mean_se_and_the_summary_over_seeds_by_hand():
@@ -82,7 +88,7 @@ def test_mean_se_and_the_summary_over_seeds_by_hand():
 
     assert r.mean_se([0.3, None, 0.5]) == pytest.approx((0.4, 0.1, 2))  # stdev 0.1414 / sqrt 2
     assert r.mean_se([None]) == (None, None, 0)
-    m = lambda wr, wd, d: {"w_reward": wr, "w_drift": wd, "partial_minus_w1": d}  # noqa: E731
+    m = lambda wr, wd, d: {"w_reward": wr, "w_drift": wd, "reward_gap": d, "partial_minus_w1": d}  # noqa: E731
     res = {"seeds": {
         "0": {"match": {"0": {"0.4": m(0.3, 0.4, -0.05)}, "0.1": {"0.4": {**m(0.2, 0.3, 0), "w_predicted": 0.25}}}},
         "1": {"match": {"0": {"0.4": m(0.5, 0.6, -0.03)}, "0.1": {"0.4": {**m(0.4, None, 0), "w_predicted": 0.25}}}}}}
@@ -92,6 +98,7 @@ def test_mean_se_and_the_summary_over_seeds_by_hand():
     assert (s["0"]["0.4"]["w_reward_times_beta"]["mean"], s["0"]["0.4"]["w_reward_times_beta"]["se"]) == \
         pytest.approx((0.16, 0.04))
     assert s["0"]["0.4"]["partial_minus_w1"]["mean"] == pytest.approx(-0.04)
+    assert (s["0"]["0.4"]["reward_gap"]["mean"], s["0"]["0.4"]["reward_gap"]["se"]) == pytest.approx((-0.04, 0.01))
     assert s["0.1"]["0.4"]["w_drift"] == {"per_seed": [0.3, None], "mean": 0.3, "se": None, "n": 1}
     assert s["0.1"]["0.4"]["w_predicted"] == 0.25 and "w_reward_times_beta" not in s["0.1"]["0.4"]
 
@@ -138,6 +145,7 @@ def test_main_on_finished_runs_matches_every_kl_model_and_writes_the_report(tmp_
     assert summ["0.4"]["1"]["w_predicted"] == pytest.approx(0.4) and summ["0.4"]["1"]["w_reward"]["mean"] == \
         pytest.approx(0.25)
     assert "0.4" not in summ["0.4"]  # a LoRA is not matched on its own curve
+    assert summ["0"]["0.4"]["reward_gap"]["mean"] == pytest.approx(0.0, abs=1e-9)  # on the curve
     m = res["seeds"]["0"]["match"]["0"]["0.4"]
     assert m["w_reward_boot_se"] == pytest.approx(0.0, abs=1e-9)  # each image's offset is the same on all models
     md = (tmp_path / "rlg_vs_kl.md").read_text()
