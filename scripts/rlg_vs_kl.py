@@ -356,7 +356,9 @@ def plot(path: Path, res: dict, kls: list[str], ws: list[float]) -> None:
     except ImportError:
         return
     markers = "sD^vPX*"
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    own = {c: v for c, v in res.get("summary", {}).items() if c != "0"}  # the claim's own form, if swept
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9)) if own else plt.subplots(1, 3, figsize=(15, 4.4))
+    axes = axes.ravel()
     for j, (s, r) in enumerate(res["seeds"].items()):
         pts = r["points"]
         for ax, key, label in ((axes[0], "partial", "partial reward (training reward)"),
@@ -374,33 +376,48 @@ def plot(path: Path, res: dict, kls: list[str], ws: list[float]) -> None:
             ax.set_xlabel("drift from the base (mean |pixel difference|, 0-255)")
             ax.set_ylabel(label)
     axes[0].legend(fontsize=6)
-    # matched w against beta (kl 0 LoRA's curve): per seed and the mean over seeds
+    # matched w against beta on the kl 0 LoRA's curve: per seed, and the mean over seeds of the drift match (it
+    # exists on every seed; the reward match does not where a KL model's reward is above the whole curve)
     ax = axes[2]
     summ = res.get("summary", {}).get("0", {})
     for j, (s, r) in enumerate(res["seeds"].items()):
-        bs = [float(k) for k in kls[1:] if r["match"]["0"][k]["w_reward"] is not None]
-        wr = [r["match"]["0"][k]["w_reward"] for k in kls[1:] if r["match"]["0"][k]["w_reward"] is not None]
-        ax.plot(bs, wr, "o", color=f"C{j}", ms=4, alpha=0.7, label=f"seed {s}, by reward")
-        bs = [float(k) for k in kls[1:] if r["match"]["0"][k]["w_drift"] is not None]
-        wd = [r["match"]["0"][k]["w_drift"] for k in kls[1:] if r["match"]["0"][k]["w_drift"] is not None]
-        ax.plot(bs, wd, "x", color=f"C{j}", ms=5, alpha=0.7, label=f"seed {s}, by drift")
-    for key, fmt, lab in (("w_reward", "ks-", "mean ± s.e., by reward"),
-                          ("w_drift", "k^--", "mean ± s.e., by drift")):
-        b = [float(k) for k in kls[1:] if k in summ and summ[k][key]["mean"] is not None]
-        m = [summ[k][key]["mean"] for k in kls[1:] if k in summ and summ[k][key]["mean"] is not None]
-        e = [summ[k][key]["se"] or 0.0 for k in kls[1:] if k in summ and summ[k][key]["mean"] is not None]
-        if b:
-            ax.errorbar(b, m, yerr=e, fmt=fmt, ms=5, lw=1, capsize=3, label=lab)
-    ref = summ.get("0.4", {}).get("w_reward", {}).get("mean") if "0.4" in summ else None
-    if ref:  # what w x beta = constant (an optimum at some beta_0: w = beta_0 / beta) would give through beta = 0.4
-        b = [float(k) for k in kls[1:]]
-        ax.plot(b, [ref * 0.4 / x for x in b], ":", color="grey", label="w = beta_0 / beta through beta = 0.4")
+        for key, mk, how in (("w_reward", "o", "reward"), ("w_drift", "x", "drift")):
+            bw = [(float(k), r["match"]["0"][k][key]) for k in kls[1:] if r["match"]["0"][k][key] is not None]
+            ax.plot([b for b, _ in bw], [w for _, w in bw], mk, color=f"C{j}", ms=5, alpha=0.7,
+                    label=f"seed {s}, by {how}")
+    bw = [(float(k), summ[k]["w_drift"]) for k in kls[1:] if k in summ and summ[k]["w_drift"]["mean"] is not None]
+    if bw:
+        ax.errorbar([b for b, _ in bw], [e["mean"] for _, e in bw], yerr=[e["se"] or 0.0 for _, e in bw], fmt="k^-",
+                    ms=5, lw=1, capsize=3, label="mean ± s.e. over seeds, by drift")
+        ref = dict(bw).get(0.4)
+        if ref:  # what an optimum at some beta_0 (w = beta_0 / beta: w x beta constant) would give through 0.4
+            b = [x for x, _ in bw]
+            ax.plot(b, [ref["mean"] * 0.4 / x for x in b], ":", color="grey", label="w = beta_0 / beta (through 0.4)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_ylim(0.08, 1.6)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel("KL strength beta of the trained LoRA (log)")
     ax.set_ylabel("RLG weight w of the kl 0 LoRA that matches it")
     ax.legend(fontsize=6)
+    if own:  # RLG(beta_c LoRA, w) against the LoRA trained at beta: measured w against the predicted beta_c / beta
+        ax = axes[3]
+        for c, ks in own.items():
+            for k, e in ks.items():
+                for key, mk, dx in (("w_reward", "o", -0.004), ("w_drift", "^", 0.004)):
+                    if e[key]["mean"] is not None:
+                        ax.errorbar(e["w_predicted"] + dx, e[key]["mean"], yerr=e[key]["se"] or 0.0, fmt=mk,
+                                    color="C3" if key == "w_reward" else "k", capsize=3, ms=5)
+                ax.annotate(f"beta={k} on the beta={c} LoRA", (e["w_predicted"], e["w_drift"]["mean"] or 0),
+                            fontsize=7, xytext=(6, 0), textcoords="offset points")
+        ax.plot([0, 1], [0, 1], ":", color="grey", label="measured = predicted (w = beta_c / beta)")
+        ax.plot([], [], "o", color="C3", label="by reward, mean ± s.e. over seeds")
+        ax.plot([], [], "^", color="k", label="by drift, mean ± s.e. over seeds")
+        ax.set_xlim(0, 0.6)
+        ax.set_ylim(0, 1.0)
+        ax.set_xlabel("predicted RLG weight beta_c / beta")
+        ax.set_ylabel("measured RLG weight on the beta_c LoRA's curve")
+        ax.legend(fontsize=6)
     fig.suptitle("RL guidance of the unregularised LoRA vs training with a KL (mini-GenEval, paired x_T; "
                  f"training seeds {', '.join(res['seeds'])})", fontsize=9)
     fig.tight_layout()
