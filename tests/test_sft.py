@@ -465,23 +465,29 @@ GROUNDING = REPO / "data" / "checkpoints" / "tiny_vlm_grounding"  # the base tha
 
 
 @pytest.mark.skipif(not (GROUNDING / "config.json").exists(), reason="no shipped grounding base")
-def test_shipped_grounding_base_is_current_reads_the_query_and_loads(builder):
-    """The grounding base (benchmark version 2) was built from today's generator and templates, with the vision
-    tagging stage and a frozen tower, and its own report shows the query deciding the answer on validation
-    (own-query mIoU at least 10 above another query's span of the same video). Rebuild commands:
-    docs/demo_models.md, "Third round"."""
+def test_shipped_grounding_base_is_current_grounds_and_lags(builder):
+    """The demo's grounding base (benchmark version 2) was built from today's generator and templates by the five
+    stages of scripts/build_grounding_base.py: a vision tagging stage and a frozen tower (stage 1); a clean base whose
+    own report shows the query deciding the answer on validation (stage 4: own-query mIoU at least 10 above another
+    query's span of the same video, and 15 above the video-blind span); then answers 1 s late (stage 5), which
+    costs mIoU but keeps some grounding (own > other). Rebuild: docs/demo_models.md, "Round 4"."""
     import json
 
     from mmgrpo.vlm.models.adapters import load_policy
 
     report = json.loads((GROUNDING / "sft_report.json").read_text())
-    stage1 = json.loads((GROUNDING / "sft_report_stage1_W1.json").read_text())
+    stages = [json.loads((GROUNDING / f"sft_report_stage{k}_{n}.json").read_text())
+              for k, n in enumerate(("W1", "W1b", "S1", "S2"), start=1)]
     assert report["fingerprint"] == builder.fingerprint("grounding"), "stale grounding base: rebuild it"
-    assert stage1["args"]["vision_pretrain_steps"] > 0 and stage1["args"]["freeze_vision"]
-    assert report["args"]["freeze_vision"] and report["args"]["eval_split"] == "val"
+    assert stages[0]["args"]["vision_pretrain_steps"] > 0
+    assert all(r["args"]["freeze_vision"] and r["args"]["eval_split"] == "val" for r in stages + [report])
+    assert all(r["args"]["init"] for r in stages[1:]) and report["args"]["init"] == stages[3]["args"]["out"]
+    assert [r["args"]["label_shift"] for r in stages[2:]] == [0.0, 0.0] and report["args"]["label_shift"] == 1.0
     assert report["prompt"]["query_position"] == "before" and report["reload_max_abs_logit_diff"] == 0.0
-    qs = report["eval_heldout"]["query_swap"]
-    assert qs["own_mIoU"] - qs["other_mIoU"] >= 10.0
-    assert report["eval_heldout"]["mIoU"] >= report["video_blind_baselines"]["duration_relative_span"]["mIoU"] + 15
+    clean, lag = stages[3]["eval_heldout"], report["eval_heldout"]
+    blind = report["video_blind_baselines"]["duration_relative_span"]["mIoU"]
+    assert clean["query_swap"]["own_mIoU"] - clean["query_swap"]["other_mIoU"] >= 10.0 and clean["mIoU"] >= blind + 15
+    assert clean["mIoU"] - lag["mIoU"] >= 10.0  # the designed weakness is large
+    assert lag["query_swap"]["own_mIoU"] > lag["query_swap"]["other_mIoU"]  # and the lagged base still grounds a little
     policy = load_policy(GROUNDING, dtype="float32")
     assert policy.family == "qwen2_5_vl" and policy.model.config.vision_config.hidden_size == 32
