@@ -6,10 +6,11 @@
 
 Every stage is a command a user could run by hand (they are printed, and written to ``<out>/commands.sh``):
 
-* **tvg** - temporal grounding on the built-in synthetic videos (``data/synthetic_tvg.py``):
-  base = a tiny Qwen2.5-VL supervised-fine-tuned to a mediocre level (``scripts/build_tiny_vlm.py``);
-  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward; greedy validation curve on a separate draw of
-  the generator every few steps) -> eval after, with ``eval/generate_vlm.py``;
+* **tvg** - temporal grounding on the built-in synthetic grounding benchmark (``data/synthetic_tvg.py --version
+  2``): base = a tiny Qwen2.5-VL that grounds, fine-tuned on answers 1 s late (``scripts/build_grounding_base.py``);
+  eval before -> ``mmgrpo train`` (plain GRPO, IoU reward; greedy validation curve on a separate draw of the
+  generator) -> eval after, with ``eval/generate_vlm.py``; probes: video-blind span, query swap, event landing and
+  boundary offsets (``mmgrpo.vlm.sft.event_probe``);
 * **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny SD3 pipeline pre-trained on rendered
   images (``scripts/build_tiny_flow.py``); eval before -> ``flow_grpo train`` (Flow-GRPO-Fast: CPS + SDE window,
   verifier reward) -> eval after, with ``eval/generate_t2i.py``;
@@ -22,7 +23,8 @@ arguments, the trainers' and evaluators' ``key=value`` settings, full / smoke bu
 ``--t2i-recipe`` pick other files and ``tvg.KEY=VALUE`` / ``t2i.KEY=VALUE`` arguments override single keys, e.g.
 ``tvg.benchmark_args=[--version,2]`` or ``tvg.full.grpo.run.max_steps=60``.
 
-Targets (issue #6): TVG mIoU +8 points, mini-GenEval accuracy +15 points, every seed improving. The report says
+Targets (issues #6, #16): TVG mIoU and R1@0.5 +8 points, after >= video-blind + 15, own - other query >= 10 and
+above before; mini-GenEval accuracy +15 points; every seed. The report says
 whether they were met; evaluation settings are never tuned to pass.
 """
 from __future__ import annotations
