@@ -639,10 +639,11 @@ def plot_training_curves(out: Path) -> None:
         mj = out / task / sub / "metrics.jsonl"
         if mj.exists():
             rows = [json.loads(l) for l in mj.read_text().splitlines() if l.strip()]
-            present = sorted({k for r in rows for k in r if any(k.startswith(p) for p in keys)})
+            # the per-step means, raw (faint) and smoothed (EMA 0.9): one step's 8 prompts are too few to show a trend
+            present = sorted({k for r in rows for k in r if any(k.startswith(p) for p in keys) and k.endswith("/mean")})
             if present:
                 try:
-                    plot_curves(mj, present[:4], out / task / "curves.png")
+                    plot_curves(mj, present[:4], out / task / "curves.png", smooth=0.9)
                 except Exception as e:  # a plot must never lose the run's results
                     print(f"[demo] could not plot {mj}: {e}", flush=True)
 
