@@ -327,13 +327,16 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
 PROBES = {  # column -> (probe, key) of demo.prediction_probes
     "own query mIoU": ("query_swap", "own_mIoU"), "other query mIoU": ("query_swap", "other_mIoU"),
     "lands on the queried event %": ("events", "hit"), "start offset on hits (s)": ("events", "start_offset"),
-    "end offset on hits (s)": ("events", "end_offset")}
+    "end offset on hits (s)": ("events", "end_offset"),
+    "earliest-event queries: on it %": ("events", "hit_earliest"), "later-event queries: on it %": ("events", "hit_later"),
+    "later-event queries: on the earliest %": ("events", "later_on_earliest")}
 
 
 def probe_table(rows: list[dict], methods: list[str], base: dict | None) -> list[str]:
     """VLM: R1@0.5 and the grounding probes of each method's evaluations (mean over seeds), the start first: the
     query-swap probe (own > other: the model reads the query) and where the predictions land (the queried event, and
-    the signed boundary offsets on those hits: a lag shows as both > 0)."""
+    the signed boundary offsets on those hits: a lag shows as both > 0; split by the queried event's place, a bias
+    toward the video's earliest event shows as later-event queries landing on it)."""
     def get(p, key):
         v = ((p or {}).get(key[0]) or {}).get(key[1])
         return None if v is None else float(v)

@@ -246,8 +246,9 @@ def test_probe_table_by_hand(tmp_path):
             {"method": "grpo", "seed": 1, "R1@0.5": 20.0, "base_R1@0.5": 5.0, "probes": swapped},
             {"method": "x", "seed": 0, "R1@0.5": 30.0, "base_R1@0.5": 5.0, "probes": None}]
     lines = cm.probe_table(rows, ["grpo", "x"], base=late)
-    assert lines[3] == "| start | 5.0 | 33.3 | 0.0 | 100.0 | +1.00 | +1.00 |"
+    # a0 asks about the earliest event [0, 2], a1 about the later [4, 6]: late hits both; swapped puts a1 on [0, 2]
+    assert lines[3] == "| start | 5.0 | 33.3 | 0.0 | 100.0 | +1.00 | +1.00 | 100.0 | 100.0 | 0.0 |"
     # own (33.3 + 0) / 2, other (0 + 100) / 2, hit (100 + 0) / 2; offsets only from the seed with hits
-    assert lines[4] == "| grpo | 15.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 |"
-    assert lines[5] == "| x | 30.0 | - | - | - | - | - |"
+    assert lines[4] == "| grpo | 15.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 | 50.0 | 50.0 | 50.0 |"
+    assert lines[5] == "| x | 30.0 | - | - | - | - | - | - | - | - |"
     assert cm.probe_table([{"method": "x", "probes": None}], ["x"], base=None) == []
