@@ -252,3 +252,14 @@ def test_probe_table_by_hand(tmp_path):
     assert lines[4] == "| grpo | 15.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 | 50.0 | 50.0 | 50.0 |"
     assert lines[5] == "| x | 30.0 | - | - | - | - | - | - | - | - |"
     assert cm.probe_table([{"method": "x", "probes": None}], ["x"], base=None) == []
+
+
+def test_vlm_steps_is_the_last_step_not_the_row_count():
+    """The TVG runs log a step-0 validation row (no training step) and validation rows merged into training rows;
+    3 optimizer steps, 4 rows."""
+    import compare_methods as cm
+
+    hist = [{"step": 0, "val/mIoU": 21.4}, {"step": 1, "reward/iou/mean": 0.1},
+            {"step": 2, "reward/iou/mean": 0.2, "val/mIoU": 25.0}, {"step": 3, "reward/iou/mean": 0.3}]
+    assert cm.vlm_steps(hist) == 3 and len(hist) == 4
+    assert cm.vlm_steps([]) == 0
