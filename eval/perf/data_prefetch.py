@@ -8,8 +8,10 @@ decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fp
 The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
 ``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
 thread); the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first
-with ``data.prefetch=1`` (the first step has nothing prefetched yet: its wait is reported separately, as is the
-fraction with ``data.prefetch=0``).  The two modes run one after the other (not interleaved: a prefetching trainer's
+with ``data.prefetch=1``: the steady state of a run.  The first step is excluded because nothing can be prefetched
+before it (its batch is prepared inline while the thread starts on the next one); a run pays that once, so in a
+short benchmark it would weigh as if a real run had a few steps.  Its wait is reported separately, as are the
+fraction over all steps and the fraction with ``data.prefetch=0``.  The two modes run one after the other (not interleaved: a prefetching trainer's
 thread would work during the other trainer's steps and flatter it); order prefetch=0 first.
 
 First, with no training running, it prepares each clip inline 3 times and prints the CPU time (process time, so
@@ -20,8 +22,9 @@ before ``data.decode_threads`` existed).
 
 Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
 inline reference), the tiny model (a harder test: its step is far shorter than a real one, so the decoding has less
-time to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
-made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~50 s at load 19;
+time to hide in), 8 steps like the full mode (4 until session 8: 3 measured steps were mostly the start-up, see
+docs/performance.md), one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
+made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~15 s at load 1;
 ``--smoke`` = tiny model, 2 s clips, 3 steps per mode, 16 new tokens.
 
     python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
@@ -46,10 +49,10 @@ import common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, 4 steps, one smaller clip")
+    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, one smaller clip")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 s clips, 3 steps per mode")
     p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --quick / --smoke)")
-    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 4 with --quick, 3 with --smoke)")
+    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 3 with --smoke)")
     p.add_argument("--seconds", type=float, default=None, help="clip length (default 10; 2 with --smoke)")
     p.add_argument("--fps", type=float, default=30.0)
     p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
@@ -65,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     a.model = a.model or ("tiny" if (a.smoke or a.quick) else "mid")
-    a.steps = a.steps or (3 if a.smoke else (4 if a.quick else 8))
+    a.steps = a.steps or (3 if a.smoke else 8)  # --quick: 8 too (4 measured mostly the start-up)
     a.seconds = a.seconds or (2.0 if a.smoke else 10.0)
     light = a.quick or a.smoke
     a.size = a.size or ("480x270" if light else "640x360")
@@ -181,12 +184,13 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     rest = slice(1, None)
     frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
     res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
+           "first_step_wait_s": waits[0], "headline_steps": f"2..{len(steps)} of {len(steps)}",
            "fraction_all": sum(waits) / sum(steps),
            "decode_threads": tr.cfg.data.decode_threads,
            "worker_prepare_wall_s": [round(w, 4) for w in work]}  # samples prepared by the background thread
     print(f"prefetch={prefetch}: step median {sorted(steps)[len(steps) // 2]:.2f}s | wait per step "
           f"{' '.join(f'{w:.3f}' for w in waits)} s | wait fraction after step 1 = {frac:.3f} "
-          f"(all steps {res['fraction_all']:.3f})", flush=True)
+          f"(all steps {res['fraction_all']:.3f}; step 1 has nothing prefetched and is left out)", flush=True)
     if work:
         print(f"prefetch={prefetch}: background preparation per sample (data.decode_threads="
               f"{res['decode_threads']}): wall median {sorted(work)[len(work) // 2]:.3f}s over {len(work)} samples",
