@@ -6,9 +6,9 @@ decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fp
 (the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens, one optimizer step).
 
 The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
-``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
-thread); the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first
-with ``data.prefetch=1``: the steady state of a run.  The first step is excluded because nothing can be prefetched
+``data.prefetch=0`` the decoding + preprocessing itself, with prefetching only the wait for the background thread);
+the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first with
+``data.prefetch`` at its default (2; ``--prefetch N`` for another depth): the steady state of a run.  The first step is excluded because nothing can be prefetched
 before it (its batch is prepared inline while the thread starts on the next one); a run pays that once, so in a
 short benchmark it would weigh as if a real run had a few steps.  Its wait is reported separately, as are the
 fraction over all steps and the fraction with ``data.prefetch=0``.  The two modes run one after the other (not interleaved: a prefetching trainer's
@@ -60,7 +60,8 @@ def parse_args(argv=None):
                    help="distinct mp4 files, samples cycle over them (default 2; 1 with --quick)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help="completion tokens per sample (rollout.max_new_tokens; default 32, 16 with --smoke)")
-    p.add_argument("--prefetch", type=int, default=1, help="data.prefetch of the measured mode")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="data.prefetch of the measured mode (default: the config default, 2)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--decode-threads", type=int, default=None,
                    help="data.decode_threads (default: the config default, 1; 0 = FFmpeg's automatic threads, the "
@@ -107,7 +108,7 @@ def write_clips(root: str, args) -> list[str]:
     return paths
 
 
-def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, args):
+def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int | None, args):
     import torch
 
     from mmgrpo.vlm.config import TrainConfig
@@ -117,10 +118,12 @@ def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, 
     overrides = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
                  "data.video_fps=2.0", "data.max_frames=16", "data.min_frames=4",
                  f"data.video_max_pixels={224 * 224}", f"data.video_total_pixels={16 * 224 * 224}",
-                 f"data.prefetch={prefetch}", "rollout.group_size=4", f"rollout.max_new_tokens={args.new_tokens}",
+                 "rollout.group_size=4", f"rollout.max_new_tokens={args.new_tokens}",
                  f"run.max_steps={args.steps}", "run.prompts_per_device=2", "run.micro_batch_size=8",
                  "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.tensorboard=false", "run.save_every=0",
                  "run.resume_from=none", "run.progress_bar=false"]
+    if prefetch is not None:  # None: the config default
+        overrides.append(f"data.prefetch={prefetch}")
     if args.decode_threads is not None:
         overrides.append(f"data.decode_threads={args.decode_threads}")
     cfg = load_config(TrainConfig, None, overrides)
@@ -160,6 +163,7 @@ def prepare_cost(model_dir, root, paths, args, reps: int = 3) -> dict:
 
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
+    prefetch = tr.cfg.data.prefetch
     tr._make_stream()
     waits, steps, work = [], [], []
     pf = tr._get_prefetcher()
