@@ -161,6 +161,22 @@ def prepare_cost(model_dir, root, paths, args, reps: int = 3) -> dict:
     return res
 
 
+def _cpu_busy_s() -> float | None:
+    """Seconds of CPU the whole machine has been busy (all processes; /proc/stat), None where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
     prefetch = tr.cfg.data.prefetch
@@ -178,6 +194,9 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
                 work.append(time.perf_counter() - w0)
 
         pf.prepare = timed_prepare
+    # how much of the machine other processes took during the steps: the headline depends on it (the step and the
+    # background decoding share the cores with them)
+    busy0, own0, w0 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     try:
         for _ in range(args.steps):
             m = tr.train_step()
@@ -185,16 +204,22 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
             steps.append(float(m["perf/step_time"]))
     finally:
         tr._close_prefetch()
+    busy1, own1, w1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
+    others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
     rest = slice(1, None)
     frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
     res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
            "first_step_wait_s": waits[0], "headline_steps": f"2..{len(steps)} of {len(steps)}",
+           "other_processes_cores": others, "own_cores": (own1 - own0) / (w1 - w0),
            "fraction_all": sum(waits) / sum(steps),
            "decode_threads": tr.cfg.data.decode_threads,
            "worker_prepare_wall_s": [round(w, 4) for w in work]}  # samples prepared by the background thread
     print(f"prefetch={prefetch}: step median {sorted(steps)[len(steps) // 2]:.2f}s | wait per step "
           f"{' '.join(f'{w:.3f}' for w in waits)} s | wait fraction after step 1 = {frac:.3f} "
           f"(all steps {res['fraction_all']:.3f}; step 1 has nothing prefetched and is left out)", flush=True)
+    if others is not None:
+        print(f"prefetch={prefetch}: during the steps, other processes used {others:.2f} and this one "
+              f"{res['own_cores']:.2f} of the {os.cpu_count()} cores", flush=True)
     if work:
         print(f"prefetch={prefetch}: background preparation per sample (data.decode_threads="
               f"{res['decode_threads']}): wall median {sorted(work)[len(work) // 2]:.3f}s over {len(work)} samples",
