@@ -205,12 +205,13 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     finally:
         tr._close_prefetch()
     busy1, own1, w1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
+    counts = None if pf is None else {"prefetched": pf.hits, "inline": pf.misses}
     others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
     rest = slice(1, None)
     frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
     res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
            "first_step_wait_s": waits[0], "headline_steps": f"2..{len(steps)} of {len(steps)}",
-           "other_processes_cores": others, "own_cores": (own1 - own0) / (w1 - w0),
+           "other_processes_cores": others, "own_cores": (own1 - own0) / (w1 - w0), "samples": counts,
            "fraction_all": sum(waits) / sum(steps),
            "decode_threads": tr.cfg.data.decode_threads,
            "worker_prepare_wall_s": [round(w, 4) for w in work]}  # samples prepared by the background thread
@@ -220,6 +221,8 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     if others is not None:
         print(f"prefetch={prefetch}: during the steps, other processes used {others:.2f} and this one "
               f"{res['own_cores']:.2f} of the {os.cpu_count()} cores", flush=True)
+    if counts:
+        print(f"prefetch={prefetch}: samples {counts['prefetched']} prefetched, {counts['inline']} inline", flush=True)
     if work:
         print(f"prefetch={prefetch}: background preparation per sample (data.decode_threads="
               f"{res['decode_threads']}): wall median {sorted(work)[len(work) // 2]:.3f}s over {len(work)} samples",
