@@ -6,10 +6,12 @@ decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fp
 (the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens, one optimizer step).
 
 The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
-``data.prefetch=0`` the decoding + preprocessing itself, with ``data.prefetch=1`` only the wait for the background
-thread); the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first
-with ``data.prefetch=1`` (the first step has nothing prefetched yet: its wait is reported separately, as is the
-fraction with ``data.prefetch=0``).  The two modes run one after the other (not interleaved: a prefetching trainer's
+``data.prefetch=0`` the decoding + preprocessing itself, with prefetching only the wait for the background thread);
+the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first with
+``data.prefetch`` at its default (2; ``--prefetch N`` for another depth): the steady state of a run.  The first step is excluded because nothing can be prefetched
+before it (its batch is prepared inline while the thread starts on the next one); a run pays that once, so in a
+short benchmark it would weigh as if a real run had a few steps.  Its wait is reported separately, as are the
+fraction over all steps and the fraction with ``data.prefetch=0``.  The two modes run one after the other (not interleaved: a prefetching trainer's
 thread would work during the other trainer's steps and flatter it); order prefetch=0 first.
 
 First, with no training running, it prepares each clip inline 3 times and prints the CPU time (process time, so
@@ -20,8 +22,9 @@ before ``data.decode_threads`` existed).
 
 Modes: full (default) = mid, 8 steps per mode, two 640x360 clips; ``--quick`` = only the prefetching mode (no
 inline reference), the tiny model (a harder test: its step is far shorter than a real one, so the decoding has less
-time to hide in), 4 steps, one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
-made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~50 s at load 19;
+time to hide in), 8 steps like the full mode (4 until session 8: 3 measured steps were mostly the start-up, see
+docs/performance.md), one 480x270 clip, 32 new tokens like the full mode (16 until issue #18's third pass, which
+made the tiny step, 0.31 s, shorter than any real one; ``--new-tokens 16`` gives the old setting), ~15 s at load 1;
 ``--smoke`` = tiny model, 2 s clips, 3 steps per mode, 16 new tokens.
 
     python eval/perf/data_prefetch.py [--quick | --smoke] [--steps N] [--json out.json]
@@ -46,10 +49,10 @@ import common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, 4 steps, one smaller clip")
+    p.add_argument("--quick", action="store_true", help="prefetching mode only, tiny model, one smaller clip")
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 s clips, 3 steps per mode")
     p.add_argument("--model", default=None, help="tiny | mid (default mid; tiny with --quick / --smoke)")
-    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 4 with --quick, 3 with --smoke)")
+    p.add_argument("--steps", type=int, default=None, help="steps per mode (default 8; 3 with --smoke)")
     p.add_argument("--seconds", type=float, default=None, help="clip length (default 10; 2 with --smoke)")
     p.add_argument("--fps", type=float, default=30.0)
     p.add_argument("--size", default=None, help="WxH of the written mp4s (default 640x360; 480x270 with --quick)")
@@ -57,7 +60,8 @@ def parse_args(argv=None):
                    help="distinct mp4 files, samples cycle over them (default 2; 1 with --quick)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help="completion tokens per sample (rollout.max_new_tokens; default 32, 16 with --smoke)")
-    p.add_argument("--prefetch", type=int, default=1, help="data.prefetch of the measured mode")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="data.prefetch of the measured mode (default: the config default, 2)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--decode-threads", type=int, default=None,
                    help="data.decode_threads (default: the config default, 1; 0 = FFmpeg's automatic threads, the "
@@ -65,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--json", default="")
     a = p.parse_args(argv)
     a.model = a.model or ("tiny" if (a.smoke or a.quick) else "mid")
-    a.steps = a.steps or (3 if a.smoke else (4 if a.quick else 8))
+    a.steps = a.steps or (3 if a.smoke else 8)  # --quick: 8 too (4 measured mostly the start-up)
     a.seconds = a.seconds or (2.0 if a.smoke else 10.0)
     light = a.quick or a.smoke
     a.size = a.size or ("480x270" if light else "640x360")
@@ -104,7 +108,7 @@ def write_clips(root: str, args) -> list[str]:
     return paths
 
 
-def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, args):
+def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int | None, args):
     import torch
 
     from mmgrpo.vlm.config import TrainConfig
@@ -114,10 +118,12 @@ def make_trainer(model_dir: str, out_dir: str, paths: list[str], prefetch: int, 
     overrides = [f"model.path={model_dir}", "model.dtype=float32", "data.task=tvg", "data.prompt_mode=no_think",
                  "data.video_fps=2.0", "data.max_frames=16", "data.min_frames=4",
                  f"data.video_max_pixels={224 * 224}", f"data.video_total_pixels={16 * 224 * 224}",
-                 f"data.prefetch={prefetch}", "rollout.group_size=4", f"rollout.max_new_tokens={args.new_tokens}",
+                 "rollout.group_size=4", f"rollout.max_new_tokens={args.new_tokens}",
                  f"run.max_steps={args.steps}", "run.prompts_per_device=2", "run.micro_batch_size=8",
                  "optim.lr=1e-4", f"run.output_dir={out_dir}", "run.tensorboard=false", "run.save_every=0",
                  "run.resume_from=none", "run.progress_bar=false"]
+    if prefetch is not None:  # None: the config default
+        overrides.append(f"data.prefetch={prefetch}")
     if args.decode_threads is not None:
         overrides.append(f"data.decode_threads={args.decode_threads}")
     cfg = load_config(TrainConfig, None, overrides)
@@ -155,8 +161,25 @@ def prepare_cost(model_dir, root, paths, args, reps: int = 3) -> dict:
     return res
 
 
+def _cpu_busy_s() -> float | None:
+    """Seconds of CPU the whole machine has been busy (all processes; /proc/stat), None where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait is busy
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
+    prefetch = tr.cfg.data.prefetch
     tr._make_stream()
     waits, steps, work = [], [], []
     pf = tr._get_prefetcher()
@@ -171,6 +194,9 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
                 work.append(time.perf_counter() - w0)
 
         pf.prepare = timed_prepare
+    # how much of the machine other processes took during the steps: the headline depends on it (the step and the
+    # background decoding share the cores with them)
+    busy0, own0, w0 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     try:
         for _ in range(args.steps):
             m = tr.train_step()
@@ -178,15 +204,25 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
             steps.append(float(m["perf/step_time"]))
     finally:
         tr._close_prefetch()
+    busy1, own1, w1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
+    counts = None if pf is None else {"prefetched": pf.hits, "inline": pf.misses}
+    others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
     rest = slice(1, None)
     frac = sum(waits[rest]) / max(sum(steps[rest]), 1e-9)
     res = {"prefetch": prefetch, "wait_s": waits, "step_s": steps, "fraction_after_first": frac,
+           "first_step_wait_s": waits[0], "headline_steps": f"2..{len(steps)} of {len(steps)}",
+           "other_processes_cores": others, "own_cores": (own1 - own0) / (w1 - w0), "samples": counts,
            "fraction_all": sum(waits) / sum(steps),
            "decode_threads": tr.cfg.data.decode_threads,
            "worker_prepare_wall_s": [round(w, 4) for w in work]}  # samples prepared by the background thread
     print(f"prefetch={prefetch}: step median {sorted(steps)[len(steps) // 2]:.2f}s | wait per step "
           f"{' '.join(f'{w:.3f}' for w in waits)} s | wait fraction after step 1 = {frac:.3f} "
-          f"(all steps {res['fraction_all']:.3f})", flush=True)
+          f"(all steps {res['fraction_all']:.3f}; step 1 has nothing prefetched and is left out)", flush=True)
+    if others is not None:
+        print(f"prefetch={prefetch}: during the steps, other processes used {others:.2f} and this one "
+              f"{res['own_cores']:.2f} of the {os.cpu_count()} cores", flush=True)
+    if counts:
+        print(f"prefetch={prefetch}: samples {counts['prefetched']} prefetched, {counts['inline']} inline", flush=True)
     if work:
         print(f"prefetch={prefetch}: background preparation per sample (data.decode_threads="
               f"{res['decode_threads']}): wall median {sorted(work)[len(work) // 2]:.3f}s over {len(work)} samples",

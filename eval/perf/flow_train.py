@@ -3,7 +3,9 @@
 A = the trainer's per-column step: :meth:`flow_grpo.trainer.FlowGRPOTrainer._column_loss` (recompute the Gaussian
     of a recorded transition with the current model via :func:`flow_grpo.sampler.score_column`, exact fp32
     log-prob, PPO-clip loss from :func:`mmgrpo.core.policy_loss`) + ``backward()`` through the adapter.
-    With ``--path direct`` (or if the trainer cannot be imported) the same calls are composed here.
+    If that path breaks (the private step's signature or the attributes it reads change), the benchmark fails
+    (non-zero exit, the error in ``run.py``'s JSON) instead of timing something else; ``--path direct`` times the
+    same calls composed here, for diagnosis only.
 B = ``transformer(...)`` forward on the same latents/timestep/conditioning + MSE against a velocity target +
     ``backward()``: the floor any flow-matching trainer pays.
 
@@ -31,20 +33,26 @@ NAME = "flow_train_overhead"
 
 
 def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
-    """The trainer's own ``_column_loss`` bound to a minimal stand-in (cfg, adapter, accelerator): the code that
-    runs in training, without building a full trainer (logger, checkpoints, prompts)."""
+    """The trainer's own ``_column_loss`` bound to a minimal stand-in (cfg, adapter, accelerator, method runtime):
+    the code that runs in training, without building a full trainer (logger, checkpoints, prompts)."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
 
     from flow_grpo.config import TrainConfig
+    from flow_grpo.methods import credit_name, get_credit
     from flow_grpo.trainer import FlowGRPOTrainer
 
     tc = TrainConfig()
     tc.sample = traj.sampling
     tc.optim.clip_low = clip_range
     tc.optim.kl_coef = 0.0
-    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True))
+    # the trainer's method runtime, resolved as FlowGRPOTrainer.__init__ does; the default credit has none (a
+    # runtime with its own loss, e.g. DiffusionNFT, would need a real trainer and is not what A measures)
+    credit = get_credit(credit_name(tc.sample.credit, tc.reward.mode))
+    if credit.runtime is not None:
+        raise RuntimeError(f"credit {credit.name!r} has a method runtime; A times the default GRPO column loss")
+    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True), method_runtime=None)
 
     def step():
         loss, _m, _kl, _cnt = FlowGRPOTrainer._column_loss(stub, traj, chunk, col, adv, n_global)
@@ -55,7 +63,7 @@ def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
 
 
 def _direct_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
-    """The same computation composed from the public pieces (fallback / ``--path direct``)."""
+    """The same computation composed from the public pieces (``--path direct``: diagnosis only)."""
     from flow_grpo.sampler import score_column
     from mmgrpo.core import policy_loss
 
@@ -109,8 +117,9 @@ def main(argv: Optional[list[str]] = None) -> float:
     p.add_argument("--batch", type=int, default=None, help="rollout chunk = training batch (default 4)")
     p.add_argument("--size", type=int, default=None, help="image side in pixels (default 64: 8x8 latents)")
     p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (alpha = 2 r); 0 = full fine-tune")
-    p.add_argument("--path", choices=["auto", "trainer", "direct"], default="auto",
-                   help="A through the trainer's _column_loss (auto: if importable) or composed here")
+    p.add_argument("--path", choices=["trainer", "direct"], default="trainer",
+                   help="A through the trainer's _column_loss (the measured path; an error if it breaks) or "
+                        "composed here (diagnosis only)")
     args = p.parse_args(argv)
     # quick: one warm-up call each (A is also run once by the untimed sanity check below)
     resolve_args(args, reps=(2, 7, 15), warmup=(0, 1, 3))
@@ -152,23 +161,18 @@ def main(argv: Optional[list[str]] = None) -> float:
     embeds = ad.encode_prompts(prompts[chunk[0]:chunk[1]])
 
     path = args.path
-    step_a = None
-    trainer_error = None
-    if path in ("auto", "trainer"):
+    if path == "trainer":
         try:
             step_a = _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range)
             ad.transformer.train()
             step_a()  # a trial call: the private method's signature may change under us
-            path = "trainer"
-        except Exception as exc:  # the private step API changed: time the composed path, record why
-            if args.path == "trainer":
-                raise
-            step_a = None
-            trainer_error = f"{type(exc).__name__}: {exc}"
-            print(f"trainer path unavailable ({trainer_error}); timing the composed path", file=sys.stderr)
-    if step_a is None:
+        except Exception as exc:
+            # no silent fallback: a number from another path would not be the trainer's overhead
+            raise RuntimeError(f"the trainer path of {NAME} broke ({type(exc).__name__}: {exc}); update "
+                               f"_trainer_step_fn in eval/perf/flow_train.py (--path direct times the composed "
+                               f"path, for diagnosis only)") from exc
+    else:
         step_a = _direct_step_fn(ad, traj, chunk, col, adv, n_global, clip_range)
-        path = "direct"
     step_b = _bare_step_fn(ad, traj, chunk, col, embeds)
 
     def zero():
@@ -209,8 +213,6 @@ def main(argv: Optional[list[str]] = None) -> float:
                    "warmup": args.warmup, "threads": args.threads},
         "timings": st, "timings_cpu": stc, "onpolicy_logprob_max_abs_diff": ratio_max_dev, "loss_a": loss_a, "grad_norm_a": grad_a,
     }
-    if trainer_error:
-        details["trainer_path_error"] = trainer_error
     if profiles:
         details["profiles"] = profiles
     print(f"A train path ({path}) median {st['train_path_median_s'] * 1e3:8.1f} ms   B bare fwd+bwd median "

@@ -85,9 +85,11 @@ class DataConfig:
     max_prompt_tokens: int = field(
         default=0, metadata=_h("a prompt longer than this many tokens, vision tokens included, is a bad sample "
                                "(0 = no limit)"))
-    prefetch: int = field(default=1, metadata=_h(
+    prefetch: int = field(default=2, metadata=_h(
         "decode + preprocess the next N steps' videos/images in a background thread while the current step trains "
-        "(0 = inline, in the step).  Same tensors either way; a checkpoint records the batch being trained"))
+        "(0 = inline, in the step).  Same tensors either way; a checkpoint records the batch being trained.  2 "
+        "(double buffering) absorbs a batch that decodes slower than a step (longer videos, a busy CPU), which 1 "
+        "turns into waiting; each extra step holds one more batch of prepared tensors in host memory"))
     decode_threads: int = field(default=1, metadata=_h(
         "video decoder threads per file (decord / PyAV; 0 = FFmpeg's automatic choice, one per core).  The frames "
         "are identical; 1 uses the least CPU time in total (17-28 % less than automatic on 2 cores), which is what "

@@ -37,6 +37,63 @@ def test_prefetcher_order_hits_misses_cancel_and_errors():
         pf.close()
 
 
+def test_schedule_keep_leaves_the_current_batch_alone():
+    """``keep``: the batch about to be collected is neither cancelled (pending) nor started (not pending)."""
+    gate = threading.Event()
+    started = []
+
+    def prep(x):
+        started.append(x)
+        gate.wait(10)
+        return x.upper()
+
+    pf = Prefetcher(prep)
+    try:
+        pf.schedule([((0, 0), "a"), ((1, 0), "b")])
+        pf.schedule([((2, 0), "c")], keep=[(1, 0), (9, 9)])  # (0, 0) dropped, (1, 0) kept, (9, 9) not started
+        assert set(pf._pending) == {(1, 0), (2, 0)}
+        gate.set()
+        assert pf.get((1, 0), "b") == "B" and pf.get((2, 0), "c") == "C"
+        assert pf.get((9, 9), "z") == "Z" and (pf.hits, pf.misses) == (2, 1)  # prepared inline
+        assert "z" not in started[:-1] and started.count("z") == 1
+    finally:
+        gate.set()
+        pf.close()
+
+
+def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_dirs, th):
+    """The first step (and the first after a resume) prepares its batch inline; the background thread must already
+    be decoding the next batch meanwhile, not only once the step's own batch is ready (which left the first
+    prefetched step waiting for most of a batch)."""
+    cfg = th.make_cfg(tmp_path / "p1", tiny_dirs("qwen2_5_vl"), "data.prefetch=1", "run.max_steps=3")
+    tr = GRPOTrainer(cfg, samples=th.video_samples(6), reward_fn=th.text_reward)
+    tr._make_stream()
+    pf = tr._get_prefetcher()
+    worker_started = threading.Event()
+    seen = []
+    worker_prepare, inline_prepare = pf.prepare, tr.task.prepare
+
+    def in_worker(s):
+        worker_started.set()
+        return worker_prepare(s)
+
+    def inline(s):
+        # pending when the first inline preparation starts: the next draw's 2 samples (positions 2 and 3)
+        seen.append((s["id"], sorted(k[0] for k in pf._pending), worker_started.wait(30)))
+        return inline_prepare(s)
+
+    pf.prepare, tr.task.prepare = in_worker, inline
+    try:
+        for _ in range(3):
+            tr.train_step()
+        first = seen[0]
+        assert first[1] == [2, 3], seen  # the next batch was hinted before this one was prepared
+        assert first[2], "the background thread did not start while the first batch was prepared inline"
+        assert len(seen) == 2 and (pf.hits, pf.misses) == (4, 2)  # steps 2-3 from the thread
+    finally:
+        tr._close_prefetch()
+
+
 def _run(tr, steps):
     tr._make_stream()
     positions = []

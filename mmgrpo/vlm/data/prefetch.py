@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 
 class Prefetcher:
@@ -24,11 +24,14 @@ class Prefetcher:
         self.hits = 0
         self.misses = 0
 
-    def schedule(self, upcoming: Sequence[tuple[Hashable, Any]]) -> None:
-        """The samples expected next, in order: start the new ones, cancel pending ones no longer expected."""
+    def schedule(self, upcoming: Sequence[tuple[Hashable, Any]], keep: Iterable[Hashable] = ()) -> None:
+        """The samples expected next, in order: start the new ones, cancel pending ones no longer expected.
+
+        ``keep``: keys about to be collected with ``get`` (the current batch, when the next one is hinted before it
+        is collected): left pending if they are, never started if they are not."""
         if self._pool is None:
             return
-        want = {k for k, _ in upcoming}
+        want = {k for k, _ in upcoming} | set(keep)
         for k in [k for k in self._pending if k not in want]:
             self._pending.pop(k).cancel()
         for k, sample in upcoming:

@@ -46,8 +46,7 @@ class PromptMixin:
 
     def _prepare_sample(self, pos: int, idx: int, s):
         pf = self._get_prefetcher()
-        # keyed by the sample object too: a data re-selection may map the same index to another sample
-        return self.task.prepare(s) if pf is None else pf.get((pos, idx, id(s)), s, inline=self.task.prepare)
+        return self.task.prepare(s) if pf is None else pf.get(self._sample_key(pos, idx), s, inline=self.task.prepare)
 
     def _get_prefetcher(self):
         if self.cfg.data.prefetch <= 0:
@@ -60,20 +59,26 @@ class PromptMixin:
             self._prefetcher = Prefetcher(task.prepare)
         return self._prefetcher
 
-    def _prefetch_ahead(self) -> None:
+    def _prefetch_ahead(self, current: Sequence[tuple] = ()) -> None:
         """Hint the samples of the next ``data.prefetch`` draws (on a copy of the stream), stopping before an epoch
-        boundary that runs a data re-selection (it may change the data)."""
+        boundary that runs a data re-selection (it may change the data).  ``current``: the batch just drawn and not
+        yet prepared (``_draw``'s output); its pending samples stay pending."""
         pf = self._get_prefetcher()
         if pf is None:
             return
+        keep = [self._sample_key(pos, idx) for pos, idx, _ in current]
         st = copy.copy(self.stream)
         hook, st.on_epoch = st.on_epoch, None
         upcoming = []
         for _ in range(self.cfg.data.prefetch):
             if hook is not None and st.offset + self.prompts_per_step > st.n:
                 break
-            upcoming += [((pos, idx, id(self.samples[idx])), self.samples[idx]) for pos, idx, _ in self._draw(st)]
-        pf.schedule(upcoming)
+            upcoming += [(self._sample_key(pos, idx), self.samples[idx]) for pos, idx, _ in self._draw(st)]
+        pf.schedule(upcoming, keep=keep)
+
+    def _sample_key(self, pos: int, idx: int) -> tuple:
+        # keyed by the sample object too: a data re-selection may map the same index to another sample
+        return pos, idx, id(self.samples[idx])
 
     def _close_prefetch(self) -> None:
         pf = getattr(self, "_prefetcher", None)

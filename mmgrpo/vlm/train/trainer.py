@@ -270,10 +270,13 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         valid_groups = 0.0  # summed over rounds, also from empty batches (statistics may be global)
         extra = sum(m.extra_rounds() for m in self.methods)
         for rnd in range(1 + extra):
-            preps = self._prepare(self._draw())
+            drawn = self._draw()
+            # hint the next draws before preparing this one: the background thread decodes them while this batch
+            # is prepared (inline on the first step and after a resume) and while this step generates and trains
+            self._prefetch_ahead(current=drawn)
+            preps = self._prepare(drawn)
             for m in self.methods:
                 preps = m.prepare_prompts(step, preps)
-            self._prefetch_ahead()  # the next draws' media decode while this step generates and trains
             # a group is counted by the process holding its generation 0 (split groups are counted once)
             first_here = torch.tensor([pos for pos, _, gens in preps if gens is None or 0 in gens], dtype=torch.long)
             rb = self.rollout(step, preps) if preps else empty_batch()
