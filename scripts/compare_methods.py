@@ -110,21 +110,31 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
 
 
+def vlm_steps(hist: list[dict]) -> int:
+    """Optimizer steps of a VLM run: its last logged step. Not the number of rows: the demo's TVG settings validate
+    at step 0, a row with no training step, so counting rows overstated every run by one."""
+    return max((int(h.get("step", 0)) for h in hist), default=0)
+
+
 # ---------------------------------------------------------------------------------------------------- front-ends
 def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
-    s = demo.tvg_setup(runner, args, demo.load_recipes().tvg, runner.out / "shared")
+    recipe = demo.load_recipes().tvg
+    s = demo.tvg_setup(runner, args, recipe, runner.out / "shared")
     base, ev = s["base"], s["eval_cmd"]
     # the demo's own method switch (TempSamp-R1) must not leak into the other methods' runs
     s["train_cmd"] = without_recipe_keys(s["train_cmd"], all_recipes("vlm", args.recipes))
+    annotations = s["data_dir"] / "eval.jsonl"
     if args.eval_split == "validation":
-        # a fresh draw of the same generator (another seed): for choosing settings without touching held-out data
-        seed = int(s["report"].get("args", {}).get("seed", 0)) + 1000
-        val = runner.out / "shared" / "validation"
-        runner.run("validation_data", [PY, "data/synthetic_tvg.py", str(val), "--n-train", "1", "--n-eval",
-                                       str(args.tvg_eval if args.smoke else 100), "--seed", str(seed)])
-        ev = ev + [f"data.annotations={val / 'eval.jsonl'}"]
+        # a fresh draw of the same generator (the base's benchmark, another seed): for choosing settings without
+        # touching held-out data
+        annotations = runner.out / "shared" / "validation" / "eval.jsonl"
+        runner.run("validation_data", validation_data_cmd(recipe, s["report"], annotations.parent,
+                                                          args.tvg_eval if args.smoke else 100))
+        ev = ev + [f"data.annotations={annotations}"]
     runner.run("base_eval", ev + [f"model={base}", f"out_dir={runner.out / 'base_eval'}"])  # greedy: seed-free
     base_m = demo._read_json(runner.out / "base_eval" / "metrics.json")
+    anns = {} if runner.dry_run else demo.read_annotations(annotations)
+    args.base_probes = demo.prediction_probes(anns, runner.out / "base_eval" / "predictions.jsonl")
     rows = []
     for name, recipe in methods.items():
         for seed in args.seed_list:
@@ -143,12 +153,23 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
             hist = read_metrics(d / "run" / "metrics.jsonl")
             m = demo._read_json(d / "eval" / "metrics.json")
             rows.append({"method": name, "seed": seed, "metric": m.get("mIoU"), "R1@0.5": m.get("R1@0.5"),
-                         "base_metric": base_m.get("mIoU"), "steps": len(hist),
+                         "base_R1@0.5": base_m.get("R1@0.5"),
+                         "base_metric": base_m.get("mIoU"), "steps": vlm_steps(hist),
+                         "probes": demo.prediction_probes(anns, d / "eval" / "predictions.jsonl"),
                          "train_seconds": hist[-1].get("perf/train_seconds") if hist else None,
                          "compute": hist[-1].get("perf/generated_tokens") if hist else None,
                          # the task reward of on-policy rows (IoU), not the method-shaped total (T-GRPO bonus)
                          "curve": [(h.get("perf/train_seconds"), h.get("reward/iou/mean")) for h in hist]})
     return rows
+
+
+def validation_data_cmd(recipe, report: dict, out: Path, n_videos: int) -> list[str]:
+    """The generator command of the validation draw (``--eval-split validation``): the base's own benchmark (the
+    demo's ``benchmark_script`` and ``benchmark_args``) with its seed + ``validation_seed_offset``, ``n_videos``
+    held-out videos; disjoint from the training and held-out splits."""
+    seed = int(demo.benchmark_sizes(report).get("seed", 0)) + recipe.validation_seed_offset
+    return [PY, recipe.benchmark_script, str(out), "--n-train", "1", "--n-eval", str(n_videos), "--seed",
+            str(seed)] + [str(a) for a in recipe.benchmark_args]
 
 
 def trained_model(runner: demo.Runner, base: Path, ckpt: Path, export: Path, recipe: Path) -> list[str]:
@@ -297,14 +318,51 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
                      f"{_f(statistics.fmean([r['steps'] for r in rs]))} | "
                      f"{_f(statistics.fmean([r['compute'] or 0 for r in rs]), digits=0)} |")
     lines += [f"* FAILED: {r['method']} seed {r['seed']}: {r['error']}" for r in failed]
-    table = "\n".join(lines) + "\n"
+    probes = probe_table(rows, methods, getattr(args, "base_probes", None)) if frontend == "vlm" else []
+    table = "\n".join(lines + probes) + "\n"
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"frontend": frontend, "budget_s": args.budget, "seeds": args.seeds,
-                                                  "summary": level, "gain_summary": stats, "runs": rows},
+                                                  "summary": level, "gain_summary": stats,
+                                                  "base_probes": getattr(args, "base_probes", None), "runs": rows},
                                                  indent=1) + "\n")
     plot(out / "curves.png", rows, metric_name={"vlm": "training IoU reward", "flow": "training verifier reward"}[
         frontend])
     return table
+
+
+PROBES = {  # column -> (probe, key) of demo.prediction_probes
+    "own query mIoU": ("query_swap", "own_mIoU"), "other query mIoU": ("query_swap", "other_mIoU"),
+    "lands on the queried event %": ("events", "hit"), "start offset on hits (s)": ("events", "start_offset"),
+    "end offset on hits (s)": ("events", "end_offset"),
+    "earliest-event queries: on it %": ("events", "hit_earliest"), "later-event queries: on it %": ("events", "hit_later"),
+    "later-event queries: on the earliest %": ("events", "later_on_earliest")}
+
+
+def probe_table(rows: list[dict], methods: list[str], base: dict | None) -> list[str]:
+    """VLM: R1@0.5 and the grounding probes of each method's evaluations (mean over seeds), the start first: the
+    query-swap probe (own > other: the model reads the query) and where the predictions land (the queried event, and
+    the signed boundary offsets on those hits: a lag shows as both > 0; split by the queried event's place, a bias
+    toward the video's earliest event shows as later-event queries landing on it)."""
+    def get(p, key):
+        v = ((p or {}).get(key[0]) or {}).get(key[1])
+        return None if v is None else float(v)
+
+    def mean(vals):
+        vals = [v for v in vals if v is not None]
+        return statistics.fmean(vals) if vals else None
+
+    if base is None and not any(r.get("probes") for r in rows):
+        return []
+    lines = ["", "| method | R1@0.5 | " + " | ".join(PROBES) + " |", "|---|---|" + "---|" * len(PROBES)]
+    fmt = lambda col, v: _f(v, sign=True, digits=2) if "offset" in col else _f(v)  # noqa: E731
+    if base is not None:
+        r1 = mean([r.get("base_R1@0.5") for r in rows])
+        lines.append("| start | " + _f(r1) + " | " + " | ".join(fmt(c, get(base, k)) for c, k in PROBES.items()) + " |")
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m]
+        lines.append(f"| {m} | {_f(mean([r.get('R1@0.5') for r in rs]))} | " + " | ".join(
+            fmt(c, mean([get(r.get("probes"), k) for r in rs])) for c, k in PROBES.items()) + " |")
+    return lines
 
 
 def _f(x, sign: bool = False, digits: int = 1) -> str:

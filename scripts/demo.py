@@ -331,29 +331,50 @@ def draw_timelines(out: Path, annotations: Path, n: int) -> None:
         print(f"[demo] could not draw the TVG timelines: {e}", flush=True)
 
 
+def read_annotations(path: Path) -> dict[str, dict]:
+    """id -> record of a JSONL annotation file (the held-out queries an evaluation ran on)."""
+    anns = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            a = json.loads(line)
+            anns[a["id"]] = a
+    return anns
+
+
+def prediction_probes(anns: dict[str, dict], predictions: Path) -> dict | None:
+    """The query-swap and event probes (``mmgrpo.vlm.sft.query_swap_probe`` / ``event_probe``) of one evaluation's
+    ``predictions.jsonl`` on the annotated queries ``anns`` (:func:`read_annotations`); None if it does not exist."""
+    from mmgrpo.vlm.sft import event_probe, query_swap_probe
+
+    if not predictions.exists():
+        return None
+    recs = [json.loads(l) for l in predictions.read_text().splitlines() if l.strip()]
+    recs = [r for r in recs if r.get("id") in anns]
+    texts, samples = [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
+    return {"query_swap": query_swap_probe(texts, samples), "events": event_probe(texts, samples)}
+
+
+def _predicted_ids(predictions: Path) -> list[str]:
+    return [json.loads(l).get("id") for l in predictions.read_text().splitlines() if l.strip()]
+
+
 def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
     """What the TVG numbers mean (docs/demo_models.md): on exactly the evaluated held-out queries, the mIoU of the
     video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
     query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
     GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
-    from mmgrpo.vlm.sft import event_probe, query_swap_probe, score_tvg_outputs
+    from mmgrpo.vlm.sft import score_tvg_outputs
 
-    anns = {}
-    for line in annotations.read_text().splitlines():
-        if line.strip():
-            a = json.loads(line)
-            anns[a["id"]] = a
+    anns = read_annotations(annotations)
     probes: dict = {}
     for phase in ("before", "after"):
-        preds = out / f"eval_{phase}" / "predictions.jsonl"
-        if not preds.exists():
+        p = prediction_probes(anns, out / f"eval_{phase}" / "predictions.jsonl")
+        if p is None:
             continue
-        recs = [json.loads(l) for l in preds.read_text().splitlines() if l.strip()]
-        recs = [r for r in recs if r.get("id") in anns]
-        texts, samples = [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
-        probes.setdefault("query_swap", {})[phase] = query_swap_probe(texts, samples)
-        probes.setdefault("events", {})[phase] = event_probe(texts, samples)
+        probes.setdefault("query_swap", {})[phase] = p["query_swap"]
+        probes.setdefault("events", {})[phase] = p["events"]
         if phase == "before":
+            samples = [anns[r] for r in _predicted_ids(out / "eval_before" / "predictions.jsonl") if r in anns]
             frac = (base_report.get("video_blind_baselines", {}).get("duration_relative_span", {}).get("span"))
             if frac:
                 a, b = frac

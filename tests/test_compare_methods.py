@@ -1,4 +1,5 @@
 """Method-comparison driver: statistics by hand, and every method's command is built (dry run)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,63 @@ def test_export_full_model_writes_the_checkpoint_weights(tmp_path):
     ref = pol.model.state_dict()
     assert torch.equal(got[name], ref[name] + 0.5)
     assert all(torch.equal(got[k], v) for k, v in ref.items() if k != name)
+
+
+def test_validation_draw_is_the_bases_own_benchmark():
+    """--eval-split validation regenerates the base's benchmark (the demo's generator arguments: version 2 for the
+    grounding base), at the benchmark's seed + the demo's validation offset; it drew version 1 before."""
+    import compare_methods as cm
+    import demo
+
+    recipe = demo.load_recipes().tvg
+    rep = json.loads((REPO / recipe.base / "sft_report.json").read_text())
+    cmd = cm.validation_data_cmd(recipe, rep, Path("/tmp/val"), 100)
+    assert cmd[1:] == [recipe.benchmark_script, "/tmp/val", "--n-train", "1", "--n-eval", "100", "--seed",
+                       str(rep["data"]["info"]["seed"] + 1000), "--version", "2", "--clock", "light", "--events", "2",
+                       "3"]
+    demo.check_benchmark_args(rep, cmd[cmd.index("--seed") + 2:])  # the demo's own guard accepts it
+
+
+def test_probe_table_by_hand(tmp_path):
+    """Per-run grounding probes from a run's predictions, and their means over seeds in the table."""
+    import compare_methods as cm
+    import demo
+
+    # one video, two queries (events [0, 2] and [4, 6])
+    anns = {"a0": {"id": "a0", "task": "tvg", "query": "red", "video": "a.mp4", "duration": 10.0, "spans": [[0.0, 2.0]]},
+            "a1": {"id": "a1", "task": "tvg", "query": "blue", "video": "a.mp4", "duration": 10.0,
+                   "spans": [[4.0, 6.0]]}}
+
+    def probes(out0: str, out1: str) -> dict:
+        f = tmp_path / "predictions.jsonl"
+        f.write_text(json.dumps({"id": "a0", "output": out0}) + "\n" + json.dumps({"id": "a1", "output": out1}) + "\n")
+        return demo.prediction_probes(anns, f)
+
+    late = probes("<answer>1.00 to 3.00</answer>", "<answer>5.00 to 7.00</answer>")  # both 1 s late: IoU 1/3 each
+    assert late["events"]["hit"] == 100.0 and late["events"]["start_offset"] == 1.0 == late["events"]["end_offset"]
+    assert abs(late["query_swap"]["own_mIoU"] - 100 / 3) < 1e-6 and late["query_swap"]["other_mIoU"] == 0.0
+    swapped = probes("<answer>4.00 to 6.00</answer>", "<answer>0.00 to 2.00</answer>")  # each on the other's event
+    assert swapped["events"]["hit"] == 0.0 and swapped["query_swap"]["other_mIoU"] == 100.0
+    assert demo.prediction_probes(anns, tmp_path / "missing.jsonl") is None
+
+    rows = [{"method": "grpo", "seed": 0, "R1@0.5": 10.0, "base_R1@0.5": 5.0, "probes": late},
+            {"method": "grpo", "seed": 1, "R1@0.5": 20.0, "base_R1@0.5": 5.0, "probes": swapped},
+            {"method": "x", "seed": 0, "R1@0.5": 30.0, "base_R1@0.5": 5.0, "probes": None}]
+    lines = cm.probe_table(rows, ["grpo", "x"], base=late)
+    # a0 asks about the earliest event [0, 2], a1 about the later [4, 6]: late hits both; swapped puts a1 on [0, 2]
+    assert lines[3] == "| start | 5.0 | 33.3 | 0.0 | 100.0 | +1.00 | +1.00 | 100.0 | 100.0 | 0.0 |"
+    # own (33.3 + 0) / 2, other (0 + 100) / 2, hit (100 + 0) / 2; offsets only from the seed with hits
+    assert lines[4] == "| grpo | 15.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 | 50.0 | 50.0 | 50.0 |"
+    assert lines[5] == "| x | 30.0 | - | - | - | - | - | - | - | - |"
+    assert cm.probe_table([{"method": "x", "probes": None}], ["x"], base=None) == []
+
+
+def test_vlm_steps_is_the_last_step_not_the_row_count():
+    """The TVG runs log a step-0 validation row (no training step) and validation rows merged into training rows;
+    3 optimizer steps, 4 rows."""
+    import compare_methods as cm
+
+    hist = [{"step": 0, "val/mIoU": 21.4}, {"step": 1, "reward/iou/mean": 0.1},
+            {"step": 2, "reward/iou/mean": 0.2, "val/mIoU": 25.0}, {"step": 3, "reward/iou/mean": 0.3}]
+    assert cm.vlm_steps(hist) == 3 and len(hist) == 4
+    assert cm.vlm_steps([]) == 0

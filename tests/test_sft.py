@@ -304,8 +304,13 @@ def test_event_probe_by_hand():
     assert out["start_offset"] == pytest.approx((1.0 + 0.0) / 2) and out["end_offset"] == pytest.approx(0.75)
     assert out["hit_mIoU"] == pytest.approx(100 * (1 / 3 + 0.8) / 2)
     assert out["width"] == pytest.approx((2.0 + 1.5 + 2.5 + 1.0) / 4)
+    # by the queried event's place: a and d ask about their video's earliest event (both hit); b, c, e about later
+    # ones (no hit; b lands on the earliest event, c is unparsed, e lands nowhere)
+    assert out["hit_earliest"] == 100.0 and out["hit_later"] == 0.0
+    assert out["later_on_earliest"] == pytest.approx(100 / 3)
     none = sft.event_probe(["x"], samples[:1])
     assert none["hit"] == 0.0 and none["start_offset"] is None and none["width"] is None
+    assert none["hit_earliest"] == 0.0 and none["hit_later"] is None and none["later_on_earliest"] is None
     with pytest.raises(ValueError):
         sft.event_probe(texts[:2], samples)
 

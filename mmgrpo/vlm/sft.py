@@ -555,7 +555,10 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
     the hits, the mean signed boundary offsets ``start_offset`` / ``end_offset`` (seconds, prediction - truth: a
     systematic lag shows as both > 0) and ``hit_mIoU``; ``width`` = mean predicted span length (s) of parsed
     outputs.  A gain in mIoU with ``hit`` unchanged is boundary precision on events the model already chose; a
-    gain in ``hit`` is choosing the queried event more often."""
+    gain in ``hit`` is choosing the queried event more often.  Split by the queried event's place: ``hit_earliest``
+    (over the queries about the video's earliest event), ``hit_later`` (over the others) and ``later_on_earliest``
+    (share of the later-event queries that land on the earliest event: a bias toward the first event shows here,
+    not in ``hit``); None when a class is empty."""
     from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_temporal
     from mmgrpo.vlm.rewards.temporal import temporal_iou
 
@@ -567,9 +570,14 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
     n = len(samples)
     hit = landed = first = 0
     d_start, d_end, hit_iou, widths, chance = [], [], [], [], []
+    by_place = {True: [0, 0], False: [0, 0]}  # queried event is the earliest -> [hits, queries]
+    later_first = 0
     for t, s in zip(texts, samples):
         evs = sorted(set(events[str(_get(s, "video"))]))
         chance.append(1.0 / len(evs))
+        gt = tuple(_get(s, "spans")[0])
+        place = by_place[evs[0] == gt]
+        place[1] += 1
         tp = prepare_temporal(t, sample_dict(s), ParseConfig())
         if tp.pred is None:
             continue
@@ -581,9 +589,10 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
             continue
         landed += 1
         first += j == 0
-        gt = tuple(_get(s, "spans")[0])
+        later_first += j == 0 and evs[0] != gt
         if evs[j] == gt:
             hit += 1
+            place[0] += 1
             d_start.append(p[0] - gt[0])
             d_end.append(p[1] - gt[1])
             hit_iou.append(ious[j])
@@ -592,9 +601,12 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
         return None if not xs else float(sum(xs) / len(xs))
 
     pct = lambda k: 100.0 * k / max(1, n)  # noqa: E731
+    pct_of = lambda k, m: None if m == 0 else 100.0 * k / m  # noqa: E731
     return {"n": n, "hit": pct(hit), "chance": 100.0 * (mean(chance) or 0.0), "landed": pct(landed),
             "first": pct(first), "start_offset": mean(d_start), "end_offset": mean(d_end),
-            "hit_mIoU": None if not hit_iou else 100.0 * mean(hit_iou), "width": mean(widths)}
+            "hit_mIoU": None if not hit_iou else 100.0 * mean(hit_iou), "width": mean(widths),
+            "hit_earliest": pct_of(*by_place[True]), "hit_later": pct_of(*by_place[False]),
+            "later_on_earliest": pct_of(later_first, by_place[False][1])}
 
 
 def evaluate_tvg(model, processor, examples: Sequence[SFTExample], batch_size: int = 32,

@@ -105,6 +105,21 @@ def test_aggregation_weights_for_unequal_lengths():
         aggregate_loss(x, mask, "nope")
 
 
+def test_seq_mean_counts_only_rows_with_a_loss_token_unlike_trl():
+    """docs/trl_parity.md, divergence 1: a fully masked row (a truncated completion under
+    mask_truncated_completions) leaves the denominator. TRL's ``loss_type="grpo"``,
+    ((l * m).sum(-1) / m.sum(-1).clamp(min=1)).mean(), counts it: with 1 of 3 rows masked its step is 2/3 of ours."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
+    x = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
+    ours = aggregate_loss(x, mask, "seq_mean_token_mean")
+    assert ours.item() == pytest.approx((2.0 + 4.0) / 2)  # row means 2 and 4, over the 2 rows that have tokens
+    trl = (2.0 + 4.0 + 0.0) / 3  # the same rows, divided by all 3
+    assert ours.item() == pytest.approx(trl * 3 / 2)
+    # no fully masked row: the two rules agree
+    full = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    assert aggregate_loss(x, full, "seq_mean_token_mean").item() == pytest.approx((2.0 + 4.0 + 5.0) / 3)
+
+
 def test_kl_estimators_hand_values():
     lp, ref = torch.tensor([-1.0], dtype=torch.float64), torch.tensor([-2.0], dtype=torch.float64)
     assert kl_penalty(lp, ref, "k1").item() == pytest.approx(1.0)
