@@ -119,7 +119,7 @@ def vae_roundtrip_error(vae, clip) -> float:
 
 # ----------------------------------------------------------------------------------------------- pipeline
 def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int = 2, patch: int = 8,
-                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False):
+                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False, abs_pos: bool = False):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -141,6 +141,8 @@ def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int =
     ))
     if width % heads:
         raise ValueError(f"--width {width} must be a multiple of --heads {heads}")
+    if abs_pos:  # Wan + a fixed 3-D sin-cos position embedding (flow_grpo/models/wan_abspos.py says why)
+        from flow_grpo.models.wan_abspos import WanAbsPosTransformer3DModel as WanTransformer3DModel  # noqa: N814
     transformer = WanTransformer3DModel(
         patch_size=(1, patch, patch), num_attention_heads=heads, attention_head_dim=width // heads, in_channels=3,
         out_channels=3, text_dim=32, freq_dim=32, ffn_dim=2 * width, num_layers=layers, rope_max_seq_len=64,
@@ -173,8 +175,12 @@ def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
     return dict(spec, objects=objs), True
 
 
+# --paths fixed: the cell a mover keeps across its axis (row for left / right, column for up / down), per direction
+FIXED_ACROSS = {"right": 1, "left": 2, "down": 1, "up": 2}
+
+
 def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, move_cells: int = 2,
-                   seed: int = 0):
+                   seed: int = 0, paths: str = "random"):
     """A token-aligned reference clip of ``spec`` (the ``--layout aligned`` training data): uint8 (F, H, W, 3).
 
     The frame is a grid of ``cell`` px cells (``cell`` = the transformer's patch = the shape size, so each token
@@ -182,7 +188,9 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     starts in a random cell from which it can go ``move_cells`` cells its way, and on frame k is
     ``floor(k * move_cells / (F - 1))`` cells along (so at 5 frames and 2 cells: 0, 0, 1, 1, 2); its other
     coordinate is random and constant. Still objects ("none") sit in a random cell. Objects of one clip never
-    share a cell. Only specs whose entries all have count 1 and order 0 (tags ``motion`` and ``two_motion``):
+    share a cell. ``paths="fixed"``: one path per direction instead: a mover starts at the edge it leaves
+    (column / row 0 for right / down, the last one for left / up) and keeps the cell ``FIXED_ACROSS[direction]``
+    across its axis (single-entry specs only; ``seed`` then changes nothing). Only specs whose entries all have count 1 and order 0 (tags ``motion`` and ``two_motion``):
     others raise ValueError. The verifier accepts these clips (tested) as long as ``move_cells * cell >=
     min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
@@ -194,31 +202,41 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     if any(e["count"] != 1 or e["order"] != 0 for e in objs):
         raise ValueError(f"render_aligned: only count-1, order-0 entries (tags motion / two_motion), got "
                          f"{spec.get('prompt')!r}")
+    if paths not in ("random", "fixed"):
+        raise ValueError(f"render_aligned: paths must be 'random' or 'fixed', got {paths!r}")
+    if paths == "fixed" and len(objs) != 1:
+        raise ValueError(f"render_aligned: paths='fixed' takes single-entry specs (tag motion), got "
+                         f"{spec.get('prompt')!r}")
     g = size // cell
+    if paths == "fixed" and max(FIXED_ACROSS.values()) >= g:
+        raise ValueError(f"render_aligned: paths='fixed' needs more than {max(FIXED_ACROSS.values())} cells per side")
     if g * cell != size or move_cells >= g or frames < 2:
         raise ValueError(f"render_aligned: size {size} must be a multiple of cell {cell} with more than "
                          f"move_cells {move_cells} cells per side, frames {frames} >= 2")
     rng = random.Random(seed)
     axis_sign = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}
     for _attempt in range(200):
-        paths = []  # per object: list of (col, row) per frame
+        tracks = []  # per object: list of (col, row) per frame
         for e in objs:
             if e["direction"] == "none":
                 c = (rng.randrange(g), rng.randrange(g))
-                paths.append([c] * frames)
+                tracks.append([c] * frames)
                 continue
             axis, sign = axis_sign[e["direction"]]
-            a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
-            b = rng.randrange(g)
+            if paths == "fixed":
+                a, b = (g - 1 if sign < 0 else 0), FIXED_ACROSS[e["direction"]]
+            else:
+                a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
+                b = rng.randrange(g)
             steps = [sign * (k * move_cells // (frames - 1)) for k in range(frames)]
-            paths.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
-        if all(len(set(p[k] for p in paths)) == len(paths) for k in range(frames)):
+            tracks.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
+        if all(len(set(p[k] for p in tracks)) == len(tracks) for k in range(frames)):
             break
     else:
         raise RuntimeError(f"render_aligned: could not place {spec.get('prompt')!r}")
     clip = np.empty((frames, size, size, 3), np.uint8)
     clip[:] = BACKGROUND
-    for e, path in zip(objs, paths):
+    for e, path in zip(objs, tracks):
         m = _shape_mask(e["shape"], cell)
         for k, (cx, cy) in enumerate(path):
             clip[k, cy * cell:(cy + 1) * cell, cx * cell:(cx + 1) * cell][m] = COLORS[e["color"]]
@@ -229,14 +247,14 @@ class ClipBatches:
     """``batch_fn(step) -> (uint8 (B, F, H, W, 3), prompts)`` of train-split Mini-T2V clips; captions are always
     the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips.
     ``layout="free"``: the benchmark's :func:`render_clip`; ``"aligned"``: :func:`render_aligned` (``cell``,
-    ``move_cells``)."""
+    ``move_cells``, ``paths``)."""
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
-                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2):
+                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2, paths: str = "random"):
         from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
-        self.layout, self.cell, self.move_cells = layout, cell, move_cells
+        self.layout, self.cell, self.move_cells, self.paths = layout, cell, move_cells, paths
         self.specs = all_prompts("train", tags=list(tags))
         self.rng = random.Random(seed)
         self.noised = self.drawn = 0
@@ -254,7 +272,8 @@ class ClipBatches:
             self.drawn += 1
             seed = self.rng.getrandbits(31)
             if self.layout == "aligned":
-                clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed))
+                clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed,
+                                             self.paths))
             else:
                 clips.append(render_clip(shown, self.size, self.frames, seed=seed))
             prompts.append(spec["prompt"])
@@ -390,6 +409,12 @@ def parse_args(argv=None):
                    help="mean of the logit-normal training noise levels (0 = SD3's default; > 0 trains more at "
                         "high noise, where a clip's trajectory is decided)")
     p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
+    p.add_argument("--paths", default="random", choices=["random", "fixed"],
+                   help="--layout aligned: 'random' start cells, or 'fixed': one path per direction (a mover "
+                        "starts at the edge it leaves, on a fixed row / column; tag motion only)")
+    p.add_argument("--abs-pos", action="store_true",
+                   help="transformer = WanAbsPosTransformer3DModel (Wan + a fixed 3-D sin-cos absolute position "
+                        "embedding): Wan alone (RoPE only) cannot place an object in a given cell from noise")
     return p.parse_args(argv)
 
 
@@ -436,8 +461,10 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     if args.layout == "aligned" and args.size % args.patch:
         raise ValueError(f"--layout aligned: --size {args.size} must be a multiple of --patch {args.patch}")
+    if args.paths == "fixed" and (args.layout != "aligned" or set(args.tags) != {"motion"}):
+        raise ValueError("--paths fixed needs --layout aligned --tags motion")
     pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
-                          word_tokens=args.word_tokens)
+                          word_tokens=args.word_tokens, abs_pos=args.abs_pos)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
     ref = render_clip(all_prompts("train", tags=["two_motion"])[0], args.size, args.frames, seed=0)
     from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline
@@ -450,7 +477,7 @@ def main(argv=None) -> int:
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
     batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise, args.tags,
-                          args.layout, args.patch, args.move_cells)
+                          args.layout, args.patch, args.move_cells, args.paths)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
@@ -484,7 +511,8 @@ def main(argv=None) -> int:
         print("val", json.dumps({k: v for k, v in ev.items() if k != "samples"}), flush=True)
     info["build_seconds"] = time.perf_counter() - t_start
     demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
-            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "layout": args.layout,
+            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "layout": args.layout, "move_cells": args.move_cells,
+            "paths": args.paths, "abs_pos": args.abs_pos,
             "direction_noise": args.direction_noise, "build_command": cmd}
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
