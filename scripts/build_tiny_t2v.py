@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short)
+DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short); --text-len overrides it
 TAGS = ("motion", "count_motion", "two_motion", "order")
 _K = 1000.0   # constant channel carried through the VAE heads (RMS-norm then divides by ~_K)
 _EPS = 1e-3   # signal scale inside the heads: SiLU(e) = e/2 + O(e^2), so the head is linear to ~e/2 relative
@@ -408,6 +408,11 @@ def parse_args(argv=None):
     p.add_argument("--sigma-mean", type=float, default=0.0,
                    help="mean of the logit-normal training noise levels (0 = SD3's default; > 0 trains more at "
                         "high noise, where a clip's trajectory is decided)")
+    p.add_argument("--text-len", type=int, default=DEMO_MAX_SEQUENCE_LENGTH,
+                   help="UMT5 tokens fed to the transformer (max_sequence_length; Wan zero-pads the prompt to it, "
+                        "and the zero tokens share the cross-attention with the words). --eval-only reads the "
+                        "folder's mmgrpo_demo.json instead")
+    p.add_argument("--sigma-std", type=float, default=1.0, help="std of the logit-normal training noise levels")
     p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
     p.add_argument("--paths", default="random", choices=["random", "fixed"],
                    help="--layout aligned: 'random' start cells, or 'fixed': one path per direction (a mover "
@@ -422,7 +427,9 @@ def eval_only(args) -> int:
     """``--eval-only DIR [--lora L]``: the motion-verifier evaluation of a saved base (or base + GRPO LoRA)."""
     from flow_grpo.models import load_adapter
 
-    ad = load_adapter(args.eval_only, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    demo = Path(args.eval_only) / "mmgrpo_demo.json"
+    text_len = json.loads(demo.read_text())["max_sequence_length"] if demo.is_file() else args.text_len
+    ad = load_adapter(args.eval_only, max_sequence_length=text_len, num_frames=args.frames)
     if args.lora:
         ad.pipe.load_lora_weights(args.lora)  # as eval/generate_t2i.py: peft layers injected in place
     ad.transformer.eval()
@@ -472,7 +479,7 @@ def main(argv=None) -> int:
     recon = {"identity_vae_max_err_uint8": vae_roundtrip_error(pipe.vae, ref),
              "tiny_random_wan_vae_max_err_uint8": vae_roundtrip_error(build_tiny_wan_pipeline(0).vae, ref)}
     print("vae reconstruction", json.dumps(recon), flush=True)
-    adapter = adapter_from_pipeline(pipe, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    adapter = adapter_from_pipeline(pipe, max_sequence_length=args.text_len, num_frames=args.frames)
     n_params = {n: sum(p.numel() for p in getattr(pipe, n).parameters()) for n in ("transformer", "vae",
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
@@ -484,6 +491,7 @@ def main(argv=None) -> int:
 
     cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
                          cond_dropout=args.cond_dropout, ema_decay=args.ema, sigma_mean=args.sigma_mean,
+                         sigma_std=args.sigma_std,
                          train_text_encoders=args.train_text,
                          max_seconds=args.seconds, log_every=25)
     hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
@@ -498,10 +506,10 @@ def main(argv=None) -> int:
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,
-            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "num_frames": args.frames, "size": args.size,
+            "max_sequence_length": args.text_len, "num_frames": args.frames, "size": args.size,
             "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
     if args.eval_per_prompt > 0:
-        ad = load_adapter(str(out), max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+        ad = load_adapter(str(out), max_sequence_length=args.text_len, num_frames=args.frames)
         t = time.perf_counter()
         ev = evaluate(ad, "val", args.eval_per_prompt, args.eval_steps, args.size, seed=args.eval_seed,
                       tags=args.tags)
@@ -511,7 +519,7 @@ def main(argv=None) -> int:
         print("val", json.dumps({k: v for k, v in ev.items() if k != "samples"}), flush=True)
     info["build_seconds"] = time.perf_counter() - t_start
     demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
-            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "layout": args.layout, "move_cells": args.move_cells,
+            "max_sequence_length": args.text_len, "layout": args.layout, "move_cells": args.move_cells,
             "paths": args.paths, "abs_pos": args.abs_pos,
             "direction_noise": args.direction_noise, "build_command": cmd}
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
