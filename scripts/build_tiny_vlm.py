@@ -263,6 +263,45 @@ def noisy_labels(samples: list, noise: float, seed: int, round_to: float = 0.0) 
     return out
 
 
+def shifted_labels(samples: list, shift: float) -> list:
+    """Copies of ``samples`` whose span moves by ``shift`` seconds (start and end), clipped to ``[0, duration]`` and
+    kept at least 0.25 s long: annotations with a systematic lag (``shift`` > 0: marked late)."""
+    import dataclasses
+
+    out = []
+    for s in samples:
+        (a, b), = s.spans
+        a2 = min(max(a + shift, 0.0), s.duration - 0.25)
+        b2 = min(max(b + shift, a2 + 0.25), s.duration)
+        out.append(dataclasses.replace(s, spans=[[a2, b2]]))
+    return out
+
+
+def first_event_labels(samples: list, rate: float, seed: int) -> list:
+    """Copies of ``samples`` in which, for a fixed random ``rate`` share of the samples (one draw per sample from
+    ``seed``), the label is the span of the **earliest** event of the same video (the earliest-starting span among
+    that video's samples; ties: the shorter), whatever the query asks: annotations with a first-event bias. A sample
+    whose query already names the earliest event keeps its label, so the share of labels that *change* is ``rate``
+    times the share of queries about a later event. The base learns the query *and* a shortcut towards the first
+    event -- the weakness an IoU reward on correct labels can remove (docs/demo_models.md, issue #16)."""
+    import dataclasses
+
+    import numpy as np
+
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"first-event label rate must be in [0, 1], got {rate}")
+    first: dict = {}
+    for s in samples:
+        span = tuple(s.spans[0])
+        cur = first.get(s.video)
+        if cur is None or (span[0], span[1] - span[0]) < (cur[0], cur[1] - cur[0]):
+            first[s.video] = span
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(11,)))
+    draws = rng.random(len(samples))
+    return [dataclasses.replace(s, spans=[list(first[s.video])]) if d < rate else s
+            for s, d in zip(samples, draws)]
+
+
 def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
     answer (``mmgrpo.vlm.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
@@ -341,6 +380,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--label-noise", type=float, default=0.0,
                    help="boundary-noisy SFT labels: each training answer's start and end move by an independent "
                         "uniform offset in [-x, x] seconds (fixed per sample; clipped to [0, duration], start < end)")
+    p.add_argument("--first-event-labels", type=float, default=0.0, metavar="RATE",
+                   help="grounding: biased SFT labels: for this share of the training samples (fixed per sample) the "
+                        "answer is the span of the video's earliest event, whatever the query asks (applied before "
+                        "--label-noise / --label-round); the held-out and validation labels are never changed")
+    p.add_argument("--label-shift", type=float, default=0.0, metavar="SECONDS",
+                   help="late SFT labels: move every training answer's start and end by this many seconds (clipped "
+                        "to [0, duration], at least 0.25 s long; applied before --label-noise / --label-round)")
     p.add_argument("--label-round", type=float, default=0.0,
                    help="coarse SFT labels: round each training answer's start down and end up to a multiple of x "
                         "seconds (after --label-noise); the answer's fraction digits then carry no frame-rate noise")
@@ -414,6 +460,13 @@ def main(argv=None) -> dict:
         ev_path = data_dir / "val.jsonl"
     train, held = load_split(tr_path), load_split(ev_path)
     train_clean = train
+    if args.first_event_labels > 0:
+        train = first_event_labels(train, args.first_event_labels, args.seed)
+        changed = sum(a.spans != b.spans for a, b in zip(train, train_clean))
+        print(f"[data] first-event labels: {changed} of {len(train)} training answers now point at the video's "
+              f"earliest event", flush=True)
+    if args.label_shift:
+        train = shifted_labels(train, args.label_shift)
     if args.label_noise > 0 or args.label_round > 0:
         train = noisy_labels(train, args.label_noise, args.seed, args.label_round)
     t_data = time.perf_counter() - t0

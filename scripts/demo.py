@@ -6,10 +6,11 @@
 
 Every stage is a command a user could run by hand (they are printed, and written to ``<out>/commands.sh``):
 
-* **tvg** - temporal grounding on the built-in synthetic videos (``data/synthetic_tvg.py``):
-  base = a tiny Qwen2.5-VL supervised-fine-tuned to a mediocre level (``scripts/build_tiny_vlm.py``);
-  eval before -> ``mmgrpo train`` (TempSamp-R1 GRPO, IoU reward; greedy validation curve on a separate draw of
-  the generator every few steps) -> eval after, with ``eval/generate_vlm.py``;
+* **tvg** - temporal grounding on the built-in synthetic grounding benchmark (``data/synthetic_tvg.py --version
+  2``): base = a tiny Qwen2.5-VL that grounds, fine-tuned on answers 1 s late (``scripts/build_grounding_base.py``);
+  eval before -> ``mmgrpo train`` (plain GRPO, IoU reward; greedy validation curve on a separate draw of the
+  generator) -> eval after, with ``eval/generate_vlm.py``; probes: video-blind span, query swap, event landing and
+  boundary offsets (``mmgrpo.vlm.sft.event_probe``);
 * **t2i** - mini-GenEval (``data/synthetic_t2i.py``): base = a tiny SD3 pipeline pre-trained on rendered
   images (``scripts/build_tiny_flow.py``); eval before -> ``flow_grpo train`` (Flow-GRPO-Fast: CPS + SDE window,
   verifier reward) -> eval after, with ``eval/generate_t2i.py``;
@@ -22,7 +23,8 @@ arguments, the trainers' and evaluators' ``key=value`` settings, full / smoke bu
 ``--t2i-recipe`` pick other files and ``tvg.KEY=VALUE`` / ``t2i.KEY=VALUE`` arguments override single keys, e.g.
 ``tvg.benchmark_args=[--version,2]`` or ``tvg.full.grpo.run.max_steps=60``.
 
-Targets (issue #6): TVG mIoU +8 points, mini-GenEval accuracy +15 points, every seed improving. The report says
+Targets (issues #6, #16): TVG mIoU and R1@0.5 +8 points, after >= video-blind + 15, own - other query >= 10 and
+above before; mini-GenEval accuracy +15 points; every seed. The report says
 whether they were met; evaluation settings are never tuned to pass.
 """
 from __future__ import annotations
@@ -197,6 +199,44 @@ def _repo_path(p: str) -> Path:
     return Path(p) if Path(p).is_absolute() else REPO / p
 
 
+def benchmark_sizes(rep: dict) -> dict:
+    """``n_train`` / ``n_eval`` / ``seed`` of the benchmark the base was supervised on: what its generator wrote
+    (``sft_report.json["data"]["info"]``, present when the base was built from a ``--data-dir``, whose builder
+    arguments keep their defaults), else the builder's own arguments."""
+    info = (rep.get("data") or {}).get("info") or {}
+    if all(k in info for k in ("n_train", "n_eval", "seed")):
+        return {k: info[k] for k in ("n_train", "n_eval", "seed")}
+    return rep.get("args", {})
+
+
+def check_benchmark_args(rep: dict, benchmark_args: list[str]) -> None:
+    """Refuse a recipe whose generator arguments would regenerate another benchmark than the base's own (its
+    ``data.info``: version, clock, lanes, events): the held-out split would then not be the one the base's numbers
+    and its video-blind baseline refer to."""
+    info = (rep.get("data") or {}).get("info") or {}
+    if not info.get("version"):
+        return
+    args = [str(a) for a in benchmark_args]
+
+    def opt(name: str, n: int = 1):
+        if name not in args:
+            return None
+        i = args.index(name)
+        return args[i + 1:i + 1 + n]
+
+    want = {"--version": [str(info["version"])], "--clock": [str(info.get("clock", "none"))],
+            "--lanes": [str(info.get("lanes", 3))]}
+    if info.get("n_events"):
+        want["--events"] = [str(x) for x in info["n_events"]]
+    defaults = {"--version": ["1"], "--clock": ["none"], "--lanes": ["3"], "--events": ["3", "5"]}
+    for name, value in want.items():
+        got = opt(name, len(value)) or defaults[name]
+        if got != value:
+            raise SystemExit(f"[demo] tvg.benchmark_args: {name} {' '.join(got)} does not match the base's own "
+                             f"benchmark ({name} {' '.join(value)}, from its sft_report.json data.info); set "
+                             f"tvg.benchmark_args to the arguments the base was built on")
+
+
 def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     """Base checkpoint, regenerated benchmark and the eval / GRPO command prefixes of the TVG task (shared with
     ``scripts/compare_methods.py``, so method comparisons train and evaluate exactly like the demo)."""
@@ -208,7 +248,8 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     # The base model's own benchmark (regenerated: the generator is deterministic in its seed), so the held-out
     # split is disjoint from everything the base was supervised on; GRPO trains on the training split.
     data_dir = out / "data"
-    sizes = rep.get("args", {})
+    sizes = benchmark_sizes(rep)
+    check_benchmark_args(rep, recipe.benchmark_args)
     if prof.n_train is not None:  # e.g. the smoke profile: a handful of videos is enough for a wiring check
         sizes = {**sizes, "n_train": prof.n_train}
     if prof.n_eval is not None:
@@ -295,7 +336,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
     video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
     query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
     GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
-    from mmgrpo.vlm.sft import query_swap_probe, score_tvg_outputs
+    from mmgrpo.vlm.sft import event_probe, query_swap_probe, score_tvg_outputs
 
     anns = {}
     for line in annotations.read_text().splitlines():
@@ -311,6 +352,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
         recs = [r for r in recs if r.get("id") in anns]
         texts, samples = [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
         probes.setdefault("query_swap", {})[phase] = query_swap_probe(texts, samples)
+        probes.setdefault("events", {})[phase] = event_probe(texts, samples)
         if phase == "before":
             frac = (base_report.get("video_blind_baselines", {}).get("duration_relative_span", {}).get("span"))
             if frac:
@@ -437,6 +479,25 @@ def _fmt(v) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, (int, float)) else str(v))
 
 
+def grounding_targets(tvg_m: dict, probes: dict) -> list[str]:
+    """Issue #16's targets, checked on this run's held-out numbers (report lines; empty if a number is missing)."""
+    b, a = tvg_m.get("before", {}), tvg_m.get("after", {})
+    vb = (probes.get("video_blind") or {}).get("mIoU")
+    qs = probes.get("query_swap") or {}
+    qb, qa = qs.get("before") or {}, qs.get("after") or {}
+    vals = [b.get("mIoU"), a.get("mIoU"), b.get("R1@0.5"), a.get("R1@0.5"), vb, qb.get("own_mIoU"), qa.get("own_mIoU")]
+    if any(v is None for v in vals):
+        return []
+    gap_b, gap_a = qb["own_mIoU"] - qb["other_mIoU"], qa["own_mIoU"] - qa["other_mIoU"]
+    rows = [("mIoU gain >= +8", a["mIoU"] - b["mIoU"] >= 8, f"{a['mIoU'] - b['mIoU']:+.1f}"),
+            ("R1@0.5 gain >= +8", a["R1@0.5"] - b["R1@0.5"] >= 8, f"{a['R1@0.5'] - b['R1@0.5']:+.1f}"),
+            ("mIoU after >= video-blind + 15", a["mIoU"] >= vb + 15, f"{a['mIoU']:.1f} vs {vb + 15:.1f}"),
+            ("own - other query after >= 10, and above before", gap_a >= 10 and gap_a > gap_b,
+             f"{gap_a:.1f} (before {gap_b:.1f})")]
+    return (["## Temporal-grounding targets (issue #16, this run)", "", "| target | value | |", "|---|---|---|"]
+            + [f"| {name} | {val} | {'met' if ok else 'NOT met'} |" for name, ok, val in rows] + [""])
+
+
 def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: bool) -> None:
     """metrics.json (the issue's schema, percent) and report.md with tables, curves and grids."""
     tvg_r, t2i_r = results.get("tvg", {}), results.get("t2i", {})
@@ -522,7 +583,17 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
                 lines += [f"* Query swap {ph}: mIoU against the query's own span {q['own_mIoU']:.1f} vs another "
                           f"query's span on the same video {q['other_mIoU']:.1f} (n = {q['n']}); equal means the "
                           "model ignores the query."]
+        for ph, e in (probes.get("events") or {}).items():
+            off = ("-" if e.get("start_offset") is None else
+                   f"{e['start_offset']:+.2f} s / {e['end_offset']:+.2f} s")
+            lines += [f"* Events {ph}: the prediction lands on the queried event in {e['hit']:.1f} % of the queries "
+                      f"(on some event {e['landed']:.1f} %, on the video's earliest {e['first']:.1f} %; an event "
+                      f"picked at random: {e['chance']:.1f} %); on those hits mIoU {_fmt(e.get('hit_mIoU'))} and "
+                      f"boundary offset start / end {off} (prediction - truth); mean predicted length "
+                      f"{_fmt(e.get('width'))} s. A gain with an unchanged hit rate is boundary precision on events "
+                      "the model already chose; a higher hit rate is choosing the queried event more often."]
         lines += [""]
+        lines += grounding_targets(metrics["tvg"], probes)
     t2i_probes = t2i_r.get("probes") or {}
     if all((t2i_probes.get(ph) or {}).get("n_images") for ph in ("before", "after")):
         b, a = t2i_probes["before"], t2i_probes["after"]
@@ -547,10 +618,11 @@ def plot_training_curves(out: Path) -> None:
         mj = out / task / sub / "metrics.jsonl"
         if mj.exists():
             rows = [json.loads(l) for l in mj.read_text().splitlines() if l.strip()]
-            present = sorted({k for r in rows for k in r if any(k.startswith(p) for p in keys)})
+            # the per-step means, raw (faint) and smoothed (EMA 0.9): one step's 8 prompts are too few to show a trend
+            present = sorted({k for r in rows for k in r if any(k.startswith(p) for p in keys) and k.endswith("/mean")})
             if present:
                 try:
-                    plot_curves(mj, present[:4], out / task / "curves.png")
+                    plot_curves(mj, present[:4], out / task / "curves.png", smooth=0.9)
                 except Exception as e:  # a plot must never lose the run's results
                     print(f"[demo] could not plot {mj}: {e}", flush=True)
 

@@ -64,3 +64,32 @@ def test_query_position_and_events_reach_the_report_and_the_trainer_overrides(tm
     (tmp_path / "info.json").write_text('{"n_events": [2, 3], "clock": "light", "checks": {}}')
     assert b._read_info(tmp_path) == {"n_events": [2, 3], "clock": "light", "checks": {}}
     assert b._read_info(tmp_path / "none") == {}
+
+
+def _v(video, a, b, d=12.0):
+    return Sample.from_dict({"id": f"{video}_{a}", "task": "tvg", "video": video, "duration": d, "query": "q",
+                             "spans": [[a, b]]})
+
+
+def test_first_event_labels_point_at_the_earliest_event_of_the_same_video_by_hand():
+    b = _builder()
+    # video A: events at 5-6, 1-2.5, 8-9 (earliest 1-2.5); video B: a tie at start 3: the shorter one (3-4) wins
+    xs = [_v("A", 5.0, 6.0), _v("A", 1.0, 2.5), _v("A", 8.0, 9.0), _v("B", 3.0, 5.0), _v("B", 3.0, 4.0)]
+    every = b.first_event_labels(xs, 1.0, 0)
+    assert [o.spans[0] for o in every] == [[1.0, 2.5]] * 3 + [[3.0, 4.0]] * 2
+    assert [o.query for o in every] == [x.query for x in xs] and xs[0].spans[0] == [5.0, 6.0]  # inputs untouched
+    assert [o.spans[0] for o in b.first_event_labels(xs, 0.0, 0)] == [x.spans[0] for x in xs]
+    with pytest.raises(ValueError, match="rate"):
+        b.first_event_labels(xs, 1.5, 0)
+
+
+def test_first_event_labels_change_the_requested_share_fixed_per_seed():
+    b = _builder()
+    xs = [s for k in range(300) for s in (_v(f"v{k}", 1.0, 2.0), _v(f"v{k}", 6.0, 7.5))]  # the 2nd query is later
+    o1, o2 = b.first_event_labels(xs, 0.4, 5), b.first_event_labels(xs, 0.4, 5)
+    assert [o.spans for o in o1] == [o.spans for o in o2]
+    later = [o for x, o in zip(xs, o1) if x.spans[0][0] == 6.0]
+    moved = np.mean([o.spans[0] == [1.0, 2.0] for o in later])
+    assert abs(moved - 0.4) < 0.08  # binomial sd at n = 300: 0.028
+    assert all(o.spans[0] == [1.0, 2.0] for x, o in zip(xs, o1) if x.spans[0][0] == 1.0)
+    assert [o.spans for o in b.first_event_labels(xs, 0.4, 6)] != [o.spans for o in o1]

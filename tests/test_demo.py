@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -13,7 +15,7 @@ def test_demo_dry_run_lists_every_stage(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cmds = (out / "commands.sh").read_text()
-    for needle in ["build_tiny_vlm.py", "synthetic_tvg.py", "generate_vlm.py", "mmgrpo.vlm.cli train",
+    for needle in ["build_grounding_base.py", "synthetic_tvg.py", "generate_vlm.py", "mmgrpo.vlm.cli train",
                    "model.lora.enabled=true", "adapter="]:
         assert needle in cmds, needle
     if (REPO / "scripts" / "build_tiny_flow.py").exists():
@@ -148,8 +150,8 @@ def test_recipes_drive_the_commands(tmp_path):
     data = next(c for c in cmds if "synthetic_tvg.py" in c)
     assert data.endswith("--version 2")
     train = next(c for c in cmds if "mmgrpo.vlm.cli train" in c)
-    assert "run.max_steps=7" in train and "run.max_steps=40" not in train and "tempsamp.enabled=true" in train
-    assert f"model.path={other} " in train and not any("build_tiny_vlm.py" in c for c in cmds)
+    assert "run.max_steps=7" in train and "run.max_steps=250" not in train and "tempsamp.enabled" not in train
+    assert f"model.path={other} " in train and not any("build_" in c for c in cmds)
     assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)
     assert all("data.query_position=before" in c for c in cmds if "generate_vlm.py" in c or "mmgrpo.cli train" in c)
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--dry-run", "--out", str(out),
@@ -165,4 +167,27 @@ def test_recipe_values_render_as_overrides():
     assert demo.kv({"a.b": True, "c": {"x": 1.0, "y": {"m": "partial"}}, "d": [1, "z"], "e": None}) == \
         ["a.b=true", "c={x: 1.0, y: {m: partial}}", "d=[1, z]", "e=null"]
     assert "reward.weights={iou: 1.0}" in demo.kv(r.tvg.grpo)
-    assert "optim.lr=3e-4" in demo.kv(r.tvg.full.grpo) and r.tvg.smoke.n_train == 4
+    assert "optim.lr=5e-4" in demo.kv(r.tvg.full.grpo) and r.tvg.smoke.n_train == 4 and r.tvg.full.n_train == 600
+
+
+def test_benchmark_sizes_and_arguments_come_from_the_base(tmp_path):
+    """A base built from a --data-dir reports its generator's own sizes (data.info); the demo regenerates that
+    benchmark, and refuses generator arguments that would make another one (its held-out split would differ)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    info = {"version": 2, "seed": 0, "n_train": 3000, "n_eval": 100, "n_val": 60, "clock": "light", "lanes": 3,
+            "n_events": [2, 3]}
+    rep = {"args": {"n_train": 400, "n_eval": 100, "seed": 0}, "data": {"info": info}}
+    assert demo.benchmark_sizes(rep) == {"n_train": 3000, "n_eval": 100, "seed": 0}
+    assert demo.benchmark_sizes({"args": {"n_train": 400, "n_eval": 100, "seed": 1}})["n_train"] == 400  # version 1
+    demo.check_benchmark_args(rep, ["--version", "2", "--clock", "light", "--events", "2", "3"])
+    for bad in (["--version", "2", "--clock", "light"],  # default events 3-5
+                ["--version", "2", "--events", "2", "3"],  # no clock
+                ["--clock", "light", "--events", "2", "3"]):  # version 1
+        with pytest.raises(SystemExit, match="does not match the base's own benchmark"):
+            demo.check_benchmark_args(rep, bad)
+    demo.check_benchmark_args({"args": {}}, ["--version", "2"])  # a base without data.info: nothing to check
+    r = demo.load_recipes()
+    shipped = json.loads((REPO / r.tvg.base / "sft_report.json").read_text())
+    demo.check_benchmark_args(shipped, r.tvg.benchmark_args)  # the shipped recipe matches the shipped base

@@ -264,6 +264,52 @@ def test_query_swap_probe_by_hand():
     assert sft.query_swap_probe(texts[2:], samples[2:])["n"] == 0
 
 
+def test_queries_of_one_video_share_one_pixel_tensor(tiny, tmp_path):
+    """prepare_examples keeps one copy of a video's pixels for all its queries (SFT memory on 3 queries per video),
+    and the shared tensor equals what each query's own processor call gives."""
+    from mmgrpo.video.writer import write_video
+
+    _, processor, _ = tiny
+    write_video(str(tmp_path / "v.mp4"), list(_frames(8, 0, red=(2, 5))), 2.0, crf=10)
+    write_video(str(tmp_path / "w.mp4"), list(_frames(8, 3, red=(4, 7))), 2.0, crf=10)
+    mk = lambda i, v, q: dict(id=i, task="tvg", video=str(tmp_path / v), duration=4.0, query=q,  # noqa: E731
+                              spans=[[1.0, 2.5]])
+    samples = [mk("a", "v.mp4", "When does the red circle appear?"), mk("b", "v.mp4", "When is the blue square seen?"),
+               mk("c", "w.mp4", "When does the red circle appear?")]
+    vs = sft.VideoSettings(fps=2.0, min_frames=4, max_frames=16, min_pixels=4 * 28 * 28, max_pixels=6 * 28 * 28)
+    shared = sft.prepare_examples(samples, processor, video=vs, **PROMPT_KW)
+    alone = [sft.prepare_example(x, processor, video=vs, **PROMPT_KW) for x in samples]
+    px = [e.prompt["pixel_values_videos"] for e in shared]
+    assert px[0] is px[1] and px[0] is not px[2]
+    for e, f in zip(shared, alone):
+        assert torch.equal(e.prompt["pixel_values_videos"], f.prompt["pixel_values_videos"])
+        assert torch.equal(e.prompt["input_ids"], f.prompt["input_ids"])
+
+
+def test_event_probe_by_hand():
+    mk = lambda i, v, sp: dict(id=i, task="tvg", video=v, duration=12.0, query="q", spans=[sp])  # noqa: E731
+    # v1: events [1, 3], [5, 7], [9, 10]; v2: events [2, 4], [6, 8]
+    samples = [mk("a", "v1", [1.0, 3.0]), mk("b", "v1", [5.0, 7.0]), mk("c", "v1", [9.0, 10.0]),
+               mk("d", "v2", [2.0, 4.0]), mk("e", "v2", [6.0, 8.0])]
+    texts = ["<answer>2.00 to 4.00</answer>",    # a: lands on [1, 3] (IoU 1/3), its own: hit, offsets +1 / +1
+             "<answer>1.50 to 3.00</answer>",    # b: lands on [1, 3] (the earliest event), not its own
+             "no answer",                        # c: unparsed
+             "<answer>2.00 to 4.50</answer>",    # d: hit, IoU 2 / 2.5, offsets 0 / +0.5
+             "<answer>10.00 to 11.00</answer>"]  # e: overlaps no event: lands nowhere
+    out = sft.event_probe(texts, samples)
+    assert out["n"] == 5
+    assert out["hit"] == pytest.approx(100 * 2 / 5) and out["landed"] == pytest.approx(100 * 3 / 5)
+    assert out["first"] == pytest.approx(100 * 3 / 5)  # a, b (v1's [1, 3]) and d (v2's [2, 4])
+    assert out["chance"] == pytest.approx(100 * (3 * (1 / 3) + 2 * (1 / 2)) / 5)
+    assert out["start_offset"] == pytest.approx((1.0 + 0.0) / 2) and out["end_offset"] == pytest.approx(0.75)
+    assert out["hit_mIoU"] == pytest.approx(100 * (1 / 3 + 0.8) / 2)
+    assert out["width"] == pytest.approx((2.0 + 1.5 + 2.5 + 1.0) / 4)
+    none = sft.event_probe(["x"], samples[:1])
+    assert none["hit"] == 0.0 and none["start_offset"] is None and none["width"] is None
+    with pytest.raises(ValueError):
+        sft.event_probe(texts[:2], samples)
+
+
 def test_ground_truth_answers_score_100(tiny):
     _, _, exs = tiny
     out = sft.score_tvg_outputs([e.answer_text for e in exs], [e.sample for e in exs])
@@ -419,23 +465,29 @@ GROUNDING = REPO / "data" / "checkpoints" / "tiny_vlm_grounding"  # the base tha
 
 
 @pytest.mark.skipif(not (GROUNDING / "config.json").exists(), reason="no shipped grounding base")
-def test_shipped_grounding_base_is_current_reads_the_query_and_loads(builder):
-    """The grounding base (benchmark version 2) was built from today's generator and templates, with the vision
-    tagging stage and a frozen tower, and its own report shows the query deciding the answer on validation
-    (own-query mIoU at least 10 above another query's span of the same video). Rebuild commands:
-    docs/demo_models.md, "Third round"."""
+def test_shipped_grounding_base_is_current_grounds_and_lags(builder):
+    """The demo's grounding base (benchmark version 2) was built from today's generator and templates by the five
+    stages of scripts/build_grounding_base.py: a vision tagging stage and a frozen tower (stage 1); a clean base whose
+    own report shows the query deciding the answer on validation (stage 4: own-query mIoU at least 10 above another
+    query's span of the same video, and 15 above the video-blind span); then answers 1 s late (stage 5), which
+    costs mIoU but keeps some grounding (own > other). Rebuild: docs/demo_models.md, "Round 4"."""
     import json
 
     from mmgrpo.vlm.models.adapters import load_policy
 
     report = json.loads((GROUNDING / "sft_report.json").read_text())
-    stage1 = json.loads((GROUNDING / "sft_report_stage1_W1.json").read_text())
+    stages = [json.loads((GROUNDING / f"sft_report_stage{k}_{n}.json").read_text())
+              for k, n in enumerate(("W1", "W1b", "S1", "S2"), start=1)]
     assert report["fingerprint"] == builder.fingerprint("grounding"), "stale grounding base: rebuild it"
-    assert stage1["args"]["vision_pretrain_steps"] > 0 and stage1["args"]["freeze_vision"]
-    assert report["args"]["freeze_vision"] and report["args"]["eval_split"] == "val"
+    assert stages[0]["args"]["vision_pretrain_steps"] > 0
+    assert all(r["args"]["freeze_vision"] and r["args"]["eval_split"] == "val" for r in stages + [report])
+    assert all(r["args"]["init"] for r in stages[1:]) and report["args"]["init"] == stages[3]["args"]["out"]
+    assert [r["args"]["label_shift"] for r in stages[2:]] == [0.0, 0.0] and report["args"]["label_shift"] == 1.0
     assert report["prompt"]["query_position"] == "before" and report["reload_max_abs_logit_diff"] == 0.0
-    qs = report["eval_heldout"]["query_swap"]
-    assert qs["own_mIoU"] - qs["other_mIoU"] >= 10.0
-    assert report["eval_heldout"]["mIoU"] >= report["video_blind_baselines"]["duration_relative_span"]["mIoU"] + 15
+    clean, lag = stages[3]["eval_heldout"], report["eval_heldout"]
+    blind = report["video_blind_baselines"]["duration_relative_span"]["mIoU"]
+    assert clean["query_swap"]["own_mIoU"] - clean["query_swap"]["other_mIoU"] >= 10.0 and clean["mIoU"] >= blind + 15
+    assert clean["mIoU"] - lag["mIoU"] >= 10.0  # the designed weakness is large
+    assert lag["query_swap"]["own_mIoU"] > lag["query_swap"]["other_mIoU"]  # and the lagged base still grounds a little
     policy = load_policy(GROUNDING, dtype="float32")
     assert policy.family == "qwen2_5_vl" and policy.model.config.vision_config.hidden_size == 32

@@ -7,6 +7,7 @@ whole video, and one bar per span -- ground truth first, then each prediction (e
 prediction that could not be parsed is written as "no span". Geometry is exact and documented so a test can check
 it: on an axis starting at ``left`` and ``width`` pixels wide, time ``t`` of a video of ``D`` seconds is column
 ``left + round(t / D * width)`` and a bar ``[s, e]`` covers columns ``x(s) .. x(e) - 1`` (at least one column).
+The axis is as wide as the frame strip (at least ``AXIS_WIDTH``), so a span sits under the frames it covers.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def draw_panel(frames: Sequence[Any], timestamps: Sequence[float], duration: flo
         k = max(1, THUMB_H // a.shape[0])
         thumbs.append(np.repeat(np.repeat(a, k, 0), k, 1))
     strip_w = sum(t.shape[1] + 2 for t in thumbs)
-    width = max(LEFT + AXIS_WIDTH + 20, LEFT + strip_w + 10)
+    axis_w = max(AXIS_WIDTH, strip_w - 2)  # frame k (time ~ k D / n) starts near x_of(t_k): bars sit under frames
+    width = LEFT + axis_w + 20
     th = max((t.shape[0] for t in thumbs), default=0)
     y = 4
     title_h = 14
@@ -86,14 +88,14 @@ def draw_panel(frames: Sequence[Any], timestamps: Sequence[float], duration: flo
         d.text((x, strip_top + th + 1), f"{ts:.1f}", fill=(90, 90, 90), font=font)
         x += t.shape[1] + 2
     # time axis with 1 s ticks (labelled every whole second that fits) and the frame times as short marks
-    d.line([(LEFT, axis_y), (LEFT + AXIS_WIDTH, axis_y)], fill=(0, 0, 0))
+    d.line([(LEFT, axis_y), (LEFT + axis_w, axis_y)], fill=(0, 0, 0))
     step = 1 if duration <= 20 else 5
     for s in range(0, int(duration) + 1, step):
-        xs = x_of(s, duration)
+        xs = x_of(s, duration, width=axis_w)
         d.line([(xs, axis_y - 3), (xs, axis_y + 3)], fill=(0, 0, 0))
         d.text((xs - 3, axis_y + 4), str(s), fill=(0, 0, 0), font=font)
     for ts in timestamps:
-        xs = x_of(ts, duration)
+        xs = x_of(ts, duration, width=axis_w)
         d.line([(xs, axis_y - 6), (xs, axis_y - 1)], fill=(120, 120, 120))
     d.text((4, axis_y - 6), "time (s)", fill=(0, 0, 0), font=font)
     for (name, span, colour), top in zip(rows, bar_top):
@@ -101,10 +103,10 @@ def draw_panel(frames: Sequence[Any], timestamps: Sequence[float], duration: flo
         if span is None:
             d.text((LEFT + 2, top), "no span", fill=(150, 0, 0), font=font)
             continue
-        x0, x1 = x_of(span[0], duration), x_of(span[1], duration)
+        x0, x1 = x_of(span[0], duration, width=axis_w), x_of(span[1], duration, width=axis_w)
         x1 = max(x1, x0 + 1)
         d.rectangle([x0, top, x1 - 1, top + BAR_H - 1], fill=colour)
-    return img, PanelLayout(LEFT, AXIS_WIDTH, bar_top, height, strip_top)
+    return img, PanelLayout(LEFT, axis_w, bar_top, height, strip_top)
 
 
 def _span(text: str | None, sample: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -267,8 +267,9 @@ def test_per_reward_mode_normalises_each_reward_in_its_group_then_sums(tmp_path)
     np.testing.assert_allclose(traj.rewards["total"].numpy(), a + 2 * b, rtol=1e-6)
 
 
-def test_win_rate_mode_uses_group_ids_not_prompt_strings(tmp_path):
-    tr = make_trainer("flux", "fast", tmp_path, **{"reward.mode": "win_rate", "data.prompts": "[same prompt]",
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_win_rate_mode_uses_group_ids_not_prompt_strings(kind, tmp_path):
+    tr = make_trainer(kind, "fast", tmp_path, **{"reward.mode": "win_rate", "data.prompts": "[same prompt]",
                                                     "data.group_size": 3, "data.groups_per_epoch": 2,
                                                     "sample.batch_size": 3})
     m = tr.train()[-1]

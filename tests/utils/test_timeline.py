@@ -54,9 +54,17 @@ def test_timelines_from_a_synthetic_video_and_prediction_files(tmp_path):
     clip = load_video(str(tmp_path / "syn" / a0["video"]), **video)  # the frames the model gets
     frames = [f.numpy() for f in clip.frames]
     _, lay = tl.draw_panel(frames, clip.timestamps, D, "", (s, e), {"before": None, "after": (1.5, 4.0)})
+    # the axis is as wide as the frame strip (thumbnails + 2 px gaps), so a bar sits under the frames it covers
+    k0 = max(1, tl.THUMB_H // frames[0].shape[0])
+    W = max(480, sum(f.shape[1] * k0 + 2 for f in frames) - 2)
+    assert lay.width == W and W > 480  # 16 frames of 56 px: wider than the minimum axis
     for top, colour, (s0, e0) in [(lay.bar_top[0], tl.GT_COLOUR, (s, e)), (lay.bar_top[2], tl.PRED_COLOURS[1], (1.5, 4.0))]:
         cols = _cols(img, top, colour)
-        assert cols.min() == 110 + round(s0 / D * 480) and cols.max() == 110 + round(e0 / D * 480) - 1
+        assert cols.min() == 110 + round(s0 / D * W) and cols.max() == 110 + round(e0 / D * W) - 1
+    # frame j starts at 110 + j * (w + 2); its time t_j = j * D / n maps within one thumbnail of that column
+    n, w = len(frames), frames[0].shape[1] * k0
+    for j, t in enumerate(clip.timestamps):
+        assert abs(tl.x_of(t, D, width=W) - (110 + j * (w + 2))) <= w
     assert len(_cols(img, lay.bar_top[1], tl.PRED_COLOURS[0])) == 0  # "no answer" does not parse
     # the strip shows the frames the model gets: load_video with the same settings, first frame pixel for pixel
     f0 = frames[0]

@@ -65,10 +65,11 @@ def test_refuses_odd_or_negative_n(n):
         apply_train_masks(_cfg(n), torch.ones(2, 1), mask, _inputs([0, 0], mask))
 
 
-def test_tiny_trainer_trains_only_the_extremes_of_each_group(tmp_path):
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_tiny_trainer_trains_only_the_extremes_of_each_group(kind, tmp_path):
     from ..conftest import make_trainer
 
-    tr = make_trainer("sd3", "flow", tmp_path, **{"optim.best_of_n": 2, "data.group_size": 4,
+    tr = make_trainer(kind, "flow", tmp_path, **{"optim.best_of_n": 2, "data.group_size": 4,
                                                   "sample.batch_size": 8, "sample.cfg": "false"})
     try:
         seen = {}

@@ -1,5 +1,5 @@
-"""The wave-2 methods registered in the flow credit table, run by the trainer on the tiny SD3 (a couple of epochs
-each), and their advantages through the trainer checked against hand values."""
+"""The wave-2 methods registered in the flow credit table, run by the trainer on the tiny SD3 and the tiny FLUX (a
+couple of epochs each), and their advantages through the trainer checked against hand values (on SD3)."""
 import math
 
 import pytest
@@ -15,8 +15,8 @@ def _traj(tr):
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)
 
 
-def _train_two_epochs(method, tmp_path, **extra):
-    tr = make_trainer("sd3", method, tmp_path, **{"run.num_epochs": 2, "sample.cfg": "false", **extra})
+def _train_two_epochs(method, tmp_path, kind="sd3", **extra):
+    tr = make_trainer(kind, method, tmp_path, **{"run.num_epochs": 2, "sample.cfg": "false", **extra})
     before = {n: p.detach().clone() for n, p in tr.named_params}
     hist = tr.train()
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
@@ -41,8 +41,9 @@ def test_vgpo_advantages_through_the_trainer_by_hand(tmp_path):
     assert got[3].tolist() == pytest.approx([(1 - w1) * z1 + w1 * 4.0, (1 - w2) * z2 + w2 * 3.0], rel=1e-5)
 
 
-def test_vgpo_trains_two_epochs(tmp_path):
-    _, hist = _train_two_epochs("vgpo", tmp_path)
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_vgpo_trains_two_epochs(kind, tmp_path):
+    _, hist = _train_two_epochs("vgpo", tmp_path, kind)
     assert "vgpo/abs_weight" in hist[-1] and hist[-1]["train/ratio_mean"] == 1.0
 
 
@@ -93,8 +94,9 @@ def test_nft_loss_through_the_trainer_matches_forward_loss(tmp_path):
     assert adv[0][traj.train_mask[0]][0].item() == pytest.approx(-0.5 / (s + 1e-4), rel=1e-5)
 
 
-def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(tmp_path):
-    tr, hist = _train_two_epochs("nft", tmp_path, **{"sample.nft_decay_type": 1})
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(kind, tmp_path):
+    tr, hist = _train_two_epochs("nft", tmp_path, kind, **{"sample.nft_decay_type": 1})
     m = hist[-1]
     assert "train/nft_policy_loss" in m and "train/ratio_mean" not in m
     # decay type 1: d = min(0.001 * step, 0.5); after epoch 2 the optimizer step is 2 -> d = 0.002
@@ -171,8 +173,9 @@ def test_tree_width_pruning_through_the_trainer_by_hand(tmp_path):
     assert mask.tolist() == [[True, False, True], [True, True, False]]
 
 
-def test_branch_grpo_trains_two_epochs(tmp_path):
-    _, hist = _train_two_epochs("branch_grpo", tmp_path, **TREE)
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_branch_grpo_trains_two_epochs(kind, tmp_path):
+    _, hist = _train_two_epochs("branch_grpo", tmp_path, kind, **TREE)
     assert hist[-1]["train/ratio_mean"] == 1.0
 
 
@@ -223,8 +226,9 @@ def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
     assert len(tr.method_runtime.history) == 2
 
 
-def test_b2_trains_two_epochs(tmp_path):
-    _, hist = _train_two_epochs("b2", tmp_path, **B2)
+@pytest.mark.parametrize("kind", ["sd3", "flux"])
+def test_b2_trains_two_epochs(kind, tmp_path):
+    _, hist = _train_two_epochs("b2", tmp_path, kind, **B2)
     assert hist[-1]["train/ratio_mean"] == 1.0
 
 
