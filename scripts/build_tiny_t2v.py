@@ -180,7 +180,7 @@ FIXED_ACROSS = {"right": 1, "left": 2, "down": 1, "up": 2}
 
 
 def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, move_cells: int = 2,
-                   seed: int = 0, paths: str = "random"):
+                   seed: int = 0, paths: str = "random", stall: bool = False):
     """A token-aligned reference clip of ``spec`` (the ``--layout aligned`` training data): uint8 (F, H, W, 3).
 
     The frame is a grid of ``cell`` px cells (``cell`` = the transformer's patch = the shape size, so each token
@@ -190,9 +190,11 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     coordinate is random and constant. Still objects ("none") sit in a random cell. Objects of one clip never
     share a cell. ``paths="fixed"``: one path per direction instead: a mover starts at the edge it leaves
     (column / row 0 for right / down, the last one for left / up) and keeps the cell ``FIXED_ACROSS[direction]``
-    across its axis (single-entry specs only; ``seed`` then changes nothing). Only specs whose entries all have count 1 and order 0 (tags ``motion`` and ``two_motion``):
-    others raise ValueError. The verifier accepts these clips (tested) as long as ``move_cells * cell >=
-    min_move * size`` (16 px >= 8 px at the defaults)."""
+    across its axis (single-entry specs only; ``seed`` then changes nothing). ``stall=True`` (the ``--stall-noise``
+    weakness): every mover stays in its start cell on every frame (same start cell and RNG draws as without it), so
+    the clip fails the verifier's direction check only. Only specs whose entries all have count 1 and order 0 (tags
+    ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
+    ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
 
     from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, validate_spec
@@ -228,7 +230,7 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
             else:
                 a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
                 b = rng.randrange(g)
-            steps = [sign * (k * move_cells // (frames - 1)) for k in range(frames)]
+            steps = [0 if stall else sign * (k * move_cells // (frames - 1)) for k in range(frames)]
             tracks.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
         if all(len(set(p[k] for p in tracks)) == len(tracks) for k in range(frames)):
             break
@@ -247,17 +249,22 @@ class ClipBatches:
     """``batch_fn(step) -> (uint8 (B, F, H, W, 3), prompts)`` of train-split Mini-T2V clips; captions are always
     the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips.
     ``layout="free"``: the benchmark's :func:`render_clip`; ``"aligned"``: :func:`render_aligned` (``cell``,
-    ``move_cells``, ``paths``)."""
+    ``move_cells``, ``paths``; ``stall_noise``: :func:`render_aligned`'s ``stall`` with that probability per clip
+    with a mover, counted in ``self.stalled``)."""
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
-                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2, paths: str = "random"):
+                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2, paths: str = "random",
+                 stall_noise: float = 0.0):
         from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
         self.layout, self.cell, self.move_cells, self.paths = layout, cell, move_cells, paths
         self.specs = all_prompts("train", tags=list(tags))
+        if stall_noise and layout != "aligned":
+            raise ValueError("stall_noise needs layout='aligned'")
+        self.stall_noise = stall_noise
         self.rng = random.Random(seed)
-        self.noised = self.drawn = 0
+        self.noised = self.drawn = self.stalled = 0
 
     def __call__(self, step: int):
         import numpy as np
@@ -271,9 +278,13 @@ class ClipBatches:
             self.noised += noised
             self.drawn += 1
             seed = self.rng.getrandbits(31)
+            # one extra draw per clip only when the option is on (stall_noise = 0 keeps the old RNG stream)
+            stall = bool(self.stall_noise) and any(e["direction"] != "none" for e in shown["objects"]) \
+                and self.rng.random() < self.stall_noise
+            self.stalled += stall
             if self.layout == "aligned":
                 clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed,
-                                             self.paths))
+                                             self.paths, stall))
             else:
                 clips.append(render_clip(shown, self.size, self.frames, seed=seed))
             prompts.append(spec["prompt"])
@@ -417,6 +428,10 @@ def parse_args(argv=None):
     p.add_argument("--paths", default="random", choices=["random", "fixed"],
                    help="--layout aligned: 'random' start cells, or 'fixed': one path per direction (a mover "
                         "starts at the edge it leaves, on a fixed row / column; tag motion only)")
+    p.add_argument("--stall-noise", type=float, default=0.0,
+                   help="--layout aligned: probability that a training clip with a mover shows it still in its "
+                        "start cell on every frame (caption unchanged; such a clip fails only the verifier's "
+                        "direction check). 0 = off")
     p.add_argument("--abs-pos", action="store_true",
                    help="transformer = WanAbsPosTransformer3DModel (Wan + a fixed 3-D sin-cos absolute position "
                         "embedding): Wan alone (RoPE only) cannot place an object in a given cell from noise")
@@ -470,6 +485,8 @@ def main(argv=None) -> int:
         raise ValueError(f"--layout aligned: --size {args.size} must be a multiple of --patch {args.patch}")
     if args.paths == "fixed" and (args.layout != "aligned" or set(args.tags) != {"motion"}):
         raise ValueError("--paths fixed needs --layout aligned --tags motion")
+    if not 0.0 <= args.stall_noise <= 1.0 or (args.stall_noise and args.layout != "aligned"):
+        raise ValueError("--stall-noise must be in [0, 1] and needs --layout aligned")
     pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
                           word_tokens=args.word_tokens, abs_pos=args.abs_pos)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
@@ -484,7 +501,7 @@ def main(argv=None) -> int:
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
     batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise, args.tags,
-                          args.layout, args.patch, args.move_cells, args.paths)
+                          args.layout, args.patch, args.move_cells, args.paths, args.stall_noise)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
@@ -506,6 +523,7 @@ def main(argv=None) -> int:
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,
+            "clips_stalled": batches.stalled,
             "max_sequence_length": args.text_len, "num_frames": args.frames, "size": args.size,
             "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
     if args.eval_per_prompt > 0:
@@ -521,7 +539,7 @@ def main(argv=None) -> int:
     demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
             "max_sequence_length": args.text_len, "layout": args.layout, "move_cells": args.move_cells,
             "paths": args.paths, "abs_pos": args.abs_pos,
-            "direction_noise": args.direction_noise, "build_command": cmd}
+            "direction_noise": args.direction_noise, "stall_noise": args.stall_noise, "build_command": cmd}
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps({k: v for k, v in info.items() if k != "args"}, indent=1), flush=True)

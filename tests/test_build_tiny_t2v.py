@@ -173,3 +173,45 @@ def test_abs_pos_fixed_paths_build_loads(tmp_path):
     assert type(ad.transformer).__name__ == "WanAbsPosTransformer3DModel"
     with pytest.raises(ValueError, match="--paths fixed needs"):
         b.main(["--out", str(tmp_path / "x"), "--paths", "fixed", "--tags", "motion"])
+
+
+def test_stall_noise_rule():
+    """--stall-noise: a stalled mover stays in its path's start cell on every frame (verifier: direction fails,
+    every other check passes); one extra rng draw per mover clip only when the option is on, so stall_noise = 0
+    gives the old batches bit for bit; the builder refuses it outside --layout aligned."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.synthetic.t2v import BACKGROUND, all_prompts
+
+    b = _builder()
+    bg = np.array(BACKGROUND, np.uint8)
+    for m in all_prompts("train", tags=["motion"]):
+        moving = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed")
+        still = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed", stall=True)
+        assert all((fr == moving[0]).all() for fr in still)  # the start frame, repeated
+        res = verify_clip(still, m)
+        assert [c["check"] for c in res["checks"] if not c["ok"]] == ["direction"]
+    # random start cells: same start cell as the moving clip of the same seed
+    m = all_prompts("train", tags=["motion"])[0]
+    for seed in (1, 2, 3):
+        first = b.render_aligned(m, 32, 5, 8, 2, seed)[0]
+        assert (b.render_aligned(m, 32, 5, 8, 2, seed, stall=True) == first).all()
+        assert (first != bg).any()
+    # stall_noise = 0 keeps the RNG stream (and the clips) of a build without the option
+    new = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed", 0.0)
+    old = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed")
+    for step in range(3):
+        (x, p), (y, q) = new(step), old(step)
+        assert (x == y).all() and p == q
+    assert new.stalled == 0
+    # p = 1: every clip is still; p = 0.5 over 40 x 16 clips: about half
+    allst = b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "fixed", 1.0)
+    clips, _ = allst(0)
+    assert allst.stalled == 4 and all((c == c[0]).all() for c in clips)
+    half = b.ClipBatches(16, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "fixed", 0.5)
+    for step in range(40):
+        half(step)
+    assert 0.4 < half.stalled / half.drawn < 0.6
+    with pytest.raises(ValueError, match="aligned"):
+        b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "free", stall_noise=0.5)
+    with pytest.raises(ValueError, match="--stall-noise"):
+        b.main(["--out", "/nonexistent/x", "--stall-noise", "0.5"])
