@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short)
+DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short); --text-len overrides it
 TAGS = ("motion", "count_motion", "two_motion", "order")
 _K = 1000.0   # constant channel carried through the VAE heads (RMS-norm then divides by ~_K)
 _EPS = 1e-3   # signal scale inside the heads: SiLU(e) = e/2 + O(e^2), so the head is linear to ~e/2 relative
@@ -119,7 +119,7 @@ def vae_roundtrip_error(vae, clip) -> float:
 
 # ----------------------------------------------------------------------------------------------- pipeline
 def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int = 2, patch: int = 8,
-                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False):
+                   shift: float = 1.0, zero_init: bool = True, word_tokens: bool = False, abs_pos: bool = False):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -141,6 +141,8 @@ def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int =
     ))
     if width % heads:
         raise ValueError(f"--width {width} must be a multiple of --heads {heads}")
+    if abs_pos:  # Wan + a fixed 3-D sin-cos position embedding (flow_grpo/models/wan_abspos.py says why)
+        from flow_grpo.models.wan_abspos import WanAbsPosTransformer3DModel as WanTransformer3DModel  # noqa: N814
     transformer = WanTransformer3DModel(
         patch_size=(1, patch, patch), num_attention_heads=heads, attention_head_dim=width // heads, in_channels=3,
         out_channels=3, text_dim=32, freq_dim=32, ffn_dim=2 * width, num_layers=layers, rope_max_seq_len=64,
@@ -173,8 +175,12 @@ def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
     return dict(spec, objects=objs), True
 
 
+# --paths fixed: the cell a mover keeps across its axis (row for left / right, column for up / down), per direction
+FIXED_ACROSS = {"right": 1, "left": 2, "down": 1, "up": 2}
+
+
 def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, move_cells: int = 2,
-                   seed: int = 0):
+                   seed: int = 0, paths: str = "random", stall: bool = False):
     """A token-aligned reference clip of ``spec`` (the ``--layout aligned`` training data): uint8 (F, H, W, 3).
 
     The frame is a grid of ``cell`` px cells (``cell`` = the transformer's patch = the shape size, so each token
@@ -182,9 +188,13 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     starts in a random cell from which it can go ``move_cells`` cells its way, and on frame k is
     ``floor(k * move_cells / (F - 1))`` cells along (so at 5 frames and 2 cells: 0, 0, 1, 1, 2); its other
     coordinate is random and constant. Still objects ("none") sit in a random cell. Objects of one clip never
-    share a cell. Only specs whose entries all have count 1 and order 0 (tags ``motion`` and ``two_motion``):
-    others raise ValueError. The verifier accepts these clips (tested) as long as ``move_cells * cell >=
-    min_move * size`` (16 px >= 8 px at the defaults)."""
+    share a cell. ``paths="fixed"``: one path per direction instead: a mover starts at the edge it leaves
+    (column / row 0 for right / down, the last one for left / up) and keeps the cell ``FIXED_ACROSS[direction]``
+    across its axis (single-entry specs only; ``seed`` then changes nothing). ``stall=True`` (the ``--stall-noise``
+    weakness): every mover stays in its start cell on every frame (same start cell and RNG draws as without it), so
+    the clip fails the verifier's direction check only. Only specs whose entries all have count 1 and order 0 (tags
+    ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
+    ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
 
     from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, validate_spec
@@ -194,31 +204,41 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     if any(e["count"] != 1 or e["order"] != 0 for e in objs):
         raise ValueError(f"render_aligned: only count-1, order-0 entries (tags motion / two_motion), got "
                          f"{spec.get('prompt')!r}")
+    if paths not in ("random", "fixed"):
+        raise ValueError(f"render_aligned: paths must be 'random' or 'fixed', got {paths!r}")
+    if paths == "fixed" and len(objs) != 1:
+        raise ValueError(f"render_aligned: paths='fixed' takes single-entry specs (tag motion), got "
+                         f"{spec.get('prompt')!r}")
     g = size // cell
+    if paths == "fixed" and max(FIXED_ACROSS.values()) >= g:
+        raise ValueError(f"render_aligned: paths='fixed' needs more than {max(FIXED_ACROSS.values())} cells per side")
     if g * cell != size or move_cells >= g or frames < 2:
         raise ValueError(f"render_aligned: size {size} must be a multiple of cell {cell} with more than "
                          f"move_cells {move_cells} cells per side, frames {frames} >= 2")
     rng = random.Random(seed)
     axis_sign = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}
     for _attempt in range(200):
-        paths = []  # per object: list of (col, row) per frame
+        tracks = []  # per object: list of (col, row) per frame
         for e in objs:
             if e["direction"] == "none":
                 c = (rng.randrange(g), rng.randrange(g))
-                paths.append([c] * frames)
+                tracks.append([c] * frames)
                 continue
             axis, sign = axis_sign[e["direction"]]
-            a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
-            b = rng.randrange(g)
-            steps = [sign * (k * move_cells // (frames - 1)) for k in range(frames)]
-            paths.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
-        if all(len(set(p[k] for p in paths)) == len(paths) for k in range(frames)):
+            if paths == "fixed":
+                a, b = (g - 1 if sign < 0 else 0), FIXED_ACROSS[e["direction"]]
+            else:
+                a = rng.randrange(g - move_cells) + (move_cells if sign < 0 else 0)
+                b = rng.randrange(g)
+            steps = [0 if stall else sign * (k * move_cells // (frames - 1)) for k in range(frames)]
+            tracks.append([(a + s, b) if axis == 0 else (b, a + s) for s in steps])
+        if all(len(set(p[k] for p in tracks)) == len(tracks) for k in range(frames)):
             break
     else:
         raise RuntimeError(f"render_aligned: could not place {spec.get('prompt')!r}")
     clip = np.empty((frames, size, size, 3), np.uint8)
     clip[:] = BACKGROUND
-    for e, path in zip(objs, paths):
+    for e, path in zip(objs, tracks):
         m = _shape_mask(e["shape"], cell)
         for k, (cx, cy) in enumerate(path):
             clip[k, cy * cell:(cy + 1) * cell, cx * cell:(cx + 1) * cell][m] = COLORS[e["color"]]
@@ -229,17 +249,22 @@ class ClipBatches:
     """``batch_fn(step) -> (uint8 (B, F, H, W, 3), prompts)`` of train-split Mini-T2V clips; captions are always
     the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips.
     ``layout="free"``: the benchmark's :func:`render_clip`; ``"aligned"``: :func:`render_aligned` (``cell``,
-    ``move_cells``)."""
+    ``move_cells``, ``paths``; ``stall_noise``: :func:`render_aligned`'s ``stall`` with that probability per clip
+    with a mover, counted in ``self.stalled``)."""
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
-                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2):
+                 tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2, paths: str = "random",
+                 stall_noise: float = 0.0):
         from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
-        self.layout, self.cell, self.move_cells = layout, cell, move_cells
+        self.layout, self.cell, self.move_cells, self.paths = layout, cell, move_cells, paths
         self.specs = all_prompts("train", tags=list(tags))
+        if stall_noise and layout != "aligned":
+            raise ValueError("stall_noise needs layout='aligned'")
+        self.stall_noise = stall_noise
         self.rng = random.Random(seed)
-        self.noised = self.drawn = 0
+        self.noised = self.drawn = self.stalled = 0
 
     def __call__(self, step: int):
         import numpy as np
@@ -253,8 +278,13 @@ class ClipBatches:
             self.noised += noised
             self.drawn += 1
             seed = self.rng.getrandbits(31)
+            # one extra draw per clip only when the option is on (stall_noise = 0 keeps the old RNG stream)
+            stall = bool(self.stall_noise) and any(e["direction"] != "none" for e in shown["objects"]) \
+                and self.rng.random() < self.stall_noise
+            self.stalled += stall
             if self.layout == "aligned":
-                clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed))
+                clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed,
+                                             self.paths, stall))
             else:
                 clips.append(render_clip(shown, self.size, self.frames, seed=seed))
             prompts.append(spec["prompt"])
@@ -389,7 +419,22 @@ def parse_args(argv=None):
     p.add_argument("--sigma-mean", type=float, default=0.0,
                    help="mean of the logit-normal training noise levels (0 = SD3's default; > 0 trains more at "
                         "high noise, where a clip's trajectory is decided)")
+    p.add_argument("--text-len", type=int, default=DEMO_MAX_SEQUENCE_LENGTH,
+                   help="UMT5 tokens fed to the transformer (max_sequence_length; Wan zero-pads the prompt to it, "
+                        "and the zero tokens share the cross-attention with the words). --eval-only reads the "
+                        "folder's mmgrpo_demo.json instead")
+    p.add_argument("--sigma-std", type=float, default=1.0, help="std of the logit-normal training noise levels")
     p.add_argument("--move-cells", type=int, default=2, help="--layout aligned: cells a mover travels in a clip")
+    p.add_argument("--paths", default="random", choices=["random", "fixed"],
+                   help="--layout aligned: 'random' start cells, or 'fixed': one path per direction (a mover "
+                        "starts at the edge it leaves, on a fixed row / column; tag motion only)")
+    p.add_argument("--stall-noise", type=float, default=0.0,
+                   help="--layout aligned: probability that a training clip with a mover shows it still in its "
+                        "start cell on every frame (caption unchanged; such a clip fails only the verifier's "
+                        "direction check). 0 = off")
+    p.add_argument("--abs-pos", action="store_true",
+                   help="transformer = WanAbsPosTransformer3DModel (Wan + a fixed 3-D sin-cos absolute position "
+                        "embedding): Wan alone (RoPE only) cannot place an object in a given cell from noise")
     return p.parse_args(argv)
 
 
@@ -397,7 +442,9 @@ def eval_only(args) -> int:
     """``--eval-only DIR [--lora L]``: the motion-verifier evaluation of a saved base (or base + GRPO LoRA)."""
     from flow_grpo.models import load_adapter
 
-    ad = load_adapter(args.eval_only, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    demo = Path(args.eval_only) / "mmgrpo_demo.json"
+    text_len = json.loads(demo.read_text())["max_sequence_length"] if demo.is_file() else args.text_len
+    ad = load_adapter(args.eval_only, max_sequence_length=text_len, num_frames=args.frames)
     if args.lora:
         ad.pipe.load_lora_weights(args.lora)  # as eval/generate_t2i.py: peft layers injected in place
     ad.transformer.eval()
@@ -436,8 +483,12 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     if args.layout == "aligned" and args.size % args.patch:
         raise ValueError(f"--layout aligned: --size {args.size} must be a multiple of --patch {args.patch}")
+    if args.paths == "fixed" and (args.layout != "aligned" or set(args.tags) != {"motion"}):
+        raise ValueError("--paths fixed needs --layout aligned --tags motion")
+    if not 0.0 <= args.stall_noise <= 1.0 or (args.stall_noise and args.layout != "aligned"):
+        raise ValueError("--stall-noise must be in [0, 1] and needs --layout aligned")
     pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
-                          word_tokens=args.word_tokens)
+                          word_tokens=args.word_tokens, abs_pos=args.abs_pos)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
     ref = render_clip(all_prompts("train", tags=["two_motion"])[0], args.size, args.frames, seed=0)
     from flow_grpo.models.tiny_wan import build_tiny_wan_pipeline
@@ -445,18 +496,19 @@ def main(argv=None) -> int:
     recon = {"identity_vae_max_err_uint8": vae_roundtrip_error(pipe.vae, ref),
              "tiny_random_wan_vae_max_err_uint8": vae_roundtrip_error(build_tiny_wan_pipeline(0).vae, ref)}
     print("vae reconstruction", json.dumps(recon), flush=True)
-    adapter = adapter_from_pipeline(pipe, max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+    adapter = adapter_from_pipeline(pipe, max_sequence_length=args.text_len, num_frames=args.frames)
     n_params = {n: sum(p.numel() for p in getattr(pipe, n).parameters()) for n in ("transformer", "vae",
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
     batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise, args.tags,
-                          args.layout, args.patch, args.move_cells)
+                          args.layout, args.patch, args.move_cells, args.paths, args.stall_noise)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
 
     cfg = PretrainConfig(steps=args.steps, lr=args.lr, warmup_steps=min(50, args.steps // 10), seed=args.seed,
                          cond_dropout=args.cond_dropout, ema_decay=args.ema, sigma_mean=args.sigma_mean,
+                         sigma_std=args.sigma_std,
                          train_text_encoders=args.train_text,
                          max_seconds=args.seconds, log_every=25)
     hist = pretrain(adapter, batches, cfg, on_log=log, encode_fn=lambda ad, clips: clip_latents(pipe, clips))
@@ -471,10 +523,11 @@ def main(argv=None) -> int:
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,
-            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "num_frames": args.frames, "size": args.size,
+            "clips_stalled": batches.stalled,
+            "max_sequence_length": args.text_len, "num_frames": args.frames, "size": args.size,
             "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
     if args.eval_per_prompt > 0:
-        ad = load_adapter(str(out), max_sequence_length=DEMO_MAX_SEQUENCE_LENGTH, num_frames=args.frames)
+        ad = load_adapter(str(out), max_sequence_length=args.text_len, num_frames=args.frames)
         t = time.perf_counter()
         ev = evaluate(ad, "val", args.eval_per_prompt, args.eval_steps, args.size, seed=args.eval_seed,
                       tags=args.tags)
@@ -484,8 +537,9 @@ def main(argv=None) -> int:
         print("val", json.dumps({k: v for k, v in ev.items() if k != "samples"}), flush=True)
     info["build_seconds"] = time.perf_counter() - t_start
     demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
-            "max_sequence_length": DEMO_MAX_SEQUENCE_LENGTH, "layout": args.layout,
-            "direction_noise": args.direction_noise, "build_command": cmd}
+            "max_sequence_length": args.text_len, "layout": args.layout, "move_cells": args.move_cells,
+            "paths": args.paths, "abs_pos": args.abs_pos,
+            "direction_noise": args.direction_noise, "stall_noise": args.stall_noise, "build_command": cmd}
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps({k: v for k, v in info.items() if k != "args"}, indent=1), flush=True)

@@ -129,3 +129,89 @@ def test_word_tokens_vocabulary():
     assert len(shared) == 85 and len(shared("triangle").input_ids) > 2
     long = shared("a blue triangle moves from right to left").input_ids
     assert len(long) > b.DEMO_MAX_SEQUENCE_LENGTH  # why the option exists
+
+
+def test_render_aligned_fixed_paths():
+    """--paths fixed: one path per direction, from the edge the mover leaves along FIXED_ACROSS's row / column,
+    0, 0, 1, 2, 3 cells at --move-cells 3; the seed changes nothing; the verifier accepts every motion prompt;
+    multi-entry specs are refused."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.synthetic.t2v import BACKGROUND, all_prompts
+
+    b = _builder()
+    bg = np.array(BACKGROUND, np.uint8)
+    want = {"right": [(0, 1), (0, 1), (1, 1), (2, 1), (3, 1)], "left": [(3, 2), (3, 2), (2, 2), (1, 2), (0, 2)],
+            "down": [(1, 0), (1, 0), (1, 1), (1, 2), (1, 3)], "up": [(2, 3), (2, 3), (2, 2), (2, 1), (2, 0)]}
+    for d, cells in want.items():  # (col, row) per frame, written out by hand
+        spec = {"prompt": f"a red square moves {d}", "objects": [
+            {"color": "red", "shape": "square", "count": 1, "direction": d, "order": 0}]}
+        for seed in (0, 9):
+            clip = b.render_aligned(spec, 32, 5, 8, 3, seed, paths="fixed")
+            got = [tuple(int(v) for v in np.argwhere((fr != bg).any(-1)).min(0)[::-1] // 8) for fr in clip]
+            assert got == cells
+    for split in ("train", "val", "heldout"):
+        for m in all_prompts(split, tags=["motion"]):
+            assert verify_clip(b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed"), m)["strict"]
+    with pytest.raises(ValueError, match="single-entry"):
+        b.render_aligned(all_prompts("train", tags=["two_motion"])[0], 32, 5, 8, 2, 0, paths="fixed")
+    with pytest.raises(ValueError, match="paths"):
+        b.render_aligned(all_prompts("train", tags=["motion"])[0], 32, 5, paths="diagonal")
+
+
+def test_abs_pos_fixed_paths_build_loads(tmp_path):
+    b = _builder()
+    out = tmp_path / "t2v"
+    rc = b.main(["--out", str(out), "--seconds", "1", "--steps", "1", "--batch-size", "2", "--frames", "5",
+                 "--width", "16", "--heads", "2", "--layers", "1", "--patch", "8", "--layout", "aligned",
+                 "--tags", "motion", "--paths", "fixed", "--move-cells", "3", "--abs-pos", "--direction-noise", "0.3"])
+    assert rc == 0
+    demo = json.loads((out / "mmgrpo_demo.json").read_text())
+    assert (demo["paths"], demo["abs_pos"], demo["move_cells"]) == ("fixed", True, 3)
+    from flow_grpo.models import load_adapter
+
+    ad = load_adapter(str(out), max_sequence_length=b.DEMO_MAX_SEQUENCE_LENGTH, num_frames=5)
+    assert type(ad.transformer).__name__ == "WanAbsPosTransformer3DModel"
+    with pytest.raises(ValueError, match="--paths fixed needs"):
+        b.main(["--out", str(tmp_path / "x"), "--paths", "fixed", "--tags", "motion"])
+
+
+def test_stall_noise_rule():
+    """--stall-noise: a stalled mover stays in its path's start cell on every frame (verifier: direction fails,
+    every other check passes); one extra rng draw per mover clip only when the option is on, so stall_noise = 0
+    gives the old batches bit for bit; the builder refuses it outside --layout aligned."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.synthetic.t2v import BACKGROUND, all_prompts
+
+    b = _builder()
+    bg = np.array(BACKGROUND, np.uint8)
+    for m in all_prompts("train", tags=["motion"]):
+        moving = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed")
+        still = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed", stall=True)
+        assert all((fr == moving[0]).all() for fr in still)  # the start frame, repeated
+        res = verify_clip(still, m)
+        assert [c["check"] for c in res["checks"] if not c["ok"]] == ["direction"]
+    # random start cells: same start cell as the moving clip of the same seed
+    m = all_prompts("train", tags=["motion"])[0]
+    for seed in (1, 2, 3):
+        first = b.render_aligned(m, 32, 5, 8, 2, seed)[0]
+        assert (b.render_aligned(m, 32, 5, 8, 2, seed, stall=True) == first).all()
+        assert (first != bg).any()
+    # stall_noise = 0 keeps the RNG stream (and the clips) of a build without the option
+    new = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed", 0.0)
+    old = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed")
+    for step in range(3):
+        (x, p), (y, q) = new(step), old(step)
+        assert (x == y).all() and p == q
+    assert new.stalled == 0
+    # p = 1: every clip is still; p = 0.5 over 40 x 16 clips: about half
+    allst = b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "fixed", 1.0)
+    clips, _ = allst(0)
+    assert allst.stalled == 4 and all((c == c[0]).all() for c in clips)
+    half = b.ClipBatches(16, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "fixed", 0.5)
+    for step in range(40):
+        half(step)
+    assert 0.4 < half.stalled / half.drawn < 0.6
+    with pytest.raises(ValueError, match="aligned"):
+        b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "free", stall_noise=0.5)
+    with pytest.raises(ValueError, match="--stall-noise"):
+        b.main(["--out", "/nonexistent/x", "--stall-noise", "0.5"])

@@ -72,6 +72,8 @@ def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None
     else:
         import diffusers
 
+        if kind == "wan":  # a folder may name this transformer class; diffusers resolves it from sys.modules
+            from . import wan_abspos  # noqa: F401
         pipe_cls = getattr(diffusers, ADAPTERS[kind].pipeline_cls_name)
         pipe = pipe_cls.from_pretrained(pipeline_dir, **{_dtype_kwarg(): dtype})
     if hasattr(pipe, "set_progress_bar_config"):
