@@ -167,9 +167,7 @@ def validation_data_cmd(recipe, report: dict, out: Path, n_videos: int) -> list[
     """The generator command of the validation draw (``--eval-split validation``): the base's own benchmark (the
     demo's ``benchmark_script`` and ``benchmark_args``) with its seed + ``validation_seed_offset``, ``n_videos``
     held-out videos; disjoint from the training and held-out splits."""
-    seed = int(demo.benchmark_sizes(report).get("seed", 0)) + recipe.validation_seed_offset
-    return [PY, recipe.benchmark_script, str(out), "--n-train", "1", "--n-eval", str(n_videos), "--seed",
-            str(seed)] + [str(a) for a in recipe.benchmark_args]
+    return demo.validation_data_cmd(recipe, demo.benchmark_sizes(report).get("seed", 0), out, n_videos)
 
 
 def trained_model(runner: demo.Runner, base: Path, ckpt: Path, export: Path, recipe: Path) -> list[str]:

@@ -237,6 +237,14 @@ def check_benchmark_args(rep: dict, benchmark_args: list[str]) -> None:
                              f"tvg.benchmark_args to the arguments the base was built on")
 
 
+def validation_data_cmd(recipe: TVGRecipe, base_seed: int, out: Path, n_videos: int) -> list[str]:
+    """The generator command of a validation draw: the base's own benchmark (``benchmark_script`` and
+    ``benchmark_args``) with the base's seed + ``validation_seed_offset``, ``n_videos`` held-out videos; disjoint
+    from the training and held-out splits."""
+    return [PY, recipe.benchmark_script, str(out), "--n-train", "1", "--n-eval", str(n_videos), "--seed",
+            str(int(base_seed) + recipe.validation_seed_offset)] + [str(a) for a in recipe.benchmark_args]
+
+
 def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     """Base checkpoint, regenerated benchmark and the eval / GRPO command prefixes of the TVG task (shared with
     ``scripts/compare_methods.py``, so method comparisons train and evaluate exactly like the demo)."""
@@ -261,10 +269,8 @@ def tvg_setup(runner: Runner, args, recipe: TVGRecipe, out: Path) -> dict:
     val_file = []
     if prof.validation_videos:  # the fixed validation set of the training curve (and of validation.select_best)
         val_dir = out / "validation_data"
-        runner.run("tvg_validation_data", [PY, recipe.benchmark_script, str(val_dir), "--n-train", "1",
-                                           "--n-eval", str(prof.validation_videos), "--seed",
-                                           str(int(sizes.get("seed", args.seed)) + recipe.validation_seed_offset)]
-                   + list(recipe.benchmark_args))
+        runner.run("tvg_validation_data", validation_data_cmd(recipe, sizes.get("seed", args.seed), val_dir,
+                                                              prof.validation_videos))
         val_file = [f"validation.file={val_dir / 'eval.jsonl'}"]
     video, prompt = rep.get("video", {}), rep.get("prompt", {})
     # The base model's own video/prompt settings: evaluation and GRPO must see inputs exactly as SFT did.
