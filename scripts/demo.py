@@ -216,21 +216,19 @@ def check_benchmark_args(rep: dict, benchmark_args: list[str]) -> None:
     info = (rep.get("data") or {}).get("info") or {}
     if not info.get("version"):
         return
-    args = [str(a) for a in benchmark_args]
+    from mmgrpo.synthetic.grounding import N_EVENTS
+    from mmgrpo.synthetic.tvg import build_parser
 
-    def opt(name: str, n: int = 1):
-        if name not in args:
-            return None
-        i = args.index(name)
-        return args[i + 1:i + 1 + n]
-
+    # the generator's own parser: its defaults are what an argument left out means
+    a, _ = build_parser().parse_known_args(["out"] + [str(x) for x in benchmark_args])
+    got_all = {"--version": [str(a.version)], "--clock": [a.clock], "--lanes": [str(a.lanes)],
+               "--events": [str(x) for x in (a.events or N_EVENTS)]}
     want = {"--version": [str(info["version"])], "--clock": [str(info.get("clock", "none"))],
             "--lanes": [str(info.get("lanes", 3))]}
     if info.get("n_events"):
         want["--events"] = [str(x) for x in info["n_events"]]
-    defaults = {"--version": ["1"], "--clock": ["none"], "--lanes": ["3"], "--events": ["3", "5"]}
     for name, value in want.items():
-        got = opt(name, len(value)) or defaults[name]
+        got = got_all[name]
         if got != value:
             raise SystemExit(f"[demo] tvg.benchmark_args: {name} {' '.join(got)} does not match the base's own "
                              f"benchmark ({name} {' '.join(value)}, from its sft_report.json data.info); set "

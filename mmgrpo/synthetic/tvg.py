@@ -228,7 +228,9 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     return result
 
 
-def main(argv=None) -> int:
+def build_parser():
+    """The generator's command line (``data/synthetic_tvg.py``); also read by ``scripts/demo.py`` to check a
+    recipe's generator arguments against a base's benchmark with these defaults."""
     import argparse
 
     p = argparse.ArgumentParser(description="Generate the synthetic temporal-grounding benchmark (mp4 + JSONL).")
@@ -248,6 +250,11 @@ def main(argv=None) -> int:
                    help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
     p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                    help="version 2: events per video before the optional twin (default 3 5; at least 2)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.version == 2:
         if a.mcq:
