@@ -177,10 +177,12 @@ def noisy_spec(spec: dict, rng: random.Random, p: float) -> tuple[dict, bool]:
 
 # --paths fixed: the cell a mover keeps across its axis (row for left / right, column for up / down), per direction
 FIXED_ACROSS = {"right": 1, "left": 2, "down": 1, "up": 2}
+# --ghost-noise: the (column, row) cell of the distractor; the top-left corner is on none of the fixed paths
+GHOST_CELL = (0, 0)
 
 
 def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, move_cells: int = 2,
-                   seed: int = 0, paths: str = "random", stall: bool = False):
+                   seed: int = 0, paths: str = "random", stall: bool = False, ghost: tuple[str, str] | None = None):
     """A token-aligned reference clip of ``spec`` (the ``--layout aligned`` training data): uint8 (F, H, W, 3).
 
     The frame is a grid of ``cell`` px cells (``cell`` = the transformer's patch = the shape size, so each token
@@ -192,7 +194,9 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     (column / row 0 for right / down, the last one for left / up) and keeps the cell ``FIXED_ACROSS[direction]``
     across its axis (single-entry specs only; ``seed`` then changes nothing). ``stall=True`` (the ``--stall-noise``
     weakness): every mover stays in its start cell on every frame (same start cell and RNG draws as without it), so
-    the clip fails the verifier's direction check only. Only specs whose entries all have count 1 and order 0 (tags
+    the clip fails the verifier's direction check only. ``ghost=(colour, shape)`` (the ``--ghost-noise``
+    weakness, ``paths="fixed"`` only): a still distractor of that colour (not one of the spec's) and shape sits in
+    ``GHOST_CELL`` on every frame; the clip fails the verifier's ``extra`` check only. Only specs whose entries all have count 1 and order 0 (tags
     ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
     ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
@@ -206,6 +210,9 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
                          f"{spec.get('prompt')!r}")
     if paths not in ("random", "fixed"):
         raise ValueError(f"render_aligned: paths must be 'random' or 'fixed', got {paths!r}")
+    if ghost is not None and (paths != "fixed" or ghost[0] in {e["color"] for e in objs}):
+        raise ValueError(f"render_aligned: a ghost needs paths='fixed' and a colour outside the spec, got {ghost} "
+                         f"for {spec.get('prompt')!r}")
     if paths == "fixed" and len(objs) != 1:
         raise ValueError(f"render_aligned: paths='fixed' takes single-entry specs (tag motion), got "
                          f"{spec.get('prompt')!r}")
@@ -238,6 +245,8 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
         raise RuntimeError(f"render_aligned: could not place {spec.get('prompt')!r}")
     clip = np.empty((frames, size, size, 3), np.uint8)
     clip[:] = BACKGROUND
+    if ghost is not None:
+        objs, tracks = objs + [{"color": ghost[0], "shape": ghost[1]}], tracks + [[GHOST_CELL] * frames]
     for e, path in zip(objs, tracks):
         m = _shape_mask(e["shape"], cell)
         for k, (cx, cy) in enumerate(path):
@@ -250,11 +259,12 @@ class ClipBatches:
     the drawn prompt, clips follow :func:`noisy_spec`. ``self.noised`` / ``self.drawn`` count clips.
     ``layout="free"``: the benchmark's :func:`render_clip`; ``"aligned"``: :func:`render_aligned` (``cell``,
     ``move_cells``, ``paths``; ``stall_noise``: :func:`render_aligned`'s ``stall`` with that probability per clip
-    with a mover, counted in ``self.stalled``)."""
+    with a mover, counted in ``self.stalled``; ``ghost_noise``: a still distractor of a random other colour and
+    random shape in ``GHOST_CELL`` with that probability per clip, counted in ``self.ghosted``)."""
 
     def __init__(self, batch_size: int, size: int, frames: int, seed: int, direction_noise: float = 0.0,
                  tags=TAGS, layout: str = "free", cell: int = 8, move_cells: int = 2, paths: str = "random",
-                 stall_noise: float = 0.0):
+                 stall_noise: float = 0.0, ghost_noise: float = 0.0):
         from mmgrpo.synthetic.t2v import all_prompts
 
         self.batch_size, self.size, self.frames, self.p = batch_size, size, frames, direction_noise
@@ -262,9 +272,11 @@ class ClipBatches:
         self.specs = all_prompts("train", tags=list(tags))
         if stall_noise and layout != "aligned":
             raise ValueError("stall_noise needs layout='aligned'")
-        self.stall_noise = stall_noise
+        if ghost_noise and paths != "fixed":
+            raise ValueError("ghost_noise needs layout='aligned' and paths='fixed'")
+        self.stall_noise, self.ghost_noise = stall_noise, ghost_noise
         self.rng = random.Random(seed)
-        self.noised = self.drawn = self.stalled = 0
+        self.noised = self.drawn = self.stalled = self.ghosted = 0
 
     def __call__(self, step: int):
         import numpy as np
@@ -282,9 +294,16 @@ class ClipBatches:
             stall = bool(self.stall_noise) and any(e["direction"] != "none" for e in shown["objects"]) \
                 and self.rng.random() < self.stall_noise
             self.stalled += stall
+            ghost = None  # as above: the ghost's draws happen only when the option is on
+            if self.ghost_noise and self.rng.random() < self.ghost_noise:
+                from mmgrpo.synthetic.t2v import COLORS, SHAPES
+
+                used = {e["color"] for e in shown["objects"]}
+                ghost = (self.rng.choice([c for c in COLORS if c not in used]), self.rng.choice(SHAPES))
+                self.ghosted += 1
             if self.layout == "aligned":
                 clips.append(render_aligned(shown, self.size, self.frames, self.cell, self.move_cells, seed,
-                                             self.paths, stall))
+                                             self.paths, stall, ghost))
             else:
                 clips.append(render_clip(shown, self.size, self.frames, seed=seed))
             prompts.append(spec["prompt"])
@@ -432,6 +451,10 @@ def parse_args(argv=None):
                    help="--layout aligned: probability that a training clip with a mover shows it still in its "
                         "start cell on every frame (caption unchanged; such a clip fails only the verifier's "
                         "direction check). 0 = off")
+    p.add_argument("--ghost-noise", type=float, default=0.0,
+                   help="--paths fixed: probability that a training clip also shows a still distractor (a random "
+                        "other colour and shape) in the top-left cell on every frame (caption unchanged; such a "
+                        "clip fails only the verifier's extra check). 0 = off")
     p.add_argument("--abs-pos", action="store_true",
                    help="transformer = WanAbsPosTransformer3DModel (Wan + a fixed 3-D sin-cos absolute position "
                         "embedding): Wan alone (RoPE only) cannot place an object in a given cell from noise")
@@ -487,6 +510,8 @@ def main(argv=None) -> int:
         raise ValueError("--paths fixed needs --layout aligned --tags motion")
     if not 0.0 <= args.stall_noise <= 1.0 or (args.stall_noise and args.layout != "aligned"):
         raise ValueError("--stall-noise must be in [0, 1] and needs --layout aligned")
+    if not 0.0 <= args.ghost_noise <= 1.0 or (args.ghost_noise and args.paths != "fixed"):
+        raise ValueError("--ghost-noise must be in [0, 1] and needs --paths fixed")
     pipe = build_pipeline(args.seed, args.width, args.heads, args.layers, args.patch, args.shift,
                           word_tokens=args.word_tokens, abs_pos=args.abs_pos)
     # reconstruction check: the identity VAE vs the tiny random Wan VAE of flow_grpo.models.tiny_wan
@@ -501,7 +526,8 @@ def main(argv=None) -> int:
                                                                                     "text_encoder")}
     print(f"params: {n_params}", flush=True)
     batches = ClipBatches(args.batch_size, args.size, args.frames, args.seed, args.direction_noise, args.tags,
-                          args.layout, args.patch, args.move_cells, args.paths, args.stall_noise)
+                          args.layout, args.patch, args.move_cells, args.paths, args.stall_noise,
+                          args.ghost_noise)
 
     def log(rec):
         print(f"step {rec['step']:5d} loss {rec['loss']:.4f} lr {rec['lr']:.2e} {rec['seconds']:.0f}s", flush=True)
@@ -523,7 +549,7 @@ def main(argv=None) -> int:
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,
-            "clips_stalled": batches.stalled,
+            "clips_stalled": batches.stalled, "clips_ghosted": batches.ghosted,
             "max_sequence_length": args.text_len, "num_frames": args.frames, "size": args.size,
             "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()}
     if args.eval_per_prompt > 0:
@@ -539,7 +565,8 @@ def main(argv=None) -> int:
     demo = {"num_frames": args.frames, "size": args.size, "tags": list(args.tags), "sample_steps": args.eval_steps,
             "max_sequence_length": args.text_len, "layout": args.layout, "move_cells": args.move_cells,
             "paths": args.paths, "abs_pos": args.abs_pos,
-            "direction_noise": args.direction_noise, "stall_noise": args.stall_noise, "build_command": cmd}
+            "direction_noise": args.direction_noise, "stall_noise": args.stall_noise, "ghost_noise": args.ghost_noise,
+            "build_command": cmd}
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")  # what scripts/demo_t2v.py reads
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps({k: v for k, v in info.items() if k != "args"}, indent=1), flush=True)

@@ -215,3 +215,52 @@ def test_stall_noise_rule():
         b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "free", stall_noise=0.5)
     with pytest.raises(ValueError, match="--stall-noise"):
         b.main(["--out", "/nonexistent/x", "--stall-noise", "0.5"])
+
+
+def test_ghost_noise_rule():
+    """--ghost-noise: a still distractor of another colour sits in GHOST_CELL on every frame on top of the
+    unchanged clip (verifier: only ``extra`` fails, for every train / held-out prompt, colour and shape); its draws
+    happen only when the option is on (ghost_noise = 0 gives the old batches); the rate is about p; refused
+    without fixed paths or with the spec's own colour."""
+    from flow_grpo.rewards.motion import verify_clip
+    from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, SHAPES, all_prompts
+
+    b = _builder()
+    bg = np.array(BACKGROUND, np.uint8)
+    cx, cy = b.GHOST_CELL
+    for m in all_prompts("train", tags=["motion"]) + all_prompts("heldout", tags=["motion"]):
+        clean = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed")
+        for c in COLORS:
+            if c == m["objects"][0]["color"]:
+                continue
+            for sh in SHAPES:
+                g = b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed", ghost=(c, sh))
+                cell = g[:, cy * 8:(cy + 1) * 8, cx * 8:(cx + 1) * 8]
+                assert (cell == cell[0]).all() and (cell[0] == np.array(COLORS[c], np.uint8)).all(-1).any()
+                assert (clean[:, cy * 8:(cy + 1) * 8, cx * 8:(cx + 1) * 8] == bg).all()  # off every path
+                outside = np.ones((32, 32), bool)
+                outside[cy * 8:(cy + 1) * 8, cx * 8:(cx + 1) * 8] = False
+                assert (g[:, outside] == clean[:, outside]).all()
+                res = verify_clip(g, m)
+                assert [k["check"] for k in res["checks"] if not k["ok"]] == ["extra"], (m["prompt"], c, sh)
+    m = all_prompts("train", tags=["motion"])[0]
+    with pytest.raises(ValueError, match="ghost"):
+        b.render_aligned(m, 32, 5, 8, 3, 0, paths="fixed", ghost=(m["objects"][0]["color"], "square"))
+    with pytest.raises(ValueError, match="ghost"):
+        b.render_aligned(m, 32, 5, 8, 2, 0, ghost=("blue", "square"))
+    new = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed", 0.0, 0.0)
+    old = b.ClipBatches(8, 32, 5, 0, 0.3, ["motion"], "aligned", 8, 3, "fixed")
+    for step in range(3):
+        (x, p), (y, q) = new(step), old(step)
+        assert (x == y).all() and p == q
+    assert new.ghosted == 0
+    half = b.ClipBatches(16, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "fixed", 0.0, 0.6)
+    n_corner = 0
+    for step in range(40):
+        clips, prompts = half(step)
+        n_corner += int((clips[:, 0, cy * 8:(cy + 1) * 8, cx * 8:(cx + 1) * 8] != bg).any(axis=(1, 2, 3)).sum())
+    assert n_corner == half.ghosted and 0.5 < half.ghosted / half.drawn < 0.7
+    with pytest.raises(ValueError, match="ghost_noise"):
+        b.ClipBatches(4, 32, 5, 0, 0.0, ["motion"], "aligned", 8, 3, "random", 0.0, 0.5)
+    with pytest.raises(ValueError, match="--ghost-noise"):
+        b.main(["--out", "/nonexistent/x", "--ghost-noise", "0.5"])
