@@ -10,13 +10,17 @@ Stages (each a subprocess; times in ``report.json``):
    ``--per-prompt`` noise seeds, 10-step Euler ODE, no CFG) -> ``eval_before.json`` + frame strips;
 3. GRPO: ``python -m flow_grpo.cli train`` (Flow-GRPO-Fast, LoRA, the motion verifier reward) -> ``grpo/``;
 4. eval after, same noises, with ``grpo/lora_final``;
-5. ``report.md`` / ``report.json``: strict and partial accuracy before / after, per check, and the probe that
-   says what changed (asked direction x the direction the tracked object went, before and after), and
+5. ``report.md`` / ``report.json``: strict and partial accuracy before / after, per check, the probe of what the
+   change is made of (clips with a distractor, the strict accuracy a perfect distractor remover would reach,
+   strict among distractor-free clips; :func:`gain_probe`), the asked direction x the direction the tracked
+   object went, before and after, and
    ``grid.png``: one row per held-out prompt (its first seed), the clip before | after as frame strips.
 
 The base (default ``data/checkpoints/tiny_t2v``) is the one ``scripts/build_tiny_t2v.py`` made; its
 ``mmgrpo_demo.json`` gives the frames, size, tags and text length. How it was built and why its numbers are what
-they are: docs/demo_models.md, "T2V".
+they are: docs/demo_models.md, "T2V". Defaults (60 epochs x 4 prompts x 8 clips, lr 1e-3, SDE window on steps
+0-2) were chosen on the val split; measured on held-out: strict +16.3 / +23.8 / +18.7 points on seeds 0 / 1 / 2,
+~3 min each on 2 cores.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ TARGET = 15.0  # held-out strict accuracy points (issue #22 item 5)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="runs/demo_t2v", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="GRPO seed (the eval noises are fixed by --eval-seed)")
     p.add_argument("--base", default=str(REPO / "data" / "checkpoints" / "tiny_t2v"), help="base WanPipeline folder")
@@ -44,10 +49,11 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=8, help="clips per prompt")
     p.add_argument("--lr", type=float, default=1e-3, help="LoRA learning rate")
     p.add_argument("--reward-mode", default="partial", choices=["partial", "strict"],
-                   help="motion verifier reward: fraction of checks passed, or all-passed")
+                   help="motion verifier reward: fraction of checks passed, or all passed")
     p.add_argument("--per-prompt", type=int, default=8, help="eval clips per held-out prompt")
     p.add_argument("--eval-seed", type=int, default=1234, help="eval noise seed base (same before and after)")
-    p.add_argument("--eval-split", default="heldout", choices=["val", "heldout", "train"])
+    p.add_argument("--eval-split", default="heldout", choices=["val", "heldout", "train"],
+                   help="Mini-T2V split of the before / after evaluation (choose settings on val, report held-out)")
     p.add_argument("--window", type=int, nargs=2, default=[0, 3], metavar=("LO", "HI"),
                    help="the SDE (trained) steps: a fixed window on step indices [LO, HI) of the 10; the clip's "
                         "layout, and so whether a distractor is drawn, is decided at the first, high-noise steps")
