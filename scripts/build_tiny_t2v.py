@@ -12,10 +12,11 @@ Its text encoder (the tiny UMT5) gets a supervised warm-up and is then frozen (`
 --no-train-text``), as a real Wan's pre-trained UMT5 is: without it the encoder is a bag of words and the base goes
 left for "from left to right" half of the time. Its deliberate weakness is ``--ghost-noise 0.6``: 60 % of its
 training clips also show a still distractor of another colour in the top-left cell, so it draws one in about half of
-its samples, which the motion verifier's ``extra`` check (and GRPO on it) can remove. Without ``--demo`` the defaults are the round-1 pilot (free layout,
-patch 4, width 96), which does not draw clean objects; every option is a step of the pilots in docs/demo_models.md.
+its samples, which the motion verifier's ``extra`` check (and GRPO on it) can remove. Without ``--demo`` the
+defaults are the round-1 pilot (free layout, patch 4, width 96), which does not draw clean objects; every option is
+a step of the pilots in docs/demo_models.md.
 
-What it builds (status and measured numbers: docs/demo_models.md, "T2V (issue #22 item 5): status"):
+What it builds (measured numbers and the pilots: docs/demo_models.md, "T2V"):
 
 * a ``WanPipeline`` folder (``save_pretrained``; reload with ``flow_grpo.models.load_adapter(out)``):
   - ``vae``: :func:`identity_wan_vae`, a hand-set ``AutoencoderKLWan`` with no down/up-sampling (spatial and
@@ -266,8 +267,8 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     weakness): every mover stays in its start cell on every frame (same start cell and RNG draws as without it), so
     the clip fails the verifier's direction check only. ``ghost=(colour, shape)`` (the ``--ghost-noise``
     weakness, ``paths="fixed"`` only): a still distractor of that colour (not one of the spec's) and shape sits in
-    ``GHOST_CELL`` on every frame; the clip fails the verifier's ``extra`` check only. Only specs whose entries all have count 1 and order 0 (tags
-    ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
+    ``GHOST_CELL`` on every frame; the clip fails the verifier's ``extra`` check only. Only specs whose entries all
+    have count 1 and order 0 (tags ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
     ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
 
