@@ -268,8 +268,8 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     the clip fails the verifier's direction check only. ``ghost=(colour, shape)`` (the ``--ghost-noise``
     weakness, ``paths="fixed"`` only): a still distractor of that colour (not one of the spec's) and shape sits in
     ``GHOST_CELL`` on every frame; the clip fails the verifier's ``extra`` check only. Only specs whose entries all
-    have count 1 and order 0 (tags ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts these clips (tested) as long as
-    ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
+    have count 1 and order 0 (tags ``motion`` and ``two_motion``): others raise ValueError. The verifier accepts
+    these clips (tested) as long as ``move_cells * cell >= min_move * size`` (16 px >= 8 px at the defaults)."""
     import numpy as np
 
     from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, validate_spec
