@@ -352,7 +352,7 @@ class ClipBatches:
     def __call__(self, step: int):
         import numpy as np
 
-        from mmgrpo.synthetic.t2v import render_clip
+        from mmgrpo.synthetic.t2v import COLORS, SHAPES, render_clip
 
         clips, prompts = [], []
         for _ in range(self.batch_size):
@@ -367,8 +367,6 @@ class ClipBatches:
             self.stalled += stall
             ghost = None  # as above: the ghost's draws happen only when the option is on
             if self.ghost_noise and self.rng.random() < self.ghost_noise:
-                from mmgrpo.synthetic.t2v import COLORS, SHAPES
-
                 used = {e["color"] for e in shown["objects"]}
                 ghost = (self.rng.choice([c for c in COLORS if c not in used]), self.rng.choice(SHAPES))
                 self.ghosted += 1

@@ -345,21 +345,28 @@ def read_annotations(path: Path) -> dict[str, dict]:
     return anns
 
 
-def prediction_probes(anns: dict[str, dict], predictions: Path) -> dict | None:
-    """The query-swap and event probes (``mmgrpo.vlm.sft.query_swap_probe`` / ``event_probe``) of one evaluation's
-    ``predictions.jsonl`` on the annotated queries ``anns`` (:func:`read_annotations`); None if it does not exist."""
-    from mmgrpo.vlm.sft import event_probe, query_swap_probe
-
+def predicted_samples(anns: dict[str, dict], predictions: Path) -> tuple[list[str], list[dict]] | None:
+    """(output texts, annotation records) of one evaluation's ``predictions.jsonl``, in file order, for the
+    predictions whose id is in ``anns`` (:func:`read_annotations`); None if the file does not exist."""
     if not predictions.exists():
         return None
     recs = [json.loads(l) for l in predictions.read_text().splitlines() if l.strip()]
     recs = [r for r in recs if r.get("id") in anns]
-    texts, samples = [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
+    return [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
+
+
+def probes_of(texts: list[str], samples: list[dict]) -> dict:
+    """The query-swap and event probes (``mmgrpo.vlm.sft.query_swap_probe`` / ``event_probe``) of outputs."""
+    from mmgrpo.vlm.sft import event_probe, query_swap_probe
+
     return {"query_swap": query_swap_probe(texts, samples), "events": event_probe(texts, samples)}
 
 
-def _predicted_ids(predictions: Path) -> list[str]:
-    return [json.loads(l).get("id") for l in predictions.read_text().splitlines() if l.strip()]
+def prediction_probes(anns: dict[str, dict], predictions: Path) -> dict | None:
+    """:func:`probes_of` one evaluation's ``predictions.jsonl`` on the annotated queries ``anns``; None if it does
+    not exist."""
+    got = predicted_samples(anns, predictions)
+    return None if got is None else probes_of(*got)
 
 
 def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
@@ -372,13 +379,14 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
     anns = read_annotations(annotations)
     probes: dict = {}
     for phase in ("before", "after"):
-        p = prediction_probes(anns, out / f"eval_{phase}" / "predictions.jsonl")
-        if p is None:
+        got = predicted_samples(anns, out / f"eval_{phase}" / "predictions.jsonl")
+        if got is None:
             continue
+        texts, samples = got  # one read per file: the probes and the video-blind span score the same queries
+        p = probes_of(texts, samples)
         probes.setdefault("query_swap", {})[phase] = p["query_swap"]
         probes.setdefault("events", {})[phase] = p["events"]
         if phase == "before":
-            samples = [anns[r] for r in _predicted_ids(out / "eval_before" / "predictions.jsonl") if r in anns]
             frac = (base_report.get("video_blind_baselines", {}).get("duration_relative_span", {}).get("span"))
             if frac:
                 a, b = frac
