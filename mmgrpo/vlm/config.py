@@ -68,8 +68,9 @@ class DataConfig:
     prompt_template: str = field(default="mmgrpo", metadata=_h(
         "what the model is shown: mmgrpo = the project's own prompt (prompt_mode, answer_format, query_position "
         "apply), or a release's prompt reproduced exactly (system turn, media/text order, instruction, options, query "
-        "case): time_r1_v1 | time_r1_v2 | videochat_r1_tg | videochat_r1_gqa | tempsamp_r1 | video_r1 | vlm_r1_rec | "
-        "video_rts | tw_grpo_mixed (mmgrpo.vlm.data.templates; `mmgrpo check` prints the rendered prompt)"))
+        "case): time_r1_v1 | time_r1_eval | time_r1_v2 | videochat_r1_tg | videochat_r1_gqa | tempsamp_r1 | video_r1 | "
+        "vlm_r1_rec | video_rts | tw_grpo_mixed (mmgrpo.vlm.data.templates; `mmgrpo check` prints the rendered "
+        "prompt)"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
         "prompt_template=mmgrpo: where the task text goes in the user turn: after the video/image (default; Video-R1, "
         "VLM-R1 and TempSamp-R1 also put the media first, Time-R1's training prompt and VideoChat-R1 the text) or "

@@ -156,6 +156,15 @@ _add(ReleaseTemplate(
           "v1 text). Its evaluation (src/vllm_inference) renders differently: system 'You are a helpful assistant.', "
           "video first."))
 _add(ReleaseTemplate(
+    "time_r1_eval", ("tvg",), "think", "You are a helpful assistant.", False, TIME_R1_V1, "think_span",
+    sources=(Source(_TIME_R1, "src/vllm_inference/data/config.py", _TIME_R1_AT, "DEFAULT_TG_PROMPT['r1'] (the v1 "
+                                                                               "text)"),
+             Source(_TIME_R1, "src/vllm_inference/data/__init__.py", _TIME_R1_AT,
+                    "TemporalGroundingDataset._preprocess: system 'You are a helpful assistant.', video then text"),
+             Source(_TIME_R1, "src/vllm_inference/data/data_loader.py", _TIME_R1_AT, "load_charades: sentence "
+                                                                                    "strip() only")),
+    notes="Time-R1's evaluation prompt (the v1 text, the video first, the query as written)."))
+_add(ReleaseTemplate(
     "time_r1_v2", ("tvg",), "no_think", None, True, TIME_R1_V2, "span", query="lower_no_period",
     sources=(Source(_TIME_R1, "src/time_r1/rl/timer1_trainer_ft.py", _TIME_R1_AT,
                     "QUESTION_TEMPLATE_TG_v2 (--prompt_type v2)"),),

@@ -171,7 +171,9 @@ class TaskAdapter:
             raise ValueError(f"data.image_min_pixels / image_max_pixels: the processor {type(ip).__name__} has no "
                              "pixel bounds to complete them (size shortest_edge / longest_edge)")
         if lo > hi:
-            raise ValueError(f"data.image_min_pixels={lo} > image_max_pixels={hi}")
+            raise ValueError(f"image pixel bounds min {lo} > max {hi} (data.image_min_pixels="
+                             f"{self.cfg.image_min_pixels}, data.image_max_pixels={self.cfg.image_max_pixels}; 0 = "
+                             "the processor's own): set both")
         return {"size": {"shortest_edge": lo, "longest_edge": hi}}
 
     def _path(self, p: Any) -> Any:
