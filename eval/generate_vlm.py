@@ -418,6 +418,30 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
     return o
 
 
+def check_reward_fn(data_cfg, score_cfg, family: str):
+    """The accuracy reward of this evaluation's protocol (``score.protocol`` / ``score.official_mode``) for the
+    start-of-run check (``mmgrpo.vlm.check``): the ground truth written as the prompt asks must score 1."""
+    from mmgrpo.vlm.rewards.registry import build_reward_fn
+
+    task = data_cfg.task
+    if score_cfg.protocol == "official":
+        from eval.score import OFFICIAL_MODE
+
+        mode = OFFICIAL_MODE[task] if score_cfg.official_mode in ("auto", "") else score_cfg.official_mode
+    else:
+        mode = "lenient"
+    from mmgrpo.vlm.data.templates import get_template
+
+    t = get_template(getattr(data_cfg, "prompt_template", "mmgrpo"))
+    asks_evidence = t is None or "<glue>" in t.text  # gqa: only prompts that ask for the evidence span
+    weights = {"tvg": {"iou": 1.0}, "mcq": {"mcq": 1.0}, "gqa": {"mcq": 1.0, "iou": 1.0} if asks_evidence else
+               {"mcq": 1.0}, "rec": {"box_iou": 1.0}, "qa": {"video_r1_accuracy": 1.0}}[task]
+    kw: dict[str, Any] = {"parse_mode": mode}
+    if task == "rec":
+        kw["box_frame"] = family if getattr(score_cfg, "box_frame", "auto") == "auto" else score_cfg.box_frame
+    return build_reward_fn(weights, task, **kw)
+
+
 # ------------------------------------------------------------------------------------------------ generation
 def set_threads(n: int) -> None:
     """``torch.set_num_threads(n)`` for n >= 1 (0 keeps torch's default).  Why: the tiny-model ops take
@@ -900,9 +924,9 @@ def run(cfg: EvalVLMConfig) -> dict:
     ann_sha = sha256_file(cfg.data.annotations)
     policy, base, adapter, device, dtype = load_eval_policy(cfg)
     task_adapter = with_clip_cache(TaskAdapter(policy.processor, policy.adapter, cfg.data), cfg.clip_cache)
-    from mmgrpo.vlm.check import eval_reward_fn, start_of_run_check
+    from mmgrpo.vlm.check import start_of_run_check
 
-    start_of_run_check(task_adapter, samples, eval_reward_fn(cfg.data, cfg.score, policy.family),
+    start_of_run_check(task_adapter, samples, check_reward_fn(cfg.data, cfg.score, policy.family),
                        cfg.data.check_samples, log)
     settings = build_settings(cfg, policy, base, adapter, device, dtype, samples, task_adapter, ann_sha)
     check_resume(out_dir, settings, PREDICTIONS)

@@ -21,7 +21,7 @@ It fails (:class:`CheckError`, ``mmgrpo check`` exits 1) when
   tokenisation (decode(encode(gt)) == gt, the TempSamp-R1 off-policy member is injected as tokens).
 
 The same check runs at the start of ``mmgrpo train`` (``data.check_samples``, default 2) and of
-``eval/generate_vlm.py`` (there the reward is the evaluation protocol's accuracy).
+``eval/generate_vlm.py`` (there the reward is the evaluation protocol's accuracy, ``check_reward_fn``).
 """
 from __future__ import annotations
 
@@ -238,29 +238,6 @@ def start_of_run_check(task_adapter, samples: Sequence[Any], reward_fn, n: int, 
         log.info("what the model sees (data.check_samples=%d):\n%s", n, format_report(rep, full=True))
     rep.raise_if_failed()
     return rep
-
-
-def eval_reward_fn(data_cfg, score_cfg, family: str):
-    """The accuracy reward of an evaluation's protocol (``score.protocol`` / ``score.official_mode``)."""
-    from mmgrpo.vlm.rewards.registry import build_reward_fn
-
-    task = data_cfg.task
-    if score_cfg.protocol == "official":
-        from eval.score import OFFICIAL_MODE
-
-        mode = OFFICIAL_MODE[task] if score_cfg.official_mode in ("auto", "") else score_cfg.official_mode
-    else:
-        mode = "lenient"
-    from mmgrpo.vlm.data.templates import get_template
-
-    t = get_template(getattr(data_cfg, "prompt_template", "mmgrpo"))
-    asks_evidence = t is None or "<glue>" in t.text  # gqa: only prompts that ask for the evidence span
-    weights = {"tvg": {"iou": 1.0}, "mcq": {"mcq": 1.0}, "gqa": {"mcq": 1.0, "iou": 1.0} if asks_evidence else
-               {"mcq": 1.0}, "rec": {"box_iou": 1.0}, "qa": {"video_r1_accuracy": 1.0}}[task]
-    kw: dict[str, Any] = {"parse_mode": mode}
-    if task == "rec":
-        kw["box_frame"] = family if getattr(score_cfg, "box_frame", "auto") == "auto" else score_cfg.box_frame
-    return build_reward_fn(weights, task, **kw)
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
