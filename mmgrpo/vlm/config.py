@@ -60,7 +60,9 @@ class ModelConfig:
 class DataConfig:
     train_file: str = field(default="", metadata=_h("canonical JSONL of samples (mmgrpo.vlm.data schema)"))
     media_root: str = field(default="", metadata=_h("prefix for relative video/image paths"))
-    task: str = field(default="tvg", metadata=_h("tvg | mcq | gqa | rec | numeric (prompt + reward family)"))
+    task: str = field(default="tvg", metadata=_h(
+        "tvg | mcq | gqa | rec | numeric (prompt + reward family); an mcq run may also hold open-answer 'qa' samples "
+        "(Video-R1's numerical / OCR / free-form / regression, scored by reward video_r1_accuracy)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
         default="think", metadata=_h("mmgrpo.vlm.data prompt mode: <think> reasoning, direct answer, or hybrid"))
     answer_format: Literal["seconds", "json"] = field(default="seconds",
