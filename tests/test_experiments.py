@@ -210,3 +210,22 @@ def test_smoke_mode_trains_and_evaluates(name, tmp_path):
     else:
         assert "parse_mode: vlm_r1" in saved and (out / "final" / "config.json").is_file()
         assert (out / "eval_refcoco" / "metrics.json").is_file()
+
+
+def test_each_vlm_paired_eval_renders_the_release_prompt_and_scores_with_its_rules():
+    """Issue #33 / #32 item 5: the paired evaluation shows the model its recipe's release prompt (Time-R1: its
+    evaluation rendering) and a recipe trained with TempSamp-R1's parsing is scored with it, not Time-R1's."""
+    for script in SCRIPTS:
+        kind, recipe, _ = _train_call(script)
+        if kind != "vlm":
+            continue
+        cfg = smoke.load_recipe("vlm", str(REPO / recipe))
+        ev = script.read_text().split("evaluate eval/generate_vlm.py", 1)[1]
+        tmpl = cfg.data.prompt_template
+        want = {"time_r1_v1": "time_r1_eval"}.get(tmpl, tmpl)
+        if want == "mmgrpo":
+            assert "data.prompt_template=" not in ev, script.name
+        else:
+            assert f"data.prompt_template={want} " in ev or f"data.prompt_template={want}\n" in ev, script.name
+        if cfg.reward.parse_mode == "tempsamp_r1":
+            assert "score.official_mode=tempsamp_r1" in ev, script.name

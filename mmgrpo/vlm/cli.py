@@ -12,6 +12,8 @@ USAGE = """usage: mmgrpo <command> [options]
 commands:
   train      GRPO fine-tuning of a Qwen2/2.5/3-VL policy (mmgrpo train --help lists every option)
   plan       predicted peak memory per device for a train config (mmgrpo plan --help)
+  check      see what the model sees: rendered prompts, tokens, frames, pixel budget, the ground truth's reward,
+             for the first samples of a recipe's data (mmgrpo check --help); exit 1 on a contradiction
   make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [qwen2_5_vl|qwen2_vl|qwen3_vl]
 """
 
@@ -47,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         return train_main(rest)
+    if cmd == "check":
+        from mmgrpo.vlm.check import check_main
+
+        return check_main(rest)
     if cmd == "plan":
         from mmgrpo.utils.memory_plan import plan_main
 

@@ -60,15 +60,24 @@ class ModelConfig:
 class DataConfig:
     train_file: str = field(default="", metadata=_h("canonical JSONL of samples (mmgrpo.vlm.data schema)"))
     media_root: str = field(default="", metadata=_h("prefix for relative video/image paths"))
-    task: str = field(default="tvg", metadata=_h("tvg | mcq | gqa | rec | numeric (prompt + reward family)"))
+    task: str = field(default="tvg", metadata=_h(
+        "tvg | mcq | gqa | rec | numeric (prompt + reward family); an mcq run may also hold open-answer 'qa' samples "
+        "(Video-R1's numerical / OCR / free-form / regression, scored by reward video_r1_accuracy)"))
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
         default="think", metadata=_h("mmgrpo.vlm.data prompt mode: <think> reasoning, direct answer, or hybrid"))
     answer_format: Literal["seconds", "json"] = field(default="seconds",
                                                       metadata=_h("TVG answer format asked for in the prompt"))
+    prompt_template: str = field(default="mmgrpo", metadata=_h(
+        "what the model is shown: mmgrpo = the project's own prompt (prompt_mode, answer_format, query_position "
+        "apply), or a release's prompt reproduced exactly (system turn, media/text order, instruction, options, query "
+        "case): time_r1_v1 | time_r1_eval | time_r1_v2 | videochat_r1_tg | videochat_r1_gqa | tempsamp_r1 | video_r1 | "
+        "vlm_r1_rec | video_rts | tw_grpo_mixed (mmgrpo.vlm.data.templates; `mmgrpo check` prints the rendered "
+        "prompt)"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
-        "where the task text goes in the user turn: after the video/image (default, the released recipes' order) or "
+        "prompt_template=mmgrpo: where the task text goes in the user turn: after the video/image (default; Video-R1, "
+        "VLM-R1 and TempSamp-R1 also put the media first, Time-R1's training prompt and VideoChat-R1 the text) or "
         "before it, so that with causal attention the visual tokens can attend to the query (mmgrpo.vlm.data.prompts."
-        "build_messages); must match the order the model was fine-tuned with"))
+        "build_messages); must match the order the model was fine-tuned with. Release templates fix their own order"))
     max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
     shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
     on_missing_media: Literal["skip", "error"] = field(
@@ -95,6 +104,10 @@ class DataConfig:
         "are identical; 1 uses the least CPU time in total (17-28 % less than automatic on 2 cores), which is what "
         "counts when decoding runs in the background next to training (data.prefetch >= 1).  0 can shorten an "
         "inline decode (data.prefetch=0) of large videos on an idle many-core machine"))
+    check_samples: int = field(default=2, metadata=_h(
+        "before step 1, check the first N samples as `mmgrpo check` does (the ground truth written as the prompt asks "
+        "gets every weighted reward's maximum, the pixel budget reaches the processor, a rebuilt prompt tokenises as "
+        "the rollout's) and stop with the problems listed; 0 = off"))
     on_bad_sample: Literal["skip", "error"] = field(
         default="skip", metadata=_h("a sample the model cannot take (empty query, over max_prompt_tokens, an image "
                                     "the processor rejects): skip and count it, or raise naming it"))
@@ -394,6 +407,10 @@ class TrainConfig:
             raise ValueError("reward.retries, reward.retry_backoff and reward.timeout must be >= 0")
         if self.run.max_consecutive_skips < 0:
             raise ValueError("run.max_consecutive_skips must be >= 0")
+        from mmgrpo.vlm.data.templates import check_template  # a template/task/mode mismatch fails before loading
+
+        check_template(self.data.prompt_template, "mcq" if self.data.task == "numeric" else self.data.task,
+                       self.data.prompt_mode)
         if self.reward.parse_mode != "lenient":  # checked here so a typo fails before any model is loaded
             from mmgrpo.vlm.rewards.protocols import check_parse_mode
 
@@ -425,7 +442,8 @@ class TrainConfig:
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
         for name, v in (("optim.warmup_steps", o.warmup_steps), ("run.save_every", r.save_every),
                         ("run.prompts_per_step", r.prompts_per_step),
-                        ("data.decode_threads", self.data.decode_threads)):
+                        ("data.decode_threads", self.data.decode_threads),
+                        ("data.check_samples", self.data.check_samples)):
             if v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
         if r.log_every < 1:

@@ -104,6 +104,31 @@ def _write_videos(d: Path) -> None:
         write_jsonl(gqa, d / f"{split}_gqa.jsonl")
 
 
+def _write_video_r1(d: Path) -> None:
+    """Video-R1's data mix on the synthetic videos: each multiple-choice colour question plus one open-answer (qa)
+    question of each other problem type about the same event (numerical: the second it appears; OCR: its colour
+    word; free-form: a short description; regression: how long it is visible)."""
+    from mmgrpo.vlm.data import Sample, write_jsonl
+    from mmgrpo.synthetic.tvg import generate
+
+    res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
+    for split in ("train", "eval"):
+        rows = [json.loads(x) for x in Path(res[f"{split}_mcq"]).read_text().splitlines() if x.strip()]
+        out = []
+        for r in rows:
+            m, (a, b) = r["meta"], r["meta"]["span"]
+            out.append(Sample.from_dict(r))
+            base = {"task": "qa", "video": r["video"], "duration": r["duration"], "meta": {"source": "smoke"}}
+            for k, (ptype, q, ans) in enumerate((
+                    ("numerical", f"At which whole second does the {m['shape']} appear?", str(int(a))),
+                    ("OCR", f"Write the colour of the {m['shape']} as one word.", m["colour"]),
+                    ("free-form", f"Describe the {m['shape']}.", f"a {m['colour']} {m['shape']}"),
+                    ("regression", f"For how many seconds is the {m['shape']} visible?", f"{b - a:.1f}"))):
+                out.append(Sample.from_dict({**base, "id": f"{r['id']}_qa{k}", "query": q, "answer": ans,
+                                             "meta": {"source": "smoke", "problem_type": ptype}}))
+        write_jsonl(out, d / f"{split}_video_r1.jsonl")
+
+
 def _write_images(d: Path) -> None:
     """Synthetic REC: 56x56 images with one coloured square on noise; the query names its colour."""
     import numpy as np
@@ -142,8 +167,17 @@ def data_root() -> Path:
     return Path(os.environ.get("SMOKE_DATA") or REPO / "runs" / "smoke" / "data").resolve()
 
 
-def vlm_data(task: str) -> tuple[Path, Path, Path]:
-    """(train file, eval file, media root) of the synthetic data of ``task``."""
+def video_r1_mix(cfg) -> bool:
+    """A recipe that trains on Video-R1's five problem types (its prompt template and accuracy reward)."""
+    return cfg.data.prompt_template == "video_r1" and "video_r1_accuracy" in cfg.reward.weights
+
+
+def vlm_data(task: str, video_r1: bool = False) -> tuple[Path, Path, Path]:
+    """(train file, eval file, media root) of the synthetic data of ``task``; ``video_r1``: Video-R1's five
+    problem types for training (the eval file stays multiple choice, as its benchmarks)."""
+    if video_r1 and task == "mcq":
+        d = _atomic_dir(data_root() / "video_r1", _write_video_r1)
+        return d / "train_video_r1.jsonl", d / "eval_mcq.jsonl", d
     if task == "rec":
         d = _atomic_dir(data_root() / "rec", _write_images)
         return d / "train_rec.jsonl", d / "eval_rec.jsonl", d
@@ -163,7 +197,7 @@ def _tiny_vlm_video() -> dict:
 
 
 def vlm_train(cfg, run_dir: Path) -> list[str]:
-    train, _, media = vlm_data(cfg.data.task)
+    train, _, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
     v = _tiny_vlm_video()
     g = min(cfg.rollout.group_size, MAX_GROUP)
     ov = [f"model.path={TINY_VLM}", "model.dtype=float32", "model.attn_implementation=sdpa",
@@ -190,7 +224,7 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
 
 
 def vlm_eval(cfg, run_dir: Path) -> list[str]:
-    _, ev, media = vlm_data(cfg.data.task)
+    _, ev, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
     v = _tiny_vlm_video()
     ov = [f"data.annotations={ev}", f"data.media_root={media}", "data.max_samples=2",
           "decoding.max_new_tokens=16", "decoding.batch_size=2", "device=cpu", "dtype=float32",

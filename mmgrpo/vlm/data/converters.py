@@ -16,8 +16,8 @@ Formats (``FORMATS`` maps the CLI names to functions):
   (``video, duration, timestamp [s, e], sentence, video_start?, video_end?``).
 * ``nextgqa``        -- NExT-GQA in the VideoChat-R1 layout (``video, question, options ["(A) ...", ...],
   duration, glue [[s, e], ...], answer "(C)"``).
-* ``video_r1``       -- Video-R1 multiple-choice QA (``problem, options ["A. ...", ...], solution
-  "<answer>X</answer>", problem_type, data_type, path``); other problem types are skipped and counted.
+* ``video_r1``       -- Video-R1 QA (``problem, options ["A. ...", ...], solution "<answer>X</answer>",
+  problem_type, data_type, path``): multiple choice -> mcq; numerical / OCR / free-form / regression -> qa.
 * ``tempsamp``       -- TempSamp-R1's JSONL (``problem`` with the quoted event, ``answer`` / ``solution``
   ``"<answer> s to e </answer>"``, ``videos [path]``, ``duration``).
 * ``refcoco``        -- RefCOCO-style REC JSON/JSONL (``image``, expression in ``normal_caption`` / ``sentence`` /
@@ -476,16 +476,36 @@ def convert_nextgqa(
     return ctx.finish()
 
 
-# ---------------------------------------------------------------------------------------------- Video-R1 MCQ
+# ---------------------------------------------------------------------------------------------- Video-R1
+_VIDEO_R1_TYPES = {"multiple choice": "multiple choice", "numerical": "numerical", "ocr": "OCR",
+                   "free-form": "free-form", "regression": "regression"}
+
+
+def _release_media_path(media_dir: str | None, path: str) -> str:
+    """Video-R1 writes media paths as "./Folder/x.mp4" (training) or "/MVBench/x.mp4" (evaluation) and joins them
+    to its data root by string concatenation; with ``media_dir`` the leading "./" or "/" is dropped so the path
+    lands under it (``os.path.join`` would discard ``media_dir`` for "/MVBench/...")."""
+    if not media_dir:
+        return path
+    rel = path[2:] if path.startswith("./") else path.lstrip("/")
+    return os.path.join(media_dir, rel)
+
+
 def convert_video_r1(
     src: str | os.PathLike | list,
     media_dir: str | None = None,
     on_error: str = "raise",
 ) -> tuple[list[Sample], ConvertReport]:
-    """Video-R1 items -> mcq samples (``problem_type == "multiple choice"``; other types skipped and counted as
-    ``unsupported_problem_type``).  ``data_type`` "video" -> ``video``, "image" -> ``image``.  The media path is
-    ``path`` (Video-R1) or, in files of the same style, ``video`` / ``image``.
-    id: ``problem_id`` / ``id``, else the record index."""
+    """Video-R1 items (Video-R1-260k, its evaluation files) -> samples of the five problem types.
+
+    Record: ``problem``, ``problem_type`` ("multiple choice" | "numerical" | "OCR" | "free-form" | "regression"),
+    ``options`` (["A. x", ...]; multiple choice), ``solution`` ("<answer>X</answer>"), ``data_type`` ("image" |
+    "video"), ``path`` (or ``video`` / ``image``), ``problem_id``.  Multiple choice -> task ``mcq`` (answer letter);
+    the other types -> task ``qa`` with ``answer`` = the solution's answer text as written and
+    ``meta.problem_type`` (the release's name).  ``problem`` is kept verbatim in ``meta.problem`` (the Video-R1
+    prompt template renders it unstripped).  The media path: see :func:`_release_media_path`.
+    id: ``problem_id`` / ``id``, else the record index.  Unknown problem types are skipped and counted
+    (``unsupported_problem_type``)."""
     ctx = _Ctx(src, on_error, False, 0.0)
     recs = _records(_read_json_or_jsonl(src), ctx.source)
     for i, r in enumerate(recs):
@@ -493,31 +513,36 @@ def convert_video_r1(
         try:
             if not isinstance(r, dict):
                 raise DataError("record must be an object", kind="malformed")
-            ptype = str(r.get("problem_type", "")).strip().lower()
-            if ptype != "multiple choice":
+            ptype = _VIDEO_R1_TYPES.get(str(r.get("problem_type", "")).strip().lower())
+            if ptype is None:
                 ctx.skip("unsupported_problem_type")
                 continue
-            for k in ("problem", "options", "solution", "data_type"):
+            for k in ("problem", "solution", "data_type") + (("options",) if ptype == "multiple choice" else ()):
                 if k not in r:
                     raise DataError("missing field", field=k, kind="missing_field")
             media_key = next((k for k in ("path", "video", "image") if r.get(k) is not None), None)
             if media_key is None:  # Video-R1 names it "path"; other files in its style "video" (or "image")
                 raise DataError("missing field (the media path)", field="path/video", kind="missing_field")
             sid = str(r.get("problem_id", r.get("id", i)))
-            options = split_options(r["options"])
-            letter = answer_letter(r["solution"], options)
             dtype = str(r["data_type"]).lower()
             if dtype not in ("video", "image"):
                 raise DataError(f"data_type must be 'video' or 'image', got {dtype!r}", field="data_type",
                                 sample_id=sid)
-            path = str(r[media_key])
-            if media_dir:
-                path = os.path.join(media_dir, path)
-            meta = {"source": "video_r1", **{k: v for k, v in r.items()
-                                             if k not in ("problem", "options", "solution", "problem_type",
-                                                          "data_type", media_key, "problem_id", "id")}}
-            ctx.add(Sample(id=sid, task="mcq", query=str(r["problem"]).strip(), options=options, answer=letter,
-                           meta=meta, **{dtype: path}))
+            path = _release_media_path(media_dir, str(r[media_key]))
+            meta = {"source": "video_r1", "problem": str(r["problem"]),
+                    **{k: v for k, v in r.items() if k not in ("problem", "options", "solution", "problem_type",
+                                                               "data_type", media_key, "problem_id", "id")}}
+            if ptype == "multiple choice":
+                options = split_options(r["options"])
+                letter = answer_letter(r["solution"], options)
+                ctx.add(Sample(id=sid, task="mcq", query=str(r["problem"]).strip(), options=options, answer=letter,
+                               meta=meta, **{dtype: path}))
+                continue
+            sol = str(r["solution"])
+            m = re.search(r"<answer>\s*(.*?)\s*</answer>", sol, re.S)  # the release's extract_answer
+            answer = (m.group(1) if m else sol).strip()
+            ctx.add(Sample(id=sid, task="qa", query=str(r["problem"]).strip(), answer=answer,
+                           meta={**meta, "problem_type": ptype}, **{dtype: path}))
         except DataError as ex:
             ctx.fail(ex, record=f"record {i}")
     return ctx.finish()
@@ -542,9 +567,12 @@ def convert_tempsamp(
     ...``; or ``messages[0].content``, TimeLens' raw layout), ``answer`` / ``solution`` (``"<answer> s to e
     </answer>"`` or ``"s to e"``, seconds), ``videos`` ([one path]; or ``video`` / ``path``), ``duration``, and
     ``problem_type`` ("temporal grounding"; other types are skipped and counted as ``unsupported_problem_type``).
-    ``query_from="event"`` takes the quoted event out of the prompt (the project builds its own prompt; a problem
-    without that pattern is an error naming the record); ``"problem"`` keeps the whole text without ``<video>``.
-    The original ``problem`` stays in ``meta["problem"]``; other keys (difficulty, gt_len, ...) go to ``meta``.
+    ``query_from="event"`` takes the quoted event out of the prompt (a problem without that pattern is an error
+    naming the record); ``"problem"`` keeps the whole text without ``<video>`` as the query and marks it
+    ``meta["query_is_prompt"]``: the project template then shows it as the whole user text instead of wrapping
+    it in its own instruction (a doubled question).  The original ``problem`` stays in ``meta["problem"]``, which
+    the ``tempsamp_r1`` prompt template renders verbatim either way; other keys (difficulty, gt_len, ...) go to
+    ``meta``.
     id: ``id`` / ``qid`` / ``problem_id``, else the record index.
     """
     if query_from not in ("event", "problem"):
@@ -590,6 +618,7 @@ def convert_tempsamp(
                 raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
             dur = float(r["duration"])
             meta = {"source": "tempsamp_r1", "problem": problem,
+                    **({"query_is_prompt": True} if query_from == "problem" else {}),
                     **{k: v for k, v in r.items() if k not in ("id", "qid", "problem_id", "problem", "messages",
                                                                "answer", "solution", "videos", "video", "path",
                                                                "duration")}}
@@ -638,6 +667,7 @@ def _vlm_r1_turns(r: dict, sid: str) -> dict:
     out["image"] = image
     out["problem"] = str(turns[0].get("value", "")).replace("<image>", "").strip()
     out["solution"] = turns[1].get("value")
+    out["release_problem"] = str(turns[0].get("value", ""))  # verbatim: the VLM-R1 prompt template reads it
     return out
 
 
@@ -679,6 +709,7 @@ def convert_refcoco(
             if expr is None:
                 raise DataError(f"missing referring expression (one of {_EXPR_KEYS})", field="sentence",
                                 sample_id=sid, kind="missing_field")
+            raw_expr = expr
             expr = _REC_INSTRUCTION.sub("", expr)
             box = next((r[k] for k in _BOX_KEYS if r.get(k) is not None), None)
             if box is None:
@@ -714,7 +745,9 @@ def convert_refcoco(
                                 field="image_size", sample_id=sid, kind="missing_field")
             meta = {"source": "refcoco", **{k: v for k, v in r.items() if k not in
                                             ("id", "ann_id", "image", "image_path", "file_name", "width", "height",
-                                             "image_size", *_EXPR_KEYS, *_BOX_KEYS)}}
+                                             "image_size", "release_problem", *_EXPR_KEYS, *_BOX_KEYS)}}
+            if expr != raw_expr:  # the release's question text (VLM-R1 data): its prompt template uses it verbatim
+                meta["problem"] = r.get("release_problem", raw_expr)
             ctx.add(Sample(id=sid, task="rec", query=expr.strip(),
                            image=os.path.join(image_dir, image) if image_dir else image, boxes=out,
                            image_size=size, meta=meta))

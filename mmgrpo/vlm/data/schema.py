@@ -4,17 +4,21 @@ Fields (times in **seconds, absolute video time**; boxes in **original-image pix
 
     id           str, unique within a file
     task         "tvg" (temporal grounding) | "mcq" (multiple-choice QA) | "gqa" (grounded QA) | "rec" (image REC)
+                 | "qa" (open-answer QA on a video or image: Video-R1's numerical / OCR / free-form / regression)
     query        str, non-empty: the event description (tvg), the question (mcq/gqa) or the referring expression
     video        str path (tvg, gqa; mcq may use video or image)   -- exactly one of video / image
     image        str path (rec; mcq)
     duration     float > 0, seconds of the whole video (required for tvg, gqa)
     spans        [[s, e], ...] with 0 <= s < e <= duration (tvg: >= 1; gqa: >= 1 evidence span; others: none)
     options      [str, ...] >= 2 options, without "(A)" prefixes (mcq, gqa)
-    answer       option letter "A".."Z" (mcq, gqa); optional otherwise
+    answer       option letter "A".."Z" (mcq, gqa); the reference answer as written (qa: "42", "3.5", text);
+                 optional otherwise
     boxes        [[x1, y1, x2, y2], ...] >= 1 box with x1 < x2, y1 < y2, inside image_size (rec)
     image_size   [width, height] in pixels (rec)
     video_start, video_end   optional clip in seconds, 0 <= start < end <= duration; spans must lie inside it
-    meta         dict, free-form provenance (source dataset, original ids, ...)
+    meta         dict, free-form provenance (source dataset, original ids, ...); qa: meta.problem_type (how the
+                 answer is scored: "numerical" | "OCR" | "free-form" | "regression", Video-R1's names); a release's
+                 verbatim prompt text may sit in meta.problem (mmgrpo.vlm.data.templates uses it)
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-TASKS = ("tvg", "mcq", "gqa", "rec")
+TASKS = ("tvg", "mcq", "gqa", "rec", "qa")
+QA_PROBLEM_TYPES = ("numerical", "OCR", "free-form", "regression")
 VIDEO_TASKS = ("tvg", "gqa")
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -146,8 +151,8 @@ class Sample:
             raise err("video", f"task {self.task!r} needs a video", "missing_field")
         if self.task == "rec" and self.image is None:
             raise err("image", "task 'rec' needs an image", "missing_field")
-        if self.task == "mcq" and self.media is None:
-            raise err("video", "task 'mcq' needs a video or an image", "missing_field")
+        if self.task in ("mcq", "qa") and self.media is None:
+            raise err("video", f"task {self.task!r} needs a video or an image", "missing_field")
 
         # duration and clip
         if self.duration is not None:
@@ -178,7 +183,7 @@ class Sample:
             raise err("spans", "must be a list of [start, end] pairs")
         if self.task in ("tvg", "gqa") and not self.spans:
             raise err("spans", f"task {self.task!r} needs at least one [start, end] span", "missing_field")
-        if self.task in ("mcq", "rec") and self.spans and self.duration is None:
+        if self.task in ("mcq", "rec", "qa") and self.spans and self.duration is None:
             raise err("spans", "spans need a duration")
         out = []
         for i, sp in enumerate(self.spans):
@@ -220,6 +225,19 @@ class Sample:
             raise err("options", f"not used by task {self.task!r}")
         if self.answer is not None and not isinstance(self.answer, str):
             raise err("answer", "must be a string")
+        if self.task == "qa":
+            if self.answer is None or not self.answer.strip():
+                raise err("answer", "task 'qa' needs the reference answer as a non-empty string", "missing_field")
+            ptype = self.meta.get("problem_type")
+            if ptype not in QA_PROBLEM_TYPES:
+                raise err("meta", f"task 'qa' needs meta.problem_type, one of {QA_PROBLEM_TYPES}; got {ptype!r}")
+            if ptype in ("numerical", "regression"):
+                try:
+                    v = float(self.answer.strip().replace(",", ""))
+                except ValueError:
+                    v = math.nan
+                if not math.isfinite(v):
+                    raise err("answer", f"a {ptype} answer must be a number, got {self.answer!r}")
 
         # boxes / image size
         if self.image_size is not None:

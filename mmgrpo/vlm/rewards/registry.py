@@ -54,10 +54,11 @@ from .tasks import (
 )
 from .protocols import check_parse_mode, is_strict, release_format
 from .temporal import threshold_reward
+from .video_r1 import make_stemmer, sample_problem_type, video_r1_accuracy
 
 __all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn"]
 
-TASKS = ("tvg", "mcq", "gqa", "rec")
+TASKS = ("tvg", "mcq", "gqa", "rec", "qa")
 
 # reward name -> (tasks it applies to, one-line description)
 REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -80,6 +81,9 @@ REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
     "box_iou_multi": (("rec",), "Visual-RFT: Σ IoU of greedy matches (IoU > 0.5, by confidence) / max(#GT, #pred)"),
     "box_confidence": (("rec",), "Visual-RFT: mean of c (matched box) or 1 − c (unmatched), answer JSON list"),
     "ocr_wer": (("mcq",), "Video-R1 OCR: clip(1 − word error rate, 0, 1) of the <answer> text vs answer string"),
+    "video_r1_accuracy": (("mcq", "qa"), "Video-R1's accuracy by problem type (mcq samples: multiple choice; qa: "
+                                         "meta.problem_type): exact letter | numerical exact to 2 decimals | OCR "
+                                         "1 − WER | free-form mean ROUGE-1/2/L F | regression 1 − relative error"),
 }
 
 _DEFAULT_CFG: dict[str, Any] = {
@@ -109,6 +113,8 @@ _DEFAULT_CFG: dict[str, Any] = {
     "length_bonus": 0.2,
     "length_group_condition": True,
     "correct_threshold": 0.5,
+    # Video-R1 free-form ROUGE: "none" or "porter" (nltk; the release stems)
+    "rouge_stemmer": "none",
 }
 
 def _answer_text(sample: Mapping[str, Any]) -> str:
@@ -148,6 +154,7 @@ class RewardFn:
             span_tags=tuple(cfg["span_tags"]),
             parse_mode=cfg["parse_mode"],
         )
+        self.stem = make_stemmer(cfg["rouge_stemmer"])
 
     @property
     def names(self) -> list[str]:
@@ -167,6 +174,17 @@ class RewardFn:
                 r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
         if "format_loose" in want:
             r["format_loose"] = format_reward(text, strict=False)
+
+        if sample.get("task") == "qa" or "video_r1_accuracy" in want:
+            # Video-R1's five problem types; an open-answer (qa) sample in an mcq run has no letters to parse
+            acc, found = video_r1_accuracy(text, sample.get("answer"), sample_problem_type(sample), self.stem)
+            r["video_r1_accuracy"] = primary = acc
+            if sample.get("task") == "qa":
+                missing = sorted(set(want) - {"format", "format_loose", "length", "video_r1_accuracy"})
+                if missing:
+                    raise _err(sample, "task", f"an open-answer (qa) sample has no {missing} reward; weight "
+                                               "video_r1_accuracy (+ format, length) for Video-R1's mixed data")
+                return {k: v for k, v in r.items() if k in want}, not found, primary
 
         # the task's answer is always parsed (even if only "format" is weighted) so parse_failed is meaningful
         if task in ("tvg", "gqa"):
@@ -191,10 +209,14 @@ class RewardFn:
         numeric_wanted = bool({"numeric", "numeric_mra"} & set(want))
         letters_wanted = bool({"mcq", "mcq_soft"} & set(want))
         ocr_wanted = "ocr_wer" in want
+        video_r1_wanted = "video_r1_accuracy" in want
+        if task == "mcq" and video_r1_wanted and not letters_wanted:
+            failed |= prepare_choice(text, sample, pc).value is None
         if task == "mcq" and ocr_wanted:  # free-text answer (Video-R1 "OCR"): no letters to parse
             failed |= ocr_answer(text) is None
             r["ocr_wer"] = primary = ocr_wer_reward(text, _answer_text(sample))
-        if task == "gqa" or (task == "mcq" and (letters_wanted or not (numeric_wanted or ocr_wanted))):
+        if task == "gqa" or (task == "mcq" and (letters_wanted or not (numeric_wanted or ocr_wanted
+                                                                       or video_r1_wanted))):
             p = prepare_choice(text, sample, pc)
             gt = gt_letters(sample)
             failed |= not p.ok
@@ -346,8 +368,11 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
         resolve_box_frame(full["box_frame"])
     if "length" in weights and not callable(full["token_counter"]):
         raise ValueError("reward 'length' needs token_counter= (a callable str -> number of tokens)")
-    if task == "mcq" and not ({"mcq", "mcq_soft", "numeric", "numeric_mra"} & set(weights)) and "length" in weights:
-        raise ValueError("'length' on task 'mcq' needs an accuracy reward (mcq, mcq_soft, numeric) to define correct")
+    if (task in ("mcq", "qa") and not ({"mcq", "mcq_soft", "numeric", "numeric_mra", "video_r1_accuracy"}
+                                       & set(weights)) and "length" in weights):
+        raise ValueError("'length' on task 'mcq' needs an accuracy reward (mcq, mcq_soft, numeric, video_r1_accuracy) "
+                         "to define correct")
+    make_stemmer(full["rouge_stemmer"])  # a typo / missing nltk fails now
     if full["numeric_mode"] not in ("binary", "continuous"):
         raise ValueError(f"numeric_mode must be 'binary' or 'continuous', got {full['numeric_mode']!r}")
     return RewardFn(weights, task, full)

@@ -123,17 +123,30 @@ class TaskAdapter:
         self.mode = data_cfg.prompt_mode
 
     # -- prompts -------------------------------------------------------------------------------------------
-    def messages(self, sample: Any) -> list[dict]:
-        from mmgrpo.vlm.data import build_messages
+    @property
+    def template(self) -> str:
+        """``data.prompt_template``: ``mmgrpo`` (the project's prompt) or a release's (mmgrpo.vlm.data.templates)."""
+        return getattr(self.cfg, "prompt_template", "mmgrpo")
 
-        return build_messages(sample, mode=self.mode, answer_format=self.cfg.answer_format,
-                              box_frame=self.adapter.family,
-                              query_position=getattr(self.cfg, "query_position", "after"))
+    def messages(self, sample: Any, mode: str | None = None, hint: str = "") -> list[dict]:
+        """Chat messages of ``sample`` (``mode``: another prompt mode of the project template, e.g. hybrid CoT;
+        ``hint`` appended to the user text).  Rollout, training and evaluation all render through here."""
+        from mmgrpo.vlm.data.templates import render_messages, template_mode
+
+        mode = mode or self.mode
+        if self.template != "mmgrpo" and mode != template_mode(self.template, mode):
+            raise ValueError(f"data.prompt_template={self.template} has one prompt mode "
+                             f"({template_mode(self.template, mode)}); a method asked for {mode!r} (use "
+                             f"data.prompt_template=mmgrpo for methods that switch prompt modes)")
+        return render_messages(sample, self.template, mode=mode, answer_format=self.cfg.answer_format,
+                               box_frame=self.adapter.family,
+                               query_position=getattr(self.cfg, "query_position", "after"), hint=hint)
 
     def gt_completion(self, sample: Any, item: dict | None = None) -> str:
-        """The ground truth as a completion (TempSamp-R1); boxes in the model's frame (Qwen2.5-VL: the
-        processor-resized image, from ``image_grid_thw``)."""
-        from mmgrpo.vlm.data import format_ground_truth_answer
+        """The ground truth as a completion in the format the prompt asks for (TempSamp-R1's off-policy member,
+        ``mmgrpo check``); boxes in the model's frame (Qwen2.5-VL: the processor-resized image, from
+        ``image_grid_thw``)."""
+        from mmgrpo.vlm.data.templates import ground_truth
 
         kw: dict[str, Any] = {}
         if self.task == "rec":
@@ -141,7 +154,27 @@ class TaskAdapter:
             if item is not None and "image_grid_thw" in item:
                 _, gh, gw = (int(x) for x in item["image_grid_thw"][0])
                 kw["resized_size"] = [gw * self.adapter.patch_size, gh * self.adapter.patch_size]
-        return format_ground_truth_answer(sample, mode=self.mode, answer_format=self.cfg.answer_format, **kw)
+        return ground_truth(sample, self.template, mode=self.mode, answer_format=self.cfg.answer_format, **kw)
+
+    def image_size_kwargs(self) -> dict:
+        """Processor kwargs carrying ``data.image_min_pixels`` / ``image_max_pixels`` (0 = the processor's own
+        value for that bound).  Each configured bound reaches the processor on its own: a max without a min used to
+        be dropped silently (Video-R1 images then went up to the processor's 12.8 M pixels)."""
+        lo, hi = int(self.cfg.image_min_pixels or 0), int(self.cfg.image_max_pixels or 0)
+        if lo <= 0 and hi <= 0:
+            return {}
+        ip = getattr(self.processor, "image_processor", None)
+        size = dict(getattr(ip, "size", None) or {})
+        lo = lo if lo > 0 else int(size.get("shortest_edge", getattr(ip, "min_pixels", 0) or 0))
+        hi = hi if hi > 0 else int(size.get("longest_edge", getattr(ip, "max_pixels", 0) or 0))
+        if not lo or not hi:
+            raise ValueError(f"data.image_min_pixels / image_max_pixels: the processor {type(ip).__name__} has no "
+                             "pixel bounds to complete them (size shortest_edge / longest_edge)")
+        if lo > hi:
+            raise ValueError(f"image pixel bounds min {lo} > max {hi} (data.image_min_pixels="
+                             f"{self.cfg.image_min_pixels}, data.image_max_pixels={self.cfg.image_max_pixels}; 0 = "
+                             "the processor's own): set both")
+        return {"size": {"shortest_edge": lo, "longest_edge": hi}}
 
     def _path(self, p: Any) -> Any:
         if isinstance(p, (str, os.PathLike)):
@@ -236,9 +269,7 @@ class TaskAdapter:
             return PreparedPrompt(sample, _tensors(item), clip=clip, text=text)
         if _get(sample, "image") is not None:
             imgs = self._load_images(sample)
-            kw = {}
-            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
-                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
+            kw = self.image_size_kwargs()
             try:
                 item = self.processor(text=[text], images=imgs, return_tensors="pt", **kw)
             except Exception as e:  # the processor's own checks (sizes, ratios) do not name the sample
@@ -256,15 +287,10 @@ class TaskAdapter:
         shared (the ground truth does not change)."""
         import dataclasses
 
-        from mmgrpo.vlm.data import build_messages
-
         mode = mode or prep.mode or self.mode
         hint = hint or prep.hint
-        msgs = build_messages(prep.sample, mode=mode, answer_format=self.cfg.answer_format,
-                              box_frame=self.adapter.family)
-        if hint:
-            content = msgs[-1]["content"]
-            content[-1] = dict(content[-1], text=f"{content[-1]['text']}\nHint: {hint}")
+        # the same rendering as prepare() (template, query_position), plus the mode / hint of the method
+        msgs = self.messages(prep.sample, mode=mode, hint=hint)
         text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         if prep.clip is not None:
             from mmgrpo.video.processor import build_video_inputs
@@ -274,10 +300,7 @@ class TaskAdapter:
             return dataclasses.replace(prep, item=item, clip=clip, text=text, mode=mode, hint=hint)
         if prep.images:
             imgs = prep.images if images is None else images
-            kw = {}
-            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
-                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
-            item = _tensors(self.processor(text=[text], images=imgs, return_tensors="pt", **kw))
+            item = _tensors(self.processor(text=[text], images=imgs, return_tensors="pt", **self.image_size_kwargs()))
             return dataclasses.replace(prep, item=item, text=text, images=imgs, mode=mode, hint=hint)
         item = _tensors(self.processor(text=[text], return_tensors="pt"))
         return dataclasses.replace(prep, item=item, text=text, mode=mode, hint=hint)
@@ -338,7 +361,7 @@ def accuracy_key(reward_cfg, task: str) -> str:
     if reward_cfg.accuracy_key != "auto":
         return reward_cfg.accuracy_key
     # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
-    for name, t in (("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
+    for name, t in (("video_r1_accuracy", "mcq"), ("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
         if task == t and name in reward_cfg.weights:
             return name
     return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")

@@ -113,6 +113,10 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                                                    cfg.data.prompt_mode)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
+        from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
+
+        start_of_run_check(self.task, self.samples, self.reward_fn, cfg.data.check_samples,
+                           log if self.accelerator.is_main_process else None)
         self.methods = build_methods(cfg, self)  # mmgrpo.vlm.methods: their hooks, in registry order
         self.backend = backend if backend is not None else self._default_backend()
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
