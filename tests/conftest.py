@@ -112,3 +112,50 @@ class RoundTrip:
 def roundtrip():
     """:class:`RoundTrip`: bitwise weights, tolerant outputs, for comparisons across save/load."""
     return RoundTrip
+
+
+class _WouldRun:
+    """A pickled object that creates ``target`` when unpickled with a full unpickler (``__reduce__`` -> os.system)."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(self.target)}",)
+
+
+@pytest.fixture
+def craft_sharded_state():
+    """``craft(step_dir, model, optimizer, target, extra=None)``: write ``step_dir/state`` with
+    ``torch.distributed.checkpoint`` holding every tensor a resume asks for (``sharded_model_optim(model,
+    optimizer)``, plus ``extra``: e.g. the flow trainer's EMA shadows), so that DCP gets to read it, except that the first model
+    entry is a pickled object that would create ``target``, and rewrite the manifest to match (whoever writes a
+    folder writes its manifest). Returns the name of the crafted entry."""
+
+    def craft(step_dir, model, optimizer, target, extra=None):
+        import hashlib
+        import json
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        from mmgrpo.engine.checkpoint import sharded_model_optim
+
+        tensors, _ = sharded_model_optim(model, optimizer)
+        first = next(iter(tensors["model"]))
+        tensors["model"][first] = _WouldRun(target)
+        if extra:
+            tensors["extra"] = dict(extra)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no process group": a single-process save
+            dcp.save(tensors, checkpoint_id=str(step_dir / "state"))
+        man = json.loads((step_dir / "manifest.json").read_text())
+        for f in (step_dir / "state").iterdir():
+            man["files"][f"state/{f.name}"] = {"size": f.stat().st_size,
+                                               "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+        (step_dir / "manifest.json").write_text(json.dumps(man))
+        return f"model.{first}"
+
+    return craft
