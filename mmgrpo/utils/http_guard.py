@@ -229,14 +229,16 @@ class GuardedServer(ThreadingHTTPServer):
     def process_request(self, request, client_address):
         with self._conns_lock:
             live = [(s, c) for s, c in self._conns.items() if not c.evicted]
-            if len(live) >= self.max_connections:
-                waiting = [(s, c) for s, c in live if c.state in _WAITING]
-                if not waiting:
-                    self._refuse_busy(request)
-                    return
+            full = len(live) >= self.max_connections
+            waiting = [(s, c) for s, c in live if c.state in _WAITING]
+            if full and waiting:
                 s, c = min(waiting, key=lambda sc: (_WAITING.index(sc[1].state), sc[1].since))
                 self._evict(s, c)
-            self._conns[request] = _Conn("idle", time.monotonic())
+            if not (full and not waiting):
+                self._conns[request] = _Conn("idle", time.monotonic())
+        if full and not waiting:
+            self._refuse_busy(request)
+            return
         super().process_request(request, client_address)
 
     def _refuse_busy(self, request) -> None:
