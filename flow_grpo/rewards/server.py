@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from mmgrpo.utils.http_guard import GuardedHandler, GuardedServer, is_loopback
+from mmgrpo.utils.http_guard import GuardedHandler, GuardedServer, add_server_arguments, is_loopback
 
 __all__ = ["make_server", "main"]
 
@@ -74,14 +74,10 @@ def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, max_body_mb
             if self.path.rstrip("/") not in ("", "/score"):
                 self.send_json(404, {"error": f"unknown path {self.path}"}, close=True)
                 return
-            raw = self.admit(post=True)
-            if raw is None:
+            if self.admit(post=True) is None:
                 return
             try:
-                text = raw.decode("utf-8")
-                del raw  # the bytes and the parsed request are never held together with the text (peak 2x, not 3x)
-                req = json.loads(text)
-                del text
+                req = self.json_body()
                 if not isinstance(req, dict):
                     raise ValueError("the request must be a JSON object")
                 images = decode_images(req["images"], max_pixels)
@@ -129,20 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-kwargs", default="{}", help="JSON object of factory kwargs")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=18085, help="port (0 = pick a free one)")
-    p.add_argument("--max-body-mb", type=float, default=256.0,
-                   help="largest request accepted (MiB; default 256): larger ones get 413 before being read")
     p.add_argument("--max-megapixels", type=float, default=64.0,
                    help="largest total of decoded pixels per request (millions; default 64, e.g. 61 images of "
                         "1024x1024): larger requests get 413, checked before decoding")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="extra name accepted in the Host header (repeatable); the bound address, localhost, "
-                        "127.0.0.1 and ::1 always are")
-    p.add_argument("--read-timeout", type=float, default=30.0,
-                   help="seconds a connection may take to send a complete request (and to take a reply); idle or "
-                        "trickling connections are closed after it (default 30)")
-    p.add_argument("--max-connections", type=int, default=64,
-                   help="open connections at most; a new one evicts the oldest still waiting for its request, and "
-                        "gets 503 when all are busy (default 64)")
+    add_server_arguments(p, max_body_mb=256.0, allow_host_help="the bound address, localhost, 127.0.0.1 and ::1 "
+                                                             "always are")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     try:

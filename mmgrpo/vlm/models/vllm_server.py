@@ -52,7 +52,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mmgrpo.utils.http_guard import GuardedHandler, GuardedServer, HTTPFailure, env_token, error_text, http_request
+from mmgrpo.utils.http_guard import (GuardedHandler, GuardedServer, HTTPFailure, add_server_arguments, env_token,
+                                     error_text, http_request)
 
 from .vllm_backend import EngineOutput, LocalEngine, default_llm_kwargs
 
@@ -300,14 +301,10 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 0, sampling_params_cls
                 self.send_json(404, {"error": f"no route {self.path}"})
 
         def do_POST(self):  # noqa: N802
-            raw = self.admit(post=True)
-            if raw is None:
+            if self.admit(post=True) is None:
                 return
             try:
-                text = raw.decode("utf-8")
-                del raw  # the bytes and the parsed request are never held together with the text (peak 2x, not 3x)
-                body = json.loads(text)
-                del text
+                body = self.json_body()
                 if not isinstance(body, dict):
                     raise ValueError("the request must be a JSON object")
                 self.send_json(200, post(self.path, body))
@@ -330,19 +327,10 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs
                     help="address to listen on (default 127.0.0.1; a non-loopback address needs --allow-remote)")
     ap.add_argument("--allow-remote", action="store_true",
                     help=f"serve trainers on other machines (bind --host ADDR or 0.0.0.0); requires {TOKEN_ENV}")
-    ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                    help="extra name accepted in the Host header (repeatable), e.g. the address trainers use in "
-                         "rollout.vllm_server_url; the bound address, loopback names and this machine's name always are")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port")
-    ap.add_argument("--max-body-mb", type=float, default=2048.0,
-                    help="largest request accepted (MiB; default 2048: a generate call carries its prompts' frames "
-                         "once per generation); larger ones get 413 before being read")
-    ap.add_argument("--read-timeout", type=float, default=30.0,
-                    help="seconds a connection may take to send a complete request (and to take a reply); idle or "
-                         "trickling connections are closed after it (default 30)")
-    ap.add_argument("--max-connections", type=int, default=64,
-                    help="open connections at most; a new one evicts the oldest still waiting for its request, and "
-                         "gets 503 when all are busy (default 64)")
+    # --max-body-mb 2048: a generate call carries its prompts' frames once per generation
+    add_server_arguments(ap, max_body_mb=2048.0, allow_host_help="e.g. the address trainers use in "
+                         "rollout.vllm_server_url; the bound address, loopback names and this machine's name always are")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine (tensor parallel)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU memory fraction for vLLM")
     ap.add_argument("--max-model-len", type=int, default=8192, help="max prompt + completion tokens")
