@@ -63,6 +63,7 @@ from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeou
                                   TrainingInterrupted, TrainingStopped)
 from mmgrpo.engine.checkpoint import SkipHalt
 from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.signals import StopOnSignal
@@ -120,6 +121,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.out = Path(cfg.run.output_dir)
         # one run per output folder (main process), before the model is loaded: a second run refuses at once
         self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
+        if self.is_main:  # folders of an export killed half-way (two copies of the weights): this run owns the folder
+            clean_stale_exports(self.out)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         set_num_frames(self.adapter, cfg.sample.num_frames)
