@@ -167,9 +167,12 @@ def group_stats(inp: CreditInputs) -> dict:
 
 
 def advantage_stats(adv: torch.Tensor, mask: torch.Tensor, gather) -> dict:
-    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch."""
-    (adv_all, m_all), _ = gather([adv, mask])
-    trained = adv_all[m_all]
+    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch.
+
+    Only the trained values are gathered (1-D, in (sample, step) order): each process's (N, T) columns are the steps
+    *its* samples train, so T and the meaning of a column differ between processes (per-sample / per-group plans:
+    fast, dance, g2rpo, tp_grpo, ...). Rows in rank order and columns in step order give the single-process order."""
+    (trained,), _ = gather([adv[mask]])
     return {"adv/mean_abs": float(trained.abs().mean()) if trained.numel() else 0.0,
             "adv/std": float(trained.std()) if trained.numel() > 1 else 0.0,
             "adv/max": float(trained.max()) if trained.numel() else 0.0,
