@@ -34,6 +34,7 @@ class LoadReport:
     errors: list = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     missing_media: list = field(default_factory=list)
+    lines: dict = field(default_factory=dict)  # sample id -> line of the loaded samples (messages of later checks)
 
     def add(self, e: DataError) -> None:
         self.errors.append(e)
@@ -169,6 +170,7 @@ def load_jsonl(
             samples = [(ln, s) for ln, s in samples if id(s) not in drop]
 
     report.n_loaded = len(samples)
+    report.lines = {s.id: ln for ln, s in samples}
     if report.n_skipped:
         logger.warning(report.summary())
     return [s for _, s in samples], report
