@@ -39,6 +39,7 @@ Built-in checks (functions, tested in ``tests/data/test_synthetic_grounding.py``
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -51,8 +52,6 @@ N_EVENTS = (3, 5)  # inclusive
 MAX_EVENTS = 9  # 3 colours x 3 shapes: the most distinct (colour, shape) kinds one video draws
 N_LANES = 3  # default; lanes=2 puts each lane on one row of 28 px visual tokens (64 px frames resized to 56)
 CLOCK_ROWS = 8  # height of the progress bar strip at the bottom of a frame (clock=True)
-MAX_DRAWS = 10_000  # redraws of one video before sample_spec gives up (the rarest valid setting, events 9 9 on one
-#                    lane, keeps ~0.3 % of its draws: ~30 draws of ~1 ms on average)
 CLOCK_PX_PER_S = 3.5  # bar length per second of video time: 16 s fit in 56 px, for both frame widths
 CLOCK_RGB = (255, 255, 255)  # not a palette colour
 LIGHT_START, LIGHT_PER_S = 30.0, 7.0  # clock="light": grey level at 0 s and its rise per second (142 at 16 s)
@@ -143,25 +142,43 @@ def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none", lan
     """One random video (see the module docstring); redrawn until it has at least ``n_events[0]`` events and every
     event has a colour or shape distractor.  ``n_events`` = (min, max) events before the optional twin (default
     3-5; at least 2, so that every event has a distractor)."""
-    if not 2 <= n_events[0] <= n_events[1] <= MAX_EVENTS:
-        raise ValueError(f"n_events must be (min, max) with 2 <= min <= max <= {MAX_EVENTS} (distinct colour-shape "
-                         f"kinds), got {n_events!r}")
+    if not 2 <= n_events[0] <= n_events[1]:
+        raise ValueError(f"n_events must be (min, max) with 2 <= min <= max, got {n_events!r}")
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
-    if not 1 <= lanes <= max_lanes(clock):
-        raise ValueError(f"lanes must be in [1, {max_lanes(clock)}] (a lane is at least {SHAPE_SIZE} px high), got "
-                         f"{lanes!r}")
-    for _ in range(MAX_DRAWS):
+    while True:
         spec = _draw_spec(rng, name, twin_prob, clock, lanes, n_events)
         if len(spec.events) >= n_events[0] and _has_distractors(spec.events):
             return spec
-    raise ValueError(f"{name}: no video with at least {n_events[0]} events (each with a distractor) on {lanes} lane(s) "
-                     f"in {MAX_DRAWS} draws: lower the minimum number of events or use more lanes")
 
 
 def max_lanes(clock: str = "none") -> int:
     """The most lanes the smallest frame holds: each lane at least SHAPE_SIZE pixels high."""
     return min((h - (CLOCK_ROWS if clock == "bar" else 0)) // SHAPE_SIZE for _, h in SIZES)
+
+
+def check_settings(clock: str = "none", lanes: int = N_LANES, n_events: tuple[int, int] = N_EVENTS) -> None:
+    """ValueError unless every video can be drawn: 1 <= lanes <= :func:`max_lanes`, 2 <= min <= max <= MAX_EVENTS.
+    :func:`sample_spec` redraws until a video fits, so a setting outside these bounds (``lanes=0``, 200 events)
+    would redraw forever; inside them the rarest setting (9 events on one lane) keeps ~0.3 % of its draws.
+    (The check lives here, not in ``sample_spec``, whose source is part of the shipped checkpoints' fingerprint.)"""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    def whole(x):
+        try:
+            return operator.index(x)
+        except TypeError:
+            return None
+
+    lanes_i = whole(lanes)
+    if lanes_i is None or not 1 <= lanes_i <= max_lanes(clock):
+        raise ValueError(f"lanes must be in [1, {max_lanes(clock)}] (a lane is at least {SHAPE_SIZE} px high), got "
+                         f"{lanes!r}")
+    ev = tuple(n_events)
+    lo, hi = (whole(ev[0]), whole(ev[1])) if len(ev) == 2 else (None, None)
+    if lo is None or hi is None or not 2 <= lo <= hi <= MAX_EVENTS:
+        raise ValueError(f"n_events must be (min, max) with 2 <= min <= max <= {MAX_EVENTS} (distinct colour-shape "
+                         f"kinds), got {n_events!r}")
 
 
 def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int,
@@ -391,6 +408,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     from mmgrpo.vlm.data.schema import Sample
     from mmgrpo.video.writer import write_video
 
+    check_settings(clock, lanes, tuple(n_events))  # before anything is written
     out_dir = os.fspath(out_dir)
     os.makedirs(os.path.join(out_dir, "videos"), exist_ok=True)
     result: dict = {"videos": os.path.join(out_dir, "videos"), "n_samples": {}, "frame_digests": {}}
