@@ -7,7 +7,10 @@ A *credit function* turns the rewards of a rollout into advantages, with explici
         -> CreditOutput(advantages (N, T), stats)
 
 N = this process's samples, T = the rollout's trained columns (``Trajectories.step_indices``). Statistics that
-need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). A
+need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). T and
+the step of a column differ between processes (each trains the steps its own samples drew): gather per-sample
+(N, ...) tensors, trained values (``adv[mask]``) or (N, K) tensors on the full step grid, never (N, T) columns
+(``gather`` refuses tensors whose trailing dims differ between processes). A
 credit that needs rewards of intermediate states (TP-GRPO, G²RPO) also has a ``step_rewards`` function that the
 sampler calls after the final images are scored; it returns the (N, S) step rewards, the extra NFEs per
 trajectory and an (N,) validity.
