@@ -116,8 +116,24 @@ class VLMDataConfig:
         "prompt asks is scored correct by the scoring protocol, the pixel budget reaches the processor); 0 = off"))
     max_samples: int = field(default=0, metadata=_h("evaluate only the first N samples (0 = all)"))
     on_missing_media: Literal["error", "skip"] = field(
-        default="error", metadata=_h("missing/undecodable media: error, or skip = write output null (scored 0, "
-                                     "counted in n_media_error)"))
+        default="error", metadata=_h("missing/undecodable media (also over max_image_pixels / max_video_frame_pixels): "
+                                     "error (at load time, one error listing every such sample with file:line), or "
+                                     "skip = write output null (scored 0, counted in n_media_error)"))
+    media_check: Literal["header", "exists"] = field(default="header", metadata=_h(
+        "check every video/image when the annotations are loaded: header (sizes, PNG checksums, video durations; "
+        "no decoding) or exists (see docs/reliability.md)"))
+    max_image_pixels: int = field(default=89_478_485, metadata=_h("larger images are unusable media"))
+    max_video_frame_pixels: int = field(default=7680 * 4320, metadata=_h(
+        "decode cap: videos whose header claims larger frames are unusable media (default 8K UHD)"))
+    duration_tolerance: float = field(default=2.0, metadata=_h(
+        "seconds: annotated vs video duration differing by more than max(this, duration_tolerance_frac x the "
+        "video's) is a duration mismatch"))
+    duration_tolerance_frac: float = field(default=0.05, metadata=_h("relative part of the duration tolerance"))
+    on_duration_mismatch: Literal["warn", "skip", "error"] = field(default="warn", metadata=_h(
+        "a sample whose annotated duration disagrees with its video's: warn (default: it stays scored, so the "
+        "numbers stay comparable with other evaluations; counted and listed), skip (left out of the evaluation) or "
+        "error"))
+    media_check_workers: int = field(default=8, metadata=_h("threads of the media check at load time"))
     video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
     max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
     min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
@@ -513,7 +529,11 @@ def _load(cfg: EvalVLMConfig) -> list:
     d = cfg.data
     if not d.annotations:
         raise ValueError("data.annotations=FILE is required (canonical JSONL)")
-    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error")
+    from mmgrpo.vlm.data.media import MediaScreen
+
+    # the header check; on_missing_media=skip keeps the sample (its output is written as null, as before)
+    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error",
+                           screen=MediaScreen.from_config(d, drop=False))
     seen: dict[str, int] = {}
     for i, s in enumerate(samples):
         sid = str(_sample_attr(s, "id"))

@@ -81,7 +81,28 @@ class DataConfig:
     max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
     shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
     on_missing_media: Literal["skip", "error"] = field(
-        default="skip", metadata=_h("a sample whose video/image is missing: skip and count it, or raise"))
+        default="skip", metadata=_h("a sample whose video/image is missing, unreadable or over the size caps "
+                                    "(max_image_pixels, max_video_frame_pixels): skip and count it, or raise (at load "
+                                    "time one error lists every such sample with file:line)"))
+    media_check: Literal["header", "exists"] = field(default="header", metadata=_h(
+        "check every video/image when the data is loaded, before the model: header = open the header (image size and "
+        "PNG checksums, video size / fps / duration without decoding a frame; ~0.1-4 ms per distinct file), exists "
+        "= only that the files exist (very large datasets known to be good); see docs/reliability.md"))
+    max_image_pixels: int = field(default=89_478_485, metadata=_h(
+        "an image with more pixels is unusable media (default = Pillow's decompression-bomb limit, ~89.5 MP)"))
+    max_video_frame_pixels: int = field(default=7680 * 4320, metadata=_h(
+        "decode cap: a video whose header claims larger frames is unusable media, refused before any frame is "
+        "decoded (default 8K UHD, 7680x4320)"))
+    duration_tolerance: float = field(default=2.0, metadata=_h(
+        "seconds: an annotated duration that differs from the video's by more than max(this, duration_tolerance_frac "
+        "x the video's duration) is a duration mismatch"))
+    duration_tolerance_frac: float = field(default=0.05, metadata=_h(
+        "relative part of the duration tolerance (fraction of the video's duration)"))
+    on_duration_mismatch: Literal["skip", "warn", "error"] = field(default="skip", metadata=_h(
+        "a sample whose annotated duration disagrees with its video's: skip and count it (default: its spans are on "
+        "another timeline and would teach wrong times), warn (keep it, count and list it) or raise before loading "
+        "the model"))
+    media_check_workers: int = field(default=8, metadata=_h("threads of the media check at load time"))
     video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
     max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
     min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))

@@ -218,8 +218,10 @@ def test_eval_data_defaults_equal_training_defaults():
     shared = {f.name for f in fields(DataConfig)} & {f.name for f in fields(generate_vlm.VLMDataConfig)}
     assert {"video_fps", "min_frames", "max_frames", "video_min_pixels", "video_max_pixels", "video_total_pixels",
             "image_min_pixels", "image_max_pixels", "prompt_mode", "answer_format", "media_root", "task"} <= shared
-    for name in shared - {"on_missing_media", "max_samples"}:
+    # on_duration_mismatch: eval warns (every sample stays scored), training skips (docs/reliability.md)
+    for name in shared - {"on_missing_media", "max_samples", "on_duration_mismatch"}:
         assert getattr(ev, name) == getattr(train, name), name
+    assert (train.on_duration_mismatch, ev.on_duration_mismatch) == ("skip", "warn")
     assert (ev.video_fps, ev.video_total_pixels, ev.video_min_pixels) == (2.0, 3584 * 28 * 28, 16 * 28 * 28)
 
 

@@ -38,6 +38,8 @@ class MetricsMixin:
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/skipped_bad_samples"] = float(self.counters["skipped_bad_samples"])
+        mr = getattr(self, "media_report", None)  # samples the media check at load time dropped (fixed for the run)
+        m["data/dropped_at_load"] = float(mr.n_dropped) if mr is not None else 0.0
         m["data/filtered_groups"] = float(self.counters["filtered_groups"])
         for k in ("reward_nonfinite_rows", "reward_failed_rows", "reward_failed_calls", "reward_retries",
                   "reward_timeouts", "degenerate_groups"):

@@ -102,9 +102,16 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self._run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
 
         # data first: a bad file fails before a (large) model is loaded
-        self.samples = list(samples) if samples is not None else load_samples(
-            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
-            check_media=cfg.data.on_missing_media == "error")
+        self.media_report = None  # the media check of the loaded data (mmgrpo.vlm.data.media)
+        if samples is not None:
+            self.samples = list(samples)
+        else:
+            from mmgrpo.vlm.data.media import MediaScreen
+
+            self.samples, self.media_report = load_samples(
+                cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
+                check_media=cfg.data.on_missing_media == "error", screen=MediaScreen.from_config(cfg.data),
+                with_report=True)
         self.all_samples = self.samples
         self._validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
         self._setup_policy(policy)

@@ -53,8 +53,12 @@ class Validator:
 
         v = trainer.cfg.validation
         self.cfg = trainer.cfg
+        from mmgrpo.vlm.data.media import MediaScreen
+
         self.samples = load_samples(v.file, v.max_samples, trainer.cfg.data.media_root,
-                                    check_media=trainer.cfg.data.on_missing_media == "error")
+                                    check_media=trainer.cfg.data.on_missing_media == "error",
+                                    # unusable media stay in the set (scored as an empty answer, counted)
+                                    screen=MediaScreen.from_config(trainer.cfg.data, drop=False))
         if not self.samples:
             raise ValueError(f"validation.file={v.file!r} has no samples")
         self.dir = Path(trainer.run_dir) / "validation"
