@@ -11,6 +11,8 @@
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
 #   -m mmgrpo.vlm.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
 #   reported before anything starts. DRY_RUN=1 prints the commands without running them.
+# Flow runs export the trained weights (lora_final / transformer_final) and, with ema.enabled, their EMA beside
+#   them (*_ema); the evaluation reads the trained ones, WEIGHTS=ema the EMA.
 # Arguments: key=value overrides of the training run, then `--` and key=value overrides of the evaluation.
 # Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
 #   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
@@ -68,6 +70,14 @@ else
   _require_env
 fi
 OUT_DIR="$(realpath -m "$OUT_DIR")"
+# the flow weights the paired evaluation reads: the trained ones (lora_final / transformer_final), or with
+# WEIGHTS=ema their EMA written beside them (lora_final_ema / transformer_final_ema; recipes with ema.enabled)
+case "${WEIGHTS:-trained}" in
+  trained) FINAL_SUFFIX="" ;;
+  ema) FINAL_SUFFIX="_ema" ;;
+  *) _die "WEIGHTS must be 'trained' (default) or 'ema', got '$WEIGHTS'" ;;
+esac
+LORA_FINAL="$OUT_DIR/lora_final$FINAL_SUFFIX"
 _KIND="" _RECIPE=""
 
 _show() {  # print a command as it can be pasted into a shell
@@ -113,16 +123,16 @@ export_vlm() {  # $OUT_DIR/final = the base model + the newest full fine-tuning 
 }
 
 assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's components + the trained transformer_final
-  local base dst="$OUT_DIR/pipeline_final" f
+  local base dst="$OUT_DIR/pipeline_final" f tr="$OUT_DIR/transformer_final$FINAL_SUFFIX"
   base="$(realpath "$(_base)")"
-  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$OUT_DIR/transformer_final" "$dst/"
+  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$tr" "$dst/"
   [ "${DRY_RUN:-0}" = 1 ] && return 0
-  [ -d "$OUT_DIR/transformer_final" ] || _die "$OUT_DIR/transformer_final not found (did training finish?)"
+  [ -d "$tr" ] || _die "$tr not found (did training finish?$([ -n "$FINAL_SUFFIX" ] && echo " WEIGHTS=ema needs ema.enabled and at least ema.update_every optimizer steps"))"
   mkdir -p "$dst"
   for f in "$base"/*; do
     [ "$(basename "$f")" = transformer ] || ln -sfn "$f" "$dst/$(basename "$f")"
   done
-  ln -sfn "$OUT_DIR/transformer_final" "$dst/transformer"
+  ln -sfn "$tr" "$dst/transformer"
 }
 
 evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]

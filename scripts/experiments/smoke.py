@@ -274,7 +274,8 @@ def flow_eval(cfg, run_dir: Path) -> list[str]:
     else:
         ov += ["height=64", "width=64", "max_sequence_length=16"]
     if cfg.model.lora.enabled:  # base = the tiny model; full fine-tuning keeps the script's assembled pipeline
-        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / 'lora_final'}"]
+        suffix = "_ema" if os.environ.get("WEIGHTS") == "ema" else ""  # _common.sh's WEIGHTS=ema
+        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / ('lora_final' + suffix)}"]
     return ov
 
 
