@@ -3,6 +3,10 @@ SIGINT, the time budget, and the refusal to export a run that applied no optimiz
 :class:`flow_grpo.trainer.FlowGRPOTrainer`)."""
 from __future__ import annotations
 
+from typing import Optional
+
+import torch
+
 from mmgrpo.engine.dist import any_process
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
 from mmgrpo.utils.logging import get_logger
@@ -30,11 +34,48 @@ class RunControlMixin:
         raise TrainingStopped(msg, path, resume_hint=False)  # msg names the halted folder to resume from
 
 
+    def _zero_advantage_cause(self, traj, adv: torch.Tensor) -> Optional[str]:
+        """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
+        are equal), or None; counted in ``zero_advantage_epochs``. The epoch's optimizer steps are then *skipped
+        steps* (counted, feed ``optim.max_consecutive_skips``) when their gradient is exactly 0: no KL term
+        (``optim.kl_coef=0``) and no credit with a loss of its own (DiffusionNFT). A step on a zero gradient would
+        only apply AdamW's momentum and weight decay. With a KL term the steps are taken, but a run none of whose
+        epochs had a reward signal still fails (:meth:`_check_trained`)."""
+        valid = traj.rewards["valid"].bool()
+        nonzero = _reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
+        if nonzero > 0:
+            return None
+        self.counters["zero_advantage_epochs"] = self.counters.get("zero_advantage_epochs", 0) + 1
+        r = traj.rewards["total"].double()[valid]
+        n, s1, s2 = _reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", self.device)
+        mean = s1 / max(n, 1.0)
+        std = max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5
+        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
+               f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
+        self._last_zero_advantage = why
+        rt = self.method_runtime
+        if self.cfg.optim.kl_coef > 0 or (rt is not None and hasattr(rt, "loss")):
+            if self.is_main:
+                log.warning("epoch %d: %s; the KL / method loss terms are still applied", self.epoch, why)
+            return None
+        return why
+
     def _check_trained(self) -> None:
-        """A run none of whose optimizer steps was applied fails instead of exporting "trained" weights."""
+        """A run none of whose optimizer steps was applied, or none of whose epochs had a reward signal (every
+        advantage 0), fails instead of exporting "trained" weights."""
         n = self.counters
-        if self.epoch == 0 or n["applied_steps"] > 0:
+        if self.epoch == 0:
             return
+        if n["applied_steps"] > 0 and n.get("zero_advantage_epochs", 0) < self.epoch:
+            return
+        if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
+            if self.logger is not None:
+                self.logger.flush()
+            raise NothingTrained(
+                f"flow_grpo: nothing was trained: none of the run's {self.epoch} epoch(s) had a reward signal (last: "
+                f"{getattr(self, '_last_zero_advantage', 'every advantage 0')}); only the KL / method loss terms were "
+                "applied. No final weights were exported. Check the reward (reward.weights / reward.kwargs: does it "
+                "tell the group's images apart?)")
         if self.logger is not None:
             self.logger.flush()
         cause = self.skips.last_cause or (
@@ -42,7 +83,8 @@ class RunControlMixin:
             "optim.drop_zero_adv=true)")
         raise NothingTrained(
             f"flow_grpo: nothing was trained in {self.epoch} epoch(s): no optimizer step was applied "
-            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty; last cause: {cause}; "
+            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {n.get('zero_advantage_epochs', 0)} "
+            f"epoch(s) without a reward signal; last cause: {cause}; "
             f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
             f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
             f"and the learning rate.")

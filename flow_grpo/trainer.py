@@ -156,7 +156,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.skips = SkipHalt(cfg.optim.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
-                         "groups_singleton": 0}
+                         "groups_singleton": 0, "zero_advantage_epochs": 0}
         self.best_eval: Optional[float] = None
         self.logger = None
         if self.is_main:
@@ -368,6 +368,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
         skip_cause = ("no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
                       if no_group else None if adv_ok else "non-finite advantages")
+        if skip_cause is None:  # every advantage 0: a zero gradient (run_control.py)
+            skip_cause = self._zero_advantage_cause(traj, adv)
         traj.train_mask = apply_train_masks(c, adv, traj.train_mask & valid.unsqueeze(1), self.credit_inputs(traj))
         t1 = time.perf_counter()
         upd = self._run_updates(traj, adv, skip_cause)

@@ -126,7 +126,9 @@ class SetupMixin:
                          # faults (see mmgrpo.vlm.train.faults): rows dropped for NaN/inf or failed rewards, reward
                          # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
                          "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
-                         "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
+                         "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0,
+                         # steps whose every advantage was 0 (no reward signal; skipped unless a KL / entropy term)
+                         "zero_advantage_steps": 0}
         self.skips = SkipHalt(cfg.run.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
         self._stop_reason: str | None = None
         self._signals: StopOnSignal | None = None  # active during train(): SIGTERM / SIGINT stop at a step boundary
