@@ -287,6 +287,7 @@ class RunConfig:
     progress_bar: bool = _f(True, "tqdm progress bar over epochs on the main process (stderr)")
     reward_curves: bool = _f(True, "at the end of training plot the train/eval reward curves to <output_dir>/reward_curves.png")
     cpu: bool = _f(False, "force CPU")
+    allow_no_reward_signal: bool = _f(False, "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no reward tells the images apart) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)")
     ddp_find_unused_parameters: bool = _f(False, "DDP: find_unused_parameters (needed if some trainable weights get no "
                                           "gradient in a forward, e.g. partial full fine-tunes)")
 

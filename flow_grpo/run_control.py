@@ -53,6 +53,11 @@ class RunControlMixin:
         why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
                f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
         self._last_zero_advantage = why
+        if self.cfg.run.allow_no_reward_signal:
+            if self.is_main:
+                log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
+                            self.epoch, why)
+            return None
         rt = self.method_runtime
         if self.cfg.optim.kl_coef > 0 or (rt is not None and hasattr(rt, "loss")):
             if self.is_main:
@@ -66,7 +71,8 @@ class RunControlMixin:
         n = self.counters
         if self.epoch == 0:
             return
-        if n["applied_steps"] > 0 and n.get("zero_advantage_epochs", 0) < self.epoch:
+        if n["applied_steps"] > 0 and (n.get("zero_advantage_epochs", 0) < self.epoch
+                                       or self.cfg.run.allow_no_reward_signal):
             return
         if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
             if self.logger is not None:
@@ -75,7 +81,7 @@ class RunControlMixin:
                 f"flow_grpo: nothing was trained: none of the run's {self.epoch} epoch(s) had a reward signal (last: "
                 f"{getattr(self, '_last_zero_advantage', 'every advantage 0')}); only the KL / method loss terms were "
                 "applied. No final weights were exported. Check the reward (reward.weights / reward.kwargs: does it "
-                "tell the group's images apart?)")
+                "tell the group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)")
         if self.logger is not None:
             self.logger.flush()
         cause = self.skips.last_cause or (

@@ -313,6 +313,8 @@ class RunConfig:
                                "valid group: all media missing / reward calls failed) before the run writes a "
                                "checkpoint and stops, exit code 3 (0 = never stop; a run whose every step was "
                                "skipped still ends with exit code 4 and no final checkpoint)"))
+    allow_no_reward_signal: bool = field(default=False, metadata=_h(
+        "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no completion parses) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)"))
 
 
 @dataclass

@@ -19,6 +19,8 @@ What changes and what does not:
   GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts (Wan
   recipes: ``video_per_frame`` over ``brightness``, a cheap per-frame reward), and a
   ``reward.pairwise_scorer`` plugin by the built-in score comparator; every substitution is printed to stderr;
+* **no reward signal accepted** for tasks the tiny TVG model cannot answer (REC, multiple choice, grounded QA:
+  ``run.allow_no_reward_signal=true``, which a real run never sets: there a run without any reward signal exits 4);
 * **kept** (read from the recipe, never overridden): the method preset, SDE kind, noise level, step plan / window,
   credit, denoising steps, advantage statistics, clip range, KL, learning rate, TempSamp / T-GRPO / TW-GRPO /
   Reg-GRPO / selection switches, reward weights of the VLM rewards, parse mode, prompt mode.
@@ -178,6 +180,10 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
           "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
           "run.save_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
           "run.grad_sync=auto", f"run.output_dir={run_dir}"]
+    if cfg.data.task != "tvg":  # the tiny model answers temporal spans only: other tasks' rewards may all be equal
+        _note(f"data.task={cfg.data.task}: the tiny TVG model cannot answer it (every reward may be equal): "
+              "run.allow_no_reward_signal=true")
+        ov.append("run.allow_no_reward_signal=true")
     if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
         ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
     if cfg.selection.enabled:
@@ -199,10 +205,7 @@ def vlm_eval(cfg, run_dir: Path) -> list[str]:
           f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
     if cfg.data.task == "rec":
         ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
-    if cfg.model.lora.enabled:  # full fine-tuning: the script's model=<run>/final (export_vlm) is kept
-        ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-        ov += [f"model={TINY_VLM}"] + ([f"adapter={ckpts[-1]}"] if ckpts else [])
-    return ov
+    return ov  # the script's model=<run>/final (export_vlm: a full model folder, or a LoRA adapter on the base)
 
 
 def _flow_kind(cfg) -> str:

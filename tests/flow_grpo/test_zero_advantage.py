@@ -44,3 +44,13 @@ def test_with_a_kl_term_steps_are_taken_but_the_run_still_fails(tmp_path):
         tr.train()
     tr.close()
     assert tr.counters["applied_steps"] > 0 and not (tmp_path / "lora_final").exists()
+
+
+def test_allow_no_reward_signal_takes_the_zero_gradient_steps_and_ends_0(tmp_path):
+    tr = make_trainer("flux", "fast", tmp_path, rewards={"const": const_reward},
+                      **{"run.num_epochs": 2, "optim.kl_coef": 0.0, "optim.drop_zero_adv": "false",
+                         "run.allow_no_reward_signal": "true"})
+    assert exit_codes.run_training("flow_grpo train", tr.train) == 0
+    tr.close()
+    assert tr.counters["applied_steps"] == 2 and tr.counters["zero_advantage_epochs"] == 2
+    assert (tmp_path / "lora_final").is_dir()

@@ -48,3 +48,11 @@ def test_a_step_with_some_signal_trains(tmp_path, tiny_dirs, th):
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     tr.train()
     assert tr.counters["zero_advantage_steps"] == 0 and tr.counters["skipped_steps"] == 0
+
+
+def test_allow_no_reward_signal_takes_the_zero_gradient_steps_and_ends_0(tmp_path, tiny_dirs, th):
+    """The switch back to the releases' behaviour (TRL takes zero-gradient steps), for pipeline rehearsals."""
+    tr = _unparseable(tmp_path, tiny_dirs, th, "run.allow_no_reward_signal=true")
+    assert exit_codes.run_training("mmgrpo train", tr.train) == 0
+    assert tr.counters["skipped_steps"] == 0 and tr.counters["zero_advantage_steps"] == 2
+    assert list((tmp_path / "run" / "checkpoints").glob("step-00000002"))

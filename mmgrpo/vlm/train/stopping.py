@@ -59,6 +59,10 @@ class StopMixin:
                f"failures {int(fails)} = {100 * fails / max(n_rows, 1.0):.0f} %, reward mean {mean:.4g}, std {std:.3g} "
                "over the step)")
         self._last_zero_advantage = why
+        if self.cfg.run.allow_no_reward_signal:
+            log.warning("step %d: %s; its zero-gradient step is taken (run.allow_no_reward_signal=true)",
+                        self.step + 1, why)
+            return None
         if self.cfg.algo.kl_coef > 0 or any(m.needs_train_logits for m in self.methods):
             log.warning("step %d: %s; the KL / entropy terms are still applied", self.step + 1, why)
             return None
@@ -70,7 +74,7 @@ class StopMixin:
         if self.step == 0:
             return
         zero = int(self.counters.get("zero_advantage_steps", 0))
-        if self._applied_updates() > 0 and zero < self.step:
+        if self._applied_updates() > 0 and (zero < self.step or self.cfg.run.allow_no_reward_signal):
             return
         if self._applied_updates() > 0:  # steps were taken on the KL / entropy terms alone
             self.logger.flush()
@@ -79,7 +83,7 @@ class StopMixin:
                 f"{getattr(self, '_last_zero_advantage', 'all advantages 0')}); only the KL / entropy terms were "
                 "applied; no final checkpoint written. Check completions.jsonl: the answer format the reward parses "
                 "(reward.parse_mode, data.prompt_mode), the reward weights, and whether the task is too hard or too "
-                "easy for the base model")
+                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)")
         self.logger.flush()
         raise NothingTrained(
             f"nothing was trained: all {self.counters['skipped_steps']} optimizer step(s) of the run's {self.step} "
