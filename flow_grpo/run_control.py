@@ -36,11 +36,13 @@ class RunControlMixin:
 
     def _zero_advantage_cause(self, traj, adv: torch.Tensor) -> Optional[str]:
         """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
-        are equal), or None; counted in ``zero_advantage_epochs``. The epoch's optimizer steps are then *skipped
-        steps* (counted, feed ``optim.max_consecutive_skips``) when their gradient is exactly 0: no KL term
-        (``optim.kl_coef=0``) and no credit with a loss of its own (DiffusionNFT). A step on a zero gradient would
-        only apply AdamW's momentum and weight decay. With a KL term the steps are taken, but a run none of whose
-        epochs had a reward signal still fails (:meth:`_check_trained`)."""
+        are equal), or None; counted in ``zero_advantage_epochs``. With ``optim.drop_zero_adv`` (the default) such
+        an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
+        epoch's optimizer steps are *skipped steps* (counted, feed ``optim.max_consecutive_skips``) when their
+        gradient is exactly 0: no KL term (``optim.kl_coef=0``) and no credit with a loss of its own
+        (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight decay. With a KL term
+        the steps are taken, but a run none of whose epochs had a reward signal still fails
+        (:meth:`_check_trained`)."""
         valid = traj.rewards["valid"].bool()
         nonzero = _reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
         if nonzero > 0:
@@ -57,6 +59,8 @@ class RunControlMixin:
             if self.is_main:
                 log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
                             self.epoch, why)
+            return None
+        if self.cfg.optim.drop_zero_adv:  # every trajectory leaves the update: empty updates, as before
             return None
         rt = self.method_runtime
         if self.cfg.optim.kl_coef > 0 or (rt is not None and hasattr(rt, "loss")):
@@ -86,7 +90,8 @@ class RunControlMixin:
             self.logger.flush()
         cause = self.skips.last_cause or (
             "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
-            "optim.drop_zero_adv=true)")
+            "optim.drop_zero_adv=true)" + (f"; {self._last_zero_advantage}" if hasattr(self, "_last_zero_advantage")
+                                            else ""))
         raise NothingTrained(
             f"flow_grpo: nothing was trained in {self.epoch} epoch(s): no optimizer step was applied "
             f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {n.get('zero_advantage_epochs', 0)} "

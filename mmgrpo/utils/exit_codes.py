@@ -18,7 +18,8 @@ SIGINT_EARLY = 130  # Ctrl-C before the training loop started (nothing to checkp
 
 HELP = f"""exit codes:
   {OK}  trained; final weights written
-  {USAGE}  bad command line or config (validated before any data or model is loaded)
+  {USAGE}  bad command line or config (validated before any model is loaded: also flash-attn missing, a reward
+     without its URL or weights, a run the planner says cannot fit the device; the message names the setting)
   {STOPPED}  stopped by a fault policy after writing a checkpoint (too many consecutive skipped steps; mmgrpo also
      reward.on_failure=stop / on_nonfinite=error); fix the cause, then resume from the checkpoint it names
   {NOTHING_TRAINED}  nothing was trained: every optimizer step was skipped (no valid group / reward, e.g. all media
@@ -37,9 +38,11 @@ HELP = f"""exit codes:
 def run_training(prog: str, train: Callable[[], object]) -> int:
     """Run ``train()`` (which does its own heavy imports) and map the run's outcome to the codes above, printing
     the reason as one ``"<prog>: <message>"`` line on stderr instead of a traceback. Shared by both CLIs."""
-    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
+    from mmgrpo.engine.errors import (ConfigError, NothingTrained, OutputDirLocked, TrainingInterrupted,
+                                      TrainingStopped)
 
-    codes = ((TrainingStopped, STOPPED),  # a fault policy stopped the run after writing a checkpoint
+    codes = ((ConfigError, USAGE),  # a setting found wrong before the model loaded (the message names it)
+             (TrainingStopped, STOPPED),  # a fault policy stopped the run after writing a checkpoint
              (NothingTrained, NOTHING_TRAINED),  # every optimizer step was skipped: no final weights
              (OutputDirLocked, LOCKED),  # another run writes into run.output_dir
              (TrainingInterrupted, INTERRUPTED))  # SIGTERM / SIGINT: stopped at a boundary after a checkpoint

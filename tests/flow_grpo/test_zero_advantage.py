@@ -31,7 +31,8 @@ def test_constant_reward_run_exits_4_without_export(tmp_path, capsys, drop_zero_
 
 def test_zero_advantage_epochs_feed_max_consecutive_skips(tmp_path):
     tr = make_trainer("flux", "fast", tmp_path, rewards={"const": const_reward},
-                      **{"run.num_epochs": 4, "optim.max_consecutive_skips": 2, "optim.kl_coef": 0.0})
+                      **{"run.num_epochs": 4, "optim.max_consecutive_skips": 2, "optim.kl_coef": 0.0,
+                         "optim.drop_zero_adv": "false"})
     with pytest.raises(TrainingStopped, match="2 consecutive skipped optimizer steps .*no reward signal"):
         tr.train()
     tr.close()
