@@ -117,6 +117,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.is_main, self.device = acc.is_main_process, acc.device
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
+        self._preflight(loading=adapter is None, reward_fn=reward_fn)  # exit 2 before loading (build.py)
         self.out = Path(cfg.run.output_dir)
         # one run per output folder (main process), before the model is loaded: a second run refuses at once
         self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)

@@ -198,7 +198,7 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5, "data.group_size": G, "data.groups_per_epoch": 1,
           "data.prompts": "[a photo of a cat on a red sofa]", "optim.lr": 1e-5, "optim.kl_coef": 0.0,
           "run.num_epochs": 1, "run.output_dir": str(run_dir), "run.save_every": 0, "run.image_grid_every": 0,
-          "run.tensorboard": "false", "run.reward_curves": "false", "run.progress_bar": "false", "run.cpu": "true",
+          "run.tensorboard": "false", "run.reward_curves": "false", "run.progress_bar": "false", "run.device": "cpu",
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     cfg = load_train_config(None, [f"{k}={v}" for k, v in ov.items()])
     tr = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": _image_reward})

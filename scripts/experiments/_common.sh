@@ -4,8 +4,9 @@
 #   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights
 # and passes "${TRAIN_ARGS[@]}" / "${EVAL_ARGS[@]}": the script's own arguments, `key=value ...` for training, then
 # after a `--` the ones for the evaluation, e.g.
-#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh reward.kwargs='{pickscore: {path: /ckpt/PickScore}}' \
-#       -- reward_kwargs='{pickscore: {path: /ckpt/PickScore}}'
+#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh \
+#       reward.kwargs='{pickscore: {model_path: /ckpt/PickScore_v1, processor_path: /ckpt/CLIP-ViT-H-14-laion2B-s32B-b79K}}' \
+#       -- reward_kwargs='{pickscore: {model_path: /ckpt/PickScore_v1, processor_path: /ckpt/CLIP-ViT-H-14-laion2B-s32B-b79K}}'
 #
 # Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it). Training is
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS

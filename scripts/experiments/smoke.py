@@ -231,7 +231,7 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     ov += ["model.dtype=float32", "model.gradient_checkpointing=false", f"data.train_path={train}",
            "data.eval_path=", "data.eval_prompts=[]", f"data.group_size={g}", "data.groups_per_epoch=2",
            f"sample.batch_size={2 * g}", f"sample.completion_batch_size={4 * g}", f"run.num_epochs={SMOKE_STEPS}",
-           "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
+           "run.device=cpu", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
            "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
            "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
     if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained

@@ -170,7 +170,7 @@ def test_cli_help_lists_every_option():
 
 
 def test_refuses_a_launch_that_would_train_independent_copies(tmp_path, monkeypatch):
-    """A launcher started 2 processes but accelerate runs 1 per process (e.g. no GPU and run.cpu=false): each would
+    """A launcher started 2 processes but accelerate runs 1 per process (e.g. no GPU and run.device=cuda): each would
     optimise its own copy (DanceGRPO#110). The trainer must refuse."""
     from accelerate import Accelerator
 

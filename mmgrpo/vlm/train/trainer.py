@@ -93,6 +93,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.cfg = cfg
         self._setup_accelerator()
         self._setup_global_batch()
+        self._preflight(loading=policy is None)  # settings that fail only after loading: exit 2 now (setup.py)
         self._pad_rows = None  # (batch, rows) repeated with weight 0 to pad micro-batch counts (prepared model)
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds, see make_seeds)
