@@ -292,3 +292,34 @@ def test_smoke_lora_vlm_run_exports_and_evaluates_like_a_full_one(tmp_path):
     assert "allow_no_reward_signal" not in r.stderr
     assert (out / "final" / "adapter_config.json").is_file() and (out / "eval_charades" / "metrics.json").is_file()
 
+
+
+def test_a_typo_in_a_training_override_names_the_key_before_anything_runs(tmp_path):
+    """It used to end in a smoke.py traceback followed by 'the recipe names rewards this checkout lacks'
+    (issue 32 item 8)."""
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1",
+               DRY_RUN="1")
+    r = _bash(EXP / "time_r1_charades.sh", env, "rollout.group_szie=4")
+    assert r.returncode == 2, r.stderr
+    assert "unknown config key 'rollout.group_szie'" in r.stderr and "rollout.group_size" in r.stderr
+    assert "a training override is wrong" in r.stderr and "Traceback" not in r.stderr
+    assert "accelerate launch" not in r.stderr and "rewards this checkout" not in r.stderr
+
+
+def test_dry_run_validates_the_evaluation_overrides(tmp_path):
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1",
+               DRY_RUN="1")
+    r = _bash(EXP / "time_r1_charades.sh", env, "--", "decoding.max_new_token=64")
+    assert r.returncode == 2, r.stderr
+    assert "unknown config key 'decoding.max_new_token'" in r.stderr and "decoding.max_new_tokens" in r.stderr
+    assert "an evaluation override (after --) is wrong" in r.stderr
+    ok = _bash(EXP / "time_r1_charades.sh", env, "--", "decoding.max_new_tokens=64")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_dry_run_of_a_pickscore_recipe_notes_the_missing_folders_and_a_real_run_stops(tmp_path):
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1")
+    r = _bash(EXP / "flow_grpo_sd35_pickscore.sh", {**env, "DRY_RUN": "1"})
+    assert r.returncode == 0 and "reward.kwargs.pickscore.model_path is required" in r.stderr
+    r = _bash(EXP / "flow_grpo_sd35_pickscore.sh", {**env, "ACCELERATE": "false"})
+    assert r.returncode == 2 and "a reward setting is missing or wrong" in r.stderr

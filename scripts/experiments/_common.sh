@@ -107,13 +107,23 @@ train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
   [ -f "$_RECIPE" ] || _die "recipe not found: $_RECIPE"
   [ -f "$accel" ] || _die "accelerate config not found: $accel"
   case "$_KIND" in vlm) module=mmgrpo.vlm.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
+  local rc=0
+  _smoke check "$@" || rc=$?  # the overrides load, the rewards exist, their settings are complete
+  case "$rc" in
+    0) ;;
+    2) _die "a training override is wrong (above: the key, and a close match when there is one)" ;;
+    1|3) if [ "$SMOKE" = 1 ] || { [ "$rc" = 3 ] && [ "${DRY_RUN:-0}" = 1 ]; }; then  # smoke swaps such rewards
+         echo "[$EXP_NAME] note: a real run would stop here (above)" >&2
+       elif [ "$rc" = 1 ]; then _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
+       else _die "a reward setting is missing or wrong (above); docs/experiments.md"; fi ;;
+    *) _die "smoke.py check failed (exit $rc)" ;;
+  esac
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
     mapfile -t smoke < <(_smoke train "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py train produced no overrides"
     _run "$PYTHON" -m "$module" train --config "$_RECIPE" "$@" "${smoke[@]}"
   else
-    _smoke check "$@" || _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
     _run "${ACCELERATE:-accelerate}" launch --config_file "$accel" --num_processes "$NUM_GPUS" \
       -m "$module" train --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
   fi
@@ -137,6 +147,8 @@ assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's component
 }
 
 evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]
+  "$PYTHON" scripts/experiments/smoke.py check-eval "$@" \
+    || _die "an evaluation override (after --) is wrong (above: the key, and a close match when there is one)"
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
     mapfile -t smoke < <(_smoke eval "$OUT_DIR") || true

@@ -4,7 +4,9 @@ models and synthetic data (CPU, one process, 2 steps), and the synthetic data it
 
     python scripts/experiments/smoke.py train vlm|flow RECIPE.yaml RUN_DIR   # prints one override per line
     python scripts/experiments/smoke.py eval  vlm|flow RECIPE.yaml RUN_DIR   # the paired eval's overrides
-    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # rewards all exist? (exit 1)
+    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # overrides load (else exit 2),
+                                          # rewards exist (else 1), their settings are complete (else 3)?
+    python scripts/experiments/smoke.py check-eval eval/SCRIPT.py [--config FILE] [key=value ...]  # (else exit 2)
     python scripts/experiments/smoke.py base  vlm|flow RECIPE.yaml   # the tiny base model folder it trains
 
 What changes and what does not:
@@ -343,19 +345,71 @@ def missing_rewards(kind: str, cfg) -> list[str]:
     return out
 
 
+# the evaluation scripts of the experiment scripts and their config classes (check-eval)
+EVAL_CONFIGS = {"eval/generate_vlm.py": ("eval.generate_vlm", "EvalVLMConfig"),
+                "eval/generate_t2i.py": ("eval.generate_t2i", "EvalT2IConfig")}
+
+
+def check_eval(script: str, args: list[str]) -> str | None:
+    """Why ``python SCRIPT [--config FILE] key=value ...`` would stop at its config (unknown key, with a close match;
+    a value of the wrong type), or None; nothing is loaded."""
+    import importlib
+
+    from mmgrpo.utils.config import load_config
+
+    if script not in EVAL_CONFIGS:
+        return None
+    mod, cls = EVAL_CONFIGS[script]
+    config, overrides = None, list(args)
+    if "--config" in overrides:
+        i = overrides.index("--config")
+        config = overrides[i + 1]
+        del overrides[i:i + 2]
+    try:
+        load_config(getattr(importlib.import_module(mod), cls), config, overrides)
+    except (ValueError, FileNotFoundError) as e:
+        return str(e)
+    return None
+
+
+def reward_setting_problems(kind: str, cfg) -> list[str]:
+    """Flow rewards' settings (a remote reward's url, PickScore's folders, ...), as the trainer checks them."""
+    if kind != "flow":
+        return []
+    from flow_grpo.rewards import check_reward_settings
+
+    return check_reward_settings(cfg.reward.weights, cfg.reward.kwargs)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "check-eval":  # exit 2: an evaluation override is wrong
+        why = check_eval(argv[1], argv[2:])
+        if why:
+            print(f"evaluation override (after --): {why}", file=sys.stderr)
+        return 2 if why else 0
     if len(argv) >= 3 and argv[0] == "check" and argv[1] in ("vlm", "flow"):
-        missing = missing_rewards(argv[1], load_recipe(argv[1], argv[2], argv[3:]))
+        # exit 2: a training override (or the recipe) does not load; 1: a reward is missing; 3: reward settings
+        try:
+            cfg = load_recipe(argv[1], argv[2], argv[3:])
+        except (ValueError, FileNotFoundError) as e:
+            print(f"training override: {e}", file=sys.stderr)
+            return 2
+        missing = missing_rewards(argv[1], cfg)
         for m in missing:
             print(f"needs {m}: not in this checkout; pass another one as a key=value override", file=sys.stderr)
-        return 1 if missing else 0
+        if missing:
+            return 1
+        problems = reward_setting_problems(argv[1], cfg)
+        for m in problems:
+            print(f"reward setting: {m}", file=sys.stderr)
+        return 3 if problems else 0
     if len(argv) == 3 and argv[0] == "base" and argv[1] in ("vlm", "flow"):
         print(tiny_base(argv[1], load_recipe(argv[1], argv[2])))
         return 0
     if len(argv) != 4 or argv[0] not in ("train", "eval") or argv[1] not in ("vlm", "flow"):
         print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...] | "
-              "base vlm|flow RECIPE.yaml", file=sys.stderr)
+              "check-eval SCRIPT [--config FILE] [key=value ...] | base vlm|flow RECIPE.yaml", file=sys.stderr)
         return 2
     what, kind, recipe, run_dir = argv
     cfg = load_recipe(kind, recipe)
