@@ -20,7 +20,8 @@ overridden. Examples:
       -m flow_grpo.cli train --config my.yaml model.pipeline_dir=/ckpt/sd3.5m
   accelerate launch --config_file scripts/accelerate_configs/fsdp.yaml -m flow_grpo.cli train \\
       model.lora.enabled=false ...      (full fine-tune; sample.credit must be outcome)
-Precedence: defaults < method preset < YAML < key=value.
+Precedence: defaults < method preset < YAML < --profile NAME < key=value (--profile cpu: a CPU rehearsal of the
+recipe on its real, depth-cut model; mmgrpo/utils/profiles.py lists what it sets).
 
 Processes: the transformer, optimizer and LR schedule go through accelerator.prepare (DDP / FSDP / DeepSpeed per the
 accelerate config); a launch whose process count accelerate does not honour is refused. Only CPU runs were verified
@@ -97,7 +98,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for action in parser._actions:  # the shared parser's example names keys of another config
         if action.dest == "overrides":
             action.help = "config overrides, e.g. optim.lr=1e-4 model.lora.rank=8 run.num_epochs=50"
-    args = parser.parse_args(rest)
+    from mmgrpo.utils.profiles import expand_profile
+
+    args = parser.parse_args(expand_profile(rest, "flow", "flow_grpo train"))
     try:
         cfg = load_train_config(args.config, args.overrides)
     except (ValueError, FileNotFoundError) as exc:

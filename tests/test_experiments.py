@@ -275,10 +275,14 @@ def test_smoke_mode_trains_and_evaluates(name, tmp_path):
     saved = (out / "config.yaml").read_text()
     if name.startswith("flow"):
         assert "method: flow" in saved and "kl_coef: 0.04" in saved and (out / "lora_final").is_dir()
-        assert (out / "eval_geneval" / "metrics.json").is_file()
+        ev = out / "eval_geneval"
     else:
         assert "parse_mode: vlm_r1" in saved and (out / "final" / "config.json").is_file()
-        assert (out / "eval_refcoco" / "metrics.json").is_file()
+        ev = out / "eval_refcoco"
+    # the trained weights, the base, and the comparison (issue 32 item 12: the base evaluation used to be manual)
+    assert (ev / "metrics.json").is_file() and (ev.parent / f"{ev.name}_base" / "metrics.json").is_file()
+    cmp = (ev.parent / f"{ev.name}_compare.md").read_text()
+    assert "| metric | base | trained | Δ trained |" in cmp
 
 
 def test_smoke_lora_vlm_run_exports_and_evaluates_like_a_full_one(tmp_path):

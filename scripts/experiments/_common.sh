@@ -1,7 +1,9 @@
 # Shared logic of scripts/experiments/<name>.sh (sourced, not run). An experiment script is a few calls:
 #   train KIND RECIPE ACCEL_CONFIG [key=value ...]   # KIND = vlm | flow; ACCEL_CONFIG = a scripts/accelerate_configs name
 #   export_vlm | assemble_pipeline                  # full fine-tuning: a model folder the eval harness loads
-#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights
+#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights, the same
+#                                                          # evaluation of the base (<out_dir>_base; EVAL_BASE=0 skips
+#                                                          # it) and eval/compare.py's table (<out_dir>_compare.md)
 # and passes "${TRAIN_ARGS[@]}" / "${EVAL_ARGS[@]}": the script's own arguments, `key=value ...` for training, then
 # after a `--` the ones for the evaluation, e.g.
 #   bash scripts/experiments/flow_grpo_sd35_pickscore.sh \
@@ -19,6 +21,9 @@
 #   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
 #   changes; rewards that need downloaded weights become a tiny verifiable one); then the same export and eval
 #   commands on a few synthetic samples. OUT_DIR defaults to runs/smoke/<name>.
+# CPU rehearsal (PROFILE=cpu): the real run's commands on the real (depth-cut) model and data, in one process with
+#   plain python (no accelerate; NUM_GPUS defaults to 1), with `--profile cpu` on training and evaluation: CPU device,
+#   bf16, SDPA, 2 steps of 1 prompt x 4 rollouts, small media budgets, 2 evaluation samples (docs/experiments.md).
 # Every command is printed before it runs. The active python environment is used (activate it first, e.g.
 # `source scripts/env.sh`); set PYTHON / ACCELERATE to use other executables.
 set -euo pipefail
@@ -28,6 +33,7 @@ cd "$REPO"
 PYTHON="${PYTHON:-python}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 SMOKE="${SMOKE:-0}"
+PROFILE="${PROFILE:-}"  # e.g. PROFILE=cpu: a CPU rehearsal (one process, no accelerate; mmgrpo/utils/profiles.py)
 
 _die() { echo "[$EXP_NAME] ERROR: $*" >&2; exit 2; }
 
@@ -68,6 +74,7 @@ if [ "$SMOKE" = 1 ]; then
   MODEL_DIR="<tiny model>" DATA_DIR="<synthetic data>" NUM_GPUS=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny models: one thread is fastest on a shared CPU
 else
+  [ -z "$PROFILE" ] || NUM_GPUS="${NUM_GPUS:-1}"
   _require_env
 fi
 OUT_DIR="$(realpath -m "$OUT_DIR")"
@@ -123,6 +130,8 @@ train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
     mapfile -t smoke < <(_smoke train "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py train produced no overrides"
     _run "$PYTHON" -m "$module" train --config "$_RECIPE" "$@" "${smoke[@]}"
+  elif [ -n "$PROFILE" ]; then  # a rehearsal: one process, the profile's overrides before the script's own
+    _run "$PYTHON" -m "$module" train --profile "$PROFILE" --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
   else
     _run "${ACCELERATE:-accelerate}" launch --config_file "$accel" --num_processes "$NUM_GPUS" \
       -m "$module" train --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
@@ -146,15 +155,45 @@ assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's component
   ln -sfn "$tr" "$dst/transformer"
 }
 
-evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]
+evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]: the trained weights, then the base, then the comparison
   "$PYTHON" scripts/experiments/smoke.py check-eval "$@" \
     || _die "an evaluation override (after --) is wrong (above: the key, and a close match when there is one)"
+  _evaluate_one trained "$@"
+  [ "${EVAL_BASE:-1}" = 1 ] || return 0
+  local a out=""
+  for a in "$@"; do [[ "$a" != out_dir=* ]] || out="${a#out_dir=}"; done
+  [ -n "$out" ] || _die "evaluate: no out_dir= argument (needed for the base evaluation)"
+  _evaluate_one base "$@"
+  _run "$PYTHON" eval/compare.py "${out}_base" "$out" --names base,trained --out "${out}_compare.md"
+}
+
+_as_base() {  # the same evaluation arguments for the base model: model= / pipeline= the base, no lora= / adapter=,
+  local base a  # out_dir=X -> X_base; prints one argument per line
+  base="$(_base)"
+  for a in "$@"; do
+    case "$a" in
+      model=*) echo "model=$base" ;;
+      pipeline=*) echo "pipeline=$base" ;;
+      lora=*|adapter=*) ;;
+      out_dir=*) echo "${a}_base" ;;
+      *) echo "$a" ;;
+    esac
+  done
+}
+
+_evaluate_one() {  # trained|base SCRIPT --config EVAL_CONFIG [key=value ...]
+  local which="$1"
+  shift
+  local -a args=("$@") smoke=()
   if [ "$SMOKE" = 1 ]; then
-    local -a smoke
     mapfile -t smoke < <(_smoke eval "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py eval produced no overrides"
-    _run "$PYTHON" "$@" "${smoke[@]}"
+    args+=("${smoke[@]}")
+  fi
+  [ "$which" = trained ] || mapfile -t args < <(_as_base "${args[@]}")
+  if [ -n "$PROFILE" ]; then
+    _run "$PYTHON" "${args[0]}" --profile "$PROFILE" "${args[@]:1}"
   else
-    _run "$PYTHON" "$@"
+    _run "$PYTHON" "${args[@]}"
   fi
 }
