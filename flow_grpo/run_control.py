@@ -101,6 +101,28 @@ class RunControlMixin:
             f"and the learning rate.")
 
 
+    def _sampling_progress(self):
+        """``on_chunk`` of the epoch's sampling: a progress line every 30 s (main process) and, on replicated runs,
+        the end of sampling when SIGTERM / SIGINT arrived (sharded runs finish the epoch's sampling: their forwards
+        are collectives every process must run)."""
+        import time
+
+        t0 = last = time.monotonic()
+
+        def hook(done: int, total: int) -> bool:
+            nonlocal last
+            now = time.monotonic()
+            if self.is_main and now - last >= 30.0:
+                log.info("epoch %d: sampled %d of %d chunks in %.0f s", self.epoch, done, total, now - t0)
+                last = now
+            sig = self._signals
+            if sig is not None and sig.requested and not self.sharded:
+                log.warning("%s received while sampling: the epoch's samples are discarded", sig.name)
+                return True
+            return False
+
+        return hook
+
     def _budget_exhausted(self) -> bool:
         """Collective when a budget is set: every process stops after the same epoch."""
         if not self.budget.enabled:

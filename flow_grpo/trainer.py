@@ -79,7 +79,7 @@ from .evaluation import EvalMixin
 from .methods import (AdvOptions, CreditInputs, advantage_stats, apply_train_masks, credit_name, get_credit,
                       group_stats)
 from .run_control import RunControlMixin
-from .sampler import Trajectories, sample_trajectories, score_column
+from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
 # the reward classes moved to flow_grpo.scoring; re-exported for old imports
 from .scoring import ResilientReward, RewardStack, _call_with_timeout, apply_win_rates  # noqa: F401
 
@@ -202,9 +202,11 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
                 traj = sample_trajectories(self.adapter, prompts, self.cfg.sample, xs, ns, ps, gids, meta,
                                            self.reward_fn, None, iteration=epoch, reward_runner=self.runner,
-                                           members=self._epoch_members())
+                                           members=self._epoch_members(), on_chunk=self._sampling_progress())
         except RewardCallFailed as exc:
             err = exc
+        except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
+            pass
         try:
             sync_failure(err)
         except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)

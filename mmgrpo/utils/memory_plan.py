@@ -467,6 +467,10 @@ plan options (before the usual --config / key=value):
   --strategy S      ddp | fsdp2 | zero3 (default ddp; fsdp2 / zero3 shard weights, grads, optimizer state)
   --model NAME      a released model instead of model.path / model.pipeline_dir: """ + ", ".join(sorted(MODELS)) + """
   --prompt-tokens N VLM: prompt tokens per rollout, vision included (default: data.max_prompt_tokens or 1024)
+  --profile NAME    the overrides of a profile (cpu: the CPU rehearsal's run; mmgrpo/utils/profiles.py)
+
+A depth-truncated folder (scripts/rehearse_real_scale.py --build-only) is planned at its own depth; a width-reduced
+or tiny model has no measured figures and is refused (exit 2) with that reason.
 
 Activation figures are measured at real width on CPU (docs/real_scale.md); a GPU adds CUDA-allocator
 fragmentation, NCCL buffers, flash-attention workspaces and the CUDA context, covered only by a flat allowance."""
@@ -556,6 +560,9 @@ def plan_main(argv, kind: str, prog: str) -> int:
             print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
             return 0
     known, rest = pre.parse_known_args(argv)
+    from mmgrpo.utils.profiles import expand_profile
+
+    rest = expand_profile(rest, kind, prog)  # --profile cpu: plan the CPU rehearsal's run
     if kind == "vlm":
         from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import parse_config_cli

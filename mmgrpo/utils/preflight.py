@@ -86,7 +86,7 @@ def check_memory(kind: str, cfg: Any, device, world: int, strategy: str, mode: s
         return p
     need = p["total"]
     depth = f" at {layers} layers" if layers else ""
-    msg = (f"{prog}: the memory planner predicts {need / mp.GiB:.1f} GiB per process for this run ({name}{depth}, "
+    msg = (f"the memory planner predicts {need / mp.GiB:.1f} GiB per process for this run ({name}{depth}, "
            f"{strategy} x {world}, {'LoRA' if 'lora_weights' in p else 'full fine-tune'}), more than the "
            f"{have / mp.GiB:.1f} GiB of {what}. Largest parts: "
            + ", ".join(f"{k} {v / mp.GiB:.1f} GiB" for k, v in sorted(
@@ -98,7 +98,7 @@ def check_memory(kind: str, cfg: Any, device, world: int, strategy: str, mode: s
         log.info("memory plan: %.1f GiB per process predicted, %.1f GiB of %s", need / mp.GiB, have / mp.GiB, what)
         return p
     if mode == "warn":
-        log.warning("%s (run.memory_check=warn: starting anyway)", msg)
+        log.warning("%s: %s (run.memory_check=warn: starting anyway)", prog, msg)
         return p
     raise ConfigError(msg + "; to start anyway: run.memory_check=warn")
 

@@ -60,3 +60,35 @@ def test_run_device_is_the_one_device_setting(tmp_path):
         load_train_config(None, ["run.cpu=true"])
     with pytest.raises(ValueError, match="run.device"):
         load_train_config(None, ["run.device=gpu"])
+
+
+def test_sigterm_while_sampling_stops_at_the_next_chunk_and_checkpoints(tmp_path):
+    """A long rollout no longer has to finish before a signal is seen (issue 32 item 7): sampling stops after the
+    chunk in progress, the epoch is discarded and a checkpoint written."""
+    import os
+    import signal
+
+    from mmgrpo.engine.errors import TrainingInterrupted
+
+    from .conftest import make_trainer
+
+    tr = make_trainer("flux", "fast", tmp_path, **{"sample.batch_size": 1, "run.num_epochs": 2})  # 4 chunks
+    calls = []
+    hook = tr._sampling_progress
+
+    def progress():
+        inner = hook()
+
+        def on_chunk(done, total):
+            calls.append((done, total))
+            if done == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return inner(done, total)
+        return on_chunk
+
+    tr._sampling_progress = progress
+    with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped at epoch 0 \\(its samples were discarded"):
+        tr.train()
+    tr.close()
+    assert calls == [(1, 4)] and tr.epoch == 0
+    assert list((tmp_path / "checkpoints").glob("epoch-*"))
