@@ -260,7 +260,8 @@ def test_wan_real_run_prints_fsdp_launch_and_a_video_eval(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [ln.split("$ ", 1)[1] for ln in r.stderr.splitlines() if ln.startswith("[dance_grpo_wan_t2v] $ ")]
     assert lines[0].startswith("accelerate launch --config_file scripts/accelerate_configs/fsdp.yaml --num_processes 32")
-    assert "num_frames=53" in lines[-1] and "rewards=\\[video_per_frame\\]" in lines[-1]
+    ev = next(ln for ln in lines if "eval/generate_t2i.py" in ln)  # then the base eval and the comparison
+    assert "num_frames=53" in ev and "rewards=\\[video_per_frame\\]" in ev
 
 
 # ------------------------------------------------------------------------------------------------ smoke (slow)
