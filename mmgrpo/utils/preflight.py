@@ -115,8 +115,8 @@ def startup_line(prog: str, accelerator, *, weights_dtype: str, attn: str = "", 
             "FSDP": "FSDP2 (sharded)", "DEEPSPEED": "DeepSpeed (sharded)"}.get(dt, dt)
     notes = []
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and dt != "FSDP":
-        notes.append(f"the accelerate config asks for FSDP but {dev.type} {dt} runs without it: every process holds "
-                     "the whole model (replicated weights)")
+        notes.append(f"the accelerate config asks for FSDP, but on {dev.type} this run uses {dist}: every process "
+                     "holds the whole model (no sharding)")
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and dt != "DEEPSPEED":
         notes.append(f"the accelerate config asks for DeepSpeed but this run uses {dt}")
     env_mp = os.environ.get("ACCELERATE_MIXED_PRECISION", "")

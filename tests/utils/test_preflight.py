@@ -22,7 +22,7 @@ def test_fsdp_config_on_cpu_and_fp16_on_cpu_say_what_they_fall_back_to(monkeypat
     line = pf.startup_line("flow_grpo train", _acc(), weights_dtype="bfloat16", mixed_precision="fp16")
     assert line.startswith("flow_grpo train: device cpu, 1 process, no distribution, FSDP off, weights bfloat16, "
                            "autocast none")
-    assert "asks for FSDP but cpu NO runs without it" in line
+    assert "asks for FSDP, but on cpu this run uses no distribution: every process holds the whole model" in line
     assert "mixed_precision=bf16 is replaced by run.mixed_precision=fp16" in line
     assert "run.mixed_precision=fp16 has no effect on CPU" in line
 
