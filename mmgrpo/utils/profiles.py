@@ -12,7 +12,7 @@ resume — before booking GPUs. It forces what a CPU needs (CPU device, no autoc
 dtype CPU runs at real width were measured in, half of fp32's memory) and shrinks the run to minutes: 2 steps of 1
 prompt x 4 rollouts, 32 new tokens, 8 frames of at most 224x224 per video (256 visual tokens), images of at most
 224x224; flow: 2 epochs of 1 group of 4 images at 256x256, 4 denoising steps, 2 evaluation prompts. The evaluation
-profiles keep 2 samples / prompts with the same media and decoding budgets. What it cannot tell: speed and memory on
+profiles keep 2 samples / prompts with the same media budgets and 32 new tokens (VLM). What it cannot tell: speed and memory on
 a GPU (``mmgrpo plan`` / ``flow_grpo plan``), and anything about the trained model's quality.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
                  "sample.num_steps=4", "sample.eval_num_steps=4", "run.num_epochs=2", "run.save_every=1",
                  "run.eval_every=0", "data.eval_num_prompts=2", "run.image_grid_every=0", "reward.async_workers=0"],
         "eval_vlm": ["device=cpu", "dtype=bfloat16", "attn_implementation=sdpa", "data.max_samples=2",
-                     "decoding.batch_size=2", "data.max_frames=8", f"data.video_max_pixels={_PX}",
+                     "decoding.batch_size=2", "decoding.max_new_tokens=32", "data.max_frames=8", f"data.video_max_pixels={_PX}",
                      f"data.video_total_pixels={_PX * 8}", f"data.image_max_pixels={_PX}"],
         "eval_t2i": ["device=cpu", "dtype=bfloat16", "max_prompts=2", "images_per_prompt=1", "batch_size=2",
                      "num_steps=4", "height=256", "width=256"],
