@@ -25,8 +25,11 @@ the environment only, so it never lands in a saved config.
 Keys are renamed from the server's reward name to this client's ``name`` (``R -> name``, ``R/aux -> name/aux``)
 so that a ``RemoteReward(name="pickscore")`` is a drop-in for a local ``pickscore`` inside :class:`MultiReward`.
 
-JPEG transport (DDPO/Flow-GRPO style) is lossy; use ``image_format="png"`` where the exact pixels matter
-(e.g. a remote JPEG-compressibility reward).  A reference server: ``python -m flow_grpo.rewards.server``.
+Transport: PNG by default (lossless: the server scores exactly the pixels a local reward would, so a remote reward is a
+drop-in for the local one). ``image_format="jpeg"`` (the DDPO / Flow-GRPO releases' transport) is smaller on the wire
+but lossy, and it **changes the scores**: on the same images a remote reward behind JPEG (quality 95) scores
+differently from the same reward run locally (docs/rewards.md gives measured differences); choose it only where
+bandwidth matters more than matching the local reward.  A reference server: ``python -m flow_grpo.rewards.server``.
 """
 from __future__ import annotations
 
@@ -111,7 +114,9 @@ class RemoteReward(Reward):
         retries: extra attempts after a connection error, timeout or 5xx (``1 + retries`` in total), with
             exponential backoff ``backoff * 2**k`` seconds between them.  4xx answers, malformed and oversized
             replies are not retried here (the trainer's ``ResilientReward`` has its own retries).
-        image_format / jpeg_quality: transport encoding.
+        image_format: transport encoding, ``"png"`` (default: lossless, scores equal the local reward's) or ``"jpeg"``
+            (lossy: smaller requests, but the scores change; see the module docstring).
+        jpeg_quality: JPEG quality with ``image_format="jpeg"``.
         name: output key (server keys are renamed to it).
         max_reply_mb: largest reply accepted (MiB); a larger one is refused without reading it all.
 
@@ -121,7 +126,7 @@ class RemoteReward(Reward):
     name = "remote"
 
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 2, backoff: float = 0.5,
-                 image_format: Literal["jpeg", "png"] = "jpeg", jpeg_quality: int = 95, name: str | None = None,
+                 image_format: Literal["png", "jpeg"] = "png", jpeg_quality: int = 95, name: str | None = None,
                  nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0):
         super().__init__(name=name, nan_policy=nan_policy)
         if not url.startswith(("http://", "https://")):
@@ -132,6 +137,9 @@ class RemoteReward(Reward):
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
+        if str(image_format).lower() not in ("png", "jpeg", "jpg"):
+            raise ValueError(f"image_format must be 'png' (lossless, default) or 'jpeg' (lossy: changes the scores), "
+                             f"got {image_format!r}")
         self.image_format = image_format
         self.jpeg_quality = int(jpeg_quality)
         self.max_reply_bytes = int(max_reply_mb * 2**20)

@@ -1,7 +1,8 @@
 """Reference reward server (stdlib ``http.server``, loopback only) for :class:`~flow_grpo.rewards.remote.RemoteReward`.
 
     python -m flow_grpo.rewards.server --reward jpeg_compressibility --port 18085
-    python -m flow_grpo.rewards.server --reward pickscore --reward-kwargs '{"path": "/models/pickscore"}'
+    python -m flow_grpo.rewards.server --reward pickscore \
+        --reward-kwargs '{"model_path": "/models/PickScore_v1", "processor_path": "/models/CLIP-ViT-H-14-laion2B-s32B-b79K"}'
     python -m flow_grpo.rewards.server --reward my_pkg.rewards:build_my_reward --port 0   # any factory
 
 On start it prints one line ``LISTENING http://HOST:PORT`` to stdout (``--port 0`` picks a free port).
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback(args.host):
         p.error(f"--host {args.host!r} is not a loopback address")
 
-    from .base import build_reward
+    from .base import build_reward, check_reward_settings
 
+    problems = check_reward_settings({args.reward: 1.0}, {args.reward: kwargs}, prefix="--reward-kwargs")
+    if problems:  # before loading any weights
+        p.error("; ".join(problems).replace(f"--reward-kwargs.{args.reward}.", "--reward-kwargs key "))
     reward = build_reward(args.reward, **kwargs)
     server = make_server(reward, args.host, args.port, args.max_body_mb, args.verbose,
                          max_megapixels=args.max_megapixels, allowed_hosts=args.allow_host,

@@ -467,30 +467,86 @@ plan options (before the usual --config / key=value):
   --strategy S      ddp | fsdp2 | zero3 (default ddp; fsdp2 / zero3 shard weights, grads, optimizer state)
   --model NAME      a released model instead of model.path / model.pipeline_dir: """ + ", ".join(sorted(MODELS)) + """
   --prompt-tokens N VLM: prompt tokens per rollout, vision included (default: data.max_prompt_tokens or 1024)
+  --profile NAME    the overrides of a profile (cpu: the CPU rehearsal's run; mmgrpo/utils/profiles.py)
+
+A depth-truncated folder (scripts/rehearse_real_scale.py --build-only) is planned at its own depth; a width-reduced
+or tiny model has no measured figures and is refused (exit 2) with that reason.
 
 Activation figures are measured at real width on CPU (docs/real_scale.md); a GPU adds CUDA-allocator
 fragmentation, NCCL buffers, flash-attention workspaces and the CUDA context, covered only by a flat allowance."""
 
 
-def _match_model(kind: str, cfg_dict: dict) -> str | None:
-    """The MODELS entry whose widths equal a checkpoint's config (hidden size, layers, vocab / heads)."""
+def _match_model(kind: str, cfg_dict: dict) -> tuple[str, int | None] | None:
+    """(name, layers) of the MODELS entry whose widths equal a checkpoint's config (hidden size, vocabulary, heads):
+    ``layers`` is the folder's depth when it is cut shorter than the released model (a depth-truncated folder of
+    ``scripts/rehearse_real_scale.py``), else None. None when no released model has these widths."""
     for name, spec in MODELS.items():
         if spec["type"] == "vlm" and kind == "vlm":
             t = cfg_dict.get("text_config", cfg_dict)
-            if all(t.get(k) == spec["text"][k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-                return name
+            if all(t.get(k) == spec["text"][k] for k in ("hidden_size", "vocab_size", "num_attention_heads")):
+                n = t.get("num_hidden_layers")
+                return name, (n if n and n != spec["text"]["num_hidden_layers"] else None)
         if spec["type"] == "flow" and kind == "flow":
-            if all(cfg_dict.get(k) == spec["transformer"][k] for k in ("num_layers", "num_attention_heads")) \
+            c = spec["transformer"]
+            if all(cfg_dict.get(k) == c[k] for k in ("num_attention_heads", "attention_head_dim")) \
                     and cfg_dict.get("_class_name", "").startswith("Flux") == (spec["kind"] == "flux"):
-                return name
+                n = cfg_dict.get("num_layers")
+                return name, (n if n and n != c["num_layers"] else None)
     return None
+
+
+UNKNOWN_WIDTHS = ("widths match none of the released models the planner knows ({models}). A tiny or width-reduced "
+                  "model (the smoke models, a /k CI variant) has no measured activation figures, so no plan is made "
+                  "for it; use --model NAME to plan the released model it stands for")
+
+
+def checkpoint_config_path(kind: str, cfg: Any) -> str:
+    import os
+
+    return (os.path.join(cfg.model.path, "config.json") if kind == "vlm"
+            else os.path.join(cfg.model.pipeline_dir, "transformer", "config.json"))
+
+
+def plan_for_config(kind: str, cfg: Any, *, world: int = 1, strategy: str = "ddp", gpu: bool = True,
+                    gpu_gb: float = 0.0, model: str | None = None, prompt_tokens: int = 0
+                    ) -> tuple[str, int | None, dict] | None:
+    """(released model name, truncated depth or None, :func:`plan`) for a train config; the model's widths come
+    from its checkpoint folder's config.json (or ``model``). None when the widths are no released model's.
+    Raises OSError when the config.json cannot be read."""
+    import json
+
+    layers = None
+    if model is None:
+        with open(checkpoint_config_path(kind, cfg)) as f:
+            m = _match_model(kind, json.load(f))
+        if m is None:
+            return None
+        model, layers = m
+    spec = MODELS[model]
+    if spec["type"] != kind:
+        raise ValueError(f"{model} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model")
+    if kind == "vlm":
+        lora = cfg.model.lora
+        frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
+                                                             and cfg.rollout.vllm_mode == "colocate") else 0.0
+        p = plan(model, layers=layers, full=not lora.enabled, lora_r=lora.rank, world=world, strategy=strategy,
+                 rows=cfg.run.micro_batch_size, prompt_tokens=prompt_tokens or cfg.data.max_prompt_tokens or 1024,
+                 completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
+                 logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
+                 gpu_gb=gpu_gb, gpu=gpu)
+    else:
+        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
+        s = dict(spec, max_sequence_length=msl)
+        p = plan(model, layers=layers, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=world,
+                 strategy=strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
+                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
+                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu)
+    return model, layers, p
 
 
 def plan_main(argv, kind: str, prog: str) -> int:
     """``mmgrpo plan`` (kind="vlm") / ``flow_grpo plan`` (kind="flow"); exit 0 when it fits, 1 when not."""
     import argparse
-    import json
-    import os
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--gpu-gb", type=float, default=80.0)
@@ -504,53 +560,37 @@ def plan_main(argv, kind: str, prog: str) -> int:
             print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
             return 0
     known, rest = pre.parse_known_args(argv)
+    from mmgrpo.utils.profiles import expand_profile
+
+    rest = expand_profile(rest, kind, prog)  # --profile cpu: plan the CPU rehearsal's run
     if kind == "vlm":
         from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import parse_config_cli
 
         cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)
-        path = os.path.join(cfg.model.path, "config.json")
     else:
         from flow_grpo.config import load_train_config
 
         cfg = load_train_config(None, [a for a in rest if "=" in a]) if "--config" not in rest else \
             load_train_config(rest[rest.index("--config") + 1], [a for a in rest if "=" in a])
-        path = os.path.join(cfg.model.pipeline_dir, "transformer", "config.json")
-    name = known.model
-    if name is None:
-        if not os.path.isfile(path):
-            print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
-            return 2
-        with open(path) as f:
-            name = _match_model(kind, json.load(f))
-        if name is None:
-            print(f"{prog}: {path}: widths match none of the released models with measured figures "
-                  f"({', '.join(sorted(MODELS))}); use --model NAME for the nearest", file=sys.stderr)
-            return 2
-    spec = MODELS[name]
-    if spec["type"] != kind:
-        print(f"{prog}: --model {name} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model", file=sys.stderr)
+    path = checkpoint_config_path(kind, cfg)
+    try:
+        res = plan_for_config(kind, cfg, world=known.world, strategy=known.strategy, gpu_gb=known.gpu_gb,
+                              model=known.model, prompt_tokens=known.prompt_tokens)
+    except OSError:
+        print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
         return 2
-    if kind == "vlm":
-        lora = cfg.model.lora
-        frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
-                                                             and cfg.rollout.vllm_mode == "colocate") else 0.0
-        p = plan(name, full=not lora.enabled, lora_r=lora.rank, world=known.world, strategy=known.strategy,
-                 rows=cfg.run.micro_batch_size,
-                 prompt_tokens=known.prompt_tokens or cfg.data.max_prompt_tokens or 1024,
-                 completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
-                 logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
-                 gpu_gb=known.gpu_gb)
-    else:
-        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
-        s = dict(spec, max_sequence_length=msl)
-        p = plan(name, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=known.world,
-                 strategy=known.strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
-                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
-                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=known.gpu_gb)
-    print(f"{prog}: {name} ({spec['source']}), {known.strategy} x {known.world}, "
+    except ValueError as e:
+        print(f"{prog}: --model {e}", file=sys.stderr)
+        return 2
+    if res is None:
+        print(f"{prog}: {path}: " + UNKNOWN_WIDTHS.format(models=", ".join(sorted(MODELS))), file=sys.stderr)
+        return 2
+    name, layers, p = res
+    spec = MODELS[name]
+    depth = f", truncated to {layers} layers (the folder's depth)" if layers else ""
+    print(f"{prog}: {name} ({spec['source']}){depth}, {known.strategy} x {known.world}, "
           f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
           f"{activation_for(name)[1]}; per device:")
     print(format_plan(p))
     return 0 if p["fits"] else 1
-

@@ -338,7 +338,9 @@ class RunConfig:
                                 "reward/total/mean ('' = off)"))
     best_mode: Literal["max", "min"] = field(default="max", metadata=_h("best_metric: higher or lower is better"))
     resume_from: str = field(default="auto", metadata=_h("auto | none | path to a checkpoint"))
-    device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_h(
+        "auto (CUDA when available, else CPU) | cpu | cuda; the same setting as flow_grpo train's run.device and "
+        "the eval scripts' device"))
     mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
     tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
     progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
@@ -347,6 +349,10 @@ class RunConfig:
                                "valid group: all media missing / reward calls failed) before the run writes a "
                                "checkpoint and stops, exit code 3 (0 = never stop; a run whose every step was "
                                "skipped still ends with exit code 4 and no final checkpoint)"))
+    memory_check: Literal["error", "warn", "off"] = field(default="error", metadata=_h(
+        "before the model loads, compare the memory planner's per-process estimate (mmgrpo plan / flow_grpo plan; released widths, depth-truncated folders included) with the device's memory (GPU total, or the host's available memory on CPU): error = refuse with exit code 2 when it does not fit, warn = log and start, off"))
+    allow_no_reward_signal: bool = field(default=False, metadata=_h(
+        "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no completion parses) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)"))
 
 
 @dataclass

@@ -116,7 +116,7 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
     # the 1- vs 2-process comparison is well conditioned.
     base = {"data.group_size": 2, "data.groups_per_epoch": 3, "sample.batch_size": 3, "optim.eps": 1e-3,
             "data.prompts": "[" + ", ".join(DIST_PROMPTS) + "]", "run.save_every": 1, "run.keep_last": 5,
-            "run.cpu": "true"}
+            "run.device": "cpu"}
     if case == "ddp":
         bad = dist_nan_prompt()
 

@@ -380,6 +380,10 @@ class HFRolloutBackend(RolloutBackend):
     distribution is exactly the policy the loss scores.
     """
 
+    #: optional ``hook(new_tokens, rows_left) -> stop`` called after every decoding step (progress lines; True
+    #: ends decoding early, e.g. on SIGTERM: the completions are then cut short and the caller discards them)
+    step_hook = None
+
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
                  max_batch_size: int = 64, device=None, shared_prefix: bool = True):
         self.model = model
@@ -429,7 +433,7 @@ class HFRolloutBackend(RolloutBackend):
             batch = batch_to(collate_prompts(chunk, pad), device)
             with explicit_decoding(model, "HFRolloutBackend"):  # only for its warning: we never call generate
                 ids, lp = shared_prefix_sample(gm, batch, G, params, seeds[s * G:(s + len(chunk)) * G], eos, pad,
-                                               self.suppress_token_ids)
+                                               self.suppress_token_ids, step_hook=self.step_hook)
             ids_chunks.append(ids.cpu())
             lp_chunks.append(lp.cpu())
         return ids_chunks, lp_chunks
@@ -451,8 +455,9 @@ class HFRolloutBackend(RolloutBackend):
             if not params.greedy:
                 procs.append(_PerRowSampler(seeds[s:s + len(chunk)], params.temperature, params.top_p,
                                             params.top_k))
+            stop = [_HookCriteria(self.step_hook)] if self.step_hook is not None else None
             with explicit_decoding(model, "HFRolloutBackend"):
-                out = model.generate(**batch, generation_config=gc, logits_processor=procs)
+                out = model.generate(**batch, generation_config=gc, logits_processor=procs, stopping_criteria=stop)
             P = batch["input_ids"].shape[1]
             ids = out.sequences[:, P:]
             logits = torch.stack(out.logits, 1)  # (n, T, V) raw logits
@@ -525,10 +530,22 @@ def _repeat_cache(cache, G: int, extra: int = 0) -> None:
                     "(use rollout.shared_prefix=false)")
 
 
+class _HookCriteria:
+    """``model.generate`` stopping criterion calling a backend's ``step_hook`` once per decoding step."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        n = input_ids.shape[0]
+        stop = bool(self.hook(n, n))
+        return torch.full((n,), stop, dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
 def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds: Sequence[int],
-                         eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None,
+                         step_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions for each of the B left-padded prompts in ``batch`` with ONE prefill per prompt.
 
     gm: the HF generation model (``GenerationMixin``).  Returns (ids (B*G, T) with pad after the first EOS,
@@ -572,7 +589,10 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
         nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
         toks.append(nxt)
         lps.append(token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids))
+        n_new = int(unfinished.sum())
         unfinished = unfinished & ~torch.isin(nxt, eos_t)
+        if step_hook is not None and step_hook(n_new, int(unfinished.sum())):
+            break  # e.g. SIGTERM: the caller discards these cut-short completions
         if not bool(unfinished.any()) or t == params.max_new_tokens - 1:
             break
         pos = pos + 1

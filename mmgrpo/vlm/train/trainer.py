@@ -93,6 +93,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.cfg = cfg
         self._setup_accelerator()
         self._setup_global_batch()
+        self._preflight(loading=policy is None)  # settings that fail only after loading: exit 2 now (setup.py)
         self._pad_rows = None  # (batch, rows) repeated with weight 0 to pad micro-batch counts (prepared model)
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds, see make_seeds)
@@ -483,7 +484,9 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             return "no valid group (missing media / failed or non-finite rewards)"
         # a NaN/inf advantage would poison every update of this step: skip them all
         adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
-        return "non-finite advantages" if global_sum(float(adv_bad)) > 0 else None
+        if global_sum(float(adv_bad)) > 0:
+            return "non-finite advantages"
+        return self._zero_advantage_cause(rb)  # every advantage 0: a zero gradient (stopping.py)
 
     def _micro_step(self, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: float, last: bool,
                     loss_mask: torch.Tensor, loss_kw: dict, totals: dict):
@@ -573,6 +576,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         m.update({f"train/{k}": v for k, v in opt_metrics.items()})
         m["faults/skipped_steps"] = float(self.counters["skipped_steps"])
         m["faults/consecutive_skips"] = float(self.consecutive_skips)
+        m["faults/zero_advantage_steps"] = float(self.counters["zero_advantage_steps"])
         m["perf/step_time"] = time.time() - t0
         m["perf/data_wait"], self._data_wait = getattr(self, "_data_wait", 0.0), 0.0  # s in _prepare this step
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
