@@ -138,3 +138,22 @@ def test_tempsamp_r1_strict_format():
     assert fn.score(["<answer>2.00 to 4.00</answer> done"], [TVG])["format"] == [0.0]
     with pytest.raises(ValueError, match="tempsamp_r1"):
         build_reward_fn({"format": 0.1}, "tvg", strict_format=True)
+
+
+def test_trainer_rewards_check_the_prompts_structure():
+    """The trainer's reward builder gives format_exact the run's prompt mode and answer format; the demo's recipe
+    (TempSamp-R1 parse mode + strict format) is accepted with a no-think prompt."""
+    from mmgrpo.vlm.config import RewardConfig
+    from mmgrpo.vlm.train.task import build_rewards
+
+    json_answer = '<answer>{"start_time": 2.0, "end_time": 4.0}</answer>'
+    fn, _ = build_rewards(RewardConfig(weights={"iou": 1.0, "format_exact": 0.1}), "tvg", "qwen2_5_vl", None,
+                          prompt_mode="no_think", answer_format="json")
+    assert fn.score([json_answer, "<answer>2.00 to 4.00</answer>"], [TVG, TVG])["format_exact"] == [1.0, 0.0]
+    demo, _ = build_rewards(RewardConfig(weights={"iou": 1.0, "format": 0.1}, parse_mode="tempsamp_r1",
+                                         options={"strict_format": True}), "tvg", "qwen2_5_vl", None,
+                            prompt_mode="no_think")
+    out = demo.score(["<answer>2.00 to 4.00</answer>", "<answer>2.00 to 4.00.00.00 to 4.00"], [TVG, TVG])
+    assert out["format"] == [1.0, 0.0] and out["iou"][0] == 1.0
+    # unclosed: TempSamp-R1 reads the whole text and its last pair, "00 to 4.00": [0, 4] against [2, 4]
+    assert out["iou"][1] == pytest.approx(0.5)
