@@ -30,7 +30,9 @@ Outputs in ``out_dir``:
   dataset order.  A restarted run skips ids already written (a torn last line is truncated first); batches are
   fixed, so an interrupted + resumed run writes the same file as an uninterrupted one.  Resuming with different
   settings is refused (``overwrite=true`` starts over).
-* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics), and
+* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics: truncated
+  outputs, mean length, ``well_formed_rate`` = the share of outputs that are exactly the answer the prompt asks
+  for, ``mmgrpo.vlm.rewards.format.well_formed``), and
   ``report.md`` / ``report.json`` (``eval/report.py``).
 
 * ``export/``  with ``export=FORMAT[,FORMAT]``: the scored predictions in the files the benchmarks' own evaluation
@@ -871,10 +873,16 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     m = res.metrics
     rows = [r for _, r in preds]
     present = [r for r in rows if r.get("output") is not None]
+    from mmgrpo.vlm.rewards.format import well_formed
+
+    d = cfg.data  # exactly the answer the prompt asks for (the trainer's completions/well_formed rule)
+    n_wf = sum(well_formed(r["output"], d.task, mode=d.prompt_mode, answer_format=d.answer_format) for r in present)
     gen = {
         "n_media_error": sum(1 for r in rows if r.get("error")),
         "n_truncated": sum(1 for r in present if r.get("truncated")),
         "mean_output_tokens": (sum(r.get("n_tokens", 0) for r in present) / len(present)) if present else None,
+        "n_well_formed": n_wf,
+        "well_formed_rate": 100.0 * n_wf / len(present) if present else None,
     }
     frames = [r["num_frames"] for r in present if "num_frames" in r]
     if frames:

@@ -393,6 +393,30 @@ class ValidationConfig:
 
 
 @dataclass
+class FormatGuardConfig:
+    """Format-collapse guard (mmgrpo.vlm.train.format_guard): per step, the share of well-formed completions and
+    the share that ran to the token cap, averaged over a window of steps."""
+
+    action: Literal["warn", "stop", "off"] = field(default="warn", metadata=_h(
+        "when the window's share of well-formed completions falls below min_well_formed, or its share at "
+        "rollout.max_new_tokens exceeds max_at_cap: warn (log, guard/format_alarm = 1), stop the run (checkpoint "
+        "first, exit code 3), or off (the completions/* metrics are still logged)"))
+    min_well_formed: float = field(default=0.8, metadata=_h(
+        "lowest acceptable share of completions that are exactly the answer the prompt asks for "
+        "(mmgrpo.vlm.rewards.format.well_formed; data.task / prompt_mode / answer_format)"))
+    max_at_cap: float = field(default=0.25, metadata=_h("highest acceptable share of completions cut at "
+                                                        "rollout.max_new_tokens (completions/clipped_ratio)"))
+    window: int = field(default=5, metadata=_h("steps averaged before comparing (one step's share is noisy)"))
+
+    def check(self) -> None:
+        if not (0.0 <= self.min_well_formed <= 1.0 and 0.0 <= self.max_at_cap <= 1.0):
+            raise ValueError("format_guard.min_well_formed and format_guard.max_at_cap are shares in [0, 1], got "
+                             f"{self.min_well_formed} / {self.max_at_cap}")
+        if self.window < 1:
+            raise ValueError(f"format_guard.window must be >= 1, got {self.window}")
+
+
+@dataclass
 class TrainConfig:
     """mmgrpo VLM GRPO training run."""
 
@@ -409,6 +433,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    format_guard: FormatGuardConfig = field(default_factory=FormatGuardConfig)
 
     def __post_init__(self):
         check_choices(self)
@@ -451,6 +476,7 @@ class TrainConfig:
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
         self._check_numbers()
         self.validation.check(self.run, self.data.task)
+        self.format_guard.check()
 
     def _check_numbers(self) -> None:
         """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""

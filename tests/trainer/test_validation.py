@@ -38,6 +38,7 @@ def _cfg(tmp_path, model, data, *extra):
 def test_curve_points_equal_an_independent_eval_of_the_saved_checkpoints(tmp_path, tiny_dirs, tvg_data, th):
     sys.path.insert(0, str(ROOT))
     from eval import generate_vlm
+    from mmgrpo.vlm.rewards.format import well_formed
     from mmgrpo.vlm.sft import score_tvg_outputs
 
     model = tiny_dirs("qwen2_5_vl")
@@ -74,6 +75,10 @@ def test_curve_points_equal_an_independent_eval_of_the_saved_checkpoints(tmp_pat
         point = curve[step]
         for k in ("mIoU", "R1@0.5", "parse_rate"):
             assert abs(point[f"val/{k}"] - ref[k]) < 1e-9, (step, k)
+        wf = [well_formed(t, "tvg", mode="no_think") for t in texts]  # the evaluator's share, recomputed here
+        assert point["val/well_formed"] == pytest.approx(100 * sum(wf) / len(wf))
+        assert point["val/well_formed"] == pytest.approx(json.loads((out / "metrics.json").read_text())
+                                                         ["generation"]["well_formed_rate"])
         # the reward of the validation outputs, computed here from the evaluator's outputs
         assert abs(point["val/reward/total"] - float(th.text_reward(texts, anns)["total"].mean())) < 1e-6
     assert outputs[0] != outputs[1]  # training changed the greedy outputs: the points are not trivially equal

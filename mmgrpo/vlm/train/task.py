@@ -351,9 +351,11 @@ def _tensors(batch) -> dict:
     return {k: v for k, v in dict(batch).items() if isinstance(v, torch.Tensor)}
 
 
-def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think"):
+def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think",
+                  answer_format: str = "seconds"):
     """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
-    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
+    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards. ``format_exact`` checks the
+    structure ``prompt_mode`` and ``answer_format`` ask for (data.prompt_mode / data.answer_format)."""
     from mmgrpo.vlm.rewards.registry import build_reward_fn
 
     answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
@@ -373,6 +375,9 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
         opts["parse_mode"] = mode
     if task == "rec":
         opts.setdefault("box_frame", family)
+    if "format_exact" in reward_cfg.weights:  # the prompt's own structure, unless the options say otherwise
+        opts.setdefault("prompt_mode", prompt_mode)
+        opts.setdefault("answer_format", answer_format)
     if "length" in reward_cfg.weights:
         opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
     fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)

@@ -67,6 +67,7 @@ from mmgrpo.vlm.train.compat import MethodAliases
 from mmgrpo.vlm.train.distributed import DistributedMixin
 from mmgrpo.vlm.train import validation
 from mmgrpo.vlm.train.faults import nonfinite_rows
+from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
 from mmgrpo.vlm.train.metrics import MetricsMixin
 from mmgrpo.vlm.train.prompts import PromptMixin
 from mmgrpo.vlm.train.scoring import ScoringMixin
@@ -118,7 +119,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self._setup_policy(policy)
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
-                                                   cfg.data.prompt_mode)
+                                                   cfg.data.prompt_mode, cfg.data.answer_format)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
         from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
@@ -130,6 +131,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
         self._setup_optimizer()
+        self.format_guard = FormatGuard(cfg)
         self.logprob_impl = self._choose_logprob_impl()
         self._setup_run_state()
 
@@ -581,6 +583,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         m["perf/data_wait"], self._data_wait = getattr(self, "_data_wait", 0.0), 0.0  # s in _prepare this step
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
+        guard_stop = self.format_guard.update(self.step, m, rb.texts, self.cfg)  # format collapse: warn / stop
         self._last_metrics = m
         log_now = self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps
         validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
@@ -589,6 +592,10 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             if rb.n:
                 self._log_completions(rb, self.step)
         self.last_batch = rb
+        if guard_stop:
+            if not log_now:
+                self.logger.log(m, self.step)
+            self._stop(guard_stop + " (format_guard.action=stop)")
         K = self.cfg.run.max_consecutive_skips
         if self.skips.halt_due:
             self.logger.log(m, self.step)
@@ -633,9 +640,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                     break
                 history.append(self.train_step())
                 bar.update(1)
-                r = history[-1].get("reward/total/mean")
-                if r is not None:
-                    bar.set_postfix(reward=f"{r:.3f}", refresh=False)
+                bar.set_postfix(progress_fields(history[-1]), refresh=False)
                 if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
                     self.save()
             self._check_trained()  # a run that trained nothing writes no final checkpoint

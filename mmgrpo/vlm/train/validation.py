@@ -12,7 +12,8 @@ with the same data settings and batch size.
 Scores (percent): the trainer's reward functions on the greedy outputs (``val/reward/<name>``, means) and
 ``val/accuracy``; for temporal grounding also ``val/mIoU``, ``val/R1@0.3/0.5/0.7`` and ``val/parse_rate`` with
 the training reward's parser (:func:`mmgrpo.vlm.sft.score_tvg_outputs`; an output without ``<answer>`` scores 0,
-where the eval harness's lenient protocol may still read a span).
+where the eval harness's lenient protocol may still read a span); ``val/well_formed``: the share of outputs that
+are exactly the answer the prompt asks for (:func:`mmgrpo.vlm.rewards.format.well_formed`).
 
 Written to ``<output_dir>/validation/``: ``curve.jsonl`` (one row per point), ``curve.png`` (headline metric
 against step) and ``step-XXXXXXXX.jsonl`` (every output of that point); the ``val/*`` values also go to
@@ -120,6 +121,10 @@ class Validator:
 
             tv = score_tvg_outputs(texts, self.samples)
             m.update({f"val/{k}": float(tv[k]) for k in TVG_KEYS})
+        from mmgrpo.vlm.train.format_guard import well_formed_rows
+
+        wf = well_formed_rows(texts, self.cfg)  # exactly the answer the prompt asks for (the format guard's rule)
+        m["val/well_formed"] = 100.0 * sum(wf) / max(1, len(wf))
         m["val/n"] = float(len(texts))
         m["val/media_errors"] = float(self.media_errors)
         return m
