@@ -255,7 +255,7 @@ def operating_point(**fields) -> dict:
     if "G" in f:
         parts.append(f"{f['B']} prompt(s) x G={f['G']}" if "B" in f else f"G={f['G']}")
     elif "rows" in f:
-        parts.append(f"{f['rows']} rows")
+        parts.append(f["rows"] if isinstance(f["rows"], str) else f"{f['rows']} rows")
     if "model" in f or "hidden" in f:
         dims = ", ".join(x for x in (f"hidden {f['hidden']}" if "hidden" in f else "",
                                      f"{f['layers']} layers" if "layers" in f else "",

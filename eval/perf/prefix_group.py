@@ -143,7 +143,12 @@ def run_model(size: str, root: str, args) -> dict:
     st = common.ratio_stats(times["naive"], times["grouped"])
     n_params = common.count_params(pol.model)
     n_train = int(sum(p.numel() for p in pol.model.parameters() if p.requires_grad))
-    res = {"model": size, "params": n_params, "trainable_params": n_train, "lora": args.lora,
+    info = common.vlm_size_info(d)
+    op = common.operating_point(prompt_tokens=int(P), media_tokens=n_video, media="video", new_tokens=args.T, G=args.G,
+                                model=f"{size} Qwen2.5-VL", hidden=info["hidden"], layers=info["layers"],
+                                vocab=info["vocab"], threads=args.threads,
+                                extra="one forward+backward, " + ("LoRA r=16" if args.lora else "LLM fully trained"))
+    res = {"model": size, "params": n_params, "trainable_params": n_train, "lora": args.lora, "operating_point": op,
            "prompt_tokens": P, "video_tokens": n_video, "G": args.G, "T": args.T,
            "llm_tokens_naive": args.G * (P + args.T), "llm_tokens_grouped": P + args.G * (args.T - 1),
            "max_abs_logprob_diff": lp_diff, "max_rel_grad_diff": rel,
@@ -154,6 +159,7 @@ def run_model(size: str, root: str, args) -> dict:
           f"(reps={args.reps}) | speedup median={st['ratio_median']:.2f} "
           f"[{st['ratio_min']:.2f}..{st['ratio_max']:.2f}] | max|dlogp|={lp_diff:.2e} max rel dgrad={rel:.2e} | "
           f"extra peak RSS naive={mem_a:.0f}MB grouped={mem_b:.0f}MB", flush=True)
+    print(f"{size}: prefix_group_speedup {st['ratio_median']:.2f} at {op['text']}", flush=True)
     del pol
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return res
@@ -178,6 +184,8 @@ def main(argv=None) -> dict:
     out = {"benchmark": "prefix_group", "command": " ".join(["python", "eval/perf/prefix_group.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "results": results,
            "headline_model": head["model"], "prefix_group_speedup": head["speedup"]}
+    out["operating_point"] = head["operating_point"]
+    print(f"operating point: {head['operating_point']['text']}")
     for size, r in results.items():
         if size != head["model"]:
             print(f"prefix_group_speedup_{size}={r['speedup']:.2f}")
