@@ -16,9 +16,9 @@ Prints, per model, ``<model>: ...`` lines and finally the headline (the last mod
 ``prefix_group_speedup=X.XX``.
 
 Modes: full (default) = tiny and mid, 7 repetitions, headline = mid (about 6 minutes at load 6 on 2 cores);
-``--quick`` = tiny only, same shapes, 3 repetitions, no extra warm-up (the two untimed correctness calls warm
-both sides up; about 40 s at load 7); ``--smoke`` = tiny, 8 frames, T=16,
-1 repetition, no warm-up (checks that it runs).
+``--quick`` = tiny only, same shapes, 9 repetitions (3 until issue #42: the key moved between 5.2 and 6.9 from
+run to run; a pair takes ~1 s on tiny, so 9 cost little), no extra warm-up (the two untimed correctness calls warm
+both sides up); ``--smoke`` = tiny, 8 frames, T=16, 1 repetition, no warm-up (checks that it runs).
 
     python eval/perf/prefix_group.py [--quick | --smoke] [--models tiny,mid] [--json out.json] [--lora]
 """
@@ -38,10 +38,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # a checkout withou
 
 import common  # noqa: E402
 
+QUICK_REPS = 9  # issue #42: 3 paired rounds left the quick key moving between 5.2 and 6.9 from run to run
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny model only, 3 repetitions")
+    p.add_argument("--quick", action="store_true", help="tiny model only, 9 repetitions")
     p.add_argument("--smoke", action="store_true", help="tiny model, short video and completions, 1 repetition")
     p.add_argument("--models", default=None,
                    help="comma list of tiny, mid (headline = the last one); default tiny,mid (tiny with --quick/--smoke)")
@@ -64,7 +66,7 @@ def parse_args(argv=None):
     if a.warmup is None:  # quick: the untimed correctness calls of both sides are the warm-up
         a.warmup = 0 if light else 1
     if a.reps is None:
-        a.reps = 1 if a.smoke else (3 if a.quick else 7)
+        a.reps = 1 if a.smoke else (QUICK_REPS if a.quick else 7)
     return a
 
 

@@ -1,5 +1,9 @@
 """Benchmark ``trl_speedup``: end-to-end VLM GRPO steps/s, mmgrpo vs TRL's ``GRPOTrainer`` (images; TRL has no video).
 
+Target (CPU): ``trl_speedup >= 2`` at 256 new tokens, the default ``--T`` (the recipes sample 256-1,024; until
+issue #42 the default was 64, where prefix sharing gains most: ``--T 64`` gives that point).  Every ratio is printed
+with its operating point (prompt and new tokens, B x G, model width / depth / vocabulary, dtype, threads).
+
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
 * ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
@@ -10,27 +14,35 @@ Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin whi
                     repeated G times in sampling and loss, as TRL does);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
 
-Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once; vision tower frozen, LLM fully
-trained, fp32, sdpa, CPU), the processor, the prompts (our ``TaskAdapter`` messages, fed to TRL as its
-conversational ``prompt`` column with the image in its ``image`` column: identical prompt tokens), B prompts x
-G completions per step, exactly T completion tokens (EOS and vision tokens suppressed while sampling, in both),
-temperature 1, AdamW (torch, lr 1e-5, no weight decay, constant lr, grad-norm clip 1.0), no KL / reference
-(TRL default beta=0), one optimizer update per generation batch (num_iterations 1), token-mean loss (TRL "dapo"),
-the same cheap text reward.  Threads: ``--threads`` in every worker.
+What each worker actually did is checked every round from its own counts, not from its settings
+(``SamplingProbe``: forward hooks on the vision tower and the language model while sampling): ``ours`` must encode
+and prefill each prompt once per step, ``ours_naive`` and ``trl`` G times; every worker must feed token for token
+the same prompt (read from the ``generate`` call itself: TRL's chat template is not rebuilt here) and sample
+exactly T tokens; the ``ours*`` workers must run the log-prob path they are named for.  A mismatch stops the run.
+(Until issue #42 ``ours_naive`` still shared the prefix while sampling: its backend got no ``shared_prefix=False``.)
+
+Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once, vocabulary 320; vision tower
+frozen, LLM fully trained, fp32, sdpa, CPU), the processor, the prompts (our ``TaskAdapter`` messages, fed to TRL
+as its conversational ``prompt`` column with the image in its ``image`` column; the 16 samples differ only in their
+image), B prompts x G completions per step, exactly T completion tokens (EOS and vision tokens suppressed while
+sampling, in both), temperature 1, AdamW (torch, lr 1e-5, no weight decay, constant lr, grad-norm clip 1.0), no KL /
+reference (TRL default beta=0), one optimizer update per generation batch (num_iterations 1), token-mean loss (TRL
+"dapo"), the same cheap text reward.  Threads: ``--threads`` in every worker.
 
 Protocol: warm-up steps, then ``--rounds`` rounds; in each round every worker runs ``--steps`` steps, one
 worker after the other, the order rotating.  samples/s = B*G*steps / wall time of the round (generation,
 rewards, forward/backward, optimizer, the trainer's own logging).  Headline = median over rounds of the paired
 ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Cross-checks printed and in the JSON: the paired ratio of
 process CPU time per step (``time.process_time``: not inflated by other jobs on a loaded machine; includes helper
-threads such as our media prefetch), and the vision-tower patches each worker encodes per step.  Peak memory: each worker's ``ru_maxrss`` (whole process
-life, includes imports) and its peak RSS growth over the training steps (VmHWM after setup).
+threads such as our media prefetch), and the vision-tower patches each worker encodes per step.  Peak memory: each
+worker's ``ru_maxrss`` (whole process life, includes imports) and its peak RSS growth over the training steps
+(VmHWM after setup).
 
-Modes: full (default) = mid model, 8 rounds of 1 step, all three workers (about 30 minutes at load 6 on 2 cores);
-``--quick`` = tiny model, 3 rounds, workers ours and trl only (about 1 minute at load 4-8); ``--smoke`` = tiny,
-1 round, T=16, no warm-up, ours and trl (checks that it runs). ``--workers`` overrides the worker set.
+Modes: full (default) = mid model, 8 rounds of 1 step, all three workers; ``--quick`` = tiny model, 3 rounds,
+workers ours and trl only; ``--smoke`` = tiny, 1 round, T=16, no warm-up, ours and trl (checks that it runs).
+``--workers`` overrides the worker set.
 
-    python eval/perf/trl_compare.py [--quick | --smoke] [--model mid|tiny] [--json out.json] [--profile]
+    python eval/perf/trl_compare.py [--quick | --smoke] [--model mid|tiny] [--T 256] [--json out.json] [--profile]
 """
 from __future__ import annotations
 
@@ -65,8 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=["tiny", "mid"], default=None, help="default mid (tiny with --quick/--smoke)")
     p.add_argument("--B", type=int, default=2, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
-    p.add_argument("--T", type=int, default=None, help="completion tokens, exact: EOS is suppressed (default 64; "
-                                                       "16 with --smoke)")
+    p.add_argument("--T", type=int, default=None, help="completion tokens, exact: EOS is suppressed (default 256, the "
+                                                       "target's operating point; 16 with --smoke; 64 until issue #42)")
     p.add_argument("--image-size", type=int, default=448, help="square images; 448 -> 256 image tokens")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps", type=int, default=None, help="steps per worker per round")
@@ -86,7 +98,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     light = a.quick or a.smoke
     a.model = a.model or ("tiny" if light else "mid")
-    a.T = a.T or (16 if a.smoke else 64)
+    a.T = a.T or (16 if a.smoke else TARGET_NEW_TOKENS)
     if a.warmup is None:
         a.warmup = 0 if a.smoke else 1
     if a.rounds is None:  # many short rounds: the paired measurements are close in time on a drifting machine

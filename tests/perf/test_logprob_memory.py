@@ -53,8 +53,11 @@ def test_runner_lifts_extra_keys(tmp_path):
         import argparse, json
         p = argparse.ArgumentParser(); p.add_argument("--quick", action="store_true"); p.add_argument("--json")
         a = p.parse_args()
-        json.dump({"extra_keys": {"logprob_grad_max_rel_diff": 3e-7}}, open(a.json, "w"))
+        json.dump({"extra_keys": {"logprob_grad_max_rel_diff": 3e-7},
+                   "operating_point": {"text": "8 completions x 512 tokens, hidden 128"}}, open(a.json, "w"))
         print("logprob_memory_ratio=12.5")
     """))
     out = run.main(["--quick", "--only", "logprob_memory_ratio", "--folder", str(tmp_path), "--budget", "20"])
     assert out["logprob_memory_ratio"] == 12.5 and out["logprob_grad_max_rel_diff"] == 3e-7
+    # the ratio's operating point travels with it (issue #42)
+    assert out["operating_points"] == {"logprob_memory_ratio": "8 completions x 512 tokens, hidden 128"}
