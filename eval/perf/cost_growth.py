@@ -27,7 +27,7 @@ SDE sampler, rewards, advantages, PPO updates over the trained steps), against s
 There is no naive twin here; cells are interleaved in rounds and each is reported as a paired ratio to the
 smallest cell of the same round (plus medians of wall and CPU time).
 
-Writes ``<out-dir>/cost_growth[_quick].json`` and the plots ``cost_growth_vlm[_quick].png`` /
+Writes ``<out-dir>/cost_growth[_<parts>][_quick].json`` (``_<parts>`` when ``--parts`` is not all three) and the plots ``cost_growth_vlm[_quick].png`` /
 ``cost_growth_flow[_quick].png`` / ``cost_growth_lengths[_quick].png``; prints ``cost_growth_max_speedup=X.XX`` (the
 largest naive/ours ratio of the G x tokens grid) LAST.
 
@@ -505,7 +505,10 @@ def main(argv=None) -> dict:
     value = max(speed) if speed else float("nan")
     if speed:
         out["extra_keys"] = {"cost_growth_max_speedup": value}
-    jpath = os.path.join(args.out_dir, f"cost_growth{sfx}.json")
+    # a run of some parts only gets its own JSON (``cost_growth_lengths_quick.json``), so it does not replace the
+    # record of the other parts
+    part_sfx = "" if set(args.parts) == {"vlm", "flow", "lengths"} else "_" + "_".join(args.parts)
+    jpath = os.path.join(args.out_dir, f"cost_growth{part_sfx}{sfx}.json")
     with open(jpath, "w") as f:
         json.dump(out, f, indent=2, default=float)
     if args.json:

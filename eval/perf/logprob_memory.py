@@ -31,7 +31,9 @@ relative difference per tensor: max|g_A - g_B| / max|g_A|) and prints
     logprob_memory_ratio=X.XX          (A / B, LAST line; target >= 8)
 
 ``--json`` also gets ``extra_keys`` (``logprob_grad_max_rel_diff``, ``logprob_memory_ratio_vs_trl``), which
-``run.py`` lifts to its top level.  ``--variants chunked,full`` skips TRL.
+``run.py`` lifts to its top level.  ``--variants chunked,full`` skips TRL; ``--variants chunked,trl`` skips the full
+side (at H = 3584 it needs ~14 GB: then TRL is checked against the chunked side and ``logprob_memory_ratio_vs_trl``
+is the last line).
 
     python eval/perf/logprob_memory.py [--quick | --smoke] [--hidden 3584] [--chunk 256] [--json out.json]
 """
@@ -197,65 +199,75 @@ def main(argv=None) -> float:
     import torch
 
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    if not {"full", "chunked"} <= set(variants) or set(variants) - set(VARIANTS):
-        raise SystemExit(f"--variants must include chunked and full, from {VARIANTS}; got {variants}")
-    res, diffs = {}, {}
+    if "chunked" not in variants or set(variants) - set(VARIANTS) or len(variants) < 2:
+        raise SystemExit(f"--variants: chunked and at least one of full, trl, from {VARIANTS}; got {variants}")
+    # the numbers are checked against the full side; without it (``--variants chunked,trl``: at H = 3584 the full
+    # side needs ~14 GB) against the chunked side, itself checked against the full logits by the tests
+    ref = "full" if "full" in variants else "chunked"
+    res, diffs, trl_checked = {}, {}, None
     with tempfile.TemporaryDirectory(prefix="lpmem_") as tmp:
         paths = {v: os.path.join(tmp, f"{v}.pt") for v in variants}
         for v in variants:  # one after the other: the full side alone needs ~10 GB at hidden 128
             res[v] = _finish_side(v, _start_side(a, v, paths[v]))
             print(f"{v}: extra peak {res[v]['extra_peak_mb']:.0f} MiB, {res[v]['seconds']:.1f} s", flush=True)
-        A = torch.load(paths["full"])
+        A = torch.load(paths[ref])
         for v in variants:  # one other side in memory at a time (the weight gradients are 2 GiB each at H = 3584)
-            if v != "full":
+            if v != ref:
                 C = torch.load(paths[v])
                 diffs[v] = _diffs(A, C)
-                if v == "trl":  # TRL + the suppression shift it does not apply = the full side's log-probs
+                if v == "trl":  # TRL + the suppression shift it does not apply = the reference side's log-probs
                     trl_checked = float((A["lp"] - (C["lp"] + C["suppression_shift"])).abs().max())
                 del C
-    lp_diff, rel = diffs["chunked"]
-    grad_rel = max(rel.values())
-    ratio = res["full"]["extra_peak_mb"] / max(res["chunked"]["extra_peak_mb"], 1e-9)
+    ratio = res["full"]["extra_peak_mb"] / max(res["chunked"]["extra_peak_mb"], 1e-9) if "full" in res else None
     logits_mb = a.N * a.T * a.vocab * 4 / 2**20
     mode = "smoke" if a.smoke else ("quick" if a.quick else "full")
-    op = common.operating_point(rows=f"{a.N} completions x {a.T} tokens", model="LM head only", hidden=a.hidden, vocab=a.vocab,
-                                extra=f"chunk {a.chunk}, head {'trained' if not a.freeze_head else 'frozen'}",
+    op = common.operating_point(rows=f"{a.N} completions x {a.T} tokens", model="LM head only", hidden=a.hidden,
+                                vocab=a.vocab, extra=f"chunk {a.chunk}, head {'trained' if not a.freeze_head else 'frozen'}",
                                 dtype="float32", threads=a.threads)
     out = {"name": "logprob_memory_ratio", "value": ratio, "baseline": "full-logit log-softmax",
-           "extra_keys": {"logprob_grad_max_rel_diff": grad_rel},
-           "operating_point": op,
+           "extra_keys": {}, "operating_point": op, "reference_side": ref,
            "config": {"vocab": a.vocab, "N": a.N, "T": a.T, "hidden": a.hidden, "chunk": a.chunk, "dtype": "float32",
                       "head_trained": not a.freeze_head, "threads": a.threads, "mode": mode, "variants": variants},
            "extra_peak_mb": {v: res[v]["extra_peak_mb"] for v in res}, "seconds": {v: res[v]["seconds"] for v in res},
            # the same without the gradients every side must produce (d hidden, d weight: persistent training state)
            "workspace_mb": {v: res[v]["workspace_mb"] for v in res},
-           "workspace_ratio": res["full"]["workspace_mb"] / max(res["chunked"]["workspace_mb"], 1e-9),
-           "one_fp32_logits_tensor_mb": logits_mb, "logprob_max_abs_diff": lp_diff, "grad_rel_diff": rel,
-           "machine": common.machine_info()}
-    print(f"one fp32 logits tensor (N*T*V): {logits_mb:.0f} MiB; chunked vs full: |logp diff| max {lp_diff:.2e}, "
-          f"grad rel diff {rel}")
+           "one_fp32_logits_tensor_mb": logits_mb, "machine": common.machine_info()}
+    grad_rel = None
+    if "full" in res:
+        lp_diff, rel = diffs["chunked"]
+        grad_rel = max(rel.values())
+        out["extra_keys"]["logprob_grad_max_rel_diff"] = grad_rel
+        out.update(workspace_ratio=res["full"]["workspace_mb"] / max(res["chunked"]["workspace_mb"], 1e-9),
+                   logprob_max_abs_diff=lp_diff, grad_rel_diff=rel)
+        print(f"one fp32 logits tensor (N*T*V): {logits_mb:.0f} MiB; chunked vs full: |logp diff| max {lp_diff:.2e}, "
+              f"grad rel diff {rel}")
     if "trl" in res:
         vs_trl = res["trl"]["extra_peak_mb"] / max(res["chunked"]["extra_peak_mb"], 1e-9)
         out["extra_keys"]["logprob_memory_ratio_vs_trl"] = vs_trl
-        out["trl"] = {"version": _trl_version(), "outputs": list(TRL_GRPO_OUTPUTS),
-                      "logprob_max_abs_diff_vs_full": diffs["trl"][0], "grad_rel_diff_vs_full": diffs["trl"][1],
-                      "logprob_max_abs_diff_vs_full_after_suppression": trl_checked,
-                      "full_over_trl": res["full"]["extra_peak_mb"] / max(res["trl"]["extra_peak_mb"], 1e-9),
+        out["trl"] = {"version": _trl_version(), "outputs": list(TRL_GRPO_OUTPUTS), "checked_against": ref,
+                      "logprob_max_abs_diff": diffs["trl"][0], "grad_rel_diff": diffs["trl"][1],
+                      "logprob_max_abs_diff_after_suppression": trl_checked,
                       "workspace_ratio_vs_trl": res["trl"]["workspace_mb"] / max(res["chunked"]["workspace_mb"], 1e-9)}
-        print(f"trl {out['trl']['version']} vs full: |logp diff| max {diffs['trl'][0]:.2e} (TRL suppresses no "
+        if "full" in res:
+            out["trl"]["full_over_trl"] = res["full"]["extra_peak_mb"] / max(res["trl"]["extra_peak_mb"], 1e-9)
+        print(f"trl {out['trl']['version']} vs {ref}: |logp diff| max {diffs['trl'][0]:.2e} (TRL suppresses no "
               f"token; {trl_checked:.2e} after shifting by the suppressed ids' mass), grad rel diff {diffs['trl'][1]}")
         if trl_checked > 1e-5:
-            print(f"WARNING: TRL's log-probs do not match the full side's ({trl_checked:.2e} > 1e-5)")
+            print(f"WARNING: TRL's log-probs do not match the {ref} side's ({trl_checked:.2e} > 1e-5)")
     print(f"operating point: {op['text']}")
-    print(f"logprob_grad_max_rel_diff={grad_rel:.2e}")
-    if "trl" in res:
-        print(f"ours vs TRL {out['trl']['version']}'s chunked path: {out['extra_keys']['logprob_memory_ratio_vs_trl']:.2f}x "
-              f"less extra peak memory (full logits vs TRL: {out['trl']['full_over_trl']:.2f}x) at {op['text']}")
-        print(f"logprob_memory_ratio_vs_trl={out['extra_keys']['logprob_memory_ratio_vs_trl']:.2f}")
-    print(f"ours vs full-logit log-softmax: {ratio:.2f}x less extra peak memory at {op['text']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
+    if grad_rel is not None:
+        print(f"logprob_grad_max_rel_diff={grad_rel:.2e}")
+    if "trl" in res:
+        extra = f" (full logits vs TRL: {out['trl']['full_over_trl']:.2f}x)" if "full" in res else ""
+        print(f"ours vs TRL {out['trl']['version']}'s chunked path: {out['extra_keys']['logprob_memory_ratio_vs_trl']:.2f}x "
+              f"less extra peak memory{extra} at {op['text']}")
+        print(f"logprob_memory_ratio_vs_trl={out['extra_keys']['logprob_memory_ratio_vs_trl']:.2f}", flush=True)
+    if ratio is None:
+        return out["extra_keys"]["logprob_memory_ratio_vs_trl"]
+    print(f"ours vs full-logit log-softmax: {ratio:.2f}x less extra peak memory at {op['text']}")
     print(f"logprob_memory_ratio={ratio:.2f}", flush=True)
     return ratio
 

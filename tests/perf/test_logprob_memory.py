@@ -40,7 +40,8 @@ def test_logprob_memory_smoke(tmp_path, capsys):
     # not suppress, are the full side's; its ratio is printed and lifted to run.py's top level
     trl = res["trl"]
     assert trl["outputs"] == ["log_probs", "entropy"] and mb["trl"] > 0
-    assert trl["logprob_max_abs_diff_vs_full_after_suppression"] <= 1e-5 < trl["logprob_max_abs_diff_vs_full"]
+    assert trl["checked_against"] == "full"
+    assert trl["logprob_max_abs_diff_after_suppression"] <= 1e-5 < trl["logprob_max_abs_diff"]
     vs_trl = res["extra_keys"]["logprob_memory_ratio_vs_trl"]
     assert vs_trl == mb["trl"] / mb["chunked"]
     assert f"logprob_memory_ratio_vs_trl={vs_trl:.2f}" in lines and res["baseline"] == "full-logit log-softmax"
