@@ -42,15 +42,21 @@ python -m flow_grpo.rewards.server --help).
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: flow_grpo train|plan [--config FILE] [--print-config] [key=value ...]\n\n" + _DESCRIPTION)
+        print("usage: flow_grpo train|plan|check [--config FILE] [--print-config] [key=value ...]\n"
+              "  check: the text-encoder tokens (truncation), sigma schedule and epoch-0 step plan of a recipe and its "
+              "prompts, no weights loaded (flow_grpo check --help)\n\n" + _DESCRIPTION)
         return exit_codes.OK
     cmd, rest = argv[0], argv[1:]
     if cmd == "plan":  # predicted peak memory per device for the same config (flow_grpo plan --help)
         from mmgrpo.utils.memory_plan import plan_main
 
         return plan_main(rest, "flow", "flow_grpo plan")
+    if cmd == "check":  # text-encoder tokens, sigma schedule and epoch-0 step plan (flow_grpo check --help)
+        from .check import check_main
+
+        return check_main(rest)
     if cmd != "train":
-        print(f"unknown command {cmd!r}; available: train, plan", file=sys.stderr)
+        print(f"unknown command {cmd!r}; available: train, plan, check", file=sys.stderr)
         return 2
     from mmgrpo.utils.config import config_argparser, config_to_yaml
 

@@ -102,9 +102,8 @@ def _resolve(fn: str):
 def _child(a) -> int:
     from .common import Ctx, run_section_function
 
-    ctx = Ctx(json.loads(Path(a.ctx).read_text()))
-    sec = next(s for s in SECTIONS if s.name == a.section)
-    return run_section_function(_resolve(sec.fn), ctx)
+    d = json.loads(Path(a.ctx).read_text())
+    return run_section_function(_resolve(d["fn"]), Ctx(d))
 
 
 def _run_one(sec: Section, base_ctx: dict, limit: float, isolate: str, log) -> dict:
@@ -112,7 +111,7 @@ def _run_one(sec: Section, base_ctx: dict, limit: float, isolate: str, log) -> d
 
     res_path = Path(base_ctx["work_dir"]) / f"result_{sec.name}.json"
     res_path.unlink(missing_ok=True)
-    d = dict(base_ctx, section=sec.name, section_deadline=time.time() + limit, result_path=str(res_path))
+    d = dict(base_ctx, section=sec.name, fn=sec.fn, section_deadline=time.time() + limit, result_path=str(res_path))
     t0 = time.time()
     status = "ok"
     if isolate == "inline":
