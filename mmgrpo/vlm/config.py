@@ -137,8 +137,9 @@ class RolloutConfig:
         "completions must equal the rollout backend's (ratio 1 up to rounding), else the run stops naming the "
         "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.train.onpolicy"))
     onpolicy_tol: float = field(default=0.0, metadata=_h(
-        "bound of the step-0 check on max |ratio-1|; 0 = by model.dtype: float32 max <= 1e-3, bfloat16 mean "
-        "<= 2e-2, float16 mean <= 5e-3 (half-precision kernels leave rare large outliers: the max is only logged)"))
+        "bound of the step-0 check on max |ratio-1|; 0 = by the compute precision (model.dtype, or the autocast "
+        "dtype of run.mixed_precision): float32 max <= 1e-3, bfloat16 mean <= 2e-2, float16 mean <= 5e-3 "
+        "(half-precision kernels leave rare large outliers: the max is only logged)"))
     vllm_is_cap: float = field(default=2.0, metadata=_h(
         "truncated importance sampling (TRL's vLLM correction): each token's policy loss is multiplied by "
         "min(exp(logp_trainer_old - logp_vllm), cap); 0 = off"))

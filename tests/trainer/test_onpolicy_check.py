@@ -34,6 +34,18 @@ def test_tolerance_by_dtype_and_explicit():
     assert tolerance("bfloat16", 0.3) == ("max", 0.3)
 
 
+def test_compute_dtype_follows_autocast():
+    import types
+
+    from mmgrpo.vlm.train.onpolicy import compute_dtype
+
+    cfg = lambda d, mp: types.SimpleNamespace(model=types.SimpleNamespace(dtype=d), run=types.SimpleNamespace(  # noqa
+        mixed_precision=mp))
+    assert compute_dtype(cfg("float32", "no")) == "float32"
+    assert compute_dtype(cfg("float32", "bf16")) == "bfloat16"  # autocast scores in bf16 (test_bf16.py's case)
+    assert compute_dtype(cfg("bfloat16", "no")) == "bfloat16" and compute_dtype(cfg("float32", "fp16")) == "float16"
+
+
 def test_config_rejects_negative_tolerance():
     from mmgrpo.utils.config import load_config
     from mmgrpo.vlm.config import TrainConfig

@@ -19,8 +19,9 @@ whose rollout log-probs are all exactly 0 had none and are left out). Statistics
 * ``max |r - 1|`` and ``mean |r - 1|`` over the tokens, and the mean over the first completion tokens only (which
   depend on the prompt alone: a prompt difference shows there as much as anywhere);
 * the decision (``rollout.onpolicy_tol``): ``> 0`` = the max must stay below it; ``0`` (auto) = by
-  ``model.dtype``: float32 ``max <= 1e-3``; bfloat16 ``mean <= 2e-2``, float16 ``mean <= 5e-3`` (half-precision
-  kernels leave rare tokens with large ratios, so there the max is logged, not decided on).
+  the compute precision (``model.dtype``, or ``run.mixed_precision``'s autocast dtype): float32 ``max <= 1e-3``;
+  bfloat16 ``mean <= 2e-2``, float16 ``mean <= 5e-3`` (half-precision kernels leave rare tokens with large ratios,
+  so there the max is logged, not decided on).
 
 A failed check raises :class:`mmgrpo.engine.errors.TrainingStopped` before any update (``mmgrpo train`` exits
 with code 3; nothing was trained, so no checkpoint is written) with the statistics and the likely causes, most
@@ -56,8 +57,14 @@ def ratio_statistics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
             "first_n": float(first.sum()), "first_sum_abs": float(d[first].sum())}
 
 
+def compute_dtype(cfg) -> str:
+    """The precision the forwards run in: ``model.dtype``, or the autocast dtype of ``run.mixed_precision`` (which
+    scores under bf16 / fp16 autocast while fp32 weights sample: rounding of that precision)."""
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(cfg.run.mixed_precision, cfg.model.dtype)
+
+
 def tolerance(dtype: str, tol: float) -> tuple[str, float]:
-    """(statistic, bound) of the decision: ``("max", tol)`` for an explicit ``tol > 0``, else by dtype."""
+    """(statistic, bound) of the decision: ``("max", tol)`` for an explicit ``tol > 0``, else by compute dtype."""
     if tol > 0:
         return "max", float(tol)
     return AUTO_TOLERANCE.get(dtype, AUTO_TOLERANCE["bfloat16"])
@@ -75,10 +82,10 @@ def _likely_causes(cfg, stats: dict[str, float], backend: Any, which: str, bound
            f"(rollout.temperature={ro.temperature}, top_p={ro.top_p}, top_k={ro.top_k}; vLLM needs "
            "logprobs_mode=processed_logprobs; repetition / presence penalties or a checkpoint generation_config "
            "applied by the engine only)")
-    dtype = (f"dtype: model.dtype={cfg.model.dtype}; generation and training kernels round differently (KV-cached "
+    dtype = (f"dtype: model.dtype={cfg.model.dtype}, run.mixed_precision={cfg.run.mixed_precision}; generation and training kernels round differently (KV-cached "
              "decoding vs the full forward); rerun with model.dtype=float32 to confirm, then raise "
              "rollout.onpolicy_tol if the difference is rounding")
-    if cfg.model.dtype == "float32":
+    if compute_dtype(cfg) == "float32":
         dtype = ("dtype: unlikely at model.dtype=float32 (rounding gives |ratio-1| ~ 1e-6), unless the engine runs "
                  "in another precision than the trainer")
     causes = []
@@ -89,7 +96,7 @@ def _likely_causes(cfg, stats: dict[str, float], backend: Any, which: str, bound
     sampler_changed = ro.temperature != 1.0 or ro.top_p < 1.0 or ro.top_k > 0
     if sampler_changed and stats["first_mean_abs"] < 0.5 * stats["mean_abs"]:
         causes += [gen, prompt, dtype]  # later tokens off more than the first: the distribution, not the prompt
-    elif cfg.model.dtype != "float32" and not far:
+    elif compute_dtype(cfg) != "float32" and not far:
         causes += [dtype, prompt, gen]
     else:
         causes += [prompt, gen, dtype]
@@ -132,7 +139,8 @@ def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
         return None
     stats = {"max_abs": float(global_max(sums["max_abs"])), "mean_abs": global_sum(sums["sum_abs"]) / n,
              "first_mean_abs": global_sum(sums["first_sum_abs"]) / max(first_n, 1.0), "tokens": n}
-    which, bound = tolerance(cfg.model.dtype, cfg.rollout.onpolicy_tol)
+    dtype = compute_dtype(cfg)
+    which, bound = tolerance(dtype, cfg.rollout.onpolicy_tol)
     stats["tolerance"], stats["passed"] = bound, float(stats[f"{which}_abs"] <= bound)
     trainer.onpolicy_stats = stats
     log.info("step-0 on-policy check: max |ratio-1| = %.3g, mean = %.3g over %d tokens (first tokens %.3g); "
@@ -143,8 +151,7 @@ def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
         raise TrainingStopped(
             f"step-0 on-policy check failed before any update: the trainer's log-probs of the first step's "
             f"completions are not the rollout's (max |ratio-1| = {stats['max_abs']:.4g}, mean = "
-            f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} for model.dtype="
-            f"{cfg.model.dtype}). The same weights sampled and score these tokens, so the ratio must be 1: training "
+            f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} in {dtype}). The same weights sampled and score these tokens, so the ratio must be 1: training "
             f"now would be off-policy from the first step. Likely causes, most likely first:\n{causes}\n"
             "Nothing was trained and no checkpoint was written. rollout.onpolicy_check=false turns the check off; "
             "rollout.onpolicy_tol=X sets the bound on max |ratio-1|")
