@@ -25,15 +25,23 @@ pytestmark = [pytest.mark.gpu,
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _text_ids(cfg, n: int, g) -> torch.Tensor:
+    """``n`` random ids of ordinary tokens: below the first vision special token (Qwen's specials follow the BPE
+    ranks; the tiny tokenizer's come first, so there the ids above them)."""
+    special = [cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.video_token_id, cfg.image_token_id]
+    lo, hi = (0, min(special)) if min(special) > 1000 else (max(special) + 1, cfg.text_config.vocab_size)
+    return torch.randint(lo, hi, (n,), generator=g)
+
+
 def _video_batch(cfg, device, n_text: int = 40, grid=(2, 8, 8), seed: int = 0):
-    """A prompt with one video (grid t x h x w patches, merge 2 -> t h w / 4 tokens) in real token ids, without a
-    processor: text ids below the special tokens, the video placeholder run, random pixel patches."""
+    """A prompt with one video (grid t x h x w patches, merge 2 -> t h w / 4 tokens) in the model's token ids, without
+    a processor: ordinary text ids, the video placeholder run, random pixel patches."""
     g = torch.Generator().manual_seed(seed)
     t, h, w = grid
     n_vid = t * h * w // 4
-    ids = torch.cat([torch.randint(0, 150000, (n_text // 2,), generator=g), torch.tensor([cfg.vision_start_token_id]),
+    ids = torch.cat([_text_ids(cfg, n_text // 2, g), torch.tensor([cfg.vision_start_token_id]),
                      torch.full((n_vid,), cfg.video_token_id), torch.tensor([cfg.vision_end_token_id]),
-                     torch.randint(0, 150000, (n_text // 2,), generator=g)])[None]
+                     _text_ids(cfg, n_text // 2, g)])[None]
     patch = 3 * 2 * 14 * 14
     return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device),
             "pixel_values_videos": torch.randn(t * h * w, patch, generator=g).to(device),
@@ -53,7 +61,7 @@ def test_bf16_vs_fp32_logprobs_at_real_width():
     with torch.device("cuda"):
         model = model_class(spec["family"])(cfg).eval()
     batch = _video_batch(cfg, "cuda")
-    comp = torch.randint(0, 150000, (4, 32), generator=torch.Generator().manual_seed(1)).cuda()
+    comp = _text_ids(cfg, 4 * 32, torch.Generator().manual_seed(1)).view(4, 32).cuda()
     mask = torch.ones_like(comp)
     rows = {k: v.repeat(4, *[1] * (v.ndim - 1)) if k in ("input_ids", "attention_mask") else v for k, v in batch.items()}
     rows["pixel_values_videos"] = batch["pixel_values_videos"].repeat(4, 1)
@@ -109,7 +117,7 @@ def test_chunked_logprob_memory_on_cuda():
             "pixel_values_videos": batch["pixel_values_videos"].repeat(R, 1),
             "video_grid_thw": batch["video_grid_thw"].repeat(R, 1),
             "second_per_grid_ts": batch["second_per_grid_ts"].repeat(R)}
-    comp = torch.randint(0, 150000, (R, T), generator=torch.Generator().manual_seed(2)).cuda()
+    comp = _text_ids(cfg, R * T, torch.Generator().manual_seed(2)).view(R, T).cuda()
     mask = torch.ones_like(comp)
     peaks, grads, lps = {}, {}, {}
     for chunk in (0, 64):
@@ -141,8 +149,7 @@ def test_prefix_shared_equals_naive_on_cuda(tmp_path):
     cfg = pol.model.config
     item = {k: v.cpu() for k, v in _video_batch(cfg, "cpu", n_text=8, grid=(2, 4, 4)).items()}
     G, T = 4, 12
-    vocab = cfg.text_config.vocab_size
-    comp = torch.randint(0, vocab - 20, (G, T), generator=torch.Generator().manual_seed(3))
+    comp = _text_ids(cfg, G * T, torch.Generator().manual_seed(3)).view(G, T)
     mask = torch.ones_like(comp)
     mask[1, 7:] = 0
     grads = {}
