@@ -181,7 +181,7 @@ def format_report(r: dict) -> str:
               "  " + " ".join(f"{x:.4f}" for x in sg["values"])]
     fe = r["first_epoch"]
     lines += ["", f"step plan of epoch 0 (method {fe['method'] or '-'}, step_mode {fe['step_mode']}; window "
-                  f"{fe['window_size']} in {fe['window_range']}, {fe['window_policy']}):"]
+                  f"{fe['window_size']} in [{fe['window_range'][0]}, {fe['window_range'][1]}), {fe['window_policy']}):"]
     for g in fe["groups"]:
         lines.append(f"  group {g['group']} {g['prompt']!r}:")
         for j, smp in enumerate(g["samples"]):
