@@ -171,7 +171,7 @@ def test_prefix_shared_equals_naive_on_cuda(tmp_path):
 
 _CHILD = textwrap.dedent("""
     import os, sys, json, torch
-    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns; the bitwise check then tells
+    torch.use_deterministic_algorithms(True, warn_only=True)  # no deterministic kernel: a warning, then the check
     from mmgrpo.utils.config import load_config
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.vlm.models.tiny import synthetic_frames
