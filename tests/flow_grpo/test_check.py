@@ -19,7 +19,8 @@ def _cfg(tmp_path, *extra):
     p.write_text(f"a photo of a cat\n{LONG}\na red apple\n")
     return load_train_config(None, ["model.tiny=flux", "method=fast", f"data.train_path={p}", "data.group_size=3",
                                     "data.groups_per_epoch=2", "sample.height=64", "sample.width=64",
-                                    "model.max_sequence_length=12", "sample.cfg=false", f"run.output_dir={tmp_path / 'run'}", *extra])
+                                    "model.max_sequence_length=12", "sample.cfg=false",
+                                    f"run.output_dir={tmp_path / 'run'}", *extra])
 
 
 def test_tokens_are_what_the_encoders_receive_and_truncation(tmp_path):

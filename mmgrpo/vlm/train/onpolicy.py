@@ -82,8 +82,8 @@ def _likely_causes(cfg, stats: dict[str, float], backend: Any, which: str, bound
            f"(rollout.temperature={ro.temperature}, top_p={ro.top_p}, top_k={ro.top_k}; vLLM needs "
            "logprobs_mode=processed_logprobs; repetition / presence penalties or a checkpoint generation_config "
            "applied by the engine only)")
-    dtype = (f"dtype: model.dtype={cfg.model.dtype}, run.mixed_precision={cfg.run.mixed_precision}; generation and training kernels round differently (KV-cached "
-             "decoding vs the full forward); rerun with model.dtype=float32 to confirm, then raise "
+    dtype = (f"dtype: model.dtype={cfg.model.dtype}, run.mixed_precision={cfg.run.mixed_precision}; generation "
+             "and training kernels round differently (KV-cached decoding vs the full forward); rerun with model.dtype=float32 to confirm, then raise "
              "rollout.onpolicy_tol if the difference is rounding")
     if compute_dtype(cfg) == "float32":
         dtype = ("dtype: unlikely at model.dtype=float32 (rounding gives |ratio-1| ~ 1e-6), unless the engine runs "
@@ -147,11 +147,13 @@ def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
              "%s <= %g: %s", stats["max_abs"], stats["mean_abs"], int(n), stats["first_mean_abs"], which, bound,
              "passed" if stats["passed"] else "FAILED")
     if not stats["passed"]:
-        causes = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(_likely_causes(cfg, stats, trainer.backend, which, bound)))
+        causes = _likely_causes(cfg, stats, trainer.backend, which, bound)
+        causes = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(causes))
         raise TrainingStopped(
             f"step-0 on-policy check failed before any update: the trainer's log-probs of the first step's "
             f"completions are not the rollout's (max |ratio-1| = {stats['max_abs']:.4g}, mean = "
-            f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} in {dtype}). The same weights sampled and score these tokens, so the ratio must be 1: training "
+            f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} in {dtype}). The same "
+            f"weights sampled and score these tokens, so the ratio must be 1: training "
             f"now would be off-policy from the first step. Likely causes, most likely first:\n{causes}\n"
             "Nothing was trained and no checkpoint was written. rollout.onpolicy_check=false turns the check off; "
             "rollout.onpolicy_tol=X sets the bound on max |ratio-1|")
