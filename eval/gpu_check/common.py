@@ -135,26 +135,33 @@ def timed(into: dict, key: str):
 
 
 # ------------------------------------------------------------------------------------------------ memory
-def reset_peak_memory() -> None:
+def _perf_common():
+    """eval/perf/common.py (RSS probes; a script folder, not a package)."""
+    perf = str(Path(__file__).resolve().parents[1] / "perf")
+    if perf not in sys.path:
+        sys.path.insert(0, perf)
+    import common as perf_common
+
+    return perf_common
+
+
+def reset_peak_memory(on_gpu: bool) -> None:
     import torch
 
-    if torch.cuda.is_available():
+    if on_gpu:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
-        import common as perf_common  # eval/perf/common.py
-
-        perf_common.reset_peak_rss()
+        _perf_common().reset_peak_rss()
 
 
-def peak_memory() -> dict[str, float]:
+def peak_memory(on_gpu: bool) -> dict[str, float]:
     """GPU: the caching allocator's peaks and the device memory in use now (CUDA context and non-torch
     allocations included), in bytes; ``measured_bytes`` = reserved peak + (device used - reserved now), what the
     planner's GPU plan (allowances included) predicts. CPU: peak RSS (VmHWM)."""
     import torch
 
-    if torch.cuda.is_available():
+    if on_gpu:
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         reserved_now = torch.cuda.memory_reserved()
@@ -163,10 +170,7 @@ def peak_memory() -> dict[str, float]:
         return {"max_allocated_bytes": torch.cuda.max_memory_allocated(), "max_reserved_bytes": peak_res,
                 "device_used_bytes": total - free, "device_total_bytes": total, "outside_torch_bytes": outside,
                 "measured_bytes": peak_res + outside}
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
-    import common as perf_common
-
-    hwm = perf_common.peak_hwm_mb() * 2 ** 20
+    hwm = _perf_common().peak_hwm_mb() * 2 ** 20
     return {"peak_rss_bytes": hwm, "measured_bytes": hwm}
 
 

@@ -137,7 +137,7 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             if e and ctx.time_left() < 1.2 * epochs[0]["epoch_seconds"]:
                 ctx.log("no time left for the steady-state epoch: reporting epoch 0 only")
                 break
-            reset_peak_memory()
+            reset_peak_memory(on_gpu)
             wall: dict = {}
             with timed(wall, "epoch"):
                 m = tr.train_epoch()
@@ -145,7 +145,7 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             ph = timer.take()
             rec = {"epoch": e, "epoch_seconds": wall["epoch"], "phases_seconds": ph,
                    "samples_per_s": G / wall["epoch"], "applied_steps": m.get("steps/applied"),
-                   "memory": peak_memory()}
+                   "memory": peak_memory(on_gpu)}
             if planner and spec_name is not None:
                 spec = MODELS[spec_name]
                 pred = plan(spec_name, full=False, lora_r=cfg.model.lora.rank, rows=cfg.sample.batch_size,

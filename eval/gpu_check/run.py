@@ -86,10 +86,11 @@ def parse_args(argv=None):
                    help="process: each section in its own process (default on a GPU); inline (default for --dry-run)")
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="bf16 dense peak for MFU (989: H100/H200 datasheet, as verl-omni)")
+    p.add_argument("--list", action="store_true", help="print the sections, their budgets and minimums, and exit")
     p.add_argument("--section", default=None, help=argparse.SUPPRESS)
     p.add_argument("--ctx", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.section is None and not a.out_dir:
+    if a.section is None and not a.out_dir and not a.list:
         p.error("OUT_DIR is required")
     return a
 
@@ -218,6 +219,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.section:
         return _child(a)
+    if a.list:
+        for s in SECTIONS:
+            print(f"{s.name:<11} budget {s.budget:>4.0f} s, min {s.minimum:>3.0f} s  {s.what}")
+        print(f"sum of budgets {sum(s.budget for s in SECTIONS):.0f} s; default deadline 450 s (later sections are "
+              "skipped when earlier ones use their whole budgets)")
+        return 0
     import tempfile
 
     t0 = a.t0 or time.time()

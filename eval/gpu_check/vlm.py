@@ -99,7 +99,7 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
             if step and ctx.time_left() < 1.2 * steps[0]["step_seconds"]:
                 ctx.log("no time left for the steady-state step: reporting step 0 only")
                 break
-            reset_peak_memory()
+            reset_peak_memory(on_gpu)
             wall: dict = {}
             with timed(wall, "step"):
                 m = tr.train_step()
@@ -123,7 +123,7 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
                    "mfu": fl["model_flops"] / (t_fb * ctx.peak_tflops * 1e12) if on_gpu else None,
                    "mfu_lora_work": (fl["lora_work_flops"] / (t_fb * ctx.peak_tflops * 1e12)
                                      if on_gpu and mode == "lora" else None),
-                   "memory": peak_memory()}
+                   "memory": peak_memory(on_gpu)}
             pred = plan(v["spec"], layers=v["layers"], full=mode == "full", lora_r=16, rows=v["G"], prompt_tokens=P,
                         completion_len=T, fp32_master_weights=cfg.optim.fp32_master_weights,
                         logprob_chunk=cfg.algo.logprob_chunk_size, reference=mode == "full" and cfg.algo.kl_coef > 0,
