@@ -8,7 +8,8 @@ For a recipe and its prompt file it prints, without loading any weight:
 * **text-encoder tokens** of the first ``--num-prompts`` prompts, per tokenizer of the pipeline, exactly as the
   adapter's ``encode_prompt`` call tokenises them (diffusers pads to ``max_length`` with truncation: CLIP 77, T5 /
   umT5 ``model.max_sequence_length`` or the release's, FLUX.1 512, SD3 256, Wan 512), the token count before
-  truncation, and what truncation drops (the tokens past the limit; the tokenizer's end token is kept);
+  truncation, and what truncation drops (the tokens past the limit; the tokenizer's end token is kept); the prompt
+  is tokenised as written (WanPipeline first cleans HTML entities and repeated whitespace);
 * the **sigma schedule** of a rollout (``sample.num_steps`` at ``sample.height x width``, after ``sample.shift``; the
   adapter's own ``sigmas``: FLUX's resolution-dependent shift, Wan's UniPC grid);
 * the **step plan of the first epoch**: for each group of epoch 0 (prompt order and seeds of
@@ -200,7 +201,7 @@ def check_main(argv: Sequence[str], prog: str = "flow_grpo check") -> int:
     p.add_argument("--num-prompts", type=int, default=4, help="prompts whose tokens are printed (default 4)")
     p.add_argument("--json", default="", help="also write the report as JSON here")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. data.train_path=prompts.txt")
-    a = p.parse_args(list(argv))
+    a = p.parse_intermixed_args(list(argv))  # options and key=value overrides in any order
     try:
         cfg = load_train_config(a.config, a.overrides)
         report = run_check(cfg, a.num_prompts)
