@@ -98,6 +98,8 @@ def test_cli_prints_and_writes_json_and_refuses_bad_input(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "TRUNCATED" in text and "sigma schedule" in text and "step plan of epoch 0" in text
     assert json.loads(out.read_text())["text_encoders"][0]["encoders"][1]["truncated"]
+    assert main(["check", *cfg_args[:2], "--num-prompts", "1", *cfg_args[2:]]) == 0  # options between overrides
+    assert "TRUNCATED" in capsys.readouterr().out
     assert main(["check", "model.tiny=", "model.pipeline_dir=", "data.prompts=[a]"]) == 2
     assert "pipeline_dir" in capsys.readouterr().err
     assert main(["check", "data.prompts=[a]", f"model.pipeline_dir={tmp_path}"]) == 2  # no model_index.json
