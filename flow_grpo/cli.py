@@ -74,7 +74,9 @@ def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: flow_grpo train|plan [--config FILE] [--print-config] [key=value ...]\n"
+        print("usage: flow_grpo train|plan|check [--config FILE] [--print-config] [key=value ...]\n"
+              "  check: the text-encoder tokens (truncation), sigma schedule and epoch-0 step plan of a recipe and its "
+              "prompts, no weights loaded (flow_grpo check --help)\n"
               "       flow_grpo make-tiny DIR [KIND]          a tiny random pipeline folder (KIND: sd3 (default), "
               "flux, wan, ...)\n"
               "       flow_grpo make-tiny-reward DIR [NAME]   a tiny random reward model (NAME: pickscore)\n\n"
@@ -87,8 +89,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mmgrpo.utils.memory_plan import plan_main
 
         return plan_main(rest, "flow", "flow_grpo plan")
+    if cmd == "check":  # text-encoder tokens, sigma schedule and epoch-0 step plan (flow_grpo check --help)
+        from .check import check_main
+
+        return check_main(rest)
     if cmd != "train":
-        print(f"unknown command {cmd!r}; available: train, plan, make-tiny, make-tiny-reward", file=sys.stderr)
+        print(f"unknown command {cmd!r}; available: train, plan, check, make-tiny, make-tiny-reward",
+              file=sys.stderr)
         return 2
     from mmgrpo.utils.config import config_argparser, config_to_yaml
 

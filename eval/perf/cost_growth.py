@@ -171,7 +171,10 @@ def build_trainer(args, policy, G: int, side: str, T: int | None = None):
         f"run.micro_batch_size={G}", "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0",
         "algo.kl_coef=0", "algo.num_iterations=1", f"run.output_dir={out}", "run.use_tensorboard=false",
         "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000", "run.device=cpu",
-        "run.log_every=1000000", "run.progress_bar=false"])
+        "run.log_every=1000000", "run.progress_bar=false",
+        # sampling suppresses EOS (below) to get exactly T tokens, so it is slightly off the scored policy (by
+        # log(1 - p_eos)): the step-0 on-policy check would rightly stop it
+        "rollout.onpolicy_check=false"])
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     backend = HFRolloutBackend(policy.model, policy.processor, list(policy.suppress_token_ids) + [eos],
                                max_batch_size=G, shared_prefix=not naive)  # EOS suppressed: exactly T tokens

@@ -305,6 +305,9 @@ def build_ours(args, grouped: bool):
         "run.device=cpu", "run.log_every=1"]
     if has_switch:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    # sampling suppresses EOS (exactly T tokens, as TRL's side): slightly off the scored policy, which the step-0
+    # on-policy check would rightly refuse
+    overrides.append("rollout.onpolicy_check=false")
     # ours_naive: the prompt repeated G times while sampling too (ours: the trainer's default, true)
     overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")
     overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]

@@ -12,7 +12,8 @@ Model (per device, bytes; ``P`` all parameters, ``T`` trainable ones, W processe
 * LoRA adapters: fp32 (peft upcasts them on a bf16 base): ``T x 4`` weights, ``T x 4`` grads, AdamW ``T x 8``;
 * full fine-tune in bf16: grads ``T x 2``, AdamW moments ``T x 8`` (fp32), and with ``optim.fp32_master_weights``
   the fp32 masters ``T x 4`` plus their fp32 grads ``T x 4`` during ``step`` (``mmgrpo.utils.master_weights``);
-  sharded engines (FSDP2 / ZeRO-3) keep the same fp32 state sharded ``/W``;
+  without masters AdamW runs on the bf16 weights and its moments are bf16 (``T x 4``); sharded engines (FSDP2 /
+  ZeRO-3) keep the fp32 state sharded ``/W``; with a KL term (VLM) a frozen bf16 reference copy ``P x 2``;
 * activations (gradient checkpointing on): ``tokens x (layers x a_layer + a_fixed)``: each checkpointed layer keeps
   its input, one layer is recomputed at a time, ``a_fixed`` covers embeddings / head / vision tower / working set.
   ``a_layer`` and ``a_fixed`` are **measured** at real width (:data:`ACTIVATION_BYTES`, with the command);
@@ -352,11 +353,13 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
          strategy: str = "ddp", rows: int = 8, prompt_tokens: int = 0, completion_len: int = 256,
          flow_tokens: int = 0, fp32_master_weights: bool = True, logprob_chunk: int = 0,
          vllm_fraction: float = 0.0, gpu_gb: float = 0.0, gpu: bool = True, activation: dict | None = None,
-         n: dict | None = None) -> dict:
+         n: dict | None = None, reference: bool = False) -> dict:
     """Per-device bytes, by component, and ``total``; ``fits`` when ``gpu_gb`` is given.
 
     ``rows``: sequences per micro-batch (VLM: rollouts per forward/backward; flow: images per chunk);
-    ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image)."""
+    ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image); ``reference``: a full
+    fine-tune keeps a frozen bf16 copy of the model as the KL reference (VLM ``algo.kl_coef > 0``: ``load_policy``'s
+    ``need_reference``; LoRA uses the model with the adapter off, no copy)."""
     spec = get_spec(spec_name)
     n = n or counts(spec, layers, lora_r)
     sharded = strategy in ("fsdp2", "zero3")
@@ -367,13 +370,17 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
     shard = n["all"] if spec["type"] == "vlm" else n["full"]
     out["weights"] = (shard / div + n["all"] - shard) * 2 + (n["per_layer"] * 2 if sharded and world > 1 else 0)
     if full:
+        fp32_state = fp32_master_weights or sharded  # else AdamW runs on the bf16 weights: bf16 moments
         out["grads"] = T * 2 / div
-        out["optimizer"] = T * 8 / div
-        out["master_weights"] = (T * 4 + T * 4) / div if fp32_master_weights or sharded else 0.0
+        out["optimizer"] = T * (8 if fp32_state else 4) / div
+        out["master_weights"] = (T * 4 + T * 4) / div if fp32_state else 0.0
         # AdamW's step temporaries: torch's foreach AdamW (the default on GPU) builds sqrt(v) for every trained
-        # tensor at once, one fp32 copy of them. Measured need at real width (Qwen2.5-VL-3B, 1 layer, full FT on
-        # CPU, where torch uses the single-tensor AdamW): 10.11 GiB against 7.83 without this term (docs/real_scale.md)
-        out["optimizer_step"] = T * 4 / div
+        # tensor at once, one copy of them in the moments' dtype. Measured need at real width (Qwen2.5-VL-3B, 1
+        # layer, full FT on CPU, where torch uses the single-tensor AdamW): 10.11 GiB against 7.83 without this
+        # term (docs/real_scale.md)
+        out["optimizer_step"] = T * (4 if fp32_state else 2) / div
+        if reference:
+            out["reference"] = n["all"] * 2  # replicated frozen bf16 copy (not prepared by accelerate)
     else:
         out["lora_weights"] = T * 4  # adapters are small: replicated under every strategy
         out["grads"] = T * 4
@@ -533,7 +540,7 @@ def plan_for_config(kind: str, cfg: Any, *, world: int = 1, strategy: str = "ddp
                  rows=cfg.run.micro_batch_size, prompt_tokens=prompt_tokens or cfg.data.max_prompt_tokens or 1024,
                  completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
                  logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
-                 gpu_gb=gpu_gb, gpu=gpu)
+                 gpu_gb=gpu_gb, gpu=gpu, reference=cfg.algo.kl_coef > 0)
     else:
         msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
         s = dict(spec, max_sequence_length=msl)

@@ -166,6 +166,14 @@ class RolloutConfig:
         "server mode: address of training process 0 as the server reaches it (empty = this machine's address on "
         "the route to the server)"))
     vllm_max_model_len: int = field(default=8192, metadata=_h("colocate: vLLM max prompt + completion tokens"))
+    onpolicy_check: bool = field(default=True, metadata=_h(
+        "step-0 on-policy check: at the first step, before any update, the trainer's log-probs of the sampled "
+        "completions must equal the rollout backend's (ratio 1 up to rounding), else the run stops naming the "
+        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.train.onpolicy"))
+    onpolicy_tol: float = field(default=0.0, metadata=_h(
+        "bound of the step-0 check on max |ratio-1|; 0 = by the compute precision (model.dtype, or the autocast "
+        "dtype of run.mixed_precision): float32 max <= 1e-3, bfloat16 mean <= 2e-2, float16 mean <= 5e-3 "
+        "(half-precision kernels leave rare large outliers: the max is only logged)"))
     vllm_is_cap: float = field(default=2.0, metadata=_h(
         "truncated importance sampling (TRL's vLLM correction): each token's policy loss is multiplied by "
         "min(exp(logp_trainer_old - logp_vllm), cap); 0 = off"))
@@ -446,6 +454,8 @@ class TrainConfig:
             raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
+        if not self.rollout.onpolicy_tol >= 0:
+            raise ValueError(f"rollout.onpolicy_tol must be >= 0 (0 = by model.dtype), got {self.rollout.onpolicy_tol}")
         if self.rollout.vllm_is_cap < 0:
             raise ValueError(f"rollout.vllm_is_cap must be >= 0 (0 = off), got {self.rollout.vllm_is_cap}")
         if self.rollout.backend == "vllm" and self.tgrpo.enabled:

@@ -14,6 +14,8 @@ hooks called at fixed points, in registry order (``mmgrpo.vlm.methods.base`` lis
    them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``,
    the same function and the same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs
    ``algo.logprob_chunk_size`` tokens at a time, ``mmgrpo.vlm.models.chunked``: no full-vocabulary logits exist);
+   on a process's first step the trainer's log-probs must also equal the rollout backend's (``rollout.onpolicy_check``,
+   ``mmgrpo.vlm.train.onpolicy``: otherwise the run stops before any update, naming the likely cause);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
@@ -65,7 +67,7 @@ from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, micro
 from mmgrpo.vlm.train.checkpointing import CheckpointMixin
 from mmgrpo.vlm.train.compat import MethodAliases
 from mmgrpo.vlm.train.distributed import DistributedMixin
-from mmgrpo.vlm.train import validation
+from mmgrpo.vlm.train import onpolicy, validation
 from mmgrpo.vlm.train.faults import nonfinite_rows
 from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
 from mmgrpo.vlm.train.metrics import MetricsMixin
@@ -571,6 +573,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
         self.precompute(rb, mbs)
+        onpolicy.check_first_step(self, rb, mbs)  # first step of this process: ratio 1 before any update
         opt_metrics = self.optimize(rb, mbs)
         self.backend.sync_weights(self.model)  # no-op for the HF backend (it samples from the trained module)
         self.step += 1
