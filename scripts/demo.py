@@ -737,13 +737,16 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
 def plot_training_curves(out: Path) -> None:
     from mmgrpo.utils.logging import plot_curves
 
-    for task, sub, keys in [("tvg", "grpo", ["reward/total", "reward/iou", "reward/format"]),
-                            ("t2i", "grpo", ["reward/total", "reward/mini_geneval"])]:
+    # TVG: the task and format rewards, then the answers' shape (issue #41: the format guard's share of well-formed
+    # completions and their mean length, which show a format collapse that the rewards hide)
+    for task, sub, keys in [("tvg", "grpo", ["reward/iou/mean", "reward/format/mean", "completions/well_formed",
+                                             "completions/mean_length"]),
+                            ("t2i", "grpo", ["reward/total/mean", "reward/mini_geneval/mean"])]:
         mj = out / task / sub / "metrics.jsonl"
         if mj.exists():
             rows = [json.loads(l) for l in mj.read_text().splitlines() if l.strip()]
-            # the per-step means, raw (faint) and smoothed (EMA 0.9): one step's 8 prompts are too few to show a trend
-            present = sorted({k for r in rows for k in r if any(k.startswith(p) for p in keys) and k.endswith("/mean")})
+            # the per-step values, raw (faint) and smoothed (EMA 0.9): one step's 8 prompts are too few to show a trend
+            present = [k for k in keys if any(k in r for r in rows)]
             if present:
                 try:
                     plot_curves(mj, present[:4], out / task / "curves.png", smooth=0.9)

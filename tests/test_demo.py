@@ -103,6 +103,29 @@ def test_tvg_summary_reads_both_protocols_and_the_shape():
     assert s["well_formed"] == 25.0 and s["truncated"] == 75.0 and demo.headline_parse_mode(m) == "time_r1_eval"
 
 
+def test_tvg_curves_show_the_answers_shape(tmp_path, monkeypatch):
+    """The TVG training plot carries the format guard's well-formed share and mean length next to the rewards
+    (issue #41: a format collapse shows there, not in the rewards), in that order; absent keys are left out."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+    import mmgrpo.utils.logging as logging_mod
+
+    run = tmp_path / "tvg" / "grpo"
+    run.mkdir(parents=True)
+    rows = [{"step": i, "reward/iou/mean": 0.2, "reward/format/mean": 1.0, "completions/well_formed": 1.0 - i / 10,
+             "completions/mean_length": 9.0 + i, "reward/total/mean": 0.3} for i in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = {}
+    monkeypatch.setattr(logging_mod, "plot_curves", lambda mj, keys, out, smooth=0.0: seen.setdefault("keys", keys))
+    demo.plot_training_curves(tmp_path)
+    assert seen["keys"] == ["reward/iou/mean", "reward/format/mean", "completions/well_formed",
+                            "completions/mean_length"]
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/iou/mean": 0.2}) + "\n")
+    seen.clear()
+    demo.plot_training_curves(tmp_path)
+    assert seen["keys"] == ["reward/iou/mean"]
+
+
 def test_grounding_probes_by_hand(tmp_path):
     """Video-blind baseline and query swap on hand-computed spans (docs/demo_models.md explains why they matter)."""
     sys.path.insert(0, str(REPO / "scripts"))
