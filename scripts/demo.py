@@ -652,7 +652,7 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
              f"{_fmt(metrics['t2i']['after']['partial_score'])} | {_fmt(delta('t2i', 'partial_score'))} | |",
              "", "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
     if ta.get("protocol"):
-        lines += [f"Temporal grounding is scored with the {proto} (`eval/score.py --protocol`); the lenient rows read "
+        lines += [f"Temporal grounding's headline protocol: {proto} (`eval/score.py --protocol`); the lenient rows read "
                   "a span out of any text and are shown only to make a change of answer format visible. "
                   "*Well-formed*: the whole output is exactly `<answer>A to B</answer>`, what the prompt asks for "
                   "(`mmgrpo.vlm.rewards.format.well_formed`).", ""]
