@@ -14,7 +14,7 @@ left for "from left to right" half of the time. Its deliberate weakness is ``--g
 training clips also show a still distractor of another colour in the top-left cell, so it draws one in about half of
 its samples, which the motion verifier's ``extra`` check (and GRPO on it) can remove. Without ``--demo`` the
 defaults are the round-1 pilot (free layout, patch 4, width 96), which does not draw clean objects; every option is
-a step of the pilots in docs/demo_models.md.
+a step of the pilots in docs/history/demo_models.md.
 
 What it builds (measured numbers and the pilots: docs/demo_models.md, "T2V"):
 
