@@ -545,7 +545,8 @@ def main(argv=None) -> int:
         argv if argv is not None else sys.argv[1:], anchor))
     demo["build_command"] = cmd
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")
-    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params, "train_steps": hist["steps"],
+    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params,
+            "train_steps": hist["steps"],
             "train_seconds": train_seconds,
             "build_seconds": build_seconds, "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-50:]) / max(1, len(hist["losses"][-50:])),

@@ -632,7 +632,8 @@ def main(argv=None) -> int:
     anchor = out.resolve().parent  # paths outside the repository are recorded relative to this folder
     cmd = "python scripts/build_tiny_t2v.py " + " ".join(shlex.quote(a) for a in portable_argv(
         argv if argv is not None else sys.argv[1:], anchor))
-    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params, "vae_reconstruction": recon,
+    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params,
+            "vae_reconstruction": recon,
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,

@@ -1,5 +1,5 @@
-"""MkDocs hooks (``hooks:`` in mkdocs.yml): add the generated pages of ``scripts/docs_pages.py`` to the build, and fill in
-the generated tables of hand-written pages (``MARKERS``).
+"""MkDocs hooks (``hooks:`` in mkdocs.yml): add the generated pages of ``scripts/docs_pages.py`` to the build,
+and fill in the generated tables of hand-written pages (``MARKERS``).
 
 The pages exist only in the build (nothing generated is committed), so they always match ``configs/`` and the
 command-line parsers of the checkout being built.
