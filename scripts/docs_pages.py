@@ -89,7 +89,18 @@ def _prompts(header: list[str], cfg: dict) -> str:
     if text:
         return re.split(r"(?<=[a-z)]): | \(", text, maxsplit=1)[0].strip().rstrip(",;.") or text
     tmpl = _get(cfg, "data.prompt_template")
-    return f"`{tmpl}` template" if tmpl else "see the file's header"
+    if tmpl:
+        return f"`{tmpl}` template"
+    return "see the file's header"
+
+
+def _script_data(name: str) -> str:
+    """The training data file the experiment script passes (``data.train_file=`` / ``data.train_path=``)."""
+    script = REPO / "scripts" / "experiments" / f"{name}.sh"
+    if not script.exists():
+        return ""
+    m = re.search(r"data\.train_(?:file|path)=\"?([^\s\"]+)", script.read_text())
+    return f"`{m.group(1)}`" if m else ""
 
 
 def _get(d: dict, dotted: str, default: Any = None) -> Any:
@@ -170,24 +181,33 @@ def recipes_page() -> str:
     ]
     for front, cmd in FRONT_ENDS:
         files = sorted((REPO / "configs" / front).glob("*.yaml"))
-        lines += [f"## {'Qwen-VL front-end' if front == 'vlm' else 'Flow-matching front-end'} (`{cmd}`)", "",
-                  "| recipe | what | release | main settings | prompts | smoke |", "|---|---|---|---|---|---|"]
+        summary = [f"## {'Qwen-VL front-end' if front == 'vlm' else 'Flow-matching front-end'} (`{cmd}`)", "",
+                   "| recipe | what | smoke |", "|---|---|---|"]
+        details = []
         for f in files:
             text = f.read_text()
             header = _comment_header(text)
             cfg = yaml.safe_load(text) or {}
             name = f.stem
             release, prompts = _release(header), _prompts(header, cfg)
+            data = _script_data(name)
+            if data:
+                prompts = (f"{data} (experiment script)" if prompts == "see the file's header"
+                           else f"{prompts} (script: {data})")
             script = REPO / "scripts" / "experiments" / f"{name}.sh"
             smoke = status.get(name, "not recorded")
             if name in in_suite:
                 smoke += ", *suite*"
-            if not script.exists():
-                smoke += ", no script"
-            lines.append("| " + " | ".join(_cell(c) for c in (
-                f"`configs/{front}/{name}.yaml`", _title(header), release, "<br>".join(_settings(front, cfg)),
-                prompts, smoke)) + " |")
-        lines.append("")
+            summary.append("| " + " | ".join(_cell(c) for c in (f"[`{name}`](#{name})", _title(header), smoke)) + " |")
+            details += [f"### {name} {{#{name}}}", "",
+                        f"`configs/{front}/{name}.yaml`" + (f" · `scripts/experiments/{name}.sh`" if script.exists()
+                                                            else " · no experiment script"), "",
+                        f"* **What:** {_title(header)}",
+                        f"* **Release:** {release}",
+                        f"* **Main settings:** {', '.join(_settings(front, cfg))}",
+                        f"* **Prompts / data:** {prompts}",
+                        f"* **Smoke:** {smoke}", ""]
+        lines += summary + [""] + details
     demo = sorted((REPO / "configs" / "demo").glob("*.yaml"))
     compare = sorted((REPO / "configs" / "compare").glob("*/*.yaml"))
     lines += ["## Other configs", "",
