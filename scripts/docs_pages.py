@@ -125,11 +125,12 @@ def _settings(front: str, cfg: dict) -> list[str]:
         if isinstance(v, dict):
             v = "{" + ", ".join(f"{a}: {b}" for a, b in v.items()) + "}"
         out.append(f"`{k}={v}`")
-    switched = sorted(name for name, sub in (cfg.get("methods") or {}).items()
-                      if isinstance(sub, dict) and sub.get("enabled"))
-    for extra in ("tempsamp", "tgrpo", "tw_grpo", "reg_grpo", "selection"):
-        sub = cfg.get(extra)
-        if isinstance(sub, dict) and (sub.get("enabled") or (extra == "selection" and sub.get("criterion"))):
+    def on(name: str, sub: Any) -> bool:  # a method section that is switched on (data selection: a criterion)
+        return isinstance(sub, dict) and bool(sub.get("enabled") or (name == "selection" and sub.get("criterion")))
+
+    switched = sorted(name for name, sub in (cfg.get("methods") or {}).items() if on(name, sub))
+    for extra in ("tempsamp", "tgrpo", "tw_grpo", "reg_grpo", "selection"):  # top-level method sections
+        if on(extra, cfg.get(extra)):
             switched.append(extra)
     if switched:
         out.append("switches: " + ", ".join(f"`{s}`" for s in switched))

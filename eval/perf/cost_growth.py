@@ -57,8 +57,6 @@ for _p in (_HERE, _ROOT):
 
 import common  # noqa: E402
 
-from mmgrpo.utils.portable import portable_argv  # noqa: E402
-
 TOKENS_PER_FRAME_PAIR = 64  # 224x224 frames with the bench processor (save_bench_vlm)
 # The length sweep's prompts: the recipes' video budgets.  Video-R1 / T-GRPO, Reg-GRPO, TW-GRPO, SEED-GRPO: 16 frames
 # at <= 128*28*28 pixels -> 8 temporal patches x 128 = 1,024 video tokens; Time-R1, TempSamp-R1, VideoChat-R1:
@@ -492,8 +490,7 @@ def main(argv=None) -> dict:
     t0 = time.time()
     load0 = round(os.getloadavg()[0], 2)
     out = {"benchmark": "cost_growth", "mode": args.mode,
-           "command": " ".join(["python", "eval/perf/cost_growth.py"] + portable_argv(
-               argv if argv is not None else sys.argv[1:], anchor=os.getcwd())),
+           "command": common.command_line("cost_growth.py", argv if argv is not None else sys.argv[1:]),
            "machine": common.machine_info(), "load_start": load0}
     if "vlm" in args.parts:
         out["vlm"] = run_vlm(args)
