@@ -61,7 +61,7 @@ OLD_VLM_METHODS = {
     "gdpo": ["methods.gdpo.enabled=true"],
     "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
     "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
-    "ngrpo": ["methods.ngrpo.enabled=true"],
+    "ngrpo": ["methods.ngrpo.enabled=true", "methods.ngrpo.max_reward=1.1"],  # IoU + 0.1 format (issue #41)
 }
 OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],
@@ -272,3 +272,21 @@ def test_vlm_steps_is_the_last_step_not_the_row_count():
             {"step": 2, "reward/iou/mean": 0.2, "val/mIoU": 25.0}, {"step": 3, "reward/iou/mean": 0.3}]
     assert cm.vlm_steps(hist) == 3 and len(hist) == 4
     assert cm.vlm_steps([]) == 0
+
+
+def test_ngrpo_recipe_max_reward_is_the_demos_largest_total(tmp_path, monkeypatch):
+    """NGRPO's virtual sample sits at methods.ngrpo.max_reward and a reward above it is an error: the comparison
+    recipe must match the demo's reward weights (issue #41 added 0.1 x format to IoU: with 1.0 every NGRPO run
+    stopped at its first perfect answer)."""
+    import compare_methods as cm
+
+    from mmgrpo.utils.config import load_config
+    from mmgrpo.vlm.config import TrainConfig
+
+    monkeypatch.chdir(REPO)
+    argv = _train_argv("vlm", tmp_path)["ngrpo"]
+    cfg = load_config(TrainConfig, argv[1], argv[2:])
+    largest = sum(w for w in cfg.reward.weights.values() if w > 0)  # every reward of the demo is in [0, 1]
+    assert cfg.reward.weights == {"iou": 1.0, "format": 0.1}
+    assert cfg.methods.ngrpo.max_reward == pytest.approx(largest) == pytest.approx(1.1)
+    assert "ngrpo" in cm.method_recipes("vlm")
