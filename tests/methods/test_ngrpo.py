@@ -86,3 +86,19 @@ def test_config_refuses_a_second_estimator_before_loading_the_model(tmp_path, th
         GRPOTrainer(cfg, samples=th.image_samples(2))
     with pytest.raises(ValueError, match="num_virtual must be >= 1"):
         th.make_cfg(tmp_path, tmp_path / "no-model", "methods.ngrpo.enabled=true", "methods.ngrpo.num_virtual=0")
+
+
+def test_float32_weighted_maximum_is_the_maximum_not_above_it():
+    """IoU 1 + 0.1 x format 1 summed in float32 is 1.10000002 > 1.1: NGRPO must take it as the maximum (issue #41's
+    demo reward stopped every NGRPO run at its first perfect answer), and still refuse a reward really above it."""
+    top = torch.tensor(1.0, dtype=torch.float32) + torch.tensor(0.1, dtype=torch.float32)
+    assert float(top) > 1.1  # the rounding this guards against
+    gid = torch.tensor([0, 0, 1, 1])
+    out = ngrpo_advantages(torch.stack([top, top, top, torch.tensor(0.6)]), gid, max_reward=1.1)
+    assert out.zero_std_mask.tolist() == [True, True, False, False]  # all at the maximum: nothing to learn
+    # group 1 = {1.1, 0.6} + virtual 1.1: mean 0.9333..., sample std sqrt(((1/6)^2 * 2 + (1/3)^2) / 2) = 0.288675
+    mu, sd = (1.1 + 0.6 + 1.1) / 3, 0.28867513459481287
+    assert out.advantages[2].item() == pytest.approx((1.1 - mu) / (sd + 1e-4), rel=1e-5)
+    assert out.advantages[3].item() == pytest.approx((0.6 - mu) / (sd + 1e-4), rel=1e-5)
+    with pytest.raises(ValueError, match="exceeds methods.ngrpo.max_reward=1.1"):
+        ngrpo_advantages(torch.tensor([1.2, 0.5]), torch.tensor([0, 0]), max_reward=1.1)

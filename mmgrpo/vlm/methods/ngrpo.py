@@ -59,9 +59,13 @@ def ngrpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, max_reward:
     if r.dim() != 1 or gid.shape != r.shape:
         raise ValueError(f"rewards and group_ids must both be (N,), got {tuple(r.shape)} and {tuple(gid.shape)}")
     ok = torch.ones_like(gid, dtype=torch.bool) if valid is None else torch.as_tensor(valid, dtype=torch.bool)
-    if (r[ok] > max_reward).any():
+    # a weighted total summed in float32 lands a rounding step off its exact value (IoU 1 + 0.1 x format 1 =
+    # 1.10000002): within that tolerance it is the maximum, not above it, and counts as exactly max_reward
+    tol = 1e-5 * max(1.0, abs(float(max_reward)))
+    if (r[ok] > max_reward + tol).any():
         raise ValueError(f"NGRPO: a reward ({float(r[ok].max()):g}) exceeds methods.ngrpo.max_reward={max_reward:g}; "
                          "set it to the task's largest possible (weighted) reward")
+    r = torch.where(ok & (r > max_reward), torch.full_like(r, float(max_reward)), r)
     adv, mean, std = (torch.zeros_like(r) for _ in range(3))
     zero = torch.zeros_like(ok)
     groups = torch.unique(gid[ok]).tolist()
