@@ -1,13 +1,12 @@
 """Checkpoints and the final export of the flow trainer (mixed into :class:`flow_grpo.trainer.FlowGRPOTrainer`), in the
 one format of :mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
 
-Atomic ``checkpoints/epoch-XXXXXXXX`` folders (:class:`mmgrpo.utils.checkpoint.CheckpointManager`; older runs'
-``step-XXXXXXXX`` folders resume too); halted runs write ``halted/step-XXXXXXXX`` (the optimizer step they stopped
+Atomic ``checkpoints/epoch-XXXXXXXX`` folders (:class:`mmgrpo.utils.checkpoint.CheckpointManager`); halted runs write ``halted/step-XXXXXXXX`` (the optimizer step they stopped
 at). Entries of the main process: ``trainer`` (epoch, step, counters, skip state, budget, data), ``config``,
 ``reference``, ``rng`` (every process's), ``scheduler``, ``optimizer``, ``ema`` and, when every process holds the
 whole trainable state (single process, DDP), ``trainable`` and the method's state (``method``). Sharded runs (FSDP2)
 write the weights, AdamW moments and EMA shadows to ``state/`` instead (every process its shards; resumable on any
-number of processes). Sharded checkpoints of the earlier format (``shards/``) still resume on the same number."""
+number of processes)."""
 from __future__ import annotations
 
 import contextlib
@@ -20,10 +19,9 @@ import torch
 
 from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
                                       sharded_like, sharded_writer)
+from mmgrpo.engine.dist import all_gather_object, barrier, broadcast_object
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.write_errors import names_write_errors
-
-from .distributed import _all_gather_object, _barrier, _broadcast_object
 
 log = get_logger("flow_grpo.trainer")
 
@@ -79,7 +77,7 @@ class CheckpointMixin:
         with torch.no_grad():
             fp = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()])
                               for _, p in self.named_params]).cpu()
-        prints = _all_gather_object(fp)
+        prints = all_gather_object(fp)
         bad = [r for r, f in enumerate(prints) if not torch.equal(f, prints[0])]
         if bad:
             raise RuntimeError(f"processes {bad} hold different trainable weights than process 0: gradients were not "
@@ -131,9 +129,7 @@ class CheckpointMixin:
         sha = hashlib.sha256("\n".join(self.prompts).encode()).hexdigest()
         if data and data.get("prompts_sha256") != sha:
             log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
-        if path is not None and (Path(path) / "shards").is_dir():
-            self._load_legacy_shards(tr, Path(path))
-        elif path is not None and (Path(path) / STATE_DIR).is_dir():
+        if path is not None and (Path(path) / STATE_DIR).is_dir():
             self._load_sharded(st, Path(path))
         else:
             if self.sharded:
@@ -149,10 +145,7 @@ class CheckpointMixin:
         scaler = getattr(self.accelerator, "scaler", None)
         if tr.get("scaler") is not None and scaler is not None:
             scaler.load_state_dict(tr["scaler"])
-        rng = st.get("rng")
-        if rng is not None and "per_rank" not in rng:  # a single state (never written by this trainer; be lenient)
-            rng = {"per_rank": [rng], "world": 1}
-        restore_rng(rng, self.rank, self.world)
+        restore_rng(st.get("rng"), self.rank, self.world)
 
     def _load_replicated(self, st: dict) -> None:
         names = dict(self.named_params)
@@ -186,19 +179,6 @@ class CheckpointMixin:
             shadow = [(t.to_local() if hasattr(t, "to_local") else t) for t in got["ema"].values()]
             self.ema.load_state_dict({**ema_meta, "shadow": shadow})
 
-    def _load_legacy_shards(self, tr: dict, path: Path) -> None:
-        """Sharded checkpoints of the earlier format: ``shards/accelerate`` (``accelerator.save_state``) and
-        ``shards/ema_rank<r>.pt``; the same number of processes only."""
-        from mmgrpo.utils.checkpoint import refuse_unsafe_pickles, safe_torch_load
-
-        if int(tr.get("world", self.world)) != self.world:
-            raise ValueError(f"sharded checkpoint (earlier format) written by {tr.get('world')} processes; resume "
-                             f"with the same number (now {self.world})")
-        refuse_unsafe_pickles(path / "shards")  # torch.distributed.checkpoint unpickles .metadata as is
-        self.accelerator.load_state(str(path / "shards" / "accelerate"))
-        if self.ema is not None:
-            self.ema.load_state_dict(safe_torch_load(path / "shards" / f"ema_rank{self.rank}.pt"))
-
     def maybe_resume(self) -> Optional[Path]:
         """Collective. ``run.resume_from``: auto (latest valid checkpoint, if any) | none | a path."""
         path, err = None, None
@@ -207,7 +187,7 @@ class CheckpointMixin:
                 path = self.ckpt.resolve(self.cfg.run.resume_from)
             except Exception as exc:  # noqa: BLE001 - re-raised on every process below
                 err = f"{type(exc).__name__}: {exc}"
-        path, err = _broadcast_object((str(path) if path is not None else None, err))
+        path, err = broadcast_object((str(path) if path is not None else None, err))
         if err:
             raise ValueError(f"resume_from={self.cfg.run.resume_from!r}: {err}")
         if path is None:
@@ -248,7 +228,7 @@ class CheckpointMixin:
                         self.unwrapped.save_config(str(d))
 
                     target = publish_dir(self._export_dir(), write, self._export_meta())
-        _barrier()
+        barrier()
         return target
 
     def _export_dir(self) -> Path:
@@ -264,7 +244,7 @@ class CheckpointMixin:
         from mmgrpo.utils.export import export_problem
 
         why = export_problem(self._export_dir(), self._export_meta()) if self.is_main else None
-        why = _broadcast_object(why)
+        why = broadcast_object(why)
         if why and self.is_main:
             log.warning("final export to be (re)written: %s", why)
         return why is not None

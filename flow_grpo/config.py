@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from mmgrpo.utils.config import Alias, check_choices
+from mmgrpo.utils.config import check_choices
 
 
 def _f(default, help: str, **kw):
@@ -186,8 +186,6 @@ class DataConfig:
 class RewardConfig:
     """Rewards go through ``flow_grpo.rewards.MultiReward`` (every component wrapped with retry/timeout handling)."""
 
-    __config_aliases__ = {"nan_policy": Alias("on_nonfinite", values={"raise": "error"})}
-
     weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, "
                                    "**kwargs[name]). A name 'package.module:factory' is imported and called (the plugin "
                                    "mechanism for your own rewards): that runs any code, e.g. {'os:system': 1} calls "
@@ -219,9 +217,6 @@ class RewardConfig:
 
 @dataclass
 class OptimConfig:
-    __config_aliases__ = {"beta": "kl_coef", "clip_range": "clip_low",
-                          "beta1": Alias("betas", index=0), "beta2": Alias("betas", index=1)}
-
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(1e-4, "AdamW weight decay")
     betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas")

@@ -7,10 +7,12 @@ import time
 
 import torch
 
+from mmgrpo.engine.dist import gather_rows
 from mmgrpo.engine.errors import RewardCallFailed
 
-from .distributed import _gather_rows, sync_failure
-from .sampler import finish_scores, generate_images
+from .distributed import sync_failure
+from .sampler import generate_images
+from .scoring import finish_scores
 
 
 class EvalMixin:
@@ -52,7 +54,7 @@ class EvalMixin:
         total, comps = finish_scores(scores, len(prompts))
         names = list(self.rewards.weights)
         cols = torch.stack([total] + [comps[k] for k in names], 1)
-        (cols_all, v_all, r_all, imgs_all, idx_all), _ = _gather_rows(
+        (cols_all, v_all, r_all, imgs_all, idx_all), _ = gather_rows(
             [cols, comps["valid"], real, imgs, torch.tensor(idx)], self.device)
         keep = v_all & r_all
         out = {"eval/reward/total/mean": float(cols_all[keep, 0].mean()) if bool(keep.any()) else float("nan"),

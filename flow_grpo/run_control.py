@@ -3,11 +3,9 @@ SIGINT, the time budget, and the refusal to export a run that applied no optimiz
 :class:`flow_grpo.trainer.FlowGRPOTrainer`)."""
 from __future__ import annotations
 
-from mmgrpo.engine.dist import any_process
+from mmgrpo.engine.dist import all_reduce, any_process, broadcast_object
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
 from mmgrpo.utils.logging import get_logger
-
-from .distributed import _broadcast_object, _reduce
 
 log = get_logger("flow_grpo.trainer")
 
@@ -15,7 +13,7 @@ log = get_logger("flow_grpo.trainer")
 class RunControlMixin:
     def _halt(self, what: str) -> None:
         path = self.save_checkpoint(halted=True)
-        path = _broadcast_object(str(path) if path is not None else None)
+        path = broadcast_object(str(path) if path is not None else None)
         k = self.cfg.optim.max_consecutive_skips
         never = " (none of the run's optimizer steps was applied)" if not self.counters["applied_steps"] else ""
         msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps{never} (last cause: {what}) at "
@@ -60,14 +58,14 @@ class RunControlMixin:
         return self.budget_stopped
 
     def _reduce_max(self, x: float) -> float:
-        return _reduce([x], "max", self.device)[0]
+        return all_reduce([x], "max", self.device)[0]
 
     def _stop_on_reward_failure(self, exc: RewardCallFailed, epoch: int) -> None:
         """Collective. ``reward.on_failure=stop``: write a checkpoint of the state before ``epoch`` (its samples are
         redrawn on resume, as after a signal) and raise :class:`TrainingStopped` (``flow_grpo train`` exits 3)."""
         last = getattr(self, "_last_save", None)
         path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
-        path = _broadcast_object(str(path) if path is not None else None)
+        path = broadcast_object(str(path) if path is not None else None)
         if self.logger is not None:
             self.logger.flush()
         msg = (f"flow_grpo: a reward call failed at epoch {epoch} and reward.on_failure=stop: {exc}. The state before "
@@ -80,7 +78,7 @@ class RunControlMixin:
         every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 6)."""
         last = getattr(self, "_last_save", None)
         path = last[1] if last is not None and last[0] == self.epoch else self.save_checkpoint()
-        path = _broadcast_object(str(path) if path is not None else None)
+        path = broadcast_object(str(path) if path is not None else None)
         if self.logger is not None:
             self.logger.flush()
         log.warning("interrupted by %s at %s: checkpoint %s", self._signals.name, where, path)

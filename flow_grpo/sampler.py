@@ -38,18 +38,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from .completions import ode_complete  # noqa: F401 - re-exported (old import path)
 from .config import SamplingConfig
 from .methods import get_credit
-# re-exported: the plans moved to flow_grpo.methods.plans (old import paths keep working)
-from .methods.g2rpo import g2rpo_step_rewards as _g2rpo_rewards, granular_schedule  # noqa: F401
-from .methods.plans import (StepPlan, _sample_seed, fraction_train_count, make_step_plan,  # noqa: F401
-                            sliding_window, window_bounds)
-from .methods.tp_grpo import tp_grpo_step_rewards as _tp_grpo_rewards  # noqa: F401
+from .methods.plans import StepPlan, _sample_seed, make_step_plan
 from .models.base import FlowModelAdapter, PromptEmbeds
-# reward scoring lives in flow_grpo.scoring; re-exported for old imports
-from .scoring import RewardFn, _total_reward, finish_scores, merge_scores, score_rewards  # noqa: F401
-from .sde import SDEStepOutput, sde_step  # noqa: F401
+from .scoring import RewardFn, finish_scores, merge_scores, score_rewards
+from .sde import sde_step
 from .solvers import ODE_SOLVERS, dpmpp2m_step, rlg_combine
 
 
@@ -368,7 +362,7 @@ def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int
                  embeds: Optional[PromptEmbeds] = None, return_velocity: bool = False):
     """The training path: recompute the Gaussian of trained column ``col`` for the rollout chunk ``chunk``
     with the *current* model (gradients flow if enabled) and score the stored ``x_{k+1}``.
-    Returns the :class:`SDEStepOutput` (and the velocity if asked)."""
+    Returns the :class:`~flow_grpo.sde.SDEStepOutput` (and the velocity if asked)."""
     c0, c1 = chunk
     s = traj.sampling
     if embeds is None:

@@ -58,30 +58,26 @@ from typing import Callable, Optional
 
 import torch
 
-# TrainingHalted: the old name of TrainingStopped, re-exported with the other errors for old imports
-from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeout, TrainingHalted,  # noqa: F401
-                                  TrainingInterrupted, TrainingStopped)
 from mmgrpo.engine.checkpoint import SkipHalt
+from mmgrpo.engine.dist import all_reduce, gather_rows
+from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.signals import StopOnSignal
 
-from .build import SetupMixin, _peft_init, set_num_frames, set_shift  # noqa: F401 - _peft_init: old import path
+from .build import SetupMixin, set_num_frames, set_shift
 from .checkpointing import CheckpointMixin
 from .config import TrainConfig
-from .data import epoch_samples, eval_prompts, load_prompts, train_prompts  # noqa: F401 - load_prompts: old path
-from .distributed import (_all_gather_object, _barrier, _broadcast_object, _dist, _gather_rows,  # noqa: F401
-                          _reduce, sync_failure)
-from .ema import EMA  # noqa: F401 - old import path
+from .data import epoch_samples, eval_prompts, train_prompts
+from .distributed import sync_failure
 from .epoch_metrics import REWARD_COUNTERS, epoch_metrics
 from .evaluation import EvalMixin
 from .methods import (AdvOptions, CreditInputs, advantage_stats, apply_train_masks, credit_name, get_credit,
                       group_stats)
 from .run_control import RunControlMixin
 from .sampler import Trajectories, sample_trajectories, score_column
-# the reward classes moved to flow_grpo.scoring; re-exported for old imports
-from .scoring import ResilientReward, RewardStack, _call_with_timeout, apply_win_rates  # noqa: F401
+from .scoring import RewardStack, apply_win_rates
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
@@ -163,8 +159,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             from mmgrpo.utils.logging import MetricLogger
 
             self.logger = MetricLogger(self.out, use_tensorboard=cfg.run.tensorboard, is_main_process=True)
-        # checkpoints/ folders hold epochs: epoch-XXXXXXXX (runs before issue 15 wrote step-XXXXXXXX: still resumed
-        # from and pruned); halted/ folders hold the optimizer step at which the run stopped: step-XXXXXXXX
+        # checkpoints/ folders hold epochs: epoch-XXXXXXXX; halted/ folders hold the optimizer step at which the run
+        # stopped: step-XXXXXXXX
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=cfg.run.keep_best, best_mode="max", prefix="epoch")
         self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
@@ -237,7 +233,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         return CreditInputs(rewards=traj.rewards, group_ids=traj.group_ids, valid=valid, train_mask=traj.train_mask,
                             step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
                             opts=AdvOptions.from_optim(o), step_rewards=traj.step_rewards, device=self.device,
-                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling,
+                            gather=lambda ts: gather_rows(ts, self.device), sampling=traj.sampling,
                             members=traj.members, prompt_keys=_prompt_keys(traj.prompts),
                             runtime=self.method_runtime)
 
@@ -316,8 +312,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
                 if cnt:
                     micro.append((traj.chunks[i], col))
                     local_pairs += cnt
-        n_global = _reduce([float(local_pairs)], "sum", self.device)[0]  # loss normaliser: global pair count
-        m_max = int(_reduce([float(len(micro))], "max", self.device)[0])  # every process runs this many passes
+        n_global = all_reduce([float(local_pairs)], "sum", self.device)[0]  # loss normaliser: global pair count
+        m_max = int(all_reduce([float(len(micro))], "max", self.device)[0])  # every process runs this many passes
         if n_global == 0:
             return "empty", 0.0
         self.model.train()
@@ -343,7 +339,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
         gn = acc.clip_grad_norm_(self.model.parameters(), max_norm)
         gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn) if gn is not None else float("nan")
-        bad = _reduce([0.0 if (loss_ok and math.isfinite(gn)) else 1.0], "max", self.device)[0] > 0
+        bad = all_reduce([0.0 if (loss_ok and math.isfinite(gn)) else 1.0], "max", self.device)[0] > 0
         if bad and not self.deepspeed:
             self.optimizer.zero_grad(set_to_none=True)
             return "skipped", gn
@@ -362,7 +358,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         t_sample = time.perf_counter() - t0
         adv, stats = self.compute_advantages(traj)
         valid = traj.rewards["valid"]
-        adv_ok = _reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
+        adv_ok = all_reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
         # no group kept >= 2 valid samples (every reward call failed / non-finite, on every process: the statistics
         # are global): nothing to learn from -> the updates count as skipped steps (feed max_consecutive_skips)
         no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
@@ -425,7 +421,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
     def _count_epoch(self, stats: dict, reward_counts: dict) -> list[float]:
         """Run totals of dropped samples, failed reward calls and degenerate groups; returns the epoch's reward call
         counters (:data:`~flow_grpo.epoch_metrics.REWARD_COUNTERS`) summed over processes."""
-        rsum = _reduce([reward_counts.get(k, 0) for k in REWARD_COUNTERS], "sum", self.device)
+        rsum = all_reduce([reward_counts.get(k, 0) for k in REWARD_COUNTERS], "sum", self.device)
         self.counters["reward_invalid"] += int(stats["reward/invalid"])
         self.counters["reward_failed_calls"] += int(rsum[3])
         self.counters["reward_dropped"] += int(rsum[4])

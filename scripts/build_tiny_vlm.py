@@ -177,7 +177,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
                 n_val: int = 0, clock: str = "none", lanes: int = 3,
                 events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
-    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.synthetic.grounding.generate``
+    ``mmgrpo.synthetic.tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.synthetic.grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     if benchmark == "grounding":
@@ -192,7 +192,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
         try:
             from mmgrpo.synthetic.tvg import generate
         except ImportError:  # older layout: a repo-root generator module
-            from data.synthetic_tvg import generate
+            from mmgrpo.synthetic.tvg import generate
 
         res = generate(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed)
         # accept either our default names or whatever paths the generator reports
@@ -203,7 +203,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
             tr, ev = Path(res[0]), Path(res[1])
     for p in (tr, ev):
         if not p.exists():
-            raise FileNotFoundError(f"{p}: expected the synthetic TVG split here (data.synthetic_tvg.generate)")
+            raise FileNotFoundError(f"{p}: expected the synthetic TVG split here (mmgrpo.synthetic.tvg.generate)")
     return tr, ev
 
 

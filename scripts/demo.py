@@ -476,7 +476,7 @@ def count_probe(eval_dir: Path) -> dict:
 
     if str(REPO) not in sys.path:  # data/ is a folder of the checkout, not an installed package
         sys.path.insert(0, str(REPO))
-    from data.synthetic_t2i import segment_objects
+    from mmgrpo.synthetic.t2i import segment_objects
 
     rows = [json.loads(x) for x in (eval_dir / "images.jsonl").read_text().splitlines() if x.strip()] \
         if (eval_dir / "images.jsonl").exists() else []

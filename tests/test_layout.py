@@ -1,6 +1,5 @@
 """Package layout (issue 15, item 6): the top level of ``mmgrpo`` is the library both front-ends share, the Qwen-VL
 front-end is ``mmgrpo.vlm``, and ``flow_grpo`` builds on the shared part only (the exceptions are listed, with why).
-The pre-``mmgrpo.vlm`` import paths still work and give the very same module objects (``mmgrpo._aliases``).
 
 Tests mirror the source layout by folder name, not by the ``vlm/`` level: ``tests/{trainer,models,rewards,methods,
 data}`` test ``mmgrpo/vlm/{train,models,rewards,methods,data}``, ``tests/test_sft.py`` ``mmgrpo/vlm/sft.py``,
@@ -10,15 +9,10 @@ data}`` test ``mmgrpo/vlm/{train,models,rewards,methods,data}``, ``tests/test_sf
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-from mmgrpo import _aliases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,13 +36,6 @@ SHARED_USES_VLM = {
     "mmgrpo/synthetic/grounding.py": {"mmgrpo.vlm.data.jsonl", "mmgrpo.vlm.data.schema"},
 }
 SHARED = ("core", "engine", "utils", "video", "synthetic")
-# every module path of the layout before mmgrpo.vlm existed that moved (each must still import)
-OLD_PATHS = ["mmgrpo.train", "mmgrpo.train.trainer", "mmgrpo.train.faults", "mmgrpo.train.task", "mmgrpo.models",
-             "mmgrpo.models.rollout", "mmgrpo.models.tiny", "mmgrpo.models.adapters", "mmgrpo.rewards",
-             "mmgrpo.rewards.registry", "mmgrpo.methods", "mmgrpo.methods.dapo", "mmgrpo.cli", "mmgrpo.config",
-             "mmgrpo.sft", "mmgrpo.trainer", "mmgrpo.utils.timeline", "mmgrpo.data", "mmgrpo.data.jsonl",
-             "mmgrpo.data.prompts", "mmgrpo.data.synthetic_t2i", "mmgrpo.data.synthetic_t2v",
-             "mmgrpo.data.synthetic_tvg", "mmgrpo.data.synthetic_grounding"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -86,15 +73,6 @@ def test_shared_modules_import_mmgrpo_vlm_only_where_listed():
     assert seen == SHARED_USES_VLM
 
 
-def test_the_repository_uses_the_new_paths_only():
-    """The aliases are for code outside the repository; inside, every import names the new module."""
-    this = Path(__file__).resolve()
-    old = {str(p.relative_to(REPO)): sorted(f"{m} -> {_aliases.new_name(m)}" for m in _imports(p)
-                                            if _aliases.new_name(m))
-           for p in _py_files("mmgrpo", "flow_grpo", "eval", "scripts", "tests", "data") if p != this}
-    assert {k: v for k, v in old.items() if v} == {}  # file -> ["old -> new", ...]: import the new name
-
-
 _NO_VLM = """
 import importlib, pkgutil, sys
 import flow_grpo, mmgrpo
@@ -123,45 +101,9 @@ def test_flow_grpo_and_the_shared_library_load_without_the_vlm_front_end():
     assert int(r.stdout) > 50  # really walked the packages
 
 
-@pytest.mark.parametrize("old", OLD_PATHS)
-def test_old_path_is_the_same_module(old):
-    new = _aliases.new_name(old)
-    assert new and new.startswith(("mmgrpo.vlm.", "mmgrpo.synthetic.")), new
-    module = importlib.import_module(old)
-    assert module is importlib.import_module(new) is sys.modules[old] is sys.modules[new]
-    assert module.__name__ == module.__spec__.name == new  # the alias does not rename the real module
-
-
-def test_old_spellings_of_imports_and_monkeypatch_reach_the_new_module(monkeypatch):
-    from mmgrpo.data import Sample, synthetic_t2i
-    from mmgrpo.models import rollout
-    from mmgrpo.train.trainer import GRPOTrainer
-    from mmgrpo.vlm.data import Sample as new_sample
-    from mmgrpo.synthetic import t2i
-    import mmgrpo.vlm.models.rollout
-    import mmgrpo.vlm.train.trainer as new_trainer
-
-    assert Sample is new_sample and synthetic_t2i is t2i and rollout is mmgrpo.vlm.models.rollout
-    assert GRPOTrainer is new_trainer.GRPOTrainer
-    marker = object()
-    monkeypatch.setattr("mmgrpo.train.trainer.GRPOTrainer", marker)  # the way tests patch by dotted name
-    assert new_trainer.GRPOTrainer is marker
-
-
-def test_names_that_only_share_a_prefix_are_not_aliased():
-    assert _aliases.new_name("mmgrpo.trainers") is None and _aliases.new_name("mmgrpo.datasets") is None
-    assert _aliases.new_name("mmgrpo.core") is None and _aliases.new_name("mmgrpo.vlm.train") is None
-    assert _aliases.new_name("mmgrpo.data.synthetic_tvg.x") == "mmgrpo.synthetic.tvg.x"  # longest prefix wins
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("mmgrpo.trainers")
-
-
-def test_old_and_new_cli_modules_run_and_setup_points_at_the_new_one():
-    """``python -m mmgrpo.cli`` (the spelling in scripts and docs) keeps working; the console script is the new
-    module."""
+def test_the_cli_module_runs_and_setup_points_at_it():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for mod in ("mmgrpo.cli", "mmgrpo.vlm.cli"):
-        r = subprocess.run([sys.executable, "-m", mod, "--help"], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=120)
-        assert r.returncode == 0 and r.stdout.startswith("usage: mmgrpo <command>"), (mod, r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-m", "mmgrpo.vlm.cli", "--help"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: mmgrpo <command>"), r.stderr[-2000:]
     assert '"mmgrpo=mmgrpo.vlm.cli:main"' in (REPO / "setup.py").read_text()

@@ -138,11 +138,11 @@ def build_trainer(args, policy, G: int, side: str):
         "model.freeze_vision=true", "data.task=tvg", "data.prompt_mode=no_think", "data.prefetch=0",
         "data.video_fps=2.0", "data.max_frames=100000", "data.min_frames=2", f"data.video_min_pixels={224 * 224}",
         f"data.video_max_pixels={224 * 224}", "data.video_total_pixels=1e12", "data.shuffle=false",
-        f"rollout.num_generations={G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
+        f"rollout.group_size={G}", f"rollout.max_new_tokens={args.T}", "rollout.temperature=1.0",
         f"rollout.generation_batch_size={G}", f"rollout.shared_prefix={'false' if naive else 'true'}",
         f"run.logprob_impl={'naive' if naive else 'prefix_group'}", "run.prompts_per_device=1",
         f"run.micro_batch_size={G}", "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0",
-        "algo.kl_coef=0", "algo.num_iterations=1", f"run.output_dir={out}", "run.use_tensorboard=false",
+        "algo.kl_coef=0", "algo.num_iterations=1", f"run.output_dir={out}", "run.tensorboard=false",
         "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000", "run.device=cpu",
         "run.log_every=1000000", "run.progress_bar=false"])
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")

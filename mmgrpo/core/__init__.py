@@ -16,7 +16,7 @@ from .advantages import (
     pairwise_win_rate,
     tempsamp_shape,
 )
-from .distributed import distributed_group_advantages, gather_groups, global_sum, world_info
+from .distributed import distributed_group_advantages, gather_groups
 from .losses import PolicyLossOutput, aggregate_loss, kl_penalty, masked_mean, policy_loss
 from .step_credit import (
     StepCredit,
@@ -30,7 +30,7 @@ from .step_credit import (
 __all__ = [
     "AdvantageOutput", "anchor_offpolicy_advantages", "group_advantages",
     "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
-    "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
+    "distributed_group_advantages", "gather_groups",
     "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
     "balance_turning_points", "incremental_rewards", "step_advantages",
     "turning_point_rewards", "turning_points",

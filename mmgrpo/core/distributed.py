@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from mmgrpo.engine.dist import global_sum, world_info  # noqa: F401 - moved to the engine, kept importable here
+from mmgrpo.engine.dist import world_info
 
 from .advantages import AdvantageOutput, group_advantages
 
-__all__ = ["gather_groups", "distributed_group_advantages", "global_sum", "world_info"]
+__all__ = ["gather_groups", "distributed_group_advantages"]
 
 
 def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:

@@ -80,12 +80,7 @@ class SkipHalt:
         return {"consecutive_skips": self.consecutive, "last_skip_cause": self.last_cause}
 
     def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Reads :meth:`state_dict`; checkpoints written before this class kept the count as ``consecutive_skips``
-        (VLM trainer entry) or ``counters["consecutive_skips"]`` (flow), which are read too."""
-        n = sd.get("consecutive_skips")
-        if n is None:
-            n = (sd.get("counters") or {}).get("consecutive_skips", 0)
-        self.consecutive = int(n)
+        self.consecutive = int(sd["consecutive_skips"])
         self.last_cause = sd.get("last_skip_cause")
 
 

@@ -3,9 +3,7 @@
 
 Every function is collective: all processes call it in the same order.  Floats are reduced in float64; the
 reduction tensor goes to ``device`` if given, else to CUDA when the backend is NCCL (which needs CUDA tensors),
-else stays on the CPU.  The old names stay importable: ``mmgrpo.core.global_sum``,
-``mmgrpo.vlm.train.distributed.global_max``, ``flow_grpo.distributed._reduce`` / ``_all_gather_object`` /
-``_broadcast_object`` / ``_barrier`` are these functions.
+else stays on the CPU.
 """
 from __future__ import annotations
 

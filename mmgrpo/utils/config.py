@@ -18,16 +18,7 @@ Parsing rules (the same for YAML values and ``key=value`` strings):
 * Nested dataclasses take a mapping (YAML) or are addressed with dotted keys (``model.lora.rank=8``); a field of type
   ``Optional[SubConfig]`` that is ``None`` is created from ``SubConfig()`` when one of its keys is set.
 
-Renamed keys: a config dataclass declares its old field names in a class attribute (one table, no code)::
-
-    @dataclass
-    class LoraConfig:
-        __config_aliases__ = {"r": "rank"}                       # old -> new field of the same dataclass
-        rank: int = 16
-
-``model.lora.r=8`` (or ``r: 8`` in YAML) then sets ``rank`` and warns once with :class:`DeprecatedConfigKey`
-naming the new key. An :class:`Alias` entry can also translate old values (``{"raise": "error"}``) or set one item
-of a tuple field (``beta1`` -> ``betas[0]``). :func:`check_choices` validates ``Literal`` fields of a config built
+:func:`check_choices` validates ``Literal`` fields of a config built
 in Python (the loader already checks them when parsing).
 
 Errors are ``ValueError`` naming the key (and the YAML file), the value and the expected type; unknown keys list
@@ -47,9 +38,8 @@ import re
 import sys
 import types
 import typing
-import warnings
 from pathlib import Path, PurePath
-from typing import Any, Iterable, Literal, Mapping, Sequence, TypeVar, Union
+from typing import Any, Iterable, Literal, Sequence, TypeVar, Union
 
 import yaml
 
@@ -66,8 +56,6 @@ __all__ = [
     "parse_config_cli",
     "iter_fields",
     "fields_help",
-    "Alias",
-    "DeprecatedConfigKey",
     "check_choices",
 ]
 
@@ -463,75 +451,6 @@ def _coerce_item(x: Any, tp: Any, i: int) -> Any:
         raise _BadValue(f"item {i}: {exc}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Renamed keys: ``__config_aliases__ = {old: new | Alias(...)}`` on a config dataclass
-# ---------------------------------------------------------------------------------------------------------------
-class DeprecatedConfigKey(FutureWarning):
-    """A config key (``key=value`` or YAML) used an old name; the message names the new one.
-
-    A FutureWarning so that it is shown to people running the CLIs (DeprecationWarning is hidden outside
-    ``__main__``); Python's default filter shows each distinct message once per process."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Alias:
-    """Old name of the field ``new`` of the same dataclass.
-
-    ``values``: old spellings of the value -> new ones (e.g. ``{"raise": "error"}``); ``index``: the old key set one
-    item of the tuple field ``new`` (``beta1`` -> ``betas[0]``)."""
-
-    new: str
-    values: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    index: int | None = None
-
-
-_ALIASES_CACHE: dict[type, dict[str, Alias]] = {}
-
-
-def _aliases(cls: type) -> dict[str, Alias]:
-    """The class's alias table, checked once: a bad table is a programming error in the config class."""
-    if cls not in _ALIASES_CACHE:
-        declared = vars(cls).get("__config_aliases__", {})
-        table = {k: (v if isinstance(v, Alias) else Alias(v)) for k, v in declared.items()}
-        names = {f.name for f in _init_fields(cls)}
-        for old, a in table.items():
-            if old in names or a.new not in names:
-                raise TypeError(f"{cls.__qualname__}.__config_aliases__: {old!r} -> {a.new!r} must map a name that "
-                                "is not a field to a field")
-        _ALIASES_CACHE[cls] = table
-    return _ALIASES_CACHE[cls]
-
-
-def _resolve_alias(tree: "_Tree", parts: list[str], raw: Any, full_key: str, source: str | None
-                   ) -> tuple[list[str], Any, str, Alias] | None:
-    """``parts[0]`` is an old name of a field of ``tree``: warn, return the new parts / value / full key."""
-    alias = _aliases(tree.cls).get(parts[0])
-    if alias is None:
-        return None
-    head = full_key[: len(full_key) - len(".".join(parts))]
-    new_key = head + ".".join([alias.new] + parts[1:])
-    shown = new_key if alias.index is None else f"{head}{alias.new}[{alias.index}]"
-    where = f"{source}: " if source else ""
-    warnings.warn(f"{where}config key '{full_key}' is deprecated, use '{shown}'", DeprecatedConfigKey, stacklevel=2)
-    if isinstance(raw, str) and str(raw) in alias.values:
-        raw = _Scalar(alias.values[str(raw)], getattr(raw, "quoted", False))
-    return [alias.new] + parts[1:], raw, new_key, alias
-
-
-def _set_item(tree: "_Tree", name: str, index: int, raw: Any, full_key: str, source: str | None) -> None:
-    """Alias with ``index``: set item ``index`` of the tuple field ``name`` (errors name the old key)."""
-    tp, _ = _strip_optional(tree.hints[name])
-    args = typing.get_args(tp)
-    item_tp = args[0] if len(args) == 2 and args[1] is Ellipsis else args[index]
-    try:
-        value = _coerce(raw, item_tp)
-    except _BadValue as exc:
-        raise _bad_value_error(full_key, raw, item_tp, exc, source) from None
-    cur = list(tree.values[name])
-    cur[index] = value
-    tree.values[name] = tuple(cur)
-
-
 def check_choices(cfg: Any, prefix: str = "") -> None:
     """Raise ``ValueError`` naming the key and the allowed values if a ``Literal`` field of the (nested) config
     ``cfg`` holds another value: the check of :func:`load_config`, for configs built or edited in Python."""
@@ -630,15 +549,7 @@ def _set_path(
 ) -> None:
     name = parts[0]
     if name not in tree.fields:
-        renamed = _resolve_alias(tree, parts, raw, full_key, source)
-        if renamed is None:
-            raise _unknown_key_error(full_key, root_cls, source, tree.fields)
-        parts, raw, new_key, alias = renamed
-        name = parts[0]
-        if alias.index is not None and len(parts) == 1:
-            _set_item(tree, name, alias.index, raw, full_key, source)
-            return
-        full_key = new_key
+        raise _unknown_key_error(full_key, root_cls, source, tree.fields)
     tp = tree.hints[name]
     inner, optional = _strip_optional(tp)
     if len(parts) > 1:
@@ -848,9 +759,6 @@ def iter_fields(cls: type, prefix: str = "", default_obj: Any = None):
         else:
             default = dataclasses.MISSING
         help_text = str(f.metadata.get("help", "")) if f.metadata else ""
-        old_names = [k for k, a in _aliases(cls).items() if a.new == f.name]
-        if old_names:
-            help_text = f"{help_text} (deprecated name: {', '.join(old_names)})".strip()
         inner, _ = _strip_optional(tp)
         name = prefix + f.name
         if _is_dataclass_type(inner):

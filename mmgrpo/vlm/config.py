@@ -29,8 +29,6 @@ def _h(text: str) -> dict:
 
 @dataclass
 class LoraConfig:
-    __config_aliases__ = {"r": "rank"}
-
     enabled: bool = field(default=False, metadata=_h("train LoRA adapters instead of full fine-tuning"))
     rank: int = field(default=16, metadata=_h("LoRA rank r"))
     alpha: int = field(default=32, metadata=_h("LoRA alpha (scale alpha/rank)"))
@@ -102,8 +100,6 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    __config_aliases__ = {"num_generations": "group_size"}
-
     backend: Literal["hf", "vllm"] = field(default="hf", metadata=_h("hf = model.generate; vllm = GPU engine"))
     group_size: int = field(default=8, metadata=_h("G: completions per prompt (one group)"))
     max_new_tokens: int = field(default=256, metadata=_h("max completion tokens"))
@@ -265,8 +261,6 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    __config_aliases__ = {"use_tensorboard": "tensorboard"}
-
     output_dir: str = field(
         default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints); one run at a time: "
                                            "<output_dir>/.lock names the run using it, a second run refuses (exit "

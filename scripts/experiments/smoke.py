@@ -131,7 +131,7 @@ def _write_images(d: Path) -> None:
 
 def _write_prompts(d: Path) -> None:
     """Mini-GenEval prompts (train + held-out), the tags the tiny SD3 was trained on."""
-    from data.synthetic_t2i import main as t2i_main
+    from mmgrpo.synthetic.t2i import main as t2i_main
 
     tags = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text()).get("tags") or []
     for split, name in (("train", "train.jsonl"), ("heldout", "heldout.jsonl")):

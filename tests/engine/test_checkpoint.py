@@ -22,12 +22,6 @@ def test_skip_halt_counts_in_a_row_halts_at_the_limit_and_round_trips():
     assert (r.consecutive, r.last_cause, r.halt_due) == (3, "b", True)
     never = SkipHalt(0)  # the VLM trainer's run.max_consecutive_skips=0
     assert not never.skipped("x", n=100) and not never.halt_due
-    # checkpoints written before SkipHalt: the VLM trainer entry's key, the flow trainer's counter
-    old = SkipHalt(5)
-    old.load_state_dict({"counters": {"consecutive_skips": 2}})
-    assert old.consecutive == 2 and old.last_cause is None
-    old.load_state_dict({"consecutive_skips": 4})
-    assert old.consecutive == 4
 
 
 def test_rng_states_are_per_process_and_restored_only_on_the_same_process_count():

@@ -13,7 +13,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "golden_presets.json"
 
 # (case name, preset, extra overrides); win_rate and per_reward are reward modes on top of a preset
 CASES = [
-    ("flow", "flow", {"optim.beta": 0.01}),
+    ("flow", "flow", {"optim.kl_coef": 0.01}),
     ("dance", "dance", {}),
     ("fast", "fast", {}),
     ("mix", "mix", {"sample.window_shift_every": 1}),

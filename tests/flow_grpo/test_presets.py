@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from flow_grpo.config import SamplingConfig, load_train_config
-from flow_grpo.sampler import fraction_train_count, make_step_plan, sample_trajectories, sliding_window
+from flow_grpo.methods.plans import fraction_train_count, make_step_plan, sliding_window
+from flow_grpo.sampler import sample_trajectories
 from flow_grpo.sde import sde_step
 
 from .conftest import block_reward, make_trainer

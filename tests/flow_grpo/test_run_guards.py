@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from flow_grpo.cli import main
-from mmgrpo.vlm.train.faults import NothingTrained
+from mmgrpo.engine.errors import NothingTrained, TrainingStopped
 from mmgrpo.utils.export import EXPORT_MANIFEST, export_problem
 
 from .conftest import make_trainer, train_overrides
@@ -84,11 +84,10 @@ def test_no_valid_reward_feeds_max_consecutive_skips_and_nothing_is_exported(tmp
     assert tr.counters["applied_steps"] == 0 and not (tmp_path / "lora_final").exists()
     tr.close()
 
-    from flow_grpo.trainer import TrainingHalted
 
     tr = make_trainer("flux", "fast", tmp_path / "k", rewards={"block": failing},
                       **{"run.num_epochs": 5, "optim.max_consecutive_skips": 2})
-    with pytest.raises(TrainingHalted, match="2 consecutive skipped optimizer steps \\(none of the run's optimizer "
+    with pytest.raises(TrainingStopped, match="2 consecutive skipped optimizer steps \\(none of the run's optimizer "
                                              "steps was applied\\) \\(last cause: no valid reward"):
         tr.train()
     tr.close()

@@ -43,7 +43,7 @@ def test_eval_periodic_and_final_with_ema_fixed_seeds_grid_curves_best(tmp_path)
     assert not (tmp_path / "samples" / "eval_epoch_00001.png").exists()
     assert (tmp_path / "reward_curves.png").stat().st_size > 1000
     # keep_last=1 plus the best eval checkpoint
-    mgr = CheckpointManager(tmp_path / "checkpoints")
+    mgr = CheckpointManager(tmp_path / "checkpoints", prefix="epoch")
     kept = [s for s, _ in mgr.list_checkpoints()]
     best_epoch = 2 if hist[1]["eval/reward/total/mean"] >= hist[2]["eval/reward/total/mean"] else 3
     assert kept == sorted({3, best_epoch})

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.engine.errors import TrainingStopped
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.utils.signals import EXIT_INTERRUPTED
+from mmgrpo.utils.exit_codes import INTERRUPTED as EXIT_INTERRUPTED
 
 from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 
@@ -124,7 +125,7 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
     marker = tmp_path / "in_save.txt"
 
     def ckpts(name):
-        return [s for s, _ in CheckpointManager(tmp_path / name / "checkpoints").list_checkpoints()]
+        return [s for s, _ in CheckpointManager(tmp_path / name / "checkpoints", prefix="epoch").list_checkpoints()]
 
     def hang_in_save(tr):  # C: checkpoint 2's write stops half-way (after optimizer.pt) until killed
         real_save = torch.save
@@ -192,7 +193,7 @@ def _mp_worker(rank, port, root):
     torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, GradientState
 
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import TrainingInterrupted
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()
@@ -276,7 +277,7 @@ def test_ctrl_c_before_the_loop_exits_130_and_halted_exits_3(monkeypatch, capsys
                                                "written)")
 
     def halted(cfg):
-        raise ft.TrainingHalted("flow_grpo: stopping after 3 consecutive skipped optimizer steps", "/x/halted")
+        raise TrainingStopped("flow_grpo: stopping after 3 consecutive skipped optimizer steps", "/x/halted")
 
     monkeypatch.setattr(ft, "train_from_config", halted)
     assert main(["train", "model.tiny=flux"]) == 3

@@ -60,7 +60,7 @@ def _state(tr):
 def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     run = tmp_path / "run"
     ctx = mp.get_context("fork")
-    mgr = CheckpointManager(run / "checkpoints")
+    mgr = CheckpointManager(run / "checkpoints", prefix="epoch")
     make_trainer("flux", "fast", tmp_path / "warm", **EXTRA).close()  # lazy imports happen before the forks
     # 1. kill after the 1st checkpoint appears (mid epoch 2)
     c1 = ctx.Process(target=_child, args=(str(run), 0))
@@ -121,7 +121,7 @@ def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path, 
     tr.budget = TimeBudget(1.5, clock=tick_clock)
     hist = tr.train()
     assert tr.budget_stopped and tr.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
-    assert CheckpointManager(tmp_path / "checkpoints").latest_valid() is not None
+    assert CheckpointManager(tmp_path / "checkpoints", prefix="epoch").latest_valid() is not None
     assert (tmp_path / "lora_final").exists()
     again = make_trainer("flux", "fast", tmp_path, **extra)
     assert again.train() == [] and again.epoch == 2 and again.budget.spent == 2.0
@@ -129,7 +129,7 @@ def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path, 
 
 def test_trainer_ema_warmup_by_hand():
     """ema.warmup: the n-th update uses decay min(decay, (1 + n) / (10 + n)); the count survives state_dict."""
-    from flow_grpo.trainer import EMA
+    from flow_grpo.ema import EMA
 
     p = torch.nn.Parameter(torch.tensor([0.0]))
     ema = EMA([p], decay=0.2, warmup=True)
@@ -149,7 +149,7 @@ def test_trainer_ema_warmup_by_hand():
 
 
 def test_trainer_ema_warmup_follows_the_optimizer_step():
-    from flow_grpo.trainer import EMA
+    from flow_grpo.ema import EMA
 
     p = torch.nn.Parameter(torch.tensor([0.0]))
     ema = EMA([p], decay=0.9, warmup=True)

@@ -12,7 +12,8 @@ import torch
 
 from flow_grpo.rewards import AsyncRewardRunner, Reward, RewardError
 from flow_grpo.sampler import sample_trajectories
-from flow_grpo.trainer import RewardCallFailed, ResilientReward, TrainingHalted
+from flow_grpo.scoring import ResilientReward
+from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
 
 from .conftest import block_reward, brightness_reward, make_adapter, make_trainer
 
@@ -221,7 +222,7 @@ def test_nonfinite_advantages_loss_grads_skip_step_then_halt_with_checkpoint(tmp
 
     tr.train_epoch = epoch_fn
     p0 = [p.detach().clone() for p in tr.params]
-    with pytest.raises(TrainingHalted, match="2 consecutive skipped") as ei:
+    with pytest.raises(TrainingStopped, match="2 consecutive skipped") as ei:
         tr.train()
     assert tr.counters["applied_steps"] == 1 and tr.counters["skipped_steps"] == 3
     assert all(torch.equal(a, b) for a, b in zip(p0, snap[0]))           # epoch 0 skipped: unchanged

@@ -54,7 +54,8 @@ def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_d
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "selection.enabled=true",
                       "selection.num_inferences=2", "selection.criterion=gaussian", "selection.greedy=true")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=by_id)
-    assert tr.select_data() == [1, 2]
+    sel = next(m for m in tr.methods if m.name == "selection")
+    assert sel.select(0) == [1, 2]
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert rows[0]["rewards"] == [0.0, 0.0] and not rows[0]["kept"]
     assert all(r["rewards"][0] == r["rewards"][1] for r in rows)  # greedy: the two answers are the same

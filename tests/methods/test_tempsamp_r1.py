@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from mmgrpo.vlm.methods.tempsamp_r1 import shape_key
+
 
 def f_release(iou, tau=0.8):
     """The release's shaping, written out by hand: tau + 0.01 ln(r - tau + 1) above tau, else
@@ -53,7 +55,8 @@ def test_shapes_iou_then_adds_format_like_the_release(tmp_path, tiny_dirs, th):
 
     # the previous behaviour, one switch away: shape the weighted total (1.1 -> 0.8 + 0.01 ln 1.3 = 0.8026)
     tr.cfg.tempsamp.shape_reward = "total"
-    tr.shape_key = tr._tempsamp_shape_key()
+    ts = next(m for m in tr.methods if m.name == "tempsamp_r1")
+    ts.key = shape_key(tr.cfg.tempsamp, tr.cfg.reward.weights, tr.acc_key)
     tr.advantages(rb)
     assert rb.reward_used[0].item() == pytest.approx(0.8 + 0.01 * math.log(1.3), abs=1e-6)
 
@@ -67,7 +70,7 @@ def test_iou_only_weights_unchanged_bitwise(tmp_path, tiny_dirs, th):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "reward.weights={iou: 1.0}",
                       "run.max_steps=1")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2))
-    assert tr.shape_key == "iou"
+    assert next(m for m in tr.methods if m.name == "tempsamp_r1").key == "iou"
     rb = _batch(tr, th)
     iou = torch.rand(8, generator=torch.Generator().manual_seed(0))
     rb.rewards = {"iou": iou, "total": 1.0 * iou}

@@ -118,7 +118,7 @@ def test_bad_inputs():
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_tw_weights_equal_full(chunk):
-    from mmgrpo.vlm.train.methods import tw_token_weights
+    from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 
     h, w, b, _ = _leaves(N=6, T=7, dtype=torch.float32)
     mask = torch.ones(6, 7, dtype=torch.long)

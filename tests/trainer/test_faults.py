@@ -8,7 +8,9 @@ import time
 import pytest
 import torch
 
-from mmgrpo.vlm.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
+from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
+from mmgrpo.engine.reward_calls import CallStats
+from mmgrpo.vlm.train.faults import call_with_retries, nonfinite_rows
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 

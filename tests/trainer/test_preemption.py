@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.utils.signals import EXIT_INTERRUPTED
+from mmgrpo.utils.exit_codes import INTERRUPTED as EXIT_INTERRUPTED
 
 STEPS = 3
 ARGS = ["model.freeze_vision=true", f"run.max_steps={STEPS}", "optim.lr=0.01", "optim.weight_decay=0.01",
@@ -196,7 +196,7 @@ def _mp_worker(rank, port, model, root, th):
     from accelerate.state import AcceleratorState, GradientState
 
     from mmgrpo.vlm.train.trainer import GRPOTrainer
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import TrainingInterrupted
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()

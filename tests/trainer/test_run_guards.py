@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from mmgrpo.vlm.cli import main
-from mmgrpo.vlm.train.faults import NothingTrained, TrainingStopped
+from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingStopped
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager, verify_checkpoint
-from mmgrpo.utils.runlock import OutputDirLocked
 
 
 def _image_run(tmp_path, model_dir, *extra):

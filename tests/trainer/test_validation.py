@@ -26,10 +26,10 @@ def tvg_data(tmp_path_factory):
 
 def _cfg(tmp_path, model, data, *extra):
     return load_config(TrainConfig, None, [
-        f"model.path={model}", "model.dtype=float32", "model.lora.enabled=true", "model.lora.r=4", "data.task=tvg",
-        "data.prompt_mode=no_think", f"data.train_file={data['train']}", *PIX, "rollout.num_generations=3",
+        f"model.path={model}", "model.dtype=float32", "model.lora.enabled=true", "model.lora.rank=4", "data.task=tvg",
+        "data.prompt_mode=no_think", f"data.train_file={data['train']}", *PIX, "rollout.group_size=3",
         "rollout.max_new_tokens=8", "run.max_steps=2", "run.prompts_per_device=1", "optim.lr=0.05",
-        "reward.weights={iou: 1.0}", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
+        "reward.weights={iou: 1.0}", f"run.output_dir={tmp_path / 'run'}", "run.tensorboard=false",
         "run.resume_from=none", "run.progress_bar=false", *extra])
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mmgrpo.utils import timeline as tl
+from mmgrpo.vlm import timeline as tl
 
 
 def _cols(img, top, colour):

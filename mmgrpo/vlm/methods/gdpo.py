@@ -91,7 +91,7 @@ class GDPO(VLMMethod):
             raise ValueError("methods.gdpo and methods.ngrpo both replace the advantage estimator; enable one")
 
     def local_advantages(self, rb, r, kw):
-        from mmgrpo.core.distributed import global_sum
+        from mmgrpo.engine.dist import global_sum
 
         o, eps = self.cfg.methods.gdpo, kw.get("eps", 1e-4)
         valid = kw.get("valid")

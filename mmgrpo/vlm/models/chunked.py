@@ -182,7 +182,7 @@ def chunked_tw_token_weights(hidden: torch.Tensor, weight: torch.Tensor, mask: t
                              alpha: float = 1.7, clamp: float = 11.0, bias: torch.Tensor | None = None,
                              temperature: float = 1.0, suppress_token_ids: Sequence[int] | None = None,
                              chunk_size: int = 1024, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``mmgrpo.vlm.train.methods.tw_token_weights`` from hidden states, one chunk of positions per group at a time.
+    """``mmgrpo.vlm.methods.tw_grpo.tw_token_weights`` from hidden states, one chunk of positions per group at a time.
 
     hidden (N, T, H), mask (N, T), group_ids (N,).  The divergence at position t needs the G distributions of a
     group at t together, so a chunk is G rows x ``chunk_size // G`` positions (at least one position).  Same
@@ -272,7 +272,7 @@ def tw_token_weights_from(logits_or_head, mask, group_ids, alpha: float = 1.7, c
     """TW-GRPO weights from either full (temperature-scaled, suppressed) logits or a ``HeadInputs``."""
     if isinstance(logits_or_head, HeadInputs):
         return logits_or_head.tw_token_weights(mask, group_ids, alpha, clamp)
-    from mmgrpo.vlm.train.methods import tw_token_weights
+    from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 
     return tw_token_weights(torch.log_softmax(logits_or_head.float(), -1), mask, group_ids, alpha, clamp)
 

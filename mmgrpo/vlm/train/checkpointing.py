@@ -4,15 +4,14 @@ of :mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
 Entries: ``policy.pt`` (the trained tensors, gathered from the shards under FSDP: the portable copy that
 ``scripts/experiments/export_vlm.py`` and evaluation read), ``optimizer.pt`` (``optimizer.state_dict()``; under
 sharding only the param groups, the moments are in ``state/``), ``scheduler.pt``, ``trainer.pt`` (step, data
-position, counters, skip state, budget, selection, methods, config, reference), ``rng.pt`` (every process's RNG).
-Checkpoints of the two earlier formats still resume (:meth:`CheckpointMixin._load_legacy_accelerate`)."""
+position, counters, skip state, budget, selection, methods, config, reference), ``rng.pt`` (every process's RNG)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
                                       sharded_writer)
-from mmgrpo.utils.checkpoint import capture_rng_state, refuse_unsafe_pickles
+from mmgrpo.utils.checkpoint import capture_rng_state
 from mmgrpo.utils.config import config_to_dict
 from mmgrpo.utils.logging import get_logger
 
@@ -111,20 +110,13 @@ class CheckpointMixin:
         for m in self.methods:
             if m.name in tr.get("methods", {}):
                 m.load_state_dict(tr["methods"][m.name])
-        rng = st.get("rng")
-        if rng is None and "rng" in tr:  # older checkpoints: rank 0's state, restored on every process
-            w = int(tr.get("world_size", 1))
-            rng = {"per_rank": [tr["rng"]] * w, "world": w}
-        restore_rng(rng, self.rank, self.world)
+        restore_rng(st.get("rng"), self.rank, self.world)
         log.info("resumed from %s at step %d", path, self.step)
         self._last_save = (self.step, str(path))  # an interrupt before the next step need not rewrite it
         return True
 
     def _load_weights_and_optimizer(self, path: Path, st: dict) -> None:
-        """Sharded state (``state/``: any process count, sharded or not), the replicated entries, or a checkpoint of
-        the earlier accelerate format (``accelerate/``)."""
-        if (path / "accelerate").is_dir():
-            return self._load_legacy_accelerate(path)
+        """Sharded state (``state/``: any process count, sharded or not) or the replicated entries."""
         if (path / STATE_DIR).is_dir():
             load_sharded_state(path / STATE_DIR, self.model, self.optimizer, self.accelerator, st["optimizer"],
                                deepspeed=self.dist_kind == "DEEPSPEED")
@@ -136,12 +128,3 @@ class CheckpointMixin:
             self.optimizer.load_state_dict(st["optimizer"])
         if st.get("scheduler"):
             self.scheduler.load_state_dict(st["scheduler"])
-
-    def _load_legacy_accelerate(self, path: Path) -> None:
-        """Checkpoints written before the one format with ``run.grad_sync=accelerate``: ``accelerator.save_state``
-        in ``accelerate/`` (model, optimizer, scheduler, RNG); same number of processes and same setup only."""
-        if self.grad_sync != "accelerate":
-            raise ValueError(f"resume: {path} was written with run.grad_sync=accelerate (earlier format); resume "
-                             "with it")
-        refuse_unsafe_pickles(path / "accelerate")  # torch.distributed.checkpoint unpickles .metadata as is
-        self.accelerator.load_state(str(path / "accelerate"))

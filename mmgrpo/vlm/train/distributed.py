@@ -7,9 +7,7 @@ import contextlib
 
 import torch
 
-from mmgrpo.engine.dist import global_max  # noqa: F401 - moved to the engine, kept importable here
-
-__all__ = ["DistributedMixin", "global_max"]
+__all__ = ["DistributedMixin"]
 
 
 class DistributedMixin:

@@ -8,7 +8,8 @@ import torch
 
 from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.vlm.models.rollout import make_seeds
-from mmgrpo.vlm.train.faults import CallStats, call_with_retries
+from mmgrpo.engine.reward_calls import CallStats
+from mmgrpo.vlm.train.faults import call_with_retries
 from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, sample_id
 from mmgrpo.utils.logging import get_logger
 

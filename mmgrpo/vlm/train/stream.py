@@ -69,10 +69,7 @@ class PromptStream:
             raise ValueError(f"resume: the checkpoint's data stream had {sd['num_samples']} samples, the current "
                              f"training set has {self.n}; same data (and selection) is required for an exact resume")
         self.position = int(sd["position"])
-        if "epoch" in sd:
-            self._epoch, self.offset = int(sd["epoch"]), int(sd["offset"])
-        else:  # older checkpoints: a constant n
-            self._epoch, self.offset = divmod(self.position, self.n)
+        self._epoch, self.offset = int(sd["epoch"]), int(sd["offset"])
         self._perm_epoch = -1
 
 

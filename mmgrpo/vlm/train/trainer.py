@@ -63,7 +63,6 @@ from mmgrpo.vlm.models.adapters import Policy
 from mmgrpo.vlm.models.rollout import RolloutBackend, SamplingParams, batch_to, collate_prompts, compute_token_logprobs
 from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, micro_batches
 from mmgrpo.vlm.train.checkpointing import CheckpointMixin
-from mmgrpo.vlm.train.compat import MethodAliases
 from mmgrpo.vlm.train.distributed import DistributedMixin
 from mmgrpo.vlm.train import validation
 from mmgrpo.vlm.train.faults import nonfinite_rows
@@ -83,8 +82,7 @@ from mmgrpo.utils.signals import StopOnSignal
 log = get_logger("mmgrpo.train")
 
 
-class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, MetricsMixin, CheckpointMixin, StopMixin,
-                  MethodAliases):
+class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, MetricsMixin, CheckpointMixin, StopMixin):
     """GRPO for Qwen-VL policies.  ``samples`` / ``policy`` / ``reward_fn`` may be injected (tests, scripts)."""
 
     def __init__(self, cfg: TrainConfig, samples: Sequence[Any] | None = None, policy: Policy | None = None,
