@@ -1,4 +1,5 @@
-"""Mini-GenEval synthetic text-to-image benchmark: the command line of :mod:`mmgrpo.synthetic.t2i` (import that module, not this file).
+"""Mini-GenEval synthetic text-to-image benchmark: the command line of :mod:`mmgrpo.synthetic.t2i` (import that module,
+not this file).
 
     python data/synthetic_t2i.py --n 1000 --split train --seed 0 --out train.jsonl [--images DIR]
 """

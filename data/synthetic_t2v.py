@@ -1,4 +1,5 @@
-"""Mini-T2V synthetic text-to-video benchmark: the command line of :mod:`mmgrpo.synthetic.t2v` (import that module, not this file).
+"""Mini-T2V synthetic text-to-video benchmark: the command line of :mod:`mmgrpo.synthetic.t2v` (import that module,
+not this file).
 
     python data/synthetic_t2v.py OUT [--splits train val heldout] [--n 200 | --all] [--seed 0] [--mp4]
 """

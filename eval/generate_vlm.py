@@ -8,8 +8,8 @@
 ``adapter_config.json`` names the base), or a trainer checkpoint holding ``adapter/``; ``adapter=DIR`` applies an
 adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every setting.
 
-Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.train.task.load_samples``, turned
-into model inputs by ``mmgrpo.vlm.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
+Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.data.task.load_samples``, turned
+into model inputs by ``mmgrpo.vlm.data.task.TaskAdapter.prepare`` (the same prompt templates, the same
 ``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
 rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
 of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
@@ -468,7 +468,7 @@ def _sample_attr(s: Any, k: str) -> Any:
 
 
 def _load(cfg: EvalVLMConfig) -> list:
-    from mmgrpo.vlm.train.task import load_samples
+    from mmgrpo.vlm.data.task import load_samples
 
     d = cfg.data
     if not d.annotations:
@@ -639,7 +639,7 @@ def rts_adapters(cfg: EvalVLMConfig, policy) -> dict:
     video only, so each frame count has its own)."""
     import dataclasses
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     return {n: with_clip_cache(TaskAdapter(policy.processor, policy.adapter,
                                            dataclasses.replace(cfg.data, min_frames=n, max_frames=n)),
@@ -671,7 +671,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
 
     ``interrupted`` is True when ``max_batches`` stopped the run before the end."""
     from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.vlm.train.task import MissingMediaError
+    from mmgrpo.vlm.data.task import MissingMediaError
     from mmgrpo.utils.seeding import sample_seed
 
     dec = cfg.decoding
@@ -755,7 +755,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
 
 
 def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch, log) -> list[dict]:
-    from mmgrpo.vlm.train.task import MissingMediaError
+    from mmgrpo.vlm.data.task import MissingMediaError
 
     rows = []
     for i in b:
@@ -845,7 +845,7 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
 # ------------------------------------------------------------------------------------------------ main
 def run(cfg: EvalVLMConfig) -> dict:
     """The whole pipeline; returns ``{"settings", "stats", "metrics" (None if interrupted), "out_dir"}``."""
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
     from mmgrpo.utils.logging import get_logger
 
     log = get_logger("mmgrpo.eval")
@@ -909,7 +909,7 @@ def run(cfg: EvalVLMConfig) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from eval.harness import run_generation_cli
+    from eval.report import run_generation_cli
 
     return run_generation_cli(EvalVLMConfig, run, argv, prog="eval/generate_vlm.py",
                               description="Generate predictions with a local Qwen-VL checkpoint and score them.")

@@ -46,9 +46,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exit_codes.OK
     cmd, rest = argv[0], argv[1:]
     if cmd == "plan":  # predicted peak memory per device for the same config (flow_grpo plan --help)
-        from mmgrpo.utils.memory_plan import plan_main
+        from .memory_plan import plan_main
 
-        return plan_main(rest, "flow", "flow_grpo plan")
+        return plan_main(rest)
     if cmd != "train":
         print(f"unknown command {cmd!r}; available: train, plan", file=sys.stderr)
         return 2

@@ -216,8 +216,8 @@ def check_benchmark_args(rep: dict, benchmark_args: list[str]) -> None:
     info = (rep.get("data") or {}).get("info") or {}
     if not info.get("version"):
         return
-    from mmgrpo.synthetic.grounding import N_EVENTS
-    from mmgrpo.synthetic.tvg import build_parser
+    from mmgrpo.vlm.synthetic.cli import build_parser
+    from mmgrpo.vlm.synthetic.grounding import N_EVENTS
 
     # the generator's own parser: its defaults are what an argument left out means
     a, _ = build_parser().parse_known_args(["out"] + [str(x) for x in benchmark_args])

@@ -76,7 +76,7 @@ def build_vlm(spec: dict, layers: int, out: Path, shard: str) -> dict:
 
     from mmgrpo.vlm.models.real_tokenizer import build_qwen2_5_vl_processor, build_qwen_tokenizer
     from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
-    from mmgrpo.utils.memory_plan import vlm_config
+    from mmgrpo.vlm.memory_plan import vlm_config
 
     cfg = vlm_config(spec, layers)
     cfg._attn_implementation = "sdpa"
@@ -117,7 +117,7 @@ def _qwen3_processor(tok):
 def build_flow(spec: dict, layers: int, out: Path, shard: str) -> dict:
     import torch
 
-    from mmgrpo.utils.memory_plan import flow_pipeline
+    from flow_grpo.memory_plan import flow_pipeline
 
     torch.manual_seed(0)
     prev = torch.get_default_dtype()
@@ -257,11 +257,22 @@ def _stage(a) -> dict:
     return r
 
 
+def counts(spec: dict, layers: int | None = None) -> dict:
+    """The parameter counts of ``spec`` cut to ``layers``, from its front-end's planner."""
+    if spec["type"] == "vlm":
+        from mmgrpo.vlm.memory_plan import counts as vlm_counts
+
+        return vlm_counts(spec, layers)
+    from flow_grpo.memory_plan import counts as flow_counts
+
+    return flow_counts(spec, layers)
+
+
 def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
     """Activation constants per model from rehearsal JSONs: ``r(N) = (measured - static(N)) / tokens`` where static
     is the planner without activations; ``a_layer = r(2) - r(1)``, ``a_fixed = r(1) - a_layer`` (fitted on
     ``fit_layers`` only: the other depths are out-of-sample checks); then every run's planner error."""
-    from mmgrpo.utils.memory_plan import counts, get_spec, plan_rehearsal, rehearsal_tokens
+    from mmgrpo.utils.memory_plan import get_spec, plan_rehearsal, rehearsal_tokens
 
     runs: dict[str, dict[int, dict]] = {}
     for p in paths:
@@ -275,7 +286,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
         spec = get_spec(name)
         res = {}
         for n, r in by_n.items():
-            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=zero)
+            pr = plan_rehearsal(spec, counts(spec, n), r.get("mode") == "full", r["step"], activation=zero)
             toks = rehearsal_tokens(spec, r["step"])  # the rows x tokens `plan` multiplies the constants by
             res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks, pr["total"])
         lo, hi = fit_layers
@@ -289,7 +300,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
         act = {"a_layer": round(a_layer, 1), "a_fixed": round(a_fixed, 1)}
         errs = {}
         for n, r in sorted(by_n.items()):
-            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=act)
+            pr = plan_rehearsal(spec, counts(spec, n), r.get("mode") == "full", r["step"], activation=act)
             errs[n] = {"measured": r["measured_peak_bytes"], "predicted": round(pr["total"]),
                        "error": round((pr["total"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"], 4),
                        "error_without_activations": round(res[n][2] / r["measured_peak_bytes"] - 1, 4),
@@ -389,10 +400,10 @@ def _predictions(a, st: dict) -> dict:
     from mmgrpo.utils.memory_plan import get_spec, plan_full_depth, plan_rehearsal
 
     spec = get_spec(a.model)
-    pr = plan_rehearsal(spec, a.layers, full=a.full_finetune, tokens=st)
+    pr = plan_rehearsal(spec, counts(spec, a.layers), full=a.full_finetune, tokens=st)
     out = {"predicted_peak_bytes": pr["total"], "predicted_breakdown": pr,
            "planner_error": (pr["total"] - st["step_peak_bytes"]) / st["step_peak_bytes"],
-           "full_depth": plan_full_depth(spec)}
+           "full_depth": plan_full_depth(spec, counts(spec))}
     return out
 
 

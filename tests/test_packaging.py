@@ -32,7 +32,7 @@ for mod in (mmgrpo, bench, m):  # every module comes from the installed copy, no
     assert mod.__file__.startswith(target), mod.__file__
 assert "data" not in sys.modules  # nothing imported the checkout's top-level data/ folder
 import importlib.metadata as md
-import mmgrpo.vlm.cli as cli, mmgrpo.synthetic.tvg as tvg
+import mmgrpo.vlm.cli as cli, mmgrpo.vlm.synthetic.tvg as tvg
 assert cli.__file__.startswith(target) and tvg.__file__.startswith(target)
 eps = [e.value for e in md.distribution("mmgrpo").entry_points if e.name == "mmgrpo"]
 assert eps == ["mmgrpo.vlm.cli:main"], eps  # the console script of the wheel is the moved CLI

@@ -267,7 +267,7 @@ def worker_trl(args) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmgrpo.vlm.models.adapters import get_adapter, vision_token_ids
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     common.set_threads(args.threads)
     processor = AutoProcessor.from_pretrained(args.model_dir)

@@ -103,7 +103,7 @@ class AdvGRPORuntime:
 
     def update_from(self, traj) -> dict:
         """One reward-model update on a rollout: its images negative, one reference per sample positive."""
-        from flow_grpo.rewards.base import to_uint8_nhwc
+        from flow_grpo.media import to_uint8_nhwc
 
         neg = to_uint8_nhwc(traj.images)
         members = traj.members.tolist() if traj.members is not None else None

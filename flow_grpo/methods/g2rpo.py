@@ -51,7 +51,7 @@ def g2rpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final):
 
 
 def g2rpo_advantages(inp: CreditInputs) -> CreditOutput:
-    from mmgrpo.core import distributed_group_advantages
+    from mmgrpo.engine.groups import distributed_group_advantages
 
     N, T = inp.train_mask.shape
     dev = inp.device

@@ -9,7 +9,7 @@ from .base import Credit, CreditInputs, CreditOutput, register_credit
 
 
 def outcome_advantages(inp: CreditInputs) -> CreditOutput:
-    from mmgrpo.core import distributed_group_advantages
+    from mmgrpo.engine.groups import distributed_group_advantages
 
     N, T = inp.train_mask.shape
     dev = inp.device

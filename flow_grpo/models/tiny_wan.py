@@ -27,7 +27,7 @@ def build_tiny_wan_pipeline(seed: int = 0, scheduler: str = "euler"):
                            WanTransformer3DModel)
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from .tiny import build_t5_unigram_tokenizer
+    from .tiny_tokenizers import build_t5_unigram_tokenizer
 
     if scheduler not in ("euler", "unipc"):
         raise ValueError(f"scheduler must be 'euler' or 'unipc', got {scheduler!r}")

@@ -53,7 +53,6 @@ from .base import (
     check_finite,
     normalize_metadata,
     register_reward,
-    to_uint8_nhwc,
     win_rate,
 )
 
@@ -71,7 +70,6 @@ __all__ = [
     "check_finite",
     "normalize_metadata",
     "register_reward",
-    "to_uint8_nhwc",
     "win_rate",
     "AsyncRewardRunner",
 ]

@@ -5,7 +5,6 @@
 * :mod:`mmgrpo.core.losses` - PPO-clip (clip-higher, dual-clip), GSPO sequence ratios, Reg-GRPO, token
   weights, loss aggregation modes, k1/k2/k3 KL.
 * :mod:`mmgrpo.core.step_credit` - step-level credit: TP-GRPO turning points, per-step advantages.
-* :mod:`mmgrpo.core.distributed` - groups split across processes.
 """
 from .advantages import (
     AdvantageOutput,
@@ -16,7 +15,6 @@ from .advantages import (
     pairwise_win_rate,
     tempsamp_shape,
 )
-from .distributed import distributed_group_advantages, gather_groups
 from .losses import PolicyLossOutput, aggregate_loss, kl_penalty, masked_mean, policy_loss
 from .step_credit import (
     StepCredit,
@@ -30,7 +28,6 @@ from .step_credit import (
 __all__ = [
     "AdvantageOutput", "anchor_offpolicy_advantages", "group_advantages",
     "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
-    "distributed_group_advantages", "gather_groups",
     "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
     "balance_turning_points", "incremental_rewards", "step_advantages",
     "turning_point_rewards", "turning_points",

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 __all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
-           "broadcast_object", "barrier", "gather_rows"]
+           "broadcast_object", "barrier", "gather_groups", "gather_rows"]
 
 
 def process_group():
@@ -92,10 +92,41 @@ def barrier() -> None:
         d.barrier()
 
 
-def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:
-    """:func:`mmgrpo.core.gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU.
-    Returns the gathered tensors and the slice of this process's rows."""
-    from mmgrpo.core import gather_groups
+def gather_groups(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], slice]:
+    """All-gather variable-length tensors along dim 0, concatenated in rank order.
 
+    Args:
+        tensors: local tensors that share their first dimension n_local (which may differ per process).
+
+    Returns:
+        (gathered tensors, slice of this process's rows in the gathered tensors).
+    """
+    rank, world = world_info()
+    n_local = tensors[0].shape[0]
+    if any(t.shape[0] != n_local for t in tensors):
+        raise ValueError("all tensors passed to gather_groups must share dim 0")
+    if world == 1:
+        return list(tensors), slice(0, n_local)
+    import torch.distributed as d
+
+    dev = tensors[0].device
+    sizes_t = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(world)]
+    d.all_gather(sizes_t, torch.tensor([n_local], dtype=torch.long, device=dev))
+    sizes = [int(s.item()) for s in sizes_t]
+    max_n = max(sizes)
+    offset = sum(sizes[:rank])
+    out = []
+    for t in tensors:
+        pad = torch.zeros((max_n - n_local,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        padded = torch.cat([t.contiguous(), pad], dim=0)
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        d.all_gather(parts, padded)
+        out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
+    return out, slice(offset, offset + n_local)
+
+
+def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:
+    """:func:`gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU.
+    Returns the gathered tensors and the slice of this process's rows."""
     outs, sl = gather_groups([t.to(device) if device is not None else t for t in tensors])
     return [o.cpu() for o in outs], sl

@@ -94,7 +94,7 @@ def _atomic_dir(final: Path, write) -> Path:
 def _write_videos(d: Path) -> None:
     """Synthetic TVG videos (2 train + 2 eval videos) and their tvg / mcq / gqa sample files."""
     from mmgrpo.vlm.data import Sample, write_jsonl
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
     for split in ("train", "eval"):  # grounded QA = the colour question + the event's span as evidence

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mmgrpo.vlm.data import load_jsonl
-from mmgrpo.synthetic.tvg import COLOURS, frames_digest, generate, render_frame, sample_spec
+from mmgrpo.vlm.synthetic.tvg import COLOURS, frames_digest, generate, render_frame, sample_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -60,7 +60,7 @@ def _craft(src: str, dst: Path) -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
     from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("gen_vlm")
@@ -157,7 +157,7 @@ def test_interrupted_run_resumes_to_identical_file(env):
     from mmgrpo.vlm.config import DataConfig
     from mmgrpo.vlm.models.adapters import load_policy
     from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.data.task import TaskAdapter, load_samples
 
     pol = load_policy(env["tiny"], dtype="float32")
     ta = TaskAdapter(pol.processor, pol.adapter, DataConfig(task="tvg", prompt_mode="no_think", video_min_pixels=3136,
@@ -379,7 +379,7 @@ def test_batched_greedy_equals_batch_size_one(env):
 
 def test_clip_cache_gives_the_same_inputs_and_decodes_each_video_once(env):
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.data.task import TaskAdapter, load_samples
 
     cfg = _cfg(f"model={env['tiny']}", f"data.annotations={env['ann']}", "out_dir=unused")
     pol = load_policy(env["tiny"], dtype="float32")

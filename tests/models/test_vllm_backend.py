@@ -381,7 +381,7 @@ def _serve(server):
 
 
 def test_server_client_http_requests():
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
     _RecordingHandler.log = []
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingHandler)
@@ -420,7 +420,8 @@ def test_server_client_http_requests():
 def test_server_round_trip_with_fake_llm():
     from PIL import Image
 
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient, make_server
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_server import make_server
 
     tok = _tok()
     eos = tok.convert_tokens_to_ids("<|im_end|>")

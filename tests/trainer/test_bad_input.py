@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from mmgrpo.vlm.config import DataConfig
-from mmgrpo.vlm.train.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
+from mmgrpo.vlm.data.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmgrpo.vlm.config import TrainConfig
-from mmgrpo.vlm.train.task import MissingMediaError
+from mmgrpo.vlm.data.task import MissingMediaError
 from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
 from mmgrpo.utils.config import load_config
 

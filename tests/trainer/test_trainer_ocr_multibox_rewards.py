@@ -22,7 +22,7 @@ def test_one_trainer_step_with_multibox_rewards(tmp_path, tiny_dirs, th):
 def test_ocr_reward_through_the_trainers_reward_builder(th, tmp_path):
     """The trainer's reward construction accepts reward.weights={ocr_wer: 1}; a full step needs a free-text task
     (the mcq prompt and JSONL schema require options), which the canonical schema does not have yet."""
-    from mmgrpo.vlm.train.task import build_rewards
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     cfg = th.make_cfg(tmp_path, "unused", "data.task=mcq", "reward.weights={ocr_wer: 1.0}")
     fn, acc_fn = build_rewards(cfg.reward, "mcq", "qwen2_5_vl", tokenizer=None, prompt_mode="no_think")

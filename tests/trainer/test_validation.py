@@ -19,7 +19,7 @@ PIX = ["data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.video_t
 
 @pytest.fixture(scope="module")
 def tvg_data(tmp_path_factory):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     return generate(tmp_path_factory.mktemp("val_tvg"), n_train=2, n_eval=2, seed=0)
 

@@ -36,7 +36,7 @@ def test_bars_sit_at_their_spans():
 
 
 def test_timelines_from_a_synthetic_video_and_prediction_files(tmp_path):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
     from mmgrpo.video.clip import load_video
 
     g = generate(tmp_path / "syn", n_train=0, n_eval=2, seed=0)

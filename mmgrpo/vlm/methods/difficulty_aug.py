@@ -202,7 +202,7 @@ from mmgrpo.vlm.methods.base import VLMMethod  # noqa: E402  (the pure functions
 
 
 def _sample_key(sample) -> str:
-    from mmgrpo.vlm.train.task import sample_id
+    from mmgrpo.vlm.data.task import sample_id
 
     return str(sample_id(sample))
 

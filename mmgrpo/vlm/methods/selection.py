@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from mmgrpo.vlm.methods.base import VLMMethod
-from mmgrpo.vlm.train.task import sample_id
+from mmgrpo.vlm.data.task import sample_id
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.seeding import sample_seed
 

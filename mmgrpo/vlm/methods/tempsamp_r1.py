@@ -55,7 +55,7 @@ class TempSampR1(VLMMethod):
     @classmethod
     def check_config(cls, cfg) -> None:
         """A bad ``tempsamp.shape_reward`` is refused even with TempSamp-R1 off (as the trainer always did)."""
-        from mmgrpo.vlm.train.task import accuracy_key
+        from mmgrpo.vlm.rewards.registry import accuracy_key
 
         shape_key(cfg.tempsamp, cfg.reward.weights, accuracy_key(cfg.reward, cfg.data.task), warn=False)
 

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterator, Sequence
 
@@ -72,6 +71,7 @@ import numpy as np
 import torch
 
 from .rollout import RolloutBackend, RolloutOutput, SamplingParams, rollout_from_token_lists
+from .vllm_client import EngineOutput, VLLMServerClient, nccl_transfer_factory
 
 VLLM_SOURCE_VERSION = "0.33.0"  # the vLLM release whose source every call here was checked against
 
@@ -190,15 +190,6 @@ def vllm_requests(prompts: Sequence[dict], raw_prompts: Sequence[dict] | None, n
 # ----------------------------------------------------------------------------------------------------------
 # outputs
 # ----------------------------------------------------------------------------------------------------------
-@dataclass
-class EngineOutput:
-    """One finished request: the engine's expanded prompt, sampled ids and their sampling log-probs."""
-
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float] | None
-
-
 def request_output_to_engine_output(o) -> EngineOutput:
     """``vllm.RequestOutput`` -> :class:`EngineOutput` (``logprobs=0``: the sampled token's entry per position)."""
     c = o.outputs[0]
@@ -471,8 +462,6 @@ def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 
 
     Every training process generates through the server; only the one with ``pushes=True`` (process 0) sends
     weights, and all processes wait at a barrier after the push."""
-    from .vllm_server import VLLMServerClient, nccl_transfer_factory
-
     client = VLLMServerClient(url, timeout=timeout)
     if wait_seconds > 0:
         client.wait_until_healthy(wait_seconds)
@@ -506,7 +495,7 @@ def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
 
 __all__ = [
     "VLLM_SOURCE_VERSION", "check_vllm_version", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
-    "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
+    "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests",
     "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",
     "default_llm_kwargs", "engine_on_this_gpu", "VLLMRolloutBackend", "colocate_backend", "server_backend",

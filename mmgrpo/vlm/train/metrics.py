@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from mmgrpo.vlm.train.batch import RolloutBatch
-from mmgrpo.vlm.train.task import sample_id
+from mmgrpo.vlm.data.task import sample_id
 
 __all__ = ["MetricsMixin"]
 

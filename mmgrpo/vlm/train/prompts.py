@@ -7,7 +7,7 @@ import time
 from typing import Sequence
 
 from mmgrpo.vlm.train.stream import PromptStream, chain_epoch_hooks
-from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, PreparedPrompt, sample_id
+from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, PreparedPrompt, sample_id
 from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train")

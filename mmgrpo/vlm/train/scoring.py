@@ -10,7 +10,7 @@ from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.vlm.models.rollout import make_seeds
 from mmgrpo.engine.reward_calls import CallStats
 from mmgrpo.vlm.train.faults import call_with_retries
-from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, sample_id
+from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train")

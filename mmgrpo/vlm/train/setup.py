@@ -9,7 +9,7 @@ from mmgrpo.vlm.methods import check_config, enabled_classes
 from mmgrpo.vlm.models.adapters import LoraSpec, Policy, load_policy
 from mmgrpo.vlm.models.rollout import HFRolloutBackend, RolloutBackend
 from mmgrpo.vlm.train.stream import PromptStream
-from mmgrpo.vlm.train.task import TaskAdapter
+from mmgrpo.vlm.data.task import TaskAdapter
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.checkpoint import CheckpointManager
 from mmgrpo.utils.config import save_config

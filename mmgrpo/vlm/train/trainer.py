@@ -55,7 +55,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmgrpo.vlm.config import TrainConfig
-from mmgrpo.core import AdvantageOutput, gather_groups, group_advantages, policy_loss
+from mmgrpo.core import AdvantageOutput, group_advantages, policy_loss
+from mmgrpo.engine.dist import gather_groups
 from mmgrpo.engine.dist import any_process, global_max, global_sum
 from mmgrpo.engine.groups import valid_member_counts
 from mmgrpo.vlm.methods import build_methods
@@ -72,7 +73,8 @@ from mmgrpo.vlm.train.scoring import ScoringMixin
 from mmgrpo.vlm.train.setup import SetupMixin
 from mmgrpo.vlm.train.stopping import StopMixin
 from mmgrpo.vlm.train.stream import PromptStream
-from mmgrpo.vlm.train.task import PreparedPrompt, accuracy_key, build_rewards, load_samples, sample_id
+from mmgrpo.vlm.data.task import PreparedPrompt, load_samples, sample_id
+from mmgrpo.vlm.rewards.registry import accuracy_key, build_rewards
 from mmgrpo.utils.checkpoint import capture_rng_state
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock

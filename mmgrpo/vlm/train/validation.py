@@ -5,7 +5,7 @@ The held-out metric of a GRPO run can move a lot between nearby steps while the 
 that is neither trained on nor reported: ``validation.file``. At step 0 (``validation.at_start``, a fresh run),
 every ``validation.every`` steps and after the last step, the current policy decodes every validation prompt
 greedily -- with :func:`mmgrpo.vlm.models.rollout.greedy_generate`, the function ``eval/generate_vlm.py`` uses, on
-inputs prepared by the trainer's own :class:`~mmgrpo.vlm.train.task.TaskAdapter`, in fixed consecutive batches of
+inputs prepared by the trainer's own :class:`~mmgrpo.vlm.data.task.TaskAdapter`, in fixed consecutive batches of
 ``validation.batch_size`` -- so a point of the curve equals an evaluation of the checkpoint saved at that step
 with the same data settings and batch size.
 
@@ -49,7 +49,7 @@ class Validator:
     """Holds the validation samples of one run and appends points to its curve."""
 
     def __init__(self, trainer) -> None:
-        from mmgrpo.vlm.train.task import load_samples
+        from mmgrpo.vlm.data.task import load_samples
 
         v = trainer.cfg.validation
         self.cfg = trainer.cfg
@@ -88,7 +88,7 @@ class Validator:
     def _prepare(self, trainer, sample):
         """The sample as the trainer prepares it; None (scored as an empty answer, counted) if its media cannot be
         read and data.on_missing_media / on_bad_sample say skip -- the set stays fixed across points."""
-        from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, sample_id
+        from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 
         try:
             return trainer.task.prepare(sample)
@@ -139,7 +139,7 @@ class Validator:
         return m
 
     def _write(self, step: int, texts: list[str], m: dict[str, float]) -> None:
-        from mmgrpo.vlm.train.task import sample_id
+        from mmgrpo.vlm.data.task import sample_id
 
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / f"step-{step:08d}.jsonl", "w", encoding="utf-8") as f:

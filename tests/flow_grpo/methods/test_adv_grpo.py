@@ -53,7 +53,7 @@ def test_preset_is_the_release_setting():
 def test_reward_model_update_is_the_hinge_step_on_the_epochs_images_and_references(tmp_path):
     """One epoch through the trainer = one Adam step (own lr/betas) by hand on the rollout's images (negatives) and
     reference ``member % refs_per_prompt`` of each sample's prompt, rendered by Mini-GenEval (positives)."""
-    from flow_grpo.rewards.base import to_uint8_nhwc
+    from flow_grpo.media import to_uint8_nhwc
     from mmgrpo.synthetic import t2i as bench
 
     tr = _trainer("sd3", tmp_path)

@@ -19,9 +19,9 @@ from flow_grpo.rewards import (
     available_rewards,
     build_reward,
     register_reward,
-    to_uint8_nhwc,
     win_rate,
 )
+from flow_grpo.media import to_uint8_nhwc
 from flow_grpo.rewards.async_runner import AsyncRewardRunner
 
 

@@ -12,7 +12,7 @@ import torch
 from mmgrpo.core import group_advantages, policy_loss
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_worker import make_batch  # noqa: E402
+from _groups_worker import make_batch  # noqa: E402
 
 
 def _free_port() -> int:
@@ -27,7 +27,7 @@ def test_two_processes_match_single_process(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           str(Path(__file__).parent / "_dist_worker.py"), str(out)]
+           str(Path(__file__).parent / "_groups_worker.py"), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0 = json.loads(Path(f"{out}.0").read_text())

@@ -1,6 +1,6 @@
 """Synthetic temporal-grounding benchmark, version 2: the video and the query decide the answer.
 
-Version 1 (:mod:`mmgrpo.synthetic.tvg`) has 1-3 events of distinct colours *and* shapes lasting 1 s to 60 %
+Version 1 (:mod:`mmgrpo.vlm.synthetic.tvg`) has 1-3 events of distinct colours *and* shapes lasting 1 s to 60 %
 of the video, so a span that ignores the video scores about 45 mIoU (``docs/demo_models.md``).  Here:
 
 * a video (10-16 s, 4-10 fps, 64x64 or 96x64) holds 3-5 **moving** events, each visible for only 1-2 s at a
@@ -43,7 +43,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from .tvg import BACKGROUND, COLOURS, FPS_CHOICES, SHAPE_SIZE, SHAPES, SIZES, Event, _shape_mask
+from mmgrpo.synthetic.shapes import BACKGROUND, COLOURS, SHAPES, _shape_mask
+
+from .tvg import FPS_CHOICES, SHAPE_SIZE, SIZES, Event
 
 DURATION = (10.0, 16.0)  # seconds, uniform
 EVENT_SECONDS = (1.0, 2.0)  # visible time of one event, uniform

@@ -1,15 +1,15 @@
 """Sample -> prompt item (messages + media through the processor), ground-truth completion, shuffled-frame variant.
 
-Built on the shared modules: ``mmgrpo.vlm.data`` (``build_messages``, ``format_ground_truth_answer``, ``load_jsonl``),
-``mmgrpo.video`` (``load_video`` + ``build_video_inputs``: the fps / time-axis contract) and ``mmgrpo.vlm.rewards``
-(``build_reward_fn``).  Samples are ``mmgrpo.vlm.data.Sample`` objects (or canonical dicts); in-memory frames may be
+Built on ``mmgrpo.vlm.data`` (``build_messages``, ``format_ground_truth_answer``, ``load_jsonl``) and ``mmgrpo.video``
+(``load_video`` + ``build_video_inputs``: the fps / time-axis contract). The trainer, the validation and the
+evaluation harness prepare every sample through :class:`TaskAdapter`, so all three see the same inputs.  Samples are ``mmgrpo.vlm.data.Sample`` objects (or canonical dicts); in-memory frames may be
 given as ``video`` (an array) with ``meta["video_fps"]`` (tests, synthetic data).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
@@ -301,48 +301,3 @@ class TaskAdapter:
 
 def _tensors(batch) -> dict:
     return {k: v for k, v in dict(batch).items() if isinstance(v, torch.Tensor)}
-
-
-def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think"):
-    """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
-    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
-    from mmgrpo.vlm.rewards.registry import build_reward_fn
-
-    answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
-    if prompt_mode == "no_think" and reward_cfg.weights.get("format") and not answer_only_format:
-        # strict "format" requires a <think> block, which this prompt tells the model not to write: the reward
-        # would be 0 for every completion and silently shift every total
-        raise ValueError("reward.weights has 'format' (strict: <think>...</think><answer>...</answer>) but "
-                         "data.prompt_mode=no_think asks for a direct <answer>: it would score 0 for every "
-                         "completion. Use 'format_loose' (a closed <answer> block) or drop it, e.g. "
-                         "reward.weights='{iou: 1.0, format_loose: 0.5}'")
-    opts = dict(reward_cfg.options)
-    mode = getattr(reward_cfg, "parse_mode", "lenient")
-    if mode != "lenient":
-        if opts.get("parse_mode", mode) != mode:
-            raise ValueError(f"reward.parse_mode={mode!r} but reward.options sets parse_mode="
-                             f"{opts['parse_mode']!r}: set it in one place")
-        opts["parse_mode"] = mode
-    if task == "rec":
-        opts.setdefault("box_frame", family)
-    if "length" in reward_cfg.weights:
-        opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
-    fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)
-    key = accuracy_key(reward_cfg, task)
-    acc_fn = None if key in reward_cfg.weights else build_reward_fn({key: 1.0}, task, **{
-        k: v for k, v in opts.items() if k != "token_counter"})
-    return fn, acc_fn
-
-
-def accuracy_key(reward_cfg, task: str) -> str:
-    if reward_cfg.accuracy_key != "auto":
-        return reward_cfg.accuracy_key
-    # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
-    for name, t in (("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
-        if task == t and name in reward_cfg.weights:
-            return name
-    return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")
-
-
-def repeat(xs: Sequence[Any], n: int) -> list:
-    return [x for x in xs for _ in range(n)]

@@ -1,11 +1,13 @@
-"""Worker for test_distributed.py: launched with torchrun (2 CPU processes, gloo) via accelerate's state."""
+"""Worker for test_groups_distributed.py: launched with torchrun (2 CPU processes, gloo) via accelerate's state."""
 import json
 import sys
 
 import torch
 from accelerate import PartialState
 
-from mmgrpo.core import distributed_group_advantages, global_sum, policy_loss
+from mmgrpo.core import policy_loss
+from mmgrpo.engine.dist import global_sum
+from mmgrpo.engine.groups import distributed_group_advantages
 
 
 def make_batch():

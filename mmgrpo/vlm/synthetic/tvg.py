@@ -24,16 +24,8 @@ import json
 import os
 from dataclasses import dataclass
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (230, 30, 30),
-    "green": (30, 200, 40),
-    "blue": (40, 70, 235),
-    "yellow": (240, 225, 30),
-    "magenta": (220, 40, 220),
-    "cyan": (40, 220, 225),
-}
-SHAPES = ("circle", "square", "triangle")
-BACKGROUND = (70, 70, 70)
+from mmgrpo.synthetic.shapes import BACKGROUND, COLOURS, SHAPES, _shape_mask
+
 SIZES = ((64, 64), (96, 64))  # (width, height)
 FPS_CHOICES = (4.0, 5.0, 6.0, 8.0, 10.0)
 SHAPE_SIZE = 14  # pixels; large enough to survive 4:2:0 chroma subsampling
@@ -70,21 +62,6 @@ class VideoSpec:
     @property
     def duration(self) -> float:
         return self.num_frames / self.fps
-
-
-def _shape_mask(shape: str, size: int):
-    import numpy as np
-
-    yy, xx = np.mgrid[0:size, 0:size]
-    c = (size - 1) / 2.0
-    if shape == "circle":
-        return (yy - c) ** 2 + (xx - c) ** 2 <= (size / 2.0) ** 2
-    if shape == "square":
-        return np.ones((size, size), bool)
-    if shape == "triangle":  # apex up: row y spans a width growing linearly
-        half = (yy + 1) / size * (size / 2.0)
-        return np.abs(xx - c) <= half
-    raise ValueError(f"unknown shape {shape!r}")
 
 
 def render_frame(spec: VideoSpec, k: int):
@@ -226,53 +203,3 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
                    "n_samples": result["n_samples"], "colours": COLOURS, "shapes": SHAPES,
                    "span_rule": "[first_frame / fps, (last_frame + 1) / fps]"}, fh, indent=1)
     return result
-
-
-def build_parser():
-    """The generator's command line (``data/synthetic_tvg.py``); also read by ``scripts/demo.py`` to check a
-    recipe's generator arguments against a base's benchmark with these defaults."""
-    import argparse
-
-    p = argparse.ArgumentParser(description="Generate the synthetic temporal-grounding benchmark (mp4 + JSONL).")
-    p.add_argument("out_dir")
-    p.add_argument("--n-train", type=int, default=64)
-    p.add_argument("--n-eval", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mcq", action="store_true", help="also write the colour multiple-choice task (version 1)")
-    p.add_argument("--version", type=int, default=1, choices=(1, 2),
-                   help="1: this module's benchmark; 2: mmgrpo.synthetic.grounding (3-5 short moving events "
-                        "with colour/shape distractors and motion queries, where a video-blind span scores low)")
-    p.add_argument("--n-val", type=int, default=0, help="version 2: also write a validation split val.jsonl")
-    p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
-                   help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
-                        "= the background brightens with time (mmgrpo.synthetic.grounding)")
-    p.add_argument("--lanes", type=int, default=3,
-                   help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
-    p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                   help="version 2: events per video before the optional twin (default 3 5; at least 2)")
-    return p
-
-
-def main(argv=None) -> int:
-    p = build_parser()
-    a = p.parse_args(argv)
-    if a.version == 2:
-        if a.mcq:
-            p.error("--mcq exists only for --version 1")
-    elif a.clock != "none" or a.n_val or a.lanes != 3 or a.events:
-        p.error("--clock, --n-val, --lanes and --events exist only for --version 2")
-    if a.version == 2:
-        from .grounding import generate as generate_v2
-
-        from .grounding import N_EVENTS
-
-        res = generate_v2(a.out_dir, a.n_train, a.n_eval, a.seed, n_val=a.n_val, clock=a.clock, lanes=a.lanes,
-                          n_events=tuple(a.events) if a.events else N_EVENTS)
-    else:
-        res = generate(a.out_dir, a.n_train, a.n_eval, a.seed, a.mcq)
-    print(json.dumps(res, indent=1))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
