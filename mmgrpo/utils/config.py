@@ -13,13 +13,13 @@ Parsing rules (the same for YAML values and ``key=value`` strings):
 * ``Optional[X]``: ``none``/``null``/``~`` (any case, *unquoted*) or an empty value mean ``None``; a quoted
   ``'none'`` stays a string.
 * ``list[X]``/``tuple[X, ...]``/``tuple[X, Y]``: YAML flow syntax ``[1, 2]`` (or ``1,2``); ``dict[K, V]``:
-  ``{a: 1}``; ``Literal[...]``: one of the choices; ``Enum``: member name or value; ``Path``; ``Any``: YAML
-  semantics.
+  ``{a: 1}``; ``Literal[...]``: one of the choices; ``Any``: YAML semantics. These are the types the configs use;
+  any other field type is a ``TypeError``-like ``unsupported field type`` error naming the key.
 * Nested dataclasses take a mapping (YAML) or are addressed with dotted keys (``model.lora.rank=8``); a field of type
   ``Optional[SubConfig]`` that is ``None`` is created from ``SubConfig()`` when one of its keys is set.
 
-:func:`check_choices` validates ``Literal`` fields of a config built
-in Python (the loader already checks them when parsing).
+:func:`check_choices` validates ``Literal`` fields of a config built in Python (the loader already checks them when
+parsing). Why this module and not a library: docs/config.md ("Would a library do this with less code?").
 
 Errors are ``ValueError`` naming the key (and the YAML file), the value and the expected type; unknown keys list
 close matches. The final config is constructed once from the merged values, so ``__post_init__`` validation sees
@@ -28,17 +28,15 @@ the final values. This module imports nothing heavy (no torch): CLIs can print `
 from __future__ import annotations
 
 import argparse
-import collections.abc
 import dataclasses
 import difflib
-import enum
 import math
 import os
 import re
 import sys
 import types
 import typing
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence, TypeVar, Union
 
 import yaml
@@ -49,7 +47,6 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "config_to_dict",
-    "config_from_dict",
     "save_config",
     "config_to_yaml",
     "config_argparser",
@@ -199,8 +196,6 @@ def type_name(tp: Any) -> str:
             return oname
         parts = ["..." if a is Ellipsis else type_name(a) for a in args]
         return f"{oname}[{', '.join(parts)}]"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "{" + ", ".join(m.name for m in tp) + "}"
     if isinstance(tp, type):
         return tp.__name__
     return str(tp)
@@ -242,12 +237,6 @@ def _parse_int(v: Any) -> int:
         return int(s, 10)
     except ValueError:
         pass
-    low = s.lower()
-    if re.fullmatch(r"[+-]?0[xob][0-9a-f_]+", low):
-        try:
-            return int(s, 0)
-        except ValueError:
-            pass
     try:
         f = float(s)
     except ValueError:
@@ -336,19 +325,6 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
         if _plain_null(v):
             return None
         return _coerce(v, inner, from_cli)
-    args = _union_args(tp)
-    if args is not None:  # non-optional union: first member that accepts the value
-        errors = []
-        for a in args:
-            try:
-                return _coerce(v, a, from_cli)
-            except _BadValue as exc:
-                errors.append(f"{type_name(a)}: {exc}")
-        raise _BadValue("; ".join(errors))
-    if tp is type(None):
-        if _plain_null(v):
-            return None
-        raise _BadValue("expected none")
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -376,33 +352,8 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
         return _parse_float(v)
     if tp is str:
         return _parse_str(v)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        if isinstance(v, tp):
-            return v
-        s = str(v) if isinstance(v, str) else None
-        for m in tp:
-            if s is not None and (m.name == s or str(m.value) == s):
-                return m
-            if m.value == v:
-                return m
-        raise _BadValue(f"not one of {[m.name for m in tp]}")
-    if isinstance(tp, type) and issubclass(tp, PurePath):
-        if isinstance(v, (str, PurePath)):
-            return tp(str(v))
-        raise _BadValue(f"got {type(v).__name__}")
-    if _is_dataclass_type(tp):
-        if isinstance(v, tp):
-            return v
-        v = _maybe_yaml(v, from_cli)
-        if not isinstance(v, dict):
-            raise _BadValue(f"expected a mapping for {tp.__name__}")
-        tree = _Tree.from_instance(_default_instance(tp))
-        _apply_mapping(tree, v, prefix="", source=None)
-        return tree.build()
-    if origin in (list, tuple, set, frozenset, collections.abc.Sequence) or tp in (list, tuple, set, frozenset):
+    if origin in (list, tuple) or tp in (list, tuple):
         container = origin or tp
-        if container is collections.abc.Sequence:
-            container = list
         v = _maybe_yaml(v, from_cli)
         if isinstance(v, str):
             s = str(v).strip()
@@ -410,7 +361,7 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
                 items: list = []
             else:
                 items = [_Scalar(p.strip()) for p in s.split(",")]
-        elif isinstance(v, (list, tuple, set, frozenset)):
+        elif isinstance(v, (list, tuple)):
             items = list(v)
         else:
             raise _BadValue(f"expected a list, got {type(v).__name__}")
@@ -421,8 +372,8 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
             return tuple(_coerce_item(x, a, i) for i, (x, a) in enumerate(zip(items, args)))
         el = args[0] if args else Any
         out = [_coerce_item(x, el, i) for i, x in enumerate(items)]
-        return container(out) if container is not list else out
-    if origin in (dict, collections.abc.Mapping) or tp is dict:
+        return tuple(out) if container is tuple else out
+    if origin is dict or tp is dict:
         v = _maybe_yaml(v, from_cli)
         if isinstance(v, str) and not str(v).strip():
             v = {}
@@ -564,7 +515,7 @@ def _set_path(
             _set_path(sub, parts[1:], raw, root_cls=root_cls, full_key=full_key, source=source, from_cli=from_cli)
             return
         origin = typing.get_origin(inner)
-        if origin in (dict, collections.abc.Mapping) or inner is dict:  # dotted key into a dict field: set one entry
+        if origin is dict or inner is dict:  # dotted key into a dict field: set one entry
             args = typing.get_args(inner)
             kt, vt = (args if len(args) == 2 else (Any, Any))
             cur = tree.values.get(name)
@@ -685,27 +636,16 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """Nested plain-python (YAML/JSON-safe) view: dataclasses -> dicts, tuples -> lists, Path -> str, Enum -> name."""
+    """Nested plain-python (YAML/JSON-safe) view: dataclasses -> dicts, tuples -> lists."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}
-    if isinstance(cfg, enum.Enum):
-        return cfg.name
-    if isinstance(cfg, PurePath):
-        return str(cfg)
-    if isinstance(cfg, (list, tuple, set, frozenset)):
+    if isinstance(cfg, (list, tuple)):
         return [config_to_dict(x) for x in cfg]
     if isinstance(cfg, dict):
         return {config_to_dict(k): config_to_dict(v) for k, v in cfg.items()}
     if isinstance(cfg, _Scalar):
         return str(cfg)
     return cfg
-
-
-def config_from_dict(cls: type[T], data: dict) -> T:
-    """Inverse of :func:`config_to_dict` (with the same validation as a YAML file)."""
-    tree = _Tree.from_instance(_default_instance(cls))
-    _apply_mapping(tree, data, prefix="", source=None)
-    return tree.build()
 
 
 def config_to_yaml(cfg: Any) -> str:
@@ -730,12 +670,10 @@ def _fmt_default(v: Any) -> str:
         return "none"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, enum.Enum):
-        return v.name
-    if isinstance(v, (str, PurePath)):
+    if isinstance(v, str):
         s = str(v)
         return repr(s) if (not s or s != s.strip() or " " in s or s.lower() in _NULL_WORDS) else s
-    if isinstance(v, (list, tuple, dict, set, frozenset)):
+    if isinstance(v, (list, tuple, dict)):
         return yaml.dump(
             config_to_dict(v), Dumper=_ConfigDumper, default_flow_style=True, width=10**6, allow_unicode=True
         ).strip()
