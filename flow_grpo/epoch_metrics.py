@@ -52,11 +52,11 @@ def _update_metrics(upd: dict, beta: float) -> dict:
 
 def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float, t_train: float) -> dict:
     """``rsum``: the reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
-    :meth:`~flow_grpo.trainer.FlowGRPOTrainer._run_updates` collected."""
+    :func:`~flow_grpo.steps.run_updates` collected."""
     rewards, n_images, n_trained = _reward_metrics(tr, traj)
     grad_norms, status = upd["grad_norms"], upd["status"]
     out = {
-        "epoch": tr.epoch, **rewards,
+        "epoch": tr.state.epoch, **rewards,
         "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
         "reward/failed_calls": rsum[3], "reward/dropped_by_failure": rsum[4],
         **stats,
@@ -68,8 +68,8 @@ def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float,
         "lr": float(tr.lr_scheduler.get_last_lr()[0]),
         "steps/applied": float(status["applied"]), "steps/skipped": float(status["skipped"]),
         "steps/empty": float(status["empty"]),
-        "steps/skipped_total": float(tr.counters["skipped_steps"]),
-        "steps/consecutive_skips": float(tr.skips.consecutive),
+        "steps/skipped_total": float(tr.state.counters["skipped_steps"]),
+        "steps/consecutive_skips": float(tr.guard.consecutive_skips),
     }
     out.update(_update_metrics(upd, tr.cfg.optim.kl_coef))
     return out

@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,7 +52,18 @@ def _env() -> dict:
 
 
 def _kept(key: str) -> bool:
-    return key != "time" and not any(p in key for p in SKIP_PARTS) and not key.endswith("_s")
+    # settings_fingerprint: a hash of an evaluation's settings, its file paths (in this run's temporary folder)
+    # included; the settings themselves are compared with those paths normalised (_same)
+    return key not in ("time", "settings_fingerprint") and not any(p in key for p in SKIP_PARTS) \
+        and not key.endswith("_s")
+
+
+def _same(a, b) -> bool:
+    """Equal values; NaN equals NaN; paths inside two runs' temporary folders are equal if the rest is."""
+    if isinstance(a, str) and isinstance(b, str):
+        norm = lambda s: re.sub(r"/(?:[^/\s]+/)*golden-[^/\s]+", "<work>", s)  # noqa: E731
+        return norm(a) == norm(b)
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
 def _metrics_rows(path: Path) -> list[dict]:
@@ -188,8 +200,7 @@ def _diff(a, b, path="") -> list[str]:
         if len(a) != len(b):
             return [f"{path}: {len(a)} entries in the reference, {len(b)} now"]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
-    same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
-    return [] if same else [f"{path}: {a!r} -> {b!r}"]
+    return [] if _same(a, b) else [f"{path}: {a!r} -> {b!r}"]
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ SD3 joint blocks; T5 / CLIP encoder layers).
    ``from_pretrained`` folder (VLM: + the real-vocabulary Qwen processor; flow: a diffusers pipeline folder);
 2. ``step`` (fresh subprocess): imports, baseline RSS, load the folder through the trainers' real path
    (``load_policy`` / ``load_adapter``), then ONE full GRPO step of the project's own trainer
-   (``GRPOTrainer.train_step`` on G=4 rollouts of one real-format 8-frame video prompt; ``FlowGRPOTrainer.train_epoch``
+   (one step of ``GRPOTrainer.train`` on G=4 rollouts of one real-format 8-frame video prompt; one epoch of ``FlowGRPOTrainer.train``
    on G=4 512x512 images: rollout, reward, advantages, loss, backward, optimizer step), LoRA (or ``--full-finetune``),
    gradient checkpointing on.
 
@@ -157,7 +157,7 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
           "model.gradient_checkpointing=true", f"model.lora.enabled={'false' if full else 'true'}",
           "data.task=tvg", "data.prompt_mode=no_think", f"data.video_min_pixels={px * px}",
           f"data.video_max_pixels={px * px}", f"rollout.group_size={G}",
-          f"rollout.max_new_tokens={max_new_tokens}", "run.max_steps=1", "run.prompts_per_device=1",
+          f"rollout.max_new_tokens={max_new_tokens}", "run.max_steps=2", "run.prompts_per_device=1",
           f"run.micro_batch_size={G}", "run.device=cpu", "optim.lr=1e-5", f"run.output_dir={run_dir}",
           "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.progress_bar=false"]
     cfg = load_config(TrainConfig, None, ov)
@@ -165,13 +165,12 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
               "video": synthetic_frames(0, FRAMES, px, px), "meta": {"video_fps": 2.0},
               "duration": FRAMES / 2.0, "spans": [[1.0, 2.5]]}
     tr = GRPOTrainer(cfg, samples=[sample], reward_fn=_text_reward)
-    tr._make_stream()
     touch_weights(tr.model)
     reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     sec = time.perf_counter() - t0
-    rb = tr.last_batch
+    rb = tr.state.batch
     prompt_tokens = int(rb.items[0]["input_ids"].shape[-1]) if rb.n else 0
     comp = int(rb.completion_mask.sum()) if rb.n else 0
     loss = m.get("train/loss", float("nan"))
@@ -202,21 +201,19 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     cfg = load_train_config(None, [f"{k}={v}" for k, v in ov.items()])
     tr = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": _image_reward})
-    import mmgrpo.core
+    losses, real_loss = [], tr.loss
 
-    losses, real_loss = [], mmgrpo.core.policy_loss
-
-    def recording_loss(*args, **kw):  # the flow trainer logs no loss: record what policy_loss returns
+    def recording_loss(*args, **kw):  # the flow trainer logs no loss: record each micro-batch's
         out = real_loss(*args, **kw)
-        losses.append(float(out.loss.detach()))
+        losses.append(float(out[0].detach()))
         return out
 
-    mmgrpo.core.policy_loss = recording_loss
+    tr.loss = recording_loss
     touch_weights(*[m for m in (getattr(ad.pipe, k, None) for k in ("transformer", "vae", "text_encoder",
                     "text_encoder_2", "text_encoder_3")) if m is not None])
     reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
-    m = tr.train_epoch()
+    m = tr.train()[-1]  # the one epoch (and its LoRA export)
     sec = time.perf_counter() - t0
     loss = sum(losses) / len(losses) if losses else float("nan")
     return {"loss": loss, "step_seconds": sec, "peak_reset": reset, "updates": int(m.get("steps/applied", 0)),

@@ -33,7 +33,7 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
     train = [c for c in cmds if "mmgrpo.vlm.cli train" in c]
     assert len(train) == 2 * len(cm.method_recipes("vlm"))
     assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
-    assert not any("tempsamp.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
+    assert not any("methods.tempsamp_r1.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
     for name, recipe in cm.method_recipes("vlm").items():
         assert sum(f"/{name}/seed1/run" in c for c in train) == 1
         assert all(f"train --config {recipe} " in c for c in train if f"/{name}/" in c)
@@ -51,9 +51,9 @@ OLD_VLM_METHODS = {
     "grpo": [],
     "dr_grpo": ["algo.adv_scale=none", "algo.agg=seq_mean_token_sum_norm"],
     "dapo": ["algo.clip_high=0.28", "algo.filter_zero_std=true"],
-    "tempsamp_r1": ["tempsamp.enabled=true"],
+    "tempsamp_r1": ["methods.tempsamp_r1.enabled=true"],
     "reg_grpo": ["algo.loss_type=reg"],
-    "t_grpo": ["tgrpo.enabled=true"],
+    "t_grpo": ["methods.t_grpo.enabled=true"],
     # added with their recipes (issue #21): no earlier list; the same check that recipe == switches
     "seed_grpo": ["methods.seed_grpo.enabled=true"],
     "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
@@ -172,9 +172,9 @@ def test_full_finetune_recipe_folder_strips_the_demo_lora_and_method_switch(tmp_
     assert set(train) == {"grpo", "ref_sync"}
     monkeypatch.chdir(REPO)
     for name, argv in train.items():
-        assert not any(a.split("=")[0] in {"tempsamp.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
+        assert not any(a.split("=")[0] in {"methods.tempsamp_r1.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
         cfg = load_config(TrainConfig, argv[1], argv[2:])
-        assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.tempsamp.enabled) == (False, 1e-4, 0.04,
+        assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.methods.tempsamp_r1.enabled) == (False, 1e-4, 0.04,
                                                                                                    False)
         assert cfg.methods.ref_sync.enabled is (name == "ref_sync")
     evals = [c for c in cmds if "eval/generate_vlm.py" in c and any("/seed0/eval" in a for a in c)]

@@ -1,7 +1,7 @@
 """How step cost grows (issue #18 item 5): VLM GRPO step time and peak memory against group size G and video
 tokens, naive vs ours; flow-matching epoch time against sampling steps and resolution.
 
-**VLM** (``GRPOTrainer.train_step``: sampling, reward, advantages, loss forward + backward, AdamW), one video
+**VLM** (one step of ``GRPOTrainer.train``: sampling, reward, advantages, loss forward + backward, AdamW), one video
 prompt per step, G completions of exactly T tokens (EOS suppressed), vision tower frozen, LLM fully trained, fp32:
 
 * ``naive``: ``rollout.shared_prefix=false`` + ``run.logprob_impl=naive`` (the prompt repeated G times in sampling
@@ -16,7 +16,7 @@ over rounds of the paired ratio naive / ours (wall; thread CPU time as cross-che
 RSS during its step (``common.peak_during``: RSS high-water mark minus RSS before the step, in-process with a fixed
 glibc mmap threshold so freed tensors leave the process).
 
-**Flow** (``flow_grpo.trainer.FlowGRPOTrainer.train_epoch``: sample groups_per_epoch x group_size images with the
+**Flow** (one epoch of ``flow_grpo.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
 SDE sampler, rewards, advantages, PPO updates over the trained steps), against sampling steps K and resolution.
 There is no naive twin here; cells are interleaved in rounds and each is reported as a paired ratio to the
 smallest cell of the same round (plus medians of wall and CPU time).
@@ -157,6 +157,7 @@ def run_vlm(args) -> dict:
     import torch
 
     from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.train.prompts import make_stream
 
     own = None
     if not args.model_dir:
@@ -179,13 +180,13 @@ def run_vlm(args) -> dict:
         if vid != n:
             raise RuntimeError(f"a {n}-token video prompt has {vid} video tokens: the processor sizing changed")
     for tr in trainers.values():
-        tr._prepare_sample = lambda pos, idx, s: prepared[id(s)]  # media prepared once (as data.prefetch does)
+        tr.task.prepare = lambda s: prepared[id(s)]  # media prepared once (as data.prefetch does)
 
     def step(tr, n):
         def fn():
             tr.samples = tr.all_samples = [samples[n]]
-            tr._make_stream()
-            return tr.train_step()
+            tr.state.stream = make_stream(tr)
+            return tr.train(steps=1)[-1]
         return fn
 
     common.release_freed_memory()
@@ -262,7 +263,7 @@ def run_flow(args) -> dict:
             trainers[(K, S)] = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": block_reward})
     common.release_freed_memory()
     for tr in trainers.values():  # warm-up epoch each
-        tr.train_epoch()
+        tr.train(num_epochs=1)
     cells = list(trainers)
     base = cells[0]
     res = {f"K{K}_px{S}": {"steps": K, "size": S, "wall_s": [], "cpu_s": [], "peak_mb": [], "vs_base": []}
@@ -271,7 +272,7 @@ def run_flow(args) -> dict:
         order = cells[r % len(cells):] + cells[:r % len(cells)]
         got = {}
         for K, S in order:
-            got[(K, S)] = timed(trainers[(K, S)].train_epoch)
+            got[(K, S)] = timed(lambda tr=trainers[(K, S)]: tr.train(num_epochs=1))
         for (K, S), (w, cpu, peak) in got.items():
             d = res[f"K{K}_px{S}"]
             d["wall_s"].append(w)

@@ -2,10 +2,10 @@
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
-                    (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once per group in the loss) and
-                    ``rollout.shared_prefix=true`` (each prompt prefilled once while sampling); with a trainer
-                    that predates the first option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
+* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train(steps=1)`` with its defaults
+                    ``run.logprob_impl=prefix_group`` (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once
+                    per group in the loss) and ``rollout.shared_prefix=true`` (each prompt prefilled once while
+                    sampling);
 * ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` and ``rollout.shared_prefix=false`` (prompt
                     repeated G times in sampling and loss, as TRL does);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
@@ -172,32 +172,17 @@ def profile_step(step_fn, top: int = 40) -> str:
 
 # ============================================================================================== ours
 def worker_ours(args, grouped: bool) -> None:
-    import dataclasses
-
     import torch
 
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs
     from mmgrpo.vlm.models.rollout import HFRolloutBackend
     from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
-    class GroupedGRPOTrainer(GRPOTrainer):
-        """The project's trainer with the shared-prefix log-prob function (same inputs, same numbers)."""
-
-        def _logp(self, model, rb, idx, return_logits=False):
-            T = max(1, int(rb.completion_mask[idx].sum(1).max()))
-            with self.accelerator.autocast():
-                return grouped_rows_token_logprobs(
-                    model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T],
-                    rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
-                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
-
     common.set_threads(args.threads)
     out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_ours_")
     rows = args.B * args.G
-    has_switch = "logprob_impl" in {f.name for f in dataclasses.fields(TrainConfig().run)}
     overrides = [
         f"model.path={args.model_dir}", "model.dtype=float32", "model.attn_implementation=sdpa",
         "model.freeze_vision=true", "data.task=mcq", "data.prompt_mode=no_think",
@@ -207,10 +192,8 @@ def worker_ours(args, grouped: bool) -> None:
         "algo.kl_coef=0", "algo.num_iterations=1", "algo.agg=token_mean", f"run.output_dir={out_dir}",
         "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
         "run.device=cpu", "run.log_every=1"]
-    if has_switch:
-        overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
-    if "shared_prefix" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
-        overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
+    overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
     overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]
     cfg = load_config(TrainConfig, None, overrides)
     policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
@@ -223,9 +206,7 @@ def worker_ours(args, grouped: bool) -> None:
         r = torch.tensor([reward_value(t) for t in texts])
         return {"acc": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cls = GroupedGRPOTrainer if (grouped and not has_switch) else GRPOTrainer
-    tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
-    tr._make_stream()
+    tr = GRPOTrainer(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
     common.set_threads(args.threads)
     patches = count_vision_patches(policy.model)
     n_train = int(sum(p.numel() for p in tr.params))
@@ -240,17 +221,17 @@ def worker_ours(args, grouped: bool) -> None:
         if cmd == "run":
             t0, c0, p0 = time.perf_counter(), time.process_time(), patches[0]
             for _ in range(k):
-                m = tr.train_step()
+                m = tr.train(steps=1)[-1]
                 lengths.append(m.get("completions/mean_length", 0.0))
-                impl = getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
+                impl = tr.logprob_impl
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            rb = tr.last_batch
+            rb = tr.state.batch
             say({"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * rb.n,
                  "logprob_impl": impl, "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
                  "vision_patches_per_step": (patches[0] - p0) / k,
                  "prompt_tokens": int(rb.items[0]["input_ids"].shape[1]), "completion_len": lengths[-1]})
         elif cmd == "profile":
-            say({"event": "profile", "text": profile_step(tr.train_step)})
+            say({"event": "profile", "text": profile_step(lambda: tr.train(steps=1))})
         else:
             say({"event": "bye", "completion_len": lengths[-1] if lengths else None, **memory_report(rss_setup)})
             import shutil

@@ -468,13 +468,18 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def _unknown_key_error(key: str, root_cls: type, source: str | None, section_keys: Iterable[str]) -> ValueError:
+    where = f"{source}: " if source else ""
+    # keys that moved: the root config's ``__config_moved__`` maps an old key or prefix (a section, or one ending in
+    # "_" or ".") to its new place; the old key is an error naming the new one, never an alias
+    for old, new in getattr(root_cls, "__config_moved__", {}).items():
+        if key == old or key.startswith(old if old.endswith(("_", ".")) else old + "."):
+            return ValueError(f"{where}config key '{key}' moved: it is now '{new}{key[len(old):]}'")
     candidates = _all_keys(root_cls)
     close = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     last = key.rsplit(".", 1)[-1]
     for c in candidates:  # `lr=` when the field is `train.lr`
         if c.rsplit(".", 1)[-1] == last and c not in close:
             close.append(c)
-    where = f"{source}: " if source else ""
     msg = f"{where}unknown config key '{key}'"
     if close:
         msg += f"; did you mean: {', '.join(repr(c) for c in close[:5])}?"

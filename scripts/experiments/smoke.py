@@ -178,14 +178,16 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
           "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
           "run.save_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
           "run.grad_sync=auto", f"run.output_dir={run_dir}"]
-    if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
-        ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
-    if cfg.selection.enabled:
-        ov.append(f"selection.num_inferences={min(cfg.selection.num_inferences, 2)}")
+    tg, sel = cfg.methods.t_grpo, cfg.methods.selection
+    if tg.enabled and tg.num_shuffled:
+        ov.append(f"methods.t_grpo.num_shuffled={min(tg.num_shuffled, g)}")
+    if sel.enabled:
+        ov.append(f"methods.selection.num_inferences={min(sel.num_inferences, 2)}")
         # the selection pass runs (K inferences, reward statistics) but keeps every sample: a tiny model's rewards
         # are often constant within a prompt, which the variance criteria reject, leaving nothing to train on
-        _note(f"selection.criterion={cfg.selection.criterion} -> gaussian keeping every sample")
-        ov += ["selection.criterion=gaussian", "selection.gaussian_keep_zero=true", "selection.num_keep=0"]
+        _note(f"methods.selection.criterion={sel.criterion} -> gaussian keeping every sample")
+        ov += ["methods.selection.criterion=gaussian", "methods.selection.gaussian_keep_zero=true",
+               "methods.selection.num_keep=0"]
     return ov
 
 

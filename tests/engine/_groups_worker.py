@@ -5,9 +5,16 @@ import sys
 import torch
 from accelerate import PartialState
 
-from mmgrpo.core import policy_loss
+from mmgrpo.core import aggregate_loss
+from mmgrpo.core.losses import clipped_surrogate, log_ratio
 from mmgrpo.engine.dist import global_sum
 from mmgrpo.engine.groups import distributed_group_advantages
+
+
+def token_mean_loss(logp, old, adv, mask, num_tokens=None):
+    """PPO-clip per token, aggregated as token_mean over ``num_tokens`` (the global count) or the local one."""
+    pg, _ = clipped_surrogate(log_ratio(logp, old, mask), adv, mask)
+    return aggregate_loss(torch.where(mask.bool(), pg, torch.zeros_like(pg)), mask, "token_mean", num_tokens=num_tokens)
 
 
 def make_batch():
@@ -31,8 +38,7 @@ def main(out_path: str) -> None:
     sl = slice(split[rank], split[rank + 1])
     adv = distributed_group_advantages(rewards[sl], gids[sl])
     n_tok = global_sum(mask[sl].sum())
-    loss = policy_loss(logp[sl], old[sl], adv.advantages.double(), mask[sl], agg="token_mean",
-                       num_tokens=n_tok).loss
+    loss = token_mean_loss(logp[sl], old[sl], adv.advantages.double(), mask[sl], num_tokens=n_tok)
     res = {"rank": rank, "world": world, "adv": adv.advantages.tolist(), "loss": loss.item(),
            "zero_frac": adv.zero_std_fraction, "num_groups": adv.num_groups}
     with open(f"{out_path}.{rank}", "w") as f:

@@ -1,4 +1,4 @@
-"""mmgrpo.engine.checkpoint pieces that need no process group: SkipHalt, per-process RNG states, the writer's
+"""mmgrpo.engine.checkpoint pieces that need no process group (and the guard's SkipHalt): per-process RNG states, the writer's
 folder protocol (sharded tensors staged, moved into the atomic folder), and the refusal of non-tensor DCP items."""
 import os
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from mmgrpo.engine.checkpoint import (SkipHalt, gather_rng, load_sharded, restore_rng, save_checkpoint,
-                                      save_sharded)
+from mmgrpo.engine.checkpoint import gather_rng, load_sharded, restore_rng, save_checkpoint, save_sharded
+from mmgrpo.engine.guard import SkipHalt
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo.core import group_advantages, policy_loss
+from mmgrpo.core import group_advantages
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _groups_worker import make_batch  # noqa: E402
+from _groups_worker import make_batch, token_mean_loss  # noqa: E402
 
 
 def _free_port() -> int:
@@ -39,6 +39,6 @@ def test_two_processes_match_single_process(tmp_path):
     assert torch.tensor(r0["adv"] + r1["adv"]).equal(single.advantages)  # bit-identical
     assert r0["zero_frac"] == r1["zero_frac"] == pytest.approx(single.zero_std_fraction)
     assert r0["num_groups"] == single.num_groups == 4
-    full_loss = policy_loss(logp, old, single.advantages.double(), mask, agg="token_mean").loss.item()
+    full_loss = token_mean_loss(logp, old, single.advantages.double(), mask).item()
     # token_mean with the global token count: per-process losses add up to the single-process loss
     assert r0["loss"] + r1["loss"] == pytest.approx(full_loss, rel=1e-12, abs=1e-15)

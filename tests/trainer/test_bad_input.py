@@ -98,16 +98,14 @@ def test_trainer_skips_and_counts_bad_samples_or_raises(tmp_path, tiny_dirs, th)
             "data.max_prompt_tokens=400", "rollout.group_size=2", "rollout.max_new_tokens=3"]
     tr = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=samples,
                      reward_fn=th.text_reward)
-    tr._make_stream()
-    m = tr.train_step()
-    assert m["data/skipped_bad_samples"] == 3 and {s["id"] for s in tr.last_batch.samples} == {"gray", "rgba",
+    m = tr.train(steps=1)[-1]
+    assert m["data/skipped_bad_samples"] == 3 and {s["id"] for s in tr.state.batch.samples} == {"gray", "rgba",
                                                                                                 "pixel"}
-    assert tr.last_batch.n == 6 and torch.isfinite(tr.last_batch.advantages).all()
+    assert tr.state.batch.n == 6 and torch.isfinite(tr.state.batch.advantages).all()
     tr = GRPOTrainer(th.make_cfg(tmp_path / "e", tiny_dirs("qwen2_5_vl"), *args, "data.on_bad_sample=error"),
                      samples=samples, reward_fn=th.text_reward)
-    tr._make_stream()
     with pytest.raises(BadSampleError, match="sample thin"):
-        tr.train_step()
+        tr.train(steps=1)[-1]
 
 
 def test_non_utf8_annotation_file_names_file_and_line(tmp_path):

@@ -4,6 +4,7 @@ import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
 from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train import checkpointing
 
 ARGS = ["model.freeze_vision=true", "run.save_every=1", "run.keep_last=5"]
 
@@ -14,7 +15,7 @@ def test_skip_state_is_checkpointed_and_resumed(tmp_path, tiny_dirs, th):
 
     def nan_after_step_1(texts, samples):  # step 1 trains; steps 2 and 3 get NaN rewards -> skipped
         out = th.text_reward(texts, samples)
-        if runs[-1].step >= 1:
+        if runs[-1].state.step >= 1:
             nan = torch.full((len(texts),), float("nan"))
             out = {**out, "acc": nan, "total": nan.clone()}
         return out
@@ -25,11 +26,11 @@ def test_skip_state_is_checkpointed_and_resumed(tmp_path, tiny_dirs, th):
                             reward_fn=nan_after_step_1))
     tr = runs[-1]
     tr.train()
-    assert tr.skips.consecutive == 2 and tr.consecutive_skips == 2 and tr.counters["skipped_steps"] == 2
+    assert tr.guard.skips.consecutive == 2 and tr.guard.consecutive_skips == 2 and tr.state.counters["skipped_steps"] == 2
     st = CheckpointManager(tmp_path / "run" / "checkpoints").load(tr.ckpt.latest_valid())
-    assert st["trainer"]["consecutive_skips"] == 2 and st["trainer"]["last_skip_cause"] == tr.skips.last_cause
+    assert st["trainer"]["consecutive_skips"] == 2 and st["trainer"]["last_skip_cause"] == tr.guard.skips.last_cause
     runs.append(GRPOTrainer(th.make_cfg(tmp_path, model, *args, "run.max_steps=4", "run.resume_from=auto"),
                             samples=th.image_samples(3), reward_fn=nan_after_step_1))
     re = runs[-1]
-    assert re.resume() and re.skips.consecutive == 2 and re.skips.last_cause == tr.skips.last_cause
-    assert re.skips.skipped("x")  # the 3rd in a row (the 1st after the resume) reaches the limit
+    assert checkpointing.resume(re) and re.guard.skips.consecutive == 2 and re.guard.skips.last_cause == tr.guard.skips.last_cause
+    assert re.guard.skips.skipped("x")  # the 3rd in a row (the 1st after the resume) reaches the limit

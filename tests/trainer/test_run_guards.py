@@ -74,7 +74,7 @@ def test_failed_rewards_are_skipped_steps_and_stop_after_k(tmp_path, tiny_dirs, 
     with pytest.raises(TrainingStopped, match=r"2 consecutive optimizer steps were skipped \(no optimizer step of "
                                               r"this run was applied\) \(last cause: no valid group"):
         tr.train()
-    assert tr.counters["skipped_steps"] == 2 and tr.counters["reward_failed_calls"] == 2
+    assert tr.state.counters["skipped_steps"] == 2 and tr.state.counters["reward_failed_calls"] == 2
     assert all(torch.equal(v, w0[k]) for k, v in th.trainable(tr).items())
     assert tr.optimizer.state_dict()["state"] == {} and tr.scheduler.last_epoch == 0
 
@@ -133,7 +133,7 @@ def test_damaged_final_checkpoint_is_rewritten_by_resume(tmp_path, tiny_dirs, th
     del tr
     tr = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(2),
                      reward_fn=th.text_reward)
-    assert len(tr.train()) == 1 and tr.step == 2
+    assert len(tr.train()) == 1 and tr.state.step == 2
     verify_checkpoint(final)
     st = CheckpointManager(tmp_path / "run" / "checkpoints").load(final)
     assert st["trainer"]["step"] == 2

@@ -11,9 +11,8 @@ def test_one_trainer_step_with_multibox_rewards(tmp_path, tiny_dirs, th):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.task=rec",
                       "reward.weights={box_iou_multi: 1.0, box_confidence: 0.5}", "run.prompts_per_device=1")
     tr = GRPOTrainer(cfg, samples=samples)
-    tr._make_stream()
-    tr.train_step()
-    rb = tr.last_batch
+    tr.train(steps=1)[-1]
+    rb = tr.state.batch
     for n in ("box_iou_multi", "box_confidence"):
         vals = rb.rewards[n].tolist()
         assert len(vals) == 4 and all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in vals)

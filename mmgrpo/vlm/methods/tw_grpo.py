@@ -1,6 +1,6 @@
 """TW-GRPO: token weights from the intra-group divergence of the old policy's per-position distributions.
 
-``twgrpo.enabled``: the precompute forward returns logits (or the chunked head's inputs,
+``methods.tw_grpo.enabled``: the precompute forward returns logits (or the chunked head's inputs,
 ``mmgrpo.vlm.models.chunked``) and :func:`tw_token_weights` turns each group's into (N, T) weights in [1, alpha]
 that multiply the per-token loss (``rb.token_weights``). Needs old log-probs even with one iteration.
 """
@@ -132,16 +132,15 @@ class TWGRPO(VLMMethod):
     needs_old_logp = True
     needs_logits = True
 
-    def before_precompute(self, rb):
-        rb.token_weights = torch.ones(rb.completion_ids.shape)
-
     def on_logits(self, rb, idx, logits, lp):
-        T, c = lp.shape[1], self.cfg.twgrpo
+        if rb.token_weights is None:  # the first micro-batch of the step: every weight starts at 1
+            rb.token_weights = torch.ones(rb.completion_ids.shape)
+        T, c = lp.shape[1], self.cfg.methods.tw_grpo
         wt = tw_token_weights_from(logits, rb.completion_mask[idx, :T].to(lp.device), rb.group_ids[idx].to(lp.device),
                                    c.alpha, c.clamp)
         rb.token_weights[idx, :T] = wt.cpu()
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         if rb.token_weights is not None and rb.n:  # (x IS weights with vLLM)
             tw = rb.token_weights[rb.completion_mask.bool()]
             m["twgrpo/weight_mean"], m["twgrpo/weight_max"] = float(tw.mean()), float(tw.max())

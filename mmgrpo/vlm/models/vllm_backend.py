@@ -58,7 +58,7 @@ Choices
   does; the engine's log-probs never replace the trainer's.
 * After each generate the engine's expanded prompt ids must equal the trainer's ``input_ids``: a different number
   of vision tokens (other resize / frame count) raises instead of training on mismatched prompts.
-* T-GRPO's shuffled-frame rollouts have no raw frames here: ``rollout.backend=vllm`` refuses ``tgrpo.enabled``.
+* T-GRPO's shuffled-frame rollouts have no raw frames here: ``rollout.backend=vllm`` refuses ``methods.t_grpo.enabled``.
 """
 from __future__ import annotations
 
@@ -475,9 +475,9 @@ def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 
 def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
     """The backend for ``rollout.backend=vllm`` (``rollout.vllm_mode`` colocate | server)."""
     r = cfg.rollout
-    if cfg.tgrpo.enabled:
-        raise ValueError("tgrpo.enabled with rollout.backend=vllm: T-GRPO's shuffled-frame rollouts are built from "
-                         "processed tensors the vLLM engine cannot take; use rollout.backend=hf")
+    if cfg.methods.t_grpo.enabled:
+        raise ValueError("methods.t_grpo.enabled with rollout.backend=vllm: T-GRPO's shuffled-frame rollouts are built "
+                         "from processed tensors the vLLM engine cannot take; use rollout.backend=hf")
     if r.vllm_mode == "server":
         dist = torch.distributed
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
