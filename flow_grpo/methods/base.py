@@ -23,14 +23,11 @@ step rewards, the extra NFEs per trajectory and an (N,) validity. A method with 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
 
 from mmgrpo.engine.method import Method
-
-if TYPE_CHECKING:
-    from flow_grpo.sampler import Trajectories  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ class CreditOutput:
     stats: dict = field(default_factory=dict)
 
 
-class FlowMethod(Method["Trajectories"]):
+class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not imported: it imports the plans)
     """A flow method. ``cfg``: the run's TrainConfig (its options: ``cfg.methods.<name>``); ``run``: the
     :class:`~flow_grpo.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests, scripts)."""
 

@@ -483,11 +483,13 @@ def test_truncated_is_weights_by_hand():
 def test_is_weights_multiply_the_policy_term_like_trl():
     """The policy loss with token_weights=w at ratio 1: per-token loss -A*w, token-mean (TRL: per_token_loss *
     is_ratio)."""
+    from mmgrpo.vlm.config import AlgoConfig
     from mmgrpo.vlm.methods.base import LossInputs, grpo_loss
 
     lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     w = torch.tensor([[0.5, 2.0, 1.0]])
-    out = grpo_loss(LossInputs(lp, lp.detach(), torch.tensor([1.5]), torch.ones(1, 3), token_weights=w))
+    out = grpo_loss(LossInputs(lp, lp.detach(), torch.tensor([1.5]), torch.ones(1, 3), token_weights=w,
+                               algo=AlgoConfig()))
     assert torch.allclose(out.loss, torch.tensor(-(1.5 * 0.5 + 1.5 * 2.0 + 1.5 * 1.0) / 3))
 
 

@@ -101,7 +101,7 @@ def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, t
     lp = steps.token_logprobs(tr, tr.model, rb, mbs[0]).float()
     lp.retain_grad()
     out = grpo_loss(LossInputs(lp, rb.old_logp[:, :T], rb.advantages, rb.completion_mask[:, :T],
-                               token_weights=rb.token_weights[:, :T]))
+                               token_weights=rb.token_weights[:, :T], algo=tr.cfg.algo))
     out.loss.backward()
     g = lp.grad
     kept = rb.token_weights[:, :T] > 0

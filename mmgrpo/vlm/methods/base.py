@@ -62,7 +62,7 @@ class Estimator:
 @dataclass
 class LossInputs:
     """One training micro-batch as the loss sees it (n rows, T positions, on the model's device). The recipe fills
-    every field; a test may give the tensors only (local counts, the default ``AlgoConfig``)."""
+    every field; a test may give the tensors and ``algo`` only (local counts)."""
 
     logp: "torch.Tensor"  # (n, T) current policy, with gradient
     old_logp: "torch.Tensor"  # (n, T) the policy that sampled (= logp.detach() on-policy)
@@ -74,14 +74,12 @@ class LossInputs:
     logits: Any = None  # the training forward's logits or HeadInputs, for methods with needs_train_logits
     totals: dict = field(default_factory=dict)  # global counts of the step: tokens, sequences, rows, micro_batches
     rows: int = 0  # rows of this micro-batch (0: logp's)
-    algo: Any = None  # the run's AlgoConfig (None: its defaults)
+    algo: Any = None  # the run's AlgoConfig (required; a field with a default only for the field order)
     max_len: int | None = None  # rollout.max_new_tokens (Dr.GRPO's L; None: T)
 
     def __post_init__(self):
-        if self.algo is None:
-            from mmgrpo.vlm.config import AlgoConfig
-
-            self.algo = AlgoConfig()
+        if self.algo is None:  # not imported here: mmgrpo.vlm.config imports the method registry
+            raise ValueError("LossInputs needs algo= (the run's AlgoConfig)")
         self.rows = self.rows or int(self.logp.shape[0])
 
 
