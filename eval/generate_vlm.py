@@ -30,7 +30,9 @@ Outputs in ``out_dir``:
   dataset order.  A restarted run skips ids already written (a torn last line is truncated first); batches are
   fixed, so an interrupted + resumed run writes the same file as an uninterrupted one.  Resuming with different
   settings is refused (``overwrite=true`` starts over).
-* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics), and
+* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics: truncated
+  outputs, mean length, ``well_formed_rate`` = the share of outputs that are exactly the answer the prompt asks
+  for, ``mmgrpo.vlm.rewards.format.well_formed``), and
   ``report.md`` / ``report.json`` (``eval/report.py``).
 
 * ``export/``  with ``export=FORMAT[,FORMAT]``: the scored predictions in the files the benchmarks' own evaluation
@@ -104,12 +106,36 @@ class VLMDataConfig:
     prompt_mode: Literal["think", "no_think", "hybrid"] = field(
         default="think", metadata=_h("prompt mode (mmgrpo.vlm.data.prompts): <think> reasoning or a direct answer"))
     answer_format: Literal["seconds", "json"] = field(default="seconds", metadata=_h("span format asked for"))
+    prompt_template: str = field(default="mmgrpo", metadata=_h(
+        "mmgrpo = the project's prompt, or a release's prompt reproduced exactly (mmgrpo.vlm.data.templates: "
+        "time_r1_v1, tempsamp_r1, video_r1, vlm_r1_rec, videochat_r1_gqa, ...); evaluate with the prompt the model "
+        "was trained with"))
     query_position: Literal["after", "before"] = field(default="after", metadata=_h(
-        "task text after (default) or before the video/image in the user turn; must match the model's training"))
+        "prompt_template=mmgrpo: task text after (default) or before the video/image in the user turn; must match "
+        "the model's training"))
+    check_samples: int = field(default=2, metadata=_h(
+        "before generating, check the first N samples as `mmgrpo check` does (the ground truth written as the "
+        "prompt asks is scored correct by the scoring protocol, the pixel budget reaches the processor); 0 = off"))
     max_samples: int = field(default=0, metadata=_h("evaluate only the first N samples (0 = all)"))
     on_missing_media: Literal["error", "skip"] = field(
-        default="error", metadata=_h("missing/undecodable media: error, or skip = write output null (scored 0, "
-                                     "counted in n_media_error)"))
+        default="error", metadata=_h("missing/undecodable media (also over max_image_pixels / max_video_frame_pixels): "
+                                     "error (at load time, one error listing every such sample with file:line), or "
+                                     "skip = write output null (scored 0, counted in n_media_error)"))
+    media_check: Literal["header", "exists"] = field(default="header", metadata=_h(
+        "check every video/image when the annotations are loaded: header (sizes, PNG checksums, video durations; "
+        "no decoding) or exists (see docs/reliability.md)"))
+    max_image_pixels: int = field(default=89_478_485, metadata=_h("larger images are unusable media"))
+    max_video_frame_pixels: int = field(default=7680 * 4320, metadata=_h(
+        "decode cap: videos whose header claims larger frames are unusable media (default 8K UHD)"))
+    duration_tolerance: float = field(default=2.0, metadata=_h(
+        "seconds: annotated vs video duration differing by more than max(this, duration_tolerance_frac x the "
+        "video's) is a duration mismatch"))
+    duration_tolerance_frac: float = field(default=0.05, metadata=_h("relative part of the duration tolerance"))
+    on_duration_mismatch: Literal["warn", "skip", "error"] = field(default="warn", metadata=_h(
+        "a sample whose annotated duration disagrees with its video's: warn (default: it stays scored, so the "
+        "numbers stay comparable with other evaluations; counted and listed), skip (left out of the evaluation) or "
+        "error"))
+    media_check_workers: int = field(default=8, metadata=_h("threads of the media check at load time"))
     video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
     max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
     min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
@@ -301,7 +327,6 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
     """Every setting that changes the number (see the module docstring); ``fingerprint`` hashes all but ``run``."""
     import hashlib
 
-    from mmgrpo.vlm.data import system_prompt
     from mmgrpo.utils.config import config_to_dict
 
     d = cfg.data
@@ -340,7 +365,7 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
             "mode": d.prompt_mode,
             "answer_format": d.answer_format,
             "box_frame": policy.family,
-            "system": system_prompt(d.prompt_mode),
+            "system": _system_text(d),
             "example_rendered": example,
             "all_rendered_sha256": texts.hexdigest(),
         },
@@ -380,6 +405,15 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
     return s
 
 
+def _system_text(d) -> Optional[str]:
+    """The system turn the prompt template sends (None: none, the chat template's default then applies)."""
+    from mmgrpo.vlm.data import system_prompt
+    from mmgrpo.vlm.data.templates import get_template
+
+    t = get_template(getattr(d, "prompt_template", "mmgrpo"))
+    return system_prompt(d.prompt_mode) if t is None else t.system
+
+
 def score_options(cfg: EvalVLMConfig, family: str) -> dict:
     """Keyword options for ``eval.score.score`` (JSON-safe)."""
     sc = cfg.score
@@ -400,6 +434,30 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
         if cfg.data.image_min_pixels > 0 and cfg.data.image_max_pixels > 0:
             o["min_pixels"], o["max_pixels"] = cfg.data.image_min_pixels, cfg.data.image_max_pixels
     return o
+
+
+def check_reward_fn(data_cfg, score_cfg, family: str):
+    """The accuracy reward of this evaluation's protocol (``score.protocol`` / ``score.official_mode``) for the
+    start-of-run check (``mmgrpo.vlm.check``): the ground truth written as the prompt asks must score 1."""
+    from mmgrpo.vlm.rewards.registry import build_reward_fn
+
+    task = data_cfg.task
+    if score_cfg.protocol == "official":
+        from eval.score import OFFICIAL_MODE
+
+        mode = OFFICIAL_MODE[task] if score_cfg.official_mode in ("auto", "") else score_cfg.official_mode
+    else:
+        mode = "lenient"
+    from mmgrpo.vlm.data.templates import get_template
+
+    t = get_template(getattr(data_cfg, "prompt_template", "mmgrpo"))
+    asks_evidence = t is None or "<glue>" in t.text  # gqa: only prompts that ask for the evidence span
+    weights = {"tvg": {"iou": 1.0}, "mcq": {"mcq": 1.0}, "gqa": {"mcq": 1.0, "iou": 1.0} if asks_evidence else
+               {"mcq": 1.0}, "rec": {"box_iou": 1.0}, "qa": {"video_r1_accuracy": 1.0}}[task]
+    kw: dict[str, Any] = {"parse_mode": mode}
+    if task == "rec":
+        kw["box_frame"] = family if getattr(score_cfg, "box_frame", "auto") == "auto" else score_cfg.box_frame
+    return build_reward_fn(weights, task, **kw)
 
 
 # ------------------------------------------------------------------------------------------------ generation
@@ -473,7 +531,11 @@ def _load(cfg: EvalVLMConfig) -> list:
     d = cfg.data
     if not d.annotations:
         raise ValueError("data.annotations=FILE is required (canonical JSONL)")
-    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error")
+    from mmgrpo.vlm.data.media import MediaScreen
+
+    # the header check; on_missing_media=skip keeps the sample (its output is written as null, as before)
+    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error",
+                           screen=MediaScreen.from_config(d, drop=False))
     seen: dict[str, int] = {}
     for i, s in enumerate(samples):
         sid = str(_sample_attr(s, "id"))
@@ -811,10 +873,16 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     m = res.metrics
     rows = [r for _, r in preds]
     present = [r for r in rows if r.get("output") is not None]
+    from mmgrpo.vlm.rewards.format import well_formed
+
+    d = cfg.data  # exactly the answer the prompt asks for (the trainer's completions/well_formed rule)
+    n_wf = sum(well_formed(r["output"], d.task, mode=d.prompt_mode, answer_format=d.answer_format) for r in present)
     gen = {
         "n_media_error": sum(1 for r in rows if r.get("error")),
         "n_truncated": sum(1 for r in present if r.get("truncated")),
         "mean_output_tokens": (sum(r.get("n_tokens", 0) for r in present) / len(present)) if present else None,
+        "n_well_formed": n_wf,
+        "well_formed_rate": 100.0 * n_wf / len(present) if present else None,
     }
     frames = [r["num_frames"] for r in present if "num_frames" in r]
     if frames:
@@ -853,8 +921,12 @@ def run(cfg: EvalVLMConfig) -> dict:
         raise ValueError("out_dir=DIR is required")
     if cfg.decoding.batch_size < 1:
         raise ValueError(f"decoding.batch_size must be >= 1, got {cfg.decoding.batch_size}")
-    if cfg.threads < 0 or cfg.clip_cache < 0:
-        raise ValueError(f"threads and clip_cache must be >= 0, got {cfg.threads} / {cfg.clip_cache}")
+    from mmgrpo.vlm.data.templates import check_template
+
+    check_template(cfg.data.prompt_template, cfg.data.task, cfg.data.prompt_mode)
+    if cfg.threads < 0 or cfg.clip_cache < 0 or cfg.data.check_samples < 0:
+        raise ValueError(f"threads, clip_cache and data.check_samples must be >= 0, got {cfg.threads} / "
+                         f"{cfg.clip_cache} / {cfg.data.check_samples}")
     if cfg.rts.enabled:
         if cfg.decoding.greedy:
             raise ValueError("rts.enabled=true samples several answers per round: set decoding.greedy=false "
@@ -880,6 +952,10 @@ def run(cfg: EvalVLMConfig) -> dict:
     ann_sha = sha256_file(cfg.data.annotations)
     policy, base, adapter, device, dtype = load_eval_policy(cfg)
     task_adapter = with_clip_cache(TaskAdapter(policy.processor, policy.adapter, cfg.data), cfg.clip_cache)
+    from mmgrpo.vlm.check import start_of_run_check
+
+    start_of_run_check(task_adapter, samples, check_reward_fn(cfg.data, cfg.score, policy.family),
+                       cfg.data.check_samples, log)
     settings = build_settings(cfg, policy, base, adapter, device, dtype, samples, task_adapter, ann_sha)
     check_resume(out_dir, settings, PREDICTIONS)
     write_json(out_dir / "settings.json", settings)

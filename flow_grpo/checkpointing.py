@@ -112,11 +112,14 @@ def save(run, metric: Optional[float] = None, halted: bool = False) -> Optional[
             return {**state_dict(run), "rng": rng}
 
         if run.cfg.model.lora.enabled and run.is_main:
-            def write_lora(p):
+            # lora/ = the trained weights, lora_ema/ = their EMA once updated (as the final export)
+            def write_lora(p, ema=False):
                 os.makedirs(p, exist_ok=True)
-                with run.ema.swapped_in() if run.ema is not None else contextlib.nullcontext():
+                with run.ema.swapped_in() if ema else contextlib.nullcontext():
                     run.adapter.save_lora(str(p))
             extra["lora"] = write_lora
+            if _exports_ema(run):
+                extra["lora_ema"] = lambda p: write_lora(p, ema=True)
     path = save_checkpoint(mgr, step, entries, is_main=run.is_main, sharded=sharded, metric=metric,
                            extra_files=extra)
     if not halted:
@@ -210,56 +213,92 @@ def resume(run) -> Optional[Path]:
 # ------------------------------------------------------------------ export
 @names_write_errors("the final weights export", lambda run: run.out)  # disk full / read-only: name path and cause
 def export_final(run) -> Optional[Path]:
-    """Collective. The trained weights (EMA if on) for inference: LoRA -> ``<output_dir>/lora_final``
+    """Collective. The weights the optimizer trained: LoRA -> ``<output_dir>/lora_final``
     (``Pipeline.load_lora_weights``), full fine-tune -> ``<output_dir>/transformer_final`` (``save_pretrained``,
-    gathered from all shards).
+    gathered from all shards); with ``ema.enabled`` their EMA beside them (``lora_final_ema`` /
+    ``transformer_final_ema``) once it has been updated at least once. ``export.json`` in each folder says which
+    (``"weights": "trained" | "ema"``) and the log says it too.
+
+    The trained weights, not the EMA, are the default export because the EMA moves only every
+    ``ema.update_every`` optimizer steps: a run with fewer updates than that would export its initial weights
+    (a LoRA with every B matrix zero) and an evaluation would find trained == base.
 
     Written atomically (temp folder + rename, ``mmgrpo.utils.export``) with an ``export.json`` naming the epoch
     and step it holds: a resumed run with no epochs left rewrites an export that is missing, damaged or older
     than its checkpoint (see :meth:`~flow_grpo.trainer.FlowGRPOTrainer.train`)."""
+    st = run.state
+    target = _write_export(run, _export_dir(run), "trained")
+    ema_target = None
+    if _exports_ema(run):
+        with run.ema.swapped_in():
+            ema_target = _write_export(run, _export_dir(run, ema=True), "ema")
+    if run.is_main:
+        log.info("final weights: %s = the trained weights (%d applied optimizer steps, epoch %d)%s", target,
+                 st.counters["applied_steps"], st.epoch,
+                 f"; {ema_target} = their EMA (decay {run.ema.decay}, {run.ema.num_updates} updates, one every "
+                 f"{run.cfg.ema.update_every} optimizer steps)" if ema_target is not None else "")
+        if run.ema is not None and not _exports_ema(run):
+            log.warning("no EMA export: the EMA was never updated (ema.update_every=%d > %d optimizer steps); "
+                        "it still equals the initial weights", run.cfg.ema.update_every, st.global_step)
+    return target
+
+
+def _exports_ema(run) -> bool:
+    """An EMA export is written beside the trained weights (EMA on and updated at least once)."""
+    return run.ema is not None and run.ema.num_updates > 0
+
+
+def _write_export(run, dst: Path, weights: str) -> Optional[Path]:
+    """Collective. The current trainable weights into ``dst`` (atomically, with ``export.json``)."""
     from mmgrpo.utils.export import publish_dir
 
     target = None
-    with run.ema.swapped_in() if run.ema is not None else contextlib.nullcontext():
-        if run.cfg.model.lora.enabled and not run.sharded:
-            if run.is_main:
-                target = publish_dir(_export_dir(run), lambda d: run.adapter.save_lora(str(d)),
-                                     _export_meta(run))
-        else:
-            sd = run.accelerator.get_state_dict(run.model)  # collective under FSDP / ZeRO-3
-            if run.is_main:
-                from safetensors.torch import save_file
+    meta = _export_meta(run, weights)
+    if run.cfg.model.lora.enabled and not run.sharded:
+        if run.is_main:
+            target = publish_dir(dst, lambda d: run.adapter.save_lora(str(d)), meta)
+    else:
+        sd = run.accelerator.get_state_dict(run.model)  # collective under FSDP / ZeRO-3
+        if run.is_main:
+            from safetensors.torch import save_file
 
-                sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
-                      if not run.cfg.model.lora.enabled or "lora_" in k}
+            sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
+                  if not run.cfg.model.lora.enabled or "lora_" in k}
 
-                def write(d: Path) -> None:
-                    # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
-                    save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
-                    run.unwrapped.save_config(str(d))
+            def write(d: Path) -> None:
+                # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
+                save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
+                run.unwrapped.save_config(str(d))
 
-                target = publish_dir(_export_dir(run), write, _export_meta(run))
+            target = publish_dir(dst, write, meta)
     barrier()
     return target
 
 
-def _export_dir(run) -> Path:
+def _export_dir(run, ema: bool = False) -> Path:
     lora = run.cfg.model.lora.enabled
-    return run.out / ("lora_final" if lora and not run.sharded else "lora_final_state" if lora
-                      else "transformer_final")
+    name = "lora_final" if lora and not run.sharded else "lora_final_state" if lora else "transformer_final"
+    return run.out / (name + ("_ema" if ema else ""))
 
 
-def _export_meta(run) -> dict:
-    return {"epoch": run.state.epoch, "global_step": run.state.global_step}
+def _export_meta(run, weights: str = "trained") -> dict:
+    meta = {"epoch": run.state.epoch, "global_step": run.state.global_step, "weights": weights}
+    if weights == "ema":
+        meta.update(ema_decay=run.ema.decay, ema_updates=run.ema.num_updates,
+                    ema_update_every=run.cfg.ema.update_every)
+    return meta
 
 
 def export_outdated(run) -> bool:
-    """Collective. True (and logged) if the final export is missing, damaged or not of the current state."""
+    """Collective. True (and logged) if a final export is missing, damaged or not of the current state."""
     from mmgrpo.utils.export import export_problem
 
-    why = export_problem(_export_dir(run), _export_meta(run)) if run.is_main else None
+    why = None
+    if run.is_main:
+        why = export_problem(_export_dir(run), _export_meta(run))
+        if why is None and _exports_ema(run):
+            why = export_problem(_export_dir(run, ema=True), _export_meta(run, "ema"))
     why = broadcast_object(why)
     if why and run.is_main:
         log.warning("final export to be (re)written: %s", why)
     return why is not None
-

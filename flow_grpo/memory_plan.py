@@ -3,8 +3,7 @@
 no memory), and the ``plan`` subcommand."""
 from __future__ import annotations
 
-from mmgrpo.utils.memory_plan import (MODELS, _linear_lora, _meta, flow_tokens, model_of, plan, plan_args,
-                                      report)
+from mmgrpo.utils.memory_plan import _linear_lora, _meta, plan_main as _plan_main
 
 FLOW_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 
@@ -99,26 +98,13 @@ def counts(spec: dict, layers: int | None = None, lora_r: int = 16, lora_targets
             "hidden": c["attention_head_dim"] * c["num_attention_heads"], "vocab": 0, "kv": 0}
 
 
-def plan_main(argv, prog: str = "flow_grpo plan") -> int:
-    """``flow_grpo plan``: exit 0 when the run fits, 1 when not, 2 on a bad argument."""
-    import os
-
+def _load(rest: list):
     from flow_grpo.config import load_train_config
 
-    args = plan_args(argv, "flow")
-    if args is None:
-        return 0
-    known, rest = args
-    cfg = load_train_config(None, [a for a in rest if "=" in a]) if "--config" not in rest else \
-        load_train_config(rest[rest.index("--config") + 1], [a for a in rest if "=" in a])
-    name = model_of(known, "flow", os.path.join(cfg.model.pipeline_dir, "transformer", "config.json"), prog)
-    if name is None:
-        return 2
-    spec = MODELS[name]
-    s = dict(spec, max_sequence_length=cfg.model.max_sequence_length or spec["max_sequence_length"])
-    p = plan(name, full=not cfg.model.lora.enabled, world=known.world, strategy=known.strategy,
-             rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
-             flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
-             fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=known.gpu_gb,
-             n=counts(spec, lora_r=cfg.model.lora.rank))
-    return report(prog, name, known, p)
+    kv = [a for a in rest if "=" in a]
+    return load_train_config(rest[rest.index("--config") + 1] if "--config" in rest else None, kv)
+
+
+def plan_main(argv, prog: str = "flow_grpo plan") -> int:
+    """``flow_grpo plan``: exit 0 when the run fits, 1 when not, 2 on a bad argument."""
+    return _plan_main(argv, "flow", prog, _load, counts)

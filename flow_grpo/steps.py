@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import time
 from typing import Optional
 
 import torch
@@ -30,12 +31,12 @@ from .data import epoch_samples as _epoch_samples
 from .distributed import sync_failure
 from .epoch_metrics import REWARD_COUNTERS
 from .methods.base import AdvOptions, CreditInputs, advantage_stats, group_stats
-from .sampler import Trajectories, sample_trajectories, score_column
+from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
 from .scoring import apply_win_rates
 
 log = get_logger("flow_grpo.trainer")
 
-__all__ = ["epoch_samples", "rollout", "credit_inputs", "advantages", "column_loss", "update", "run_updates",
+__all__ = ["epoch_samples", "rollout", "sampling_progress", "credit_inputs", "advantages", "column_loss", "update", "run_updates",
            "count_epoch"]
 
 
@@ -75,9 +76,11 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
                 stack.enter_context(m.rollout_context())
             traj = sample_trajectories(run.adapter, prompts, run.cfg.sample, xs, ns, ps, gids, meta, run.reward_fn,
                                        None, iteration=epoch, reward_runner=run.runner, members=epoch_members(run),
-                                       method=run.credit)
+                                       method=run.credit, on_chunk=sampling_progress(run))
     except RewardCallFailed as exc:
         err = exc
+    except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
+        pass
     try:
         sync_failure(err)
     except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
@@ -92,6 +95,27 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
         rc2 = run.rewards.take_counters()
         rc = {k: rc[k] + rc2[k] for k in rc}
     return traj, rc
+
+
+def sampling_progress(run):
+    """``on_chunk`` of the epoch's sampling: a progress line every 30 s (main process) and, on replicated runs,
+    the end of sampling when SIGTERM / SIGINT arrived (sharded runs finish the epoch's sampling: their forwards
+    are collectives every process must run)."""
+    t0 = last = time.monotonic()
+
+    def hook(done: int, total: int) -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if run.is_main and now - last >= 30.0:
+            log.info("epoch %d: sampled %d of %d chunks in %.0f s", run.state.epoch, done, total, now - t0)
+            last = now
+        sig = run.guard.signals
+        if sig is not None and sig.requested and not run.sharded:
+            log.warning("%s received while sampling: the epoch's samples are discarded", sig.name)
+            return True
+        return False
+
+    return hook
 
 
 def _win_rates(run, traj: Trajectories) -> None:

@@ -63,6 +63,7 @@ import torch
 from mmgrpo.engine.dist import all_reduce, broadcast_object
 from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
 from mmgrpo.engine.guard import RunGuard
+from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 
@@ -83,7 +84,8 @@ __all__ = ["FlowGRPOTrainer", "RunState", "train_from_config"]
 
 def _new_counters() -> dict[str, int]:
     return {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0, "reward_invalid": 0,
-            "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0, "groups_singleton": 0}
+            "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0, "groups_singleton": 0,
+            "zero_advantage_epochs": 0}
 
 
 @dataclass
@@ -97,6 +99,8 @@ class RunState:
     best_eval: Optional[float] = None  # the best eval reward so far (keep_best)
     last_save: Optional[tuple[int, Any]] = None  # (epoch, checkpoint) of the newest save: a stop need not rewrite it
     last_traj: Optional[Trajectories] = None  # the last epoch's rollouts
+    last_zero_advantage: Optional[str] = None  # why the last epoch without a reward signal had none (the message)
+    started: bool = False  # train() resumed / started the run (a second call continues it)
 
 
 class FlowGRPOTrainer:
@@ -121,9 +125,13 @@ class FlowGRPOTrainer:
         self.is_main, self.device = acc.is_main_process, acc.device
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
+        build.preflight(cfg, acc, self.world, self.sharded, self.deepspeed, loading=adapter is None,
+                        reward_fn=reward_fn)  # settings that fail only after loading: exit 2 now
         self.out = Path(cfg.run.output_dir)
         # one run per output folder (main process), before the model is loaded: a second run refuses at once
         self.run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
+        if self.is_main:  # folders of an export killed half-way (two copies of the weights): this run owns the folder
+            clean_stale_exports(self.out)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else build.load_adapter(cfg, acc.device)
         build.set_num_frames(self.adapter, cfg.sample.num_frames)
@@ -185,11 +193,13 @@ class FlowGRPOTrainer:
             if self.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
                 save_config(c, self.out / "config.yaml")
-            resumed = checkpointing.resume(self)
+            resumed = checkpointing.resume(self) if not st.started else None  # once per trainer object
             if resumed is not None and self.is_main:
                 log.info("resumed from %s at epoch %d (step %d)", resumed, st.epoch, st.global_step)
-            for mt in self.methods:
-                mt.on_train_start(resumed is not None)
+            if not st.started:
+                for mt in self.methods:
+                    mt.on_train_start(resumed is not None)
+            st.started = True
             end = c.run.num_epochs if num_epochs is None else st.epoch + num_epochs
             if guard.out_of_budget(f"epoch {st.epoch}"):  # a resumed run whose budget is already spent
                 end = st.epoch
@@ -207,7 +217,7 @@ class FlowGRPOTrainer:
                 t_sample = time.perf_counter() - t0
                 # -- advantages (the credit), then the methods' train masks
                 adv, stats = steps.advantages(self, traj)
-                skip_cause = self._unusable(adv, stats)
+                skip_cause = self._unusable(traj, adv, stats)
                 traj.train_mask, traj.advantages = traj.train_mask & traj.rewards["valid"].unsqueeze(1), adv
                 for mt in self.methods:
                     traj = mt.on_advantages(traj)
@@ -250,14 +260,49 @@ class FlowGRPOTrainer:
         return history
 
     # ------------------------------------------------------------------------------------------- run pieces
-    def _unusable(self, adv: torch.Tensor, stats: dict) -> Optional[str]:
+    def _unusable(self, traj: Trajectories, adv: torch.Tensor, stats: dict) -> Optional[str]:
         """Why no update of this epoch can be applied (the same on every process), or None: no group kept >= 2 valid
         samples (every reward call failed / non-finite; the statistics are global), or non-finite advantages. The
         updates then count as skipped steps (they feed optim.max_consecutive_skips)."""
         adv_ok = all_reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
         no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= self.cfg.data.groups_per_epoch
-        return ("no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
-                if no_group else None if adv_ok else "non-finite advantages")
+        if no_group:
+            return "no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
+        return self._zero_advantage_cause(traj, adv) if adv_ok else "non-finite advantages"
+
+    def _zero_advantage_cause(self, traj: Trajectories, adv: torch.Tensor) -> Optional[str]:
+        """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
+        are equal), or None; counted in ``zero_advantage_epochs``. With ``optim.drop_zero_adv`` (the default) such
+        an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
+        epoch's optimizer steps are *skipped steps* (counted, feed ``optim.max_consecutive_skips``) when their
+        gradient is exactly 0: no KL term (``optim.kl_coef=0``) and no method with a loss of its own
+        (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight decay. With a KL term
+        the steps are taken, but a run none of whose epochs had a reward signal still fails (:meth:`_finish`)."""
+        st = self.state
+        valid = traj.rewards["valid"].bool()
+        nonzero = all_reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
+        if nonzero > 0:
+            return None
+        st.counters["zero_advantage_epochs"] += 1
+        r = traj.rewards["total"].double()[valid]
+        n, s1, s2 = all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", self.device)
+        mean = s1 / max(n, 1.0)
+        std = max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5
+        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
+               f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
+        st.last_zero_advantage = why
+        if self.cfg.run.allow_no_reward_signal:
+            if self.is_main:
+                log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
+                            st.epoch, why)
+            return None
+        if self.cfg.optim.drop_zero_adv:  # every trajectory leaves the update: empty updates, as before
+            return None
+        if self.cfg.optim.kl_coef > 0 or any(mt.loss() is not None for mt in self.methods):
+            if self.is_main:
+                log.warning("epoch %d: %s; the KL / method loss terms are still applied", st.epoch, why)
+            return None
+        return why
 
     def credit_inputs(self, traj: Trajectories):
         """The explicit tensors a credit or train-mask function reads (for the methods)."""
@@ -324,18 +369,29 @@ class FlowGRPOTrainer:
             self.logger.flush()
 
     def _check_trained(self) -> None:
-        """A run none of whose optimizer steps was applied fails instead of exporting "trained" weights."""
+        """A run none of whose optimizer steps was applied, or none of whose epochs had a reward signal (every
+        advantage 0), fails instead of exporting "trained" weights."""
         st, n = self.state, self.state.counters
-        if st.epoch == 0 or n["applied_steps"] > 0:
+        if st.epoch == 0:
+            return
+        zero = n["zero_advantage_epochs"]
+        if n["applied_steps"] > 0 and (zero < st.epoch or self.cfg.run.allow_no_reward_signal):
             return
         if self.logger is not None:
             self.logger.flush()
+        if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
+            raise NothingTrained(
+                f"flow_grpo: nothing was trained: none of the run's {st.epoch} epoch(s) had a reward signal (last: "
+                f"{st.last_zero_advantage or 'every advantage 0'}); only the KL / method loss terms were applied. No "
+                "final weights were exported. Check the reward (reward.weights / reward.kwargs: does it tell the "
+                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)")
         cause = self.guard.skips.last_cause or (
             "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
-            "optim.drop_zero_adv=true)")
+            "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
         raise NothingTrained(
             f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
-            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty; last cause: {cause}; "
+            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward signal; "
+            f"last cause: {cause}; "
             f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
             f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
             f"and the learning rate.")

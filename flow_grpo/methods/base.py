@@ -11,7 +11,10 @@
         -> CreditOutput(advantages (N, T), stats)
 
   N = this process's samples, T = the rollout's trained columns (``Trajectories.step_indices``). Statistics that
-  need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows);
+  need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). T and
+  the step of a column differ between processes (each trains the steps its own samples drew): gather per-sample
+  (N, ...) tensors, trained values (``adv[mask]``) or (N, K) tensors on the full step grid, never (N, T) columns
+  (``gather`` refuses tensors whose trailing dims differ between processes);
 * a method that replaces the policy loss (DiffusionNFT) returns from ``loss()`` a function ``(traj, chunk, col,
   adv, n_global, dummy) -> (loss, metrics, kl, count)`` of one micro-batch (rollout chunk x trained column).
 
@@ -108,9 +111,12 @@ def group_stats(inp: CreditInputs) -> dict:
 
 
 def advantage_stats(adv: torch.Tensor, mask: torch.Tensor, gather) -> dict:
-    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch."""
-    (adv_all, m_all), _ = gather([adv, mask])
-    trained = adv_all[m_all]
+    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch.
+
+    Only the trained values are gathered (1-D, in (sample, step) order): each process's (N, T) columns are the steps
+    *its* samples train, so T and the meaning of a column differ between processes (per-sample / per-group plans:
+    fast, dance, g2rpo, tp_grpo, ...). Rows in rank order and columns in step order give the single-process order."""
+    (trained,), _ = gather([adv[mask]])
     return {"adv/mean_abs": float(trained.abs().mean()) if trained.numel() else 0.0,
             "adv/std": float(trained.std()) if trained.numel() > 1 else 0.0,
             "adv/max": float(trained.max()) if trained.numel() else 0.0,

@@ -12,6 +12,8 @@ USAGE = """usage: mmgrpo <command> [options]
 commands:
   train      GRPO fine-tuning of a Qwen2/2.5/3-VL policy (mmgrpo train --help lists every option)
   plan       predicted peak memory per device for a train config (mmgrpo plan --help)
+  check      see what the model sees: rendered prompts, tokens, frames, pixel budget, the ground truth's reward,
+             for the first samples of a recipe's data (mmgrpo check --help); exit 1 on a contradiction
   make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [qwen2_5_vl|qwen2_vl|qwen3_vl]
 """
 
@@ -19,12 +21,14 @@ commands:
 def train_main(argv: Sequence[str]) -> int:
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import parse_config_cli
+    from mmgrpo.utils.profiles import expand_profile
 
     from mmgrpo.utils import exit_codes
 
-    cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
+    cfg = parse_config_cli(TrainConfig, expand_profile(argv, "vlm", "mmgrpo train"), prog="mmgrpo train",
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
-                                       "Options: defaults < --config YAML < key=value overrides.\n\n"
+                                       "Options: defaults < --config YAML < --profile NAME < key=value overrides "
+                                       "(--profile cpu: a CPU rehearsal, mmgrpo/utils/profiles.py).\n\n"
                                        + exit_codes.HELP)
     from mmgrpo.utils.runlock import release_run_lock
 
@@ -47,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         return train_main(rest)
+    if cmd == "check":
+        from mmgrpo.vlm.check import check_main
+
+        return check_main(rest)
     if cmd == "plan":
         from mmgrpo.vlm.memory_plan import plan_main
 

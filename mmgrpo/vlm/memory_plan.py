@@ -3,7 +3,7 @@
 no memory), and the ``plan`` subcommand."""
 from __future__ import annotations
 
-from mmgrpo.utils.memory_plan import MODELS, PLAN_HELP, _linear_lora, _meta, model_of, plan, plan_args, report
+from mmgrpo.utils.memory_plan import PLAN_HELP, _linear_lora, _meta, plan_main as _plan_main
 from mmgrpo.vlm.models.real_tokenizer import QWEN_IDS
 
 # the released token ids, from the one table the real-tokenizer builder uses (that module imports nothing heavy)
@@ -71,25 +71,8 @@ def counts(spec: dict, layers: int | None = None, lora_r: int = 16, lora_targets
 
 def plan_main(argv, prog: str = "mmgrpo plan") -> int:
     """``mmgrpo plan``: exit 0 when the run fits, 1 when not, 2 on a bad argument."""
-    import os
-
     from mmgrpo.utils.config import parse_config_cli
     from mmgrpo.vlm.config import TrainConfig
 
-    args = plan_args(argv, "vlm")
-    if args is None:
-        return 0
-    known, rest = args
-    cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)
-    name = model_of(known, "vlm", os.path.join(cfg.model.path, "config.json"), prog)
-    if name is None:
-        return 2
-    lora = cfg.model.lora
-    frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
-                                                         and cfg.rollout.vllm_mode == "colocate") else 0.0
-    p = plan(name, full=not lora.enabled, world=known.world, strategy=known.strategy, rows=cfg.run.micro_batch_size,
-             prompt_tokens=known.prompt_tokens or cfg.data.max_prompt_tokens or 1024,
-             completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
-             logprob_chunk=int(cfg.algo.logprob_chunk_size or 0), vllm_fraction=frac, gpu_gb=known.gpu_gb,
-             n=counts(MODELS[name], lora_r=lora.rank))
-    return report(prog, name, known, p)
+    return _plan_main(argv, "vlm", prog, lambda rest: parse_config_cli(TrainConfig, rest, prog=prog,
+                                                                        description=PLAN_HELP), counts)

@@ -8,5 +8,6 @@ train vlm configs/vlm/deepvideo_r1_reg_grpo.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/mcq_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/mvbench.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/mcq_test.jsonl" data.media_root="$DATA_DIR" out_dir="$OUT_DIR/eval_mcq" \
+  data.annotations="$DATA_DIR/mcq_test.jsonl" data.media_root="$DATA_DIR" data.prompt_template=video_r1 \
+  out_dir="$OUT_DIR/eval_mcq" \
   "${EVAL_ARGS[@]}"

@@ -4,7 +4,9 @@ models and synthetic data (CPU, one process, 2 steps), and the synthetic data it
 
     python scripts/experiments/smoke.py train vlm|flow RECIPE.yaml RUN_DIR   # prints one override per line
     python scripts/experiments/smoke.py eval  vlm|flow RECIPE.yaml RUN_DIR   # the paired eval's overrides
-    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # rewards all exist? (exit 1)
+    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # overrides load (else exit 2),
+                                          # rewards exist (else 1), their settings are complete (else 3)?
+    python scripts/experiments/smoke.py check-eval eval/SCRIPT.py [--config FILE] [key=value ...]  # (else exit 2)
     python scripts/experiments/smoke.py base  vlm|flow RECIPE.yaml   # the tiny base model folder it trains
 
 What changes and what does not:
@@ -19,6 +21,8 @@ What changes and what does not:
   GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts (Wan
   recipes: ``video_per_frame`` over ``brightness``, a cheap per-frame reward), and a
   ``reward.pairwise_scorer`` plugin by the built-in score comparator; every substitution is printed to stderr;
+* **no reward signal accepted** for tasks the tiny TVG model cannot answer (REC, multiple choice, grounded QA:
+  ``run.allow_no_reward_signal=true``, which a real run never sets: there a run without any reward signal exits 4);
 * **kept** (read from the recipe, never overridden): the method preset, SDE kind, noise level, step plan / window,
   credit, denoising steps, advantage statistics, clip range, KL, learning rate, TempSamp / T-GRPO / TW-GRPO /
   Reg-GRPO / selection switches, reward weights of the VLM rewards, parse mode, prompt mode.
@@ -104,6 +108,31 @@ def _write_videos(d: Path) -> None:
         write_jsonl(gqa, d / f"{split}_gqa.jsonl")
 
 
+def _write_video_r1(d: Path) -> None:
+    """Video-R1's data mix on the synthetic videos: each multiple-choice colour question plus one open-answer (qa)
+    question of each other problem type about the same event (numerical: the second it appears; OCR: its colour
+    word; free-form: a short description; regression: how long it is visible)."""
+    from mmgrpo.vlm.data import Sample, write_jsonl
+    from mmgrpo.vlm.synthetic.tvg import generate
+
+    res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
+    for split in ("train", "eval"):
+        rows = [json.loads(x) for x in Path(res[f"{split}_mcq"]).read_text().splitlines() if x.strip()]
+        out = []
+        for r in rows:
+            m, (a, b) = r["meta"], r["meta"]["span"]
+            out.append(Sample.from_dict(r))
+            base = {"task": "qa", "video": r["video"], "duration": r["duration"], "meta": {"source": "smoke"}}
+            for k, (ptype, q, ans) in enumerate((
+                    ("numerical", f"At which whole second does the {m['shape']} appear?", str(int(a))),
+                    ("OCR", f"Write the colour of the {m['shape']} as one word.", m["colour"]),
+                    ("free-form", f"Describe the {m['shape']}.", f"a {m['colour']} {m['shape']}"),
+                    ("regression", f"For how many seconds is the {m['shape']} visible?", f"{b - a:.1f}"))):
+                out.append(Sample.from_dict({**base, "id": f"{r['id']}_qa{k}", "query": q, "answer": ans,
+                                             "meta": {"source": "smoke", "problem_type": ptype}}))
+        write_jsonl(out, d / f"{split}_video_r1.jsonl")
+
+
 def _write_images(d: Path) -> None:
     """Synthetic REC: 56x56 images with one coloured square on noise; the query names its colour."""
     import numpy as np
@@ -142,8 +171,17 @@ def data_root() -> Path:
     return Path(os.environ.get("SMOKE_DATA") or REPO / "runs" / "smoke" / "data").resolve()
 
 
-def vlm_data(task: str) -> tuple[Path, Path, Path]:
-    """(train file, eval file, media root) of the synthetic data of ``task``."""
+def video_r1_mix(cfg) -> bool:
+    """A recipe that trains on Video-R1's five problem types (its prompt template and accuracy reward)."""
+    return cfg.data.prompt_template == "video_r1" and "video_r1_accuracy" in cfg.reward.weights
+
+
+def vlm_data(task: str, video_r1: bool = False) -> tuple[Path, Path, Path]:
+    """(train file, eval file, media root) of the synthetic data of ``task``; ``video_r1``: Video-R1's five
+    problem types for training (the eval file stays multiple choice, as its benchmarks)."""
+    if video_r1 and task == "mcq":
+        d = _atomic_dir(data_root() / "video_r1", _write_video_r1)
+        return d / "train_video_r1.jsonl", d / "eval_mcq.jsonl", d
     if task == "rec":
         d = _atomic_dir(data_root() / "rec", _write_images)
         return d / "train_rec.jsonl", d / "eval_rec.jsonl", d
@@ -163,7 +201,7 @@ def _tiny_vlm_video() -> dict:
 
 
 def vlm_train(cfg, run_dir: Path) -> list[str]:
-    train, _, media = vlm_data(cfg.data.task)
+    train, _, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
     v = _tiny_vlm_video()
     g = min(cfg.rollout.group_size, MAX_GROUP)
     ov = [f"model.path={TINY_VLM}", "model.dtype=float32", "model.attn_implementation=sdpa",
@@ -178,6 +216,10 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
           "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
           "run.save_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
           "run.grad_sync=auto", f"run.output_dir={run_dir}"]
+    if cfg.data.task != "tvg":  # the tiny model answers temporal spans only: other tasks' rewards may all be equal
+        _note(f"data.task={cfg.data.task}: the tiny TVG model cannot answer it (every reward may be equal): "
+              "run.allow_no_reward_signal=true")
+        ov.append("run.allow_no_reward_signal=true")
     tg, sel = cfg.methods.t_grpo, cfg.methods.selection
     if tg.enabled and tg.num_shuffled:
         ov.append(f"methods.t_grpo.num_shuffled={min(tg.num_shuffled, g)}")
@@ -192,7 +234,7 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
 
 
 def vlm_eval(cfg, run_dir: Path) -> list[str]:
-    _, ev, media = vlm_data(cfg.data.task)
+    _, ev, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
     v = _tiny_vlm_video()
     ov = [f"data.annotations={ev}", f"data.media_root={media}", "data.max_samples=2",
           "decoding.max_new_tokens=16", "decoding.batch_size=2", "device=cpu", "dtype=float32",
@@ -201,10 +243,7 @@ def vlm_eval(cfg, run_dir: Path) -> list[str]:
           f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
     if cfg.data.task == "rec":
         ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
-    if cfg.model.lora.enabled:  # full fine-tuning: the script's model=<run>/final (export_vlm) is kept
-        ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-        ov += [f"model={TINY_VLM}"] + ([f"adapter={ckpts[-1]}"] if ckpts else [])
-    return ov
+    return ov  # the script's model=<run>/final (export_vlm: a full model folder, or a LoRA adapter on the base)
 
 
 def _flow_kind(cfg) -> str:
@@ -230,7 +269,7 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     ov += ["model.dtype=float32", "model.gradient_checkpointing=false", f"data.train_path={train}",
            "data.eval_path=", "data.eval_prompts=[]", f"data.group_size={g}", "data.groups_per_epoch=2",
            f"sample.batch_size={2 * g}", f"sample.completion_batch_size={4 * g}", f"run.num_epochs={SMOKE_STEPS}",
-           "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
+           "run.device=cpu", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
            "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
            "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
     if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained
@@ -276,7 +315,8 @@ def flow_eval(cfg, run_dir: Path) -> list[str]:
     else:
         ov += ["height=64", "width=64", "max_sequence_length=16"]
     if cfg.model.lora.enabled:  # base = the tiny model; full fine-tuning keeps the script's assembled pipeline
-        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / 'lora_final'}"]
+        suffix = "_ema" if os.environ.get("WEIGHTS") == "ema" else ""  # _common.sh's WEIGHTS=ema
+        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / ('lora_final' + suffix)}"]
     return ov
 
 
@@ -341,19 +381,71 @@ def missing_rewards(kind: str, cfg) -> list[str]:
     return out
 
 
+# the evaluation scripts of the experiment scripts and their config classes (check-eval)
+EVAL_CONFIGS = {"eval/generate_vlm.py": ("eval.generate_vlm", "EvalVLMConfig"),
+                "eval/generate_t2i.py": ("eval.generate_t2i", "EvalT2IConfig")}
+
+
+def check_eval(script: str, args: list[str]) -> str | None:
+    """Why ``python SCRIPT [--config FILE] key=value ...`` would stop at its config (unknown key, with a close match;
+    a value of the wrong type), or None; nothing is loaded."""
+    import importlib
+
+    from mmgrpo.utils.config import load_config
+
+    if script not in EVAL_CONFIGS:
+        return None
+    mod, cls = EVAL_CONFIGS[script]
+    config, overrides = None, list(args)
+    if "--config" in overrides:
+        i = overrides.index("--config")
+        config = overrides[i + 1]
+        del overrides[i:i + 2]
+    try:
+        load_config(getattr(importlib.import_module(mod), cls), config, overrides)
+    except (ValueError, FileNotFoundError) as e:
+        return str(e)
+    return None
+
+
+def reward_setting_problems(kind: str, cfg) -> list[str]:
+    """Flow rewards' settings (a remote reward's url, PickScore's folders, ...), as the trainer checks them."""
+    if kind != "flow":
+        return []
+    from flow_grpo.rewards import check_reward_settings
+
+    return check_reward_settings(cfg.reward.weights, cfg.reward.kwargs)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "check-eval":  # exit 2: an evaluation override is wrong
+        why = check_eval(argv[1], argv[2:])
+        if why:
+            print(f"evaluation override (after --): {why}", file=sys.stderr)
+        return 2 if why else 0
     if len(argv) >= 3 and argv[0] == "check" and argv[1] in ("vlm", "flow"):
-        missing = missing_rewards(argv[1], load_recipe(argv[1], argv[2], argv[3:]))
+        # exit 2: a training override (or the recipe) does not load; 1: a reward is missing; 3: reward settings
+        try:
+            cfg = load_recipe(argv[1], argv[2], argv[3:])
+        except (ValueError, FileNotFoundError) as e:
+            print(f"training override: {e}", file=sys.stderr)
+            return 2
+        missing = missing_rewards(argv[1], cfg)
         for m in missing:
             print(f"needs {m}: not in this checkout; pass another one as a key=value override", file=sys.stderr)
-        return 1 if missing else 0
+        if missing:
+            return 1
+        problems = reward_setting_problems(argv[1], cfg)
+        for m in problems:
+            print(f"reward setting: {m}", file=sys.stderr)
+        return 3 if problems else 0
     if len(argv) == 3 and argv[0] == "base" and argv[1] in ("vlm", "flow"):
         print(tiny_base(argv[1], load_recipe(argv[1], argv[2])))
         return 0
     if len(argv) != 4 or argv[0] not in ("train", "eval") or argv[1] not in ("vlm", "flow"):
         print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...] | "
-              "base vlm|flow RECIPE.yaml", file=sys.stderr)
+              "check-eval SCRIPT [--config FILE] [key=value ...] | base vlm|flow RECIPE.yaml", file=sys.stderr)
         return 2
     what, kind, recipe, run_dir = argv
     cfg = load_recipe(kind, recipe)

@@ -7,5 +7,6 @@ train vlm configs/vlm/temporal_r1_nextgqa.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/nextgqa_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/nextgqa.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/nextgqa_test.jsonl" data.media_root="$DATA_DIR" out_dir="$OUT_DIR/eval_nextgqa" \
+  data.annotations="$DATA_DIR/nextgqa_test.jsonl" data.media_root="$DATA_DIR" data.prompt_template=videochat_r1_gqa \
+  out_dir="$OUT_DIR/eval_nextgqa" \
   "${EVAL_ARGS[@]}"

@@ -9,4 +9,5 @@ train vlm configs/vlm/tempsamp_r1_charades.yaml fsdp model.path="$MODEL_DIR" \
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/charades_sta.yaml model="$OUT_DIR/final" \
   data.annotations="$DATA_DIR/charades_test.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=no_think \
+  data.prompt_template=tempsamp_r1 score.official_mode=tempsamp_r1 \
   out_dir="$OUT_DIR/eval_charades" "${EVAL_ARGS[@]}"

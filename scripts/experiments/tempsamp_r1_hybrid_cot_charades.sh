@@ -10,4 +10,5 @@ train vlm configs/vlm/tempsamp_r1_hybrid_cot_charades.yaml fsdp model.path="$MOD
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/charades_sta.yaml model="$OUT_DIR/final" \
   data.annotations="$DATA_DIR/charades_test.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=no_think \
+  score.official_mode=tempsamp_r1 \
   out_dir="$OUT_DIR/eval_charades_sta" "${EVAL_ARGS[@]}"

@@ -7,5 +7,5 @@ train vlm configs/vlm/time_r1_charades.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/charades_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/charades_sta.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/charades_test.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=think \
+  data.annotations="$DATA_DIR/charades_test.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=think data.prompt_template=time_r1_eval \
   out_dir="$OUT_DIR/eval_charades" "${EVAL_ARGS[@]}"

@@ -8,5 +8,6 @@ train vlm configs/vlm/video_r1_tgrpo.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/video_r1_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/mvbench.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/mvbench.jsonl" data.media_root="$DATA_DIR" out_dir="$OUT_DIR/eval_mvbench" \
+  data.annotations="$DATA_DIR/mvbench.jsonl" data.media_root="$DATA_DIR" data.prompt_template=video_r1 \
+  out_dir="$OUT_DIR/eval_mvbench" \
   "${EVAL_ARGS[@]}"

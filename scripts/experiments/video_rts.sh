@@ -9,6 +9,7 @@ train vlm configs/vlm/video_rts.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/video_rts_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/mvbench.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/mvbench.jsonl" data.media_root="$DATA_DIR" out_dir="$OUT_DIR/eval_mvbench_rts" \
+  data.annotations="$DATA_DIR/mvbench.jsonl" data.media_root="$DATA_DIR" data.prompt_template=video_rts \
+  out_dir="$OUT_DIR/eval_mvbench_rts" \
   rts.enabled=true rts.min_frames=32 rts.max_frames=64 rts.num_samples=5 decoding.greedy=false \
   "${EVAL_ARGS[@]}"

@@ -7,5 +7,5 @@ train vlm configs/vlm/vlm_r1_refcoco.yaml fsdp model.path="$MODEL_DIR" \
   data.train_file="$DATA_DIR/refcoco_train.jsonl" data.media_root="$DATA_DIR" "${TRAIN_ARGS[@]}"
 export_vlm
 evaluate eval/generate_vlm.py --config eval/configs/refcoco.yaml model="$OUT_DIR/final" \
-  data.annotations="$DATA_DIR/refcoco_val.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=think \
+  data.annotations="$DATA_DIR/refcoco_val.jsonl" data.media_root="$DATA_DIR" data.prompt_mode=think data.prompt_template=vlm_r1_rec \
   out_dir="$OUT_DIR/eval_refcoco" "${EVAL_ARGS[@]}"

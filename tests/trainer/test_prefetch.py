@@ -70,7 +70,7 @@ def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_di
     cfg = th.make_cfg(tmp_path / "p1", tiny_dirs("qwen2_5_vl"), "data.prefetch=1", "run.max_steps=3")
     tr = GRPOTrainer(cfg, samples=th.video_samples(6), reward_fn=th.text_reward)
     tr.state.stream = make_stream(tr)
-    pf = prompts._prefetcher(tr)
+    pf = prompts.get_prefetcher(tr)
     worker_started = threading.Event()
     seen = []
     worker_prepare, inline_prepare = pf.prepare, tr.task.prepare

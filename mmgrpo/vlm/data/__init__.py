@@ -22,9 +22,11 @@ Public API (stable)::
                                think_text="", box_frame="abs", resized_size=None) -> str
 
 Schema (:mod:`mmgrpo.vlm.data.schema`): times are seconds of absolute video time, boxes original-image pixels
-[x1, y1, x2, y2], ``image_size`` = [width, height]; tasks tvg / mcq / gqa / rec.
+[x1, y1, x2, y2], ``image_size`` = [width, height]; tasks tvg / mcq / gqa / rec / qa (open answers).
 Converters (:mod:`mmgrpo.vlm.data.converters`, CLI ``python data/convert.py FORMAT IN OUT``): Charades-STA,
-ActivityNet-style dense captions, Time-R1 / TVGBench, NExT-GQA, Video-R1 multiple choice, RefCOCO-style REC.
+ActivityNet-style dense captions, Time-R1 / TVGBench, NExT-GQA, Video-R1 (five problem types), RefCOCO-style REC.
+Prompt templates by name (the project's and the releases', ``data.prompt_template``):
+:mod:`mmgrpo.vlm.data.templates`.
 Synthetic benchmark (:mod:`mmgrpo.vlm.synthetic.tvg`, CLI ``python data/synthetic_tvg.py``): generated mp4s with
 exactly known event spans.  Mini-GenEval (:mod:`mmgrpo.synthetic.t2i`, CLI ``python data/synthetic_t2i.py``):
 synthetic text-to-image prompts with a programmatic verifier (the ``mini_geneval`` reward of ``flow_grpo``).

@@ -1,4 +1,5 @@
-"""Prompt templates: system prompts per reasoning mode, user prompts per task, ground-truth answers.
+"""The project's own prompt template (``data.prompt_template=mmgrpo``): system prompts per reasoning mode, user
+prompts per task, ground-truth answers.  The released recipes' templates are in :mod:`mmgrpo.vlm.data.templates`.
 
 Modes:
   * ``think``    -- reason inside ``<think>…</think>``, then the answer inside ``<answer>…</answer>``.
@@ -96,6 +97,8 @@ def user_prompt(sample: Sample | Mapping[str, Any], answer_format: str = "second
         dur = f"The video is {hi - lo:.2f} seconds long. "
     if s.task == "tvg":
         q = s.query.strip()
+        if (s.meta or {}).get("query_is_prompt"):  # the whole release prompt (convert.py tempsamp --query-from
+            return q                               # problem): shown as is, not wrapped in a second instruction
         return (f'{dur}To accurately pinpoint the event "{q}" in the video, determine the precise time period '
                 f"of the event. Output {span_txt}.")
     if s.task == "mcq":
@@ -125,8 +128,10 @@ def build_messages(sample: Sample | Mapping[str, Any], mode: str = "think", answ
     qwen-vl-utils reads them.  Render with ``processor.apply_chat_template(messages, add_generation_prompt=True)``.
 
     ``query_position="before"`` puts the text item *before* the media item (default ``"after"``, the Qwen-VL
-    convention and every released recipe's order).  With causal attention, text before the video lets every video
-    token attend to the query; the tiny demo models need that to pick the queried event among several
+    model cards' order; the releases differ: Video-R1, VLM-R1 and TempSamp-R1 put the media first, Time-R1's
+    training prompt and VideoChat-R1 the text first -- their own templates are in
+    :mod:`mmgrpo.vlm.data.templates`).  With causal attention, text before the video lets every video token attend
+    to the query; the tiny demo models need that to pick the queried event among several
     (``docs/demo_models.md``).  Use the same order for SFT, GRPO rollouts and evaluation.
     """
     s = _as_sample(sample)

@@ -4,17 +4,21 @@ Fields (times in **seconds, absolute video time**; boxes in **original-image pix
 
     id           str, unique within a file
     task         "tvg" (temporal grounding) | "mcq" (multiple-choice QA) | "gqa" (grounded QA) | "rec" (image REC)
+                 | "qa" (open-answer QA on a video or image: Video-R1's numerical / OCR / free-form / regression)
     query        str, non-empty: the event description (tvg), the question (mcq/gqa) or the referring expression
     video        str path (tvg, gqa; mcq may use video or image)   -- exactly one of video / image
     image        str path (rec; mcq)
     duration     float > 0, seconds of the whole video (required for tvg, gqa)
     spans        [[s, e], ...] with 0 <= s < e <= duration (tvg: >= 1; gqa: >= 1 evidence span; others: none)
     options      [str, ...] >= 2 options, without "(A)" prefixes (mcq, gqa)
-    answer       option letter "A".."Z" (mcq, gqa); optional otherwise
+    answer       option letter "A".."Z" (mcq, gqa); the reference answer as written (qa: "42", "3.5", text);
+                 optional otherwise
     boxes        [[x1, y1, x2, y2], ...] >= 1 box with x1 < x2, y1 < y2, inside image_size (rec)
     image_size   [width, height] in pixels (rec)
     video_start, video_end   optional clip in seconds, 0 <= start < end <= duration; spans must lie inside it
-    meta         dict, free-form provenance (source dataset, original ids, ...)
+    meta         dict, free-form provenance (source dataset, original ids, ...); qa: meta.problem_type (how the
+                 answer is scored: "numerical" | "OCR" | "free-form" | "regression", Video-R1's names); a release's
+                 verbatim prompt text may sit in meta.problem (mmgrpo.vlm.data.templates uses it)
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-TASKS = ("tvg", "mcq", "gqa", "rec")
+TASKS = ("tvg", "mcq", "gqa", "rec", "qa")
+QA_PROBLEM_TYPES = ("numerical", "OCR", "free-form", "regression")
 VIDEO_TASKS = ("tvg", "gqa")
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -61,7 +66,21 @@ class DataError(ValueError):
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite number (JSON integers beyond float range, e.g. 400 digits, are not: ``float()`` overflows)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _short(x: Any, n: int = 60) -> str:
+    """``repr(x)`` cut to ``n`` characters, for messages (a 400-digit number or a huge list stays readable)."""
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10 ** 40:
+        return f"<{len(str(abs(x)))}-digit integer>"
+    r = repr(x)
+    return r if len(r) <= n else r[:n] + "..."
 
 
 @dataclass
@@ -146,13 +165,13 @@ class Sample:
             raise err("video", f"task {self.task!r} needs a video", "missing_field")
         if self.task == "rec" and self.image is None:
             raise err("image", "task 'rec' needs an image", "missing_field")
-        if self.task == "mcq" and self.media is None:
-            raise err("video", "task 'mcq' needs a video or an image", "missing_field")
+        if self.task in ("mcq", "qa") and self.media is None:
+            raise err("video", f"task {self.task!r} needs a video or an image", "missing_field")
 
         # duration and clip
         if self.duration is not None:
             if not _is_num(self.duration) or self.duration <= 0:
-                raise err("duration", f"must be a positive number of seconds, got {self.duration!r}")
+                raise err("duration", f"must be a positive number of seconds, got {_short(self.duration)}")
             self.duration = float(self.duration)
         elif self.task in VIDEO_TASKS:
             raise err("duration", f"task {self.task!r} needs the video duration in seconds", "missing_field")
@@ -164,7 +183,7 @@ class Sample:
             if self.video is None:
                 raise err(f, "only valid for video samples")
             if not _is_num(v) or v < 0 or (self.duration is not None and v > self.duration + 1e-6):
-                raise err(f, f"must be in [0, duration={self.duration}], got {v!r}")
+                raise err(f, f"must be in [0, duration={self.duration}], got {_short(v)}")
             setattr(self, f, float(v))
         if self.video_start is not None:
             lo = self.video_start
@@ -178,13 +197,13 @@ class Sample:
             raise err("spans", "must be a list of [start, end] pairs")
         if self.task in ("tvg", "gqa") and not self.spans:
             raise err("spans", f"task {self.task!r} needs at least one [start, end] span", "missing_field")
-        if self.task in ("mcq", "rec") and self.spans and self.duration is None:
+        if self.task in ("mcq", "rec", "qa") and self.spans and self.duration is None:
             raise err("spans", "spans need a duration")
         out = []
         for i, sp in enumerate(self.spans):
             f = f"spans[{i}]"
             if not (isinstance(sp, (list, tuple)) and len(sp) == 2 and all(_is_num(x) for x in sp)):
-                raise err(f, f"must be a pair of finite numbers [start, end], got {sp!r}")
+                raise err(f, f"must be a pair of finite numbers [start, end], got {_short(sp)}")
             s, e = float(sp[0]), float(sp[1])
             if s > e:
                 if not swap_reversed:
@@ -220,12 +239,25 @@ class Sample:
             raise err("options", f"not used by task {self.task!r}")
         if self.answer is not None and not isinstance(self.answer, str):
             raise err("answer", "must be a string")
+        if self.task == "qa":
+            if self.answer is None or not self.answer.strip():
+                raise err("answer", "task 'qa' needs the reference answer as a non-empty string", "missing_field")
+            ptype = self.meta.get("problem_type")
+            if ptype not in QA_PROBLEM_TYPES:
+                raise err("meta", f"task 'qa' needs meta.problem_type, one of {QA_PROBLEM_TYPES}; got {ptype!r}")
+            if ptype in ("numerical", "regression"):
+                try:
+                    v = float(self.answer.strip().replace(",", ""))
+                except ValueError:
+                    v = math.nan
+                if not math.isfinite(v):
+                    raise err("answer", f"a {ptype} answer must be a number, got {self.answer!r}")
 
         # boxes / image size
         if self.image_size is not None:
             if not (isinstance(self.image_size, (list, tuple)) and len(self.image_size) == 2
                     and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in self.image_size)):
-                raise err("image_size", f"must be [width, height] positive integers, got {self.image_size!r}")
+                raise err("image_size", f"must be [width, height] positive integers, got {_short(self.image_size)}")
             self.image_size = list(self.image_size)
         if self.task == "rec":
             if not self.boxes:
@@ -239,7 +271,7 @@ class Sample:
             for i, b in enumerate(self.boxes):
                 f = f"boxes[{i}]"
                 if not (isinstance(b, (list, tuple)) and len(b) == 4 and all(_is_num(x) for x in b)):
-                    raise err(f, f"must be [x1, y1, x2, y2] numbers, got {b!r}")
+                    raise err(f, f"must be [x1, y1, x2, y2] numbers, got {_short(b)}")
                 x1, y1, x2, y2 = (float(x) for x in b)
                 if not (x1 < x2 and y1 < y2):
                     raise err(f, f"needs x1 < x2 and y1 < y2, got {b!r}", "bad_box")

@@ -87,15 +87,27 @@ def as_dict(sample: Any) -> dict:
     return dict(vars(sample))
 
 
-def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False) -> list:
+def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False,
+                 screen=None, with_report: bool = False):
     """Canonical JSONL -> samples (``mmgrpo.vlm.data.load_jsonl``: errors name file, line, id and field).
 
     ``check_media``: find every missing video/image before training and raise one error listing them
-    (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time."""
+    (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time.
+    ``screen``: a :class:`mmgrpo.vlm.data.media.MediaScreen`: check the media of the first ``max_samples``
+    samples at the header level and their durations (``mmgrpo.vlm.data.media``: skipped and counted, or one error
+    listing file:line id field, before the model loads). ``with_report``: return ``(samples, MediaReport or
+    None)``."""
     from mmgrpo.vlm.data import load_jsonl
 
-    out, _report = load_jsonl(path, root=media_root or None, on_error="raise", check_media=check_media)
-    return out[:max_samples] if max_samples else out
+    out, report = load_jsonl(path, root=media_root or None, on_error="raise",
+                             check_media=check_media and screen is None)
+    out = out[:max_samples] if max_samples else out
+    media = None
+    if screen is not None:
+        from mmgrpo.vlm.data.media import screen_samples
+
+        out, media = screen_samples(out, screen, source=os.fspath(path), lines=report.lines)
+    return (out, media) if with_report else out
 
 
 @dataclass
@@ -123,17 +135,30 @@ class TaskAdapter:
         self.mode = data_cfg.prompt_mode
 
     # -- prompts -------------------------------------------------------------------------------------------
-    def messages(self, sample: Any) -> list[dict]:
-        from mmgrpo.vlm.data import build_messages
+    @property
+    def template(self) -> str:
+        """``data.prompt_template``: ``mmgrpo`` (the project's prompt) or a release's (mmgrpo.vlm.data.templates)."""
+        return getattr(self.cfg, "prompt_template", "mmgrpo")
 
-        return build_messages(sample, mode=self.mode, answer_format=self.cfg.answer_format,
-                              box_frame=self.adapter.family,
-                              query_position=getattr(self.cfg, "query_position", "after"))
+    def messages(self, sample: Any, mode: str | None = None, hint: str = "") -> list[dict]:
+        """Chat messages of ``sample`` (``mode``: another prompt mode of the project template, e.g. hybrid CoT;
+        ``hint`` appended to the user text).  Rollout, training and evaluation all render through here."""
+        from mmgrpo.vlm.data.templates import render_messages, template_mode
+
+        mode = mode or self.mode
+        if self.template != "mmgrpo" and mode != template_mode(self.template, mode):
+            raise ValueError(f"data.prompt_template={self.template} has one prompt mode "
+                             f"({template_mode(self.template, mode)}); a method asked for {mode!r} (use "
+                             f"data.prompt_template=mmgrpo for methods that switch prompt modes)")
+        return render_messages(sample, self.template, mode=mode, answer_format=self.cfg.answer_format,
+                               box_frame=self.adapter.family,
+                               query_position=getattr(self.cfg, "query_position", "after"), hint=hint)
 
     def gt_completion(self, sample: Any, item: dict | None = None) -> str:
-        """The ground truth as a completion (TempSamp-R1); boxes in the model's frame (Qwen2.5-VL: the
-        processor-resized image, from ``image_grid_thw``)."""
-        from mmgrpo.vlm.data import format_ground_truth_answer
+        """The ground truth as a completion in the format the prompt asks for (TempSamp-R1's off-policy member,
+        ``mmgrpo check``); boxes in the model's frame (Qwen2.5-VL: the processor-resized image, from
+        ``image_grid_thw``)."""
+        from mmgrpo.vlm.data.templates import ground_truth
 
         kw: dict[str, Any] = {}
         if self.task == "rec":
@@ -141,7 +166,27 @@ class TaskAdapter:
             if item is not None and "image_grid_thw" in item:
                 _, gh, gw = (int(x) for x in item["image_grid_thw"][0])
                 kw["resized_size"] = [gw * self.adapter.patch_size, gh * self.adapter.patch_size]
-        return format_ground_truth_answer(sample, mode=self.mode, answer_format=self.cfg.answer_format, **kw)
+        return ground_truth(sample, self.template, mode=self.mode, answer_format=self.cfg.answer_format, **kw)
+
+    def image_size_kwargs(self) -> dict:
+        """Processor kwargs carrying ``data.image_min_pixels`` / ``image_max_pixels`` (0 = the processor's own
+        value for that bound).  Each configured bound reaches the processor on its own: a max without a min used to
+        be dropped silently (Video-R1 images then went up to the processor's 12.8 M pixels)."""
+        lo, hi = int(self.cfg.image_min_pixels or 0), int(self.cfg.image_max_pixels or 0)
+        if lo <= 0 and hi <= 0:
+            return {}
+        ip = getattr(self.processor, "image_processor", None)
+        size = dict(getattr(ip, "size", None) or {})
+        lo = lo if lo > 0 else int(size.get("shortest_edge", getattr(ip, "min_pixels", 0) or 0))
+        hi = hi if hi > 0 else int(size.get("longest_edge", getattr(ip, "max_pixels", 0) or 0))
+        if not lo or not hi:
+            raise ValueError(f"data.image_min_pixels / image_max_pixels: the processor {type(ip).__name__} has no "
+                             "pixel bounds to complete them (size shortest_edge / longest_edge)")
+        if lo > hi:
+            raise ValueError(f"image pixel bounds min {lo} > max {hi} (data.image_min_pixels="
+                             f"{self.cfg.image_min_pixels}, data.image_max_pixels={self.cfg.image_max_pixels}; 0 = "
+                             "the processor's own): set both")
+        return {"size": {"shortest_edge": lo, "longest_edge": hi}}
 
     def _path(self, p: Any) -> Any:
         if isinstance(p, (str, os.PathLike)):
@@ -167,19 +212,24 @@ class TaskAdapter:
         vfps = _get(sample, "video_fps", meta.get("video_fps"))
         if not isinstance(v, str) and vfps is not None:
             kw["video_fps"] = float(vfps)
+        mfp = getattr(self.cfg, "max_video_frame_pixels", None)
+        if mfp is not None:
+            kw["max_frame_pixels"] = mfp
+        from mmgrpo.video import VideoError
+
         try:
             return load_video(v, **kw)
         except FileNotFoundError as e:
             raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
-        except Exception as e:  # decode errors of a present file: a media problem of this sample
-            if type(e).__name__ == "VideoError":
-                raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
-            raise
+        except VideoError as e:  # decode errors of a present file, frames over the decode cap: this sample's media
+            raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
 
     def _load_images(self, sample: Any) -> list:
         """RGB PIL images of the sample (any mode / array converted, see ``to_rgb_image``); an aspect ratio the
         processor cannot resize raises BadSampleError naming the sample."""
         from PIL import Image
+
+        from mmgrpo.utils.media_check import DEFAULT_MAX_IMAGE_PIXELS
 
         imgs = _get(sample, "image")
         imgs = imgs if isinstance(imgs, (list, tuple)) else [imgs]
@@ -188,12 +238,20 @@ class TaskAdapter:
             src = im if isinstance(im, (str, os.PathLike)) else f"image {k}"
             im = self._path(im)
             if isinstance(im, str):
+                cap = getattr(self.cfg, "max_image_pixels", None) or DEFAULT_MAX_IMAGE_PIXELS
                 try:
                     with Image.open(im) as f:
+                        if f.width * f.height > cap:  # from the header, before the pixels are decoded
+                            raise MissingMediaError(f"sample {sample_id(sample)}: image {im} of {f.width}x{f.height} "
+                                                    f"pixels exceeds data.max_image_pixels={cap:,}")
                         f.load()
                         im = f.copy()
-                except OSError as e:
-                    raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: {e}") from e
+                except MissingMediaError:
+                    raise
+                except (OSError, Image.DecompressionBombError, SyntaxError, ValueError) as e:
+                    # DecompressionBombError (a 24 kB PNG claiming 196 MP) is not an OSError: it used to end the run
+                    raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: "
+                                            f"{type(e).__name__}: {e}") from e
             im = to_rgb_image(im, f"sample {sample_id(sample)}: {src}")
             ar = max(im.width, im.height) / min(im.width, im.height)
             if ar > MAX_ASPECT_RATIO:
@@ -236,9 +294,7 @@ class TaskAdapter:
             return PreparedPrompt(sample, _tensors(item), clip=clip, text=text)
         if _get(sample, "image") is not None:
             imgs = self._load_images(sample)
-            kw = {}
-            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
-                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
+            kw = self.image_size_kwargs()
             try:
                 item = self.processor(text=[text], images=imgs, return_tensors="pt", **kw)
             except Exception as e:  # the processor's own checks (sizes, ratios) do not name the sample
@@ -256,15 +312,10 @@ class TaskAdapter:
         shared (the ground truth does not change)."""
         import dataclasses
 
-        from mmgrpo.vlm.data import build_messages
-
         mode = mode or prep.mode or self.mode
         hint = hint or prep.hint
-        msgs = build_messages(prep.sample, mode=mode, answer_format=self.cfg.answer_format,
-                              box_frame=self.adapter.family)
-        if hint:
-            content = msgs[-1]["content"]
-            content[-1] = dict(content[-1], text=f"{content[-1]['text']}\nHint: {hint}")
+        # the same rendering as prepare() (template, query_position), plus the mode / hint of the method
+        msgs = self.messages(prep.sample, mode=mode, hint=hint)
         text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         if prep.clip is not None:
             from mmgrpo.video.processor import build_video_inputs
@@ -274,10 +325,7 @@ class TaskAdapter:
             return dataclasses.replace(prep, item=item, clip=clip, text=text, mode=mode, hint=hint)
         if prep.images:
             imgs = prep.images if images is None else images
-            kw = {}
-            if self.cfg.image_min_pixels > 0 and self.cfg.image_max_pixels > 0:
-                kw["size"] = {"shortest_edge": self.cfg.image_min_pixels, "longest_edge": self.cfg.image_max_pixels}
-            item = _tensors(self.processor(text=[text], images=imgs, return_tensors="pt", **kw))
+            item = _tensors(self.processor(text=[text], images=imgs, return_tensors="pt", **self.image_size_kwargs()))
             return dataclasses.replace(prep, item=item, text=text, images=imgs, mode=mode, hint=hint)
         item = _tensors(self.processor(text=[text], return_tensors="pt"))
         return dataclasses.replace(prep, item=item, text=text, mode=mode, hint=hint)

@@ -2,7 +2,9 @@
 client (also vLLM's ``VLLMWeightSyncClient`` for the NCCL weight push) and :class:`EngineOutput`, what an engine
 returns for one request (the colocated engine of :mod:`.vllm_backend` and the server alike).
 
-Arrays travel as ``.npy`` bytes in base64, loaded with ``allow_pickle=False``: nothing received runs code.
+Arrays travel as ``.npy`` bytes in base64, loaded with ``allow_pickle=False``: nothing received runs code. Requests
+are signed with ``MMGRPO_VLLM_TOKEN`` when it is set (:mod:`mmgrpo.utils.http_guard`; the server's side of the
+guard is in :mod:`.vllm_server`).
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import io
 import json
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from mmgrpo.utils.http_guard import HTTPFailure, env_token, error_text, http_request
+
+TOKEN_ENV = "MMGRPO_VLLM_TOKEN"  # shared secret of the trainer and the rollout server (each reads it when set)
 
 
 @dataclass
@@ -82,17 +86,50 @@ def decode_request(obj: dict) -> tuple[dict, dict]:
     return p, s
 
 
+def parse_outputs(res: dict, n: int, where: str) -> list[EngineOutput]:
+    """The ``/generate`` reply as :class:`EngineOutput` rows, its JSON types checked (``RuntimeError`` naming the
+    row and field otherwise): ``n`` outputs of integer ``prompt_token_ids`` / ``token_ids`` and numeric (or null)
+    ``logprobs``.  Values (vocabulary, signs, lengths) are checked by ``VLLMRolloutBackend``."""
+    outs = res.get("outputs")
+    if not isinstance(outs, list) or len(outs) != n:
+        got = f"{len(outs)} outputs" if isinstance(outs, list) else repr(outs)[:80]
+        raise RuntimeError(f"{where}: malformed reply: {got} for {n} requests")
+    rows = []
+    for r, o in enumerate(outs):
+        if not isinstance(o, dict):
+            raise RuntimeError(f"{where}: malformed reply: outputs[{r}] is a {type(o).__name__}")
+        for key in ("prompt_token_ids", "token_ids"):
+            v = o.get(key)
+            if not isinstance(v, list) or any(type(t) is not int for t in v):
+                raise RuntimeError(f"{where}: malformed reply: outputs[{r}].{key} is not a list of integers")
+        lps = o.get("logprobs")
+        if lps is not None and (not isinstance(lps, list) or any(type(x) not in (int, float) for x in lps)):
+            raise RuntimeError(f"{where}: malformed reply: outputs[{r}].logprobs is not a list of numbers")
+        rows.append(EngineOutput(o["prompt_token_ids"], o["token_ids"],
+                                 None if lps is None else [float(x) for x in lps]))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------
 # client
 # ----------------------------------------------------------------------------------------------------------
 class VLLMServerClient:
-    """HTTP client of :mod:`mmgrpo.vlm.models.vllm_server` (also a ``VLLMWeightSyncClient``)."""
+    """HTTP client of :mod:`mmgrpo.vlm.models.vllm_server` (also a ``VLLMWeightSyncClient``).
 
-    def __init__(self, base_url: str, timeout: float = 240.0):
+    ``timeout``: wall-clock seconds per call (connect, server time, reading the reply: a trickled reply cannot
+    stretch it); ``max_reply_mb``: largest reply read.  Requests are signed with ``MMGRPO_VLLM_TOKEN`` when it is set,
+    and replies are then used only if the server signed them.  A call that fails raises ``ConnectionError``
+    (unreachable, timeout) or ``RuntimeError`` (an error status, a redirect, an oversized, malformed or
+    unauthenticated reply)."""
+
+    def __init__(self, base_url: str, timeout: float = 240.0, max_reply_mb: float = 256.0):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"rollout.vllm_server_url must start with http:// or https://, got {base_url!r}")
+        if not timeout > 0 or not max_reply_mb > 0:
+            raise ValueError("need timeout > 0 and max_reply_mb > 0")
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
+        self.max_reply_bytes = int(max_reply_mb * 2**20)
 
     @property
     def host(self) -> str:
@@ -100,17 +137,24 @@ class VLLMServerClient:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        where = f"vLLM server {method} {self.base_url}{path}"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"vLLM server {method} {self.base_url}{path}: HTTP {e.code}: "
-                               f"{e.read()[:500].decode(errors='replace')}") from e
-        except (urllib.error.URLError, OSError) as e:
-            raise ConnectionError(f"vLLM server {self.base_url} unreachable ({method} {path}): {e}") from e
-        return json.loads(raw) if raw else {}
+            reply = http_request(self.base_url + path, method, data, timeout=self.timeout,
+                                 max_reply_bytes=self.max_reply_bytes, token=env_token(TOKEN_ENV), what=where)
+        except HTTPFailure as e:
+            if e.retryable:
+                raise ConnectionError(f"vLLM server {self.base_url} unreachable ({method} {path}): {e}") from None
+            raise RuntimeError(str(e)) from None  # names the call already (``what``)
+        if reply.status >= 300:
+            hint = f" (set {TOKEN_ENV} as on the server)" if reply.status == 401 else ""
+            raise RuntimeError(f"{where}: HTTP {reply.status}: {error_text(reply)[:500]}{hint}")
+        try:
+            out = json.loads(reply.body) if reply.body else {}
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise RuntimeError(f"{where}: the reply is not JSON ({e}): {reply.body[:200]!r}") from None
+        if not isinstance(out, dict):
+            raise RuntimeError(f"{where}: the reply is a {type(out).__name__}, not a JSON object")
+        return out
 
     def health(self) -> bool:
         try:
@@ -127,11 +171,14 @@ class VLLMServerClient:
             time.sleep(poll)
 
     def world_size(self) -> int:
-        return int(self._call("GET", "/get_world_size")["world_size"])
+        w = self._call("GET", "/get_world_size").get("world_size")
+        if type(w) is not int or w < 1:
+            raise RuntimeError(f"vLLM server {self.base_url}/get_world_size: world_size {w!r} is not a positive integer")
+        return w
 
     def run(self, requests: Sequence[tuple[dict, dict]]) -> list[EngineOutput]:
         res = self._call("POST", "/generate", {"requests": [encode_request(p, s) for p, s in requests]})
-        return [EngineOutput(o["prompt_token_ids"], o["token_ids"], o["logprobs"]) for o in res["outputs"]]
+        return parse_outputs(res, len(requests), f"vLLM server {self.base_url}/generate")
 
     def reset_prefix_cache(self) -> None:
         self._call("POST", "/reset_prefix_cache", {})
@@ -176,5 +223,5 @@ def nccl_transfer_factory(client: VLLMServerClient, group_port: int, group_host:
     return make
 
 
-__all__ = ["EngineOutput", "encode_request", "decode_request", "VLLMServerClient", "local_address_towards",
-           "nccl_transfer_factory"]
+__all__ = ["TOKEN_ENV", "EngineOutput", "encode_request", "decode_request", "parse_outputs", "VLLMServerClient",
+           "local_address_towards", "nccl_transfer_factory"]

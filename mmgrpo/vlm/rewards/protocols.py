@@ -74,6 +74,7 @@ __all__ = [
     "strict_box",
     "release_format",
     "videochat_r1_letter",
+    "videochat_r1_glue",
     "release_temporal_iou",
     "release_boundary_iou",
     "nextgqa_iou_iop",
@@ -89,7 +90,7 @@ class ParseMode:
 
 
 PARSE_MODES: dict[str, ParseMode] = {
-    "lenient": ParseMode(("tvg", "mcq", "gqa", "rec"), "mmgrpo (this project)",
+    "lenient": ParseMode(("tvg", "mcq", "gqa", "rec", "qa"), "mmgrpo (this project)",
                          "tolerant parser: unclosed blocks, many spellings, spans swapped/clamped"),
     "time_r1": ParseMode(("tvg",), "xiaomi-research/time-r1 main.py (reward)",
                          "last closed <answer>, last 'A to B'/'A and B', no swap, no clamp"),
@@ -98,7 +99,7 @@ PARSE_MODES: dict[str, ParseMode] = {
     "tempsamp_r1": ParseMode(("tvg",), "ZhangZikun6666/TempSamp-R1 scripts/timelens/timelens_reward.py "
                                        "(re-implementation; the official code is not public)",
                              "first closed <answer> else whole text; last 'A to B', else 'A - B', else 2 numbers"),
-    "video_r1": ParseMode(("mcq",), "tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py (reward)",
+    "video_r1": ParseMode(("mcq", "qa"), "tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py (reward)",
                           "first closed <answer>; exact letter; numbers: decimal-mark rule, round to 2"),
     "video_r1_eval": ParseMode(("mcq",), "tulerfeng/Video-R1 src/eval_bench.py",
                                "as video_r1, whole output when there is no answer block"),
@@ -324,7 +325,7 @@ _VLM_R1_FORMAT = re.compile(
 _TS_FORMAT_PAIR = re.compile(r"\d+\.?\d*\s*(?:to|and|-)\s*\d+\.?\d*")
 
 
-def release_format(output: Any, mode: str) -> float:
+def release_format(output: Any, mode: str, strict: bool = False) -> float:
     """1/0 format reward of a release (exact lower-case tags):
 
     * time_r1 / time_r1_eval (Time-R1 ``format_reward``): the *stripped* text fully matches
@@ -334,8 +335,12 @@ def release_format(output: Any, mode: str) -> float:
     * vlm_r1 / vlm_r1_eval (VLM-R1 ``format_reward_rec``): such a think + answer sequence *somewhere* in the text
       whose answer holds an integer box inside ``{…}``;
     * tempsamp_r1 (re-implementation, default loose check): the first closed answer block contains a number pair
-      joined by to / and / "-";
-    * nextgqa: no released format reward; the Time-R1 rule is used.
+      joined by to / and / "-"; ``strict=True`` is the release's strict variant (its ``TIMELENS_STRICT_FORMAT=1``):
+      exactly one closed answer block, the text (right-stripped) ends with ``</answer>``, no newline inside the
+      block, and the block contains such a pair (text before the block and around the pair is still accepted);
+    * nextgqa (VideoChat-R1 ``src/open_r1/grpo_gqa.py`` ``format_reward``): the stripped text fully matches
+      ``<think>…</think>`` + ws + ``<answer>…</answer>`` + ws + ``<glue>…</glue>``, and the first ``<glue>`` block
+      holds a list of ``(s, e)`` pairs, s ≤ e (:func:`videochat_r1_glue`).
     """
     text = completion_text(output)
     if text is None:
@@ -345,9 +350,37 @@ def release_format(output: Any, mode: str) -> float:
     if mode in ("vlm_r1", "vlm_r1_eval"):
         return 1.0 if _VLM_R1_FORMAT.search(text) else 0.0
     if mode == "tempsamp_r1":
+        if strict:
+            blocks = _BLOCK.findall(text)
+            ok = (len(blocks) == 1 and text.rstrip().endswith("</answer>") and "\n" not in blocks[0]
+                  and "\r" not in blocks[0] and _TS_FORMAT_PAIR.search(blocks[0]) is not None)
+            return 1.0 if ok else 0.0
         blk = _first_block(text)
         return 1.0 if blk is not None and _TS_FORMAT_PAIR.search(blk) else 0.0
+    if mode == "nextgqa":
+        if not _THINK_ANSWER_GLUE.fullmatch(text.strip()):
+            return 0.0
+        m = _GLUE.search(text)
+        return 1.0 if m is not None and videochat_r1_glue(m.group(1)) is not None else 0.0
     return 1.0 if _THINK_ANSWER.fullmatch(text.strip()) else 0.0
+
+
+_THINK_ANSWER_GLUE = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>\s*<glue>.*?</glue>", re.DOTALL)
+_GLUE = re.compile(r"<glue>(.*?)</glue>", re.DOTALL)
+_NUM_DEC = r"\d+(?:\.\d+)?"
+_GLUE_LIST = re.compile(r"\[(?:\(" + _NUM_DEC + r",\s*" + _NUM_DEC + r"\)(?:,\s*\(" + _NUM_DEC + r",\s*" + _NUM_DEC
+                        + r"\))*(?:,)?|)\]$")
+_GLUE_PAIR = re.compile(r"\((" + _NUM_DEC + r"),\s*(" + _NUM_DEC + r")\)")
+
+
+def videochat_r1_glue(s: str) -> Optional[list[tuple[float, float]]]:
+    """VideoChat-R1's evidence list ``[(s1, e1), (s2, e2), ...]`` (unsigned decimals, an optional trailing comma,
+    "[]" allowed, nothing else), or None; a pair with s > e makes the whole list invalid (its
+    ``is_valid_two_d_list_format``)."""
+    if not _GLUE_LIST.match(s):
+        return None
+    pairs = [(float(a), float(b)) for a, b in _GLUE_PAIR.findall(s)]
+    return None if any(a > b for a, b in pairs) else pairs
 
 
 # --------------------------------------------------------------------------------------------------------------

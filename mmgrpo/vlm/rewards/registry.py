@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .choice import mcq_exact, mcq_soft
-from .format import format_reward
+from .format import format_reward, well_formed
 from .box import frame_scale, resolve_box_frame
 from .length import length_bonus
 from .multibox import confidence_reward, greedy_match, multibox_iou_reward, parse_scored_boxes
@@ -54,16 +54,20 @@ from .tasks import (
 )
 from .protocols import check_parse_mode, is_strict, release_format
 from .temporal import threshold_reward
+from .video_r1 import make_stemmer, sample_problem_type, video_r1_accuracy
 
 __all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn", "build_rewards", "accuracy_key"]
 
-TASKS = ("tvg", "mcq", "gqa", "rec")
+TASKS = ("tvg", "mcq", "gqa", "rec", "qa")
 
 # reward name -> (tasks it applies to, one-line description)
 REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
     "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0); in a release parse mode, "
                       "that release's format check"),
     "format_loose": (TASKS, "a closed <answer>…</answer> block exists (1/0)"),
+    "format_exact": (TASKS, "the whole output is exactly the answer the prompt asks for (think block per prompt_mode, "
+                            "one answer block, its content in the task's answer grammar, nothing else; 1/0; "
+                            "mmgrpo.vlm.rewards.format.well_formed)"),
     "length": (TASKS, "Video-R1 bonus: correct and lo ≤ tokens ≤ hi, >1 correct in the group"),
     "iou": (("tvg", "gqa"), "temporal IoU (max over GT spans)"),
     "iou_boundary": (("tvg", "gqa"), "Time-R1 tIoU·(1−|Δs|/D)(1−|Δe|/D)"),
@@ -80,6 +84,9 @@ REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
     "box_iou_multi": (("rec",), "Visual-RFT: Σ IoU of greedy matches (IoU > 0.5, by confidence) / max(#GT, #pred)"),
     "box_confidence": (("rec",), "Visual-RFT: mean of c (matched box) or 1 − c (unmatched), answer JSON list"),
     "ocr_wer": (("mcq",), "Video-R1 OCR: clip(1 − word error rate, 0, 1) of the <answer> text vs answer string"),
+    "video_r1_accuracy": (("mcq", "qa"), "Video-R1's accuracy by problem type (mcq samples: multiple choice; qa: "
+                                         "meta.problem_type): exact letter | numerical exact to 2 decimals | OCR "
+                                         "1 − WER | free-form mean ROUGE-1/2/L F | regression 1 − relative error"),
 }
 
 _DEFAULT_CFG: dict[str, Any] = {
@@ -95,6 +102,9 @@ _DEFAULT_CFG: dict[str, Any] = {
     "iou_thresholds": (0.3, 0.5, 0.7),
     # format
     "think_in_prompt": False,
+    "strict_format": False,  # parse_mode tempsamp_r1: the release's strict format check (TIMELENS_STRICT_FORMAT)
+    "prompt_mode": "think",  # format_exact: which structure the prompt asks for (think | no_think | hybrid)
+    "answer_format": "seconds",  # format_exact: how the prompt asks for a span (seconds | json)
     # numeric
     "numeric_rel_tol": 0.0,
     "numeric_mode": "binary",
@@ -109,6 +119,8 @@ _DEFAULT_CFG: dict[str, Any] = {
     "length_bonus": 0.2,
     "length_group_condition": True,
     "correct_threshold": 0.5,
+    # Video-R1 free-form ROUGE: "none" or "porter" (nltk; the release stems)
+    "rouge_stemmer": "none",
 }
 
 def _answer_text(sample: Mapping[str, Any]) -> str:
@@ -148,6 +160,7 @@ class RewardFn:
             span_tags=tuple(cfg["span_tags"]),
             parse_mode=cfg["parse_mode"],
         )
+        self.stem = make_stemmer(cfg["rouge_stemmer"])
 
     @property
     def names(self) -> list[str]:
@@ -162,11 +175,25 @@ class RewardFn:
         primary = 0.0
         if "format" in want:
             if is_strict(pc.parse_mode):  # the release's own format check
-                r["format"] = release_format(text, pc.parse_mode)
+                r["format"] = release_format(text, pc.parse_mode, strict=bool(c["strict_format"]))
             else:
                 r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
         if "format_loose" in want:
             r["format_loose"] = format_reward(text, strict=False)
+        if "format_exact" in want:
+            r["format_exact"] = 1.0 if well_formed(text, task, mode=c["prompt_mode"],
+                                                   answer_format=c["answer_format"]) else 0.0
+
+        if sample.get("task") == "qa" or "video_r1_accuracy" in want:
+            # Video-R1's five problem types; an open-answer (qa) sample in an mcq run has no letters to parse
+            acc, found = video_r1_accuracy(text, sample.get("answer"), sample_problem_type(sample), self.stem)
+            r["video_r1_accuracy"] = primary = acc
+            if sample.get("task") == "qa":
+                missing = sorted(set(want) - {"format", "format_loose", "length", "video_r1_accuracy"})
+                if missing:
+                    raise _err(sample, "task", f"an open-answer (qa) sample has no {missing} reward; weight "
+                                               "video_r1_accuracy (+ format, length) for Video-R1's mixed data")
+                return {k: v for k, v in r.items() if k in want}, not found, primary
 
         # the task's answer is always parsed (even if only "format" is weighted) so parse_failed is meaningful
         if task in ("tvg", "gqa"):
@@ -191,10 +218,14 @@ class RewardFn:
         numeric_wanted = bool({"numeric", "numeric_mra"} & set(want))
         letters_wanted = bool({"mcq", "mcq_soft"} & set(want))
         ocr_wanted = "ocr_wer" in want
+        video_r1_wanted = "video_r1_accuracy" in want
+        if task == "mcq" and video_r1_wanted and not letters_wanted:
+            failed |= prepare_choice(text, sample, pc).value is None
         if task == "mcq" and ocr_wanted:  # free-text answer (Video-R1 "OCR"): no letters to parse
             failed |= ocr_answer(text) is None
             r["ocr_wer"] = primary = ocr_wer_reward(text, _answer_text(sample))
-        if task == "gqa" or (task == "mcq" and (letters_wanted or not (numeric_wanted or ocr_wanted))):
+        if task == "gqa" or (task == "mcq" and (letters_wanted or not (numeric_wanted or ocr_wanted
+                                                                       or video_r1_wanted))):
             p = prepare_choice(text, sample, pc)
             gt = gt_letters(sample)
             failed |= not p.ok
@@ -308,7 +339,9 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     video_r1 / video_r1_eval (mcq), vlm_r1 / vlm_r1_eval (rec), nextgqa (gqa); a release mode ignores
     fallback_to_text / allow_unclosed / which), fallback_to_text (False), allow_unclosed (True), which ("auto"),
     clip_relative (True), span_tags (("glue", "evidence")), sigma (0.1, Gaussian width as a fraction of D),
-    iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), numeric_rel_tol (0.0), numeric_mode ("binary" |
+    iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), strict_format (False: with parse_mode tempsamp_r1,
+    True = the release's strict format check), prompt_mode ("think") and answer_format ("seconds") (what
+    ``format_exact`` checks), numeric_rel_tol (0.0), numeric_mode ("binary" |
     "continuous"), box_frame (**required for REC**: qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | resized_abs |
     abs | norm1), box_inclusive (False = the continuous IoU, VLM-R1's; True = +1 pixel-index areas),
     box_threshold (0.5), token_counter (**required for "length"**: callable str → int, e.g.
@@ -336,6 +369,13 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
         raise TypeError(f"unknown reward cfg keys {sorted(unknown)}; allowed: {sorted(_DEFAULT_CFG)}")
     full = {**_DEFAULT_CFG, **cfg}
     check_parse_mode(full["parse_mode"], task)
+    if full["prompt_mode"] not in ("think", "no_think", "hybrid"):
+        raise ValueError(f"prompt_mode must be 'think', 'no_think' or 'hybrid', got {full['prompt_mode']!r}")
+    if full["answer_format"] not in ("seconds", "json"):
+        raise ValueError(f"answer_format must be 'seconds' or 'json', got {full['answer_format']!r}")
+    if full["strict_format"] and full["parse_mode"] != "tempsamp_r1":
+        raise ValueError("strict_format=True is TempSamp-R1's strict format check: it needs parse_mode='tempsamp_r1' "
+                         f"(got {full['parse_mode']!r}); for the project's exact rule weight 'format_exact'")
     if full["which"] not in ("auto", "first", "last"):
         raise ValueError(f"which must be 'auto', 'first' or 'last', got {full['which']!r}")
     if task == "rec":
@@ -346,17 +386,22 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
         resolve_box_frame(full["box_frame"])
     if "length" in weights and not callable(full["token_counter"]):
         raise ValueError("reward 'length' needs token_counter= (a callable str -> number of tokens)")
-    if task == "mcq" and not ({"mcq", "mcq_soft", "numeric", "numeric_mra"} & set(weights)) and "length" in weights:
-        raise ValueError("'length' on task 'mcq' needs an accuracy reward (mcq, mcq_soft, numeric) to define correct")
+    if (task in ("mcq", "qa") and not ({"mcq", "mcq_soft", "numeric", "numeric_mra", "video_r1_accuracy"}
+                                       & set(weights)) and "length" in weights):
+        raise ValueError("'length' on task 'mcq' needs an accuracy reward (mcq, mcq_soft, numeric, video_r1_accuracy) "
+                         "to define correct")
+    make_stemmer(full["rouge_stemmer"])  # a typo / missing nltk fails now
     if full["numeric_mode"] not in ("binary", "continuous"):
         raise ValueError(f"numeric_mode must be 'binary' or 'continuous', got {full['numeric_mode']!r}")
     return RewardFn(weights, task, full)
 
 
 # ------------------------------------------------------------------------------------------- trainer config
-def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think"):
+def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think",
+                  answer_format: str = "seconds"):
     """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
-    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
+    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards. ``format_exact`` checks the
+    structure ``prompt_mode`` and ``answer_format`` ask for (data.prompt_mode / data.answer_format)."""
     answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
     if prompt_mode == "no_think" and reward_cfg.weights.get("format") and not answer_only_format:
         # strict "format" requires a <think> block, which this prompt tells the model not to write: the reward
@@ -374,6 +419,9 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
         opts["parse_mode"] = mode
     if task == "rec":
         opts.setdefault("box_frame", family)
+    if "format_exact" in reward_cfg.weights:  # the prompt's own structure, unless the options say otherwise
+        opts.setdefault("prompt_mode", prompt_mode)
+        opts.setdefault("answer_format", answer_format)
     if "length" in reward_cfg.weights:
         opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
     fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)
@@ -387,7 +435,7 @@ def accuracy_key(reward_cfg, task: str) -> str:
     if reward_cfg.accuracy_key != "auto":
         return reward_cfg.accuracy_key
     # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
-    for name, t in (("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
+    for name, t in (("video_r1_accuracy", "mcq"), ("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
         if task == t and name in reward_cfg.weights:
             return name
     return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")

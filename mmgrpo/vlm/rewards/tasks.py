@@ -272,7 +272,10 @@ def _prepare_temporal_release(
     mode = cfg.parse_mode
     gts = gt_spans(sample, lo, hi, clamp=False)
     d = hi - lo
-    if mode == "nextgqa" or evidence:
+    glue = _videochat_glue(output) if (mode == "nextgqa" or evidence) else None
+    if glue:  # VideoChat-R1's evidence list "[(s, e), ...]" in the last closed <glue> block: its first pair
+        raw, status, source = glue[0], ParseStatus.OK, "glue"
+    elif mode == "nextgqa" or evidence:
         # NExT-GQA's evaluation has no text parser: the evidence span is read by the project parser from the
         # last *closed* <glue>/<answer> block (first span in it), in the order written
         p = _span_parse(output, dataclasses.replace(cfg, allow_unclosed=False, fallback_to_text=False),
@@ -290,6 +293,14 @@ def _prepare_temporal_release(
     outside = min(s, e) < 0 or max(s, e) > d
     return TemporalPrediction(ParseStatus.OK, source, (s, e), [(s, e)], gts, d, lo, reversed=s > e,
                               clamped=outside, mode=mode)
+
+
+def _videochat_glue(output: Any) -> Optional[list]:
+    """The pairs of the last closed ``<glue>`` block when it is VideoChat-R1's list form, else None."""
+    from .protocols import videochat_r1_glue
+
+    blk = extract_block(output, "glue", allow_unclosed=False)
+    return None if blk is None else videochat_r1_glue(blk.strip())
 
 
 def span_iou(tp: TemporalPrediction) -> float:

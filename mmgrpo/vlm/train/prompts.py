@@ -13,7 +13,7 @@ from mmgrpo.vlm.train.stream import PromptStream
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["make_stream", "draw", "prepare", "prefetch_ahead", "close_prefetch"]
+__all__ = ["make_stream", "draw", "prepare", "prefetch_ahead", "get_prefetcher", "close_prefetch"]
 
 
 def make_stream(run) -> PromptStream:
@@ -52,7 +52,7 @@ def prepare(run, drawn: Sequence[tuple]) -> list[tuple[int, PreparedPrompt, list
     """(stream position, prepared prompt, generation indices this process samples or None = all)."""
     out, st = [], run.state
     t0 = time.perf_counter()
-    pf = _prefetcher(run)
+    pf = get_prefetcher(run)
     for pos, idx, gens in drawn:
         s = run.samples[idx]
         try:
@@ -76,7 +76,7 @@ def prefetch_ahead(run, current: Sequence[tuple] = ()) -> None:
     """Hint the samples of the next ``data.prefetch`` draws (on a copy of the stream), stopping before an epoch
     boundary where a method may re-select the data. ``current``: the batch just drawn and not yet
     prepared (:func:`draw`'s output); its pending samples stay pending."""
-    pf = _prefetcher(run)
+    pf = get_prefetcher(run)
     if pf is None:
         return
     keep = [_key(run, pos, idx) for pos, idx, _ in current]
@@ -97,7 +97,7 @@ def close_prefetch(run) -> None:
         run.state.prefetcher = None
 
 
-def _prefetcher(run):
+def get_prefetcher(run):
     if run.cfg.data.prefetch <= 0:
         return None
     if run.state.prefetcher is None:

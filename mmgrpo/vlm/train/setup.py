@@ -3,7 +3,9 @@ backend, the optimizer and the log-prob implementation. :class:`mmgrpo.vlm.train
 this order; each returns what it built."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Callable
 
 import torch
 
@@ -87,14 +89,46 @@ def eos_id_of(tok) -> int:
     return tok.eos_token_id if eos is None or eos == tok.unk_token_id else eos
 
 
-def make_backend(cfg, policy: Policy, device) -> RolloutBackend:
-    """``rollout.backend``: HF generate on the trained module, or vLLM."""
+def preflight(cfg, dist: SimpleNamespace, loading: bool) -> None:
+    """Before any data or model loads (``mmgrpo.utils.preflight``): settings that would only fail after loading
+    raise ``ConfigError`` (exit code 2) naming them; the planner's estimate against the device's memory; the
+    startup line. ``loading``: the trainer loads the model itself (not an injected policy)."""
+    from mmgrpo.engine.errors import ConfigError
+    from mmgrpo.utils import preflight as pf
+    from mmgrpo.vlm.memory_plan import counts
+
+    if cfg.run.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device=cuda but no CUDA device is visible here; use run.device=auto or cpu")
+    if loading:
+        if not cfg.model.path:
+            raise ConfigError("model.path is required (a local checkpoint folder)")
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise ConfigError(f"model.path={cfg.model.path}: no config.json there (a local Hugging Face "
+                              "checkpoint folder, e.g. Qwen2.5-VL-7B-Instruct)")
+        pf.check_attn_implementation(cfg.model.attn_implementation, "model.attn_implementation", dist.device.type)
+        strategy = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(dist.dist_kind, "ddp")
+        pf.check_memory("vlm", cfg, dist.device, dist.world, strategy, cfg.run.memory_check, "mmgrpo train", counts)
+    pf.startup_line("mmgrpo train", dist.accelerator, weights_dtype=cfg.model.dtype,
+                    attn=cfg.model.attn_implementation, lora=cfg.model.lora.enabled,
+                    mixed_precision=cfg.run.mixed_precision, extra=f"grad sync {dist.grad_sync}")
+
+
+def make_backend(cfg, policy: Policy, device, signals: Callable[[], Any] = lambda: None,
+                 main: bool = True) -> RolloutBackend:
+    """``rollout.backend``: HF generate on the trained module, or vLLM. ``signals()``: the run's active
+    :class:`~mmgrpo.utils.signals.StopOnSignal` (or None): SIGTERM / SIGINT end a long HF rollout early (the step is
+    then discarded); ``main``: this process logs the rollout's progress (every 30 s)."""
     if cfg.rollout.backend == "vllm":
         from mmgrpo.vlm.models.vllm_backend import backend_from_config
 
         return backend_from_config(cfg, policy)
-    return HFRolloutBackend(policy.model, policy.processor, policy.suppress_token_ids,
-                            cfg.rollout.generation_batch_size, device=device, shared_prefix=cfg.rollout.shared_prefix)
+    from mmgrpo.utils.preflight import RolloutWatch
+
+    backend = HFRolloutBackend(policy.model, policy.processor, policy.suppress_token_ids,
+                               cfg.rollout.generation_batch_size, device=device,
+                               shared_prefix=cfg.rollout.shared_prefix)
+    backend.step_hook = RolloutWatch(signals, enabled=main)
+    return backend
 
 
 def make_optimizer(cfg, policy: Policy, dist: SimpleNamespace) -> SimpleNamespace:

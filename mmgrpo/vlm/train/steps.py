@@ -34,12 +34,13 @@ from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_l
 from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, keep_first_groups
 from mmgrpo.vlm.train.distributed import allreduce_grads, generation_context, prepared_grad_norm, sync_context
 from mmgrpo.vlm.train.faults import call_with_retries, nonfinite_rows
+from mmgrpo.vlm.train.format_guard import well_formed_rows
 from mmgrpo.vlm.train.prompts import draw, prefetch_ahead, prepare
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["advantage_estimator", "policy_loss", "collect", "advantages", "precompute", "optimize", "step_metrics",
-           "log_completions", "score", "accuracy", "score_samples", "token_logprobs"]
+__all__ = ["advantage_estimator", "policy_loss", "collect", "advantages", "mb_plan", "precompute", "optimize",
+           "step_metrics", "log_completions", "score", "accuracy", "score_samples", "token_logprobs"]
 
 
 # ------------------------------------------------------------------------------------------- setup
@@ -352,7 +353,7 @@ def token_logprobs(run, model, rb: RolloutBatch, idx: torch.Tensor, return_logit
                                       run.policy.suppress_token_ids, return_logits=return_logits, chunk_size=chunk)
 
 
-def _mb_plan(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> list[tuple[RolloutBatch, torch.Tensor, float]]:
+def mb_plan(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> list[tuple[RolloutBatch, torch.Tensor, float]]:
     """(batch, rows, weight) per forward. With a prepared model every process must run the same number of forwards
     (DDP buffer broadcasts, FSDP all-gathers) and backwards (one synchronising backward per update): processes with
     fewer micro-batches repeat one with weight 0 (its loss is multiplied by 0)."""
@@ -390,7 +391,7 @@ def precompute(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
         was = run.model.training
         run.model.eval()
         try:
-            for b, idx, w in _mb_plan(run, rb, mbs):  # weight 0 = a padding forward (collectives only), unused
+            for b, idx, w in mb_plan(run, rb, mbs):  # weight 0 = a padding forward (collectives only), unused
                 if need_old:
                     res = token_logprobs(run, run.model, b, idx, return_logits=bool(logits_to))
                     lp, logits = res if logits_to else (res, None)
@@ -425,18 +426,18 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
     * ``accelerate`` (FSDP / DeepSpeed; optional for DDP): ``accelerator.prepare``d module, forwards through it,
       ``no_sync`` for every micro-batch but the last, ``accelerator.backward``, ``accelerator.clip_grad_norm_``.
       Those engines AVERAGE gradients, so the loss is scaled by the number of processes to keep the sum semantics;
-      micro-batch counts are padded (``_mb_plan``).
+      micro-batch counts are padded (``mb_plan``).
     """
     a = run.cfg.algo
     totals = {"tokens": global_sum(float(rb.loss_mask.sum())),
               "sequences": global_sum(float((rb.loss_mask.sum(1) > 0).sum())),
               "rows": global_sum(float(rb.n)), "micro_batches": global_sum(float(len(mbs)))}
-    unusable = _unusable_step(rb)
+    unusable = _unusable_step(run, rb)
     if unusable:
         _record_skip(run, unusable, a.num_iterations)
         return {"grad_norm": float("nan"), "lr": run.scheduler.get_last_lr()[0],
                 "skipped_steps": float(a.num_iterations)}
-    plan = _mb_plan(run, rb, mbs)
+    plan = mb_plan(run, rb, mbs)
     max_norm = run.cfg.optim.max_grad_norm if run.cfg.optim.max_grad_norm > 0 else float("inf")
     run.model.train()
     acc: dict[str, float] = {}
@@ -464,7 +465,7 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
     return metrics
 
 
-def _unusable_step(rb: RolloutBatch) -> str | None:
+def _unusable_step(run, rb: RolloutBatch) -> str | None:
     """Why no update of this step can be applied (decided on every process alike), or None."""
     # no group with a baseline on any process (every sample's media missing, every reward call failed or
     # non-finite): nothing to learn from -> a skipped step, like a non-finite one (feeds max_consecutive_skips)
@@ -472,7 +473,42 @@ def _unusable_step(rb: RolloutBatch) -> str | None:
         return "no valid group (missing media / failed or non-finite rewards)"
     # a NaN/inf advantage would poison every update of this step: skip them all
     adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
-    return "non-finite advantages" if global_sum(float(adv_bad)) > 0 else None
+    if global_sum(float(adv_bad)) > 0:
+        return "non-finite advantages"
+    return _zero_advantage_cause(run, rb)  # every advantage 0: a zero gradient
+
+
+def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
+    """Collective. Why this step has no reward signal (every advantage of every process is 0: all groups' rewards
+    are equal, e.g. every completion fails to parse), or None. Counted in ``zero_advantage_steps``.
+
+    Such a step is a *skipped step* (counted, feeds ``run.max_consecutive_skips``) when its gradient is exactly 0:
+    no KL term (``algo.kl_coef=0``) and no method adding a loss term of its own (entropy bonus). An optimizer step
+    on a zero gradient would only apply AdamW's momentum and weight decay (TRL / verl take it; we do not). With a
+    KL or entropy term the step is taken, but a run none of whose steps had a reward signal still fails (the
+    recipe's nothing-trained check)."""
+    st = run.state
+    n_rows = global_sum(float(rb.n))
+    nonzero = global_sum(float((rb.advantages != 0).sum()) if rb.advantages is not None and rb.n else 0.0)
+    if nonzero > 0:
+        return None
+    st.counters["zero_advantage_steps"] += 1
+    r = rb.rewards["total"].double() if rb.n else torch.zeros(0, dtype=torch.float64)
+    s1, s2 = global_sum(float(r.sum())), global_sum(float((r * r).sum()))
+    fails = global_sum(float(rb.parse_failed.sum()) if rb.n else 0.0)
+    mean = s1 / max(n_rows, 1.0)
+    std = max(s2 / max(n_rows, 1.0) - mean * mean, 0.0) ** 0.5
+    why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n_rows)} rows, parse "
+           f"failures {int(fails)} = {100 * fails / max(n_rows, 1.0):.0f} %, reward mean {mean:.4g}, std {std:.3g} "
+           "over the step)")
+    st.last_zero_advantage = why
+    if run.cfg.run.allow_no_reward_signal:
+        log.warning("step %d: %s; its zero-gradient step is taken (run.allow_no_reward_signal=true)", st.step + 1, why)
+        return None
+    if run.cfg.algo.kl_coef > 0 or any(m.needs_train_logits for m in run.methods):
+        log.warning("step %d: %s; the KL / entropy terms are still applied", st.step + 1, why)
+        return None
+    return why
 
 
 def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: float, last: bool, totals: dict):
@@ -557,6 +593,9 @@ def step_metrics(run, rb: RolloutBatch, upd: dict[str, float], t0: float) -> dic
         m["completions/clipped_ratio"] = float(rb.truncated[onp].float().mean())
         m["completions/parse_failures"] = float(rb.parse_failed[onp].sum())
         m["completions/parse_failure_rate"] = float(rb.parse_failed[onp].float().mean())
+        # exactly the answer the prompt asks for (the format guard's signal; clipped_ratio = share at the cap)
+        wf = torch.tensor(well_formed_rows(rb.texts, run.cfg), dtype=torch.bool)
+        m["completions/well_formed"] = float(wf[onp].float().mean())
     if rb.advantages is not None and rb.n:
         m["advantages/abs_mean"] = float(rb.advantages[onp].abs().mean()) if onp.any() else 0.0
     m["frac_reward_zero_std"] = rb.info.get("zero_std_frac", 0.0)
@@ -567,6 +606,8 @@ def step_metrics(run, rb: RolloutBatch, upd: dict[str, float], t0: float) -> dic
     m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
     for k in ("skipped_missing_media", "skipped_bad_samples", "filtered_groups"):
         m[f"data/{k}"] = float(st.counters[k])
+    mr = run.media_report  # samples the media check at load time dropped (fixed for the run)
+    m["data/dropped_at_load"] = float(mr.n_dropped) if mr is not None else 0.0
     for k in ("reward_nonfinite_rows", "reward_failed_rows", "reward_failed_calls", "reward_retries",
               "reward_timeouts", "degenerate_groups"):
         m[f"faults/{k}"] = float(st.counters[k])
@@ -584,6 +625,7 @@ def step_metrics(run, rb: RolloutBatch, upd: dict[str, float], t0: float) -> dic
     m.update({f"train/{k}": v for k, v in upd.items()})
     m["faults/skipped_steps"] = float(st.counters["skipped_steps"])
     m["faults/consecutive_skips"] = float(run.guard.consecutive_skips)
+    m["faults/zero_advantage_steps"] = float(st.counters["zero_advantage_steps"])
     m["perf/step_time"] = time.time() - t0
     m["perf/data_wait"], st.data_wait = st.data_wait, 0.0  # s spent preparing prompts this step
     m["perf/train_seconds"] = run.guard.budget.lap()  # budget clock, summed over resumes

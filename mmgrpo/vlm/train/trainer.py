@@ -10,21 +10,25 @@ One step (:meth:`GRPOTrainer.train`, inside the ``while`` loop):
    and a method that drops groups may ask for more sampling rounds (DAPO dynamic sampling);
 2. **old / reference log-probs** (:func:`~mmgrpo.vlm.train.steps.precompute`) on fixed micro-batches of whole
    groups, with the same function and padding as the loss, so on-policy ratios are exactly 1 (the output head runs
-   ``algo.logprob_chunk_size`` tokens at a time: no full-vocabulary logits exist);
+   ``algo.logprob_chunk_size`` tokens at a time: no full-vocabulary logits exist); on a process's first step the
+   trainer's log-probs must also equal the rollout backend's (``rollout.onpolicy_check``,
+   :mod:`mmgrpo.vlm.train.onpolicy`: otherwise the run stops before any update, naming the likely cause);
 3. **loss and optimizer step(s)** (:func:`~mmgrpo.vlm.train.steps.optimize`): ``algo.num_iterations`` AdamW updates
    over the micro-batches with the policy loss (:func:`mmgrpo.vlm.methods.base.grpo_loss` unless a method provides
    another), normalised by *global* token / sequence counts, gradients summed across processes: the update does not
    depend on the number of processes or micro-batches;
 4. **log** (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
    completions to ``completions.jsonl``; validation points, ``mmgrpo.vlm.train.validation``) and **maybe
-   checkpoint** (the last ``run.keep_last`` plus the best by ``run.best_metric``; :mod:`.checkpointing`).
+   checkpoint** (the last ``run.keep_last`` plus the best by ``run.best_metric``; :mod:`.checkpointing`); the
+   format guard (:mod:`.format_guard`) watches the share of well-formed completions and of those at the token cap.
 
 What changes during a run is in :class:`RunState` (checkpointed with the methods' state and the guard's); what
 can end it early is the :class:`~mmgrpo.engine.guard.RunGuard` shared with the flow recipe: a reward call that
 keeps failing or a non-finite reward (``reward.on_failure`` / ``on_nonfinite``), ``run.max_consecutive_skips``
 skipped optimizer steps in a row (exit code 3), SIGTERM / SIGINT (polled after the rollout -- the step is then
 discarded, stream and RNG roll back -- and before each step; all processes stop at the same step; exit code 6), the
-time budget. Every stop writes a checkpoint first; a run that applied no optimizer step ends with
+time budget, a format collapse (``format_guard.action=stop``). Every stop writes a checkpoint first; a run that
+applied no optimizer step, or none of whose steps had a reward signal (every advantage 0), ends with
 :class:`~mmgrpo.engine.errors.NothingTrained` (exit code 4) and no final checkpoint.
 
 Several processes: each draws its share of the global batch (``run.prompts_per_step``; a group may be split, its
@@ -53,10 +57,11 @@ from mmgrpo.vlm.methods import build_methods
 from mmgrpo.vlm.models.adapters import Policy
 from mmgrpo.vlm.models.rollout import RolloutBackend, SamplingParams
 from mmgrpo.vlm.rewards.registry import accuracy_key, build_rewards
-from mmgrpo.vlm.train import checkpointing, setup, validation
+from mmgrpo.vlm.train import checkpointing, onpolicy, setup, validation
 from mmgrpo.vlm.train.batch import RolloutBatch, micro_batches
 from mmgrpo.vlm.train.prompts import close_prefetch, make_stream
 from mmgrpo.vlm.train.distributed import generation_context
+from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
 from mmgrpo.vlm.train.steps import (accuracy, advantage_estimator, collect, log_completions, optimize, policy_loss,
                                     precompute, score_samples, step_metrics)
 from mmgrpo.vlm.train.stream import PromptStream
@@ -71,7 +76,9 @@ def _new_counters() -> dict[str, int]:
             # faults: rows dropped for NaN/inf or failed rewards, reward calls that failed for good, retries and
             # timeouts, groups left with < 2 valid members, skipped optimizer steps
             "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0, "reward_retries": 0,
-            "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
+            "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0,
+            # steps whose every advantage was 0 (no reward signal; skipped unless a KL / entropy term)
+            "zero_advantage_steps": 0}
 
 
 @dataclass
@@ -90,6 +97,8 @@ class RunState:
     data_wait: float = 0.0  # seconds spent preparing prompts in this step
     pad_rows: tuple | None = None  # (batch, rows) repeated with weight 0 to equalise micro-batch counts
     prefetcher: Any = None  # the background media preparation (data.prefetch)
+    last_zero_advantage: str | None = None  # why the last step without a reward signal had none (the end's message)
+    onpolicy_checked: bool = False  # the step-0 on-policy check ran (once per trainer object: onpolicy.py)
 
 
 class GRPOTrainer:
@@ -104,6 +113,7 @@ class GRPOTrainer:
         self.accelerator, self.rank, self.world, self.device = dist.accelerator, dist.rank, dist.world, dist.device
         self.sharded, self.dist_kind, self.grad_sync = dist.sharded, dist.dist_kind, dist.grad_sync
         self.prompts_per_step, self.split_groups = setup.global_batch(cfg, self.world)
+        setup.preflight(cfg, dist, loading=policy is None)  # settings that fail only after loading: exit 2 now
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds)
         seed_everything(cfg.run.seed)
@@ -111,9 +121,16 @@ class GRPOTrainer:
         # one run per output folder (main process), before anything is loaded: a second run refuses at once
         self.run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
         # data first: a bad file fails before a (large) model is loaded
-        self.all_samples = list(samples) if samples is not None else load_samples(
-            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
-            check_media=cfg.data.on_missing_media == "error")
+        self.media_report = None  # the media check of the loaded data (mmgrpo.vlm.data.media)
+        if samples is not None:
+            self.all_samples = list(samples)
+        else:
+            from mmgrpo.vlm.data.media import MediaScreen
+
+            self.all_samples, self.media_report = load_samples(
+                cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
+                check_media=cfg.data.on_missing_media == "error", screen=MediaScreen.from_config(cfg.data),
+                with_report=True)
         self.samples = self.all_samples  # the trained ones (data selection narrows them; see use_samples)
         self.validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
         self.policy = policy if policy is not None else setup.load_run_policy(cfg, self.device)
@@ -122,14 +139,19 @@ class GRPOTrainer:
         self.task = TaskAdapter(self.policy.processor, self.policy.adapter, cfg.data)
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
-                                                   cfg.data.prompt_mode)
+                                                   cfg.data.prompt_mode, cfg.data.answer_format)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
+        from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
+
+        start_of_run_check(self.task, self.samples, self.reward_fn, cfg.data.check_samples,
+                           log if self.accelerator.is_main_process else None)
         self.state = RunState(counters=_new_counters())
         self.methods = build_methods(cfg, self)  # mmgrpo.vlm.methods: their hooks, in registry order
         self.estimator = advantage_estimator(self.methods)  # the parts of the advantage methods replace
         self.loss = policy_loss(self.methods)  # the policy loss (and its micro-batch share)
-        self.backend = backend if backend is not None else setup.make_backend(cfg, self.policy, self.device)
+        self.backend = backend if backend is not None else setup.make_backend(
+            cfg, self.policy, self.device, signals=lambda: self.guard.signals, main=self.accelerator.is_main_process)
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
         opt = setup.make_optimizer(cfg, self.policy, dist)
@@ -137,6 +159,8 @@ class GRPOTrainer:
         self.optimizer, self.scheduler = opt.optimizer, opt.scheduler
         self.logprob_impl = setup.choose_logprob_impl(cfg, self.policy, self.model, self.grad_sync, self.dist_kind)
         self.guard = RunGuard(cfg.run.max_consecutive_skips, cfg.run.max_train_seconds, cfg.run.budget_clock)
+        self.format_guard = FormatGuard(cfg)  # format collapse (format_guard.*): warn / stop
+        self.onpolicy_stats: dict[str, float] | None = None  # the step-0 on-policy check's (onpolicy.py)
         main = self.accelerator.is_main_process
         self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.tensorboard, is_main_process=main)
         # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
@@ -178,12 +202,14 @@ class GRPOTrainer:
                     # -- old / reference log-probs and the methods' per-token tensors, on whole-group micro-batches
                     mbs = micro_batches(rb.group_ids, cfg.run.micro_batch_size) if rb.n else []
                     precompute(self, rb, mbs)
+                    onpolicy.check_first_step(self, rb, mbs)  # first step of this process: ratio 1 before any update
                     # -- loss and optimizer step(s)
                     upd = optimize(self, rb, mbs)
                     self.backend.sync_weights(self.model)  # no-op for the HF backend (it samples from the model)
                     st.step += 1
                     # -- log: the step's metrics (the methods' from end_of_step), validation points, completions
                     m = step_metrics(self, rb, upd, t0)
+                    collapse = self.format_guard.update(st.step, m, rb.texts, cfg)  # format collapse: warn / stop
                     st.metrics, st.batch = m, rb
                     log_now = st.step % cfg.run.log_every == 0 or st.step == cfg.run.max_steps
                     validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
@@ -191,14 +217,18 @@ class GRPOTrainer:
                         self.logger.log(m, st.step)
                         if rb.n:
                             log_completions(self, rb, st.step)
-                    # -- too many skipped optimizer steps in a row: save and stop (exit code 3)
+                    # -- format collapse (format_guard.action=stop) or too many skipped optimizer steps in a row:
+                    #    save and stop (exit code 3)
+                    if collapse:
+                        if not log_now:
+                            self.logger.log(m, st.step)
+                        self._stop(collapse + " (format_guard.action=stop)")
                     if guard.skips.halt_due:
                         self.logger.log(m, st.step)
                         self._halt()
                     history.append(m)
                     bar.update(1)
-                    if m.get("reward/total/mean") is not None:
-                        bar.set_postfix(reward=f"{m['reward/total/mean']:.3f}", refresh=False)
+                    bar.set_postfix(progress_fields(m), refresh=False)
                     # -- maybe checkpoint
                     if cfg.run.save_every and st.step % cfg.run.save_every == 0 and st.step < cfg.run.max_steps:
                         self.save()
@@ -274,10 +304,13 @@ class GRPOTrainer:
         if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
             st.counters.update(undo["counters"])
             self._interrupt(f"step {st.step} (its rollouts were discarded)")
-        reason = guard.stop_reason or "another process requested a stop (see its log)"
+        self._stop(guard.stop_reason or "another process requested a stop (see its log)")
+
+    def _stop(self, reason: str) -> None:
+        """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
         path = self.save()
         self.logger.flush()
-        raise TrainingStopped(f"training stopped at step {st.step}: {reason}", str(path) if path else None)
+        raise TrainingStopped(f"training stopped at step {self.state.step}: {reason}", str(path) if path else None)
 
     def _interrupt(self, where: str) -> None:
         """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
@@ -306,17 +339,29 @@ class GRPOTrainer:
         return self.state.step * self.cfg.algo.num_iterations - int(self.state.counters["skipped_steps"])
 
     def _check_trained(self) -> None:
-        """A run none of whose optimizer steps was applied fails instead of saving "trained" weights."""
+        """A run none of whose optimizer steps was applied, or none of whose steps had a reward signal (all advantages
+        0), fails instead of saving "trained" weights."""
         st, c = self.state, self.state.counters
-        if st.step == 0 or self._applied_updates() > 0:
+        if st.step == 0:
+            return
+        zero = int(c["zero_advantage_steps"])
+        if self._applied_updates() > 0 and (zero < st.step or self.cfg.run.allow_no_reward_signal):
             return
         self.logger.flush()
+        if self._applied_updates() > 0:  # steps were taken on the KL / entropy terms alone
+            raise NothingTrained(
+                f"nothing was trained: none of the run's {st.step} step(s) had a reward signal (last: "
+                f"{st.last_zero_advantage or 'all advantages 0'}); only the KL / entropy terms were applied; no "
+                "final checkpoint written. Check completions.jsonl: the answer format the reward parses "
+                "(reward.parse_mode, data.prompt_mode), the reward weights, and whether the task is too hard or too "
+                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)")
         raise NothingTrained(
             f"nothing was trained: all {c['skipped_steps']} optimizer step(s) of the run's {st.step} step(s) were "
             f"skipped (last cause: {self.guard.last_skip_cause}; data/skipped_missing_media="
             f"{c['skipped_missing_media']}, faults/reward_failed_calls={c['reward_failed_calls']}, "
-            f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}); no final checkpoint written. Check "
-            "data.media_root / data.train_file, the reward function or server, and the learning rate")
+            f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}, zero-advantage steps={zero}); no final "
+            "checkpoint written. Check data.media_root / data.train_file, the reward function or server and the "
+            "answer format it parses (completions.jsonl), and the learning rate")
 
 
 def train_from_config(cfg: TrainConfig) -> list[dict[str, float]]:

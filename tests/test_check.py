@@ -1,0 +1,122 @@
+"""`mmgrpo check` (issue #33 item 4): on every VLM recipe with its smoke data the ground truth written as the prompt
+asks gets every weighted reward's maximum, the budget reaches the processor and a rebuilt prompt equals the rollout's;
+and each kind of failure is caught: the old REC prompt against the vlm_r1 format rule, an image bound lost on the way
+to the processor, a rebuilt prompt that differs from the rollout's."""
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts" / "experiments"))
+import smoke  # noqa: E402
+
+from mmgrpo.vlm.check import CheckError, check_main, check_samples, format_report, processor_task_adapter  # noqa: E402
+
+VLM_RECIPES = sorted((REPO / "configs" / "vlm").glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _smoke_data(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SMOKE_DATA", str(tmp_path_factory.getbasetemp() / "smoke_data"))
+
+
+def _setup(recipe: Path, *extra: str):
+    from mmgrpo.vlm.train.task import build_rewards, load_samples
+
+    cfg = smoke.load_recipe("vlm", str(recipe))
+    cfg = smoke.load_recipe("vlm", str(recipe), smoke.vlm_train(cfg, Path("unused")) + list(extra))
+    task, tok = processor_task_adapter(cfg.model.path, cfg.model.family, cfg.data)
+    samples = load_samples(cfg.data.train_file, 0, cfg.data.media_root)
+    reward_fn, _ = build_rewards(cfg.reward, cfg.data.task, task.adapter.family, tok, cfg.data.prompt_mode)
+    return cfg, task, samples, reward_fn
+
+
+@pytest.mark.parametrize("recipe", VLM_RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_passes_on_its_smoke_data(recipe):
+    cfg, task, samples, reward_fn = _setup(recipe)
+    n = 10 if smoke.video_r1_mix(cfg) else 2  # Video-R1's data mix: every one of the five types
+    rep = check_samples(task, samples, reward_fn, n)
+    assert rep.ok, format_report(rep)
+    assert len(rep.samples) == n and all(s.n_visual > 0 and s.n_text > 0 for s in rep.samples)
+    weighted = [k for k, w in cfg.reward.weights.items() if w and k != "length"]
+    assert all(s.rewards[k] >= 0.95 for s in rep.samples for k in weighted)
+    if smoke.video_r1_mix(cfg):
+        kinds = {(x.meta or {}).get("problem_type", "multiple choice") for x in samples[:n]}
+        assert kinds == {"multiple choice", "numerical", "OCR", "free-form", "regression"}
+
+
+def test_the_old_rec_prompt_is_caught():
+    """The project's REC prompt asks for [x1, y1, x2, y2]; VLM-R1's format rule pays only for a box inside braces."""
+    cfg, task, samples, reward_fn = _setup(REPO / "configs/vlm/vlm_r1_refcoco.yaml", "data.prompt_template=mmgrpo")
+    rep = check_samples(task, samples, reward_fn, 2)
+    assert not rep.ok and all("format=0" in p and "contradict" in p for p in rep.problems), rep.problems
+    with pytest.raises(CheckError, match="format=0"):
+        rep.raise_if_failed()
+
+
+def test_a_lost_image_bound_is_caught(monkeypatch):
+    """data.image_max_pixels below the processor's own bound; the old TaskAdapter dropped a max without a min."""
+    import numpy as np
+    from PIL import Image
+
+    from mmgrpo.vlm.train.task import TaskAdapter
+
+    extra = ("data.image_min_pixels=0", "data.image_max_pixels=3136")  # 4 merged tokens of 28 x 28
+    cfg, task, _, reward_fn = _setup(REPO / "configs/vlm/vlm_r1_refcoco.yaml", *extra)
+    # 84 x 56 = 4704 pixels: the tiny processor's own maximum keeps it; 3136 makes smart_resize floor it to 56 x 28
+    im = Image.fromarray(np.random.RandomState(0).randint(0, 255, (56, 84, 3), dtype=np.uint8))
+    samples = [{"id": "big", "task": "rec", "query": "the square", "image": im, "boxes": [[10, 10, 60, 50]],
+                "image_size": [84, 56]}]
+    rep = check_samples(task, samples, reward_fn, 1)
+    assert rep.ok and rep.samples[0].media["resized_size"] == [56, 28], format_report(rep)
+    monkeypatch.setattr(TaskAdapter, "image_size_kwargs", lambda self: {})  # the budget never reaches it
+    rep = check_samples(task, samples, reward_fn, 1)
+    assert any("image_max_pixels=3136" in p and "did not reach" in p for p in rep.problems), rep.problems
+
+
+def test_a_rebuilt_prompt_that_differs_from_the_rollout_is_caught(monkeypatch):
+    import dataclasses
+
+    from mmgrpo.vlm.train.task import TaskAdapter
+
+    cfg, task, samples, reward_fn = _setup(REPO / "configs/vlm/time_r1_charades.yaml")
+
+    def old_rebuild(self, prep, **kw):  # the old TaskAdapter.rebuild: the project template whatever the recipe
+        from mmgrpo.vlm.data import build_messages
+        from mmgrpo.video.processor import build_video_inputs
+        from mmgrpo.vlm.train.task import _tensors
+
+        text = self.processor.apply_chat_template(build_messages(prep.sample, mode=self.mode),
+                                                  add_generation_prompt=True, tokenize=False)
+        item = _tensors(build_video_inputs(self.processor, prep.clip, text, self.adapter.family))
+        return dataclasses.replace(prep, item=item, text=text)
+
+    monkeypatch.setattr(TaskAdapter, "rebuild", old_rebuild)
+    rep = check_samples(task, samples, reward_fn, 1)
+    assert any("differs from the rollout" in p for p in rep.problems), rep.problems
+
+
+def test_cli_prints_what_the_model_sees_and_exits_1_on_a_contradiction(capsys):
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/time_r1_charades.yaml"))
+    ov = [x for x in smoke.vlm_train(cfg, Path("unused")) if x.split("=")[0].startswith(("model.", "data."))]
+    assert check_main(["--config", "configs/vlm/time_r1_charades.yaml", "--samples", "1", *ov]) == 0
+    out = capsys.readouterr().out
+    assert "prompt template: time_r1_v1 -- xiaomi-research/time-r1" in out
+    assert "prompt (as tokenised):" in out and "<|video_pad|>×" in out and "To accurately pinpoint" in out
+    assert "frames (index, seconds): (0, 0)" in out and "check: OK" in out
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/vlm_r1_refcoco.yaml"))
+    ov = [x for x in smoke.vlm_train(cfg, Path("unused")) if x.split("=")[0].startswith(("model.", "data."))]
+    assert check_main(["--config", "configs/vlm/vlm_r1_refcoco.yaml", "--samples", "1", "--quiet", *ov,
+                       "data.prompt_template=mmgrpo"]) == 1
+    assert "check: FAILED" in capsys.readouterr().out
+
+
+def test_training_stops_before_step_1_on_a_contradiction(tmp_path):
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/vlm_r1_refcoco.yaml"))
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/vlm_r1_refcoco.yaml"),
+                            smoke.vlm_train(cfg, tmp_path / "run") + ["data.prompt_template=mmgrpo"])
+    with pytest.raises(CheckError, match="contradict"):
+        GRPOTrainer(cfg)
