@@ -272,8 +272,8 @@ class FlowGRPOTrainer:
 
     def _zero_advantage_cause(self, traj: Trajectories, adv: torch.Tensor) -> Optional[str]:
         """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
-        are equal), or None; counted in ``zero_advantage_epochs``. With ``optim.drop_zero_adv`` (the default) such
-        an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
+        are equal), or None; counted in ``zero_advantage_epochs``. With a method that drops zero-advantage
+        trajectories (``optim.drop_zero_adv``, the default) such an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
         epoch's optimizer steps are *skipped steps* (counted, feed ``optim.max_consecutive_skips``) when their
         gradient is exactly 0: no KL term (``optim.kl_coef=0``) and no method with a loss of its own
         (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight decay. With a KL term
@@ -296,7 +296,7 @@ class FlowGRPOTrainer:
                 log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
                             st.epoch, why)
             return None
-        if self.cfg.optim.drop_zero_adv:  # every trajectory leaves the update: empty updates, as before
+        if any(mt.drops_zero_advantages for mt in self.methods):  # every trajectory leaves the update: empty updates
             return None
         if self.cfg.optim.kl_coef > 0 or any(mt.loss() is not None for mt in self.methods):
             if self.is_main:

@@ -76,9 +76,9 @@ OLD_FLOW_METHODS = {
     # added with their recipes (issue 20): the same check that recipe and override list agree
     "vgpo": ["method=vgpo"],
     "nft": ["method=nft"],
-    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
-    "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
-                   "sample.b2_epochs_per_stage=4"],
+    "branch_grpo": ["method=branch_grpo", "methods.branch_grpo.split_points=[0,3,6]"],
+    "b2_diffurl": ["method=b2", "methods.b2_diffurl.split_left=3", "methods.b2_diffurl.split_right=10", "methods.b2_diffurl.num_stages=8",
+                   "methods.b2_diffurl.epochs_per_stage=4"],
     "adv_grpo": ["method=adv_grpo", "reward.weights={mini_geneval: 1.0, adv_dino: 1.0}",
                  "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true}}",
                  "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3",

@@ -88,6 +88,9 @@ class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not
     has_step_rewards: ClassVar[bool] = False
     #: the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per trained column (completions start from it)
     keeps_ode_next: ClassVar[bool] = False
+    #: ``on_advantages`` leaves out every trajectory whose advantages are all 0 (an epoch without any reward signal
+    #: then has empty updates, not skipped optimizer steps)
+    drops_zero_advantages: ClassVar[bool] = False
 
     def check_sampling(self, s) -> None:
         """Refuse a rollout configuration (``SamplingConfig``) the method cannot use."""

@@ -13,6 +13,7 @@ def drop_zero_adv(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class DropZeroAdv(FlowMethod):
     name = "drop_zero_adv"
+    drops_zero_advantages = True
 
     def on_advantages(self, traj):
         traj.train_mask = drop_zero_adv(traj.advantages, traj.train_mask)

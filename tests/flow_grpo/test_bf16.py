@@ -9,6 +9,7 @@ embeddings, so the same kernels run on the same inputs; CPU kernels are determin
 different attention kernel for the no-grad rollout forward and the grad forward would break exactness; its
 deviation is then of the order of the bf16 rounding of the velocity, measured in ``test_bf16_velocity_floor``.
 """
+from flow_grpo import steps
 import math
 
 import pytest
@@ -77,9 +78,9 @@ def test_bf16_lora_steps(kind, method, extra, tmp_path, monkeypatch):
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
     assert len(changed) > len(before) // 2
     # log-probs, advantages and the loss are fp32 and finite
-    traj = tr._last_traj
+    traj = tr.state.last_traj
     assert traj.log_probs.dtype == torch.float32 and traj.latents.dtype == torch.float32
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     assert adv.dtype == torch.float32
     assert rec.calls and all(c["logp"] == c["old"] == c["adv"] == c["loss"] == torch.float32 for c in rec.calls)
     assert all(math.isfinite(c["loss_value"]) for c in rec.calls)

@@ -82,7 +82,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     t0, t1 = load("win_rate_traj_e0_r0.pt"), load("win_rate_traj_e0_r1.pt")
     assert t0["gids"].tolist() == [0, 0, 0, 0, 1, 1] and t1["gids"].tolist() == [1, 1, 2, 2, 2, 2]
     wr = torch.cat([t0["rewards"]["total"], t1["rewards"]["total"]])
-    assert torch.equal(wr, tr._last_traj.rewards["total"])
+    assert torch.equal(wr, tr.state.last_traj.rewards["total"])
     final = load("win_rate_e0_r0.pt")
     assert all(torch.equal(final[n], load("win_rate_e0_r1.pt")[n]) for n in final)
     for n, p in tr.named_params:

@@ -65,27 +65,29 @@ def _signal_in_epoch2(where, sig):
 
     def hook(tr):
         if where == "sampling":
-            import flow_grpo.trainer as ft
+            import flow_grpo.steps as fs
 
-            orig = ft.sample_trajectories
+            orig = fs.sample_trajectories
 
             def sampled(*a, **k):
                 out = orig(*a, **k)
-                if tr.epoch == 1:
+                if tr.state.epoch == 1:
                     os.kill(os.getpid(), sig)
                 return out
 
-            ft.sample_trajectories = sampled
+            fs.sample_trajectories = sampled
         else:
-            orig = tr._update
+            import flow_grpo.steps as fs
+
+            orig = fs.update
 
             def update(*a, **k):
                 out = orig(*a, **k)
-                if tr.epoch == 1 and tr.global_step == 1:  # global_step is incremented after the update returns
+                if tr.state.epoch == 1 and tr.state.global_step == 1:  # global_step is incremented after the update returns
                     os.kill(os.getpid(), sig)
                 return out
 
-            tr._update = update
+            fs.update = update
         return tr
 
     return hook
@@ -105,7 +107,7 @@ def _wait(pid, timeout=240.0):
 
 def _state(tr):
     return ({n: p.detach().clone() for n, p in tr.named_params}, [s.clone() for s in tr.ema.shadow],
-            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.global_step)
+            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.state.global_step)
 
 
 def _assert_bitwise(got, want):
@@ -208,7 +210,7 @@ def _mp_worker(rank, port, root):
     try:
         tr.train()
     except TrainingInterrupted as e:
-        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, epoch=tr.epoch)
+        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, epoch=tr.state.epoch)
     again = make_trainer("flux", "fast", root / "run", **extra)
     res["resumed_epochs"] = [h["epoch"] for h in again.train()]
     try:

@@ -54,7 +54,7 @@ def _wait_for(pred, proc, timeout=120.0):
 
 def _state(tr):
     return ({n: p.detach().clone() for n, p in tr.named_params}, [s.clone() for s in tr.ema.shadow],
-            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.global_step, dict(tr.counters))
+            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.state.global_step, dict(tr.state.counters))
 
 
 def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
@@ -118,13 +118,13 @@ def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path, 
 
     extra = {"run.num_epochs": 10, "run.save_every": 0, "run.resume_from": "auto", "run.max_train_seconds": 1.5}
     tr = make_trainer("flux", "fast", tmp_path, **extra)
-    tr.budget = TimeBudget(1.5, clock=tick_clock)
+    tr.guard.budget = TimeBudget(1.5, clock=tick_clock)
     hist = tr.train()
-    assert tr.budget_stopped and tr.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
+    assert tr.guard.budget_stopped and tr.state.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
     assert CheckpointManager(tmp_path / "checkpoints", prefix="epoch").latest_valid() is not None
     assert (tmp_path / "lora_final").exists()
     again = make_trainer("flux", "fast", tmp_path, **extra)
-    assert again.train() == [] and again.epoch == 2 and again.budget.spent == 2.0
+    assert again.train() == [] and again.state.epoch == 2 and again.guard.budget.spent == 2.0
 
 
 def test_trainer_ema_warmup_by_hand():

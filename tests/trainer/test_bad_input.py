@@ -132,13 +132,11 @@ def test_a_decompression_bomb_in_the_train_file_is_dropped_or_skipped_not_fatal(
             "run.prompts_per_device=4", "data.shuffle=false", "rollout.group_size=2", "rollout.max_new_tokens=3"]
     tr = GRPOTrainer(th.make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args), reward_fn=th.text_reward)
     assert [s.id for s in tr.samples] == ["ok0", "ok1", "ok2"] and tr.media_report.counts == {"media_too_large": 1}
-    tr._make_stream()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     assert m["data/dropped_at_load"] == 1 and m["data/skipped_missing_media"] == 0
     tr = GRPOTrainer(th.make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args, "data.media_check=exists"),
                      reward_fn=th.text_reward)
     assert len(tr.samples) == 4
-    tr._make_stream()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     assert m["data/skipped_missing_media"] == 1
-    assert {getattr(s, "id", None) or s["id"] for s in tr.last_batch.samples} == {"ok0", "ok1", "ok2"}
+    assert {getattr(s, "id", None) or s["id"] for s in tr.state.batch.samples} == {"ok0", "ok1", "ok2"}

@@ -76,9 +76,9 @@ def test_flow_enums_are_declared_and_named_in_errors(key, value, allowed):
 def test_flow_method_choices_are_the_presets():
     import typing
 
-    from flow_grpo.config import METHOD_PRESETS, TrainConfig
+    from flow_grpo.config import TrainConfig, preset_names
 
-    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["method"])) == {""} | set(METHOD_PRESETS)
+    assert set(typing.get_args(typing.get_type_hints(TrainConfig)["method"])) == {""} | set(preset_names())
 
 
 def test_flow_config_built_in_python_is_checked_too():

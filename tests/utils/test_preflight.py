@@ -60,10 +60,11 @@ def test_plan_reads_a_depth_truncated_folder(tmp_path, capsys):
     """`mmgrpo plan` used to refuse the folders scripts/rehearse_real_scale.py builds (their depth is not the
     released one): now it plans the released widths at the folder's depth."""
     from mmgrpo.vlm.cli import main
+    from mmgrpo.vlm.memory_plan import vlm_config
 
     d = tmp_path / "m"
     d.mkdir()
-    mp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], 2).to_json_file(str(d / "config.json"))
+    vlm_config(mp.MODELS["qwen2.5-vl-7b"], 2).to_json_file(str(d / "config.json"))
     rc = main(["plan", f"model.path={d}", "model.lora.enabled=true", "--gpu-gb", "80"])
     out = capsys.readouterr().out
     assert rc == 0 and "qwen2.5-vl-7b" in out and "truncated to 2 layers" in out
