@@ -22,7 +22,8 @@ def _smoke_data(tmp_path_factory, monkeypatch):
 
 
 def _setup(recipe: Path, *extra: str):
-    from mmgrpo.vlm.train.task import build_rewards, load_samples
+    from mmgrpo.vlm.data.task import load_samples
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     cfg = smoke.load_recipe("vlm", str(recipe))
     cfg = smoke.load_recipe("vlm", str(recipe), smoke.vlm_train(cfg, Path("unused")) + list(extra))
@@ -60,7 +61,7 @@ def test_a_lost_image_bound_is_caught(monkeypatch):
     import numpy as np
     from PIL import Image
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     extra = ("data.image_min_pixels=0", "data.image_max_pixels=3136")  # 4 merged tokens of 28 x 28
     cfg, task, _, reward_fn = _setup(REPO / "configs/vlm/vlm_r1_refcoco.yaml", *extra)
@@ -78,14 +79,14 @@ def test_a_lost_image_bound_is_caught(monkeypatch):
 def test_a_rebuilt_prompt_that_differs_from_the_rollout_is_caught(monkeypatch):
     import dataclasses
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     cfg, task, samples, reward_fn = _setup(REPO / "configs/vlm/time_r1_charades.yaml")
 
     def old_rebuild(self, prep, **kw):  # the old TaskAdapter.rebuild: the project template whatever the recipe
         from mmgrpo.vlm.data import build_messages
         from mmgrpo.video.processor import build_video_inputs
-        from mmgrpo.vlm.train.task import _tensors
+        from mmgrpo.vlm.data.task import _tensors
 
         text = self.processor.apply_chat_template(build_messages(prep.sample, mode=self.mode),
                                                   add_generation_prompt=True, tokenize=False)

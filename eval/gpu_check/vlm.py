@@ -202,7 +202,7 @@ def _trl_steps(ctx: Ctx, dtype: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmgrpo.vlm.models.adapters import get_adapter, vision_token_ids
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     from .common import sync
 

@@ -166,6 +166,12 @@ class AdvGRPOOptions:
             raise ValueError(f"methods.adv_grpo.betas must be two numbers in [0, 1), got {list(self.betas)}")
 
 
+@dataclass
+class PositiveOnlyOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "only samples with a positive advantage get a gradient (RAFT-style filter); flow_grpo.methods.positive_only"))
+
+
 # ------------------------------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class MethodSpec:
@@ -207,6 +213,9 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("adv_grpo", "flow_grpo.methods.adv_grpo:AdvGRPO",
                "Adv-GRPO: the reward model trained against the policy (sample.credit=adv_grpo)", credit=True,
                options=AdvGRPOOptions),
+    MethodSpec("positive_only", "flow_grpo.methods.positive_only:PositiveOnly",
+               "train only the samples with a positive advantage (methods.positive_only.enabled)",
+               enabled=lambda c: c.methods.positive_only.enabled, options=PositiveOnlyOptions),
 )
 
 #: the sampling plans of :mod:`flow_grpo.methods.plans` (``sample.step_mode``); methods add their own (``plan``)

@@ -101,7 +101,7 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     assert not partial[0].exists()  # the dead writer's temp dir was cleaned up
     # what a checkpoint holds
     man = verify_checkpoint(run / "checkpoints" / "epoch-00000003")
-    assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "config", "reference",
+    assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "methods", "config", "reference",
                                    "rng"}
     st = mgr.load(run / "checkpoints" / "epoch-00000003")
     assert st["trainer"]["data"]["epoch"] == 3 and st["trainer"]["global_step"] == 3

@@ -203,6 +203,16 @@ class RefSyncOptions:
     mixup_alpha: float = field(default=0.6, metadata=_h("ref_model_mixup_alpha (TRL 0.6; 1 = hard copy)"))
 
 
+@dataclass
+class KimiLengthOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Kimi k1.5 length penalty added to the reward: within a group 0.5 - (len - min) / (max - min) for a correct "
+        "completion, min(0, that) for a wrong one; mmgrpo.vlm.methods.kimi_length"))
+    coef: float = field(default=1.0, metadata=_h("weight of the penalty in the total reward"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -262,6 +272,8 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "Reg-GRPO (DeepVideo-R1) loss share per micro-batch (algo.loss_type=reg)"),
     MethodSpec("ref_sync", "mmgrpo.vlm.methods.ref_sync:RefSync", lambda c: c.methods.ref_sync.enabled,
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
+    MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
+               "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
 )
 
 

@@ -97,14 +97,13 @@ def test_alternate_schedule_steps_either_the_reward_model_or_the_policy(tmp_path
                                       "methods.adv_grpo.every": 2})
     rt = tr.credit
     snaps = [({n: p.detach().clone() for n, p in tr.named_params}, _head(tr))]
-    end_epoch = rt.end_epoch
+    end_of_step = rt.end_of_step
 
-    def snapshot(traj=None):
-        out = end_epoch(traj)
+    def snapshot(traj, metrics):
+        end_of_step(traj, metrics)
         snaps.append(({n: p.detach().clone() for n, p in tr.named_params}, _head(tr)))
-        return out
 
-    rt.end_epoch = snapshot
+    rt.end_of_step = snapshot
     hist = tr.train()
     (l0, h0), (l1, h1), (l2, h2) = snaps
     # epoch 0: the reward model only (the policy's update is empty: no optimizer step)

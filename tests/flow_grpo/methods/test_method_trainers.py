@@ -117,7 +117,7 @@ def test_nft_resume_restores_the_old_adapter(tmp_path):
     checkpointing.load_state_dict(tr2, sd)
     for a, b in zip(tr.credit.old.shadow, tr2.credit.old.shadow):
         assert torch.equal(a, b)
-    sd.pop("method")
+    sd.pop("methods")
     with pytest.raises(ValueError, match="credit=nft"):
         checkpointing.load_state_dict(tr2, sd)
 
@@ -130,7 +130,7 @@ TREE = {"sample.cfg": "false", "data.group_size": 4, "data.groups_per_epoch": 1,
 def _traj_with_members(tr, epoch=0):
     prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, epoch)
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward,
-                               iteration=epoch, members=steps.epoch_members(tr))
+                               iteration=epoch, members=steps.epoch_members(tr), method=tr.credit)
 
 
 def test_tree_rollout_shares_each_prefix_and_trains_each_edge_once(tmp_path):
