@@ -173,9 +173,9 @@ def test_all_equal_rewards_zero_advantage_flagged(tmp_path, tiny_dirs, th):
         return {"acc": torch.ones(len(texts)), "total": torch.ones(len(texts)),
                 "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2")  # the run is not over after 1 step
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=const)
-    hist, change = run(tr)
+    hist, change = run(tr, 1)
     assert hist[0]["frac_reward_zero_std"] == 1.0
     assert torch.all(tr.state.batch.advantages == 0) and tr.state.batch.zero_std.all()
     # a zero gradient: the step is skipped (counted), not taken (issue 32 item 2)
@@ -201,10 +201,10 @@ def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
 
 def test_unparseable_completions_score_zero_and_are_counted(tmp_path, tiny_dirs, th):
     # registry reward on a random policy: nothing parses -> reward 0, counted; zero-variance groups flagged
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.prompt_mode=think",
-                   "reward.weights={iou: 1.0, format: 0.5}")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "data.prompt_mode=think",
+                   "reward.weights={iou: 1.0, format: 0.5}")  # the run (no reward signal: exit 4) is not over
     tr = GRPOTrainer(cfg, samples=th.video_samples(2))
-    hist, _ = run(tr)
+    hist, _ = run(tr, 1)
     m = hist[0]
     assert m["completions/parse_failures"] == 8 and m["completions/parse_failure_rate"] == 1.0
     assert m["reward/iou/mean"] == 0.0 and m["reward/format/mean"] == 0.0 and m["frac_reward_zero_std"] == 1.0
