@@ -1,6 +1,6 @@
 """Benchmark ``flow_train_overhead``: time per trained denoising step, our training path vs a bare transformer step.
 
-A = the trainer's per-column step: :meth:`flow_grpo.trainer.FlowGRPOTrainer._column_loss` (recompute the Gaussian
+A = the trainer's per-column step: :func:`flow_grpo.steps.column_loss` (recompute the Gaussian
     of a recorded transition with the current model via :func:`flow_grpo.sampler.score_column`, exact fp32
     log-prob, PPO-clip loss, :func:`flow_grpo.steps.column_loss`) + ``backward()`` through the adapter.
     If that path breaks (the private step's signature or the attributes it reads change), the benchmark fails
@@ -120,7 +120,7 @@ def main(argv: Optional[list[str]] = None) -> float:
     p.add_argument("--size", type=int, default=None, help="image side in pixels (default 64: 8x8 latents)")
     p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (alpha = 2 r); 0 = full fine-tune")
     p.add_argument("--path", choices=["trainer", "direct"], default="trainer",
-                   help="A through the trainer's _column_loss (the measured path; an error if it breaks) or "
+                   help="A through the recipe's column_loss (the measured path; an error if it breaks) or "
                         "composed here (diagnosis only)")
     args = p.parse_args(argv)
     # quick: one warm-up call each (A is also run once by the untimed sanity check below)

@@ -83,12 +83,12 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
 def test_flow_train_fails_loudly_when_the_trainer_path_breaks(monkeypatch, torch_single_thread):
     """A broken trainer path is an error (run.py then records it, value null), never a silent fallback."""
     mod = _load("flow_train")
-    from flow_grpo.trainer import FlowGRPOTrainer
+    import flow_grpo.steps as steps
 
-    def moved(self, *a, **k):  # what a refactor of the trainer does to the stand-in: an attribute it lacks
-        return self.some_new_attribute
+    def moved(run, *a, **k):  # what a refactor of the recipe does to the stand-in: an attribute it lacks
+        return run.some_new_attribute
 
-    monkeypatch.setattr(FlowGRPOTrainer, "_column_loss", moved)
+    monkeypatch.setattr(steps, "column_loss", moved)
     with pytest.raises(RuntimeError, match="trainer path of flow_train_overhead broke .*some_new_attribute"):
         mod.main(["--smoke"])
 

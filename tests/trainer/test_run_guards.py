@@ -46,17 +46,16 @@ def test_bad_numbers_are_refused_before_anything_loads(bad, msg, capsys):
     assert ei.value.code == 2 and msg in capsys.readouterr().err
 
 
-def test_all_media_missing_run_exits_4_without_final_checkpoint(tmp_path, tiny_dirs, capsys):
-    """data.media_root=/nonexistent: every step has no group -> skipped; the run ends with exit 4, a message saying
-    why, and no checkpoint (it used to write step-00000002 and exit 0 with data/groups=0)."""
-    rc = main(_image_run(tmp_path, tiny_dirs("qwen2_5_vl"), "data.media_root=/nonexistent"))
-    err = capsys.readouterr().err
-    assert rc == 4, err
-    assert "nothing was trained" in err and "no valid group" in err and "skipped_missing_media=4" in err
+def test_all_media_missing_run_is_refused_at_load_without_checkpoint(tmp_path, tiny_dirs):
+    """data.media_root=/nonexistent: the media check at load time drops every sample, so the run is refused before
+    the model loads, naming the file and the check (it used to train 2 empty steps and, before that, exit 0 with
+    data/groups=0); no checkpoint, the lock released. A run whose media go missing *during* training still ends
+    with exit 4 (test_bad_input.py)."""
+    from mmgrpo.vlm.data import DataError
+
+    with pytest.raises(DataError, match="no sample left after the media check.*missing_media: 3"):
+        main(_image_run(tmp_path, tiny_dirs("qwen2_5_vl"), "data.media_root=/nonexistent"))
     assert not (tmp_path / "run" / "checkpoints").exists()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["faults/skipped_steps"] for r in rows] == [1, 2] and rows[-1]["data/groups"] == 0
-    assert all(r["data/valid_groups"] == 0 for r in rows)
     assert not (tmp_path / "run" / ".lock").exists()  # released
 
 
@@ -97,21 +96,28 @@ time.sleep(600)
 """
 
 
-def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, capsys):
-    """Another (real) process holds run.output_dir: the trainer refuses before loading data or the model (the model
-    path does not even exist), naming the holder; the CLI exits 5."""
+def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, capsys, tiny_dirs, monkeypatch):
+    """Another (real) process holds run.output_dir: the trainer refuses before loading data or the model (the data
+    file does not even exist), naming the holder; the CLI exits 5."""
+    import mmgrpo.vlm.train.setup as setup
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the lock was checked")
+
+    monkeypatch.setattr(setup, "load_policy", no_load)
+    model = tiny_dirs("qwen2_5_vl")  # a folder the preflight accepts: the lock is what refuses
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        rc = main(["train", "model.path=/nonexistent", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
+        rc = main(["train", f"model.path={model}", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
         err = capsys.readouterr().err
         assert rc == 5 and f"in use by another run (pid {holder.pid} on host" in err
         from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import load_config
 
-        cfg = load_config(TrainConfig, None, ["model.path=/nonexistent", f"run.output_dir={out}"])
+        cfg = load_config(TrainConfig, None, [f"model.path={model}", f"run.output_dir={out}"])
         with pytest.raises(OutputDirLocked, match=f"pid {holder.pid}"):
             GRPOTrainer(cfg, samples=[{"id": "x"}])  # the trainer itself refuses (also without the CLI)
     finally:

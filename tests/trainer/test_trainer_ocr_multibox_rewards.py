@@ -8,7 +8,7 @@ def test_one_trainer_step_with_multibox_rewards(tmp_path, tiny_dirs, th):
 
     samples = [{"id": "r0", "task": "rec", "query": "the red box", "image": synthetic_image(0, 56, 56),
                 "boxes": [[2, 2, 30, 30], [30, 30, 50, 50]], "image_size": [56, 56]}]
-    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.task=rec",
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "data.task=rec",  # 1 step: not the end
                       "reward.weights={box_iou_multi: 1.0, box_confidence: 0.5}", "run.prompts_per_device=1",
                       # the project's REC prompt asks for one [x1, y1, x2, y2]; the Visual-RFT rewards want a scored
                       # JSON list: the start-of-run check rightly refuses that pair (it is tested in tests/test_check.py)

@@ -147,7 +147,7 @@ def test_hybrid_cot_modes_and_format(tmp_path, tiny_dirs, th):
 
 def test_difficulty_aug_perturbs_easy_and_hints_hard(tmp_path, tiny_dirs, th):
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.difficulty_aug.enabled=true",
-                   "reward.weights={iou: 1.0}")
+                   "reward.weights={iou: 1.0}", "run.max_steps=3")  # the 2 steps below do not end the run
     tr = GRPOTrainer(cfg, samples=th.video_samples(2, frames=8))  # 4 s clips, event at 0.5-1.5 s
     meth = next(m for m in tr.methods if m.name == "difficulty_aug")
     meth.window.push(torch.tensor([0.5]))
