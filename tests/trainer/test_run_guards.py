@@ -46,15 +46,14 @@ def test_bad_numbers_are_refused_before_anything_loads(bad, msg, capsys):
     assert ei.value.code == 2 and msg in capsys.readouterr().err
 
 
-def test_all_media_missing_run_is_refused_at_load_without_checkpoint(tmp_path, tiny_dirs):
-    """data.media_root=/nonexistent: the media check at load time drops every sample, so the run is refused before
-    the model loads, naming the file and the check (it used to train 2 empty steps and, before that, exit 0 with
-    data/groups=0); no checkpoint, the lock released. A run whose media go missing *during* training still ends
-    with exit 4 (test_bad_input.py)."""
-    from mmgrpo.vlm.data import DataError
-
-    with pytest.raises(DataError, match="no sample left after the media check.*missing_media: 3"):
-        main(_image_run(tmp_path, tiny_dirs("qwen2_5_vl"), "data.media_root=/nonexistent"))
+def test_all_media_missing_run_exits_4_without_final_checkpoint(tmp_path, tiny_dirs, capsys):
+    """data.media_root=/nonexistent: the media check at load time drops every sample; the run ends with exit 4
+    before the model loads, a message saying why, and no checkpoint (it used to write step-00000002 and exit 0 with
+    data/groups=0)."""
+    rc = main(_image_run(tmp_path, tiny_dirs("qwen2_5_vl"), "data.media_root=/nonexistent"))
+    err = capsys.readouterr().err
+    assert rc == 4, err
+    assert "no sample left after the media check" in err and "missing_media: 3" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert not (tmp_path / "run" / ".lock").exists()  # released
 

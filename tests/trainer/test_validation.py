@@ -143,14 +143,11 @@ def test_unreadable_validation_video_scores_as_an_empty_answer(tmp_path, tiny_di
     assert all(r["val/media_errors"] == 1.0 and r["val/n"] == len(anns) for r in curve)
 
 
-def test_missing_validation_file_fails_before_the_model_loads(tmp_path, tvg_data, tiny_dirs, monkeypatch):
-    import mmgrpo.vlm.train.setup as setup
-
-    def no_load(*a, **k):
-        raise AssertionError("the model was loaded before the validation file was read")
-
-    monkeypatch.setattr(setup, "load_policy", no_load)
-    cfg = _cfg(tmp_path, tiny_dirs("qwen2_5_vl"), tvg_data, "validation.every=1",
-               f"validation.file={tmp_path / 'nope.jsonl'}")
-    with pytest.raises(Exception, match="nope.jsonl"):  # the validation file is read before the model loads
+def test_missing_validation_file_fails_before_the_model_loads(tmp_path, tvg_data):
+    model = tmp_path / "not_a_loadable_model"  # passes the pre-load folder check, cannot load
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = _cfg(tmp_path, model, tvg_data, "validation.every=1", f"validation.file={tmp_path / 'nope.jsonl'}",
+               "run.memory_check=off")
+    with pytest.raises(Exception, match="nope.jsonl"):  # not the model path: the validation file is read first
         GRPOTrainer(cfg)

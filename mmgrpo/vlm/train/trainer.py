@@ -113,13 +113,14 @@ class GRPOTrainer:
         self.accelerator, self.rank, self.world, self.device = dist.accelerator, dist.rank, dist.world, dist.device
         self.sharded, self.dist_kind, self.grad_sync = dist.sharded, dist.dist_kind, dist.grad_sync
         self.prompts_per_step, self.split_groups = setup.global_batch(cfg, self.world)
+        self.run_dir = Path(cfg.run.output_dir)
+        # one run per output folder (main process), before anything else: a second run refuses at once, naming the
+        # holder, whatever else is wrong with its settings
+        self.run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
         setup.preflight(cfg, dist, loading=policy is None)  # settings that fail only after loading: exit 2 now
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds)
         seed_everything(cfg.run.seed)
-        self.run_dir = Path(cfg.run.output_dir)
-        # one run per output folder (main process), before anything is loaded: a second run refuses at once
-        self.run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
         # data first: a bad file fails before a (large) model is loaded
         self.media_report = None  # the media check of the loaded data (mmgrpo.vlm.data.media)
         if samples is not None:
