@@ -22,6 +22,7 @@ _spec = importlib.util.spec_from_file_location("flow_conftest", HERE / "conftest
 conf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(conf)
 
+from flow_grpo import checkpointing  # noqa: E402
 from flow_grpo.config import load_train_config  # noqa: E402
 from flow_grpo.trainer import FlowGRPOTrainer  # noqa: E402
 
@@ -75,6 +76,7 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
         final = local_weights()
         ema = [s.clone() for s in tr.ema.shadow]
         tr.cfg.run.resume_from = str(out / case / "checkpoints" / "epoch-00000001")
+        checkpointing.resume(tr)  # train() resumes once per trainer; this one continues from the older checkpoint
         tr.train(num_epochs=1)
         res["resume_equal"] = all(torch.equal(final[n], w) for n, w in local_weights().items())
         res["resume_ema_equal"] = all(torch.equal(a, b) for a, b in zip(ema, tr.ema.shadow))

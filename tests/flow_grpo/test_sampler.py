@@ -290,8 +290,8 @@ def test_ode_complete_empty_schedule_and_no_ode_next_for_other_credits():
 
 def test_g2rpo_rewards():
     ad = make_adapter("sd3")
-    cfg = _cfg("sd3", step_mode="single", credit="g2rpo", granularities=[1, 2], cfg=False, sde_kind="flow",
-               noise_level=0.7)
+    cfg = _cfg("sd3", step_mode="single", credit="g2rpo", cfg=False, sde_kind="flow",
+               noise_level=0.7)  # methods.g2rpo.granularities: the default [1, 2]
     traj = _sample(ad, cfg, reward=block_reward)
     assert traj.step_rewards.shape == (len(PROMPTS), 2)
     assert torch.equal(traj.step_rewards[:, 0], traj.rewards["total"])
