@@ -379,6 +379,9 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
     "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
     "vlm_judge_video": "flow_grpo.rewards.vlm_judge_video:VLMVideoJudgeReward",
+    "unified_reward_point": "flow_grpo.rewards.unified_reward:UnifiedRewardPointwise",
+    "unified_reward_think_pairwise": "flow_grpo.rewards.unified_reward:unified_reward_think_pairwise",
+    "videoalign": "flow_grpo.rewards.videoalign:VideoAlignReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
@@ -635,6 +638,11 @@ class PairwisePreferenceReward(Reward):
     Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
     (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
 
+    A scorer may return ``{"pref": (M,), "failed": (M,) bool}`` instead of the (M,) preferences: a judge whose
+    verdict could not be read (e.g. a generated answer in the wrong format) flags it, the preference it gives
+    (e.g. the tie 0.5) is used, and the output gains ``<name>/judge_failures``: per sample, the number of failed
+    judgements among its pairs (:class:`flow_grpo.rewards.unified_reward.UnifiedRewardThinkPairwise`).
+
     Videos (uint8 (N, F, H, W, 3)) are passed to the scorer whole (pairs of videos), unless the scorer says
     ``accepts_video = False`` (e.g. the VLM image pairwise judge), which is refused with an error naming it.
     """
@@ -652,6 +660,22 @@ class PairwisePreferenceReward(Reward):
         import torch
 
         c = self.scorer(images[a_idx], images[b_idx], [prompts[i] for i in a_idx], [metadata[i] for i in a_idx])
+        failed = None
+        if isinstance(c, Mapping):  # {"pref": (M,), "failed": (M,) bool}: a judge that counts unreadable verdicts
+            if "pref" not in c:
+                raise RewardError(f"reward {self.name!r}: a scorer returning a dict must give 'pref' (and "
+                                  f"optionally 'failed'), got keys {sorted(c)}", self.name)
+            failed = np.asarray(c.get("failed", np.zeros(len(a_idx), dtype=bool)), dtype=bool).reshape(-1)
+            if failed.shape[0] != len(a_idx):
+                raise RewardError(f"reward {self.name!r}: scorer returned {failed.shape[0]} failure flags for "
+                                  f"{len(a_idx)} pairs", self.name)
+            c = c["pref"]
+        for i, j, f in zip(a_idx, b_idx, failed if failed is not None else ()):
+            if f:  # each failed judgement counts once for both images of its pair
+                self._failures[i] += 1
+                self._failures[j] += 1
+        if failed is not None:
+            self._reports_failures = True
         c = torch.as_tensor(np.asarray(c.detach().cpu() if hasattr(c, "detach") else c, dtype=np.float64)
                             ).float().reshape(-1)
         if c.shape[0] != len(a_idx):
@@ -690,6 +714,8 @@ class PairwisePreferenceReward(Reward):
                     a_idx.append(i)
                     b_idx.append(j)
         pref = torch.zeros(n, n)
+        self._failures = np.zeros(n)
+        self._reports_failures = False
         if a_idx:
             c = self._judge(images, prompts, metadata, a_idx, b_idx)
             if self.symmetric:
@@ -705,4 +731,7 @@ class PairwisePreferenceReward(Reward):
         if bool((sizes == 1).any()):
             logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
                            self.name, int((sizes == 1).sum()))
-        return {self.name: pairwise_win_rate(pref, dense)}
+        out = {self.name: pairwise_win_rate(pref, dense)}
+        if self._reports_failures:  # failed judgements (each a tie) among the sample's pairs, both orders counted
+            out[f"{self.name}/judge_failures"] = self._failures
+        return out
