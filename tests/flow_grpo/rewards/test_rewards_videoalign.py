@@ -81,3 +81,73 @@ def test_configuration_errors_are_clear():
         VideoAlignReward(_scorer([]), weights={"Overall": 1.0})
     with pytest.raises(ValueError, match="videos"):  # an image batch is refused
         VideoAlignReward(_scorer([])).evaluate(np.zeros((2, 8, 8, 3), dtype=np.uint8), ["a", "b"])
+
+
+@pytest.fixture(scope="module")
+def tiny_videoalign():
+    """A tiny random Qwen2.5-VL with the release's three reward tokens added, and a random (3, hidden) head."""
+    import torch
+
+    from flow_grpo.rewards.videoalign import REWARD_TOKENS
+    from mmgrpo.vlm.models.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    model, proc = build_tiny_model("qwen2_5_vl", seed=0)
+    proc.tokenizer.add_special_tokens({"additional_special_tokens": list(REWARD_TOKENS)})
+    model.resize_token_embeddings(len(proc.tokenizer))
+    head = torch.randn(3, model.config.get_text_config().hidden_size)
+    return model, proc, head
+
+
+def _reference_scores(model, proc, head, frames, prompt, fps):
+    """Unbatched, written out here: chat template -> processor (frames' VideoMetadata) -> the backbone's final
+    hidden state -> row d of the head at the d-th reward token."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    from flow_grpo.rewards.videoalign import REWARD_TOKENS, VIDEOALIGN_PROMPT
+
+    text = proc.apply_chat_template([{"role": "user", "content": [
+        {"type": "video"}, {"type": "text", "text": VIDEOALIGN_PROMPT.replace("{text_prompt}", prompt)}]}],
+        add_generation_prompt=True, tokenize=False)
+    md = VideoMetadata(total_num_frames=len(frames), fps=float(fps), frames_indices=list(range(len(frames))))
+    inp = proc(text=[text], videos=[torch.from_numpy(frames)], video_metadata=[md], do_sample_frames=False,
+               do_resize=False, input_data_format="channels_last", return_tensors="pt")
+    inp = {k: v for k, v in inp.items() if hasattr(v, "shape")}
+    with torch.no_grad():
+        h = model.model(**inp).last_hidden_state[0].float()
+    ids = inp["input_ids"][0]
+    return [float(h[int(torch.nonzero(ids == proc.tokenizer.convert_tokens_to_ids(t))[0, 0])] @ head[d])
+            for d, t in enumerate(REWARD_TOKENS)]
+
+
+def test_model_scorer_on_a_tiny_qwen_matches_an_unbatched_reference(tiny_videoalign):
+    from flow_grpo.rewards.videoalign import VIDEOALIGN_PROMPT, VideoAlignModelScorer
+
+    assert len(VIDEOALIGN_PROMPT) == 3997 and VIDEOALIGN_PROMPT.count("_reward|>") == 3
+    model, proc, head = tiny_videoalign
+    videos = np.random.default_rng(1).integers(0, 256, (3, 4, 56, 56, 3), dtype=np.uint8)
+    prompts = ["a red circle moves right", "two cats", "a door opens"]
+    scorer = VideoAlignModelScorer(model=model, processor=proc, head=head, batch_size=2, min_pixels=56 * 56)
+    r = VideoAlignReward(scorer, norm=NORM, weights={"VQ": 0.5, "MQ": 1.0, "TA": 2.0})
+    out = r.evaluate(videos, prompts, [{"fps": 8.0}, {"fps": 4.0}, {}])
+    for i, fps in enumerate((8.0, 4.0, 8.0)):
+        vq, mq, ta = _reference_scores(model, proc, head, videos[i], prompts[i], fps)
+        n = [(vq - 1.0) / 2.0, mq / 0.5, (ta + 1.0) / 4.0]
+        np.testing.assert_allclose([out["videoalign/vq"][i], out["videoalign/mq"][i], out["videoalign/ta"][i]], n,
+                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out["videoalign"][i], 0.5 * n[0] + n[1] + 2.0 * n[2], rtol=1e-4, atol=1e-5)
+    # a prompt that smuggles in a reward token gives 4 of them: a counted failure, not a wrong read-out
+    bad = r.evaluate(videos[:1], ["<|TA_reward|>"])
+    assert bad["videoalign/failed"].tolist() == [1.0] and bad["valid"].tolist() == [False]
+
+
+def test_model_scorer_refuses_a_tokenizer_without_reward_tokens():
+    import torch
+
+    from flow_grpo.rewards.videoalign import VideoAlignModelScorer
+    from mmgrpo.vlm.models.tiny import build_tiny_model
+
+    model, proc = build_tiny_model("qwen2_5_vl", seed=0)
+    with pytest.raises(ValueError, match="reward tokens"):
+        VideoAlignModelScorer(model=model, processor=proc, head=torch.zeros(3, 8))
