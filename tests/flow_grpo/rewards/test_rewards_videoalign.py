@@ -151,3 +151,48 @@ def test_model_scorer_refuses_a_tokenizer_without_reward_tokens():
     model, proc = build_tiny_model("qwen2_5_vl", seed=0)
     with pytest.raises(ValueError, match="reward tokens"):
         VideoAlignModelScorer(model=model, processor=proc, head=torch.zeros(3, 8))
+
+
+def test_videoalign_behind_the_reward_server(tiny_videoalign):
+    """Videos cross the wire as their frames (PNG, lossless) plus frames_per_video; the server's model scorer
+    batches them; scores equal the in-process reward's. A malformed frames_per_video is a 400, not a crash."""
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import torch
+
+    from flow_grpo.rewards.remote import RemoteReward, encode_images
+    from flow_grpo.rewards.server import make_server
+    from flow_grpo.rewards.videoalign import VideoAlignModelScorer
+
+    model, proc, head = tiny_videoalign
+    local = VideoAlignReward(VideoAlignModelScorer(model=model, processor=proc, head=head, batch_size=2,
+                                                   min_pixels=56 * 56), weights={"VQ": 0.0, "TA": 3.0})
+    calls = []
+    forward = model.model.forward
+    model.model.forward = lambda *a, **kw: calls.append(kw["input_ids"].shape[0]) or forward(*a, **kw)
+    videos = np.random.default_rng(2).integers(0, 256, (3, 4, 56, 56, 3), dtype=np.uint8)
+    prompts, md = ["a", "bb", "a ccc"], [{"fps": 4.0}, {}, {}]
+    srv = make_server(local, host="127.0.0.1", port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        got = RemoteReward(url, name="videoalign", retries=0, video=True)(videos, prompts, md)
+        assert calls == [2, 1]  # one request, the server's scorer in batches of 2
+        body = json.dumps({"images": encode_images(videos.reshape(-1, 56, 56, 3), "png"), "prompts": prompts,
+                           "frames_per_video": 5}).encode()
+        req = urllib.request.Request(url + "/score", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == 400 and b"frames_per_video" in e.value.read()
+    finally:
+        model.model.forward = forward
+        srv.shutdown()
+        srv.server_close()
+    want = local(videos, prompts, md)
+    for k in ("videoalign", "videoalign/vq", "videoalign/mq", "videoalign/ta", "videoalign/overall"):
+        torch.testing.assert_close(got[k], want[k])
+    with pytest.raises(ValueError, match="4-d batch"):  # without video=True a video batch stays refused
+        RemoteReward(url, retries=0)(videos, prompts)
