@@ -161,7 +161,10 @@ class VideoAlignReward(Reward):
 
     Args:
         scorer: ``scorer(videos uint8 (B, F, H, W, 3), prompts, fps list) -> list of B dicts`` with ``VQ`` /
-            ``MQ`` / ``TA`` (the release's output format; an ``Overall`` key is ignored and recomputed).
+            ``MQ`` / ``TA`` (the release's output format; an ``Overall`` key is ignored and recomputed), or a
+            ``"package.module:factory"`` string called with ``scorer_kwargs`` (from a config).
+        path: instead of ``scorer``, a Qwen-VL folder for :class:`VideoAlignModelScorer` (``scorer_kwargs``: its
+            options, e.g. ``device``, ``dtype``, ``batch_size``, ``sample_fps``, ``min_pixels``).
         weights: ``{VQ, MQ, TA: w}`` (missing ones keep 1; 0 drops a dimension).
         norm: the checkpoint's ``inference_config`` (``VQ_mean``, ``VQ_std``, ...), or None.
         fps: frame rate of the given videos (``metadata[i]["fps"]`` overrides it per sample).
@@ -172,13 +175,21 @@ class VideoAlignReward(Reward):
     video_only = True
     name = "videoalign"
 
-    def __init__(self, scorer: Callable[..., Any] | None = None, *, weights: Mapping[str, float] | None = None,
+    def __init__(self, scorer: Callable[..., Any] | str | None = None, *, path: str | None = None,
+                 scorer_kwargs: Mapping[str, Any] | None = None, weights: Mapping[str, float] | None = None,
                  norm: Mapping[str, float] | None = None, fps: float = 8.0, name: str | None = None,
                  nan_policy: NanPolicy = "raise"):
         super().__init__(name=name, nan_policy=nan_policy)
+        if scorer is None and path is not None:  # a converted VideoReward folder (VideoAlignModelScorer)
+            scorer = VideoAlignModelScorer(path, **dict(scorer_kwargs or {}))
+        elif isinstance(scorer, str):  # "package.module:factory" from a config (imported and called: trusted only)
+            from .base import _resolve
+
+            scorer = _resolve(scorer)(**dict(scorer_kwargs or {}))
         if scorer is None or not callable(scorer):
             raise ValueError("videoalign: pass scorer= a callable (videos, prompts, fps) -> list of "
-                             "{'VQ', 'MQ', 'TA'} dicts (the VideoAlign release's output; module docstring)")
+                             "{'VQ', 'MQ', 'TA'} dicts (the VideoAlign release's output; module docstring), its "
+                             "'package.module:factory', or path= a converted VideoReward folder")
         w = {d: 1.0 for d in VIDEOALIGN_DIMS}
         if weights is not None:
             unknown = set(weights) - set(VIDEOALIGN_DIMS)

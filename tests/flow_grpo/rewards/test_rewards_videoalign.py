@@ -196,3 +196,30 @@ def test_videoalign_behind_the_reward_server(tiny_videoalign):
         torch.testing.assert_close(got[k], want[k])
     with pytest.raises(ValueError, match="4-d batch"):  # without video=True a video batch stays refused
         RemoteReward(url, retries=0)(videos, prompts)
+
+
+def test_videoalign_from_a_saved_folder_equals_in_memory(tmp_path, tiny_videoalign):
+    """The config route: build_reward("videoalign", path=folder) loads the backbone, the tokenizer with the reward
+    tokens and videoalign_head.safetensors."""
+    from safetensors.torch import save_file
+
+    from flow_grpo.rewards.videoalign import VideoAlignModelScorer
+
+    model, proc, head = tiny_videoalign
+    d = tmp_path / "videoreward"
+    model.save_pretrained(str(d))
+    proc.save_pretrained(str(d))
+    save_file({"weight": head.contiguous()}, str(d / "videoalign_head.safetensors"))
+    videos = np.random.default_rng(3).integers(0, 256, (2, 4, 56, 56, 3), dtype=np.uint8)
+    kw = {"min_pixels": 56 * 56, "batch_size": 2}
+    disk = build_reward("videoalign", path=str(d), scorer_kwargs=kw).evaluate(videos, ["a", "b"])
+    # the reloaded processor, not the in-memory one: the tiny byte-level tokenizer does not round-trip digits
+    # through save_pretrained (its reload splits "10" into "1", "0"), and the release's prompt has "0 to 10"
+    from transformers import AutoProcessor
+
+    mem = VideoAlignReward(VideoAlignModelScorer(model=model, processor=AutoProcessor.from_pretrained(str(d)),
+                                                 head=head, **kw)).evaluate(videos, ["a", "b"])
+    np.testing.assert_allclose(disk["videoalign"], mem["videoalign"], rtol=1e-5, atol=1e-6)
+    (d / "videoalign_head.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="videoalign_head.safetensors"):
+        build_reward("videoalign", path=str(d))
