@@ -120,3 +120,31 @@ def test_training_stops_before_step_1_on_a_contradiction(tmp_path):
                             smoke.vlm_train(cfg, tmp_path / "run") + ["data.prompt_template=mmgrpo"])
     with pytest.raises(CheckError, match="contradict"):
         GRPOTrainer(cfg)
+
+
+def test_evaluation_stops_before_generating_on_a_contradiction(tmp_path, monkeypatch, capsys):
+    """eval/generate_vlm.py runs the same check before its first generation (issue #33 item 4): with a TaskAdapter
+    whose rebuilt prompt is not the rollout's, it exits 1 naming the problem and writes no prediction."""
+    import dataclasses
+
+    import torch
+
+    from eval import generate_vlm
+    from mmgrpo.vlm.train.task import TaskAdapter
+
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/time_r1_charades.yaml"))
+    argv = ["--config", str(REPO / "eval/configs/charades_sta.yaml"), f"model={smoke.TINY_VLM}",
+            *smoke.vlm_eval(cfg, tmp_path), "data.prompt_mode=think", "data.prompt_template=time_r1_eval",
+            f"out_dir={tmp_path / 'eval'}"]
+    real_rebuild = TaskAdapter.rebuild
+
+    def other_rebuild(self, prep, **kw):  # the rollout's prompt with its first token repeated
+        got = real_rebuild(self, prep, **kw)
+        ids = got.item["input_ids"]
+        return dataclasses.replace(got, item={**got.item, "input_ids": torch.cat([ids[:, :1], ids], dim=1)})
+
+    monkeypatch.setattr(TaskAdapter, "rebuild", other_rebuild)
+    assert generate_vlm.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: mmgrpo check failed" in err and "differs from the rollout" in err, err
+    assert not (tmp_path / "eval" / "predictions.jsonl").exists()
