@@ -148,3 +148,16 @@ def test_evaluation_stops_before_generating_on_a_contradiction(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "error: mmgrpo check failed" in err and "differs from the rollout" in err, err
     assert not (tmp_path / "eval" / "predictions.jsonl").exists()
+
+
+@pytest.mark.parametrize("recipe", VLM_RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_says_where_its_prompt_comes_from_and_is_in_the_docs_table(recipe):
+    """Issue #33 items 2 and 'done when': each recipe's comments name its prompt template (and so its source, or
+    why another release's prompt is used), and docs/experiments.md's "What the model sees" table has a row for it."""
+    cfg = smoke.load_recipe("vlm", str(recipe))
+    comments = "\n".join(ln.split("#", 1)[1] for ln in recipe.read_text().splitlines() if "#" in ln)
+    assert "Prompt" in comments and cfg.data.prompt_template in comments, recipe.name
+    docs = (REPO / "docs" / "experiments.md").read_text().split("## What the model sees", 1)[1].split("\n## ", 1)[0]
+    row = next((ln for ln in docs.splitlines() if ln.startswith("|") and f"`{recipe.stem}`" in ln.split("|")[1]), None)
+    assert row is not None, f"{recipe.stem} has no row in docs/experiments.md 'What the model sees'"
+    assert f"`{cfg.data.prompt_template}`" in row or (cfg.data.prompt_template == "mmgrpo" and "`mmgrpo`" in row), row
