@@ -89,10 +89,9 @@ __all__ = [
 
 ACS_DIMS = ("Alignment", "Coherence", "Style")
 _NUM = r"(\d+(?:\.\d+)?)"
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _WINNER = re.compile(r"\b(?:image|video)\s*([12])\s+is\s+better\b", re.I)
 _DIM_SCORE = re.compile(r"\bimage\s*([12])\s*\(\s*" + _NUM + r"\s*/\s*10\s*\)", re.I)
-_TOTAL = re.compile(r"\bimage\s*([12])\s*:\s*([\d.\s+]+?)\s*=\s*" + _NUM, re.I)
+_TOTAL = re.compile(r"\bimage\s*([12])\s*:\s*([\d.\s+]+)=\s*" + _NUM, re.I)  # greedy: linear on long runs
 _FINAL = re.compile(r"final\s+score\s*:?\s*\**\s*" + _NUM, re.I)
 _ACS = re.compile(r"\b(alignment|coherence|style)\s+score\s*\(\s*1\s*-\s*5\s*\)\s*:\s*\**\s*" + _NUM, re.I)
 
@@ -100,6 +99,18 @@ _ACS = re.compile(r"\b(alignment|coherence|style)\s+score\s*\(\s*1\s*-\s*5\s*\)\
 # ----------------------------------------------------------------------------------------------------------
 # parsers (pure functions of the text; never raise)
 # ----------------------------------------------------------------------------------------------------------
+def _answer_blocks(text: str) -> list[str]:
+    """The ``<answer>...</answer>`` contents in order (tags in any case); linear in the text's length."""
+    low, blocks, pos = text.lower(), [], 0
+    while True:
+        start = low.find("<answer>", pos)
+        end = low.find("</answer>", start + 8) if start >= 0 else -1
+        if end < 0:
+            return blocks
+        blocks.append(text[start + 8:end])
+        pos = end + 9
+
+
 @dataclass(frozen=True)
 class PairVerdict:
     """A parsed pairwise output. ``winner`` is 1, 2 or None (then ``failure`` names why)."""
@@ -116,7 +127,7 @@ class PairVerdict:
         return 0.5 if self.winner is None else (1.0 if self.winner == 1 else 0.0)
 
 
-def _is_blank(text: Any) -> str | None:
+def _not_text_reason(text: Any) -> str | None:
     if not isinstance(text, str):
         return "not_text"
     return "empty" if not text.strip() else None
@@ -124,7 +135,7 @@ def _is_blank(text: Any) -> str | None:
 
 def parse_think_pair(text: Any) -> PairVerdict:
     """Parse a UnifiedReward-Think pairwise output (module docstring); a failure never raises."""
-    bad = _is_blank(text)
+    bad = _not_text_reason(text)
     if bad:
         return PairVerdict(None, bad)
     think = text.split("</think>")[0] if "</think>" in text else text.split("<answer>")[0]
@@ -133,7 +144,7 @@ def parse_think_pair(text: Any) -> PairVerdict:
         scores[int(k)].append(float(s))
     totals = {int(k): float(t) for k, _, t in _TOTAL.findall(think)}
     extra = dict(dim_scores={k: tuple(v) for k, v in scores.items() if v}, totals=totals)
-    blocks = _ANSWER.findall(text)
+    blocks = _answer_blocks(text)
     if not blocks:
         opened = re.search(r"<answer>", text, re.I) or (re.search(r"<think>", text, re.I)
                                                        and not re.search(r"</think>", text, re.I))
@@ -172,7 +183,7 @@ def _one_per_key(pairs: Sequence[tuple[str, str]], keys: Sequence[str]) -> Point
 
 def parse_final_score(text: Any) -> PointVerdict:
     """UnifiedReward-qwen pointwise: ``Final Score: s`` (s in [1, 5]) -> ``{"Final": s}``."""
-    bad = _is_blank(text)
+    bad = _not_text_reason(text)
     if bad:
         return PointVerdict({}, bad)
     return _one_per_key([("Final", s) for s in _FINAL.findall(text)], ("Final",))
@@ -180,7 +191,7 @@ def parse_final_score(text: Any) -> PointVerdict:
 
 def parse_acs(text: Any) -> PointVerdict:
     """UnifiedReward-2.0 pointwise: ``{Alignment|Coherence|Style} Score (1-5): s`` -> the three scores."""
-    bad = _is_blank(text)
+    bad = _not_text_reason(text)
     if bad:
         return PointVerdict({}, bad)
     return _one_per_key([(k.capitalize(), s) for k, s in _ACS.findall(text)], ACS_DIMS)
@@ -303,7 +314,8 @@ class UnifiedRewardPointwise(Reward):
         self.last_texts: list[str] = []
 
     def messages(self, prompt: str) -> list[dict]:
-        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": _fill(self.template, prompt)}]}]
+        text = _fill(self.template, prompt)
+        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         ims = _pil(images, self.image_size)

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flow_grpo.rewards.unified_reward import (
-    ACS_DIMS,
     UnifiedRewardPointwise,
     UnifiedRewardThinkPairwise,
     parse_acs,
@@ -196,3 +195,16 @@ def test_pairwise_prefs_from_texts_count_failures():
     np.testing.assert_allclose(out["pref"], [1.0, 0.0, 0.5, 0.5])
     np.testing.assert_array_equal(out["failed"], [False, False, True, True])
     assert s.stats == {"judged": 4, "failed": 2, "failed/ambiguous": 1, "failed/truncated": 1}
+
+
+def test_parsers_stay_linear_on_adversarial_lengths():
+    """Unclosed tags and long runs (a runaway generation) parse in linear time: each input below took minutes
+    with a lazy-regex answer search; the bound is loose for a loaded CI machine."""
+    import time
+
+    for text in ("<answer>" * 50_000 + "x", "<answer>" * 20_000 + "</answer>" + "<answer>" * 20_000,
+                 "Image 1: " + "1 " * 100_000, "<think>" + "Image 1 (" * 50_000, "Final Score " * 50_000):
+        t0 = time.perf_counter()
+        assert parse_think_pair(text).failure is not None
+        parse_acs(text), parse_final_score(text)
+        assert time.perf_counter() - t0 < 5.0
