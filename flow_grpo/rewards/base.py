@@ -656,7 +656,9 @@ class PairwisePreferenceReward(Reward):
         self.symmetric = symmetric
         self.hard = hard
 
-    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]) -> "torch.Tensor":
+    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]
+               ) -> tuple["torch.Tensor", np.ndarray | None]:
+        """(M,) judgements P(a > b) of the pairs, and the scorer's (M,) failure flags (None if it gives none)."""
         import torch
 
         c = self.scorer(images[a_idx], images[b_idx], [prompts[i] for i in a_idx], [metadata[i] for i in a_idx])
@@ -670,12 +672,6 @@ class PairwisePreferenceReward(Reward):
                 raise RewardError(f"reward {self.name!r}: scorer returned {failed.shape[0]} failure flags for "
                                   f"{len(a_idx)} pairs", self.name)
             c = c["pref"]
-        for i, j, f in zip(a_idx, b_idx, failed if failed is not None else ()):
-            if f:  # each failed judgement counts once for both images of its pair
-                self._failures[i] += 1
-                self._failures[j] += 1
-        if failed is not None:
-            self._reports_failures = True
         c = torch.as_tensor(np.asarray(c.detach().cpu() if hasattr(c, "detach") else c, dtype=np.float64)
                             ).float().reshape(-1)
         if c.shape[0] != len(a_idx):
@@ -686,7 +682,7 @@ class PairwisePreferenceReward(Reward):
             pairs = [(a_idx[k], b_idx[k]) for k in torch.nonzero(bad).flatten().tolist()]
             raise RewardError(f"reward {self.name!r}: scorer returned non-finite or out-of-[0,1] judgements "
                               f"for pairs {pairs[:8]}", self.name, sorted({i for p in pairs for i in p}))
-        return c
+        return c, failed
 
     def score(self, images, prompts, metadata, group_ids=None, **kwargs):
         import torch
@@ -714,13 +710,18 @@ class PairwisePreferenceReward(Reward):
                     a_idx.append(i)
                     b_idx.append(j)
         pref = torch.zeros(n, n)
-        self._failures = np.zeros(n)
-        self._reports_failures = False
+        failures = np.zeros(n)  # per sample: failed judgements among its pairs (scorers that flag them)
+        flagged = False
         if a_idx:
-            c = self._judge(images, prompts, metadata, a_idx, b_idx)
+            judged = [self._judge(images, prompts, metadata, a_idx, b_idx)]
             if self.symmetric:
-                c_rev = self._judge(images, prompts, metadata, b_idx, a_idx)
-                c = (c + 1.0 - c_rev) / 2.0
+                judged.append(self._judge(images, prompts, metadata, b_idx, a_idx))
+            for _, failed in judged:
+                if failed is not None:
+                    flagged = True
+                    np.add.at(failures, np.asarray(a_idx)[failed], 1)  # a failed judgement counts for both images
+                    np.add.at(failures, np.asarray(b_idx)[failed], 1)
+            c = judged[0][0] if not self.symmetric else (judged[0][0] + 1.0 - judged[1][0]) / 2.0
             if self.hard:
                 c = (c > 0.5).float() + 0.5 * (c == 0.5).float()
             ai, bi = torch.tensor(a_idx), torch.tensor(b_idx)
@@ -732,6 +733,6 @@ class PairwisePreferenceReward(Reward):
             logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
                            self.name, int((sizes == 1).sum()))
         out = {self.name: pairwise_win_rate(pref, dense)}
-        if self._reports_failures:  # failed judgements (each a tie) among the sample's pairs, both orders counted
-            out[f"{self.name}/judge_failures"] = self._failures
+        if flagged:  # failed judgements (each a tie) among the sample's pairs, both orders counted
+            out[f"{self.name}/judge_failures"] = failures
         return out
