@@ -19,21 +19,21 @@ the template with ``{prompt}`` filled.  Released output format (the templates' o
 
 :func:`parse_think_pair` reads the ``<answer>`` blocks: every ``Image k is better`` (any case, any spacing) they
 contain names a winner; exactly one distinct winner is the verdict, ``P(a > b) = 1`` (image a is "Image 1") or
-``0``.  Anything else is a *failure* with a reason, never an exception:
+``0``             .  Anything else is a *failure* with a reason, never an exception:
 
-==============  =========================================================================================
-``not_text``    the output is not a string
-``empty``       blank output
-``truncated``   an ``<answer>`` (or ``<think>``) opened and never closed: generation hit ``max_new_tokens``
-``no_answer``   no ``<answer>...</answer>`` block
-``ambiguous``   the answer blocks name both images (e.g. "Image 1 is better ... Image 2 is better")
-``unrecognised`` an answer block that names no winner (e.g. "<answer>tie</answer>")
-==============  =========================================================================================
+================  =========================================================================================
+``not_text``      the output is not a string
+``empty``         blank output
+``truncated``     an ``<answer>`` (or ``<think>``) opened and never closed: generation hit ``max_new_tokens``
+``no_answer``     no ``<answer>...</answer>`` block
+``ambiguous``     the answer blocks name both images (e.g. "Image 1 is better ... Image 2 is better")
+``unrecognised``  an answer block that names no winner (e.g. "<answer>tie</answer>")
+================  =========================================================================================
 
 A failed judgement counts as a tie, ``P(a > b) = 0.5`` -- the Pref-GRPO release's rule for an unreadable
 verdict -- and is *counted*: the scorer returns its failure mask, so the win-rate reward adds
-``<name>/judge_failures`` (per sample: failed judgements among its pairs), and the judge keeps running totals in
-``judge.stats`` (``judged``, ``failed``, ``failed/<reason>``).  The ``<think>`` block's per-dimension scores
+``<name>/judge_failures``  (per sample: failed judgements among its pairs), and the scorer keeps running totals in
+``scorer.stats`` (``judged``, ``failed``, ``failed/<reason>``).  The ``<think>`` block's per-dimension scores
 ``Image k (s/10)`` and ``Total score`` lines are parsed as well (diagnostics; never used for the verdict).
 
 Pointwise (the UnifiedReward family's pointwise formats)
