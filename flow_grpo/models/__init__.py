@@ -1,5 +1,5 @@
-"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V and I2V, Qwen-Image and
-Qwen-Image-Edit) over diffusers pipelines, plus hub-free tiny builders."""
+"""Thin per-architecture adapters over diffusers pipelines (the registry ``ADAPTERS``; docs/generators.md lists them
+with what each supports), plus hub-free tiny builders (``tiny.TINY_BUILDERS``)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import os
 
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
+from .flux2 import Flux2Adapter, Flux2KleinAdapter
 from .flux_kontext import FluxKontextAdapter
 from .qwen_image import QwenImageAdapter
 from .qwen_image_edit import QwenImageEditAdapter
@@ -15,10 +16,12 @@ from .wan import WanAdapter
 from .wan_i2v import WanI2VAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
-            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter}
+            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter,
+            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
                      "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
-                     "QwenImageEditPipeline": "qwen_image_edit"}
+                     "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
+                     "Flux2KleinPipeline": "flux2_klein"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -92,7 +95,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter",
+           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

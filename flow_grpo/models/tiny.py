@@ -252,17 +252,31 @@ def build_tiny_qwen_image_edit_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_flux2_pipeline(seed: int = 0):
+    """Tiny FLUX.2-dev pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_flux2_klein_pipeline(seed: int = 0, **kwargs):
+    """Tiny FLUX.2-klein pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_klein_pipeline as build
+
+    return build(seed, **kwargs)
+
+
 TINY_BUILDERS: dict[str, Any] = {
     "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
     "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
-    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline,
+    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
+    "flux2_klein": build_tiny_flux2_klein_pipeline,
 }
 
 
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext' |
-    'wan' | 'wan_i2v' | 'qwen_image' | 'qwen_image_edit') and ``save_pretrained`` it into ``directory``."""
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``) and ``save_pretrained`` it into ``directory``."""
     builders = TINY_BUILDERS
     if kind not in builders:
         raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")
