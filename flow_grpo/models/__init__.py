@@ -14,14 +14,15 @@ from .qwen_image_edit import QwenImageEditAdapter
 from .sd3 import SD3Adapter
 from .wan import WanAdapter
 from .wan_i2v import WanI2VAdapter
+from .z_image import ZImageAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
             "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter,
-            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter}
+            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter, "z_image": ZImageAdapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
                      "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
                      "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
-                     "Flux2KleinPipeline": "flux2_klein"}
+                     "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -95,7 +96,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter",
+           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter", "ZImageAdapter",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

@@ -266,12 +266,19 @@ def build_tiny_flux2_klein_pipeline(seed: int = 0, **kwargs):
     return build(seed, **kwargs)
 
 
+def build_tiny_z_image_pipeline(seed: int = 0):
+    """Tiny Z-Image pipeline (see :mod:`flow_grpo.models.tiny_z_image`)."""
+    from .tiny_z_image import build_tiny_z_image_pipeline as build
+
+    return build(seed)
+
+
 TINY_BUILDERS: dict[str, Any] = {
     "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
     "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
     "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
-    "flux2_klein": build_tiny_flux2_klein_pipeline,
+    "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
 }
 
 

@@ -15,6 +15,7 @@ from .conftest import train_overrides
 CASES = [
     ("flux2", 32, "false", 4.0, {}),
     ("flux2_klein", 32, "true", 4.0, {}),
+    ("z_image", 32, "true", 5.0, {"model.max_sequence_length": 48}),
 ]
 
 
