@@ -49,7 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.format == "charades_sta" and a.durations is None and a.probe_root is None:  # before reading anything
+        parser.error("charades_sta needs the videos' durations: --durations Charades_v1_{train,test}.csv (the "
+                     "dataset's CSV: id,...,length) or a JSON {vid: seconds}, or --probe-root VIDEO_DIR to read them "
+                     "from the videos")
+    for flag, path in (("--durations", a.durations), ("--probe-root", a.probe_root)):
+        if path is not None and not os.path.exists(path):
+            parser.error(f"{flag} {path}: no such file or folder")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     from mmgrpo.vlm.data import write_jsonl
     from mmgrpo.vlm.data import converters as C

@@ -44,6 +44,7 @@ layout.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -152,6 +153,21 @@ def resolve_lora(path: str) -> str:
     raise FileNotFoundError(f"lora={path}: no pytorch_lora_weights.safetensors here or in {p / 'lora'}")
 
 
+def lora_weights(folder: str) -> str:
+    """Which weights a trainer export holds, from its ``export.json`` (``flow_grpo train`` writes the trained
+    weights to ``lora_final`` and their EMA to ``lora_final_ema``)."""
+    try:
+        m = json.loads((Path(folder) / "export.json").read_text())
+    except (OSError, ValueError):
+        return "no export.json (not a final export of flow_grpo train: which weights it holds is not recorded)"
+    if m.get("weights") == "ema":
+        return (f"the EMA of the trained weights (decay {m.get('ema_decay')}, {m.get('ema_updates')} updates; "
+                f"epoch {m.get('epoch')}, step {m.get('global_step')})")
+    if m.get("weights") == "trained":
+        return f"the trained weights (epoch {m.get('epoch')}, step {m.get('global_step')})"
+    return "exported before issue 32 (the EMA when ema.enabled was on)"
+
+
 def load_eval_adapter(cfg: EvalT2IConfig):
     """(adapter, resolved lora folder or None, device, dtype name)."""
     import torch
@@ -180,6 +196,7 @@ def load_eval_adapter(cfg: EvalT2IConfig):
         raise ValueError(f"layout={cfg.layout} is an image benchmark's; {adapter.kind!r} generates videos: use "
                          "layout=default")
     if lora is not None:
+        print(f"lora={lora}: {lora_weights(lora)}", file=sys.stderr)
         adapter.pipe.load_lora_weights(lora)  # peft layers injected into adapter.transformer in place
         adapter.lora_enabled = True  # adapter.reference() (LoRA disabled) is the base model of RL guidance
     adapter.transformer.requires_grad_(False)

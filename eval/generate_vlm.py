@@ -30,7 +30,9 @@ Outputs in ``out_dir``:
   dataset order.  A restarted run skips ids already written (a torn last line is truncated first); batches are
   fixed, so an interrupted + resumed run writes the same file as an uninterrupted one.  Resuming with different
   settings is refused (``overwrite=true`` starts over).
-* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics), and
+* ``metrics.json`` / ``per_sample.jsonl``  from ``eval/score.py``'s API (+ generation statistics: truncated
+  outputs, mean length, ``well_formed_rate`` = the share of outputs that are exactly the answer the prompt asks
+  for, ``mmgrpo.vlm.rewards.format.well_formed``), and
   ``report.md`` / ``report.json`` (``eval/report.py``).
 
 * ``export/``  with ``export=FORMAT[,FORMAT]``: the scored predictions in the files the benchmarks' own evaluation
@@ -116,8 +118,24 @@ class VLMDataConfig:
         "prompt asks is scored correct by the scoring protocol, the pixel budget reaches the processor); 0 = off"))
     max_samples: int = field(default=0, metadata=_h("evaluate only the first N samples (0 = all)"))
     on_missing_media: Literal["error", "skip"] = field(
-        default="error", metadata=_h("missing/undecodable media: error, or skip = write output null (scored 0, "
-                                     "counted in n_media_error)"))
+        default="error", metadata=_h("missing/undecodable media (also over max_image_pixels / max_video_frame_pixels): "
+                                     "error (at load time, one error listing every such sample with file:line), or "
+                                     "skip = write output null (scored 0, counted in n_media_error)"))
+    media_check: Literal["header", "exists"] = field(default="header", metadata=_h(
+        "check every video/image when the annotations are loaded: header (sizes, PNG checksums, video durations; "
+        "no decoding) or exists (see docs/reliability.md)"))
+    max_image_pixels: int = field(default=89_478_485, metadata=_h("larger images are unusable media"))
+    max_video_frame_pixels: int = field(default=7680 * 4320, metadata=_h(
+        "decode cap: videos whose header claims larger frames are unusable media (default 8K UHD)"))
+    duration_tolerance: float = field(default=2.0, metadata=_h(
+        "seconds: annotated vs video duration differing by more than max(this, duration_tolerance_frac x the "
+        "video's) is a duration mismatch"))
+    duration_tolerance_frac: float = field(default=0.05, metadata=_h("relative part of the duration tolerance"))
+    on_duration_mismatch: Literal["warn", "skip", "error"] = field(default="warn", metadata=_h(
+        "a sample whose annotated duration disagrees with its video's: warn (default: it stays scored, so the "
+        "numbers stay comparable with other evaluations; counted and listed), skip (left out of the evaluation) or "
+        "error"))
+    media_check_workers: int = field(default=8, metadata=_h("threads of the media check at load time"))
     video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
     max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
     min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
@@ -513,7 +531,11 @@ def _load(cfg: EvalVLMConfig) -> list:
     d = cfg.data
     if not d.annotations:
         raise ValueError("data.annotations=FILE is required (canonical JSONL)")
-    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error")
+    from mmgrpo.vlm.data.media import MediaScreen
+
+    # the header check; on_missing_media=skip keeps the sample (its output is written as null, as before)
+    samples = load_samples(d.annotations, d.max_samples, d.media_root, check_media=d.on_missing_media == "error",
+                           screen=MediaScreen.from_config(d, drop=False))
     seen: dict[str, int] = {}
     for i, s in enumerate(samples):
         sid = str(_sample_attr(s, "id"))
@@ -851,10 +873,16 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     m = res.metrics
     rows = [r for _, r in preds]
     present = [r for r in rows if r.get("output") is not None]
+    from mmgrpo.vlm.rewards.format import well_formed
+
+    d = cfg.data  # exactly the answer the prompt asks for (the trainer's completions/well_formed rule)
+    n_wf = sum(well_formed(r["output"], d.task, mode=d.prompt_mode, answer_format=d.answer_format) for r in present)
     gen = {
         "n_media_error": sum(1 for r in rows if r.get("error")),
         "n_truncated": sum(1 for r in present if r.get("truncated")),
         "mean_output_tokens": (sum(r.get("n_tokens", 0) for r in present) / len(present)) if present else None,
+        "n_well_formed": n_wf,
+        "well_formed_rate": 100.0 * n_wf / len(present) if present else None,
     }
     frames = [r["num_frames"] for r in present if "num_frames" in r]
     if frames:

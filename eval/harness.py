@@ -329,8 +329,12 @@ def run_generation_cli(config_cls: type, run_fn, argv: Sequence[str] | None, pro
     ``MMGRPO_TRACEBACK=1`` for the traceback); an interrupted run (``max_batches``) prints its progress and exits 0.
     """
     from mmgrpo.utils.config import parse_config_cli
+    from mmgrpo.utils.profiles import expand_profile
 
-    cfg = parse_config_cli(config_cls, argv, prog=prog, description=description)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kind = "eval_t2i" if "t2i" in prog else "eval_vlm"  # --profile NAME: mmgrpo/utils/profiles.py
+    cfg = parse_config_cli(config_cls, expand_profile(argv, kind, prog), prog=prog,
+                           description=description + " --profile cpu: a CPU rehearsal's budgets (2 samples).")
     try:
         res = run_fn(cfg)
     except (ValueError, FileNotFoundError, ResumeError) as e:

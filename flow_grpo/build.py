@@ -38,9 +38,9 @@ class SetupMixin:
         # process; broadcasting them would turn every no-grad forward (sampling, eval) into a collective.
         ddp = DistributedDataParallelKwargs(find_unused_parameters=r.ddp_find_unused_parameters,
                                             broadcast_buffers=False)
-        # a multi-process launch without GPUs must use accelerate's CPU backend (gloo); otherwise accelerate falls
-        # back to one independent process per rank (see _check_launch)
-        cpu = r.cpu or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available())
+        # run.device=auto without GPUs: accelerate's CPU backend (gloo for several processes; otherwise accelerate
+        # falls back to one independent process per rank, see _check_launch)
+        cpu = r.device == "cpu" or (r.device == "auto" and not torch.cuda.is_available())
         # step_scheduler_with_optimizer=False: the schedule advances once per optimizer step, not once per process
         return Accelerator(cpu=cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
                            kwargs_handlers=[ddp])
@@ -57,7 +57,35 @@ class SetupMixin:
         if launched != self.world:
             raise RuntimeError(f"launched with {launched} processes but accelerate runs {self.world} "
                                f"({self.accelerator.distributed_type}): every process would train an independent "
-                               "copy. On CPU set run.cpu=true (or use an accelerate config with use_cpu: true).")
+                               "copy. On CPU set run.device=cpu (or use an accelerate config with use_cpu: true).")
+
+    def _preflight(self, loading: bool, reward_fn) -> None:
+        """Before the pipeline loads (``mmgrpo.utils.preflight``): reward settings (a remote reward's URL, weight
+        folders), the device, the planner's estimate against the device's memory, and the startup line. Wrong
+        settings raise ``ConfigError`` (exit code 2) naming them. ``loading``: the trainer loads the pipeline."""
+        from mmgrpo.engine.errors import ConfigError
+        from mmgrpo.utils import preflight
+
+        from .rewards import check_reward_settings
+
+        c = self.cfg
+        if c.run.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("run.device=cuda but no CUDA device is visible here; use run.device=auto or cpu")
+        problems = check_reward_settings(c.reward.weights, c.reward.kwargs, skip=list(reward_fn or {}))
+        if problems:
+            raise ConfigError("; ".join(problems))
+        if loading and not c.model.tiny:
+            if not c.model.pipeline_dir:
+                raise ConfigError("set model.pipeline_dir (a diffusers folder) or model.tiny=sd3|flux")
+            if not os.path.isfile(os.path.join(c.model.pipeline_dir, "model_index.json")):
+                raise ConfigError(f"model.pipeline_dir={c.model.pipeline_dir}: no model_index.json there (a "
+                                  "diffusers pipeline folder, e.g. stable-diffusion-3.5-medium)")
+            strategy = "fsdp2" if self.sharded and not self.deepspeed else "zero3" if self.deepspeed else "ddp"
+            preflight.check_memory("flow", c, self.accelerator.device, self.world, strategy, c.run.memory_check,
+                                   "flow_grpo train")
+        preflight.startup_line("flow_grpo train", self.accelerator, weights_dtype=c.model.dtype,
+                               lora=c.model.lora.enabled, mixed_precision=c.run.mixed_precision,
+                               extra=f"method {c.method}")
 
     def _build_adapter(self):
         from .models import adapter_from_pipeline, load_adapter

@@ -110,11 +110,14 @@ class CheckpointMixin:
                 return {**self.state_dict(), "rng": rng}
 
             if self.cfg.model.lora.enabled and self.is_main:
-                def write_lora(p):
+                # lora/ = the trained weights, lora_ema/ = their EMA once updated (as the final export)
+                def write_lora(p, ema=False):
                     os.makedirs(p, exist_ok=True)
-                    with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
+                    with self.ema.swapped_in() if ema else contextlib.nullcontext():
                         self.adapter.save_lora(str(p))
                 extra["lora"] = write_lora
+                if self._exports_ema():
+                    extra["lora_ema"] = lambda p: write_lora(p, ema=True)
         path = save_checkpoint(mgr, step, entries, is_main=self.is_main, sharded=sharded, metric=metric,
                                extra_files=extra)
         if not halted:
@@ -219,53 +222,85 @@ class CheckpointMixin:
     # ------------------------------------------------------------------ export
     @names_write_errors("the final weights export", lambda self: self.out)  # disk full / read-only: name path and cause
     def export_final(self) -> Optional[Path]:
-        """Collective. The trained weights (EMA if on) for inference: LoRA -> ``<output_dir>/lora_final``
+        """Collective. The weights the optimizer trained: LoRA -> ``<output_dir>/lora_final``
         (``Pipeline.load_lora_weights``), full fine-tune -> ``<output_dir>/transformer_final`` (``save_pretrained``,
-        gathered from all shards).
+        gathered from all shards); with ``ema.enabled`` their EMA beside them (``lora_final_ema`` /
+        ``transformer_final_ema``) once it has been updated at least once. ``export.json`` in each folder says which
+        (``"weights": "trained" | "ema"``) and the log says it too.
+
+        The trained weights, not the EMA, are the default export because the EMA moves only every
+        ``ema.update_every`` optimizer steps: a run with fewer updates than that would export its initial weights
+        (a LoRA with every B matrix zero) and an evaluation would find trained == base.
 
         Written atomically (temp folder + rename, ``mmgrpo.utils.export``) with an ``export.json`` naming the epoch
         and step it holds: a resumed run with no epochs left rewrites an export that is missing, damaged or older
         than its checkpoint (see :meth:`train`)."""
+        target = self._write_export(self._export_dir(), "trained")
+        if self._exports_ema():
+            with self.ema.swapped_in():
+                ema_target = self._write_export(self._export_dir(ema=True), "ema")
+        if self.is_main:
+            log.info("final weights: %s = the trained weights (%d applied optimizer steps, epoch %d)%s", target,
+                     self.counters["applied_steps"], self.epoch,
+                     f"; {ema_target} = their EMA (decay {self.ema.decay}, {self.ema.num_updates} updates, one every "
+                     f"{self.cfg.ema.update_every} optimizer steps)" if self._exports_ema() else "")
+            if self.ema is not None and not self._exports_ema():
+                log.warning("no EMA export: the EMA was never updated (ema.update_every=%d > %d optimizer steps); "
+                            "it still equals the initial weights", self.cfg.ema.update_every, self.global_step)
+        return target
+
+    def _exports_ema(self) -> bool:
+        """An EMA export is written beside the trained weights (EMA on and updated at least once)."""
+        return self.ema is not None and self.ema.num_updates > 0
+
+    def _write_export(self, dst: Path, weights: str) -> Optional[Path]:
+        """Collective. The current trainable weights into ``dst`` (atomically, with ``export.json``)."""
         from mmgrpo.utils.export import publish_dir
 
         target = None
-        with self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext():
-            if self.cfg.model.lora.enabled and not self.sharded:
-                if self.is_main:
-                    target = publish_dir(self._export_dir(), lambda d: self.adapter.save_lora(str(d)),
-                                         self._export_meta())
-            else:
-                sd = self.accelerator.get_state_dict(self.model)  # collective under FSDP / ZeRO-3
-                if self.is_main:
-                    from safetensors.torch import save_file
+        meta = self._export_meta(weights)
+        if self.cfg.model.lora.enabled and not self.sharded:
+            if self.is_main:
+                target = publish_dir(dst, lambda d: self.adapter.save_lora(str(d)), meta)
+        else:
+            sd = self.accelerator.get_state_dict(self.model)  # collective under FSDP / ZeRO-3
+            if self.is_main:
+                from safetensors.torch import save_file
 
-                    sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
-                          if not self.cfg.model.lora.enabled or "lora_" in k}
+                sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()
+                      if not self.cfg.model.lora.enabled or "lora_" in k}
 
-                    def write(d: Path) -> None:
-                        # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
-                        save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
-                        self.unwrapped.save_config(str(d))
+                def write(d: Path) -> None:
+                    # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
+                    save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
+                    self.unwrapped.save_config(str(d))
 
-                    target = publish_dir(self._export_dir(), write, self._export_meta())
+                target = publish_dir(dst, write, meta)
         _barrier()
         return target
 
-    def _export_dir(self) -> Path:
+    def _export_dir(self, ema: bool = False) -> Path:
         lora = self.cfg.model.lora.enabled
-        return self.out / ("lora_final" if lora and not self.sharded else "lora_final_state" if lora
-                           else "transformer_final")
+        name = "lora_final" if lora and not self.sharded else "lora_final_state" if lora else "transformer_final"
+        return self.out / (name + ("_ema" if ema else ""))
 
-    def _export_meta(self) -> dict:
-        return {"epoch": self.epoch, "global_step": self.global_step}
+    def _export_meta(self, weights: str = "trained") -> dict:
+        meta = {"epoch": self.epoch, "global_step": self.global_step, "weights": weights}
+        if weights == "ema":
+            meta.update(ema_decay=self.ema.decay, ema_updates=self.ema.num_updates,
+                        ema_update_every=self.cfg.ema.update_every)
+        return meta
 
     def _export_outdated(self) -> bool:
-        """Collective. True (and logged) if the final export is missing, damaged or not of the current state."""
+        """Collective. True (and logged) if a final export is missing, damaged or not of the current state."""
         from mmgrpo.utils.export import export_problem
 
-        why = export_problem(self._export_dir(), self._export_meta()) if self.is_main else None
+        why = None
+        if self.is_main:
+            why = export_problem(self._export_dir(), self._export_meta())
+            if why is None and self._exports_ema():
+                why = export_problem(self._export_dir(ema=True), self._export_meta("ema"))
         why = _broadcast_object(why)
         if why and self.is_main:
             log.warning("final export to be (re)written: %s", why)
         return why is not None
-

@@ -20,7 +20,8 @@ overridden. Examples:
       -m flow_grpo.cli train --config my.yaml model.pipeline_dir=/ckpt/sd3.5m
   accelerate launch --config_file scripts/accelerate_configs/fsdp.yaml -m flow_grpo.cli train \\
       model.lora.enabled=false ...      (full fine-tune; sample.credit must be outcome)
-Precedence: defaults < method preset < YAML < key=value.
+Precedence: defaults < method preset < YAML < --profile NAME < key=value (--profile cpu: a CPU rehearsal of the
+recipe on its real, depth-cut model; mmgrpo/utils/profiles.py lists what it sets).
 
 Processes: the transformer, optimizer and LR schedule go through accelerator.prepare (DDP / FSDP / DeepSpeed per the
 accelerate config); a launch whose process count accelerate does not honour is refused. Only CPU runs were verified
@@ -39,18 +40,62 @@ python -m flow_grpo.rewards.server --help).
 """ + exit_codes.HELP
 
 
+def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
+    """``make-tiny DIR [KIND]``: a tiny random pipeline saved as a folder (``model.pipeline_dir=DIR``);
+    ``make-tiny-reward DIR [NAME]``: a tiny random reward model in its release's folder layout. For rehearsing a run
+    on CPU without downloads (docs/real_runs.md)."""
+    import argparse
+
+    tiny_kinds = ["sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"]
+    p = argparse.ArgumentParser(prog=f"flow_grpo {cmd}")
+    p.add_argument("dir", help="output folder")
+    if cmd == "make-tiny":
+        p.add_argument("kind", nargs="?", default="sd3", choices=tiny_kinds, help="pipeline kind (default sd3)")
+    else:
+        p.add_argument("name", nargs="?", default="pickscore", choices=["pickscore"], help="reward (default pickscore)")
+    p.add_argument("--seed", type=int, default=0, help="random-weight seed")
+    a = p.parse_args(list(rest))
+    if cmd == "make-tiny":
+        from .models.tiny import save_tiny_pipeline
+
+        print(save_tiny_pipeline(a.dir, a.kind, seed=a.seed))
+        print(f"use it with model.pipeline_dir={a.dir} (random weights: it generates noise)", file=sys.stderr)
+        return exit_codes.OK
+    from .rewards.tiny import TINY_REWARDS
+
+    kw = TINY_REWARDS[a.name](a.dir, seed=a.seed)
+    flow = ", ".join(f"{k}: {v}" for k, v in kw.items())
+    print(f"reward.kwargs='{{{a.name}: {{{flow}}}}}'")
+    print(f"random weights: the scores mean nothing; use the printed reward.kwargs (eval: reward_kwargs=...)",
+          file=sys.stderr)
+    return exit_codes.OK
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: flow_grpo train|plan [--config FILE] [--print-config] [key=value ...]\n\n" + _DESCRIPTION)
+        print("usage: flow_grpo train|plan|check [--config FILE] [--print-config] [key=value ...]\n"
+              "  check: the text-encoder tokens (truncation), sigma schedule and epoch-0 step plan of a recipe and its "
+              "prompts, no weights loaded (flow_grpo check --help)\n"
+              "       flow_grpo make-tiny DIR [KIND]          a tiny random pipeline folder (KIND: sd3 (default), "
+              "flux, wan, ...)\n"
+              "       flow_grpo make-tiny-reward DIR [NAME]   a tiny random reward model (NAME: pickscore)\n\n"
+              + _DESCRIPTION)
         return exit_codes.OK
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("make-tiny", "make-tiny-reward"):
+        return _make_tiny(cmd, rest)
     if cmd == "plan":  # predicted peak memory per device for the same config (flow_grpo plan --help)
         from mmgrpo.utils.memory_plan import plan_main
 
         return plan_main(rest, "flow", "flow_grpo plan")
+    if cmd == "check":  # text-encoder tokens, sigma schedule and epoch-0 step plan (flow_grpo check --help)
+        from .check import check_main
+
+        return check_main(rest)
     if cmd != "train":
-        print(f"unknown command {cmd!r}; available: train, plan", file=sys.stderr)
+        print(f"unknown command {cmd!r}; available: train, plan, check, make-tiny, make-tiny-reward",
+              file=sys.stderr)
         return 2
     from mmgrpo.utils.config import config_argparser, config_to_yaml
 
@@ -60,7 +105,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for action in parser._actions:  # the shared parser's example names keys of another config
         if action.dest == "overrides":
             action.help = "config overrides, e.g. optim.lr=1e-4 model.lora.rank=8 run.num_epochs=50"
-    args = parser.parse_args(rest)
+    from mmgrpo.utils.profiles import expand_profile
+
+    args = parser.parse_args(expand_profile(rest, "flow", "flow_grpo train"))
     try:
         cfg = load_train_config(args.config, args.overrides)
     except (ValueError, FileNotFoundError) as exc:

@@ -294,7 +294,10 @@ class RunConfig:
     tensorboard: bool = _f(True, "write tensorboard logs")
     progress_bar: bool = _f(True, "tqdm progress bar over epochs on the main process (stderr)")
     reward_curves: bool = _f(True, "at the end of training plot the train/eval reward curves to <output_dir>/reward_curves.png")
-    cpu: bool = _f(False, "force CPU")
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto (CUDA when available, else CPU) | cpu | cuda; the same "
+                                                "setting as mmgrpo train's run.device and the eval scripts' device")
+    memory_check: Literal["error", "warn", "off"] = _f("error", "before the model loads, compare the memory planner's per-process estimate (mmgrpo plan / flow_grpo plan; released widths, depth-truncated folders included) with the device's memory (GPU total, or the host's available memory on CPU): error = refuse with exit code 2 when it does not fit, warn = log and start, off")
+    allow_no_reward_signal: bool = _f(False, "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no reward tells the images apart) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)")
     ddp_find_unused_parameters: bool = _f(False, "DDP: find_unused_parameters (needed if some trainable weights get no "
                                           "gradient in a forward, e.g. partial full fine-tunes)")
 

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+from mmgrpo.utils.json_records import JSONRecordError, parse_record
 
 
 def load_prompts(path: str) -> tuple[list[str], list[dict]]:
@@ -30,10 +31,10 @@ def load_prompts(path: str) -> tuple[list[str], list[dict]]:
             if not line.strip():
                 continue
             if p.suffix == ".jsonl":
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{ln}: invalid JSON ({exc.msg})") from None
+                try:  # malformed, nested too deeply or an unreadable number: one message with file and line
+                    obj = parse_record(line)
+                except JSONRecordError as exc:
+                    raise ValueError(f"{path}:{ln}: invalid JSON ({exc.reason})") from None
                 if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
                     raise ValueError(f"{path}:{ln}: expected an object with a non-empty string field 'prompt'")
                 prompts.append(obj["prompt"])

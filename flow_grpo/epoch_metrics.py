@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .distributed import _all_gather_object, _gather_rows
+from .distributed import _all_gather_object, _gather_rows, _reduce
 
 REWARD_COUNTERS = ("calls", "retries", "timeouts", "failed_calls", "dropped")
 
@@ -54,13 +54,16 @@ def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float,
     """``rsum``: the reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
     :meth:`~flow_grpo.trainer.FlowGRPOTrainer._run_updates` collected."""
     rewards, n_images, n_trained = _reward_metrics(tr, traj)
+    # NFEs per trajectory of the whole batch: each process's mean depends on its own step plans (TP-GRPO's and
+    # G2RPO's completions start at each sample's window)
+    nfe_sum, n_traj = _reduce([traj.nfe_per_trajectory * len(traj), float(len(traj))], "sum", tr.device)
     grad_norms, status = upd["grad_norms"], upd["status"]
     out = {
         "epoch": tr.epoch, **rewards,
         "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
         "reward/failed_calls": rsum[3], "reward/dropped_by_failure": rsum[4],
         **stats,
-        "nfe_per_trajectory": traj.nfe_per_trajectory,
+        "nfe_per_trajectory": nfe_sum / max(n_traj, 1.0),
         "time/sample_s": t_sample, "time/train_s": t_train,
         "images_per_s": n_images / max(t_sample + t_train, 1e-9),
         "actual_batch_size": n_trained,

@@ -290,6 +290,10 @@ def _score_rollout(adapter, traj: Trajectories, embeds, sig, credit, reward_fn, 
     return extra
 
 
+class SamplingInterrupted(Exception):
+    """``on_chunk`` asked to stop sampling (SIGTERM / SIGINT during a rollout)."""
+
+
 @torch.no_grad()
 def sample_trajectories(
     adapter: FlowModelAdapter,
@@ -306,12 +310,15 @@ def sample_trajectories(
     xt: Optional[torch.Tensor] = None,
     reward_runner=None,
     members: Optional[Sequence[int]] = None,
+    on_chunk=None,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
     initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
     tp_grpo / g2rpo credits); ``reward_runner`` (``submit(images, prompts, metadata) -> Future``) scores each chunk
     in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``). ``members``:
-    the index of each sample in its group (tree / branch plans need it to give a group's samples their paths)."""
+    the index of each sample in its group (tree / branch plans need it to give a group's samples their paths).
+    ``on_chunk(done, total)``: called after each rollout chunk (progress lines); a True return stops sampling with
+    :class:`SamplingInterrupted` (a SIGTERM: the caller discards the epoch)."""
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
@@ -340,6 +347,10 @@ def sample_trajectories(
         chunk_images.append(adapter.decode(x, cfg.height, cfg.width).cpu())
         if reward_fn is not None and reward_runner is not None:
             futures.append(reward_runner.submit(chunk_images[-1], list(prompts[c0:c1]), metadata[c0:c1]))
+        if on_chunk is not None and on_chunk(len(chunk_images), len(chunks)) and len(chunk_images) < len(chunks):
+            for f in futures:  # the epoch is abandoned: its background reward calls are not waited for
+                f.cancel()
+            raise SamplingInterrupted(f"sampling stopped after {len(chunk_images)} of {len(chunks)} chunks")
     traj = Trajectories(
         prompts=list(prompts), metadata=metadata, group_ids=group_ids, xt_seeds=list(xt_seeds),
         noise_seeds=list(noise_seeds), step_indices=cols.clone(), sigmas=sig[cols].clone(),

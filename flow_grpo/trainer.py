@@ -63,6 +63,7 @@ from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeou
                                   TrainingInterrupted, TrainingStopped)
 from mmgrpo.engine.checkpoint import SkipHalt
 from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.signals import StopOnSignal
@@ -79,7 +80,7 @@ from .evaluation import EvalMixin
 from .methods import (AdvOptions, CreditInputs, advantage_stats, apply_train_masks, credit_name, get_credit,
                       group_stats)
 from .run_control import RunControlMixin
-from .sampler import Trajectories, sample_trajectories, score_column
+from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
 # the reward classes moved to flow_grpo.scoring; re-exported for old imports
 from .scoring import ResilientReward, RewardStack, _call_with_timeout, apply_win_rates  # noqa: F401
 
@@ -117,9 +118,12 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.is_main, self.device = acc.is_main_process, acc.device
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
+        self._preflight(loading=adapter is None, reward_fn=reward_fn)  # exit 2 before loading (build.py)
         self.out = Path(cfg.run.output_dir)
         # one run per output folder (main process), before the model is loaded: a second run refuses at once
         self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
+        if self.is_main:  # folders of an export killed half-way (two copies of the weights): this run owns the folder
+            clean_stale_exports(self.out)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
         self.adapter = adapter if adapter is not None else self._build_adapter()
         set_num_frames(self.adapter, cfg.sample.num_frames)
@@ -156,7 +160,7 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         self.skips = SkipHalt(cfg.optim.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
         self.counters = {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0,
                          "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
-                         "groups_singleton": 0}
+                         "groups_singleton": 0, "zero_advantage_epochs": 0}
         self.best_eval: Optional[float] = None
         self.logger = None
         if self.is_main:
@@ -201,9 +205,11 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
                 traj = sample_trajectories(self.adapter, prompts, self.cfg.sample, xs, ns, ps, gids, meta,
                                            self.reward_fn, None, iteration=epoch, reward_runner=self.runner,
-                                           members=self._epoch_members())
+                                           members=self._epoch_members(), on_chunk=self._sampling_progress())
         except RewardCallFailed as exc:
             err = exc
+        except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
+            pass
         try:
             sync_failure(err)
         except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
@@ -368,6 +374,8 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
         no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
         skip_cause = ("no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
                       if no_group else None if adv_ok else "non-finite advantages")
+        if skip_cause is None:  # every advantage 0: a zero gradient (run_control.py)
+            skip_cause = self._zero_advantage_cause(traj, adv)
         traj.train_mask = apply_train_masks(c, adv, traj.train_mask & valid.unsqueeze(1), self.credit_inputs(traj))
         t1 = time.perf_counter()
         upd = self._run_updates(traj, adv, skip_cause)

@@ -134,7 +134,9 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
     runner.run("base_eval", ev + [f"model={base}", f"out_dir={runner.out / 'base_eval'}"])  # greedy: seed-free
     base_m = demo._read_json(runner.out / "base_eval" / "metrics.json")
     anns = {} if runner.dry_run else demo.read_annotations(annotations)
-    args.base_probes = demo.prediction_probes(anns, runner.out / "base_eval" / "predictions.jsonl")
+    mode = demo.headline_parse_mode(base_m)  # the probes read the outputs as the headline protocol does
+    args.base_probes = demo.prediction_probes(anns, runner.out / "base_eval" / "predictions.jsonl", mode)
+    args.base_shape = demo.tvg_summary(base_m) if base_m else None
     rows = []
     for name, recipe in methods.items():
         for seed in args.seed_list:
@@ -152,10 +154,14 @@ def run_vlm(runner: demo.Runner, args, methods: dict[str, Path]) -> list[dict]:
                 continue
             hist = read_metrics(d / "run" / "metrics.jsonl")
             m = demo._read_json(d / "eval" / "metrics.json")
+            sm = demo.tvg_summary(m)
             rows.append({"method": name, "seed": seed, "metric": m.get("mIoU"), "R1@0.5": m.get("R1@0.5"),
                          "base_R1@0.5": base_m.get("R1@0.5"),
                          "base_metric": base_m.get("mIoU"), "steps": vlm_steps(hist),
-                         "probes": demo.prediction_probes(anns, d / "eval" / "predictions.jsonl"),
+                         # the protocol of "metric", the lenient parser's mIoU, the answers' shape
+                         "protocol": sm["protocol"], "lenient_mIoU": (sm.get("lenient") or {}).get("mIoU"),
+                         "well_formed": sm["well_formed"], "truncated": sm["truncated"],
+                         "probes": demo.prediction_probes(anns, d / "eval" / "predictions.jsonl", mode),
                          "train_seconds": hist[-1].get("perf/train_seconds") if hist else None,
                          "compute": hist[-1].get("perf/generated_tokens") if hist else None,
                          # the task reward of on-policy rows (IoU), not the method-shaped total (T-GRPO bonus)
@@ -291,6 +297,9 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
     compute = {"vlm": "generated tokens", "flow": "NFEs (trajectories x steps, incl. completions)"}[frontend]
     failed = [r for r in rows if r.get("error")]
     rows = [r for r in rows if not r.get("error")]
+    protos = {r.get("protocol") for r in rows if r.get("protocol")}
+    if protos:  # VLM: which evaluation protocol the metric is (the demo's: Time-R1's, strict)
+        metric += f" ({demo._protocol_label(protos.pop()) if len(protos) == 1 else 'MIXED protocols'})"
     methods = list(dict.fromkeys(r["method"] for r in rows))
     # the screen uses each run's gain over its own seed's start (paired: the flow eval's noise seeds follow the
     # run seed, so the start differs per seed)
@@ -316,7 +325,8 @@ def write_results(out: Path, frontend: str, rows: list[dict], args) -> str:
                      f"{_f(statistics.fmean([r['steps'] for r in rs]))} | "
                      f"{_f(statistics.fmean([r['compute'] or 0 for r in rs]), digits=0)} |")
     lines += [f"* FAILED: {r['method']} seed {r['seed']}: {r['error']}" for r in failed]
-    probes = probe_table(rows, methods, getattr(args, "base_probes", None)) if frontend == "vlm" else []
+    probes = probe_table(rows, methods, getattr(args, "base_probes", None),
+                         getattr(args, "base_shape", None)) if frontend == "vlm" else []
     table = "\n".join(lines + probes) + "\n"
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"frontend": frontend, "budget_s": args.budget, "seeds": args.seeds,
@@ -336,11 +346,12 @@ PROBES = {  # column -> (probe, key) of demo.prediction_probes
     "later-event queries: on the earliest %": ("events", "later_on_earliest")}
 
 
-def probe_table(rows: list[dict], methods: list[str], base: dict | None) -> list[str]:
-    """VLM: R1@0.5 and the grounding probes of each method's evaluations (mean over seeds), the start first: the
-    query-swap probe (own > other: the model reads the query) and where the predictions land (the queried event, and
-    the signed boundary offsets on those hits: a lag shows as both > 0; split by the queried event's place, a bias
-    toward the video's earliest event shows as later-event queries landing on it)."""
+def probe_table(rows: list[dict], methods: list[str], base: dict | None, base_shape: dict | None = None) -> list[str]:
+    """VLM: R1@0.5, the answers' shape (% well formed: exactly the answer the prompt asks for; the lenient parser's
+    mIoU, which reads a span out of any text) and the grounding probes of each method's evaluations (mean over
+    seeds), the start first: the query-swap probe (own > other: the model reads the query) and where the predictions
+    land (the queried event, and the signed boundary offsets on those hits: a lag shows as both > 0; split by the
+    queried event's place, a bias toward the video's earliest event shows as later-event queries landing on it)."""
     def get(p, key):
         v = ((p or {}).get(key[0]) or {}).get(key[1])
         return None if v is None else float(v)
@@ -351,15 +362,20 @@ def probe_table(rows: list[dict], methods: list[str], base: dict | None) -> list
 
     if base is None and not any(r.get("probes") for r in rows):
         return []
-    lines = ["", "| method | R1@0.5 | " + " | ".join(PROBES) + " |", "|---|---|" + "---|" * len(PROBES)]
+    lines = ["", "| method | R1@0.5 | well-formed % | lenient mIoU | " + " | ".join(PROBES) + " |",
+             "|---|---|---|---|" + "---|" * len(PROBES)]
     fmt = lambda col, v: _f(v, sign=True, digits=2) if "offset" in col else _f(v)  # noqa: E731
     if base is not None:
         r1 = mean([r.get("base_R1@0.5") for r in rows])
-        lines.append("| start | " + _f(r1) + " | " + " | ".join(fmt(c, get(base, k)) for c, k in PROBES.items()) + " |")
+        bs = base_shape or {}
+        lines.append("| start | " + _f(r1) + f" | {_f(bs.get('well_formed'))} | "
+                     f"{_f((bs.get('lenient') or {}).get('mIoU'))} | "
+                     + " | ".join(fmt(c, get(base, k)) for c, k in PROBES.items()) + " |")
     for m in methods:
         rs = [r for r in rows if r["method"] == m]
-        lines.append(f"| {m} | {_f(mean([r.get('R1@0.5') for r in rs]))} | " + " | ".join(
-            fmt(c, mean([get(r.get("probes"), k) for r in rs])) for c, k in PROBES.items()) + " |")
+        lines.append(f"| {m} | {_f(mean([r.get('R1@0.5') for r in rs]))} | "
+                     f"{_f(mean([r.get('well_formed') for r in rs]))} | {_f(mean([r.get('lenient_mIoU') for r in rs]))} | "
+                     + " | ".join(fmt(c, mean([get(r.get("probes"), k) for r in rs])) for c, k in PROBES.items()) + " |")
     return lines
 
 

@@ -80,6 +80,8 @@ class TVGRecipe:
         "generator seed of the validation videos = the benchmark's seed + this (disjoint from train and held-out)"))
     timeline_queries: int = field(default=4, metadata=_h(
         "held-out queries (one per video) drawn in tvg/timeline.png: frames, ground truth, spans before/after"))
+    report_outputs: int = field(default=6, metadata=_h(
+        "held-out queries whose raw outputs before / after GRPO the report shows (the first ones, not picked)"))
     eval: dict[str, Any] = field(default_factory=dict, metadata=_h("eval/generate_vlm.py key: value settings"))
     grpo: dict[str, Any] = field(default_factory=dict, metadata=_h(
         "mmgrpo train key: value settings of both profiles (the base's video/prompt settings come after them)"))
@@ -302,21 +304,58 @@ def tvg(runner: Runner, args, recipe: TVGRecipe) -> dict:
     runner.run("tvg_eval_after", ev + [f"model={base}", f"out_dir={out / 'eval_after'}", f"adapter={ckpt / 'adapter'}"])
     before = _read_json(out / "eval_before" / "metrics.json")
     after = _read_json(out / "eval_after" / "metrics.json")
-    keys = ["mIoU", "R1@0.3", "R1@0.5", "R1@0.7", "parse_failure_rate"]
-    res = {"before": {k: before.get(k) for k in keys}, "after": {k: after.get(k) for k in keys},
-           "checkpoint": ckpt.name}
+    res = {"before": tvg_summary(before), "after": tvg_summary(after), "checkpoint": ckpt.name}
     if not runner.dry_run:
-        res["probes"] = grounding_probes(data_dir / "eval.jsonl", out, rep)
+        res["probes"] = grounding_probes(data_dir / "eval.jsonl", out, rep, headline_parse_mode(after))
+        res["samples"] = raw_outputs(out, recipe.report_outputs)
         res["validation"] = validation_curve(train_dir)
         draw_timelines(out, data_dir / "eval.jsonl", recipe.timeline_queries)
     return res
+
+
+TVG_KEYS = ("mIoU", "R1@0.3", "R1@0.5", "R1@0.7", "parse_failure_rate")
+
+
+def tvg_summary(m: dict) -> dict:
+    """One TVG evaluation (``eval/generate_vlm.py``'s metrics.json): the headline protocol's numbers (the recipe's
+    ``score.protocol``; the demo's: ``official`` = Time-R1's evaluation), its name, the other protocol's numbers, and
+    the answers' shape: ``well_formed`` (% of outputs that are exactly the answer the prompt asks for) and
+    ``truncated`` (% cut at the token cap)."""
+    out = {k: m.get(k) for k in TVG_KEYS}
+    out["protocol"] = (m.get("protocol") or {}).get("name")
+    for name, pm in (m.get("protocols") or {}).items():
+        out[name] = {k: pm.get(k) for k in TVG_KEYS}
+    g = m.get("generation") or {}
+    n = m.get("n") or 0
+    out["well_formed"] = g.get("well_formed_rate")
+    out["truncated"] = None if g.get("n_truncated") is None or not n else 100.0 * g["n_truncated"] / n
+    out["mean_output_tokens"] = g.get("mean_output_tokens")
+    return out
+
+
+def headline_parse_mode(m: dict) -> str:
+    """The parse mode of an evaluation's headline protocol (the probes read the outputs the same way)."""
+    return ((m.get("protocol") or {}).get("parse_mode")) or "lenient"
+
+
+def raw_outputs(out: Path, n: int) -> list[dict]:
+    """The first ``n`` held-out queries' raw outputs before and after GRPO, as generated (for the report)."""
+    rows = {}
+    for ph in ("before", "after"):
+        path = out / f"eval_{ph}" / "predictions.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines()[:n]:
+                r = json.loads(line)
+                rows.setdefault(r["id"], {"id": r["id"]})[ph] = r.get("output")
+    return list(rows.values())
 
 
 def validation_curve(train_dir: Path) -> list[dict]:
     """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.vlm.train.validation)."""
     path = train_dir / "validation" / "curve.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate")}} for r in rows]
+    return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate", "well_formed")}}
+            for r in rows]
 
 
 def draw_timelines(out: Path, annotations: Path, n: int) -> None:
@@ -355,25 +394,28 @@ def predicted_samples(anns: dict[str, dict], predictions: Path) -> tuple[list[st
     return [r.get("output") or "" for r in recs], [anns[r["id"]] for r in recs]
 
 
-def probes_of(texts: list[str], samples: list[dict]) -> dict:
-    """The query-swap and event probes (``mmgrpo.vlm.sft.query_swap_probe`` / ``event_probe``) of outputs."""
+def probes_of(texts: list[str], samples: list[dict], parse_mode: str = "lenient") -> dict:
+    """The query-swap and event probes (``mmgrpo.vlm.sft.query_swap_probe`` / ``event_probe``) of outputs, read with
+    ``parse_mode`` (the evaluation's headline protocol: ``time_r1_eval`` for the demo)."""
     from mmgrpo.vlm.sft import event_probe, query_swap_probe
 
-    return {"query_swap": query_swap_probe(texts, samples), "events": event_probe(texts, samples)}
+    return {"query_swap": query_swap_probe(texts, samples, parse_mode),
+            "events": event_probe(texts, samples, parse_mode=parse_mode)}
 
 
-def prediction_probes(anns: dict[str, dict], predictions: Path) -> dict | None:
+def prediction_probes(anns: dict[str, dict], predictions: Path, parse_mode: str = "lenient") -> dict | None:
     """:func:`probes_of` one evaluation's ``predictions.jsonl`` on the annotated queries ``anns``; None if it does
     not exist."""
     got = predicted_samples(anns, predictions)
-    return None if got is None else probes_of(*got)
+    return None if got is None else probes_of(*got, parse_mode=parse_mode)
 
 
-def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
+def grounding_probes(annotations: Path, out: Path, base_report: dict, parse_mode: str = "lenient") -> dict:
     """What the TVG numbers mean (docs/demo_models.md): on exactly the evaluated held-out queries, the mIoU of the
     video-blind duration-relative span ``[a D, b D]`` fitted on the training split when the base was built, and the
     query-swap probe (mIoU against the query's own span vs another query's span on the same video) before and after
-    GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration."""
+    GRPO. ``own ~= other`` means the model ignores the query; a gain up to the video-blind level is span calibration.
+    Outputs are read with ``parse_mode``, the evaluation's headline protocol."""
     from mmgrpo.vlm.sft import score_tvg_outputs
 
     anns = read_annotations(annotations)
@@ -383,7 +425,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
         if got is None:
             continue
         texts, samples = got  # one read per file: the probes and the video-blind span score the same queries
-        p = probes_of(texts, samples)
+        p = probes_of(texts, samples, parse_mode)
         probes.setdefault("query_swap", {})[phase] = p["query_swap"]
         probes.setdefault("events", {})[phase] = p["events"]
         if phase == "before":
@@ -391,7 +433,7 @@ def grounding_probes(annotations: Path, out: Path, base_report: dict) -> dict:
             if frac:
                 a, b = frac
                 blind = [f"<answer>{a * s['duration']:.2f} to {b * s['duration']:.2f}</answer>" for s in samples]
-                m = score_tvg_outputs(blind, samples)
+                m = score_tvg_outputs(blind, samples, parse_mode)
                 probes["video_blind"] = {"span_fraction": [a, b], "n": m["n"], "mIoU": m["mIoU"],
                                          "R1@0.5": m["R1@0.5"]}
     return probes
@@ -508,12 +550,26 @@ def _verdict(delta: float | None, target: float) -> str:
     return "met" if delta >= target else "NOT met"
 
 
+def _protocol_label(name: str | None) -> str:
+    """How the report names an evaluation protocol of ``eval/score.py``."""
+    return {"official": "strict: Time-R1's evaluation", "lenient": "lenient parser"}.get(name or "", name or "")
+
+
+def _code(text: str | None) -> str:
+    """A raw output as a markdown table cell (inline code; pipes escaped)."""
+    return "-" if text is None else "`" + text.replace("|", "\\|").replace("`", "'").replace("\n", "\\n") + "`"
+
+
 def _fmt(v) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, (int, float)) else str(v))
 
 
+WELL_FORMED_TARGET = 95.0  # issue #41: % of held-out answers after GRPO that are exactly what the prompt asks for
+
+
 def grounding_targets(tvg_m: dict, probes: dict) -> list[str]:
-    """Issue #16's targets, checked on this run's held-out numbers (report lines; empty if a number is missing)."""
+    """Issues #16 / #41's targets, checked on this run's held-out numbers in the headline protocol (report lines;
+    empty if a number is missing)."""
     b, a = tvg_m.get("before", {}), tvg_m.get("after", {})
     vb = (probes.get("video_blind") or {}).get("mIoU")
     qs = probes.get("query_swap") or {}
@@ -527,7 +583,13 @@ def grounding_targets(tvg_m: dict, probes: dict) -> list[str]:
             ("mIoU after >= video-blind + 15", a["mIoU"] >= vb + 15, f"{a['mIoU']:.1f} vs {vb + 15:.1f}"),
             ("own - other query after >= 10, and above before", gap_a >= 10 and gap_a > gap_b,
              f"{gap_a:.1f} (before {gap_b:.1f})")]
-    return (["## Temporal-grounding targets (issue #16, this run)", "", "| target | value | |", "|---|---|---|"]
+    if a.get("well_formed") is not None:
+        rows.append((f"well-formed answers after >= {WELL_FORMED_TARGET:.0f} %", a["well_formed"] >= WELL_FORMED_TARGET,
+                     f"{a['well_formed']:.1f} %"))
+    proto = _protocol_label(a.get("protocol"))
+    return ([f"## Temporal-grounding targets (issues #16, #41, this run{'; ' + proto if proto else ''})", "",
+             "| target | value | |",
+             "|---|---|---|"]
             + [f"| {name} | {val} | {'met' if ok else 'NOT met'} |" for name, ok, val in rows] + [""])
 
 
@@ -539,9 +601,13 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         a = (m or {}).get("mini_geneval", {}).get("accuracy")  # eval/generate_t2i.py reports a fraction
         return None if a is None else 100.0 * a
 
+    def tvg_m(r: dict) -> dict:  # the issue's keys (headline protocol), then the protocol, lenient and the shape
+        return {"mIoU": r.get("mIoU"), "R1@0.5": r.get("R1@0.5"), "protocol": r.get("protocol"),
+                "lenient": {k: (r.get("lenient") or {}).get(k) for k in ("mIoU", "R1@0.5")},
+                "well_formed": r.get("well_formed"), "truncated": r.get("truncated")}
+
     metrics = {
-        "tvg": {ph: {"mIoU": tvg_r.get(ph, {}).get("mIoU"), "R1@0.5": tvg_r.get(ph, {}).get("R1@0.5")}
-                for ph in ("before", "after")},
+        "tvg": {ph: tvg_m(tvg_r.get(ph, {})) for ph in ("before", "after")},
         "t2i": {ph: {"accuracy": acc(t2i_r.get(ph)),
                      "partial_score": None if t2i_r.get("partial", {}).get(ph) is None
                      else 100.0 * t2i_r["partial"][ph]} for ph in ("before", "after")},
@@ -560,18 +626,36 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
         return None if a is None or b is None else a - b
 
     d_tvg, d_t2i = delta("tvg", "mIoU"), delta("t2i", "accuracy")
+    d_r1 = delta("tvg", "R1@0.5")
+    tb, ta = metrics["tvg"]["before"], metrics["tvg"]["after"]
+    proto = _protocol_label(ta.get("protocol"))
+    lab = f" ({proto})" if proto else ""
+    wf_a = ta.get("well_formed")
     lines = ["# mmgrpo CPU demo", "",
              f"Total wall-clock: {seconds / 60:.1f} min{' (smoke profile: wiring check, not a result)' if smoke else ''}.",
              "", "| task | metric (held-out, %) | before | after | delta | target |", "|---|---|---|---|---|---|",
-             f"| temporal grounding | mIoU | {_fmt(metrics['tvg']['before']['mIoU'])} | "
-             f"{_fmt(metrics['tvg']['after']['mIoU'])} | {_fmt(d_tvg)} | +8 ({_verdict(d_tvg, 8)}) |",
-             f"| temporal grounding | R1@0.5 | {_fmt(metrics['tvg']['before']['R1@0.5'])} | "
-             f"{_fmt(metrics['tvg']['after']['R1@0.5'])} | {_fmt(delta('tvg', 'R1@0.5'))} | |",
-             f"| mini-GenEval | accuracy | {_fmt(metrics['t2i']['before']['accuracy'])} | "
+             f"| temporal grounding | mIoU{lab} | {_fmt(tb['mIoU'])} | {_fmt(ta['mIoU'])} | {_fmt(d_tvg)} | "
+             f"+8 ({_verdict(d_tvg, 8)}) |",
+             f"| temporal grounding | R1@0.5{lab} | {_fmt(tb['R1@0.5'])} | {_fmt(ta['R1@0.5'])} | {_fmt(d_r1)} | "
+             f"+8 ({_verdict(d_r1, 8)}) |",
+             f"| temporal grounding | well-formed answers | {_fmt(tb.get('well_formed'))} | {_fmt(wf_a)} | | "
+             f">= {WELL_FORMED_TARGET:.0f} ({'not run' if wf_a is None else _verdict(wf_a, WELL_FORMED_TARGET)}) |"]
+    if ta.get("protocol") and ta.get("protocol") != "lenient":  # the tolerant parser, second, for the record
+        lb, la = tb.get("lenient") or {}, ta.get("lenient") or {}
+        for k in ("mIoU", "R1@0.5"):
+            d = None if lb.get(k) is None or la.get(k) is None else la[k] - lb[k]
+            lines.append(f"| temporal grounding | {k} (lenient parser, not the headline) | {_fmt(lb.get(k))} | "
+                         f"{_fmt(la.get(k))} | {_fmt(d)} | |")
+    lines += [f"| mini-GenEval | accuracy | {_fmt(metrics['t2i']['before']['accuracy'])} | "
              f"{_fmt(metrics['t2i']['after']['accuracy'])} | {_fmt(d_t2i)} | +15 ({_verdict(d_t2i, 15)}) |",
              f"| mini-GenEval | partial score | {_fmt(metrics['t2i']['before']['partial_score'])} | "
              f"{_fmt(metrics['t2i']['after']['partial_score'])} | {_fmt(delta('t2i', 'partial_score'))} | |",
              "", "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()), ""]
+    if ta.get("protocol"):
+        lines += [f"Temporal grounding is scored with the {proto} (`eval/score.py --protocol`); the lenient rows read "
+                  "a span out of any text and are shown only to make a change of answer format visible. "
+                  "*Well-formed*: the whole output is exactly `<answer>A to B</answer>`, what the prompt asks for "
+                  "(`mmgrpo.vlm.rewards.format.well_formed`).", ""]
     for task, r in results.items():
         if r.get("skipped"):
             lines += [f"**{task} was not run:** {r['skipped']}", ""]
@@ -589,19 +673,26 @@ def write_report(out: Path, results: dict, times: dict, seconds: float, smoke: b
                   "Greedy decoding of a fixed validation set (a separate draw of the generator, never the held-out "
                   "split), scored with the training reward's parser; " +
                   (f"the held-out evaluation used checkpoint `{tvg_r['checkpoint']}`." if tvg_r.get("checkpoint")
-                   else ""), "", "| step | val mIoU | val R1@0.5 | parsed % |", "|---|---|---|---|"]
-        lines += [f"| {r['step']} | {_fmt(r.get('mIoU'))} | {_fmt(r.get('R1@0.5'))} | {_fmt(r.get('parse_rate'))} |"
-                  for r in curve] + [""]
+                   else ""), "", "| step | val mIoU | val R1@0.5 | parsed % | well-formed % |", "|---|---|---|---|---|"]
+        lines += [f"| {r['step']} | {_fmt(r.get('mIoU'))} | {_fmt(r.get('R1@0.5'))} | {_fmt(r.get('parse_rate'))} | "
+                  f"{_fmt(r.get('well_formed'))} |" for r in curve] + [""]
         if (out / "tvg" / "grpo" / "validation" / "curve.png").exists():
             lines += ["![TVG validation curve](tvg/grpo/validation/curve.png)", ""]
     if (out / "tvg" / "timeline.png").exists():
         lines += ["## Temporal grounding on held-out videos", "",
                   "Frames as the model sees them (with their times), the ground-truth span (green) and the spans "
                   "predicted before (blue) and after (orange) GRPO.", "", "![TVG timelines](tvg/timeline.png)", ""]
-    preds = out / "tvg" / "eval_after" / "predictions.jsonl"
-    if preds.exists():
-        lines += ["## Temporal grounding predictions after GRPO (first 5)", "", "```"]
-        lines += preds.read_text().splitlines()[:5] + ["```", ""]
+    samples = tvg_r.get("samples") or []
+    if samples or ta.get("well_formed") is not None:
+        lines += ["## Temporal-grounding answers (held-out)", "",
+                  f"Well-formed answers: {_fmt(tb.get('well_formed'))} % before, {_fmt(ta.get('well_formed'))} % "
+                  f"after GRPO; cut at the token cap: {_fmt(tb.get('truncated'))} % before, "
+                  f"{_fmt(ta.get('truncated'))} % after. Raw outputs of the first held-out queries (not picked; "
+                  "`tvg/eval_*/predictions.jsonl` has them all):", ""]
+        if samples:
+            lines += ["| query | before GRPO | after GRPO |", "|---|---|---|"]
+            lines += [f"| {r['id']} | {_code(r.get('before'))} | {_code(r.get('after'))} |" for r in samples]
+        lines += [""]
     probes = tvg_r.get("probes") or {}
     if probes:
         lines += ["## What the temporal-grounding numbers mean", ""]

@@ -191,7 +191,7 @@ def main(argv=None) -> int:
                  f"sample.height={info['size']}", f"sample.width={info['size']}",
                  f"sample.num_steps={info['sample_steps']}", "sample.cfg=false", "sample.guidance_scale=1.0",
                  f"data.train_path={train}", "reward.weights={motion_verifier: 1.0}",
-                 f"reward.kwargs={{motion_verifier: {{mode: {args.reward_mode}}}}}", "run.cpu=true",
+                 f"reward.kwargs={{motion_verifier: {{mode: {args.reward_mode}}}}}", "run.device=cpu",
                  f"run.num_epochs={args.epochs}", f"data.groups_per_epoch={args.groups}",
                  f"data.group_size={args.group_size}", f"optim.lr={args.lr}", f"run.output_dir={grpo_dir}",
                  f"run.seed={args.seed}", "run.image_grid_every=0", "run.save_every=0", "ema.enabled=false",

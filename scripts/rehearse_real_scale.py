@@ -2,6 +2,13 @@
 """Real-width, truncated-depth rehearsal of one GRPO step (issue 17 item 2), on CPU, in bf16.
 
     python scripts/rehearse_real_scale.py --model qwen2.5-vl-7b --layers 2 --json runs/rs/q7b_2.json
+    python scripts/rehearse_real_scale.py --model qwen2.5-vl-7b --layers 1 --build-only runs/rs/qwen2.5-vl-7b_1
+
+``--build-only DIR`` writes only the model folder (step 1 below) into DIR and prints it: a real-width, depth-cut
+checkpoint for rehearsing a whole run on CPU (``model.path=DIR`` / ``model.pipeline_dir=DIR``; docs/experiments.md,
+"CPU rehearsal"). ``mmgrpo plan`` / ``flow_grpo plan`` and the trainers' memory check read its widths and depth.
+A ``NAME/K`` model (every width divided by K) is a CI-sized code path, not a released model: the planner has no
+measured figures for it and says "widths match none of the released models".
 
 For each released model in :data:`mmgrpo.utils.memory_plan.MODELS` (config figures copied from the public
 config.json files, see that module): every width, head count, KV-head count, MLP size, vocabulary, MRoPE section,
@@ -198,7 +205,7 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "sample.guidance_scale": 4.5 if kind == "sd3" else 3.5, "data.group_size": G, "data.groups_per_epoch": 1,
           "data.prompts": "[a photo of a cat on a red sofa]", "optim.lr": 1e-5, "optim.kl_coef": 0.0,
           "run.num_epochs": 1, "run.output_dir": str(run_dir), "run.save_every": 0, "run.image_grid_every": 0,
-          "run.tensorboard": "false", "run.reward_curves": "false", "run.progress_bar": "false", "run.cpu": "true",
+          "run.tensorboard": "false", "run.reward_curves": "false", "run.progress_bar": "false", "run.device": "cpu",
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     cfg = load_train_config(None, [f"{k}={v}" for k, v in ov.items()])
     tr = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": _image_reward})
@@ -233,7 +240,7 @@ def _stage(a) -> dict:
     from mmgrpo.utils.memory_plan import get_spec
 
     spec = get_spec(a.model)
-    folder = Path(a.work) / "model"
+    folder = Path(a.build_only) if a.build_only else Path(a.work) / "model"
     if a.stage == "build":
         t0 = time.perf_counter()
         fn = build_vlm if spec["type"] == "vlm" else build_flow
@@ -320,7 +327,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help=f"released model whose widths are used: {', '.join(sorted(MODELS))}"
                    "; NAME/K divides every width by K (a CI-sized variant of the same code path)")
     p.add_argument("--layers", type=int, default=1, help="depth after truncation (every stack of the model)")
-    p.add_argument("--json", required=True, help="output JSON file")
+    p.add_argument("--json", default="", help="output JSON file (required unless --build-only)")
+    p.add_argument("--build-only", default="", metavar="DIR",
+                   help="only write the real-width, depth-cut model folder into DIR (no step, no JSON)")
     p.add_argument("--full-finetune", action="store_true", help="full fine-tuning instead of LoRA")
     p.add_argument("--work", default="", help="scratch folder (default: <json>.work); deleted unless --keep")
     p.add_argument("--keep", action="store_true", help="keep the saved checkpoint and run folder")
@@ -339,6 +348,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.layers < 1:
         p.error("--layers must be >= 1")
+    if not a.json and not a.build_only:
+        p.error("give --json OUT.json (build + one step) or --build-only DIR (the model folder only)")
+    if a.build_only and not a.stage:
+        return _build_only(a)
     work = Path(a.work or a.json + ".work")
     a.work = str(work)
     try:
@@ -383,6 +396,36 @@ def main(argv=None) -> int:
     Path(a.json).write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("step", "build", "full_depth")}))
     return 0 if res["step_ok"] else 1
+
+
+def _build_only(a) -> int:
+    """The build stage alone (a fresh subprocess, as in a rehearsal), into ``a.build_only``."""
+    from mmgrpo.utils.memory_plan import get_spec
+
+    try:
+        spec = get_spec(a.model)
+    except (KeyError, ValueError) as e:
+        print(f"--model {a.model}: {e}", file=sys.stderr)
+        return 2
+    out = Path(a.build_only)
+    if out.exists() and any(out.iterdir()):
+        print(f"--build-only {out}: the folder exists and is not empty", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    info = out / ".build.json"
+    cmd = [sys.executable, __file__, "--model", a.model, "--layers", str(a.layers), "--build-only", str(out),
+           "--max-shard-size", a.max_shard_size, "--stage", "build", "--json", str(info)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"build failed (exit {proc.returncode}): {proc.stderr[-3000:]}", file=sys.stderr)
+        return 1
+    res = json.loads(info.read_text())
+    info.unlink()
+    key = "model.path" if spec["type"] == "vlm" else "model.pipeline_dir"
+    print(json.dumps({"folder": str(out), "model": a.model, "layers": a.layers, **res}))
+    print(f"{a.model} at real width, {a.layers} layer(s), random bf16 weights: use {key}={out} "
+          f"({'mmgrpo' if spec['type'] == 'vlm' else 'flow_grpo'} plan {key}={out} plans it)", file=sys.stderr)
+    return 0
 
 
 def _predictions(a, st: dict) -> dict:

@@ -24,7 +24,7 @@ $PY data/synthetic_t2i.py --all --split heldout --out "$OUT/prompts/heldout.json
 COMMON=(sample.num_steps=10 sample.height=32 sample.width=32 sample.cfg=false sample.guidance_scale=1.0
         model.max_sequence_length=1)
 if [ -z "${LORA:-}" ]; then
-  $PY -m flow_grpo.cli train "model.pipeline_dir=$BASE" run.cpu=true \
+  $PY -m flow_grpo.cli train "model.pipeline_dir=$BASE" run.device=cpu \
     "data.train_path=$OUT/prompts/train.jsonl" "data.eval_path=$OUT/prompts/heldout.jsonl" \
     "reward.weights={mini_geneval: 1.0}" "reward.kwargs={mini_geneval: {mode: partial}}" method=fast \
     optim.adv_scale=group optim.adv_std_ddof=1 ema.enabled=false run.image_grid_every=0 run.save_every=0 \

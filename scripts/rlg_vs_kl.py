@@ -71,7 +71,7 @@ def train(out: Path, seed: int, kl: str, epochs: int, train_p: Path, eval_p: Pat
     d = out / f"train_kl{kl}_s{seed}"
     lora = d / "lora_final"
     if not (lora / "pytorch_lora_weights.safetensors").exists():
-        run([PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={BASE}", "run.cpu=true",
+        run([PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={BASE}", "run.device=cpu",
              f"data.train_path={train_p}", f"data.eval_path={eval_p}", "reward.weights={mini_geneval: 1.0}",
              "reward.kwargs={mini_geneval: {mode: partial}}", "method=fast", "optim.adv_scale=group",
              "optim.adv_std_ddof=1", "ema.enabled=false", "run.image_grid_every=0", "run.save_every=0",

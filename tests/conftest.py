@@ -1,4 +1,5 @@
 """Test-wide settings: hermetic (no hub), deterministic, CPU."""
+import contextlib
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -112,3 +113,144 @@ class RoundTrip:
 def roundtrip():
     """:class:`RoundTrip`: bitwise weights, tolerant outputs, for comparisons across save/load."""
     return RoundTrip
+
+
+class _WouldRun:
+    """A pickled object that creates ``target`` when unpickled with a full unpickler (``__reduce__`` -> os.system)."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(self.target)}",)
+
+
+@pytest.fixture
+def craft_sharded_state():
+    """``craft(step_dir, model, optimizer, target, extra=None)``: write ``step_dir/state`` with
+    ``torch.distributed.checkpoint`` holding every tensor a resume asks for (``sharded_model_optim(model,
+    optimizer)``, plus ``extra``: e.g. the flow trainer's EMA shadows), so that DCP gets to read it, except that the first model
+    entry is a pickled object that would create ``target``, and rewrite the manifest to match (whoever writes a
+    folder writes its manifest). Returns the name of the crafted entry."""
+
+    def craft(step_dir, model, optimizer, target, extra=None):
+        import hashlib
+        import json
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        from mmgrpo.engine.checkpoint import sharded_model_optim
+
+        tensors, _ = sharded_model_optim(model, optimizer)
+        first = next(iter(tensors["model"]))
+        tensors["model"][first] = _WouldRun(target)
+        if extra:
+            tensors["extra"] = dict(extra)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no process group": a single-process save
+            dcp.save(tensors, checkpoint_id=str(step_dir / "state"))
+        man = json.loads((step_dir / "manifest.json").read_text())
+        for f in (step_dir / "state").iterdir():
+            man["files"][f"state/{f.name}"] = {"size": f.stat().st_size,
+                                               "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+        (step_dir / "manifest.json").write_text(json.dumps(man))
+        return f"model.{first}"
+
+    return craft
+
+
+# ------------------------------------------------------------------------------ a raw HTTP peer on 127.0.0.1
+def _read_http_request(conn) -> tuple[bytes, bytes]:
+    """Headers and body of one HTTP request (Content-Length framing only, as the client sends)."""
+    conn.settimeout(5.0)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return buf, b""
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v.strip())
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
+@contextlib.contextmanager
+def _fake_http_server(reply, drip: float = 0.0, drip_from: int = 0):
+    """Serve ``reply`` (bytes, or a function ``(head, body) -> bytes``) to every connection; with ``drip > 0``
+    bytes from offset ``drip_from`` on are sent one at a time, ``drip`` seconds apart. Yields (url, seen heads)."""
+    import socket
+    import threading
+    import time
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    lsock.settimeout(0.1)
+    stop = threading.Event()
+    heads: list[bytes] = []
+
+    def handle(conn):
+        with conn:
+            try:
+                head, body = _read_http_request(conn)
+                heads.append(head)
+                data = reply(head, body) if callable(reply) else reply
+                conn.sendall(data[:drip_from] if drip else data)
+                for i in range(drip_from, len(data)) if drip else ():
+                    if stop.is_set():
+                        return
+                    conn.sendall(data[i:i + 1])
+                    time.sleep(drip)
+            except OSError:  # the client hung up: fine
+                pass
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{lsock.getsockname()[1]}/score", heads
+    finally:
+        stop.set()
+        t.join(2)
+        lsock.close()
+
+
+def _http_reply(payload, status="200 OK", extra_headers=b"") -> bytes:
+    import json
+
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n").encode() + extra_headers + b"\r\n" + body
+
+
+class FakeHTTP:
+    """A server that sends exactly the bytes a test chooses (``serve``: a context manager yielding ``(url,
+    request heads seen)``; ``reply``: an HTTP/1.1 response with a JSON body)."""
+
+    serve = staticmethod(_fake_http_server)
+    reply = staticmethod(_http_reply)
+
+
+@pytest.fixture
+def fake_http():
+    """:class:`FakeHTTP`: a raw-socket HTTP peer for client tests (hostile or broken servers)."""
+    return FakeHTTP

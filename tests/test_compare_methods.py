@@ -242,15 +242,24 @@ def test_probe_table_by_hand(tmp_path):
     assert swapped["events"]["hit"] == 0.0 and swapped["query_swap"]["other_mIoU"] == 100.0
     assert demo.prediction_probes(anns, tmp_path / "missing.jsonl") is None
 
-    rows = [{"method": "grpo", "seed": 0, "R1@0.5": 10.0, "base_R1@0.5": 5.0, "probes": late},
-            {"method": "grpo", "seed": 1, "R1@0.5": 20.0, "base_R1@0.5": 5.0, "probes": swapped},
+    # the collapse of issue #41: Time-R1's evaluation reads the last "A to B" ("00 to 3.00"), the lenient parser the
+    # first; the probes follow the parse mode they are given
+    garbage = probes("<answer>1.00 to 3.00.00.00 to 3.00", "<answer>5.00 to 7.00</answer>")
+    strict = demo.probes_of(*demo.predicted_samples(anns, tmp_path / "predictions.jsonl"), parse_mode="time_r1_eval")
+    assert garbage["query_swap"]["own_mIoU"] == pytest.approx(100 / 3)  # lenient: (1/3 + 1/3) / 2
+    assert strict["query_swap"]["own_mIoU"] == pytest.approx(100 * (2 / 3 + 1 / 3) / 2)  # [0, 3] vs [0, 2]: 2/3
+
+    rows = [{"method": "grpo", "seed": 0, "R1@0.5": 10.0, "base_R1@0.5": 5.0, "probes": late, "well_formed": 100.0,
+             "lenient_mIoU": 20.0},
+            {"method": "grpo", "seed": 1, "R1@0.5": 20.0, "base_R1@0.5": 5.0, "probes": swapped, "well_formed": 50.0,
+             "lenient_mIoU": 30.0},
             {"method": "x", "seed": 0, "R1@0.5": 30.0, "base_R1@0.5": 5.0, "probes": None}]
-    lines = cm.probe_table(rows, ["grpo", "x"], base=late)
+    lines = cm.probe_table(rows, ["grpo", "x"], base=late, base_shape={"well_formed": 100.0, "lenient": {"mIoU": 5.0}})
     # a0 asks about the earliest event [0, 2], a1 about the later [4, 6]: late hits both; swapped puts a1 on [0, 2]
-    assert lines[3] == "| start | 5.0 | 33.3 | 0.0 | 100.0 | +1.00 | +1.00 | 100.0 | 100.0 | 0.0 |"
+    assert lines[3] == "| start | 5.0 | 100.0 | 5.0 | 33.3 | 0.0 | 100.0 | +1.00 | +1.00 | 100.0 | 100.0 | 0.0 |"
     # own (33.3 + 0) / 2, other (0 + 100) / 2, hit (100 + 0) / 2; offsets only from the seed with hits
-    assert lines[4] == "| grpo | 15.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 | 50.0 | 50.0 | 50.0 |"
-    assert lines[5] == "| x | 30.0 | - | - | - | - | - | - | - | - |"
+    assert lines[4] == "| grpo | 15.0 | 75.0 | 25.0 | 16.7 | 50.0 | 50.0 | +1.00 | +1.00 | 50.0 | 50.0 | 50.0 |"
+    assert lines[5] == "| x | 30.0 | - | - | - | - | - | - | - | - | - | - |"
     assert cm.probe_table([{"method": "x", "probes": None}], ["x"], base=None) == []
 
 

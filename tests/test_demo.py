@@ -62,6 +62,47 @@ def test_report_schema(tmp_path):
     assert "+8 (NOT met)" in (tmp_path / "report.md").read_text()
 
 
+def test_report_headline_is_strict_with_lenient_second(tmp_path):
+    """Issue #41: the strict protocol is the headline, the lenient parser second; the well-formed share before /
+    after, its target, and raw outputs (pipes escaped) are in the report."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    def ev(miou, r1, l_miou, l_r1, wf, trunc):
+        return {"mIoU": miou, "R1@0.5": r1, "protocol": "official", "well_formed": wf, "truncated": trunc,
+                "lenient": {"mIoU": l_miou, "R1@0.5": l_r1}, "official": {"mIoU": miou, "R1@0.5": r1}}
+
+    tvg = {"before": ev(24.4, 16.0, 24.4, 19.1, 100.0, 0.0), "after": ev(25.8, 21.3, 32.5, 40.0, 0.0, 47.2),
+           "samples": [{"id": "q0", "before": "<answer>2.00 to 4.00</answer>", "after": "<answer>2.00 to 4.00.00|"}]}
+    demo.write_report(tmp_path, {"tvg": tvg}, {}, 60.0, smoke=False)
+    rep = (tmp_path / "report.md").read_text()
+    assert "| temporal grounding | mIoU (strict: Time-R1's evaluation) | 24.4 | 25.8 | 1.4 | +8 (NOT met) |" in rep
+    assert "| temporal grounding | R1@0.5 (strict: Time-R1's evaluation) | 16.0 | 21.3 | 5.3 | +8 (NOT met) |" in rep
+    assert "| temporal grounding | well-formed answers | 100.0 | 0.0 | | >= 95 (NOT met) |" in rep
+    assert "| temporal grounding | mIoU (lenient parser, not the headline) | 24.4 | 32.5 | 8.1 | |" in rep
+    assert "cut at the token cap: 0.0 % before, 47.2 % after" in rep
+    assert "| q0 | `<answer>2.00 to 4.00</answer>` | `<answer>2.00 to 4.00.00\\|` |" in rep
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["tvg"]["after"] == {"mIoU": 25.8, "R1@0.5": 21.3, "protocol": "official", "well_formed": 0.0,
+                                 "truncated": 47.2, "lenient": {"mIoU": 32.5, "R1@0.5": 40.0}}
+    tvg["after"].update({"mIoU": 40.0, "well_formed": 97.5})
+    demo.write_report(tmp_path, {"tvg": tvg}, {}, 60.0, smoke=False)
+    rep = (tmp_path / "report.md").read_text()
+    assert "| 24.4 | 40.0 | 15.6 | +8 (met) |" in rep and "| 100.0 | 97.5 | | >= 95 (met) |" in rep
+
+
+def test_tvg_summary_reads_both_protocols_and_the_shape():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo  # noqa: E402
+
+    m = {"n": 4, "mIoU": 3.2, "R1@0.5": 0.7, "protocol": {"name": "official", "parse_mode": "time_r1_eval"},
+         "protocols": {"official": {"mIoU": 3.2, "R1@0.5": 0.7}, "lenient": {"mIoU": 35.1, "R1@0.5": 40.2}},
+         "generation": {"well_formed_rate": 25.0, "n_truncated": 3, "mean_output_tokens": 24.0}}
+    s = demo.tvg_summary(m)
+    assert s["protocol"] == "official" and s["lenient"]["mIoU"] == 35.1 and s["official"]["R1@0.5"] == 0.7
+    assert s["well_formed"] == 25.0 and s["truncated"] == 75.0 and demo.headline_parse_mode(m) == "time_r1_eval"
+
+
 def test_grounding_probes_by_hand(tmp_path):
     """Video-blind baseline and query swap on hand-computed spans (docs/demo_models.md explains why they matter)."""
     sys.path.insert(0, str(REPO / "scripts"))
@@ -98,7 +139,12 @@ def test_smoke_demo_runs_end_to_end(tmp_path):
         assert isinstance(m["tvg"][ph]["mIoU"], float) and 0.0 <= m["tvg"][ph]["mIoU"] <= 100.0
         assert isinstance(m["t2i"][ph]["accuracy"], float) and 0.0 <= m["t2i"][ph]["accuracy"] <= 100.0
     assert (out / "tvg" / "eval_after" / "predictions.jsonl").exists()
-    assert "| temporal grounding | mIoU |" in (out / "report.md").read_text()
+    rep = (out / "report.md").read_text()
+    # the headline is Time-R1's evaluation, the lenient parser second, with the answers' shape (issue #41)
+    assert "| temporal grounding | mIoU (strict: Time-R1's evaluation) |" in rep
+    assert "| temporal grounding | mIoU (lenient parser, not the headline) |" in rep
+    assert "| temporal grounding | well-formed answers |" in rep and "## Temporal-grounding answers (held-out)" in rep
+    assert m["tvg"]["after"]["protocol"] == "official" and isinstance(m["tvg"]["after"]["well_formed"], float)
 
 
 def test_t2i_count_probe_by_hand(tmp_path):

@@ -148,6 +148,75 @@ def test_export_vlm_rejects_tensors_the_base_does_not_have(tmp_path):
         export_vlm.export(str(tmp_path), str(smoke.TINY_VLM), str(tmp_path / "final"))
 
 
+def _bf16_base(tmp_path):
+    """The tiny VLM saved in bf16 (the released checkpoints' dtype)."""
+    import torch
+
+    from mmgrpo.vlm.models.adapters import detect_family, get_adapter
+
+    m = get_adapter(detect_family(str(smoke.TINY_VLM))).model_class().from_pretrained(str(smoke.TINY_VLM),
+                                                                                        dtype=torch.bfloat16)
+    base = tmp_path / "base_bf16"
+    m.save_pretrained(base)
+    for f in smoke.TINY_VLM.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and not (base / f.name).exists():
+            (base / f.name).write_bytes(f.read_bytes())
+    return base
+
+
+def test_export_vlm_says_when_it_casts_fp32_trained_tensors_and_keeps_them_on_request(tmp_path, capsys):
+    """A run trained in fp32 on a bf16 base: the export casts the trained tensors to bf16 (said, with the largest
+    change), or keeps them exactly with --keep-fp32 (issue 32 item 5)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    import export_vlm
+
+    base = _bf16_base(tmp_path)
+    ref = load_file(str(base / "model.safetensors"))
+    key = next(k for k in ref if k.endswith("layers.0.self_attn.q_proj.weight"))
+    name = "model.language_model.layers.0.self_attn.q_proj.weight"
+    trained = {name: torch.full(ref[key].shape, 1.0 + 2 ** -12, dtype=torch.float32)}  # not a bf16 number
+    ck = tmp_path / "run" / "checkpoints" / "step-00000003"
+    ck.mkdir(parents=True)
+    torch.save(trained, ck / "policy.pt")
+    assert export_vlm.main([str(tmp_path / "run"), str(base), str(tmp_path / "final")]) == 0
+    err = capsys.readouterr().err
+    assert "1 of the 1 trained tensors cast float32 -> bfloat16" in err and "--keep-fp32" in err
+    info = json.loads((tmp_path / "final" / "export.json").read_text())
+    assert info["kind"] == "full" and info["dtype"] == "bfloat16" and info["step"] == 3
+    assert info["casts"]["float32 -> bfloat16"]["max_abs_change"] == pytest.approx(2 ** -12)
+    assert export_vlm.main([str(tmp_path / "run"), str(base), str(tmp_path / "final32"), "--keep-fp32"]) == 0
+    got = load_file(str(tmp_path / "final32" / "model.safetensors"))
+    assert torch.equal(got[key], trained[name])  # exactly the trained values
+    other = next(k for k in ref if k != key and ref[k].is_floating_point())
+    assert got[other].dtype == torch.float32 and torch.equal(got[other], ref[other].float())
+    assert "cast" not in capsys.readouterr().err
+
+
+def test_export_vlm_exports_a_lora_checkpoint_as_an_adapter_folder_the_eval_loads(tmp_path):
+    """model.lora.enabled=true runs export like full ones (issue 32 item 10): OUT_DIR is the peft adapter with
+    adapter_config.json pointing at the base, which eval/generate_vlm.py takes as model=OUT_DIR."""
+    import json
+
+    import export_vlm
+    from eval.generate_vlm import resolve_model
+
+    ad = tmp_path / "run" / "checkpoints" / "step-00000002" / "adapter"
+    ad.mkdir(parents=True)
+    (ad / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "elsewhere", "r": 4}))
+    (ad / "adapter_model.safetensors").write_bytes(b"weights")
+    out = export_vlm.export(str(tmp_path / "run"), str(smoke.TINY_VLM), str(tmp_path / "final"))
+    cfg = json.loads((out / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == str(smoke.TINY_VLM.resolve()) and cfg["r"] == 4
+    assert (out / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert json.loads((out / "export.json").read_text())["kind"] == "lora"
+    base, adapter = resolve_model(str(out))
+    assert Path(base) == smoke.TINY_VLM.resolve() and Path(adapter) == out
+
+
 WAN_RECIPES = ["dance_grpo_wan_t2v", "flow_grpo_wan_t2v"]
 
 
@@ -191,7 +260,8 @@ def test_wan_real_run_prints_fsdp_launch_and_a_video_eval(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [ln.split("$ ", 1)[1] for ln in r.stderr.splitlines() if ln.startswith("[dance_grpo_wan_t2v] $ ")]
     assert lines[0].startswith("accelerate launch --config_file scripts/accelerate_configs/fsdp.yaml --num_processes 32")
-    assert "num_frames=53" in lines[-1] and "rewards=\\[video_per_frame\\]" in lines[-1]
+    ev = next(ln for ln in lines if "eval/generate_t2i.py" in ln)  # then the base eval and the comparison
+    assert "num_frames=53" in ev and "rewards=\\[video_per_frame\\]" in ev
 
 
 # ------------------------------------------------------------------------------------------------ smoke (slow)
@@ -206,10 +276,14 @@ def test_smoke_mode_trains_and_evaluates(name, tmp_path):
     saved = (out / "config.yaml").read_text()
     if name.startswith("flow"):
         assert "method: flow" in saved and "kl_coef: 0.04" in saved and (out / "lora_final").is_dir()
-        assert (out / "eval_geneval" / "metrics.json").is_file()
+        ev = out / "eval_geneval"
     else:
         assert "parse_mode: vlm_r1" in saved and (out / "final" / "config.json").is_file()
-        assert (out / "eval_refcoco" / "metrics.json").is_file()
+        ev = out / "eval_refcoco"
+    # the trained weights, the base, and the comparison (issue 32 item 12: the base evaluation used to be manual)
+    assert (ev / "metrics.json").is_file() and (ev.parent / f"{ev.name}_base" / "metrics.json").is_file()
+    cmp = (ev.parent / f"{ev.name}_compare.md").read_text()
+    assert "| metric | base | trained | Δ trained |" in cmp
 
 
 def test_each_vlm_paired_eval_renders_the_release_prompt_and_scores_with_its_rules():
@@ -229,3 +303,47 @@ def test_each_vlm_paired_eval_renders_the_release_prompt_and_scores_with_its_rul
             assert f"data.prompt_template={want} " in ev or f"data.prompt_template={want}\n" in ev, script.name
         if cfg.reward.parse_mode == "tempsamp_r1":
             assert "score.official_mode=tempsamp_r1" in ev, script.name
+
+
+def test_smoke_lora_vlm_run_exports_and_evaluates_like_a_full_one(tmp_path):
+    """model.lora.enabled=true used to stop the script at export_vlm (issue 32 item 10): now OUT_DIR/final is the
+    adapter (on the base) and the same evaluate line scores it. Time-R1 (TVG): the tiny model's spans give a reward
+    signal, so the run is held to the no-signal guard too."""
+    out = tmp_path / "time_r1_lora"
+    r = _bash(EXP / "time_r1_charades.sh", _env(SMOKE="1", OUT_DIR=str(out), SMOKE_DATA=str(tmp_path / "data")),
+              "model.lora.enabled=true", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "allow_no_reward_signal" not in r.stderr
+    assert (out / "final" / "adapter_config.json").is_file() and (out / "eval_charades" / "metrics.json").is_file()
+
+
+
+def test_a_typo_in_a_training_override_names_the_key_before_anything_runs(tmp_path):
+    """It used to end in a smoke.py traceback followed by 'the recipe names rewards this checkout lacks'
+    (issue 32 item 8)."""
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1",
+               DRY_RUN="1")
+    r = _bash(EXP / "time_r1_charades.sh", env, "rollout.group_szie=4")
+    assert r.returncode == 2, r.stderr
+    assert "unknown config key 'rollout.group_szie'" in r.stderr and "rollout.group_size" in r.stderr
+    assert "a training override is wrong" in r.stderr and "Traceback" not in r.stderr
+    assert "accelerate launch" not in r.stderr and "rewards this checkout" not in r.stderr
+
+
+def test_dry_run_validates_the_evaluation_overrides(tmp_path):
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1",
+               DRY_RUN="1")
+    r = _bash(EXP / "time_r1_charades.sh", env, "--", "decoding.max_new_token=64")
+    assert r.returncode == 2, r.stderr
+    assert "unknown config key 'decoding.max_new_token'" in r.stderr and "decoding.max_new_tokens" in r.stderr
+    assert "an evaluation override (after --) is wrong" in r.stderr
+    ok = _bash(EXP / "time_r1_charades.sh", env, "--", "decoding.max_new_tokens=64")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_dry_run_of_a_pickscore_recipe_notes_the_missing_folders_and_a_real_run_stops(tmp_path):
+    env = _env(MODEL_DIR=str(tmp_path), DATA_DIR=str(tmp_path), OUT_DIR=str(tmp_path / "run"), NUM_GPUS="1")
+    r = _bash(EXP / "flow_grpo_sd35_pickscore.sh", {**env, "DRY_RUN": "1"})
+    assert r.returncode == 0 and "reward.kwargs.pickscore.model_path is required" in r.stderr
+    r = _bash(EXP / "flow_grpo_sd35_pickscore.sh", {**env, "ACCELERATE": "false"})
+    assert r.returncode == 2 and "a reward setting is missing or wrong" in r.stderr

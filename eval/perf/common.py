@@ -9,8 +9,11 @@ The machine is shared (2 cores, other jobs running), so absolute times drift.  E
   sees torch's CPU allocations through its allocator hooks only partially, so prefer RSS for torch work) or as
   a process's peak RSS (``peak_rss_mb``; run each side in its own subprocess for a fair comparison).
 
+Every ratio is printed with its operating point (``operating_point``: prompt and completion lengths, G, model
+width / depth / vocabulary, dtype, threads), and its JSON carries it.
+
 Public helpers: ``interleaved_timing``, ``ratio_stats``, ``rss_mb``, ``peak_rss_mb``, ``peak_traced_mb``,
-``machine_info``, ``set_threads``, ``emit``.
+``machine_info``, ``set_threads``, ``emit``, ``operating_point``, ``vlm_size_info``.
 """
 from __future__ import annotations
 
@@ -227,6 +230,47 @@ def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl
     return directory
 
 
+def vlm_size_info(model_dir: str) -> dict:
+    """Width and depth of a saved Qwen-VL (its config.json): LLM hidden size, layers, vocabulary, vision tower."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    t, v = c.get("text_config", c), c.get("vision_config", {})
+    return {"hidden": t.get("hidden_size"), "layers": t.get("num_hidden_layers"), "vocab": t.get("vocab_size"),
+            "vision_hidden": v.get("hidden_size", v.get("embed_dim")), "vision_depth": v.get("depth"),
+            "image_token_id": c.get("image_token_id"), "video_token_id": c.get("video_token_id")}
+
+
+def operating_point(**fields) -> dict:
+    """The setting a ratio was measured at, as a dict with a one-line ``text``: a ratio means little without it
+    (the prefix-sharing gains shrink as completions grow, the memory ratio moves with the head's width).  Known
+    keys, all optional: prompt_tokens, media_tokens + media ("image" / "video"), new_tokens, B, G, rows, model,
+    hidden, layers, vocab, dtype, threads, device, extra (free text)."""
+    f = {k: v for k, v in fields.items() if v is not None}
+    parts = []
+    if "prompt_tokens" in f:
+        media = f" ({f['media_tokens']} {f.get('media', 'media')})" if "media_tokens" in f else ""
+        parts.append(f"prompt {f['prompt_tokens']} tokens{media}")
+    if "new_tokens" in f:
+        parts.append(f"{f['new_tokens']} new tokens")
+    if "G" in f:
+        parts.append(f"{f['B']} prompt(s) x G={f['G']}" if "B" in f else f"G={f['G']}")
+    elif "rows" in f:
+        parts.append(f["rows"] if isinstance(f["rows"], str) else f"{f['rows']} rows")
+    if "model" in f or "hidden" in f:
+        dims = ", ".join(x for x in (f"hidden {f['hidden']}" if "hidden" in f else "",
+                                     f"{f['layers']} layers" if "layers" in f else "",
+                                     f"vocab {f['vocab']:,}" if "vocab" in f else "") if x)
+        parts.append(f"{f.get('model', 'model')} ({dims})" if dims else str(f["model"]))
+    if "extra" in f:
+        parts.append(str(f["extra"]))
+    parts.append(str(f.get("dtype", "float32")))
+    if "threads" in f:
+        parts.append(f"{f['threads']} thread{'s' if f['threads'] != 1 else ''}")
+    parts.append(str(f.get("device", "CPU")))
+    f["text"] = ", ".join(p for p in parts if p)
+    return f
+
+
 def count_params(model) -> int:
     return int(sum(p.numel() for p in model.parameters()))
 
@@ -242,4 +286,4 @@ def emit(result: dict, json_path: str = "", headline: tuple[str, float] | None =
 
 
 __all__ = ["set_threads", "interleaved_timing", "ratio_stats", "rss_mb", "peak_rss_mb", "reset_peak_rss",
-           "peak_hwm_mb", "peak_traced_mb", "machine_info", "emit"]
+           "peak_hwm_mb", "peak_traced_mb", "machine_info", "emit", "operating_point", "vlm_size_info"]

@@ -197,9 +197,28 @@ def profile_calls(fns: dict[str, Callable[[], object]], row_limit: int = 18) -> 
     return out
 
 
+def flow_operating_point(details: dict) -> dict:
+    """The setting of a flow benchmark's ratio (``common.operating_point``) from its ``model`` and ``config``."""
+    m, c = details.get("model", {}), details.get("config", {})
+    width = (m.get("heads") or 0) * (m.get("head_dim") or 0)
+    layers = f"{m.get('num_layers')}+{m.get('num_single_layers')}" if m.get("num_single_layers") is not None \
+        else m.get("num_layers")
+    rows = c.get("batch", c.get("N"))
+    shape = ", ".join(x for x in (f"{rows} images" if rows else "",
+                                  f"{c['height']}x{c['width']} px" if "height" in c else "",
+                                  f"{c['steps']} steps" if "steps" in c else "",
+                                  f"window {c['window']}" if "window" in c else "",
+                                  "CFG" if c.get("cfg") else "") if x)
+    return _common.operating_point(model=f"{m.get('model')} {m.get('transformer', '')}".strip(), hidden=width or None,
+                                   layers=layers, extra=shape or None, threads=c.get("threads", 1))
+
+
 def finish(name: str, value: float, target: str, met: bool, details: dict, json_path: str) -> None:
-    """Write the JSON (if asked) and print the ratio line LAST (``common.emit``)."""
-    result = {"name": name, "value": round(float(value), 4), "target": target, "met": bool(met), **details}
+    """Write the JSON (if asked) and print the operating point, then the ratio line LAST (``common.emit``)."""
+    op = flow_operating_point(details)
+    result = {"name": name, "value": round(float(value), 4), "target": target, "met": bool(met),
+              "operating_point": op, **details}
+    print(f"operating point: {op['text']}", flush=True)
     _common.emit(result, json_path, (name, value))
 
 

@@ -111,7 +111,11 @@ def run(args, root: str) -> dict:
     lp_diff = float((out_a.logprobs - out_b.logprobs).abs().max())
     T_out = int(out_b.completion_ids.shape[1])
     st = common.ratio_stats(times["repeated"], times["shared"])
-    res = {"model": args.model, "params": common.count_params(pol.model), "prompt_tokens": P,
+    info = common.vlm_size_info(d)
+    op = common.operating_point(prompt_tokens=P, media_tokens=n_video, media="video", new_tokens=T_out, G=args.G,
+                                model=f"{args.model} Qwen2.5-VL", hidden=info["hidden"], layers=info["layers"],
+                                vocab=info["vocab"], threads=args.threads, extra="sampling only")
+    res = {"model": args.model, "params": common.count_params(pol.model), "prompt_tokens": P, "operating_point": op,
            "video_tokens": n_video, "G": args.G, "T": T_out, "tokens_equal": tokens_equal,
            "max_abs_logprob_diff": lp_diff, "speedup": st["ratio_median"],
            **{f"timing_{k}": v for k, v in st.items()}}
@@ -141,6 +145,8 @@ def main(argv=None) -> dict:
            "command": " ".join(["python", "eval/perf/prefix_generate.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "result": res,
            "prefix_generate_speedup": res["speedup"]}
+    out["operating_point"] = res["operating_point"]
+    print(f"operating point: {res['operating_point']['text']}", flush=True)
     common.emit(out, args.json, ("prefix_generate_speedup", res["speedup"]))
     return out
 

@@ -9,9 +9,11 @@ fail.
     python eval/perf/run.py --only flow_rollout_overhead,tp_batched_speedup --smoke
 
 Output JSON: ``{"flow_rollout_overhead": 1.03, "flow_train_overhead": ..., "tp_batched_speedup": ...,
-"prefix_group_speedup": ..., "trl_speedup": ..., "logprob_memory_ratio": ..., "details": {name: {script, command,
-returncode, seconds, error, stdout_tail, result}}, "machine": {...}, "mode": ..., "total_seconds": ...}``; a
-benchmark's JSON ``extra_keys`` (e.g. ``logprob_grad_max_rel_diff``) are added at the top level too.
+"prefix_group_speedup": ..., "trl_speedup": ..., "logprob_memory_ratio": ..., "operating_points": {name: text},
+"details": {name: {script, command, returncode, seconds, error, stdout_tail, result}}, "machine": {...}, "mode": ...,
+"total_seconds": ...}``; a benchmark's JSON ``extra_keys`` (e.g. ``logprob_grad_max_rel_diff``) are added at the
+top level too, and its ``operating_point`` (the prompt / completion lengths, G, model width and depth, dtype and
+threads the ratio was measured at) goes to ``operating_points`` and is printed beside the value.
 No heavy imports: ``--help`` is instant and the runner never imports torch.
 """
 from __future__ import annotations
@@ -189,11 +191,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
         results[k] = rec["value"]
         status = f"{rec['value']:.2f}" if rec["value"] is not None else f"FAILED ({(rec['error'] or '')[:200]})"
         print(f"[perf] {k} = {status}   [{rec.get('seconds', 0)} s]", flush=True)
-    for rec in details.values():  # secondary results a benchmark reports in its JSON (``extra_keys``)
-        extra = rec.get("result", {}).get("extra_keys", {}) if isinstance(rec.get("result"), dict) else {}
+    operating_points = {}
+    for key, rec in details.items():  # secondary results a benchmark reports in its JSON (``extra_keys``)
+        res = rec.get("result") if isinstance(rec.get("result"), dict) else {}
+        extra = res.get("extra_keys", {})
         for k, v in (extra if isinstance(extra, dict) else {}).items():
             results.setdefault(k, v)
-    out = {**results, "details": details,
+        op = res.get("operating_point")
+        if isinstance(op, dict) and op.get("text"):  # where the ratio was measured (prompt/new tokens, G, model)
+            operating_points[key] = op["text"]
+    out = {**results, "operating_points": operating_points, "details": details,
            "machine": {"platform": platform.platform(), "python": platform.python_version(),
                        "cpu_count": os.cpu_count(), "loadavg_1m": _loadavg()},
            "mode": "smoke" if args.smoke else ("quick" if args.quick else "full"),
@@ -207,6 +214,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         os.makedirs(d, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2, default=str)
+    for k, text in operating_points.items():
+        print(f"[perf] {k} = {'null' if results.get(k) is None else f'{results[k]:.3g}'} at {text}")
     print("[perf] summary: " + ", ".join(f"{k}={'null' if v is None else f'{v:.3g}'}" for k, v in results.items())
           + f"   ({out['total_seconds']} s)")
     return out

@@ -1,5 +1,9 @@
 """Benchmark ``trl_speedup``: end-to-end VLM GRPO steps/s, mmgrpo vs TRL's ``GRPOTrainer`` (images; TRL has no video).
 
+Target (CPU): ``trl_speedup >= 2`` at 256 new tokens, the default ``--T`` (the recipes sample 256-1,024; until
+issue #42 the default was 64, where prefix sharing gains most: ``--T 64`` gives that point).  Every ratio is printed
+with its operating point (prompt and new tokens, B x G, model width / depth / vocabulary, dtype, threads).
+
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
 * ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
@@ -10,27 +14,35 @@ Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin whi
                     repeated G times in sampling and loss, as TRL does);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
 
-Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once; vision tower frozen, LLM fully
-trained, fp32, sdpa, CPU), the processor, the prompts (our ``TaskAdapter`` messages, fed to TRL as its
-conversational ``prompt`` column with the image in its ``image`` column: identical prompt tokens), B prompts x
-G completions per step, exactly T completion tokens (EOS and vision tokens suppressed while sampling, in both),
-temperature 1, AdamW (torch, lr 1e-5, no weight decay, constant lr, grad-norm clip 1.0), no KL / reference
-(TRL default beta=0), one optimizer update per generation batch (num_iterations 1), token-mean loss (TRL "dapo"),
-the same cheap text reward.  Threads: ``--threads`` in every worker.
+What each worker actually did is checked every round from its own counts, not from its settings
+(``SamplingProbe``: forward hooks on the vision tower and the language model while sampling): ``ours`` must encode
+and prefill each prompt once per step, ``ours_naive`` and ``trl`` G times; every worker must feed token for token
+the same prompt (read from the ``generate`` call itself: TRL's chat template is not rebuilt here) and sample
+exactly T tokens; the ``ours*`` workers must run the log-prob path they are named for.  A mismatch stops the run.
+(Until issue #42 ``ours_naive`` still shared the prefix while sampling: its backend got no ``shared_prefix=False``.)
+
+Same for all: the model folder (random ``tiny`` or ``mid`` Qwen2.5-VL saved once, vocabulary 320; vision tower
+frozen, LLM fully trained, fp32, sdpa, CPU), the processor, the prompts (our ``TaskAdapter`` messages, fed to TRL
+as its conversational ``prompt`` column with the image in its ``image`` column; the 16 samples differ only in their
+image), B prompts x G completions per step, exactly T completion tokens (EOS and vision tokens suppressed while
+sampling, in both), temperature 1, AdamW (torch, lr 1e-5, no weight decay, constant lr, grad-norm clip 1.0), no KL /
+reference (TRL default beta=0), one optimizer update per generation batch (num_iterations 1), token-mean loss (TRL
+"dapo"), the same cheap text reward.  Threads: ``--threads`` in every worker.
 
 Protocol: warm-up steps, then ``--rounds`` rounds; in each round every worker runs ``--steps`` steps, one
 worker after the other, the order rotating.  samples/s = B*G*steps / wall time of the round (generation,
 rewards, forward/backward, optimizer, the trainer's own logging).  Headline = median over rounds of the paired
 ratio ours/trl; printed LAST as ``trl_speedup=X.XX``.  Cross-checks printed and in the JSON: the paired ratio of
 process CPU time per step (``time.process_time``: not inflated by other jobs on a loaded machine; includes helper
-threads such as our media prefetch), and the vision-tower patches each worker encodes per step.  Peak memory: each worker's ``ru_maxrss`` (whole process
-life, includes imports) and its peak RSS growth over the training steps (VmHWM after setup).
+threads such as our media prefetch), and the vision-tower patches each worker encodes per step.  Peak memory: each
+worker's ``ru_maxrss`` (whole process life, includes imports) and its peak RSS growth over the training steps
+(VmHWM after setup).
 
-Modes: full (default) = mid model, 8 rounds of 1 step, all three workers (about 30 minutes at load 6 on 2 cores);
-``--quick`` = tiny model, 3 rounds, workers ours and trl only (about 1 minute at load 4-8); ``--smoke`` = tiny,
-1 round, T=16, no warm-up, ours and trl (checks that it runs). ``--workers`` overrides the worker set.
+Modes: full (default) = mid model, 8 rounds of 1 step, all three workers; ``--quick`` = tiny model, 3 rounds,
+workers ours and trl only; ``--smoke`` = tiny, 1 round, T=16, no warm-up, ours and trl (checks that it runs).
+``--workers`` overrides the worker set.
 
-    python eval/perf/trl_compare.py [--quick | --smoke] [--model mid|tiny] [--json out.json] [--profile]
+    python eval/perf/trl_compare.py [--quick | --smoke] [--model mid|tiny] [--T 256] [--json out.json] [--profile]
 """
 from __future__ import annotations
 
@@ -53,6 +65,7 @@ sys.path.insert(0, _ROOT)
 import common  # noqa: E402
 
 WORKERS = ("ours", "ours_naive", "trl")
+TARGET_SPEEDUP, TARGET_NEW_TOKENS = 2.0, 256  # issue #42: where the recipes sample (256-1,024 new tokens)
 TAG = "@@"  # result lines on a worker's stdout (libraries may print there too)
 
 
@@ -64,8 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=["tiny", "mid"], default=None, help="default mid (tiny with --quick/--smoke)")
     p.add_argument("--B", type=int, default=2, help="prompts per step")
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
-    p.add_argument("--T", type=int, default=None, help="completion tokens, exact: EOS is suppressed (default 64; "
-                                                       "16 with --smoke)")
+    p.add_argument("--T", type=int, default=None, help="completion tokens, exact: EOS is suppressed (default 256, the "
+                                                       "target's operating point; 16 with --smoke; 64 until issue #42)")
     p.add_argument("--image-size", type=int, default=448, help="square images; 448 -> 256 image tokens")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps", type=int, default=None, help="steps per worker per round")
@@ -85,7 +98,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     light = a.quick or a.smoke
     a.model = a.model or ("tiny" if light else "mid")
-    a.T = a.T or (16 if a.smoke else 64)
+    a.T = a.T or (16 if a.smoke else TARGET_NEW_TOKENS)
     if a.warmup is None:
         a.warmup = 0 if a.smoke else 1
     if a.rounds is None:  # many short rounds: the paired measurements are close in time on a drifting machine
@@ -98,10 +111,13 @@ def parse_args(argv=None):
 
 
 def samples(n: int, size: int) -> list[dict]:
-    """Multiple-choice image prompts (the trainer's canonical sample dicts)."""
+    """Multiple-choice image prompts (the trainer's canonical sample dicts).  Only the image differs between them:
+    the two trainers draw the samples in different orders, and with the same text every prompt is the same token
+    sequence (image tokens included), so the harness can check token for token that both feed the same prompt.
+    (Until issue #42 the text named the sample's number, and numbers 10-15 are one token longer.)"""
     from mmgrpo.vlm.models.tiny import synthetic_image
 
-    return [{"id": f"img{i}", "task": "mcq", "query": f"which colour is the object number {i}?",
+    return [{"id": f"img{i}", "task": "mcq", "query": "which colour is the object in the picture?",
              "image": synthetic_image(i, size, size), "options": ["red", "green", "blue", "yellow"],
              "answer": "B"} for i in range(n)]
 
@@ -151,7 +167,7 @@ def profile_text(pr, top: int = 40) -> str:
 def count_vision_patches(model) -> list:
     """A one-element list counting the patches the vision tower has seen (a forward pre-hook): shows how many
     times each image is encoded per step (sampling + loss)."""
-    visual = model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else model.visual
+    visual = _visual(model)
     seen = [0]
 
     def hook(module, args, kwargs):
@@ -160,6 +176,85 @@ def count_vision_patches(model) -> list:
 
     visual.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
+
+
+def _visual(model):
+    return model.model.visual if hasattr(model, "model") and hasattr(model.model, "visual") else model.visual
+
+
+class SamplingProbe:
+    """What a worker's sampling actually computed, counted by forward pre-hooks while ``active`` (inside the
+    wrapped generate call): vision-tower patches, and tokens through the language model (batch x length of every
+    LLM forward: prefill rows x prompt length, then one token per row per decode step).  Also records the first
+    prompt row it was fed (token ids, left padding removed) and the image patches per prompt.
+
+    The harness reads prefix sharing from these counts (``sampling_work``), not from a config flag: a worker that
+    claims to repeat its prompts but prefills each once is caught."""
+
+    def __init__(self, model):
+        self.active = False
+        self.patches = 0
+        self.llm_tokens = 0
+        self.first_prompt: list | None = None
+        self.patches_per_prompt: int | None = None
+        _visual(model).register_forward_pre_hook(self._on_visual, with_kwargs=True)
+        model.model.language_model.register_forward_pre_hook(self._on_llm, with_kwargs=True)
+
+    def _on_visual(self, module, args, kwargs):
+        if self.active:
+            x = args[0] if args else kwargs.get("hidden_states")
+            self.patches += int(x.shape[0])
+
+    def _on_llm(self, module, args, kwargs):
+        if self.active:
+            x = kwargs.get("inputs_embeds")
+            x = x if x is not None else (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0])
+            self.llm_tokens += int(x.shape[0]) * int(x.shape[1])
+
+    def record_prompt(self, input_ids, attention_mask=None, pixel_rows: int | None = None, prompts: int = 1):
+        if self.first_prompt is None:
+            ids = input_ids[0] if attention_mask is None else input_ids[0][attention_mask[0].bool()]
+            self.first_prompt = [int(t) for t in ids.tolist()]
+            if pixel_rows is not None:
+                self.patches_per_prompt = int(pixel_rows) // max(1, int(prompts))
+
+    def wrap(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def inner(*a, **k):
+            self.active = True
+            try:
+                return fn(*a, **k)
+            finally:
+                self.active = False
+        return inner
+
+    def counts(self) -> tuple[int, int]:
+        return self.patches, self.llm_tokens
+
+
+def sampling_work(rep: dict, B: int, G: int) -> dict:
+    """Per step, from a worker's probe counts (``SamplingProbe``): how many times the vision tower encoded a prompt
+    and how many prompt prefills went through the LLM while sampling.  Decoding exactly T tokens feeds N = B*G rows
+    one token for each of T-1 steps (the last sampled token is never fed back), the rest of the LLM tokens are
+    prefills of the P-token prompt: B of each when the prefix is shared, B*G when the prompt is repeated."""
+    N, T, P = B * G, int(rep["completion_tokens"]), int(rep["prompt_tokens"])
+    return {"prompt_encodings": rep["sampling_vision_patches"] / max(1, rep["patches_per_prompt"]),
+            "prompt_prefills": (rep["sampling_llm_tokens"] - N * (T - 1)) / P}
+
+
+def check_sampling(name: str, rep: dict, B: int, G: int) -> dict:
+    """``ours`` must prefill and encode each prompt once (B per step), ``ours_naive`` and ``trl`` G times (B*G):
+    raises SystemExit naming the worker when what it did differs from what it is called."""
+    work = sampling_work(rep, B, G)
+    want = B if name == "ours" else B * G
+    if abs(work["prompt_encodings"] - want) > 1e-6 or abs(work["prompt_prefills"] - want) > 1e-6:
+        what = "shares the prompt prefix" if name != "ours" else "repeats the prompt"
+        raise SystemExit(f"worker {name} {what} while sampling: per step it encoded {work['prompt_encodings']:g} "
+                         f"prompts in the vision tower and prefilled {work['prompt_prefills']:g} prompts, expected "
+                         f"{want} of each (B={B}, G={G}; counts {rep})")
+    return work
 
 
 def profile_step(step_fn, top: int = 40) -> str:
@@ -171,7 +266,9 @@ def profile_step(step_fn, top: int = 40) -> str:
 
 
 # ============================================================================================== ours
-def worker_ours(args, grouped: bool) -> None:
+def build_ours(args, grouped: bool):
+    """The ``ours`` (grouped=True) or ``ours_naive`` (False) trainer of this benchmark, with a ``SamplingProbe`` on
+    its policy and its backend's ``generate`` wrapped by it.  Returns (trainer, backend, probe, out_dir)."""
     import dataclasses
 
     import torch
@@ -194,7 +291,6 @@ def worker_ours(args, grouped: bool) -> None:
                     rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
                     self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
 
-    common.set_threads(args.threads)
     out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_ours_")
     rows = args.B * args.G
     has_switch = "logprob_impl" in {f.name for f in dataclasses.fields(TrainConfig().run)}
@@ -209,15 +305,29 @@ def worker_ours(args, grouped: bool) -> None:
         "run.device=cpu", "run.log_every=1"]
     if has_switch:
         overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
-    if "shared_prefix" in {f.name for f in dataclasses.fields(TrainConfig().rollout)}:
-        overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")  # ours_naive: repeated prompts
+    # sampling suppresses EOS (exactly T tokens, as TRL's side): slightly off the scored policy, which the step-0
+    # on-policy check would rightly refuse
+    overrides.append("rollout.onpolicy_check=false")
+    # ours_naive: the prompt repeated G times while sampling too (ours: the trainer's default, true)
+    overrides.append(f"rollout.shared_prefix={'true' if grouped else 'false'}")
     overrides += [x.strip() for x in args.ours_set.split(",") if x.strip()]
     cfg = load_config(TrainConfig, None, overrides)
     policy = load_policy(args.model_dir, dtype="float32", freeze_vision=True, attn_implementation="sdpa")
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    shared = getattr(cfg.rollout, "shared_prefix", False)  # the trainer's own setting (default true)
+    # the backend gets the config's setting, whatever it is (before issue #42 a False was dropped here and the
+    # backend's default, shared, ran: "naive" sampling shared the prefix); the probe below checks what ran
     backend = HFRolloutBackend(policy.model, policy.processor, list(policy.suppress_token_ids) + [eos],
-                               max_batch_size=rows, **({"shared_prefix": shared} if shared else {}))
+                               max_batch_size=rows, shared_prefix=cfg.rollout.shared_prefix)
+    probe = SamplingProbe(policy.model)
+
+    def record(prompts, *a, **k):
+        it = prompts[0]
+        probe.record_prompt(it["input_ids"], it.get("attention_mask"),
+                            None if it.get("pixel_values") is None else it["pixel_values"].shape[0])
+        return generate(prompts, *a, **k)
+
+    generate = backend.generate
+    backend.generate = probe.wrap(record)
 
     def reward_fn(texts, samples_):
         r = torch.tensor([reward_value(t) for t in texts])
@@ -226,33 +336,50 @@ def worker_ours(args, grouped: bool) -> None:
     cls = GroupedGRPOTrainer if (grouped and not has_switch) else GRPOTrainer
     tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
     tr._make_stream()
+    tr._bench_impl = lambda: getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
+    return tr, backend, probe, out_dir
+
+
+def ours_steps(tr, backend, probe, patches: list, k: int) -> dict:
+    """Run k training steps of an ``ours*`` trainer; the worker's report: timings, the log-prob path that ran and
+    what sampling computed (the probe's counts, checked by ``check_sampling``)."""
+    t0, c0, p0, (s0, l0) = time.perf_counter(), time.process_time(), patches[0], probe.counts()
+    for _ in range(k):
+        m = tr.train_step()
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s1, l1 = probe.counts()
+    rb = tr.last_batch
+    return {"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * rb.n,
+            "logprob_impl": tr._bench_impl(), "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
+            "vision_patches_per_step": (patches[0] - p0) / k,
+            "sampling_vision_patches": (s1 - s0) / k, "sampling_llm_tokens": (l1 - l0) / k,
+            "patches_per_prompt": probe.patches_per_prompt, "first_prompt": probe.first_prompt,
+            "prompt_tokens": len(probe.first_prompt), "completion_tokens": int(rb.completion_ids.shape[1]),
+            "completion_len": m.get("completions/mean_length", 0.0)}
+
+
+def worker_ours(args, grouped: bool) -> None:
+    import torch
+
     common.set_threads(args.threads)
-    patches = count_vision_patches(policy.model)
+    tr, backend, probe, out_dir = build_ours(args, grouped)
+    common.set_threads(args.threads)
+    patches = count_vision_patches(tr.policy.model)
     n_train = int(sum(p.numel() for p in tr.params))
     rss_setup = common.rss_mb()
     common.reset_peak_rss()
-    prompt_tokens = int(tr.task.prepare(tr.samples[0]).item["input_ids"].shape[1])
-    say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads(),
-         "prompt_tokens": prompt_tokens})
-    lengths, impl = [], None
+    say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads()})
+    last = None
     while True:
         cmd, k = read_command()
         if cmd == "run":
-            t0, c0, p0 = time.perf_counter(), time.process_time(), patches[0]
-            for _ in range(k):
-                m = tr.train_step()
-                lengths.append(m.get("completions/mean_length", 0.0))
-                impl = getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            rb = tr.last_batch
-            say({"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * rb.n,
-                 "logprob_impl": impl, "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
-                 "vision_patches_per_step": (patches[0] - p0) / k,
-                 "prompt_tokens": int(rb.items[0]["input_ids"].shape[1]), "completion_len": lengths[-1]})
+            rep = ours_steps(tr, backend, probe, patches, k)
+            last = rep["completion_len"]
+            say(rep)
         elif cmd == "profile":
             say({"event": "profile", "text": profile_step(tr.train_step)})
         else:
-            say({"event": "bye", "completion_len": lengths[-1] if lengths else None, **memory_report(rss_setup)})
+            say({"event": "bye", "completion_len": last, **memory_report(rss_setup)})
             import shutil
 
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -311,11 +438,17 @@ def worker_trl(args) -> None:
     state = {"target": 0, "done": 0, "t0": 0.0, "c0": 0.0, "p0": 0, "rss_setup": 0.0, "last": 0, "prof": None,
              "logs": {}}
     patches = count_vision_patches(model)
-    from trl.data_utils import prepare_multimodal_messages
+    # what TRL feeds its sampler, read from its own generate call (not rebuilt here: a rebuild can differ by a token)
+    probe = SamplingProbe(model)
+    generate = model.generate
 
-    first = prepare_multimodal_messages(rows[0]["prompt"], images=[rows[0]["image"]])
-    text = processor.apply_chat_template(first, add_generation_prompt=True, tokenize=False)
-    prompt_tokens = int(processor(text=[text], images=[rows[0]["image"]], return_tensors="pt")["input_ids"].shape[1])
+    def record(*a, **k):
+        ids = k.get("input_ids", a[0] if a else None)
+        pv = k.get("pixel_values")
+        probe.record_prompt(ids, k.get("attention_mask"), None if pv is None else pv.shape[0], ids.shape[0])
+        return generate(*a, **k)
+
+    model.generate = probe.wrap(record)
 
     class Control(TrainerCallback):
         def _wait(self, control):
@@ -323,6 +456,7 @@ def worker_trl(args) -> None:
             if cmd == "run":
                 state["target"] = state["done"] + k
                 state["t0"], state["c0"], state["p0"] = time.perf_counter(), time.process_time(), patches[0]
+                state["probe0"] = probe.counts()
             elif cmd == "profile":
                 state["target"] = state["done"] + 1
                 state["prof"] = new_profiler()
@@ -336,8 +470,7 @@ def worker_trl(args) -> None:
             n_train = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
             state["rss_setup"] = common.rss_mb()
             common.reset_peak_rss()
-            say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads(),
-                 "prompt_tokens": prompt_tokens})
+            say({"event": "ready", "trainable_params": n_train, "threads": torch.get_num_threads()})
             self._wait(control)
 
         def on_log(self, a, st, control, logs=None, **kw):
@@ -357,9 +490,12 @@ def worker_trl(args) -> None:
                     dt, cpu = time.perf_counter() - state["t0"], time.process_time() - state["c0"]
                     k = state["done"] - state["last"]
                     state["last"] = state["done"]
+                    (s0, l0), (s1, l1) = state["probe0"], probe.counts()
                     say({"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * args.B * args.G,
                          "vision_patches_per_step": (patches[0] - state["p0"]) / k,
-                         "prompt_tokens": prompt_tokens,
+                         "sampling_vision_patches": (s1 - s0) / k, "sampling_llm_tokens": (l1 - l0) / k,
+                         "patches_per_prompt": probe.patches_per_prompt, "first_prompt": probe.first_prompt,
+                         "prompt_tokens": len(probe.first_prompt), "completion_tokens": args.T,
                          "completion_len": state["logs"].get("completions/mean_length")})
                 self._wait(control)
 
@@ -430,28 +566,48 @@ def main(argv=None) -> dict:
         workers[n] = Worker(n, args, total)
     for n in names:
         ready[n] = workers[n].read()
-        print(f"{n}: ready ({ready[n]['trainable_params']/1e6:.2f}M trainable, {ready[n]['threads']} threads, "
-              f"prompt {ready[n]['prompt_tokens']} tokens)", flush=True)
-    if len({r["prompt_tokens"] for r in ready.values()}) != 1 or len({r["trainable_params"] for r in ready.values()}) != 1:
-        raise SystemExit(f"workers disagree on prompt length / trainable parameters: {ready}")
-    if args.warmup:
-        for n in names:
-            w = workers[n].run(args.warmup)
-            if "logprob_impl" in w:
-                print(f"{n}: log-prob path {w['logprob_impl']}", flush=True)
-                expected = "prefix_group" if n == "ours" else "naive"
-                if w["logprob_impl"] != expected:
-                    raise SystemExit(f"worker {n} runs the {w['logprob_impl']} log-prob path, expected {expected} "
-                                     f"(see the trainer's log in {workers[n].log.name})")
+        print(f"{n}: ready ({ready[n]['trainable_params']/1e6:.2f}M trainable, {ready[n]['threads']} threads)",
+              flush=True)
+    if len({r["trainable_params"] for r in ready.values()}) != 1:
+        raise SystemExit(f"workers disagree on the trainable parameters: {ready}")
     per = {n: [] for n in names}
+    checked: dict = {}
+
+    def check(n: str, res: dict) -> None:
+        """What the worker did, from its own counts: log-prob path, prefix sharing while sampling, the prompt it
+        fed (token for token the same in every worker) and exactly T completion tokens."""
+        if n.startswith("ours"):
+            expected = "prefix_group" if n == "ours" else "naive"
+            if res.get("logprob_impl") != expected:
+                raise SystemExit(f"worker {n} ran the {res.get('logprob_impl')} log-prob path, expected {expected} "
+                                 f"(see the trainer's log in {workers[n].log.name})")
+        checked[n] = check_sampling(n, res, args.B, args.G)
+        ref = next(iter(checked))
+        first = per[ref][0]["first_prompt"] if per[ref] else res["first_prompt"]
+        if res["first_prompt"] != first:
+            i = next((i for i, (a, b) in enumerate(zip(first, res["first_prompt"])) if a != b), min(len(first), len(res["first_prompt"])))
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.model_dir)
+            raise SystemExit(f"workers {ref} and {n} feed different prompts: {len(first)} vs "
+                             f"{len(res['first_prompt'])} tokens, first difference at token {i}: "
+                             f"{tok.decode(first[max(0, i - 8):i + 8])!r} vs "
+                             f"{tok.decode(res['first_prompt'][max(0, i - 8):i + 8])!r}")
+        if res.get("completion_len") is not None and abs(float(res["completion_len"]) - args.T) > 1e-6:
+            raise SystemExit(f"worker {n} sampled {res['completion_len']} tokens on average, expected exactly {args.T}")
+
+    for n in names:
+        if args.warmup:
+            w = workers[n].run(args.warmup)
+            check(n, w)
+            print(f"{n}: " + (f"log-prob path {w['logprob_impl']}, " if "logprob_impl" in w else "")
+                  + f"per step while sampling {checked[n]['prompt_encodings']:g} prompt encodings and "
+                  f"{checked[n]['prompt_prefills']:g} prefills of the {w['prompt_tokens']}-token prompt", flush=True)
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             res = workers[n].run(args.steps)
-            if n.startswith("ours") and res.get("logprob_impl") != ("prefix_group" if n == "ours" else "naive"):
-                raise SystemExit(f"worker {n} ran the {res.get('logprob_impl')} log-prob path")
-            if n == "ours" and res.get("shared_prefix") is False:
-                raise SystemExit("worker ours sampled with repeated prompts (rollout.shared_prefix off)")
+            check(n, res)
             per[n].append(res)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{n} {per[n][-1]['samples'] / per[n][-1]['seconds']:.2f} samples/s "
@@ -469,16 +625,20 @@ def main(argv=None) -> dict:
         workers[n].proc.wait(timeout=120)
         workers[n].log.close()
         os.unlink(workers[n].log.name)  # kept only when a worker fails (the error message names it)
-    if own_dir:
-        import shutil
-
-        shutil.rmtree(own_dir, ignore_errors=True)
-
     sps = {n: [x["samples"] / x["seconds"] for x in per[n]] for n in names}
+    first = per[names[0]][0]
+    size = common.vlm_size_info(args.model_dir) if os.path.exists(os.path.join(args.model_dir, "config.json")) else {}
+    op = common.operating_point(
+        prompt_tokens=first["prompt_tokens"], media="image",
+        media_tokens=sum(t == size.get("image_token_id") for t in first["first_prompt"]) if size else None,
+        new_tokens=args.T, B=args.B, G=args.G, model=f"{args.model} Qwen2.5-VL", hidden=size.get("hidden"),
+        layers=size.get("layers"), vocab=size.get("vocab"), dtype="float32", threads=args.threads,
+        extra="vision tower frozen, LLM fully trained")
     res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
            "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
            "image_size": args.image_size, "ours_set": args.ours_set, "rounds": args.rounds, "steps_per_round": args.steps,
-           "prompt_tokens": ready[names[0]]["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
+           "operating_point": op, "sampling_work": checked,
+           "prompt_tokens": first["prompt_tokens"], "trainable_params": ready[names[0]]["trainable_params"],
            "completion_len_last": {n: mem[n].get("completion_len") for n in names},
            "samples_per_s": sps, "samples_per_s_median": {n: statistics.median(v) for n, v in sps.items()},
            "cpu_s_per_step": {n: [x["cpu_seconds"] / x["steps"] for x in per[n]] for n in names},
@@ -506,10 +666,17 @@ def main(argv=None) -> dict:
             print(f"{n} vs trl: paired wall {ratios[n]:.2f}x {[round(x, 2) for x in paired]}, paired CPU time "
                   f"{statistics.median(cpu):.2f}x, vision patches/step {res['vision_patches_per_step'][n]} vs "
                   f"{res['vision_patches_per_step']['trl']}, peak RSS {res[f'speedup_{n}_vs_trl']['peak_rss_ratio']:.2f}x "
-                  "TRL's", flush=True)
+                  f"TRL's | at {op['text']}", flush=True)
     head = "ours" if "ours" in ratios else next(iter(ratios))
     res["headline_worker"] = head
     res["trl_speedup"] = ratios[head]
+    if own_dir:
+        import shutil
+
+        shutil.rmtree(own_dir, ignore_errors=True)
+    print(f"operating point: {op['text']}", flush=True)
+    print(f"target (CPU): trl_speedup >= {TARGET_SPEEDUP} at {TARGET_NEW_TOKENS} new tokens; this run: "
+          f"{ratios[head]:.2f} at {args.T}", flush=True)
     for n, v in ratios.items():
         if n != head:
             print(f"trl_speedup_{n}={v:.2f}")

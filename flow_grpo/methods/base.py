@@ -7,7 +7,10 @@ A *credit function* turns the rewards of a rollout into advantages, with explici
         -> CreditOutput(advantages (N, T), stats)
 
 N = this process's samples, T = the rollout's trained columns (``Trajectories.step_indices``). Statistics that
-need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). A
+need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). T and
+the step of a column differ between processes (each trains the steps its own samples drew): gather per-sample
+(N, ...) tensors, trained values (``adv[mask]``) or (N, K) tensors on the full step grid, never (N, T) columns
+(``gather`` refuses tensors whose trailing dims differ between processes). A
 credit that needs rewards of intermediate states (TP-GRPO, G²RPO) also has a ``step_rewards`` function that the
 sampler calls after the final images are scored; it returns the (N, S) step rewards, the extra NFEs per
 trajectory and an (N,) validity.
@@ -167,9 +170,12 @@ def group_stats(inp: CreditInputs) -> dict:
 
 
 def advantage_stats(adv: torch.Tensor, mask: torch.Tensor, gather) -> dict:
-    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch."""
-    (adv_all, m_all), _ = gather([adv, mask])
-    trained = adv_all[m_all]
+    """Mean |A|, std, max and min of the trained (sample, step) advantages of the gathered batch.
+
+    Only the trained values are gathered (1-D, in (sample, step) order): each process's (N, T) columns are the steps
+    *its* samples train, so T and the meaning of a column differ between processes (per-sample / per-group plans:
+    fast, dance, g2rpo, tp_grpo, ...). Rows in rank order and columns in step order give the single-process order."""
+    (trained,), _ = gather([adv[mask]])
     return {"adv/mean_abs": float(trained.abs().mean()) if trained.numel() else 0.0,
             "adv/std": float(trained.std()) if trained.numel() > 1 else 0.0,
             "adv/max": float(trained.max()) if trained.numel() else 0.0,

@@ -448,19 +448,25 @@ def width_pruning_mask(cfg, adv: Tensor, mask: Tensor, inp) -> Tensor:
     tree = _tree_of(s)
     paths = leaf_paths(tree)
     steps = inp.step_indices
-    (a_all, m_all, g_all, mem_all), sl = inp.gather([adv.float(), mask, inp.group_ids, inp.members])
+    # gathered on the full step grid (N, K): each process's columns are the steps its own trees train
+    K = int(paths.shape[1])
+    a_full = torch.zeros(adv.shape[0], K)
+    a_full[:, steps] = adv.float()
+    m_full = torch.zeros(mask.shape[0], K, dtype=torch.bool)
+    m_full[:, steps] = mask
+    (a_all, m_all, g_all, mem_all), sl = inp.gather([a_full, m_full, inp.group_ids, inp.members])
     out = m_all.clone()
     for g in torch.unique(g_all).tolist():
         idx = torch.nonzero(g_all == g).flatten()
         node_adv = torch.zeros(tree.num_nodes, dtype=torch.float64)
         cand = torch.zeros(tree.num_nodes, dtype=torch.bool)
-        nodes = paths[mem_all[idx]][:, steps]  # (n_g, T): the node each trained cell's edge leads to
+        nodes = paths[mem_all[idx]]  # (n_g, K): the node each trained cell's edge leads to
         cells = m_all[idx]
         node_adv[nodes[cells]] = a_all[idx][cells].double()
         cand[nodes[cells]] = True
         keep = width_pruning_keep(tree, node_adv, s.tree_width_pruning, s.tree_width_ratio, candidates=cand)
         out[idx] = cells & keep[nodes]
-    return out[sl]
+    return out[sl][:, steps]
 
 
 def _check(cfg) -> None:

@@ -17,6 +17,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from mmgrpo.utils.media_check import DEFAULT_MAX_IMAGE_PIXELS
+
 
 class ReferenceImages:
     """Mixin of an adapter whose prompts carry a reference image: the prompt -> image table
@@ -74,8 +76,8 @@ def to_pil(image):
         try:
             with Image.open(path) as im:
                 return im.convert("RGB")
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read reference image {path}: {exc}") from None
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # the last is no OSError
+            raise ValueError(f"cannot read reference image {path}: {type(exc).__name__}: {exc}") from None
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     arr = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else image
@@ -88,14 +90,20 @@ def to_pil(image):
 
 
 def load_reference_table(prompts: Sequence[str], metadata: Sequence[Mapping], source: str = "",
-                         existing: Optional[Mapping[str, Any]] = None, model: str = "FLUX-Kontext"
-                         ) -> dict[str, str]:
+                         existing: Optional[Mapping[str, Any]] = None, model: str = "FLUX-Kontext",
+                         max_pixels: Optional[int] = DEFAULT_MAX_IMAGE_PIXELS) -> dict[str, str]:
     """Prompt -> reference image path from prompt-file metadata: a JSONL line
     ``{"prompt": "make the cat blue", "image": "images/cat.png", ...}`` (``image`` relative to the prompt file's
     folder, or absolute). Every line must have an ``image``; the same prompt text with two different images is an
-    error (the prompt string is the key the samplers pass around), naming the file and the prompt."""
+    error (the prompt string is the key the samplers pass around), naming the file and the prompt. Every image is
+    checked at the header level when the table is built (:func:`mmgrpo.utils.media_check.inspect_image`: not an
+    image, a corrupt header or PNG chunk, more than ``max_pixels`` pixels): an error naming the prompt file, the
+    prompt and the image, before the first step."""
+    from mmgrpo.utils.media_check import MediaProblem, inspect_image
+
     base = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
     where = source or "prompts"
+    checked: set = set()
     table: dict[str, str] = {}
     prior = dict(existing or {})
     for i, (prompt, meta) in enumerate(zip(prompts, metadata)):
@@ -106,6 +114,12 @@ def load_reference_table(prompts: Sequence[str], metadata: Sequence[Mapping], so
         path = img if os.path.isabs(img) else os.path.join(base, img)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{where}: prompt #{i + 1} {prompt!r}: reference image not found: {path}")
+        if path not in checked:  # header check now, not when the prompt is first drawn (epoch 4, every resume)
+            try:
+                inspect_image(path, max_pixels)
+            except MediaProblem as exc:
+                raise ValueError(f"{where}: prompt #{i + 1} {prompt!r}: unusable reference image: {exc}") from None
+            checked.add(path)
         old = table.get(prompt, prior.get(prompt))
         if old is not None and os.path.abspath(os.fspath(old)) != os.path.abspath(path):
             raise ValueError(f"{where}: prompt {prompt!r} appears with two reference images ({old} and {path}); "

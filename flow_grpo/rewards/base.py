@@ -60,6 +60,7 @@ RewardOutput = dict  # dict[str, torch.Tensor]
 NanPolicy = Literal["raise", "drop"]
 
 __all__ = [
+    "check_reward_settings",
     "RewardError",
     "Reward",
     "RewardFn",
@@ -413,6 +414,58 @@ def _resolve(spec: str) -> Callable[..., Any]:
 def available_rewards() -> list[str]:
     """Sorted names accepted by :func:`build_reward` (besides ``'package.module:factory'`` import paths)."""
     return sorted(_REGISTRY)
+
+
+# keyword arguments of the built-in factories that name files or folders on disk (checked to exist before loading)
+_PATH_KWARGS = {"path", "checkpoint", "med_config", "model_dir", "model_path", "processor_path", "mlp_path",
+                "model_config"}
+
+
+def check_reward_settings(weights: Mapping[str, float], kwargs: Mapping[str, Any] | None,
+                          prefix: str = "reward.kwargs", skip: Sequence[str] = ()) -> list[str]:
+    """Problems with the settings of the registered rewards in ``weights``, found without building them (no model
+    loads): a required argument missing (e.g. ``remote``'s ``url``, ``pickscore``'s two folders), an argument the
+    factory does not take (with a close match), a weight path that does not exist. Each message names the setting
+    as ``<prefix>.<reward>.<argument>``. ``'package.module:factory'`` plugins and names in ``skip`` (rewards given
+    as ready objects) are not checked. A factory may list arguments it needs although they have defaults (because
+    objects can be passed instead in code) as ``required_settings``."""
+    import difflib
+    import inspect
+    import os
+
+    out = []
+    for name in weights:
+        if name in skip or name not in _REGISTRY:
+            continue
+        kw = dict((kwargs or {}).get(name) or {})
+        spec = _REGISTRY[name]
+        try:
+            factory = _resolve(spec) if isinstance(spec, str) else spec
+        except ImportError as e:
+            out.append(f"reward {name!r} cannot be imported here ({e}): install its optional dependencies")
+            continue
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            continue
+        free = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        need = [p.name for p in free if p.default is p.empty] + list(getattr(factory, "required_settings", ()))
+        for arg in need:
+            if kw.get(arg) in (None, ""):
+                out.append(f"{prefix}.{name}.{arg} is required by reward {name!r} and not set, e.g. "
+                           f"{prefix}='{{{name}: {{{arg}: ...}}}}'")
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            known = [p.name for p in free]
+            for k in kw:
+                if k not in known:
+                    close = difflib.get_close_matches(k, known, n=1)
+                    out.append(f"{prefix}.{name}.{k}: reward {name!r} takes no argument {k!r}"
+                               + (f" (did you mean {close[0]!r}?)" if close else f"; it takes {known}"))
+        for k, v in kw.items():
+            if (k in _PATH_KWARGS or k.endswith(("_path", "_dir"))) and isinstance(v, str) and v \
+                    and not os.path.exists(v):
+                out.append(f"{prefix}.{name}.{k}={v}: no such file or folder")
+    return out
 
 
 def build_reward(name: str, **kwargs: Any) -> RewardFn:

@@ -362,22 +362,30 @@ class CLIPPreferenceReward(Reward):
         return torch.sigmoid(lg[:m] - lg[m:])
 
 
-def pickscore(path: str | None = None, **kwargs: Any) -> CLIPPreferenceReward:
+def pickscore(model_path: str | None = None, processor_path: str | None = None, **kwargs: Any
+              ) -> CLIPPreferenceReward:
     """PickScore (Kirstain et al. 2023): ``r = exp(logit_scale) * cos(f_I, f_T) / 26`` (Flow-GRPO's 1/26).
 
-    Local layout (two folders, as the release loads them)::
+    Local layout: two folders, as the release loads them, always given as these two settings (the one convention
+    of the code and docs; ``flow_grpo make-tiny-reward DIR pickscore`` writes a tiny random pair)::
 
-        processor_path=/models/CLIP-ViT-H-14-laion2B-s32B-b79K   # preprocessor_config.json, tokenizer files
-        model_path=/models/PickScore_v1                          # config.json, model.safetensors
+        reward.kwargs='{pickscore: {model_path: /models/PickScore_v1,                      # config.json, weights
+                                    processor_path: /models/CLIP-ViT-H-14-laion2B-s32B-b79K}}'  # processor, tokenizer
 
     The release's own ``calc_probs`` is a softmax over the images of one prompt (``preference_probs``); its
     raw score (``logits``) is ``exp(logit_scale) * cos`` (logit_scale ~ 4.6, so raw ~ 18-23); ``scale=1`` gives
     it unscaled.  ``compare`` is the two-image softmax, a pairwise judge for Pref-GRPO's win rate.
     """
+    if "path" in kwargs:
+        raise ValueError("pickscore takes model_path= (the PickScore_v1 folder) and processor_path= (the "
+                         "CLIP-ViT-H-14-laion2B-s32B-b79K folder), the release's two folders; not path=")
     kwargs.setdefault("name", "pickscore")
     kwargs.setdefault("use_logit_scale", True)
     kwargs.setdefault("scale", 1.0 / 26.0)
-    return CLIPPreferenceReward(path, **kwargs)
+    return CLIPPreferenceReward(model_path=model_path, processor_path=processor_path, **kwargs)
+
+
+pickscore.required_settings = ("model_path", "processor_path")  # checked before any model loads (config files)
 
 
 def hps(path: str | None = None, **kwargs: Any) -> CLIPPreferenceReward:

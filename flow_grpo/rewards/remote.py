@@ -14,35 +14,36 @@ samples): ``"scores"`` maps names to lists of exactly N entries, scores are JSON
 
 Limits per attempt: ``timeout`` is a wall-clock deadline over the whole exchange (connect, send, wait, read; a
 server sending one byte per second cannot stretch it), and a reply above ``max_reply_mb`` is refused (announced
-size: before reading it; streamed: as soon as it passes the cap).
+size: before reading it; streamed: as soon as it passes the cap).  Redirects are never followed (a failed call).
 
-Authentication: when the environment variable ``MMGRPO_REWARD_TOKEN`` is set, every request carries
-``Authorization: Bearer <token>`` (the reference server checks it when the same variable is set on its side).
-The token is read from the environment only, so it never lands in a saved config.
+Authentication: when the environment variable ``MMGRPO_REWARD_TOKEN`` is set, every request is signed with it and
+a reply is used only if the server signed it back with the same token (HMAC challenge-response,
+:mod:`mmgrpo.utils.http_guard`): the token never travels, and a process that took the server's port while it
+restarted gets nothing reusable and cannot supply scores (its replies are failed calls).  The token is read from
+the environment only, so it never lands in a saved config.
 
 Keys are renamed from the server's reward name to this client's ``name`` (``R -> name``, ``R/aux -> name/aux``)
 so that a ``RemoteReward(name="pickscore")`` is a drop-in for a local ``pickscore`` inside :class:`MultiReward`.
 
-JPEG transport (DDPO/Flow-GRPO style) is lossy; use ``image_format="png"`` where the exact pixels matter
-(e.g. a remote JPEG-compressibility reward).  A reference server: ``python -m flow_grpo.rewards.server``.
+Transport: PNG by default (lossless: the server scores exactly the pixels a local reward would, so a remote reward is a
+drop-in for the local one). ``image_format="jpeg"`` (the DDPO / Flow-GRPO releases' transport) is smaller on the wire
+but lossy, and it **changes the scores**: on the same images a remote reward behind JPEG (quality 95) scores
+differently from the same reward run locally (docs/rewards.md gives measured differences); choose it only where
+bandwidth matters more than matching the local reward.  A reference server: ``python -m flow_grpo.rewards.server``.
 """
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import logging
 import os
-import socket
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any, Literal
 
 import numpy as np
+
+from mmgrpo.utils.http_guard import HTTPFailure, TooLarge, error_text, http_request
 
 from .base import NanPolicy, Reward, RewardError
 
@@ -66,10 +67,6 @@ def encode_images(images: np.ndarray, image_format: str = "jpeg", quality: int =
         Image.fromarray(img).save(buf, format=fmt, **({"quality": quality} if fmt == "JPEG" else {}))
         out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
     return out
-
-
-class TooLarge(ValueError):
-    """Input above a configured size cap (the server answers 413)."""
 
 
 def decode_images(encoded: list[str], max_pixels: int | None = None) -> np.ndarray:
@@ -108,110 +105,6 @@ class _Retryable(Exception):
     pass
 
 
-class _Deadline:
-    """Wall-clock limit on one HTTP exchange.
-
-    A socket timeout applies to each read separately, so a server sending one byte per second would never trip it.
-    When this deadline passes, the sockets of the exchange are shut down: any read blocked on them returns at once
-    and the exchange fails (reported as a timeout because ``expired`` is set)."""
-
-    def __init__(self, seconds: float):
-        self.expired = False
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> "_Deadline":
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._timer.cancel()
-
-    def watch(self, sock: socket.socket) -> socket.socket:
-        with self._lock:
-            self._socks.append(sock)
-            expired = self.expired
-        if expired:
-            _shutdown(sock)
-        return sock
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            socks = list(self._socks)
-        for sock in socks:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already closed
-        pass
-
-
-def _watched(conn_cls: type, deadline: _Deadline) -> type:
-    """``conn_cls`` (HTTP or HTTPS connection) whose raw socket is registered with ``deadline`` as soon as it is
-    connected (before any TLS handshake, so a stalled handshake is covered too)."""
-
-    class Conn(conn_cls):
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            create = self._create_connection
-            self._create_connection = lambda *a, **k: deadline.watch(create(*a, **k))
-
-    return Conn
-
-
-class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, deadline: _Deadline):
-        super().__init__()
-        self._deadline = deadline
-
-    def http_open(self, req):
-        return self.do_open(_watched(http.client.HTTPConnection, self._deadline), req)
-
-
-class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, deadline: _Deadline):
-        super().__init__()
-        self._deadline = deadline
-
-    def https_open(self, req):
-        return self.do_open(_watched(http.client.HTTPSConnection, self._deadline), req, context=self._context)
-
-
-def _read_capped(resp: Any, cap: int, what: str) -> bytes:
-    """Read the whole body of ``resp``, refusing more than ``cap`` bytes: an announced larger Content-Length is
-    refused before reading; a body without one is cut off as soon as it passes the cap."""
-    announced = resp.headers.get("Content-Length")
-    if announced is not None and announced.strip().isdigit() and int(announced) > cap:
-        raise TooLarge(f"{what} announces {int(announced)} bytes")
-    parts, size = [], 0
-    while True:
-        chunk = resp.read1(1 << 16)  # returns after one socket read: the deadline can interrupt between reads
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > cap:
-            raise TooLarge(f"{what} sends more than {cap} bytes")
-        parts.append(chunk)
-    if getattr(resp, "length", None):  # Content-Length not reached: the connection closed early
-        raise http.client.IncompleteRead(b"".join(parts), resp.length)
-    return b"".join(parts)
-
-
-def _is_loopback_ip(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class RemoteReward(Reward):
     """POST images + prompts + metadata to a reward server and read back the dict of scores.
 
@@ -221,7 +114,9 @@ class RemoteReward(Reward):
         retries: extra attempts after a connection error, timeout or 5xx (``1 + retries`` in total), with
             exponential backoff ``backoff * 2**k`` seconds between them.  4xx answers, malformed and oversized
             replies are not retried here (the trainer's ``ResilientReward`` has its own retries).
-        image_format / jpeg_quality: transport encoding.
+        image_format: transport encoding, ``"png"`` (default: lossless, scores equal the local reward's) or ``"jpeg"``
+            (lossy: smaller requests, but the scores change; see the module docstring).
+        jpeg_quality: JPEG quality with ``image_format="jpeg"``.
         name: output key (server keys are renamed to it).
         max_reply_mb: largest reply accepted (MiB); a larger one is refused without reading it all.
 
@@ -231,7 +126,7 @@ class RemoteReward(Reward):
     name = "remote"
 
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 2, backoff: float = 0.5,
-                 image_format: Literal["jpeg", "png"] = "jpeg", jpeg_quality: int = 95, name: str | None = None,
+                 image_format: Literal["png", "jpeg"] = "png", jpeg_quality: int = 95, name: str | None = None,
                  nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0):
         super().__init__(name=name, nan_policy=nan_policy)
         if not url.startswith(("http://", "https://")):
@@ -242,60 +137,45 @@ class RemoteReward(Reward):
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.backoff = float(backoff)
+        if str(image_format).lower() not in ("png", "jpeg", "jpg"):
+            raise ValueError(f"image_format must be 'png' (lossless, default) or 'jpeg' (lossy: changes the scores), "
+                             f"got {image_format!r}")
         self.image_format = image_format
         self.jpeg_quality = int(jpeg_quality)
         self.max_reply_bytes = int(max_reply_mb * 2**20)
         self.max_reply_mb = float(max_reply_mb)
         self.last_attempts = 0
-        # A loopback server must never be reached through an HTTP(S)_PROXY from the environment.
-        host = urllib.parse.urlsplit(url).hostname or ""
-        self._loopback = host == "localhost" or _is_loopback_ip(host)
 
     def _post_once(self, body: bytes) -> dict:
-        headers = {"Content-Type": "application/json"}
-        token = os.environ.get(TOKEN_ENV)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-        deadline = _Deadline(self.timeout)
-        handlers = [_DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline)]
-        if self._loopback:
-            handlers.append(urllib.request.ProxyHandler({}))
-        opener = urllib.request.build_opener(*handlers)
-        with deadline:  # also bounds reading an error body
-            try:
-                with opener.open(req, timeout=self.timeout) as resp:
-                    raw = _read_capped(resp, self.max_reply_bytes, "the reply")
-            except urllib.error.HTTPError as e:
-                self._raise_http_error(e)
-            except TooLarge as e:
-                raise RewardError(f"reward {self.name!r}: {self.url}: {e}, above max_reply_mb="
-                                  f"{self.max_reply_mb:g}", self.name) from e
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-                if deadline.expired:
-                    raise _Retryable(f"timeout: no complete reply within {self.timeout:g} s") from e
-                reason = getattr(e, "reason", e)
-                kind = "timeout" if isinstance(reason, (socket.timeout, TimeoutError)) else "connection error"
-                raise _Retryable(f"{kind}: {type(reason).__name__}: {reason}") from e
+        token = os.environ.get(TOKEN_ENV) or None
         try:
-            return json.loads(raw.decode("utf-8"))
+            reply = http_request(self.url, "POST", body, timeout=self.timeout, max_reply_bytes=self.max_reply_bytes,
+                                 token=token, what=f"reward server {self.url}")
+        except HTTPFailure as e:
+            if e.retryable:
+                raise _Retryable(str(e)) from None
+            cap = f" (max_reply_mb={self.max_reply_mb:g})" if "reply cap" in str(e) else ""
+            raise RewardError(f"reward {self.name!r}: {e}{cap}", self.name) from None
+        if reply.status >= 300:
+            self._raise_http_error(reply, token)
+        try:
+            return json.loads(reply.body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise RewardError(f"reward {self.name!r}: the reply from {self.url} is not JSON ({e}): {raw[:200]!r}",
-                              self.name) from e
+            raise RewardError(f"reward {self.name!r}: the reply from {self.url} is not JSON ({e}): "
+                              f"{reply.body[:200]!r}", self.name) from e
 
-    def _raise_http_error(self, e: urllib.error.HTTPError) -> None:
-        try:
-            msg = str(json.loads(_read_capped(e, 1 << 16, "the error reply").decode("utf-8")).get("error", ""))
-        except Exception:  # noqa: BLE001 - body is best effort
-            msg = ""
-        if e.code >= 500 or e.code == 429:
-            raise _Retryable(f"HTTP {e.code}: {msg}") from e
+    def _raise_http_error(self, reply, token: str | None) -> None:
+        msg = error_text(reply)
+        if token and not reply.authenticated:
+            msg += " [unauthenticated reply]"
+        if reply.status >= 500 or reply.status == 429:
+            raise _Retryable(f"HTTP {reply.status}: {msg}")
         hint = ""
-        if e.code == 401:
-            hint = (f" (set {TOKEN_ENV} to the server's token)" if not os.environ.get(TOKEN_ENV)
+        if reply.status == 401:
+            hint = (f" (set {TOKEN_ENV} to the server's token)" if not token
                     else f" ({TOKEN_ENV} differs from the server's)")
         raise RewardError(f"reward {self.name!r}: server {self.url} rejected the request "
-                          f"(HTTP {e.code}): {msg}{hint}", self.name) from e
+                          f"(HTTP {reply.status}): {msg}{hint}", self.name)
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         try:

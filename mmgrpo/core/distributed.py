@@ -22,8 +22,29 @@ from .advantages import AdvantageOutput, group_advantages
 __all__ = ["gather_groups", "distributed_group_advantages", "global_sum", "world_info"]
 
 
+_MAX_DIMS = 8
+_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+           torch.float32, torch.float64, torch.complex64, torch.complex128)
+
+
+def _layout(tensors: Sequence[Tensor]) -> Tensor:
+    """(len(tensors), 2 + _MAX_DIMS) long: dtype code, ndim and shape of each tensor (-1 padded)."""
+    rows = []
+    for t in tensors:
+        if t.dim() > _MAX_DIMS:
+            raise ValueError(f"gather_groups supports tensors of at most {_MAX_DIMS} dims, got shape "
+                             f"{tuple(t.shape)}")
+        code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
+        rows.append([code, t.dim()] + list(t.shape) + [-1] * (_MAX_DIMS - t.dim()))
+    return torch.tensor(rows, dtype=torch.long)
+
+
 def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
     """All-gather variable-length tensors along dim 0, concatenated in rank order.
+
+    The shapes and dtypes are gathered first: only dim 0 may differ between processes.  A tensor whose other dims
+    (or dtype) differ raises ``ValueError`` on every process alike, naming the shapes; without this check gloo
+    aborts the process ("Received data size doesn't match expected size") and NCCL may hang.
 
     Args:
         tensors: local tensors that share their first dimension n_local (which may differ per process).
@@ -38,9 +59,17 @@ def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
     if world == 1:
         return list(tensors), slice(0, n_local)
     dev = tensors[0].device
-    sizes_t = [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(world)]
-    dist.all_gather(sizes_t, torch.tensor([n_local], dtype=torch.long, device=dev))
-    sizes = [int(s.item()) for s in sizes_t]
+    mine = _layout(tensors).to(dev)
+    layouts_t = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(layouts_t, mine)
+    layouts = [x.cpu() for x in layouts_t]
+    for i in range(len(tensors)):
+        rest = {tuple(x[i, [0, 1]].tolist()) + tuple(x[i, 3:].tolist()) for x in layouts}
+        if len(rest) > 1:
+            shapes = "; ".join(f"process {r}: {_describe(x[i])}" for r, x in enumerate(layouts))
+            raise ValueError(f"gather_groups: tensor {i} differs between processes in more than dim 0 ({shapes}); "
+                             "only the number of rows may differ")
+    sizes = [int(x[0, 2]) for x in layouts]
     max_n = max(sizes)
     offset = sum(sizes[:rank])
     out = []
@@ -51,6 +80,12 @@ def gather_groups(tensors: Sequence[Tensor]) -> tuple[list[Tensor], slice]:
         dist.all_gather(parts, padded)
         out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
     return out, slice(offset, offset + n_local)
+
+
+def _describe(row: Tensor) -> str:
+    code, nd = int(row[0]), int(row[1])
+    dtype = _DTYPES[code] if 0 <= code < len(_DTYPES) else "other dtype"
+    return f"shape {tuple(int(d) for d in row[2:2 + nd])} {dtype}"
 
 
 def distributed_group_advantages(

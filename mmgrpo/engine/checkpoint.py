@@ -21,8 +21,9 @@ adds does not fit: the objects given to ``register_for_checkpointing`` (data pos
 ``load_custom_state``: loading would run code from the file) and which are keyed by registration order; and for
 replicated runs it saves the whole model (frozen base included) instead of the trained tensors. Everything it
 added is kept here as plain, safely loadable entries. Only tensors go through DCP: DCP reads its non-tensor items
-with ``torch.load(weights_only=False)`` too, so none are written, load templates only ask for tensors, and
-``.metadata`` is checked with :func:`mmgrpo.utils.checkpoint.refuse_unsafe_pickles` before loading.
+with ``torch.load(weights_only=False)`` too, so none are written, and a folder holding one is refused before DCP
+reads anything (:func:`mmgrpo.utils.checkpoint.read_dcp_metadata`: ``.metadata`` with a restricted unpickler, no
+other metadata file, tensor entries only; DCP then plans with that checked object).
 
 Process-count changes: a sharded checkpoint resumes on any number of processes (and into an unsharded run);
 replicated entries are the same on every process, so they resume on any number too. RNG states are restored only
@@ -147,17 +148,46 @@ def save_sharded(path: str | os.PathLike, tensors: Mapping[str, Any]) -> None:
         dcp.save(_tensors_only(tensors), checkpoint_id=str(path))
 
 
+def _checked_reader(path: str | os.PathLike):
+    """A DCP ``FileSystemReader`` whose metadata is :func:`~mmgrpo.utils.checkpoint.read_dcp_metadata`'s checked
+    object (restricted unpickler, tensors only, ``.metadata`` the only metadata file), and which refuses to read any
+    non-tensor item should one be planned anyway.  Its ``read_metadata`` takes no ``rank``: DCP then never falls
+    back to a per-rank ``__<rank>.metadata`` file."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    from mmgrpo.utils.checkpoint import UnsafeCheckpointError, read_dcp_metadata
+
+    checked = read_dcp_metadata(path)
+
+    class CheckedReader(FileSystemReader):
+        def read_metadata(self):  # no **kwargs: DCP's per-rank metadata fallback is off
+            if getattr(checked, "storage_meta", None) is None:
+                checked.storage_meta = StorageMeta()
+            checked.storage_meta.load_id = self.load_id
+            return checked
+
+        def read_data(self, plan, planner):
+            bad = [r.storage_index.fqn for r in plan.items if r.type == LoadItemType.BYTE_IO]
+            if bad:
+                raise UnsafeCheckpointError(f"sharded checkpoint {path} refused: entry {bad[0]!r} is not a tensor "
+                                            "(torch.distributed.checkpoint would unpickle it as is)")
+            return super().read_data(plan, planner)
+
+    return CheckedReader(str(path))
+
+
 def load_sharded(path: str | os.PathLike, template: Mapping[str, Any]) -> dict:
     """Collective: fill ``template`` (a nested dict of tensors / DTensors laid out as this run holds them) from a
-    DCP folder written by any number of processes; returns it. ``.metadata`` is checked first (it is a pickle)."""
+    DCP folder written by any number of processes; returns it. The folder's metadata is read and checked first
+    (:func:`mmgrpo.utils.checkpoint.read_dcp_metadata`): only tensor entries, never run code."""
     import torch.distributed.checkpoint as dcp
 
-    from mmgrpo.utils.checkpoint import refuse_unsafe_pickles
-
-    refuse_unsafe_pickles(path)
+    reader = _checked_reader(path)
     sd = _tensors_only(template)
     with _single_process_quiet():
-        dcp.load(sd, checkpoint_id=str(path))
+        dcp.load(sd, storage_reader=reader)
     return sd
 
 
@@ -244,9 +274,9 @@ def load_sharded_state(path: str | os.PathLike, model: torch.nn.Module, optimize
                        deepspeed: bool = False, extra: Optional[Mapping[str, Any]] = None) -> dict:
     """Collective: the inverse of :func:`sharded_writer` (``path``: the checkpoint's ``state/``) into this run's
     layout, whatever number of processes wrote it; returns the loaded ``extra`` tensors."""
-    from mmgrpo.utils.checkpoint import refuse_unsafe_pickles
-
     if deepspeed:  # pragma: no cover
+        from mmgrpo.utils.checkpoint import refuse_unsafe_pickles
+
         refuse_unsafe_pickles(path)
         accelerator.load_state(str(path))
         return {}

@@ -3,6 +3,8 @@
 Every error a run raises on purpose derives from :class:`MMGRPOError`; the CLIs turn each into its exit code
 (:mod:`mmgrpo.utils.exit_codes`), not a traceback:
 
+* :class:`ConfigError`: a setting found wrong before the model loads (flash-attn missing, a reward without its
+  URL or weights, a run that cannot fit the device; exit code 2, like a bad command line);
 * :class:`TrainingStopped`: a fault policy stopped the run after writing a checkpoint (exit code 3);
 * :class:`NothingTrained`: the run applied no optimizer step, every step was skipped (exit code 4);
 * :class:`OutputDirLocked`: another run holds ``<output_dir>/.lock`` (exit code 5);
@@ -21,12 +23,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["MMGRPOError", "TrainingStopped", "TrainingHalted", "NothingTrained", "RewardCallFailed",
+__all__ = ["MMGRPOError", "ConfigError", "TrainingStopped", "TrainingHalted", "NothingTrained", "RewardCallFailed",
            "RewardTimeout", "OutputDirLocked", "TrainingInterrupted"]
 
 
 class MMGRPOError(Exception):
     """Base of every error mmgrpo / flow_grpo raise on purpose (catch this to handle them all)."""
+
+
+class ConfigError(MMGRPOError, ValueError):
+    """A setting is wrong, found before the model loads; the message names the setting (a dotted config key or a
+    command-line flag) and what to do (exit code 2)."""
 
 
 class TrainingStopped(MMGRPOError, RuntimeError):

@@ -39,6 +39,7 @@ Built-in checks (functions, tested in ``tests/data/test_synthetic_grounding.py``
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from .tvg import BACKGROUND, COLOURS, FPS_CHOICES, SHAPE_SIZE, SHAPES, SIZES, Ev
 DURATION = (10.0, 16.0)  # seconds, uniform
 EVENT_SECONDS = (1.0, 2.0)  # visible time of one event, uniform
 N_EVENTS = (3, 5)  # inclusive
+MAX_EVENTS = 9  # 3 colours x 3 shapes: the most distinct (colour, shape) kinds one video draws
 N_LANES = 3  # default; lanes=2 puts each lane on one row of 28 px visual tokens (64 px frames resized to 56)
 CLOCK_ROWS = 8  # height of the progress bar strip at the bottom of a frame (clock=True)
 CLOCK_PX_PER_S = 3.5  # bar length per second of video time: 16 s fit in 56 px, for both frame widths
@@ -148,6 +150,35 @@ def sample_spec(rng, name: str, twin_prob: float = 0.3, clock: str = "none", lan
         spec = _draw_spec(rng, name, twin_prob, clock, lanes, n_events)
         if len(spec.events) >= n_events[0] and _has_distractors(spec.events):
             return spec
+
+
+def max_lanes(clock: str = "none") -> int:
+    """The most lanes the smallest frame holds: each lane at least SHAPE_SIZE pixels high."""
+    return min((h - (CLOCK_ROWS if clock == "bar" else 0)) // SHAPE_SIZE for _, h in SIZES)
+
+
+def check_settings(clock: str = "none", lanes: int = N_LANES, n_events: tuple[int, int] = N_EVENTS) -> None:
+    """ValueError unless every video can be drawn: 1 <= lanes <= :func:`max_lanes`, 2 <= min <= max <= MAX_EVENTS.
+    :func:`sample_spec` redraws until a video fits, so a setting outside these bounds (``lanes=0``, 200 events)
+    would redraw forever; inside them the rarest setting (9 events on one lane) keeps ~0.3 % of its draws.
+    (The check lives here, not in ``sample_spec``, whose source is part of the shipped checkpoints' fingerprint.)"""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    def whole(x):
+        try:
+            return operator.index(x)
+        except TypeError:
+            return None
+
+    lanes_i = whole(lanes)
+    if lanes_i is None or not 1 <= lanes_i <= max_lanes(clock):
+        raise ValueError(f"lanes must be in [1, {max_lanes(clock)}] (a lane is at least {SHAPE_SIZE} px high), got "
+                         f"{lanes!r}")
+    ev = tuple(n_events)
+    lo, hi = (whole(ev[0]), whole(ev[1])) if len(ev) == 2 else (None, None)
+    if lo is None or hi is None or not 2 <= lo <= hi <= MAX_EVENTS:
+        raise ValueError(f"n_events must be (min, max) with 2 <= min <= max <= {MAX_EVENTS} (distinct colour-shape "
+                         f"kinds), got {n_events!r}")
 
 
 def _draw_spec(rng, name: str, twin_prob: float, clock: str, lanes: int,
@@ -377,6 +408,7 @@ def generate(out_dir: str | os.PathLike, n_train: int = 64, n_eval: int = 16, se
     from mmgrpo.vlm.data.schema import Sample
     from mmgrpo.video.writer import write_video
 
+    check_settings(clock, lanes, tuple(n_events))  # before anything is written
     out_dir = os.fspath(out_dir)
     os.makedirs(os.path.join(out_dir, "videos"), exist_ok=True)
     result: dict = {"videos": os.path.join(out_dir, "videos"), "n_samples": {}, "frame_digests": {}}

@@ -476,16 +476,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import os
 
+    from ._cli import int_in
+
     p = argparse.ArgumentParser(description="Write Mini-GenEval prompts (JSONL, one metadata dict per line).")
-    p.add_argument("--n", type=int, default=1000, help="number of sampled prompts (ignored with --all)")
+    p.add_argument("--n", type=int_in(0), default=1000, help="number of sampled prompts (ignored with --all)")
     p.add_argument("--all", action="store_true", help="write every prompt of the split once")
     p.add_argument("--split", default="train", choices=["train", "heldout"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tags", nargs="*", default=None, choices=list(TAGS))
     p.add_argument("--out", required=True)
     p.add_argument("--images", default=None, help="also render a reference PNG per prompt into this folder")
-    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--size", type=int_in(24, 4096), default=64, help="reference image side in px (24-4096)")
     a = p.parse_args(argv)
+    if a.tags is not None and not a.tags:
+        p.error("--tags needs at least one tag (leave it out for all tags)")
     rows = all_prompts(a.split, a.tags) if a.all else make_prompts(a.n, a.seed, a.split, a.tags)
     if a.images:
         from PIL import Image

@@ -334,18 +334,22 @@ def write_split(out_dir: str, split: str, rows: list[dict], seed: int = 0, size:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
+    from ._cli import int_in
+
     p = argparse.ArgumentParser(description="Write the Mini-T2V benchmark: {split}.jsonl specs + reference clips "
                                             "(clips/*.npy, uint8 (F, H, W, 3)).")
     p.add_argument("out", help="output folder")
     p.add_argument("--splits", nargs="+", default=list(SPLITS), choices=list(SPLITS), help="splits to write")
-    p.add_argument("--n", type=int, default=200, help="sampled prompts per split (ignored with --all)")
+    p.add_argument("--n", type=int_in(0), default=200, help="sampled prompts per split (ignored with --all)")
     p.add_argument("--all", action="store_true", help="write every prompt of each split once (fixed order)")
     p.add_argument("--seed", type=int, default=0, help="prompt sampling and clip rendering seed")
     p.add_argument("--tags", nargs="*", default=None, choices=list(TAGS), help="restrict to these prompt tags")
-    p.add_argument("--size", type=int, default=DEFAULT_SIZE, help="frame side in px (>= 32)")
-    p.add_argument("--frames", type=int, default=DEFAULT_FRAMES, help="frames per clip (>= 4)")
+    p.add_argument("--size", type=int_in(32, 1024), default=DEFAULT_SIZE, help="frame side in px (32-1024)")
+    p.add_argument("--frames", type=int_in(4, 1024), default=DEFAULT_FRAMES, help="frames per clip (4-1024)")
     p.add_argument("--mp4", action="store_true", help="also write an H.264 mp4 per clip for viewing")
     a = p.parse_args(argv)
+    if a.tags is not None and not a.tags:
+        p.error("--tags needs at least one tag (leave it out for all tags)")
     for split in a.splits:  # each split's sampling seed depends on the split name only, not on --splits order
         rows = all_prompts(split, a.tags) if a.all else make_prompts(a.n, a.seed * 1000 + SPLITS.index(split),
                                                                       split, a.tags)

@@ -233,23 +233,29 @@ def build_parser():
     recipe's generator arguments against a base's benchmark with these defaults."""
     import argparse
 
+    from ._cli import int_in
+    from .grounding import MAX_EVENTS, max_lanes
+
     p = argparse.ArgumentParser(description="Generate the synthetic temporal-grounding benchmark (mp4 + JSONL).")
     p.add_argument("out_dir")
-    p.add_argument("--n-train", type=int, default=64)
-    p.add_argument("--n-eval", type=int, default=16)
+    p.add_argument("--n-train", type=int_in(0), default=64, help="training videos (>= 0)")
+    p.add_argument("--n-eval", type=int_in(0), default=16, help="held-out videos (>= 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mcq", action="store_true", help="also write the colour multiple-choice task (version 1)")
     p.add_argument("--version", type=int, default=1, choices=(1, 2),
                    help="1: this module's benchmark; 2: mmgrpo.synthetic.grounding (3-5 short moving events "
                         "with colour/shape distractors and motion queries, where a video-blind span scores low)")
-    p.add_argument("--n-val", type=int, default=0, help="version 2: also write a validation split val.jsonl")
+    p.add_argument("--n-val", type=int_in(0), default=0, help="version 2: also write a validation split val.jsonl")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="version 2: show each frame's time in its pixels: bar = a progress bar at the bottom, light "
                         "= the background brightens with time (mmgrpo.synthetic.grounding)")
-    p.add_argument("--lanes", type=int, default=3,
-                   help="version 2: horizontal lanes of the shapes (2 = one row of 28 px visual tokens each)")
-    p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
-                   help="version 2: events per video before the optional twin (default 3 5; at least 2)")
+    p.add_argument("--lanes", type=int_in(1, max_lanes(), "a lane is at least 14 px of the 64 px frame"), default=3,
+                   help=f"version 2: horizontal lanes of the shapes, 1-{max_lanes()} (2 = one row of 28 px visual "
+                        "tokens each)")
+    p.add_argument("--events", type=int_in(2, MAX_EVENTS, f"{MAX_EVENTS} distinct colour-shape kinds per video"),
+                   nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help=f"version 2: events per video before the optional twin, 2 <= MIN <= MAX <= {MAX_EVENTS} "
+                        "(default 3 5)")
     return p
 
 
@@ -259,6 +265,8 @@ def main(argv=None) -> int:
     if a.version == 2:
         if a.mcq:
             p.error("--mcq exists only for --version 1")
+        if a.events and a.events[0] > a.events[1]:
+            p.error(f"--events MIN MAX: MIN must be <= MAX, got {a.events[0]} {a.events[1]}")
     elif a.clock != "none" or a.n_val or a.lanes != 3 or a.events:
         p.error("--clock, --n-val, --lanes and --events exist only for --version 2")
     if a.version == 2:

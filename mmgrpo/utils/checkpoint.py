@@ -19,8 +19,9 @@ Loading never runs code from the files: every entry is read with ``torch.load(we
 containers and numbers, plus the numpy array / dtype reconstructors the RNG state needs, see :func:`safe_torch_load`);
 a file that needs anything else is refused with :class:`UnsafeCheckpointError` naming it. The manifest's sha256 only
 detects damage: whoever writes a folder writes its manifest, so it proves nothing about where the files came from.
-Pickles that other libraries load themselves (``torch.distributed.checkpoint``'s ``.metadata`` under FSDP, read with
-plain ``pickle.load``) are checked beforehand by :func:`refuse_unsafe_pickles`.
+Sharded state (``torch.distributed.checkpoint``, DCP) is read through :func:`read_dcp_metadata`: its one metadata file
+``.metadata`` (a plain pickle to DCP) is loaded with a restricted unpickler, any other ``*.metadata`` file is refused,
+and so is any non-tensor ("bytes") entry, which DCP would read with ``torch.load(weights_only=False)``.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "safe_torch_load",
     "refuse_unsafe_pickles",
+    "read_dcp_metadata",
     "capture_rng_state",
     "restore_rng_state",
     "atomic_write_text",
@@ -124,21 +126,129 @@ def _allowed_raw_global(module: str, name: str) -> bool:
     return False
 
 
-def refuse_unsafe_pickles(root: str | os.PathLike, names: tuple[str, ...] = (".metadata",)) -> None:
-    """Raise :class:`UnsafeCheckpointError` if a plain pickle named like ``names`` under ``root`` references a
-    global outside the allowlist (checked with a restricted unpickler, which only builds allowed objects)."""
+class _RestrictedUnpickler:
+    """A ``pickle.Unpickler`` that builds only the allowlisted globals of DCP metadata (see :func:`_allowed_raw_global`)."""
+
+    @staticmethod
+    def load(data: bytes) -> Any:
+        import io
+        import pickle
+
+        class _Restricted(pickle.Unpickler):
+            def find_class(self, module, name):
+                if not _allowed_raw_global(module, name):
+                    raise pickle.UnpicklingError(f"Unsupported global: {module}.{name}")
+                return super().find_class(module, name)
+
+        return _Restricted(io.BytesIO(data)).load()
+
+
+DCP_METADATA = ".metadata"  # the one metadata file of a torch.distributed.checkpoint folder that is ever read
+
+
+def _is_metadata_file(p: Path) -> bool:
+    # DCP writes ``.metadata`` (collective save) or ``__<rank>.metadata`` (per-rank save), and falls back to the
+    # latter when the former is missing: every ``*.metadata`` name is a pickle DCP may read
+    return p.is_file() and p.name.endswith(DCP_METADATA)
+
+
+def read_dcp_metadata(folder: str | os.PathLike, allow_bytes: bool = False) -> Any:
+    """The ``torch.distributed.checkpoint`` metadata of ``folder``, read without running code; raises
+    :class:`UnsafeCheckpointError` naming the folder (and the file or entry) unless all of these hold:
+
+    * ``folder/.metadata`` exists and no other ``*.metadata`` file does (DCP would fall back to
+      ``__<rank>.metadata`` when ``.metadata`` is missing, and read it with plain ``pickle.load``);
+    * it unpickles with the restricted unpickler (DCP's own dataclasses, ``torch.Size``, dtypes, paths only) to a
+      ``Metadata`` object;
+    * every entry is a tensor (``TensorStorageMetadata``): DCP reads non-tensor ("bytes") entries with
+      ``torch.load(weights_only=False)``, i.e. a pickle that can run code. mmgrpo never writes one.
+      ``allow_bytes=True`` (checkpoints of the earlier accelerate format, whose optimizer ``param_groups`` went
+      through DCP as bytes) accepts a bytes entry only if it loads with ``torch.load(weights_only=True)`` (plain
+      data then unpickles the same way under DCP's loader);
+    * every storage file it names is a plain file name inside ``folder`` (no ``..``, no absolute path).
+
+    Returns the checked ``Metadata``; :func:`mmgrpo.engine.checkpoint.load_sharded` hands this very object to DCP,
+    so what DCP plans with is what was checked."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
+    folder = Path(folder)
+    meta_file = folder / DCP_METADATA
+    others = sorted(p.name for p in folder.iterdir() if _is_metadata_file(p) and p.name != DCP_METADATA) \
+        if folder.is_dir() else []
+    if others:
+        raise UnsafeCheckpointError(
+            f"sharded checkpoint {folder} refused: metadata file(s) {others} other than {DCP_METADATA!r}, the only "
+            "one mmgrpo writes and checks; torch.distributed.checkpoint would unpickle them as they are (i.e. they "
+            "could run code). Do not resume from a folder you did not write.")
+    if not meta_file.is_file():
+        raise CheckpointError(f"sharded checkpoint {folder} has no {DCP_METADATA} file (incomplete or not a "
+                              "torch.distributed.checkpoint folder)")
+    try:
+        md = _RestrictedUnpickler.load(meta_file.read_bytes())
+    except Exception as exc:  # noqa: BLE001 - any failure to parse it safely is a refusal
+        raise _refusal(meta_file, exc) from None
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise UnsafeCheckpointError(f"checkpoint file {meta_file} refused: it unpickles to a "
+                                    f"{type(md).__name__}, not torch.distributed.checkpoint's Metadata")
+    for fqn, entry in md.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            continue
+        if isinstance(entry, BytesStorageMetadata) and allow_bytes:
+            _check_bytes_entry(folder, md, fqn)
+            continue
+        raise UnsafeCheckpointError(
+            f"sharded checkpoint {folder} refused: entry {fqn!r} is a {type(entry).__name__} item, not a tensor. "
+            "torch.distributed.checkpoint reads such items with torch.load(weights_only=False) (i.e. it could run "
+            "code) and mmgrpo never writes one. Do not resume from a folder you did not write.")
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(rel, str) or not rel or Path(rel).name != rel or rel in (".", ".."):
+            raise UnsafeCheckpointError(f"sharded checkpoint {folder} refused: {meta_file.name} points at storage "
+                                        f"file {rel!r}, outside the folder")
+    return md
+
+
+def _check_bytes_entry(folder: Path, md: Any, fqn: str) -> None:
+    """A bytes entry of a DCP folder must be plain data: load its bytes with ``torch.load(weights_only=True)``."""
     import io
-    import pickle
 
-    class _Restricted(pickle.Unpickler):
-        def find_class(self, module, name):
-            if not _allowed_raw_global(module, name):
-                raise pickle.UnpicklingError(f"Unsupported global: {module}.{name}")
-            return super().find_class(module, name)
+    from torch.distributed.checkpoint.metadata import MetadataIndex
 
-    for f in sorted(p for p in Path(root).rglob("*") if p.is_file() and p.name in names):
+    info = (md.storage_data or {}).get(MetadataIndex(fqn))
+    if info is None or getattr(info, "transform_descriptors", None):
+        raise UnsafeCheckpointError(f"sharded checkpoint {folder} refused: bytes entry {fqn!r} has no plain "
+                                    "storage record (cannot be checked without unpickling it)")
+    f = folder / str(info.relative_path)
+    try:
+        with open(f, "rb") as fh:
+            fh.seek(int(info.offset))
+            data = fh.read(int(info.length))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"sharded checkpoint {folder}: bytes entry {fqn!r} unreadable from {f}: {exc}") from None
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - not loadable as plain data: refuse
+        detail = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "unsupported" in ln.lower()),
+                      f"{type(exc).__name__}")
+        raise UnsafeCheckpointError(f"sharded checkpoint {folder} refused: bytes entry {fqn!r} would need "
+                                    f"unpickling beyond plain data, i.e. could run code ({detail})") from None
+
+
+def refuse_unsafe_pickles(root: str | os.PathLike, names: tuple[str, ...] = ()) -> None:
+    """Check every ``torch.distributed.checkpoint`` folder under ``root`` (a folder holding any ``*.metadata``
+    file) with :func:`read_dcp_metadata` (``allow_bytes=True``: for the earlier accelerate format, whose loader is
+    accelerate's), and any other plain pickle named like ``names``; raise :class:`UnsafeCheckpointError` naming the
+    file or entry.  For loads that go through accelerate / DCP's own reader."""
+    root = Path(root)
+    folders = sorted({p.parent for p in root.rglob("*") if _is_metadata_file(p)})
+    for d in folders:
+        read_dcp_metadata(d, allow_bytes=True)
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and p.name in names):
         try:
-            _Restricted(io.BytesIO(f.read_bytes())).load()
+            _RestrictedUnpickler.load(f.read_bytes())
         except Exception as exc:  # noqa: BLE001 - any failure to parse it safely is a refusal
             raise _refusal(f, exc) from None
 

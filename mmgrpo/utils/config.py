@@ -98,7 +98,46 @@ class _Scalar(str):
 
 
 class _RawLoader(yaml.SafeLoader):
-    pass
+    def construct_mapping(self, node, deep=False):
+        # PyYAML keeps the last of two equal keys in silence: a recipe with two `run:` sections lost the first
+        # one's settings. Equal keys of one mapping are an error naming both lines (merge keys `<<` may still be
+        # overridden: that is what they are for).
+        if isinstance(node, yaml.MappingNode):
+            _check_unique_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_unique_keys(node: yaml.MappingNode) -> None:
+    seen: dict[str, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        first = seen.setdefault(key_node.value, key_node)
+        if first is not key_node:
+            raise yaml.constructor.ConstructorError(
+                f"while reading the mapping that starts on line {node.start_mark.line + 1}", node.start_mark,
+                f"duplicate key {key_node.value!r} (first on line {first.start_mark.line + 1}): a second section "
+                "or key would silently replace the first; merge them into one", key_node.start_mark)
+
+
+def _check_dotted_duplicates(node: Any, prefix: str = "", seen: dict | None = None) -> None:
+    """The same config key written twice in one file in two spellings (``run.bf16: true`` and ``run: {bf16:
+    false}``): an error naming both lines, as for equal keys."""
+    seen = {} if seen is None else seen
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        full = prefix + key_node.value.strip()
+        if isinstance(value, yaml.MappingNode):
+            _check_dotted_duplicates(value, full + ".", seen)
+            continue
+        first = seen.setdefault(full, key_node)
+        if first is not key_node:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"config key {full!r} is set twice (first on line {first.start_mark.line + 1}, in another "
+                f"spelling): keep one", key_node.start_mark)
 
 
 # Keep only the merge-key resolver; everything else resolves to str and reaches _construct_raw.
@@ -728,7 +767,14 @@ def _read_yaml_file(path: str | os.PathLike) -> dict:
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p}")
     try:
-        data = _raw_yaml(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        data = _raw_yaml(text)
+        _check_dotted_duplicates(yaml.compose(text, Loader=_RawLoader))
+    except yaml.MarkedYAMLError as exc:  # name file:line first; PyYAML's own text calls the file "<unicode string>"
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        context = f" ({exc.context})" if exc.context else ""
+        raise ValueError(f"{where}: invalid YAML: {exc.problem}{context}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{p}: invalid YAML: {exc}") from None
     if data is None:

@@ -11,18 +11,21 @@ from typing import Callable
 OK = 0  # trained; final weights written
 USAGE = 2  # bad command line or config (checked before any data or model is loaded)
 STOPPED = 3  # a fault policy stopped the run after writing a checkpoint (resume with run.resume_from=auto)
-NOTHING_TRAINED = 4  # no optimizer step of the run was applied (every step skipped); no final weights written
+NOTHING_TRAINED = 4  # no optimizer step applied, or none with a reward signal (all advantages 0); no final weights
 LOCKED = 5  # run.output_dir is in use by another run (<output_dir>/.lock names it)
 INTERRUPTED = 6  # SIGTERM / SIGINT: stopped at a step (VLM) / epoch (flow) boundary after writing a checkpoint
 SIGINT_EARLY = 130  # Ctrl-C before the training loop started (nothing to checkpoint yet); the shell's 128 + SIGINT
 
 HELP = f"""exit codes:
   {OK}  trained; final weights written
-  {USAGE}  bad command line or config (validated before any data or model is loaded)
+  {USAGE}  bad command line or config (validated before any model is loaded: also flash-attn missing, a reward
+     without its URL or weights, a run the planner says cannot fit the device; the message names the setting)
   {STOPPED}  stopped by a fault policy after writing a checkpoint (too many consecutive skipped steps; mmgrpo also
      reward.on_failure=stop / on_nonfinite=error); fix the cause, then resume from the checkpoint it names
   {NOTHING_TRAINED}  nothing was trained: every optimizer step was skipped (no valid group / reward, e.g. all media
-     missing or the reward server down, or non-finite values); no final weights are written
+     missing or the reward server down, or non-finite values), or no step had a reward signal (every group's
+     rewards equal, e.g. no completion parsed: the message gives the parse rate and reward spread); no final
+     weights are written
   {LOCKED}  run.output_dir is in use by another run (one run per folder; <output_dir>/.lock names the holder; a
      lock left by a dead process is taken over with a warning)
   {INTERRUPTED}  interrupted by SIGTERM / SIGINT (preemption, Ctrl-C): the current step (flow: epoch) was finished, or
@@ -35,9 +38,11 @@ HELP = f"""exit codes:
 def run_training(prog: str, train: Callable[[], object]) -> int:
     """Run ``train()`` (which does its own heavy imports) and map the run's outcome to the codes above, printing
     the reason as one ``"<prog>: <message>"`` line on stderr instead of a traceback. Shared by both CLIs."""
-    from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingInterrupted, TrainingStopped
+    from mmgrpo.engine.errors import (ConfigError, NothingTrained, OutputDirLocked, TrainingInterrupted,
+                                      TrainingStopped)
 
-    codes = ((TrainingStopped, STOPPED),  # a fault policy stopped the run after writing a checkpoint
+    codes = ((ConfigError, USAGE),  # a setting found wrong before the model loaded (the message names it)
+             (TrainingStopped, STOPPED),  # a fault policy stopped the run after writing a checkpoint
              (NothingTrained, NOTHING_TRAINED),  # every optimizer step was skipped: no final weights
              (OutputDirLocked, LOCKED),  # another run writes into run.output_dir
              (TrainingInterrupted, INTERRUPTED))  # SIGTERM / SIGINT: stopped at a boundary after a checkpoint

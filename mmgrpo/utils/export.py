@@ -7,21 +7,31 @@ complete one: never a half-written folder under the final name (a directory cann
 one, so the old export is first renamed aside; a kill between the two renames leaves no export, which
 :func:`export_problem` reports).  :func:`export_problem` tells a resumed run whether the export exists, is intact
 and belongs to the current state, so it can be rewritten when it is not.
+
+A process killed during :func:`publish_dir` leaves ``.tmp-<name>-<pid>`` (the new export being written) and/or
+``.old-<name>-<pid>`` (the previous one, renamed aside) next to the export: up to two full copies of the weights.
+:func:`clean_stale_exports`, called when a run starts, removes those of processes that are gone; when the export
+itself is missing (killed between the two renames) it first puts back the newest complete one.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from mmgrpo.utils._fsio import fsync_dir
 
-__all__ = ["publish_dir", "export_problem", "EXPORT_MANIFEST"]
+__all__ = ["publish_dir", "export_problem", "clean_stale_exports", "EXPORT_MANIFEST"]
+
+log = logging.getLogger("mmgrpo.export")
 
 EXPORT_MANIFEST = "export.json"
+_LEFTOVER_RE = re.compile(r"^\.(tmp|old)-(.+)-(\d+)$")  # publish_dir's temp / renamed-aside folders
 
 
 def _sha256(path: Path) -> str:
@@ -92,3 +102,43 @@ def export_problem(target: str | os.PathLike, expect: Mapping[str, Any] | None =
         if f.stat().st_size != info.get("size") or _sha256(f) != info.get("sha256"):
             return f"{target}: {rel} does not match its manifest (truncated or corrupt)"
     return None
+
+
+def clean_stale_exports(parent: str | os.PathLike) -> list[Path]:
+    """Remove the ``.tmp-<name>-<pid>`` / ``.old-<name>-<pid>`` folders :func:`publish_dir` left in ``parent``
+    when its process was killed (only those whose pid is neither this process nor alive); returns what was removed.
+
+    If ``<name>`` itself is missing (a kill between the two renames), the newest complete leftover is renamed back
+    to ``<name>`` first: the new export if its manifest verifies, else the previous one; the trainer then compares
+    its ``export.json`` with the run's state as usual.  The export ``<name>`` is never touched otherwise."""
+    from mmgrpo.utils.checkpoint import _pid_alive
+
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    stale: dict[str, dict[str, list[Path]]] = {}
+    for p in parent.iterdir():
+        m = _LEFTOVER_RE.match(p.name)
+        if not m or not p.is_dir() or p.is_symlink():
+            continue
+        if _pid_alive(int(m.group(3))):
+            log.info("leaving %s: its process %s is alive", p, m.group(3))
+            continue
+        stale.setdefault(m.group(2), {"tmp": [], "old": []})[m.group(1)].append(p)
+    removed = []
+    for name, kinds in stale.items():
+        target = parent / name
+        if not target.exists():
+            for cand in kinds["tmp"] + kinds["old"]:  # the new export first, then the previous one
+                if export_problem(cand) is None:
+                    os.rename(cand, target)
+                    fsync_dir(parent)
+                    log.warning("export %s was missing (a run was killed while replacing it): restored it from %s",
+                                target, cand.name)
+                    break
+        for p in kinds["tmp"] + kinds["old"]:
+            if p.exists():
+                log.warning("removing %s, left by an export that was killed", p)
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed

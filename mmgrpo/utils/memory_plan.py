@@ -12,7 +12,8 @@ Model (per device, bytes; ``P`` all parameters, ``T`` trainable ones, W processe
 * LoRA adapters: fp32 (peft upcasts them on a bf16 base): ``T x 4`` weights, ``T x 4`` grads, AdamW ``T x 8``;
 * full fine-tune in bf16: grads ``T x 2``, AdamW moments ``T x 8`` (fp32), and with ``optim.fp32_master_weights``
   the fp32 masters ``T x 4`` plus their fp32 grads ``T x 4`` during ``step`` (``mmgrpo.utils.master_weights``);
-  sharded engines (FSDP2 / ZeRO-3) keep the same fp32 state sharded ``/W``;
+  without masters AdamW runs on the bf16 weights and its moments are bf16 (``T x 4``); sharded engines (FSDP2 /
+  ZeRO-3) keep the fp32 state sharded ``/W``; with a KL term (VLM) a frozen bf16 reference copy ``P x 2``;
 * activations (gradient checkpointing on): ``tokens x (layers x a_layer + a_fixed)``: each checkpointed layer keeps
   its input, one layer is recomputed at a time, ``a_fixed`` covers embeddings / head / vision tower / working set.
   ``a_layer`` and ``a_fixed`` are **measured** at real width (:data:`ACTIVATION_BYTES`, with the command);
@@ -352,11 +353,13 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
          strategy: str = "ddp", rows: int = 8, prompt_tokens: int = 0, completion_len: int = 256,
          flow_tokens: int = 0, fp32_master_weights: bool = True, logprob_chunk: int = 0,
          vllm_fraction: float = 0.0, gpu_gb: float = 0.0, gpu: bool = True, activation: dict | None = None,
-         n: dict | None = None) -> dict:
+         n: dict | None = None, reference: bool = False) -> dict:
     """Per-device bytes, by component, and ``total``; ``fits`` when ``gpu_gb`` is given.
 
     ``rows``: sequences per micro-batch (VLM: rollouts per forward/backward; flow: images per chunk);
-    ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image)."""
+    ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image); ``reference``: a full
+    fine-tune keeps a frozen bf16 copy of the model as the KL reference (VLM ``algo.kl_coef > 0``: ``load_policy``'s
+    ``need_reference``; LoRA uses the model with the adapter off, no copy)."""
     spec = get_spec(spec_name)
     n = n or counts(spec, layers, lora_r)
     sharded = strategy in ("fsdp2", "zero3")
@@ -367,13 +370,17 @@ def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_
     shard = n["all"] if spec["type"] == "vlm" else n["full"]
     out["weights"] = (shard / div + n["all"] - shard) * 2 + (n["per_layer"] * 2 if sharded and world > 1 else 0)
     if full:
+        fp32_state = fp32_master_weights or sharded  # else AdamW runs on the bf16 weights: bf16 moments
         out["grads"] = T * 2 / div
-        out["optimizer"] = T * 8 / div
-        out["master_weights"] = (T * 4 + T * 4) / div if fp32_master_weights or sharded else 0.0
+        out["optimizer"] = T * (8 if fp32_state else 4) / div
+        out["master_weights"] = (T * 4 + T * 4) / div if fp32_state else 0.0
         # AdamW's step temporaries: torch's foreach AdamW (the default on GPU) builds sqrt(v) for every trained
-        # tensor at once, one fp32 copy of them. Measured need at real width (Qwen2.5-VL-3B, 1 layer, full FT on
-        # CPU, where torch uses the single-tensor AdamW): 10.11 GiB against 7.83 without this term (docs/real_scale.md)
-        out["optimizer_step"] = T * 4 / div
+        # tensor at once, one copy of them in the moments' dtype. Measured need at real width (Qwen2.5-VL-3B, 1
+        # layer, full FT on CPU, where torch uses the single-tensor AdamW): 10.11 GiB against 7.83 without this
+        # term (docs/real_scale.md)
+        out["optimizer_step"] = T * (4 if fp32_state else 2) / div
+        if reference:
+            out["reference"] = n["all"] * 2  # replicated frozen bf16 copy (not prepared by accelerate)
     else:
         out["lora_weights"] = T * 4  # adapters are small: replicated under every strategy
         out["grads"] = T * 4
@@ -467,30 +474,86 @@ plan options (before the usual --config / key=value):
   --strategy S      ddp | fsdp2 | zero3 (default ddp; fsdp2 / zero3 shard weights, grads, optimizer state)
   --model NAME      a released model instead of model.path / model.pipeline_dir: """ + ", ".join(sorted(MODELS)) + """
   --prompt-tokens N VLM: prompt tokens per rollout, vision included (default: data.max_prompt_tokens or 1024)
+  --profile NAME    the overrides of a profile (cpu: the CPU rehearsal's run; mmgrpo/utils/profiles.py)
+
+A depth-truncated folder (scripts/rehearse_real_scale.py --build-only) is planned at its own depth; a width-reduced
+or tiny model has no measured figures and is refused (exit 2) with that reason.
 
 Activation figures are measured at real width on CPU (docs/real_scale.md); a GPU adds CUDA-allocator
 fragmentation, NCCL buffers, flash-attention workspaces and the CUDA context, covered only by a flat allowance."""
 
 
-def _match_model(kind: str, cfg_dict: dict) -> str | None:
-    """The MODELS entry whose widths equal a checkpoint's config (hidden size, layers, vocab / heads)."""
+def _match_model(kind: str, cfg_dict: dict) -> tuple[str, int | None] | None:
+    """(name, layers) of the MODELS entry whose widths equal a checkpoint's config (hidden size, vocabulary, heads):
+    ``layers`` is the folder's depth when it is cut shorter than the released model (a depth-truncated folder of
+    ``scripts/rehearse_real_scale.py``), else None. None when no released model has these widths."""
     for name, spec in MODELS.items():
         if spec["type"] == "vlm" and kind == "vlm":
             t = cfg_dict.get("text_config", cfg_dict)
-            if all(t.get(k) == spec["text"][k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-                return name
+            if all(t.get(k) == spec["text"][k] for k in ("hidden_size", "vocab_size", "num_attention_heads")):
+                n = t.get("num_hidden_layers")
+                return name, (n if n and n != spec["text"]["num_hidden_layers"] else None)
         if spec["type"] == "flow" and kind == "flow":
-            if all(cfg_dict.get(k) == spec["transformer"][k] for k in ("num_layers", "num_attention_heads")) \
+            c = spec["transformer"]
+            if all(cfg_dict.get(k) == c[k] for k in ("num_attention_heads", "attention_head_dim")) \
                     and cfg_dict.get("_class_name", "").startswith("Flux") == (spec["kind"] == "flux"):
-                return name
+                n = cfg_dict.get("num_layers")
+                return name, (n if n and n != c["num_layers"] else None)
     return None
+
+
+UNKNOWN_WIDTHS = ("widths match none of the released models the planner knows ({models}). A tiny or width-reduced "
+                  "model (the smoke models, a /k CI variant) has no measured activation figures, so no plan is made "
+                  "for it; use --model NAME to plan the released model it stands for")
+
+
+def checkpoint_config_path(kind: str, cfg: Any) -> str:
+    import os
+
+    return (os.path.join(cfg.model.path, "config.json") if kind == "vlm"
+            else os.path.join(cfg.model.pipeline_dir, "transformer", "config.json"))
+
+
+def plan_for_config(kind: str, cfg: Any, *, world: int = 1, strategy: str = "ddp", gpu: bool = True,
+                    gpu_gb: float = 0.0, model: str | None = None, prompt_tokens: int = 0
+                    ) -> tuple[str, int | None, dict] | None:
+    """(released model name, truncated depth or None, :func:`plan`) for a train config; the model's widths come
+    from its checkpoint folder's config.json (or ``model``). None when the widths are no released model's.
+    Raises OSError when the config.json cannot be read."""
+    import json
+
+    layers = None
+    if model is None:
+        with open(checkpoint_config_path(kind, cfg)) as f:
+            m = _match_model(kind, json.load(f))
+        if m is None:
+            return None
+        model, layers = m
+    spec = MODELS[model]
+    if spec["type"] != kind:
+        raise ValueError(f"{model} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model")
+    if kind == "vlm":
+        lora = cfg.model.lora
+        frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
+                                                             and cfg.rollout.vllm_mode == "colocate") else 0.0
+        p = plan(model, layers=layers, full=not lora.enabled, lora_r=lora.rank, world=world, strategy=strategy,
+                 rows=cfg.run.micro_batch_size, prompt_tokens=prompt_tokens or cfg.data.max_prompt_tokens or 1024,
+                 completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
+                 logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
+                 gpu_gb=gpu_gb, gpu=gpu, reference=cfg.algo.kl_coef > 0)
+    else:
+        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
+        s = dict(spec, max_sequence_length=msl)
+        p = plan(model, layers=layers, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=world,
+                 strategy=strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
+                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
+                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu)
+    return model, layers, p
 
 
 def plan_main(argv, kind: str, prog: str) -> int:
     """``mmgrpo plan`` (kind="vlm") / ``flow_grpo plan`` (kind="flow"); exit 0 when it fits, 1 when not."""
     import argparse
-    import json
-    import os
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--gpu-gb", type=float, default=80.0)
@@ -504,53 +567,37 @@ def plan_main(argv, kind: str, prog: str) -> int:
             print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
             return 0
     known, rest = pre.parse_known_args(argv)
+    from mmgrpo.utils.profiles import expand_profile
+
+    rest = expand_profile(rest, kind, prog)  # --profile cpu: plan the CPU rehearsal's run
     if kind == "vlm":
         from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import parse_config_cli
 
         cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)
-        path = os.path.join(cfg.model.path, "config.json")
     else:
         from flow_grpo.config import load_train_config
 
         cfg = load_train_config(None, [a for a in rest if "=" in a]) if "--config" not in rest else \
             load_train_config(rest[rest.index("--config") + 1], [a for a in rest if "=" in a])
-        path = os.path.join(cfg.model.pipeline_dir, "transformer", "config.json")
-    name = known.model
-    if name is None:
-        if not os.path.isfile(path):
-            print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
-            return 2
-        with open(path) as f:
-            name = _match_model(kind, json.load(f))
-        if name is None:
-            print(f"{prog}: {path}: widths match none of the released models with measured figures "
-                  f"({', '.join(sorted(MODELS))}); use --model NAME for the nearest", file=sys.stderr)
-            return 2
-    spec = MODELS[name]
-    if spec["type"] != kind:
-        print(f"{prog}: --model {name} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model", file=sys.stderr)
+    path = checkpoint_config_path(kind, cfg)
+    try:
+        res = plan_for_config(kind, cfg, world=known.world, strategy=known.strategy, gpu_gb=known.gpu_gb,
+                              model=known.model, prompt_tokens=known.prompt_tokens)
+    except OSError:
+        print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
         return 2
-    if kind == "vlm":
-        lora = cfg.model.lora
-        frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
-                                                             and cfg.rollout.vllm_mode == "colocate") else 0.0
-        p = plan(name, full=not lora.enabled, lora_r=lora.rank, world=known.world, strategy=known.strategy,
-                 rows=cfg.run.micro_batch_size,
-                 prompt_tokens=known.prompt_tokens or cfg.data.max_prompt_tokens or 1024,
-                 completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
-                 logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
-                 gpu_gb=known.gpu_gb)
-    else:
-        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
-        s = dict(spec, max_sequence_length=msl)
-        p = plan(name, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=known.world,
-                 strategy=known.strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
-                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
-                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=known.gpu_gb)
-    print(f"{prog}: {name} ({spec['source']}), {known.strategy} x {known.world}, "
+    except ValueError as e:
+        print(f"{prog}: --model {e}", file=sys.stderr)
+        return 2
+    if res is None:
+        print(f"{prog}: {path}: " + UNKNOWN_WIDTHS.format(models=", ".join(sorted(MODELS))), file=sys.stderr)
+        return 2
+    name, layers, p = res
+    spec = MODELS[name]
+    depth = f", truncated to {layers} layers (the folder's depth)" if layers else ""
+    print(f"{prog}: {name} ({spec['source']}){depth}, {known.strategy} x {known.world}, "
           f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
           f"{activation_for(name)[1]}; per device:")
     print(format_plan(p))
     return 0 if p["fits"] else 1
-

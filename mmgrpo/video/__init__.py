@@ -38,17 +38,20 @@ Rules (bit-identical to qwen-vl-utils 0.0.14 ``fetch_video`` on the decord path;
 
 Errors: a missing / empty / corrupt / truncated file, a file without a video stream, zero frames or an empty clip
 raise :class:`VideoError` whose message starts with the path.
-Helpers: :func:`probe_video` (frame count, fps, size), :func:`write_video` (PyAV mp4 writer),
+Frames larger than ``max_frame_pixels`` (default :data:`MAX_FRAME_PIXELS`, 8K UHD) raise :class:`VideoTooLarge` from
+the container header, before decoding.
+Helpers: :func:`probe_video` (frame count, fps, size), :func:`probe_header` (the header alone, no decoding), :func:`write_video` (PyAV mp4 writer),
 :mod:`mmgrpo.video.sampling` (the pure rules), :mod:`mmgrpo.video.testing` (index-coded test videos).
 """
 from .clip import VideoClip, load_video
-from .decode import VideoError, VideoInfo, probe_video
+from .decode import MAX_FRAME_PIXELS, VideoError, VideoHeader, VideoInfo, VideoTooLarge, probe_header, probe_video
 from .processor import MODEL_FAMILIES, TimeAxisError, build_video_inputs, check_time_axis
 from .sampling import clip_frame_range, sample_frame_indices, smart_nframes, smart_resize, video_max_pixels
 from .writer import write_video
 
 __all__ = [
-    "VideoClip", "load_video", "VideoError", "VideoInfo", "probe_video", "MODEL_FAMILIES", "TimeAxisError",
+    "VideoClip", "load_video", "VideoError", "VideoInfo", "probe_video", "MAX_FRAME_PIXELS", "VideoHeader",
+    "VideoTooLarge", "probe_header", "MODEL_FAMILIES", "TimeAxisError",
     "build_video_inputs", "check_time_axis", "clip_frame_range", "sample_frame_indices", "smart_nframes",
     "smart_resize", "video_max_pixels", "write_video",
 ]

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .decode import VideoError, open_video, _get
+from .decode import MAX_FRAME_PIXELS, VideoError, open_video, _get
 from .sampling import (
     FPS,
     FPS_MAX_FRAMES,
@@ -143,6 +143,7 @@ def load_video(
     nframes: int | None = None,
     video_fps: float | None = None,
     decode_threads: int = 0,
+    max_frame_pixels: int | None = MAX_FRAME_PIXELS,
 ) -> VideoClip:
     """Decode, sample and resize a video exactly as qwen-vl-utils ``fetch_video`` does (decord path).
 
@@ -161,6 +162,8 @@ def load_video(
         video_fps: frame rate of a frame list (default: ``fps``, i.e. the frames are already sampled).
         decode_threads: decoder threads for a file (0 = FFmpeg's automatic choice; 1 = single-threaded, the least
             CPU time in total; the frames are identical, see :func:`mmgrpo.video.decode.open_video`).
+        max_frame_pixels: decode cap: a file whose header claims larger frames raises
+            :class:`~mmgrpo.video.decode.VideoTooLarge` before any frame is decoded (None / 0: no cap).
 
     Returns:
         :class:`VideoClip` with uint8 frames (T, H, W, 3).
@@ -180,7 +183,7 @@ def load_video(
         raise ValueError(f"fps must be positive, got {fps}")
 
     if is_path:
-        reader = open_video(path, backend, decode_threads)
+        reader = open_video(path, backend, decode_threads, max_frame_pixels)
         total, vfps = reader.info.total_frames, reader.info.fps
         name = reader.name
     else:

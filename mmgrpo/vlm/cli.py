@@ -21,12 +21,14 @@ commands:
 def train_main(argv: Sequence[str]) -> int:
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import parse_config_cli
+    from mmgrpo.utils.profiles import expand_profile
 
     from mmgrpo.utils import exit_codes
 
-    cfg = parse_config_cli(TrainConfig, argv, prog="mmgrpo train",
+    cfg = parse_config_cli(TrainConfig, expand_profile(argv, "vlm", "mmgrpo train"), prog="mmgrpo train",
                            description="GRPO / TempSamp-R1 / T-GRPO / Reg-GRPO / TW-GRPO for Qwen-VL policies. "
-                                       "Options: defaults < --config YAML < key=value overrides.\n\n"
+                                       "Options: defaults < --config YAML < --profile NAME < key=value overrides "
+                                       "(--profile cpu: a CPU rehearsal, mmgrpo/utils/profiles.py).\n\n"
                                        + exit_codes.HELP)
     from mmgrpo.utils.runlock import release_run_lock
 

@@ -81,7 +81,28 @@ class DataConfig:
     max_samples: int = field(default=0, metadata=_h("use only the first N samples (0 = all)"))
     shuffle: bool = field(default=True, metadata=_h("reshuffle prompts every epoch (seeded)"))
     on_missing_media: Literal["skip", "error"] = field(
-        default="skip", metadata=_h("a sample whose video/image is missing: skip and count it, or raise"))
+        default="skip", metadata=_h("a sample whose video/image is missing, unreadable or over the size caps "
+                                    "(max_image_pixels, max_video_frame_pixels): skip and count it, or raise (at load "
+                                    "time one error lists every such sample with file:line)"))
+    media_check: Literal["header", "exists"] = field(default="header", metadata=_h(
+        "check every video/image when the data is loaded, before the model: header = open the header (image size and "
+        "PNG checksums, video size / fps / duration without decoding a frame; ~0.1-4 ms per distinct file), exists "
+        "= only that the files exist (very large datasets known to be good); see docs/reliability.md"))
+    max_image_pixels: int = field(default=89_478_485, metadata=_h(
+        "an image with more pixels is unusable media (default = Pillow's decompression-bomb limit, ~89.5 MP)"))
+    max_video_frame_pixels: int = field(default=7680 * 4320, metadata=_h(
+        "decode cap: a video whose header claims larger frames is unusable media, refused before any frame is "
+        "decoded (default 8K UHD, 7680x4320)"))
+    duration_tolerance: float = field(default=2.0, metadata=_h(
+        "seconds: an annotated duration that differs from the video's by more than max(this, duration_tolerance_frac "
+        "x the video's duration) is a duration mismatch"))
+    duration_tolerance_frac: float = field(default=0.05, metadata=_h(
+        "relative part of the duration tolerance (fraction of the video's duration)"))
+    on_duration_mismatch: Literal["skip", "warn", "error"] = field(default="skip", metadata=_h(
+        "a sample whose annotated duration disagrees with its video's: skip and count it (default: its spans are on "
+        "another timeline and would teach wrong times), warn (keep it, count and list it) or raise before loading "
+        "the model"))
+    media_check_workers: int = field(default=8, metadata=_h("threads of the media check at load time"))
     video_fps: float = field(default=2.0, metadata=_h("frame sampling rate (frames per second)"))
     max_frames: int = field(default=768, metadata=_h("max sampled frames per video"))
     min_frames: int = field(default=4, metadata=_h("min sampled frames per video"))
@@ -145,6 +166,14 @@ class RolloutConfig:
         "server mode: address of training process 0 as the server reaches it (empty = this machine's address on "
         "the route to the server)"))
     vllm_max_model_len: int = field(default=8192, metadata=_h("colocate: vLLM max prompt + completion tokens"))
+    onpolicy_check: bool = field(default=True, metadata=_h(
+        "step-0 on-policy check: at the first step, before any update, the trainer's log-probs of the sampled "
+        "completions must equal the rollout backend's (ratio 1 up to rounding), else the run stops naming the "
+        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.train.onpolicy"))
+    onpolicy_tol: float = field(default=0.0, metadata=_h(
+        "bound of the step-0 check on max |ratio-1|; 0 = by the compute precision (model.dtype, or the autocast "
+        "dtype of run.mixed_precision): float32 max <= 1e-3, bfloat16 mean <= 2e-2, float16 mean <= 5e-3 "
+        "(half-precision kernels leave rare large outliers: the max is only logged)"))
     vllm_is_cap: float = field(default=2.0, metadata=_h(
         "truncated importance sampling (TRL's vLLM correction): each token's policy loss is multiplied by "
         "min(exp(logp_trainer_old - logp_vllm), cap); 0 = off"))
@@ -317,7 +346,9 @@ class RunConfig:
                                 "reward/total/mean ('' = off)"))
     best_mode: Literal["max", "min"] = field(default="max", metadata=_h("best_metric: higher or lower is better"))
     resume_from: str = field(default="auto", metadata=_h("auto | none | path to a checkpoint"))
-    device: str = field(default="auto", metadata=_h("auto | cpu | cuda"))
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_h(
+        "auto (CUDA when available, else CPU) | cpu | cuda; the same setting as flow_grpo train's run.device and "
+        "the eval scripts' device"))
     mixed_precision: Literal["no", "bf16", "fp16"] = field(default="no", metadata=_h("accelerate autocast"))
     tensorboard: bool = field(default=True, metadata=_h("write tensorboard events"))
     progress_bar: bool = field(default=True, metadata=_h("tqdm progress bar over steps on the main process (stderr)"))
@@ -326,6 +357,10 @@ class RunConfig:
                                "valid group: all media missing / reward calls failed) before the run writes a "
                                "checkpoint and stops, exit code 3 (0 = never stop; a run whose every step was "
                                "skipped still ends with exit code 4 and no final checkpoint)"))
+    memory_check: Literal["error", "warn", "off"] = field(default="error", metadata=_h(
+        "before the model loads, compare the memory planner's per-process estimate (mmgrpo plan / flow_grpo plan; released widths, depth-truncated folders included) with the device's memory (GPU total, or the host's available memory on CPU): error = refuse with exit code 2 when it does not fit, warn = log and start, off"))
+    allow_no_reward_signal: bool = field(default=False, metadata=_h(
+        "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no completion parses) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)"))
 
 
 @dataclass
@@ -366,6 +401,30 @@ class ValidationConfig:
 
 
 @dataclass
+class FormatGuardConfig:
+    """Format-collapse guard (mmgrpo.vlm.train.format_guard): per step, the share of well-formed completions and
+    the share that ran to the token cap, averaged over a window of steps."""
+
+    action: Literal["warn", "stop", "off"] = field(default="warn", metadata=_h(
+        "when the window's share of well-formed completions falls below min_well_formed, or its share at "
+        "rollout.max_new_tokens exceeds max_at_cap: warn (log, guard/format_alarm = 1), stop the run (checkpoint "
+        "first, exit code 3), or off (the completions/* metrics are still logged)"))
+    min_well_formed: float = field(default=0.8, metadata=_h(
+        "lowest acceptable share of completions that are exactly the answer the prompt asks for "
+        "(mmgrpo.vlm.rewards.format.well_formed; data.task / prompt_mode / answer_format)"))
+    max_at_cap: float = field(default=0.25, metadata=_h("highest acceptable share of completions cut at "
+                                                        "rollout.max_new_tokens (completions/clipped_ratio)"))
+    window: int = field(default=5, metadata=_h("steps averaged before comparing (one step's share is noisy)"))
+
+    def check(self) -> None:
+        if not (0.0 <= self.min_well_formed <= 1.0 and 0.0 <= self.max_at_cap <= 1.0):
+            raise ValueError("format_guard.min_well_formed and format_guard.max_at_cap are shares in [0, 1], got "
+                             f"{self.min_well_formed} / {self.max_at_cap}")
+        if self.window < 1:
+            raise ValueError(f"format_guard.window must be >= 1, got {self.window}")
+
+
+@dataclass
 class TrainConfig:
     """mmgrpo VLM GRPO training run."""
 
@@ -382,6 +441,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    format_guard: FormatGuardConfig = field(default_factory=FormatGuardConfig)
 
     def __post_init__(self):
         check_choices(self)
@@ -394,6 +454,8 @@ class TrainConfig:
             raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
+        if not self.rollout.onpolicy_tol >= 0:
+            raise ValueError(f"rollout.onpolicy_tol must be >= 0 (0 = by model.dtype), got {self.rollout.onpolicy_tol}")
         if self.rollout.vllm_is_cap < 0:
             raise ValueError(f"rollout.vllm_is_cap must be >= 0 (0 = off), got {self.rollout.vllm_is_cap}")
         if self.rollout.backend == "vllm" and self.tgrpo.enabled:
@@ -424,6 +486,7 @@ class TrainConfig:
             raise ValueError("algo.loss_type=reg uses sequence log-ratios already; leave ratio_level=token")
         self._check_numbers()
         self.validation.check(self.run, self.data.task)
+        self.format_guard.check()
 
     def _check_numbers(self) -> None:
         """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""

@@ -499,32 +499,36 @@ def generate_greedy(model, processor, examples: Sequence[SFTExample], batch_size
             "tokens_per_s": sum(lengths) / dt if dt > 0 else float("nan")}
 
 
-def score_tvg_outputs(texts: Sequence[str], samples: Sequence[Any]) -> dict:
+def score_tvg_outputs(texts: Sequence[str], samples: Sequence[Any], parse_mode: str = "lenient") -> dict:
     """TVG metrics with the training reward's parser (``mmgrpo.vlm.rewards.tasks``, strict: an ``<answer>`` block is
-    required).  Unparsed outputs count as IoU 0.  Percentages: ``mIoU``, ``R1@0.3/0.5/0.7``, ``parse_rate``."""
+    required), or a release's (``parse_mode``, e.g. ``time_r1_eval``: Time-R1's evaluation, whose R1@θ counts
+    IoU > θ).  Unparsed outputs count as IoU 0.  Percentages: ``mIoU``, ``R1@0.3/0.5/0.7``, ``parse_rate``."""
     from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_temporal, span_iou
 
     if len(texts) != len(samples):
         raise ValueError(f"{len(texts)} outputs for {len(samples)} samples")
+    pc = ParseConfig(parse_mode=parse_mode)
     ious, ok = [], 0
     for t, s in zip(texts, samples):
-        tp = prepare_temporal(t, sample_dict(s), ParseConfig())
+        tp = prepare_temporal(t, sample_dict(s), pc)
         ok += tp.pred is not None
         ious.append(span_iou(tp))
     n = max(1, len(ious))
     res = {"n": len(ious), "mIoU": 100.0 * sum(ious) / n, "parse_rate": 100.0 * ok / n}
+    above = (lambda i, th: i > th) if parse_mode == "time_r1_eval" else (lambda i, th: i >= th)
     for th in (0.3, 0.5, 0.7):
-        res[f"R1@{th}"] = 100.0 * sum(i >= th for i in ious) / n
+        res[f"R1@{th}"] = 100.0 * sum(above(i, th) for i in ious) / n
     res["ious"] = ious
     return res
 
 
-def query_swap_probe(texts: Sequence[str], samples: Sequence[Any]) -> dict:
+def query_swap_probe(texts: Sequence[str], samples: Sequence[Any], parse_mode: str = "lenient") -> dict:
     """Does the model read the query?  For videos with >= 2 queries, the mIoU of each prediction against its own
     query's span (``own``) and against the span of the *next* query on the same video (``other``), in percent.
 
     A model that ignores the query and the video content (it only predicts a typical span for a video of that
-    length) scores ``own ~= other``; grounding shows as ``own > other``.  ``n`` = predictions compared."""
+    length) scores ``own ~= other``; grounding shows as ``own > other``.  ``n`` = predictions compared; outputs are
+    read with ``parse_mode`` (:func:`score_tvg_outputs`)."""
     if len(texts) != len(samples):
         raise ValueError(f"{len(texts)} outputs for {len(samples)} samples")
     by: dict[str, list[int]] = {}
@@ -540,12 +544,13 @@ def query_swap_probe(texts: Sequence[str], samples: Sequence[Any]) -> dict:
             oth_s.append(samples[idx[(k + 1) % len(idx)]])
     if not own_t:
         return {"n": 0, "own_mIoU": None, "other_mIoU": None}
-    own = score_tvg_outputs(own_t, own_s)["mIoU"]
-    other = score_tvg_outputs(own_t, oth_s)["mIoU"]
+    own = score_tvg_outputs(own_t, own_s, parse_mode)["mIoU"]
+    other = score_tvg_outputs(own_t, oth_s, parse_mode)["mIoU"]
     return {"n": len(own_t), "own_mIoU": own, "other_mIoU": other}
 
 
-def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0.1) -> dict:
+def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0.1,
+                parse_mode: str = "lenient") -> dict:
     """Which event does each prediction land on, and how far off are its boundaries?  The events of a video are
     the spans of all its queries (every event of the synthetic grounding benchmark has one).  A prediction *lands*
     on the event of its video it overlaps most (IoU >= ``min_iou``); it *hits* when that event is its own query's.
@@ -558,7 +563,7 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
     gain in ``hit`` is choosing the queried event more often.  Split by the queried event's place: ``hit_earliest``
     (over the queries about the video's earliest event), ``hit_later`` (over the others) and ``later_on_earliest``
     (share of the later-event queries that land on the earliest event: a bias toward the first event shows here,
-    not in ``hit``); None when a class is empty."""
+    not in ``hit``); None when a class is empty. Outputs are read with ``parse_mode`` (:func:`score_tvg_outputs`)."""
     from mmgrpo.vlm.rewards.tasks import ParseConfig, prepare_temporal
     from mmgrpo.vlm.rewards.temporal import temporal_iou
 
@@ -578,7 +583,7 @@ def event_probe(texts: Sequence[str], samples: Sequence[Any], min_iou: float = 0
         gt = tuple(_get(s, "spans")[0])
         place = by_place[evs[0] == gt]
         place[1] += 1
-        tp = prepare_temporal(t, sample_dict(s), ParseConfig())
+        tp = prepare_temporal(t, sample_dict(s), ParseConfig(parse_mode=parse_mode))
         if tp.pred is None:
             continue
         p = tuple(tp.pred)

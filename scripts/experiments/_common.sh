@@ -1,21 +1,29 @@
 # Shared logic of scripts/experiments/<name>.sh (sourced, not run). An experiment script is a few calls:
 #   train KIND RECIPE ACCEL_CONFIG [key=value ...]   # KIND = vlm | flow; ACCEL_CONFIG = a scripts/accelerate_configs name
 #   export_vlm | assemble_pipeline                  # full fine-tuning: a model folder the eval harness loads
-#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights
+#   evaluate SCRIPT --config EVAL_CONFIG [key=value ...]   # the paired evaluation of the trained weights, the same
+#                                                          # evaluation of the base (<out_dir>_base; EVAL_BASE=0 skips
+#                                                          # it) and eval/compare.py's table (<out_dir>_compare.md)
 # and passes "${TRAIN_ARGS[@]}" / "${EVAL_ARGS[@]}": the script's own arguments, `key=value ...` for training, then
 # after a `--` the ones for the evaluation, e.g.
-#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh reward.kwargs='{pickscore: {path: /ckpt/PickScore}}' \
-#       -- reward_kwargs='{pickscore: {path: /ckpt/PickScore}}'
+#   bash scripts/experiments/flow_grpo_sd35_pickscore.sh \
+#       reward.kwargs='{pickscore: {model_path: /ckpt/PickScore_v1, processor_path: /ckpt/CLIP-ViT-H-14-laion2B-s32B-b79K}}' \
+#       -- reward_kwargs='{pickscore: {model_path: /ckpt/PickScore_v1, processor_path: /ckpt/CLIP-ViT-H-14-laion2B-s32B-b79K}}'
 #
 # Real run: MODEL_DIR, DATA_DIR, OUT_DIR and NUM_GPUS must be set (a missing one is an error naming it). Training is
 #   `accelerate launch --config_file scripts/accelerate_configs/ACCEL_CONFIG.yaml --num_processes $NUM_GPUS
 #   -m mmgrpo.vlm.cli|flow_grpo.cli train --config RECIPE ...`; rewards the recipe names but this checkout lacks are
 #   reported before anything starts. DRY_RUN=1 prints the commands without running them.
+# Flow runs export the trained weights (lora_final / transformer_final) and, with ema.enabled, their EMA beside
+#   them (*_ema); the evaluation reads the trained ones, WEIGHTS=ema the EMA.
 # Arguments: key=value overrides of the training run, then `--` and key=value overrides of the evaluation.
 # Smoke run (SMOKE=1): the same recipe on CPU in one process (plain python, no accelerate), with the model and data
 #   swapped for the shipped tiny models and synthetic data and 2 steps (scripts/experiments/smoke.py says exactly what
 #   changes; rewards that need downloaded weights become a tiny verifiable one); then the same export and eval
 #   commands on a few synthetic samples. OUT_DIR defaults to runs/smoke/<name>.
+# CPU rehearsal (PROFILE=cpu): the real run's commands on the real (depth-cut) model and data, in one process with
+#   plain python (no accelerate; NUM_GPUS defaults to 1), with `--profile cpu` on training and evaluation: CPU device,
+#   bf16, SDPA, 2 steps of 1 prompt x 4 rollouts, small media budgets, 2 evaluation samples (docs/experiments.md).
 # Every command is printed before it runs. The active python environment is used (activate it first, e.g.
 # `source scripts/env.sh`); set PYTHON / ACCELERATE to use other executables.
 set -euo pipefail
@@ -25,6 +33,7 @@ cd "$REPO"
 PYTHON="${PYTHON:-python}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 SMOKE="${SMOKE:-0}"
+PROFILE="${PROFILE:-}"  # e.g. PROFILE=cpu: a CPU rehearsal (one process, no accelerate; mmgrpo/utils/profiles.py)
 
 _die() { echo "[$EXP_NAME] ERROR: $*" >&2; exit 2; }
 
@@ -65,9 +74,18 @@ if [ "$SMOKE" = 1 ]; then
   MODEL_DIR="<tiny model>" DATA_DIR="<synthetic data>" NUM_GPUS=1
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny models: one thread is fastest on a shared CPU
 else
+  [ -z "$PROFILE" ] || NUM_GPUS="${NUM_GPUS:-1}"
   _require_env
 fi
 OUT_DIR="$(realpath -m "$OUT_DIR")"
+# the flow weights the paired evaluation reads: the trained ones (lora_final / transformer_final), or with
+# WEIGHTS=ema their EMA written beside them (lora_final_ema / transformer_final_ema; recipes with ema.enabled)
+case "${WEIGHTS:-trained}" in
+  trained) FINAL_SUFFIX="" ;;
+  ema) FINAL_SUFFIX="_ema" ;;
+  *) _die "WEIGHTS must be 'trained' (default) or 'ema', got '$WEIGHTS'" ;;
+esac
+LORA_FINAL="$OUT_DIR/lora_final$FINAL_SUFFIX"
 _KIND="" _RECIPE=""
 
 _show() {  # print a command as it can be pasted into a shell
@@ -96,13 +114,25 @@ train() {  # KIND RECIPE ACCEL_CONFIG [key=value ...]
   [ -f "$_RECIPE" ] || _die "recipe not found: $_RECIPE"
   [ -f "$accel" ] || _die "accelerate config not found: $accel"
   case "$_KIND" in vlm) module=mmgrpo.vlm.cli ;; flow) module=flow_grpo.cli ;; *) _die "unknown kind $_KIND" ;; esac
+  local rc=0
+  _smoke check "$@" || rc=$?  # the overrides load, the rewards exist, their settings are complete
+  case "$rc" in
+    0) ;;
+    2) _die "a training override is wrong (above: the key, and a close match when there is one)" ;;
+    1|3) if [ "$SMOKE" = 1 ] || { [ "$rc" = 3 ] && [ "${DRY_RUN:-0}" = 1 ]; }; then  # smoke swaps such rewards
+         echo "[$EXP_NAME] note: a real run would stop here (above)" >&2
+       elif [ "$rc" = 1 ]; then _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
+       else _die "a reward setting is missing or wrong (above); docs/experiments.md"; fi ;;
+    *) _die "smoke.py check failed (exit $rc)" ;;
+  esac
   if [ "$SMOKE" = 1 ]; then
     local -a smoke
     mapfile -t smoke < <(_smoke train "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py train produced no overrides"
     _run "$PYTHON" -m "$module" train --config "$_RECIPE" "$@" "${smoke[@]}"
+  elif [ -n "$PROFILE" ]; then  # a rehearsal: one process, the profile's overrides before the script's own
+    _run "$PYTHON" -m "$module" train --profile "$PROFILE" --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
   else
-    _smoke check "$@" || _die "the recipe names rewards this checkout does not provide (above); docs/experiments.md"
     _run "${ACCELERATE:-accelerate}" launch --config_file "$accel" --num_processes "$NUM_GPUS" \
       -m "$module" train --config "$_RECIPE" run.output_dir="$OUT_DIR" "$@"
   fi
@@ -113,25 +143,57 @@ export_vlm() {  # $OUT_DIR/final = the base model + the newest full fine-tuning 
 }
 
 assemble_pipeline() {  # $OUT_DIR/pipeline_final = the base pipeline's components + the trained transformer_final
-  local base dst="$OUT_DIR/pipeline_final" f
+  local base dst="$OUT_DIR/pipeline_final" f tr="$OUT_DIR/transformer_final$FINAL_SUFFIX"
   base="$(realpath "$(_base)")"
-  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$OUT_DIR/transformer_final" "$dst/"
+  _show mkdir -p "$dst" "&&" ln -s "$base/<every component but transformer>" "$tr" "$dst/"
   [ "${DRY_RUN:-0}" = 1 ] && return 0
-  [ -d "$OUT_DIR/transformer_final" ] || _die "$OUT_DIR/transformer_final not found (did training finish?)"
+  [ -d "$tr" ] || _die "$tr not found (did training finish?$([ -n "$FINAL_SUFFIX" ] && echo " WEIGHTS=ema needs ema.enabled and at least ema.update_every optimizer steps"))"
   mkdir -p "$dst"
   for f in "$base"/*; do
     [ "$(basename "$f")" = transformer ] || ln -sfn "$f" "$dst/$(basename "$f")"
   done
-  ln -sfn "$OUT_DIR/transformer_final" "$dst/transformer"
+  ln -sfn "$tr" "$dst/transformer"
 }
 
-evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]
+evaluate() {  # SCRIPT --config EVAL_CONFIG [key=value ...]: the trained weights, then the base, then the comparison
+  "$PYTHON" scripts/experiments/smoke.py check-eval "$@" \
+    || _die "an evaluation override (after --) is wrong (above: the key, and a close match when there is one)"
+  _evaluate_one trained "$@"
+  [ "${EVAL_BASE:-1}" = 1 ] || return 0
+  local a out=""
+  for a in "$@"; do [[ "$a" != out_dir=* ]] || out="${a#out_dir=}"; done
+  [ -n "$out" ] || _die "evaluate: no out_dir= argument (needed for the base evaluation)"
+  _evaluate_one base "$@"
+  _run "$PYTHON" eval/compare.py "${out}_base" "$out" --names base,trained --out "${out}_compare.md"
+}
+
+_as_base() {  # the same evaluation arguments for the base model: model= / pipeline= the base, no lora= / adapter=,
+  local base a  # out_dir=X -> X_base; prints one argument per line
+  base="$(_base)"
+  for a in "$@"; do
+    case "$a" in
+      model=*) echo "model=$base" ;;
+      pipeline=*) echo "pipeline=$base" ;;
+      lora=*|adapter=*) ;;
+      out_dir=*) echo "${a}_base" ;;
+      *) echo "$a" ;;
+    esac
+  done
+}
+
+_evaluate_one() {  # trained|base SCRIPT --config EVAL_CONFIG [key=value ...]
+  local which="$1"
+  shift
+  local -a args=("$@") smoke=()
   if [ "$SMOKE" = 1 ]; then
-    local -a smoke
     mapfile -t smoke < <(_smoke eval "$OUT_DIR") || true
     [ ${#smoke[@]} -gt 0 ] || _die "smoke.py eval produced no overrides"
-    _run "$PYTHON" "$@" "${smoke[@]}"
+    args+=("${smoke[@]}")
+  fi
+  [ "$which" = trained ] || mapfile -t args < <(_as_base "${args[@]}")
+  if [ -n "$PROFILE" ]; then
+    _run "$PYTHON" "${args[0]}" --profile "$PROFILE" "${args[@]:1}"
   else
-    _run "$PYTHON" "$@"
+    _run "$PYTHON" "${args[@]}"
   fi
 }

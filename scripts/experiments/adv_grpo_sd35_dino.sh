@@ -8,6 +8,6 @@
 source "$(dirname "$0")/_common.sh"
 train flow configs/flow/adv_grpo_sd35_dino.yaml multi_gpu model.pipeline_dir="$MODEL_DIR" \
   data.train_path="$DATA_DIR/pickscore/train.jsonl" data.eval_path="$DATA_DIR/pickscore/test.jsonl" "${TRAIN_ARGS[@]}"
-evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$OUT_DIR/lora_final" \
+evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$LORA_FINAL" \
   prompts="$DATA_DIR/pickscore/test.jsonl" rewards='[dino_similarity]' images_per_prompt=1 \
   out_dir="$OUT_DIR/eval_dino_similarity" "${EVAL_ARGS[@]}"

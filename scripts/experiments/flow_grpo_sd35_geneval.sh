@@ -7,6 +7,6 @@ source "$(dirname "$0")/_common.sh"
 train flow configs/flow/flow_grpo_sd35_geneval.yaml multi_gpu model.pipeline_dir="$MODEL_DIR" \
   data.train_path="$DATA_DIR/geneval/train_metadata.jsonl" data.eval_path="$DATA_DIR/geneval/test_metadata.jsonl" \
   "${TRAIN_ARGS[@]}"
-evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$OUT_DIR/lora_final" \
+evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$LORA_FINAL" \
   prompts="$DATA_DIR/geneval/test_metadata.jsonl" rewards='[remote]' \
   reward_kwargs='{remote: {url: "http://127.0.0.1:18085/score"}}' out_dir="$OUT_DIR/eval_geneval" "${EVAL_ARGS[@]}"

@@ -6,5 +6,5 @@
 source "$(dirname "$0")/_common.sh"
 train flow configs/flow/flow_grpo_sd35_ocr.yaml multi_gpu model.pipeline_dir="$MODEL_DIR" \
   data.train_path="$DATA_DIR/ocr/train.txt" data.eval_path="$DATA_DIR/ocr/test.txt" "${TRAIN_ARGS[@]}"
-evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$OUT_DIR/lora_final" \
+evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$LORA_FINAL" \
   prompts="$DATA_DIR/ocr/test.txt" rewards='[ocr]' images_per_prompt=1 out_dir="$OUT_DIR/eval_ocr" "${EVAL_ARGS[@]}"

@@ -7,7 +7,7 @@
 source "$(dirname "$0")/_common.sh"
 train flow configs/flow/flow_grpo_wan_t2v.yaml multi_gpu model.pipeline_dir="$MODEL_DIR" \
   data.train_path="$DATA_DIR/ocr/train.txt" data.eval_path="$DATA_DIR/ocr/test.txt" "${TRAIN_ARGS[@]}"
-evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$OUT_DIR/lora_final" \
+evaluate eval/generate_t2i.py --config eval/configs/mini_geneval.yaml pipeline="$MODEL_DIR" lora="$LORA_FINAL" \
   prompts="$DATA_DIR/ocr/test.txt" rewards='[video_per_frame]' reward_kwargs='{video_per_frame: {reward: ocr}}' \
   images_per_prompt=1 num_steps=50 guidance_scale=5.0 height=240 width=416 num_frames=33 \
   out_dir="$OUT_DIR/eval_ocr" "${EVAL_ARGS[@]}"

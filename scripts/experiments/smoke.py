@@ -4,7 +4,9 @@ models and synthetic data (CPU, one process, 2 steps), and the synthetic data it
 
     python scripts/experiments/smoke.py train vlm|flow RECIPE.yaml RUN_DIR   # prints one override per line
     python scripts/experiments/smoke.py eval  vlm|flow RECIPE.yaml RUN_DIR   # the paired eval's overrides
-    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # rewards all exist? (exit 1)
+    python scripts/experiments/smoke.py check vlm|flow RECIPE.yaml [key=value ...]  # overrides load (else exit 2),
+                                          # rewards exist (else 1), their settings are complete (else 3)?
+    python scripts/experiments/smoke.py check-eval eval/SCRIPT.py [--config FILE] [key=value ...]  # (else exit 2)
     python scripts/experiments/smoke.py base  vlm|flow RECIPE.yaml   # the tiny base model folder it trains
 
 What changes and what does not:
@@ -19,6 +21,8 @@ What changes and what does not:
   GenEval, a pairwise judge) are replaced by the verifiable ``mini_geneval`` reward on the synthetic prompts (Wan
   recipes: ``video_per_frame`` over ``brightness``, a cheap per-frame reward), and a
   ``reward.pairwise_scorer`` plugin by the built-in score comparator; every substitution is printed to stderr;
+* **no reward signal accepted** for tasks the tiny TVG model cannot answer (REC, multiple choice, grounded QA:
+  ``run.allow_no_reward_signal=true``, which a real run never sets: there a run without any reward signal exits 4);
 * **kept** (read from the recipe, never overridden): the method preset, SDE kind, noise level, step plan / window,
   credit, denoising steps, advantage statistics, clip range, KL, learning rate, TempSamp / T-GRPO / TW-GRPO /
   Reg-GRPO / selection switches, reward weights of the VLM rewards, parse mode, prompt mode.
@@ -212,6 +216,10 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
           "run.prompts_per_step=0", f"run.micro_batch_size={2 * g}", "run.device=cpu", "run.mixed_precision=no",
           "run.save_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.resume_from=none",
           "run.grad_sync=auto", f"run.output_dir={run_dir}"]
+    if cfg.data.task != "tvg":  # the tiny model answers temporal spans only: other tasks' rewards may all be equal
+        _note(f"data.task={cfg.data.task}: the tiny TVG model cannot answer it (every reward may be equal): "
+              "run.allow_no_reward_signal=true")
+        ov.append("run.allow_no_reward_signal=true")
     if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
         ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
     if cfg.selection.enabled:
@@ -233,10 +241,7 @@ def vlm_eval(cfg, run_dir: Path) -> list[str]:
           f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
     if cfg.data.task == "rec":
         ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
-    if cfg.model.lora.enabled:  # full fine-tuning: the script's model=<run>/final (export_vlm) is kept
-        ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-        ov += [f"model={TINY_VLM}"] + ([f"adapter={ckpts[-1]}"] if ckpts else [])
-    return ov
+    return ov  # the script's model=<run>/final (export_vlm: a full model folder, or a LoRA adapter on the base)
 
 
 def _flow_kind(cfg) -> str:
@@ -262,7 +267,7 @@ def flow_train(cfg, run_dir: Path) -> list[str]:
     ov += ["model.dtype=float32", "model.gradient_checkpointing=false", f"data.train_path={train}",
            "data.eval_path=", "data.eval_prompts=[]", f"data.group_size={g}", "data.groups_per_epoch=2",
            f"sample.batch_size={2 * g}", f"sample.completion_batch_size={4 * g}", f"run.num_epochs={SMOKE_STEPS}",
-           "run.cpu=true", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
+           "run.device=cpu", "run.mixed_precision=no", "run.save_every=0", "run.eval_every=0",
            "run.image_grid_every=0", "run.tensorboard=false", "run.progress_bar=false", "run.reward_curves=false",
            "run.resume_from=none", f"run.output_dir={run_dir}", "reward.async_workers=0"]
     if cfg.optim.best_of_n > g:  # DanceGRPO's best-of-n on the smaller group: 2 of each group of 4 are trained
@@ -308,7 +313,8 @@ def flow_eval(cfg, run_dir: Path) -> list[str]:
     else:
         ov += ["height=64", "width=64", "max_sequence_length=16"]
     if cfg.model.lora.enabled:  # base = the tiny model; full fine-tuning keeps the script's assembled pipeline
-        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / 'lora_final'}"]
+        suffix = "_ema" if os.environ.get("WEIGHTS") == "ema" else ""  # _common.sh's WEIGHTS=ema
+        ov += [f"pipeline={tiny_base('flow', cfg)}", f"lora={run_dir / ('lora_final' + suffix)}"]
     return ov
 
 
@@ -373,19 +379,71 @@ def missing_rewards(kind: str, cfg) -> list[str]:
     return out
 
 
+# the evaluation scripts of the experiment scripts and their config classes (check-eval)
+EVAL_CONFIGS = {"eval/generate_vlm.py": ("eval.generate_vlm", "EvalVLMConfig"),
+                "eval/generate_t2i.py": ("eval.generate_t2i", "EvalT2IConfig")}
+
+
+def check_eval(script: str, args: list[str]) -> str | None:
+    """Why ``python SCRIPT [--config FILE] key=value ...`` would stop at its config (unknown key, with a close match;
+    a value of the wrong type), or None; nothing is loaded."""
+    import importlib
+
+    from mmgrpo.utils.config import load_config
+
+    if script not in EVAL_CONFIGS:
+        return None
+    mod, cls = EVAL_CONFIGS[script]
+    config, overrides = None, list(args)
+    if "--config" in overrides:
+        i = overrides.index("--config")
+        config = overrides[i + 1]
+        del overrides[i:i + 2]
+    try:
+        load_config(getattr(importlib.import_module(mod), cls), config, overrides)
+    except (ValueError, FileNotFoundError) as e:
+        return str(e)
+    return None
+
+
+def reward_setting_problems(kind: str, cfg) -> list[str]:
+    """Flow rewards' settings (a remote reward's url, PickScore's folders, ...), as the trainer checks them."""
+    if kind != "flow":
+        return []
+    from flow_grpo.rewards import check_reward_settings
+
+    return check_reward_settings(cfg.reward.weights, cfg.reward.kwargs)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "check-eval":  # exit 2: an evaluation override is wrong
+        why = check_eval(argv[1], argv[2:])
+        if why:
+            print(f"evaluation override (after --): {why}", file=sys.stderr)
+        return 2 if why else 0
     if len(argv) >= 3 and argv[0] == "check" and argv[1] in ("vlm", "flow"):
-        missing = missing_rewards(argv[1], load_recipe(argv[1], argv[2], argv[3:]))
+        # exit 2: a training override (or the recipe) does not load; 1: a reward is missing; 3: reward settings
+        try:
+            cfg = load_recipe(argv[1], argv[2], argv[3:])
+        except (ValueError, FileNotFoundError) as e:
+            print(f"training override: {e}", file=sys.stderr)
+            return 2
+        missing = missing_rewards(argv[1], cfg)
         for m in missing:
             print(f"needs {m}: not in this checkout; pass another one as a key=value override", file=sys.stderr)
-        return 1 if missing else 0
+        if missing:
+            return 1
+        problems = reward_setting_problems(argv[1], cfg)
+        for m in problems:
+            print(f"reward setting: {m}", file=sys.stderr)
+        return 3 if problems else 0
     if len(argv) == 3 and argv[0] == "base" and argv[1] in ("vlm", "flow"):
         print(tiny_base(argv[1], load_recipe(argv[1], argv[2])))
         return 0
     if len(argv) != 4 or argv[0] not in ("train", "eval") or argv[1] not in ("vlm", "flow"):
         print("usage: smoke.py train|eval vlm|flow RECIPE.yaml RUN_DIR | check vlm|flow RECIPE.yaml [key=value ...] | "
-              "base vlm|flow RECIPE.yaml", file=sys.stderr)
+              "check-eval SCRIPT [--config FILE] [key=value ...] | base vlm|flow RECIPE.yaml", file=sys.stderr)
         return 2
     what, kind, recipe, run_dir = argv
     cfg = load_recipe(kind, recipe)

@@ -131,3 +131,24 @@ def test_cli_converts_and_loads(tmp_path):
                           str(tmp_path / "x.jsonl")], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert bad.returncode == 1 and "no.json" in bad.stderr and "file not found" in bad.stderr
+
+
+def test_cli_charades_sta_without_durations_names_the_flags(tmp_path, capsys):
+    """The converter needs the videos' durations: without --durations / --probe-root it stops with exit 2 naming
+    the command-line flags (it used to raise 'convert_charades_sta needs durations (dict or CSV) or probe_root', the
+    API's argument names, in a traceback) (issue 32 item 6)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("convert_cli", REPO / "data" / "convert.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    ann = tmp_path / "charades_sta_test.txt"
+    ann.write_text("3MSZA 24.3 30.4##person turn a light on.\n")
+    for extra, msg in (([], "charades_sta needs the videos' durations: --durations"),
+                       (["--durations", str(tmp_path / "Charades_v1_test.csv")], "--durations "),
+                       (["--probe-root", str(tmp_path / "videos")], "--probe-root ")):
+        with pytest.raises(SystemExit) as ei:
+            cli.main(["charades_sta", str(ann), str(tmp_path / "out.jsonl"), *extra])
+        err = capsys.readouterr().err
+        assert ei.value.code == 2 and msg in err, err
+        assert "probe_root" not in err.replace("--probe-root", "")

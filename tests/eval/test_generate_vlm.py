@@ -99,21 +99,30 @@ def test_generate_then_score_tvg_by_hand(env, capsys):
     assert [p["id"] for p in preds] == [a["id"] for a in anns]  # dataset order
     assert all(p["output"] == TARGET and not p["truncated"] for p in preds)
 
-    ious = []
+    ious, raw = [], []  # lenient: the span clamped to the video; official (Time-R1's evaluation): as written
     for p, a in zip(preds, anns):
         d = a["duration"]
         ious.append(max(_iou([min(2.0, d), min(7.0, d)], g) for g in a["spans"]))
+        raw.append(max(_iou([2.0, 7.0], g) for g in a["spans"]))
         # fps-2 contract: frame count and sampled fps from the generator's frame count / fps
         n_vid, f_v = a["meta"]["num_frames"], a["meta"]["fps"]
         assert p["num_frames"] == _nframes(n_vid, f_v)
         assert p["sample_fps"] == pytest.approx(p["num_frames"] / n_vid * f_v, abs=1e-6)
     m = json.loads((out / "metrics.json").read_text())
     assert m["n"] == len(anns) and m["n_missing"] == 0 and m["parse_failure_rate"] == 0.0
-    assert m["mIoU"] == pytest.approx(100 * sum(ious) / len(ious))
+    # the synthetic benchmark's headline is Time-R1's evaluation (issue #41); the lenient parser comes second
+    assert m["protocol"]["name"] == "official" and m["protocol"]["parse_mode"] == "time_r1_eval"
+    assert m["mIoU"] == pytest.approx(100 * sum(raw) / len(raw))
+    for t in (0.3, 0.5, 0.7):  # Time-R1 counts IoU > θ
+        assert m[f"R1@{t:g}"] == pytest.approx(100 * sum(i > t for i in raw) / len(raw))
+    lm = m["protocols"]["lenient"]
+    assert lm["mIoU"] == pytest.approx(100 * sum(ious) / len(ious))
     for t in (0.3, 0.5, 0.7):
-        assert m[f"R1@{t:g}"] == pytest.approx(100 * sum(i >= t for i in ious) / len(ious))
+        assert lm[f"R1@{t:g}"] == pytest.approx(100 * sum(i >= t for i in ious) / len(ious))
     assert m["generation"]["n_truncated"] == 0
     assert m["generation"]["mean_output_tokens"] == pytest.approx(5.0)  # "2", " to", " ", "7", <|im_end|>
+    # "2 to 7" has no <answer> block: read by both protocols, but not the answer the prompt asks for
+    assert m["generation"]["n_well_formed"] == 0 and m["generation"]["well_formed_rate"] == 0.0
 
     s = json.loads((out / "settings.json").read_text())
     assert s["model"]["path"] == str(Path(env["crafted"]).resolve())
@@ -218,8 +227,10 @@ def test_eval_data_defaults_equal_training_defaults():
     shared = {f.name for f in fields(DataConfig)} & {f.name for f in fields(generate_vlm.VLMDataConfig)}
     assert {"video_fps", "min_frames", "max_frames", "video_min_pixels", "video_max_pixels", "video_total_pixels",
             "image_min_pixels", "image_max_pixels", "prompt_mode", "answer_format", "media_root", "task"} <= shared
-    for name in shared - {"on_missing_media", "max_samples"}:
+    # on_duration_mismatch: eval warns (every sample stays scored), training skips (docs/reliability.md)
+    for name in shared - {"on_missing_media", "max_samples", "on_duration_mismatch"}:
         assert getattr(ev, name) == getattr(train, name), name
+    assert (train.on_duration_mismatch, ev.on_duration_mismatch) == ("skip", "warn")
     assert (ev.video_fps, ev.video_total_pixels, ev.video_min_pixels) == (2.0, 3584 * 28 * 28, 16 * 28 * 28)
 
 

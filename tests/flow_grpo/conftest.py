@@ -163,7 +163,7 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
     # the 1- vs 2-process comparison is well conditioned.
     base = {"data.group_size": 2, "data.groups_per_epoch": 3, "sample.batch_size": 3, "optim.eps": 1e-3,
             "data.prompts": "[" + ", ".join(DIST_PROMPTS) + "]", "run.save_every": 1, "run.keep_last": 5,
-            "run.cpu": "true"}
+            "run.device": "cpu"}
     if case == "ddp":
         bad = dist_nan_prompt()
 
@@ -186,10 +186,57 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
     return train_overrides("flux", "fast", out, **base), rewards
 
 
-# The 2-process launch is expensive (two interpreters importing torch/diffusers/transformers/peft): when the
-# distributed test is collected it is started in the background as soon as collection ends, so it overlaps the
-# other tests; the test then waits for it. Only processes started here are ever killed (their own session).
-_DIST_JOB: dict = {}
+# ------------------------------------------------------------------------------------------------ every preset, 2 processes
+# test_distributed_presets.py: every preset trains PRESET_EPOCHS epochs on 2 processes (_dist_presets_worker.py) and
+# in one process; 2 groups of 2 per epoch = 1 group per process, so per-group plans (fast, g2rpo, tp_grpo, vgpo) and
+# per-sample plans (dance) give the processes different trained steps in most epochs (issue 31, item 3).
+PRESET_EPOCHS = 6
+PRESET_CASES = [  # (name, preset, extra overrides): every entry of METHOD_PRESETS that runs on several processes
+    ("flow", "flow", {}),
+    ("dance", "dance", {}),
+    ("fast", "fast", {}),
+    ("mix", "mix", {"sample.window_shift_every": 1}),
+    ("mix_flash", "mix_flash", {"sample.window_shift_every": 1}),
+    ("tp_grpo", "tp_grpo", {}),
+    ("g2rpo", "g2rpo", {}),
+    ("vgpo", "vgpo", {}),
+    ("nft", "nft", {}),
+    # 4 leaves per tree (splits at steps 0 and 1): one tree per process; width pruning gathers (N, K) cells
+    ("branch_grpo", "branch_grpo", {"data.group_size": 4, "sample.tree_split_points": "[0,1]",
+                                    "sample.tree_width_pruning": 1}),
+    ("b2", "b2", {}),
+]
+NOT_MULTI_PROCESS = {"adv_grpo"}  # refuses more than one process (its reward model is updated from local images)
+
+
+def run_preset_case(name: str, out) -> list[dict]:
+    """Train preset case ``name`` (tiny FLUX, LoRA) for PRESET_EPOCHS epochs in this process group; returns the
+    numeric metrics of every epoch."""
+    from flow_grpo.config import load_train_config
+    from flow_grpo.trainer import FlowGRPOTrainer
+
+    _, preset, extra = next(c for c in PRESET_CASES if c[0] == name)
+    ov = {"data.group_size": 2, "data.groups_per_epoch": 2, "sample.batch_size": 2, "optim.eps": 1e-3,
+          "data.prompts": "[a cat, a dog, a bird, a fish]", "run.num_epochs": PRESET_EPOCHS, "run.cpu": "true",
+          **extra}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("flux", preset, out, **ov)),
+                         adapter=make_adapter("flux", lora=False), reward_fn={"block": block_reward})
+    try:
+        hist = tr.train()
+    finally:
+        tr.close()
+    return [{k: float(v) for k, v in h.items() if isinstance(v, (int, float))} for h in hist]
+
+
+# ------------------------------------------------------------------------------------------------ background launches
+# A 2-process launch is expensive (two interpreters importing torch/diffusers/transformers/peft): when a distributed
+# test is collected, its launch is started in the background as soon as collection ends, so it overlaps the other
+# tests; the test then waits for it. Only processes started here are ever killed (their own session).
+DIST_JOBS = {  # name: (worker script, test module that waits for it)
+    "main": ("_dist_worker.py", "test_trainer_distributed"),
+    "presets": ("_dist_presets_worker.py", "test_distributed_presets"),
+}
+_DIST_JOBS: dict = {}
 
 
 def _free_port() -> int:
@@ -200,36 +247,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_dist_job() -> dict:
+def start_dist_job(name: str = "main") -> dict:
     import os
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
 
-    if _DIST_JOB:
-        return _DIST_JOB
-    out = Path(tempfile.mkdtemp(prefix="flow_grpo_dist_"))
+    if name in _DIST_JOBS:
+        return _DIST_JOBS[name]
+    out = Path(tempfile.mkdtemp(prefix=f"flow_grpo_dist_{name}_"))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           str(Path(__file__).parent / "_dist_worker.py"), str(out)]
+           str(Path(__file__).parent / DIST_JOBS[name][0]), str(out)]
     log = open(out / "launch.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    _DIST_JOB.update(proc=proc, out=out, log=log, t0=__import__("time").time())
-    return _DIST_JOB
+    _DIST_JOBS[name] = dict(proc=proc, out=out, log=log, t0=__import__("time").time())
+    return _DIST_JOBS[name]
+
+
+def _waits_for(item) -> bool:
+    return any(mod in item.nodeid for _, mod in DIST_JOBS.values())
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # the test that waits for the background job runs last, so the job overlaps as many tests as possible
-    dist = [it for it in items if "test_trainer_distributed" in it.nodeid]
+    # the tests that wait for a background launch run last, so the launches overlap as many tests as possible
+    dist = [it for it in items if _waits_for(it)]
     if dist:
         items[:] = [it for it in items if it not in dist] + dist
 
 
 def pytest_collection_finish(session):
-    if any("test_trainer_distributed" in item.nodeid for item in session.items):
-        start_dist_job()
+    for name, (_, mod) in DIST_JOBS.items():
+        if any(mod in item.nodeid for item in session.items):
+            start_dist_job(name)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -237,11 +289,10 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
     import signal
 
-    if not _DIST_JOB:
-        return
-    proc = _DIST_JOB["proc"]
-    if proc.poll() is None:  # e.g. the run stopped early (-x): end the job we started, and only it
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    _DIST_JOB["log"].close()
-    shutil.rmtree(_DIST_JOB["out"], ignore_errors=True)
+    for job in _DIST_JOBS.values():
+        proc = job["proc"]
+        if proc.poll() is None:  # e.g. the run stopped early (-x): end the job we started, and only it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        job["log"].close()
+        shutil.rmtree(job["out"], ignore_errors=True)

@@ -122,6 +122,25 @@ def test_final_export_is_atomic_and_repaired_by_resume(tmp_path, damage):
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)  # metadata order may vary
 
 
+def test_a_new_run_cleans_folders_of_a_killed_export(tmp_path):
+    """A kill during the export leaves .tmp-/.old-lora_final-<pid> (full copies of the weights): the next start
+    removes them and keeps the export (issue 31 item 16)."""
+    tr = make_trainer("flux", "fast", tmp_path)
+    tr.train()
+    tr.close()
+    final = tmp_path / "lora_final"
+    before = {p.name: p.read_bytes() for p in final.iterdir()}
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone, as after a SIGKILL
+    for kind in ("tmp", "old"):
+        left = tmp_path / f".{kind}-lora_final-{proc.pid}"
+        left.mkdir()
+        (left / "adapter_model.safetensors").write_bytes(b"0" * 4096)
+    make_trainer("flux", "fast", tmp_path).close()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before
+
+
 def _cli_args(out, epochs):
     return ["train", "model.tiny=flux", *train_overrides("flux", "fast", out, **{
         "run.progress_bar": "false", "run.save_every": 1, "run.num_epochs": epochs})]

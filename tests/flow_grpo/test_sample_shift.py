@@ -74,7 +74,7 @@ def test_trainer_applies_sample_shift(tmp_path):
     from flow_grpo.trainer import FlowGRPOTrainer
 
     cfg = load_train_config(None, ["model.tiny=sd3", "sample.shift=5.0", "sample.height=64", "sample.width=64",
-                                   "run.cpu=true", f"run.output_dir={tmp_path}", "data.prompts=[a]",
+                                   "run.device=cpu", f"run.output_dir={tmp_path}", "data.prompts=[a]",
                                    "data.group_size=2", "data.groups_per_epoch=1", "run.mixed_precision=no",
                                    "reward.weights={brightness: 1.0}", "optim.kl_coef=0"])
     tr = FlowGRPOTrainer(cfg)

@@ -196,7 +196,7 @@ def _mp_worker(rank, port, root):
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()
-    extra = {**EXTRA, "run.cpu": "true"}
+    extra = {**EXTRA, "run.device": "cpu"}
     ref = make_trainer("flux", "fast", root / "ref", **extra)
     ref.train()
     want = _state(ref)

@@ -36,3 +36,21 @@ def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path):
         tr.train()
     tr.close()
     assert not target.exists()
+
+
+def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, craft_sharded_state):
+    """A ``state/`` folder (torch.distributed.checkpoint) with a pickled non-tensor entry: DCP would read it with
+    torch.load(weights_only=False) on resume, even in a single-process run. Refused, naming folder and entry."""
+    extra = {"run.resume_from": "auto", "run.save_every": 1}
+    first = make_trainer("flux", "fast", tmp_path, **extra)
+    first.train()
+    first.close()
+    step = tmp_path / "checkpoints" / "epoch-00000001"
+    target = tmp_path / "pwned"
+    entry = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": first._ema_sharded()})
+    tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
+    with pytest.raises(UnsafeCheckpointError, match=f"{step / 'state'} refused: entry '{entry}' is a "
+                                                    "BytesStorageMetadata item"):
+        tr.train()
+    tr.close()
+    assert not target.exists()

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from mmgrpo.engine.errors import NothingTrained
 from mmgrpo.vlm.methods.ngrpo import ngrpo_advantages
 
 
@@ -62,13 +63,18 @@ def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny
         tr = T.GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=all_wrong)
         assert [m.name for m in tr.methods] == ([] if name == "grpo" else ["ngrpo"])
         w0 = th.trainable(tr)
-        tr.train()
+        if name == "grpo":  # every advantage 0: no reward signal, the run trains nothing and says so (exit 4)
+            with pytest.raises(NothingTrained, match="no reward signal"):
+                tr.train()
+        else:
+            tr.train()
         runs[name] = (tr.last_batch.advantages.clone(), any(not torch.equal(v, w0[k])
                                                             for k, v in th.trainable(tr).items()))
     assert torch.equal(runs["grpo"][0], torch.zeros(8)) and not runs["grpo"][1]  # GRPO: nothing to learn
     want = -0.2 / (math.sqrt(0.2) + 1e-4)  # G = 4 zeros + one virtual 1 (algo.adv_eps = 1e-4)
     assert runs["ngrpo"][0].tolist() == pytest.approx([want] * 8, abs=1e-6) and runs["ngrpo"][1]
-    assert clips[0] == (0.2, None) and clips[-1] == (0.16, 0.24)
+    # GRPO's zero-advantage step is skipped before its loss: every loss call is NGRPO's, with its asymmetric clip
+    assert clips and all(c == (0.16, 0.24) for c in clips)
 
 
 def test_config_refuses_a_second_estimator_before_loading_the_model(tmp_path, th):

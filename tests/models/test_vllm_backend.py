@@ -18,7 +18,7 @@ import torch
 
 from mmgrpo.core.importance import truncated_is_weights
 from mmgrpo.vlm.models.rollout import SamplingParams
-from mmgrpo.vlm.models.vllm_backend import (VIDEO_MM_PROCESSOR_KWARGS, LocalEngine, VisionTokenMismatch,
+from mmgrpo.vlm.models.vllm_backend import (VIDEO_MM_PROCESSOR_KWARGS, EngineOutput, LocalEngine, VisionTokenMismatch,
                                         VLLMRolloutBackend, WeightPusher, collapse_vision_runs, colocate_backend,
                                         hf_named_weights, sync_parameter_names, video_item,
                                         vllm_requests)
@@ -538,3 +538,206 @@ def test_vllm_version_check():
     for old in ("0.10.2", "0.32.9"):
         with pytest.raises(ImportError, match="older than 0.33.0"):
             check_vllm_version(old)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# server mode under hostile peers (issue 31 items 4, 5, 8, 9): all on 127.0.0.1, bounded loops, short timeouts
+# ----------------------------------------------------------------------------------------------------------
+def _raw(port, head, body=b"", wait=3.0):
+    """Send a raw request; return (status, JSON reply)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(head.encode("latin-1") + b"\r\n\r\n" + body)
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            data += chunk
+    assert data, "closed without an answer"
+    return int(data.split(b" ", 2)[1]), json.loads(data.partition(b"\r\n\r\n")[2] or b"{}")
+
+
+def _init_head(port, length, host=None, ctype="application/json", extra=""):
+    return (f"POST /init_weight_transfer_engine HTTP/1.1\r\nHost: {host or f'127.0.0.1:{port}'}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {length}\r\nConnection: close{extra}")
+
+
+class _served:
+    """``make_server(FakeLLM(), ...)`` running in a thread: ``with _served(**kw) as (srv, llm, port)``."""
+
+    def __init__(self, **kw):
+        from mmgrpo.vlm.models.vllm_server import make_server
+
+        self.llm = FakeLLM()
+        self.srv = make_server(self.llm, "127.0.0.1", 0, FakeSamplingParams, **kw)
+
+    def __enter__(self):
+        self.th = _serve(self.srv)
+        return self.srv, self.llm, self.srv.server_address[1]
+
+    def __exit__(self, *exc):
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.th.join(5)
+
+
+def test_vllm_server_binds_loopback_unless_remote_is_allowed_with_a_token(monkeypatch):
+    from mmgrpo.vlm.models.vllm_server import main, make_server
+
+    monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="refusing to bind '0.0.0.0': loopback addresses only.*--allow-remote"):
+        make_server(FakeLLM(), "0.0.0.0", 0, FakeSamplingParams)
+    with pytest.raises(ValueError, match="--allow-remote.*requires a token: set MMGRPO_VLLM_TOKEN"):
+        make_server(FakeLLM(), "0.0.0.0", 0, FakeSamplingParams, allow_remote=True)
+    srv = make_server(FakeLLM(), "0.0.0.0", 0, FakeSamplingParams, allow_remote=True, token="s3cret")
+    assert srv.server_address[0] == "0.0.0.0" and srv.token == "s3cret"
+    srv.server_close()
+    for argv in (["--model", "m", "--host", "0.0.0.0"], ["--model", "m", "--host", "0.0.0.0", "--allow-remote"]):
+        with pytest.raises(SystemExit) as ei:  # refused before vLLM is imported or the engine starts
+            main(argv)
+        assert ei.value.code == 2
+
+
+def test_vllm_server_refuses_foreign_host_non_json_and_unsigned_requests(monkeypatch):
+    """Before the fix: ``POST /init_weight_transfer_engine`` as text/plain with a foreign Host reached
+    ``LLM.init_weight_transfer_engine`` (anyone could point the NCCL weight transfer at itself)."""
+    monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
+    body = json.dumps({"init_info": {"master_address": "203.0.113.9", "master_port": 1, "world_size": 2}}).encode()
+    with _served() as (srv, llm, port):
+        code, r = _raw(port, _init_head(port, len(body), host="attacker.example", ctype="text/plain"), body)
+        assert code == 400 and "Host" in r["error"]
+        code, r = _raw(port, _init_head(port, len(body), ctype="text/plain"), body)
+        assert code == 415 and "application/json" in r["error"]
+        assert llm.calls == []
+    with _served(token="s3cret") as (srv, llm, port):
+        code, r = _raw(port, _init_head(port, len(body)), body)
+        assert code == 401 and "MMGRPO_VLLM_TOKEN" in r["error"]
+        code, r = _raw(port, _init_head(port, len(body), extra="\r\nAuthorization: Bearer s3cret"), body)
+        assert code == 401
+        assert llm.calls == []
+        from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(RuntimeError, match="HTTP 401.*set MMGRPO_VLLM_TOKEN"):
+            VLLMServerClient(url, timeout=3).init_weight_transfer_engine({"world_size": 2})
+        monkeypatch.setenv("MMGRPO_VLLM_TOKEN", "s3cret")  # the trainer with the same token: signed, accepted
+        VLLMServerClient(url, timeout=3).init_weight_transfer_engine({"world_size": 2})
+        assert llm.calls == [("init_weight_transfer_engine", {"init_info": {"world_size": 2}})]
+
+
+def test_vllm_server_caps_the_body_and_closes_stalled_requests(monkeypatch):
+    """Before the fix: a 300 MB request was read whole (~600 MB more at peak) and a stalled one held its thread
+    forever."""
+    import socket
+    import time
+
+    monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
+    with _served(max_body_mb=1.0, read_timeout=0.5) as (srv, llm, port):
+        t0 = time.perf_counter()
+        code, r = _raw(port, _init_head(port, 300 * 2**20))  # announces 300 MB, sends nothing
+        assert code == 413 and "300.0 MB" in r["error"] and "--max-body-mb 1" in r["error"]
+        assert time.perf_counter() - t0 < 1.0
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=3)
+        stalled.sendall(_init_head(port, 100).encode() + b"\r\n\r\n" + b"{" * 10)  # 10 of 100 bytes, then nothing
+        t0 = time.perf_counter()
+        assert stalled.recv(1) == b""  # closed by the server after its read timeout
+        assert 0.4 < time.perf_counter() - t0 < 2.0
+        stalled.close()
+        assert llm.calls == []
+        code, _ = _raw(port, "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close")
+        assert code == 200
+
+
+def test_vllm_client_deadline_and_reply_cap(fake_http, monkeypatch):
+    """``timeout`` bounds the whole call (before the fix a reply trickled 1 byte / 0.5 s blocked past 25 s with
+    timeout=3), and a reply above ``max_reply_mb`` is refused before it is read (400 MB -> ~800 MB before)."""
+    import time
+
+    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+
+    monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
+    reply = fake_http.reply({"outputs": [{"prompt_token_ids": [1], "token_ids": [2], "logprobs": [-0.5]}]})
+    with fake_http.serve(reply, drip=0.05, drip_from=reply.index(b"\r\n\r\n") + 4) as (url, _):
+        client = VLLMServerClient(url.rsplit("/", 1)[0], timeout=0.5)
+        t0 = time.perf_counter()
+        with pytest.raises(ConnectionError, match="timeout: no complete reply within 0.5 s"):
+            client.run([({"prompt_token_ids": [1]}, {"n": 1})])
+        assert time.perf_counter() - t0 < 1.5
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 419430400\r\n"
+            b"Connection: close\r\n\r\n{")
+    with fake_http.serve(head) as (url, _):
+        with pytest.raises(RuntimeError, match="announces 419430400 bytes, above the reply cap"):
+            VLLMServerClient(url.rsplit("/", 1)[0], timeout=3, max_reply_mb=256).run([({"prompt_token_ids": [1]}, {})])
+    redirect = b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    with fake_http.serve(redirect) as (url, _):
+        with pytest.raises(RuntimeError, match="redirects are never followed"):
+            VLLMServerClient(url.rsplit("/", 1)[0], timeout=3).world_size()
+
+
+def test_vllm_client_refuses_unsigned_replies_when_it_has_a_token(fake_http, monkeypatch):
+    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+
+    monkeypatch.setenv("MMGRPO_VLLM_TOKEN", "s3cret")
+    with fake_http.serve(fake_http.reply({"world_size": 4})) as (url, heads):
+        with pytest.raises(RuntimeError, match="not authenticated"):
+            VLLMServerClient(url.rsplit("/", 1)[0], timeout=3).world_size()
+    assert b"s3cret" not in heads[0]
+
+
+def _bad(**change):
+    def run(reqs):
+        return [EngineOutput(**{"prompt_token_ids": [10, 11], "token_ids": [20, 2], "logprobs": [-0.5, -0.25],
+                                **change}) for _ in reqs]
+    return type("Engine", (), {"run": lambda self, reqs: run(reqs)})()
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"token_ids": [20, 10**9]}, r"row 0: .*token id 1000000000, outside the vocabulary \[0, "),
+    ({"token_ids": [20, -1]}, r"token id -1, outside"),
+    ({"logprobs": [-0.5, float("nan")]}, r"log-prob nan"),
+    ({"logprobs": [float("-inf"), -0.5]}, r"log-prob -inf"),
+    ({"logprobs": [-0.5, 0.5]}, r"log-prob 0.5; a log-probability is finite and <= 0"),
+    ({"token_ids": [20] * 1_000_000, "logprobs": [-0.5] * 1_000_000}, r"1000000 tokens for max_new_tokens=6"),
+    ({"logprobs": [-0.5]}, r"1 sampled-token log-probs for 2 tokens"),
+])
+def test_bad_engine_replies_are_failed_calls(change, match):
+    """Before the fix: ids >= the vocabulary, NaN / inf / positive log-probs and 1,000,000 tokens for
+    max_new_tokens=6 were all accepted."""
+    from mmgrpo.vlm.models.vllm_backend import BadEngineReply
+
+    tok = _tok()
+    be = VLLMRolloutBackend(_bad(**change), tok, check_prompts=False)
+    with pytest.raises(BadEngineReply, match=match):
+        be.generate([{"input_ids": torch.tensor([[10, 11]])}], 1, SamplingParams(max_new_tokens=6), seeds=[1])
+    assert issubclass(BadEngineReply, RuntimeError)  # the failure path of a failed HTTP call
+    out = VLLMRolloutBackend(_bad(), tok, check_prompts=False).generate(
+        [{"input_ids": torch.tensor([[10, 11]])}], 1, SamplingParams(max_new_tokens=6), seeds=[1])
+    assert out.completion_ids.shape == (1, 2)  # the unchanged reply is fine
+
+
+def test_vocab_size_is_the_embedding_size_when_given():
+    tok = _tok()
+    be = VLLMRolloutBackend(_bad(token_ids=[len(tok) + 5, 2]), tok, check_prompts=False, vocab_size=len(tok) + 8)
+    be.generate([{"input_ids": torch.tensor([[10, 11]])}], 1, SamplingParams(max_new_tokens=6), seeds=[1])
+    assert VLLMRolloutBackend(_bad(), tok).vocab_size == len(tok)
+
+
+@pytest.mark.parametrize("reply, match", [
+    ({"outputs": []}, r"0 outputs for 1 requests"),
+    ({"outputs": [{"prompt_token_ids": [1], "token_ids": ["2"], "logprobs": [-0.5]}]},
+     r"outputs\[0\]\.token_ids is not a list of integers"),
+    ({"outputs": [{"prompt_token_ids": [1], "token_ids": [2], "logprobs": ["x"]}]}, r"logprobs is not a list"),
+    ({"nothing": 1}, r"None for 1 requests"),
+])
+def test_malformed_server_replies_are_failed_calls(fake_http, monkeypatch, reply, match):
+    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+
+    monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
+    with fake_http.serve(fake_http.reply(reply)) as (url, _):
+        with pytest.raises(RuntimeError, match=match):
+            VLLMServerClient(url.rsplit("/", 1)[0], timeout=3).run([({"prompt_token_ids": [1]}, {"n": 1})])

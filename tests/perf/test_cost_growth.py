@@ -37,6 +37,18 @@ def test_cost_growth_smoke(tmp_path, capsys):
     paired = [a / b for a, b in zip(cell["naive_wall_s"], cell["ours_wall_s"])]
     assert cell["speedup"] == pytest.approx(statistics.median(paired))
     assert float(last.split("=")[1]) == pytest.approx(out["extra_keys"]["cost_growth_max_speedup"], abs=0.006)
+    # the completion-length sweep (issue #42): G=2, T in {2, 4} at the smoke prompt; each cell paired, with the
+    # loss's token-count ratio G(P+T) / (P+G(T-1)) computed from its own prompt length
+    assert (tmp_path / "cost_growth_lengths_smoke.png").stat().st_size > 1000
+    lens = res["lengths"]
+    assert lens["G"] == 2 and lens["Ts"] == [2, 4] and set(lens["cells"]) == {"T2_tok128", "T4_tok128"}
+    for T in (2, 4):
+        c = lens["cells"][f"T{T}_tok128"]
+        assert c["T"] == T and c["G"] == 2 and c["prompt_tokens"] == cell["prompt_tokens"]
+        P = c["prompt_tokens"]
+        assert c["loss_token_ratio"] == pytest.approx(2 * (P + T) / (P + 2 * (T - 1)))
+        assert c["speedup_cpu"] == pytest.approx(c["naive_cpu_s"][0] / c["ours_cpu_s"][0])
+    assert lens["size"]["hidden"] == 64 and lens["size"]["layers"] == 2
     flow = res["flow"]["cells"]
     assert set(flow) == {"K2_px32", "K3_px32"} and flow["K2_px32"]["vs_base_median"] == pytest.approx(1.0)
     assert all(d["wall_median_s"] > 0 for d in flow.values())

@@ -36,6 +36,16 @@ def test_logprob_memory_smoke(tmp_path, capsys):
     assert mb["full"] > 0 and mb["chunked"] > 0 and value == mb["full"] / mb["chunked"]
     # 128 tokens in 4 chunks of 32: the full side holds several (128, V) fp32 tensors, the chunked side ~(32, V)
     assert value > 1.5
+    # TRL 1.16's fused-head path ran too (issue #42): its log-probs, shifted by the mass of the vision ids it does
+    # not suppress, are the full side's; its ratio is printed and lifted to run.py's top level
+    trl = res["trl"]
+    assert trl["outputs"] == ["log_probs", "entropy"] and mb["trl"] > 0
+    assert trl["checked_against"] == "full"
+    assert trl["logprob_max_abs_diff_after_suppression"] <= 1e-5 < trl["logprob_max_abs_diff"]
+    vs_trl = res["extra_keys"]["logprob_memory_ratio_vs_trl"]
+    assert vs_trl == mb["trl"] / mb["chunked"]
+    assert f"logprob_memory_ratio_vs_trl={vs_trl:.2f}" in lines and res["baseline"] == "full-logit log-softmax"
+    assert "hidden 64" in res["operating_point"]["text"] and "vocab 151,936" in res["operating_point"]["text"]
 
 
 def test_runner_lifts_extra_keys(tmp_path):
@@ -44,8 +54,11 @@ def test_runner_lifts_extra_keys(tmp_path):
         import argparse, json
         p = argparse.ArgumentParser(); p.add_argument("--quick", action="store_true"); p.add_argument("--json")
         a = p.parse_args()
-        json.dump({"extra_keys": {"logprob_grad_max_rel_diff": 3e-7}}, open(a.json, "w"))
+        json.dump({"extra_keys": {"logprob_grad_max_rel_diff": 3e-7},
+                   "operating_point": {"text": "8 completions x 512 tokens, hidden 128"}}, open(a.json, "w"))
         print("logprob_memory_ratio=12.5")
     """))
     out = run.main(["--quick", "--only", "logprob_memory_ratio", "--folder", str(tmp_path), "--budget", "20"])
     assert out["logprob_memory_ratio"] == 12.5 and out["logprob_grad_max_rel_diff"] == 3e-7
+    # the ratio's operating point travels with it (issue #42)
+    assert out["operating_points"] == {"logprob_memory_ratio": "8 completions x 512 tokens, hidden 128"}

@@ -66,6 +66,9 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
     assert len(tc[f"{ratio_key[0]}_s"]) == len(num) and all(x > 0 for x in tc[f"{ratio_key[0]}_s"])
     assert res["model"]["model"] == "tiny" and res["model"]["transformer_params"] > 0
     assert res["machine"]["torch"]
+    # the operating point is printed just before the ratio and kept in the JSON (issue #42)
+    op = res["operating_point"]["text"]
+    assert lines[-2] == f"operating point: {op}" and "tiny" in op and "thread" in op
     if module == "flow_rollout":
         assert res["ode_image_max_diff_uint8_vs_pipeline"] <= 1  # same model, sigmas and x_T as the pipeline
         assert res["config"]["recorded_transitions"] > 0
@@ -144,3 +147,20 @@ def test_runner_only_rejects_unknown(tmp_path):
     run = _load("run", alias="perf_run_under_test")
     with pytest.raises(SystemExit):
         run.main(["--only", "nope", "--folder", str(tmp_path)])
+
+
+@pytest.mark.parametrize("module,name", [("prefix_group", "prefix_group_speedup"),
+                                         ("prefix_generate", "prefix_generate_speedup")])
+def test_prefix_benchmark_prints_its_operating_point(module, name, tmp_path, capsys, torch_single_thread):
+    """The prefix ratios (issue #42): the headline is the last line, the operating point the one before it, and
+    both say the prompt (video tokens), new tokens, G and the model's width and depth the JSON records."""
+    mod = _load(module)
+    out = mod.main(["--smoke", "--json", str(tmp_path / "r.json")])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert LINE.match(lines[-1]) and lines[-1].startswith(f"{name}=")
+    op = out["operating_point"]
+    assert lines[-2] == f"operating point: {op['text']}"
+    assert op["new_tokens"] in (8, 16) and op["G"] == 8 and op["hidden"] == 64 and op["layers"] == 2
+    assert op["media_tokens"] > 0 and op["prompt_tokens"] > op["media_tokens"]
+    assert f"prompt {op['prompt_tokens']} tokens ({op['media_tokens']} video)" in op["text"]
+    assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op

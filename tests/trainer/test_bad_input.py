@@ -116,3 +116,31 @@ def test_non_utf8_annotation_file_names_file_and_line(tmp_path):
     p.write_bytes(row % (b"a", b"q?") + row % (b"b", b"caf\xe9?"))  # line 2: latin-1, not UTF-8
     with pytest.raises(ValueError, match=re.escape(f"{p}:2") + ": not valid UTF-8"):
         load_samples(str(p))
+
+
+def test_a_decompression_bomb_in_the_train_file_is_dropped_or_skipped_not_fatal(tmp_path, tiny_dirs, th):
+    """Issue 31, item 11: a 24 kB PNG claiming 196 megapixels raised Pillow's DecompressionBombError (not an OSError)
+    in the input path and ended the run (on every resume too). Now the media check drops it when the data is loaded
+    (counted as data/dropped_at_load); with media_check=exists it reaches the input path and is skipped and counted
+    there (data/skipped_missing_media). Either way the step trains on the other samples."""
+    import json
+
+    Image.new("1", (14000, 14000)).save(tmp_path / "bomb.png", optimize=True)
+    for k in range(3):
+        Image.new("RGB", (56, 56), (80 * k, 40, 200)).save(tmp_path / f"ok{k}.png")
+    rows = [mcq("ok0", "ok0.png"), mcq("bomb", "bomb.png"), mcq("ok1", "ok1.png"), mcq("ok2", "ok2.png")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["data.task=mcq", f"data.train_file={tmp_path / 'train.jsonl'}", "run.max_steps=1",
+            "run.prompts_per_device=4", "data.shuffle=false", "rollout.group_size=2", "rollout.max_new_tokens=3"]
+    tr = GRPOTrainer(th.make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args), reward_fn=th.text_reward)
+    assert [s.id for s in tr.samples] == ["ok0", "ok1", "ok2"] and tr.media_report.counts == {"media_too_large": 1}
+    tr._make_stream()
+    m = tr.train_step()
+    assert m["data/dropped_at_load"] == 1 and m["data/skipped_missing_media"] == 0
+    tr = GRPOTrainer(th.make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args, "data.media_check=exists"),
+                     reward_fn=th.text_reward)
+    assert len(tr.samples) == 4
+    tr._make_stream()
+    m = tr.train_step()
+    assert m["data/skipped_missing_media"] == 1
+    assert {getattr(s, "id", None) or s["id"] for s in tr.last_batch.samples} == {"ok0", "ok1", "ok2"}

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def test_train_help_lists_every_option_without_torch():
@@ -21,9 +22,23 @@ def test_train_help_lists_every_option_without_torch():
     assert len(names) > 60
 
 
-def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs):
+def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs, monkeypatch):
+    import mmgrpo.vlm.train.trainer as trainer_mod
     from mmgrpo.vlm.cli import main
     from mmgrpo.vlm.models.tiny import synthetic_image
+
+    real = trainer_mod.build_rewards
+
+    def with_signal(*a, **k):  # the random tiny policy never answers: add a text-dependent term so groups differ
+        fn, acc = real(*a, **k)  # (a run without any reward signal exits 4: tests/trainer/test_zero_advantage.py)
+
+        def reward(texts, samples):
+            out = fn(texts, samples)
+            out["total"] = out["total"] + torch.tensor([float(sum(map(ord, t)) % 7) / 6.0 for t in texts])
+            return out
+        return reward, acc
+
+    monkeypatch.setattr(trainer_mod, "build_rewards", with_signal)
 
     rows = []
     for i in range(3):

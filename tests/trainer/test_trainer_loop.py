@@ -175,7 +175,9 @@ def test_all_equal_rewards_zero_advantage_flagged(tmp_path, tiny_dirs, th):
     hist, change = run(tr)
     assert hist[0]["frac_reward_zero_std"] == 1.0
     assert torch.all(tr.last_batch.advantages == 0) and tr.last_batch.zero_std.all()
-    assert hist[0]["train/grad_norm"] == 0.0 and change == 0.0
+    # a zero gradient: the step is skipped (counted), not taken (issue 32 item 2)
+    assert hist[0]["train/skipped_steps"] == 1.0 and hist[0]["faults/zero_advantage_steps"] == 1.0
+    assert math.isnan(hist[0]["train/grad_norm"]) and change == 0.0
 
 
 def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):

@@ -44,3 +44,23 @@ def test_resume_auto_refuses_a_crafted_checkpoint_file(tmp_path, tiny_dirs, th):
     with pytest.raises(UnsafeCheckpointError, match=f"{step / 'scheduler.pt'} refused: .*posix.system"):
         tr.train()
     assert not target.exists()
+
+
+def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, tiny_dirs, th, craft_sharded_state):
+    """A ``state/`` folder (torch.distributed.checkpoint) with a pickled non-tensor entry: DCP would read it with
+    torch.load(weights_only=False) on resume, even in a single-process run. Refused, naming folder and entry."""
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    model = tiny_dirs("qwen2_5_vl")
+    args = ["data.task=mcq", "rollout.max_new_tokens=3", "run.resume_from=auto"]
+    first = GRPOTrainer(th.make_cfg(tmp_path, model, *args, "run.max_steps=1"), samples=th.image_samples(2),
+                        reward_fn=th.text_reward)
+    first.train()
+    step = tmp_path / "run" / "checkpoints" / "step-00000001"
+    target = tmp_path / "pwned"
+    entry = craft_sharded_state(step, first.model, first.optimizer, target)
+    tr = GRPOTrainer(th.make_cfg(tmp_path, model, *args), samples=th.image_samples(2), reward_fn=th.text_reward)
+    with pytest.raises(UnsafeCheckpointError, match=f"{step / 'state'} refused: entry '{entry}' is a "
+                                                    "BytesStorageMetadata item"):
+        tr.train()
+    assert not target.exists()

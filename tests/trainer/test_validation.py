@@ -30,12 +30,15 @@ def _cfg(tmp_path, model, data, *extra):
         "data.prompt_mode=no_think", f"data.train_file={data['train']}", *PIX, "rollout.num_generations=3",
         "rollout.max_new_tokens=8", "run.max_steps=2", "run.prompts_per_device=1", "optim.lr=0.05",
         "reward.weights={iou: 1.0}", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
-        "run.resume_from=none", "run.progress_bar=false", *extra])
+        "run.resume_from=none", "run.progress_bar=false",
+        # the random tiny policy never writes a parsable span: no reward signal; these tests are about validation
+        "run.allow_no_reward_signal=true", *extra])
 
 
 def test_curve_points_equal_an_independent_eval_of_the_saved_checkpoints(tmp_path, tiny_dirs, tvg_data, th):
     sys.path.insert(0, str(ROOT))
     from eval import generate_vlm
+    from mmgrpo.vlm.rewards.format import well_formed
     from mmgrpo.vlm.sft import score_tvg_outputs
 
     model = tiny_dirs("qwen2_5_vl")
@@ -72,6 +75,10 @@ def test_curve_points_equal_an_independent_eval_of_the_saved_checkpoints(tmp_pat
         point = curve[step]
         for k in ("mIoU", "R1@0.5", "parse_rate"):
             assert abs(point[f"val/{k}"] - ref[k]) < 1e-9, (step, k)
+        wf = [well_formed(t, "tvg", mode="no_think") for t in texts]  # the evaluator's share, recomputed here
+        assert point["val/well_formed"] == pytest.approx(100 * sum(wf) / len(wf))
+        assert point["val/well_formed"] == pytest.approx(json.loads((out / "metrics.json").read_text())
+                                                         ["generation"]["well_formed_rate"])
         # the reward of the validation outputs, computed here from the evaluator's outputs
         assert abs(point["val/reward/total"] - float(th.text_reward(texts, anns)["total"].mean())) < 1e-6
     assert outputs[0] != outputs[1]  # training changed the greedy outputs: the points are not trivially equal

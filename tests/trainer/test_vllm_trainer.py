@@ -30,7 +30,10 @@ def _backend(tok):
 
 
 def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_path, tiny_dirs, th):
-    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "rollout.backend=vllm", "rollout.vllm_is_cap=2.0")
+    # the fake engine's log-probs are made up (not the policy's): the step-0 on-policy check would stop the run
+    # (tests/trainer/test_onpolicy_check.py checks that); this test is about the weight push and the IS weights
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "rollout.backend=vllm", "rollout.vllm_is_cap=2.0",
+                      "rollout.onpolicy_check=false")
     from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     be, llm = _backend(build_tiny_tokenizer())

@@ -52,6 +52,25 @@ def test_plan_full_finetune_bytes_by_hand():
     assert p["total"] == sum(v for k, v in p.items() if k != "total")
 
 
+def test_plan_full_finetune_without_masters_and_with_a_reference_copy():
+    """AdamW on bf16 weights keeps bf16 moments (torch.optim.AdamW's state is zeros_like(param)); a full fine-tune
+    with KL keeps a frozen bf16 copy of the whole model (load_policy need_reference)."""
+    p = mp.plan("qwen2.5-vl-7b", full=True, rows=2, prompt_tokens=3, completion_len=5, gpu=False,
+                activation={"a_layer": 1.0, "a_fixed": 2.0}, n=_n(), fp32_master_weights=False, reference=True)
+    assert p["optimizer"] == 100 * 2 * 2  # two bf16 moments
+    assert p["master_weights"] == 0 and p["optimizer_step"] == 100 * 2  # one bf16 temporary per trained weight
+    assert p["reference"] == 1000 * 2  # every parameter (vision tower too), bf16
+    lora = mp.plan("qwen2.5-vl-7b", full=False, gpu=False, n=_n(), reference=True)
+    assert "reference" not in lora  # the reference of a LoRA run is the base model with the adapter off
+    import torch
+
+    w = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    opt = torch.optim.AdamW([w])
+    w.grad = torch.ones_like(w)
+    opt.step()
+    assert all(v.dtype == torch.bfloat16 for v in opt.state[w].values() if v.ndim)  # what the 4 bytes assume
+
+
 def test_plan_sharding_and_lora():
     full = mp.plan("qwen2.5-vl-7b", full=True, world=4, strategy="zero3", gpu=False, n=_n(),
                    activation={"a_layer": 0, "a_fixed": 0}, completion_len=1)

@@ -382,3 +382,49 @@ def test_all_fields_have_defaults_required():
     with pytest.raises(TypeError, match="x"):
         load_config(NoDefault)
     assert dataclasses.is_dataclass(RootCfg)
+
+
+# ------------------------------------------------------------------------------------ duplicate keys (issue 31.15)
+@pytest.mark.parametrize("text,line,first,key", [
+    # the recipe with two run: sections: the second silently replaced the first (bf16 and save_every were lost)
+    ("seed: 1\ntrain:\n  bf16: true\n  steps: 200\nmodel:\n  name: x\ntrain:\n  lr: 1e-5\n", 7, 2, "train"),
+    ("train:\n  lr: 1e-5\n  steps: 3\n  lr: 2e-5\n", 4, 2, "lr"),                       # inside one section
+    ("model:\n  lora: {r: 4, r: 8}\n", 2, 2, "r"),                                         # flow mapping
+])
+def test_duplicate_yaml_keys_are_an_error_naming_file_and_lines(tmp_path: Path, text, line, first, key):
+    y = tmp_path / "recipe.yaml"
+    y.write_text(text)
+    with pytest.raises(ValueError, match=rf"recipe\.yaml:{line}:\d+: invalid YAML: duplicate key '{key}' "
+                                         rf"\(first on line {first}\)"):
+        load_config(RootCfg, y)
+
+
+def test_one_key_in_two_spellings_is_an_error(tmp_path: Path):
+    y = tmp_path / "recipe.yaml"
+    y.write_text("train.bf16: true\nseed: 3\ntrain:\n  bf16: false\n")
+    with pytest.raises(ValueError, match=r"recipe\.yaml:4:\d+: invalid YAML: config key 'train\.bf16' is set twice "
+                                         r"\(first on line 1"):
+        load_config(RootCfg, y)
+
+
+def test_merge_keys_may_still_be_overridden_and_distinct_keys_load(tmp_path: Path):
+    y = tmp_path / "recipe.yaml"
+    y.write_text("base: &b {lr: 1e-3, steps: 4}\ntrain:\n  <<: *b\n  lr: 1e-5\n")
+    with pytest.raises(ValueError, match="unknown"):  # 'base' is not a config key; the merge itself is fine
+        load_config(RootCfg, y)
+    y.write_text("train: &b {lr: 1e-3, steps: 4}\nmodel:\n  lora: {r: 2, alpha: 3}\n")
+    cfg = load_config(RootCfg, y)
+    assert (cfg.train.lr, cfg.train.steps, cfg.model.lora.r) == (1e-3, 4, 2)
+    assert load_config(RootCfg, None, ["train.weights={a: 1, b: 2}"]).train.weights == {"a": 1.0, "b": 2.0}
+    with pytest.raises(ValueError, match="duplicate key 'a'"):
+        load_config(RootCfg, None, ["train.weights={a: 1, a: 2}"])
+
+
+def test_shipped_recipes_have_no_duplicate_keys():
+    from mmgrpo.utils.config import _read_yaml_file
+
+    root = Path(__file__).parents[2]
+    files = sorted(root.glob("configs/**/*.yaml"))
+    assert len(files) > 20
+    for f in files:
+        _read_yaml_file(f)

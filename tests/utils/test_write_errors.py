@@ -117,6 +117,8 @@ def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
                                  adapter=types.SimpleNamespace(save_lora=save_lora), epoch=1, global_step=1)
     fake._export_dir = types.MethodType(FlowGRPOTrainer._export_dir, fake)  # the atomic export's target and meta
     fake._export_meta = types.MethodType(FlowGRPOTrainer._export_meta, fake)
+    fake._write_export = types.MethodType(FlowGRPOTrainer._write_export, fake)
+    fake._exports_ema = types.MethodType(FlowGRPOTrainer._exports_ema, fake)
     with pytest.raises(OutputWriteError) as ei:
         FlowGRPOTrainer.export_final(fake)
     assert str(ei.value).startswith(f"cannot write the final weights export to {tmp_path / 'run'}: "

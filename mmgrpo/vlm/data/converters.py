@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from mmgrpo.utils.json_records import JSONRecordError, parse_record
+
 from .schema import LETTERS, DataError, Sample
 
 logger = logging.getLogger("mmgrpo.data")
@@ -77,7 +79,18 @@ class _Ctx:
         self.samples: list[Sample] = []
         self.ids: set = set()
 
-    def fail(self, e: DataError, line=None, record=None):
+        self.lines: list | None = None  # line number of each record (JSONL input), set by records()
+
+    def fail(self, e: Exception, line=None, record=None):
+        """Raise (``on_error="raise"``) or count and skip one bad record. ``e``: a DataError, or any error of
+        :data:`RECORD_ERRORS` that a value of the wrong type raised (named with its type, the record and, for JSONL
+        input, the line). ``record``: a record index (its JSONL line is looked up) or a label."""
+        if isinstance(record, int):
+            if line is None and self.lines is not None and record < len(self.lines):
+                line = self.lines[record]
+            record = f"record {record}"
+        if not isinstance(e, DataError):
+            e = DataError(f"unexpected value ({type(e).__name__}: {' '.join(str(e).split())[:200]})", kind="invalid")
         e = e.located(self.source, line, record)
         self.report.errors.append(e)
         self.report.skipped[e.kind] += 1
@@ -85,14 +98,25 @@ class _Ctx:
             raise e
         logger.warning("skipping: %s", e)
 
+    def records(self, src) -> list:
+        """The records of a JSON / JSONL file (or an in-memory list). An unreadable JSONL line (malformed, nested
+        too deeply, an unreadable number) is one bad record under the error policy, counted in ``n_in``."""
+        data, lines, bad = _read_rows(src)
+        for ln, reason in bad:
+            self.report.n_in += 1
+            self.fail(DataError(reason, kind="malformed_json"), line=ln)
+        self.lines = lines
+        return _records(data, self.source)
+
     def skip(self, kind: str):
         self.report.skipped[kind] += 1
 
     def fix_span(self, s: Any, e: Any, duration: float | None, fieldname: str, sid: str, meta: dict):
         try:
             s, e = float(s), float(e)
-        except (TypeError, ValueError):
-            raise DataError(f"span bounds must be numbers, got [{s!r}, {e!r}]", field=fieldname, sample_id=sid)
+        except (TypeError, ValueError, OverflowError):
+            raise DataError(f"span bounds must be numbers, got [{s!r:.40}, {e!r:.40}]", field=fieldname,
+                            sample_id=sid) from None
         if s > e and self.swap:
             s, e = e, s
             self.report.n_swapped += 1
@@ -115,29 +139,39 @@ class _Ctx:
         return self.samples, self.report
 
 
-def _read_json_or_jsonl(src) -> Any:
+def _read_rows(src) -> tuple[Any, list | None, list]:
+    """(parsed data, the line of each row for JSONL input else None, [(line, reason)] of unreadable JSONL lines).
+    A file that is neither JSON nor JSONL (its first line does not parse) is a DataError."""
     if not isinstance(src, (str, os.PathLike)):
-        return src
+        return src, None, []
     path = os.fspath(src)
     if not os.path.isfile(path):
         raise DataError("file not found", path=path, kind="missing_file")
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as first:
-        rows = []
+        return parse_record(text), None, []
+    except JSONRecordError as first:
+        rows, lines, bad = [], [], []
         for i, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as ex:
-                if i == 1:  # neither JSON nor JSONL: report the JSON error
-                    raise DataError(f"malformed JSON: {first.msg} (line {first.lineno}, column {first.colno})",
-                                    path=path, kind="malformed_json") from None
-                raise DataError(f"malformed JSON line: {ex.msg}", path=path, line=i, kind="malformed_json") from None
-        return rows
+                rows.append(parse_record(line))
+                lines.append(i)
+            except JSONRecordError as ex:
+                if not rows and not bad:  # neither JSON nor JSONL: report the whole file's error
+                    raise DataError(first.reason, path=path, kind="malformed_json") from None
+                bad.append((i, ex.reason))
+        return rows, lines, bad
+
+
+def _read_json_or_jsonl(src) -> Any:
+    """The parsed JSON file, or the rows of a JSONL file; the first unreadable line raises DataError."""
+    data, _, bad = _read_rows(src)
+    if bad:
+        raise DataError(bad[0][1], path=os.fspath(src), line=bad[0][0], kind="malformed_json")
+    return data
 
 
 def _records(data, source) -> list:
@@ -149,6 +183,34 @@ def _records(data, source) -> list:
     if not isinstance(data, list):
         raise DataError(f"expected a list of records, got {type(data).__name__}", path=source)
     return data
+
+
+# Errors of one record: DataError (a ValueError) and what a value of the wrong type raises on the way (float("abc"),
+# len(3), a 400-digit integer in float(), ...). Each converter catches these per record: named, then raised or
+# counted and skipped (on_error), never a bare traceback that ends the whole file.
+RECORD_ERRORS = (ValueError, TypeError, ArithmeticError, AttributeError, KeyError, IndexError)
+
+
+def _number(value: Any, fieldname: str, sid: str | None = None) -> float:
+    """A finite float from a JSON number or a numeric string; DataError naming the field otherwise."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+        raise DataError(f"must be a number, got {shown}", field=fieldname, sample_id=sid) from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise DataError(f"must be a finite number, got {value!r}", field=fieldname, sample_id=sid)
+    return x
+
+
+def _integer(value: Any, fieldname: str, sid: str | None = None) -> int:
+    """An integer from a JSON number or a numeric string (``640``, ``640.0``, ``"640"``); DataError otherwise."""
+    x = _number(value, fieldname, sid)
+    if x != int(x):
+        raise DataError(f"must be a whole number, got {value!r}", field=fieldname, sample_id=sid)
+    return int(x)
 
 
 def _video_path(video_dir: str | None, name: str, template: str = "{vid}.mp4") -> str:
@@ -191,6 +253,8 @@ def convert_charades_sta(
     ctx = _Ctx(txt_path, on_error, swap_reversed, clamp_tolerance)
     if isinstance(durations, (str, os.PathLike)):
         durations = read_charades_durations(durations)
+    if durations is None and probe_root is None:  # a setting, not a bad record: never counted as a skip
+        raise ValueError("convert_charades_sta needs durations (dict or CSV) or probe_root")
     probed: dict[str, float] = {}
     path = os.fspath(txt_path)
     if not os.path.isfile(path):
@@ -215,7 +279,7 @@ def convert_charades_sta(
                 if vid not in durations:
                     raise DataError(f"no duration for video {vid}", field="duration", sample_id=sid,
                                     kind="missing_field")
-                dur = float(durations[vid])
+                dur = _number(durations[vid], "duration", sid)
             else:
                 if probe_root is None:
                     raise ValueError("convert_charades_sta needs durations (dict or CSV) or probe_root")
@@ -233,7 +297,7 @@ def convert_charades_sta(
             span = ctx.fix_span(s, e, dur, "spans[0]", sid, meta)
             ctx.add(Sample(id=sid, task="tvg", query=sentence.strip(), video=_video_path(video_dir, vid,
                            video_template), duration=dur, spans=[span], meta=meta))
-        except DataError as ex:
+        except RECORD_ERRORS as ex:
             ctx.fail(ex, line=lineno)
     return ctx.finish()
 
@@ -266,7 +330,7 @@ def convert_dense_captions(
                 raise DataError(f"{len(ts) if isinstance(ts, list) else '?'} timestamps for "
                                 f"{len(sents) if isinstance(sents, list) else '?'} sentences",
                                 field="timestamps", sample_id=vid, kind="malformed")
-        except DataError as ex:
+        except RECORD_ERRORS as ex:
             ctx.report.n_in += 1
             ctx.fail(ex, record=vid)
             continue
@@ -278,12 +342,12 @@ def convert_dense_captions(
                     raise DataError(f"must be [start, end], got {span!r}", field=f"timestamps[{k}]",
                                     sample_id=sid)
                 meta = {"source": source_name, "video_id": vid, "index": k}
-                dur = float(rec["duration"])
+                dur = _number(rec["duration"], "duration", sid)
                 sp = ctx.fix_span(span[0], span[1], dur, f"timestamps[{k}]", sid, meta)
                 ctx.add(Sample(id=sid, task="tvg", query=str(sent).strip(),
                                video=_video_path(video_dir, vid, video_template), duration=dur, spans=[sp],
                                meta=meta))
-            except DataError as ex:
+            except RECORD_ERRORS as ex:
                 ctx.fail(ex, record=sid)
     return ctx.finish()
 
@@ -326,7 +390,7 @@ def convert_time_r1(
     if timerft_videos not in ("clip", "source"):
         raise ValueError(f"timerft_videos must be 'clip' or 'source', got {timerft_videos!r}")
     ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
-    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    recs = ctx.records(src)
     for i, r in enumerate(recs):
         ctx.report.n_in += 1
         try:
@@ -341,7 +405,7 @@ def convert_time_r1(
                 raise DataError("missing field", field="question/sentence", sample_id=sid, kind="missing_field")
             if "duration" not in r:
                 raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
-            dur = float(r["duration"])
+            dur = _number(r["duration"], "duration", sid)
             if "answer" in r:
                 s, e = _parse_span_str(r["answer"])
             elif "timestamp" in r:
@@ -369,8 +433,8 @@ def convert_time_r1(
             ctx.add(Sample(id=sid, task="tvg", query=str(query).strip(),
                            video=os.path.join(video_dir, video) if video_dir else video, duration=dur, spans=[span],
                            meta=meta, **clip))
-        except DataError as ex:
-            ctx.fail(ex, record=f"record {i}")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
     return ctx.finish()
 
 
@@ -437,7 +501,7 @@ def convert_nextgqa(
     """NExT-GQA (VideoChat-R1 layout) -> gqa samples: options without "(A)" prefixes, answer letter, glue spans.
     ``video`` without an extension gets ``video_template``.  id: ``qid`` / ``id``, else ``VIDEO_index``."""
     ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
-    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    recs = ctx.records(src)
     for i, r in enumerate(recs):
         ctx.report.n_in += 1
         try:
@@ -453,7 +517,7 @@ def convert_nextgqa(
             sid = str(r.get("qid", r.get("id", f"{os.path.splitext(os.path.basename(video))[0]}_{i}")))
             options = split_options(r["options"])
             letter = answer_letter(r["answer"], options)
-            dur = float(r["duration"])
+            dur = _number(r["duration"], "duration", sid)
             meta = {"source": "nextgqa", **{k: v for k, v in r.items()
                                             if k not in ("video", "question", "options", "duration", "answer",
                                                          "glue", "spans", "solution", "qid", "id")}}
@@ -471,8 +535,8 @@ def convert_nextgqa(
             ctx.add(Sample(id=sid, task="gqa", query=str(r["question"]).strip(),
                            video=os.path.join(video_dir, video) if video_dir else video, duration=dur,
                            spans=spans, options=options, answer=letter, meta=meta))
-        except DataError as ex:
-            ctx.fail(ex, record=f"record {i}")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
     return ctx.finish()
 
 
@@ -507,7 +571,7 @@ def convert_video_r1(
     id: ``problem_id`` / ``id``, else the record index.  Unknown problem types are skipped and counted
     (``unsupported_problem_type``)."""
     ctx = _Ctx(src, on_error, False, 0.0)
-    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    recs = ctx.records(src)
     for i, r in enumerate(recs):
         ctx.report.n_in += 1
         try:
@@ -543,8 +607,8 @@ def convert_video_r1(
             answer = (m.group(1) if m else sol).strip()
             ctx.add(Sample(id=sid, task="qa", query=str(r["problem"]).strip(), answer=answer,
                            meta={**meta, "problem_type": ptype}, **{dtype: path}))
-        except DataError as ex:
-            ctx.fail(ex, record=f"record {i}")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
     return ctx.finish()
 
 
@@ -578,7 +642,7 @@ def convert_tempsamp(
     if query_from not in ("event", "problem"):
         raise ValueError(f"query_from must be 'event' or 'problem', got {query_from!r}")
     ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
-    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    recs = ctx.records(src)
     for i, r in enumerate(recs):
         ctx.report.n_in += 1
         try:
@@ -616,7 +680,7 @@ def convert_tempsamp(
                 raise DataError(f"expected one video, got {videos!r}", field="videos", sample_id=sid)
             if r.get("duration") is None:
                 raise DataError("missing field", field="duration", sample_id=sid, kind="missing_field")
-            dur = float(r["duration"])
+            dur = _number(r["duration"], "duration", sid)
             meta = {"source": "tempsamp_r1", "problem": problem,
                     **({"query_is_prompt": True} if query_from == "problem" else {}),
                     **{k: v for k, v in r.items() if k not in ("id", "qid", "problem_id", "problem", "messages",
@@ -626,8 +690,8 @@ def convert_tempsamp(
             video = str(videos[0])
             ctx.add(Sample(id=sid, task="tvg", query=text, video=os.path.join(video_dir, video) if video_dir else video,
                            duration=dur, spans=[span], meta=meta))
-        except DataError as ex:
-            ctx.fail(ex, record=f"record {i}")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
     return ctx.finish()
 
 
@@ -693,7 +757,7 @@ def convert_refcoco(
     if bbox_format not in ("xyxy", "xywh"):
         raise ValueError(f"bbox_format must be 'xyxy' or 'xywh', got {bbox_format!r}")
     ctx = _Ctx(src, on_error, False, 0.0)
-    recs = _records(_read_json_or_jsonl(src), ctx.source)
+    recs = ctx.records(src)
     for i, r in enumerate(recs):
         ctx.report.n_in += 1
         try:
@@ -722,12 +786,12 @@ def convert_refcoco(
             for j, b in enumerate(boxes):
                 if not (isinstance(b, (list, tuple)) and len(b) == 4):
                     raise DataError(f"must have 4 numbers, got {b!r}", field=f"bbox[{j}]", sample_id=sid)
-                b = [float(x) for x in b]
+                b = [_number(x, f"bbox[{j}]", sid) for x in b]
                 out.append([b[0], b[1], b[0] + b[2], b[1] + b[3]] if bbox_format == "xywh" else b)
             if "width" in r and "height" in r:
-                size = [int(r["width"]), int(r["height"])]
+                size = [_integer(r["width"], "width", sid), _integer(r["height"], "height", sid)]
             elif r.get("image_size") is not None:
-                size = [int(x) for x in r["image_size"]]
+                size = [_integer(x, "image_size", sid) for x in r["image_size"]]
             elif sizes is not None and image in sizes:
                 size = [int(x) for x in sizes[image]]
             elif read_sizes_from is not None:
@@ -751,8 +815,8 @@ def convert_refcoco(
             ctx.add(Sample(id=sid, task="rec", query=expr.strip(),
                            image=os.path.join(image_dir, image) if image_dir else image, boxes=out,
                            image_size=size, meta=meta))
-        except DataError as ex:
-            ctx.fail(ex, record=f"record {i}")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
     return ctx.finish()
 
 

@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from mmgrpo.utils.json_records import JSONRecordError, parse_record
+
 from .schema import DataError, Sample
 
 logger = logging.getLogger("mmgrpo.data")
@@ -32,6 +34,7 @@ class LoadReport:
     errors: list = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     missing_media: list = field(default_factory=list)
+    lines: dict = field(default_factory=dict)  # sample id -> line of the loaded samples (messages of later checks)
 
     def add(self, e: DataError) -> None:
         self.errors.append(e)
@@ -113,11 +116,10 @@ def load_jsonl(
             if not text.strip():
                 continue
             report.n_lines += 1
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as ex:
-                problem(DataError(f"malformed JSON: {ex.msg} (column {ex.colno})", path, lineno,
-                                  kind="malformed_json"))
+            try:  # malformed, nested too deeply, or a number Python will not read: one counted kind
+                obj = parse_record(text)
+            except JSONRecordError as ex:
+                problem(DataError(ex.reason, path, lineno, kind="malformed_json"))
                 continue
             try:
                 s = Sample.from_dict(obj)
@@ -125,8 +127,8 @@ def load_jsonl(
             except DataError as ex:
                 problem(ex.located(path, lineno))
                 continue
-            except TypeError as ex:  # wrong value types that the dataclass itself rejects
-                problem(DataError(str(ex), path, lineno, kind="invalid"))
+            except (TypeError, ValueError, ArithmeticError) as ex:  # wrong value types the dataclass rejects, ...
+                problem(DataError(f"{type(ex).__name__}: {ex}", path, lineno, kind="invalid"))
                 continue
             if s.id in seen:
                 problem(DataError(f"duplicate id (first seen on line {seen[s.id]})", path, lineno, "id", s.id,
@@ -168,6 +170,7 @@ def load_jsonl(
             samples = [(ln, s) for ln, s in samples if id(s) not in drop]
 
     report.n_loaded = len(samples)
+    report.lines = {s.id: ln for ln, s in samples}
     if report.n_skipped:
         logger.warning(report.summary())
     return [s for _, s in samples], report

@@ -66,7 +66,21 @@ class DataError(ValueError):
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite number (JSON integers beyond float range, e.g. 400 digits, are not: ``float()`` overflows)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _short(x: Any, n: int = 60) -> str:
+    """``repr(x)`` cut to ``n`` characters, for messages (a 400-digit number or a huge list stays readable)."""
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10 ** 40:
+        return f"<{len(str(abs(x)))}-digit integer>"
+    r = repr(x)
+    return r if len(r) <= n else r[:n] + "..."
 
 
 @dataclass
@@ -157,7 +171,7 @@ class Sample:
         # duration and clip
         if self.duration is not None:
             if not _is_num(self.duration) or self.duration <= 0:
-                raise err("duration", f"must be a positive number of seconds, got {self.duration!r}")
+                raise err("duration", f"must be a positive number of seconds, got {_short(self.duration)}")
             self.duration = float(self.duration)
         elif self.task in VIDEO_TASKS:
             raise err("duration", f"task {self.task!r} needs the video duration in seconds", "missing_field")
@@ -169,7 +183,7 @@ class Sample:
             if self.video is None:
                 raise err(f, "only valid for video samples")
             if not _is_num(v) or v < 0 or (self.duration is not None and v > self.duration + 1e-6):
-                raise err(f, f"must be in [0, duration={self.duration}], got {v!r}")
+                raise err(f, f"must be in [0, duration={self.duration}], got {_short(v)}")
             setattr(self, f, float(v))
         if self.video_start is not None:
             lo = self.video_start
@@ -189,7 +203,7 @@ class Sample:
         for i, sp in enumerate(self.spans):
             f = f"spans[{i}]"
             if not (isinstance(sp, (list, tuple)) and len(sp) == 2 and all(_is_num(x) for x in sp)):
-                raise err(f, f"must be a pair of finite numbers [start, end], got {sp!r}")
+                raise err(f, f"must be a pair of finite numbers [start, end], got {_short(sp)}")
             s, e = float(sp[0]), float(sp[1])
             if s > e:
                 if not swap_reversed:
@@ -243,7 +257,7 @@ class Sample:
         if self.image_size is not None:
             if not (isinstance(self.image_size, (list, tuple)) and len(self.image_size) == 2
                     and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in self.image_size)):
-                raise err("image_size", f"must be [width, height] positive integers, got {self.image_size!r}")
+                raise err("image_size", f"must be [width, height] positive integers, got {_short(self.image_size)}")
             self.image_size = list(self.image_size)
         if self.task == "rec":
             if not self.boxes:
@@ -257,7 +271,7 @@ class Sample:
             for i, b in enumerate(self.boxes):
                 f = f"boxes[{i}]"
                 if not (isinstance(b, (list, tuple)) and len(b) == 4 and all(_is_num(x) for x in b)):
-                    raise err(f, f"must be [x1, y1, x2, y2] numbers, got {b!r}")
+                    raise err(f, f"must be [x1, y1, x2, y2] numbers, got {_short(b)}")
                 x1, y1, x2, y2 = (float(x) for x in b)
                 if not (x1 < x2 and y1 < y2):
                     raise err(f, f"needs x1 < x2 and y1 < y2, got {b!r}", "bad_box")

@@ -216,7 +216,11 @@ class _PerRowSampler:
 
     def sample(self, scores: torch.Tensor) -> torch.Tensor:
         """One token per row (n,) int64 on CPU, drawn from row i's generator (advances it by one draw)."""
-        x = scores.float() / self.temperature
+        return self.sample_scaled(scores.float() / self.temperature)
+
+    def sample_scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """``sample`` on scores already divided by the temperature (n, V) float32: the shared-prefix decode loop
+        scales once and takes its log-probs from the same tensor."""
         if self.top_k and self.top_k > 0:
             kth = torch.topk(x, min(self.top_k, x.shape[-1]), dim=-1).values[..., -1:]
             x = x.masked_fill(x < kth, float("-inf"))
@@ -225,8 +229,30 @@ class _PerRowSampler:
             cum = torch.softmax(sx, -1).cumsum(-1)
             drop = cum - torch.softmax(sx, -1) >= self.top_p  # keep the smallest prefix with mass >= top_p
             x = x.scatter(-1, si, sx.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(x, dim=-1).cpu()
-        return torch.cat([torch.multinomial(probs[i], 1, generator=self.gens[i]) for i in range(len(self.gens))])
+        return multinomial_rows(torch.softmax(x, dim=-1).cpu(), self.gens)
+
+
+def multinomial_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One draw per row of ``probs`` (n, V) float, row i from ``generators[i]``: bit for bit the tokens of
+    ``torch.multinomial(probs[i], 1, generator=generators[i])`` for each i, and the generators end in the same
+    states, in one batched division and argmax.
+
+    For a single sample torch's multinomial draws ``q = empty_like(p).exponential_(1, generator)`` and returns
+    ``argmax(p / q)`` (the Gumbel-max trick: ATen's fast path for one sample, CPU and CUDA alike).  Here each row's
+    q is drawn from its own generator into one row of an (n, V) buffer -- the same draws in the same order -- so
+    what goes is the per-row call's fixed cost (dispatch, allocation, and a validity check that syncs twice):
+    ~17 us a row on CPU, 16 rows x every decoded token.  The validity check runs once for all rows.  Exactness
+    against ``torch.multinomial``: ``tests/models/test_row_sampler.py`` (a torch release that changes the fast
+    path fails it)."""
+    if probs.dim() != 2 or probs.shape[0] != len(generators):
+        raise ValueError(f"need (n, V) probabilities and n generators, got {tuple(probs.shape)} and {len(generators)}")
+    ok = (probs.amax() < float("inf")) & (probs.amin() >= 0) & (probs.sum(-1) > 0).all()
+    if not bool(ok):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0, or a row sums to 0")
+    q = torch.empty_like(probs)
+    for row, g in zip(q, generators):
+        row.exponential_(1, generator=g)
+    return torch.argmax(probs / q, dim=-1)
 
 
 # Fields of a GenerationConfig that change which token ``generate`` picks, with their neutral value (None = the
@@ -380,6 +406,10 @@ class HFRolloutBackend(RolloutBackend):
     distribution is exactly the policy the loss scores.
     """
 
+    #: optional ``hook(new_tokens, rows_left) -> stop`` called after every decoding step (progress lines; True
+    #: ends decoding early, e.g. on SIGTERM: the completions are then cut short and the caller discards them)
+    step_hook = None
+
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
                  max_batch_size: int = 64, device=None, shared_prefix: bool = True):
         self.model = model
@@ -429,7 +459,7 @@ class HFRolloutBackend(RolloutBackend):
             batch = batch_to(collate_prompts(chunk, pad), device)
             with explicit_decoding(model, "HFRolloutBackend"):  # only for its warning: we never call generate
                 ids, lp = shared_prefix_sample(gm, batch, G, params, seeds[s * G:(s + len(chunk)) * G], eos, pad,
-                                               self.suppress_token_ids)
+                                               self.suppress_token_ids, step_hook=self.step_hook)
             ids_chunks.append(ids.cpu())
             lp_chunks.append(lp.cpu())
         return ids_chunks, lp_chunks
@@ -451,8 +481,9 @@ class HFRolloutBackend(RolloutBackend):
             if not params.greedy:
                 procs.append(_PerRowSampler(seeds[s:s + len(chunk)], params.temperature, params.top_p,
                                             params.top_k))
+            stop = [_HookCriteria(self.step_hook)] if self.step_hook is not None else None
             with explicit_decoding(model, "HFRolloutBackend"):
-                out = model.generate(**batch, generation_config=gc, logits_processor=procs)
+                out = model.generate(**batch, generation_config=gc, logits_processor=procs, stopping_criteria=stop)
             P = batch["input_ids"].shape[1]
             ids = out.sequences[:, P:]
             logits = torch.stack(out.logits, 1)  # (n, T, V) raw logits
@@ -525,10 +556,22 @@ def _repeat_cache(cache, G: int, extra: int = 0) -> None:
                     "(use rollout.shared_prefix=false)")
 
 
+class _HookCriteria:
+    """``model.generate`` stopping criterion calling a backend's ``step_hook`` once per decoding step."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        n = input_ids.shape[0]
+        stop = bool(self.hook(n, n))
+        return torch.full((n,), stop, dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
 def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds: Sequence[int],
-                         eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None,
+                         step_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions for each of the B left-padded prompts in ``batch`` with ONE prefill per prompt.
 
     gm: the HF generation model (``GenerationMixin``).  Returns (ids (B*G, T) with pad after the first EOS,
@@ -567,12 +610,19 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     unfinished = torch.ones(N, dtype=torch.bool, device=device)
     toks, lps = [], []
     for t in range(params.max_new_tokens):
-        scores = _suppress(logits, suppress_token_ids)
-        nxt = scores.argmax(-1) if sampler is None else sampler.sample(scores).to(device)
+        # suppressed and scaled once: the sampler draws from it and the log-probs are read from it, the values of
+        # token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids) bit for bit (x / 1.0 == x)
+        x = _suppress(logits, suppress_token_ids)
+        if temp != 1.0:
+            x = x / temp
+        nxt = x.argmax(-1) if sampler is None else sampler.sample_scaled(x).to(device)
         nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
         toks.append(nxt)
-        lps.append(token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids))
+        lps.append(x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1))
+        n_new = int(unfinished.sum())
         unfinished = unfinished & ~torch.isin(nxt, eos_t)
+        if step_hook is not None and step_hook(n_new, int(unfinished.sum())):
+            break  # e.g. SIGTERM: the caller discards these cut-short completions
         if not bool(unfinished.any()) or t == params.max_new_tokens - 1:
             break
         pos = pos + 1
@@ -624,7 +674,7 @@ def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_gen
 __all__ = [
     "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
-    "shared_prefix_sample",
+    "shared_prefix_sample", "multinomial_rows",
     "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
     "VLLM_NEUTRAL_SAMPLING",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",

@@ -63,6 +63,7 @@ Choices
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -100,6 +101,10 @@ def check_vllm_version(installed: str) -> None:
 
 class VisionTokenMismatch(RuntimeError):
     """The engine expanded a prompt to other token ids than the trainer's processor did."""
+
+
+class BadEngineReply(RuntimeError):
+    """The engine's (or server's) outputs cannot be trained on: a failed call, like an HTTP error."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -207,6 +212,33 @@ def request_output_to_engine_output(o) -> EngineOutput:
     if c.logprobs is not None:
         lps = [float(d[t].logprob) for d, t in zip(c.logprobs, toks)]
     return EngineOutput([int(t) for t in (o.prompt_token_ids or [])], toks, lps)
+
+
+LOGPROB_SLACK = 1e-6  # log-probs above 0 by at most this are rounding (log_softmax is <= 0 in exact arithmetic)
+
+
+def check_engine_outputs(outs: Sequence[EngineOutput], vocab_size: int, max_new_tokens: int) -> None:
+    """Raise :class:`BadEngineReply` naming the row unless every output has at most ``max_new_tokens`` sampled ids,
+    each in ``[0, vocab_size)``, and one finite log-prob <= 0 (``LOGPROB_SLACK``) per sampled id.  A reply from a
+    broken or foreign server would otherwise index past the embedding, or feed NaN / impossible probabilities to
+    the importance weights."""
+    for r, o in enumerate(outs):
+        n = len(o.token_ids)
+        if n > max_new_tokens:
+            raise BadEngineReply(f"row {r}: the vLLM engine returned {n} tokens for max_new_tokens={max_new_tokens}")
+        bad = next((t for t in o.token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise BadEngineReply(f"row {r}: the vLLM engine returned token id {bad}, outside the vocabulary "
+                                 f"[0, {vocab_size})")
+        if o.logprobs is None or len(o.logprobs) != n:
+            # zeros in their place would turn the IS weights into exp(old_logp): refuse instead
+            got = "no" if o.logprobs is None else len(o.logprobs)
+            raise BadEngineReply(f"row {r}: the vLLM engine returned {got} sampled-token log-probs for {n} tokens "
+                                 "(requests ask for logprobs=0)")
+        lp = next((x for x in o.logprobs if not (math.isfinite(x) and x <= LOGPROB_SLACK)), None)
+        if lp is not None:
+            raise BadEngineReply(f"row {r}: the vLLM engine returned log-prob {lp!r}; a log-probability is finite "
+                                 "and <= 0")
 
 
 def check_prompt_expansion(outs: Sequence[EngineOutput], expected: Sequence[list[int]]) -> None:
@@ -380,12 +412,16 @@ class VLLMRolloutBackend(RolloutBackend):
     the engine.
 
     The trainer recomputes old log-probs itself; the engine's (``RolloutOutput.logprobs``) feed the truncated
-    importance-sampling correction (:mod:`mmgrpo.core.importance`) and the mismatch diagnostic.
+    importance-sampling correction (:mod:`mmgrpo.core.importance`) and the mismatch diagnostic.  Every reply is
+    checked (:func:`check_engine_outputs`); a bad one raises :class:`BadEngineReply`, as a failed HTTP call raises.
     """
 
     def __init__(self, engine, tokenizer, pusher: WeightPusher | None = None,
-                 suppress_token_ids: Sequence[int] = (), check_prompts: bool = True, barrier_after_push: bool = False):
+                 suppress_token_ids: Sequence[int] = (), check_prompts: bool = True, barrier_after_push: bool = False,
+                 vocab_size: int | None = None):
         self.engine, self.tokenizer, self.pusher = engine, tokenizer, pusher
+        # sampled ids must index the policy's embedding (its rows; the tokenizer's length when not given)
+        self.vocab_size = int(vocab_size) if vocab_size else len(tokenizer)
         self.barrier_after_push = barrier_after_push
         self.suppress_token_ids = list(suppress_token_ids)
         self.vision_pad_ids = [i for i in (tokenizer.convert_tokens_to_ids(t) for t in VISION_PAD_TOKENS)
@@ -401,16 +437,13 @@ class VLLMRolloutBackend(RolloutBackend):
                              self.suppress_token_ids)
         outs = self.engine.run(reqs)
         if len(outs) != len(reqs):
-            raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(reqs)} requests")
+            raise BadEngineReply(f"vLLM returned {len(outs)} outputs for {len(reqs)} requests")
         if self.check_prompts:
             G = int(num_generations)
             check_prompt_expansion(outs, [_prompt_ids(p) for p in prompts for _ in range(G)])
-        lps = [o.logprobs for o in outs]
-        if any(x is None or len(x) != len(o.token_ids) for x, o in zip(lps, outs)):
-            # zeros in their place would turn the IS weights into exp(old_logp): refuse instead
-            raise RuntimeError("the vLLM engine returned no sampled-token log-probs (requests ask for logprobs=0)")
-        return rollout_from_token_lists([o.token_ids for o in outs], lps, self.tokenizer, self._eos(), len(prompts),
-                                        num_generations, params.max_new_tokens)
+        check_engine_outputs(outs, self.vocab_size, params.max_new_tokens)
+        return rollout_from_token_lists([o.token_ids for o in outs], [o.logprobs for o in outs], self.tokenizer,
+                                        self._eos(), len(prompts), num_generations, params.max_new_tokens)
 
     def sync_weights(self, model) -> None:
         if self.pusher is not None:
@@ -446,7 +479,8 @@ def engine_on_this_gpu():
 
 def colocate_backend(model_path: str, tokenizer, suppress_token_ids=(), mm_processor_kwargs: dict | None = None,
                      gpu_memory_utilization: float = 0.3, max_model_len: int = 8192, seed: int = 0,
-                     llm_cls=None, sampling_params_cls=None, transfer_factory=None, **engine_kwargs):
+                     llm_cls=None, sampling_params_cls=None, transfer_factory=None, vocab_size: int | None = None,
+                     **engine_kwargs):
     """A ``vllm.LLM`` in this process (GPU share ``gpu_memory_utilization``), weights pushed by CUDA IPC."""
     if llm_cls is None:
         try:
@@ -462,11 +496,13 @@ def colocate_backend(model_path: str, tokenizer, suppress_token_ids=(), mm_proce
         llm = llm_cls(model=model_path, **kw)
     pusher = WeightPusher(LLMWeightSyncClient(llm), transfer_factory or _colocate_transfer,
                           lambda: llm.reset_prefix_cache())
-    return VLLMRolloutBackend(LocalEngine(llm, sampling_params_cls), tokenizer, pusher, suppress_token_ids)
+    return VLLMRolloutBackend(LocalEngine(llm, sampling_params_cls), tokenizer, pusher, suppress_token_ids,
+                              vocab_size=vocab_size)
 
 
 def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 240.0, group_port: int = 51216,
-                   group_host: str = "", transfer_factory=None, wait_seconds: float = 0.0, pushes: bool = True):
+                   group_host: str = "", transfer_factory=None, wait_seconds: float = 0.0, pushes: bool = True,
+                   vocab_size: int | None = None):
     """Generate on a separate :mod:`.vllm_server` process; weights by NCCL broadcast (trainer rank 0 -> server).
 
     Every training process generates through the server; only the one with ``pushes=True`` (process 0) sends
@@ -480,7 +516,8 @@ def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 
     if pushes:
         factory = transfer_factory or nccl_transfer_factory(client, group_port, group_host)
         pusher = WeightPusher(client, factory, client.reset_prefix_cache)
-    return VLLMRolloutBackend(client, tokenizer, pusher, suppress_token_ids, barrier_after_push=True)
+    return VLLMRolloutBackend(client, tokenizer, pusher, suppress_token_ids, barrier_after_push=True,
+                              vocab_size=vocab_size)
 
 
 def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
@@ -489,23 +526,27 @@ def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
     if cfg.tgrpo.enabled:
         raise ValueError("tgrpo.enabled with rollout.backend=vllm: T-GRPO's shuffled-frame rollouts are built from "
                          "processed tensors the vLLM engine cannot take; use rollout.backend=hf")
+    emb = policy.model.get_input_embeddings() if hasattr(policy.model, "get_input_embeddings") else None
+    vocab = int(emb.num_embeddings) if emb is not None else None
     if r.vllm_mode == "server":
         dist = torch.distributed
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         return server_backend(r.vllm_server_url, policy.tokenizer, policy.suppress_token_ids,
                               timeout=r.vllm_server_timeout, group_port=r.vllm_group_port,
-                              group_host=r.vllm_group_host, wait_seconds=r.vllm_server_timeout, pushes=rank == 0)
+                              group_host=r.vllm_group_host, wait_seconds=r.vllm_server_timeout, pushes=rank == 0,
+                              vocab_size=vocab)
     mm_kw = {}
     d = cfg.data
     if d.image_min_pixels > 0 and d.image_max_pixels > 0:  # the same ``size`` TaskAdapter gives the processor
         mm_kw = {"size": {"shortest_edge": d.image_min_pixels, "longest_edge": d.image_max_pixels}}
     return colocate_backend(cfg.model.path, policy.tokenizer, policy.suppress_token_ids, mm_processor_kwargs=mm_kw,
                             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                            max_model_len=r.vllm_max_model_len, seed=cfg.run.seed)
+                            max_model_len=r.vllm_max_model_len, seed=cfg.run.seed, vocab_size=vocab)
 
 
 __all__ = [
     "VLLM_SOURCE_VERSION", "check_vllm_version", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
+    "BadEngineReply", "check_engine_outputs", "LOGPROB_SLACK",
     "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
     "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",

@@ -5,7 +5,19 @@ whose chat endpoint would re-decode videos and lose mmgrpo's exact frames and fp
 
     CUDA_VISIBLE_DEVICES=4,5,6,7 python -m mmgrpo.vlm.models.vllm_server --model PATH --tensor-parallel-size 4 --port 8000
 
-and train with ``rollout.backend=vllm rollout.vllm_mode=server rollout.vllm_server_url=http://HOST:8000``.
+and train with ``rollout.backend=vllm rollout.vllm_mode=server rollout.vllm_server_url=http://127.0.0.1:8000``.
+
+Access (the same guard as the reward server, :mod:`mmgrpo.utils.http_guard`; guarantees in docs/reliability.md):
+the server binds 127.0.0.1 by default.  With ``MMGRPO_VLLM_TOKEN`` set in the server's and the trainer's
+environment, every request must be signed with it (HMAC, 401 otherwise) and the client uses only replies the server
+signed back: the token never travels.  Serving trainers on other machines needs ``--allow-remote --host ADDR`` and
+refuses to start without the token (anyone reaching the port could otherwise point the NCCL weight transfer at
+itself or push weights).  ``Host`` must be the bound address, a loopback name, this machine's name or an
+``--allow-host`` name; POSTs must be ``application/json`` with a ``Content-Length`` of at most ``--max-body-mb``
+(refused before reading); a connection has ``--read-timeout`` s to deliver its request; at most
+``--max-connections`` are open.  The client's ``timeout`` is a wall-clock deadline per call, replies above
+``max_reply_mb`` are refused, redirects are never followed, and :class:`VLLMRolloutBackend` validates every
+reply (token ids, log-probs, lengths).
 
 Endpoints (JSON bodies; arrays travel as ``.npy`` bytes in base64 and are loaded with ``allow_pickle=False``, so
 nothing received runs code):
@@ -35,15 +47,17 @@ import json
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 import numpy as np
 
+from mmgrpo.utils.http_guard import (GuardedHandler, GuardedServer, HTTPFailure, add_server_arguments, env_token,
+                                     error_text, http_request)
+
 from .vllm_backend import EngineOutput, LocalEngine, default_llm_kwargs
+
+TOKEN_ENV = "MMGRPO_VLLM_TOKEN"  # shared secret of the trainer and the rollout server (each reads it when set)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -99,17 +113,50 @@ def decode_request(obj: dict) -> tuple[dict, dict]:
     return p, s
 
 
+def parse_outputs(res: dict, n: int, where: str) -> list[EngineOutput]:
+    """The ``/generate`` reply as :class:`EngineOutput` rows, its JSON types checked (``RuntimeError`` naming the
+    row and field otherwise): ``n`` outputs of integer ``prompt_token_ids`` / ``token_ids`` and numeric (or null)
+    ``logprobs``.  Values (vocabulary, signs, lengths) are checked by ``VLLMRolloutBackend``."""
+    outs = res.get("outputs")
+    if not isinstance(outs, list) or len(outs) != n:
+        got = f"{len(outs)} outputs" if isinstance(outs, list) else repr(outs)[:80]
+        raise RuntimeError(f"{where}: malformed reply: {got} for {n} requests")
+    rows = []
+    for r, o in enumerate(outs):
+        if not isinstance(o, dict):
+            raise RuntimeError(f"{where}: malformed reply: outputs[{r}] is a {type(o).__name__}")
+        for key in ("prompt_token_ids", "token_ids"):
+            v = o.get(key)
+            if not isinstance(v, list) or any(type(t) is not int for t in v):
+                raise RuntimeError(f"{where}: malformed reply: outputs[{r}].{key} is not a list of integers")
+        lps = o.get("logprobs")
+        if lps is not None and (not isinstance(lps, list) or any(type(x) not in (int, float) for x in lps)):
+            raise RuntimeError(f"{where}: malformed reply: outputs[{r}].logprobs is not a list of numbers")
+        rows.append(EngineOutput(o["prompt_token_ids"], o["token_ids"],
+                                 None if lps is None else [float(x) for x in lps]))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------
 # client
 # ----------------------------------------------------------------------------------------------------------
 class VLLMServerClient:
-    """HTTP client of :mod:`mmgrpo.vlm.models.vllm_server` (also a ``VLLMWeightSyncClient``)."""
+    """HTTP client of :mod:`mmgrpo.vlm.models.vllm_server` (also a ``VLLMWeightSyncClient``).
 
-    def __init__(self, base_url: str, timeout: float = 240.0):
+    ``timeout``: wall-clock seconds per call (connect, server time, reading the reply: a trickled reply cannot
+    stretch it); ``max_reply_mb``: largest reply read.  Requests are signed with ``MMGRPO_VLLM_TOKEN`` when it is set,
+    and replies are then used only if the server signed them.  A call that fails raises ``ConnectionError``
+    (unreachable, timeout) or ``RuntimeError`` (an error status, a redirect, an oversized, malformed or
+    unauthenticated reply)."""
+
+    def __init__(self, base_url: str, timeout: float = 240.0, max_reply_mb: float = 256.0):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"rollout.vllm_server_url must start with http:// or https://, got {base_url!r}")
+        if not timeout > 0 or not max_reply_mb > 0:
+            raise ValueError("need timeout > 0 and max_reply_mb > 0")
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
+        self.max_reply_bytes = int(max_reply_mb * 2**20)
 
     @property
     def host(self) -> str:
@@ -117,17 +164,24 @@ class VLLMServerClient:
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        where = f"vLLM server {method} {self.base_url}{path}"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"vLLM server {method} {self.base_url}{path}: HTTP {e.code}: "
-                               f"{e.read()[:500].decode(errors='replace')}") from e
-        except (urllib.error.URLError, OSError) as e:
-            raise ConnectionError(f"vLLM server {self.base_url} unreachable ({method} {path}): {e}") from e
-        return json.loads(raw) if raw else {}
+            reply = http_request(self.base_url + path, method, data, timeout=self.timeout,
+                                 max_reply_bytes=self.max_reply_bytes, token=env_token(TOKEN_ENV), what=where)
+        except HTTPFailure as e:
+            if e.retryable:
+                raise ConnectionError(f"vLLM server {self.base_url} unreachable ({method} {path}): {e}") from None
+            raise RuntimeError(str(e)) from None  # names the call already (``what``)
+        if reply.status >= 300:
+            hint = f" (set {TOKEN_ENV} as on the server)" if reply.status == 401 else ""
+            raise RuntimeError(f"{where}: HTTP {reply.status}: {error_text(reply)[:500]}{hint}")
+        try:
+            out = json.loads(reply.body) if reply.body else {}
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise RuntimeError(f"{where}: the reply is not JSON ({e}): {reply.body[:200]!r}") from None
+        if not isinstance(out, dict):
+            raise RuntimeError(f"{where}: the reply is a {type(out).__name__}, not a JSON object")
+        return out
 
     def health(self) -> bool:
         try:
@@ -144,11 +198,14 @@ class VLLMServerClient:
             time.sleep(poll)
 
     def world_size(self) -> int:
-        return int(self._call("GET", "/get_world_size")["world_size"])
+        w = self._call("GET", "/get_world_size").get("world_size")
+        if type(w) is not int or w < 1:
+            raise RuntimeError(f"vLLM server {self.base_url}/get_world_size: world_size {w!r} is not a positive integer")
+        return w
 
     def run(self, requests: Sequence[tuple[dict, dict]]) -> list[EngineOutput]:
         res = self._call("POST", "/generate", {"requests": [encode_request(p, s) for p, s in requests]})
-        return [EngineOutput(o["prompt_token_ids"], o["token_ids"], o["logprobs"]) for o in res["outputs"]]
+        return parse_outputs(res, len(requests), f"vLLM server {self.base_url}/generate")
 
     def reset_prefix_cache(self) -> None:
         self._call("POST", "/reset_prefix_cache", {})
@@ -196,10 +253,18 @@ def nccl_transfer_factory(client: VLLMServerClient, group_port: int, group_host:
 # ----------------------------------------------------------------------------------------------------------
 # server
 # ----------------------------------------------------------------------------------------------------------
-def make_server(llm, host: str = "127.0.0.1", port: int = 0, sampling_params_cls=None) -> ThreadingHTTPServer:
-    """An HTTP server around ``llm`` (a ``vllm.LLM``, or a fake with the same methods); ``port=0`` picks one."""
+def make_server(llm, host: str = "127.0.0.1", port: int = 0, sampling_params_cls=None, *,
+                token: str | None = None, allow_remote: bool = False, allowed_hosts: Sequence[str] = (),
+                max_body_mb: float = 2048.0, read_timeout: float = 30.0, max_connections: int = 64,
+                verbose: bool = False) -> GuardedServer:
+    """An HTTP server around ``llm`` (a ``vllm.LLM``, or a fake with the same methods); ``port=0`` picks one.
+
+    ``token``: shared secret requests must be signed with (``None`` reads ``MMGRPO_VLLM_TOKEN``; unset or empty: no
+    check); ``allow_remote``: bind a non-loopback ``host`` (requires the token).  The limits are
+    :class:`mmgrpo.utils.http_guard.GuardedServer`'s."""
     engine = LocalEngine(llm, sampling_params_cls)
     gen_lock = threading.Lock()  # LLM.generate is not thread-safe
+    token = env_token(TOKEN_ENV) if token is None else token
 
     def post(path: str, body: dict) -> dict:
         if path == "/generate":
@@ -222,44 +287,50 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 0, sampling_params_cls
             raise KeyError(path)
         return {"status": "ok"}
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, obj: dict) -> None:
-            raw = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+    class Handler(GuardedHandler):
+        log_prefix = "vllm-server"
 
         def do_GET(self):  # noqa: N802
+            if self.admit(post=False) is None:
+                return
             if self.path == "/health":
-                self._send(200, {"status": "ok"})
+                self.send_json(200, {"status": "ok"})
             elif self.path == "/get_world_size":
-                self._send(200, {"world_size": int(llm.get_world_size())})
+                self.send_json(200, {"world_size": int(llm.get_world_size())})
             else:
-                self._send(404, {"error": f"no route {self.path}"})
+                self.send_json(404, {"error": f"no route {self.path}"})
 
         def do_POST(self):  # noqa: N802
+            if self.admit(post=True) is None:
+                return
             try:
-                n = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(n) or b"{}")
-                self._send(200, post(self.path, body))
+                body = self.json_body()
+                if not isinstance(body, dict):
+                    raise ValueError("the request must be a JSON object")
+                self.send_json(200, post(self.path, body))
             except KeyError as e:
-                self._send(404 if str(e).strip("'") == self.path else 400, {"error": f"missing {e}"})
-            except Exception as e:  # report to the trainer instead of dropping the connection
-                self._send(500, {"error": f"{type(e).__name__}: {e}"})
+                self.send_json(404 if str(e).strip("'") == self.path else 400, {"error": f"missing {e}"})
+            except Exception as e:  # noqa: BLE001 - report to the trainer instead of dropping the connection
+                self.send_json(500, {"error": f"{type(e).__name__}: {e}"})
 
-        def log_message(self, *args):  # quiet
-            pass
-
-    return ThreadingHTTPServer((host, port), Handler)
+    return GuardedServer((host, port), Handler, token=token, token_env=TOKEN_ENV, allowed_hosts=allowed_hosts,
+                         max_body_bytes=int(max_body_mb * 2**20), read_timeout=read_timeout,
+                         max_connections=max_connections, allow_remote=allow_remote, verbose=verbose)
 
 
 def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs vLLM and GPUs
-    ap = argparse.ArgumentParser(description="mmgrpo vLLM rollout server (see the module docstring)")
+    ap = argparse.ArgumentParser(description="mmgrpo vLLM rollout server (see the module docstring). Set "
+                                             f"{TOKEN_ENV} (here and in the trainer's environment) to require "
+                                             "signed requests; --allow-remote requires it.")
     ap.add_argument("--model", required=True, help="model folder or hub id (the policy's starting weights)")
-    ap.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; a non-loopback address needs --allow-remote)")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help=f"serve trainers on other machines (bind --host ADDR or 0.0.0.0); requires {TOKEN_ENV}")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port")
+    # --max-body-mb 2048: a generate call carries its prompts' frames once per generation
+    add_server_arguments(ap, max_body_mb=2048.0, allow_host_help="e.g. the address trainers use in "
+                         "rollout.vllm_server_url; the bound address, loopback names and this machine's name always are")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine (tensor parallel)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU memory fraction for vLLM")
     ap.add_argument("--max-model-len", type=int, default=8192, help="max prompt + completion tokens")
@@ -267,7 +338,13 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs
     ap.add_argument("--mm-processor-kwargs", default="{}",
                     help="JSON processor kwargs, e.g. the image size the trainer uses: "
                          '\'{"size": {"shortest_edge": 3136, "longest_edge": 1003520}}\'')
+    ap.add_argument("--verbose", action="store_true", help="log every request to stderr")
     a = ap.parse_args(argv)
+    token = env_token(TOKEN_ENV)
+    try:  # refuse a bad bind before the (minutes-long) engine start
+        GuardedServer.check_bind(a.host, a.allow_remote, token, TOKEN_ENV)
+    except ValueError as e:
+        ap.error(str(e))
     import vllm
     from vllm import LLM
 
@@ -277,8 +354,11 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - needs
     kw = default_llm_kwargs(json.loads(a.mm_processor_kwargs), a.gpu_memory_utilization, a.max_model_len,
                             "nccl", a.seed)
     llm = LLM(model=a.model, tensor_parallel_size=a.tensor_parallel_size, **kw)
-    srv = make_server(llm, a.host, a.port)
-    print(f"mmgrpo vLLM server on http://{a.host}:{srv.server_address[1]}", flush=True)
+    srv = make_server(llm, a.host, a.port, token=token, allow_remote=a.allow_remote, allowed_hosts=a.allow_host,
+                      max_body_mb=a.max_body_mb, read_timeout=a.read_timeout, max_connections=a.max_connections,
+                      verbose=a.verbose)
+    print(f"mmgrpo vLLM server on http://{a.host}:{srv.server_address[1]}"
+          f"{' (signed requests only)' if token else ''}", flush=True)
     srv.serve_forever()
 
 
@@ -286,5 +366,5 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-__all__ = ["encode_request", "decode_request", "VLLMServerClient", "nccl_transfer_factory", "make_server",
-           "local_address_towards", "main"]
+__all__ = ["TOKEN_ENV", "encode_request", "decode_request", "parse_outputs", "VLLMServerClient",
+           "nccl_transfer_factory", "make_server", "local_address_towards", "main"]

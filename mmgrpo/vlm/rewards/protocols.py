@@ -325,7 +325,7 @@ _VLM_R1_FORMAT = re.compile(
 _TS_FORMAT_PAIR = re.compile(r"\d+\.?\d*\s*(?:to|and|-)\s*\d+\.?\d*")
 
 
-def release_format(output: Any, mode: str) -> float:
+def release_format(output: Any, mode: str, strict: bool = False) -> float:
     """1/0 format reward of a release (exact lower-case tags):
 
     * time_r1 / time_r1_eval (Time-R1 ``format_reward``): the *stripped* text fully matches
@@ -335,7 +335,9 @@ def release_format(output: Any, mode: str) -> float:
     * vlm_r1 / vlm_r1_eval (VLM-R1 ``format_reward_rec``): such a think + answer sequence *somewhere* in the text
       whose answer holds an integer box inside ``{…}``;
     * tempsamp_r1 (re-implementation, default loose check): the first closed answer block contains a number pair
-      joined by to / and / "-";
+      joined by to / and / "-"; ``strict=True`` is the release's strict variant (its ``TIMELENS_STRICT_FORMAT=1``):
+      exactly one closed answer block, the text (right-stripped) ends with ``</answer>``, no newline inside the
+      block, and the block contains such a pair (text before the block and around the pair is still accepted);
     * nextgqa (VideoChat-R1 ``src/open_r1/grpo_gqa.py`` ``format_reward``): the stripped text fully matches
       ``<think>…</think>`` + ws + ``<answer>…</answer>`` + ws + ``<glue>…</glue>``, and the first ``<glue>`` block
       holds a list of ``(s, e)`` pairs, s ≤ e (:func:`videochat_r1_glue`).
@@ -348,6 +350,11 @@ def release_format(output: Any, mode: str) -> float:
     if mode in ("vlm_r1", "vlm_r1_eval"):
         return 1.0 if _VLM_R1_FORMAT.search(text) else 0.0
     if mode == "tempsamp_r1":
+        if strict:
+            blocks = _BLOCK.findall(text)
+            ok = (len(blocks) == 1 and text.rstrip().endswith("</answer>") and "\n" not in blocks[0]
+                  and "\r" not in blocks[0] and _TS_FORMAT_PAIR.search(blocks[0]) is not None)
+            return 1.0 if ok else 0.0
         blk = _first_block(text)
         return 1.0 if blk is not None and _TS_FORMAT_PAIR.search(blk) else 0.0
     if mode == "nextgqa":

@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .choice import mcq_exact, mcq_soft
-from .format import format_reward
+from .format import format_reward, well_formed
 from .box import frame_scale, resolve_box_frame
 from .length import length_bonus
 from .multibox import confidence_reward, greedy_match, multibox_iou_reward, parse_scored_boxes
@@ -65,6 +65,9 @@ REWARDS: dict[str, tuple[tuple[str, ...], str]] = {
     "format": (TASKS, "strict <think>…</think><answer>…</answer>, nothing else (1/0); in a release parse mode, "
                       "that release's format check"),
     "format_loose": (TASKS, "a closed <answer>…</answer> block exists (1/0)"),
+    "format_exact": (TASKS, "the whole output is exactly the answer the prompt asks for (think block per prompt_mode, "
+                            "one answer block, its content in the task's answer grammar, nothing else; 1/0; "
+                            "mmgrpo.vlm.rewards.format.well_formed)"),
     "length": (TASKS, "Video-R1 bonus: correct and lo ≤ tokens ≤ hi, >1 correct in the group"),
     "iou": (("tvg", "gqa"), "temporal IoU (max over GT spans)"),
     "iou_boundary": (("tvg", "gqa"), "Time-R1 tIoU·(1−|Δs|/D)(1−|Δe|/D)"),
@@ -99,6 +102,9 @@ _DEFAULT_CFG: dict[str, Any] = {
     "iou_thresholds": (0.3, 0.5, 0.7),
     # format
     "think_in_prompt": False,
+    "strict_format": False,  # parse_mode tempsamp_r1: the release's strict format check (TIMELENS_STRICT_FORMAT)
+    "prompt_mode": "think",  # format_exact: which structure the prompt asks for (think | no_think | hybrid)
+    "answer_format": "seconds",  # format_exact: how the prompt asks for a span (seconds | json)
     # numeric
     "numeric_rel_tol": 0.0,
     "numeric_mode": "binary",
@@ -169,11 +175,14 @@ class RewardFn:
         primary = 0.0
         if "format" in want:
             if is_strict(pc.parse_mode):  # the release's own format check
-                r["format"] = release_format(text, pc.parse_mode)
+                r["format"] = release_format(text, pc.parse_mode, strict=bool(c["strict_format"]))
             else:
                 r["format"] = format_reward(text, strict=True, think_in_prompt=c["think_in_prompt"])
         if "format_loose" in want:
             r["format_loose"] = format_reward(text, strict=False)
+        if "format_exact" in want:
+            r["format_exact"] = 1.0 if well_formed(text, task, mode=c["prompt_mode"],
+                                                   answer_format=c["answer_format"]) else 0.0
 
         if sample.get("task") == "qa" or "video_r1_accuracy" in want:
             # Video-R1's five problem types; an open-answer (qa) sample in an mcq run has no letters to parse
@@ -330,7 +339,9 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     video_r1 / video_r1_eval (mcq), vlm_r1 / vlm_r1_eval (rec), nextgqa (gqa); a release mode ignores
     fallback_to_text / allow_unclosed / which), fallback_to_text (False), allow_unclosed (True), which ("auto"),
     clip_relative (True), span_tags (("glue", "evidence")), sigma (0.1, Gaussian width as a fraction of D),
-    iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), numeric_rel_tol (0.0), numeric_mode ("binary" |
+    iou_thresholds ((0.3, 0.5, 0.7)), think_in_prompt (False), strict_format (False: with parse_mode tempsamp_r1,
+    True = the release's strict format check), prompt_mode ("think") and answer_format ("seconds") (what
+    ``format_exact`` checks), numeric_rel_tol (0.0), numeric_mode ("binary" |
     "continuous"), box_frame (**required for REC**: qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | resized_abs |
     abs | norm1), box_inclusive (False = the continuous IoU, VLM-R1's; True = +1 pixel-index areas),
     box_threshold (0.5), token_counter (**required for "length"**: callable str → int, e.g.
@@ -358,6 +369,13 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
         raise TypeError(f"unknown reward cfg keys {sorted(unknown)}; allowed: {sorted(_DEFAULT_CFG)}")
     full = {**_DEFAULT_CFG, **cfg}
     check_parse_mode(full["parse_mode"], task)
+    if full["prompt_mode"] not in ("think", "no_think", "hybrid"):
+        raise ValueError(f"prompt_mode must be 'think', 'no_think' or 'hybrid', got {full['prompt_mode']!r}")
+    if full["answer_format"] not in ("seconds", "json"):
+        raise ValueError(f"answer_format must be 'seconds' or 'json', got {full['answer_format']!r}")
+    if full["strict_format"] and full["parse_mode"] != "tempsamp_r1":
+        raise ValueError("strict_format=True is TempSamp-R1's strict format check: it needs parse_mode='tempsamp_r1' "
+                         f"(got {full['parse_mode']!r}); for the project's exact rule weight 'format_exact'")
     if full["which"] not in ("auto", "first", "last"):
         raise ValueError(f"which must be 'auto', 'first' or 'last', got {full['which']!r}")
     if task == "rec":

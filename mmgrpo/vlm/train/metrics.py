@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from mmgrpo.vlm.train.batch import RolloutBatch
+from mmgrpo.vlm.train.format_guard import well_formed_rows
 from mmgrpo.vlm.train.task import sample_id
 
 __all__ = ["MetricsMixin"]
@@ -28,6 +29,9 @@ class MetricsMixin:
             m["completions/clipped_ratio"] = float(rb.truncated[onp].float().mean())
             m["completions/parse_failures"] = float(rb.parse_failed[onp].sum())
             m["completions/parse_failure_rate"] = float(rb.parse_failed[onp].float().mean())
+            # exactly the answer the prompt asks for (the format guard's signal; clipped_ratio = share at the cap)
+            wf = torch.tensor(well_formed_rows(rb.texts, self.cfg), dtype=torch.bool)
+            m["completions/well_formed"] = float(wf[onp].float().mean())
         if rb.advantages is not None and rb.n:
             m["advantages/abs_mean"] = float(rb.advantages[onp].abs().mean()) if onp.any() else 0.0
         m["frac_reward_zero_std"] = rb.info.get("zero_std_frac", 0.0)
@@ -38,6 +42,8 @@ class MetricsMixin:
         m["data/sampling_rounds"] = rb.info.get("rounds", 1.0)
         m["data/skipped_missing_media"] = float(self.counters["skipped_missing_media"])
         m["data/skipped_bad_samples"] = float(self.counters["skipped_bad_samples"])
+        mr = getattr(self, "media_report", None)  # samples the media check at load time dropped (fixed for the run)
+        m["data/dropped_at_load"] = float(mr.n_dropped) if mr is not None else 0.0
         m["data/filtered_groups"] = float(self.counters["filtered_groups"])
         for k in ("reward_nonfinite_rows", "reward_failed_rows", "reward_failed_calls", "reward_retries",
                   "reward_timeouts", "degenerate_groups"):

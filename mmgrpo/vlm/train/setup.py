@@ -2,6 +2,8 @@
 (and whether groups may be split over processes) and the log-prob implementation."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from mmgrpo.engine.checkpoint import SkipHalt
@@ -54,6 +56,32 @@ class SetupMixin:
                 raise ValueError("mmgrpo runs FSDP as FSDP2 (fully_shard): set fsdp_version: 2 in the accelerate "
                                  "config (fsdp_config); FSDP1 is not supported by this trainer")
 
+    def _preflight(self, loading: bool) -> None:
+        """Before any data or model loads (``mmgrpo.utils.preflight``): settings that would only fail after loading
+        raise ``ConfigError`` (exit code 2) naming them; the planner's estimate against the device's memory; the
+        startup line. ``loading``: the trainer loads the model itself (not an injected policy)."""
+        from mmgrpo.engine.errors import ConfigError
+        from mmgrpo.utils import preflight
+
+        cfg = self.cfg
+        if cfg.run.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("run.device=cuda but no CUDA device is visible here; use run.device=auto or cpu")
+        if loading:
+            if not cfg.model.path:
+                raise ConfigError("model.path is required (a local checkpoint folder)")
+            if not (Path(cfg.model.path) / "config.json").is_file():
+                raise ConfigError(f"model.path={cfg.model.path}: no config.json there (a local Hugging Face "
+                                  "checkpoint folder, e.g. Qwen2.5-VL-7B-Instruct)")
+            preflight.check_attn_implementation(cfg.model.attn_implementation, "model.attn_implementation",
+                                                self.device.type)
+            strategy = {"FSDP": "fsdp2", "DEEPSPEED": "zero3"}.get(self.dist_kind, "ddp")
+            preflight.check_memory("vlm", cfg, self.device, self.world, strategy, cfg.run.memory_check,
+                                   "mmgrpo train")
+        preflight.startup_line("mmgrpo train", self.accelerator, weights_dtype=cfg.model.dtype,
+                               attn=cfg.model.attn_implementation, lora=cfg.model.lora.enabled,
+                               mixed_precision=cfg.run.mixed_precision,
+                               extra=f"grad sync {self.grad_sync}")
+
     def _setup_policy(self, policy: Policy | None) -> None:
         """Load the policy (unless injected) and the tokenizer / task glue built on it."""
         cfg = self.cfg
@@ -85,9 +113,14 @@ class SetupMixin:
             from mmgrpo.vlm.models.vllm_backend import backend_from_config
 
             return backend_from_config(cfg, policy)
-        return HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
-                                cfg.rollout.generation_batch_size, device=self.device,
-                                shared_prefix=cfg.rollout.shared_prefix)
+        from mmgrpo.utils.preflight import RolloutWatch
+
+        backend = HFRolloutBackend(self.model, policy.processor, policy.suppress_token_ids,
+                                   cfg.rollout.generation_batch_size, device=self.device,
+                                   shared_prefix=cfg.rollout.shared_prefix)
+        # progress every 30 s inside a long rollout; SIGTERM / SIGINT end it early (the step is then discarded)
+        backend.step_hook = RolloutWatch(lambda: self._signals, enabled=self.accelerator.is_main_process)
+        return backend
 
     def _setup_optimizer(self) -> None:
         """AdamW (+ fp32 master weights for bf16), the LR schedule, and ``accelerator.prepare`` when engines
@@ -126,7 +159,9 @@ class SetupMixin:
                          # faults (see mmgrpo.vlm.train.faults): rows dropped for NaN/inf or failed rewards, reward
                          # calls that failed for good, groups left with < 2 valid members, skipped optimizer steps
                          "reward_nonfinite_rows": 0, "reward_failed_rows": 0, "reward_failed_calls": 0,
-                         "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0}
+                         "reward_retries": 0, "reward_timeouts": 0, "degenerate_groups": 0, "skipped_steps": 0,
+                         # steps whose every advantage was 0 (no reward signal; skipped unless a KL / entropy term)
+                         "zero_advantage_steps": 0}
         self.skips = SkipHalt(cfg.run.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
         self._stop_reason: str | None = None
         self._signals: StopOnSignal | None = None  # active during train(): SIGTERM / SIGINT stop at a step boundary

@@ -87,15 +87,27 @@ def as_dict(sample: Any) -> dict:
     return dict(vars(sample))
 
 
-def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False) -> list:
+def load_samples(path: str, max_samples: int = 0, media_root: str = "", check_media: bool = False,
+                 screen=None, with_report: bool = False):
     """Canonical JSONL -> samples (``mmgrpo.vlm.data.load_jsonl``: errors name file, line, id and field).
 
     ``check_media``: find every missing video/image before training and raise one error listing them
-    (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time."""
+    (``data.on_missing_media=error``); otherwise missing media are skipped and counted at run time.
+    ``screen``: a :class:`mmgrpo.vlm.data.media.MediaScreen`: check the media of the first ``max_samples``
+    samples at the header level and their durations (``mmgrpo.vlm.data.media``: skipped and counted, or one error
+    listing file:line id field, before the model loads). ``with_report``: return ``(samples, MediaReport or
+    None)``."""
     from mmgrpo.vlm.data import load_jsonl
 
-    out, _report = load_jsonl(path, root=media_root or None, on_error="raise", check_media=check_media)
-    return out[:max_samples] if max_samples else out
+    out, report = load_jsonl(path, root=media_root or None, on_error="raise",
+                             check_media=check_media and screen is None)
+    out = out[:max_samples] if max_samples else out
+    media = None
+    if screen is not None:
+        from mmgrpo.vlm.data.media import screen_samples
+
+        out, media = screen_samples(out, screen, source=os.fspath(path), lines=report.lines)
+    return (out, media) if with_report else out
 
 
 @dataclass
@@ -200,19 +212,24 @@ class TaskAdapter:
         vfps = _get(sample, "video_fps", meta.get("video_fps"))
         if not isinstance(v, str) and vfps is not None:
             kw["video_fps"] = float(vfps)
+        mfp = getattr(self.cfg, "max_video_frame_pixels", None)
+        if mfp is not None:
+            kw["max_frame_pixels"] = mfp
+        from mmgrpo.video import VideoError
+
         try:
             return load_video(v, **kw)
         except FileNotFoundError as e:
             raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
-        except Exception as e:  # decode errors of a present file: a media problem of this sample
-            if type(e).__name__ == "VideoError":
-                raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
-            raise
+        except VideoError as e:  # decode errors of a present file, frames over the decode cap: this sample's media
+            raise MissingMediaError(f"sample {sample_id(sample)}: {e}") from e
 
     def _load_images(self, sample: Any) -> list:
         """RGB PIL images of the sample (any mode / array converted, see ``to_rgb_image``); an aspect ratio the
         processor cannot resize raises BadSampleError naming the sample."""
         from PIL import Image
+
+        from mmgrpo.utils.media_check import DEFAULT_MAX_IMAGE_PIXELS
 
         imgs = _get(sample, "image")
         imgs = imgs if isinstance(imgs, (list, tuple)) else [imgs]
@@ -221,12 +238,20 @@ class TaskAdapter:
             src = im if isinstance(im, (str, os.PathLike)) else f"image {k}"
             im = self._path(im)
             if isinstance(im, str):
+                cap = getattr(self.cfg, "max_image_pixels", None) or DEFAULT_MAX_IMAGE_PIXELS
                 try:
                     with Image.open(im) as f:
+                        if f.width * f.height > cap:  # from the header, before the pixels are decoded
+                            raise MissingMediaError(f"sample {sample_id(sample)}: image {im} of {f.width}x{f.height} "
+                                                    f"pixels exceeds data.max_image_pixels={cap:,}")
                         f.load()
                         im = f.copy()
-                except OSError as e:
-                    raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: {e}") from e
+                except MissingMediaError:
+                    raise
+                except (OSError, Image.DecompressionBombError, SyntaxError, ValueError) as e:
+                    # DecompressionBombError (a 24 kB PNG claiming 196 MP) is not an OSError: it used to end the run
+                    raise MissingMediaError(f"sample {sample_id(sample)}: cannot read image {im}: "
+                                            f"{type(e).__name__}: {e}") from e
             im = to_rgb_image(im, f"sample {sample_id(sample)}: {src}")
             ar = max(im.width, im.height) / min(im.width, im.height)
             if ar > MAX_ASPECT_RATIO:
@@ -326,9 +351,11 @@ def _tensors(batch) -> dict:
     return {k: v for k, v in dict(batch).items() if isinstance(v, torch.Tensor)}
 
 
-def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think"):
+def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think",
+                  answer_format: str = "seconds"):
     """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
-    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards."""
+    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards. ``format_exact`` checks the
+    structure ``prompt_mode`` and ``answer_format`` ask for (data.prompt_mode / data.answer_format)."""
     from mmgrpo.vlm.rewards.registry import build_reward_fn
 
     answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
@@ -348,6 +375,9 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
         opts["parse_mode"] = mode
     if task == "rec":
         opts.setdefault("box_frame", family)
+    if "format_exact" in reward_cfg.weights:  # the prompt's own structure, unless the options say otherwise
+        opts.setdefault("prompt_mode", prompt_mode)
+        opts.setdefault("answer_format", answer_format)
     if "length" in reward_cfg.weights:
         opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
     fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)

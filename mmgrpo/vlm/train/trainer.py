@@ -14,6 +14,8 @@ hooks called at fixed points, in registry order (``mmgrpo.vlm.methods.base`` lis
    them), reference log-probs (kl_coef > 0), the methods' token weights -- all with ``compute_token_logprobs``,
    the same function and the same padding the loss uses, so on-policy ratios are exactly 1 (the output head runs
    ``algo.logprob_chunk_size`` tokens at a time, ``mmgrpo.vlm.models.chunked``: no full-vocabulary logits exist);
+   on a process's first step the trainer's log-probs must also equal the rollout backend's (``rollout.onpolicy_check``,
+   ``mmgrpo.vlm.train.onpolicy``: otherwise the run stops before any update, naming the likely cause);
 3. **optimise**: ``num_iterations`` AdamW updates over the micro-batches with ``mmgrpo.core.policy_loss`` (PPO-clip
    or Reg-GRPO, chosen aggregation, KL); losses are normalised by *global* token / sequence counts and gradients are
    summed across processes, so the update does not depend on the number of processes or micro-batches;
@@ -65,8 +67,9 @@ from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, micro
 from mmgrpo.vlm.train.checkpointing import CheckpointMixin
 from mmgrpo.vlm.train.compat import MethodAliases
 from mmgrpo.vlm.train.distributed import DistributedMixin
-from mmgrpo.vlm.train import validation
+from mmgrpo.vlm.train import onpolicy, validation
 from mmgrpo.vlm.train.faults import nonfinite_rows
+from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
 from mmgrpo.vlm.train.metrics import MetricsMixin
 from mmgrpo.vlm.train.prompts import PromptMixin
 from mmgrpo.vlm.train.scoring import ScoringMixin
@@ -93,6 +96,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.cfg = cfg
         self._setup_accelerator()
         self._setup_global_batch()
+        self._preflight(loading=policy is None)  # settings that fail only after loading: exit 2 now (setup.py)
         self._pad_rows = None  # (batch, rows) repeated with weight 0 to pad micro-batch counts (prepared model)
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds, see make_seeds)
@@ -102,15 +106,22 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self._run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
 
         # data first: a bad file fails before a (large) model is loaded
-        self.samples = list(samples) if samples is not None else load_samples(
-            cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
-            check_media=cfg.data.on_missing_media == "error")
+        self.media_report = None  # the media check of the loaded data (mmgrpo.vlm.data.media)
+        if samples is not None:
+            self.samples = list(samples)
+        else:
+            from mmgrpo.vlm.data.media import MediaScreen
+
+            self.samples, self.media_report = load_samples(
+                cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
+                check_media=cfg.data.on_missing_media == "error", screen=MediaScreen.from_config(cfg.data),
+                with_report=True)
         self.all_samples = self.samples
         self._validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
         self._setup_policy(policy)
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
-                                                   cfg.data.prompt_mode)
+                                                   cfg.data.prompt_mode, cfg.data.answer_format)
         self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
         from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
@@ -122,6 +133,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
         self._setup_optimizer()
+        self.format_guard = FormatGuard(cfg)
         self.logprob_impl = self._choose_logprob_impl()
         self._setup_run_state()
 
@@ -476,7 +488,9 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             return "no valid group (missing media / failed or non-finite rewards)"
         # a NaN/inf advantage would poison every update of this step: skip them all
         adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
-        return "non-finite advantages" if global_sum(float(adv_bad)) > 0 else None
+        if global_sum(float(adv_bad)) > 0:
+            return "non-finite advantages"
+        return self._zero_advantage_cause(rb)  # every advantage 0: a zero gradient (stopping.py)
 
     def _micro_step(self, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: float, last: bool,
                     loss_mask: torch.Tensor, loss_kw: dict, totals: dict):
@@ -559,6 +573,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self._check_stop()
         mbs = micro_batches(rb.group_ids, self.cfg.run.micro_batch_size) if rb.n else []
         self.precompute(rb, mbs)
+        onpolicy.check_first_step(self, rb, mbs)  # first step of this process: ratio 1 before any update
         opt_metrics = self.optimize(rb, mbs)
         self.backend.sync_weights(self.model)  # no-op for the HF backend (it samples from the trained module)
         self.step += 1
@@ -566,10 +581,12 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         m.update({f"train/{k}": v for k, v in opt_metrics.items()})
         m["faults/skipped_steps"] = float(self.counters["skipped_steps"])
         m["faults/consecutive_skips"] = float(self.consecutive_skips)
+        m["faults/zero_advantage_steps"] = float(self.counters["zero_advantage_steps"])
         m["perf/step_time"] = time.time() - t0
         m["perf/data_wait"], self._data_wait = getattr(self, "_data_wait", 0.0), 0.0  # s in _prepare this step
         m["perf/train_seconds"] = self.budget.lap()  # budget clock, summed over resumes
         m = self._reduce_metrics(m)
+        guard_stop = self.format_guard.update(self.step, m, rb.texts, self.cfg)  # format collapse: warn / stop
         self._last_metrics = m
         log_now = self.step % self.cfg.run.log_every == 0 or self.step == self.cfg.run.max_steps
         validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
@@ -578,6 +595,10 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
             if rb.n:
                 self._log_completions(rb, self.step)
         self.last_batch = rb
+        if guard_stop:
+            if not log_now:
+                self.logger.log(m, self.step)
+            self._stop(guard_stop + " (format_guard.action=stop)")
         K = self.cfg.run.max_consecutive_skips
         if self.skips.halt_due:
             self.logger.log(m, self.step)
@@ -622,9 +643,7 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
                     break
                 history.append(self.train_step())
                 bar.update(1)
-                r = history[-1].get("reward/total/mean")
-                if r is not None:
-                    bar.set_postfix(reward=f"{r:.3f}", refresh=False)
+                bar.set_postfix(progress_fields(history[-1]), refresh=False)
                 if save_every and self.step % save_every == 0 and self.step < self.cfg.run.max_steps:
                     self.save()
             self._check_trained()  # a run that trained nothing writes no final checkpoint

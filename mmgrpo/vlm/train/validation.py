@@ -12,7 +12,8 @@ with the same data settings and batch size.
 Scores (percent): the trainer's reward functions on the greedy outputs (``val/reward/<name>``, means) and
 ``val/accuracy``; for temporal grounding also ``val/mIoU``, ``val/R1@0.3/0.5/0.7`` and ``val/parse_rate`` with
 the training reward's parser (:func:`mmgrpo.vlm.sft.score_tvg_outputs`; an output without ``<answer>`` scores 0,
-where the eval harness's lenient protocol may still read a span).
+where the eval harness's lenient protocol may still read a span); ``val/well_formed``: the share of outputs that
+are exactly the answer the prompt asks for (:func:`mmgrpo.vlm.rewards.format.well_formed`).
 
 Written to ``<output_dir>/validation/``: ``curve.jsonl`` (one row per point), ``curve.png`` (headline metric
 against step) and ``step-XXXXXXXX.jsonl`` (every output of that point); the ``val/*`` values also go to
@@ -53,8 +54,12 @@ class Validator:
 
         v = trainer.cfg.validation
         self.cfg = trainer.cfg
+        from mmgrpo.vlm.data.media import MediaScreen
+
         self.samples = load_samples(v.file, v.max_samples, trainer.cfg.data.media_root,
-                                    check_media=trainer.cfg.data.on_missing_media == "error")
+                                    check_media=trainer.cfg.data.on_missing_media == "error",
+                                    # unusable media stay in the set (scored as an empty answer, counted)
+                                    screen=MediaScreen.from_config(trainer.cfg.data, drop=False))
         if not self.samples:
             raise ValueError(f"validation.file={v.file!r} has no samples")
         self.dir = Path(trainer.run_dir) / "validation"
@@ -116,6 +121,10 @@ class Validator:
 
             tv = score_tvg_outputs(texts, self.samples)
             m.update({f"val/{k}": float(tv[k]) for k in TVG_KEYS})
+        from mmgrpo.vlm.train.format_guard import well_formed_rows
+
+        wf = well_formed_rows(texts, self.cfg)  # exactly the answer the prompt asks for (the format guard's rule)
+        m["val/well_formed"] = 100.0 * sum(wf) / max(1, len(wf))
         m["val/n"] = float(len(texts))
         m["val/media_errors"] = float(self.media_errors)
         return m

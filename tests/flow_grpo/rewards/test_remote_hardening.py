@@ -21,84 +21,10 @@ from flow_grpo.trainer import ResilientReward, RewardCallFailed
 IMGS = np.zeros((2, 8, 8, 3), dtype=np.uint8)
 
 
-# ----------------------------------------------------------------------------------------------- fake server
-def _read_request(conn: socket.socket) -> tuple[bytes, bytes]:
-    """Headers and body of one HTTP request (Content-Length framing only, as the client sends)."""
-    conn.settimeout(5.0)
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return buf, b""
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v.strip())
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head, body
-
-
-@contextmanager
-def fake_server(reply, drip: float = 0.0, drip_from: int = 0):
-    """Serve ``reply`` (bytes, or a function ``(head, body) -> bytes``) to every connection; with ``drip > 0``
-    bytes from offset ``drip_from`` on are sent one at a time, ``drip`` seconds apart. Yields (url, seen heads)."""
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(8)
-    lsock.settimeout(0.1)
-    stop = threading.Event()
-    heads: list[bytes] = []
-
-    def handle(conn):
-        with conn:
-            try:
-                head, body = _read_request(conn)
-                heads.append(head)
-                data = reply(head, body) if callable(reply) else reply
-                conn.sendall(data[:drip_from] if drip else data)
-                for i in range(drip_from, len(data)) if drip else ():
-                    if stop.is_set():
-                        return
-                    conn.sendall(data[i:i + 1])
-                    time.sleep(drip)
-            except OSError:  # the client hung up: fine
-                pass
-
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = lsock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{lsock.getsockname()[1]}/score", heads
-    finally:
-        stop.set()
-        t.join(2)
-        lsock.close()
-
-
-def http_reply(payload, status="200 OK", extra_headers=b"") -> bytes:
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n").encode() + extra_headers + b"\r\n" + body
-
-
 # ----------------------------------------------------------------------------------------------- client
-def test_wrong_number_of_scores_is_a_failed_call_that_drop_drops():
-    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [0.5]}})  # one score for two images
-    with fake_server(reply) as (url, _):
+def test_wrong_number_of_scores_is_a_failed_call_that_drop_drops(fake_http):
+    reply = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [0.5]}})  # one score for two images
+    with fake_http.serve(reply) as (url, _):
         client = RemoteReward(url, timeout=2, retries=0, name="r")
         with pytest.raises(RewardError, match=r"scores\['r'\] has 1 value.*2 images"):
             client(IMGS, ["a", "b"])
@@ -127,24 +53,24 @@ def test_any_reward_returning_the_wrong_count_is_a_failed_call():
     ({"r": [True, 2.0]}, r"scores\['r'\]\[0\] is True \(bool\)"),
     ({"r": 1.0}, r"scores\['r'\] is 1.0 \(float\), expected a list"),
 ])
-def test_reply_types_are_validated(scores, match):
-    with fake_server(http_reply({"reward": "r", "n": 2, "scores": scores})) as (url, _):
+def test_reply_types_are_validated(scores, match, fake_http):
+    with fake_http.serve(fake_http.reply({"reward": "r", "n": 2, "scores": scores})) as (url, _):
         with pytest.raises(RewardError, match=match):
             RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
 
 
-def test_reply_n_and_json_are_validated():
-    with fake_server(http_reply({"reward": "r", "n": 3, "scores": {"r": [1.0, 2.0]}})) as (url, _):
+def test_reply_n_and_json_are_validated(fake_http):
+    with fake_http.serve(fake_http.reply({"reward": "r", "n": 3, "scores": {"r": [1.0, 2.0]}})) as (url, _):
         with pytest.raises(RewardError, match="'n' is 3.*2 images"):
             RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
-    with fake_server(http_reply(b"<html>proxy error</html>")) as (url, _):
+    with fake_http.serve(fake_http.reply(b"<html>proxy error</html>")) as (url, _):
         with pytest.raises(RewardError, match="not JSON"):
             RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
 
 
-def test_valid_json_booleans_and_null_scores_are_accepted():
-    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1, None], "valid": [True, False]}})
-    with fake_server(reply) as (url, _):
+def test_valid_json_booleans_and_null_scores_are_accepted(fake_http):
+    reply = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [1, None], "valid": [True, False]}})
+    with fake_http.serve(reply) as (url, _):
         out = RemoteReward(url, timeout=2, retries=0, name="r", nan_policy="drop").evaluate(IMGS, ["a", "b"])
     assert out["r"][0] == 1.0 and np.isnan(out["r"][1]) and out["valid"].tolist() == [True, False]
 
@@ -152,13 +78,13 @@ def test_valid_json_booleans_and_null_scores_are_accepted():
 @pytest.mark.parametrize("drip_from, status", [("start", "200 OK"), ("body", "200 OK"),
                                                ("body", "500 Internal Server Error")],
                          ids=["headers", "body", "error-body"])
-def test_dripping_server_cannot_defeat_the_timeout(drip_from, status):
+def test_dripping_server_cannot_defeat_the_timeout(drip_from, status, fake_http):
     # one byte every 0.05 s: each socket read succeeds well within the 0.4 s timeout, the reply never completes.
     # "body": the status line and headers arrive at once and only the body drips (a fixed offset of 60 bytes cut
     # the 500 reply's headers, so whether "HTTP 500" could be seen before the deadline was a race)
-    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}, "error": "x" * 100}, status)
+    reply = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}, "error": "x" * 100}, status)
     drip_from = 0 if drip_from == "start" else reply.index(b"\r\n\r\n") + 4
-    with fake_server(reply, drip=0.05, drip_from=drip_from) as (url, _):
+    with fake_http.serve(reply, drip=0.05, drip_from=drip_from) as (url, _):
         client = RemoteReward(url, timeout=0.4, retries=0, name="r")
         t0 = time.perf_counter()
         with pytest.raises(RewardError, match="HTTP 500" if status.startswith("500") else "timeout.*0.4 s"):
@@ -166,31 +92,60 @@ def test_dripping_server_cannot_defeat_the_timeout(drip_from, status):
         assert time.perf_counter() - t0 < 1.5  # before the fix: the whole drip, len(reply) * 0.05 s > 5 s
 
 
-def test_announced_huge_reply_is_refused_before_reading():
+def test_announced_huge_reply_is_refused_before_reading(fake_http):
     head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\n"
             b"Connection: close\r\n\r\n{")
-    with fake_server(head) as (url, _):
+    with fake_http.serve(head) as (url, _):
         with pytest.raises(RewardError, match="314572800 bytes.*max_reply_mb=64"):
             RemoteReward(url, timeout=2, retries=3, name="r")(IMGS, ["a", "b"])
 
 
-def test_streamed_reply_above_the_cap_is_cut_off():
+def test_streamed_reply_above_the_cap_is_cut_off(fake_http):
     body = b'{"reward": "r", "scores": {"r": [' + b"1.0, " * 50_000 + b"1.0]}}"  # ~250 kB, no Content-Length
     reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + body
-    with fake_server(reply) as (url, _):
+    with fake_http.serve(reply) as (url, _):
         with pytest.raises(RewardError, match="more than 102400 bytes"):
             RemoteReward(url, timeout=2, retries=0, name="r", max_reply_mb=0.09765625)(IMGS, ["a", "b"])
 
 
-def test_client_sends_the_token_from_its_environment(monkeypatch):
-    reply = http_reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}})
-    with fake_server(reply) as (url, heads):
-        RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+def test_the_token_never_travels_and_an_impostor_reply_is_refused(monkeypatch, fake_http):
+    """A process that took the port (e.g. while the reward server restarts) gets no token and cannot supply scores
+    (issue 31 item 7): before the fix it received 'Authorization: Bearer <token>' and its scores were trained on."""
+    reply = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}})
+    with fake_http.serve(reply) as (url, heads):
+        RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])  # no token: no authentication
         monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
-        RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
-    assert b"authorization" not in heads[0].lower()
-    assert b"\r\nAuthorization: Bearer s3cret" in heads[1]
+        client = RemoteReward(url, timeout=2, retries=2, name="r")
+        with pytest.raises(RewardError, match="not authenticated .no X-MMGRPO-Reply-Auth.*does not hold the same token"):
+            client(IMGS, ["a", "b"])
+        assert client.last_attempts == 1  # a failed call (the trainer's retries / on_failure apply), not a retry loop
+        dropping = ResilientReward(client, "r", retries=1, backoff=0.0, on_failure="drop")
+        assert dropping.evaluate(IMGS, ["a", "b"])["valid"].tolist() == [False, False]
+    assert b"authorization" not in heads[0].lower() and b"x-mmgrpo-auth" not in heads[0].lower()
+    assert all(b"s3cret" not in h for h in heads) and all(b"\r\nx-mmgrpo-auth: v1 t=" in h.lower() for h in heads[1:])
     assert "s3cret" not in repr(RemoteReward(url))
+    forged = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}},
+                             extra_headers=b"X-MMGRPO-Reply-Auth: v1 m=" + b"0" * 64 + b"\r\n")
+    with fake_http.serve(forged) as (url, _):
+        with pytest.raises(RewardError, match="not authenticated .a wrong X-MMGRPO-Reply-Auth"):
+            RemoteReward(url, timeout=2, retries=0, name="r")(IMGS, ["a", "b"])
+
+
+def test_redirects_are_never_followed(monkeypatch, fake_http):
+    """A 302 is a failed call: nothing is sent to the new location (issue 31 item 17; before the fix the client
+    followed it with its bearer token and trained on that reply)."""
+    monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
+    good = fake_http.reply({"reward": "r", "n": 2, "scores": {"r": [1.0, 2.0]}})
+    with fake_http.serve(good) as (elsewhere, seen_elsewhere):
+        redirect = (f"HTTP/1.1 302 Found\r\nLocation: {elsewhere}\r\nContent-Length: 0\r\n"
+                    "Connection: close\r\n\r\n").encode()
+        with fake_http.serve(redirect) as (url, _):
+            client = RemoteReward(url, timeout=2, retries=2, name="r")
+            with pytest.raises(RewardError, match=f"HTTP 302 redirecting to '{elsewhere}': redirects are never "
+                                                  "followed"):
+                client(IMGS, ["a", "b"])
+            assert client.last_attempts == 1
+        assert seen_elsewhere == []
 
 
 # ----------------------------------------------------------------------------------------------- server
@@ -297,19 +252,140 @@ def test_token_authentication(monkeypatch):
     with running_server() as port:
         code, reply = raw_request(port, _post_head(port, len(body)), body)
         assert code == 401 and "MMGRPO_REWARD_TOKEN" in reply["error"]
-        code, _ = raw_request(port, _post_head(port, len(body), "\r\nAuthorization: Bearer wrong"), body)
-        assert code == 401
-        code, reply = raw_request(port, _post_head(port, len(body), "\r\nAuthorization: Bearer s3cret"), body)
-        assert code == 200 and reply["n"] == 2
+        code, _ = raw_request(port, _post_head(port, len(body), "\r\nAuthorization: Bearer s3cret"), body)
+        assert code == 401  # the token in clear is not accepted: the token never travels
         assert raw_request(port, f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close")[0] == 401
-        # the client reads the same variable: it authenticates; without it, it gets a clear refusal (not retried)
+        # the client reads the same variable: it signs; without it, it gets a clear refusal (not retried)
         url = f"http://127.0.0.1:{port}/score"
         assert RemoteReward(url, timeout=3, image_format="png", name="mean")(IMGS, ["a", "b"])["mean"].shape == (2,)
+        monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "other")
+        with pytest.raises(RewardError, match="HTTP 401.*wrong signature.*MMGRPO_REWARD_TOKEN differs"):
+            RemoteReward(url, timeout=3, retries=2, name="mean")(IMGS, ["a", "b"])
         monkeypatch.delenv("MMGRPO_REWARD_TOKEN")
         client = RemoteReward(url, timeout=3, retries=2, name="mean")
-        with pytest.raises(RewardError, match="HTTP 401.*MMGRPO_REWARD_TOKEN"):
+        with pytest.raises(RewardError, match="HTTP 401.*set MMGRPO_REWARD_TOKEN"):
             client(IMGS, ["a", "b"])
         assert client.last_attempts == 1
+    with running_server() as port:  # a server without the token: a client with one refuses its replies
+        monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
+        with pytest.raises(RewardError, match="not authenticated"):
+            RemoteReward(f"http://127.0.0.1:{port}/score", timeout=3, retries=0, name="mean")(IMGS, ["a", "b"])
+
+
+def _signed_post(port, body, token="s3cret", path="/score"):
+    from mmgrpo.utils.http_guard import sign_request
+
+    auth, nonce = sign_request(token, "POST", path, body)
+    return _post_head(port, len(body), f"\r\nX-MMGRPO-Auth: {auth}"), nonce
+
+
+def test_signed_requests_cannot_be_replayed_or_altered(monkeypatch):
+    """What an impostor captures (a signed request) is worth nothing: the same bytes again are refused, another body
+    under the captured headers too."""
+    monkeypatch.setenv("MMGRPO_REWARD_TOKEN", "s3cret")
+    body = _good_body()
+    with running_server() as port:
+        head, _ = _signed_post(port, body)
+        assert raw_request(port, head, body)[0] == 200
+        code, reply = raw_request(port, head, body)
+        assert code == 401 and "replayed" in reply["error"]
+        head, _ = _signed_post(port, body)
+        other = _good_body().replace(b'"a"', b'"b"')
+        code, reply = raw_request(port, head.replace(f"Content-Length: {len(body)}", f"Content-Length: {len(other)}"),
+                                  other)
+        assert code == 401 and "does not match its signed hash" in reply["error"]
+        head, _ = _signed_post(port, body, path="/health")  # signed for another path
+        assert raw_request(port, head, body)[0] == 401
+        from mmgrpo.utils.http_guard import sign_request
+
+        auth, _ = sign_request("s3cret", "POST", "/score", body, now=time.time() - 3600)  # an old capture
+        code, reply = raw_request(port, _post_head(port, len(body), f"\r\nX-MMGRPO-Auth: {auth}"), body)
+        assert code == 401 and "away from the server's clock" in reply["error"]
+
+
+def _reward_server_process(tmp_path, fd_limit):
+    """The reference server in its own process with at most ``fd_limit`` open files (a small stand-in for the usual
+    1,024): returns (process, port)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (%d, %d)); "
+            "from flow_grpo.rewards.server import main; sys.exit(main(sys.argv[1:]))" % (fd_limit, fd_limit))
+    proc = subprocess.Popen([sys.executable, "-c", code, "--reward", "jpeg_compressibility", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("LISTENING"), line
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def _open_idle(port, n):
+    """Up to ``n`` connections that send nothing (bounded: each connect may take 1 s at most)."""
+    idle = []
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(1.0)
+        try:
+            s.connect(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        idle.append(s)
+    return idle
+
+
+def _closed_by_server(socks, wait=0.5):
+    n = 0
+    for s in socks:
+        s.settimeout(wait)
+        try:
+            n += s.recv(1) == b""
+        except socket.timeout:
+            pass
+        except OSError:  # reset: closed too
+            n += 1
+    return n
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_do_not_lock_out_a_real_client(tmp_path):
+    """400 connections that send nothing, against the server (default settings) limited to 256 open files: a real
+    call still gets its scores at once (issue 31 item 6; before the fix each idle connection held a file and a
+    thread until the limit, and the real client timed out)."""
+    proc, port = _reward_server_process(tmp_path, 256)
+    idle = []
+    try:
+        idle = _open_idle(port, 400)
+        t0 = time.perf_counter()
+        out = RemoteReward(f"http://127.0.0.1:{port}/score", timeout=5, retries=0, image_format="png",
+                           name="jpeg_compressibility")(IMGS, ["a", "b"])
+        assert out["jpeg_compressibility"].shape == (2,)
+        assert time.perf_counter() - t0 < 3.0
+        assert _closed_by_server(idle, 0.01) >= len(idle) - 64  # the oldest were evicted (--max-connections 64)
+    finally:
+        for s in idle:
+            s.close()
+        proc.kill()
+        proc.wait(5)
+
+
+def test_idle_and_trickling_connections_are_closed_after_the_read_timeout():
+    body = _good_body()
+    with running_server(read_timeout=0.5, max_connections=8) as port:
+        idle = _open_idle(port, 5)
+        trickle = socket.create_connection(("127.0.0.1", port), timeout=3)
+        head = _post_head(port, len(body)).encode() + b"\r\n\r\n"
+        t0 = time.perf_counter()
+        for i in range(12):  # one byte every 0.1 s: each read is quick, the request never completes in time
+            try:
+                trickle.sendall(head[i:i + 1])
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert _closed_by_server(idle + [trickle], 1.0) == 6
+        assert time.perf_counter() - t0 < 2.5
+        assert raw_request(port, _post_head(port, len(body)), body)[0] == 200  # still serving
+        for s in idle + [trickle]:
+            s.close()
 
 
 def test_dropped_call_is_not_reported_as_non_finite(caplog):

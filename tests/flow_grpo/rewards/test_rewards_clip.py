@@ -149,12 +149,14 @@ def test_pickscore_and_hps_from_local_hf_folder(hf_clip_dir, images):
         logits = model(**inp).logits_per_image  # (N_img, N_txt) = exp(logit_scale) * cos
     diag = torch.diagonal(logits).float()
     ls = model.logit_scale.exp().float()
-    ps = build_reward("pickscore", path=hf_clip_dir, image_backend="torchvision")(images, PROMPTS)
+    ps = build_reward("pickscore", model_path=hf_clip_dir, processor_path=hf_clip_dir, image_backend="torchvision")(images, PROMPTS)
     torch.testing.assert_close(ps["pickscore"], diag / 26.0, atol=1e-5, rtol=1e-5)
     hp = build_reward("hps", model=model, processor=proc)(images, PROMPTS)  # same weights; saves a reload
     torch.testing.assert_close(hp["hps"], diag / ls, atol=1e-5, rtol=1e-5)
     with pytest.raises(FileNotFoundError):
-        build_reward("pickscore", path=hf_clip_dir + "_missing")
+        build_reward("pickscore", model_path=hf_clip_dir + "_missing", processor_path=hf_clip_dir)
+    with pytest.raises(ValueError, match="model_path= .* and processor_path="):  # one convention: two folders
+        build_reward("pickscore", path=hf_clip_dir)
 
 
 # ---------------------------------------------------------------- PickScore: two folders, the release's PIL path
