@@ -10,6 +10,7 @@ from .flux import FluxAdapter
 from .flux2 import Flux2Adapter, Flux2KleinAdapter
 from .flux_kontext import FluxKontextAdapter
 from .qwen_image import QwenImageAdapter
+from .qwen_image21 import QwenImage21Adapter
 from .qwen_image_edit import QwenImageEditAdapter
 from .sd3 import SD3Adapter
 from .wan import WanAdapter
@@ -18,11 +19,13 @@ from .z_image import ZImageAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
             "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter,
-            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter, "z_image": ZImageAdapter}
+            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter, "z_image": ZImageAdapter,
+            "qwen_image21": QwenImage21Adapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
                      "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
                      "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
-                     "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image"}
+                     "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image",
+                     "QwenImage21Pipeline": "qwen_image21"}
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -96,7 +99,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter", "ZImageAdapter",
+           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter", "ZImageAdapter", "QwenImage21Adapter",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

@@ -273,12 +273,20 @@ def build_tiny_z_image_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_qwen_image21_pipeline(seed: int = 0):
+    """Tiny Qwen-Image 2.1 pipeline (see :mod:`flow_grpo.models.tiny_qwen_image21`)."""
+    from .tiny_qwen_image21 import build_tiny_qwen_image21_pipeline as build
+
+    return build(seed)
+
+
 TINY_BUILDERS: dict[str, Any] = {
     "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
     "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
     "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
     "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
+    "qwen_image21": build_tiny_qwen_image21_pipeline,
 }
 
 

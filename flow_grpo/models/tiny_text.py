@@ -106,3 +106,10 @@ def tiny_mistral3(tok, num_layers: int = 31, hidden: int = 16):
         image_token_index=tok.convert_tokens_to_ids("[IMG]"), spatial_merge_size=1, vision_feature_layer=-1,
         multimodal_projector_bias=False)
     return Mistral3ForConditionalGeneration(cfg)
+
+
+def tiny_qwen3_vl(seed: int = 0):
+    """(``Qwen3VLForConditionalGeneration``, ``Qwen3VLProcessor``): the VLM front-end's tiny Qwen3-VL (hidden 64)."""
+    from mmgrpo.vlm.models.tiny import build_tiny_model
+
+    return build_tiny_model("qwen3_vl", seed=seed)

@@ -16,6 +16,7 @@ CASES = [
     ("flux2", 32, "false", 4.0, {}),
     ("flux2_klein", 32, "true", 4.0, {}),
     ("z_image", 32, "true", 5.0, {"model.max_sequence_length": 48}),
+    ("qwen_image21", 64, "false", 1.0, {"model.max_sequence_length": 64}),
 ]
 
 
