@@ -50,8 +50,8 @@ from mmgrpo.utils.config import Alias, check_choices
 # equal to the registries; docs/generators.md describes each).
 GENERATOR_KINDS = ("sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
                    "flux2_klein", "z_image", "qwen_image21")
-TINY_KINDS = ("sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
-              "flux2_klein", "z_image", "qwen_image21")
+TINY_KINDS = ("sd3", "sd3_t5", "sd3_5_medium", "sd3_5_large", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image",
+              "qwen_image_edit", "flux2", "flux2_klein", "z_image", "qwen_image21")
 
 
 def _f(default, help: str, **kw):
