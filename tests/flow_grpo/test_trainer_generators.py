@@ -12,15 +12,18 @@ from flow_grpo.trainer import FlowGRPOTrainer
 
 from .conftest import train_overrides
 
+VIDEO = {"reward.weights": "{video_per_frame: 1.0}", "reward.kwargs": "{video_per_frame: {reward: brightness}}"}
 CASES = [
     ("sd3_5_large", 64, "true", 4.5, {}),
     ("flux2", 32, "false", 4.0, {}),
     ("flux2_klein", 32, "true", 4.0, {}),
     ("z_image", 32, "true", 5.0, {"model.max_sequence_length": 48}),
     ("qwen_image21", 64, "false", 1.0, {"model.max_sequence_length": 64}),
+    ("wan22", 32, "true", 5.0, {"sample.num_frames": 5, **VIDEO}),  # A14B: both experts trained, every step (flow: all)
+    ("wan22_ti2v", 64, "true", 5.0, {"sample.num_frames": 5, **VIDEO}),
 ]
 
-KIND_OF_TINY = {"sd3_5_large": "sd3"}  # a tiny variant of a registered adapter kind
+KIND_OF_TINY = {"sd3_5_large": "sd3", "wan22_ti2v": "wan22"}  # a tiny variant of a registered adapter kind
 
 
 @pytest.mark.parametrize("kind,size,cfg,gs,extra", CASES, ids=[c[0] for c in CASES])
@@ -38,3 +41,25 @@ def test_generator_trains_lora_two_epochs(kind, size, cfg, gs, extra, tmp_path):
     assert changed and all("lora_" in n for n in changed)
     for m in hist:
         assert m["train/ratio_mean"] == 1.0 and np.isfinite(m["reward/total/mean"]) and np.isfinite(m["train/kl"])
+
+
+def test_wan22_trains_only_the_low_noise_expert(tmp_path):
+    """model.kind=wan22_low: LoRA on the low-noise expert only, trained on its steps (window [1, 3) of the 4-step
+    grid, whose step 0 is the high-noise expert's); the high-noise expert does not move."""
+    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models.wan22 import Wan22LowAdapter
+
+    ov = {"sample.height": 32, "sample.width": 32, "sample.cfg": "true", "sample.guidance_scale": 5.0,
+          "sample.num_frames": 5, "model.max_sequence_length": 16, **VIDEO,
+          "data.eval_prompts": "[]", "run.num_epochs": 2, "optim.kl_coef": 0.01, "sample.step_mode": "window",
+          "sample.window_policy": "fixed", "sample.window_size": 2, "sample.window_range": "[1,3]"}
+    ad = Wan22LowAdapter(TINY_BUILDERS["wan22"](seed=42), num_frames=5, max_sequence_length=16)
+    assert ad.expert_steps(4, 32, 32) == {"high": [0], "low": [1, 2, 3]}
+    high_before = {n: p.detach().clone() for n, p in ad.experts["high"].named_parameters()}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("sd3", "flow", tmp_path, **ov)), adapter=ad)
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    hist = tr.train()
+    assert len(hist) == 2 and all(m["train/ratio_mean"] == 1.0 for m in hist)
+    changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
+    assert changed and all("lora_" in n for n in changed)
+    assert all(torch.equal(p, high_before[n]) for n, p in ad.experts["high"].named_parameters())
