@@ -261,6 +261,13 @@ def build_tiny_wan22_ti2v_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_wan22_i2v_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.2 A14B I2V (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_i2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_i2v_pipeline as build
+
+    return build(seed, **kwargs)
+
+
 def build_tiny_wan_i2v_pipeline(seed: int = 0, **kwargs):
     """Tiny Wan2.1 I2V pipeline (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan_i2v_pipeline`)."""
     from .tiny_wan import build_tiny_wan_i2v_pipeline as build
@@ -315,7 +322,7 @@ TINY_BUILDERS: dict[str, Any] = {
     "sd3_5_large": build_tiny_sd3_5_large_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
     "wan_i2v": build_tiny_wan_i2v_pipeline, "wan22": build_tiny_wan22_pipeline,
-    "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
+    "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "wan22_i2v": build_tiny_wan22_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
     "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
     "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
     "qwen_image21": build_tiny_qwen_image21_pipeline,

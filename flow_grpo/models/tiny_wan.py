@@ -122,3 +122,26 @@ def build_tiny_wan22_ti2v_pipeline(seed: int = 0):
                        scheduler=t2v.scheduler, expand_timesteps=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def build_tiny_wan22_i2v_pipeline(seed: int = 0, scheduler: str = "euler", boundary_ratio: float = 0.9):
+    """Tiny Wan2.2 A14B I2V (``WanImageToVideoPipeline`` with ``transformer_2`` and the I2V release's
+    ``boundary_ratio`` 0.9, no CLIP image encoder): the tiny Wan2.1 T2V text encoder, VAE and scheduler, and two
+    transformers with Wan2.1 I2V's input layout (``2 z + 4`` channels) but no ``image_dim`` (seeds + 1, + 2)."""
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+
+    t2v = build_tiny_wan_pipeline(seed, scheduler=scheduler)
+    z = t2v.vae.config.z_dim
+    experts = []
+    for k in (1, 2):
+        torch.manual_seed(seed + k)
+        experts.append(WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=2 * z + 4, out_channels=z,
+            text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+        ))
+    pipe = WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                   scheduler=t2v.scheduler, transformer=experts[0], transformer_2=experts[1],
+                                   boundary_ratio=boundary_ratio)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

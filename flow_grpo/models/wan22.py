@@ -15,8 +15,15 @@
   pipeline's ``mask[0][0][:, ::2, ::2] * t``); everything else is the Wan2.1 adapter's.
 
 Sigmas, timesteps (integer for UniPC folders), CFG (two passes, ``v_u + w (v_c - v_u)``), the UMT5 text and the
-decode are :class:`~flow_grpo.models.wan.WanAdapter`'s. Image-to-video Wan2.2 (A14B I2V, TI2V-5B with an image) is
-not covered here.
+decode are :class:`~flow_grpo.models.wan.WanAdapter`'s.
+
+* **A14B I2V** (``WanImageToVideoPipeline`` with ``transformer_2``, ``boundary_ratio`` 0.9 in the release, no CLIP
+  image encoder): :class:`Wan22I2VAdapter`, the expert routing above on Wan2.1 I2V's first-frame condition (the
+  mask and the VAE latents of the image followed by black frames, concatenated to the noisy latents in channels;
+  :class:`~flow_grpo.models.wan_i2v.WanI2VAdapter`), without CLIP image tokens. Both experts are trained.
+
+Not covered: TI2V-5B with an image (``WanImageToVideoPipeline(expand_timesteps=True)`` overwrites the first latent
+frame with the image's at every step, so the SDE's log-prob would have to leave those dimensions out).
 
 LoRA files (:meth:`Wan22Adapter.save_lora`): the high-noise expert's in ``pytorch_lora_weights.safetensors``, the
 low-noise expert's in ``pytorch_lora_weights_transformer_2.safetensors``; load them with
@@ -31,6 +38,7 @@ import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
 from .wan import WanAdapter
+from .wan_i2v import WanI2VAdapter
 
 LOW_NOISE_LORA_FILE = "pytorch_lora_weights_transformer_2.safetensors"
 
@@ -240,3 +248,41 @@ class Wan22LowAdapter(Wan22Adapter):
 
     kind = "wan22_low"
     train_experts = "low"
+
+
+class Wan22I2VAdapter(Wan22Adapter, WanI2VAdapter):
+    """Wan2.2 A14B image-to-video (``model.kind=wan22_i2v``): both experts trained; reference images as for Wan2.1
+    I2V (a JSONL ``image`` field per prompt). TI2V-5B with an image is refused (module docstring)."""
+
+    kind = "wan22_i2v"
+    pipeline_cls_name = "WanImageToVideoPipeline"
+    reference_label = "Wan2.2 I2V"
+
+    def __init__(self, pipe, *args, **kwargs):
+        if pipe.config.get("expand_timesteps", False):
+            raise ValueError("Wan2.2 TI2V-5B image-to-video (expand_timesteps) is not supported: its first latent "
+                             "frame is replaced by the image's at every step; use the text-to-video folder "
+                             "(WanPipeline, model.kind=wan22)")
+        super().__init__(pipe, *args, **kwargs)
+
+    def _velocity(self, expert: str, x, t, embeds: PromptEmbeds, gs: float, cfg: bool) -> torch.Tensor:
+        cond = embeds.cond_latents
+        if cond is None:
+            raise ValueError("Wan2.2 I2V: the embeddings carry no reference image (see encode_prompts)")
+        if cond.shape[2:] != x.shape[2:]:
+            raise ValueError(f"Wan2.2 I2V: the condition was encoded for latent (F', h, w) = {tuple(cond.shape[2:])}"
+                             f", the latents are {tuple(x.shape[2:])}: call set_resolution / set_num_frames before "
+                             "encode_prompts")
+        # as the pipeline: concatenate in fp32, then cast the whole input to the transformer dtype
+        xc = torch.cat([x.float(), cond.to(x.device, torch.float32)], dim=1).to(self.dtype)
+        kw = {"encoder_hidden_states_image": embeds.image_embeds}
+        v = self._call(expert, hidden_states=xc, timestep=t, encoder_hidden_states=embeds.prompt_embeds, **kw)
+        if cfg:
+            if embeds.neg_prompt_embeds is None:
+                raise ValueError("cfg=True needs negative embeddings")
+            if expert == "low" and self.guidance_scale_2 is not None:
+                gs = self.guidance_scale_2
+            v_u = self._call(expert, hidden_states=xc, timestep=t, encoder_hidden_states=embeds.neg_prompt_embeds,
+                             **kw)
+            v = v_u + gs * (v - v_u)
+        return v

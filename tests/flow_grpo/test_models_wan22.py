@@ -192,3 +192,89 @@ def test_wan22_ti2v_folder_roundtrip(tmp_path, roundtrip):
     assert detect_kind(str(tmp_path)) == "wan22"
     with pytest.raises(ValueError, match="one transformer"):
         load_adapter(str(tmp_path), kind="wan22_high", num_frames=FRAMES)
+
+
+# ------------------------------------------------------------------------------------------------ A14B I2V
+def _image(h, w, seed):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _i2v(seed=0, **kw):
+    kw.setdefault("num_frames", FRAMES)
+    ad = tiny_adapter("wan22_i2v", seed, **kw)
+    ad.set_resolution(H, W)
+    return ad
+
+
+def test_wan22_i2v_matches_pipeline_call_bitwise():
+    """From the prompt string and the image (40x56, resized to 32x32), CFG 5 / 3 (guidance_scale_2): latents and
+    frames are the pipeline's bit for bit; the condition latents matter (zeroing them breaks it)."""
+    ad = _i2v(guidance_scale_2=3.0)
+    assert ad.kind == "wan22_i2v" and ad.boundary == 900.0 and not ad.clip_image
+    assert ad.expert_steps(STEPS, H, W) == {"high": [0], "low": [1, 2, 3]}
+    img = _image(40, 56, 0)
+    emb = ad.encode_prompts([PROMPTS[0]], images=[img])
+    assert emb.image_embeds is None and emb.cond_latents.shape == (1, 8, 2, 4, 4)
+    ours = tiny_ode(ad, emb, [3], 5.0, True, STEPS, H, W)
+    kw = dict(height=H, width=W, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0,
+              guidance_scale_2=3.0, latents=ad.initial_noise([3], H, W))
+    ref = ad.pipe(img, PROMPTS[0], output_type="latent", **kw).frames
+    assert torch.equal(ours, ref)
+    video = ad.decode(ours, H, W)
+    assert video.shape == (1, FRAMES, H, W, 3) and video.float().std() > 1
+    assert torch.equal(video, as_uint8(ad.pipe(img, PROMPTS[0], output_type="np", **kw).frames))
+    broken = emb.index([0])
+    broken.cond_latents = torch.zeros_like(emb.cond_latents)
+    assert not torch.equal(tiny_ode(ad, broken, [3], 5.0, True, STEPS, H, W), ref)
+
+
+@pytest.mark.parametrize("gs,cfg", [(5.0, True), (1.0, False)])
+def test_wan22_i2v_batched_loop_matches_pipeline_call_bitwise(gs, cfg):
+    ad = _i2v(max_sequence_length=MSL)
+    img = _image(32, 32, 1)
+    emb = ad.encode_prompts(PROMPTS, images=[img, img])
+    ours = tiny_ode(ad, emb, [3, 4], gs, cfg, STEPS, H, W)
+    neg = {"negative_prompt_embeds": emb.neg_prompt_embeds} if cfg else {}
+    ref = ad.pipe(img, prompt_embeds=emb.prompt_embeds, height=H, width=W, num_frames=FRAMES,
+                  num_inference_steps=STEPS, guidance_scale=gs, latents=ad.initial_noise([3, 4], H, W),
+                  output_type="latent", **neg).frames
+    assert torch.equal(ours, ref)
+
+
+def test_wan22_i2v_folder_roundtrip_detection_and_ti2v_refusal(tmp_path, roundtrip):
+    from diffusers import WanImageToVideoPipeline
+
+    from flow_grpo.models.wan22 import Wan22I2VAdapter
+
+    def perturb(ad):
+        ad.experts["high"].proj_out.weight[0, 0] += 1e-2
+
+    img = _image(32, 32, 1)
+
+    def roundtrip_ode(ad):  # the shared check encodes "a cat": give it its reference image
+        ad.set_reference_images({"a cat": img})
+        ad.set_resolution(H, W)
+
+    from flow_grpo.models.tiny import save_tiny_pipeline as save
+
+    save(str(tmp_path), kind="wan22_i2v", seed=5)
+    assert detect_kind(str(tmp_path)) == "wan22_i2v"
+    ad, ref = load_adapter(str(tmp_path), num_frames=FRAMES), tiny_adapter("wan22_i2v", 5, num_frames=FRAMES)
+    for part in ("transformer", "transformer_2", "vae", "text_encoder"):
+        roundtrip.same_weights(getattr(ad.pipe, part), getattr(ref.pipe, part))
+    for a in (ad, ref):
+        roundtrip_ode(a)
+    x, x_ref = (tiny_ode(a, a.encode_prompts(["a cat"]), [1], 5.0, True, 3, H, W) for a in (ad, ref))
+    roundtrip.close(x, x_ref, atol=ROUNDTRIP_ATOL)
+    with torch.no_grad():
+        perturb(ad)
+    with pytest.raises(AssertionError, match="not close"):
+        roundtrip.close(tiny_ode(ad, ad.encode_prompts(["a cat"]), [1], 5.0, True, 3, H, W), x_ref, atol=ROUNDTRIP_ATOL)
+    ti2v = TINY_BUILDERS["wan22_ti2v"](seed=0)
+    pipe = WanImageToVideoPipeline(tokenizer=ti2v.tokenizer, text_encoder=ti2v.text_encoder, vae=ti2v.vae,
+                                   scheduler=ti2v.scheduler, transformer=ti2v.transformer, expand_timesteps=True)
+    with pytest.raises(ValueError, match="TI2V-5B image-to-video"):
+        Wan22I2VAdapter(pipe)

@@ -63,3 +63,24 @@ def test_wan22_trains_only_the_low_noise_expert(tmp_path):
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
     assert changed and all("lora_" in n for n in changed)
     assert all(torch.equal(p, high_before[n]) for n, p in ad.experts["high"].named_parameters())
+
+
+def test_wan22_i2v_trains_from_a_jsonl_prompt_file_with_reference_images(tmp_path):
+    """Wan2.2 A14B I2V: the trainer binds each JSONL line's ``image`` and trains both experts' LoRA two epochs."""
+    import numpy as np
+    from PIL import Image
+
+    for name, seed in (("a.png", 1), ("b.png", 2)):
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (32, 48, 3), dtype=np.uint8)).save(tmp_path / name)
+    src = tmp_path / "clips.jsonl"
+    src.write_text('{"prompt": "it moves", "image": "a.png"}\n{"prompt": "it jumps", "image": "b.png"}\n')
+    ov = {"model.tiny": "wan22_i2v", "sample.height": 32, "sample.width": 32, "sample.cfg": "true",
+          "sample.guidance_scale": 5.0, "sample.num_frames": 5, "model.max_sequence_length": 16, **VIDEO,
+          "data.train_path": str(src), "data.eval_prompts": "[]", "run.num_epochs": 2}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("sd3", "flow", tmp_path / "run", **ov)))
+    assert tr.adapter.kind == "wan22_i2v" and set(tr.adapter.reference_images) == {"it moves", "it jumps"}
+    before = {n: p.detach().clone() for n, p in tr.named_params}
+    hist = tr.train()
+    assert len(hist) == 2 and all(m["train/ratio_mean"] == 1.0 for m in hist)
+    changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
+    assert any(n.startswith("high.") for n in changed) and any(n.startswith("low.") for n in changed)
