@@ -247,6 +247,13 @@ def build_tiny_wan_pipeline(seed: int = 0, **kwargs):
     return build(seed, **kwargs)
 
 
+def build_tiny_sana_pipeline(seed: int = 0):
+    """Tiny SANA pipeline (see :mod:`flow_grpo.models.tiny_sana`)."""
+    from .tiny_sana import build_tiny_sana_pipeline as build
+
+    return build(seed)
+
+
 def build_tiny_wan22_pipeline(seed: int = 0, **kwargs):
     """Tiny Wan2.2 A14B T2V, two experts (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_pipeline`)."""
     from .tiny_wan import build_tiny_wan22_pipeline as build
@@ -325,7 +332,7 @@ TINY_BUILDERS: dict[str, Any] = {
     "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "wan22_i2v": build_tiny_wan22_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
     "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
     "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
-    "qwen_image21": build_tiny_qwen_image21_pipeline,
+    "qwen_image21": build_tiny_qwen_image21_pipeline, "sana": build_tiny_sana_pipeline,
 }
 
 
