@@ -45,26 +45,30 @@ def test_generator_trains_lora_two_epochs(kind, size, cfg, gs, extra, tmp_path):
         assert m["train/ratio_mean"] == 1.0 and np.isfinite(m["reward/total/mean"]) and np.isfinite(m["train/kl"])
 
 
-def test_wan22_trains_only_the_low_noise_expert(tmp_path):
-    """model.kind=wan22_low: LoRA on the low-noise expert only, trained on its steps (window [1, 3) of the 4-step
-    grid, whose step 0 is the high-noise expert's); the high-noise expert does not move."""
+@pytest.mark.parametrize("expert,window", [("low", "[1,3]"), ("high", "[0,1]")])
+def test_wan22_trains_only_one_expert(expert, window, tmp_path):
+    """model.kind=wan22_low / wan22_high: LoRA on one expert only, trained on its steps (the 4-step grid's step 0 is
+    the high-noise expert's, steps 1-3 the low-noise one's: a fixed window inside them); the other does not move."""
     from flow_grpo.models.tiny import TINY_BUILDERS
-    from flow_grpo.models.wan22 import Wan22LowAdapter
+    from flow_grpo.models.wan22 import Wan22HighAdapter, Wan22LowAdapter
 
+    lo, hi = (int(v) for v in window.strip("[]").split(","))
     ov = {"sample.height": 32, "sample.width": 32, "sample.cfg": "true", "sample.guidance_scale": 5.0,
           "sample.num_frames": 5, "model.max_sequence_length": 16, **VIDEO,
           "data.eval_prompts": "[]", "run.num_epochs": 2, "optim.kl_coef": 0.01, "sample.step_mode": "window",
-          "sample.window_policy": "fixed", "sample.window_size": 2, "sample.window_range": "[1,3]"}
-    ad = Wan22LowAdapter(TINY_BUILDERS["wan22"](seed=42), num_frames=5, max_sequence_length=16)
+          "sample.window_policy": "fixed", "sample.window_size": hi - lo, "sample.window_range": window}
+    cls = {"low": Wan22LowAdapter, "high": Wan22HighAdapter}[expert]
+    ad = cls(TINY_BUILDERS["wan22"](seed=42), num_frames=5, max_sequence_length=16)
     assert ad.expert_steps(4, 32, 32) == {"high": [0], "low": [1, 2, 3]}
-    high_before = {n: p.detach().clone() for n, p in ad.experts["high"].named_parameters()}
+    other = "high" if expert == "low" else "low"
+    other_before = {n: p.detach().clone() for n, p in ad.experts[other].named_parameters()}
     tr = FlowGRPOTrainer(load_train_config(None, train_overrides("sd3", "flow", tmp_path, **ov)), adapter=ad)
     before = {n: p.detach().clone() for n, p in tr.named_params}
     hist = tr.train()
     assert len(hist) == 2 and all(m["train/ratio_mean"] == 1.0 for m in hist)
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
     assert changed and all("lora_" in n for n in changed)
-    assert all(torch.equal(p, high_before[n]) for n, p in ad.experts["high"].named_parameters())
+    assert all(torch.equal(p, other_before[n]) for n, p in ad.experts[other].named_parameters())
 
 
 def test_wan22_i2v_trains_from_a_jsonl_prompt_file_with_reference_images(tmp_path):
