@@ -50,10 +50,10 @@ from mmgrpo.utils.config import Alias, check_choices
 # equal to the registries; docs/generators.md describes each).
 GENERATOR_KINDS = ("sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
                    "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_high", "wan22_low",
-                   "wan22_i2v", "sana", "hunyuan_video15")
+                   "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
 TINY_KINDS = ("sd3", "sd3_t5", "sd3_5_medium", "sd3_5_large", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image",
               "qwen_image_edit", "flux2", "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_ti2v",
-              "wan22_i2v", "sana", "hunyuan_video15")
+              "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
 
 
 def _f(default, help: str, **kw):

@@ -10,6 +10,7 @@ from .flux import FluxAdapter
 from .flux2 import Flux2Adapter, Flux2KleinAdapter
 from .flux_kontext import FluxKontextAdapter
 from .hunyuan_video15 import HunyuanVideo15Adapter
+from .ltx2 import LTX2Adapter
 from .qwen_image import QwenImageAdapter
 from .qwen_image21 import QwenImage21Adapter
 from .qwen_image_edit import QwenImageEditAdapter
@@ -25,13 +26,13 @@ ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextA
             "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter, "z_image": ZImageAdapter,
             "qwen_image21": QwenImage21Adapter, "wan22": Wan22Adapter, "wan22_high": Wan22HighAdapter,
             "wan22_low": Wan22LowAdapter, "wan22_i2v": Wan22I2VAdapter, "sana": SanaAdapter,
-            "hunyuan_video15": HunyuanVideo15Adapter}
+            "hunyuan_video15": HunyuanVideo15Adapter, "ltx2": LTX2Adapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
                      "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
                      "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
                      "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image",
                      "QwenImage21Pipeline": "qwen_image21", "SanaPipeline": "sana",
-                     "HunyuanVideo15Pipeline": "hunyuan_video15"}
+                     "HunyuanVideo15Pipeline": "hunyuan_video15", "LTX2Pipeline": "ltx2"}
 # kinds sharing a pipeline class with another, told apart by its config (model_index.json / pipe.config); the first
 # matching rule wins. wan22_high / wan22_low (one A14B expert trained) are chosen by model.kind only.
 _CONFIG_KINDS = {"WanPipeline": [("wan22", is_wan22)], "WanImageToVideoPipeline": [("wan22_i2v", is_wan22)]}
@@ -118,7 +119,7 @@ def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
            "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter", "ZImageAdapter", "QwenImage21Adapter",
-           "Wan22Adapter", "Wan22HighAdapter", "Wan22LowAdapter", "Wan22I2VAdapter", "SanaAdapter", "HunyuanVideo15Adapter", "kind_of",
+           "Wan22Adapter", "Wan22HighAdapter", "Wan22LowAdapter", "Wan22I2VAdapter", "SanaAdapter", "HunyuanVideo15Adapter", "LTX2Adapter", "kind_of",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

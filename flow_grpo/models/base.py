@@ -162,6 +162,7 @@ class FlowModelAdapter:
 
         present = {n.split(".")[-1] for n, _ in self.transformer.named_modules()}
         present |= {".".join(n.split(".")[-2:]) for n, _ in self.transformer.named_modules()}
+        present |= {n for n, _ in self.transformer.named_modules()}  # full module paths (LTX-2's video stream)
         targets = [t for t in target_modules if t in present]
         if not targets:
             raise ValueError(f"none of the LoRA target_modules {list(target_modules)} exist in {type(self.transformer).__name__}")

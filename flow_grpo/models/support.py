@@ -67,6 +67,9 @@ EVIDENCE: dict[str, tuple[str, str, str, str]] = {
     "hunyuan_video15": (T + "test_models_hunyuan_video15.py::test_hunyuan_video15_matches_pipeline_call_bitwise",
                         T + "test_trainer_generators.py::test_generator_trains_lora_two_epochs", "flow",
                         "T2V; I2V not covered"),
+    "ltx2": (T + "test_models_ltx2.py::test_ltx2_matches_pipeline_call_bitwise",
+             T + "test_trainer_generators.py::test_generator_trains_lora_two_epochs", "flow",
+             "audio+video state, LoRA on the video stream only (audio branch frozen); video decoded"),
 }
 
 

@@ -261,6 +261,13 @@ def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_ltx2_pipeline(seed: int = 0):
+    """Tiny LTX-2 audio+video pipeline (see :mod:`flow_grpo.models.tiny_ltx2`)."""
+    from .tiny_ltx2 import build_tiny_ltx2_pipeline as build
+
+    return build(seed)
+
+
 def build_tiny_wan22_pipeline(seed: int = 0, **kwargs):
     """Tiny Wan2.2 A14B T2V, two experts (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_pipeline`)."""
     from .tiny_wan import build_tiny_wan22_pipeline as build
@@ -340,7 +347,7 @@ TINY_BUILDERS: dict[str, Any] = {
     "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
     "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
     "qwen_image21": build_tiny_qwen_image21_pipeline, "sana": build_tiny_sana_pipeline,
-    "hunyuan_video15": build_tiny_hunyuan_video15_pipeline,
+    "hunyuan_video15": build_tiny_hunyuan_video15_pipeline, "ltx2": build_tiny_ltx2_pipeline,
 }
 
 

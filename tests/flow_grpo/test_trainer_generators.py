@@ -21,6 +21,7 @@ CASES = [
     ("qwen_image21", 64, "false", 1.0, {"model.max_sequence_length": 64}),
     ("sana", 128, "true", 4.5, {"model.max_sequence_length": 32}),
     ("wan22", 32, "true", 5.0, {"sample.num_frames": 5, **VIDEO}),
+    ("ltx2", 32, "true", 3.0, {"sample.num_frames": 5, **VIDEO}),
     ("hunyuan_video15", 64, "false", 6.0, {"sample.num_frames": 5, "model.max_sequence_length": 1000, **VIDEO}),  # A14B: both experts trained, every step (flow: all)
     ("wan22_ti2v", 64, "true", 5.0, {"sample.num_frames": 5, **VIDEO}),
 ]
