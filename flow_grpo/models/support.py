@@ -6,7 +6,8 @@ the trainer test that exercise it (``EVIDENCE``; tests/flow_grpo/test_support_ma
 exists, every kind has an entry, and the docs table is this module's output). Methods: every method preset runs on
 the adapter contract alone (``flow_grpo/models/base.py``), so the column names the preset(s) a test trains the kind
 with. LoRA: every adapter (``add_lora``); full fine-tuning (``enable_full_finetune``) and FSDP2 are tested on FLUX
-only (2 gloo processes on CPU); sequence parallelism does not exist yet (issue 39, item 2).
+only (2 gloo processes on CPU); sequence parallelism (:mod:`flow_grpo.models.sequence_parallel`) is tested at the
+model level on Wan2.1 / Wan2.2 and is not wired into the trainer.
 
 Regenerate: ``python -m flow_grpo.models.support --write docs/generators.md``.
 """
@@ -73,16 +74,35 @@ EVIDENCE: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+SP_TESTED = ("wan", "wan22")  # tests/flow_grpo/test_sequence_parallel.py
+
+
 def tiny_kinds() -> dict[str, list[str]]:
-    """{adapter kind: the tiny builders (``model.tiny=``) whose pipeline resolves to it}; builds each tiny once."""
+    """{adapter kind: the tiny builders (``model.tiny=``) whose pipeline resolves to it}; builds each tiny once.
+    The key ``"_cp_plan"`` holds the kinds whose transformer class declares diffusers' context-parallel plan."""
     from . import kind_of
     from .tiny import TINY_BUILDERS
 
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[str]] = {"_cp_plan": []}
     for name, build in TINY_BUILDERS.items():
         pipe = build(seed=0)
-        out.setdefault(kind_of(type(pipe).__name__, pipe.config), []).append(name)
+        kind = kind_of(type(pipe).__name__, pipe.config)
+        out.setdefault(kind, []).append(name)
+        if getattr(type(pipe.transformer), "_cp_plan", None) is not None and kind not in out["_cp_plan"]:
+            out["_cp_plan"].append(kind)
     return out
+
+
+def _sequence_parallel(kind: str, tiny: dict[str, list[str]]) -> str:
+    from . import _KIND_ONLY
+    from .sequence_parallel import UNSUPPORTED
+
+    base = "wan22" if kind in _KIND_ONLY else kind
+    if kind in SP_TESTED:
+        return "Ulysses, tested (2 CPU procs)"
+    if base in UNSUPPORTED:
+        return "refused (fails in diffusers)"
+    return "plan exists, untested" if base in tiny["_cp_plan"] else "no (no diffusers plan)"
 
 
 def rows(tiny: dict[str, list[str]] | None = None) -> list[list[str]]:
@@ -96,7 +116,7 @@ def rows(tiny: dict[str, list[str]] | None = None) -> list[list[str]]:
         lora_full = "LoRA; full (FSDP2) tested" if kind == "flux" else "LoRA; full untested"
         out.append([f"`{kind}`", f"`{cls.pipeline_cls_name}`", cls.media, tinies, f"`{eq.split('::')[1]}`",
                     f"`{trainer.split('::')[1]}` ({methods})", lora_full,
-                    "tested (2 CPU procs)" if kind == "flux" else "untested", "no", notes])
+                    "tested (2 CPU procs)" if kind == "flux" else "untested", _sequence_parallel(kind, tiny), notes])
     return out
 
 
