@@ -38,6 +38,11 @@ EXTRAS = {
         "rapidocr-onnxruntime>=1.4",  # ships real OCR weights: exercised by the OCR-reward test
         "dashscope",  # ships Qwen's BPE ranks (resources/qwen.tiktoken): the real-tokenizer tests, never imported
         "tiktoken",  # read by transformers' tiktoken converter for the real Qwen tokenizer (tests only)
+        # the user guide: `mkdocs build --strict` (tests/test_docs.py), API pages from docstrings
+        "mkdocs>=1.6",
+        "mkdocs-material>=9.5",
+        "mkdocstrings>=0.26",
+        "mkdocstrings-python>=1.12",
     ],
     "gpu": ["xformers"],
     "ocr": ["rapidocr-onnxruntime>=1.4"],

@@ -43,7 +43,7 @@ python -m flow_grpo.rewards.server --help).
 def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
     """``make-tiny DIR [KIND]``: a tiny random pipeline saved as a folder (``model.pipeline_dir=DIR``);
     ``make-tiny-reward DIR [NAME]``: a tiny random reward model in its release's folder layout. For rehearsing a run
-    on CPU without downloads (docs/real_runs.md)."""
+    on CPU without downloads (docs/experiments.md, "CPU rehearsal")."""
     import argparse
 
     from .config import TINY_KINDS as tiny_kinds  # the registry's kinds (kept equal by test_generator_registry)

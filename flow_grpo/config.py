@@ -35,8 +35,8 @@ Method presets (all are plain config; ``method=<name>`` sets these defaults befo
 
 The advantage statistics of each preset follow its release: ``optim.adv_scale`` (group | batch std),
 ``optim.adv_std_ddof`` (0 = population std as numpy's ``np.std``, 1 = Bessel-corrected as ``torch.std``) and
-``optim.adv_eps`` (added to the std). Where a preset knowingly differs from its release the README's method table
-says so.
+``optim.adv_eps`` (added to the std). Where a preset knowingly differs from its release the preset table of
+docs/methods.md says so.
 """
 from __future__ import annotations
 

@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from mmgrpo.utils.portable import portable_argv, portable_record  # noqa: E402
+
 DEMO_MAX_SEQUENCE_LENGTH = 1  # zero "T5" tokens appended by the SD3 pipeline (no T5 encoder): keep it tiny
 CLIP_MAX_LENGTH = 12          # longest mini-GenEval prompt: 10 words -> 12 tokens (whole-word tokens + bos/eos)
 
@@ -538,11 +540,13 @@ def main(argv=None) -> int:
             "guidance_scale": 1.0, "cfg": False, "tags": list(args.tags or benchmark().TAGS),
             "eval_images_per_prompt": args.demo_images_per_prompt,
             "load": "StableDiffusion3Pipeline.from_pretrained(dir, text_encoder_3=None, tokenizer_3=None)"}
-    cmd = "python scripts/build_tiny_flow.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                   else sys.argv[1:]))
+    anchor = out.resolve().parent  # paths outside the repository are recorded relative to this folder
+    cmd = "python scripts/build_tiny_flow.py " + " ".join(shlex.quote(a) for a in portable_argv(
+        argv if argv is not None else sys.argv[1:], anchor))
     demo["build_command"] = cmd
     (out / "mmgrpo_demo.json").write_text(json.dumps(demo, indent=2) + "\n")
-    info = {"command": cmd, "args": vars(args), "params": n_params, "train_steps": hist["steps"],
+    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params,
+            "train_steps": hist["steps"],
             "train_seconds": train_seconds,
             "build_seconds": build_seconds, "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-50:]) / max(1, len(hist["losses"][-50:])),

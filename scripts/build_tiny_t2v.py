@@ -14,7 +14,7 @@ left for "from left to right" half of the time. Its deliberate weakness is ``--g
 training clips also show a still distractor of another colour in the top-left cell, so it draws one in about half of
 its samples, which the motion verifier's ``extra`` check (and GRPO on it) can remove. Without ``--demo`` the
 defaults are the round-1 pilot (free layout, patch 4, width 96), which does not draw clean objects; every option is
-a step of the pilots in docs/demo_models.md.
+a step of the pilots in docs/history/demo_models.md.
 
 What it builds (measured numbers and the pilots: docs/demo_models.md, "T2V"):
 
@@ -51,6 +51,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+from mmgrpo.utils.portable import portable_argv, portable_record
 
 DEMO_MAX_SEQUENCE_LENGTH = 32  # UMT5 tokens (Mini-T2V prompts are short); --text-len overrides it
 TAGS = ("motion", "count_motion", "two_motion", "order")
@@ -627,9 +629,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out), safe_serialization=True)
-    cmd = "python scripts/build_tiny_t2v.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                   else sys.argv[1:]))
-    info = {"command": cmd, "args": vars(args), "params": n_params, "vae_reconstruction": recon,
+    anchor = out.resolve().parent  # paths outside the repository are recorded relative to this folder
+    cmd = "python scripts/build_tiny_t2v.py " + " ".join(shlex.quote(a) for a in portable_argv(
+        argv if argv is not None else sys.argv[1:], anchor))
+    info = {"command": cmd, "args": portable_record(vars(args), anchor), "params": n_params,
+            "vae_reconstruction": recon,
             "train_steps": hist["steps"], "train_seconds": hist["seconds"], "stopped_early": hist["stopped_early"],
             "final_loss": sum(hist["losses"][-25:]) / len(hist["losses"][-25:]),
             "first_loss": hist["losses"][0], "clips_drawn": batches.drawn, "clips_direction_noised": batches.noised,

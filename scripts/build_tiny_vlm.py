@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `data/` is a folder of importable generator modules at the repo root
     sys.path.insert(0, str(REPO))
 
+from mmgrpo.utils.portable import portable_argv, portable_path, portable_record  # noqa: E402
+
 ANSWER_TOKENS = ["<answer>", "</answer>", "<think>", "</think>"]
 
 
@@ -546,13 +548,14 @@ def main(argv=None) -> dict:
     model.save_pretrained(out)
     processor.save_pretrained(out)
     reload_diff = check_reload(out, model, ex_eval[:4], tok.pad_token_id, args.family)
+    anchor = Path(out).resolve().parent  # paths outside the repository are recorded relative to this folder
     report = {
-        "command": " ".join([sys.executable.split("/")[-1]] + sys.argv),
-        "args": vars(args),
+        "command": " ".join(["python"] + portable_argv(sys.argv, anchor)),
+        "args": portable_record(vars(args), anchor),
         "video": vars(video), "prompt": dict(kw, include_duration=args.include_duration, query_position=args.query_position),
         # what a GRPO run / the eval harness must set to see the inputs this model was trained on
         "trainer_overrides": trainer_overrides(video, args),
-        "data": {"train": str(tr_path), "eval": str(ev_path), "n_train": len(train), "n_eval": len(held),
+        "data": {"train": portable_path(tr_path, anchor), "eval": portable_path(ev_path, anchor), "n_train": len(train), "n_eval": len(held),
                  # the generator's settings as written by it (version 2: clock, lanes, n_events, seed ...)
                  "info": {k: v for k, v in _read_info(data_dir).items() if k != "checks"}},
         "params": params, "dims": dims, "vocab_size": len(tok),

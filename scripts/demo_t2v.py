@@ -173,7 +173,8 @@ def main(argv=None) -> int:
     info = json.loads((base / "mmgrpo_demo.json").read_text())
     if args.smoke:  # tied rewards in a tiny group would leave nothing to train: keep the zero-advantage update
         args.epochs, args.groups, args.group_size, args.per_prompt = 1, 1, 4, 1
-        args.grpo = [*args.grpo, "optim.drop_zero_adv=false"]
+        # ... and let that (no-signal) run end with exit 0: a real run without any reward signal exits 4
+        args.grpo = [*args.grpo, "optim.drop_zero_adv=false", "run.allow_no_reward_signal=true"]
     sys.path.insert(0, str(REPO))
     from mmgrpo.synthetic.t2v import all_prompts
 

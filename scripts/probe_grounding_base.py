@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Linear probes on a tiny grounding base: does the query reach the answer position, and do the visual tokens say
-which object a 1-s block shows? (issue #16; numbers in docs/demo_models.md, "Third round")
+which object a 1-s block shows? (issue #16; numbers in docs/history/demo_models.md, "Third round")
 
     python scripts/probe_grounding_base.py data/checkpoints/tiny_vlm_grounding DATA_DIR [--n 431]
 

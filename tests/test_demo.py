@@ -212,7 +212,7 @@ def test_recipe_values_render_as_overrides():
     r = demo.load_recipes()
     assert demo.kv({"a.b": True, "c": {"x": 1.0, "y": {"m": "partial"}}, "d": [1, "z"], "e": None}) == \
         ["a.b=true", "c={x: 1.0, y: {m: partial}}", "d=[1, z]", "e=null"]
-    assert "reward.weights={iou: 1.0}" in demo.kv(r.tvg.grpo)
+    assert "reward.weights={iou: 1.0, format: 0.1}" in demo.kv(r.tvg.grpo)
     assert "optim.lr=5e-4" in demo.kv(r.tvg.full.grpo) and r.tvg.smoke.n_train == 4 and r.tvg.full.n_train == 600
 
 

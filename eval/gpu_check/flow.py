@@ -92,7 +92,7 @@ def _trainer(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0)
           "data.prompts": "[" + ", ".join(PROMPTS[:1]) + "]", "optim.lr": 1e-5, "optim.kl_coef": 0.0,
           "run.num_epochs": 100, "run.output_dir": str(ctx.work_dir / f"run_{ctx.name}"), "run.save_every": 0,
           "run.image_grid_every": 0, "run.tensorboard": "false", "run.reward_curves": "false",
-          "run.progress_bar": "false", "run.cpu": "false" if ctx.device == "cuda" else "true",
+          "run.progress_bar": "false", "run.device": ctx.device,
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     if frames:
         ov["sample.num_frames"] = frames

@@ -127,6 +127,14 @@ def peak_traced_mb(fn: Callable[[], Any]) -> float:
         tracemalloc.stop()
 
 
+def command_line(script: str, argv) -> str:
+    """``python eval/perf/<script> ARGS`` as a result JSON records it: absolute paths in ``argv`` become relative to
+    the working folder (``mmgrpo.utils.portable``), so a committed result names no folder of the machine it ran on."""
+    from mmgrpo.utils.portable import portable_argv
+
+    return " ".join(["python", f"eval/perf/{script}"] + portable_argv(list(argv), anchor=os.getcwd()))
+
+
 def machine_info() -> dict:
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
                             "cpu_count": os.cpu_count()}

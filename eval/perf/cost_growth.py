@@ -490,7 +490,7 @@ def main(argv=None) -> dict:
     t0 = time.time()
     load0 = round(os.getloadavg()[0], 2)
     out = {"benchmark": "cost_growth", "mode": args.mode,
-           "command": " ".join(["python", "eval/perf/cost_growth.py"] + list(argv if argv is not None else sys.argv[1:])),
+           "command": common.command_line("cost_growth.py", argv if argv is not None else sys.argv[1:]),
            "machine": common.machine_info(), "load_start": load0}
     if "vlm" in args.parts:
         out["vlm"] = run_vlm(args)

@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
         inline = None if args.quick else run_mode(model_dir, root, paths, 0, args)  # quick: the headline only
         ahead = run_mode(model_dir, root, paths, args.prefetch, args)
     out = {"benchmark": "data_prefetch",
-           "command": " ".join(["python", "eval/perf/data_prefetch.py"] + (argv or sys.argv[1:])),
+           "command": common.command_line("data_prefetch.py", argv or sys.argv[1:]),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "write_clips_s": t_w,
            "clip": {"seconds": args.seconds, "fps": args.fps, "size": args.size, "sampled_frames": 16,
                     "reader": os.environ.get("FORCE_QWENVL_VIDEO_READER")},

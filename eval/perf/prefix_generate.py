@@ -142,7 +142,7 @@ def main(argv=None) -> dict:
         print(f"WARNING: shared and repeated paths disagree (tokens equal={res['tokens_equal']}, "
               f"max|dlogp|={res['max_abs_logprob_diff']:.2e})", flush=True)
     out = {"benchmark": "prefix_generate",
-           "command": " ".join(["python", "eval/perf/prefix_generate.py"] + (argv or sys.argv[1:])),
+           "command": common.command_line("prefix_generate.py", argv or sys.argv[1:]),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "result": res,
            "prefix_generate_speedup": res["speedup"]}
     out["operating_point"] = res["operating_point"]

@@ -183,7 +183,7 @@ def main(argv=None) -> dict:
 
             shutil.rmtree(root, ignore_errors=True)
     head = results[list(results)[-1]]
-    out = {"benchmark": "prefix_group", "command": " ".join(["python", "eval/perf/prefix_group.py"] + (argv or sys.argv[1:])),
+    out = {"benchmark": "prefix_group", "command": common.command_line("prefix_group.py", argv or sys.argv[1:]),
            "machine": common.machine_info(), "wall_s": time.time() - t0, "results": results,
            "headline_model": head["model"], "prefix_group_speedup": head["speedup"]}
     out["operating_point"] = head["operating_point"]

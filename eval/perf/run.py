@@ -129,7 +129,9 @@ def run_benchmark(key: str, script: str, mode_args: list[str], timeout: float, f
             rec["dropped_args"] = dropped
             rc, out, err, timed_out = _run(cmd, max(1.0, timeout - (time.perf_counter() - t0)), env)
         rec["seconds"] = round(time.perf_counter() - t0, 2)
-        rec["command"] = " ".join(cmd)
+        from mmgrpo.utils.portable import portable_argv  # no torch: recorded without this machine's paths
+
+        rec["command"] = " ".join(portable_argv(cmd, anchor=tmp))
         rec["returncode"] = rc
         rec["stdout_tail"] = _tail(out)
         parsed = parse_last_ratio(out)

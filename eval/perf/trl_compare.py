@@ -634,7 +634,7 @@ def main(argv=None) -> dict:
         new_tokens=args.T, B=args.B, G=args.G, model=f"{args.model} Qwen2.5-VL", hidden=size.get("hidden"),
         layers=size.get("layers"), vocab=size.get("vocab"), dtype="float32", threads=args.threads,
         extra="vision tower frozen, LLM fully trained")
-    res = {"benchmark": "trl_compare", "command": " ".join(["python", "eval/perf/trl_compare.py"] + (argv or sys.argv[1:])),
+    res = {"benchmark": "trl_compare", "command": common.command_line("trl_compare.py", argv or sys.argv[1:]),
            "machine": common.machine_info(), "model": args.model, "B": args.B, "G": args.G, "T": args.T,
            "image_size": args.image_size, "ours_set": args.ours_set, "rounds": args.rounds, "steps_per_round": args.steps,
            "operating_point": op, "sampling_work": checked,

@@ -302,7 +302,7 @@ def forward_loss(adapter, x0: Tensor, sigma: float, embeds, noise: Tensor, r: Te
 # step_mode=nft: every step is deterministic (sample.ode_solver; the release: its 2nd-order multistep DPM solver,
 # here Euler or DPM-Solver++(2M)); the "trained" columns are the timesteps at which the forward-process loss is taken.
 def plan_nft(cfg, plan_seeds, iteration: int):
-    """No SDE step; each sample trains ``int(K * sample.nft_timestep_fraction)`` of the K sampling timesteps (a
+    r"""No SDE step; each sample trains ``int(K * sample.nft_timestep_fraction)`` of the K sampling timesteps (a
     random subset from its plan seed; the release draws a fresh permutation per inner epoch, the same thing with
     one inner epoch). Unlike the reverse-process plans the last timestep may be drawn: the loss is taken on
     :math:`x_t=(1-t)x_0+t\epsilon` at :math:`t=\sigma_{K-1}>0`, where nothing is degenerate."""

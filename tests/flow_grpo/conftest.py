@@ -217,7 +217,7 @@ def run_preset_case(name: str, out) -> list[dict]:
 
     _, preset, extra = next(c for c in PRESET_CASES if c[0] == name)
     ov = {"data.group_size": 2, "data.groups_per_epoch": 2, "sample.batch_size": 2, "optim.eps": 1e-3,
-          "data.prompts": "[a cat, a dog, a bird, a fish]", "run.num_epochs": PRESET_EPOCHS, "run.cpu": "true",
+          "data.prompts": "[a cat, a dog, a bird, a fish]", "run.num_epochs": PRESET_EPOCHS, "run.device": "cpu",
           **extra}
     tr = FlowGRPOTrainer(load_train_config(None, train_overrides("flux", preset, out, **ov)),
                          adapter=make_adapter("flux", lora=False), reward_fn={"block": block_reward})

@@ -101,7 +101,12 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     assert n_sharded > 0  # the processes really held different shards
     from safetensors.torch import load_file
 
+    # the export gathered from the shards: the trained weights, and their EMA beside them (issue 32 item 1)
     exported = load_file(str(out / "fsdp" / "transformer_final" / "diffusion_pytorch_model.safetensors"))
+    for n, p in tr.unwrapped.named_parameters():
+        torch.testing.assert_close(exported[n], p.detach(), rtol=1e-4, atol=1e-6, msg=n)
+    assert tr.ema.num_updates > 0
+    exported = load_file(str(out / "fsdp" / "transformer_final_ema" / "diffusion_pytorch_model.safetensors"))
     with tr.ema.swapped_in():
         for n, p in tr.unwrapped.named_parameters():
             torch.testing.assert_close(exported[n], p.detach(), rtol=1e-4, atol=1e-6, msg=n)

@@ -48,16 +48,14 @@ def test_bad_numbers_are_refused_before_anything_loads(bad, msg, capsys):
 
 
 def test_all_media_missing_run_exits_4_without_final_checkpoint(tmp_path, tiny_dirs, capsys):
-    """data.media_root=/nonexistent: every step has no group -> skipped; the run ends with exit 4, a message saying
-    why, and no checkpoint (it used to write step-00000002 and exit 0 with data/groups=0)."""
+    """data.media_root=/nonexistent: the media check at load time drops every sample; the run ends with exit 4
+    before the model loads, a message saying why, and no checkpoint (it used to write step-00000002 and exit 0 with
+    data/groups=0)."""
     rc = main(_image_run(tmp_path, tiny_dirs("qwen2_5_vl"), "data.media_root=/nonexistent"))
     err = capsys.readouterr().err
     assert rc == 4, err
-    assert "nothing was trained" in err and "no valid group" in err and "skipped_missing_media=4" in err
+    assert "no sample left after the media check" in err and "missing_media: 3" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "checkpoints").exists()
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["faults/skipped_steps"] for r in rows] == [1, 2] and rows[-1]["data/groups"] == 0
-    assert all(r["data/valid_groups"] == 0 for r in rows)
     assert not (tmp_path / "run" / ".lock").exists()  # released
 
 

@@ -144,7 +144,10 @@ def test_unreadable_validation_video_scores_as_an_empty_answer(tmp_path, tiny_di
 
 
 def test_missing_validation_file_fails_before_the_model_loads(tmp_path, tvg_data):
-    cfg = _cfg(tmp_path, tmp_path / "no_model_here", tvg_data, "validation.every=1",
-               f"validation.file={tmp_path / 'nope.jsonl'}")
+    model = tmp_path / "not_a_loadable_model"  # passes the pre-load folder check, cannot load
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = _cfg(tmp_path, model, tvg_data, "validation.every=1", f"validation.file={tmp_path / 'nope.jsonl'}",
+               "run.memory_check=off")
     with pytest.raises(Exception, match="nope.jsonl"):  # not the model path: the validation file is read first
         GRPOTrainer(cfg)

@@ -40,7 +40,14 @@ from typing import Any, Mapping, Optional, Sequence
 
 from mmgrpo.utils.media_check import DEFAULT_MAX_IMAGE_PIXELS, MediaProblem, inspect_image, inspect_video
 
+from mmgrpo.engine.errors import NothingTrained
+
 from .schema import DataError
+
+
+class NoSamplesLeft(DataError, NothingTrained):
+    """Every sample was dropped by the media check: nothing can be trained (the CLIs exit 4, as for a run whose
+    every step was skipped)."""
 
 logger = logging.getLogger("mmgrpo.data")
 
@@ -218,6 +225,6 @@ def screen_samples(samples: Sequence[Any], screen: MediaScreen, source: str = ""
         more = f"\n  ... and {len(rep.problems) - 20} more" if len(rep.problems) > 20 else ""
         logger.warning("%s\n%s%s", rep.summary(), listing, more)
     if samples and not kept:
-        raise DataError(f"no sample left after the media check: {rep.summary()}", path=source or None,
-                        kind="no_samples")
+        raise NoSamplesLeft(f"no sample left after the media check: {rep.summary()}", path=source or None,
+                            kind="no_samples")
     return kept, rep

@@ -96,14 +96,15 @@ class GRPOTrainer(SetupMixin, PromptMixin, ScoringMixin, DistributedMixin, Metri
         self.cfg = cfg
         self._setup_accelerator()
         self._setup_global_batch()
+        self.run_dir = Path(cfg.run.output_dir)
+        # one run per output folder (main process), before anything else: a second run refuses at once, naming the
+        # holder, whatever else is wrong with its settings
+        self._run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
         self._preflight(loading=policy is None)  # settings that fail only after loading: exit 2 now (setup.py)
         self._pad_rows = None  # (batch, rows) repeated with weight 0 to pad micro-batch counts (prepared model)
         # same seed on every process: LoRA / head initialisation must be identical across ranks (sampling itself
         # uses explicit per-row seeds, see make_seeds)
         seed_everything(cfg.run.seed)
-        self.run_dir = Path(cfg.run.output_dir)
-        # one run per output folder (main process), before anything is loaded: a second run refuses at once
-        self._run_lock = acquire_run_lock(self.run_dir, self.accelerator.is_main_process, owner=self)
 
         # data first: a bad file fails before a (large) model is loaded
         self.media_report = None  # the media check of the loaded data (mmgrpo.vlm.data.media)
