@@ -173,8 +173,6 @@ class LTX2Adapter(FlowModelAdapter):
             use_cross_timestep=self.guidance["use_cross_timestep"], return_dict=False)
 
     def _latent_hw_current(self) -> tuple[int, int]:
-        if self._hw is None:
-            raise ValueError("LTX-2: call set_resolution(height, width) first")
         return self.latent_hw(*self._hw)
 
     def predict_velocity(self, latents, sigma, embeds: PromptEmbeds, guidance_scale: float = 3.0,
@@ -183,7 +181,10 @@ class LTX2Adapter(FlowModelAdapter):
         if len(embeds) != b:
             raise ValueError(f"embeds batch {len(embeds)} != latents batch {b}")
         g = self.guidance
-        xv, xa = self.split(latents.float(), *(self._hw or (0, 0)))
+        if self._hw is None:
+            raise ValueError("LTX-2: call set_resolution(height, width) before predict_velocity (the flat latents "
+                             "do not carry the video geometry)")
+        xv, xa = self.split(latents.float(), *self._hw)
         t = self.timestep(sigma, b)
         s = self._sigma_vec(sigma, b).view(b, 1, 1)
         pe, pe2, mask = embeds.prompt_embeds, embeds.prompt_embeds_2, embeds.prompt_mask

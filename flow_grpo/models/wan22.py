@@ -25,6 +25,10 @@ decode are :class:`~flow_grpo.models.wan.WanAdapter`'s.
 Not covered: TI2V-5B with an image (``WanImageToVideoPipeline(expand_timesteps=True)`` overwrites the first latent
 frame with the image's at every step, so the SDE's log-prob would have to leave those dimensions out).
 
+Untested: multi-process training of ``wan22`` (both experts). A step batch uses one expert, so under DDP the other
+expert's trainable parameters get no gradient in that backward: DDP then needs ``find_unused_parameters=True``
+(accelerate's ``DistributedDataParallelKwargs``); FSDP2 on :class:`ExpertPair` has not been run.
+
 LoRA files (:meth:`Wan22Adapter.save_lora`): the high-noise expert's in ``pytorch_lora_weights.safetensors``, the
 low-noise expert's in ``pytorch_lora_weights_transformer_2.safetensors``; load them with
 ``pipe.load_lora_weights(d)`` and ``pipe.load_lora_weights(d, weight_name=..., load_into_transformer_2=True)``.

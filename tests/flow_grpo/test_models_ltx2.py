@@ -89,6 +89,8 @@ def test_ltx2_state_is_video_and_audio():
     assert torch.equal(ad.join(v, a), x)
     with pytest.raises(ValueError, match="1 \\+ 2k"):
         ad.set_num_frames(4)
+    with pytest.raises(ValueError, match="set_resolution"):
+        ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"]))
 
 
 def test_ltx2_lora_is_on_the_video_stream_only():
