@@ -91,7 +91,9 @@ def first_answer_block(text: Optional[str]) -> Optional[str]:
 VSI_MCA_TYPES = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard",
                  "object_rel_distance", "route_planning", "obj_appearance_order")
 VSI_NA_TYPES = ("object_abs_distance", "object_counting", "object_size_estimation", "room_size_estimation")
-VSI_MRA_THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
+# the release's np.linspace(0.5, 0.95, 10) to the last bit (0.8999999999999999, not 0.9): the ≤ comparisons at the
+# boundaries depend on it
+VSI_MRA_THRESHOLDS = tuple([0.5 + i * ((0.95 - 0.5) / 9) for i in range(9)] + [0.95])
 # the order the release prints its table in
 VSI_REPORT_ORDER = ("object_counting", "object_abs_distance", "object_size_estimation", "room_size_estimation",
                     "object_rel_distance", "object_rel_direction", "route_planning", "obj_appearance_order")
