@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("L1", "L2", "L3"), default=None,
                    help="seed_bench_r1: the level written to meta.level (default: from the file name)")
     p.add_argument("--seed", type=int, default=0, help="seed_bench_r1 training lines: seed of the option order")
-    p.add_argument("--subset", choices=("all", "mc", "open"), default="all",
-                   help="mmvu: all questions, multiple-choice only (mc) or open-ended only (open)")
+    p.add_argument("--subset", choices=("all", "mc", "open", "mca", "na"), default="all",
+                   help="mmvu: all questions, multiple-choice only (mc) or open-ended only (open); vsibench: all, "
+                        "the multiple-choice half (mca) or the numerical half (na)")
     return p
 
 
@@ -90,7 +91,9 @@ def main(argv=None) -> int:
     elif a.format == "video_r1":
         samples, report = C.convert_video_r1(a.input, media_dir=a.image_dir or a.video_dir, on_error=a.on_error)
     elif a.format == "vsibench":
-        samples, report = C.convert_vsibench(a.input, video_dir=a.video_dir, on_error=a.on_error)
+        if a.subset not in ("all", "mca", "na"):
+            parser.error(f"vsibench: --subset all | mca | na, got {a.subset}")
+        samples, report = C.convert_vsibench(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
     elif a.format == "qvhighlights":
         samples, report = C.convert_qvhighlights(a.input, video_dir=a.video_dir, video_template=a.video_template,
                                                  **span_kw)
@@ -100,6 +103,8 @@ def main(argv=None) -> int:
     elif a.format == "longvideobench":
         samples, report = C.convert_longvideobench(a.input, video_dir=a.video_dir, on_error=a.on_error)
     elif a.format == "mmvu":
+        if a.subset not in ("all", "mc", "open"):
+            parser.error(f"mmvu: --subset all | mc | open, got {a.subset}")
         samples, report = C.convert_mmvu(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
     elif a.format == "clevrer":
         samples, report = C.convert_clevrer(a.input, video_dir=a.video_dir, on_error=a.on_error)

@@ -157,7 +157,11 @@ def vsibench_aggregate(rows: Sequence[Mapping]) -> dict:
         if len(levels) != 3:
             raise ValueError(f"object_rel_direction needs its three levels, got {levels}")
         scores["object_rel_direction"] = math.fsum(scores.pop(t) for t in levels) / 3
-    out: dict[str, Any] = {"overall": 100 * math.fsum(scores.values()) / len(scores) if scores else None}
+    mean = 100 * math.fsum(scores.values()) / len(scores) if scores else None
+    missing = [t for t in VSI_REPORT_ORDER if t not in scores]
+    # "overall" is the release's number only over all 8 types (a run of the multiple-choice half has 4)
+    out: dict[str, Any] = {"overall": mean} if not missing else {"overall": None, "mean_of_present_types": mean,
+                                                                  "missing_types": missing}
     for t in VSI_REPORT_ORDER:
         if t in scores:
             metric = "MRA:.5:.95:.05" if t in VSI_NA_TYPES else "accuracy"
@@ -459,6 +463,19 @@ def score_clevrer(predictions: Iterable[Mapping], annotations: Iterable[Mapping]
 
 SCORERS = {"vsibench": score_vsibench, "qvhighlights": score_qvhighlights, "seed_bench_r1": score_seed_bench_r1,
            "clevrer": score_clevrer}
+
+
+# the canonical tasks each benchmark's samples have
+BENCHMARK_TASKS = {"vsibench": ("mcq", "qa"), "qvhighlights": ("tvg",), "seed_bench_r1": ("mcq",),
+                   "clevrer": ("mcq", "qa")}
+
+
+def check_benchmark(name: str, task: str) -> None:
+    """A ValueError when ``name`` is not a benchmark here or its samples are not of ``task``."""
+    if name not in SCORERS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {sorted(SCORERS)}")
+    if task not in BENCHMARK_TASKS[name]:
+        raise ValueError(f"benchmark {name!r} scores {'/'.join(BENCHMARK_TASKS[name])} samples, not {task!r}")
 
 
 def score_benchmark(name: str, predictions: Iterable[Mapping], annotations: Iterable[Mapping]) -> dict:

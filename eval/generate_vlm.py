@@ -177,6 +177,9 @@ class ScoringConfig:
     box_frame: str = field(default="auto", metadata=_h("rec: frame of predicted boxes; auto = the model family's"))
     duration_buckets: list[float] = field(default_factory=lambda: [30.0, 60.0, 120.0, 300.0],
                                           metadata=_h("edges (s) of the duration_bucket breakdown"))
+    benchmark: str = field(default="", metadata=_h(
+        "also score with a benchmark's own metrics (eval/benchmarks.py: vsibench | qvhighlights | seed_bench_r1 | "
+        "clevrer), written to metrics.json['benchmark']"))
 
 
 @dataclass
@@ -892,6 +895,11 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     if rts is not None:
         gen["rts"] = rts
     m["generation"] = gen
+    if cfg.score.benchmark:
+        from eval.benchmarks import score_benchmark
+
+        m["benchmark"] = {"name": cfg.score.benchmark,
+                          **score_benchmark(cfg.score.benchmark, [r for _, r in preds], [r for _, r in anns])}
     m["kind"] = "vlm"
     m["config"]["predictions"] = str(out_dir / PREDICTIONS)
     m["config"]["annotations"] = settings["data"]["annotations"]
@@ -939,6 +947,10 @@ def run(cfg: EvalVLMConfig) -> dict:
     from eval.export import check_formats
 
     cfg.export = check_formats(cfg.export, cfg.data.task)  # a typo fails now, not after hours of generation
+    if cfg.score.benchmark:
+        from eval.benchmarks import check_benchmark
+
+        check_benchmark(cfg.score.benchmark, cfg.data.task)
     set_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ def test_vsibench_mca_to_mcq_and_na_to_numerical_qa():
     assert (direction.task, direction.options, direction.answer) == ("mcq", ["left", "right"], "B")
     assert route.options == ["Turn left", "Turn right", "Turn back"] and route.answer == "A"
     assert by["4"].answer == "21.5"
+    mca, rep = C.convert_vsibench(FIX / "vsibench.jsonl", subset="mca")
+    assert [s.id for s in mca] == ["2", "3"] and rep.skipped["other_subset"] == 3
 
 
 def test_vsibench_bad_lines_name_the_field():

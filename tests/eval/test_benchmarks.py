@@ -65,12 +65,26 @@ def test_vsibench_overall_is_the_mean_of_type_scores_with_rel_direction_merged()
     assert m["object_rel_direction_accuracy"] == pytest.approx(50.0)
     assert m["object_counting_MRA:.5:.95:.05"] == pytest.approx(50.0)
     assert m["route_planning_accuracy"] == pytest.approx(100.0)
-    assert m["overall"] == pytest.approx(200 / 3)
+    assert m["overall"] is None and m["mean_of_present_types"] == pytest.approx(200 / 3)  # 3 of the 8 types
+    assert m["missing_types"] == ["object_abs_distance", "object_size_estimation", "room_size_estimation",
+                                  "object_rel_distance", "obj_appearance_order"]
     assert m["n"] == 7 and m["n_missing"] == 0
     assert list(k for k in m if k.endswith(("accuracy", "MRA:.5:.95:.05"))) == [
         "object_counting_MRA:.5:.95:.05", "object_rel_direction_accuracy", "route_planning_accuracy"]
     m2 = B.score_vsibench(preds[:-1], anns)  # a missing prediction scores 0
     assert m2["n_missing"] == 1 and m2["route_planning_accuracy"] == 0.0
+
+
+def test_vsibench_overall_over_all_eight_types():
+    anns, preds = [], []
+    for i, t in enumerate(B.VSI_MCA_TYPES):
+        anns.append(_ann(i, t, "A", ["x", "y"]))
+        preds.append({"id": str(i), "output": "A"})
+    for i, t in enumerate(B.VSI_NA_TYPES, start=10):
+        anns.append(_ann(i, t, "2.5"))
+        preds.append({"id": str(i), "output": "7" if t == "object_counting" else "2.5"})  # counting: error 1.8 -> 0
+    m = B.score_vsibench(preds, anns)
+    assert m["overall"] == pytest.approx(100 * 7 / 8) and "missing_types" not in m
 
 
 def test_vsibench_rejects_unknown_types_and_partial_direction_levels():
@@ -217,3 +231,28 @@ def test_cli_writes_metrics(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "m.json").read_text())["brief"]["MR-full-mAP"] == 75.0
+
+
+def test_generate_vlm_writes_the_benchmark_metrics(tmp_path):
+    """score.benchmark in an eval config: score_run adds the benchmark's own numbers to metrics.json."""
+    from eval.generate_vlm import PREDICTIONS, EvalVLMConfig, score_options, score_run
+    from mmgrpo.vlm.data import converters as C
+
+    samples, _ = C.convert_qvhighlights(ROOT / "tests/data/fixtures/qvhighlights.jsonl")
+    ann = tmp_path / "qvh.jsonl"
+    ann.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
+    (tmp_path / PREDICTIONS).write_text(json.dumps({"id": "101", "output": "<answer>10 to 18</answer>"}) + "\n"
+                                        + json.dumps({"id": "102", "output": "<answer>0 to 4</answer>"}) + "\n")
+    cfg = EvalVLMConfig(out_dir=str(tmp_path))
+    cfg.data.annotations, cfg.data.task, cfg.score.benchmark = str(ann), "tvg", "qvhighlights"
+    settings = {"score": score_options(cfg, "qwen2_5_vl"), "data": {"annotations": str(ann)}, "fingerprint": "x",
+                "decoding": {}}
+    m = score_run(cfg, settings, [s.to_dict() for s in samples], tmp_path)
+    assert m["benchmark"]["name"] == "qvhighlights" and m["benchmark"]["brief"]["MR-full-mAP"] == 75.0
+    assert json.loads((tmp_path / "metrics.json").read_text())["benchmark"]["brief"]["MR-full-R1@0.5"] == 100.0
+    from eval.benchmarks import check_benchmark
+
+    with pytest.raises(ValueError, match="scores tvg samples, not 'mcq'"):
+        check_benchmark("qvhighlights", "mcq")
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        check_benchmark("vsi", "mcq")

@@ -843,6 +843,7 @@ VSI_NA_TYPES = ("object_abs_distance", "object_counting", "object_size_estimatio
 def convert_vsibench(
     src: str | os.PathLike | list,
     video_dir: str | None = None,
+    subset: str = "all",
     on_error: str = "raise",
 ) -> tuple[list[Sample], ConvertReport]:
     """VSI-Bench (``nyu-visionx/VSI-Bench``, its test split exported to JSON / JSONL) -> mcq and qa samples.
@@ -853,7 +854,11 @@ def convert_vsibench(
     (``object_rel_direction_*``, ``object_rel_distance``, ``route_planning``, ``obj_appearance_order``) -> task
     ``mcq``; numerical types (``object_counting``, ``object_abs_distance``, ``object_size_estimation``,
     ``room_size_estimation``) -> task ``qa`` with ``meta.problem_type = "numerical"`` (scored with MRA by
-    ``eval/benchmarks.py vsibench``).  ``meta`` keeps ``question_type``, ``dataset``, ``scene_name``."""
+    ``eval/benchmarks.py vsibench``).  ``meta`` keeps ``question_type``, ``dataset``, ``scene_name``.
+    ``subset``: "all", "mca" (the multiple-choice half: ``eval/generate_vlm.py`` runs one task per file) or "na"
+    (the numerical half); the others are skipped and counted as ``other_subset``."""
+    if subset not in ("all", "mca", "na"):
+        raise ValueError(f"subset must be 'all', 'mca' or 'na', got {subset!r}")
     ctx = _Ctx(src, on_error, False, 0.0)
     for i, r in enumerate(ctx.records(src)):
         ctx.report.n_in += 1
@@ -865,6 +870,9 @@ def convert_vsibench(
                 if r.get(k) is None:
                     raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
             qtype = str(r["question_type"])
+            if (subset == "mca" and qtype in VSI_NA_TYPES) or (subset == "na" and qtype in VSI_MCA_TYPES):
+                ctx.skip("other_subset")
+                continue
             video = f"{r['dataset']}/{r['scene_name']}.mp4"
             video = os.path.join(video_dir, video) if video_dir else video
             meta = {"source": "vsibench", "question_type": qtype, "dataset": str(r["dataset"]),
