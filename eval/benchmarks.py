@@ -100,7 +100,8 @@ VSI_REPORT_ORDER = ("object_counting", "object_abs_distance", "object_size_estim
 
 
 def vsibench_mra(pred: Optional[float], gt: float) -> float:
-    """VSI-Bench Mean Relative Accuracy in [0, 1]: mean over θ of 1[|pred − gt| / gt ≤ 1 − θ]; None / NaN score 0."""
+    """VSI-Bench Mean Relative Accuracy in [0, 1]: mean over θ of 1[|pred − gt| / gt ≤ 1 − θ]; None / NaN
+    score 0."""
     if pred is None or not math.isfinite(pred):
         return 0.0
     if gt == 0:
@@ -325,7 +326,8 @@ def qvh_clip_labels(gt: Mapping) -> list[list[float]]:
     full = [[0.0, 0.0, 0.0] for _ in range(n)]
     for cid, sc in zip(gt["relevant_clip_ids"], gt["saliency_scores"]):
         if not 0 <= cid < n:
-            raise ValueError(f"qid {gt['qid']}: relevant clip {cid} outside the {n} clips of a {gt['duration']} s video")
+            raise ValueError(f"qid {gt['qid']}: relevant clip {cid} outside the {n} clips of a "
+                             f"{gt['duration']} s video")
         full[cid] = [float(x) for x in sc]
     return full
 
@@ -499,7 +501,8 @@ def _read_jsonl(path: str) -> list[dict]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="eval/benchmarks.py", description=__doc__.strip().splitlines()[0])
     p.add_argument("benchmark", choices=BENCHMARKS)
-    p.add_argument("--predictions", required=True, help="JSONL {id, output} (QVHighlights: or a moment_detr submission)")
+    p.add_argument("--predictions", required=True,
+                   help="JSONL {id, output} (QVHighlights: or a moment_detr submission)")
     p.add_argument("--annotations", required=True, help="canonical JSONL from data/convert.py")
     p.add_argument("--out", help="also write the metrics JSON here")
     a = p.parse_args(argv)

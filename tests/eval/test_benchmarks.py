@@ -40,7 +40,8 @@ def test_vsibench_answer_token():
     assert B.vsibench_token("B. right") == "B"
     assert B.vsibench_token("<think>the lamp is left</think><answer>A</answer>") == "A"
     assert B.vsibench_token("<think>x</think> <answer> 3.5 meters </answer>") == "3.5"
-    assert B.vsibench_token("<think>x</think><answer>A</answer>", answer_from="output") == "<think>x</think><answer>A</answer>"
+    raw = "<think>x</think><answer>A</answer>"
+    assert B.vsibench_token(raw, answer_from="output") == raw
     assert B.vsibench_token("The answer is B") == "The"  # the release reads the first word only
     assert B.vsibench_token(None) == ""
 
@@ -193,8 +194,8 @@ def test_seed_bench_r1_first_answer_block_first_letter():
     assert B.seed_bench_r1_correct("<answer></answer>", "B") == 0.0
     anns = [{"id": "1", "answer": "A", "meta": {"level": "L1"}}, {"id": "2", "answer": "B", "meta": {"level": "L1"}},
             {"id": "3", "answer": "C", "meta": {"level": "L3"}}]
-    m = B.score_seed_bench_r1([{"id": "1", "output": "<answer>A</answer>"}, {"id": "3", "output": "<answer>C</answer>"}],
-                              anns)
+    preds = [{"id": "1", "output": "<answer>A</answer>"}, {"id": "3", "output": "<answer>C</answer>"}]
+    m = B.score_seed_bench_r1(preds, anns)
     assert m["by_level"] == {"L1": {"accuracy": 50.0, "n": 2}, "L3": {"accuracy": 100.0, "n": 1}}
     assert m["accuracy"] == pytest.approx(200 / 3) and m["n_missing"] == 1
 
@@ -256,3 +257,36 @@ def test_generate_vlm_writes_the_benchmark_metrics(tmp_path):
         check_benchmark("qvhighlights", "mcq")
     with pytest.raises(ValueError, match="unknown benchmark"):
         check_benchmark("vsi", "mcq")
+
+
+def test_mcq_scoring_takes_numerical_qa_samples_of_a_mixed_file():
+    """VSI-Bench in one run: eval/score.py mcq scores the letters and the numbers (Video-R1's reading: number
+    compared after rounding, plus MRA); free-form qa samples are refused by name."""
+    from eval.score import ScoreInputError, score
+    from mmgrpo.vlm.data import converters as C
+
+    samples, _ = C.convert_vsibench(ROOT / "tests/data/fixtures/vsibench.jsonl")
+    anns = [s.to_dict() for s in samples]
+    outs = {"0": "<answer>4</answer>", "1": "<answer>2.0</answer>", "2": "<answer>B</answer>",
+            "3": "<answer>B</answer>", "4": "<answer>21.5</answer>"}
+    m = score("mcq", [{"id": k, "output": v} for k, v in outs.items()], anns).metrics
+    assert m["n"] == 5 and m["n_numeric"] == 3
+    assert m["accuracy"] == pytest.approx(60.0)  # 4, B, 21.5 right; 2.0 vs 1.8 and B vs A wrong
+    free = dict(anns[0], meta={"problem_type": "free-form"}, answer="a red cup")
+    with pytest.raises(ScoreInputError, match="problem_type 'free-form' cannot be scored as mcq"):
+        score("mcq", [], [free])
+
+
+def test_the_start_check_reward_of_a_mixed_mcq_file_scores_numbers():
+    from eval.generate_vlm import EvalVLMConfig, check_reward_fn
+
+    cfg = EvalVLMConfig()
+    cfg.data.task = "mcq"
+    fn = check_reward_fn(cfg.data, cfg.score, "qwen2_5_vl", has_qa=True)
+    qa = {"id": "1", "task": "qa", "query": "How many chairs?", "video": "v.mp4", "answer": "4",
+          "meta": {"problem_type": "numerical"}}
+    mcq = {"id": "2", "task": "mcq", "query": "Left or right?", "video": "v.mp4", "options": ["left", "right"],
+           "answer": "B"}
+    right = fn.score(["<think>x</think><answer>4</answer>", "<think>x</think><answer>B</answer>"], [qa, mcq])
+    wrong = fn.score(["<think>x</think><answer>5</answer>", "<think>x</think><answer>A</answer>"], [qa, mcq])
+    assert right["video_r1_accuracy"] == [1.0, 1.0] and wrong["video_r1_accuracy"] == [0.0, 0.0]

@@ -189,7 +189,7 @@ def test_every_benchmark_config_loads():
         if c.data.task != "rec":  # the training video contract: fps 2 and the 3584*28*28 budget
             assert c.data.video_fps == 2.0 and c.data.video_total_pixels == 3584 * 28 * 28
     assert tasks == {"activitynet_captions": "tvg", "charades_sta": "tvg", "mvbench": "mcq", "nextgqa": "gqa",
-                     "refcoco": "rec", "synthetic_tvg": "tvg", "vsibench_mca": "mcq", "qvhighlights": "tvg",
+                     "refcoco": "rec", "synthetic_tvg": "tvg", "vsibench": "mcq", "qvhighlights": "tvg",
                      "seed_bench_r1": "mcq", "longvideobench": "mcq", "mmvu_mc": "mcq"}
     from eval.benchmarks import check_benchmark
 

@@ -855,8 +855,8 @@ def convert_vsibench(
     ``mcq``; numerical types (``object_counting``, ``object_abs_distance``, ``object_size_estimation``,
     ``room_size_estimation``) -> task ``qa`` with ``meta.problem_type = "numerical"`` (scored with MRA by
     ``eval/benchmarks.py vsibench``).  ``meta`` keeps ``question_type``, ``dataset``, ``scene_name``.
-    ``subset``: "all", "mca" (the multiple-choice half: ``eval/generate_vlm.py`` runs one task per file) or "na"
-    (the numerical half); the others are skipped and counted as ``other_subset``."""
+    ``subset``: "all" (``eval/configs/vsibench.yaml`` evaluates both kinds in one run), "mca" (the
+    multiple-choice half) or "na" (the numerical half); the others are skipped and counted as ``other_subset``."""
     if subset not in ("all", "mca", "na"):
         raise ValueError(f"subset must be 'all', 'mca' or 'na', got {subset!r}")
     ctx = _Ctx(src, on_error, False, 0.0)
