@@ -48,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("L1", "L2", "L3"), default=None,
                    help="seed_bench_r1: the level written to meta.level (default: from the file name)")
     p.add_argument("--seed", type=int, default=0, help="seed_bench_r1 training lines: seed of the option order")
-    p.add_argument("--subset", choices=("all", "mc", "open", "mca", "na"), default="all",
+    p.add_argument("--subset", choices=("all", "mc", "open", "mca", "na", "descriptive"), default="all",
                    help="mmvu: all questions, multiple-choice only (mc) or open-ended only (open); vsibench: all, "
-                        "the multiple-choice half (mca) or the numerical half (na)")
+                        "the multiple-choice half (mca) or the numerical half (na); clevrer: all, the choice "
+                        "questions (mc) or the descriptive ones (descriptive)")
     return p
 
 
@@ -107,7 +108,9 @@ def main(argv=None) -> int:
             parser.error(f"mmvu: --subset all | mc | open, got {a.subset}")
         samples, report = C.convert_mmvu(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
     elif a.format == "clevrer":
-        samples, report = C.convert_clevrer(a.input, video_dir=a.video_dir, on_error=a.on_error)
+        if a.subset not in ("all", "mc", "descriptive"):
+            parser.error(f"clevrer: --subset all | mc | descriptive, got {a.subset}")
+        samples, report = C.convert_clevrer(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
     else:
         samples, report = C.convert_refcoco(a.input, image_dir=a.image_dir, bbox_format=a.bbox_format,
                                             read_sizes_from=a.read_sizes_from, on_error=a.on_error)

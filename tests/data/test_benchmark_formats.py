@@ -109,6 +109,8 @@ def test_clevrer_descriptive_qa_and_one_yes_no_sample_per_choice():
     assert c0.options == ["yes", "no"] and (c0.answer, c1.answer) == ("A", "B")
     assert c0.query.endswith("Is the following choice correct? The presence of the red sphere")
     assert c0.meta["question_id"] == 12 and c0.video == os.path.join("clevrer", "video_10000.mp4")
+    mc, rep = C.convert_clevrer(FIX / "clevrer.json", subset="mc")
+    assert [s.id for s in mc] == ["10000_12_0", "10000_12_1", "10000_12_2"] and rep.skipped["other_subset"] == 2
 
 
 @pytest.mark.parametrize("fmt,fixture,n", [("vsibench", "vsibench.jsonl", 5), ("qvhighlights", "qvhighlights.jsonl", 2),

@@ -1150,6 +1150,7 @@ CLEVRER_CHOICE_PROMPT = "{question}\nIs the following choice correct? {choice}"
 def convert_clevrer(
     src: str | os.PathLike | list,
     video_dir: str | None = None,
+    subset: str = "all",
     on_error: str = "raise",
 ) -> tuple[list[Sample], ConvertReport]:
     """CLEVRER question files (``train.json`` / ``validation.json``) -> qa and mcq samples.
@@ -1163,7 +1164,10 @@ def convert_clevrer(
     :data:`CLEVRER_CHOICE_PROMPT`, options ["yes", "no"], id ``SCENE_QUESTION_CHOICE``) with ``meta.question_id``
     grouping the choices of a question.  The test file has no answers: an error naming the question.  The video:
     ``video_dir/VIDEO_FILENAME`` (the release sorts them into 1000-video folders: point ``video_dir`` at one or
-    flatten them)."""
+    flatten them).  ``subset``: "all", "mc" (the choice questions only: ``eval/configs/clevrer_mc.yaml``) or
+    "descriptive"; the others are skipped and counted as ``other_subset``."""
+    if subset not in ("all", "mc", "descriptive"):
+        raise ValueError(f"subset must be 'all', 'mc' or 'descriptive', got {subset!r}")
     ctx = _Ctx(src, on_error, False, 0.0)
     for i, scene in enumerate(ctx.records(src)):
         try:
@@ -1188,6 +1192,9 @@ def convert_clevrer(
                     raise DataError("question must be an object with question_id and question", sample_id=sid,
                                     kind="malformed")
                 qtype = str(q.get("question_type"))
+                if (subset == "mc" and qtype == "descriptive") or (subset == "descriptive" and qtype != "descriptive"):
+                    ctx.skip("other_subset")
+                    continue
                 meta = {"source": "clevrer", "scene_index": scene_ix, "question_id": qid, "question_type": qtype,
                         **({"question_subtype": q["question_subtype"]} if "question_subtype" in q else {})}
                 if qtype == "descriptive":
