@@ -3,7 +3,8 @@
 
     python eval/score.py tvg --predictions preds.jsonl --annotations ann.jsonl --out metrics.json \
         [--by dataset,duration_bucket] [--per-sample per_sample.jsonl]
-    python eval/score.py mcq ...     # accuracy, soft accuracy (TW-GRPO partial credit), numeric MRA
+    python eval/score.py mcq ...     # accuracy, soft accuracy (TW-GRPO partial credit), numeric MRA; numerical /
+                                     # regression qa samples of a mixed file (VSI-Bench) are read as numbers
     python eval/score.py gqa ...     # answer accuracy + evidence mIoU / mIoP / IoU@θ / IoP@θ / Acc@GQA
     python eval/score.py rec --box-frame qwen2_5_vl ...   # Acc@0.5 and mean box IoU
 
