@@ -36,6 +36,9 @@ FLOW_USES_VLM = {
     "flow_grpo/rewards/videoalign.py": {"mmgrpo.vlm.models.rollout"},
     # Qwen-Image's text encoder is a Qwen2.5-VL: the tiny test pipeline builds it with the tiny-VLM builder.
     "flow_grpo/models/tiny_qwen_image.py": {"mmgrpo.vlm.models.tiny"},
+    # FLUX.2-klein's and Z-Image's text encoders are Qwen3 models, Qwen-Image 2.1's a Qwen3-VL: the tiny text
+    # encoders reuse the tiny-VLM tokenizer (Qwen's special tokens) and model builders.
+    "flow_grpo/models/tiny_text.py": {"mmgrpo.vlm.models.tiny"},
 }
 # shared modules that reach into mmgrpo.vlm (lazily, inside the function that needs it), and why
 SHARED_USES_VLM = {

@@ -12,6 +12,8 @@ import pytest
 from mmgrpo.utils.config import (Alias, DeprecatedConfigKey, check_choices, config_to_dict, fields_help,
                                  load_config)
 
+from flow_grpo.config import GENERATOR_KINDS, TINY_KINDS
+
 
 @dataclass
 class Opt:
@@ -174,8 +176,8 @@ def test_flow_preset_with_old_keys_in_yaml(tmp_path):
     ("sample.sde_kind", "ode", "['flow', 'dance', 'cps']"),
     ("sample.window_policy", "slide", "['fixed', 'random', 'sliding', 'sliding_wrap']"),
     ("sample.ode_solver", "heun", "['euler', 'dpmpp2m']"),
-    ("model.tiny", "sdxl", "['', 'sd3', 'sd3_t5', 'flux', 'flux_kontext', 'wan', 'wan_i2v', 'qwen_image', 'qwen_image_edit']"),
-    ("model.kind", "sdxl", "['auto', 'sd3', 'flux', 'flux_kontext', 'wan', 'wan_i2v', 'qwen_image', 'qwen_image_edit']"),
+    ("model.tiny", "sdxl", str(["", *TINY_KINDS])),
+    ("model.kind", "sdxl", str(["auto", *GENERATOR_KINDS])),
     ("model.dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
     ("reward.mode", "sum", "['weighted_sum', 'per_reward', 'win_rate']"),
     ("reward.on_nonfinite", "raise", "['drop', 'error']"),
