@@ -23,6 +23,16 @@ from mmgrpo.utils.config import check_choices
 
 from .methods import FlowMethodsConfig
 
+# The generator kinds of ``flow_grpo.models.ADAPTERS`` and the tiny pipelines of ``flow_grpo.models.tiny.TINY_BUILDERS``,
+# spelled out here so that ``--help`` needs no torch import (tests/flow_grpo/test_generator_registry.py keeps them
+# equal to the registries; docs/generators.md describes each).
+GENERATOR_KINDS = ("sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
+                   "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_high", "wan22_low",
+                   "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
+TINY_KINDS = ("sd3", "sd3_t5", "sd3_5_medium", "sd3_5_large", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image",
+              "qwen_image_edit", "flux2", "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_ti2v",
+              "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
+
 
 def _f(default, help: str, **kw):
     if isinstance(default, (list, dict)):
@@ -102,9 +112,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V), WanImageToVideoPipeline (Wan2.1 I2V), QwenImagePipeline or QwenImageEditPipeline); empty + tiny=... builds a tiny one")
-    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | wan_i2v (videos from a first frame: JSONL 'image' as flux_kontext) | qwen_image | qwen_image_edit (JSONL 'image' as flux_kontext)")
-    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | wan_i2v | qwen_image | qwen_image_edit) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (one of the pipeline classes of docs/generators.md, e.g. StableDiffusion3Pipeline, FluxPipeline, Flux2Pipeline, WanPipeline, QwenImagePipeline); empty + tiny=... builds a tiny one")
+    kind: Literal[("auto", *GENERATOR_KINDS)] = _f("auto", "auto (the pipeline class in model_index.json) | " + " | ".join(GENERATOR_KINDS) + " (docs/generators.md; video kinds take sample.num_frames; flux_kontext, wan_i2v and qwen_image_edit take JSONL prompt lines with an 'image' path)")
+    tiny: Literal[("", *TINY_KINDS)] = _f("", "build a tiny random pipeline instead (" + " | ".join(TINY_KINDS) + ") - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(

@@ -431,7 +431,8 @@ def _build_only(a) -> int:
     info.unlink()
     key = "model.path" if spec["type"] == "vlm" else "model.pipeline_dir"
     print(json.dumps({"folder": str(out), "model": a.model, "layers": a.layers, **res}))
-    print(f"{a.model} at real width, {a.layers} layer(s), random bf16 weights: use {key}={out} "
+    width = f"1/{a.model.split('/', 1)[1]} of the real width" if "/" in a.model else "real width"
+    print(f"{a.model} at {width}, {a.layers} layer(s), random bf16 weights: use {key}={out} "
           f"({'mmgrpo' if spec['type'] == 'vlm' else 'flow_grpo'} plan {key}={out} plans it)", file=sys.stderr)
     return 0
 

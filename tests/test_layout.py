@@ -25,8 +25,16 @@ FLOW_USES_VLM = {
     "flow_grpo/rewards/vlm_judge.py": {"mmgrpo.vlm.models.adapters", "mmgrpo.vlm.models.inputs",
                                        "mmgrpo.vlm.models.rollout"},
     "flow_grpo/rewards/vlm_judge_video.py": {"mmgrpo.vlm.models.rollout"},
+    # the generative judges (UnifiedReward) decode with the VLM front-end's greedy evaluation path; VideoAlign's
+    # reward model is a Qwen-VL backbone fed the video the VLM judge's way
+    "flow_grpo/rewards/unified_reward.py": {"mmgrpo.vlm.models.adapters", "mmgrpo.vlm.models.inputs",
+                                            "mmgrpo.vlm.models.rollout"},
+    "flow_grpo/rewards/videoalign.py": {"mmgrpo.vlm.models.rollout"},
     # Qwen-Image's text encoder is a Qwen2.5-VL: the tiny test pipeline builds it with the tiny-VLM builder.
     "flow_grpo/models/tiny_qwen_image.py": {"mmgrpo.vlm.models.tiny"},
+    # FLUX.2-klein's and Z-Image's text encoders are Qwen3 models, Qwen-Image 2.1's a Qwen3-VL: the tiny text
+    # encoders reuse the tiny-VLM tokenizer (Qwen's special tokens) and model builders.
+    "flow_grpo/models/tiny_text.py": {"mmgrpo.vlm.models.tiny"},
 }
 SHARED = ("core", "engine", "utils", "video", "synthetic")
 

@@ -43,11 +43,14 @@ def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None)
     )
 
 
-def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
+def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False, num_layers: int = 2, qk_norm: Optional[str] = None,
+                            dual_attention_layers: tuple[int, ...] = ()):
     """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders; no T5 (``text_encoder_3=None``) unless
     ``with_t5``: then a tiny ``T5EncoderModel`` whose d_model is the transformer's ``joint_attention_dim`` (64 here;
     in SD3.5 both are T5-XXL's 4096) and a Unigram ``T5TokenizerFast``. The T5 parts are built last, so every other component is
-    the same as without T5 for the same seed."""
+    the same as without T5 for the same seed. ``num_layers`` / ``qk_norm`` / ``dual_attention_layers``: the
+    transformer options that tell the SD3 releases apart (SD3-medium: none; SD3.5-large: ``qk_norm="rms_norm"``, 38
+    layers; SD3.5-medium: also MMDiT-X's extra self-attention in ``dual_attention_layers`` 0-12)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection
@@ -58,8 +61,9 @@ def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
     te = CLIPTextModelWithProjection(_clip_text_config(len(tok), tok, 32, 32))
     te2 = CLIPTextModelWithProjection(_clip_text_config(len(tok2), tok2, 32, 32))
     transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=64, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4,
+        sample_size=8, patch_size=2, in_channels=4, num_layers=num_layers, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=64, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4, qk_norm=qk_norm,
+        dual_attention_layers=tuple(dual_attention_layers),
     )
     vae = _tiny_vae(shift_factor=0.0609)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
@@ -109,6 +113,18 @@ def build_tiny_sd3_t5_pipeline(seed: int = 0):
     return build_tiny_sd3_pipeline(seed, with_t5=True)
 
 
+def build_tiny_sd3_5_large_pipeline(seed: int = 0):
+    """SD3.5-large's transformer options on the tiny SD3 + T5: RMS q/k norms in every block, no MMDiT-X layers, 3
+    layers (the release: 38 of 38 heads x 64; the adapter is the ``sd3`` one, nothing else differs)."""
+    return build_tiny_sd3_pipeline(seed, with_t5=True, num_layers=3, qk_norm="rms_norm")
+
+
+def build_tiny_sd3_5_medium_pipeline(seed: int = 0):
+    """SD3.5-medium's options on the tiny SD3 + T5: RMS q/k norms and MMDiT-X's second self-attention in the first
+    block (``dual_attention_layers``; the release: blocks 0-12 of 24)."""
+    return build_tiny_sd3_pipeline(seed, with_t5=True, num_layers=2, qk_norm="rms_norm", dual_attention_layers=(0,))
+
+
 def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True):
     """FluxKontextPipeline over the tiny FLUX components (same weights as ``build_tiny_flux_pipeline(seed)``):
     Kontext is the FLUX architecture fed reference-image tokens, so no new module is needed."""
@@ -126,6 +142,48 @@ def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True
 def build_tiny_wan_pipeline(seed: int = 0, **kwargs):
     """Tiny Wan2.1 T2V pipeline (see :mod:`flow_grpo.models.tiny_wan`)."""
     from .tiny_wan import build_tiny_wan_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_sana_pipeline(seed: int = 0):
+    """Tiny SANA pipeline (see :mod:`flow_grpo.models.tiny_sana`)."""
+    from .tiny_sana import build_tiny_sana_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
+    """Tiny HunyuanVideo 1.5 T2V pipeline (see :mod:`flow_grpo.models.tiny_hunyuan_video15`)."""
+    from .tiny_hunyuan_video15 import build_tiny_hunyuan_video15_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_ltx2_pipeline(seed: int = 0):
+    """Tiny LTX-2 audio+video pipeline (see :mod:`flow_grpo.models.tiny_ltx2`)."""
+    from .tiny_ltx2 import build_tiny_ltx2_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_wan22_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.2 A14B T2V, two experts (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_wan22_ti2v_pipeline(seed: int = 0):
+    """Tiny Wan2.2 TI2V-5B (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_ti2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_ti2v_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_wan22_i2v_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.2 A14B I2V (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_i2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_i2v_pipeline as build
 
     return build(seed, **kwargs)
 
@@ -151,17 +209,49 @@ def build_tiny_qwen_image_edit_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_flux2_pipeline(seed: int = 0):
+    """Tiny FLUX.2-dev pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_flux2_klein_pipeline(seed: int = 0, **kwargs):
+    """Tiny FLUX.2-klein pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_klein_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_z_image_pipeline(seed: int = 0):
+    """Tiny Z-Image pipeline (see :mod:`flow_grpo.models.tiny_z_image`)."""
+    from .tiny_z_image import build_tiny_z_image_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_qwen_image21_pipeline(seed: int = 0):
+    """Tiny Qwen-Image 2.1 pipeline (see :mod:`flow_grpo.models.tiny_qwen_image21`)."""
+    from .tiny_qwen_image21 import build_tiny_qwen_image21_pipeline as build
+
+    return build(seed)
+
+
 TINY_BUILDERS: dict[str, Any] = {
-    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
+    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "sd3_5_medium": build_tiny_sd3_5_medium_pipeline,
+    "sd3_5_large": build_tiny_sd3_5_large_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
-    "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
-    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline,
+    "wan_i2v": build_tiny_wan_i2v_pipeline, "wan22": build_tiny_wan22_pipeline,
+    "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "wan22_i2v": build_tiny_wan22_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
+    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
+    "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
+    "qwen_image21": build_tiny_qwen_image21_pipeline, "sana": build_tiny_sana_pipeline,
+    "hunyuan_video15": build_tiny_hunyuan_video15_pipeline, "ltx2": build_tiny_ltx2_pipeline,
 }
 
 
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext' |
-    'wan' | 'wan_i2v' | 'qwen_image' | 'qwen_image_edit') and ``save_pretrained`` it into ``directory``."""
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``) and ``save_pretrained`` it into ``directory``."""
     builders = TINY_BUILDERS
     if kind not in builders:
         raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")

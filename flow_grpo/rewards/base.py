@@ -306,6 +306,9 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
     "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
     "vlm_judge_video": "flow_grpo.rewards.vlm_judge_video:VLMVideoJudgeReward",
+    "unified_reward_point": "flow_grpo.rewards.unified_reward:UnifiedRewardPointwise",
+    "unified_reward_think_pairwise": "flow_grpo.rewards.unified_reward:unified_reward_think_pairwise",
+    "videoalign": "flow_grpo.rewards.videoalign:VideoAlignReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
@@ -562,6 +565,11 @@ class PairwisePreferenceReward(Reward):
     Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
     (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
 
+    A scorer may return ``{"pref": (M,), "failed": (M,) bool}`` instead of the (M,) preferences: a judge whose
+    verdict could not be read (e.g. a generated answer in the wrong format) flags it, the preference it gives
+    (e.g. the tie 0.5) is used, and the output gains ``<name>/judge_failures``: per sample, the number of failed
+    judgements among its pairs (:class:`flow_grpo.rewards.unified_reward.UnifiedRewardThinkPairwise`).
+
     Videos (uint8 (N, F, H, W, 3)) are passed to the scorer whole (pairs of videos), unless the scorer says
     ``accepts_video = False`` (e.g. the VLM image pairwise judge), which is refused with an error naming it.
     """
@@ -575,10 +583,22 @@ class PairwisePreferenceReward(Reward):
         self.symmetric = symmetric
         self.hard = hard
 
-    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]) -> "torch.Tensor":
+    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]
+               ) -> tuple["torch.Tensor", np.ndarray | None]:
+        """(M,) judgements P(a > b) of the pairs, and the scorer's (M,) failure flags (None if it gives none)."""
         import torch
 
         c = self.scorer(images[a_idx], images[b_idx], [prompts[i] for i in a_idx], [metadata[i] for i in a_idx])
+        failed = None
+        if isinstance(c, Mapping):  # {"pref": (M,), "failed": (M,) bool}: a judge that counts unreadable verdicts
+            if "pref" not in c:
+                raise RewardError(f"reward {self.name!r}: a scorer returning a dict must give 'pref' (and "
+                                  f"optionally 'failed'), got keys {sorted(c)}", self.name)
+            failed = np.asarray(c.get("failed", np.zeros(len(a_idx), dtype=bool)), dtype=bool).reshape(-1)
+            if failed.shape[0] != len(a_idx):
+                raise RewardError(f"reward {self.name!r}: scorer returned {failed.shape[0]} failure flags for "
+                                  f"{len(a_idx)} pairs", self.name)
+            c = c["pref"]
         c = torch.as_tensor(np.asarray(c.detach().cpu() if hasattr(c, "detach") else c, dtype=np.float64)
                             ).float().reshape(-1)
         if c.shape[0] != len(a_idx):
@@ -589,7 +609,7 @@ class PairwisePreferenceReward(Reward):
             pairs = [(a_idx[k], b_idx[k]) for k in torch.nonzero(bad).flatten().tolist()]
             raise RewardError(f"reward {self.name!r}: scorer returned non-finite or out-of-[0,1] judgements "
                               f"for pairs {pairs[:8]}", self.name, sorted({i for p in pairs for i in p}))
-        return c
+        return c, failed
 
     def score(self, images, prompts, metadata, group_ids=None, **kwargs):
         import torch
@@ -617,11 +637,18 @@ class PairwisePreferenceReward(Reward):
                     a_idx.append(i)
                     b_idx.append(j)
         pref = torch.zeros(n, n)
+        failures = np.zeros(n)  # per sample: failed judgements among its pairs (scorers that flag them)
+        flagged = False
         if a_idx:
-            c = self._judge(images, prompts, metadata, a_idx, b_idx)
+            judged = [self._judge(images, prompts, metadata, a_idx, b_idx)]
             if self.symmetric:
-                c_rev = self._judge(images, prompts, metadata, b_idx, a_idx)
-                c = (c + 1.0 - c_rev) / 2.0
+                judged.append(self._judge(images, prompts, metadata, b_idx, a_idx))
+            for _, failed in judged:
+                if failed is not None:
+                    flagged = True
+                    np.add.at(failures, np.asarray(a_idx)[failed], 1)  # a failed judgement counts for both images
+                    np.add.at(failures, np.asarray(b_idx)[failed], 1)
+            c = judged[0][0] if not self.symmetric else (judged[0][0] + 1.0 - judged[1][0]) / 2.0
             if self.hard:
                 c = (c > 0.5).float() + 0.5 * (c == 0.5).float()
             ai, bi = torch.tensor(a_idx), torch.tensor(b_idx)
@@ -632,4 +659,7 @@ class PairwisePreferenceReward(Reward):
         if bool((sizes == 1).any()):
             logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
                            self.name, int((sizes == 1).sum()))
-        return {self.name: pairwise_win_rate(pref, dense)}
+        out = {self.name: pairwise_win_rate(pref, dense)}
+        if flagged:  # failed judgements (each a tie) among the sample's pairs, both orders counted
+            out[f"{self.name}/judge_failures"] = failures
+        return out

@@ -55,3 +55,21 @@ def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, craft_sharded_sta
         tr.train()
     tr.close()
     assert not target.exists()
+
+
+def test_resume_auto_refuses_a_rank_metadata_file(tmp_path, craft_sharded_state):
+    """Issue 31 item 2 through the trainer: a ``state/`` whose ``.metadata`` is gone and whose ``__0.metadata`` is a
+    pickle that would create a file (DCP falls back to it with plain ``pickle.load``). Refused, naming the file."""
+    extra = {"run.resume_from": "auto", "run.save_every": 1}
+    first = make_trainer("flux", "fast", tmp_path, **extra)
+    first.train()
+    first.close()
+    step = tmp_path / "checkpoints" / "epoch-00000001"
+    target = tmp_path / "pwned"
+    name = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": first._ema_sharded()},
+                               how="rank_metadata")
+    tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
+    with pytest.raises(UnsafeCheckpointError, match=rf"{step / 'state'} refused: .*{name}"):
+        tr.train()
+    tr.close()
+    assert not target.exists()

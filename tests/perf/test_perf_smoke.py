@@ -164,3 +164,20 @@ def test_prefix_benchmark_prints_its_operating_point(module, name, tmp_path, cap
     assert op["media_tokens"] > 0 and op["prompt_tokens"] > op["media_tokens"]
     assert f"prompt {op['prompt_tokens']} tokens ({op['media_tokens']} video)" in op["text"]
     assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op
+
+
+def test_data_prefetch_reports_the_fraction_with_and_without_step_1(tmp_path, capsys, torch_single_thread):
+    """``data_wait_fraction`` leaves step 1 out (nothing can be prefetched before it); the fraction counting it is
+    printed and kept beside it (issue #42 item 4), with the operating point; the headline is the last line."""
+    mod = _load("data_prefetch")
+    out = mod.main(["--smoke", "--json", str(tmp_path / "r.json")])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert LINE.match(lines[-1]) and lines[-1].startswith("data_wait_fraction=")
+    assert float(lines[-1].split("=")[1]) == pytest.approx(out["data_wait_fraction"], abs=0.006)
+    ahead = out["prefetched"]
+    assert lines[-2] == f"data_wait_fraction_incl_step1={ahead['fraction_all']:.2f}"
+    assert out["extra_keys"] == {"data_wait_fraction_incl_step1": ahead["fraction_all"]}
+    assert ahead["fraction_all"] >= ahead["fraction_after_first"]  # step 1 waits: nothing was prefetched yet
+    op = out["operating_point"]
+    assert f"| at {op['text']}" in lines[-3] and "data.prefetch=" in op["text"] and "3 steps" in op["text"]
+    assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op

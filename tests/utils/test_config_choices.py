@@ -1,4 +1,5 @@
 """``Literal`` validation, ``check_choices`` and unknown keys of both front-ends' configs."""
+from flow_grpo.config import GENERATOR_KINDS, TINY_KINDS
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,8 @@ def _flow(overrides):
     ("sample.sde_kind", "ode", "['flow', 'dance', 'cps']"),
     ("sample.window_policy", "slide", "['fixed', 'random', 'sliding', 'sliding_wrap']"),
     ("sample.ode_solver", "heun", "['euler', 'dpmpp2m']"),
-    ("model.tiny", "sdxl", "['', 'sd3', 'sd3_t5', 'flux', 'flux_kontext', 'wan', 'wan_i2v', 'qwen_image', 'qwen_image_edit']"),
-    ("model.kind", "sdxl", "['auto', 'sd3', 'flux', 'flux_kontext', 'wan', 'wan_i2v', 'qwen_image', 'qwen_image_edit']"),
+    ("model.tiny", "sdxl", str(["", *TINY_KINDS])),
+    ("model.kind", "sdxl", str(["auto", *GENERATOR_KINDS])),
     ("model.dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
     ("reward.mode", "sum", "['weighted_sum', 'per_reward', 'win_rate']"),
     ("reward.on_nonfinite", "raise", "['drop', 'error']"),
