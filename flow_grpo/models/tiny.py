@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .tiny_text import _tiny_vae
 from .tiny_tokenizers import build_clip_tokenizer, build_t5_tokenizer, build_t5_unigram_tokenizer
 
 def _tiny_t5_encoder(tok, d_model: int):
@@ -28,18 +29,6 @@ def _clip_text_config(vocab_size: int, tok, hidden: int, proj: int):
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=77, projection_dim=proj,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
-
-
-def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None):
-    from diffusers import AutoencoderKL
-
-    # 4 blocks -> VAE scale factor 8 (like the real models); 64 px images -> 8x8 latents.
-    return AutoencoderKL(
-        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-        block_out_channels=[8, 16, 16, 16], layers_per_block=1, latent_channels=4, norm_num_groups=8,
-        sample_size=64, scaling_factor=1.5305 if shift_factor is not None and shift_factor < 0.1 else 0.3611,
-        shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
     )
 
 

@@ -27,7 +27,7 @@ def gemma_tokenizer(vocab_size: int = 400):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import GemmaTokenizer
 
-    from .tiny import _CORPUS
+    from .tiny_tokenizers import _CORPUS
 
     tk = Tokenizer(models.BPE(unk_token="<unk>"))
     # pieces within words (SentencePiece's BPE never merges across the word-start marker)

@@ -16,7 +16,9 @@ Text models are narrow (hidden 16) but as deep as the layers the pipelines read 
 """
 from __future__ import annotations
 
-from .tiny import _CORPUS
+from typing import Optional
+
+from .tiny_tokenizers import _CORPUS
 
 QWEN3_CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -113,3 +115,15 @@ def tiny_qwen3_vl(seed: int = 0):
     from mmgrpo.vlm.models.tiny import build_tiny_model
 
     return build_tiny_model("qwen3_vl", seed=seed)
+
+
+def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None):
+    from diffusers import AutoencoderKL
+
+    # 4 blocks -> VAE scale factor 8 (like the real models); 64 px images -> 8x8 latents.
+    return AutoencoderKL(
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[8, 16, 16, 16], layers_per_block=1, latent_channels=4, norm_num_groups=8,
+        sample_size=64, scaling_factor=1.5305 if shift_factor is not None and shift_factor < 0.1 else 0.3611,
+        shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
+    )

@@ -16,7 +16,7 @@ def build_tiny_z_image_pipeline(seed: int = 0):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
 
-    from .tiny import _tiny_vae
+    from .tiny_text import _tiny_vae
     from .tiny_text import qwen3_tokenizer, tiny_qwen3
 
     torch.manual_seed(seed)

@@ -1,5 +1,4 @@
 """``Literal`` validation, ``check_choices`` and unknown keys of both front-ends' configs."""
-from flow_grpo.config import GENERATOR_KINDS, TINY_KINDS
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +8,8 @@ from typing import Literal
 import pytest
 
 from mmgrpo.utils.config import check_choices, load_config
+
+from flow_grpo.config import GENERATOR_KINDS, TINY_KINDS
 
 
 @dataclass
