@@ -3,7 +3,7 @@
     python data/convert.py FORMAT IN OUT [options]
 
 FORMAT: charades_sta | dense_captions (= activitynet) | time_r1 (= tvgbench) | tempsamp | nextgqa | video_r1 |
-refcoco.
+refcoco | vsibench | qvhighlights | seed_bench_r1 | longvideobench | mmvu | clevrer.
 See ``mmgrpo.vlm.data.converters`` for each format; prints a summary of converted / skipped / clamped records.
 """
 import argparse
@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as a script from a checkout: make the repo 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FORMATS = ("charades_sta", "dense_captions", "activitynet", "time_r1", "tvgbench", "tempsamp", "nextgqa", "video_r1",
-           "refcoco")
+           "refcoco", "vsibench", "qvhighlights", "seed_bench_r1", "longvideobench", "mmvu", "clevrer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bbox-format", choices=("xyxy", "xywh"), default="xyxy", help="refcoco box layout")
     p.add_argument("--image-dir", default=None, help="refcoco/video_r1: prefix for media paths")
     p.add_argument("--read-sizes-from", default=None, help="refcoco: image folder to read missing sizes from")
+    p.add_argument("--level", choices=("L1", "L2", "L3"), default=None,
+                   help="seed_bench_r1: the level written to meta.level (default: from the file name)")
+    p.add_argument("--seed", type=int, default=0, help="seed_bench_r1 training lines: seed of the option order")
+    p.add_argument("--subset", choices=("all", "mc", "open", "mca", "na", "descriptive"), default="all",
+                   help="mmvu: all questions, multiple-choice only (mc) or open-ended only (open); vsibench: all, "
+                        "the multiple-choice half (mca) or the numerical half (na); clevrer: all, the choice "
+                        "questions (mc) or the descriptive ones (descriptive)")
     return p
 
 
@@ -84,6 +91,26 @@ def main(argv=None) -> int:
                                             **span_kw)
     elif a.format == "video_r1":
         samples, report = C.convert_video_r1(a.input, media_dir=a.image_dir or a.video_dir, on_error=a.on_error)
+    elif a.format == "vsibench":
+        if a.subset not in ("all", "mca", "na"):
+            parser.error(f"vsibench: --subset all | mca | na, got {a.subset}")
+        samples, report = C.convert_vsibench(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
+    elif a.format == "qvhighlights":
+        samples, report = C.convert_qvhighlights(a.input, video_dir=a.video_dir, video_template=a.video_template,
+                                                 **span_kw)
+    elif a.format == "seed_bench_r1":
+        samples, report = C.convert_seed_bench_r1(a.input, media_dir=a.video_dir or a.image_dir, level=a.level,
+                                                  seed=a.seed, on_error=a.on_error)
+    elif a.format == "longvideobench":
+        samples, report = C.convert_longvideobench(a.input, video_dir=a.video_dir, on_error=a.on_error)
+    elif a.format == "mmvu":
+        if a.subset not in ("all", "mc", "open"):
+            parser.error(f"mmvu: --subset all | mc | open, got {a.subset}")
+        samples, report = C.convert_mmvu(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
+    elif a.format == "clevrer":
+        if a.subset not in ("all", "mc", "descriptive"):
+            parser.error(f"clevrer: --subset all | mc | descriptive, got {a.subset}")
+        samples, report = C.convert_clevrer(a.input, video_dir=a.video_dir, subset=a.subset, on_error=a.on_error)
     else:
         samples, report = C.convert_refcoco(a.input, image_dir=a.image_dir, bbox_format=a.bbox_format,
                                             read_sizes_from=a.read_sizes_from, on_error=a.on_error)

@@ -452,7 +452,7 @@ def run(cfg: EvalT2IConfig) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from eval.harness import run_generation_cli
+    from eval.report import run_generation_cli
 
     return run_generation_cli(EvalT2IConfig, run, argv, prog="eval/generate_t2i.py",
                               description="Generate images for a prompt set with a diffusers pipeline and score them.")

@@ -8,8 +8,8 @@
 ``adapter_config.json`` names the base), or a trainer checkpoint holding ``adapter/``; ``adapter=DIR`` applies an
 adapter on top of ``model``.  ``python eval/generate_vlm.py --help`` lists every setting.
 
-Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.train.task.load_samples``, turned
-into model inputs by ``mmgrpo.vlm.train.task.TaskAdapter.prepare`` (the same prompt templates, the same
+Preprocessing is the trainer's, by construction: samples are read with ``mmgrpo.vlm.data.task.load_samples``, turned
+into model inputs by ``mmgrpo.vlm.data.task.TaskAdapter.prepare`` (the same prompt templates, the same
 ``mmgrpo.video.load_video`` + ``build_video_inputs`` frame / pixel / time-axis contract), collated with the
 rollout's ``collate_prompts`` (left padding) and decoded greedily with vision tokens suppressed -- the token choices
 of ``HFRolloutBackend(greedy=True)`` without its per-step logits -- or, with ``decoding.greedy=false``, sampled by
@@ -177,6 +177,9 @@ class ScoringConfig:
     box_frame: str = field(default="auto", metadata=_h("rec: frame of predicted boxes; auto = the model family's"))
     duration_buckets: list[float] = field(default_factory=lambda: [30.0, 60.0, 120.0, 300.0],
                                           metadata=_h("edges (s) of the duration_bucket breakdown"))
+    benchmark: str = field(default="", metadata=_h(
+        "also score with a benchmark's own metrics (eval/benchmarks.py: vsibench | qvhighlights | seed_bench_r1 | "
+        "clevrer), written to metrics.json['benchmark']"))
 
 
 @dataclass
@@ -436,7 +439,7 @@ def score_options(cfg: EvalVLMConfig, family: str) -> dict:
     return o
 
 
-def check_reward_fn(data_cfg, score_cfg, family: str):
+def check_reward_fn(data_cfg, score_cfg, family: str, has_qa: bool = False):
     """The accuracy reward of this evaluation's protocol (``score.protocol`` / ``score.official_mode``) for the
     start-of-run check (``mmgrpo.vlm.check``): the ground truth written as the prompt asks must score 1."""
     from mmgrpo.vlm.rewards.registry import build_reward_fn
@@ -454,6 +457,9 @@ def check_reward_fn(data_cfg, score_cfg, family: str):
     asks_evidence = t is None or "<glue>" in t.text  # gqa: only prompts that ask for the evidence span
     weights = {"tvg": {"iou": 1.0}, "mcq": {"mcq": 1.0}, "gqa": {"mcq": 1.0, "iou": 1.0} if asks_evidence else
                {"mcq": 1.0}, "rec": {"box_iou": 1.0}, "qa": {"video_r1_accuracy": 1.0}}[task]
+    if task == "mcq" and has_qa:  # numerical (qa) samples in the file: Video-R1's accuracy scores both kinds
+        weights = {"video_r1_accuracy": 1.0}
+        mode = "video_r1" if mode == "video_r1_eval" else mode  # the reward's reading of the same release
     kw: dict[str, Any] = {"parse_mode": mode}
     if task == "rec":
         kw["box_frame"] = family if getattr(score_cfg, "box_frame", "auto") == "auto" else score_cfg.box_frame
@@ -526,7 +532,7 @@ def _sample_attr(s: Any, k: str) -> Any:
 
 
 def _load(cfg: EvalVLMConfig) -> list:
-    from mmgrpo.vlm.train.task import load_samples
+    from mmgrpo.vlm.data.task import load_samples
 
     d = cfg.data
     if not d.annotations:
@@ -543,6 +549,14 @@ def _load(cfg: EvalVLMConfig) -> list:
             raise ValueError(f"{d.annotations}: duplicate sample id {sid!r} (samples {seen[sid]} and {i}); "
                              "ids key the resumable predictions file")
         seen[sid] = i
+        if d.task == "mcq" and _sample_attr(s, "task") == "qa":  # numerical answers next to the letters (VSI-Bench)
+            from eval.score import NUMERIC_QA_TYPES
+
+            ptype = (_sample_attr(s, "meta") or {}).get("problem_type")
+            if ptype not in NUMERIC_QA_TYPES:
+                raise ValueError(f"{d.annotations}: sample id={sid!r} is an open-answer (qa) sample of problem_type "
+                                 f"{ptype!r}; an mcq evaluation scores only {NUMERIC_QA_TYPES} answers")
+            continue
         if _sample_attr(s, "task") != d.task:
             raise ValueError(f"{d.annotations}: sample id={sid!r} has task {_sample_attr(s, 'task')!r} but "
                              f"data.task={d.task!r}")
@@ -701,7 +715,7 @@ def rts_adapters(cfg: EvalVLMConfig, policy) -> dict:
     video only, so each frame count has its own)."""
     import dataclasses
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     return {n: with_clip_cache(TaskAdapter(policy.processor, policy.adapter,
                                            dataclasses.replace(cfg.data, min_frames=n, max_frames=n)),
@@ -733,7 +747,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
 
     ``interrupted`` is True when ``max_batches`` stopped the run before the end."""
     from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.vlm.train.task import MissingMediaError
+    from mmgrpo.vlm.data.task import MissingMediaError
     from mmgrpo.utils.seeding import sample_seed
 
     dec = cfg.decoding
@@ -817,7 +831,7 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
 
 
 def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch, log) -> list[dict]:
-    from mmgrpo.vlm.train.task import MissingMediaError
+    from mmgrpo.vlm.data.task import MissingMediaError
 
     rows = []
     for i in b:
@@ -892,6 +906,11 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     if rts is not None:
         gen["rts"] = rts
     m["generation"] = gen
+    if cfg.score.benchmark:
+        from eval.benchmarks import score_benchmark
+
+        m["benchmark"] = {"name": cfg.score.benchmark,
+                          **score_benchmark(cfg.score.benchmark, [r for _, r in preds], [r for _, r in anns])}
     m["kind"] = "vlm"
     m["config"]["predictions"] = str(out_dir / PREDICTIONS)
     m["config"]["annotations"] = settings["data"]["annotations"]
@@ -913,7 +932,7 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
 # ------------------------------------------------------------------------------------------------ main
 def run(cfg: EvalVLMConfig) -> dict:
     """The whole pipeline; returns ``{"settings", "stats", "metrics" (None if interrupted), "out_dir"}``."""
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
     from mmgrpo.utils.logging import get_logger
 
     log = get_logger("mmgrpo.eval")
@@ -939,6 +958,10 @@ def run(cfg: EvalVLMConfig) -> dict:
     from eval.export import check_formats
 
     cfg.export = check_formats(cfg.export, cfg.data.task)  # a typo fails now, not after hours of generation
+    if cfg.score.benchmark:
+        from eval.benchmarks import check_benchmark
+
+        check_benchmark(cfg.score.benchmark, cfg.data.task)
     set_threads(cfg.threads)
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -954,7 +977,8 @@ def run(cfg: EvalVLMConfig) -> dict:
     task_adapter = with_clip_cache(TaskAdapter(policy.processor, policy.adapter, cfg.data), cfg.clip_cache)
     from mmgrpo.vlm.check import start_of_run_check
 
-    start_of_run_check(task_adapter, samples, check_reward_fn(cfg.data, cfg.score, policy.family),
+    has_qa = any(_sample_attr(s, "task") == "qa" for s in samples)
+    start_of_run_check(task_adapter, samples, check_reward_fn(cfg.data, cfg.score, policy.family, has_qa),
                        cfg.data.check_samples, log)
     settings = build_settings(cfg, policy, base, adapter, device, dtype, samples, task_adapter, ann_sha)
     check_resume(out_dir, settings, PREDICTIONS)
@@ -985,7 +1009,7 @@ def run(cfg: EvalVLMConfig) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from eval.harness import run_generation_cli
+    from eval.report import run_generation_cli
 
     return run_generation_cli(EvalVLMConfig, run, argv, prog="eval/generate_vlm.py",
                               description="Generate predictions with a local Qwen-VL checkpoint and score them.")

@@ -320,32 +320,3 @@ def mean_std(values: Sequence[float]) -> dict:
     m = math.fsum(xs) / n
     var = math.fsum((x - m) ** 2 for x in xs) / n
     return {"mean": m, "std": math.sqrt(var), "min": min(xs), "max": max(xs), "n": n}
-
-
-def run_generation_cli(config_cls: type, run_fn, argv: Sequence[str] | None, prog: str, description: str) -> int:
-    """Shared ``main`` of the generation scripts: parse ``--config``/``key=value``, run, print the metrics.
-
-    Input problems (bad paths, values, a refused resume) print one ``error:`` line and exit 1 (set
-    ``MMGRPO_TRACEBACK=1`` for the traceback); an interrupted run (``max_batches``) prints its progress and exits 0.
-    """
-    from mmgrpo.utils.config import parse_config_cli
-    from mmgrpo.utils.profiles import expand_profile
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    kind = "eval_t2i" if "t2i" in prog else "eval_vlm"  # --profile NAME: mmgrpo/utils/profiles.py
-    cfg = parse_config_cli(config_cls, expand_profile(argv, kind, prog), prog=prog,
-                           description=description + " --profile cpu: a CPU rehearsal's budgets (2 samples).")
-    try:
-        res = run_fn(cfg)
-    except (ValueError, FileNotFoundError, ResumeError) as e:
-        if os.environ.get("MMGRPO_TRACEBACK"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if res["metrics"] is None:
-        print(json.dumps({"interrupted": True, **res["stats"]}))
-        return 0
-    from eval.report import summarize
-
-    print(json.dumps(summarize(res["out_dir"])["metrics"], indent=1))
-    return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -29,9 +30,9 @@ from typing import Any, Mapping, Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eval.harness import flatten, write_json  # noqa: E402
+from eval.harness import ResumeError, flatten, write_json  # noqa: E402
 
-__all__ = ["summarize", "render_markdown", "write_report", "fmt_value", "HEADLINE", "main"]
+__all__ = ["summarize", "render_markdown", "write_report", "fmt_value", "HEADLINE", "run_generation_cli", "main"]
 
 HEADLINE: dict[str, list[str]] = {
     "tvg": ["R1@0.3", "R1@0.5", "R1@0.7", "mIoU", "parse_failure_rate", "n"],
@@ -262,6 +263,33 @@ def write_report(run_dir: str | Path, name: Optional[str] = None) -> dict:
     (rd / "report.md").write_text(render_markdown(s), encoding="utf-8")
     write_json(rd / "report.json", s)
     return s
+
+
+def run_generation_cli(config_cls: type, run_fn, argv: Sequence[str] | None, prog: str, description: str) -> int:
+    """Shared ``main`` of the generation scripts: parse ``--config``/``key=value``, run, print the metrics.
+
+    Input problems (bad paths, values, a refused resume) print one ``error:`` line and exit 1 (set
+    ``MMGRPO_TRACEBACK=1`` for the traceback); an interrupted run (``max_batches``) prints its progress and exits 0.
+    """
+    from mmgrpo.utils.config import parse_config_cli
+    from mmgrpo.utils.profiles import expand_profile
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kind = "eval_t2i" if "t2i" in prog else "eval_vlm"  # --profile NAME: mmgrpo/utils/profiles.py
+    cfg = parse_config_cli(config_cls, expand_profile(argv, kind, prog), prog=prog,
+                           description=description + " --profile cpu: a CPU rehearsal's budgets (2 samples).")
+    try:
+        res = run_fn(cfg)
+    except (ValueError, FileNotFoundError, ResumeError) as e:
+        if os.environ.get("MMGRPO_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if res["metrics"] is None:
+        print(json.dumps({"interrupted": True, **res["stats"]}))
+        return 0
+    print(json.dumps(summarize(res["out_dir"])["metrics"], indent=1))
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -3,7 +3,8 @@
 
     python eval/score.py tvg --predictions preds.jsonl --annotations ann.jsonl --out metrics.json \
         [--by dataset,duration_bucket] [--per-sample per_sample.jsonl]
-    python eval/score.py mcq ...     # accuracy, soft accuracy (TW-GRPO partial credit), numeric MRA
+    python eval/score.py mcq ...     # accuracy, soft accuracy (TW-GRPO partial credit), numeric MRA; numerical /
+                                     # regression qa samples of a mixed file (VSI-Bench) are read as numbers
     python eval/score.py gqa ...     # answer accuracy + evidence mIoU / mIoP / IoU@θ / IoP@θ / Acc@GQA
     python eval/score.py rec --box-frame qwen2_5_vl ...   # Acc@0.5 and mean box IoU
 
@@ -103,6 +104,8 @@ _STRICT_THRESHOLD_MODES = ("time_r1_eval", "vlm_r1_eval")
 # NExT-GQA skips questions without a prediction); the others divide by every annotation
 _SKIP_MISSING_MODES = ("time_r1_eval", "nextgqa")
 TVG_THRESHOLDS = (0.3, 0.5, 0.7)
+# open-answer (qa) samples the mcq scorer reads as numbers (their answer compared numerically, plus MRA)
+NUMERIC_QA_TYPES = ("numerical", "regression")
 GQA_THRESHOLDS = (0.3, 0.5)
 
 
@@ -183,6 +186,13 @@ def _select_annotations(anns: list[Located], task: str, skip_other_tasks: bool) 
             raise ScoreInputError(f"{where}: duplicate annotation id {aid!r} (first at {seen[aid]})")
         seen[aid] = where
         t = rec.get("task")
+        if task == "mcq" and t == "qa":  # Video-R1's mixed files: a numerical answer is scored next to the letters
+            ptype = (rec.get("meta") or {}).get("problem_type") if isinstance(rec.get("meta"), Mapping) else None
+            if ptype not in NUMERIC_QA_TYPES:
+                raise ScoreInputError(f"{where}: an open-answer (qa) sample of problem_type {ptype!r} cannot be scored "
+                                      f"as mcq (only {NUMERIC_QA_TYPES}: their number is compared)")
+            out.append((where, rec))
+            continue
         if t is not None and t != task:
             if skip_other_tasks:
                 skipped += 1

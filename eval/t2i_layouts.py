@@ -165,7 +165,7 @@ def read_prompts(path: str, layout: str) -> tuple[list[str], list[dict]]:
         return read_t2icompbench(path)
     if layout != "default":
         raise ValueError(f"layout={layout!r}: choose one of {LAYOUTS}")
-    from flow_grpo.trainer import load_prompts
+    from flow_grpo.data import load_prompts
 
     return load_prompts(path)
 

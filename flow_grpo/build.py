@@ -1,11 +1,12 @@
-"""Setup of the flow trainer (mixed into :class:`flow_grpo.trainer.FlowGRPOTrainer`): accelerator and launch
-check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model, optimizer and LR
-schedule, EMA, the KL reference fingerprint and reference images."""
+"""Setup of the flow recipe, plain functions :class:`flow_grpo.trainer.FlowGRPOTrainer` calls in order: accelerator
+and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model, optimizer and
+LR schedule, EMA, the KL reference fingerprint and reference images."""
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
+from types import SimpleNamespace
 
 import torch
 
@@ -14,7 +15,6 @@ from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.schedule import LRFactor
 
 from .ema import EMA
-from .methods import active_train_masks, get_credit
 
 log = get_logger("flow_grpo.trainer")
 
@@ -28,190 +28,191 @@ def _peft_init(v: str):
     return v
 
 
-class SetupMixin:
-    def _build_accelerator(self):
-        from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs
+def make_accelerator(cfg):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
-        r = self.cfg.run
-        # broadcast_buffers=False: the transformers' buffers are constants (positional tables) identical on every
-        # process; broadcasting them would turn every no-grad forward (sampling, eval) into a collective.
-        ddp = DistributedDataParallelKwargs(find_unused_parameters=r.ddp_find_unused_parameters,
-                                            broadcast_buffers=False)
-        # run.device=auto without GPUs: accelerate's CPU backend (gloo for several processes; otherwise accelerate
-        # falls back to one independent process per rank, see _check_launch)
-        cpu = r.device == "cpu" or (r.device == "auto" and not torch.cuda.is_available())
-        # step_scheduler_with_optimizer=False: the schedule advances once per optimizer step, not once per process
-        return Accelerator(cpu=cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
-                           kwargs_handlers=[ddp])
-
-    def _check_launch(self) -> None:
-        """Refuse to run when the launcher started N processes but accelerate trains with another number: each
-        process would optimise its own unsynchronised copy (DanceGRPO#110). Happens e.g. when accelerate finds no
-        GPU and falls back to a single process per rank."""
-        import torch.distributed as dist
-
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if dist.is_available() and dist.is_initialized():
-            launched = max(launched, dist.get_world_size())
-        if launched != self.world:
-            raise RuntimeError(f"launched with {launched} processes but accelerate runs {self.world} "
-                               f"({self.accelerator.distributed_type}): every process would train an independent "
-                               "copy. On CPU set run.device=cpu (or use an accelerate config with use_cpu: true).")
-
-    def _preflight(self, loading: bool, reward_fn) -> None:
-        """Before the pipeline loads (``mmgrpo.utils.preflight``): reward settings (a remote reward's URL, weight
-        folders), the device, the planner's estimate against the device's memory, and the startup line. Wrong
-        settings raise ``ConfigError`` (exit code 2) naming them. ``loading``: the trainer loads the pipeline."""
-        from mmgrpo.engine.errors import ConfigError
-        from mmgrpo.utils import preflight
-
-        from .rewards import check_reward_settings
-
-        c = self.cfg
-        if c.run.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("run.device=cuda but no CUDA device is visible here; use run.device=auto or cpu")
-        problems = check_reward_settings(c.reward.weights, c.reward.kwargs, skip=list(reward_fn or {}))
-        if problems:
-            raise ConfigError("; ".join(problems))
-        if loading and not c.model.tiny:
-            if not c.model.pipeline_dir:
-                raise ConfigError("set model.pipeline_dir (a diffusers folder) or model.tiny=sd3|flux")
-            if not os.path.isfile(os.path.join(c.model.pipeline_dir, "model_index.json")):
-                raise ConfigError(f"model.pipeline_dir={c.model.pipeline_dir}: no model_index.json there (a "
-                                  "diffusers pipeline folder, e.g. stable-diffusion-3.5-medium)")
-            strategy = "fsdp2" if self.sharded and not self.deepspeed else "zero3" if self.deepspeed else "ddp"
-            preflight.check_memory("flow", c, self.accelerator.device, self.world, strategy, c.run.memory_check,
-                                   "flow_grpo train")
-        preflight.startup_line("flow_grpo train", self.accelerator, weights_dtype=c.model.dtype,
-                               lora=c.model.lora.enabled, mixed_precision=c.run.mixed_precision,
-                               extra=f"method {c.method}")
-
-    def _build_adapter(self):
-        from .models import adapter_from_pipeline, load_adapter
-
-        m = self.cfg.model
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
-        device = self.accelerator.device
-        if m.tiny:
-            from .models import tiny
-
-            builder = tiny.TINY_BUILDERS[m.tiny]
-            return adapter_from_pipeline(builder(seed=self.cfg.run.seed), device=device, dtype=dtype,
-                                         max_sequence_length=m.max_sequence_length)
-        if not m.pipeline_dir:
-            raise ValueError("set model.pipeline_dir (a diffusers folder) or model.tiny=sd3|flux")
-        return load_adapter(m.pipeline_dir, kind=m.kind, device=device, dtype=dtype,
-                            max_sequence_length=m.max_sequence_length)
-
-    def _validate(self) -> None:
-        c = self.cfg
-        n_total = c.data.group_size * c.data.groups_per_epoch
-        if c.data.group_size < 2:
-            raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
-        if n_total % self.world:
-            raise ValueError(f"group_size*groups_per_epoch={n_total} must be divisible by the {self.world} processes")
-        if not self.adapter.supports_cfg and c.sample.cfg:
-            raise ValueError("FLUX uses embedded guidance: set sample.cfg=false")
-        from mmgrpo.utils.config import check_choices
-
-        check_choices(c)  # Literal fields (reward.mode, optim.kl_type, ...) of a config edited after it was built
-        if c.optim.kl_coef > 0 and not c.model.lora.enabled:
-            raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
-        if c.optim.max_consecutive_skips < 1:
-            raise ValueError("optim.max_consecutive_skips must be >= 1")
-        active_train_masks(c)  # their options are checked here, before any sampling
-        from .methods import PLANS
-
-        if c.sample.step_mode not in PLANS:  # a registry name, not a Literal: checked here, before any sampling
-            raise ValueError(f"sample.step_mode={c.sample.step_mode!r}: expected one of {' | '.join(PLANS)}")
-        step_credit = get_credit(c.sample.credit).step_rewards is not None  # scores ODE completions
-        if c.reward.mode != "weighted_sum" and step_credit:
-            raise ValueError(f"reward.mode={c.reward.mode} needs sample.credit=outcome (step credits score ODE "
-                             "completions with the weighted-sum reward)")
-        if c.reward.async_workers < 0:
-            raise ValueError("reward.async_workers must be >= 0")
-        if self.sharded and step_credit:
-            raise ValueError(f"sample.credit={c.sample.credit} is not supported with FSDP/DeepSpeed: its ODE "
-                             "completions make a process-dependent number of (collective) sharded forwards")
-
-    def _bind_reference_images(self) -> None:
-        """Reference-image models (FLUX-Kontext, Wan2.1 I2V, Qwen-Image-Edit): a JSONL prompt line's ``image`` field
-        is its reference image (path relative to the prompt file); without any, Kontext runs text-to-image (the
-        other two then refuse to encode prompts, naming the missing field)."""
-        bind = getattr(self.adapter, "bind_reference_images", None)
-        if bind is None:
-            return
-        d = self.cfg.data
-        found = False
-        for prompts, meta, path in ((self.prompts, self.metadata, d.train_path),
-                                    (self.eval_prompts, self.eval_metadata, d.eval_path)):
-            if any("image" in m for m in meta):
-                bind(prompts, meta, source=path)
-                found = True
-        if not found and self.is_main:
-            log.warning("%s: no prompt has an 'image' field (JSONL): sampling is text-to-image, without a reference",
-                        self.adapter.kind)
-
-    def _reference_settings(self) -> dict:
-        """What the KL reference is, plus a fingerprint of the frozen base weights (names, shapes, dtypes, first
-        values, sums): resuming onto a different base model is refused."""
-        h = hashlib.sha256()
-        n = 0
-        with torch.no_grad():
-            for name, p in self.adapter.transformer.named_parameters():
-                if "lora_" in name:
-                    continue
-                flat = p.detach().reshape(-1)
-                h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
-                h.update(flat[:16].float().cpu().numpy().tobytes())
-                h.update(struct.pack("<d", float(flat.double().sum())))
-                n += 1
-        c = self.cfg
-        return {"kind": "lora_disabled" if c.model.lora.enabled else "none", "beta": c.optim.kl_coef,
-                "kl_type": c.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
+    r = cfg.run
+    # broadcast_buffers=False: the transformers' buffers are constants (positional tables) identical on every
+    # process; broadcasting them would turn every no-grad forward (sampling, eval) into a collective.
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=r.ddp_find_unused_parameters,
+                                        broadcast_buffers=False)
+    # run.device=auto without GPUs: accelerate's CPU backend (gloo for several processes; otherwise accelerate
+    # falls back to one independent process per rank, see check_launch)
+    cpu = r.device == "cpu" or (r.device == "auto" and not torch.cuda.is_available())
+    # step_scheduler_with_optimizer=False: the schedule advances once per optimizer step, not once per process
+    return Accelerator(cpu=cpu, mixed_precision=r.mixed_precision, step_scheduler_with_optimizer=False,
+                       kwargs_handlers=[ddp])
 
 
-    def _setup_model(self) -> None:
-        """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
-        for the transformer, the optimizer and the LR schedule; every forward uses the prepared module."""
-        cfg, acc = self.cfg, self.accelerator
-        from accelerate.utils import DistributedType
+def check_launch(accelerator) -> None:
+    """Refuse to run when the launcher started N processes but accelerate trains with another number: each
+    process would optimise its own unsynchronised copy (DanceGRPO#110). Happens e.g. when accelerate finds no
+    GPU and falls back to a single process per rank."""
+    import torch.distributed as dist
 
-        if cfg.model.lora.enabled:
-            if not self.adapter.lora_enabled:
-                self.adapter.add_lora(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules,
-                                      init_lora_weights=_peft_init(cfg.model.lora.init))
-        else:
-            self.adapter.enable_full_finetune()
-        self.adapter.set_gradient_checkpointing(cfg.model.gradient_checkpointing)
-        self.reference_info = self._reference_settings()
-        if not any(p.requires_grad for p in self.adapter.transformer.parameters()):
-            raise ValueError("no trainable parameters")
-        if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:
-            # FSDP1 replaces the parameters while wrapping and accelerate does not remap an optimizer built before
-            # (it does for FSDP2 / DeepSpeed, which need both in one prepare call): wrap first, then build it
-            self.model = acc.prepare(self.adapter.transformer)
-            self.optimizer, self.lr_scheduler = acc.prepare(*self._make_optim(self.model))
-        else:
-            self.model, self.optimizer, self.lr_scheduler = acc.prepare(self.adapter.transformer,
-                                                                        *self._make_optim(self.adapter.transformer))
-        self.adapter.model = self.model
-        self.unwrapped = acc.unwrap_model(self.model)
-        self.named_params = [(n, p) for n, p in self.unwrapped.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in self.named_params]
-        self.ema = EMA(self.params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist.is_available() and dist.is_initialized():
+        launched = max(launched, dist.get_world_size())
+    if launched != accelerator.num_processes:
+        raise RuntimeError(f"launched with {launched} processes but accelerate runs {accelerator.num_processes} "
+                           f"({accelerator.distributed_type}): every process would train an independent "
+                           "copy. On CPU set run.device=cpu (or use an accelerate config with use_cpu: true).")
 
-    def _make_optim(self, module):
-        """AdamW and its LR schedule over ``module``'s trainable parameters. bf16 trainable weights (full fine-tune)
-        get fp32 master copies; sharded engines keep their own and remap the optimizer's parameters at prepare,
-        which must then be the module's."""
-        o = self.cfg.optim
-        total_steps = max(1, self.cfg.run.num_epochs * o.inner_epochs * o.updates_per_epoch)
-        opt = make_adamw([p for p in module.parameters() if p.requires_grad],
-                         master_weights=o.fp32_master_weights and not self.sharded, lr=o.lr,
-                         betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-        return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
+
+def preflight(c, acc, world: int, sharded: bool, deepspeed: bool, loading: bool, reward_fn) -> None:
+    """Before the pipeline loads (``mmgrpo.utils.preflight``): reward settings (a remote reward's URL, weight
+    folders), the device, the planner's estimate against the device's memory, and the startup line. Wrong settings
+    raise ``ConfigError`` (exit code 2) naming them. ``loading``: the trainer loads the pipeline."""
+    from mmgrpo.engine.errors import ConfigError
+    from mmgrpo.utils import preflight as pf
+
+    from .memory_plan import counts
+    from .rewards import check_reward_settings
+
+    if c.run.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device=cuda but no CUDA device is visible here; use run.device=auto or cpu")
+    problems = check_reward_settings(c.reward.weights, c.reward.kwargs, skip=list(reward_fn or {}))
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if loading and not c.model.tiny:
+        if not c.model.pipeline_dir:
+            raise ConfigError("set model.pipeline_dir (a diffusers folder) or model.tiny=sd3|flux")
+        if not os.path.isfile(os.path.join(c.model.pipeline_dir, "model_index.json")):
+            raise ConfigError(f"model.pipeline_dir={c.model.pipeline_dir}: no model_index.json there (a "
+                              "diffusers pipeline folder, e.g. stable-diffusion-3.5-medium)")
+        strategy = "fsdp2" if sharded and not deepspeed else "zero3" if deepspeed else "ddp"
+        pf.check_memory("flow", c, acc.device, world, strategy, c.run.memory_check, "flow_grpo train", counts)
+    pf.startup_line("flow_grpo train", acc, weights_dtype=c.model.dtype, lora=c.model.lora.enabled,
+                    mixed_precision=c.run.mixed_precision, extra=f"method {c.method}")
+
+
+def load_adapter(cfg, device):
+    from .models import adapter_from_pipeline, load_adapter as load
+
+    m = cfg.model
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    if m.tiny:
+        from .models import tiny
+
+        builder = tiny.TINY_BUILDERS[m.tiny]
+        return adapter_from_pipeline(builder(seed=cfg.run.seed), device=device, dtype=dtype,
+                                     max_sequence_length=m.max_sequence_length)
+    if not m.pipeline_dir:
+        raise ValueError("set model.pipeline_dir (a diffusers folder) or model.tiny=sd3|flux")
+    return load(m.pipeline_dir, kind=m.kind, device=device, dtype=dtype, max_sequence_length=m.max_sequence_length)
+
+
+def validate(c, adapter, world: int, sharded: bool) -> None:
+    """What only fails once the adapter and the launch are known (the rest is checked when the config is parsed and
+    by the methods' ``check``)."""
+    from .methods import check_config, credit_class
+
+    check_config(c)  # the credit and the plan exist, every enabled method's options hold
+    n_total = c.data.group_size * c.data.groups_per_epoch
+    if c.data.group_size < 2:
+        raise ValueError("data.group_size must be >= 2 (advantages are group-relative)")
+    if n_total % world:
+        raise ValueError(f"group_size*groups_per_epoch={n_total} must be divisible by the {world} processes")
+    if not adapter.supports_cfg and c.sample.cfg:
+        raise ValueError("FLUX uses embedded guidance: set sample.cfg=false")
+    from mmgrpo.utils.config import check_choices
+
+    check_choices(c)  # Literal fields (reward.mode, optim.kl_type, ...) of a config edited after it was built
+    if c.optim.kl_coef > 0 and not c.model.lora.enabled:
+        raise ValueError("KL with full fine-tuning needs a frozen reference copy; use LoRA (reference = adapter off)")
+    if c.optim.max_consecutive_skips < 1:
+        raise ValueError("optim.max_consecutive_skips must be >= 1")
+    step_credit = credit_class(c).has_step_rewards  # scores ODE completions
+    if c.reward.mode != "weighted_sum" and step_credit:
+        raise ValueError(f"reward.mode={c.reward.mode} needs sample.credit=outcome (step credits score ODE "
+                         "completions with the weighted-sum reward)")
+    if c.reward.async_workers < 0:
+        raise ValueError("reward.async_workers must be >= 0")
+    if sharded and step_credit:
+        raise ValueError(f"sample.credit={c.sample.credit} is not supported with FSDP/DeepSpeed: its ODE "
+                         "completions make a process-dependent number of (collective) sharded forwards")
+
+
+def bind_reference_images(adapter, d, train: tuple, evals: tuple, is_main: bool) -> None:
+    """Reference-image models (FLUX-Kontext, Wan2.1 I2V, Qwen-Image-Edit): a JSONL prompt line's ``image`` field
+    is its reference image (path relative to the prompt file); without any, Kontext runs text-to-image (the
+    other two then refuse to encode prompts, naming the missing field). ``train`` / ``evals``: (prompts,
+    metadata) of the train and eval prompt files."""
+    bind = getattr(adapter, "bind_reference_images", None)
+    if bind is None:
+        return
+    found = False
+    for (prompts, meta), path in ((train, d.train_path), (evals, d.eval_path)):
+        if any("image" in m for m in meta):
+            bind(prompts, meta, source=path)
+            found = True
+    if not found and is_main:
+        log.warning("%s: no prompt has an 'image' field (JSONL): sampling is text-to-image, without a reference",
+                    adapter.kind)
+
+
+def reference_settings(adapter, cfg) -> dict:
+    """What the KL reference is, plus a fingerprint of the frozen base weights (names, shapes, dtypes, first
+    values, sums): resuming onto a different base model is refused."""
+    h = hashlib.sha256()
+    n = 0
+    with torch.no_grad():
+        for name, p in adapter.transformer.named_parameters():
+            if "lora_" in name:
+                continue
+            flat = p.detach().reshape(-1)
+            h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+            h.update(flat[:16].float().cpu().numpy().tobytes())
+            h.update(struct.pack("<d", float(flat.double().sum())))
+            n += 1
+    return {"kind": "lora_disabled" if cfg.model.lora.enabled else "none", "beta": cfg.optim.kl_coef,
+            "kl_type": cfg.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
+
+
+def setup_model(cfg, acc, adapter, sharded: bool) -> SimpleNamespace:
+    """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
+    for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns model,
+    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info."""
+    from accelerate.utils import DistributedType
+
+    if cfg.model.lora.enabled:
+        if not adapter.lora_enabled:
+            adapter.add_lora(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules,
+                             init_lora_weights=_peft_init(cfg.model.lora.init))
+    else:
+        adapter.enable_full_finetune()
+    adapter.set_gradient_checkpointing(cfg.model.gradient_checkpointing)
+    reference_info = reference_settings(adapter, cfg)
+    if not any(p.requires_grad for p in adapter.transformer.parameters()):
+        raise ValueError("no trainable parameters")
+    if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:
+        # FSDP1 replaces the parameters while wrapping and accelerate does not remap an optimizer built before
+        # (it does for FSDP2 / DeepSpeed, which need both in one prepare call): wrap first, then build it
+        model = acc.prepare(adapter.transformer)
+        optimizer, lr_scheduler = acc.prepare(*make_optim(cfg, model, sharded))
+    else:
+        model, optimizer, lr_scheduler = acc.prepare(adapter.transformer,
+                                                     *make_optim(cfg, adapter.transformer, sharded))
+    adapter.model = model
+    unwrapped = acc.unwrap_model(model)
+    named_params = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
+    params = [p for _, p in named_params]
+    ema = EMA(params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
+    return SimpleNamespace(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, unwrapped=unwrapped,
+                           named_params=named_params, params=params, ema=ema, reference_info=reference_info)
+
+
+def make_optim(cfg, module, sharded: bool):
+    """AdamW and its LR schedule over ``module``'s trainable parameters. bf16 trainable weights (full fine-tune)
+    get fp32 master copies; sharded engines keep their own and remap the optimizer's parameters at prepare,
+    which must then be the module's."""
+    o = cfg.optim
+    total_steps = max(1, cfg.run.num_epochs * o.inner_epochs * o.updates_per_epoch)
+    opt = make_adamw([p for p in module.parameters() if p.requires_grad],
+                     master_weights=o.fp32_master_weights and not sharded, lr=o.lr,
+                     betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, LRFactor(o.lr_schedule, o.warmup_steps, total_steps))
 
 
 def set_shift(adapter, shift) -> None:

@@ -120,14 +120,15 @@ def text_tokens(ad, prompts: Sequence[str]) -> list[dict]:
 
 def first_epoch_plan(cfg, prompts: list[str], metadata: list[dict]) -> list[dict]:
     """Epoch 0's groups: prompt, and the SDE / trained step indices of each sample (as the trainer draws them)."""
-    import flow_grpo.methods  # noqa: F401 - registers every plan
     from .data import epoch_samples
+    from .methods import credit_method
     from .methods.plans import make_step_plan
 
     G = cfg.data.group_size
     n = G * cfg.data.groups_per_epoch
     ps_prompts, _, gids, _, _, plan_seeds = epoch_samples(cfg, prompts, metadata, 0, 0, n)
-    plan = make_step_plan(cfg.sample, plan_seeds, iteration=0, members=[s % G for s in range(n)])
+    plan = make_step_plan(cfg.sample, plan_seeds, iteration=0, members=[s % G for s in range(n)],
+                          method=credit_method(cfg))  # a method's own plan (tree, b2, nft) with its options
     groups = []
     for g in range(cfg.data.groups_per_epoch):
         rows = range(g * G, (g + 1) * G)

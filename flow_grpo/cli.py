@@ -46,7 +46,7 @@ def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
     on CPU without downloads (docs/experiments.md, "CPU rehearsal")."""
     import argparse
 
-    tiny_kinds = ["sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"]
+    from .config import TINY_KINDS as tiny_kinds  # the registry's kinds (kept equal by test_generator_registry)
     p = argparse.ArgumentParser(prog=f"flow_grpo {cmd}")
     p.add_argument("dir", help="output folder")
     if cmd == "make-tiny":
@@ -86,9 +86,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if cmd in ("make-tiny", "make-tiny-reward"):
         return _make_tiny(cmd, rest)
     if cmd == "plan":  # predicted peak memory per device for the same config (flow_grpo plan --help)
-        from mmgrpo.utils.memory_plan import plan_main
+        from .memory_plan import plan_main
 
-        return plan_main(rest, "flow", "flow_grpo plan")
+        return plan_main(rest)
     if cmd == "check":  # text-encoder tokens, sigma schedule and epoch-0 step plan (flow_grpo check --help)
         from .check import check_main
 

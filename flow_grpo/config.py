@@ -2,36 +2,11 @@
 
 No heavy imports here: ``flow_grpo train --help`` must be instant.
 
-Method presets (all are plain config; ``method=<name>`` sets these defaults before YAML/overrides are applied):
-
-* ``flow``     Flow-GRPO:   sample.sde_kind=flow, noise_level=0.7, step_mode=all, credit=outcome; advantages
-  (r - group mean) / (population std of the whole batch + 1e-4) (its PerPromptStatTracker with global_std=True)
-* ``dance``    DanceGRPO:   sde_kind=dance, noise_level=0.3, step_mode=fraction, timestep_fraction=0.6 (a separate
-  random subset of int((K-1)*0.6) steps per sample), one x_T per group (--init_same_noise); group std with Bessel
-  correction (torch.std) + 1e-8
-* ``fast``     Flow-GRPO-Fast: sde_kind=cps, noise_level=0.8, step_mode=window (size 3, random start); advantages
-  as ``flow`` (population std of the whole batch + 1e-4, its SD3 and GenEval-FLUX fast configs)
-* ``mix``      MixGRPO:     step_mode=window (size 4 in [0, K-2)), window_policy=sliding (the release's progressive
-  schedule with roll-back, one move per 25 sampling iterations), one x_T per group; torch.std + 1e-8
-* ``mix_flash`` MixGRPO-Flash: ``mix`` + sample.ode_solver=dpmpp2m after the window, post_compress_ratio=0.4,
-  window_shift_every=20 (its Flash script)
-* ``tp_grpo``  TP-GRPO:     sde_kind=cps, step_mode=window, credit=tp_grpo; per-step group z-scores with the
-  population std + 1e-4 (one PerPromptStatTracker per step)
-* ``g2rpo``    G²RPO:       sde_kind=flow, noise_level=0.7, step_mode=single, credit=g2rpo, same_noise_per_group;
-  torch.std + 1e-8 per granularity
-* ``vgpo``     VGPO (no released code): TP-GRPO's rollout (cps window, ODE completions) with credit=vgpo: temporal
-  cumulative reward against the ODE-completion values, group z-score mixed with an absolute term
-  (:mod:`flow_grpo.methods.vgpo` lists every choice the paper leaves open)
-* ``nft``      DiffusionNFT: step_mode=nft (deterministic CFG-free rollouts from the old adapter, 9 of 10 timesteps
-  trained per sample), credit=nft (forward-process loss with implicit +/- velocities), population batch std + 1e-4,
-  velocity KL 1e-4, old-adapter EMA schedule type 1
-* ``branch_grpo`` BranchGRPO: sde_kind=dance (eta 0.3), step_mode=tree (splits at 0,3,6,9: 16 leaves per group),
-  credit=branch_grpo (mean reward fusion, depth-wise torch.std z-scores), clip 1e-3
-* ``adv_grpo`` Adv-GRPO: Flow-GRPO-Fast's rollout with the SDE window fixed at steps 0-1, credit=adv_grpo (outcome
-  advantages; the reward model ``methods.adv_grpo.reward``, e.g. ``adv_dino``, is trained against the policy in
-  the loop: :mod:`flow_grpo.methods.adv_grpo`)
-* ``b2``       B²-DiffuRL: step_mode=b2 (one trunk per group branching s steps before the end, s from 14 to 20 over
-  100 stages), credit=b2_diffurl (best branch if z >= 0.5, worst if z < -0.5), PPO clip 0.1
+Method presets (plain config): ``method=<name>`` applies ``flow_grpo/presets/<name>.yaml`` before the YAML and the
+``key=value`` overrides: ``flow`` (Flow-GRPO), ``dance`` (DanceGRPO), ``fast`` (Flow-GRPO-Fast), ``mix`` / ``mix_flash``
+(MixGRPO / -Flash), ``tp_grpo``, ``g2rpo``, ``vgpo``, ``nft`` (DiffusionNFT), ``branch_grpo``, ``adv_grpo``, ``b2``
+(B²-DiffuRL); each file says what it sets and why. A method's own options are the section ``methods.<name>`` (declared
+in :mod:`flow_grpo.methods`).
 
 The advantage statistics of each preset follow its release: ``optim.adv_scale`` (group | batch std),
 ``optim.adv_std_ddof`` (0 = population std as numpy's ``np.std``, 1 = Bessel-corrected as ``torch.std``) and
@@ -41,9 +16,22 @@ docs/methods.md says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Optional
 
-from mmgrpo.utils.config import Alias, check_choices
+from mmgrpo.utils.config import check_choices
+
+from .methods import FlowMethodsConfig
+
+# The generator kinds of ``flow_grpo.models.ADAPTERS`` and the tiny pipelines of ``flow_grpo.models.tiny.TINY_BUILDERS``,
+# spelled out here so that ``--help`` needs no torch import (tests/flow_grpo/test_generator_registry.py keeps them
+# equal to the registries; docs/generators.md describes each).
+GENERATOR_KINDS = ("sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
+                   "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_high", "wan22_low",
+                   "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
+TINY_KINDS = ("sd3", "sd3_t5", "sd3_5_medium", "sd3_5_large", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image",
+              "qwen_image_edit", "flux2", "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_ti2v",
+              "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
 
 
 def _f(default, help: str, **kw):
@@ -103,43 +91,7 @@ class SamplingConfig:
                      "from ODE completions) | g2rpo (multi-granularity) | vgpo (value-anchored per-step credit from "
                      "ODE completions) | nft (DiffusionNFT: forward-process loss, needs step_mode=nft) | branch_grpo "
                      "(tree reward fusion, depth-wise advantages; step_mode=tree) | b2_diffurl (best/worst branch of "
-                     "each trunk; step_mode=b2)")
-    vgpo_gamma: float = _f(1.0, "vgpo: discount of the temporal cumulative reward G_k = sum_j gamma^(j-k) (V_j - "
-                           "V_{j-1}); 1 = R - V_{k-1} (our choice, the paper gives no code)")
-    vgpo_tau: float = _f(0.1, "vgpo: reward scale of the dual advantage: absolute term (G - anchor)/tau, weight "
-                         "exp(-group_std/tau) (1 for a group without spread, where GRPO gives 0)")
-    vgpo_anchor: str = _f("0", "vgpo: absolute anchor b: a number, or 'batch' (batch mean of each step column)")
-    nft_beta: float = _f(1.0, "nft: beta of the implicit policies v+ = b v + (1-b) v_old, v- = (1+b) v_old - b v "
-                         "(release 1.0; 0.1 for OCR / multi-reward)")
-    nft_timestep_fraction: float = _f(0.99, "nft (step_mode=nft): each sample trains int(K * f) of the K sampling "
-                                      "timesteps, a random subset per sample (release 0.99: 9 of 10)")
-    nft_decay_type: Literal[0, 1, 2] = _f(1, "nft: schedule of the old adapter's EMA after each epoch, d = min((step - flat) * "
-                             "uprate, uphold) of the optimizer step: 0 = copy (d = 0), 1 = (0, 1e-3, 0.5), 2 = "
-                             "(75, 7.5e-3, 0.999)")
-    nft_adv_mode: Literal["all", "positive_only", "negative_only", "one_only", "binary"] = _f("all", "nft: all | positive_only | negative_only | one_only | binary (release adv_mode)")
-    tree_split_points: list[int] = _f([0, 3, 6, 9], "step_mode=tree (BranchGRPO): steps at which every node splits "
-                                      "into tree_branching children; data.group_size must be branching^len (16)")
-    tree_branching: int = _f(2, "step_mode=tree: children per split")
-    tree_depth_pruning: list[int] = _f([], "step_mode=tree: child depths (= step + 1) whose transitions are not "
-                                       "trained (sampling and rewards unchanged); [] = none")
-    tree_depth_slide: bool = _f(False, "step_mode=tree: the pruned depths move up by epoch // tree_slide_interval, "
-                                "until the shallowest reaches tree_stop_depth (the release counts optimizer steps)")
-    tree_slide_interval: int = _f(30, "step_mode=tree: epochs between moves of the pruned depths")
-    tree_stop_depth: int = _f(-1, "step_mode=tree: shallowest pruned depth of the slide; -1 = the last split point")
-    tree_width_pruning: Literal[0, 1, 2] = _f(0, "credit=branch_grpo: after the advantages, of the edges after the last split train "
-                                 "0 = all, 1 = the best int(n * ratio) (>= 1) of each leaf's chain, 2 = the best "
-                                 "and worst max(2, int(n * ratio)) of the tree")
-    tree_width_ratio: float = _f(0.5, "credit=branch_grpo: fraction kept by tree_width_pruning")
-    b2_num_stages: int = _f(100, "step_mode=b2 (B2-DiffuRL): training stages; stage = epoch // b2_epochs_per_stage")
-    b2_epochs_per_stage: int = _f(1, "step_mode=b2: epochs (rollout + update) per stage")
-    b2_split_left: int = _f(14, "step_mode=b2: trailing steps s branched and trained at stage 0 (K - s = branch step)")
-    b2_split_right: int = _f(20, "step_mode=b2: trailing steps at the last stage; stage i uses left + i * (right - "
-                             "left + 1) // num_stages, capped at K (the training segment grows toward the start)")
-    b2_history: int = _f(8, "credit=b2_diffurl: z-scores per prompt over this many previous epochs' rewards of the "
-                         "prompt plus the current ones (release history_cnt 8; checkpointed); 0 = current only")
-    b2_pos_threshold: float = _f(0.5, "credit=b2_diffurl: the best branch of a trunk is trained if its z >= this")
-    b2_neg_threshold: float = _f(-0.5, "credit=b2_diffurl: the worst branch of a trunk is trained if its z < this")
-    granularities: list[int] = _f([1, 2], "g2rpo: ODE completion strides after the SDE step (1 = the trajectory itself)")
+                     "each trunk; step_mode=b2) | adv_grpo; a method's options are methods.<credit>.*")
     batch_size: int = _f(8, "rollout chunk size; training recomputes log-probs on the same chunks (exact ratio)")
     completion_batch_size: int = _f(32, "max batch of the batched ODE completions (tp_grpo / g2rpo)")
     eval_num_steps: int = _f(0, "denoising steps of the periodic eval (deterministic Euler ODE); 0 = num_steps")
@@ -160,9 +112,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    pipeline_dir: str = _f("", "diffusers pipeline folder (StableDiffusion3Pipeline with or without T5, FluxPipeline, FluxKontextPipeline, WanPipeline (Wan2.1 T2V), WanImageToVideoPipeline (Wan2.1 I2V), QwenImagePipeline or QwenImageEditPipeline); empty + tiny=... builds a tiny one")
-    kind: Literal["auto", "sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("auto", "auto (from model_index.json) | sd3 | flux | flux_kontext (reference images: JSONL prompt lines with an 'image' path) | wan (videos: sample.num_frames) | wan_i2v (videos from a first frame: JSONL 'image' as flux_kontext) | qwen_image | qwen_image_edit (JSONL 'image' as flux_kontext)")
-    tiny: Literal["", "sd3", "sd3_t5", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit"] = _f("", "build a tiny random pipeline instead (sd3 | sd3_t5 | flux | flux_kontext | wan | wan_i2v | qwen_image | qwen_image_edit) - for smoke tests")
+    pipeline_dir: str = _f("", "diffusers pipeline folder (one of the pipeline classes of docs/generators.md, e.g. StableDiffusion3Pipeline, FluxPipeline, Flux2Pipeline, WanPipeline, QwenImagePipeline); empty + tiny=... builds a tiny one")
+    kind: Literal[("auto", *GENERATOR_KINDS)] = _f("auto", "auto (the pipeline class in model_index.json) | " + " | ".join(GENERATOR_KINDS) + " (docs/generators.md; video kinds take sample.num_frames; flux_kontext, wan_i2v and qwen_image_edit take JSONL prompt lines with an 'image' path)")
+    tiny: Literal[("", *TINY_KINDS)] = _f("", "build a tiny random pipeline instead (" + " | ".join(TINY_KINDS) + ") - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(
@@ -185,8 +137,6 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     """Rewards go through ``flow_grpo.rewards.MultiReward`` (every component wrapped with retry/timeout handling)."""
-
-    __config_aliases__ = {"nan_policy": Alias("on_nonfinite", values={"raise": "error"})}
 
     weights: dict[str, float] = _f({"brightness": 1.0}, "reward name -> weight; built with flow_grpo.rewards.build_reward(name, "
                                    "**kwargs[name]). A name 'package.module:factory' is imported and called (the plugin "
@@ -219,9 +169,6 @@ class RewardConfig:
 
 @dataclass
 class OptimConfig:
-    __config_aliases__ = {"beta": "kl_coef", "clip_range": "clip_low",
-                          "beta1": Alias("betas", index=0), "beta2": Alias("betas", index=1)}
-
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(1e-4, "AdamW weight decay")
     betas: tuple[float, float] = _f((0.9, 0.999), "AdamW betas")
@@ -295,35 +242,6 @@ class RunConfig:
 
 
 @dataclass
-class AdvGRPOConfig:
-    """Adv-GRPO's reward-model update (``sample.credit=adv_grpo``; :mod:`flow_grpo.methods.adv_grpo`)."""
-
-    reward: str = _f("adv_dino", "name of the reward component (a reward.weights key) whose head is trained "
-                     "adversarially: reference images positive, the epoch's samples negative")
-    schedule: Literal["alternate", "interleave"] = _f("alternate", "alternate (the release: epoch e updates the "
-                      "reward model only, no policy step, unless (e+1) % every == 0, when it updates the policy only) "
-                      "| interleave (the policy trains every epoch; the reward model is updated after epochs with "
-                      "(e+1) % every == 0, on that epoch's samples)")
-    every: int = _f(10, "k of the schedule (the release's d_times = 10)")
-    lr: float = _f(1e-4, "Adam learning rate of the reward head (the release's d_lr = 1e-4)")
-    betas: tuple[float, float] = _f((0.5, 0.999), "Adam betas of the reward head (the release's (0.5, 0.999))")
-    steps: int = _f(1, "reward-model optimizer steps per update, each on the whole epoch (the release: 1)")
-    patch_weight: float = _f(0.3, "weight of the patch-token hinge loss added to the CLS hinge loss (the release's "
-                             "patch_loss_weight 0.3; 0 = CLS only)")
-    n_patches: int = _f(64, "patch tokens drawn per image for the patch hinge loss (the release: 64)")
-    train_on_raw_features: bool = _f(False, "true = the release's train_dino, which feeds the head unnormalised DINO "
-                                     "tokens while the reward feeds it L2-normalised ones; false = normalised in both")
-
-
-@dataclass
-class FlowMethodsConfig:
-    """Options of methods that keep their own state in the loop (``methods.<name>.*``)."""
-
-    adv_grpo: AdvGRPOConfig = field(default_factory=AdvGRPOConfig, metadata={"help": "Adv-GRPO: the adversarial "
-                                    "reward model's optimizer and update schedule"})
-
-
-@dataclass
 class TrainConfig:
     method: Literal["", "flow", "dance", "fast", "mix", "mix_flash", "tp_grpo", "g2rpo", "vgpo", "nft", "branch_grpo",
                     "b2", "adv_grpo"] = _f("", "preset applied before YAML/overrides: flow | dance | fast | mix | "
@@ -335,8 +253,13 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "loss, AdamW, LR schedule, non-finite step skipping"})
     ema: EMAConfig = field(default_factory=EMAConfig, metadata={"help": "EMA of the trainable weights (eval, saved LoRA)"})
     run: RunConfig = field(default_factory=RunConfig, metadata={"help": "run directory, epochs, eval, checkpoints, logging, devices"})
-    methods: FlowMethodsConfig = field(default_factory=FlowMethodsConfig, metadata={"help": "methods with their own "
-                                       "state in the loop (Adv-GRPO's reward model)"})
+    methods: FlowMethodsConfig = field(default_factory=FlowMethodsConfig, metadata={"help": "the options of the "
+                                       "methods registered in flow_grpo.methods (methods.<name>.<option>)"})
+
+    # method options that moved out of ``sample`` (the old key is an error naming the new one)
+    __config_moved__ = {"sample.vgpo_": "methods.vgpo.", "sample.nft_": "methods.nft.",
+                        "sample.tree_": "methods.branch_grpo.", "sample.b2_": "methods.b2_diffurl.",
+                        "sample.granularities": "methods.g2rpo.granularities"}
 
     def __post_init__(self):
         check_choices(self)
@@ -373,91 +296,45 @@ def check_numbers(c: "TrainConfig") -> None:
     for name, v in (("optim.clip_low", c.optim.clip_low), ("optim.adv_clip_max", c.optim.adv_clip_max)):
         if not v > 0:  # inf = no clipping
             raise ValueError(f"{name} must be > 0, got {v}")
-    a = c.methods.adv_grpo
-    at_least("methods.adv_grpo.every", a.every, 1)
-    at_least("methods.adv_grpo.steps", a.steps, 1)
-    at_least("methods.adv_grpo.n_patches", a.n_patches, 1)
-    if not (math.isfinite(a.lr) and a.lr > 0) or not (math.isfinite(a.patch_weight) and a.patch_weight >= 0):
-        raise ValueError(f"methods.adv_grpo.lr must be > 0 and patch_weight >= 0, got {a.lr}, {a.patch_weight}")
-    if not all(math.isfinite(b) and 0 <= b < 1 for b in a.betas):
-        raise ValueError(f"methods.adv_grpo.betas must be two numbers in [0, 1), got {list(a.betas)}")
     if math.isnan(c.optim.max_grad_norm):
         raise ValueError("optim.max_grad_norm is NaN (<= 0 disables clipping)")
     if not all(math.isfinite(b) and 0 <= b < 1 for b in c.optim.betas):
         raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(c.optim.betas)}")
 
 
-# Advantage statistics per release: Flow-GRPO's and TP-GRPO's PerPromptStatTracker use np.std (population) + 1e-4,
-# Flow-GRPO's SD3 configs with global_std=True (the std of the whole gathered batch), TP-GRPO's with
-# global_std=False (per group, per step); DanceGRPO, MixGRPO and G2RPO use torch's Bessel-corrected std + 1e-8.
-# Flow-GRPO-Fast's SD3 configs and geneval_flux_fast also use global_std=True (pickscore_flux_fast uses the group std).
-METHOD_PRESETS: dict[str, dict[str, object]] = {
-    "flow": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "all", "sample.credit": "outcome",
-             "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
-    "dance": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "fraction",
-              "sample.timestep_fraction": 0.6, "sample.plan_per_sample": True, "sample.same_noise_per_group": True,
-              "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
-    "fast": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-             "sample.window_policy": "random", "sample.credit": "outcome", "optim.clip_low": 1e-5,
-             "optim.adv_scale": "batch", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
-    "mix": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
-            "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
-            "sample.window_shift_every": 25, "sample.window_stride": 1, "sample.same_noise_per_group": True,
-            "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
-    # MixGRPO-Flash (its finetune_flux_grpo_MixGRPO_Flash.sh): MixGRPO + DPM-Solver++(2M, midpoint) after the window
-    # (dpm_apply_strategy=post) on a grid compressed to 0.4 of the points, iters_per_group 20 instead of 25
-    "mix_flash": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "window",
-                  "sample.window_policy": "sliding", "sample.window_size": 4, "sample.window_range": "[0,-2]",
-                  "sample.window_shift_every": 20, "sample.window_stride": 1, "sample.same_noise_per_group": True,
-                  "sample.ode_solver": "dpmpp2m", "sample.post_compress_ratio": 0.4,
-                  "sample.credit": "outcome", "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
-    "tp_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-                "sample.credit": "tp_grpo", "optim.clip_low": 1e-5,
-                "optim.adv_scale": "group", "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4},
-    "g2rpo": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "single",
-              "sample.credit": "g2rpo", "sample.same_noise_per_group": True,
-              "optim.adv_scale": "group", "optim.adv_std_ddof": 1, "optim.adv_eps": 1e-8},
-    # VGPO has no released code: TP-GRPO's rollout (CPS window, ODE completions) with the VGPO credit
-    "vgpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-             "sample.credit": "vgpo", "optim.clip_low": 1e-5, "optim.adv_eps": 1e-4},
-    # DiffusionNFT (config/nft.py): deterministic CFG-free rollouts from the old adapter, forward-process loss at 9 of
-    # the 10 timesteps, advantages with the global population std, velocity KL 1e-4; its lr 3e-4 and eval EMA (0.9
-    # with warm-up) are the defaults (not repeated here: scripts/compare_methods.py strips a preset's keys from the
-    # shared command)
-    "nft": {"sample.step_mode": "nft", "sample.credit": "nft", "sample.cfg": False, "sample.guidance_scale": 1.0,
-            "sample.ode_solver": "dpmpp2m", "sample.plan_per_sample": True, "sample.nft_beta": 1.0,
-            "sample.nft_timestep_fraction": 0.99, "sample.nft_decay_type": 1, "optim.adv_scale": "batch",
-            "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.adv_clip_max": 5.0, "optim.kl_coef": 1e-4,
-            "optim.kl_type": "velocity", "ema.update_every": 1},
-    # BranchGRPO (finetune_flux_branchgrpo_8gpus.sh): DanceGRPO's SDE (eta 0.3), splits at 0,3,6,9 of 20 steps (16
-    # leaves per prompt), clip 1e-3, advantages z-scored per depth (torch.std, zero below 1e-6)
-    "branch_grpo": {"sample.sde_kind": "dance", "sample.noise_level": 0.3, "sample.step_mode": "tree",
-                    "sample.credit": "branch_grpo", "sample.same_noise_per_group": True,
-                    "sample.plan_per_sample": False, "sample.tree_split_points": "[0,3,6,9]",
-                    "sample.tree_branching": 2, "optim.clip_low": 1e-3, "optim.adv_clip_max": 5.0},
-    # B2-DiffuRL (run_process.sh; SD1.4 DDIM eta 1 there, the flow SDE here): one trunk per group of 5 branches,
-    # stage schedule 14 -> 20 trailing steps over 100 stages, thresholds +-0.5, PPO clip 0.1
-    "b2": {"sample.sde_kind": "flow", "sample.noise_level": 0.7, "sample.step_mode": "b2",
-           "sample.credit": "b2_diffurl", "sample.same_noise_per_group": True, "sample.plan_per_sample": False,
-           "sample.b2_num_stages": 100, "sample.b2_split_left": 14, "sample.b2_split_right": 20,
-           "sample.b2_pos_threshold": 0.5, "sample.b2_neg_threshold": -0.5, "optim.clip_low": 0.1,
-           "optim.adv_clip_max": 5.0, "optim.drop_zero_adv": True},
-    # Adv-GRPO (config/grpo.py:dino_cotrain_sd3_patch_fast): Flow-GRPO-Fast's rollout (CPS, noise 0.8, 10 steps, SDE
-    # window fixed at steps 0-1: random_timestep=0, train_num_steps=2), clip 1e-5, global population std + 1e-4, no KL;
-    # the reward model's update (d_times 10, d_lr 1e-4, Adam (0.5, 0.999)) is methods.adv_grpo (defaults = release)
-    "adv_grpo": {"sample.sde_kind": "cps", "sample.noise_level": 0.8, "sample.step_mode": "window",
-                 "sample.window_policy": "fixed", "sample.window_size": 2, "sample.window_range": "[0,5]",
-                 "sample.credit": "adv_grpo", "optim.clip_low": 1e-5, "optim.adv_scale": "batch",
-                 "optim.adv_std_ddof": 0, "optim.adv_eps": 1e-4, "optim.kl_coef": 0.0},
-}
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def preset_names() -> list[str]:
+    """The presets ``method=<name>`` can apply (``flow_grpo/presets/<name>.yaml``)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_values(method: str) -> dict[str, object]:
+    """The dotted keys a preset sets and their values."""
+    import yaml
+
+    if method not in preset_names():
+        raise ValueError(f"unknown method {method!r}; presets: {preset_names()}")
+    raw = yaml.safe_load((PRESETS_DIR / f"{method}.yaml").read_text()) or {}
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    return dict(flat(raw))
 
 
 def preset_overrides(method: str) -> list[str]:
     if not method:
         return []
-    if method not in METHOD_PRESETS:
-        raise ValueError(f"unknown method {method!r}; presets: {sorted(METHOD_PRESETS)}")
-    return [f"{k}={v}" for k, v in METHOD_PRESETS[method].items()]
+    import yaml
+
+    return [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for k, v in preset_values(method).items()]
 
 
 def load_train_config(yaml_path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .distributed import _all_gather_object, _gather_rows, _reduce
+from mmgrpo.engine.dist import all_gather_object, all_reduce, gather_rows
 
 REWARD_COUNTERS = ("calls", "retries", "timeouts", "failed_calls", "dropped")
 
@@ -15,7 +15,7 @@ def _reward_metrics(tr, traj) -> tuple[dict, float, float]:
     extra = ["win_rate", "pointwise_total"] if tr.rewards.pairwise is not None else []
     valid = traj.rewards["valid"]
     cols = torch.stack([traj.rewards["total"].float()] + [traj.rewards[k].float() for k in names + extra], 1)
-    (cols_all, v_all, tm_all), _ = _gather_rows([cols, valid, traj.train_mask.any(1)], tr.device)
+    (cols_all, v_all, tm_all), _ = gather_rows([cols, valid, traj.train_mask.any(1)], tr.device)
     vcols = cols_all[v_all]
     out = {
         "reward/total/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
@@ -31,20 +31,20 @@ def _update_metrics(upd: dict, beta: float) -> dict:
     """Loss statistics (``train/*``), on-policy ratios per step (``ratio/step_k``) and KL of every process."""
     out = {}
     merged: dict[str, tuple[float, int]] = {}
-    for part in _all_gather_object(upd["acc_metrics"]):
+    for part in all_gather_object(upd["acc_metrics"]):
         for k, (s_, n_) in part.items():
             a, b = merged.get(k, (0.0, 0))
             merged[k] = (a + s_, b + n_)
     for k, (s_, n_) in sorted(merged.items()):
         out[f"train/{k}"] = s_ / max(n_, 1)
     cols_ratio: dict[int, list[float]] = {}
-    for part in _all_gather_object(upd["per_col"]):
+    for part in all_gather_object(upd["per_col"]):
         for k, v in part.items():
             cols_ratio.setdefault(k, []).extend(v)
     for k, v in sorted(cols_ratio.items()):
         out[f"ratio/step_{k}"] = sum(v) / len(v)
     if beta > 0:
-        allk = [x for part in _all_gather_object(upd["kls"]) for x in part]
+        allk = [x for part in all_gather_object(upd["kls"]) for x in part]
         if allk:
             out["train/kl"] = sum(allk) / len(allk)
     return out
@@ -52,14 +52,14 @@ def _update_metrics(upd: dict, beta: float) -> dict:
 
 def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float, t_train: float) -> dict:
     """``rsum``: the reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
-    :meth:`~flow_grpo.trainer.FlowGRPOTrainer._run_updates` collected."""
+    :func:`~flow_grpo.steps.run_updates` collected."""
     rewards, n_images, n_trained = _reward_metrics(tr, traj)
     # NFEs per trajectory of the whole batch: each process's mean depends on its own step plans (TP-GRPO's and
     # G2RPO's completions start at each sample's window)
-    nfe_sum, n_traj = _reduce([traj.nfe_per_trajectory * len(traj), float(len(traj))], "sum", tr.device)
+    nfe_sum, n_traj = all_reduce([traj.nfe_per_trajectory * len(traj), float(len(traj))], "sum", tr.device)
     grad_norms, status = upd["grad_norms"], upd["status"]
     out = {
-        "epoch": tr.epoch, **rewards,
+        "epoch": tr.state.epoch, **rewards,
         "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
         "reward/failed_calls": rsum[3], "reward/dropped_by_failure": rsum[4],
         **stats,
@@ -71,8 +71,8 @@ def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float,
         "lr": float(tr.lr_scheduler.get_last_lr()[0]),
         "steps/applied": float(status["applied"]), "steps/skipped": float(status["skipped"]),
         "steps/empty": float(status["empty"]),
-        "steps/skipped_total": float(tr.counters["skipped_steps"]),
-        "steps/consecutive_skips": float(tr.skips.consecutive),
+        "steps/skipped_total": float(tr.state.counters["skipped_steps"]),
+        "steps/consecutive_skips": float(tr.guard.consecutive_skips),
     }
     out.update(_update_metrics(upd, tr.cfg.optim.kl_coef))
     return out

@@ -13,9 +13,85 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+ImageBatch = Union["torch.Tensor", np.ndarray, Sequence[Any]]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# image batches
+# ----------------------------------------------------------------------------------------------------------
+_FLOAT_TOL = 1e-3  # decoders overshoot [0, 1] by rounding error; anything beyond this is a range bug
+
+
+def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
+    """Convert a batch of images to a contiguous ``numpy.uint8`` array of shape (N, H, W, 3).
+
+    Accepted: uint8 NHWC (torch/numpy), float NCHW in [0, 1] (torch/numpy; float16/bfloat16/float32/float64),
+    a list of PIL images of equal size.  Float -> uint8 is ``round(clip(x, 0, 1) * 255)``.
+    The result never aliases the input (safe to hand to a background thread).
+    """
+    if isinstance(images, (list, tuple)):
+        return _pil_list_to_uint8(images)
+    arr: np.ndarray
+    if hasattr(images, "detach") and hasattr(images, "dtype"):  # torch.Tensor without importing torch
+        t = images.detach()
+        if t.is_floating_point():
+            t = t.float()
+        arr = t.cpu().numpy()
+    elif isinstance(images, np.ndarray):
+        arr = images
+    else:
+        raise TypeError(f"images: expected torch.Tensor, numpy.ndarray or list of PIL images, got {type(images)!r}")
+    if arr.ndim != 4:
+        raise ValueError(f"images: expected a 4-d batch (N,H,W,C) uint8 or (N,C,H,W) float, got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        if arr.shape[-1] not in (1, 3):
+            raise ValueError(
+                f"images: uint8 images must be NHWC with C in (1, 3), got shape {arr.shape}"
+                + (" (looks like NCHW: uint8 must be NHWC)" if arr.shape[1] in (1, 3) else ""))
+        if arr.shape[-1] == 1:
+            arr = np.repeat(arr, 3, axis=-1)
+        return np.ascontiguousarray(arr).copy()
+    if np.issubdtype(arr.dtype, np.floating):
+        if arr.shape[1] not in (1, 3):
+            raise ValueError(f"images: float images must be NCHW with C in (1, 3) and values in [0, 1], "
+                             f"got shape {arr.shape}")
+        arr = arr.astype(np.float32, copy=False)
+        finite = np.isfinite(arr)
+        if not finite.all():
+            bad = np.nonzero(~finite.reshape(arr.shape[0], -1).all(axis=1))[0].tolist()
+            raise ValueError(f"images: non-finite pixel values in samples {bad}")
+        lo, hi = float(arr.min()), float(arr.max())
+        if lo < -_FLOAT_TOL or hi > 1 + _FLOAT_TOL:
+            raise ValueError(f"images: float images must be in [0, 1], got range [{lo:.4g}, {hi:.4g}] "
+                             "(a [-1, 1] VAE output needs (x + 1) / 2 first)")
+        out = np.rint(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
+        out = np.transpose(out, (0, 2, 3, 1))
+        if out.shape[-1] == 1:
+            out = np.repeat(out, 3, axis=-1)
+        return np.ascontiguousarray(out)
+    raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
+
+
+def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
+    if len(images) == 0:
+        raise ValueError("images: empty list")
+    arrs = []
+    for i, im in enumerate(images):
+        if not hasattr(im, "convert") or not hasattr(im, "size"):
+            raise TypeError(f"images[{i}]: a list must hold PIL images, got {type(im)!r}")
+        a = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        if arrs and a.shape != arrs[0].shape:
+            raise ValueError(f"images[{i}]: size {a.shape[1]}x{a.shape[0]} differs from images[0] "
+                             f"{arrs[0].shape[1]}x{arrs[0].shape[0]}; resize before scoring")
+        arrs.append(a)
+    return np.ascontiguousarray(np.stack(arrs, axis=0))
 
 
 def _numpy(x: Any) -> np.ndarray:
@@ -71,8 +147,6 @@ def to_uint8_videos(videos: Any, name: str = "videos") -> np.ndarray:
                          f"shape {v.shape}" + (" (an image batch: use an image reward)" if v.ndim == 4 else ""))
     if v.dtype == np.uint8:
         return np.ascontiguousarray(check_video(v, name)).copy()
-    from .rewards.base import to_uint8_nhwc  # the image path's dtype / range checks, per frame
-
     b, f = v.shape[:2]
     flat = to_uint8_nhwc(v.reshape(b * f, *v.shape[2:]))
     return flat.reshape(b, f, *flat.shape[1:])
@@ -89,11 +163,9 @@ def to_uint8_media(batch: Any, accepts_video: bool = False, video_only: bool = F
                    ) -> np.ndarray:
     """The one input converter of the rewards (``Reward.evaluate``, ``AsyncRewardRunner``): videos through
     :func:`to_uint8_videos` when ``video_only``, or when ``accepts_video`` and the batch is videos; anything else
-    as images (uint8 (B, H, W, 3), :func:`flow_grpo.rewards.base.to_uint8_nhwc`)."""
+    as images (uint8 (B, H, W, 3), :func:`to_uint8_nhwc`)."""
     if video_only or (accepts_video and is_video_batch(batch)):
         return to_uint8_videos(batch, name)
-    from .rewards.base import to_uint8_nhwc
-
     return to_uint8_nhwc(batch)
 
 

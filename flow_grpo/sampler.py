@@ -1,8 +1,8 @@
 """Trajectory sampling with per-sample step plans, exact log-prob recording and batched ODE completions.
 
 One code path serves every method; they differ only in the *step plan* (which steps are SDE, which are trained;
-``sample.step_mode``, a function of the :data:`flow_grpo.methods.PLANS` table) and in the *step credit* (what extra
-rewards are computed: the ``step_rewards`` function of the credit's row in :data:`flow_grpo.methods.CREDITS`).
+``sample.step_mode``: a plan of :mod:`flow_grpo.methods.plans` or a method's own) and in the *step credit* (what
+extra rewards are computed: the credit method's ``step_rewards``, :class:`flow_grpo.methods.base.FlowMethod`).
 The plans and the methods using them are listed in :mod:`flow_grpo.methods.plans`.
 
 ``credit`` (:mod:`flow_grpo.methods`): ``"outcome"`` (final reward only), ``"tp_grpo"`` (R_0..R_n from ODE
@@ -38,18 +38,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from .completions import ode_complete  # noqa: F401 - re-exported (old import path)
 from .config import SamplingConfig
-from .methods import get_credit
-# re-exported: the plans moved to flow_grpo.methods.plans (old import paths keep working)
-from .methods.g2rpo import g2rpo_step_rewards as _g2rpo_rewards, granular_schedule  # noqa: F401
-from .methods.plans import (StepPlan, _sample_seed, fraction_train_count, make_step_plan,  # noqa: F401
-                            sliding_window, window_bounds)
-from .methods.tp_grpo import tp_grpo_step_rewards as _tp_grpo_rewards  # noqa: F401
+from .methods.plans import StepPlan, _sample_seed, make_step_plan
 from .models.base import FlowModelAdapter, PromptEmbeds
-# reward scoring lives in flow_grpo.scoring; re-exported for old imports
-from .scoring import RewardFn, _total_reward, finish_scores, merge_scores, score_rewards  # noqa: F401
-from .sde import SDEStepOutput, sde_step  # noqa: F401
+from .scoring import RewardFn, finish_scores, merge_scores, score_rewards
+from .sde import sde_step
 from .solvers import ODE_SOLVERS, dpmpp2m_step, rlg_combine
 
 
@@ -139,6 +132,7 @@ class Trajectories:
     # own velocity, x_k + (sigma_{k+1} - sigma_k) v(x_k); the first step of every TP-GRPO completion
     ode_next_latents: Optional[torch.Tensor] = None
     members: Optional[torch.Tensor] = None                # (N,) index of each sample in its group (if given)
+    advantages: Optional[torch.Tensor] = None             # (N, T) set by the recipe (methods' on_advantages read it)
     nfe_per_trajectory: float = 0.0
     seconds: float = 0.0
 
@@ -156,11 +150,11 @@ class _RolloutGrid:
     post: Optional[torch.Tensor]     # (N, L) bool: DPM-Solver++(2M) step (ode_solver=dpmpp2m), else None
 
 
-def _rollout_grid(cfg: SamplingConfig, plan: StepPlan, sig: torch.Tensor, credit) -> _RolloutGrid:
+def _rollout_grid(cfg: SamplingConfig, plan: StepPlan, sig: torch.Tensor, method) -> _RolloutGrid:
     post = post_window_mask(plan.sde_mask) if cfg.ode_solver == "dpmpp2m" else None
     if post is None or cfg.post_compress_ratio >= 1.0:
         return _RolloutGrid(sig, plan.sde_mask, post)
-    if credit.step_rewards is not None:
+    if method.has_step_rewards:
         raise ValueError(f"sample.post_compress_ratio < 1 needs credit=outcome (the {cfg.credit} completions "
                          f"integrate the full grid)")
     n = plan.sde_mask.shape[0]
@@ -245,19 +239,24 @@ def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Co
     return x
 
 
-def _check_rollout(cfg: SamplingConfig, n: int, seeds: Sequence[Sequence[int]], metadata: list, reward_fn):
-    """Validate the inputs of :func:`sample_trajectories`; returns the credit's table row."""
+def credit_for(cfg: SamplingConfig):
+    """The credit method ``cfg.credit`` names with its default options (the sampler used on its own)."""
+    from .config import TrainConfig
+    from .methods import credit_method
+
+    return credit_method(TrainConfig(sample=cfg))
+
+
+def _check_rollout(cfg: SamplingConfig, n: int, seeds: Sequence[Sequence[int]], metadata: list, reward_fn, method):
+    """Validate the inputs of :func:`sample_trajectories`."""
     if not all(len(s) == n for s in seeds) or len(metadata) != n:
         raise ValueError("prompts, xt_seeds, noise_seeds, plan_seeds and metadata must have the same length")
-    credit = get_credit(cfg.credit)  # the credit table (flow_grpo.methods)
-    if credit.step_rewards is not None and reward_fn is None:
+    if method.has_step_rewards and reward_fn is None:
         raise ValueError(f"credit={cfg.credit!r} needs reward_fn")
-    if credit.check is not None:
-        credit.check(cfg)
+    method.check_sampling(cfg)
     if cfg.sde_kind not in ("flow", "dance", "cps"):
         raise ValueError(f"sde_kind must be flow | dance | cps, got {cfg.sde_kind!r}")
     check_ode_solver(cfg.ode_solver, cfg.post_compress_ratio)
-    return credit
 
 
 def _rollout_sigmas(adapter: FlowModelAdapter, cfg: SamplingConfig) -> torch.Tensor:
@@ -269,7 +268,7 @@ def _rollout_sigmas(adapter: FlowModelAdapter, cfg: SamplingConfig) -> torch.Ten
     return sig
 
 
-def _score_rollout(adapter, traj: Trajectories, embeds, sig, credit, reward_fn, weights, futures) -> float:
+def _score_rollout(adapter, traj: Trajectories, embeds, sig, method, reward_fn, weights, futures) -> float:
     """Rewards of the final images (background futures of the chunks, or one call now) and, for credits that have
     them, the step rewards; returns the extra NFEs per trajectory (before the CFG factor)."""
     n = len(traj)
@@ -280,9 +279,9 @@ def _score_rollout(adapter, traj: Trajectories, embeds, sig, credit, reward_fn, 
         total, scores = score_rewards(reward_fn, traj.images, traj.prompts, traj.metadata, weights)
     traj.rewards = dict(scores)
     traj.rewards["total"] = total
-    if credit.step_rewards is None:
+    if not method.has_step_rewards:
         return 0
-    traj.step_rewards, extra, step_valid = credit.step_rewards(adapter, traj, embeds, sig, reward_fn, weights, total)
+    traj.step_rewards, extra, step_valid = method.step_rewards(adapter, traj, embeds, sig, reward_fn, weights, total)
     # a sample is usable only if every reward of its sequence is valid
     traj.rewards["valid"] = traj.rewards["valid"] & step_valid
     traj.step_rewards = torch.where(traj.rewards["valid"].unsqueeze(1), traj.step_rewards,
@@ -310,6 +309,7 @@ def sample_trajectories(
     xt: Optional[torch.Tensor] = None,
     reward_runner=None,
     members: Optional[Sequence[int]] = None,
+    method=None,
     on_chunk=None,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
@@ -317,16 +317,19 @@ def sample_trajectories(
     tp_grpo / g2rpo credits); ``reward_runner`` (``submit(images, prompts, metadata) -> Future``) scores each chunk
     in the background while the next one is sampled (it must wrap the same reward as ``reward_fn``). ``members``:
     the index of each sample in its group (tree / branch plans need it to give a group's samples their paths).
-    ``on_chunk(done, total)``: called after each rollout chunk (progress lines); a True return stops sampling with
-    :class:`SamplingInterrupted` (a SIGTERM: the caller discards the epoch)."""
+    ``method``: the run's credit method (:class:`~flow_grpo.methods.base.FlowMethod`; default: the one
+    ``cfg.credit`` names, with default options). ``on_chunk(done, total)``: called after each rollout chunk
+    (progress lines); a True return stops sampling with :class:`SamplingInterrupted` (a SIGTERM: the caller
+    discards the epoch)."""
     t_start = time.perf_counter()
     n = len(prompts)
     metadata = list(metadata) if metadata is not None else [{} for _ in range(n)]
-    credit = _check_rollout(cfg, n, (xt_seeds, noise_seeds, plan_seeds), metadata, reward_fn)
+    method = method if method is not None else credit_for(cfg)
+    _check_rollout(cfg, n, (xt_seeds, noise_seeds, plan_seeds), metadata, reward_fn, method)
     group_ids = torch.as_tensor(group_ids, dtype=torch.long)
     sig = _rollout_sigmas(adapter, cfg)
-    plan = make_step_plan(cfg, plan_seeds, iteration, members)
-    if credit.step_rewards is not None and not bool(plan.train_mask.any()):
+    plan = make_step_plan(cfg, plan_seeds, iteration, members, method)
+    if method.has_step_rewards and not bool(plan.train_mask.any()):
         raise ValueError(f"credit={cfg.credit!r} needs at least one SDE step, but the step plan of iteration "
                          f"{iteration} is empty (window_policy=sliding has an empty window once per cycle)")
     cols = torch.nonzero(plan.train_mask.any(0)).flatten()
@@ -335,10 +338,10 @@ def sample_trajectories(
         xt = adapter.initial_noise(xt_seeds, cfg.height, cfg.width)
     elif xt.shape[0] != n:
         raise ValueError(f"xt has batch {xt.shape[0]} != {n}")
-    buf = _Columns.allocate(cols, xt, credit.keeps_ode_next)  # TP-GRPO completions start with the Euler step
+    buf = _Columns.allocate(cols, xt, method.keeps_ode_next)  # TP-GRPO completions start with the Euler step
     final = torch.zeros(tuple(xt.shape), dtype=torch.float32, device=xt.device)
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
-    rg = _rollout_grid(cfg, plan, sig, credit)
+    rg = _rollout_grid(cfg, plan, sig, method)
     chunk_images, futures = [], []
     for c0, c1 in chunks:
         x = _roll_chunk(adapter, cfg, xt[c0:c1].float().clone(), embeds.index(slice(c0, c1)), rg, buf, c0, c1,
@@ -361,7 +364,7 @@ def sample_trajectories(
     )
     nfe = len(rg.grid) - 1
     if reward_fn is not None:
-        nfe += _score_rollout(adapter, traj, embeds, sig, credit, reward_fn, reward_weights, futures)
+        nfe += _score_rollout(adapter, traj, embeds, sig, method, reward_fn, reward_weights, futures)
     traj.nfe_per_trajectory = float(nfe * (2 if cfg.cfg else 1))
     traj.seconds = time.perf_counter() - t_start
     return traj
@@ -379,7 +382,7 @@ def score_column(adapter: FlowModelAdapter, traj: Trajectories, chunk: tuple[int
                  embeds: Optional[PromptEmbeds] = None, return_velocity: bool = False):
     """The training path: recompute the Gaussian of trained column ``col`` for the rollout chunk ``chunk``
     with the *current* model (gradients flow if enabled) and score the stored ``x_{k+1}``.
-    Returns the :class:`SDEStepOutput` (and the velocity if asked)."""
+    Returns the :class:`~flow_grpo.sde.SDEStepOutput` (and the velocity if asked)."""
     c0, c1 = chunk
     s = traj.sampling
     if embeds is None:

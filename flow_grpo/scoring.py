@@ -13,11 +13,12 @@ import torch
 
 from flow_grpo.rewards import Reward
 from flow_grpo.rewards.base import check_finite_numpy, check_shapes
+from mmgrpo.engine.dist import gather_rows, process_group
 from mmgrpo.engine.errors import RewardCallFailed, RewardTimeout
-from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries, run_with_timeout
+from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries
 from mmgrpo.utils.logging import get_logger
 
-from .distributed import _dist, _gather_rows, sync_failure
+from .distributed import sync_failure
 
 log = get_logger("flow_grpo.scoring")
 
@@ -81,12 +82,6 @@ def finish_scores(scores: dict, n: int, weights: Optional[dict] = None) -> tuple
     scores["valid"] = valid
     return total, scores
 
-
-
-def _call_with_timeout(fn: Callable[[], Any], timeout: float, name: str) -> Any:
-    """Run ``fn()``; with ``timeout > 0`` in a daemon thread that is abandoned (it cannot be killed) if it has not
-    returned after ``timeout`` seconds (:func:`mmgrpo.engine.reward_calls.run_with_timeout`)."""
-    return run_with_timeout(fn, timeout, _timeout_error(name), f"reward-{name}")
 
 
 def _timeout_error(name: str) -> Callable[[float], BaseException]:
@@ -257,7 +252,7 @@ def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world:
     images are gathered, each process judges the groups ``sorted(gids)[rank::world]`` and the win rates are summed
     back (each sample is judged by one process). ``prompts`` / ``meta``: those of the gathered batch."""
     valid = traj.rewards["valid"]
-    (imgs, gids, v), sl = _gather_rows([traj.images, traj.group_ids, valid], device)
+    (imgs, gids, v), sl = gather_rows([traj.images, traj.group_ids, valid], device)
     n_all = gids.shape[0]
     owned = set(torch.unique(gids).tolist()[rank::world])
     idx = [i for i in range(n_all) if bool(v[i]) and int(gids[i]) in owned]
@@ -273,7 +268,7 @@ def apply_win_rates(traj, pairwise, prompts: list, meta: list, rank: int, world:
         except RewardCallFailed as exc:
             err = exc
     sync_failure(err)
-    d = _dist()
+    d = process_group()
     if d is not None:
         t = torch.stack([wr, bad]).to(device)
         d.all_reduce(t)

@@ -1,4 +1,5 @@
-"""The flow-matching GRPO trainer: one loop, methods differ only by config (see :mod:`flow_grpo.config`).
+"""The flow-matching GRPO recipe: :class:`FlowGRPOTrainer` sets a run up, :meth:`FlowGRPOTrainer.train` is the
+loop, top to bottom; methods differ only by config (see :mod:`flow_grpo.config`).
 
 Per epoch::
 
@@ -18,12 +19,12 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
-Where the pieces live: credit functions, sampling plans and train masks in :mod:`flow_grpo.methods` (a table looked
-up by config value: this file names no method); reward calls in :mod:`flow_grpo.scoring`; setup in
-:mod:`flow_grpo.build`; checkpoints and export in :mod:`flow_grpo.checkpointing`; eval and grids in
-:mod:`flow_grpo.evaluation`; halts, signals and the budget in :mod:`flow_grpo.run_control`; collectives in
-:mod:`flow_grpo.distributed`; prompt files and the sample layout in :mod:`flow_grpo.data`; epoch metrics in
-:mod:`flow_grpo.epoch_metrics`.
+Where the pieces live: the epoch's stages in :mod:`flow_grpo.steps`; the methods (credits, sampling plans, train
+masks, their hooks) in :mod:`flow_grpo.methods` (a registry looked up by config value: the recipe names no method);
+reward calls in :mod:`flow_grpo.scoring`; setup in :mod:`flow_grpo.build`; checkpoints and export in
+:mod:`flow_grpo.checkpointing`; eval and grids in :mod:`flow_grpo.evaluation`; signals, skipped steps and the budget
+in the :class:`~mmgrpo.engine.guard.RunGuard` shared with the VLM recipe; prompt files and the sample layout in
+:mod:`flow_grpo.data`; epoch metrics in :mod:`flow_grpo.epoch_metrics`.
 
 SIGTERM / SIGINT (:mod:`mmgrpo.utils.signals`): polled by every process through a max-reduction after the epoch's
 sampling (no update yet: the epoch is discarded, RNG rolled back) and before each epoch (the epoch in progress,
@@ -49,57 +50,62 @@ are wired the standard accelerate way but were not run here - no GPU, no deepspe
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-# TrainingHalted: the old name of TrainingStopped, re-exported with the other errors for old imports
-from mmgrpo.engine.errors import (NothingTrained, RewardCallFailed, RewardTimeout, TrainingHalted,  # noqa: F401
-                                  TrainingInterrupted, TrainingStopped)
-from mmgrpo.engine.checkpoint import SkipHalt
-from mmgrpo.utils.budget import TimeBudget
+from mmgrpo.engine.dist import all_reduce, broadcast_object
+from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
+from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
-from mmgrpo.utils.signals import StopOnSignal
 
-from .build import SetupMixin, _peft_init, set_num_frames, set_shift  # noqa: F401 - _peft_init: old import path
-from .checkpointing import CheckpointMixin
+from . import build, checkpointing, evaluation, steps
 from .config import TrainConfig
-from .data import epoch_samples, eval_prompts, load_prompts, train_prompts  # noqa: F401 - load_prompts: old path
-from .distributed import (_all_gather_object, _barrier, _broadcast_object, _dist, _gather_rows,  # noqa: F401
-                          _reduce, sync_failure)
-from .ema import EMA  # noqa: F401 - old import path
-from .epoch_metrics import REWARD_COUNTERS, epoch_metrics
-from .evaluation import EvalMixin
-from .methods import (AdvOptions, CreditInputs, advantage_stats, apply_train_masks, credit_name, get_credit,
-                      group_stats)
-from .run_control import RunControlMixin
-from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
-# the reward classes moved to flow_grpo.scoring; re-exported for old imports
-from .scoring import ResilientReward, RewardStack, _call_with_timeout, apply_win_rates  # noqa: F401
+from .data import eval_prompts, train_prompts
+from .epoch_metrics import epoch_metrics
+from .methods import build_methods, credit_method
+from .sampler import Trajectories
+from .scoring import RewardStack
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
 log = get_logger("flow_grpo.trainer")
 
-
-def _prompt_keys(prompts) -> torch.Tensor:
-    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
-    import hashlib
-
-    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
-                         for p in prompts], dtype=torch.int64)
+__all__ = ["FlowGRPOTrainer", "RunState", "train_from_config"]
 
 
-class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
+def _new_counters() -> dict[str, int]:
+    return {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0, "reward_invalid": 0,
+            "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0, "groups_singleton": 0,
+            "zero_advantage_epochs": 0}
+
+
+@dataclass
+class RunState:
+    """What changes during a flow run. ``epoch``, ``global_step``, ``counters`` and ``best_eval`` are checkpointed
+    (with the guard's skip / budget state and every method's ``state_dict``); the rest is this process's memory."""
+
+    epoch: int = 0  # epochs done (one rollout + its updates each); also the data position
+    global_step: int = 0  # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
+    counters: dict[str, int] = field(default_factory=_new_counters)  # run totals
+    best_eval: Optional[float] = None  # the best eval reward so far (keep_best)
+    last_save: Optional[tuple[int, Any]] = None  # (epoch, checkpoint) of the newest save: a stop need not rewrite it
+    last_traj: Optional[Trajectories] = None  # the last epoch's rollouts
+    last_zero_advantage: Optional[str] = None  # why the last epoch without a reward signal had none (the message)
+    started: bool = False  # train() resumed / started the run (a second call continues it)
+
+
+class FlowGRPOTrainer:
     """Build with a config (and optionally a ready adapter / reward components / accelerator, e.g. in tests),
-    then :meth:`train`.
+    then :meth:`train`. Everything set here stays fixed for the run; what changes is ``self.state``.
 
     ``reward_fn``: optional ``{name: reward callable}`` used instead of building ``reward.weights`` from the
     registry (each still wrapped with the fault handling of ``reward.*``).
@@ -109,30 +115,40 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
                  accelerator=None):
         from accelerate.utils import DistributedType
 
+        from mmgrpo.utils.checkpoint import CheckpointManager
         from mmgrpo.utils.seeding import seed_everything
 
         self.cfg = cfg
-        self.accelerator = acc = accelerator if accelerator is not None else self._build_accelerator()
+        self.accelerator = acc = accelerator if accelerator is not None else build.make_accelerator(cfg)
         self.rank, self.world = acc.process_index, acc.num_processes
-        self._check_launch()
+        build.check_launch(acc)
         self.is_main, self.device = acc.is_main_process, acc.device
         self.sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         self.deepspeed = acc.distributed_type == DistributedType.DEEPSPEED
-        self._preflight(loading=adapter is None, reward_fn=reward_fn)  # exit 2 before loading (build.py)
+        build.preflight(cfg, acc, self.world, self.sharded, self.deepspeed, loading=adapter is None,
+                        reward_fn=reward_fn)  # settings that fail only after loading: exit 2 now
         self.out = Path(cfg.run.output_dir)
         # one run per output folder (main process), before the model is loaded: a second run refuses at once
-        self._run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
+        self.run_lock = acquire_run_lock(self.out, self.is_main, owner=self)
         if self.is_main:  # folders of an export killed half-way (two copies of the weights): this run owns the folder
             clean_stale_exports(self.out)
         seed_everything(cfg.run.seed)  # identical LoRA init on every process (DDP also broadcasts rank 0's)
-        self.adapter = adapter if adapter is not None else self._build_adapter()
-        set_num_frames(self.adapter, cfg.sample.num_frames)
-        set_shift(self.adapter, cfg.sample.shift)
-        self._validate()
-        self._setup_model()
-        self.credit = get_credit(credit_name(cfg.sample.credit, cfg.reward.mode))  # flow_grpo.methods table
-        # a method's own state and hooks (rollout weights, loss, per-epoch update; see flow_grpo.methods.base.Credit)
-        self.method_runtime = self.credit.runtime(self) if self.credit.runtime is not None else None
+        self.adapter = adapter if adapter is not None else build.load_adapter(cfg, acc.device)
+        build.set_num_frames(self.adapter, cfg.sample.num_frames)
+        build.set_shift(self.adapter, cfg.sample.shift)
+        build.validate(cfg, self.adapter, self.world, self.sharded)
+        m = build.setup_model(cfg, acc, self.adapter, self.sharded)
+        self.model, self.optimizer, self.lr_scheduler = m.model, m.optimizer, m.lr_scheduler
+        self.unwrapped, self.named_params, self.params, self.ema = m.unwrapped, m.named_params, m.params, m.ema
+        self.reference_info = m.reference_info
+        self.state = RunState()
+        self.methods = build_methods(cfg, self)  # flow_grpo.methods: their hooks, in registry order
+        self.credit = credit_method(cfg, methods=self.methods)  # the one credit: advantages, plan, step rewards
+        self.credit.check_sampling(cfg.sample)  # before any sampling
+        self.estimator = self.credit.advantage_estimator()
+        # the policy loss of one micro-batch: the PPO column loss unless a method brings its own (DiffusionNFT)
+        self.loss = next((fn for mt in self.methods if (fn := mt.loss()) is not None),
+                         partial(steps.column_loss, self))
         self.rewards = RewardStack(cfg.reward, reward_fn)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
@@ -142,33 +158,19 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             self.runner = AsyncRewardRunner(self.rewards.pointwise, max_workers=cfg.reward.async_workers)
         self.prompts, self.metadata = train_prompts(cfg.data)
         self.eval_prompts, self.eval_metadata = eval_prompts(cfg.data)
-        self._bind_reference_images()
+        build.bind_reference_images(self.adapter, cfg.data, (self.prompts, self.metadata),
+                                    (self.eval_prompts, self.eval_metadata), self.is_main)
         if cfg.run.eval_every and not self.eval_prompts:
             raise ValueError("run.eval_every > 0 needs eval prompts: set data.eval_path or data.eval_prompts")
-        self._setup_run_state()
-
-    def _setup_run_state(self) -> None:
-        """Counters, budget, logger and the checkpoint folders."""
-        from mmgrpo.utils.checkpoint import CheckpointManager
-
-        cfg = self.cfg
-        self.epoch = 0
-        self.global_step = 0      # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
-        self.budget = TimeBudget(cfg.run.max_train_seconds, cfg.run.budget_clock)
-        self.budget_stopped = False
-        self._signals: Optional[StopOnSignal] = None  # active during train(): SIGTERM / SIGINT stop at an epoch edge
-        self.skips = SkipHalt(cfg.optim.max_consecutive_skips)  # non-finite skip-and-halt state (checkpointed)
-        self.counters = {"applied_steps": 0, "skipped_steps": 0, "empty_updates": 0,
-                         "reward_invalid": 0, "reward_failed_calls": 0, "reward_dropped": 0, "groups_empty": 0,
-                         "groups_singleton": 0, "zero_advantage_epochs": 0}
-        self.best_eval: Optional[float] = None
+        self.guard = RunGuard(cfg.optim.max_consecutive_skips, cfg.run.max_train_seconds, cfg.run.budget_clock,
+                              device=self.device)
         self.logger = None
         if self.is_main:
             from mmgrpo.utils.logging import MetricLogger
 
             self.logger = MetricLogger(self.out, use_tensorboard=cfg.run.tensorboard, is_main_process=True)
-        # checkpoints/ folders hold epochs: epoch-XXXXXXXX (runs before issue 15 wrote step-XXXXXXXX: still resumed
-        # from and pruned); halted/ folders hold the optimizer step at which the run stopped: step-XXXXXXXX
+        # checkpoints/ folders hold epochs: epoch-XXXXXXXX; halted/ folders hold the optimizer step at which the run
+        # stopped: step-XXXXXXXX
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=cfg.run.keep_best, best_mode="max", prefix="epoch")
         self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
@@ -176,350 +178,223 @@ class FlowGRPOTrainer(SetupMixin, CheckpointMixin, EvalMixin, RunControlMixin):
             log.warning("DeepSpeed: the optimizer step runs inside the last backward (engine.step), so a non-finite "
                         "loss/gradient is counted but cannot be skipped by the trainer (this path is untested)")
 
-    # ------------------------------------------------------------------ samples and rewards
-    def _epoch_samples(self, epoch: int, lo: Optional[int] = None, hi: Optional[int] = None):
-        """Samples ``[lo, hi)`` of the epoch (default: this process's slice): :func:`flow_grpo.data.epoch_samples`."""
-        if lo is None:
-            per = self.cfg.data.group_size * self.cfg.data.groups_per_epoch // self.world
-            lo, hi = self.rank * per, (self.rank + 1) * per
-        return epoch_samples(self.cfg, self.prompts, self.metadata, epoch, lo, hi)
-
-    def _epoch_members(self) -> list[int]:
-        """Index of each of this process's samples in its group (the layout of :meth:`_epoch_samples`)."""
-        G = self.cfg.data.group_size
-        per = G * self.cfg.data.groups_per_epoch // self.world
-        return [s % G for s in range(self.rank * per, (self.rank + 1) * per)]
-
-    def _rollout(self, epoch: int) -> tuple[Trajectories, dict]:
-        """Sample and score the epoch's trajectories (rewards in a background thread per chunk); returns them and
-        the reward call counters. A failed reward call (``on_failure=stop``) or a signal abandons the epoch: its RNG
-        is rolled back so that it is redrawn on resume."""
-        from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
-
-        rng_at_start = capture_rng_state()
-        prompts, meta, gids, xs, ns, ps = self._epoch_samples(epoch)
-        self.model.eval()
-        traj, err = None, None
-        rt = self.method_runtime
-        try:
-            with rt.rollout() if rt is not None and hasattr(rt, "rollout") else contextlib.nullcontext():
-                traj = sample_trajectories(self.adapter, prompts, self.cfg.sample, xs, ns, ps, gids, meta,
-                                           self.reward_fn, None, iteration=epoch, reward_runner=self.runner,
-                                           members=self._epoch_members(), on_chunk=self._sampling_progress())
-        except RewardCallFailed as exc:
-            err = exc
-        except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
-            pass
-        try:
-            sync_failure(err)
-        except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
-            restore_rng_state(rng_at_start)
-            self._stop_on_reward_failure(exc, epoch)
-        if self._signals is not None and self._signals.agreed(self._reduce_max):  # before any update of the epoch
-            restore_rng_state(rng_at_start)
-            self._interrupt(f"epoch {epoch} (its samples were discarded before any update)")
-        rc = self.rewards.take_counters()
-        if self.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates
-            self._apply_win_rates(traj)
-            rc2 = self.rewards.take_counters()
-            rc = {k: rc[k] + rc2[k] for k in rc}
-        return traj, rc
-
-    def _apply_win_rates(self, traj: Trajectories) -> None:
-        """Pref-GRPO win rates of the gathered batch (:func:`flow_grpo.scoring.apply_win_rates`)."""
-        n_all = len(traj) * self.world
-        prompts, meta, *_ = self._epoch_samples(self.epoch, 0, n_all) if self.world > 1 else (traj.prompts,
-                                                                                             traj.metadata)
-        rc = self.cfg.reward
-        apply_win_rates(traj, self.rewards.pairwise, prompts, meta, self.rank, self.world, self.device,
-                        win_rate_weight=rc.win_rate_weight, pointwise_weight=rc.pointwise_weight)
-
-    # ------------------------------------------------------------------ advantages (the credit table)
-    def credit_inputs(self, traj: Trajectories) -> CreditInputs:
-        """The explicit tensors a credit function reads (this process's rows; ``gather`` reaches all processes)."""
-        o = self.cfg.optim
-        valid = traj.rewards.get("valid")
-        valid = torch.ones(len(traj), dtype=torch.bool) if valid is None else valid.bool()
-        return CreditInputs(rewards=traj.rewards, group_ids=traj.group_ids, valid=valid, train_mask=traj.train_mask,
-                            step_indices=traj.step_indices, sigmas=traj.sigmas, weights=self.rewards.weights,
-                            opts=AdvOptions.from_optim(o), step_rewards=traj.step_rewards, device=self.device,
-                            gather=lambda ts: _gather_rows(ts, self.device), sampling=traj.sampling,
-                            members=traj.members, prompt_keys=_prompt_keys(traj.prompts),
-                            runtime=self.method_runtime)
-
-    def compute_advantages(self, traj: Trajectories) -> tuple[torch.Tensor, dict]:
-        """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit table
-        (:mod:`flow_grpo.methods`) and statistics of the whole gathered batch (all processes)."""
-        inp = self.credit_inputs(traj)
-        stats = group_stats(inp)
-        out = self.credit.advantages(inp)
-        stats.update(out.stats)
-        mask = inp.train_mask & inp.valid.unsqueeze(1)
-        adv = out.advantages * mask.float()
-        stats.update(advantage_stats(adv, mask, inp.gather))
-        return adv, stats
-
-    # ------------------------------------------------------------------ loss of one column
-    def _column_loss(self, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_global: float,
-                     dummy: bool = False):
-        """Loss of one micro-batch (rollout chunk x trained column), normalised by the global pair count.
-        ``dummy``: same forward(s) with a zero mask (equalises micro-batch counts across processes)."""
-        from mmgrpo.core import policy_loss
-
-        from .sde import kl_on_mean, kl_on_velocity, sde_step
-
-        rt = self.method_runtime
-        if rt is not None and hasattr(rt, "loss"):  # a method with its own loss (DiffusionNFT)
-            return rt.loss(traj, chunk, col, adv, n_global, dummy)
-        c = self.cfg
-        c0, c1 = chunk
-        mask = traj.train_mask[c0:c1, col].to(self.adapter.device)
-        if dummy:
-            mask = torch.zeros_like(mask)
-        with self.accelerator.autocast():
-            out, v = score_column(self.adapter, traj, chunk, col, return_velocity=True)
-        logp = out.log_prob.float()
-        old = traj.log_probs[c0:c1, col].to(logp.device)
-        a = adv[c0:c1, col].to(logp.device)
-        res = policy_loss(logp.unsqueeze(1), old.unsqueeze(1), a.unsqueeze(1), mask.unsqueeze(1),
-                          clip_low=c.optim.clip_low, agg="token_mean", num_tokens=n_global)
-        loss = res.loss
-        kl_val = 0.0
-        if c.optim.kl_coef > 0:
-            s = traj.sampling
-            with torch.no_grad(), self.adapter.reference(), self.accelerator.autocast():
-                v_ref = self.adapter.predict_velocity(traj.latents[c0:c1, col], traj.sigmas[col].item(),
-                                                      self.adapter.encode_prompts(traj.prompts[c0:c1]),
-                                                      s.guidance_scale, s.cfg)
-            if c.optim.kl_type == "velocity":
-                kl = kl_on_velocity(v, v_ref)
-            else:
-                ref = sde_step(v_ref, traj.latents[c0:c1, col], traj.sigmas[col].item(), traj.sigmas_next[col].item(),
-                               kind=s.sde_kind, noise_level=s.noise_level, noise=torch.zeros_like(v_ref))
-                std = out.noise_scale if c.optim.kl_type == "mean" else out.std
-                kl = kl_on_mean(out.mean, ref.mean, std)
-            m = mask.float()
-            loss = loss + c.optim.kl_coef * (kl * m).sum() / n_global
-            kl_val = float((kl.detach() * m).sum() / m.sum().clamp_min(1))
-        if dummy:
-            # zero-weight pass: keeps every parameter in the graph (DDP/FSDP hooks fire) without contributing
-            loss = loss * 0.0 + 0.0 * v.sum()
-        return loss, res.metrics, kl_val, int(mask.sum())
-
-    # ------------------------------------------------------------------ one optimizer step
-    def _update(self, traj: Trajectories, adv: torch.Tensor, chunk_ids, train_mask: torch.Tensor,
-                acc_metrics: dict, per_col: dict, kls: list) -> tuple[str, float]:
-        """One optimizer step over the given rollout chunks. Returns (status, grad_norm) with status
-        ``applied`` | ``skipped`` (non-finite loss or gradient norm on any process) | ``empty`` (no trained pair
-        on any process)."""
-        acc = self.accelerator
-        micro = []
-        local_pairs = 0
-        for i in chunk_ids:
-            c0, c1 = traj.chunks[i]
-            for col in range(train_mask.shape[1]):
-                cnt = int(train_mask[c0:c1, col].sum())
-                if cnt:
-                    micro.append((traj.chunks[i], col))
-                    local_pairs += cnt
-        n_global = _reduce([float(local_pairs)], "sum", self.device)[0]  # loss normaliser: global pair count
-        m_max = int(_reduce([float(len(micro))], "max", self.device)[0])  # every process runs this many passes
-        if n_global == 0:
-            return "empty", 0.0
-        self.model.train()
-        loss_ok = True
-        for j in range(m_max):
-            last = j == m_max - 1
-            dummy = j >= len(micro)
-            ch, col = (traj.chunks[0], 0) if dummy else micro[j]
-            acc.sync_gradients = last  # DeepSpeed: gradient-accumulation boundary only on the last micro-batch
-            with contextlib.nullcontext() if last else acc.no_sync(self.model):
-                loss, m, kl_val, _ = self._column_loss(traj, ch, col, adv, n_global, dummy=dummy)
-                loss_ok &= bool(torch.isfinite(loss.detach()).all())
-                # the backends average gradients over processes; * world turns that into the global sum
-                acc.backward(loss * self.world)
-            if not dummy:
-                for k, v in m.items():
-                    s_, n_ = acc_metrics.get(k, (0.0, 0))
-                    acc_metrics[k] = (s_ + float(v), n_ + 1)
-                per_col.setdefault(int(traj.step_indices[col]), []).append(float(m.get("ratio_mean", 1.0)))
-                if self.cfg.optim.kl_coef > 0:
-                    kls.append(kl_val)
-        acc.sync_gradients = True
-        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-        gn = acc.clip_grad_norm_(self.model.parameters(), max_norm)
-        gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn) if gn is not None else float("nan")
-        bad = _reduce([0.0 if (loss_ok and math.isfinite(gn)) else 1.0], "max", self.device)[0] > 0
-        if bad and not self.deepspeed:
-            self.optimizer.zero_grad(set_to_none=True)
-            return "skipped", gn
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return ("skipped" if bad else "applied"), gn
-
-    # ------------------------------------------------------------------ one epoch
-    def train_epoch(self) -> dict:
-        """Rollout -> credit (advantages, train mask) -> ``optim.inner_epochs`` x ``updates_per_epoch`` optimizer
-        steps -> metrics of the whole gathered batch."""
-        c = self.cfg
-        t0 = time.perf_counter()
-        traj, reward_counts = self._rollout(self.epoch)
-        t_sample = time.perf_counter() - t0
-        adv, stats = self.compute_advantages(traj)
-        valid = traj.rewards["valid"]
-        adv_ok = _reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
-        # no group kept >= 2 valid samples (every reward call failed / non-finite, on every process: the statistics
-        # are global): nothing to learn from -> the updates count as skipped steps (feed max_consecutive_skips)
-        no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch
-        skip_cause = ("no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
-                      if no_group else None if adv_ok else "non-finite advantages")
-        if skip_cause is None:  # every advantage 0: a zero gradient (run_control.py)
-            skip_cause = self._zero_advantage_cause(traj, adv)
-        traj.train_mask = apply_train_masks(c, adv, traj.train_mask & valid.unsqueeze(1), self.credit_inputs(traj))
-        t1 = time.perf_counter()
-        upd = self._run_updates(traj, adv, skip_cause)
-        rt = self.method_runtime
-        out_rt = (rt.end_epoch(traj) or {}) if rt is not None and hasattr(rt, "end_epoch") else {}
-        t_train = time.perf_counter() - t1
-        rsum = self._count_epoch(stats, reward_counts)
-        out = epoch_metrics(self, traj, stats, rsum, upd, t_sample, t_train)
-        out.update(out_rt)
-        self._last_traj = traj
-        return out
-
-    def _run_updates(self, traj: Trajectories, adv: torch.Tensor, skip_cause: Optional[str]) -> dict:
-        """The epoch's optimizer steps: the rollout chunks (whole trajectories, all their steps) split into
-        ``updates_per_epoch`` groups, ``inner_epochs`` passes. ``skip_cause``: skip every step (counted) for it."""
-        c = self.cfg
-        n_chunks = len(traj.chunks)
-        n_upd = max(1, min(c.optim.updates_per_epoch, n_chunks))
-        bounds = [round(i * n_chunks / n_upd) for i in range(n_upd + 1)]
-        upd = {"per_col": {}, "acc_metrics": {}, "kls": [], "grad_norms": [],
-               "status": {"applied": 0, "skipped": 0, "empty": 0}}
-        for _ in range(c.optim.inner_epochs):
-            for u in range(n_upd):
-                if skip_cause is not None:
-                    status, gn = "skipped", float("nan")
-                else:
-                    status, gn = self._update(traj, adv, range(bounds[u], bounds[u + 1]), traj.train_mask,
-                                              upd["acc_metrics"], upd["per_col"], upd["kls"])
-                upd["status"][status] += 1
-                self._after_update(status, gn, u, skip_cause or f"non-finite loss/gradients (grad norm {gn})",
-                                   upd["grad_norms"])
-        return upd
-
-    def _after_update(self, status: str, gn: float, u: int, what: str, grad_norms: list) -> None:
-        """Counters, EMA and the halt after ``optim.max_consecutive_skips`` skipped steps in a row."""
-        c = self.cfg
-        if status == "empty":
-            self.counters["empty_updates"] += 1
-            return
-        self.global_step += 1
-        if status == "applied":
-            grad_norms.append(gn)
-            self.counters["applied_steps"] += 1
-            self.skips.applied()
-            if self.ema is not None and self.global_step % c.ema.update_every == 0:
-                self.ema.update(self.global_step)
-            return
-        self.counters["skipped_steps"] += 1
-        halt = self.skips.skipped(what)
-        log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)",
-                    self.epoch, u, what, self.skips.consecutive)
-        if halt:
-            self._halt(what)
-
-    def _count_epoch(self, stats: dict, reward_counts: dict) -> list[float]:
-        """Run totals of dropped samples, failed reward calls and degenerate groups; returns the epoch's reward call
-        counters (:data:`~flow_grpo.epoch_metrics.REWARD_COUNTERS`) summed over processes."""
-        rsum = _reduce([reward_counts.get(k, 0) for k in REWARD_COUNTERS], "sum", self.device)
-        self.counters["reward_invalid"] += int(stats["reward/invalid"])
-        self.counters["reward_failed_calls"] += int(rsum[3])
-        self.counters["reward_dropped"] += int(rsum[4])
-        self.counters["groups_empty"] += int(stats["adv/groups_empty"])
-        self.counters["groups_singleton"] += int(stats["adv/groups_singleton"])
-        if stats["reward/invalid"] or stats["adv/groups_empty"] or stats["adv/groups_singleton"]:
-            log.warning("epoch %d: %d samples dropped (invalid reward: non-finite or failed call), %d groups empty, "
-                        "%d groups with one member (advantage 0)", self.epoch, int(stats["reward/invalid"]),
-                        int(stats["adv/groups_empty"]), int(stats["adv/groups_singleton"]))
-        return rsum
-
-    # ------------------------------------------------------------------ main loop
+    # ------------------------------------------------------------------------------------------- the loop
     def train(self, num_epochs: Optional[int] = None) -> list[dict]:
-        """Train to ``run.num_epochs`` (or ``num_epochs`` more). SIGTERM / SIGINT stop it at the next epoch boundary
-        (or abandon the epoch if its samples are still being drawn) after a checkpoint: :class:`TrainingInterrupted`."""
-        with StopOnSignal() as self._signals:
-            try:
-                return self._train(num_epochs)
-            finally:
-                self._signals = None
-
-    def _train(self, num_epochs: Optional[int] = None) -> list[dict]:
+        """Train to ``run.num_epochs`` (or ``num_epochs`` more); once ``run.num_epochs`` are done (or the time budget
+        is spent) the run ends: nothing-trained check, export, reward curves. SIGTERM / SIGINT stop it at the next
+        epoch boundary (or abandon the epoch if its samples are still being drawn) after a checkpoint:
+        :class:`TrainingInterrupted`."""
         from tqdm.auto import tqdm
 
         from mmgrpo.utils.config import save_config
 
-        c = self.cfg
-        if self.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_config(c, self.out / "config.yaml")
-        resumed = self.maybe_resume()
-        if resumed is not None and self.is_main:
-            log.info("resumed from %s at epoch %d (step %d)", resumed, self.epoch, self.global_step)
-        end = c.run.num_epochs if num_epochs is None else self.epoch + num_epochs
-        if self._budget_exhausted():  # a resumed run whose budget is already spent
-            end = self.epoch
-        history = []
-        bar = tqdm(total=end, initial=self.epoch, desc="flow GRPO", unit="epoch", dynamic_ncols=True,
-                   disable=not (c.run.progress_bar and self.is_main))
-        while self.epoch < end:
-            if self._signals is not None and self._signals.agreed(self._reduce_max):  # every process, same epoch
-                self._interrupt(f"epoch {self.epoch}")
-            self.budget.start()  # only epochs count (not evals / checkpoint writes)
-            metrics = self.train_epoch()
-            metrics["time/train_budget_s"] = self.budget.lap()
-            self.epoch += 1
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}", refresh=False)
-            if self._budget_exhausted():  # this epoch is the last one: final eval, checkpoint and export follow
-                end = self.epoch
-            history.append(self._end_of_epoch(metrics, final=self.epoch == end))
-        bar.close()
-        self._finish(history)
+        c, st, guard = self.cfg, self.state, self.guard
+        with guard.watching_signals():
+            if self.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                save_config(c, self.out / "config.yaml")
+            resumed = checkpointing.resume(self) if not st.started else None  # once per trainer object
+            if resumed is not None and self.is_main:
+                log.info("resumed from %s at epoch %d (step %d)", resumed, st.epoch, st.global_step)
+            if not st.started:
+                for mt in self.methods:
+                    mt.on_train_start(resumed is not None)
+            st.started = True
+            end = c.run.num_epochs if num_epochs is None else st.epoch + num_epochs
+            if guard.out_of_budget(f"epoch {st.epoch}"):  # a resumed run whose budget is already spent
+                end = st.epoch
+            history = []
+            bar = tqdm(total=end, initial=st.epoch, desc="flow GRPO", unit="epoch", dynamic_ncols=True,
+                       disable=not (c.run.progress_bar and self.is_main))
+            while st.epoch < end:
+                # -- stop point: SIGTERM / SIGINT (every process stops at the same epoch)
+                if guard.signalled():
+                    self.interrupt(f"epoch {st.epoch}")
+                guard.budget.start()  # only epochs count (not evals / checkpoint writes)
+                # -- rollout -> rewards (a failed reward call or a signal abandons the epoch here: RNG rolled back)
+                t0 = time.perf_counter()
+                traj, reward_counts = steps.rollout(self, st.epoch)
+                t_sample = time.perf_counter() - t0
+                # -- advantages (the credit), then the methods' train masks
+                adv, stats = steps.advantages(self, traj)
+                skip_cause = self._unusable(traj, adv, stats)
+                traj.train_mask, traj.advantages = traj.train_mask & traj.rewards["valid"].unsqueeze(1), adv
+                for mt in self.methods:
+                    traj = mt.on_advantages(traj)
+                # -- loss and optimizer steps (updates_per_epoch x inner_epochs), then the methods' end of epoch
+                t1 = time.perf_counter()
+                upd = steps.run_updates(self, traj, adv, skip_cause)
+                extra: dict = {}
+                for mt in self.methods:
+                    mt.end_of_step(traj, extra)
+                t_train = time.perf_counter() - t1
+                # -- the epoch's metrics over the whole gathered batch
+                rsum = steps.count_epoch(self, stats, reward_counts)
+                metrics = epoch_metrics(self, traj, stats, rsum, upd, t_sample, t_train)
+                metrics.update(extra)
+                st.last_traj = traj
+                metrics["time/train_budget_s"] = guard.budget.lap()
+                st.epoch += 1
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}", refresh=False)
+                if guard.out_of_budget(f"epoch {st.epoch}"):  # the last epoch: final eval, checkpoint, export
+                    end = st.epoch
+                # -- eval (if due), log, sample grid; checkpoint if due or the eval is the best so far
+                final = st.epoch == end
+                ev = evaluation.evaluate(self) if evaluation.eval_due(self, final) else None
+                metrics.update(ev or {})
+                if self.logger is not None:
+                    self.logger.log(metrics, st.global_step)
+                    evaluation.save_train_grid(self)
+                metric = ev["eval/reward/total/mean"] if ev is not None else None
+                metric = metric if metric is not None and math.isfinite(metric) else None
+                new_best = metric is not None and (st.best_eval is None or metric > st.best_eval)
+                st.best_eval = metric if new_best else st.best_eval
+                if bool(c.run.save_every and st.epoch % c.run.save_every == 0) or final or (new_best and
+                                                                                          c.run.keep_best):
+                    self.save(metric)
+                history.append(metrics)
+            bar.close()
+            if st.epoch >= c.run.num_epochs or guard.budget_stopped:  # the run is over: check, export, plot
+                self._finish(history)
         return history
 
-    def _end_of_epoch(self, metrics: dict, final: bool) -> dict:
-        """Eval (if due), log, grid, and a checkpoint if due or the eval is the best so far."""
-        c = self.cfg
-        ev = self.evaluate() if self._eval_due(final=final) else None
-        if ev is not None:
-            metrics.update(ev)
+    # ------------------------------------------------------------------------------------------- run pieces
+    def _unusable(self, traj: Trajectories, adv: torch.Tensor, stats: dict) -> Optional[str]:
+        """Why no update of this epoch can be applied (the same on every process), or None: no group kept >= 2 valid
+        samples (every reward call failed / non-finite; the statistics are global), or non-finite advantages. The
+        updates then count as skipped steps (they feed optim.max_consecutive_skips)."""
+        adv_ok = all_reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
+        no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= self.cfg.data.groups_per_epoch
+        if no_group:
+            return "no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
+        return self._zero_advantage_cause(traj, adv) if adv_ok else "non-finite advantages"
+
+    def _zero_advantage_cause(self, traj: Trajectories, adv: torch.Tensor) -> Optional[str]:
+        """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
+        are equal), or None; counted in ``zero_advantage_epochs``. With a method that drops zero-advantage
+        trajectories (``optim.drop_zero_adv``, the default) such an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
+        epoch's optimizer steps are *skipped steps* (counted, feed ``optim.max_consecutive_skips``) when their
+        gradient is exactly 0: no KL term (``optim.kl_coef=0``) and no method with a loss of its own
+        (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight decay. With a KL term
+        the steps are taken, but a run none of whose epochs had a reward signal still fails (:meth:`_finish`)."""
+        st = self.state
+        valid = traj.rewards["valid"].bool()
+        nonzero = all_reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
+        if nonzero > 0:
+            return None
+        st.counters["zero_advantage_epochs"] += 1
+        r = traj.rewards["total"].double()[valid]
+        n, s1, s2 = all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", self.device)
+        mean = s1 / max(n, 1.0)
+        std = max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5
+        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
+               f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
+        st.last_zero_advantage = why
+        if self.cfg.run.allow_no_reward_signal:
+            if self.is_main:
+                log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
+                            st.epoch, why)
+            return None
+        if any(mt.drops_zero_advantages for mt in self.methods):  # every trajectory leaves the update: empty updates
+            return None
+        if self.cfg.optim.kl_coef > 0 or any(mt.loss() is not None for mt in self.methods):
+            if self.is_main:
+                log.warning("epoch %d: %s; the KL / method loss terms are still applied", st.epoch, why)
+            return None
+        return why
+
+    def credit_inputs(self, traj: Trajectories):
+        """The explicit tensors a credit or train-mask function reads (for the methods)."""
+        return steps.credit_inputs(self, traj)
+
+    def save(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
+        """Collective: every process calls it. Returns the checkpoint folder on the main process."""
+        return checkpointing.save(self, metric=metric, halted=halted)
+
+    def halt(self, what: str) -> None:
+        """``optim.max_consecutive_skips`` optimizer steps skipped in a row: the state goes to ``halted/`` and the
+        run stops (:class:`TrainingStopped`)."""
+        st = self.state
+        path = self.save(halted=True)
+        path = broadcast_object(str(path) if path is not None else None)
+        k = self.cfg.optim.max_consecutive_skips
+        never = " (none of the run's optimizer steps was applied)" if not st.counters["applied_steps"] else ""
+        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps{never} (last cause: {what}) at "
+               f"epoch {st.epoch}, step {st.global_step}. Weights are unchanged by the skipped steps; the state "
+               f"was written to {path} (continue with run.resume_from={path} after fixing the cause, e.g. a lower "
+               "optim.lr, optim.max_grad_norm, bf16 -> fp32, or a broken reward).")
         if self.logger is not None:
-            self.logger.log(metrics, self.global_step)
-            self._save_train_grid()
-        metric = ev["eval/reward/total/mean"] if ev is not None else None
-        if metric is not None and not math.isfinite(metric):
-            metric = None
-        new_best = metric is not None and (self.best_eval is None or metric > self.best_eval)
-        if new_best:
-            self.best_eval = metric
-        due = bool(c.run.save_every and self.epoch % c.run.save_every == 0) or final
-        if due or (new_best and c.run.keep_best):
-            self.save_checkpoint(metric=metric)
-        return metrics
+            self.logger.log({"halted": 1.0, "steps/skipped_total": float(st.counters["skipped_steps"])},
+                            st.global_step)
+            self.logger.flush()
+        log.error(msg)
+        raise TrainingStopped(msg, path, resume_hint=False)  # msg names the halted folder to resume from
+
+    def stop_on_reward_failure(self, exc: RewardCallFailed, epoch: int) -> None:
+        """Collective. ``reward.on_failure=stop``: write a checkpoint of the state before ``epoch`` (its samples are
+        redrawn on resume, as after a signal) and raise :class:`TrainingStopped` (``flow_grpo train`` exits 3)."""
+        path = self._checkpoint_now()
+        msg = (f"flow_grpo: a reward call failed at epoch {epoch} and reward.on_failure=stop: {exc}. The state before "
+               f"the epoch was written to {path}; fix the reward, then resume with run.resume_from=auto.")
+        log.error(msg)
+        raise TrainingStopped(msg, path, resume_hint=False) from exc
+
+    def interrupt(self, where: str) -> None:
+        """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
+        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 6)."""
+        path = self._checkpoint_now()
+        log.warning("interrupted by %s at %s: checkpoint %s", self.guard.signal_name, where, path)
+        raise TrainingInterrupted(self.guard.signal_name, where, path)
+
+    def _checkpoint_now(self) -> Optional[str]:
+        """Collective: the checkpoint of the current epoch (written unless it already is), on every process."""
+        last = self.state.last_save
+        path = last[1] if last is not None and last[0] == self.state.epoch else self.save()
+        path = broadcast_object(str(path) if path is not None else None)
+        if self.logger is not None:
+            self.logger.flush()
+        return path
 
     def _finish(self, history: list[dict]) -> None:
         """Refuse a run that trained nothing, export the weights, plot the reward curves."""
         self._check_trained()  # raises (no export) if no optimizer step of the run was applied
         # a resumed run with no epochs left still repairs a missing / damaged / outdated export
-        if history or (self.epoch > 0 and self._export_outdated()):
-            self._check_replicas_in_sync()
-            self.export_final()
+        if history or (self.state.epoch > 0 and checkpointing.export_outdated(self)):
+            checkpointing.check_replicas_in_sync(self)
+            checkpointing.export_final(self)
         if history and self.is_main and self.cfg.run.reward_curves:
-            self._plot_curves()
+            evaluation.reward_curves(self)
         if self.logger is not None:
             self.logger.flush()
+
+    def _check_trained(self) -> None:
+        """A run none of whose optimizer steps was applied, or none of whose epochs had a reward signal (every
+        advantage 0), fails instead of exporting "trained" weights."""
+        st, n = self.state, self.state.counters
+        if st.epoch == 0:
+            return
+        zero = n["zero_advantage_epochs"]
+        if n["applied_steps"] > 0 and (zero < st.epoch or self.cfg.run.allow_no_reward_signal):
+            return
+        if self.logger is not None:
+            self.logger.flush()
+        if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
+            raise NothingTrained(
+                f"flow_grpo: nothing was trained: none of the run's {st.epoch} epoch(s) had a reward signal (last: "
+                f"{st.last_zero_advantage or 'every advantage 0'}); only the KL / method loss terms were applied. No "
+                "final weights were exported. Check the reward (reward.weights / reward.kwargs: does it tell the "
+                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)")
+        cause = self.guard.skips.last_cause or (
+            "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
+            "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
+        raise NothingTrained(
+            f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
+            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward signal; "
+            f"last cause: {cause}; "
+            f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
+            f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
+            f"and the learning rate.")
 
     def close(self) -> None:
         from mmgrpo.utils.runlock import release_run_lock

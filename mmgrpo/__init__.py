@@ -9,12 +9,6 @@ Layout -- the top level is what both front-ends share; each front-end is one sub
 * :mod:`mmgrpo.vlm`: the Qwen-VL front-end (``train``, ``models``, ``rewards``, ``methods``, ``data``, ``config``,
   ``cli``, ``sft``);
 * ``flow_grpo`` (a sibling package): the SD3 / FLUX front-end, built on the shared part only.
-
-The old paths (``mmgrpo.train``, ``mmgrpo.models``, ``mmgrpo.data.synthetic_t2i``, ...) still import, as aliases of
-the same modules (:mod:`mmgrpo._aliases`).
 """
-from mmgrpo import _aliases
 
 __version__ = "0.1.0"
-
-_aliases.install()

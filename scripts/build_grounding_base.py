@@ -5,7 +5,7 @@
     python scripts/build_grounding_base.py --out /tmp/gb --smoke              # wiring check, seconds
 
 Five ``scripts/build_tiny_vlm.py`` stages on the synthetic grounding benchmark, version 2 (``--clock light
---events 2 3``; ``mmgrpo/synthetic/grounding.py``), each starting from the previous one (``--init``), the vision
+--events 2 3``; ``mmgrpo/vlm/synthetic/grounding.py``), each starting from the previous one (``--init``), the vision
 tower frozen after stage 1 (docs/demo_models.md, "Issue #16"):
 
 1. ``W1``: a tagging stage teaches the vision tower which colour+shape each 1-s block shows, then 1,200 SFT steps

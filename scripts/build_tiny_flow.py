@@ -19,9 +19,9 @@ What it builds (details, the shipped reference command and measured numbers: doc
     must use the same ``max_sequence_length`` as training (``mmgrpo_demo.json`` in the folder records it, with the
     image size, sampling steps, benchmark tags and the demo's eval protocol);
 * pre-trained with the rectified-flow loss (:mod:`flow_grpo.pretrain`) on images drawn by
-  ``data.synthetic_t2i.render`` for *train-split* prompts of ``--tags`` (rendered on the fly, fresh layout per
+  ``mmgrpo.synthetic.t2i.render`` for *train-split* prompts of ``--tags`` (rendered on the fly, fresh layout per
   sample);
-* evaluated on held-out prompts of ``--tags`` with ``data.synthetic_t2i.verify`` through the pipeline call
+* evaluated on held-out prompts of ``--tags`` with ``mmgrpo.synthetic.t2i.verify`` through the pipeline call
   (``eval.json``: ``--eval-per-tag`` samples per tag, accuracy = mean over tags).
 
 Training is step-based (``--steps``) so the result does not depend on machine load; ``--seconds`` is a safety cap
@@ -246,7 +246,7 @@ def palette_autoencoder_kl(palette, background, snap: float = 8.0, threshold: fl
 
 # ----------------------------------------------------------------------------------------------- pipeline
 def benchmark():
-    from data import synthetic_t2i as bench
+    from mmgrpo.synthetic import t2i as bench
 
     return bench
 
@@ -315,7 +315,7 @@ def render_slots(metadata, size: int, seed: int, slot: int = 16, order: str = "r
     grid of ``slot`` x ``slot`` px cells (``slot`` = two 8-px transformer tokens at patch 4), each object fills one
     random free cell with a ``d x d`` shape, ``d`` uniform in ``[slot - 4, slot - 2]``, at a random offset inside
     its cell (so neighbours keep a gap of at least 2 px). Same palette, background and shape drawing as
-    ``data.synthetic_t2i.render``; only the layout is simpler (token-aligned cells, no free placement), which a
+    ``mmgrpo.synthetic.t2i.render``; only the layout is simpler (token-aligned cells, no free placement), which a
     tiny patch-4 transformer learns much faster. ``order="fixed"`` fills the cells in reading order instead (the
     layout is then a function of the count; only size and offset vary). ``verify`` accepts every such image
     (tested)."""
@@ -351,7 +351,7 @@ def render_slots(metadata, size: int, seed: int, slot: int = 16, order: str = "r
 class RenderedBatches:
     """``batch_fn(step)`` for :func:`flow_grpo.pretrain.pretrain`: train-split prompts (tag-uniform, as
     ``make_prompts``), each rendered with a fresh seed. Deterministic in (seed, step). ``layout="benchmark"``
-    draws with ``data.synthetic_t2i.render`` (free placement); ``"slots"`` with :func:`render_slots`.
+    draws with ``mmgrpo.synthetic.t2i.render`` (free placement); ``"slots"`` with :func:`render_slots`.
 
     ``count_noise`` q > 0 models noisy web captions: with probability q an image shows a *different* number of
     objects (uniform over the other counts 1-4) than its caption says; colour and shape stay right. The base then
@@ -465,7 +465,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--tags", nargs="+", default=None,
-                   help="benchmark tags to train and evaluate on (default: all of data.synthetic_t2i.TAGS)")
+                   help="benchmark tags to train and evaluate on (default: all of mmgrpo.synthetic.t2i.TAGS)")
     p.add_argument("--layout", default="benchmark", choices=["benchmark", "slots"],
                    help="training renders: the benchmark's free placement, or token-aligned slots (render_slots)")
     p.add_argument("--slot-order", default="random", choices=["random", "fixed"],

@@ -135,7 +135,7 @@ def build_pipeline(seed: int = 0, width: int = 64, heads: int = 2, layers: int =
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from flow_grpo.models.tiny import build_t5_unigram_tokenizer
+    from flow_grpo.models.tiny_tokenizers import build_t5_unigram_tokenizer
     from flow_grpo.pretrain import adaln_zero_init_
 
     torch.manual_seed(seed)
@@ -275,7 +275,7 @@ def render_aligned(spec: dict, size: int = 32, frames: int = 5, cell: int = 8, m
     import numpy as np
 
     from mmgrpo.synthetic.t2v import BACKGROUND, COLORS, validate_spec
-    from mmgrpo.synthetic.tvg import _shape_mask
+    from mmgrpo.synthetic.shapes import _shape_mask
 
     objs = validate_spec(spec)
     if any(e["count"] != 1 or e["order"] != 0 for e in objs):

@@ -179,22 +179,22 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
                 n_val: int = 0, clock: str = "none", lanes: int = 3,
                 events: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``(train.jsonl, eval.jsonl)`` in ``data_dir``, generated if absent: ``benchmark="tvg"`` with
-    ``data.synthetic_tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.synthetic.grounding.generate``
+    ``mmgrpo.vlm.synthetic.tvg.generate`` (version 1), ``"grounding"`` with ``mmgrpo.vlm.synthetic.grounding.generate``
     (version 2, also ``val.jsonl`` when ``n_val``)."""
     tr, ev = data_dir / "train.jsonl", data_dir / "eval.jsonl"
     if benchmark == "grounding":
         if not (tr.exists() and ev.exists()):
-            from mmgrpo.synthetic.grounding import generate as generate_v2
+            from mmgrpo.vlm.synthetic.grounding import generate as generate_v2
 
-            from mmgrpo.synthetic.grounding import N_EVENTS
+            from mmgrpo.vlm.synthetic.grounding import N_EVENTS
 
             generate_v2(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed, n_val=n_val, clock=clock, lanes=lanes,
                         n_events=tuple(events) if events else N_EVENTS)
     elif not (tr.exists() and ev.exists()):
         try:
-            from mmgrpo.synthetic.tvg import generate
+            from mmgrpo.vlm.synthetic.tvg import generate
         except ImportError:  # older layout: a repo-root generator module
-            from data.synthetic_tvg import generate
+            from mmgrpo.vlm.synthetic.tvg import generate
 
         res = generate(str(data_dir), n_train=n_train, n_eval=n_eval, seed=seed)
         # accept either our default names or whatever paths the generator reports
@@ -205,7 +205,7 @@ def ensure_data(data_dir: Path, n_train: int, n_eval: int, seed: int, benchmark:
             tr, ev = Path(res[0]), Path(res[1])
     for p in (tr, ev):
         if not p.exists():
-            raise FileNotFoundError(f"{p}: expected the synthetic TVG split here (data.synthetic_tvg.generate)")
+            raise FileNotFoundError(f"{p}: expected the synthetic TVG split here (mmgrpo.vlm.synthetic.tvg.generate)")
     return tr, ev
 
 
@@ -307,14 +307,14 @@ def first_event_labels(samples: list, rate: float, seed: int) -> list:
 def fingerprint(benchmark: str = "tvg") -> dict:
     """Short hashes of what the checkpoint depends on besides its weights: the rendered TVG prompt + ground-truth
     answer (``mmgrpo.vlm.data.prompts`` with the tiny ChatML template) and the synthetic generator's rules
-    (``mmgrpo.synthetic.tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
+    (``mmgrpo.vlm.synthetic.tvg``: constants and the sampling / rendering / sample-writing functions).  A shipped
     checkpoint whose fingerprint differs from the current code's must be rebuilt.  ``benchmark="grounding"`` adds
-    ``synthetic_grounding``: the same for ``mmgrpo.synthetic.grounding`` (version 2)."""
+    ``synthetic_grounding``: the same for ``mmgrpo.vlm.synthetic.grounding`` (version 2)."""
     import hashlib
     import inspect
 
     from mmgrpo.vlm.data import prompts
-    from mmgrpo.synthetic import tvg as syn
+    from mmgrpo.vlm.synthetic import tvg as syn
     from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
 
     s = {"id": "fp", "task": "tvg", "video": "v.mp4", "duration": 9.5, "query": "When does the red circle appear?",
@@ -332,7 +332,7 @@ def fingerprint(benchmark: str = "tvg") -> dict:
 
     out = {"prompts": h(text), "synthetic_tvg": h(gen)}
     if benchmark == "grounding":
-        from mmgrpo.synthetic import grounding as g2
+        from mmgrpo.vlm.synthetic import grounding as g2
 
         src = repr([g2.DURATION, g2.EVENT_SECONDS, g2.N_EVENTS, g2.N_LANES, g2.MIN_MOVE, g2.CLOCK_ROWS,
                     g2.CLOCK_PX_PER_S, g2.CLOCK_RGB, g2.LIGHT_START, g2.LIGHT_PER_S, g2.APPEAR_TEMPLATES,
@@ -368,7 +368,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-dir", default="", help="folder with train.jsonl / eval.jsonl (default: <out>/data)")
     p.add_argument("--benchmark", default="tvg", choices=("tvg", "grounding"),
                    help="tvg: synthetic TVG version 1 (data/synthetic_tvg.py); grounding: version 2 "
-                        "(mmgrpo/synthetic/grounding.py: short moving events, distractors, motion queries)")
+                        "(mmgrpo/vlm/synthetic/grounding.py: short moving events, distractors, motion queries)")
     p.add_argument("--n-val", type=int, default=0, help="grounding: validation videos (val.jsonl, stream 2)")
     p.add_argument("--lanes", type=int, default=3, help="grounding: horizontal lanes of the shapes")
     p.add_argument("--events", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
@@ -376,7 +376,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "ignored with an existing --data-dir (sft_report.json's data.info records that data's own settings)")
     p.add_argument("--clock", default="none", choices=("none", "bar", "light"),
                    help="grounding: show each frame's time in its pixels (bar: progress bar; light: the background "
-                        "brightens with time); see mmgrpo/synthetic/grounding.py")
+                        "brightens with time); see mmgrpo/vlm/synthetic/grounding.py")
     p.add_argument("--eval-split", default="eval", choices=("eval", "val"),
                    help="split evaluated after SFT (val = validation, for choosing settings without the held-out)")
     p.add_argument("--label-noise", type=float, default=0.0,
@@ -586,7 +586,7 @@ def vision_pretrain(model, examples, args) -> dict:
     """The tagging stage (``--vision-pretrain-steps``): one item per training video, labels from the renderer's
     ground truth (``synthetic_grounding.block_tags``) over the frames the processor actually sampled."""
     from mmgrpo.vlm import sft
-    from mmgrpo.synthetic.grounding import TAG_CLASSES, block_tags
+    from mmgrpo.vlm.synthetic.grounding import TAG_CLASSES, block_tags
 
     if args.benchmark != "grounding":
         raise SystemExit("--vision-pretrain-steps needs --benchmark grounding (the labels come from its renderer)")

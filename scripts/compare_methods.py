@@ -206,13 +206,13 @@ def flow_setup(runner: demo.Runner, args) -> dict:
     """The demo's T2I setup; :func:`method_cmd` removes from the demo's GRPO command the keys that the compared
     method's own preset and recipe set (they decide them; other methods keep the demo's values: a global strip
     let the nft preset's ``sample.cfg`` turn CFG on for every method)."""
-    from flow_grpo.config import METHOD_PRESETS
+    from flow_grpo.config import preset_names, preset_values
 
     s = demo.t2i_setup(runner, args, demo.load_recipes().t2i, runner.out / "shared")
     if s.get("skipped"):
         raise SystemExit(f"[compare] {s['skipped']}")
     s["train_cmd"] = without_keys(s["train_cmd"], {"method"})
-    s["preset_keys"] = {name: set(preset) for name, preset in METHOD_PRESETS.items()}
+    s["preset_keys"] = {name: set(preset_values(name)) for name in preset_names()}
     return s
 
 

@@ -218,8 +218,8 @@ def check_benchmark_args(rep: dict, benchmark_args: list[str]) -> None:
     info = (rep.get("data") or {}).get("info") or {}
     if not info.get("version"):
         return
-    from mmgrpo.synthetic.grounding import N_EVENTS
-    from mmgrpo.synthetic.tvg import build_parser
+    from mmgrpo.vlm.synthetic.cli import build_parser
+    from mmgrpo.vlm.synthetic.grounding import N_EVENTS
 
     # the generator's own parser: its defaults are what an argument left out means
     a, _ = build_parser().parse_known_args(["out"] + [str(x) for x in benchmark_args])
@@ -518,7 +518,7 @@ def count_probe(eval_dir: Path) -> dict:
 
     if str(REPO) not in sys.path:  # data/ is a folder of the checkout, not an installed package
         sys.path.insert(0, str(REPO))
-    from data.synthetic_t2i import segment_objects
+    from mmgrpo.synthetic.t2i import segment_objects
 
     rows = [json.loads(x) for x in (eval_dir / "images.jsonl").read_text().splitlines() if x.strip()] \
         if (eval_dir / "images.jsonl").exists() else []

@@ -129,9 +129,6 @@ def _settings(front: str, cfg: dict) -> list[str]:
         return isinstance(sub, dict) and bool(sub.get("enabled") or (name == "selection" and sub.get("criterion")))
 
     switched = sorted(name for name, sub in (cfg.get("methods") or {}).items() if on(name, sub))
-    for extra in ("tempsamp", "tgrpo", "tw_grpo", "reg_grpo", "selection"):  # top-level method sections
-        if on(extra, cfg.get(extra)):
-            switched.append(extra)
     if switched:
         out.append("switches: " + ", ".join(f"`{s}`" for s in switched))
     return out

@@ -20,7 +20,7 @@ SD3 joint blocks; T5 / CLIP encoder layers).
    ``from_pretrained`` folder (VLM: + the real-vocabulary Qwen processor; flow: a diffusers pipeline folder);
 2. ``step`` (fresh subprocess): imports, baseline RSS, load the folder through the trainers' real path
    (``load_policy`` / ``load_adapter``), then ONE full GRPO step of the project's own trainer
-   (``GRPOTrainer.train_step`` on G=4 rollouts of one real-format 8-frame video prompt; ``FlowGRPOTrainer.train_epoch``
+   (one step of ``GRPOTrainer.train`` on G=4 rollouts of one real-format 8-frame video prompt; one epoch of ``FlowGRPOTrainer.train``
    on G=4 512x512 images: rollout, reward, advantages, loss, backward, optimizer step), LoRA (or ``--full-finetune``),
    gradient checkpointing on.
 
@@ -83,7 +83,7 @@ def build_vlm(spec: dict, layers: int, out: Path, shard: str) -> dict:
 
     from mmgrpo.vlm.models.real_tokenizer import build_qwen2_5_vl_processor, build_qwen_tokenizer
     from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
-    from mmgrpo.utils.memory_plan import vlm_config
+    from mmgrpo.vlm.memory_plan import vlm_config
 
     cfg = vlm_config(spec, layers)
     cfg._attn_implementation = "sdpa"
@@ -124,7 +124,7 @@ def _qwen3_processor(tok):
 def build_flow(spec: dict, layers: int, out: Path, shard: str) -> dict:
     import torch
 
-    from mmgrpo.utils.memory_plan import flow_pipeline
+    from flow_grpo.memory_plan import flow_pipeline
 
     torch.manual_seed(0)
     prev = torch.get_default_dtype()
@@ -164,7 +164,7 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
           "model.gradient_checkpointing=true", f"model.lora.enabled={'false' if full else 'true'}",
           "data.task=tvg", "data.prompt_mode=no_think", f"data.video_min_pixels={px * px}",
           f"data.video_max_pixels={px * px}", f"rollout.group_size={G}",
-          f"rollout.max_new_tokens={max_new_tokens}", "run.max_steps=1", "run.prompts_per_device=1",
+          f"rollout.max_new_tokens={max_new_tokens}", "run.max_steps=2", "run.prompts_per_device=1",
           f"run.micro_batch_size={G}", "run.device=cpu", "optim.lr=1e-5", f"run.output_dir={run_dir}",
           "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.progress_bar=false"]
     cfg = load_config(TrainConfig, None, ov)
@@ -172,13 +172,12 @@ def step_vlm(spec: dict, folder: Path, run_dir: Path, full: bool, max_new_tokens
               "video": synthetic_frames(0, FRAMES, px, px), "meta": {"video_fps": 2.0},
               "duration": FRAMES / 2.0, "spans": [[1.0, 2.5]]}
     tr = GRPOTrainer(cfg, samples=[sample], reward_fn=_text_reward)
-    tr._make_stream()
     touch_weights(tr.model)
     reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     sec = time.perf_counter() - t0
-    rb = tr.last_batch
+    rb = tr.state.batch
     prompt_tokens = int(rb.items[0]["input_ids"].shape[-1]) if rb.n else 0
     comp = int(rb.completion_mask.sum()) if rb.n else 0
     loss = m.get("train/loss", float("nan"))
@@ -209,21 +208,19 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
           "ema.enabled": "false", "reward.retry_backoff": 0.0, "reward.async_workers": 0}
     cfg = load_train_config(None, [f"{k}={v}" for k, v in ov.items()])
     tr = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": _image_reward})
-    import mmgrpo.core
+    losses, real_loss = [], tr.loss
 
-    losses, real_loss = [], mmgrpo.core.policy_loss
-
-    def recording_loss(*args, **kw):  # the flow trainer logs no loss: record what policy_loss returns
+    def recording_loss(*args, **kw):  # the flow trainer logs no loss: record each micro-batch's
         out = real_loss(*args, **kw)
-        losses.append(float(out.loss.detach()))
+        losses.append(float(out[0].detach()))
         return out
 
-    mmgrpo.core.policy_loss = recording_loss
+    tr.loss = recording_loss
     touch_weights(*[m for m in (getattr(ad.pipe, k, None) for k in ("transformer", "vae", "text_encoder",
                     "text_encoder_2", "text_encoder_3")) if m is not None])
     reset = reset_peak_rss()  # VmHWM := current RSS (eval/perf/common.py)
     t0 = time.perf_counter()
-    m = tr.train_epoch()
+    m = tr.train()[-1]  # the one epoch (and its LoRA export)
     sec = time.perf_counter() - t0
     loss = sum(losses) / len(losses) if losses else float("nan")
     return {"loss": loss, "step_seconds": sec, "peak_reset": reset, "updates": int(m.get("steps/applied", 0)),
@@ -264,11 +261,22 @@ def _stage(a) -> dict:
     return r
 
 
+def counts(spec: dict, layers: int | None = None) -> dict:
+    """The parameter counts of ``spec`` cut to ``layers``, from its front-end's planner."""
+    if spec["type"] == "vlm":
+        from mmgrpo.vlm.memory_plan import counts as vlm_counts
+
+        return vlm_counts(spec, layers)
+    from flow_grpo.memory_plan import counts as flow_counts
+
+    return flow_counts(spec, layers)
+
+
 def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
     """Activation constants per model from rehearsal JSONs: ``r(N) = (measured - static(N)) / tokens`` where static
     is the planner without activations; ``a_layer = r(2) - r(1)``, ``a_fixed = r(1) - a_layer`` (fitted on
     ``fit_layers`` only: the other depths are out-of-sample checks); then every run's planner error."""
-    from mmgrpo.utils.memory_plan import counts, get_spec, plan_rehearsal, rehearsal_tokens
+    from mmgrpo.utils.memory_plan import get_spec, plan_rehearsal, rehearsal_tokens
 
     runs: dict[str, dict[int, dict]] = {}
     for p in paths:
@@ -282,7 +290,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
         spec = get_spec(name)
         res = {}
         for n, r in by_n.items():
-            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=zero)
+            pr = plan_rehearsal(spec, counts(spec, n), r.get("mode") == "full", r["step"], activation=zero)
             toks = rehearsal_tokens(spec, r["step"])  # the rows x tokens `plan` multiplies the constants by
             res[n] = ((r["measured_peak_bytes"] - pr["total"]) / toks, toks, pr["total"])
         lo, hi = fit_layers
@@ -296,7 +304,7 @@ def fit(paths: list[str], fit_layers=(1, 2)) -> dict:
         act = {"a_layer": round(a_layer, 1), "a_fixed": round(a_fixed, 1)}
         errs = {}
         for n, r in sorted(by_n.items()):
-            pr = plan_rehearsal(spec, n, r.get("mode") == "full", r["step"], activation=act)
+            pr = plan_rehearsal(spec, counts(spec, n), r.get("mode") == "full", r["step"], activation=act)
             errs[n] = {"measured": r["measured_peak_bytes"], "predicted": round(pr["total"]),
                        "error": round((pr["total"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"], 4),
                        "error_without_activations": round(res[n][2] / r["measured_peak_bytes"] - 1, 4),
@@ -423,7 +431,8 @@ def _build_only(a) -> int:
     info.unlink()
     key = "model.path" if spec["type"] == "vlm" else "model.pipeline_dir"
     print(json.dumps({"folder": str(out), "model": a.model, "layers": a.layers, **res}))
-    print(f"{a.model} at real width, {a.layers} layer(s), random bf16 weights: use {key}={out} "
+    width = f"1/{a.model.split('/', 1)[1]} of the real width" if "/" in a.model else "real width"
+    print(f"{a.model} at {width}, {a.layers} layer(s), random bf16 weights: use {key}={out} "
           f"({'mmgrpo' if spec['type'] == 'vlm' else 'flow_grpo'} plan {key}={out} plans it)", file=sys.stderr)
     return 0
 
@@ -432,10 +441,10 @@ def _predictions(a, st: dict) -> dict:
     from mmgrpo.utils.memory_plan import get_spec, plan_full_depth, plan_rehearsal
 
     spec = get_spec(a.model)
-    pr = plan_rehearsal(spec, a.layers, full=a.full_finetune, tokens=st)
+    pr = plan_rehearsal(spec, counts(spec, a.layers), full=a.full_finetune, tokens=st)
     out = {"predicted_peak_bytes": pr["total"], "predicted_breakdown": pr,
            "planner_error": (pr["total"] - st["step_peak_bytes"]) / st["step_peak_bytes"],
-           "full_depth": plan_full_depth(spec)}
+           "full_depth": plan_full_depth(spec, counts(spec))}
     return out
 
 

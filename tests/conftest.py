@@ -129,35 +129,47 @@ class _WouldRun:
 
 @pytest.fixture
 def craft_sharded_state():
-    """``craft(step_dir, model, optimizer, target, extra=None)``: write ``step_dir/state`` with
+    """``craft(step_dir, model, optimizer, target, extra=None, how="bytes_entry")``: write ``step_dir/state`` with
     ``torch.distributed.checkpoint`` holding every tensor a resume asks for (``sharded_model_optim(model,
-    optimizer)``, plus ``extra``: e.g. the flow trainer's EMA shadows), so that DCP gets to read it, except that the first model
-    entry is a pickled object that would create ``target``, and rewrite the manifest to match (whoever writes a
-    folder writes its manifest). Returns the name of the crafted entry."""
+    optimizer)``, plus ``extra``: e.g. the flow trainer's EMA shadows), so that DCP gets to read it, then make it
+    hostile, and rewrite the manifest to match (whoever writes a folder writes its manifest):
 
-    def craft(step_dir, model, optimizer, target, extra=None):
+    * ``how="bytes_entry"`` (issue 31 item 1): the first model entry is a pickled object that would create ``target``
+      (DCP reads a non-tensor item with ``torch.load(weights_only=False)``); returns the entry's name;
+    * ``how="rank_metadata"`` (item 2): every entry is a genuine tensor, but ``.metadata`` is gone and
+      ``__0.metadata`` is a pickle that would create ``target`` (DCP falls back to it with plain ``pickle.load``);
+      returns ``"__0.metadata"``."""
+
+    def craft(step_dir, model, optimizer, target, extra=None, how="bytes_entry"):
         import hashlib
         import json
+        import pickle
         import warnings
 
         import torch.distributed.checkpoint as dcp
 
         from mmgrpo.engine.checkpoint import sharded_model_optim
 
+        assert how in ("bytes_entry", "rank_metadata"), how
         tensors, _ = sharded_model_optim(model, optimizer)
         first = next(iter(tensors["model"]))
-        tensors["model"][first] = _WouldRun(target)
+        if how == "bytes_entry":
+            tensors["model"][first] = _WouldRun(target)
         if extra:
             tensors["extra"] = dict(extra)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "no process group": a single-process save
             dcp.save(tensors, checkpoint_id=str(step_dir / "state"))
+        if how == "rank_metadata":
+            (step_dir / "state" / ".metadata").unlink()
+            (step_dir / "state" / "__0.metadata").write_bytes(pickle.dumps(_WouldRun(target)))
         man = json.loads((step_dir / "manifest.json").read_text())
+        man["files"] = {k: v for k, v in man["files"].items() if not k.startswith("state/")}
         for f in (step_dir / "state").iterdir():
             man["files"][f"state/{f.name}"] = {"size": f.stat().st_size,
                                                "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
         (step_dir / "manifest.json").write_text(json.dumps(man))
-        return f"model.{first}"
+        return f"model.{first}" if how == "bytes_entry" else "__0.metadata"
 
     return craft
 

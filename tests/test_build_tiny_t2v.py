@@ -115,7 +115,7 @@ def test_render_aligned_cells_motion_and_verifier():
 def test_word_tokens_vocabulary():
     """--word-tokens: every Mini-T2V prompt word is one token (no <unk>, the longest prompt fits the 32-token text
     length); without it the shared tiny vocabulary is unchanged and spells "triangle" letter by letter."""
-    from flow_grpo.models.tiny import build_t5_unigram_tokenizer
+    from flow_grpo.models.tiny_tokenizers import build_t5_unigram_tokenizer
     from mmgrpo.synthetic.t2v import all_prompts
 
     b = _builder()

@@ -43,7 +43,7 @@ def test_label_noise_is_bounded_fixed_per_seed_and_keeps_spans_valid():
 
 
 def test_fingerprint_covers_the_grounding_generator_only_when_asked(monkeypatch):
-    from mmgrpo.synthetic import grounding as g2
+    from mmgrpo.vlm.synthetic import grounding as g2
 
     b = _builder()
     f1, f2 = b.fingerprint(), b.fingerprint("grounding")

@@ -22,7 +22,8 @@ def _smoke_data(tmp_path_factory, monkeypatch):
 
 
 def _setup(recipe: Path, *extra: str):
-    from mmgrpo.vlm.train.task import build_rewards, load_samples
+    from mmgrpo.vlm.data.task import load_samples
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     cfg = smoke.load_recipe("vlm", str(recipe))
     cfg = smoke.load_recipe("vlm", str(recipe), smoke.vlm_train(cfg, Path("unused")) + list(extra))
@@ -60,7 +61,7 @@ def test_a_lost_image_bound_is_caught(monkeypatch):
     import numpy as np
     from PIL import Image
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     extra = ("data.image_min_pixels=0", "data.image_max_pixels=3136")  # 4 merged tokens of 28 x 28
     cfg, task, _, reward_fn = _setup(REPO / "configs/vlm/vlm_r1_refcoco.yaml", *extra)
@@ -78,14 +79,14 @@ def test_a_lost_image_bound_is_caught(monkeypatch):
 def test_a_rebuilt_prompt_that_differs_from_the_rollout_is_caught(monkeypatch):
     import dataclasses
 
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     cfg, task, samples, reward_fn = _setup(REPO / "configs/vlm/time_r1_charades.yaml")
 
     def old_rebuild(self, prep, **kw):  # the old TaskAdapter.rebuild: the project template whatever the recipe
         from mmgrpo.vlm.data import build_messages
         from mmgrpo.video.processor import build_video_inputs
-        from mmgrpo.vlm.train.task import _tensors
+        from mmgrpo.vlm.data.task import _tensors
 
         text = self.processor.apply_chat_template(build_messages(prep.sample, mode=self.mode),
                                                   add_generation_prompt=True, tokenize=False)
@@ -120,3 +121,44 @@ def test_training_stops_before_step_1_on_a_contradiction(tmp_path):
                             smoke.vlm_train(cfg, tmp_path / "run") + ["data.prompt_template=mmgrpo"])
     with pytest.raises(CheckError, match="contradict"):
         GRPOTrainer(cfg)
+
+
+def test_evaluation_stops_before_generating_on_a_contradiction(tmp_path, monkeypatch, capsys):
+    """eval/generate_vlm.py runs the same check before its first generation (issue #33 item 4): with a TaskAdapter
+    whose rebuilt prompt is not the rollout's, it exits 1 naming the problem and writes no prediction."""
+    import dataclasses
+
+    import torch
+
+    from eval import generate_vlm
+    from mmgrpo.vlm.data.task import TaskAdapter
+
+    cfg = smoke.load_recipe("vlm", str(REPO / "configs/vlm/time_r1_charades.yaml"))
+    argv = ["--config", str(REPO / "eval/configs/charades_sta.yaml"), f"model={smoke.TINY_VLM}",
+            *smoke.vlm_eval(cfg, tmp_path), "data.prompt_mode=think", "data.prompt_template=time_r1_eval",
+            f"out_dir={tmp_path / 'eval'}"]
+    real_rebuild = TaskAdapter.rebuild
+
+    def other_rebuild(self, prep, **kw):  # the rollout's prompt with its first token repeated
+        got = real_rebuild(self, prep, **kw)
+        ids = got.item["input_ids"]
+        return dataclasses.replace(got, item={**got.item, "input_ids": torch.cat([ids[:, :1], ids], dim=1)})
+
+    monkeypatch.setattr(TaskAdapter, "rebuild", other_rebuild)
+    assert generate_vlm.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: mmgrpo check failed" in err and "differs from the rollout" in err, err
+    assert not (tmp_path / "eval" / "predictions.jsonl").exists()
+
+
+@pytest.mark.parametrize("recipe", VLM_RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_says_where_its_prompt_comes_from_and_is_in_the_docs_table(recipe):
+    """Issue #33 items 2 and 'done when': each recipe's comments name its prompt template (and so its source, or
+    why another release's prompt is used), and docs/experiments.md's "What the model sees" table has a row for it."""
+    cfg = smoke.load_recipe("vlm", str(recipe))
+    comments = "\n".join(ln.split("#", 1)[1] for ln in recipe.read_text().splitlines() if "#" in ln)
+    assert "Prompt" in comments and cfg.data.prompt_template in comments, recipe.name
+    docs = (REPO / "docs" / "experiments.md").read_text().split("## What the model sees", 1)[1].split("\n## ", 1)[0]
+    row = next((ln for ln in docs.splitlines() if ln.startswith("|") and f"`{recipe.stem}`" in ln.split("|")[1]), None)
+    assert row is not None, f"{recipe.stem} has no row in docs/experiments.md 'What the model sees'"
+    assert f"`{cfg.data.prompt_template}`" in row or (cfg.data.prompt_template == "mmgrpo" and "`mmgrpo`" in row), row

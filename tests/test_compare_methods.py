@@ -33,7 +33,7 @@ def test_vlm_dry_run_lists_every_method_with_the_budget(tmp_path):
     train = [c for c in cmds if "mmgrpo.vlm.cli train" in c]
     assert len(train) == 2 * len(cm.method_recipes("vlm"))
     assert all("run.max_train_seconds=7.0" in c and "run.budget_clock=cpu" in c for c in train)
-    assert not any("tempsamp.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
+    assert not any("methods.tempsamp_r1.enabled" in c for c in train)  # the demo's TempSamp-R1 switch is left to the recipes
     for name, recipe in cm.method_recipes("vlm").items():
         assert sum(f"/{name}/seed1/run" in c for c in train) == 1
         assert all(f"train --config {recipe} " in c for c in train if f"/{name}/" in c)
@@ -51,9 +51,9 @@ OLD_VLM_METHODS = {
     "grpo": [],
     "dr_grpo": ["algo.adv_scale=none", "algo.agg=seq_mean_token_sum_norm"],
     "dapo": ["algo.clip_high=0.28", "algo.filter_zero_std=true"],
-    "tempsamp_r1": ["tempsamp.enabled=true"],
+    "tempsamp_r1": ["methods.tempsamp_r1.enabled=true"],
     "reg_grpo": ["algo.loss_type=reg"],
-    "t_grpo": ["tgrpo.enabled=true"],
+    "t_grpo": ["methods.t_grpo.enabled=true"],
     # added with their recipes (issue #21): no earlier list; the same check that recipe == switches
     "seed_grpo": ["methods.seed_grpo.enabled=true"],
     "dapo_overlong": ["methods.dapo_overlong.enabled=true"],
@@ -76,9 +76,9 @@ OLD_FLOW_METHODS = {
     # added with their recipes (issue 20): the same check that recipe and override list agree
     "vgpo": ["method=vgpo"],
     "nft": ["method=nft"],
-    "branch_grpo": ["method=branch_grpo", "sample.tree_split_points=[0,3,6]"],
-    "b2_diffurl": ["method=b2", "sample.b2_split_left=3", "sample.b2_split_right=10", "sample.b2_num_stages=8",
-                   "sample.b2_epochs_per_stage=4"],
+    "branch_grpo": ["method=branch_grpo", "methods.branch_grpo.split_points=[0,3,6]"],
+    "b2_diffurl": ["method=b2", "methods.b2_diffurl.split_left=3", "methods.b2_diffurl.split_right=10", "methods.b2_diffurl.num_stages=8",
+                   "methods.b2_diffurl.epochs_per_stage=4"],
     "adv_grpo": ["method=adv_grpo", "reward.weights={mini_geneval: 1.0, adv_dino: 1.0}",
                  "reward.kwargs={mini_geneval: {mode: partial}, adv_dino: {tiny: true}}",
                  "methods.adv_grpo.schedule=interleave", "methods.adv_grpo.every=1", "methods.adv_grpo.lr=1e-3",
@@ -172,9 +172,9 @@ def test_full_finetune_recipe_folder_strips_the_demo_lora_and_method_switch(tmp_
     assert set(train) == {"grpo", "ref_sync"}
     monkeypatch.chdir(REPO)
     for name, argv in train.items():
-        assert not any(a.split("=")[0] in {"tempsamp.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
+        assert not any(a.split("=")[0] in {"methods.tempsamp_r1.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
         cfg = load_config(TrainConfig, argv[1], argv[2:])
-        assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.tempsamp.enabled) == (False, 1e-4, 0.04,
+        assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.methods.tempsamp_r1.enabled) == (False, 1e-4, 0.04,
                                                                                                    False)
         assert cfg.methods.ref_sync.enabled is (name == "ref_sync")
     evals = [c for c in cmds if "eval/generate_vlm.py" in c and any("/seed0/eval" in a for a in c)]

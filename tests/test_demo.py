@@ -219,7 +219,7 @@ def test_recipes_drive_the_commands(tmp_path):
     data = next(c for c in cmds if "synthetic_tvg.py" in c)
     assert data.endswith("--version 2")
     train = next(c for c in cmds if "mmgrpo.vlm.cli train" in c)
-    assert "run.max_steps=7" in train and "run.max_steps=250" not in train and "tempsamp.enabled" not in train
+    assert "run.max_steps=7" in train and "run.max_steps=250" not in train and "methods.tempsamp_r1.enabled" not in train
     assert f"model.path={other} " in train and not any("build_" in c for c in cmds)
     assert all("decoding.max_new_tokens=30" in c for c in cmds if "generate_vlm.py" in c)
     assert all("data.query_position=before" in c for c in cmds if "generate_vlm.py" in c or "mmgrpo.cli train" in c)

@@ -1,6 +1,7 @@
-"""Package layout (issue 15, item 6): the top level of ``mmgrpo`` is the library both front-ends share, the Qwen-VL
-front-end is ``mmgrpo.vlm``, and ``flow_grpo`` builds on the shared part only (the exceptions are listed, with why).
-The pre-``mmgrpo.vlm`` import paths still work and give the very same module objects (``mmgrpo._aliases``).
+"""Package layout (issue 15 item 6, issue 34 item 4): the top level of ``mmgrpo`` is the library both front-ends share
+(``core`` = math, ``engine`` = run infrastructure, ``utils`` = generic helpers, ``video``, ``synthetic``) and imports
+no front-end; the Qwen-VL front-end is ``mmgrpo.vlm``; ``flow_grpo`` builds on the shared part only (the exceptions
+are listed, with why); no module of the project takes part in an import cycle.
 
 Tests mirror the source layout by folder name, not by the ``vlm/`` level: ``tests/{trainer,models,rewards,methods,
 data}`` test ``mmgrpo/vlm/{train,models,rewards,methods,data}``, ``tests/test_sft.py`` ``mmgrpo/vlm/sft.py``,
@@ -10,15 +11,10 @@ data}`` test ``mmgrpo/vlm/{train,models,rewards,methods,data}``, ``tests/test_sf
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-from mmgrpo import _aliases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,39 +25,31 @@ FLOW_USES_VLM = {
     "flow_grpo/rewards/vlm_judge.py": {"mmgrpo.vlm.models.adapters", "mmgrpo.vlm.models.inputs",
                                        "mmgrpo.vlm.models.rollout"},
     "flow_grpo/rewards/vlm_judge_video.py": {"mmgrpo.vlm.models.rollout"},
+    # the generative judges (UnifiedReward) decode with the VLM front-end's greedy evaluation path; VideoAlign's
+    # reward model is a Qwen-VL backbone fed the video the VLM judge's way
+    "flow_grpo/rewards/unified_reward.py": {"mmgrpo.vlm.models.adapters", "mmgrpo.vlm.models.inputs",
+                                            "mmgrpo.vlm.models.rollout"},
+    "flow_grpo/rewards/videoalign.py": {"mmgrpo.vlm.models.rollout"},
     # Qwen-Image's text encoder is a Qwen2.5-VL: the tiny test pipeline builds it with the tiny-VLM builder.
     "flow_grpo/models/tiny_qwen_image.py": {"mmgrpo.vlm.models.tiny"},
-}
-# shared modules that reach into mmgrpo.vlm (lazily, inside the function that needs it), and why
-SHARED_USES_VLM = {
-    # the memory planner plans VLM runs too: Qwen's token ids, the tiny-VLM model class, the VLM TrainConfig
-    "mmgrpo/utils/memory_plan.py": {"mmgrpo.vlm.models.real_tokenizer", "mmgrpo.vlm.models.tiny",
-                                    "mmgrpo.vlm.config"},
-    # the temporal-grounding benchmarks write their samples in the VLM JSONL schema
-    "mmgrpo/synthetic/tvg.py": {"mmgrpo.vlm.data.jsonl", "mmgrpo.vlm.data.schema"},
-    "mmgrpo/synthetic/grounding.py": {"mmgrpo.vlm.data.jsonl", "mmgrpo.vlm.data.schema"},
+    # FLUX.2-klein's and Z-Image's text encoders are Qwen3 models, Qwen-Image 2.1's a Qwen3-VL: the tiny text
+    # encoders reuse the tiny-VLM tokenizer (Qwen's special tokens) and model builders.
+    "flow_grpo/models/tiny_text.py": {"mmgrpo.vlm.models.tiny"},
 }
 SHARED = ("core", "engine", "utils", "video", "synthetic")
-# every module path of the layout before mmgrpo.vlm existed that moved (each must still import)
-OLD_PATHS = ["mmgrpo.train", "mmgrpo.train.trainer", "mmgrpo.train.faults", "mmgrpo.train.task", "mmgrpo.models",
-             "mmgrpo.models.rollout", "mmgrpo.models.tiny", "mmgrpo.models.adapters", "mmgrpo.rewards",
-             "mmgrpo.rewards.registry", "mmgrpo.methods", "mmgrpo.methods.dapo", "mmgrpo.cli", "mmgrpo.config",
-             "mmgrpo.sft", "mmgrpo.trainer", "mmgrpo.utils.timeline", "mmgrpo.data", "mmgrpo.data.jsonl",
-             "mmgrpo.data.prompts", "mmgrpo.data.synthetic_t2i", "mmgrpo.data.synthetic_t2v",
-             "mmgrpo.data.synthetic_tvg", "mmgrpo.data.synthetic_grounding"]
 
 
-def _imports(path: Path) -> set[str]:
-    """Absolute ``mmgrpo`` modules a file imports (``from mmgrpo import x`` counts as ``mmgrpo.x``)."""
+def _imports(path: Path, prefix: str = "mmgrpo") -> set[str]:
+    """Absolute ``prefix`` modules a file imports (``from mmgrpo import x`` counts as ``mmgrpo.x``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module)
-            if node.module == "mmgrpo":
-                found |= {f"mmgrpo.{a.name}" for a in node.names}
-    return {m for m in found if m == "mmgrpo" or m.startswith("mmgrpo.")}
+            if node.module == prefix:
+                found |= {f"{prefix}.{a.name}" for a in node.names}
+    return {m for m in found if m == prefix or m.startswith(prefix + ".")}
 
 
 def _py_files(*folders: str) -> list[Path]:
@@ -77,22 +65,103 @@ def test_flow_grpo_imports_mmgrpo_vlm_only_where_listed():
     assert seen == FLOW_USES_VLM  # a new use must be justified here; a stale entry must go
 
 
-def test_shared_modules_import_mmgrpo_vlm_only_where_listed():
+def test_shared_modules_import_no_front_end():
+    """Nothing shared imports a front-end (not even lazily, inside a function): an arrow from the shared layer up
+    into ``mmgrpo.vlm`` or ``flow_grpo`` means the code belongs to that front-end."""
     seen = {}
     for path in _py_files(*(f"mmgrpo/{s}" for s in SHARED)):
-        vlm = {m for m in _imports(path) if m.startswith("mmgrpo.vlm")}
-        if vlm:
-            seen[str(path.relative_to(REPO))] = vlm
-    assert seen == SHARED_USES_VLM
+        up = {m for m in _imports(path) if m.startswith("mmgrpo.vlm")} | _imports(path, "flow_grpo")
+        if up:
+            seen[str(path.relative_to(REPO))] = up
+    assert seen == {}
 
 
-def test_the_repository_uses_the_new_paths_only():
-    """The aliases are for code outside the repository; inside, every import names the new module."""
-    this = Path(__file__).resolve()
-    old = {str(p.relative_to(REPO)): sorted(f"{m} -> {_aliases.new_name(m)}" for m in _imports(p)
-                                            if _aliases.new_name(m))
-           for p in _py_files("mmgrpo", "flow_grpo", "eval", "scripts", "tests", "data") if p != this}
-    assert {k: v for k, v in old.items() if v} == {}  # file -> ["old -> new", ...]: import the new name
+def test_the_core_is_math_only():
+    """``mmgrpo.core`` imports nothing of the project but itself (no collectives, no run infrastructure)."""
+    seen = {str(p.relative_to(REPO)): {m for m in _imports(p) if not m.startswith("mmgrpo.core")}
+            for p in _py_files("mmgrpo/core")}
+    assert {k: v for k, v in seen.items() if v} == {}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of the project (mmgrpo, flow_grpo, eval, data) -> the project modules it imports anywhere in the
+    file (module level or inside a function: a lazy import in a cycle is still a cycle)."""
+    mods = {}
+    for p in _py_files("mmgrpo", "flow_grpo", "eval", "data"):
+        parts = list(p.relative_to(REPO).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for name, p in mods.items():
+        pkg = name if p.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                while t and t not in mods:  # `import a.b.c` of a name inside a module: the module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    out.add(t)
+        graph[name] = out
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a loop (issue 34 broke the 6 there were, e.g.
+    ``eval.harness`` <-> ``eval.report``, ``core`` -> ``engine.dist`` -> ``core``)."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
 _NO_VLM = """
@@ -115,7 +184,7 @@ print(len(names))
 def test_flow_grpo_and_the_shared_library_load_without_the_vlm_front_end():
     """Importing every flow_grpo and shared module (in a fresh process) loads no ``mmgrpo.vlm`` module, except
     through the listed files.  Catches indirect imports the source scan above cannot see (~10-25 s)."""
-    skip = [p[:-3].replace("/", ".") for p in (*FLOW_USES_VLM, *SHARED_USES_VLM)]
+    skip = [p[:-3].replace("/", ".") for p in FLOW_USES_VLM]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", _NO_VLM, *skip], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)
@@ -123,45 +192,9 @@ def test_flow_grpo_and_the_shared_library_load_without_the_vlm_front_end():
     assert int(r.stdout) > 50  # really walked the packages
 
 
-@pytest.mark.parametrize("old", OLD_PATHS)
-def test_old_path_is_the_same_module(old):
-    new = _aliases.new_name(old)
-    assert new and new.startswith(("mmgrpo.vlm.", "mmgrpo.synthetic.")), new
-    module = importlib.import_module(old)
-    assert module is importlib.import_module(new) is sys.modules[old] is sys.modules[new]
-    assert module.__name__ == module.__spec__.name == new  # the alias does not rename the real module
-
-
-def test_old_spellings_of_imports_and_monkeypatch_reach_the_new_module(monkeypatch):
-    from mmgrpo.data import Sample, synthetic_t2i
-    from mmgrpo.models import rollout
-    from mmgrpo.train.trainer import GRPOTrainer
-    from mmgrpo.vlm.data import Sample as new_sample
-    from mmgrpo.synthetic import t2i
-    import mmgrpo.vlm.models.rollout
-    import mmgrpo.vlm.train.trainer as new_trainer
-
-    assert Sample is new_sample and synthetic_t2i is t2i and rollout is mmgrpo.vlm.models.rollout
-    assert GRPOTrainer is new_trainer.GRPOTrainer
-    marker = object()
-    monkeypatch.setattr("mmgrpo.train.trainer.GRPOTrainer", marker)  # the way tests patch by dotted name
-    assert new_trainer.GRPOTrainer is marker
-
-
-def test_names_that_only_share_a_prefix_are_not_aliased():
-    assert _aliases.new_name("mmgrpo.trainers") is None and _aliases.new_name("mmgrpo.datasets") is None
-    assert _aliases.new_name("mmgrpo.core") is None and _aliases.new_name("mmgrpo.vlm.train") is None
-    assert _aliases.new_name("mmgrpo.data.synthetic_tvg.x") == "mmgrpo.synthetic.tvg.x"  # longest prefix wins
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("mmgrpo.trainers")
-
-
-def test_old_and_new_cli_modules_run_and_setup_points_at_the_new_one():
-    """``python -m mmgrpo.cli`` (the spelling in scripts and docs) keeps working; the console script is the new
-    module."""
+def test_the_cli_module_runs_and_setup_points_at_it():
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for mod in ("mmgrpo.cli", "mmgrpo.vlm.cli"):
-        r = subprocess.run([sys.executable, "-m", mod, "--help"], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=120)
-        assert r.returncode == 0 and r.stdout.startswith("usage: mmgrpo <command>"), (mod, r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-m", "mmgrpo.vlm.cli", "--help"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: mmgrpo <command>"), r.stderr[-2000:]
     assert '"mmgrpo=mmgrpo.vlm.cli:main"' in (REPO / "setup.py").read_text()

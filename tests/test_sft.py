@@ -434,7 +434,7 @@ def test_chunked_head_same_loss_and_gradients(tiny, side):
 
 # --------------------------------------------------------------------------------------- vision tagging stage
 def test_block_tags_by_hand():
-    from mmgrpo.synthetic.grounding import TAG_CLASSES, block_tags
+    from mmgrpo.vlm.synthetic.grounding import TAG_CLASSES, block_tags
 
     rows = [{"meta": {"colour": "red", "shape": "circle", "frames": [3, 7]}},
             {"meta": {"colour": "blue", "shape": "square", "frames": [10, 10]}}]

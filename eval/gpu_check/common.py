@@ -240,7 +240,8 @@ def vlm_folder(ctx: Ctx) -> Path:
     depth and dtype; sharded safetensors + the real processor), built on the device once; later calls reuse it."""
     import torch
 
-    from mmgrpo.utils.memory_plan import get_spec, vlm_config
+    from mmgrpo.utils.memory_plan import get_spec
+    from mmgrpo.vlm.memory_plan import vlm_config
     from mmgrpo.vlm.models.tiny import model_class, vision_token_ids
 
     v = ctx.p["vlm"]

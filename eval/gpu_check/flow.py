@@ -1,6 +1,6 @@
 """Flow sections: FLUX.1-dev (512^2, then 1024^2 if time allows), SD3.5-medium and Wan2.1-T2V-1.3B (a short clip)
 at the released widths and depths with random weights, bf16, LoRA, Flow-GRPO-Fast (``method=fast``: CPS SDE on a
-random window of 3 of 10 steps, only those trained), through ``FlowGRPOTrainer.train_epoch`` (rollout with exact
+random window of 3 of 10 steps, only those trained), through one epoch of ``FlowGRPOTrainer.train`` (rollout with exact
 per-step log-probs, VAE decode, reward, advantages, loss, backward, AdamW).
 
 Reported: seconds per epoch (epoch 0 warms up; epoch 1 is the steady state) split into rollout and training,
@@ -49,7 +49,8 @@ def _pipeline(ctx: Ctx, kind: str):
         if kind == "wan":
             pipe = _wan_pipeline()
             return pipe, torch.bfloat16, 512, None
-        from mmgrpo.utils.memory_plan import MODELS, flow_pipeline
+        from flow_grpo.memory_plan import flow_pipeline
+        from mmgrpo.utils.memory_plan import MODELS
 
         name = {"flux": "flux.1-dev", "sd3": "sd3.5-medium"}[kind]
         pipe = flow_pipeline(MODELS[name], None)
@@ -120,6 +121,8 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             planner: bool = True) -> None:
     import torch
 
+    import flow_grpo.steps as stages
+    from flow_grpo.memory_plan import counts
     from flow_grpo.sampler import sample_trajectories
     from mmgrpo.utils.memory_plan import MODELS, flow_tokens, plan
 
@@ -129,8 +132,10 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             transformer_params=sum(p.numel() for p in ad.transformer.parameters()),
             trainable_params=sum(p.numel() for _, p in tr.named_params))
     timer = PhaseTimer()
-    tr._rollout = timer.wrap("rollout", tr._rollout)
-    tr._run_updates = timer.wrap("train", tr._run_updates)
+    # the recipe's stage functions, timed where the loop looks them up (restored below)
+    real = {"rollout": stages.rollout, "run_updates": stages.run_updates}
+    stages.rollout = timer.wrap("rollout", real["rollout"])
+    stages.run_updates = timer.wrap("train", real["run_updates"])
     epochs = []
     try:
         for e in range(ctx.p["flow"]["epochs"]):
@@ -140,15 +145,14 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             reset_peak_memory(on_gpu)
             wall: dict = {}
             with timed(wall, "epoch"):
-                m = tr.train_epoch()
-            tr.epoch += 1
+                m = tr.train(num_epochs=1)[-1]
             ph = timer.take()
             rec = {"epoch": e, "epoch_seconds": wall["epoch"], "phases_seconds": ph,
                    "samples_per_s": G / wall["epoch"], "applied_steps": m.get("steps/applied"),
                    "memory": peak_memory(on_gpu)}
             if planner and spec_name is not None:
                 spec = MODELS[spec_name]
-                pred = plan(spec_name, full=False, lora_r=cfg.model.lora.rank, rows=cfg.sample.batch_size,
+                pred = plan(spec_name, full=False, n=counts(spec, None, cfg.model.lora.rank), rows=cfg.sample.batch_size,
                             flow_tokens=flow_tokens(spec, res[0], res[1]), gpu=on_gpu)
                 rec["planner"] = planner_comparison(pred, rec["memory"], on_gpu)
             epochs.append(rec)
@@ -165,6 +169,7 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
         if overhead:
             _rollout_overhead(ctx, tr, ad, cfg, sample_trajectories, head)
     finally:
+        stages.rollout, stages.run_updates = real["rollout"], real["run_updates"]
         del tr, ad
         gc.collect()
         if torch.cuda.is_available():

@@ -58,8 +58,11 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
     import torch
 
     import mmgrpo.vlm.train.onpolicy as onpolicy
+    import mmgrpo.vlm.train.steps as stages
+    import mmgrpo.vlm.train.trainer as recipe
     from mmgrpo.utils.config import load_config
-    from mmgrpo.utils.memory_plan import plan
+    from mmgrpo.utils.memory_plan import get_spec, plan
+    from mmgrpo.vlm.memory_plan import counts
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.vlm.train.trainer import GRPOTrainer
 
@@ -70,7 +73,7 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
         # fp32 master weights (the default) for a full fine-tune of this size on one device: ask the planner first
         total = torch.cuda.mem_get_info()[1] if on_gpu else 139 * GiB
         est_p = (v["frames"] // 2) * (v["height"] // 28) * (v["width"] // 28) + 140
-        pm = plan(v["spec"], layers=v["layers"], full=True, rows=v["G"], prompt_tokens=est_p,
+        pm = plan(v["spec"], n=counts(get_spec(v["spec"]), v["layers"], 16), full=True, rows=v["G"], prompt_tokens=est_p,
                   completion_len=v["T"], fp32_master_weights=True, reference=True, gpu=on_gpu)
         fits = pm["total"] <= total
         ctx.put(full_ft_with_fp32_masters={"planner_gib": pm["total"] / GiB, "device_gib": total / GiB, "fits": fits})
@@ -86,13 +89,14 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
             trainable_params=sum(p.numel() for p in tr.params), fp32_master_weights=cfg.optim.fp32_master_weights)
     timer = PhaseTimer()
     tr.backend.generate = timer.wrap("generation", tr.backend.generate)
-    tr.precompute = timer.wrap("old_ref_logprobs", tr.precompute)
-    tr._micro_step = timer.wrap("forward_backward", tr._micro_step)
-    tr._apply_update = timer.wrap("optimizer", tr._apply_update)
-    real_check = onpolicy.check_first_step
-    onpolicy.check_first_step = timer.wrap("onpolicy_check", real_check)
+    # the recipe's stage functions, timed where the loop looks them up (restored below)
+    real = {(recipe, "precompute"): recipe.precompute, (stages, "_micro_step"): stages._micro_step,
+            (stages, "_apply_update"): stages._apply_update, (onpolicy, "check_first_step"): onpolicy.check_first_step}
+    for (mod, name), fn in real.items():
+        label = {"precompute": "old_ref_logprobs", "_micro_step": "forward_backward", "_apply_update": "optimizer",
+                 "check_first_step": "onpolicy_check"}[name]
+        setattr(mod, name, timer.wrap(label, fn))
     try:
-        tr._make_stream()
         shape = _model_shape(tr.model)
         steps = []
         for step in range(v["steps"]):
@@ -102,10 +106,10 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
             reset_peak_memory(on_gpu)
             wall: dict = {}
             with timed(wall, "step"):
-                m = tr.train_step()
+                m = tr.train(steps=1)[-1]
             ph = timer.take()
             ph["other"] = wall["step"] - sum(ph.values())
-            rb = tr.last_batch
+            rb = tr.state.batch
             P = int(rb.items[0]["input_ids"].shape[-1])
             T = int(rb.completion_mask.shape[1])
             vid = rb.items[0].get("pixel_values_videos")
@@ -124,7 +128,7 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
                    "mfu_lora_work": (fl["lora_work_flops"] / (t_fb * ctx.peak_tflops * 1e12)
                                      if on_gpu and mode == "lora" else None),
                    "memory": peak_memory(on_gpu)}
-            pred = plan(v["spec"], layers=v["layers"], full=mode == "full", lora_r=16, rows=v["G"], prompt_tokens=P,
+            pred = plan(v["spec"], n=counts(get_spec(v["spec"]), v["layers"], 16), full=mode == "full", rows=v["G"], prompt_tokens=P,
                         completion_len=T, fp32_master_weights=cfg.optim.fp32_master_weights,
                         logprob_chunk=cfg.algo.logprob_chunk_size, reference=mode == "full" and cfg.algo.kl_coef > 0,
                         gpu=on_gpu)
@@ -139,7 +143,8 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
                           "measured_gib": last["memory"]["measured_bytes"] / GiB,
                           "predicted_gib": last["planner"]["predicted_bytes"] / GiB})
     finally:
-        onpolicy.check_first_step = real_check
+        for (mod, name), fn in real.items():
+            setattr(mod, name, fn)
         del tr
         gc.collect()
 
@@ -177,13 +182,13 @@ def _ours_image_steps(ctx: Ctx, dtype: str) -> dict:
     eos = [tr.tok.convert_tokens_to_ids("<|im_end|>"), tr.tok.convert_tokens_to_ids("<|endoftext|>")]
     tr.backend = HFRolloutBackend(tr.model, tr.policy.processor, list(tr.policy.suppress_token_ids) + eos,
                                   max_batch_size=v["G"], device=tr.device, shared_prefix=True)
-    tr._make_stream()
     out = {"prompt_tokens": int(tr.task.prepare(tr.samples[0]).item["input_ids"].shape[-1]), "steps": []}
     for step in range(v["steps"]):
         wall: dict = {}
         with timed(wall, "step"):
-            tr.train_step()
-        out["steps"].append({"step_seconds": wall["step"], "completion_len": int(tr.last_batch.completion_mask.sum(1).max())})
+            tr.train(steps=1)
+        out["steps"].append({"step_seconds": wall["step"],
+                             "completion_len": int(tr.state.batch.completion_mask.sum(1).max())})
     del tr
     gc.collect()
     return out
@@ -197,7 +202,7 @@ def _trl_steps(ctx: Ctx, dtype: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmgrpo.vlm.models.adapters import get_adapter, vision_token_ids
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     from .common import sync
 

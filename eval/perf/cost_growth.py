@@ -1,7 +1,7 @@
 """How step cost grows (issue #18 item 5): VLM GRPO step time and peak memory against group size G and video
 tokens, naive vs ours; flow-matching epoch time against sampling steps and resolution.
 
-**VLM** (``GRPOTrainer.train_step``: sampling, reward, advantages, loss forward + backward, AdamW), one video
+**VLM** (one step of ``GRPOTrainer.train``: sampling, reward, advantages, loss forward + backward, AdamW), one video
 prompt per step, G completions of exactly T tokens (EOS suppressed), vision tower frozen, LLM fully trained, fp32:
 
 * ``naive``: ``rollout.shared_prefix=false`` + ``run.logprob_impl=naive`` (the prompt repeated G times in sampling
@@ -22,7 +22,7 @@ total-pixel budget) and the recipes' G = 8.  Prefix sharing saves the prompt's r
 completions (decoded and scored on both sides) grow; each cell also records the loss's token-count ratio
 G(P+T) / (P + G(T-1)) for comparison.  ``--parts lengths`` runs this part alone.
 
-**Flow** (``flow_grpo.trainer.FlowGRPOTrainer.train_epoch``: sample groups_per_epoch x group_size images with the
+**Flow** (one epoch of ``flow_grpo.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
 SDE sampler, rewards, advantages, PPO updates over the trained steps), against sampling steps K and resolution.
 There is no naive twin here; cells are interleaved in rounds and each is reported as a paired ratio to the
 smallest cell of the same round (plus medians of wall and CPU time).
@@ -165,11 +165,11 @@ def build_trainer(args, policy, G: int, side: str, T: int | None = None):
         "model.freeze_vision=true", "data.task=tvg", "data.prompt_mode=no_think", "data.prefetch=0",
         "data.video_fps=2.0", "data.max_frames=100000", "data.min_frames=2", f"data.video_min_pixels={224 * 224}",
         f"data.video_max_pixels={224 * 224}", "data.video_total_pixels=1e12", "data.shuffle=false",
-        f"rollout.num_generations={G}", f"rollout.max_new_tokens={T}", "rollout.temperature=1.0",
+        f"rollout.group_size={G}", f"rollout.max_new_tokens={T}", "rollout.temperature=1.0",
         f"rollout.generation_batch_size={G}", f"rollout.shared_prefix={'false' if naive else 'true'}",
         f"run.logprob_impl={'naive' if naive else 'prefix_group'}", "run.prompts_per_device=1",
         f"run.micro_batch_size={G}", "optim.lr=1e-5", "optim.weight_decay=0", "optim.max_grad_norm=1.0",
-        "algo.kl_coef=0", "algo.num_iterations=1", f"run.output_dir={out}", "run.use_tensorboard=false",
+        "algo.kl_coef=0", "algo.num_iterations=1", f"run.output_dir={out}", "run.tensorboard=false",
         "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000", "run.device=cpu",
         "run.log_every=1000000", "run.progress_bar=false",
         # sampling suppresses EOS (below) to get exactly T tokens, so it is slightly off the scored policy (by
@@ -191,6 +191,7 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
     import torch
 
     from mmgrpo.vlm.models.adapters import load_policy
+    from mmgrpo.vlm.train.prompts import make_stream
 
     own = None
     if not args.model_dir:
@@ -215,13 +216,13 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
         if vid != n:
             raise RuntimeError(f"a {n}-token video prompt has {vid} video tokens: the processor sizing changed")
     for tr in trainers.values():
-        tr._prepare_sample = lambda pos, idx, s: prepared[id(s)]  # media prepared once (as data.prefetch does)
+        tr.task.prepare = lambda s: prepared[id(s)]  # media prepared once (as data.prefetch does)
 
     def step(tr, n):
         def fn():
             tr.samples = tr.all_samples = [samples[n]]
-            tr._make_stream()
-            return tr.train_step()
+            tr.state.stream = make_stream(tr)
+            return tr.train(steps=1)[-1]
         return fn
 
     common.release_freed_memory()
@@ -315,7 +316,7 @@ def run_flow(args) -> dict:
             trainers[(K, S)] = FlowGRPOTrainer(cfg, adapter=ad, reward_fn={"block": block_reward})
     common.release_freed_memory()
     for tr in trainers.values():  # warm-up epoch each
-        tr.train_epoch()
+        tr.train(num_epochs=1)
     cells = list(trainers)
     base = cells[0]
     res = {f"K{K}_px{S}": {"steps": K, "size": S, "wall_s": [], "cpu_s": [], "peak_mb": [], "vs_base": []}
@@ -324,7 +325,7 @@ def run_flow(args) -> dict:
         order = cells[r % len(cells):] + cells[:r % len(cells)]
         got = {}
         for K, S in order:
-            got[(K, S)] = timed(trainers[(K, S)].train_epoch)
+            got[(K, S)] = timed(lambda tr=trainers[(K, S)]: tr.train(num_epochs=1))
         for (K, S), (w, cpu, peak) in got.items():
             d = res[f"K{K}_px{S}"]
             d["wall_s"].append(w)
@@ -504,10 +505,20 @@ def main(argv=None) -> dict:
     os.makedirs(args.out_dir, exist_ok=True)
     if not args.no_plot:
         write_plots(out, args.out_dir)
-    speed = [d["speedup"] for d in out.get("vlm", {}).get("cells", {}).values()]
-    value = max(speed) if speed else float("nan")
-    if speed:
+    cells = out.get("vlm", {}).get("cells", {})
+    value = max((d["speedup"] for d in cells.values()), default=float("nan"))
+    op = None
+    if cells:
         out["extra_keys"] = {"cost_growth_max_speedup": value}
+        # the headline is one cell of the grid: its operating point (issue #42) is printed with it
+        best = max(cells.values(), key=lambda d: d["speedup"])
+        size = out["vlm"].get("size", {})
+        op = common.operating_point(prompt_tokens=best["prompt_tokens"], media_tokens=best["video_tokens"],
+                                    media="video", new_tokens=best["T"], B=1, G=best["G"],
+                                    model=f"{out['vlm']['model']} Qwen2.5-VL", hidden=size.get("hidden"),
+                                    layers=size.get("layers"), vocab=size.get("vocab"), threads=args.threads,
+                                    extra="naive vs ours, one training step each")
+        out["operating_point"] = op
     # a run of some parts only gets its own JSON (``cost_growth_lengths_quick.json``), so it does not replace the
     # record of the other parts
     part_sfx = "" if set(args.parts) == {"vlm", "flow", "lengths"} else "_" + "_".join(args.parts)
@@ -517,6 +528,8 @@ def main(argv=None) -> dict:
     if args.json:
         common.emit(out, args.json)
     print(f"wrote {jpath} in {out['wall_s']} s", flush=True)
+    if op:
+        print(f"operating point: {op['text']}", flush=True)
     print(f"cost_growth_max_speedup={value:.2f}", flush=True)
     return out
 

@@ -179,11 +179,12 @@ def _own_cpu_s() -> float:
 
 
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
+    from mmgrpo.vlm.train.prompts import close_prefetch, get_prefetcher
+
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
     prefetch = tr.cfg.data.prefetch
-    tr._make_stream()
     waits, steps, work = [], [], []
-    pf = tr._get_prefetcher()
+    pf = get_prefetcher(tr)
     if pf is not None:  # wall time of each background preparation (stretched when it competes with the step)
         prepare = pf.prepare
 
@@ -200,11 +201,11 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
     busy0, own0, w0 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     try:
         for _ in range(args.steps):
-            m = tr.train_step()
+            m = tr.train(steps=1)[-1]
             waits.append(float(m["perf/data_wait"]))
             steps.append(float(m["perf/step_time"]))
     finally:
-        tr._close_prefetch()
+        close_prefetch(tr)
     busy1, own1, w1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     counts = None if pf is None else {"prefetched": pf.hits, "inline": pf.misses}
     others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)

@@ -101,7 +101,7 @@ def build_mid_flux_pipeline(seed: int = 0):
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
-    from flow_grpo.models.tiny import build_clip_tokenizer, build_t5_tokenizer
+    from flow_grpo.models.tiny_tokenizers import build_clip_tokenizer, build_t5_tokenizer
 
     torch.manual_seed(seed)
     tok = build_clip_tokenizer()

@@ -1,8 +1,8 @@
 """Benchmark ``flow_train_overhead``: time per trained denoising step, our training path vs a bare transformer step.
 
-A = the trainer's per-column step: :meth:`flow_grpo.trainer.FlowGRPOTrainer._column_loss` (recompute the Gaussian
+A = the trainer's per-column step: :func:`flow_grpo.steps.column_loss` (recompute the Gaussian
     of a recorded transition with the current model via :func:`flow_grpo.sampler.score_column`, exact fp32
-    log-prob, PPO-clip loss from :func:`mmgrpo.core.policy_loss`) + ``backward()`` through the adapter.
+    log-prob, PPO-clip loss, :func:`flow_grpo.steps.column_loss`) + ``backward()`` through the adapter.
     If that path breaks (the private step's signature or the attributes it reads change), the benchmark fails
     (non-zero exit, the error in ``run.py``'s JSON) instead of timing something else; ``--path direct`` times the
     same calls composed here, for diagnosis only.
@@ -33,29 +33,29 @@ NAME = "flow_train_overhead"
 
 
 def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
-    """The trainer's own ``_column_loss`` bound to a minimal stand-in (cfg, adapter, accelerator, method runtime):
-    the code that runs in training, without building a full trainer (logger, checkpoints, prompts)."""
+    """The recipe's own column loss (:func:`flow_grpo.steps.column_loss`) on a minimal stand-in of the run (cfg,
+    adapter, accelerator): the code that runs in training, without building a full trainer (logger, checkpoints,
+    prompts)."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
 
     from flow_grpo.config import TrainConfig
-    from flow_grpo.methods import credit_name, get_credit
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.methods import credit_method
+    from flow_grpo.steps import column_loss
 
     tc = TrainConfig()
     tc.sample = traj.sampling
     tc.optim.clip_low = clip_range
     tc.optim.kl_coef = 0.0
-    # the trainer's method runtime, resolved as FlowGRPOTrainer.__init__ does; the default credit has none (a
-    # runtime with its own loss, e.g. DiffusionNFT, would need a real trainer and is not what A measures)
-    credit = get_credit(credit_name(tc.sample.credit, tc.reward.mode))
-    if credit.runtime is not None:
-        raise RuntimeError(f"credit {credit.name!r} has a method runtime; A times the default GRPO column loss")
-    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True), method_runtime=None)
+    # a credit with its own loss (DiffusionNFT) would need a real trainer and is not what A measures
+    credit = credit_method(tc)
+    if credit.loss() is not None:
+        raise RuntimeError(f"credit {credit.name!r} has its own loss; A times the default GRPO column loss")
+    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True))
 
     def step():
-        loss, _m, _kl, _cnt = FlowGRPOTrainer._column_loss(stub, traj, chunk, col, adv, n_global)
+        loss, _m, _kl, _cnt = column_loss(stub, traj, chunk, col, adv, n_global)
         loss.backward()
         return loss
 
@@ -64,19 +64,21 @@ def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
 
 def _direct_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
     """The same computation composed from the public pieces (``--path direct``: diagnosis only)."""
+    import torch
+
     from flow_grpo.sampler import score_column
-    from mmgrpo.core import policy_loss
+    from mmgrpo.core.losses import aggregate_loss, clipped_surrogate, log_ratio
 
     c0, c1 = chunk
 
     def step():
         out = score_column(ad, traj, chunk, col)
-        mask = traj.train_mask[c0:c1, col]
-        res = policy_loss(out.log_prob.float().unsqueeze(1), traj.log_probs[c0:c1, col].unsqueeze(1),
-                          adv[c0:c1, col].unsqueeze(1), mask.unsqueeze(1), clip_low=clip_range,
-                          agg="token_mean", num_tokens=n_global)
-        res.loss.backward()
-        return res.loss
+        mask = traj.train_mask[c0:c1, col].unsqueeze(1)
+        lr = log_ratio(out.log_prob.float().unsqueeze(1), traj.log_probs[c0:c1, col].unsqueeze(1), mask)
+        pg, _ = clipped_surrogate(lr, adv[c0:c1, col].unsqueeze(1), mask, clip_range)
+        loss = aggregate_loss(torch.where(mask, pg, torch.zeros_like(pg)), mask, "token_mean", num_tokens=n_global)
+        loss.backward()
+        return loss
 
     return step
 
@@ -118,7 +120,7 @@ def main(argv: Optional[list[str]] = None) -> float:
     p.add_argument("--size", type=int, default=None, help="image side in pixels (default 64: 8x8 latents)")
     p.add_argument("--lora-rank", type=int, default=32, help="LoRA rank (alpha = 2 r); 0 = full fine-tune")
     p.add_argument("--path", choices=["trainer", "direct"], default="trainer",
-                   help="A through the trainer's _column_loss (the measured path; an error if it breaks) or "
+                   help="A through the recipe's column_loss (the measured path; an error if it breaks) or "
                         "composed here (diagnosis only)")
     args = p.parse_args(argv)
     # quick: one warm-up call each (A is also run once by the untimed sanity check below)

@@ -72,7 +72,7 @@ def sequential_completions(ad, traj, embeds, sig, reward_fn, batch: int):
     adapter, then decode, then score. Returns (R (N, n), model calls, item evaluations)."""
     import torch
 
-    from flow_grpo.sampler import score_rewards
+    from flow_grpo.scoring import score_rewards
     from flow_grpo.sde import sde_step
 
     s = traj.sampling
@@ -119,7 +119,8 @@ def main(argv: Optional[list[str]] = None) -> float:
     import torch
 
     from flow_grpo.config import SamplingConfig
-    from flow_grpo.sampler import _tp_grpo_rewards, sample_trajectories
+    from flow_grpo.methods.tp_grpo import tp_grpo_step_rewards as _tp_grpo_rewards
+    from flow_grpo.sampler import sample_trajectories
 
     sd3 = args.kind == "sd3"
     N = args.n_traj or (2 if args.smoke else 8)

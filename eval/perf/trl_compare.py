@@ -6,10 +6,10 @@ with its operating point (prompt and new tokens, B x G, model width / depth / vo
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):
 
-* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train_step`` with its defaults ``run.logprob_impl=prefix_group``
-                    (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once per group in the loss) and
-                    ``rollout.shared_prefix=true`` (each prompt prefilled once while sampling); with a trainer
-                    that predates the first option, a subclass here plugs ``grouped_rows_token_logprobs`` into ``_logp``;
+* ``ours``       -- ``mmgrpo.vlm.train.trainer.GRPOTrainer.train(steps=1)`` with its defaults
+                    ``run.logprob_impl=prefix_group`` (``mmgrpo.vlm.models.prefix_group``: each prompt encoded once
+                    per group in the loss) and ``rollout.shared_prefix=true`` (each prompt prefilled once while
+                    sampling);
 * ``ours_naive`` -- the same trainer with ``run.logprob_impl=naive`` and ``rollout.shared_prefix=false`` (prompt
                     repeated G times in sampling and loss, as TRL does);
 * ``trl``        -- ``trl.GRPOTrainer.train()``, stepped by a callback that reports and blocks between rounds.
@@ -269,31 +269,16 @@ def profile_step(step_fn, top: int = 40) -> str:
 def build_ours(args, grouped: bool):
     """The ``ours`` (grouped=True) or ``ours_naive`` (False) trainer of this benchmark, with a ``SamplingProbe`` on
     its policy and its backend's ``generate`` wrapped by it.  Returns (trainer, backend, probe, out_dir)."""
-    import dataclasses
-
     import torch
 
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs
     from mmgrpo.vlm.models.rollout import HFRolloutBackend
     from mmgrpo.vlm.train.trainer import GRPOTrainer
     from mmgrpo.utils.config import load_config
 
-    class GroupedGRPOTrainer(GRPOTrainer):
-        """The project's trainer with the shared-prefix log-prob function (same inputs, same numbers)."""
-
-        def _logp(self, model, rb, idx, return_logits=False):
-            T = max(1, int(rb.completion_mask[idx].sum(1).max()))
-            with self.accelerator.autocast():
-                return grouped_rows_token_logprobs(
-                    model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T],
-                    rb.completion_mask[idx, :T], self.pad_id, self.sampling.temperature,
-                    self.policy.suppress_token_ids, return_logits=return_logits, device=self.device)
-
     out_dir = tempfile.mkdtemp(prefix="mmgrpo_perf_trl_ours_")
     rows = args.B * args.G
-    has_switch = "logprob_impl" in {f.name for f in dataclasses.fields(TrainConfig().run)}
     overrides = [
         f"model.path={args.model_dir}", "model.dtype=float32", "model.attn_implementation=sdpa",
         "model.freeze_vision=true", "data.task=mcq", "data.prompt_mode=no_think",
@@ -303,8 +288,7 @@ def build_ours(args, grouped: bool):
         "algo.kl_coef=0", "algo.num_iterations=1", "algo.agg=token_mean", f"run.output_dir={out_dir}",
         "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "run.max_steps=1000000",
         "run.device=cpu", "run.log_every=1"]
-    if has_switch:
-        overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
+    overrides.append(f"run.logprob_impl={'prefix_group' if grouped else 'naive'}")
     # sampling suppresses EOS (exactly T tokens, as TRL's side): slightly off the scored policy, which the step-0
     # on-policy check would rightly refuse
     overrides.append("rollout.onpolicy_check=false")
@@ -333,10 +317,7 @@ def build_ours(args, grouped: bool):
         r = torch.tensor([reward_value(t) for t in texts])
         return {"acc": r, "total": r.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cls = GroupedGRPOTrainer if (grouped and not has_switch) else GRPOTrainer
-    tr = cls(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
-    tr._make_stream()
-    tr._bench_impl = lambda: getattr(tr, "logprob_impl", "prefix_group" if cls is GroupedGRPOTrainer else "naive")
+    tr = GRPOTrainer(cfg, samples=samples(16, args.image_size), policy=policy, reward_fn=reward_fn, backend=backend)
     return tr, backend, probe, out_dir
 
 
@@ -345,12 +326,12 @@ def ours_steps(tr, backend, probe, patches: list, k: int) -> dict:
     what sampling computed (the probe's counts, checked by ``check_sampling``)."""
     t0, c0, p0, (s0, l0) = time.perf_counter(), time.process_time(), patches[0], probe.counts()
     for _ in range(k):
-        m = tr.train_step()
+        m = tr.train(steps=1)[-1]
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     s1, l1 = probe.counts()
-    rb = tr.last_batch
+    rb = tr.state.batch
     return {"event": "done", "steps": k, "seconds": dt, "cpu_seconds": cpu, "samples": k * rb.n,
-            "logprob_impl": tr._bench_impl(), "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
+            "logprob_impl": tr.logprob_impl, "shared_prefix": bool(getattr(backend, "shared_prefix", False)),
             "vision_patches_per_step": (patches[0] - p0) / k,
             "sampling_vision_patches": (s1 - s0) / k, "sampling_llm_tokens": (l1 - l0) / k,
             "patches_per_prompt": probe.patches_per_prompt, "first_prompt": probe.first_prompt,
@@ -377,7 +358,7 @@ def worker_ours(args, grouped: bool) -> None:
             last = rep["completion_len"]
             say(rep)
         elif cmd == "profile":
-            say({"event": "profile", "text": profile_step(tr.train_step)})
+            say({"event": "profile", "text": profile_step(lambda: tr.train(steps=1))})
         else:
             say({"event": "bye", "completion_len": last, **memory_report(rss_setup)})
             import shutil
@@ -394,7 +375,7 @@ def worker_trl(args) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmgrpo.vlm.models.adapters import get_adapter, vision_token_ids
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     common.set_threads(args.threads)
     processor = AutoProcessor.from_pretrained(args.model_dir)

@@ -24,18 +24,18 @@ epochs per stage), so the trained segment starts with the last steps and grows t
 * advantage :math:`A=\mathrm{clip}(z,\pm5)\cdot(\beta_1\ \text{if}\ z>0\ \text{else}\ \beta_2)` (both 1), PPO-clip
   with ε = 0.1 on every step of the trained segment.
 
-**In the trainer** (``method=b2``: ``step_mode=b2``, ``credit=b2_diffurl``): one trunk per group (its
-:math:`x_T` from ``same_noise_per_group``, its prefix noise from the group's plan seed), the group's samples are
-the branches; the stage is ``epoch // b2_epochs_per_stage``; the per-prompt history (one entry per epoch, i.e. per sampling
-round as the release's stage) is the credit's checkpointed runtime state; unselected branches are left out of the
+**In the recipe** (``method=b2``: ``step_mode=b2``, ``credit=b2_diffurl``; :class:`B2DiffuRL`): one trunk per group
+(its :math:`x_T` from ``same_noise_per_group``, its prefix noise from the group's plan seed), the group's samples are
+the branches; the stage is ``epoch // methods.b2_diffurl.epochs_per_stage``; the per-prompt history (one entry per
+epoch, i.e. per sampling round as the release's stage) is the method's checkpointed state; unselected branches are left out of the
 update (``optim.drop_zero_adv``).
 
 Differences, deliberate: (1) our engine never trains the last step (σ→0: its flow-SDE Gaussian is degenerate; the
 release's DDIM step is not), so the trained segment is ``[K - s, K - 1)`` (``exclude_last=False`` gives the
 release's ``[K - s, K)`` for a sampler whose last step has a density); (2) a prompt whose combined history holds a
 single reward gets z = 0 (the release's ``std`` of one value is NaN); (3) a pure function cannot keep the release's
-``history_scores.pkl``: the caller passes the history in and stores the one returned (the trainer keeps it in
-the credit's runtime, saved in its checkpoints); (4) prompts are keyed by a hash of their text (the release: the
+``history_scores.pkl``: the caller passes the history in and stores the one returned (the recipe keeps it in
+the method's state, saved in its checkpoints); (4) prompts are keyed by a hash of their text (the release: the
 decoded text).
 """
 from __future__ import annotations
@@ -45,6 +45,8 @@ from typing import Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor
+
+from .base import FlowMethod
 
 __all__ = [
     "BranchPlan",
@@ -183,20 +185,20 @@ def select_branches(z: Tensor, trunk_ids: Tensor, pos_threshold: float = 0.5, ne
     return keep, torch.where(keep, adv, torch.zeros_like(adv))
 
 
-# ------------------------------------------------------------------------------------------- credit table entries
+# ------------------------------------------------------------------------------------------- the method
 # One trunk per group (sample.same_noise_per_group: one x_T per group; the group's plan seed gives the shared
 # prefix noise), the group's samples are the trunk's branches (data.group_size = the release's split_time, 5).
-def plan_b2(cfg, plan_seeds, iteration: int, members):
+def plan_b2(cfg, plan_seeds, iteration: int, members, o):
     """step_mode=b2: every step but the last is SDE; steps before the branch step use the group's noise (shared
     prefix), later ones each sample's own; the trained segment is ``[K - s, K - 1)`` with s of the stage
-    ``iteration // b2_epochs_per_stage`` (capped at the last stage and at K)."""
+    ``iteration // o.epochs_per_stage`` (capped at the last stage and at K). ``o``: ``methods.b2_diffurl``."""
     from mmgrpo.utils.seeding import sample_seed
 
     from .plans import StepPlan
 
     K = cfg.num_steps
-    stage = min(iteration // max(1, cfg.b2_epochs_per_stage), cfg.b2_num_stages - 1)
-    s = min(progressive_split_step(stage, cfg.b2_num_stages, cfg.b2_split_left, cfg.b2_split_right), K)
+    stage = min(iteration // max(1, o.epochs_per_stage), o.num_stages - 1)
+    s = min(progressive_split_step(stage, o.num_stages, o.split_left, o.split_right), K)
     lo, hi = training_segment(K, s)
     n = len(plan_seeds)
     p = StepPlan.empty(n, K)
@@ -209,63 +211,62 @@ def plan_b2(cfg, plan_seeds, iteration: int, members):
     return p
 
 
-plan_b2.needs_members = True
-
-
-class B2Runtime:
-    """The per-prompt reward history of :func:`history_zscore` (checkpointed with the trainer)."""
-
-    def __init__(self, trainer=None):
-        self.history: list[dict] = []
-
-    def state_dict(self) -> dict:
-        return {"history": [{int(k): v.tolist() for k, v in h.items()} for h in self.history]}
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.history = [{int(k): torch.tensor(v, dtype=torch.float64) for k, v in h.items()} for h in sd["history"]]
-
-
-def b2_credit(inp):
-    """Per-prompt z-scores of the valid final rewards over the last ``sample.b2_history`` epochs and this one
-    (:func:`history_zscore`, unbiased std + 1e-8; the history lives in the credit's runtime and is updated here,
-    once per epoch), then :func:`select_branches` per group (= trunk) with ``sample.b2_pos_threshold`` /
-    ``b2_neg_threshold`` and ``optim.adv_clip_max``; every trained step of a selected branch gets its advantage,
-    the others 0 (the preset's ``optim.drop_zero_adv`` leaves them out of the update)."""
+def b2_credit(inp, history: list, o) -> tuple:
+    """Per-prompt z-scores of the valid final rewards over the last ``o.history`` epochs and this one
+    (:func:`history_zscore`, unbiased std + 1e-8), then :func:`select_branches` per group (= trunk) with
+    ``o.pos_threshold`` / ``o.neg_threshold`` and ``optim.adv_clip_max``; every trained step of a selected branch gets
+    its advantage, the others 0 (the preset's ``optim.drop_zero_adv`` leaves them out of the update). ``history``:
+    the per-prompt reward history so far; returns (CreditOutput, the new history)."""
     from .base import CreditOutput
 
-    s = inp.sampling
     N, T = inp.train_mask.shape
     if inp.prompt_keys is None:
         raise ValueError("credit=b2_diffurl needs the prompts' keys (CreditInputs.prompt_keys)")
     (r_all, g_all, v_all, k_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.valid,
                                                     inp.prompt_keys])
     z = torch.zeros(r_all.shape[0], dtype=torch.float64)
-    rt = inp.runtime if isinstance(inp.runtime, B2Runtime) else B2Runtime()
     if bool(v_all.any()):
-        zv, rt.history = history_zscore(r_all[v_all].double(), k_all[v_all].tolist(), rt.history, s.b2_history)
+        zv, history = history_zscore(r_all[v_all].double(), k_all[v_all].tolist(), history, o.history)
         z[v_all] = zv
-    keep, adv = select_branches(z, g_all, s.b2_pos_threshold, s.b2_neg_threshold, adv_clip_max=inp.opts.clamp)
+    keep, adv = select_branches(z, g_all, o.pos_threshold, o.neg_threshold, adv_clip_max=inp.opts.clamp)
     keep &= v_all
     adv = torch.where(keep, adv, torch.zeros_like(adv))
     out = adv[sl].float().unsqueeze(1).expand(N, T).clone()
-    return CreditOutput(out, {"b2/selected_fraction": float(keep.float().mean())})
+    return CreditOutput(out, {"b2/selected_fraction": float(keep.float().mean())}), history
 
 
-def _check(cfg) -> None:
-    if cfg.step_mode != "b2":
-        raise ValueError("sample.credit=b2_diffurl needs sample.step_mode=b2")
-    if cfg.b2_history < 0:
-        raise ValueError(f"sample.b2_history must be >= 0, got {cfg.b2_history}")
-    if cfg.plan_per_sample or not cfg.same_noise_per_group:
-        raise ValueError("sample.credit=b2_diffurl needs sample.plan_per_sample=false and same_noise_per_group=true "
-                         "(one trunk per group: shared x_T and prefix noise)")
+class B2DiffuRL(FlowMethod):
+    """B²-DiffuRL: the trunk plan and the branch-selection credit; the per-prompt reward history of
+    :func:`history_zscore` is the method's state (checkpointed), updated once per epoch by the credit."""
 
+    name = "b2_diffurl"
 
-def _register() -> None:
-    from .base import Credit, register_credit, register_plan
+    def __init__(self, cfg, run=None):
+        super().__init__(cfg, run)
+        self.o = cfg.methods.b2_diffurl
+        self.history: list[dict] = []
 
-    register_plan("b2")(plan_b2)
-    register_credit(Credit("b2_diffurl", b2_credit, check=_check, runtime=B2Runtime))
+    def check_sampling(self, s) -> None:
+        if s.step_mode != "b2":
+            raise ValueError("sample.credit=b2_diffurl needs sample.step_mode=b2")
+        if s.plan_per_sample or not s.same_noise_per_group:
+            raise ValueError("sample.credit=b2_diffurl needs sample.plan_per_sample=false and "
+                             "same_noise_per_group=true (one trunk per group: shared x_T and prefix noise)")
 
+    def plan(self, s, plan_seeds, iteration: int, members):
+        if members is None:
+            raise ValueError("step_mode=b2 needs the index of every sample in its group (members)")
+        return plan_b2(s, plan_seeds, iteration, members, self.o)
 
-_register()
+    def advantage_estimator(self):
+        return self.credit
+
+    def credit(self, inp):
+        out, self.history = b2_credit(inp, self.history, self.o)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"history": [{int(k): v.tolist() for k, v in h.items()} for h in self.history]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.history = [{int(k): torch.tensor(v, dtype=torch.float64) for k, v in h.items()} for h in sd["history"]]

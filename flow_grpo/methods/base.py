@@ -1,38 +1,36 @@
-"""The flow credit table: credit functions, sampling plans and train-mask functions, each a registry entry.
+"""What the flow recipe (:mod:`flow_grpo.trainer`) hands to a method, on top of the shared protocol
+(:class:`mmgrpo.engine.method.Method`, whose docstring lists the stage hooks and which methods use each):
 
-A *credit function* turns the rewards of a rollout into advantages, with explicit tensors in and out::
+* :class:`FlowMethod`: the protocol with the flow's batch (:class:`~flow_grpo.sampler.Trajectories`, N samples, T
+  trained columns) and the declarations the sampler reads (ODE completions of intermediate states, the Euler step
+  they start from, a method's own sampling plan);
+* a credit's ``advantage_estimator()`` returns a function of explicit tensors::
 
     CreditInputs(rewards {"total", components, "valid"}: (N,), step_rewards (N, S) or None, group_ids (N,),
                  valid (N,), train_mask (N, T), step_indices (T,), sigmas (T,), AdvOptions, gather, device)
         -> CreditOutput(advantages (N, T), stats)
 
-N = this process's samples, T = the rollout's trained columns (``Trajectories.step_indices``). Statistics that
-need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). T and
-the step of a column differ between processes (each trains the steps its own samples drew): gather per-sample
-(N, ...) tensors, trained values (``adv[mask]``) or (N, K) tensors on the full step grid, never (N, T) columns
-(``gather`` refuses tensors whose trailing dims differ between processes). A
-credit that needs rewards of intermediate states (TP-GRPO, G²RPO) also has a ``step_rewards`` function that the
-sampler calls after the final images are scored; it returns the (N, S) step rewards, the extra NFEs per
-trajectory and an (N,) validity.
+  N = this process's samples, T = the rollout's trained columns (``Trajectories.step_indices``). Statistics that
+  need the whole batch use ``inputs.gather`` (rows of every process, plus the slice of this process's rows). T and
+  the step of a column differ between processes (each trains the steps its own samples drew): gather per-sample
+  (N, ...) tensors, trained values (``adv[mask]``) or (N, K) tensors on the full step grid, never (N, T) columns
+  (``gather`` refuses tensors whose trailing dims differ between processes);
+* a method that replaces the policy loss (DiffusionNFT) returns from ``loss()`` a function ``(traj, chunk, col,
+  adv, n_global, dummy) -> (loss, metrics, kl, count)`` of one micro-batch (rollout chunk x trained column).
 
-A credit may carry a ``runtime(trainer)`` hook (see :class:`Credit`): the trainer then samples inside its
-``rollout()`` context, uses its ``loss`` instead of the PPO column loss, calls its ``end_epoch(traj)`` and checkpoints
-its state; users: DiffusionNFT (a forward-process loss with an EMA "old" adapter), Adv-GRPO (a reward model trained
-against the policy after the epoch's update).
-
-A *sampling plan* ``plan(cfg, plan_seeds, iteration) -> StepPlan`` says which steps of each sample are SDE and
-which are trained (``sample.step_mode``). A plan whose function has ``needs_members = True`` is called with a 4th
-argument, each sample's index in its group (tree / branch rollouts: BranchGRPO, B²-DiffuRL), and may set
-``StepPlan.noise_keys`` (N, K) so that the samples of one branch point draw the same noise before it. A *train-mask function* ``fn(cfg, advantages, mask, inputs) -> mask``
-narrows the trained (sample, step) pairs after the advantages (``optim.drop_zero_adv``, best-of-n); every entry
-whose ``active(cfg)`` holds is applied, in registration order.
+A credit that needs rewards of intermediate states (TP-GRPO, G²RPO, VGPO) sets ``has_step_rewards`` and implements
+:meth:`FlowMethod.step_rewards`, which the sampler calls after the final images are scored; it returns the (N, S)
+step rewards, the extra NFEs per trajectory and an (N,) validity. A method with its own sampling plan (registry
+``plan``: BranchGRPO's tree, B²-DiffuRL's trunk, DiffusionNFT's timesteps) implements :meth:`FlowMethod.plan`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
+
+from mmgrpo.engine.method import Method
 
 
 @dataclass(frozen=True)
@@ -71,10 +69,9 @@ class CreditInputs:
     step_rewards: Optional[torch.Tensor] = None  # (N, S) rewards of intermediate states (credits that have them)
     gather: Callable[[list], tuple[list, slice]] = local_gather
     device: Any = "cpu"
-    sampling: Any = None                         # the rollout's SamplingConfig (method keys, e.g. sample.vgpo_*)
+    sampling: Any = None                         # the rollout's SamplingConfig (num_steps, the plan)
     members: Optional[torch.Tensor] = None       # (N,) index of each sample in its group (tree / branch credits)
     prompt_keys: Optional[torch.Tensor] = None   # (N,) int64 stable hash of each prompt (per-prompt history)
-    runtime: Any = None                          # the credit's runtime object (state kept across epochs), if any
 
 
 @dataclass
@@ -83,81 +80,28 @@ class CreditOutput:
     stats: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Credit:
-    """One row of the credit table (see the module docstring)."""
+class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not imported: it imports the plans)
+    """A flow method. ``cfg``: the run's TrainConfig (its options: ``cfg.methods.<name>``); ``run``: the
+    :class:`~flow_grpo.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests, scripts)."""
 
-    name: str
-    advantages: Callable[[CreditInputs], CreditOutput]
-    step_rewards: Optional[Callable] = None     # (adapter, traj, embeds, sig, reward_fn, weights, r_final)
-    check: Optional[Callable[[Any], None]] = None  # (SamplingConfig) -> None, raises on a plan it cannot use
-    keeps_ode_next: bool = False                # the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per column
-    # runtime(trainer) -> object, for a method that is not a reverse-process policy gradient (DiffusionNFT): any of
-    # rollout() (context manager around sampling, e.g. another set of weights), loss(traj, chunk, col, adv,
-    # n_global, dummy) -> (loss, metrics, kl, count) replacing the PPO column loss, end_epoch(traj) after the epoch's
-    # updates (the epoch's Trajectories; returns metrics), state_dict() / load_state_dict(sd) (checkpointed with the
-    # trainer). Users: DiffusionNFT (old adapter), Adv-GRPO (the adversarial reward model's update)
-    runtime: Optional[Callable[[Any], Any]] = None
+    #: the sampler scores ODE completions of intermediate states: :meth:`step_rewards`
+    has_step_rewards: ClassVar[bool] = False
+    #: the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per trained column (completions start from it)
+    keeps_ode_next: ClassVar[bool] = False
+    #: ``on_advantages`` leaves out every trajectory whose advantages are all 0 (an epoch without any reward signal
+    #: then has empty updates, not skipped optimizer steps)
+    drops_zero_advantages: ClassVar[bool] = False
 
+    def check_sampling(self, s) -> None:
+        """Refuse a rollout configuration (``SamplingConfig``) the method cannot use."""
 
-@dataclass(frozen=True)
-class TrainMask:
-    name: str
-    active: Callable[[Any], bool]                      # (TrainConfig) -> bool
-    fn: Callable[..., torch.Tensor]                    # (TrainConfig, adv, mask, CreditInputs) -> mask
+    def step_rewards(self, adapter, traj, embeds, sig, reward_fn, weights, r_final):
+        """(N, S) rewards of intermediate states, completion NFEs per trajectory, (N,) validity."""
+        raise NotImplementedError(f"{self.name} scores no intermediate states")
 
-
-CREDITS: dict[str, Credit] = {}
-PLANS: dict[str, Callable] = {}
-TRAIN_MASKS: dict[str, TrainMask] = {}
-
-
-def register_credit(credit: Credit) -> Credit:
-    if credit.name in CREDITS:
-        raise ValueError(f"credit {credit.name!r} is registered twice")
-    CREDITS[credit.name] = credit
-    return credit
-
-
-def register_plan(name: str):
-    def deco(fn):
-        if name in PLANS:
-            raise ValueError(f"sampling plan {name!r} is registered twice")
-        PLANS[name] = fn
-        return fn
-    return deco
-
-
-def register_train_mask(entry: TrainMask) -> TrainMask:
-    if entry.name in TRAIN_MASKS:
-        raise ValueError(f"train mask {entry.name!r} is registered twice")
-    TRAIN_MASKS[entry.name] = entry
-    return entry
-
-
-def get_credit(name: str) -> Credit:
-    if name not in CREDITS:
-        raise ValueError(f"unknown credit {name!r}: {' | '.join(CREDITS)}")
-    return CREDITS[name]
-
-
-def credit_name(credit: str, reward_mode: str) -> str:
-    """The table row of ``sample.credit`` under ``reward.mode``: GDPO's per-reward normalisation
-    (``reward.mode=per_reward``) is the outcome credit computed on the reward components."""
-    return "per_reward" if credit == "outcome" and reward_mode == "per_reward" else credit
-
-
-def active_train_masks(cfg) -> list[TrainMask]:
-    """The train-mask functions ``cfg`` turns on, in registration order (``active`` validates their options, so
-    the trainer calls this before training)."""
-    return [entry for entry in TRAIN_MASKS.values() if entry.active(cfg)]
-
-
-def apply_train_masks(cfg, adv: torch.Tensor, mask: torch.Tensor, inputs: CreditInputs) -> torch.Tensor:
-    """Every active train-mask function, in registration order."""
-    for entry in active_train_masks(cfg):
-        mask = entry.fn(cfg, adv, mask, inputs)
-    return mask
+    def plan(self, s, plan_seeds, iteration: int, members):
+        """The method's own sampling plan (``sample.step_mode`` = its registry ``plan``): a StepPlan."""
+        raise NotImplementedError(f"{self.name} has no sampling plan of its own")
 
 
 def group_stats(inp: CreditInputs) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CreditInputs, TrainMask, register_train_mask
+from .base import CreditInputs, FlowMethod
 
 
 def best_of_n_count(cfg) -> int:
@@ -39,4 +39,13 @@ def best_of_n_mask(cfg, adv: torch.Tensor, mask: torch.Tensor, inp: CreditInputs
     return mask & keep[sl].unsqueeze(1)
 
 
-BEST_OF_N = register_train_mask(TrainMask("best_of_n", lambda cfg: best_of_n_count(cfg) > 0, best_of_n_mask))
+class BestOfN(FlowMethod):
+    name = "best_of_n"
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        best_of_n_count(cfg)
+
+    def on_advantages(self, traj):
+        traj.train_mask = best_of_n_mask(self.cfg, traj.advantages, traj.train_mask, self.run.credit_inputs(traj))
+        return traj

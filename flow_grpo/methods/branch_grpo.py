@@ -47,11 +47,12 @@ child node (``node_seeds[leaf_paths]``), so every shared prefix is reproduced ex
 (prefix cache) or recomputed (no NFE saving). Each edge is trained once, by the first leaf through it
 (:func:`edge_owner`), with the child's advantage (:func:`leaf_step_advantages`).
 
-**In the trainer** (``method=branch_grpo``: ``step_mode=tree``, ``credit=branch_grpo``): one tree per group, the
+**In the recipe** (``method=branch_grpo``: ``step_mode=tree``, ``credit=branch_grpo``; :class:`BranchGRPO`): one tree
+per group, the
 group's samples are its leaves in the flat layout (``data.group_size`` must equal the leaf count), the shared root
 is the group's :math:`x_T` (``same_noise_per_group``) and the plan's noise keys make every shared edge identical.
-Mean fusion, depth pruning (sliding by epoch; the release slides by optimizer step) and width pruning (a
-train-mask entry, every epoch: the release's ``pruning_step_ratio`` window is not wired) are wired; ``prob`` fusion
+Mean fusion, depth pruning (sliding by epoch; the release slides by optimizer step) and width pruning (the
+method's ``on_advantages``, every epoch: the release's ``pruning_step_ratio`` window is not wired) are wired; ``prob`` fusion
 exists here as a tested function but is not wired (the credit inputs carry no edge log-probs). Shared prefixes are recomputed per leaf, so the logged
 ``nfe_per_trajectory`` is K; ``tree/rollout_nfe_per_leaf_shared`` gives the release's count.
 
@@ -63,11 +64,14 @@ leaves internal nodes' advantage ``None`` and fails when they are trained. The r
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from .base import FlowMethod
 
 __all__ = [
     "Tree",
@@ -364,30 +368,31 @@ def leaf_step_advantages(tree: Tree, node_advantages: Tensor, keep: Optional[Ten
     return torch.where(mask, adv, torch.zeros_like(adv)), mask
 
 
-# ------------------------------------------------------------------------------------------- credit table entries
+# ------------------------------------------------------------------------------------------- the method
 # One tree per group (sample.same_noise_per_group: the root x_T), the group's samples are its leaves in the flat
 # layout: leaf j = the sample with member index j; data.group_size must equal branching ** len(split points).
-def _tree_of(cfg) -> Tree:
-    return build_tree(cfg.num_steps, parse_split_points(cfg.num_steps, cfg.tree_split_points), cfg.tree_branching)
+def _tree_of(num_steps: int, o) -> Tree:
+    return build_tree(num_steps, parse_split_points(num_steps, o.split_points), o.branching)
 
 
-def plan_tree(cfg, plan_seeds, iteration: int, members):
+def plan_tree(cfg, plan_seeds, iteration: int, members, o):
     """step_mode=tree: every step but the last is SDE (DanceGRPO's step in the release); the noise of leaf j at step
     k comes from the node its step-k edge leads to (siblings share every edge before their split); leaf j trains the
-    edges it owns (each edge once), except the last step and the depth-pruned child depths (slid by epoch)."""
+    edges it owns (each edge once), except the last step and the depth-pruned child depths (slid by epoch). ``o``:
+    ``methods.branch_grpo``."""
     from mmgrpo.utils.seeding import sample_seed
 
     from .plans import StepPlan
 
     K = cfg.num_steps
-    tree = _tree_of(cfg)
+    tree = _tree_of(K, o)
     L = int(tree.leaves.numel())
     if any(m >= L for m in members):
         raise ValueError(f"step_mode=tree: the tree (split points {list(tree.split_points)}, branching "
-                         f"{cfg.tree_branching}) has {L} leaves: set data.group_size={L}")
+                         f"{o.branching}) has {L} leaves: set data.group_size={L}")
     paths, owner = leaf_paths(tree), edge_owner(tree)
-    pruned = depth_pruning_depths(cfg.tree_depth_pruning, iteration, cfg.tree_depth_slide, cfg.tree_slide_interval,
-                                  None if cfg.tree_stop_depth < 0 else cfg.tree_stop_depth, tree.split_points)
+    pruned = depth_pruning_depths(o.depth_pruning, iteration, o.depth_slide, o.slide_interval,
+                                  None if o.stop_depth < 0 else o.stop_depth, tree.split_points)
     keep_step = torch.tensor([k < K - 1 and (k + 1) not in pruned for k in range(K)])
     n = len(plan_seeds)
     p = StepPlan.empty(n, K)
@@ -400,25 +405,22 @@ def plan_tree(cfg, plan_seeds, iteration: int, members):
     return p
 
 
-plan_tree.needs_members = True
-
-
-def tree_credit(inp):
+def tree_credit(inp, o):
     """Per group: leaf rewards -> :func:`fuse_rewards` (mean) -> :func:`depth_advantages`; sample (leaf) j's step-k
     column gets the advantage of the node its step-k edge leads to, clamped to ``optim.adv_clip_max``. A tree with
     a missing or invalid leaf gets 0 everywhere (its fusion would be biased). ``mode="prob"`` fusion is not wired
     (the credit inputs carry no edge log-probs)."""
     from .base import CreditOutput
 
-    s = inp.sampling
+    K = inp.sampling.num_steps
     N, T = inp.train_mask.shape
     if inp.members is None:
         raise ValueError("credit=branch_grpo needs the samples' member indices (step_mode=tree)")
-    tree = _tree_of(s)
+    tree = _tree_of(K, o)
     L = int(tree.leaves.numel())
     paths = leaf_paths(tree)
     (r_all, g_all, m_all, v_all), sl = inp.gather([inp.rewards["total"], inp.group_ids, inp.members, inp.valid])
-    A = torch.zeros(r_all.shape[0], s.num_steps, dtype=torch.float64)
+    A = torch.zeros(r_all.shape[0], K, dtype=torch.float64)
     complete = 0
     for g in torch.unique(g_all).tolist():
         idx = torch.nonzero(g_all == g).flatten()
@@ -435,17 +437,16 @@ def tree_credit(inp):
     adv = A[sl][:, inp.step_indices].float()
     # NFE accounting: this flat layout recomputes each shared prefix (K forwards per leaf, the logged
     # nfe_per_trajectory); a rollout that computes every node once (the release) needs rollout_nfe_per_leaf
-    cost = tree_cost(s.num_steps, tree.split_points, s.tree_branching)
+    cost = tree_cost(K, tree.split_points, o.branching)
     return CreditOutput(adv, {"tree/complete_trees": float(complete),
                               "tree/rollout_nfe_per_leaf_shared": cost.rollout_nfe_per_leaf})
 
 
-def width_pruning_mask(cfg, adv: Tensor, mask: Tensor, inp) -> Tensor:
-    """Train-mask entry (``sample.tree_width_pruning`` > 0): per tree, the trained (sample, column) cells are its
-    edges with their node's advantage; :func:`width_pruning_keep` keeps some of the edges after the last split.
-    Applied at every epoch (the release's ``pruning_step_ratio`` window is not wired)."""
-    s = inp.sampling
-    tree = _tree_of(s)
+def width_pruning_mask(adv: Tensor, mask: Tensor, inp, o) -> Tensor:
+    """``methods.branch_grpo.width_pruning`` > 0: per tree, the trained (sample, column) cells are its edges with
+    their node's advantage; :func:`width_pruning_keep` keeps some of the edges after the last split. Applied at every
+    epoch (the release's ``pruning_step_ratio`` window is not wired)."""
+    tree = _tree_of(inp.sampling.num_steps, o)
     paths = leaf_paths(tree)
     steps = inp.step_indices
     # gathered on the full step grid (N, K): each process's columns are the steps its own trees train
@@ -464,31 +465,38 @@ def width_pruning_mask(cfg, adv: Tensor, mask: Tensor, inp) -> Tensor:
         cells = m_all[idx]
         node_adv[nodes[cells]] = a_all[idx][cells].double()
         cand[nodes[cells]] = True
-        keep = width_pruning_keep(tree, node_adv, s.tree_width_pruning, s.tree_width_ratio, candidates=cand)
+        keep = width_pruning_keep(tree, node_adv, o.width_pruning, o.width_ratio, candidates=cand)
         out[idx] = cells & keep[nodes]
     return out[sl][:, steps]
 
 
-def _check(cfg) -> None:
-    if cfg.step_mode != "tree":
-        raise ValueError("sample.credit=branch_grpo needs sample.step_mode=tree")
-    if cfg.tree_width_pruning not in (0, 1, 2) or not 0 < cfg.tree_width_ratio <= 1:
-        raise ValueError(f"sample.tree_width_pruning must be 0 | 1 | 2 and tree_width_ratio in (0, 1], got "
-                         f"{cfg.tree_width_pruning}, {cfg.tree_width_ratio}")
-    if cfg.plan_per_sample or not cfg.same_noise_per_group:
-        raise ValueError("sample.credit=branch_grpo needs sample.plan_per_sample=false and same_noise_per_group=true "
-                         "(one tree per group: shared root x_T and prefix noise)")
+class BranchGRPO(FlowMethod):
+    """BranchGRPO: the tree plan, the depth-wise credit and (``width_pruning`` > 0) the width pruning of the trained
+    edges after the advantages."""
 
+    name = "branch_grpo"
 
-def _register() -> None:
-    from .base import Credit, register_credit, register_plan
+    def __init__(self, cfg, run=None):
+        super().__init__(cfg, run)
+        self.o = cfg.methods.branch_grpo
 
-    from .base import TrainMask, register_train_mask
+    def check_sampling(self, s) -> None:
+        if s.step_mode != "tree":
+            raise ValueError("sample.credit=branch_grpo needs sample.step_mode=tree")
+        if s.plan_per_sample or not s.same_noise_per_group:
+            raise ValueError("sample.credit=branch_grpo needs sample.plan_per_sample=false and "
+                             "same_noise_per_group=true (one tree per group: shared root x_T and prefix noise)")
 
-    register_plan("tree")(plan_tree)
-    register_credit(Credit("branch_grpo", tree_credit, check=_check))
-    register_train_mask(TrainMask("tree_width_pruning", lambda cfg: cfg.sample.credit == "branch_grpo" and
-                                  cfg.sample.tree_width_pruning > 0, width_pruning_mask))
+    def plan(self, s, plan_seeds, iteration: int, members):
+        if members is None:
+            raise ValueError("step_mode=tree needs the index of every sample in its group (members)")
+        return plan_tree(s, plan_seeds, iteration, members, self.o)
 
+    def advantage_estimator(self):
+        return functools.partial(tree_credit, o=self.o)
 
-_register()
+    def on_advantages(self, traj):
+        if self.o.width_pruning > 0:
+            traj.train_mask = width_pruning_mask(traj.advantages, traj.train_mask, self.run.credit_inputs(traj),
+                                                 self.o)
+        return traj

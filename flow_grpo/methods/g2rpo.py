@@ -1,11 +1,11 @@
 """G²RPO (multi-granularity): after the single SDE step of each sample, ODE completions at several strides
-(``sample.granularities``; stride 1 = the trajectory itself) are scored (``step_rewards``); the advantage is the sum
+(``methods.g2rpo.granularities``; stride 1 = the trajectory itself) are scored (``step_rewards``); the advantage is the sum
 over granularities of the group-normalised rewards, clamped to ``optim.adv_clip_max``."""
 from __future__ import annotations
 
 import torch
 
-from .base import Credit, CreditInputs, CreditOutput, register_credit
+from .base import CreditInputs, CreditOutput, FlowMethod
 
 
 def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tensor:
@@ -16,13 +16,13 @@ def granular_schedule(sig: torch.Tensor, start: int, stride: int) -> torch.Tenso
     return sig[idx]
 
 
-def g2rpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final):
+def g2rpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final, granularities=(1, 2)):
     """(N, |granularities|): reward of the ODE completion after the single SDE step at each stride;
     stride 1 is the trajectory itself (its final reward). Also returns the NFEs and the (N,) validity."""
     from flow_grpo.completions import complete_and_score
 
     N = len(traj)
-    grans = [int(g) for g in traj.sampling.granularities]
+    grans = [int(g) for g in granularities]
     if any(g < 1 for g in grans):
         raise ValueError(f"granularities must be >= 1, got {grans}")
     cols = torch.stack([torch.nonzero(traj.train_mask[i]).flatten()[0] for i in range(N)])
@@ -51,7 +51,7 @@ def g2rpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final):
 
 
 def g2rpo_advantages(inp: CreditInputs) -> CreditOutput:
-    from mmgrpo.core import distributed_group_advantages
+    from mmgrpo.engine.groups import distributed_group_advantages
 
     N, T = inp.train_mask.shape
     dev = inp.device
@@ -71,4 +71,16 @@ def check_single_plan(cfg) -> None:
         raise ValueError("credit=g2rpo needs step_mode=single")
 
 
-G2RPO = register_credit(Credit("g2rpo", g2rpo_advantages, step_rewards=g2rpo_step_rewards, check=check_single_plan))
+class G2RPO(FlowMethod):
+    name = "g2rpo"
+    has_step_rewards = True
+
+    def check_sampling(self, s) -> None:
+        check_single_plan(s)
+
+    def step_rewards(self, adapter, traj, embeds, sig, reward_fn, weights, r_final):
+        return g2rpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final,
+                                  self.cfg.methods.g2rpo.granularities)
+
+    def advantage_estimator(self):
+        return g2rpo_advantages

@@ -34,8 +34,7 @@ Notation (rectified flow, :math:`x_t=(1-t)x_0+t\epsilon`, :math:`v\approx\epsilo
 Release defaults (``config/nft.py``, SD3.5-M): β = 1 (0.1 for OCR and multi-reward), :math:`\beta_{kl}` = 1e-4, lr 3e-4,
 LoRA r=32 α=64, 10 sampling steps, CFG 1, 24 images per prompt, 48 groups per epoch.
 
-**In the trainer** (``method=nft``: ``step_mode=nft``, ``credit=nft``; :class:`NFTRuntime` through the credit
-table's one runtime hook): rollouts run with the old weights swapped in (deterministic: Euler or DPM-Solver++(2M),
+**In the recipe** (``method=nft``: ``step_mode=nft``, ``credit=nft``; the hooks of :class:`NFT`): rollouts run with the old weights swapped in (deterministic: Euler or DPM-Solver++(2M),
 the preset's ``sample.ode_solver=dpmpp2m``; the release's own 2nd-order multistep DPM solver was not compared
 step by step); the trained timesteps are drawn per sample when the rollout is planned (the release draws them per
 inner epoch: the same with one inner epoch); the forward noise is seeded per (sample, timestep, optimizer step);
@@ -53,6 +52,8 @@ from typing import Iterable, Optional
 
 import torch
 from torch import Tensor
+
+from .base import FlowMethod
 
 __all__ = [
     "ADV_MODES",
@@ -298,21 +299,21 @@ def forward_loss(adapter, x0: Tensor, sigma: float, embeds, noise: Tensor, r: Te
                     weight_floor=weight_floor, sample_weights=sample_weights, denominator=denominator)
 
 
-# ------------------------------------------------------------------------------------------- credit table entry
+# ------------------------------------------------------------------------------------------- the method
 # step_mode=nft: every step is deterministic (sample.ode_solver; the release: its 2nd-order multistep DPM solver,
 # here Euler or DPM-Solver++(2M)); the "trained" columns are the timesteps at which the forward-process loss is taken.
-def plan_nft(cfg, plan_seeds, iteration: int):
-    r"""No SDE step; each sample trains ``int(K * sample.nft_timestep_fraction)`` of the K sampling timesteps (a
-    random subset from its plan seed; the release draws a fresh permutation per inner epoch, the same thing with
-    one inner epoch). Unlike the reverse-process plans the last timestep may be drawn: the loss is taken on
+def plan_nft(cfg, plan_seeds, iteration: int, timestep_fraction: float = 0.99):
+    r"""No SDE step; each sample trains ``int(K * timestep_fraction)`` of the K sampling timesteps (a random subset
+    from its plan seed; the release draws a fresh permutation per inner epoch, the same thing with one inner epoch).
+    Unlike the reverse-process plans the last timestep may be drawn: the loss is taken on
     :math:`x_t=(1-t)x_0+t\epsilon` at :math:`t=\sigma_{K-1}>0`, where nothing is degenerate."""
     from .plans import StepPlan, _sample_seed
 
     K = cfg.num_steps
-    m = int(K * cfg.nft_timestep_fraction)
+    m = int(K * timestep_fraction)
     if not 1 <= m <= K:
-        raise ValueError(f"sample.nft_timestep_fraction={cfg.nft_timestep_fraction} trains int({K} * f) = {m} "
-                         f"timesteps: need 1..{K}")
+        raise ValueError(f"methods.nft.timestep_fraction={timestep_fraction} trains int({K} * f) = {m} timesteps: "
+                         f"need 1..{K}")
     p = StepPlan.empty(len(plan_seeds), K)
     for i, s in enumerate(plan_seeds):
         g = torch.Generator().manual_seed(_sample_seed(s, 6))
@@ -320,44 +321,65 @@ def plan_nft(cfg, plan_seeds, iteration: int):
     return p
 
 
-class NFTRuntime:
-    """DiffusionNFT inside the trainer: the old adapter (an fp32 copy of the trainable weights, initialised to them,
-    as the release), rollouts with the old weights, the forward-process loss per (rollout chunk, timestep column),
-    and the old adapter's EMA after each epoch (:func:`old_decay` of the optimizer step). ``optim.kl_coef`` is the
-    velocity KL weight (release ``train.beta`` 1e-4), ``optim.adv_clip_max`` :math:`A_{max}`."""
+class NFT(FlowMethod):
+    """DiffusionNFT inside the recipe: the old adapter (an fp32 copy of the trainable weights, initialised to them,
+    as the release), rollouts with the old weights (``rollout_context``), the forward-process loss per (rollout
+    chunk, timestep column) (``loss``), and the old adapter's EMA after each epoch (``end_of_step``, :func:`old_decay`
+    of the optimizer step). The advantages are the outcome credit's with the preset's statistics (group mean,
+    population batch std + 1e-4 = the release's PerPromptStatTracker(global_std=True)); the loss turns them into r.
+    ``optim.kl_coef`` is the velocity KL weight (release ``train.beta`` 1e-4), ``optim.adv_clip_max`` :math:`A_{max}`."""
 
-    def __init__(self, trainer):
-        from flow_grpo.ema import EMA
+    name = "nft"
 
-        if trainer.sharded:
-            raise ValueError("sample.credit=nft is not supported with FSDP/DeepSpeed (its old adapter is a local copy)")
-        if trainer.cfg.sample.step_mode != "nft":
+    def __init__(self, cfg, run=None):
+        super().__init__(cfg, run)
+        self.o = cfg.methods.nft
+        self.old = None
+        if run is not None:
+            from flow_grpo.ema import EMA
+
+            if run.sharded:
+                raise ValueError("sample.credit=nft is not supported with FSDP/DeepSpeed (its old adapter is a local "
+                                 "copy)")
+            self.old = EMA(run.params, decay=0.0)
+
+    def check_sampling(self, s) -> None:
+        if s.step_mode != "nft":
             raise ValueError("sample.credit=nft needs sample.step_mode=nft (deterministic rollouts, trained timesteps)")
-        self.trainer = trainer
-        self.old = EMA(trainer.params, decay=0.0)
 
-    def rollout(self):
+    def plan(self, s, plan_seeds, iteration: int, members):
+        return plan_nft(s, plan_seeds, iteration, self.o.timestep_fraction)
+
+    def advantage_estimator(self):
+        from .outcome import outcome_advantages
+
+        return outcome_advantages
+
+    def rollout_context(self):
         return self.old.swapped_in()
 
-    def loss(self, traj, chunk, col: int, adv: Tensor, n_global: float, dummy: bool = False):
+    def loss(self):
+        return self.column_loss
+
+    def column_loss(self, traj, chunk, col: int, adv: Tensor, n_global: float, dummy: bool = False):
         from mmgrpo.utils.seeding import sample_seed
 
-        tr, c0, c1 = self.trainer, chunk[0], chunk[1]
-        s, o = traj.sampling, tr.cfg.optim
-        dev = tr.adapter.device
+        run, c0, c1 = self.run, chunk[0], chunk[1]
+        s, o = traj.sampling, run.cfg.optim
+        dev = run.adapter.device
         mask = traj.train_mask[c0:c1, col].float().to(dev)
         if dummy:
             mask = torch.zeros_like(mask)
         x0 = traj.final_latents[c0:c1].to(dev)
         k = int(traj.step_indices[col])
         # fresh noise per (sample, timestep, optimizer step), reproducible on resume
-        gens = [torch.Generator().manual_seed(sample_seed(int(traj.noise_seeds[i]), 11, k, tr.global_step))
+        gens = [torch.Generator().manual_seed(sample_seed(int(traj.noise_seeds[i]), 11, k, run.state.global_step))
                 for i in range(c0, c1)]
         noise = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in gens]).to(dev)
-        r = reward_weight(adv[c0:c1, col], adv_clip_max=o.adv_clip_max, mode=s.nft_adv_mode).to(dev)
-        emb = tr.adapter.encode_prompts(traj.prompts[c0:c1])
-        with tr.accelerator.autocast():
-            out = forward_loss(tr.adapter, x0, float(traj.sigmas[col]), emb, noise, r, self.old, beta=s.nft_beta,
+        r = reward_weight(adv[c0:c1, col], adv_clip_max=o.adv_clip_max, mode=self.o.adv_mode).to(dev)
+        emb = run.adapter.encode_prompts(traj.prompts[c0:c1])
+        with run.accelerator.autocast():
+            out = forward_loss(run.adapter, x0, float(traj.sigmas[col]), emb, noise, r, self.old, beta=self.o.beta,
                                adv_clip_max=o.adv_clip_max, kl_beta=o.kl_coef, guidance_scale=s.guidance_scale,
                                cfg=s.cfg, sample_weights=mask, denominator=n_global)
         loss = out.loss
@@ -369,40 +391,16 @@ class NFTRuntime:
         kl = float((out.kl * mask).sum() / m) if o.kl_coef > 0 else 0.0
         return loss, metrics, kl, int(mask.sum())
 
-    def end_epoch(self, traj=None) -> dict:
-        d = old_decay(self.trainer.global_step, self.trainer.cfg.sample.nft_decay_type)
+    def end_of_step(self, traj, metrics: dict) -> None:
+        d = old_decay(self.run.state.global_step, self.o.decay_type)
         self.old.decay = d
         self.old.update()
         # cost per trained (sample, timestep) pair: the current and the old forward (+ the reference for the KL);
         # a GRPO column costs one forward (+ one for its KL)
-        return {"nft/old_decay": d, "nft/forwards_per_pair": 2.0 + (self.trainer.cfg.optim.kl_coef > 0)}
+        metrics.update({"nft/old_decay": d, "nft/forwards_per_pair": 2.0 + (self.cfg.optim.kl_coef > 0)})
 
     def state_dict(self) -> dict:
         return {"old": self.old.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
         self.old.load_state_dict(sd["old"])
-
-
-def _check(cfg) -> None:
-    if cfg.step_mode != "nft":
-        raise ValueError("sample.credit=nft needs sample.step_mode=nft")
-    if cfg.nft_beta <= 0:
-        raise ValueError(f"sample.nft_beta must be > 0, got {cfg.nft_beta}")
-    if cfg.nft_adv_mode not in ADV_MODES:
-        raise ValueError(f"sample.nft_adv_mode must be one of {ADV_MODES}, got {cfg.nft_adv_mode!r}")
-    if cfg.nft_decay_type not in OLD_DECAY_TYPES:
-        raise ValueError(f"sample.nft_decay_type must be one of {sorted(OLD_DECAY_TYPES)}, got {cfg.nft_decay_type}")
-
-
-def _register() -> None:
-    from .base import Credit, register_credit, register_plan
-    from .outcome import outcome_advantages
-
-    register_plan("nft")(plan_nft)
-    # the advantages are the outcome credit's with the preset's statistics (group mean, population batch std +
-    # 1e-4 = the release's PerPromptStatTracker(global_std=True)); the loss turns them into r
-    register_credit(Credit("nft", outcome_advantages, check=_check, runtime=NFTRuntime))
-
-
-_register()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from .base import Credit, CreditInputs, CreditOutput, register_credit
+from .base import CreditInputs, CreditOutput, FlowMethod
 
 
 def outcome_advantages(inp: CreditInputs) -> CreditOutput:
-    from mmgrpo.core import distributed_group_advantages
+    from mmgrpo.engine.groups import distributed_group_advantages
 
     N, T = inp.train_mask.shape
     dev = inp.device
@@ -32,5 +32,15 @@ def per_reward_advantages(inp: CreditInputs) -> CreditOutput:
     return CreditOutput(adv, {"adv/zero_std_fraction": out.zero_std_fraction})
 
 
-OUTCOME = register_credit(Credit("outcome", outcome_advantages))
-PER_REWARD = register_credit(Credit("per_reward", per_reward_advantages))
+class Outcome(FlowMethod):
+    name = "outcome"
+
+    def advantage_estimator(self):
+        return outcome_advantages
+
+
+class PerReward(FlowMethod):
+    name = "per_reward"
+
+    def advantage_estimator(self):
+        return per_reward_advantages

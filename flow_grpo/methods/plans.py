@@ -1,5 +1,6 @@
 """Sampling plans (``sample.step_mode``): which steps of each sample are SDE and which are trained. One function per
-plan in the :data:`~flow_grpo.methods.base.PLANS` table; the sampler calls :func:`make_step_plan`.
+plan here (:data:`PLANS`), or a method's own (its registry entry's ``plan``, :meth:`FlowMethod.plan`); the sampler
+calls :func:`make_step_plan`.
 
 =================  =====================================================  ==============================
 ``step_mode``      SDE steps / trained steps (the last step is never)      method
@@ -22,7 +23,6 @@ import torch
 
 from mmgrpo.utils.seeding import sample_seed
 
-from .base import PLANS, register_plan
 
 
 def _sample_seed(base: int, *coords: int) -> int:
@@ -86,24 +86,30 @@ def sliding_window(iteration: int, lo: int, hi: int, size: int, shift_every: int
 
 
 
-def make_step_plan(cfg, plan_seeds: Sequence[int], iteration: int = 0,
-                   members: Optional[Sequence[int]] = None) -> StepPlan:
+def make_step_plan(cfg, plan_seeds: Sequence[int], iteration: int = 0, members: Optional[Sequence[int]] = None,
+                   method=None) -> StepPlan:
     """Per-sample SDE/train masks (pure function of the config, the seeds and the sampling ``iteration``, the epoch
     counter that drives the sliding window). The last step is never trained; ODE in every mode (its Gaussian is
-    degenerate / too sharp)."""
+    degenerate / too sharp). A plan that belongs to a method (``tree``, ``b2``, ``nft``) is that method's
+    :meth:`~flow_grpo.methods.base.FlowMethod.plan` (``method``: the run's credit method)."""
     if cfg.num_steps < 2:
         raise ValueError("num_steps must be >= 2 (the last step is never trained)")
-    if cfg.step_mode not in PLANS:
-        raise ValueError(f"unknown step_mode {cfg.step_mode!r}: {' | '.join(PLANS)}")
-    fn = PLANS[cfg.step_mode]
-    if getattr(fn, "needs_members", False):  # tree / branch plans: each sample's index in its group
-        if members is None or len(members) != len(plan_seeds):
-            raise ValueError(f"step_mode={cfg.step_mode} needs the index of every sample in its group (members)")
-        return fn(cfg, plan_seeds, iteration, [int(m) for m in members])
-    return fn(cfg, plan_seeds, iteration)
+    if cfg.step_mode in PLANS:
+        return PLANS[cfg.step_mode](cfg, plan_seeds, iteration)
+    from . import REGISTRY, plan_names
+
+    owner = next((s.name for s in REGISTRY if s.plan == cfg.step_mode), None)
+    if owner is None:
+        raise ValueError(f"unknown step_mode {cfg.step_mode!r}: {' | '.join(plan_names())}")
+    if method is None or method.name != owner:
+        raise ValueError(f"sample.step_mode={cfg.step_mode} is the sampling plan of {owner}: set sample.credit={owner}")
+    if members is not None:
+        members = [int(m) for m in members]
+        if len(members) != len(plan_seeds):
+            raise ValueError(f"step_mode={cfg.step_mode}: {len(members)} members for {len(plan_seeds)} samples")
+    return method.plan(cfg, plan_seeds, iteration, members)
 
 
-@register_plan("all")
 def plan_all(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     p = StepPlan.empty(len(plan_seeds), cfg.num_steps)
     p.sde_mask[:, :-1] = True
@@ -111,7 +117,6 @@ def plan_all(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     return p
 
 
-@register_plan("fraction")
 def plan_fraction(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     K = cfg.num_steps
     p = StepPlan.empty(len(plan_seeds), K)
@@ -123,7 +128,6 @@ def plan_fraction(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     return p
 
 
-@register_plan("window")
 def plan_window(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     p = StepPlan.empty(len(plan_seeds), cfg.num_steps)
     lo, hi = window_bounds(cfg)
@@ -154,7 +158,6 @@ def plan_window(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     return p
 
 
-@register_plan("single")
 def plan_single(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
     last = cfg.num_steps - 1
     p = StepPlan.empty(len(plan_seeds), cfg.num_steps)
@@ -168,3 +171,7 @@ def plan_single(cfg, plan_seeds: Sequence[int], iteration: int) -> StepPlan:
         p.train_mask[i, k] = True
         p.window_start[i] = k
     return p
+
+
+#: the plans of this module, by ``sample.step_mode`` (methods add theirs: :data:`flow_grpo.methods.REGISTRY`)
+PLANS = {"all": plan_all, "fraction": plan_fraction, "window": plan_window, "single": plan_single}

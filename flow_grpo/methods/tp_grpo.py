@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Credit, CreditInputs, CreditOutput, register_credit
+from .base import CreditInputs, CreditOutput, FlowMethod
 
 
 def window_layout(train_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -82,5 +82,16 @@ def check_contiguous_plan(cfg) -> None:
         raise ValueError("credit=tp_grpo needs step_mode window or all (a contiguous SDE block)")
 
 
-TP_GRPO = register_credit(Credit("tp_grpo", tp_grpo_advantages, step_rewards=tp_grpo_step_rewards,
-                                 check=check_contiguous_plan, keeps_ode_next=True))
+class TPGRPO(FlowMethod):
+    name = "tp_grpo"
+    has_step_rewards = True
+    keeps_ode_next = True
+
+    def check_sampling(self, s) -> None:
+        check_contiguous_plan(s)
+
+    def step_rewards(self, adapter, traj, embeds, sig, reward_fn, weights, r_final):
+        return tp_grpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final)
+
+    def advantage_estimator(self):
+        return tp_grpo_advantages

@@ -38,6 +38,7 @@ spread, τ → 0 gives back GRPO's group z-score of R.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -45,6 +46,8 @@ import torch
 from torch import Tensor
 
 from mmgrpo.core.advantages import group_advantages
+
+from .base import FlowMethod
 
 __all__ = ["VGPOAdvantages", "instant_rewards", "temporal_credit", "dual_advantages", "vgpo_advantages"]
 
@@ -131,33 +134,32 @@ def vgpo_advantages(
                            valid=valid)
 
 
-# ------------------------------------------------------------------------------------------- credit table entry
+# ------------------------------------------------------------------------------------------- the method
 def _anchor(value: str) -> Union[str, float]:
     if str(value).strip() == "batch":
         return "batch"
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"sample.vgpo_anchor must be a number or 'batch', got {value!r}") from None
+        raise ValueError(f"methods.vgpo.anchor must be a number or 'batch', got {value!r}") from None
 
 
-def vgpo_credit(inp):
-    """Credit-table entry: the values are TP-GRPO's R_0..R_n (ODE completions before every SDE step of the window,
-    R_n the final reward); invalid samples leave every statistic; column j of sample i's window gets A[i, j]. The
-    group statistics use ``optim.adv_eps`` and ``optim.adv_clip_max``; the std is always the population one
+def vgpo_credit(inp, gamma: float = 1.0, tau: float = 0.1, anchor: str = "0"):
+    """The credit: the values are TP-GRPO's R_0..R_n (ODE completions before every SDE step of the window, R_n the
+    final reward); invalid samples leave every statistic; column j of sample i's window gets A[i, j]. The group
+    statistics use ``optim.adv_eps`` and ``optim.adv_clip_max``; the std is always the population one
     (``optim.adv_std_ddof`` / ``adv_scale`` do not apply)."""
     from .base import CreditOutput
     from .tp_grpo import window_layout
 
-    s = inp.sampling
     N, T = inp.train_mask.shape
     (V_all, g_all, v_all), sl = inp.gather([inp.step_rewards, inp.group_ids, inp.valid])
     n = V_all.shape[1] - 1
     A_all = torch.zeros(V_all.shape[0], n)
     stats: dict = {}
     if bool(v_all.any()):
-        out = vgpo_advantages(V_all[v_all], g_all[v_all], gamma=s.vgpo_gamma, tau=s.vgpo_tau,
-                              anchor=_anchor(s.vgpo_anchor), eps=inp.opts.eps, clamp=inp.opts.clamp)
+        out = vgpo_advantages(V_all[v_all], g_all[v_all], gamma=gamma, tau=tau, anchor=_anchor(anchor),
+                              eps=inp.opts.eps, clamp=inp.opts.clamp)
         A_all[v_all] = out.advantages.float()
         stats.update(out.stats())
     _, pos = window_layout(inp.train_mask)
@@ -166,21 +168,23 @@ def vgpo_credit(inp):
     return CreditOutput(adv, stats)
 
 
-def _check(cfg) -> None:
-    from .tp_grpo import check_contiguous_plan
+class VGPO(FlowMethod):
+    """TP-GRPO's rollout (ODE completions before every SDE step of a window) with the VGPO credit."""
 
-    check_contiguous_plan(cfg)
-    _anchor(cfg.vgpo_anchor)
-    if not 0.0 <= cfg.vgpo_gamma <= 1.0 or cfg.vgpo_tau <= 0:
-        raise ValueError(f"sample.vgpo_gamma must be in [0, 1] and sample.vgpo_tau > 0, got {cfg.vgpo_gamma}, "
-                         f"{cfg.vgpo_tau}")
+    name = "vgpo"
+    has_step_rewards = True
+    keeps_ode_next = True
 
+    def check_sampling(self, s) -> None:
+        from .tp_grpo import check_contiguous_plan
 
-def _register() -> None:
-    from .base import Credit, register_credit
-    from .tp_grpo import tp_grpo_step_rewards
+        check_contiguous_plan(s)
 
-    register_credit(Credit("vgpo", vgpo_credit, step_rewards=tp_grpo_step_rewards, check=_check, keeps_ode_next=True))
+    def step_rewards(self, adapter, traj, embeds, sig, reward_fn, weights, r_final):
+        from .tp_grpo import tp_grpo_step_rewards
 
+        return tp_grpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final)
 
-_register()
+    def advantage_estimator(self):
+        o = self.cfg.methods.vgpo
+        return functools.partial(vgpo_credit, gamma=o.gamma, tau=o.tau, anchor=o.anchor)

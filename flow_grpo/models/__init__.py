@@ -1,5 +1,5 @@
-"""Thin per-architecture adapters (SD3 / SD3.5 with or without T5, FLUX, FLUX-Kontext, Wan2.1 T2V and I2V, Qwen-Image and
-Qwen-Image-Edit) over diffusers pipelines, plus hub-free tiny builders."""
+"""Thin per-architecture adapters over diffusers pipelines (the registry ``ADAPTERS``; docs/generators.md lists them
+with what each supports), plus hub-free tiny builders (``tiny.TINY_BUILDERS``)."""
 from __future__ import annotations
 
 import json
@@ -7,18 +7,46 @@ import os
 
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
+from .flux2 import Flux2Adapter, Flux2KleinAdapter
 from .flux_kontext import FluxKontextAdapter
+from .hunyuan_video15 import HunyuanVideo15Adapter
+from .ltx2 import LTX2Adapter
 from .qwen_image import QwenImageAdapter
+from .qwen_image21 import QwenImage21Adapter
 from .qwen_image_edit import QwenImageEditAdapter
+from .sana import SanaAdapter
 from .sd3 import SD3Adapter
 from .wan import WanAdapter
+from .wan22 import Wan22Adapter, Wan22HighAdapter, Wan22I2VAdapter, Wan22LowAdapter, is_wan22
 from .wan_i2v import WanI2VAdapter
+from .z_image import ZImageAdapter
 
 ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextAdapter, "wan": WanAdapter,
-            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter}
+            "wan_i2v": WanI2VAdapter, "qwen_image": QwenImageAdapter, "qwen_image_edit": QwenImageEditAdapter,
+            "flux2": Flux2Adapter, "flux2_klein": Flux2KleinAdapter, "z_image": ZImageAdapter,
+            "qwen_image21": QwenImage21Adapter, "wan22": Wan22Adapter, "wan22_high": Wan22HighAdapter,
+            "wan22_low": Wan22LowAdapter, "wan22_i2v": Wan22I2VAdapter, "sana": SanaAdapter,
+            "hunyuan_video15": HunyuanVideo15Adapter, "ltx2": LTX2Adapter}
 _PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
                      "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
-                     "QwenImageEditPipeline": "qwen_image_edit"}
+                     "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
+                     "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image",
+                     "QwenImage21Pipeline": "qwen_image21", "SanaPipeline": "sana",
+                     "HunyuanVideo15Pipeline": "hunyuan_video15", "LTX2Pipeline": "ltx2"}
+# kinds sharing a pipeline class with another, told apart by its config (model_index.json / pipe.config); the first
+# matching rule wins. wan22_high / wan22_low (one A14B expert trained) are chosen by model.kind only.
+_CONFIG_KINDS = {"WanPipeline": [("wan22", is_wan22)], "WanImageToVideoPipeline": [("wan22_i2v", is_wan22)]}
+_KIND_ONLY = ("wan22_high", "wan22_low")
+
+
+def kind_of(cls_name: str, config) -> str:
+    """The adapter kind of a pipeline class and its config; ValueError if unsupported."""
+    for kind, rule in _CONFIG_KINDS.get(cls_name, []):
+        if rule(config):
+            return kind
+    if cls_name not in _PIPELINE_TO_KIND:
+        raise ValueError(f"unsupported pipeline class {cls_name!r}; supported: {sorted(_PIPELINE_TO_KIND)}")
+    return _PIPELINE_TO_KIND[cls_name]
 
 
 def detect_kind(pipeline_dir: str) -> str:
@@ -27,10 +55,11 @@ def detect_kind(pipeline_dir: str) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: pipeline_dir must be a diffusers pipeline folder")
     with open(path) as f:
-        cls = json.load(f).get("_class_name")
-    if cls not in _PIPELINE_TO_KIND:
-        raise ValueError(f"{path}: unsupported pipeline class {cls!r}; supported: {sorted(_PIPELINE_TO_KIND)}")
-    return _PIPELINE_TO_KIND[cls]
+        index = json.load(f)
+    try:
+        return kind_of(index.get("_class_name"), index)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _dtype_kwarg() -> str:
@@ -85,14 +114,12 @@ def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None
 
 
 def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
-    name = type(pipe).__name__
-    if name not in _PIPELINE_TO_KIND:
-        raise ValueError(f"unsupported pipeline class {name}")
-    return ADAPTERS[_PIPELINE_TO_KIND[name]](pipe, **kwargs)
+    return ADAPTERS[kind_of(type(pipe).__name__, pipe.config)](pipe, **kwargs)
 
 
 __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "FluxKontextAdapter", "WanAdapter",
-           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter",
+           "WanI2VAdapter", "QwenImageAdapter", "QwenImageEditAdapter", "Flux2Adapter", "Flux2KleinAdapter", "ZImageAdapter", "QwenImage21Adapter",
+           "Wan22Adapter", "Wan22HighAdapter", "Wan22LowAdapter", "Wan22I2VAdapter", "SanaAdapter", "HunyuanVideo15Adapter", "LTX2Adapter", "kind_of",
            "load_adapter",
            "adapter_from_pipeline",
            "detect_kind", "DEFAULT_LORA_TARGETS"]

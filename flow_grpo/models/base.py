@@ -43,7 +43,9 @@ class PromptEmbeds:
     ``text_ids`` (L, 3) for FLUX (shared by the batch); ``cond_latents`` (B, C, h', w') the VAE latents of a
     per-sample reference image (FLUX-Kontext), or None; ``prompt_mask`` / ``neg_prompt_mask`` (B, L) the valid text
     tokens of zero-padded embeddings (Qwen-Image), or None (all valid); ``image_embeds`` (B, L', D') a per-sample
-    reference image's encoder states (Wan2.1 I2V: CLIP vision), or None."""
+    reference image's encoder states (Wan2.1 I2V: CLIP vision), or None; ``prompt_embeds_2`` / ``prompt_mask_2`` (and
+    ``neg_*_2``) a second text sequence of another width with its mask (HunyuanVideo 1.5: the ByT5 glyph text), or
+    None."""
 
     prompt_embeds: torch.Tensor
     pooled: torch.Tensor
@@ -54,6 +56,10 @@ class PromptEmbeds:
     prompt_mask: Optional[torch.Tensor] = None
     neg_prompt_mask: Optional[torch.Tensor] = None
     image_embeds: Optional[torch.Tensor] = None
+    prompt_embeds_2: Optional[torch.Tensor] = None
+    prompt_mask_2: Optional[torch.Tensor] = None
+    neg_prompt_embeds_2: Optional[torch.Tensor] = None
+    neg_prompt_mask_2: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]
@@ -156,6 +162,7 @@ class FlowModelAdapter:
 
         present = {n.split(".")[-1] for n, _ in self.transformer.named_modules()}
         present |= {".".join(n.split(".")[-2:]) for n, _ in self.transformer.named_modules()}
+        present |= {n for n, _ in self.transformer.named_modules()}  # full module paths (LTX-2's video stream)
         targets = [t for t in target_modules if t in present]
         if not targets:
             raise ValueError(f"none of the LoRA target_modules {list(target_modules)} exist in {type(self.transformer).__name__}")

@@ -1,116 +1,16 @@
 """Hub-free tiny SD3 / SD3+T5 / FLUX / FLUX-Kontext pipelines (random weights, built from configs) for CPU tests and
 smoke runs.
 
-Tokenizers are built offline:
-* CLIP: a truncated copy of the real CLIP BPE (open_clip ships ``bpe_simple_vocab_16e6.txt.gz``): the 512 byte
-  symbols (plain and ``</w>``-terminated), the first ``n_merges`` merges and the two special tokens, in the same order
-  as CLIP's own vocab. ``CLIPTokenizer(vocab=dict, merges=[tuple])`` (transformers v5 ignores file paths).
-* T5 (FLUX ``tokenizer_2``): a tiny ``tokenizers`` word-piece-free BPE trained on a fixed corpus.
-* T5 (SD3 ``tokenizer_3``): a ``T5TokenizerFast`` (Unigram model, T5's Metaspace pre-tokenizer and ``</s>``
-  post-processor) over a tiny vocabulary built from the same corpus (words + characters). No installed package
-  ships a real T5 SentencePiece model (``spiece.model``) and ``sentencepiece`` is not installed, so the real
-  vocabulary and its NFKC ``precompiled_charsmap`` normaliser are absent; the tokenizer class, id layout
-  (<pad>=0, </s>=1, <unk>=2) and padding/truncation behaviour are T5's.
+Tokenizers: :mod:`flow_grpo.models.tiny_tokenizers`.
 
 The configs are small combinations checked to build and run on CPU (tests/flow_grpo/test_models.py).
 """
 from __future__ import annotations
 
-import gzip
-import os
-from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-_CORPUS = [
-    "a photo of a cat", "a photo of a dog", "a red apple on a table", "a blue car in the street",
-    "two birds on a wire", "an astronaut riding a horse", "a bowl of fruit", "a green tree in a field",
-    "a yellow banana and a purple grape", "the quick brown fox jumps over the lazy dog",
-    "a painting of a mountain at sunset", "a black and white photograph of a city",
-]
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    # CLIP/GPT-2 reversible byte -> printable unicode mapping (a standard, documented construction)
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
-
-
-@lru_cache(maxsize=4)
-def _clip_vocab_merges(n_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    import importlib.util
-
-    # locate open_clip's BPE file without importing open_clip (its import pulls in timm/torchvision: seconds)
-    spec = importlib.util.find_spec("open_clip")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the tiny CLIP tokenizer needs open_clip's bpe_simple_vocab_16e6.txt.gz (pip install open_clip_torch)")
-    path = os.path.join(list(spec.submodule_search_locations)[0], "bpe_simple_vocab_16e6.txt.gz")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    merges = [tuple(line.split()) for line in lines[1 : 1 + n_merges]]
-    vocab = list(_bytes_to_unicode().values())
-    vocab = vocab + [v + "</w>" for v in vocab]
-    vocab += ["".join(m) for m in merges]
-    vocab += ["<|startoftext|>", "<|endoftext|>"]
-    return {tok: i for i, tok in enumerate(vocab)}, merges
-
-
-def build_clip_tokenizer(n_merges: int = 256, model_max_length: int = 77):
-    from transformers import CLIPTokenizer
-
-    vocab, merges = _clip_vocab_merges(n_merges)
-    return CLIPTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=model_max_length)
-
-
-def build_t5_tokenizer(vocab_size: int = 300, model_max_length: int = 64):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"])
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=model_max_length
-    )
-
-
-def build_t5_unigram_tokenizer(model_max_length: int = 512, extra_corpus: Sequence[str] = ()):
-    """A ``T5TokenizerFast`` (a Unigram model, like T5's SentencePiece one) over a tiny hand-built vocabulary.
-
-    Pieces: the corpus words with SentencePiece's word-start marker ("\u2581cat"), the bare marker, and single
-    characters (lowercase letters, digits and the corpus' characters), scored by smoothed log-frequency with
-    characters penalised, so corpus words are one token and other words split into characters (<unk> only for
-    characters outside lowercase letters, digits and the corpus, e.g. capitals: there is no NFKC/lowercasing). Built in pure Python on purpose: ``tokenizers``' UnigramTrainer orders equal-score pieces
-    differently from one process to the next, which would change token ids between a build and its reload.
-    No sentinel ``<extra_id_*>`` tokens (``extra_ids=0``): the text encoder never sees them.
-    ``extra_corpus``: more lines whose words become single tokens too (e.g. a benchmark's prompts; the default
-    keeps the ids of existing folders)."""
-    import math
-    import string
-    from collections import Counter
-
-    from transformers import T5TokenizerFast
-
-    corpus = list(_CORPUS) + list(extra_corpus)
-    words = Counter(w for line in corpus for w in line.split())
-    chars = Counter(c for line in corpus for c in line.replace(" ", ""))
-    chars.update(string.ascii_lowercase + string.digits)  # add-one smoothing, and full lowercase/digit coverage
-    total = sum(words.values()) + sum(chars.values())
-    scored = {"\u2581" + w: math.log(n / total) for w, n in words.items()}
-    scored["\u2581"] = math.log(len(words) / total)
-    scored.update({c: math.log(n / total) - 2.0 for c, n in chars.items()})
-    pieces = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0]))  # a deterministic id order
-    # T5's id layout: <pad>=0, </s>=1, <unk>=2 (T5TokenizerFast builds its Unigram model with unk_id=2)
-    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces
-    return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
-
+from .tiny_text import _tiny_vae
+from .tiny_tokenizers import build_clip_tokenizer, build_t5_tokenizer, build_t5_unigram_tokenizer
 
 def _tiny_t5_encoder(tok, d_model: int):
     from transformers import T5Config, T5EncoderModel
@@ -132,23 +32,14 @@ def _clip_text_config(vocab_size: int, tok, hidden: int, proj: int):
     )
 
 
-def _tiny_vae(scale_factor_8: bool = True, shift_factor: Optional[float] = None):
-    from diffusers import AutoencoderKL
-
-    # 4 blocks -> VAE scale factor 8 (like the real models); 64 px images -> 8x8 latents.
-    return AutoencoderKL(
-        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-        block_out_channels=[8, 16, 16, 16], layers_per_block=1, latent_channels=4, norm_num_groups=8,
-        sample_size=64, scaling_factor=1.5305 if shift_factor is not None and shift_factor < 0.1 else 0.3611,
-        shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
-    )
-
-
-def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
+def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False, num_layers: int = 2, qk_norm: Optional[str] = None,
+                            dual_attention_layers: tuple[int, ...] = ()):
     """StableDiffusion3Pipeline with two tiny CLIP-with-projection encoders; no T5 (``text_encoder_3=None``) unless
     ``with_t5``: then a tiny ``T5EncoderModel`` whose d_model is the transformer's ``joint_attention_dim`` (64 here;
     in SD3.5 both are T5-XXL's 4096) and a Unigram ``T5TokenizerFast``. The T5 parts are built last, so every other component is
-    the same as without T5 for the same seed."""
+    the same as without T5 for the same seed. ``num_layers`` / ``qk_norm`` / ``dual_attention_layers``: the
+    transformer options that tell the SD3 releases apart (SD3-medium: none; SD3.5-large: ``qk_norm="rms_norm"``, 38
+    layers; SD3.5-medium: also MMDiT-X's extra self-attention in ``dual_attention_layers`` 0-12)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection
@@ -159,8 +50,9 @@ def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
     te = CLIPTextModelWithProjection(_clip_text_config(len(tok), tok, 32, 32))
     te2 = CLIPTextModelWithProjection(_clip_text_config(len(tok2), tok2, 32, 32))
     transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=64, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4,
+        sample_size=8, patch_size=2, in_channels=4, num_layers=num_layers, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=64, caption_projection_dim=32, pooled_projection_dim=64, out_channels=4, qk_norm=qk_norm,
+        dual_attention_layers=tuple(dual_attention_layers),
     )
     vae = _tiny_vae(shift_factor=0.0609)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
@@ -210,6 +102,18 @@ def build_tiny_sd3_t5_pipeline(seed: int = 0):
     return build_tiny_sd3_pipeline(seed, with_t5=True)
 
 
+def build_tiny_sd3_5_large_pipeline(seed: int = 0):
+    """SD3.5-large's transformer options on the tiny SD3 + T5: RMS q/k norms in every block, no MMDiT-X layers, 3
+    layers (the release: 38 of 38 heads x 64; the adapter is the ``sd3`` one, nothing else differs)."""
+    return build_tiny_sd3_pipeline(seed, with_t5=True, num_layers=3, qk_norm="rms_norm")
+
+
+def build_tiny_sd3_5_medium_pipeline(seed: int = 0):
+    """SD3.5-medium's options on the tiny SD3 + T5: RMS q/k norms and MMDiT-X's second self-attention in the first
+    block (``dual_attention_layers``; the release: blocks 0-12 of 24)."""
+    return build_tiny_sd3_pipeline(seed, with_t5=True, num_layers=2, qk_norm="rms_norm", dual_attention_layers=(0,))
+
+
 def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True):
     """FluxKontextPipeline over the tiny FLUX components (same weights as ``build_tiny_flux_pipeline(seed)``):
     Kontext is the FLUX architecture fed reference-image tokens, so no new module is needed."""
@@ -227,6 +131,48 @@ def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True
 def build_tiny_wan_pipeline(seed: int = 0, **kwargs):
     """Tiny Wan2.1 T2V pipeline (see :mod:`flow_grpo.models.tiny_wan`)."""
     from .tiny_wan import build_tiny_wan_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_sana_pipeline(seed: int = 0):
+    """Tiny SANA pipeline (see :mod:`flow_grpo.models.tiny_sana`)."""
+    from .tiny_sana import build_tiny_sana_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
+    """Tiny HunyuanVideo 1.5 T2V pipeline (see :mod:`flow_grpo.models.tiny_hunyuan_video15`)."""
+    from .tiny_hunyuan_video15 import build_tiny_hunyuan_video15_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_ltx2_pipeline(seed: int = 0):
+    """Tiny LTX-2 audio+video pipeline (see :mod:`flow_grpo.models.tiny_ltx2`)."""
+    from .tiny_ltx2 import build_tiny_ltx2_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_wan22_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.2 A14B T2V, two experts (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_wan22_ti2v_pipeline(seed: int = 0):
+    """Tiny Wan2.2 TI2V-5B (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_ti2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_ti2v_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_wan22_i2v_pipeline(seed: int = 0, **kwargs):
+    """Tiny Wan2.2 A14B I2V (see :func:`flow_grpo.models.tiny_wan.build_tiny_wan22_i2v_pipeline`)."""
+    from .tiny_wan import build_tiny_wan22_i2v_pipeline as build
 
     return build(seed, **kwargs)
 
@@ -252,17 +198,49 @@ def build_tiny_qwen_image_edit_pipeline(seed: int = 0):
     return build(seed)
 
 
+def build_tiny_flux2_pipeline(seed: int = 0):
+    """Tiny FLUX.2-dev pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_flux2_klein_pipeline(seed: int = 0, **kwargs):
+    """Tiny FLUX.2-klein pipeline (see :mod:`flow_grpo.models.tiny_flux2`)."""
+    from .tiny_flux2 import build_tiny_flux2_klein_pipeline as build
+
+    return build(seed, **kwargs)
+
+
+def build_tiny_z_image_pipeline(seed: int = 0):
+    """Tiny Z-Image pipeline (see :mod:`flow_grpo.models.tiny_z_image`)."""
+    from .tiny_z_image import build_tiny_z_image_pipeline as build
+
+    return build(seed)
+
+
+def build_tiny_qwen_image21_pipeline(seed: int = 0):
+    """Tiny Qwen-Image 2.1 pipeline (see :mod:`flow_grpo.models.tiny_qwen_image21`)."""
+    from .tiny_qwen_image21 import build_tiny_qwen_image21_pipeline as build
+
+    return build(seed)
+
+
 TINY_BUILDERS: dict[str, Any] = {
-    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "flux": build_tiny_flux_pipeline,
+    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "sd3_5_medium": build_tiny_sd3_5_medium_pipeline,
+    "sd3_5_large": build_tiny_sd3_5_large_pipeline, "flux": build_tiny_flux_pipeline,
     "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
-    "wan_i2v": build_tiny_wan_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
-    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline,
+    "wan_i2v": build_tiny_wan_i2v_pipeline, "wan22": build_tiny_wan22_pipeline,
+    "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "wan22_i2v": build_tiny_wan22_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
+    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
+    "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
+    "qwen_image21": build_tiny_qwen_image21_pipeline, "sana": build_tiny_sana_pipeline,
+    "hunyuan_video15": build_tiny_hunyuan_video15_pipeline, "ltx2": build_tiny_ltx2_pipeline,
 }
 
 
 def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``: 'sd3' | 'sd3_t5' | 'flux' | 'flux_kontext' |
-    'wan' | 'wan_i2v' | 'qwen_image' | 'qwen_image_edit') and ``save_pretrained`` it into ``directory``."""
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``) and ``save_pretrained`` it into ``directory``."""
     builders = TINY_BUILDERS
     if kind not in builders:
         raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")

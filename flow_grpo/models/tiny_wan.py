@@ -27,7 +27,7 @@ def build_tiny_wan_pipeline(seed: int = 0, scheduler: str = "euler"):
                            WanTransformer3DModel)
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from .tiny import build_t5_unigram_tokenizer
+    from .tiny_tokenizers import build_t5_unigram_tokenizer
 
     if scheduler not in ("euler", "unipc"):
         raise ValueError(f"scheduler must be 'euler' or 'unipc', got {scheduler!r}")
@@ -80,5 +80,68 @@ def build_tiny_wan_i2v_pipeline(seed: int = 0, scheduler: str = "euler"):
     pipe = WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
                                    scheduler=t2v.scheduler, image_processor=processor, image_encoder=image_encoder,
                                    transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_wan22_pipeline(seed: int = 0, scheduler: str = "euler", boundary_ratio: float = 0.875):
+    """Tiny Wan2.2 A14B T2V (``WanPipeline`` with ``transformer_2`` and ``boundary_ratio``, the T2V release's 0.875):
+    the tiny Wan2.1 T2V components (same seed, same weights) plus a second transformer of the same architecture with
+    its own weights (seed + 1), the low-noise expert. At 4 Euler steps with shift 3 the timesteps are about 1000,
+    858, 602, 9: the first step is the high-noise expert's, the other three the low-noise one's."""
+    import torch
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    t2v = build_tiny_wan_pipeline(seed, scheduler=scheduler)
+    torch.manual_seed(seed + 1)
+    low = WanTransformer3DModel(**{k: v for k, v in t2v.transformer.config.items() if not k.startswith("_")})
+    pipe = WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, transformer=t2v.transformer,
+                       vae=t2v.vae, scheduler=t2v.scheduler, transformer_2=low, boundary_ratio=boundary_ratio)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_wan22_ti2v_pipeline(seed: int = 0):
+    """Tiny Wan2.2 TI2V-5B (``WanPipeline(expand_timesteps=True)``): the Wan2.2 VAE's layout (``is_residual``, a
+    2x2 patchify of RGB into 12 channels, spatial compression 16, temporal 4; the release: 48 latent channels, here
+    4 with non-trivial mean/std) and one transformer fed per-token timesteps; the tiny UMT5 text encoder of the T2V
+    build. At 64x64 px and 5 frames the latent is (4, 2, 4, 4): 8 tokens."""
+    import torch
+    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+
+    t2v = build_tiny_wan_pipeline(seed)
+    torch.manual_seed(seed + 2)
+    vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], latents_mean=_WAN_MEAN4, latents_std=_WAN_STD4,
+                           is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+    )
+    pipe = WanPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, transformer=transformer, vae=vae,
+                       scheduler=t2v.scheduler, expand_timesteps=True)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def build_tiny_wan22_i2v_pipeline(seed: int = 0, scheduler: str = "euler", boundary_ratio: float = 0.9):
+    """Tiny Wan2.2 A14B I2V (``WanImageToVideoPipeline`` with ``transformer_2`` and the I2V release's
+    ``boundary_ratio`` 0.9, no CLIP image encoder): the tiny Wan2.1 T2V text encoder, VAE and scheduler, and two
+    transformers with Wan2.1 I2V's input layout (``2 z + 4`` channels) but no ``image_dim`` (seeds + 1, + 2)."""
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+
+    t2v = build_tiny_wan_pipeline(seed, scheduler=scheduler)
+    z = t2v.vae.config.z_dim
+    experts = []
+    for k in (1, 2):
+        torch.manual_seed(seed + k)
+        experts.append(WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=2 * z + 4, out_channels=z,
+            text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+        ))
+    pipe = WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                   scheduler=t2v.scheduler, transformer=experts[0], transformer_2=experts[1],
+                                   boundary_ratio=boundary_ratio)
     pipe.set_progress_bar_config(disable=True)
     return pipe

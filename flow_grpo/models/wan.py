@@ -31,13 +31,16 @@ class WanAdapter(FlowModelAdapter):
     release_max_sequence_length = 512  # WanPipeline.__call__ default (UMT5 tokens, zero-padded past the prompt)
     release_num_frames = 81  # WanPipeline.__call__ default
     media = "video"
+    wan22 = False  # Wan2.2 subclasses (flow_grpo.models.wan22) take transformer_2 / boundary_ratio / expand_timesteps
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,
                  num_frames: int | None = None, negative_prompt: str = ""):
-        if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
-            raise ValueError("WanAdapter: two-stage Wan2.2 pipelines (transformer_2 / boundary_ratio) are not supported")
-        if pipe.config.get("expand_timesteps", False):
-            raise ValueError("WanAdapter: expand_timesteps (Wan2.2 TI2V) is not supported")
+        if type(self) is WanAdapter or not self.wan22:
+            if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
+                raise ValueError("WanAdapter: a two-expert Wan2.2 pipeline (transformer_2 / boundary_ratio): use "
+                                 "model.kind=wan22 (flow_grpo.models.wan22)")
+            if pipe.config.get("expand_timesteps", False):
+                raise ValueError("WanAdapter: expand_timesteps (Wan2.2 TI2V-5B): use model.kind=wan22")
         super().__init__(pipe, device=device, dtype=dtype, max_sequence_length=max_sequence_length)
         self.negative_prompt = negative_prompt  # the pipeline's default negative prompt is "" too
         self.set_num_frames(num_frames or self.release_num_frames)

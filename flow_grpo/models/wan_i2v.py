@@ -45,12 +45,14 @@ class WanI2VAdapter(ReferenceImages, WanAdapter):
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,
                  num_frames: int | None = None, negative_prompt: str = ""):
-        if max_sequence_length not in (None, _WAN_I2V_TEXT_TOKENS):
+        # Wan2.2 A14B I2V (flow_grpo.models.wan22) has no CLIP image tokens: no image encoder, no text-length split
+        self.clip_image = pipe.transformer.config.image_dim is not None
+        if self.clip_image and max_sequence_length not in (None, _WAN_I2V_TEXT_TOKENS):
             raise ValueError(f"Wan2.1 I2V: max_sequence_length must be {_WAN_I2V_TEXT_TOKENS} (the transformer "
                              f"splits image and text tokens at 512 text tokens), got {max_sequence_length}")
-        if pipe.transformer.config.image_dim is None or getattr(pipe, "image_encoder", None) is None:
+        if not self.wan22 and (not self.clip_image or getattr(pipe, "image_encoder", None) is None):
             raise ValueError("WanI2VAdapter: the transformer has no image_dim or the folder has no image_encoder "
-                             "(Wan2.2 I2V without CLIP is not supported)")
+                             "(Wan2.2 A14B I2V: model.kind=wan22_i2v)")
         super().__init__(pipe, device=device, dtype=dtype, max_sequence_length=max_sequence_length,
                          num_frames=num_frames, negative_prompt=negative_prompt)
         self._hw: Optional[tuple[int, int]] = None
@@ -58,7 +60,8 @@ class WanI2VAdapter(ReferenceImages, WanAdapter):
         self._cond_cache: dict[tuple, torch.Tensor] = {}
 
     def _frozen_modules(self) -> list[torch.nn.Module]:
-        return super()._frozen_modules() + [self.pipe.image_encoder]
+        enc = getattr(self.pipe, "image_encoder", None)
+        return super()._frozen_modules() + ([enc] if enc is not None else [])
 
     def set_resolution(self, height: int, width: int) -> None:
         self.latent_hw(height, width)  # validates
@@ -92,7 +95,7 @@ class WanI2VAdapter(ReferenceImages, WanAdapter):
         if not refs:
             return embeds
         keys = [self._reference_key(r) for r in refs]
-        image_embeds = torch.cat([self._image_embeds(k, r) for k, r in zip(keys, refs)])
+        image_embeds = torch.cat([self._image_embeds(k, r) for k, r in zip(keys, refs)]) if self.clip_image else None
         cond = torch.cat([self._condition(k, r) for k, r in zip(keys, refs)])
         return dataclasses.replace(embeds, image_embeds=image_embeds, cond_latents=cond)
 

@@ -18,7 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..media import to_uint8_media
-from .base import ImageBatch, Metadata, RewardFn, normalize_metadata
+from ..media import ImageBatch
+from .base import Metadata, RewardFn, normalize_metadata
 
 __all__ = ["AsyncRewardRunner"]
 

@@ -6,7 +6,7 @@ A reward is a callable::
 
     reward(images, prompts, metadata=None, **kwargs) -> dict[str, torch.Tensor]
 
-* ``images``: a batch of N RGB images in one of these layouts (converted once by :func:`to_uint8_nhwc`):
+* ``images``: a batch of N RGB images in one of these layouts (converted once by :func:`flow_grpo.media.to_uint8_nhwc`):
     - uint8 NHWC, ``torch.Tensor`` or ``numpy.ndarray`` of shape (N, H, W, 3) (C=1 is broadcast to 3);
     - float NCHW in [0, 1], ``torch.Tensor`` or ``numpy.ndarray`` of shape (N, 3, H, W)
       (a VAE decode that is still in [-1, 1] is rejected, not silently clipped);
@@ -49,12 +49,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
 import numpy as np
 
+from ..media import ImageBatch, to_uint8_media
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger(__name__)
 
-ImageBatch = Union["torch.Tensor", np.ndarray, Sequence[Any]]
 Metadata = Union[Sequence[Mapping[str, Any]], None]
 RewardOutput = dict  # dict[str, torch.Tensor]
 NanPolicy = Literal["raise", "drop"]
@@ -69,7 +70,6 @@ __all__ = [
     "PairwisePreferenceReward",
     "PairwiseScorer",
     "ScoreComparator",
-    "to_uint8_nhwc",
     "normalize_metadata",
     "win_rate",
     "register_reward",
@@ -99,77 +99,6 @@ class RewardFn(Protocol):
 
     def __call__(self, images: ImageBatch, prompts: Sequence[str], metadata: Metadata = None,
                  **kwargs: Any) -> RewardOutput: ...
-
-
-# ----------------------------------------------------------------------------------------------------------
-# image conversion
-# ----------------------------------------------------------------------------------------------------------
-_FLOAT_TOL = 1e-3  # decoders overshoot [0, 1] by rounding error; anything beyond this is a range bug
-
-
-def to_uint8_nhwc(images: ImageBatch) -> np.ndarray:
-    """Convert a batch of images to a contiguous ``numpy.uint8`` array of shape (N, H, W, 3).
-
-    Accepted: uint8 NHWC (torch/numpy), float NCHW in [0, 1] (torch/numpy; float16/bfloat16/float32/float64),
-    a list of PIL images of equal size.  Float -> uint8 is ``round(clip(x, 0, 1) * 255)``.
-    The result never aliases the input (safe to hand to a background thread).
-    """
-    if isinstance(images, (list, tuple)):
-        return _pil_list_to_uint8(images)
-    arr: np.ndarray
-    if hasattr(images, "detach") and hasattr(images, "dtype"):  # torch.Tensor without importing torch
-        t = images.detach()
-        if t.is_floating_point():
-            t = t.float()
-        arr = t.cpu().numpy()
-    elif isinstance(images, np.ndarray):
-        arr = images
-    else:
-        raise TypeError(f"images: expected torch.Tensor, numpy.ndarray or list of PIL images, got {type(images)!r}")
-    if arr.ndim != 4:
-        raise ValueError(f"images: expected a 4-d batch (N,H,W,C) uint8 or (N,C,H,W) float, got shape {arr.shape}")
-    if arr.dtype == np.uint8:
-        if arr.shape[-1] not in (1, 3):
-            raise ValueError(
-                f"images: uint8 images must be NHWC with C in (1, 3), got shape {arr.shape}"
-                + (" (looks like NCHW: uint8 must be NHWC)" if arr.shape[1] in (1, 3) else ""))
-        if arr.shape[-1] == 1:
-            arr = np.repeat(arr, 3, axis=-1)
-        return np.ascontiguousarray(arr).copy()
-    if np.issubdtype(arr.dtype, np.floating):
-        if arr.shape[1] not in (1, 3):
-            raise ValueError(f"images: float images must be NCHW with C in (1, 3) and values in [0, 1], "
-                             f"got shape {arr.shape}")
-        arr = arr.astype(np.float32, copy=False)
-        finite = np.isfinite(arr)
-        if not finite.all():
-            bad = np.nonzero(~finite.reshape(arr.shape[0], -1).all(axis=1))[0].tolist()
-            raise ValueError(f"images: non-finite pixel values in samples {bad}")
-        lo, hi = float(arr.min()), float(arr.max())
-        if lo < -_FLOAT_TOL or hi > 1 + _FLOAT_TOL:
-            raise ValueError(f"images: float images must be in [0, 1], got range [{lo:.4g}, {hi:.4g}] "
-                             "(a [-1, 1] VAE output needs (x + 1) / 2 first)")
-        out = np.rint(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
-        out = np.transpose(out, (0, 2, 3, 1))
-        if out.shape[-1] == 1:
-            out = np.repeat(out, 3, axis=-1)
-        return np.ascontiguousarray(out)
-    raise TypeError(f"images: unsupported dtype {arr.dtype} (use uint8 NHWC or float NCHW in [0, 1])")
-
-
-def _pil_list_to_uint8(images: Sequence[Any]) -> np.ndarray:
-    if len(images) == 0:
-        raise ValueError("images: empty list")
-    arrs = []
-    for i, im in enumerate(images):
-        if not hasattr(im, "convert") or not hasattr(im, "size"):
-            raise TypeError(f"images[{i}]: a list must hold PIL images, got {type(im)!r}")
-        a = np.asarray(im.convert("RGB"), dtype=np.uint8)
-        if arrs and a.shape != arrs[0].shape:
-            raise ValueError(f"images[{i}]: size {a.shape[1]}x{a.shape[0]} differs from images[0] "
-                             f"{arrs[0].shape[1]}x{arrs[0].shape[0]}; resize before scoring")
-        arrs.append(a)
-    return np.ascontiguousarray(np.stack(arrs, axis=0))
 
 
 def normalize_metadata(metadata: Metadata, n: int, reward: str = "?") -> list[Mapping[str, Any]]:
@@ -319,8 +248,6 @@ class Reward:
 
         Lets numpy-only rewards run without importing torch (e.g. in the reward server).
         """
-        from ..media import to_uint8_media
-
         imgs = to_uint8_media(images, self.accepts_video, self.video_only, f"reward {self.name!r}: videos")
         n = imgs.shape[0]
         return self._evaluate(imgs, _check_prompts(prompts, n, self.name),
@@ -379,6 +306,9 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "vlm_judge": "flow_grpo.rewards.vlm_judge:VLMJudgeReward",
     "vlm_judge_pairwise": "flow_grpo.rewards.vlm_judge:vlm_judge_pairwise",
     "vlm_judge_video": "flow_grpo.rewards.vlm_judge_video:VLMVideoJudgeReward",
+    "unified_reward_point": "flow_grpo.rewards.unified_reward:UnifiedRewardPointwise",
+    "unified_reward_think_pairwise": "flow_grpo.rewards.unified_reward:unified_reward_think_pairwise",
+    "videoalign": "flow_grpo.rewards.videoalign:VideoAlignReward",
     "clipscore_hessel": "flow_grpo.rewards.clip:clipscore_hessel",
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
@@ -635,6 +565,11 @@ class PairwisePreferenceReward(Reward):
     Group ids come from the ``group_ids=`` call kwarg or ``metadata[i]["group_id"]``; one of them is required
     (the prompt string is deliberately not used as a group key).  Singleton groups get 0.5 and are logged.
 
+    A scorer may return ``{"pref": (M,), "failed": (M,) bool}`` instead of the (M,) preferences: a judge whose
+    verdict could not be read (e.g. a generated answer in the wrong format) flags it, the preference it gives
+    (e.g. the tie 0.5) is used, and the output gains ``<name>/judge_failures``: per sample, the number of failed
+    judgements among its pairs (:class:`flow_grpo.rewards.unified_reward.UnifiedRewardThinkPairwise`).
+
     Videos (uint8 (N, F, H, W, 3)) are passed to the scorer whole (pairs of videos), unless the scorer says
     ``accepts_video = False`` (e.g. the VLM image pairwise judge), which is refused with an error naming it.
     """
@@ -648,10 +583,22 @@ class PairwisePreferenceReward(Reward):
         self.symmetric = symmetric
         self.hard = hard
 
-    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]) -> "torch.Tensor":
+    def _judge(self, images, prompts, metadata, a_idx: list[int], b_idx: list[int]
+               ) -> tuple["torch.Tensor", np.ndarray | None]:
+        """(M,) judgements P(a > b) of the pairs, and the scorer's (M,) failure flags (None if it gives none)."""
         import torch
 
         c = self.scorer(images[a_idx], images[b_idx], [prompts[i] for i in a_idx], [metadata[i] for i in a_idx])
+        failed = None
+        if isinstance(c, Mapping):  # {"pref": (M,), "failed": (M,) bool}: a judge that counts unreadable verdicts
+            if "pref" not in c:
+                raise RewardError(f"reward {self.name!r}: a scorer returning a dict must give 'pref' (and "
+                                  f"optionally 'failed'), got keys {sorted(c)}", self.name)
+            failed = np.asarray(c.get("failed", np.zeros(len(a_idx), dtype=bool)), dtype=bool).reshape(-1)
+            if failed.shape[0] != len(a_idx):
+                raise RewardError(f"reward {self.name!r}: scorer returned {failed.shape[0]} failure flags for "
+                                  f"{len(a_idx)} pairs", self.name)
+            c = c["pref"]
         c = torch.as_tensor(np.asarray(c.detach().cpu() if hasattr(c, "detach") else c, dtype=np.float64)
                             ).float().reshape(-1)
         if c.shape[0] != len(a_idx):
@@ -662,7 +609,7 @@ class PairwisePreferenceReward(Reward):
             pairs = [(a_idx[k], b_idx[k]) for k in torch.nonzero(bad).flatten().tolist()]
             raise RewardError(f"reward {self.name!r}: scorer returned non-finite or out-of-[0,1] judgements "
                               f"for pairs {pairs[:8]}", self.name, sorted({i for p in pairs for i in p}))
-        return c
+        return c, failed
 
     def score(self, images, prompts, metadata, group_ids=None, **kwargs):
         import torch
@@ -690,11 +637,18 @@ class PairwisePreferenceReward(Reward):
                     a_idx.append(i)
                     b_idx.append(j)
         pref = torch.zeros(n, n)
+        failures = np.zeros(n)  # per sample: failed judgements among its pairs (scorers that flag them)
+        flagged = False
         if a_idx:
-            c = self._judge(images, prompts, metadata, a_idx, b_idx)
+            judged = [self._judge(images, prompts, metadata, a_idx, b_idx)]
             if self.symmetric:
-                c_rev = self._judge(images, prompts, metadata, b_idx, a_idx)
-                c = (c + 1.0 - c_rev) / 2.0
+                judged.append(self._judge(images, prompts, metadata, b_idx, a_idx))
+            for _, failed in judged:
+                if failed is not None:
+                    flagged = True
+                    np.add.at(failures, np.asarray(a_idx)[failed], 1)  # a failed judgement counts for both images
+                    np.add.at(failures, np.asarray(b_idx)[failed], 1)
+            c = judged[0][0] if not self.symmetric else (judged[0][0] + 1.0 - judged[1][0]) / 2.0
             if self.hard:
                 c = (c > 0.5).float() + 0.5 * (c == 0.5).float()
             ai, bi = torch.tensor(a_idx), torch.tensor(b_idx)
@@ -705,4 +659,7 @@ class PairwisePreferenceReward(Reward):
         if bool((sizes == 1).any()):
             logger.warning("reward %r: %d singleton group(s) get the neutral win rate 0.5",
                            self.name, int((sizes == 1).sum()))
-        return {self.name: pairwise_win_rate(pref, dense)}
+        out = {self.name: pairwise_win_rate(pref, dense)}
+        if flagged:  # failed judgements (each a tie) among the sample's pairs, both orders counted
+            out[f"{self.name}/judge_failures"] = failures
+        return out

@@ -347,7 +347,7 @@ class CLIPPreferenceReward(Reward):
         prompt, (N,) summing to 1 (a preference distribution; the training reward is :meth:`score`)."""
         import torch
 
-        from .base import to_uint8_nhwc
+        from ..media import to_uint8_nhwc
 
         imgs = to_uint8_nhwc(images)
         return torch.softmax(self.logits(imgs, [prompt] * imgs.shape[0]), dim=0)

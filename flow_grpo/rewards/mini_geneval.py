@@ -9,7 +9,7 @@ the grammar (:func:`mmgrpo.synthetic.t2i.parse_prompt`), and a prompt outside th
 :class:`~flow_grpo.rewards.base.RewardError` naming the sample.
 
 The benchmark is :mod:`mmgrpo.synthetic.t2i` (part of the installed package, so this reward works from a
-wheel; ``data/synthetic_t2i.py`` in a source checkout is an alias of it).
+wheel; ``data/synthetic_t2i.py`` in a source checkout is its command line).
 """
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ Wire format (JSON; images base64-encoded, Python's json so NaN/Infinity round-tr
 
     POST <url>   {"images": [b64, ...], "image_format": "jpeg"|"png", "prompts": [...], "metadata": [...],
                   "kwargs": {...}}
+                 videos (``RemoteReward(video=True)``): "images" holds the B*F frames, video after video, and
+                 "frames_per_video": F; the server scores them as uint8 (B, F, H, W, 3)
     200          {"reward": "<server reward name>", "n": N, "scores": {"<key>": [float, ...], "valid": [bool]}}
     4xx          {"error": "..."}   bad request or a RewardError on the server: not retried
     5xx          {"error": "..."}   reward crashed / server busy: retried
@@ -119,6 +121,8 @@ class RemoteReward(Reward):
         jpeg_quality: JPEG quality with ``image_format="jpeg"``.
         name: output key (server keys are renamed to it).
         max_reply_mb: largest reply accepted (MiB); a larger one is refused without reading it all.
+        video: also send video batches (B, F, H, W, 3) (frames as images plus ``frames_per_video``), for a
+            server running a video reward; off, a video batch is refused here as by any image reward.
 
     ``last_attempts`` holds how many attempts the previous call needed.
     """
@@ -127,8 +131,9 @@ class RemoteReward(Reward):
 
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 2, backoff: float = 0.5,
                  image_format: Literal["png", "jpeg"] = "png", jpeg_quality: int = 95, name: str | None = None,
-                 nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0):
+                 nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0, video: bool = False):
         super().__init__(name=name, nan_policy=nan_policy)
+        self.accepts_video = bool(video)
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if timeout <= 0 or retries < 0 or backoff < 0 or not max_reply_mb > 0:
@@ -178,13 +183,19 @@ class RemoteReward(Reward):
                           f"(HTTP {reply.status}): {msg}{hint}", self.name)
 
     def score(self, images, prompts, metadata, **kwargs: Any):
+        req: dict[str, Any] = {}
+        frames = images
+        if images.ndim == 5:  # a video batch (accepts_video): its frames, video after video
+            frames = images.reshape(-1, *images.shape[2:])
+            req["frames_per_video"] = int(images.shape[1])
         try:
             body = json.dumps({
-                "images": encode_images(images, self.image_format, self.jpeg_quality),
+                "images": encode_images(frames, self.image_format, self.jpeg_quality),
                 "image_format": self.image_format,
                 "prompts": prompts,
                 "metadata": [dict(m) for m in metadata],
                 "kwargs": kwargs,
+                **req,
             }).encode("utf-8")
         except TypeError as e:
             raise RewardError(f"reward {self.name!r}: metadata/kwargs are not JSON-serialisable ({e})",

@@ -7,7 +7,8 @@
 
 On start it prints one line ``LISTENING http://HOST:PORT`` to stdout (``--port 0`` picks a free port).
 Endpoints: ``GET /health`` -> ``{"reward": name, "status": "ok"}``; ``POST /`` or ``POST /score`` -> scores
-(wire format in :mod:`flow_grpo.rewards.remote`).  Calls to the reward are serialised with a lock (models are
+(wire format in :mod:`flow_grpo.rewards.remote`; a video batch arrives as its frames plus ``frames_per_video``
+and is scored as (B, F, H, W, 3), the pixel cap counting every frame).  Calls to the reward are serialised with a lock (models are
 rarely thread-safe); ``/health`` still answers while a call runs.
 
 Security and limits (the server runs whatever reward it was started with on the images it is sent; shared with
@@ -82,6 +83,12 @@ def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, max_body_mb
                 if not isinstance(req, dict):
                     raise ValueError("the request must be a JSON object")
                 images = decode_images(req["images"], max_pixels)
+                f = req.get("frames_per_video")
+                if f is not None:  # a video batch: B*F frames, video after video -> (B, F, H, W, 3)
+                    if type(f) is not int or f < 1 or images.shape[0] % f:
+                        raise ValueError(f"'frames_per_video' must be a positive integer dividing the "
+                                         f"{images.shape[0]} frames, got {f!r}")
+                    images = images.reshape(images.shape[0] // f, f, *images.shape[1:])
                 prompts = req["prompts"]
                 metadata = req.get("metadata")
                 kwargs = req.get("kwargs") or {}

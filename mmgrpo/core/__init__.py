@@ -2,10 +2,9 @@
 
 * :mod:`mmgrpo.core.advantages` - group advantages (group / batch / no std scaling), multi-reward (GDPO),
   pairwise win rates (Pref-GRPO), TempSamp-R1 shaping, anchoring and diagnostics.
-* :mod:`mmgrpo.core.losses` - PPO-clip (clip-higher, dual-clip), GSPO sequence ratios, Reg-GRPO, token
-  weights, loss aggregation modes, k1/k2/k3 KL.
+* :mod:`mmgrpo.core.losses` - policy-loss pieces: log-ratios (token, GSPO sequence), PPO's clipped surrogate
+  (clip-higher, dual-clip), Reg-GRPO, loss aggregation modes, k1/k2/k3 KL; the recipes and methods compose them.
 * :mod:`mmgrpo.core.step_credit` - step-level credit: TP-GRPO turning points, per-step advantages.
-* :mod:`mmgrpo.core.distributed` - groups split across processes.
 """
 from .advantages import (
     AdvantageOutput,
@@ -16,8 +15,8 @@ from .advantages import (
     pairwise_win_rate,
     tempsamp_shape,
 )
-from .distributed import distributed_group_advantages, gather_groups, global_sum, world_info
-from .losses import PolicyLossOutput, aggregate_loss, kl_penalty, masked_mean, policy_loss
+from .losses import (PolicyLossOutput, aggregate_loss, clipped_surrogate, kl_penalty, log_ratio, masked_kl, masked_mean,
+                     ratio_metrics, reg_grpo_loss, sequence_log_ratio)
 from .step_credit import (
     StepCredit,
     balance_turning_points,
@@ -30,8 +29,8 @@ from .step_credit import (
 __all__ = [
     "AdvantageOutput", "anchor_offpolicy_advantages", "group_advantages",
     "multi_reward_advantages", "offpolicy_diagnostics", "pairwise_win_rate", "tempsamp_shape",
-    "distributed_group_advantages", "gather_groups", "global_sum", "world_info",
-    "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "policy_loss", "StepCredit",
+    "PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "log_ratio", "sequence_log_ratio",
+    "clipped_surrogate", "masked_kl", "reg_grpo_loss", "ratio_metrics", "StepCredit",
     "balance_turning_points", "incremental_rewards", "step_advantages",
     "turning_point_rewards", "turning_points",
 ]

@@ -299,7 +299,7 @@ def tempsamp_shape(rewards: Tensor, tau: float = 0.8, alpha1: float = 0.01, alph
 
     What it is applied to matters: the TempSamp-R1 release shapes the IoU alone and then adds the format term
     (score = f(IoU) + 0.1·format; IoU 1, format 1 -> 0.9018), which is what the VLM trainer does by default
-    (``tempsamp.shape_reward=auto``); f(weighted total) would give f(1.1) = 0.8026 (``shape_reward=total``).
+    (``methods.tempsamp_r1.shape_reward=auto``); f(weighted total) would give f(1.1) = 0.8026 (``shape_reward=total``).
     """
     r = torch.as_tensor(rewards)
     rf = r.to(torch.float64)

@@ -1,10 +1,15 @@
-"""Policy losses, loss aggregation and KL estimators.
+"""Policy-loss pieces, loss aggregation and KL estimators: small functions that a recipe or a method composes.
 
-The same functions serve both front-ends: for a VLM the second axis is the completion token t; for a
-flow-matching generator it is the denoising step k (one Gaussian action per step). Shapes:
+The same pieces serve both front-ends: for a VLM the second axis is the completion token t; for a flow-matching
+generator it is the denoising step k (one Gaussian action per step). Shapes:
 
-* ``logp``, ``old_logp``, ``ref_logp``, ``mask``, ``token_weights``: (N, T)
+* ``logp``, ``old_logp``, ``ref_logp``, ``mask``, ``token_weights``, log-ratios: (N, T)
 * ``advantages``: (N,) (broadcast over T) or (N, T) (per-step advantages, e.g. TP-GRPO)
+
+A GRPO loss is ``aggregate_loss(clipped_surrogate(log_ratio(...), A, ...) [* token weights] [+ beta * masked_kl],
+mask, agg)``; GSPO replaces the token log-ratio by :func:`sequence_log_ratio`; Reg-GRPO is :func:`reg_grpo_loss`.
+The compositions live with their users: the VLM default loss in :mod:`mmgrpo.vlm.methods.base`, the flow column
+loss in :mod:`flow_grpo.trainer`, Reg-GRPO in :mod:`mmgrpo.vlm.methods.reg_grpo`.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from torch import Tensor
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
-__all__ = ["PolicyLossOutput", "aggregate_loss", "kl_penalty", "policy_loss", "masked_mean"]
+__all__ = ["PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "log_ratio", "sequence_log_ratio",
+           "clipped_surrogate", "masked_kl", "reg_grpo_loss", "ratio_metrics"]
 
 
 @dataclass
@@ -125,133 +131,97 @@ def _group_normalise(x: Tensor, group_ids: Tensor, eps: float) -> Tensor:
     return dev / (std[inv] + eps)
 
 
-def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    ratio_level: Literal["token", "sequence"] = "token",
-    loss_type: Literal["clip", "reg"] = "clip",
-    agg: Aggregation = "token_mean",
-    token_weights: Tensor | None = None,
-    ref_logp: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
-    group_ids: Tensor | None = None,
-    logits: Tensor | None = None,
-    max_len: int | None = None,
-    num_tokens: float | None = None,
-    num_sequences: float | None = None,
-    reg_eps: float = 1e-4,
-) -> PolicyLossOutput:
-    r"""GRPO policy loss on per-token (or per-denoising-step) log-probs.
+def _per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    adv = advantages.to(like.dtype)
+    if adv.dim() == 1:
+        return adv.unsqueeze(1).expand_as(like)
+    if adv.shape == like.shape:
+        return adv
+    raise ValueError(f"advantages must be (N,) or {tuple(like.shape)}, got {tuple(adv.shape)}")
 
-    **PPO clip** (``loss_type="clip"``), ratio :math:`\rho = \exp(\log\pi_\theta-\log\pi_{old})`:
 
-    .. math:: \ell = \max\big(-A\rho,\; -A\,\text{clip}(\rho, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
-
-    ``clip_high`` defaults to ``clip_low`` (symmetric); a larger value is DAPO's clip-higher. ``dual_clip=c``
-    (c > 1) additionally caps the loss of negative-advantage tokens at :math:`-cA` (dual-clip PPO / EasyR1).
-    ``ratio_level="sequence"`` is GSPO: every token of sequence i uses
-    :math:`\rho_i=\exp\big(\frac1{|o_i|}\sum_t m(\log\pi_\theta-\log\pi_{old})\big)`.
-    ``token_weights`` (TW-GRPO) multiply the per-token policy term before aggregation.
-
-    **Reg-GRPO** (``loss_type="reg"``, DeepVideo-R1): with the sequence log-ratio
-    :math:`\rho_i=\sum_t m(\log\pi_\theta-\log\pi_{old})` normalised within its group,
-    :math:`\hat A_i = (\rho_i-\bar\rho_g)/(\text{std}_g\rho+\epsilon)`, the loss is
-    :math:`\frac1N\sum_i (A_i-\hat A_i)^2` (no clip, no min; needs ``group_ids``; advantages must be (N,)).
-    At :math:`\pi_\theta=\pi_{old}` all :math:`\rho_i` are 0, :math:`\hat A=0`, and the normalisation makes the
-    gradient scale as 1/ε: use gradient clipping.
-
-    **KL** (``kl_coef > 0``, needs ``ref_logp``): :math:`\beta\cdot` :func:`kl_penalty` is added per token
-    before aggregation (for Reg-GRPO it is aggregated separately and added).
-
-    Aggregation: see :func:`aggregate_loss`.
-
-    Returns:
-        :class:`PolicyLossOutput` with ``metrics``: ``clip_frac_low`` (A<0 tokens below 1−ε_low),
-        ``clip_frac_high`` (A>0 tokens above 1+ε_high), ``clip_frac``, ``dual_clip_frac``, ``approx_kl``
-        (½·mean (log ρ)², as Flow-GRPO logs it), ``ratio_mean/min/max``, ``kl`` (if a reference is given),
-        ``entropy`` (if ``logits`` (N, T, V) are given), ``num_tokens``.
-    """
+def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    r"""(N, T) :math:`\log\pi_\theta-\log\pi_{old}` where ``mask`` is set, 0 elsewhere (padding may hold garbage:
+    zeroed so ``exp`` cannot overflow into NaN gradients). ``old_logp`` is detached."""
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask "
                          f"{tuple(mask.shape)} must have the same (N, T) shape")
     maskb = mask.bool()
-    mf = maskb.to(logp.dtype)
-    old_logp = old_logp.detach()
-    adv = advantages.to(logp.dtype)
-    if adv.dim() == 1:
-        adv_t = adv.unsqueeze(1).expand_as(logp)
-    elif adv.shape == logp.shape:
-        adv_t = adv
-    else:
-        raise ValueError(f"advantages must be (N,) or {tuple(logp.shape)}, got {tuple(adv.shape)}")
-    # Masked-out positions may hold garbage (padding); zero them so exp() can't overflow into NaN gradients.
-    log_ratio = torch.where(maskb, logp - old_logp, torch.zeros_like(logp))
+    return torch.where(maskb, logp - old_logp.detach(), torch.zeros_like(logp))
 
+
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    r"""GSPO: every token of sequence i takes the sequence's mean log-ratio
+    :math:`\frac1{|o_i|}\sum_t m\,(\log\pi_\theta-\log\pi_{old})` (N, T)."""
+    mf = mask.bool().to(log_ratio.dtype)
+    seq = (log_ratio * mf).sum(dim=1) / mf.sum(dim=1).clamp_min(1)
+    return seq.unsqueeze(1).expand_as(log_ratio)
+
+
+def clipped_surrogate(log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float = 0.2,
+                      clip_high: float | None = None, dual_clip: float | None = None) -> tuple[Tensor, dict]:
+    r"""PPO's clipped surrogate per token, :math:`\ell = \max\big(-A\rho,\; -A\,\text{clip}(\rho, 1-\epsilon_{low},
+    1+\epsilon_{high})\big)` with :math:`\rho=e^{\text{log\_ratio}}` (N, T), not masked.
+
+    ``clip_high`` defaults to ``clip_low`` (symmetric); a larger value is DAPO's clip-higher. ``dual_clip=c`` (c > 1)
+    additionally caps the loss of negative-advantage tokens at :math:`-cA` (dual-clip PPO / EasyR1). Metrics:
+    ``clip_frac_low`` (A<0 tokens below 1-eps_low), ``clip_frac_high`` (A>0 tokens above 1+eps_high), ``clip_frac``,
+    ``dual_clip_frac``."""
+    maskb = mask.bool()
+    adv_t = _per_token(advantages, log_ratio)
+    eps_lo = clip_low
+    eps_hi = clip_low if clip_high is None else clip_high
+    ratio = torch.exp(log_ratio)
+    pg1 = -adv_t * ratio
+    pg2 = -adv_t * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
+    pg = torch.maximum(pg1, pg2)
     metrics: dict[str, float] = {}
-    kl_t = None
-    if kl_coef != 0.0:
-        if ref_logp is None:
-            raise ValueError("kl_coef != 0 needs ref_logp")
-        kl_t = torch.where(maskb, kl_penalty(logp, ref_logp.detach(), kl_estimator), torch.zeros_like(logp))
-        metrics["kl"] = masked_mean(kl_t, maskb).item()
-    elif ref_logp is not None:
-        with torch.no_grad():
-            metrics["kl"] = masked_mean(kl_penalty(logp, ref_logp, kl_estimator), maskb).item()
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError("dual_clip must be > 1")
+        capped = torch.minimum(pg, -adv_t * dual_clip)
+        dual_active = (adv_t < 0) & (pg > -adv_t * dual_clip) & maskb
+        pg = torch.where(adv_t < 0, capped, pg)
+        metrics["dual_clip_frac"] = masked_mean(dual_active.to(log_ratio.dtype), maskb).item()
+    with torch.no_grad():
+        low = ((ratio < 1.0 - eps_lo) & (adv_t < 0) & maskb).to(log_ratio.dtype)
+        high = ((ratio > 1.0 + eps_hi) & (adv_t > 0) & maskb).to(log_ratio.dtype)
+        metrics["clip_frac_low"] = masked_mean(low, maskb).item()
+        metrics["clip_frac_high"] = masked_mean(high, maskb).item()
+        metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+    return pg, metrics
 
-    if loss_type == "reg":
-        if group_ids is None:
-            raise ValueError("loss_type='reg' (Reg-GRPO) needs group_ids")
-        if adv.dim() != 1:
-            raise ValueError("Reg-GRPO needs one advantage per sequence (N,)")
-        seq_lr = (log_ratio * mf).sum(dim=1)
-        a_hat = _group_normalise(seq_lr, torch.as_tensor(group_ids, device=logp.device), reg_eps)
-        has_tok = mf.sum(dim=1) > 0
-        reg = ((adv - a_hat) ** 2)[has_tok]
-        loss = reg.mean() if reg.numel() else logp.sum() * 0.0
-        if kl_t is not None:
-            loss = loss + kl_coef * aggregate_loss(kl_t, maskb, agg, max_len, num_tokens, num_sequences)
-        per_token = None
-    elif loss_type == "clip":
-        eps_lo = clip_low
-        eps_hi = clip_low if clip_high is None else clip_high
-        if ratio_level == "sequence":
-            seq_lr = (log_ratio * mf).sum(dim=1) / mf.sum(dim=1).clamp_min(1)
-            log_ratio_used = seq_lr.unsqueeze(1).expand_as(logp)
-        elif ratio_level == "token":
-            log_ratio_used = log_ratio
-        else:
-            raise ValueError(f"unknown ratio_level {ratio_level!r}")
-        ratio = torch.exp(log_ratio_used)
-        pg1 = -adv_t * ratio
-        pg2 = -adv_t * torch.clamp(ratio, 1.0 - eps_lo, 1.0 + eps_hi)
-        pg = torch.maximum(pg1, pg2)
-        if dual_clip is not None:
-            if dual_clip <= 1.0:
-                raise ValueError("dual_clip must be > 1")
-            capped = torch.minimum(pg, -adv_t * dual_clip)
-            dual_active = (adv_t < 0) & (pg > -adv_t * dual_clip) & maskb
-            pg = torch.where(adv_t < 0, capped, pg)
-            metrics["dual_clip_frac"] = masked_mean(dual_active.to(logp.dtype), maskb).item()
-        if token_weights is not None:
-            pg = pg * token_weights.to(pg.dtype).detach()
-        per_token = pg if kl_t is None else pg + kl_coef * kl_t
-        per_token = torch.where(maskb, per_token, torch.zeros_like(per_token))
-        loss = aggregate_loss(per_token, maskb, agg, max_len, num_tokens, num_sequences)
-        with torch.no_grad():
-            low = ((ratio < 1.0 - eps_lo) & (adv_t < 0) & maskb).to(logp.dtype)
-            high = ((ratio > 1.0 + eps_hi) & (adv_t > 0) & maskb).to(logp.dtype)
-            metrics["clip_frac_low"] = masked_mean(low, maskb).item()
-            metrics["clip_frac_high"] = masked_mean(high, maskb).item()
-            metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}")
 
+def masked_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: KLEstimator = "k3") -> Tensor:
+    """(N, T) :func:`kl_penalty` to the (detached) reference where ``mask`` is set, 0 elsewhere."""
+    maskb = mask.bool()
+    return torch.where(maskb, kl_penalty(logp, ref_logp.detach(), estimator), torch.zeros_like(logp))
+
+
+def reg_grpo_loss(log_ratio: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor,
+                  eps: float = 1e-4) -> Tensor:
+    r"""Reg-GRPO (DeepVideo-R1): with the sequence log-ratio :math:`\rho_i=\sum_t m(\log\pi_\theta-\log\pi_{old})`
+    normalised within its group, :math:`\hat A_i = (\rho_i-\bar\rho_g)/(\text{std}_g\rho+\epsilon)`, the loss is
+    :math:`\frac1{N'}\sum_i (A_i-\hat A_i)^2` over the N' rows with a loss token (no clip, no min; advantages must be
+    (N,)). At :math:`\pi_\theta=\pi_{old}` all :math:`\rho_i` are 0, :math:`\hat A=0`, and the normalisation makes the
+    gradient scale as 1/eps: use gradient clipping."""
+    if advantages.dim() != 1:
+        raise ValueError("Reg-GRPO needs one advantage per sequence (N,)")
+    if group_ids is None:
+        raise ValueError("Reg-GRPO needs the group_ids of the rows")
+    mf = mask.bool().to(log_ratio.dtype)
+    seq_lr = (log_ratio * mf).sum(dim=1)
+    a_hat = _group_normalise(seq_lr, torch.as_tensor(group_ids, device=log_ratio.device), eps)
+    has_tok = mf.sum(dim=1) > 0
+    reg = ((advantages.to(log_ratio.dtype) - a_hat) ** 2)[has_tok]
+    return reg.mean() if reg.numel() else log_ratio.sum() * 0.0
+
+
+def ratio_metrics(log_ratio: Tensor, mask: Tensor, logits: Tensor | None = None) -> dict[str, float]:
+    """``num_tokens``, ``approx_kl`` (1/2 mean (log rho)^2, as Flow-GRPO logs it), ``ratio_mean/min/max`` of the
+    token ratios, and ``entropy`` when the (N, T, V) ``logits`` are given."""
+    maskb = mask.bool()
+    metrics: dict[str, float] = {}
     with torch.no_grad():
         n_tok = int(maskb.sum().item())
         metrics["num_tokens"] = float(n_tok)
@@ -263,4 +233,4 @@ def policy_loss(
             metrics["ratio_max"] = r.max().item()
         if logits is not None:
             metrics["entropy"] = masked_mean(_entropy_from_logits(logits), maskb).item()
-    return PolicyLossOutput(loss=loss, metrics=metrics, per_token_loss=per_token)
+    return metrics

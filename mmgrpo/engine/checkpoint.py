@@ -43,51 +43,13 @@ import torch
 
 from mmgrpo.engine import dist as _dist
 
-__all__ = ["SkipHalt", "gather_rng", "restore_rng", "save_checkpoint", "sharded_writer", "load_sharded_state",
+__all__ = ["gather_rng", "restore_rng", "save_checkpoint", "sharded_writer", "load_sharded_state",
            "sharded_model_optim", "load_sharded_model_optim", "sharded_like", "save_sharded", "load_sharded",
            "STATE_DIR"]
 
 log = logging.getLogger("mmgrpo.checkpoint")
 
 STATE_DIR = "state"  # DCP folder of the sharded tensors inside a checkpoint
-
-
-# --------------------------------------------------------------------------------------------- skip-and-halt
-class SkipHalt:
-    """Non-finite skip-and-halt state, the same in both trainers: skipped optimizer steps in a row, the last cause,
-    and the limit at which the run stops (``0`` / ``None``: never). Saved in the checkpoint's ``trainer`` entry
-    (:meth:`state_dict`), so a resumed run counts the skips in a row that preceded the stop."""
-
-    def __init__(self, limit: Optional[int] = None):
-        self.limit = int(limit or 0)
-        self.consecutive = 0
-        self.last_cause: Optional[str] = None
-
-    def skipped(self, cause: str, n: int = 1) -> bool:
-        """Record ``n`` skipped steps; True if the run must stop (``limit`` reached)."""
-        self.consecutive += int(n)
-        self.last_cause = cause
-        return self.halt_due
-
-    def applied(self) -> None:
-        """An optimizer step was applied: the run of skips ends."""
-        self.consecutive = 0
-
-    @property
-    def halt_due(self) -> bool:
-        return bool(self.limit) and self.consecutive >= self.limit
-
-    def state_dict(self) -> dict:
-        return {"consecutive_skips": self.consecutive, "last_skip_cause": self.last_cause}
-
-    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
-        """Reads :meth:`state_dict`; checkpoints written before this class kept the count as ``consecutive_skips``
-        (VLM trainer entry) or ``counters["consecutive_skips"]`` (flow), which are read too."""
-        n = sd.get("consecutive_skips")
-        if n is None:
-            n = (sd.get("counters") or {}).get("consecutive_skips", 0)
-        self.consecutive = int(n)
-        self.last_cause = sd.get("last_skip_cause")
 
 
 # --------------------------------------------------------------------------------------------------- RNG state

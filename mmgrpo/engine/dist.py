@@ -3,9 +3,7 @@
 
 Every function is collective: all processes call it in the same order.  Floats are reduced in float64; the
 reduction tensor goes to ``device`` if given, else to CUDA when the backend is NCCL (which needs CUDA tensors),
-else stays on the CPU.  The old names stay importable: ``mmgrpo.core.global_sum``,
-``mmgrpo.vlm.train.distributed.global_max``, ``flow_grpo.distributed._reduce`` / ``_all_gather_object`` /
-``_broadcast_object`` / ``_barrier`` are these functions.
+else stays on the CPU.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 __all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
-           "broadcast_object", "barrier", "gather_rows"]
+           "broadcast_object", "barrier", "gather_groups", "gather_rows"]
 
 
 def process_group():
@@ -94,10 +92,76 @@ def barrier() -> None:
         d.barrier()
 
 
-def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:
-    """:func:`mmgrpo.core.gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU.
-    Returns the gathered tensors and the slice of this process's rows."""
-    from mmgrpo.core import gather_groups
+_MAX_DIMS = 8
+_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+           torch.float32, torch.float64, torch.complex64, torch.complex128)
 
+
+def _layout(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """(len(tensors), 2 + _MAX_DIMS) long: dtype code, ndim and shape of each tensor (-1 padded)."""
+    rows = []
+    for t in tensors:
+        if t.dim() > _MAX_DIMS:
+            raise ValueError(f"gather_groups supports tensors of at most {_MAX_DIMS} dims, got shape "
+                             f"{tuple(t.shape)}")
+        code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
+        rows.append([code, t.dim()] + list(t.shape) + [-1] * (_MAX_DIMS - t.dim()))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _describe(row: torch.Tensor) -> str:
+    code, nd = int(row[0]), int(row[1])
+    dtype = _DTYPES[code] if 0 <= code < len(_DTYPES) else "other dtype"
+    return f"shape {tuple(int(d) for d in row[2:2 + nd])} {dtype}"
+
+
+def gather_groups(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], slice]:
+    """All-gather variable-length tensors along dim 0, concatenated in rank order.
+
+    The shapes and dtypes are gathered first: only dim 0 may differ between processes.  A tensor whose other dims
+    (or dtype) differ raises ``ValueError`` on every process alike, naming the shapes; without this check gloo
+    aborts the process ("Received data size doesn't match expected size") and NCCL may hang.
+
+    Args:
+        tensors: local tensors that share their first dimension n_local (which may differ per process).
+
+    Returns:
+        (gathered tensors, slice of this process's rows in the gathered tensors).
+    """
+    rank, world = world_info()
+    n_local = tensors[0].shape[0]
+    if any(t.shape[0] != n_local for t in tensors):
+        raise ValueError("all tensors passed to gather_groups must share dim 0")
+    if world == 1:
+        return list(tensors), slice(0, n_local)
+    import torch.distributed as d
+
+    dev = tensors[0].device
+    mine = _layout(tensors).to(dev)
+    layouts_t = [torch.empty_like(mine) for _ in range(world)]
+    d.all_gather(layouts_t, mine)
+    layouts = [x.cpu() for x in layouts_t]
+    for i in range(len(tensors)):
+        rest = {tuple(x[i, [0, 1]].tolist()) + tuple(x[i, 3:].tolist()) for x in layouts}
+        if len(rest) > 1:
+            shapes = "; ".join(f"process {r}: {_describe(x[i])}" for r, x in enumerate(layouts))
+            raise ValueError(f"gather_groups: tensor {i} differs between processes in more than dim 0 ({shapes}); "
+                             "only the number of rows may differ")
+    sizes = [int(x[0, 2]) for x in layouts]
+    max_n = max(sizes)
+    offset = sum(sizes[:rank])
+    out = []
+    for t in tensors:
+        pad = torch.zeros((max_n - n_local,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        padded = torch.cat([t.contiguous(), pad], dim=0)
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        d.all_gather(parts, padded)
+        out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
+    return out, slice(offset, offset + n_local)
+
+
+def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:
+    """:func:`gather_groups` on ``device`` (NCCL needs CUDA tensors); results back on the CPU.
+    Returns the gathered tensors and the slice of this process's rows."""
     outs, sl = gather_groups([t.to(device) if device is not None else t for t in tensors])
     return [o.cpu() for o in outs], sl

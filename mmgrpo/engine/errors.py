@@ -13,17 +13,14 @@ Every error a run raises on purpose derives from :class:`MMGRPOError`; the CLIs 
   :class:`TrainingStopped` after writing a checkpoint; the flow trainer lets it propagate);
 * :class:`RewardTimeout`: one attempt of a (flow) reward call timed out (retried, then :class:`RewardCallFailed`).
 
-Each class keeps the base it had before the merge (``RuntimeError``, ``TimeoutError``, ``Exception``) so existing
-``except`` clauses still catch it.  The old import paths stay valid: ``mmgrpo.vlm.train.faults``,
-``mmgrpo.utils.signals``, ``mmgrpo.utils.runlock`` and ``flow_grpo.trainer`` re-export these classes;
-``TrainingHalted`` (the flow trainer's old name) is an alias of :class:`TrainingStopped`, kept for old imports.
-No heavy imports here (the CLIs import this for ``--help``).
+Each class also derives from the builtin its meaning fits (``RuntimeError``, ``TimeoutError``), so a generic
+``except RuntimeError`` catches it too. No heavy imports here (the CLIs import this for ``--help``).
 """
 from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["MMGRPOError", "ConfigError", "TrainingStopped", "TrainingHalted", "NothingTrained", "RewardCallFailed",
+__all__ = ["MMGRPOError", "ConfigError", "TrainingStopped", "NothingTrained", "RewardCallFailed",
            "RewardTimeout", "OutputDirLocked", "TrainingInterrupted"]
 
 
@@ -50,8 +47,6 @@ class TrainingStopped(MMGRPOError, RuntimeError):
         self.reason = message
         self.checkpoint = checkpoint
 
-
-TrainingHalted = TrainingStopped  # deprecated: the flow trainer's old name (kept so old imports and excepts work)
 
 
 class NothingTrained(MMGRPOError, RuntimeError):

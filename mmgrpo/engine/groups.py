@@ -1,13 +1,50 @@
-"""Degenerate-group counting shared by both trainers: how many valid members each group kept after rewards were
-dropped.  A group with fewer than 2 valid members has no baseline (its advantage is 0): the VLM trainer counts
-those as ``degenerate_groups``; the flow trainer splits them into ``groups_empty`` (0) and ``groups_singleton``
-(1) (``flow_grpo.methods.base.group_stats``, which can use :func:`valid_member_counts` once the methods package is
-open for edits again)."""
+"""Groups across processes, shared by both trainers.
+
+* :func:`distributed_group_advantages`: :func:`mmgrpo.core.group_advantages` of groups whose samples sit on several
+  processes (each process holds a slice of the batch; Flow-GRPO's ``DistributedKRepeatSampler`` splits groups on
+  purpose): gathered, computed, and each process keeps its rows, so the result equals the single-process one bit
+  for bit;
+* :func:`valid_member_counts`: how many valid members each group kept after rewards were dropped. A group with fewer
+  than 2 valid members has no baseline (its advantage is 0): the VLM trainer counts those as ``degenerate_groups``;
+  the flow trainer splits them into ``groups_empty`` (0) and ``groups_singleton`` (1).
+
+Every process calls :func:`distributed_group_advantages` collectively; without a process group it is the plain
+computation.
+"""
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-__all__ = ["valid_member_counts"]
+from mmgrpo.core.advantages import AdvantageOutput, group_advantages
+from mmgrpo.engine.dist import gather_groups
+
+__all__ = ["distributed_group_advantages", "valid_member_counts"]
+
+
+def distributed_group_advantages(
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, **adv_kwargs
+) -> AdvantageOutput:
+    """:func:`group_advantages` over the samples of all processes; returns this process's rows.
+
+    ``group_ids`` must be global (the same id on every process for the same group). ``zero_std_fraction`` and
+    ``num_groups`` describe the whole gathered batch.
+    """
+    r = torch.as_tensor(rewards)
+    g = torch.as_tensor(group_ids, device=r.device)
+    v = torch.ones(r.shape[0], dtype=torch.bool, device=r.device) if valid is None else torch.as_tensor(
+        valid, dtype=torch.bool, device=r.device)
+    (r_all, g_all, v_all), sl = gather_groups([r, g, v])
+    full = group_advantages(r_all, g_all, valid=v_all, **adv_kwargs)
+    return AdvantageOutput(
+        advantages=full.advantages[sl],
+        zero_std_mask=full.zero_std_mask[sl],
+        zero_std_fraction=full.zero_std_fraction,
+        group_mean=full.group_mean[sl],
+        group_std=full.group_std[sl],
+        num_groups=full.num_groups,
+    )
+
 
 
 def valid_member_counts(group_ids: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
-"""Synthetic benchmarks with exactly known ground truth, shared by both front-ends.
+"""Synthetic benchmarks with exactly known ground truth that import no front-end.
 
-``tvg`` (videos of moving shapes with known event spans, temporal grounding) and ``grounding`` (its multi-event
-variant) feed the VLM front-end; ``t2i`` (Mini-GenEval prompts + programmatic verifier) and ``t2v`` (motion prompts +
-verifier) feed ``flow_grpo``'s ``mini_geneval`` / ``motion_verifier`` rewards.  ``t2v`` reuses ``tvg``'s shapes.
+``t2i`` (Mini-GenEval prompts + programmatic verifier) and ``t2v`` (motion prompts + verifier) feed ``flow_grpo``'s
+``mini_geneval`` / ``motion_verifier`` rewards; ``shapes`` holds the colours and shape masks that ``t2v`` shares with
+the temporal-grounding benchmarks of the VLM front-end (:mod:`mmgrpo.vlm.synthetic`, which write the VLM's JSONL).
 Pure numpy; importable from an installed wheel (no file-path loading).
 """

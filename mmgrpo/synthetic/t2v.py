@@ -25,7 +25,7 @@ Splits: ``train`` / ``val`` / ``heldout`` are disjoint at the level of *content*
 ``PYTHONHASHSEED`` and of any seed).  :func:`make_prompts` samples a split with a seed; :func:`all_prompts` lists it.
 
 Reference clips (:func:`render_clip`): ``frames`` x ``size`` x ``size`` x 3 uint8 (default 12 x 48 x 48, 8 fps),
-the grey background and the shape masks of the temporal-grounding renderer (:mod:`mmgrpo.synthetic.tvg`:
+the grey background and the shape masks of the temporal-grounding renderer (:mod:`mmgrpo.synthetic.shapes`:
 ``BACKGROUND``, ``_shape_mask``) in its red / green / blue / yellow colours, shapes ``shape_px = max(8,
 round(0.21 size))`` px (10 px at 48) with no anti-aliasing.  A moving object travels in a straight line along its
 axis, linearly in time over all frames, by ``U[0.45, 0.7] * (size - shape_px)`` px (at least ``MIN_MOVE`` of the
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from .t2i import stable_rank
-from .tvg import BACKGROUND, COLOURS as _TVG_COLOURS, _shape_mask
+from .shapes import BACKGROUND, COLOURS as _TVG_COLOURS, _shape_mask
 
 __all__ = [
     "COLORS", "BACKGROUND", "SHAPES", "DIRECTIONS", "COUNTS", "TAGS", "SPLITS", "DEFAULT_SIZE", "DEFAULT_FRAMES",

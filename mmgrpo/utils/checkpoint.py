@@ -1,8 +1,7 @@
 """Crash-safe checkpoints, retention and RNG state.
 
-Layout under ``root`` (new folders are ``<prefix>-XXXXXXXX``, ``step`` by default; the flow trainer, whose checkpoints
-count epochs, writes ``epoch-*``; ``step-*`` and ``epoch-*`` folders are both listed, resumed from and pruned, so
-runs written before the flow rename still resume)::
+Layout under ``root`` (folders are ``<prefix>-XXXXXXXX``, ``step`` by default; the flow trainer, whose checkpoints
+count epochs, writes ``epoch-*``)::
 
     step-00000100/           one complete checkpoint
         model.pt             one file per entry of the saved ``state`` dict (torch.save)
@@ -335,9 +334,7 @@ class CheckpointManager:
         keep_best: also keep the checkpoint with the best ``metric`` ("max" or "min" per ``best_mode``).
         best_mode: ``"max"`` or ``"min"``.
         check_hashes: verify sha256 on load (sizes are always checked).
-        prefix: folder name prefix of new checkpoints (``<prefix>-XXXXXXXX``): what the number counts.
-        read_prefixes: prefixes listed, resumed from and subject to retention besides ``prefix`` (folders written
-            under an earlier name; at equal numbers a ``prefix`` folder counts as the newer).
+        prefix: folder name prefix of the checkpoints (``<prefix>-XXXXXXXX``): what the number counts.
     """
 
     def __init__(
@@ -348,14 +345,11 @@ class CheckpointManager:
         best_mode: str = "max",
         check_hashes: bool = True,
         prefix: str = "step",
-        read_prefixes: tuple[str, ...] = ("step", "epoch"),
     ):
-        names = (prefix,) + tuple(p for p in read_prefixes if p != prefix)
-        if not all(re.fullmatch(r"[a-z]+", p) for p in names):
-            raise ValueError(f"checkpoint prefixes must be lowercase letters, got {names}")
+        if not re.fullmatch(r"[a-z]+", prefix):
+            raise ValueError(f"the checkpoint prefix must be lowercase letters, got {prefix!r}")
         self.prefix = prefix
-        self.read_prefixes = tuple(read_prefixes)
-        self._dir_re = re.compile(rf"^({'|'.join(names)})-(\d{{8,}})$")
+        self._dir_re = re.compile(rf"^({prefix})-(\d{{8,}})$")
         if best_mode not in ("max", "min"):
             raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
         if keep_last is not None and keep_last < 1:
@@ -371,15 +365,15 @@ class CheckpointManager:
         return self.root / f"{self.prefix}-{int(step):08d}"
 
     def list_checkpoints(self) -> list[tuple[int, Path]]:
-        """``(step, path)`` of every ``<prefix>-*`` directory (and ``read_prefixes``; valid or not), oldest first."""
+        """``(step, path)`` of every ``<prefix>-*`` directory (valid or not), oldest first."""
         if not self.root.is_dir():
             return []
         out = []
         for p in self.root.iterdir():
             m = self._dir_re.match(p.name)
             if m and p.is_dir():
-                out.append((int(m.group(2)), m.group(1) == self.prefix, p))
-        return [(n, p) for n, _, p in sorted(out)]
+                out.append((int(m.group(2)), p))
+        return sorted(out)
 
     def clean_stale_tmp(self) -> list[Path]:
         """Delete ``.tmp-*`` dirs left by processes that no longer exist (a live writer's dir is left alone)."""
@@ -594,8 +588,10 @@ class CheckpointManager:
         if not p.exists():
             raise CheckpointError(f"resume_from={s!r}: path does not exist")
         if p.is_dir() and not (p / MANIFEST_NAME).exists():
-            sub = CheckpointManager(p, keep_last=None, check_hashes=self.check_hashes, prefix=self.prefix,
-                                    read_prefixes=self.read_prefixes)
+            # a folder of checkpoints: its own kind (the flow trainer's halted/ folder holds step-* ones)
+            kinds = {m.group(1) for c in p.iterdir() if (m := re.match(r"^([a-z]+)-\d{8,}$", c.name))}
+            kind = self.prefix if self.prefix in kinds or len(kinds) != 1 else kinds.pop()
+            sub = CheckpointManager(p, keep_last=None, check_hashes=self.check_hashes, prefix=kind)
             if sub.list_checkpoints():
                 found = sub.latest_valid()
                 if found is None:

@@ -13,22 +13,13 @@ Parsing rules (the same for YAML values and ``key=value`` strings):
 * ``Optional[X]``: ``none``/``null``/``~`` (any case, *unquoted*) or an empty value mean ``None``; a quoted
   ``'none'`` stays a string.
 * ``list[X]``/``tuple[X, ...]``/``tuple[X, Y]``: YAML flow syntax ``[1, 2]`` (or ``1,2``); ``dict[K, V]``:
-  ``{a: 1}``; ``Literal[...]``: one of the choices; ``Enum``: member name or value; ``Path``; ``Any``: YAML
-  semantics.
+  ``{a: 1}``; ``Literal[...]``: one of the choices; ``Any``: YAML semantics. These are the types the configs use;
+  any other field type is a ``TypeError``-like ``unsupported field type`` error naming the key.
 * Nested dataclasses take a mapping (YAML) or are addressed with dotted keys (``model.lora.rank=8``); a field of type
   ``Optional[SubConfig]`` that is ``None`` is created from ``SubConfig()`` when one of its keys is set.
 
-Renamed keys: a config dataclass declares its old field names in a class attribute (one table, no code)::
-
-    @dataclass
-    class LoraConfig:
-        __config_aliases__ = {"r": "rank"}                       # old -> new field of the same dataclass
-        rank: int = 16
-
-``model.lora.r=8`` (or ``r: 8`` in YAML) then sets ``rank`` and warns once with :class:`DeprecatedConfigKey`
-naming the new key. An :class:`Alias` entry can also translate old values (``{"raise": "error"}``) or set one item
-of a tuple field (``beta1`` -> ``betas[0]``). :func:`check_choices` validates ``Literal`` fields of a config built
-in Python (the loader already checks them when parsing).
+:func:`check_choices` validates ``Literal`` fields of a config built in Python (the loader already checks them when
+parsing). Why this module and not a library: docs/config.md ("Would a library do this with less code?").
 
 Errors are ``ValueError`` naming the key (and the YAML file), the value and the expected type; unknown keys list
 close matches. The final config is constructed once from the merged values, so ``__post_init__`` validation sees
@@ -37,19 +28,16 @@ the final values. This module imports nothing heavy (no torch): CLIs can print `
 from __future__ import annotations
 
 import argparse
-import collections.abc
 import dataclasses
 import difflib
-import enum
 import math
 import os
 import re
 import sys
 import types
 import typing
-import warnings
-from pathlib import Path, PurePath
-from typing import Any, Iterable, Literal, Mapping, Sequence, TypeVar, Union
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence, TypeVar, Union
 
 import yaml
 
@@ -59,15 +47,12 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "config_to_dict",
-    "config_from_dict",
     "save_config",
     "config_to_yaml",
     "config_argparser",
     "parse_config_cli",
     "iter_fields",
     "fields_help",
-    "Alias",
-    "DeprecatedConfigKey",
     "check_choices",
 ]
 
@@ -250,8 +235,6 @@ def type_name(tp: Any) -> str:
             return oname
         parts = ["..." if a is Ellipsis else type_name(a) for a in args]
         return f"{oname}[{', '.join(parts)}]"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "{" + ", ".join(m.name for m in tp) + "}"
     if isinstance(tp, type):
         return tp.__name__
     return str(tp)
@@ -293,12 +276,6 @@ def _parse_int(v: Any) -> int:
         return int(s, 10)
     except ValueError:
         pass
-    low = s.lower()
-    if re.fullmatch(r"[+-]?0[xob][0-9a-f_]+", low):
-        try:
-            return int(s, 0)
-        except ValueError:
-            pass
     try:
         f = float(s)
     except ValueError:
@@ -387,19 +364,6 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
         if _plain_null(v):
             return None
         return _coerce(v, inner, from_cli)
-    args = _union_args(tp)
-    if args is not None:  # non-optional union: first member that accepts the value
-        errors = []
-        for a in args:
-            try:
-                return _coerce(v, a, from_cli)
-            except _BadValue as exc:
-                errors.append(f"{type_name(a)}: {exc}")
-        raise _BadValue("; ".join(errors))
-    if tp is type(None):
-        if _plain_null(v):
-            return None
-        raise _BadValue("expected none")
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -427,33 +391,8 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
         return _parse_float(v)
     if tp is str:
         return _parse_str(v)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        if isinstance(v, tp):
-            return v
-        s = str(v) if isinstance(v, str) else None
-        for m in tp:
-            if s is not None and (m.name == s or str(m.value) == s):
-                return m
-            if m.value == v:
-                return m
-        raise _BadValue(f"not one of {[m.name for m in tp]}")
-    if isinstance(tp, type) and issubclass(tp, PurePath):
-        if isinstance(v, (str, PurePath)):
-            return tp(str(v))
-        raise _BadValue(f"got {type(v).__name__}")
-    if _is_dataclass_type(tp):
-        if isinstance(v, tp):
-            return v
-        v = _maybe_yaml(v, from_cli)
-        if not isinstance(v, dict):
-            raise _BadValue(f"expected a mapping for {tp.__name__}")
-        tree = _Tree.from_instance(_default_instance(tp))
-        _apply_mapping(tree, v, prefix="", source=None)
-        return tree.build()
-    if origin in (list, tuple, set, frozenset, collections.abc.Sequence) or tp in (list, tuple, set, frozenset):
+    if origin in (list, tuple) or tp in (list, tuple):
         container = origin or tp
-        if container is collections.abc.Sequence:
-            container = list
         v = _maybe_yaml(v, from_cli)
         if isinstance(v, str):
             s = str(v).strip()
@@ -461,7 +400,7 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
                 items: list = []
             else:
                 items = [_Scalar(p.strip()) for p in s.split(",")]
-        elif isinstance(v, (list, tuple, set, frozenset)):
+        elif isinstance(v, (list, tuple)):
             items = list(v)
         else:
             raise _BadValue(f"expected a list, got {type(v).__name__}")
@@ -472,8 +411,8 @@ def _coerce(v: Any, tp: Any, from_cli: bool = False) -> Any:
             return tuple(_coerce_item(x, a, i) for i, (x, a) in enumerate(zip(items, args)))
         el = args[0] if args else Any
         out = [_coerce_item(x, el, i) for i, x in enumerate(items)]
-        return container(out) if container is not list else out
-    if origin in (dict, collections.abc.Mapping) or tp is dict:
+        return tuple(out) if container is tuple else out
+    if origin is dict or tp is dict:
         v = _maybe_yaml(v, from_cli)
         if isinstance(v, str) and not str(v).strip():
             v = {}
@@ -500,75 +439,6 @@ def _coerce_item(x: Any, tp: Any, i: int) -> Any:
         return _coerce(x, tp)
     except _BadValue as exc:
         raise _BadValue(f"item {i}: {exc}") from None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Renamed keys: ``__config_aliases__ = {old: new | Alias(...)}`` on a config dataclass
-# ---------------------------------------------------------------------------------------------------------------
-class DeprecatedConfigKey(FutureWarning):
-    """A config key (``key=value`` or YAML) used an old name; the message names the new one.
-
-    A FutureWarning so that it is shown to people running the CLIs (DeprecationWarning is hidden outside
-    ``__main__``); Python's default filter shows each distinct message once per process."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Alias:
-    """Old name of the field ``new`` of the same dataclass.
-
-    ``values``: old spellings of the value -> new ones (e.g. ``{"raise": "error"}``); ``index``: the old key set one
-    item of the tuple field ``new`` (``beta1`` -> ``betas[0]``)."""
-
-    new: str
-    values: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    index: int | None = None
-
-
-_ALIASES_CACHE: dict[type, dict[str, Alias]] = {}
-
-
-def _aliases(cls: type) -> dict[str, Alias]:
-    """The class's alias table, checked once: a bad table is a programming error in the config class."""
-    if cls not in _ALIASES_CACHE:
-        declared = vars(cls).get("__config_aliases__", {})
-        table = {k: (v if isinstance(v, Alias) else Alias(v)) for k, v in declared.items()}
-        names = {f.name for f in _init_fields(cls)}
-        for old, a in table.items():
-            if old in names or a.new not in names:
-                raise TypeError(f"{cls.__qualname__}.__config_aliases__: {old!r} -> {a.new!r} must map a name that "
-                                "is not a field to a field")
-        _ALIASES_CACHE[cls] = table
-    return _ALIASES_CACHE[cls]
-
-
-def _resolve_alias(tree: "_Tree", parts: list[str], raw: Any, full_key: str, source: str | None
-                   ) -> tuple[list[str], Any, str, Alias] | None:
-    """``parts[0]`` is an old name of a field of ``tree``: warn, return the new parts / value / full key."""
-    alias = _aliases(tree.cls).get(parts[0])
-    if alias is None:
-        return None
-    head = full_key[: len(full_key) - len(".".join(parts))]
-    new_key = head + ".".join([alias.new] + parts[1:])
-    shown = new_key if alias.index is None else f"{head}{alias.new}[{alias.index}]"
-    where = f"{source}: " if source else ""
-    warnings.warn(f"{where}config key '{full_key}' is deprecated, use '{shown}'", DeprecatedConfigKey, stacklevel=2)
-    if isinstance(raw, str) and str(raw) in alias.values:
-        raw = _Scalar(alias.values[str(raw)], getattr(raw, "quoted", False))
-    return [alias.new] + parts[1:], raw, new_key, alias
-
-
-def _set_item(tree: "_Tree", name: str, index: int, raw: Any, full_key: str, source: str | None) -> None:
-    """Alias with ``index``: set item ``index`` of the tuple field ``name`` (errors name the old key)."""
-    tp, _ = _strip_optional(tree.hints[name])
-    args = typing.get_args(tp)
-    item_tp = args[0] if len(args) == 2 and args[1] is Ellipsis else args[index]
-    try:
-        value = _coerce(raw, item_tp)
-    except _BadValue as exc:
-        raise _bad_value_error(full_key, raw, item_tp, exc, source) from None
-    cur = list(tree.values[name])
-    cur[index] = value
-    tree.values[name] = tuple(cur)
 
 
 def check_choices(cfg: Any, prefix: str = "") -> None:
@@ -637,13 +507,18 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def _unknown_key_error(key: str, root_cls: type, source: str | None, section_keys: Iterable[str]) -> ValueError:
+    where = f"{source}: " if source else ""
+    # keys that moved: the root config's ``__config_moved__`` maps an old key or prefix (a section, or one ending in
+    # "_" or ".") to its new place; the old key is an error naming the new one, never an alias
+    for old, new in getattr(root_cls, "__config_moved__", {}).items():
+        if key == old or key.startswith(old if old.endswith(("_", ".")) else old + "."):
+            return ValueError(f"{where}config key '{key}' moved: it is now '{new}{key[len(old):]}'")
     candidates = _all_keys(root_cls)
     close = difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
     last = key.rsplit(".", 1)[-1]
     for c in candidates:  # `lr=` when the field is `train.lr`
         if c.rsplit(".", 1)[-1] == last and c not in close:
             close.append(c)
-    where = f"{source}: " if source else ""
     msg = f"{where}unknown config key '{key}'"
     if close:
         msg += f"; did you mean: {', '.join(repr(c) for c in close[:5])}?"
@@ -669,15 +544,7 @@ def _set_path(
 ) -> None:
     name = parts[0]
     if name not in tree.fields:
-        renamed = _resolve_alias(tree, parts, raw, full_key, source)
-        if renamed is None:
-            raise _unknown_key_error(full_key, root_cls, source, tree.fields)
-        parts, raw, new_key, alias = renamed
-        name = parts[0]
-        if alias.index is not None and len(parts) == 1:
-            _set_item(tree, name, alias.index, raw, full_key, source)
-            return
-        full_key = new_key
+        raise _unknown_key_error(full_key, root_cls, source, tree.fields)
     tp = tree.hints[name]
     inner, optional = _strip_optional(tp)
     if len(parts) > 1:
@@ -692,7 +559,7 @@ def _set_path(
             _set_path(sub, parts[1:], raw, root_cls=root_cls, full_key=full_key, source=source, from_cli=from_cli)
             return
         origin = typing.get_origin(inner)
-        if origin in (dict, collections.abc.Mapping) or inner is dict:  # dotted key into a dict field: set one entry
+        if origin is dict or inner is dict:  # dotted key into a dict field: set one entry
             args = typing.get_args(inner)
             kt, vt = (args if len(args) == 2 else (Any, Any))
             cur = tree.values.get(name)
@@ -820,27 +687,16 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """Nested plain-python (YAML/JSON-safe) view: dataclasses -> dicts, tuples -> lists, Path -> str, Enum -> name."""
+    """Nested plain-python (YAML/JSON-safe) view: dataclasses -> dicts, tuples -> lists."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}
-    if isinstance(cfg, enum.Enum):
-        return cfg.name
-    if isinstance(cfg, PurePath):
-        return str(cfg)
-    if isinstance(cfg, (list, tuple, set, frozenset)):
+    if isinstance(cfg, (list, tuple)):
         return [config_to_dict(x) for x in cfg]
     if isinstance(cfg, dict):
         return {config_to_dict(k): config_to_dict(v) for k, v in cfg.items()}
     if isinstance(cfg, _Scalar):
         return str(cfg)
     return cfg
-
-
-def config_from_dict(cls: type[T], data: dict) -> T:
-    """Inverse of :func:`config_to_dict` (with the same validation as a YAML file)."""
-    tree = _Tree.from_instance(_default_instance(cls))
-    _apply_mapping(tree, data, prefix="", source=None)
-    return tree.build()
 
 
 def config_to_yaml(cfg: Any) -> str:
@@ -865,12 +721,10 @@ def _fmt_default(v: Any) -> str:
         return "none"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, enum.Enum):
-        return v.name
-    if isinstance(v, (str, PurePath)):
+    if isinstance(v, str):
         s = str(v)
         return repr(s) if (not s or s != s.strip() or " " in s or s.lower() in _NULL_WORDS) else s
-    if isinstance(v, (list, tuple, dict, set, frozenset)):
+    if isinstance(v, (list, tuple, dict)):
         return yaml.dump(
             config_to_dict(v), Dumper=_ConfigDumper, default_flow_style=True, width=10**6, allow_unicode=True
         ).strip()
@@ -894,9 +748,6 @@ def iter_fields(cls: type, prefix: str = "", default_obj: Any = None):
         else:
             default = dataclasses.MISSING
         help_text = str(f.metadata.get("help", "")) if f.metadata else ""
-        old_names = [k for k, a in _aliases(cls).items() if a.new == f.name]
-        if old_names:
-            help_text = f"{help_text} (deprecated name: {', '.join(old_names)})".strip()
         inner, _ = _strip_optional(tp)
         name = prefix + f.name
         if _is_dataclass_type(inner):

@@ -36,7 +36,7 @@ _CONFIGURED: set[str] = set()
 
 def get_logger(name: str = "mmgrpo", level: int = logging.INFO) -> logging.Logger:
     """``logging.getLogger(name)``; on first use gives the top-level package logger (``mmgrpo`` for
-    ``mmgrpo.vlm.trainer``) one concise stderr handler, unless the root logger is already configured (then records
+    ``mmgrpo.vlm.train``) one concise stderr handler, unless the root logger is already configured (then records
     simply propagate there, so nothing is printed twice)."""
     top = name.split(".", 1)[0]
     if top not in _CONFIGURED:

@@ -1,5 +1,8 @@
 """Memory planner: predicted peak memory per device of a GRPO run (``mmgrpo plan`` / ``flow_grpo plan``).
 
+This module holds the released configs, the arithmetic and the shared command-line pieces; each front-end builds
+its models and counts their parameters (:mod:`mmgrpo.vlm.memory_plan`, :mod:`flow_grpo.memory_plan`).
+
 Released configs (:data:`MODELS`) are copied from the public ``config.json`` files (Hugging Face model repos
 ``Qwen/Qwen2.5-VL-3B-Instruct``, ``Qwen/Qwen2.5-VL-7B-Instruct``, ``Qwen/Qwen2-VL-7B-Instruct``,
 ``Qwen/Qwen3-VL-4B-Instruct``, ``black-forest-labs/FLUX.1-dev`` (transformer/, text_encoder/, text_encoder_2/, vae/),
@@ -31,19 +34,11 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any
-
-from mmgrpo.vlm.models.real_tokenizer import QWEN_IDS
+from typing import Any, Callable
 
 GiB = 1024 ** 3
 GPU_OVERHEAD_BYTES = int(1.5 * GiB)  # CUDA context + NCCL buffers + kernels' workspaces (allowance, not measured)
 GPU_FRAGMENTATION = 0.10  # caching-allocator slack on GPU (allowance, not measured)
-
-# the released token ids, from the one table the real-tokenizer builder uses (that module imports nothing heavy)
-_QWEN_IDS = dict(bos_token_id=QWEN_IDS["<|endoftext|>"], eos_token_id=QWEN_IDS["<|im_end|>"],
-                 pad_token_id=QWEN_IDS["<|endoftext|>"])
-_QWEN_TOP = dict(image_token_id=QWEN_IDS["<|image_pad|>"], video_token_id=QWEN_IDS["<|video_pad|>"],
-                 vision_start_token_id=QWEN_IDS["<|vision_start|>"], vision_end_token_id=QWEN_IDS["<|vision_end|>"])
 
 # -------------------------------------------------------------------------------------------- released configs
 MODELS: dict[str, dict[str, Any]] = {
@@ -186,109 +181,9 @@ def activation_for(name: str) -> tuple[dict[str, float], str]:
     return {a: v * k for a, v in ACTIVATION_BYTES[ref].items()}, f"scaled from {ref} by width ({k:.2f}x)"
 
 
-def _truncate(idx: list[int], n: int) -> list[int]:
-    """Released layer indexes kept by a depth-``n`` cut; the last kept block takes the role when none survives
-    (so a truncated Qwen2.5-VL ViT still has a full-attention block, Qwen3-VL a deepstack tap)."""
-    kept = [i for i in idx if i < n]
-    return kept or [n - 1]
-
-
-# -------------------------------------------------------------------------------------------- model builders
-def vlm_config(spec: dict, layers: int | None = None, vision_layers: int | None = None):
-    """The transformers config of ``spec`` with the LLM cut to ``layers`` and the ViT to ``vision_layers``
-    (default: ``layers``; ``None`` for both = the released depth)."""
-    t, v = dict(spec["text"]), dict(spec["vision"])
-    if layers is not None:
-        t["num_hidden_layers"] = layers
-        v["depth"] = vision_layers or layers
-        if "fullatt_block_indexes" in v:
-            v["fullatt_block_indexes"] = _truncate(v["fullatt_block_indexes"], v["depth"])
-        if "deepstack_visual_indexes" in v:
-            v["deepstack_visual_indexes"] = _truncate(v["deepstack_visual_indexes"], v["depth"])
-    rope = {"rope_type": "default", "rope_theta": t.pop("rope_theta"), "mrope_section": t.pop("mrope_section")}
-    if t.pop("mrope_interleaved", False):
-        rope["mrope_interleaved"] = True
-    t.update(rope_parameters=rope, **_QWEN_IDS)
-    fam = spec["family"]
-    if fam == "qwen3_vl":
-        from transformers import Qwen3VLConfig as C
-    elif fam == "qwen2_vl":
-        from transformers import Qwen2VLConfig as C
-    else:
-        from transformers import Qwen2_5_VLConfig as C
-    tie = t["tie_word_embeddings"]
-    return C(text_config=t, vision_config=v, tie_word_embeddings=tie, **_QWEN_TOP)
-
-
-def _clip(spec: dict, with_projection: bool, layers: int | None):
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    c = dict(spec)
-    if layers is not None:
-        c["num_hidden_layers"] = layers
-    cfg = CLIPTextConfig(vocab_size=49408, max_position_embeddings=77, bos_token_id=49406, eos_token_id=49407,
-                         pad_token_id=1, **c)
-    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(cfg)
-
-
-def _t5(spec: dict, layers: int | None):
-    from transformers import T5Config, T5EncoderModel
-
-    c = dict(spec)
-    if layers is not None:
-        c["num_layers"] = layers
-    return T5EncoderModel(T5Config(relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                                   is_encoder_decoder=False, use_cache=False, **c))
-
-
-def _vae(spec: dict):
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                         sample_size=1024, **spec["vae"])
-
-
-def flow_transformer(spec: dict, layers: int | None = None):
-    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
-
-    c = dict(spec["transformer"])
-    if spec["kind"] == "flux":
-        if layers is not None:
-            c.update(num_layers=layers, num_single_layers=layers)
-        c["axes_dims_rope"] = tuple(c["axes_dims_rope"])
-        return FluxTransformer2DModel(**c)
-    if layers is not None:
-        c["num_layers"] = layers
-        c["dual_attention_layers"] = [i for i in c["dual_attention_layers"] if i < layers]
-    c["dual_attention_layers"] = tuple(c["dual_attention_layers"])
-    return SD3Transformer2DModel(**c)
-
-
-def flow_pipeline(spec: dict, layers: int | None = None):
-    """A diffusers pipeline with the released widths, every stack (transformer, CLIP, T5) cut to ``layers``; the
-    VAE is whole (it is small and frozen). Tokenizers: the full real CLIP BPE (open_clip's file, 49,408 entries)
-    and the repo's T5-format Unigram tokenizer (no package ships T5's ``spiece.model``)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, StableDiffusion3Pipeline
-
-    from flow_grpo.models.tiny import build_clip_tokenizer, build_t5_unigram_tokenizer
-
-    sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, **spec["scheduler"])
-    n_merges = 49408 - 512 - 2
-    tr = flow_transformer(spec, layers)
-    t5 = _t5(spec["t5"], layers)
-    t5_tok = build_t5_unigram_tokenizer(model_max_length=spec["max_sequence_length"])
-    if spec["kind"] == "flux":
-        return FluxPipeline(scheduler=sched, vae=_vae(spec), text_encoder=_clip(spec["clip_l"], False, layers),
-                            tokenizer=build_clip_tokenizer(n_merges), text_encoder_2=t5, tokenizer_2=t5_tok,
-                            transformer=tr)
-    return StableDiffusion3Pipeline(
-        transformer=tr, scheduler=sched, vae=_vae(spec), text_encoder=_clip(spec["clip_l"], True, layers),
-        tokenizer=build_clip_tokenizer(n_merges), text_encoder_2=_clip(spec["clip_g"], True, layers),
-        tokenizer_2=build_clip_tokenizer(n_merges), text_encoder_3=t5, tokenizer_3=t5_tok)
-
-
 # -------------------------------------------------------------------------------------------- parameter counts
+# The models are built on the meta device by each front-end's planner (``mmgrpo.vlm.memory_plan.counts``,
+# ``flow_grpo.memory_plan.counts``); these helpers are shared.
 def _meta(build):
     import torch
 
@@ -307,61 +202,20 @@ def _linear_lora(model, targets, r: int, skip=("visual",)) -> int:
     return n
 
 
-VLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FLOW_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
-
-
-def counts(spec: dict, layers: int | None = None, lora_r: int = 16, lora_targets=None) -> dict:
-    """Exact parameter counts from the config (built on the meta device: no memory): ``all`` (everything loaded),
-    ``full`` (what full fine-tuning trains), ``lora`` (adapter parameters), ``layers``, ``per_layer`` (largest
-    trained block), ``hidden``, ``vocab``, ``kv`` (KV-cache bytes per token per layer, bf16)."""
-    if spec["type"] == "vlm":
-        from mmgrpo.vlm.models.tiny import model_class
-
-        cfg = vlm_config(spec, layers)
-        m = _meta(lambda: model_class(spec["family"])(cfg))
-        tot = sum(p.numel() for p in m.parameters())
-        vis = sum(p.numel() for n, p in m.named_parameters() if "visual" in n.split("."))
-        t = spec["text"]
-        L = t["num_hidden_layers"] if layers is None else layers
-        block = max(sum(p.numel() for p in b.parameters()) for b in m.model.language_model.layers) \
-            if hasattr(m.model, "language_model") else 0
-        head_dim = t.get("head_dim", t["hidden_size"] // t["num_attention_heads"])
-        return {"all": tot, "full": tot - vis, "lora": _linear_lora(m, lora_targets or VLM_LORA_TARGETS, lora_r),
-                "layers": L, "per_layer": block, "hidden": t["hidden_size"], "vocab": t["vocab_size"],
-                "kv": 2 * t["num_key_value_heads"] * head_dim * 2}
-    tr = _meta(lambda: flow_transformer(spec, layers))
-    enc = _meta(lambda: _t5(spec["t5"], layers))
-    n_enc = sum(p.numel() for p in enc.parameters())
-    for key, proj in (("clip_l", spec["kind"] == "sd3"), ("clip_g", True)):
-        if key in spec:
-            n_enc += sum(p.numel() for p in _meta(lambda: _clip(spec[key], proj, layers)).parameters())
-    vae = sum(p.numel() for p in _meta(lambda: _vae(spec)).parameters())
-    n_tr = sum(p.numel() for p in tr.parameters())
-    blocks = list(getattr(tr, "transformer_blocks", [])) + list(getattr(tr, "single_transformer_blocks", []))
-    c = spec["transformer"]
-    L = len(blocks)
-    return {"all": n_tr + n_enc + vae, "full": n_tr, "lora": _linear_lora(tr, lora_targets or FLOW_LORA_TARGETS,
-                                                                         lora_r, skip=()),
-            "encoders": n_enc, "vae": vae, "layers": L,
-            "per_layer": max(sum(p.numel() for p in b.parameters()) for b in blocks),
-            "hidden": c["attention_head_dim"] * c["num_attention_heads"], "vocab": 0, "kv": 0}
-
-
 # -------------------------------------------------------------------------------------------- the plan
-def plan(spec_name: str, *, layers: int | None = None, full: bool = False, lora_r: int = 16, world: int = 1,
+def plan(spec_name: str, *, full: bool = False, world: int = 1,
          strategy: str = "ddp", rows: int = 8, prompt_tokens: int = 0, completion_len: int = 256,
          flow_tokens: int = 0, fp32_master_weights: bool = True, logprob_chunk: int = 0,
          vllm_fraction: float = 0.0, gpu_gb: float = 0.0, gpu: bool = True, activation: dict | None = None,
-         n: dict | None = None, reference: bool = False) -> dict:
+         n: dict, reference: bool = False) -> dict:
     """Per-device bytes, by component, and ``total``; ``fits`` when ``gpu_gb`` is given.
 
+    ``n``: the parameter counts of the model (``counts`` of its front-end's planner, at ``layers`` and ``lora_r``).
     ``rows``: sequences per micro-batch (VLM: rollouts per forward/backward; flow: images per chunk);
     ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image); ``reference``: a full
     fine-tune keeps a frozen bf16 copy of the model as the KL reference (VLM ``algo.kl_coef > 0``: ``load_policy``'s
     ``need_reference``; LoRA uses the model with the adapter off, no copy)."""
     spec = get_spec(spec_name)
-    n = n or counts(spec, layers, lora_r)
     sharded = strategy in ("fsdp2", "zero3")
     div = world if sharded else 1
     T = n["full"] if full else n["lora"]
@@ -421,15 +275,15 @@ def rehearsal_tokens(spec: dict, tokens: dict) -> int:
     return rehearsal_rows(spec) * per_row
 
 
-def plan_rehearsal(spec: dict, layers: int, full: bool, tokens: dict, activation: dict | None = None) -> dict:
-    """The CPU prediction for one ``rehearse_real_scale.py`` step (no GPU allowances)."""
+def plan_rehearsal(spec: dict, n: dict, full: bool, tokens: dict, activation: dict | None = None) -> dict:
+    """The CPU prediction for one ``rehearse_real_scale.py`` step (no GPU allowances); ``n``: the counts of the
+    model cut to the rehearsal's depth."""
     name = next(k for k, v in MODELS.items() if v is spec)
     rows = rehearsal_rows(spec)
     if spec["type"] == "vlm":
-        return plan(name, layers=layers, full=full, rows=rows, prompt_tokens=tokens["prompt_tokens"],
-                    completion_len=tokens["completion_len"], gpu=False, activation=activation)
-    return plan(name, layers=layers, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False,
-                activation=activation)
+        return plan(name, full=full, rows=rows, prompt_tokens=tokens["prompt_tokens"],
+                    completion_len=tokens["completion_len"], gpu=False, activation=activation, n=n)
+    return plan(name, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False, activation=activation, n=n)
 
 
 def flow_tokens(spec: dict, height: int = 512, width: int = 512) -> int:
@@ -439,11 +293,11 @@ def flow_tokens(spec: dict, height: int = 512, width: int = 512) -> int:
     return img + (spec["max_sequence_length"] + (77 if spec["kind"] == "sd3" else 0))
 
 
-def plan_full_depth(spec: dict, world: int = 8, rows: int = 8, prompt_tokens: int = 1024,
+def plan_full_depth(spec: dict, n: dict, world: int = 8, rows: int = 8, prompt_tokens: int = 1024,
                     completion_len: int = 256) -> dict:
-    """Per-GPU GiB at the released depth on ``world`` GPUs, DDP / FSDP2 / ZeRO-3 x LoRA / full."""
+    """Per-GPU GiB at the released depth on ``world`` GPUs, DDP / FSDP2 / ZeRO-3 x LoRA / full; ``n``: the counts
+    at the released depth."""
     name = next(k for k, v in MODELS.items() if v is spec)
-    n = counts(spec)
     ft = flow_tokens(spec) if spec["type"] == "flow" else 0
     res = {"world": world, "params": n["all"], "trainable_full": n["full"], "trainable_lora_r16": n["lora"],
            "setting": (f"rows={rows}, prompt={prompt_tokens}, completion={completion_len}" if spec["type"] == "vlm"
@@ -514,12 +368,13 @@ def checkpoint_config_path(kind: str, cfg: Any) -> str:
             else os.path.join(cfg.model.pipeline_dir, "transformer", "config.json"))
 
 
-def plan_for_config(kind: str, cfg: Any, *, world: int = 1, strategy: str = "ddp", gpu: bool = True,
-                    gpu_gb: float = 0.0, model: str | None = None, prompt_tokens: int = 0
+def plan_for_config(kind: str, cfg: Any, counts: Callable[..., dict], *, world: int = 1, strategy: str = "ddp",
+                    gpu: bool = True, gpu_gb: float = 0.0, model: str | None = None, prompt_tokens: int = 0
                     ) -> tuple[str, int | None, dict] | None:
     """(released model name, truncated depth or None, :func:`plan`) for a train config; the model's widths come
     from its checkpoint folder's config.json (or ``model``). None when the widths are no released model's.
-    Raises OSError when the config.json cannot be read."""
+    ``counts(spec, layers, lora_r)``: the front-end's exact parameter counts (``mmgrpo.vlm.memory_plan.counts``,
+    ``flow_grpo.memory_plan.counts``). Raises OSError when the config.json cannot be read."""
     import json
 
     layers = None
@@ -532,27 +387,60 @@ def plan_for_config(kind: str, cfg: Any, *, world: int = 1, strategy: str = "ddp
     spec = MODELS[model]
     if spec["type"] != kind:
         raise ValueError(f"{model} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model")
+    lora = cfg.model.lora
+    n = counts(spec, layers, lora.rank)
     if kind == "vlm":
-        lora = cfg.model.lora
         frac = cfg.rollout.vllm_gpu_memory_utilization if (cfg.rollout.backend == "vllm"
                                                              and cfg.rollout.vllm_mode == "colocate") else 0.0
-        p = plan(model, layers=layers, full=not lora.enabled, lora_r=lora.rank, world=world, strategy=strategy,
-                 rows=cfg.run.micro_batch_size, prompt_tokens=prompt_tokens or cfg.data.max_prompt_tokens or 1024,
+        p = plan(model, full=not lora.enabled, world=world, strategy=strategy, rows=cfg.run.micro_batch_size,
+                 prompt_tokens=prompt_tokens or cfg.data.max_prompt_tokens or 1024,
                  completion_len=cfg.rollout.max_new_tokens, fp32_master_weights=cfg.optim.fp32_master_weights,
                  logprob_chunk=int(getattr(cfg.algo, "logprob_chunk_size", 0) or 0), vllm_fraction=frac,
-                 gpu_gb=gpu_gb, gpu=gpu, reference=cfg.algo.kl_coef > 0)
+                 gpu_gb=gpu_gb, gpu=gpu, n=n, reference=cfg.algo.kl_coef > 0)
     else:
-        msl = cfg.model.max_sequence_length or spec["max_sequence_length"]
-        s = dict(spec, max_sequence_length=msl)
-        p = plan(model, layers=layers, full=not cfg.model.lora.enabled, lora_r=cfg.model.lora.rank, world=world,
-                 strategy=strategy, rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
+        s = dict(spec, max_sequence_length=cfg.model.max_sequence_length or spec["max_sequence_length"])
+        p = plan(model, full=not lora.enabled, world=world, strategy=strategy,
+                 rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
                  flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
-                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu)
+                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu, n=n)
     return model, layers, p
 
 
-def plan_main(argv, kind: str, prog: str) -> int:
-    """``mmgrpo plan`` (kind="vlm") / ``flow_grpo plan`` (kind="flow"); exit 0 when it fits, 1 when not."""
+def plan_main(argv, kind: str, prog: str, load_config: Callable[[list], Any], counts: Callable[..., dict]) -> int:
+    """``mmgrpo plan`` / ``flow_grpo plan`` (``load_config(args)``: the front-end's config from the command line);
+    exit 0 when the run fits, 1 when not, 2 on a bad argument."""
+    args = plan_args(argv, kind)
+    if args is None:
+        return 0
+    known, rest = args
+    from mmgrpo.utils.profiles import expand_profile
+
+    cfg = load_config(expand_profile(rest, kind, prog))  # --profile cpu: plan the CPU rehearsal's run
+    path = checkpoint_config_path(kind, cfg)
+    try:
+        res = plan_for_config(kind, cfg, counts, world=known.world, strategy=known.strategy, gpu_gb=known.gpu_gb,
+                              model=known.model, prompt_tokens=known.prompt_tokens)
+    except OSError:
+        print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"{prog}: --model {e}", file=sys.stderr)
+        return 2
+    if res is None:
+        print(f"{prog}: {path}: " + UNKNOWN_WIDTHS.format(models=", ".join(sorted(MODELS))), file=sys.stderr)
+        return 2
+    name, layers, p = res
+    depth = f", truncated to {layers} layers (the folder's depth)" if layers else ""
+    print(f"{prog}: {name} ({MODELS[name]['source']}){depth}, {known.strategy} x {known.world}, "
+          f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
+          f"{activation_for(name)[1]}; per device:")
+    print(format_plan(p))
+    return 0 if p["fits"] else 1
+
+
+def plan_args(argv, kind: str) -> tuple | None:
+    """``(known plan options, the remaining config arguments)`` of ``mmgrpo plan`` / ``flow_grpo plan``; None after
+    printing ``--help``."""
     import argparse
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -565,39 +453,5 @@ def plan_main(argv, kind: str, prog: str) -> int:
         print(PLAN_HELP)
         if kind == "flow":  # flow_grpo train --help lists the config options
             print("\nconfig options: as for flow_grpo train (flow_grpo train --help)")
-            return 0
-    known, rest = pre.parse_known_args(argv)
-    from mmgrpo.utils.profiles import expand_profile
-
-    rest = expand_profile(rest, kind, prog)  # --profile cpu: plan the CPU rehearsal's run
-    if kind == "vlm":
-        from mmgrpo.vlm.config import TrainConfig
-        from mmgrpo.utils.config import parse_config_cli
-
-        cfg = parse_config_cli(TrainConfig, rest, prog=prog, description=PLAN_HELP)
-    else:
-        from flow_grpo.config import load_train_config
-
-        cfg = load_train_config(None, [a for a in rest if "=" in a]) if "--config" not in rest else \
-            load_train_config(rest[rest.index("--config") + 1], [a for a in rest if "=" in a])
-    path = checkpoint_config_path(kind, cfg)
-    try:
-        res = plan_for_config(kind, cfg, world=known.world, strategy=known.strategy, gpu_gb=known.gpu_gb,
-                              model=known.model, prompt_tokens=known.prompt_tokens)
-    except OSError:
-        print(f"{prog}: {path} not found: give a checkpoint folder or --model NAME", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"{prog}: --model {e}", file=sys.stderr)
-        return 2
-    if res is None:
-        print(f"{prog}: {path}: " + UNKNOWN_WIDTHS.format(models=", ".join(sorted(MODELS))), file=sys.stderr)
-        return 2
-    name, layers, p = res
-    spec = MODELS[name]
-    depth = f", truncated to {layers} layers (the folder's depth)" if layers else ""
-    print(f"{prog}: {name} ({spec['source']}){depth}, {known.strategy} x {known.world}, "
-          f"{'full fine-tune' if p.get('master_weights') is not None else 'LoRA'}, activations "
-          f"{activation_for(name)[1]}; per device:")
-    print(format_plan(p))
-    return 0 if p["fits"] else 1
+            return None
+    return pre.parse_known_args(argv)

@@ -62,18 +62,21 @@ def device_memory(device) -> tuple[int, str]:
     return 0, "unknown"
 
 
-def check_memory(kind: str, cfg: Any, device, world: int, strategy: str, mode: str, prog: str) -> Optional[dict]:
+def check_memory(kind: str, cfg: Any, device, world: int, strategy: str, mode: str, prog: str,
+                 counts: Callable[..., dict]) -> Optional[dict]:
     """The planner's per-device estimate for this run against ``device``'s memory (``mode``: ``run.memory_check``).
 
     Runs only when the checkpoint's widths are those of a released model the planner knows (a depth-truncated
     folder counts: its layers are read from its config.json); a tiny or width-reduced model is skipped (logged at
-    debug level). Over the limit: ``error`` raises :class:`ConfigError`, ``warn`` logs. Returns the plan or None."""
+    debug level). Over the limit: ``error`` raises :class:`ConfigError`, ``warn`` logs. Returns the plan or None.
+    ``counts``: the front-end's parameter counts (``mmgrpo.vlm.memory_plan.counts`` / ``flow_grpo.memory_plan``'s)."""
     if mode == "off":
         return None
     from mmgrpo.utils import memory_plan as mp
 
     try:
-        res = mp.plan_for_config(kind, cfg, world=world, strategy=strategy, gpu=getattr(device, "type", "") == "cuda")
+        res = mp.plan_for_config(kind, cfg, counts, world=world, strategy=strategy,
+                                 gpu=getattr(device, "type", "") == "cuda")
     except (OSError, ValueError, KeyError) as e:
         log.debug("memory check skipped: %s", e)
         return None

@@ -29,9 +29,9 @@ import time
 import weakref
 from pathlib import Path
 
-from mmgrpo.engine.errors import OutputDirLocked  # noqa: F401 - re-exported (old import path)
+from mmgrpo.engine.errors import OutputDirLocked
 
-__all__ = ["RunLock", "OutputDirLocked", "acquire_run_lock", "release_run_lock", "LOCK_NAME"]
+__all__ = ["RunLock", "acquire_run_lock", "release_run_lock", "LOCK_NAME"]
 
 log = logging.getLogger("mmgrpo.runlock")
 

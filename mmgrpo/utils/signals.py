@@ -2,8 +2,8 @@
 
 :class:`StopOnSignal` replaces the SIGTERM and SIGINT handlers while a training loop runs. The first signal only
 sets a flag; the loop polls it (:meth:`StopOnSignal.agreed`, a max-reduction over processes so that every process
-stops at the same step) at its step / epoch boundaries, writes a checkpoint and raises :class:`TrainingInterrupted`;
-both CLIs turn that into exit code :data:`EXIT_INTERRUPTED` (6) and one line naming the checkpoint.
+stops at the same step) at its step / epoch boundaries, writes a checkpoint and raises :class:`mmgrpo.engine.errors.TrainingInterrupted`;
+both CLIs turn that into exit code 6 (:data:`mmgrpo.utils.exit_codes.INTERRUPTED`) and one line naming the checkpoint.
 
 A *second* signal aborts at once: the default action of that signal is restored and the signal re-sent, so the
 process dies by it (the shell sees 128 + signal number) without running any more Python. Nothing is corrupted:
@@ -26,16 +26,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from mmgrpo.engine.errors import TrainingInterrupted  # noqa: F401 - re-exported (old import path)
-from mmgrpo.utils import exit_codes
+__all__ = ["StopOnSignal", "REPEAT_WINDOW"]
 
-__all__ = ["StopOnSignal", "TrainingInterrupted", "EXIT_STOPPED", "EXIT_INTERRUPTED", "EXIT_SIGINT_EARLY",
-           "REPEAT_WINDOW"]
-
-# the codes live in mmgrpo.utils.exit_codes (one table for both CLIs); these names are kept for readability here
-EXIT_STOPPED = exit_codes.STOPPED  # a fault policy stopped the run after writing a checkpoint
-EXIT_INTERRUPTED = exit_codes.INTERRUPTED  # SIGTERM / SIGINT: stopped at a step boundary after writing a checkpoint
-EXIT_SIGINT_EARLY = exit_codes.SIGINT_EARLY  # Ctrl-C before the training loop started (nothing to checkpoint yet)
 REPEAT_WINDOW = 1.0  # seconds: signals closer than this to the first one are copies of it, not a second request
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)

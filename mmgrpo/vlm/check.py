@@ -180,7 +180,7 @@ def _rewards(task_adapter, reward_fn, prep, sc: SampleCheck) -> None:
 def check_samples(task_adapter, samples: Sequence[Any], reward_fn=None, n: int = 2) -> CheckReport:
     """Run the checks of the module docstring on the first ``n`` samples that can be prepared (a sample whose
     media is missing is reported, not raised)."""
-    from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, sample_id
+    from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 
     rep = CheckReport(task_adapter.template)
     tok = getattr(task_adapter.processor, "tokenizer", task_adapter.processor)
@@ -261,7 +261,8 @@ def check_main(argv: Sequence[str]) -> int:
     if not cfg.model.path or not cfg.data.train_file:
         p.error("set model.path=FOLDER (its processor is used; no weights are loaded) and data.train_file=FILE")
     task_adapter, tokenizer = processor_task_adapter(cfg.model.path, cfg.model.family, cfg.data)
-    from mmgrpo.vlm.train.task import build_rewards, load_samples
+    from mmgrpo.vlm.data.task import load_samples
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     samples = load_samples(cfg.data.train_file, a.samples, cfg.data.media_root)
     reward_fn, _ = build_rewards(cfg.reward, cfg.data.task, task_adapter.adapter.family, tokenizer,
@@ -276,7 +277,7 @@ def processor_task_adapter(model_path: str, family: str, data_cfg):
     from transformers import AutoProcessor
 
     from mmgrpo.vlm.models.adapters import detect_family, get_adapter
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     fam = detect_family(model_path) if family in ("auto", "", None) else family
     proc = AutoProcessor.from_pretrained(model_path, local_files_only=True)

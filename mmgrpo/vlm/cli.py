@@ -56,9 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return check_main(rest)
     if cmd == "plan":
-        from mmgrpo.utils.memory_plan import plan_main
+        from mmgrpo.vlm.memory_plan import plan_main
 
-        return plan_main(rest, "vlm", "mmgrpo plan")
+        return plan_main(rest)
     if cmd == "make-tiny":
         if not rest:
             print("usage: mmgrpo make-tiny DIR [family]", file=sys.stderr)

@@ -3,12 +3,10 @@
 Every method is a config switch on the same loop (``mmgrpo.vlm.train.trainer``):
 
 * plain GRPO / DAPO / Dr.GRPO: ``algo.*`` (advantage scale, clip, aggregation, KL, num_iterations, group filter);
-* TempSamp-R1: ``tempsamp.enabled=true`` (+ ``tempsamp.mode=shape|anchor|none``);
-* T-GRPO (Video-R1): ``tgrpo.enabled=true``;
 * Reg-GRPO (DeepVideo-R1): ``algo.loss_type=reg``;
-* TW-GRPO: ``twgrpo.enabled=true``;
-* data selection (Temporal-RLT / Time-R1 / DAPO): ``selection.enabled=true``;
-* methods registered later (``mmgrpo.vlm.methods.REGISTRY``): ``methods.<name>.enabled=true``, e.g. NGRPO;
+* every other method (``mmgrpo.vlm.methods.REGISTRY``): ``methods.<name>.enabled=true`` and its options
+  ``methods.<name>.<option>``, e.g. ``methods.tempsamp_r1.mode=anchor`` (TempSamp-R1), ``methods.t_grpo`` (Video-R1),
+  ``methods.tw_grpo``, ``methods.selection`` (Temporal-RLT / Time-R1 / DAPO data selection), ``methods.ngrpo``;
 * answer parsing as a release does it (``mmgrpo.vlm.rewards.protocols``): ``reward.parse_mode=time_r1`` (Time-R1),
   ``tempsamp_r1`` (TempSamp-R1), ``video_r1`` (Video-R1 / T-GRPO), ``vlm_r1`` (VLM-R1 REC); default ``lenient``.
 
@@ -29,8 +27,6 @@ def _h(text: str) -> dict:
 
 @dataclass
 class LoraConfig:
-    __config_aliases__ = {"r": "rank"}
-
     enabled: bool = field(default=False, metadata=_h("train LoRA adapters instead of full fine-tuning"))
     rank: int = field(default=16, metadata=_h("LoRA rank r"))
     alpha: int = field(default=32, metadata=_h("LoRA alpha (scale alpha/rank)"))
@@ -136,8 +132,6 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    __config_aliases__ = {"num_generations": "group_size"}
-
     backend: Literal["hf", "vllm"] = field(default="hf", metadata=_h("hf = model.generate; vllm = GPU engine"))
     group_size: int = field(default=8, metadata=_h("G: completions per prompt (one group)"))
     max_new_tokens: int = field(default=256, metadata=_h("max completion tokens"))
@@ -232,64 +226,6 @@ class AlgoConfig:
 
 
 @dataclass
-class TempSampConfig:
-    enabled: bool = field(default=False, metadata=_h("TempSamp-R1: inject the ground truth as one group member"))
-    mode: Literal["shape", "anchor", "none"] = field(
-        default="shape", metadata=_h("shape = soft non-linear reward shaping; anchor = A_gt = lambda*max A_on"))
-    tau: float = field(default=0.8, metadata=_h("shaping threshold"))
-    alpha1: float = field(default=0.01, metadata=_h("shaping slope above tau"))
-    alpha2: float = field(default=1.0, metadata=_h("shaping curvature below tau"))
-    shape_reward: str = field(
-        default="auto", metadata=_h("reward the shaping applies to: auto = the task's accuracy reward (tvg: iou; "
-                                    "see reward.accuracy_key), shaped before the weighted sum as the TempSamp-R1 "
-                                    "release does (total = w*f(iou) + the other terms); a reward name; or 'total' "
-                                    "= shape the weighted total (earlier mmgrpo behaviour)"))
-    anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
-
-
-@dataclass
-class TGRPOConfig:
-    enabled: bool = field(default=False, metadata=_h("T-GRPO: temporal bonus from a shuffled-frame group (videos)"))
-    num_shuffled: int = field(default=0, metadata=_h("completions on shuffled frames per prompt (0 = G/2)"))
-    alpha: float = field(default=0.3, metadata=_h("bonus added to correct ordered completions"))
-    mu: float = field(default=1.0, metadata=_h("bonus if acc(ordered) >= mu * acc(shuffled); Video-R1 code: 0.8"))
-    min_accuracy: float = field(default=0.1, metadata=_h("a completion counts as correct above this accuracy"))
-
-
-@dataclass
-class TWGRPOConfig:
-    enabled: bool = field(default=False, metadata=_h("TW-GRPO token weights from intra-group divergence"))
-    alpha: float = field(default=1.7, metadata=_h("max token weight (weights in [1, alpha])"))
-    clamp: float = field(default=11.0, metadata=_h("clamp of log-prob differences"))
-
-
-@dataclass
-class SelectionConfig:
-    enabled: bool = field(default=False, metadata=_h("select training samples by K base-model inferences first"))
-    num_inferences: int = field(default=8, metadata=_h("K samples per prompt"))
-    criterion: Literal["variance", "gaussian", "nonconstant"] = field(
-        default="nonconstant",
-        metadata=_h("variance: keep var >= min_variance; gaussian: weight exp(-(m-mu)^2/2s^2) on mean reward "
-                    "(Time-R1); nonconstant: drop all-correct/all-wrong (equal rewards)"))
-    key: str = field(default="auto", metadata=_h(
-        "reward to select on: 'total' (weighted sum), a reward name, or auto = the task's accuracy reward (tvg: "
-        "iou) for criterion=gaussian (Time-R1's difficulty is the base model's IoU) and 'total' otherwise"))
-    min_variance: float = field(default=0.0, metadata=_h("variance threshold (criterion=variance)"))
-    num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
-    gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
-    gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
-    greedy: bool = field(
-        default=False, metadata=_h("score with argmax decoding instead of rollout sampling (Time-R1's difficulty is "
-                                   "the IoU of one greedy answer: num_inferences=1 greedy=true)"))
-    gaussian_keep_zero: bool = field(
-        default=False, metadata=_h("criterion=gaussian: also draw samples whose mean reward is 0 (Time-R1 never "
-                                   "does: only IoU > 0 items are candidates)"))
-    refilter_every_epoch: bool = field(
-        default=False, metadata=_h("Time-R1 multi-round: re-score every sample with the current policy and "
-                                   "re-select at the start of each epoch"))
-
-
-@dataclass
 class OptimConfig:
     lr: float = field(default=1e-6, metadata=_h("AdamW learning rate"))
     weight_decay: float = field(default=0.01, metadata=_h("AdamW weight decay"))
@@ -307,8 +243,6 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    __config_aliases__ = {"use_tensorboard": "tensorboard"}
-
     output_dir: str = field(
         default="runs/mmgrpo", metadata=_h("run directory (metrics, completions, checkpoints); one run at a time: "
                                            "<output_dir>/.lock names the run using it, a second run refuses (exit "
@@ -325,7 +259,7 @@ class RunConfig:
     prompts_per_step: int = field(
         default=0, metadata=_h("global prompts per step (0 = prompts_per_device x processes); when not a multiple "
                                "of the number of processes, a group's rows are split across processes (advantages "
-                               "gathered; not with tempsamp / tgrpo / twgrpo / filter_zero_std / length reward)"))
+                               "gathered; not with tempsamp_r1 / t_grpo / tw_grpo / filter_zero_std / length reward)"))
     grad_sync: Literal["auto", "manual", "accelerate"] = field(
         default="auto", metadata=_h("how gradients meet across processes: manual = trainer sums them (DDP-free; "
                                     "LoRA / replicated full FT); accelerate = accelerator.prepare (DDP, FSDP, "
@@ -428,15 +362,15 @@ class FormatGuardConfig:
 class TrainConfig:
     """mmgrpo VLM GRPO training run."""
 
+    # sections that moved into ``methods`` (the old key is an error naming the new one)
+    __config_moved__ = {"tempsamp": "methods.tempsamp_r1", "tgrpo": "methods.t_grpo", "twgrpo": "methods.tw_grpo",
+                        "selection": "methods.selection"}
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
-    tempsamp: TempSampConfig = field(default_factory=TempSampConfig)
-    tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
-    twgrpo: TWGRPOConfig = field(default_factory=TWGRPOConfig)
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
     methods: MethodsConfig = field(default_factory=MethodsConfig)  # the registry's methods.<name> sections
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -448,19 +382,20 @@ class TrainConfig:
         G = self.rollout.group_size
         if G < 2:
             raise ValueError(f"rollout.group_size must be >= 2 (a group needs a baseline), got {G}")
-        if self.tempsamp.enabled and G < 3:
-            raise ValueError("tempsamp needs rollout.group_size >= 3 (G-1 on-policy + 1 ground truth)")
-        if self.tempsamp.enabled and self.tempsamp.mode == "shape" and self.tempsamp.alpha2 <= 0:
-            raise ValueError(f"tempsamp.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {self.tempsamp.alpha2}")
+        ts = self.methods.tempsamp_r1
+        if ts.enabled and G < 3:
+            raise ValueError("methods.tempsamp_r1 needs rollout.group_size >= 3 (G-1 on-policy + 1 ground truth)")
+        if ts.enabled and ts.mode == "shape" and ts.alpha2 <= 0:
+            raise ValueError(f"methods.tempsamp_r1.alpha2 must be > 0 (it divides by e^alpha2 - 1), got {ts.alpha2}")
         if self.algo.num_iterations < 1:
             raise ValueError("algo.num_iterations must be >= 1")
         if not self.rollout.onpolicy_tol >= 0:
             raise ValueError(f"rollout.onpolicy_tol must be >= 0 (0 = by model.dtype), got {self.rollout.onpolicy_tol}")
         if self.rollout.vllm_is_cap < 0:
             raise ValueError(f"rollout.vllm_is_cap must be >= 0 (0 = off), got {self.rollout.vllm_is_cap}")
-        if self.rollout.backend == "vllm" and self.tgrpo.enabled:
-            raise ValueError("tgrpo.enabled needs rollout.backend=hf: T-GRPO's shuffled-frame rollouts are built from "
-                             "processed tensors that the vLLM engine cannot take")
+        if self.rollout.backend == "vllm" and self.methods.t_grpo.enabled:
+            raise ValueError("methods.t_grpo.enabled needs rollout.backend=hf: T-GRPO's shuffled-frame rollouts are "
+                             "built from processed tensors that the vLLM engine cannot take")
         if self.algo.logprob_chunk_size < 0:
             raise ValueError(f"algo.logprob_chunk_size must be >= 0 (0 = full logits), got {self.algo.logprob_chunk_size}")
         if self.run.prompts_per_device < 1 or self.run.micro_batch_size < 1:

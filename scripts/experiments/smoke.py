@@ -98,7 +98,7 @@ def _atomic_dir(final: Path, write) -> Path:
 def _write_videos(d: Path) -> None:
     """Synthetic TVG videos (2 train + 2 eval videos) and their tvg / mcq / gqa sample files."""
     from mmgrpo.vlm.data import Sample, write_jsonl
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
     for split in ("train", "eval"):  # grounded QA = the colour question + the event's span as evidence
@@ -113,7 +113,7 @@ def _write_video_r1(d: Path) -> None:
     question of each other problem type about the same event (numerical: the second it appears; OCR: its colour
     word; free-form: a short description; regression: how long it is visible)."""
     from mmgrpo.vlm.data import Sample, write_jsonl
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     res = generate(d, n_train=2, n_eval=2, seed=0, mcq=True)
     for split in ("train", "eval"):
@@ -160,7 +160,7 @@ def _write_images(d: Path) -> None:
 
 def _write_prompts(d: Path) -> None:
     """Mini-GenEval prompts (train + held-out), the tags the tiny SD3 was trained on."""
-    from data.synthetic_t2i import main as t2i_main
+    from mmgrpo.synthetic.t2i import main as t2i_main
 
     tags = json.loads((TINY_FLOW / "mmgrpo_demo.json").read_text()).get("tags") or []
     for split, name in (("train", "train.jsonl"), ("heldout", "heldout.jsonl")):
@@ -220,14 +220,16 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
         _note(f"data.task={cfg.data.task}: the tiny TVG model cannot answer it (every reward may be equal): "
               "run.allow_no_reward_signal=true")
         ov.append("run.allow_no_reward_signal=true")
-    if cfg.tgrpo.enabled and cfg.tgrpo.num_shuffled:
-        ov.append(f"tgrpo.num_shuffled={min(cfg.tgrpo.num_shuffled, g)}")
-    if cfg.selection.enabled:
-        ov.append(f"selection.num_inferences={min(cfg.selection.num_inferences, 2)}")
+    tg, sel = cfg.methods.t_grpo, cfg.methods.selection
+    if tg.enabled and tg.num_shuffled:
+        ov.append(f"methods.t_grpo.num_shuffled={min(tg.num_shuffled, g)}")
+    if sel.enabled:
+        ov.append(f"methods.selection.num_inferences={min(sel.num_inferences, 2)}")
         # the selection pass runs (K inferences, reward statistics) but keeps every sample: a tiny model's rewards
         # are often constant within a prompt, which the variance criteria reject, leaving nothing to train on
-        _note(f"selection.criterion={cfg.selection.criterion} -> gaussian keeping every sample")
-        ov += ["selection.criterion=gaussian", "selection.gaussian_keep_zero=true", "selection.num_keep=0"]
+        _note(f"methods.selection.criterion={sel.criterion} -> gaussian keeping every sample")
+        ov += ["methods.selection.criterion=gaussian", "methods.selection.gaussian_keep_zero=true",
+               "methods.selection.num_keep=0"]
     return ov
 
 

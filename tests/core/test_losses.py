@@ -1,4 +1,6 @@
-"""Golden tests for mmgrpo.core.losses: hand-worked numbers, autograd identities, torch.distributions KL."""
+"""Golden tests for mmgrpo.core.losses: hand-worked numbers, autograd identities, torch.distributions KL. The loss
+pieces are checked as the recipes compose them (the VLM default loss :func:`mmgrpo.vlm.methods.base.grpo_loss`,
+Reg-GRPO's :func:`mmgrpo.vlm.methods.reg_grpo.reg_loss`) and one by one."""
 import math
 
 import pytest
@@ -6,7 +8,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgrpo.core import aggregate_loss, kl_penalty, policy_loss
+from mmgrpo.core import aggregate_loss, kl_penalty
+from mmgrpo.core.losses import clipped_surrogate, log_ratio, ratio_metrics, reg_grpo_loss, sequence_log_ratio
+from mmgrpo.vlm.config import AlgoConfig
+from mmgrpo.vlm.methods.base import LossInputs, grpo_loss
+from mmgrpo.vlm.methods.reg_grpo import reg_loss
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, token_weights=None, ref_logp=None, group_ids=None, **algo):
+    """The recipes' policy loss of these tensors (local counts) with the ``algo.*`` settings ``algo``."""
+    li = LossInputs(logp, old_logp, advantages, mask, group_ids=group_ids, token_weights=token_weights,
+                    ref_logp=ref_logp, algo=AlgoConfig(**algo))
+    return reg_loss(li) if li.algo.loss_type == "reg" else grpo_loss(li)
 
 
 def _one(logratio, adv, **kw):
@@ -187,8 +200,8 @@ def test_reg_grpo_golden_and_gradient_finite():
     assert out0.loss.item() == pytest.approx((adv ** 2).mean().item())
     out0.loss.backward()
     assert torch.isfinite(lp0.grad).all()
-    with pytest.raises(ValueError):
-        policy_loss(lp, old, adv, m, loss_type="reg")
+    with pytest.raises(ValueError, match="group_ids"):
+        reg_grpo_loss(log_ratio(lp, old, m), adv, m, None)
 
 
 def test_masked_garbage_does_not_leak():
@@ -201,9 +214,22 @@ def test_masked_garbage_does_not_leak():
 
 def test_entropy_metric():
     logits = torch.zeros(1, 2, 4)
-    lp = torch.full((1, 2), -math.log(4))
-    out = policy_loss(lp, lp, torch.ones(1), torch.ones(1, 2, dtype=torch.bool), logits=logits)
-    assert out.metrics["entropy"] == pytest.approx(math.log(4), rel=1e-6)
+    m = ratio_metrics(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), logits=logits)
+    assert m["entropy"] == pytest.approx(math.log(4), rel=1e-6)
+
+
+def test_pieces_compose_to_the_default_loss():
+    """log_ratio -> (sequence_log_ratio) -> clipped_surrogate -> token mean is the default loss, term by term."""
+    g = torch.Generator().manual_seed(0)
+    lp, old = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    adv, m = torch.randn(3, generator=g, dtype=torch.float64), torch.rand(3, 4, generator=g) > 0.3
+    for level in ("token", "sequence"):
+        lr = log_ratio(lp, old, m)
+        used = sequence_log_ratio(lr, m) if level == "sequence" else lr
+        pg, clip_m = clipped_surrogate(used, adv, m, 0.2, 0.28)
+        want = aggregate_loss(torch.where(m, pg, torch.zeros_like(pg)), m, "token_mean")
+        out = policy_loss(lp, old, adv, m, clip_high=0.28, ratio_level=level)
+        assert out.loss.item() == want.item() and clip_m.items() <= out.metrics.items()
 
 
 small = st.floats(min_value=-30, max_value=30, allow_nan=False)

@@ -91,7 +91,7 @@ def test_query_position_before_puts_the_text_first_in_the_prompt():
 
     from mmgrpo.vlm.config import DataConfig
     from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     after = build_messages(TVG, "no_think")[1]["content"]
     before = build_messages(TVG, "no_think", query_position="before")[1]["content"]

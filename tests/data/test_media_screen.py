@@ -15,7 +15,7 @@ from mmgrpo.utils.media_check import MediaProblem, inspect_image, inspect_video
 from mmgrpo.vlm.config import DataConfig
 from mmgrpo.vlm.data import DataError
 from mmgrpo.vlm.data.media import MediaScreen, durations_disagree
-from mmgrpo.vlm.train.task import MissingMediaError, TaskAdapter, load_samples
+from mmgrpo.vlm.data.task import MissingMediaError, TaskAdapter, load_samples
 
 
 @pytest.fixture(scope="module")

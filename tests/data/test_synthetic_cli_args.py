@@ -5,7 +5,9 @@ t2v value checks ended in tracebacks."""
 import numpy as np
 import pytest
 
-from mmgrpo.synthetic import grounding, t2i, t2v, tvg
+from mmgrpo.synthetic import t2i, t2v
+from mmgrpo.vlm.synthetic import cli as tvg
+from mmgrpo.vlm.synthetic import grounding
 
 CASES = [
     (tvg.main, ["--version", "2", "--lanes", "0"], "argument --lanes: must be in [1, 4], got 0"),

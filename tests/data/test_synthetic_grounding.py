@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mmgrpo.vlm.data import load_jsonl
-from mmgrpo.synthetic import grounding as g
-from mmgrpo.synthetic.tvg import COLOURS
+from mmgrpo.vlm.synthetic import grounding as g
+from mmgrpo.vlm.synthetic.tvg import COLOURS
 
 
 def _specs(n, seed):
@@ -93,7 +93,7 @@ def test_ambiguous_query_is_refused():
 def test_generated_files_decode_and_match(tmp_path):
     import av
 
-    from mmgrpo.synthetic.tvg import main
+    from mmgrpo.vlm.synthetic.cli import main
 
     assert main([str(tmp_path), "--version", "2", "--n-train", "3", "--n-eval", "2", "--n-val", "1",
                  "--seed", "9"]) == 0

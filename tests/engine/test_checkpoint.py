@@ -1,4 +1,4 @@
-"""mmgrpo.engine.checkpoint pieces that need no process group: SkipHalt, per-process RNG states, the writer's
+"""mmgrpo.engine.checkpoint pieces that need no process group (and the guard's SkipHalt): per-process RNG states, the writer's
 folder protocol (sharded tensors staged, moved into the atomic folder), and the refusal of non-tensor DCP items."""
 import os
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from mmgrpo.engine.checkpoint import (SkipHalt, gather_rng, load_sharded, restore_rng, save_checkpoint,
-                                      save_sharded)
+from mmgrpo.engine.checkpoint import gather_rng, load_sharded, restore_rng, save_checkpoint, save_sharded
+from mmgrpo.engine.guard import SkipHalt
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 
@@ -22,12 +22,6 @@ def test_skip_halt_counts_in_a_row_halts_at_the_limit_and_round_trips():
     assert (r.consecutive, r.last_cause, r.halt_due) == (3, "b", True)
     never = SkipHalt(0)  # the VLM trainer's run.max_consecutive_skips=0
     assert not never.skipped("x", n=100) and not never.halt_due
-    # checkpoints written before SkipHalt: the VLM trainer entry's key, the flow trainer's counter
-    old = SkipHalt(5)
-    old.load_state_dict({"counters": {"consecutive_skips": 2}})
-    assert old.consecutive == 2 and old.last_cause is None
-    old.load_state_dict({"consecutive_skips": 4})
-    assert old.consecutive == 4
 
 
 def test_rng_states_are_per_process_and_restored_only_on_the_same_process_count():

@@ -25,17 +25,6 @@ def test_identities_without_a_process_group():
         D.all_reduce([1.0], "mean")
 
 
-def test_old_names_are_the_engine_functions():
-    import flow_grpo.distributed as fd
-    import mmgrpo.core as core
-    import mmgrpo.vlm.train.distributed as td
-
-    assert core.global_sum is D.global_sum and core.world_info is D.world_info and td.global_max is D.global_max
-    assert fd._all_gather_object is D.all_gather_object and fd._broadcast_object is D.broadcast_object
-    assert fd._barrier is D.barrier and fd._gather_rows is D.gather_rows and fd._dist is D.process_group
-    assert fd._reduce([1.0, 2.0], "sum", "cpu") == [1.0, 2.0]
-
-
 def _worker(rank: int, init: str, out: str) -> None:
     import torch.distributed as dist
 

@@ -1,5 +1,5 @@
-"""One exception family (mmgrpo.engine.errors): the old import paths name the same classes, ``TrainingHalted`` is
-``TrainingStopped``, each class keeps its old base, and both CLIs turn each into its exit code."""
+"""One exception family (mmgrpo.engine.errors): each class derives from the builtin its meaning fits, and both CLIs
+turn each into its exit code."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,19 +8,6 @@ import pytest
 
 from mmgrpo.engine import errors as E
 from mmgrpo.utils import exit_codes
-
-
-def test_old_import_paths_name_the_same_classes():
-    import flow_grpo.trainer as ft
-    import mmgrpo.vlm.train.faults as faults
-    import mmgrpo.utils.runlock as runlock
-    import mmgrpo.utils.signals as signals
-
-    assert faults.TrainingStopped is E.TrainingStopped and faults.NothingTrained is E.NothingTrained
-    assert faults.RewardCallFailed is E.RewardCallFailed is ft.RewardCallFailed  # one class, not two
-    assert ft.TrainingHalted is E.TrainingHalted is E.TrainingStopped  # the flow trainer's old name
-    assert ft.RewardTimeout is E.RewardTimeout and ft.NothingTrained is E.NothingTrained
-    assert signals.TrainingInterrupted is E.TrainingInterrupted and runlock.OutputDirLocked is E.OutputDirLocked
 
 
 def test_bases_are_kept_and_shared():
@@ -34,12 +21,12 @@ def test_training_stopped_messages():
     e = E.TrainingStopped("bad reward", "/o/step-3")  # VLM form: the resume hint is appended
     assert str(e) == "bad reward; checkpoint written: /o/step-3 (resume with run.resume_from=auto)"
     assert e.reason == "bad reward" and e.checkpoint == "/o/step-3"
-    e = E.TrainingHalted("halted; continue with run.resume_from=/o/halted", "/o/halted", resume_hint=False)  # flow
+    e = E.TrainingStopped("halted; continue with run.resume_from=/o/halted", "/o/halted", resume_hint=False)  # flow
     assert str(e) == "halted; continue with run.resume_from=/o/halted" and e.checkpoint == "/o/halted"
     assert str(E.TrainingStopped("why")) == "why"
 
 
-CASES = [(E.TrainingStopped("s", "/c"), exit_codes.STOPPED), (E.TrainingHalted("h"), exit_codes.STOPPED),
+CASES = [(E.TrainingStopped("s", "/c"), exit_codes.STOPPED), (E.TrainingStopped("h", resume_hint=False), exit_codes.STOPPED),
          (E.NothingTrained("n"), exit_codes.NOTHING_TRAINED), (E.OutputDirLocked("l"), exit_codes.LOCKED),
          (E.TrainingInterrupted("SIGTERM", "step 2", "/c"), exit_codes.INTERRUPTED)]
 

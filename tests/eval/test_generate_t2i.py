@@ -1,7 +1,7 @@
 """eval/generate_t2i.py end to end on CPU: a tiny SD3 pipeline saved to a folder and loaded through the CLI path.
 
 Reward values in images.jsonl are re-derived from the saved PNGs with independent code (brightness = mean/255,
-Mini-GenEval with data.synthetic_t2i.verify), aggregates with numpy; resume gives byte-identical rows.
+Mini-GenEval with mmgrpo.synthetic.t2i.verify), aggregates with numpy; resume gives byte-identical rows.
 """
 import json
 import sys
@@ -23,7 +23,7 @@ FAST = ["num_steps=3", "height=64", "width=64", "progress=false", "rewards=[mini
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from data.synthetic_t2i import make_prompts
+    from mmgrpo.synthetic.t2i import make_prompts
     from flow_grpo.models import load_adapter
     from flow_grpo.models.tiny import save_tiny_pipeline
 
@@ -53,7 +53,7 @@ def _rows(d):
 
 
 def test_generate_score_and_resume(env, capsys):
-    from data.synthetic_t2i import verify
+    from mmgrpo.synthetic.t2i import verify
     from PIL import Image
 
     from mmgrpo.utils.seeding import sample_seed

@@ -60,7 +60,7 @@ def _craft(src: str, dst: Path) -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
     from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("gen_vlm")
@@ -166,7 +166,7 @@ def test_interrupted_run_resumes_to_identical_file(env):
     from mmgrpo.vlm.config import DataConfig
     from mmgrpo.vlm.models.adapters import load_policy
     from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
-    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.data.task import TaskAdapter, load_samples
 
     pol = load_policy(env["tiny"], dtype="float32")
     ta = TaskAdapter(pol.processor, pol.adapter, DataConfig(task="tvg", prompt_mode="no_think", video_min_pixels=3136,
@@ -390,7 +390,7 @@ def test_batched_greedy_equals_batch_size_one(env):
 
 def test_clip_cache_gives_the_same_inputs_and_decodes_each_video_once(env):
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.train.task import TaskAdapter, load_samples
+    from mmgrpo.vlm.data.task import TaskAdapter, load_samples
 
     cfg = _cfg(f"model={env['tiny']}", f"data.annotations={env['ann']}", "out_dir=unused")
     pol = load_policy(env["tiny"], dtype="float32")
@@ -478,3 +478,30 @@ def test_export_files_are_written_after_scoring(env, tmp_path, capsys):
                 f"data.annotations={env['ann']}", f"out_dir={bad}", "export=[nextgqa]") == 1
     assert "is for task 'gqa', not 'tvg'" in capsys.readouterr().err
     assert not (bad / "predictions.jsonl").exists()
+
+
+def test_vsibench_config_runs_a_mixed_letters_and_numbers_file(env, tmp_path):
+    """eval/configs/vsibench.yaml on a VSI-Bench-shaped file (multiple choice + numerical qa samples in one file):
+    the crafted model answers "2 to 7" everywhere; the release reads its first word "2"."""
+    video = str(Path(env["ann"]).parent / env["anns"][0]["video"])
+    rows = [{"id": "m1", "task": "mcq", "query": "Is the lamp to my left or right?", "video": video,
+             "options": ["left", "right"], "answer": "A", "meta": {"question_type": "object_rel_distance"}},
+            {"id": "n1", "task": "qa", "query": "How many chairs?", "video": video, "answer": "2",
+             "meta": {"problem_type": "numerical", "question_type": "object_counting"}},
+            {"id": "n2", "task": "qa", "query": "How far apart (m)?", "video": video, "answer": "2.5",
+             "meta": {"problem_type": "numerical", "question_type": "object_abs_distance"}}]
+    ann = tmp_path / "vsi.jsonl"
+    ann.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    rc = _run("--config", str(ROOT / "eval/configs/vsibench.yaml"), f"model={env['crafted']}",
+              f"data.annotations={ann}", f"out_dir={out}", "data.min_frames=4",
+              "data.max_frames=4")
+    assert rc == 0
+    m = json.loads((out / "metrics.json").read_text())
+    b = m["benchmark"]
+    assert b["name"] == "vsibench" and b["n"] == 3
+    assert b["object_counting_MRA:.5:.95:.05"] == 100.0  # "2" vs 2
+    # |2 - 2.5| / 2.5 = 0.2: θ = 0.50 .. 0.75 (at 0.8, 1 - 0.8 < 0.2 in floating point, as the release computes)
+    assert b["object_abs_distance_MRA:.5:.95:.05"] == pytest.approx(60.0)
+    assert b["object_rel_distance_accuracy"] == 0.0 and b["overall"] is None  # 3 of the 8 types
+    assert m["n"] == 3 and m["n_numeric"] == 2

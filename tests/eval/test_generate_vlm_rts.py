@@ -94,7 +94,7 @@ def test_loop_without_agreement_ends_at_the_cap():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
     from mmgrpo.vlm.models.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("rts")

@@ -189,4 +189,13 @@ def test_every_benchmark_config_loads():
         if c.data.task != "rec":  # the training video contract: fps 2 and the 3584*28*28 budget
             assert c.data.video_fps == 2.0 and c.data.video_total_pixels == 3584 * 28 * 28
     assert tasks == {"activitynet_captions": "tvg", "charades_sta": "tvg", "mvbench": "mcq", "nextgqa": "gqa",
-                     "refcoco": "rec", "synthetic_tvg": "tvg"}
+                     "refcoco": "rec", "synthetic_tvg": "tvg", "vsibench": "mcq", "qvhighlights": "tvg",
+                     "seed_bench_r1": "mcq", "longvideobench": "mcq", "mmvu_mc": "mcq",
+                     "clevrer_mc": "mcq"}
+    from eval.benchmarks import check_benchmark
+
+    for f in sorted((ROOT / "eval" / "configs").glob("*.yaml")):
+        if f.stem != "mini_geneval":
+            c = load_config(EvalVLMConfig, f)
+            if c.score.benchmark:  # the benchmark scorer applies to the config's task
+                check_benchmark(c.score.benchmark, c.data.task)

@@ -43,7 +43,7 @@ def main() -> None:
 def gather_check(rank: int) -> dict:
     """gather_groups with tensors that differ in more than dim 0: a ValueError on both processes (gloo would abort
     the process), after which the process group still works."""
-    from mmgrpo.core import gather_groups
+    from mmgrpo.engine.dist import gather_groups
 
     out = {}
     try:

@@ -22,6 +22,7 @@ _spec = importlib.util.spec_from_file_location("flow_conftest", HERE / "conftest
 conf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(conf)
 
+from flow_grpo import checkpointing  # noqa: E402
 from flow_grpo.config import load_train_config  # noqa: E402
 from flow_grpo.trainer import FlowGRPOTrainer  # noqa: E402
 
@@ -57,23 +58,25 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
         return {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone() for n, p in tr.named_params}
 
     torch.save(local_weights(), dumps / f"{case}_init_r{rank}.pt")
-    orig = tr.train_epoch
+    import flow_grpo.trainer as T
 
-    def epoch_and_dump():
-        m = orig()
-        torch.save(local_weights(), dumps / f"{case}_e{tr.epoch}_r{rank}.pt")
-        torch.save({"rewards": tr._last_traj.rewards, "gids": tr._last_traj.group_ids},
-                   dumps / f"{case}_traj_e{tr.epoch}_r{rank}.pt")
-        return m
+    orig = T.epoch_metrics
 
-    tr.train_epoch = epoch_and_dump
+    def metrics_and_dump(run, traj, *a, **k):  # after the epoch's updates: its weights and rollout
+        torch.save(local_weights(), dumps / f"{case}_e{run.state.epoch}_r{rank}.pt")
+        torch.save({"rewards": traj.rewards, "gids": traj.group_ids},
+                   dumps / f"{case}_traj_e{run.state.epoch}_r{rank}.pt")
+        return orig(run, traj, *a, **k)
+
+    T.epoch_metrics = metrics_and_dump
     hist = tr.train()
+    T.epoch_metrics = orig
     res = {"world": tr.world, "sharded": tr.sharded, "history": hist, "type": type(tr.model).__name__}
     if case == "fsdp":  # resume the same trainer from the epoch-1 checkpoint and redo epoch 2 (sharded state)
         final = local_weights()
         ema = [s.clone() for s in tr.ema.shadow]
         tr.cfg.run.resume_from = str(out / case / "checkpoints" / "epoch-00000001")
-        tr.train_epoch = orig
+        checkpointing.resume(tr)  # train() resumes once per trainer; this one continues from the older checkpoint
         tr.train(num_epochs=1)
         res["resume_equal"] = all(torch.equal(final[n], w) for n, w in local_weights().items())
         res["resume_ema_equal"] = all(torch.equal(a, b) for a, b in zip(ema, tr.ema.shadow))

@@ -13,7 +13,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "golden_presets.json"
 
 # (case name, preset, extra overrides); win_rate and per_reward are reward modes on top of a preset
 CASES = [
-    ("flow", "flow", {"optim.beta": 0.01}),
+    ("flow", "flow", {"optim.kl_coef": 0.01}),
     ("dance", "dance", {}),
     ("fast", "fast", {}),
     ("mix", "mix", {"sample.window_shift_every": 1}),
@@ -62,19 +62,22 @@ def run_case(name: str, preset: str, extra: dict, out) -> dict:
         return backward(loss, **kw)
 
     tr.accelerator.backward = record
+    import flow_grpo.trainer as T
+
+    metrics_of = T.epoch_metrics
+
+    def epoch_metrics(*a, **k):  # once per epoch, after its updates: the epoch's loss sum joins its metrics
+        m = metrics_of(*a, **k)
+        m["train/loss_sum"] = sum(losses)
+        losses.clear()
+        return m
+
+    T.epoch_metrics = epoch_metrics
     try:
-        epoch = tr.train_epoch
-
-        def train_epoch():
-            m = epoch()
-            m["train/loss_sum"] = sum(losses)
-            losses.clear()
-            return m
-
-        tr.train_epoch = train_epoch
         hist = tr.train()
         return {"epochs": [_recorded(h) for h in hist], "lora": lora_checksum(tr.named_params, before)}
     finally:
+        T.epoch_metrics = metrics_of
         tr.close()
 
 

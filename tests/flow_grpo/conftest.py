@@ -65,6 +65,53 @@ def tiny_ode(ad, emb, seeds, gs, cfg, steps, height, width):
     return x
 
 
+def check_folder_roundtrip(roundtrip, tmp_path, kind, height, width, atol, perturb, gs, cfg,
+                           parts=("transformer", "vae", "text_encoder"), seed=5, **adapter_kwargs):
+    """``save_tiny_pipeline`` -> ``load_adapter`` (the path a full-size folder takes) against the in-memory tiny of the
+    same seed: weights bitwise, a 3-step ODE within ``atol``, decoded media within one level; then ``perturb(adapter)``
+    (a small weight change) must move the latents past ``atol`` (the tolerance catches a real bug). ``roundtrip``:
+    the fixture of that name. Returns the measured distance."""
+    from flow_grpo.models import load_adapter
+    from flow_grpo.models.tiny import save_tiny_pipeline
+
+    save_tiny_pipeline(str(tmp_path), kind=kind, seed=seed)
+    ad = load_adapter(str(tmp_path), **adapter_kwargs)
+    ref = tiny_adapter(kind, seed, **adapter_kwargs)
+    assert ad.kind == ref.kind and type(ad.pipe) is type(ref.pipe)
+    for part in parts:
+        roundtrip.same_weights(getattr(ad.pipe, part), getattr(ref.pipe, part))
+    x = tiny_ode(ad, ad.encode_prompts(["a cat"]), [1], gs, cfg, 3, height, width)
+    x_ref = tiny_ode(ref, ref.encode_prompts(["a cat"]), [1], gs, cfg, 3, height, width)
+    roundtrip.close(x, x_ref, atol=atol)
+    roundtrip.images_close(ad.decode(x, height, width), ref.decode(x_ref, height, width))
+    with torch.no_grad():
+        perturb(ad)
+    with pytest.raises(AssertionError, match="not close"):
+        roundtrip.close(tiny_ode(ad, ad.encode_prompts(["a cat"]), [1], gs, cfg, 3, height, width), x_ref, atol=atol)
+    return float((x - x_ref).abs().max())
+
+
+def check_lora_reference(kind, height, width, gs, cfg, **adapter_kwargs):
+    """With a non-zero LoRA, ``reference()`` gives the base model's velocity bit for bit, the LoRA another one."""
+    base, ad = tiny_adapter(kind, 0, **adapter_kwargs), tiny_adapter(kind, 0, **adapter_kwargs)
+    torch.manual_seed(1)
+    ad.add_lora(rank=4, alpha=8)
+    with torch.no_grad():
+        for n, p in ad.transformer.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    for a in (ad, base):
+        a.set_resolution(height, width)
+    x = ad.initial_noise([1, 2], height, width)
+    with torch.no_grad():
+        v_lora = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"]), gs, cfg)
+        with ad.reference():
+            v_ref = ad.predict_velocity(x, 0.5, ad.encode_prompts(["a", "b"]), gs, cfg)
+        v_base = base.predict_velocity(x, 0.5, base.encode_prompts(["a", "b"]), gs, cfg)
+    assert torch.equal(v_ref, v_base) and not torch.allclose(v_lora, v_base)
+    return ad
+
+
 def as_uint8(np_media):
     """A pipeline's ``output_type="np"`` floats in [0, 1] as the uint8 the adapters' ``decode`` returns."""
     return torch.from_numpy((np_media * 255).round()).to(torch.uint8)
@@ -144,7 +191,7 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
 # in one process; 2 groups of 2 per epoch = 1 group per process, so per-group plans (fast, g2rpo, tp_grpo, vgpo) and
 # per-sample plans (dance) give the processes different trained steps in most epochs (issue 31, item 3).
 PRESET_EPOCHS = 6
-PRESET_CASES = [  # (name, preset, extra overrides): every entry of METHOD_PRESETS that runs on several processes
+PRESET_CASES = [  # (name, preset, extra overrides): every preset (flow_grpo/presets/*.yaml) that runs on several processes
     ("flow", "flow", {}),
     ("dance", "dance", {}),
     ("fast", "fast", {}),
@@ -155,8 +202,8 @@ PRESET_CASES = [  # (name, preset, extra overrides): every entry of METHOD_PRESE
     ("vgpo", "vgpo", {}),
     ("nft", "nft", {}),
     # 4 leaves per tree (splits at steps 0 and 1): one tree per process; width pruning gathers (N, K) cells
-    ("branch_grpo", "branch_grpo", {"data.group_size": 4, "sample.tree_split_points": "[0,1]",
-                                    "sample.tree_width_pruning": 1}),
+    ("branch_grpo", "branch_grpo", {"data.group_size": 4, "methods.branch_grpo.split_points": "[0,1]",
+                                    "methods.branch_grpo.width_pruning": 1}),
     ("b2", "b2", {}),
 ]
 NOT_MULTI_PROCESS = {"adv_grpo"}  # refuses more than one process (its reward model is updated from local images)

@@ -9,6 +9,8 @@ embeddings, so the same kernels run on the same inputs; CPU kernels are determin
 different attention kernel for the no-grad rollout forward and the grad forward would break exactness; its
 deviation is then of the order of the bf16 rounding of the velocity, measured in ``test_bf16_velocity_floor``.
 """
+from flow_grpo import checkpointing
+from flow_grpo import steps
 import math
 
 import pytest
@@ -31,23 +33,32 @@ def _bf16_adapter(kind):
 
 
 class _Recorder:
-    """Wraps ``mmgrpo.core.policy_loss`` (the trainer imports it per call) to record dtypes, ratios and losses."""
+    """Wraps the loss pieces of the recipe's column loss (``flow_grpo.steps.column_loss`` imports them from
+    ``mmgrpo.core.losses`` per call) to record dtypes, ratios and losses of each micro-batch."""
 
     def __init__(self, monkeypatch):
-        import mmgrpo.core
+        import mmgrpo.core.losses as L
 
         self.calls = []
-        real = mmgrpo.core.policy_loss
+        real_lr, real_sur, real_agg = L.log_ratio, L.clipped_surrogate, L.aggregate_loss
 
-        def rec(logp, old_logp, advantages, mask, **kw):
-            out = real(logp, old_logp, advantages, mask, **kw)
-            m = mask.bool()
-            self.calls.append({"logp": logp.dtype, "old": old_logp.dtype, "adv": advantages.dtype,
-                               "loss": out.loss.dtype, "loss_value": float(out.loss.detach()),
-                               "log_ratio": (logp.detach() - old_logp)[m]})
+        def log_ratio(logp, old_logp, mask, *a, **kw):
+            out = real_lr(logp, old_logp, mask, *a, **kw)
+            self.calls.append({"logp": logp.dtype, "old": old_logp.dtype, "log_ratio": out.detach()[mask.bool()]})
             return out
 
-        monkeypatch.setattr(mmgrpo.core, "policy_loss", rec)
+        def clipped_surrogate(lr, advantages, *a, **kw):
+            self.calls[-1]["adv"] = advantages.dtype
+            return real_sur(lr, advantages, *a, **kw)
+
+        def aggregate_loss(*a, **kw):
+            out = real_agg(*a, **kw)
+            self.calls[-1].update(loss=out.dtype, loss_value=float(out.detach()))
+            return out
+
+        monkeypatch.setattr(L, "log_ratio", log_ratio)
+        monkeypatch.setattr(L, "clipped_surrogate", clipped_surrogate)
+        monkeypatch.setattr(L, "aggregate_loss", aggregate_loss)
 
 
 def _trainer(kind, method, out, **extra):
@@ -77,9 +88,9 @@ def test_bf16_lora_steps(kind, method, extra, tmp_path, monkeypatch):
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
     assert len(changed) > len(before) // 2
     # log-probs, advantages and the loss are fp32 and finite
-    traj = tr._last_traj
+    traj = tr.state.last_traj
     assert traj.log_probs.dtype == torch.float32 and traj.latents.dtype == torch.float32
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     assert adv.dtype == torch.float32
     assert rec.calls and all(c["logp"] == c["old"] == c["adv"] == c["loss"] == torch.float32 for c in rec.calls)
     assert all(math.isfinite(c["loss_value"]) for c in rec.calls)
@@ -112,7 +123,7 @@ def test_bf16_full_finetune_fp32_masters_and_checkpoint(tmp_path, monkeypatch):
     # resume (a new trainer on the same output dir) restores the bf16 weights and the fp32 masters bit for bit
     tr.close()
     tr2 = _trainer("flux", "fast", tmp_path, **{**extra, "run.resume_from": "auto"})
-    assert tr2.maybe_resume() is not None
+    assert checkpointing.resume(tr2) is not None
     opt2 = tr2.optimizer.optimizer
     for (n, p), p2 in zip(tr.named_params, [p for _, p in tr2.named_params]):
         assert p2.dtype == BF16 and torch.equal(p.detach(), p2.detach()), n

@@ -1,6 +1,7 @@
 """``flow_grpo check`` (issue #33 item 6): the tokens it prints are the ids the text encoders receive (hooked on the
 trainer's adapter), truncation at the configured length, the sigma schedule of the trainer's adapter from a folder
 read without weights, and the epoch-0 step plan the trainer's own rollout uses."""
+from flow_grpo import steps
 import json
 
 import pytest
@@ -82,7 +83,7 @@ def test_first_epoch_plan_is_the_trainers_rollout_plan(tmp_path):
         assert smp["sde"] == smp["trained"] and len(smp["sde"]) == 3 and 0 <= smp["sde"][0] <= 2
         assert smp["sde"] == list(range(smp["sde"][0], smp["sde"][0] + 3))
     tr = FlowGRPOTrainer(cfg, reward_fn={"b": lambda images, prompts, metadata: torch.zeros(len(prompts))})
-    traj, _ = tr._rollout(0)
+    traj, _ = steps.rollout(tr, 0)
     for i in range(6):
         g = groups[i // 3]
         assert traj.prompts[i] == g["prompt"]

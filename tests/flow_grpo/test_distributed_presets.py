@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from flow_grpo.config import METHOD_PRESETS
+from flow_grpo.config import preset_names
 
 from .conftest import NOT_MULTI_PROCESS, PRESET_CASES, PRESET_EPOCHS, run_preset_case, start_dist_job
 
@@ -48,7 +48,7 @@ def _compare(name, e, got: dict, want: dict) -> list:
 
 
 def test_the_cases_cover_every_preset():
-    assert {c[1] for c in PRESET_CASES} == set(METHOD_PRESETS) - NOT_MULTI_PROCESS
+    assert {c[1] for c in PRESET_CASES} == set(preset_names()) - NOT_MULTI_PROCESS
 
 
 @pytest.mark.timeout(600)

@@ -24,7 +24,7 @@ def test_short_run_exports_trained_weights_not_the_unupdated_ema(tmp_path, caplo
     with caplog.at_level("INFO", logger="flow_grpo.trainer"):
         tr.train()
     tr.close()
-    assert tr.counters["applied_steps"] >= 1 and tr.ema.num_updates == 0
+    assert tr.state.counters["applied_steps"] >= 1 and tr.ema.num_updates == 0
     final = tmp_path / "lora_final"
     sd = _lora_file(final)
     b = [v for k, v in sd.items() if "lora_B" in k]

@@ -160,14 +160,13 @@ def test_text_length_defaults_to_the_release(kind):
     """Unset max_sequence_length = the pipeline's own __call__ default (FLUX.1 512, SD3 256 T5 tokens after the
     77 CLIP tokens): the trainer's config default no longer forces 256 on FLUX (issue #23 item 11)."""
     import inspect
-    from types import SimpleNamespace
 
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
+    from flow_grpo import build as recipe_build
     from flow_grpo.config import load_train_config
     from flow_grpo.models import adapter_from_pipeline
     from flow_grpo.models.tiny import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
-    from flow_grpo.trainer import FlowGRPOTrainer
 
     pipe_cls, build = {"sd3": (StableDiffusion3Pipeline, build_tiny_sd3_pipeline),
                        "flux": (FluxPipeline, build_tiny_flux_pipeline)}[kind]
@@ -176,7 +175,7 @@ def test_text_length_defaults_to_the_release(kind):
 
     def built(*overrides):
         cfg = load_train_config(None, [f"model.tiny={kind}", *overrides])
-        return FlowGRPOTrainer._build_adapter(SimpleNamespace(cfg=cfg, accelerator=SimpleNamespace(device="cpu")))
+        return recipe_build.load_adapter(cfg, "cpu")
 
     ad = built()
     assert ad.max_sequence_length == release

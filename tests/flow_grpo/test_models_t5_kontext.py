@@ -213,7 +213,7 @@ def test_kontext_reference_size_follows_the_pipeline():
 
 def test_kontext_reference_table_from_jsonl_metadata(tmp_path):
     """The prompt-file format: JSONL lines with ``image`` (relative to the file); errors name the file/prompt."""
-    from flow_grpo.trainer import load_prompts
+    from flow_grpo.data import load_prompts
 
     (tmp_path / "img").mkdir()
     _image(32, 48, 1).save(tmp_path / "img" / "a.png")

@@ -163,5 +163,5 @@ def test_wan_i2v_trains_from_a_jsonl_prompt_file_with_first_frames(tmp_path):
     assert tr.adapter.kind == "wan_i2v" and tr.adapter.reference_images["it jumps"] == str(tmp_path / "b.png")
     before = {n: p.detach().clone() for n, p in tr.named_params}
     m = tr.train()[-1]
-    assert m["train/ratio_mean"] == 1.0 and tr._last_traj.images.shape == (4, FRAMES, H, W, 3)
+    assert m["train/ratio_mean"] == 1.0 and tr.state.last_traj.images.shape == (4, FRAMES, H, W, 3)
     assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)

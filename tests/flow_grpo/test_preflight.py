@@ -13,10 +13,10 @@ from .conftest import train_overrides
 def no_load(monkeypatch):
     import flow_grpo.build as build
 
-    def boom(self):
+    def boom(*a, **k):
         raise AssertionError("the pipeline was loaded before the settings were checked")
 
-    monkeypatch.setattr(build.SetupMixin, "_build_adapter", boom)
+    monkeypatch.setattr(build, "load_adapter", boom)
 
 
 @pytest.mark.parametrize("weights, kwargs, msg", [
@@ -62,22 +62,23 @@ def test_run_device_is_the_one_device_setting(tmp_path):
         load_train_config(None, ["run.device=gpu"])
 
 
-def test_sigterm_while_sampling_stops_at_the_next_chunk_and_checkpoints(tmp_path):
+def test_sigterm_while_sampling_stops_at_the_next_chunk_and_checkpoints(tmp_path, monkeypatch):
     """A long rollout no longer has to finish before a signal is seen (issue 32 item 7): sampling stops after the
     chunk in progress, the epoch is discarded and a checkpoint written."""
     import os
     import signal
 
+    from flow_grpo import steps
     from mmgrpo.engine.errors import TrainingInterrupted
 
     from .conftest import make_trainer
 
     tr = make_trainer("flux", "fast", tmp_path, **{"sample.batch_size": 1, "run.num_epochs": 2})  # 4 chunks
     calls = []
-    hook = tr._sampling_progress
+    hook = steps.sampling_progress
 
-    def progress():
-        inner = hook()
+    def progress(run):
+        inner = hook(run)
 
         def on_chunk(done, total):
             calls.append((done, total))
@@ -86,9 +87,9 @@ def test_sigterm_while_sampling_stops_at_the_next_chunk_and_checkpoints(tmp_path
             return inner(done, total)
         return on_chunk
 
-    tr._sampling_progress = progress
+    monkeypatch.setattr(steps, "sampling_progress", progress)
     with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped at epoch 0 \\(its samples were discarded"):
         tr.train()
     tr.close()
-    assert calls == [(1, 4)] and tr.epoch == 0
+    assert calls == [(1, 4)] and tr.state.epoch == 0
     assert list((tmp_path / "checkpoints").glob("epoch-*"))

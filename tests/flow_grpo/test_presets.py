@@ -1,6 +1,7 @@
 """Each flow preset reproduces its release (issue #23, items 1-3). Expected values are derived by hand from the
 releases' code (read for facts only): advantage statistics, MixGRPO's sliding window, DanceGRPO's step subsets,
 shared initial noise and last step."""
+from flow_grpo import steps
 import math
 import re
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from flow_grpo.config import SamplingConfig, load_train_config
-from flow_grpo.sampler import fraction_train_count, make_step_plan, sample_trajectories, sliding_window
+from flow_grpo.methods.plans import fraction_train_count, make_step_plan, sliding_window
+from flow_grpo.sampler import sample_trajectories
 from flow_grpo.sde import sde_step
 
 from .conftest import block_reward, make_trainer
@@ -22,7 +24,7 @@ TORCH_STD_ADV = [-0.5 / (2 ** -0.5 + 1e-8), 0.5 / (2 ** -0.5 + 1e-8), -1 / (2 **
 
 
 def _traj(tr):
-    prompts, meta, gids, xs, ns, ps = tr._epoch_samples(0)
+    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
     assert gids == [0, 0, 1, 1]
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)
 
@@ -44,7 +46,7 @@ def test_outcome_advantages_follow_the_release(method, expected, tmp_path):
     tr = make_trainer("sd3", method, tmp_path, **{"sample.cfg": "false", "sample.window_range": "[0,-2]"})
     traj = _traj(tr)
     traj.rewards["total"] = torch.tensor(R)
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     got = _trained_values(adv, traj)
     for i in range(4):
         assert got[i].tolist() == pytest.approx([expected[i]] * got.shape[1], abs=1e-6)
@@ -55,7 +57,7 @@ def test_g2rpo_sums_torch_std_advantages_over_granularities(tmp_path):
     tr = make_trainer("sd3", "g2rpo", tmp_path, **{"sample.cfg": "false"})
     traj = _traj(tr)
     traj.step_rewards = torch.tensor([R, R]).t()  # the same rewards at both granularities
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     assert _trained_values(adv, traj)[:, 0].tolist() == pytest.approx([2 * a for a in TORCH_STD_ADV], abs=1e-6)
 
 
@@ -67,7 +69,7 @@ def test_tp_grpo_step_advantages_use_the_population_std(tmp_path):
     traj = _traj(tr)
     assert traj.step_rewards.shape == (4, 3)
     traj.step_rewards = torch.tensor([[0.0, 0.0, r] for r in R])
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     got = _trained_values(adv, traj)
     assert got[:, 0].tolist() == [0.0] * 4
     assert got[:, 1].tolist() == pytest.approx([-0.5 / 0.5001, 0.5 / 0.5001, -1 / 1.0001, 1 / 1.0001], abs=1e-6)
@@ -196,15 +198,14 @@ def test_sliding_window_moves_per_sampling_iteration_not_per_optimizer_step(tmp_
     window 1 -> epochs 0, 1, 2, 3 train steps [0], [1], [] (nothing trained, no crash), [0]."""
     tr = make_trainer("sd3", "mix", tmp_path, **{
         "sample.cfg": "false", "sample.window_size": 1, "sample.window_range": "[0,-2]",
-        "sample.window_shift_every": 1, "sample.batch_size": 1, "optim.updates_per_epoch": 2})
+        "sample.window_shift_every": 1, "sample.batch_size": 1, "optim.updates_per_epoch": 2, "run.num_epochs": 4})
     seen = []
     for epoch in range(4):
-        tr.epoch = epoch
-        tr.train_epoch()
-        t = tr._last_traj
+        tr.train(num_epochs=1)
+        t = tr.state.last_traj
         seen.append(sorted({int(t.step_indices[j]) for j in range(t.train_mask.shape[1]) if t.train_mask[:, j].any()}))
     assert seen == [[0], [1], [], [0]]
-    assert tr.global_step == 6  # 2 optimizer steps in each epoch that trained (the empty epoch has none)
+    assert tr.state.global_step == 6  # 2 optimizer steps in each epoch that trained (the empty epoch has none)
 
 
 def test_step_credit_refuses_an_empty_window():
@@ -235,7 +236,7 @@ def test_dance_preset_draws_a_subset_per_sample_and_shares_x_T_per_group(tmp_pat
     tr = make_trainer("sd3", "dance", tmp_path, **{"sample.cfg": "false", "sample.num_steps": 16,
                                                   "data.group_size": 4})
     assert tr.cfg.sample.plan_per_sample and tr.cfg.sample.same_noise_per_group
-    prompts, meta, gids, xs, ns, ps = tr._epoch_samples(0)
+    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
     assert gids == [0, 0, 0, 0, 1, 1, 1, 1]
     plan = make_step_plan(tr.cfg.sample, ps)
     assert (plan.train_mask.sum(1) == 9).all()  # int(15 * 0.6)

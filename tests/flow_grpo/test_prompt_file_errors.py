@@ -1,7 +1,7 @@
 """A prompt file that is not UTF-8 is refused with its path and line, not a bare UnicodeDecodeError (issue 14)."""
 import pytest
 
-from flow_grpo.trainer import load_prompts
+from flow_grpo.data import load_prompts
 
 
 @pytest.mark.parametrize("name", ["p.txt", "p.jsonl"])

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from flow_grpo.cli import main
-from mmgrpo.vlm.train.faults import NothingTrained
+from mmgrpo.engine.errors import NothingTrained, TrainingStopped
 from mmgrpo.utils.export import EXPORT_MANIFEST, export_problem
 
 from .conftest import make_trainer, train_overrides
@@ -81,14 +81,13 @@ def test_no_valid_reward_feeds_max_consecutive_skips_and_nothing_is_exported(tmp
     tr = make_trainer("flux", "fast", tmp_path, rewards={"block": failing}, **{"run.num_epochs": 3})
     with pytest.raises(NothingTrained, match="3 skipped"):
         tr.train()
-    assert tr.counters["applied_steps"] == 0 and not (tmp_path / "lora_final").exists()
+    assert tr.state.counters["applied_steps"] == 0 and not (tmp_path / "lora_final").exists()
     tr.close()
 
-    from flow_grpo.trainer import TrainingHalted
 
     tr = make_trainer("flux", "fast", tmp_path / "k", rewards={"block": failing},
                       **{"run.num_epochs": 5, "optim.max_consecutive_skips": 2})
-    with pytest.raises(TrainingHalted, match="2 consecutive skipped optimizer steps \\(none of the run's optimizer "
+    with pytest.raises(TrainingStopped, match="2 consecutive skipped optimizer steps \\(none of the run's optimizer "
                                              "steps was applied\\) \\(last cause: no valid reward"):
         tr.train()
     tr.close()
@@ -100,7 +99,7 @@ def test_final_export_is_atomic_and_repaired_by_resume(tmp_path, damage):
     tr.train()
     tr.close()
     final = tmp_path / "lora_final"
-    assert export_problem(final, {"epoch": 1, "global_step": tr.global_step}) is None
+    assert export_problem(final, {"epoch": 1, "global_step": tr.state.global_step}) is None
     weights = next(p for p in final.iterdir() if p.suffix == ".safetensors")
     good = weights.read_bytes()
     want = {k: v.clone() for k, v in load_file(weights).items()}  # (load_file maps the file)
@@ -115,9 +114,9 @@ def test_final_export_is_atomic_and_repaired_by_resume(tmp_path, damage):
         m = json.loads((final / EXPORT_MANIFEST).read_text())
         (final / EXPORT_MANIFEST).write_text(json.dumps({**m, "epoch": 0}))
     tr = make_trainer("flux", "fast", tmp_path)  # resume_from=auto: no epochs left
-    assert tr.train() == [] and tr.epoch == 1
+    assert tr.train() == [] and tr.state.epoch == 1
     tr.close()
-    assert export_problem(final, {"epoch": 1, "global_step": tr.global_step}) is None
+    assert export_problem(final, {"epoch": 1, "global_step": tr.state.global_step}) is None
     got = load_file(weights)  # the same tensors (same process, restored from the checkpoint); the header's
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)  # metadata order may vary
 

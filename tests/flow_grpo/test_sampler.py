@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from flow_grpo.config import SamplingConfig
-from flow_grpo.sampler import (
-    granular_schedule, make_step_plan, ode_complete, sample_trajectories, score_column, score_rewards,
-)
+from flow_grpo.completions import ode_complete
+from flow_grpo.methods.g2rpo import granular_schedule
+from flow_grpo.methods.plans import make_step_plan
+from flow_grpo.sampler import sample_trajectories, score_column
+from flow_grpo.scoring import score_rewards
 from flow_grpo.sde import sde_step
 
 from .conftest import H, W, block_reward, make_adapter
@@ -222,7 +224,7 @@ def _euler(ad, x, emb, sched, gs, cfg_on):
 def test_tp_grpo_reuses_the_rollout_euler_step(kind, mode, K, cfg_on):
     """Completions start from the stored ode_next (sigma_{k+1}) instead of x_k (sigma_k): the rewards equal an
     independent full recomputation from traj.latents over sig[k:], with one model evaluation less each."""
-    from flow_grpo.sampler import _tp_grpo_rewards
+    from flow_grpo.methods.tp_grpo import tp_grpo_step_rewards as _tp_grpo_rewards
 
     ad = make_adapter(kind)
     cfg = _cfg(kind, num_steps=K, step_mode=mode, window_size=2, window_range=[0, K - 1], window_policy="random",
@@ -288,8 +290,8 @@ def test_ode_complete_empty_schedule_and_no_ode_next_for_other_credits():
 
 def test_g2rpo_rewards():
     ad = make_adapter("sd3")
-    cfg = _cfg("sd3", step_mode="single", credit="g2rpo", granularities=[1, 2], cfg=False, sde_kind="flow",
-               noise_level=0.7)
+    cfg = _cfg("sd3", step_mode="single", credit="g2rpo", cfg=False, sde_kind="flow",
+               noise_level=0.7)  # methods.g2rpo.granularities: the default [1, 2]
     traj = _sample(ad, cfg, reward=block_reward)
     assert traj.step_rewards.shape == (len(PROMPTS), 2)
     assert torch.equal(traj.step_rewards[:, 0], traj.rewards["total"])

@@ -244,8 +244,7 @@ def test_mix_flash_trains_an_epoch(kind, tmp_path):
     from .conftest import make_trainer
 
     tr = make_trainer(kind, "mix_flash", tmp_path, **{"sample.window_range": "[0,3]"})
-    tr.epoch = 0
-    tr.train_epoch()
-    t = tr._last_traj
+    tr.train(num_epochs=1)
+    t = tr.state.last_traj
     assert t.nfe_per_trajectory == 3 * (2 if kind == "sd3" else 1)
-    assert tr.global_step == 1 and bool(t.train_mask.any())
+    assert tr.state.global_step == 1 and bool(t.train_mask.any())

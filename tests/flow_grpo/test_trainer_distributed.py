@@ -8,6 +8,7 @@ One launch runs three cases (conftest.dist_case) while this process computes the
 plus: NaN-dropped samples of a split group, Pref-GRPO win rates of split groups, resume from a sharded (FSDP)
 checkpoint reproduces the weights bit for bit. Verified only on CPU (FSDP2 is forced on CPU in the worker).
 """
+from flow_grpo import checkpointing
 import json
 import time
 
@@ -82,7 +83,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     t0, t1 = load("win_rate_traj_e0_r0.pt"), load("win_rate_traj_e0_r1.pt")
     assert t0["gids"].tolist() == [0, 0, 0, 0, 1, 1] and t1["gids"].tolist() == [1, 1, 2, 2, 2, 2]
     wr = torch.cat([t0["rewards"]["total"], t1["rewards"]["total"]])
-    assert torch.equal(wr, tr._last_traj.rewards["total"])
+    assert torch.equal(wr, tr.state.last_traj.rewards["total"])
     final = load("win_rate_e0_r0.pt")
     assert all(torch.equal(final[n], load("win_rate_e0_r1.pt")[n]) for n in final)
     for n, p in tr.named_params:
@@ -120,7 +121,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     ov, rewards = dist_case("fsdp", tmp_path / "one")
     one = FlowGRPOTrainer(load_train_config(None, ov + [f"run.resume_from={ck}"]),
                           adapter=make_adapter("flux", lora=False), reward_fn=rewards)
-    assert one.maybe_resume() == ck and one.epoch == 1 and not one.sharded
+    assert checkpointing.resume(one) == ck and one.state.epoch == 1 and not one.sharded
     e0 = load("fsdp_e0_r0.pt"), load("fsdp_e0_r1.pt")  # dumped at the end of epoch index 0 = checkpoint 1
     for n, p in one.named_params:
         full = torch.cat([e0[0][n], e0[1][n]]) if e0[0][n].shape != p.shape else e0[0][n]

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.engine.errors import TrainingStopped
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.utils.signals import EXIT_INTERRUPTED
+from mmgrpo.utils.exit_codes import INTERRUPTED as EXIT_INTERRUPTED
 
 from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 
@@ -64,27 +65,29 @@ def _signal_in_epoch2(where, sig):
 
     def hook(tr):
         if where == "sampling":
-            import flow_grpo.trainer as ft
+            import flow_grpo.steps as fs
 
-            orig = ft.sample_trajectories
+            orig = fs.sample_trajectories
 
             def sampled(*a, **k):
                 out = orig(*a, **k)
-                if tr.epoch == 1:
+                if tr.state.epoch == 1:
                     os.kill(os.getpid(), sig)
                 return out
 
-            ft.sample_trajectories = sampled
+            fs.sample_trajectories = sampled
         else:
-            orig = tr._update
+            import flow_grpo.steps as fs
+
+            orig = fs.update
 
             def update(*a, **k):
                 out = orig(*a, **k)
-                if tr.epoch == 1 and tr.global_step == 1:  # global_step is incremented after the update returns
+                if tr.state.epoch == 1 and tr.state.global_step == 1:  # global_step is incremented after the update returns
                     os.kill(os.getpid(), sig)
                 return out
 
-            tr._update = update
+            fs.update = update
         return tr
 
     return hook
@@ -104,7 +107,7 @@ def _wait(pid, timeout=240.0):
 
 def _state(tr):
     return ({n: p.detach().clone() for n, p in tr.named_params}, [s.clone() for s in tr.ema.shadow],
-            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.global_step)
+            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.state.global_step)
 
 
 def _assert_bitwise(got, want):
@@ -124,7 +127,7 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
     marker = tmp_path / "in_save.txt"
 
     def ckpts(name):
-        return [s for s, _ in CheckpointManager(tmp_path / name / "checkpoints").list_checkpoints()]
+        return [s for s, _ in CheckpointManager(tmp_path / name / "checkpoints", prefix="epoch").list_checkpoints()]
 
     def hang_in_save(tr):  # C: checkpoint 2's write stops half-way (after optimizer.pt) until killed
         real_save = torch.save
@@ -192,7 +195,7 @@ def _mp_worker(rank, port, root):
     torch.set_num_threads(1)
     from accelerate.state import AcceleratorState, GradientState
 
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import TrainingInterrupted
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()
@@ -207,7 +210,7 @@ def _mp_worker(rank, port, root):
     try:
         tr.train()
     except TrainingInterrupted as e:
-        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, epoch=tr.epoch)
+        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, epoch=tr.state.epoch)
     again = make_trainer("flux", "fast", root / "run", **extra)
     res["resumed_epochs"] = [h["epoch"] for h in again.train()]
     try:
@@ -276,7 +279,7 @@ def test_ctrl_c_before_the_loop_exits_130_and_halted_exits_3(monkeypatch, capsys
                                                "written)")
 
     def halted(cfg):
-        raise ft.TrainingHalted("flow_grpo: stopping after 3 consecutive skipped optimizer steps", "/x/halted")
+        raise TrainingStopped("flow_grpo: stopping after 3 consecutive skipped optimizer steps", "/x/halted")
 
     monkeypatch.setattr(ft, "train_from_config", halted)
     assert main(["train", "model.tiny=flux"]) == 3

@@ -54,13 +54,13 @@ def _wait_for(pred, proc, timeout=120.0):
 
 def _state(tr):
     return ({n: p.detach().clone() for n, p in tr.named_params}, [s.clone() for s in tr.ema.shadow],
-            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.global_step, dict(tr.counters))
+            tr.optimizer.state_dict(), tr.lr_scheduler.state_dict(), tr.state.global_step, dict(tr.state.counters))
 
 
 def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     run = tmp_path / "run"
     ctx = mp.get_context("fork")
-    mgr = CheckpointManager(run / "checkpoints")
+    mgr = CheckpointManager(run / "checkpoints", prefix="epoch")
     make_trainer("flux", "fast", tmp_path / "warm", **EXTRA).close()  # lazy imports happen before the forks
     # 1. kill after the 1st checkpoint appears (mid epoch 2)
     c1 = ctx.Process(target=_child, args=(str(run), 0))
@@ -101,7 +101,7 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path):
     assert not partial[0].exists()  # the dead writer's temp dir was cleaned up
     # what a checkpoint holds
     man = verify_checkpoint(run / "checkpoints" / "epoch-00000003")
-    assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "config", "reference",
+    assert set(man["entries"]) == {"trainable", "optimizer", "scheduler", "ema", "trainer", "methods", "config", "reference",
                                    "rng"}
     st = mgr.load(run / "checkpoints" / "epoch-00000003")
     assert st["trainer"]["data"]["epoch"] == 3 and st["trainer"]["global_step"] == 3
@@ -118,18 +118,18 @@ def test_time_budget_last_epoch_saves_exports_and_carries_over_resume(tmp_path, 
 
     extra = {"run.num_epochs": 10, "run.save_every": 0, "run.resume_from": "auto", "run.max_train_seconds": 1.5}
     tr = make_trainer("flux", "fast", tmp_path, **extra)
-    tr.budget = TimeBudget(1.5, clock=tick_clock)
+    tr.guard.budget = TimeBudget(1.5, clock=tick_clock)
     hist = tr.train()
-    assert tr.budget_stopped and tr.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
-    assert CheckpointManager(tmp_path / "checkpoints").latest_valid() is not None
+    assert tr.guard.budget_stopped and tr.state.epoch == 2 and [m["time/train_budget_s"] for m in hist] == [1.0, 2.0]
+    assert CheckpointManager(tmp_path / "checkpoints", prefix="epoch").latest_valid() is not None
     assert (tmp_path / "lora_final").exists()
     again = make_trainer("flux", "fast", tmp_path, **extra)
-    assert again.train() == [] and again.epoch == 2 and again.budget.spent == 2.0
+    assert again.train() == [] and again.state.epoch == 2 and again.guard.budget.spent == 2.0
 
 
 def test_trainer_ema_warmup_by_hand():
     """ema.warmup: the n-th update uses decay min(decay, (1 + n) / (10 + n)); the count survives state_dict."""
-    from flow_grpo.trainer import EMA
+    from flow_grpo.ema import EMA
 
     p = torch.nn.Parameter(torch.tensor([0.0]))
     ema = EMA([p], decay=0.2, warmup=True)
@@ -149,7 +149,7 @@ def test_trainer_ema_warmup_by_hand():
 
 
 def test_trainer_ema_warmup_follows_the_optimizer_step():
-    from flow_grpo.trainer import EMA
+    from flow_grpo.ema import EMA
 
     p = torch.nn.Parameter(torch.tensor([0.0]))
     ema = EMA([p], decay=0.9, warmup=True)

@@ -1,6 +1,7 @@
 """Rewards through MultiReward (weighted sum, GDPO per-reward, Pref-GRPO win rate) and fault handling: NaN rewards
 dropped from their groups, reward calls retried / timed out / dropped / stopping the run, non-finite advantages,
 loss and gradients skipping the optimizer step, halting with a checkpoint. Expected values are computed by hand."""
+from flow_grpo import steps
 import json
 import math
 import socket
@@ -12,7 +13,8 @@ import torch
 
 from flow_grpo.rewards import AsyncRewardRunner, Reward, RewardError
 from flow_grpo.sampler import sample_trajectories
-from flow_grpo.trainer import RewardCallFailed, ResilientReward, TrainingHalted
+from flow_grpo.scoring import ResilientReward
+from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
 
 from .conftest import block_reward, brightness_reward, make_adapter, make_trainer
 
@@ -115,7 +117,7 @@ def test_nan_rewards_leave_their_groups_counted_and_logged(tmp_path):
                          "optim.adv_scale": "group", "optim.adv_std_ddof": 1})
     before = [p.detach().clone() for p in tr.params]
     m = tr.train()[-1]
-    traj = tr._last_traj
+    traj = tr.state.last_traj
     assert traj.rewards["valid"].tolist() == [False, True, True, False, False, True, False, False, False]
     assert m["reward/invalid"] == 6 and m["reward/valid_fraction"] == pytest.approx(3 / 9)
     assert m["adv/groups_empty"] == 1 and m["adv/groups_singleton"] == 1
@@ -124,7 +126,7 @@ def test_nan_rewards_leave_their_groups_counted_and_logged(tmp_path):
         assert traj.rewards["total"][i].item() == pytest.approx(
             traj.rewards["block"][i].item() * 1.5, rel=1e-6)
     # group 0: the two valid members get +-(d/2)/(|d|/sqrt(2) + 1e-4); the singleton and dropped ones get 0
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     r1, r2 = traj.rewards["total"][1].item(), traj.rewards["total"][2].item()
     sd = abs(r1 - r2) / math.sqrt(2)
     expect = [(r1 - r2) / 2 / (sd + 1e-4), (r2 - r1) / 2 / (sd + 1e-4)]
@@ -166,14 +168,14 @@ def test_failing_reward_calls_are_retried_then_dropped_or_stop_the_run(tmp_path)
     assert m["reward/retries"] == 1 + 2 and m["reward/failed_calls"] == 1
     assert m["reward/dropped_by_failure"] == 2 and m["reward/invalid"] == 2
     assert m["adv/groups_empty"] == 1  # group 1 was exactly the dropped chunk
-    assert tr._last_traj.rewards["valid"].tolist() == [True, True, False, False]
+    assert tr.state.last_traj.rewards["valid"].tolist() == [True, True, False, False]
     # the same failure with on_failure=stop writes a checkpoint and stops the run (CLI exit 3) naming the reward
     state.update(calls=1, attempt=0)
     tr.rewards.wrapped["flaky"].on_failure = "stop"
     from mmgrpo.engine.errors import TrainingStopped
 
     with pytest.raises(TrainingStopped, match="flaky.*bad batch.*was written to") as ei:
-        tr.train_epoch()
+        tr.train(num_epochs=1)
     assert isinstance(ei.value.__cause__, RewardCallFailed)
 
 
@@ -190,40 +192,39 @@ class _NaNGrad(torch.autograd.Function):
         return g * float("nan")
 
 
-def test_nonfinite_advantages_loss_grads_skip_step_then_halt_with_checkpoint(tmp_path):
+def test_nonfinite_advantages_loss_grads_skip_step_then_halt_with_checkpoint(tmp_path, monkeypatch):
     from mmgrpo.utils.checkpoint import CheckpointManager
 
     tr = make_trainer("flux", "fast", tmp_path, **{"optim.max_consecutive_skips": 2, "run.num_epochs": 6})
     # epoch 0: NaN advantages; 1: clean; 2: NaN gradient (finite loss); 3: NaN loss -> 2 in a row -> halt
-    orig_adv, orig_loss = tr.compute_advantages, tr._column_loss
+    orig_adv, orig_loss, orig_count = steps.advantages, tr.loss, steps.count_epoch
 
-    def adv_fn(traj):
-        adv, st = orig_adv(traj)
-        return (adv * float("nan") if tr.epoch == 0 else adv), st
+    def adv_fn(run, traj):
+        adv, st = orig_adv(run, traj)
+        return (adv * float("nan") if tr.state.epoch == 0 else adv), st
 
     def loss_fn(*a, **k):
         loss, m, kl, n = orig_loss(*a, **k)
-        if tr.epoch == 2:
+        if tr.state.epoch == 2:
             loss = loss + _NaNGrad.apply(tr.params[0].sum() * 0.0)
             assert torch.isfinite(loss)
-        if tr.epoch == 3:
+        if tr.state.epoch == 3:
             loss = loss * float("nan")
         return loss, m, kl, n
 
-    tr.compute_advantages, tr._column_loss = adv_fn, loss_fn
+    monkeypatch.setattr(steps, "advantages", adv_fn)
+    tr.loss = loss_fn
     snap = {}
-    orig_epoch = tr.train_epoch
 
-    def epoch_fn():
-        out = orig_epoch()
-        snap[tr.epoch] = [p.detach().clone() for p in tr.params]
-        return out
+    def count_fn(*a, **k):  # after the epoch's updates, before the epoch counter moves
+        snap[tr.state.epoch] = [p.detach().clone() for p in tr.params]
+        return orig_count(*a, **k)
 
-    tr.train_epoch = epoch_fn
+    monkeypatch.setattr(steps, "count_epoch", count_fn)
     p0 = [p.detach().clone() for p in tr.params]
-    with pytest.raises(TrainingHalted, match="2 consecutive skipped") as ei:
+    with pytest.raises(TrainingStopped, match="2 consecutive skipped") as ei:
         tr.train()
-    assert tr.counters["applied_steps"] == 1 and tr.counters["skipped_steps"] == 3
+    assert tr.state.counters["applied_steps"] == 1 and tr.state.counters["skipped_steps"] == 3
     assert all(torch.equal(a, b) for a, b in zip(p0, snap[0]))           # epoch 0 skipped: unchanged
     assert any(not torch.equal(a, b) for a, b in zip(p0, snap[1]))       # epoch 1 applied
     assert all(torch.equal(a, b) for a, b in zip(snap[1], snap[2]))      # epoch 2 skipped (NaN grad)
@@ -252,8 +253,8 @@ def test_per_reward_mode_normalises_each_reward_in_its_group_then_sums(tmp_path)
                          "data.group_size": 3, "data.groups_per_epoch": 2, "sample.batch_size": 3,
                          "optim.adv_scale": "group", "optim.adv_std_ddof": 1})  # the by-hand statistics below
     tr.train()
-    traj = tr._last_traj
-    adv, _ = tr.compute_advantages(traj)
+    traj = tr.state.last_traj
+    adv, _ = steps.advantages(tr, traj)
     g = traj.group_ids.numpy()
     a, b = traj.rewards["block"].numpy(), traj.rewards["brightness"].numpy()
     s = np.zeros(len(g))
@@ -273,7 +274,7 @@ def test_win_rate_mode_uses_group_ids_not_prompt_strings(kind, tmp_path):
                                                     "data.group_size": 3, "data.groups_per_epoch": 2,
                                                     "sample.batch_size": 3})
     m = tr.train()[-1]
-    traj = tr._last_traj
+    traj = tr.state.last_traj
     s, g = traj.rewards["block"].numpy(), traj.group_ids.numpy()
     assert len(set(traj.prompts)) == 1 and len(set(g.tolist())) == 2
     expect = np.zeros(len(s))

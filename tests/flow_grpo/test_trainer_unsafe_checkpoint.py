@@ -1,5 +1,6 @@
 """A crafted checkpoint file never runs code: flow_grpo's resume_from=auto refuses it, naming the file (the manifest
 was rewritten to match, as whoever writes the folder can)."""
+from flow_grpo import checkpointing
 import hashlib
 import json
 import os
@@ -47,10 +48,28 @@ def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, craft_sharded_sta
     first.close()
     step = tmp_path / "checkpoints" / "epoch-00000001"
     target = tmp_path / "pwned"
-    entry = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": first._ema_sharded()})
+    entry = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": checkpointing._ema_sharded(first)})
     tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
     with pytest.raises(UnsafeCheckpointError, match=f"{step / 'state'} refused: entry '{entry}' is a "
                                                     "BytesStorageMetadata item"):
+        tr.train()
+    tr.close()
+    assert not target.exists()
+
+
+def test_resume_auto_refuses_a_rank_metadata_file(tmp_path, craft_sharded_state):
+    """Issue 31 item 2 through the trainer: a ``state/`` whose ``.metadata`` is gone and whose ``__0.metadata`` is a
+    pickle that would create a file (DCP falls back to it with plain ``pickle.load``). Refused, naming the file."""
+    extra = {"run.resume_from": "auto", "run.save_every": 1}
+    first = make_trainer("flux", "fast", tmp_path, **extra)
+    first.train()
+    first.close()
+    step = tmp_path / "checkpoints" / "epoch-00000001"
+    target = tmp_path / "pwned"
+    name = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": first._ema_sharded()},
+                               how="rank_metadata")
+    tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
+    with pytest.raises(UnsafeCheckpointError, match=rf"{step / 'state'} refused: .*{name}"):
         tr.train()
     tr.close()
     assert not target.exists()

@@ -30,7 +30,7 @@ def test_tiny_wan_trains_lora_on_video_rewards(tmp_path):
     hist = tr.train()
     changed = [n for n, p in tr.named_params if not torch.equal(p.detach(), before[n])]
     assert changed and all("lora_" in n for n in changed)
-    t = tr._last_traj
+    t = tr.state.last_traj
     assert t.images.shape == (4, FRAMES, H, H, 3) and t.latents.shape[2:] == (4, 2, 4, 4)
     # the trained reward is the config's weighted sum of the video rewards, recomputed here by hand
     frames = t.images.numpy().reshape(4, FRAMES, -1).astype(np.float64)
@@ -53,7 +53,7 @@ def test_each_sampler_family_trains_on_video_latents(method, tmp_path):
     before = {n: p.detach().clone() for n, p in tr.named_params}
     m = tr.train()[-1]
     assert any(not torch.equal(p.detach(), before[n]) for n, p in tr.named_params)
-    assert np.isfinite(m["reward/total/mean"]) and tr._last_traj.images.shape == (4, FRAMES, H, H, 3)
+    assert np.isfinite(m["reward/total/mean"]) and tr.state.last_traj.images.shape == (4, FRAMES, H, H, 3)
 
 
 def test_tiny_qwen_image_trains_lora(tmp_path):

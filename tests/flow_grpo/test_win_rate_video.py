@@ -61,7 +61,7 @@ def test_trainer_win_rate_mode_on_tiny_wan(tmp_path):
           "reward.mode": "win_rate", "data.eval_prompts": "[]"}
     tr = FlowGRPOTrainer(load_train_config(None, train_overrides("wan", "flow", tmp_path, **ov)))
     tr.train()
-    t = tr._last_traj
+    t = tr.state.last_traj
     assert t.images.ndim == 5 and bool(t.rewards["valid"].all())
     pw, gid = t.rewards["pointwise_total"].double(), t.group_ids
     expected = torch.zeros(len(t), dtype=torch.float64)

@@ -24,7 +24,7 @@ def test_constant_reward_run_exits_4_without_export(tmp_path, capsys, drop_zero_
     err = capsys.readouterr().err
     assert rc == exit_codes.NOTHING_TRAINED == 4, err
     assert "nothing was trained in 2 epoch(s)" in err and "no reward signal" in err and "std 0 over the epoch" in err
-    assert tr.counters["applied_steps"] == 0 and tr.counters["zero_advantage_epochs"] == 2
+    assert tr.state.counters["applied_steps"] == 0 and tr.state.counters["zero_advantage_epochs"] == 2
     assert all(torch.equal(p, before[n]) for n, p in tr.named_params)
     assert not (tmp_path / "lora_final").exists()
 
@@ -44,7 +44,7 @@ def test_with_a_kl_term_steps_are_taken_but_the_run_still_fails(tmp_path):
     with pytest.raises(NothingTrained, match="none of the run's 2 epoch\\(s\\) had a reward signal"):
         tr.train()
     tr.close()
-    assert tr.counters["applied_steps"] > 0 and not (tmp_path / "lora_final").exists()
+    assert tr.state.counters["applied_steps"] > 0 and not (tmp_path / "lora_final").exists()
 
 
 def test_allow_no_reward_signal_takes_the_zero_gradient_steps_and_ends_0(tmp_path):
@@ -53,5 +53,5 @@ def test_allow_no_reward_signal_takes_the_zero_gradient_steps_and_ends_0(tmp_pat
                          "run.allow_no_reward_signal": "true"})
     assert exit_codes.run_training("flow_grpo train", tr.train) == 0
     tr.close()
-    assert tr.counters["applied_steps"] == 2 and tr.counters["zero_advantage_epochs"] == 2
+    assert tr.state.counters["applied_steps"] == 2 and tr.state.counters["zero_advantage_epochs"] == 2
     assert (tmp_path / "lora_final").is_dir()

@@ -50,7 +50,8 @@ def _video_batch(cfg, device, n_text: int = 40, grid=(2, 8, 8), seed: int = 0):
 
 
 def test_bf16_vs_fp32_logprobs_at_real_width():
-    from mmgrpo.utils.memory_plan import get_spec, vlm_config
+    from mmgrpo.utils.memory_plan import get_spec
+    from mmgrpo.vlm.memory_plan import vlm_config
     from mmgrpo.vlm.models.rollout import compute_token_logprobs
     from mmgrpo.vlm.models.tiny import model_class
 
@@ -102,7 +103,8 @@ def test_sde_ratio_is_one_on_cuda():
 
 
 def test_chunked_logprob_memory_on_cuda():
-    from mmgrpo.utils.memory_plan import get_spec, vlm_config
+    from mmgrpo.utils.memory_plan import get_spec
+    from mmgrpo.vlm.memory_plan import vlm_config
     from mmgrpo.vlm.models.rollout import compute_token_logprobs
     from mmgrpo.vlm.models.tiny import model_class
 

@@ -4,7 +4,8 @@ import types
 
 import torch
 
-from mmgrpo.vlm.methods.dapo import OverlongMask, drop_zero_std_groups, keep_first_groups
+from mmgrpo.vlm.methods.dapo import OverlongMask, drop_zero_std_groups
+from mmgrpo.vlm.train.batch import keep_first_groups
 
 
 def test_zero_std_groups_are_dropped_whole_and_counted():
@@ -22,7 +23,7 @@ def test_the_first_groups_in_row_order_are_kept():
 
 
 def test_truncated_completions_leave_the_loss_mask():
-    rb = types.SimpleNamespace(truncated=torch.tensor([False, True, False]))
     mask = torch.ones(3, 4, dtype=torch.long)
-    out = OverlongMask(cfg=None, trainer=None).loss_mask(rb, mask)
-    assert out.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12  # the input is not modified
+    rb = types.SimpleNamespace(truncated=torch.tensor([False, True, False]), loss_mask=mask)
+    out = OverlongMask(cfg=None, run=None).on_advantages(rb)
+    assert out.loss_mask.tolist() == [[1] * 4, [0] * 4, [1] * 4] and mask.sum() == 12  # the input is not modified

@@ -82,29 +82,31 @@ def test_bad_coef_is_refused(tmp_path, th):
 @pytest.mark.parametrize("chunk", [256, 0])
 def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th, chunk):
     import mmgrpo.vlm.train.trainer as T
-    from mmgrpo.vlm.models.rollout import compute_token_logprobs
+    from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs
+    from mmgrpo.vlm.train import steps
     from mmgrpo.vlm.train.batch import micro_batches
+    from mmgrpo.vlm.train.prompts import make_stream
 
     c = 0.5
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "run.micro_batch_size=4",
                       f"algo.logprob_chunk_size={chunk}", f"methods.entropy_bonus.coef={c}")
     tr = T.GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     assert [m.name for m in tr.methods] == ["entropy_bonus"]
-    tr._make_stream()
-    rb = tr.collect(0)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
     mbs = micro_batches(rb.group_ids, cfg.run.micro_batch_size)
     assert len(mbs) == 2
-    tr.precompute(rb, mbs)
-    mask = rb.completion_mask.clone()
+    steps.precompute(tr, rb, mbs)
+    mask = rb.loss_mask
+    assert torch.equal(mask, rb.completion_mask)
     totals = {"tokens": float(mask.sum()), "sequences": float((mask.sum(1) > 0).sum()), "rows": float(rb.n),
               "micro_batches": float(len(mbs))}
-    kw = tr._loss_kwargs(totals)
     tr.model.train()
 
     def grads():
         tr.model.zero_grad(set_to_none=True)
         for j, idx in enumerate(mbs):
-            tr._micro_step(rb, rb, idx, 1.0, j == len(mbs) - 1, mask, kw, totals)
+            steps._micro_step(tr, rb, rb, idx, 1.0, j == len(mbs) - 1, totals)
         return {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
 
     g_bonus = grads()
@@ -114,7 +116,9 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
     # the direct formula: token mean over the step's tokens of Categorical entropy of full logits, by autograd
     tr.model.zero_grad(set_to_none=True)
     for idx in mbs:
-        batch, ids, m, _ = tr._mb_inputs(rb, idx)
+        T_ = max(1, int(rb.completion_mask[idx].sum(1).max()))
+        batch = batch_to(collate_prompts([rb.items[i] for i in idx.tolist()], tr.pad_id), tr.device)
+        ids, m = rb.completion_ids[idx, :T_], rb.completion_mask[idx, :T_]
         _, logits = compute_token_logprobs(tr.model, batch, ids, m, tr.sampling.temperature,
                                            tr.policy.suppress_token_ids, return_logits=True, chunk_size=0)
         H = torch.distributions.Categorical(logits=logits).entropy()
@@ -128,7 +132,7 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
         diff_norm += float((g - g_plain[n]).norm())
     assert diff_norm > 1e-4  # the bonus did change the gradient
     m = {}
-    methods[0].metrics(rb, m)
+    methods[0].end_of_step(rb, m)
     assert m["entropy_bonus/entropy"] > 0
 
 
@@ -141,7 +145,6 @@ def test_train_step_logs_the_current_policy_entropy_as_the_precompute_does(tmp_p
                       "methods.entropy.enabled=true")
     tr = T.GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     assert [m.name for m in tr.methods] == ["entropy", "entropy_bonus"]
-    tr._make_stream()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     assert m["entropy_bonus/entropy"] == pytest.approx(m["entropy/mean"], rel=1e-4)
     assert m["entropy_bonus/entropy"] > 0

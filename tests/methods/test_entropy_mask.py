@@ -49,15 +49,17 @@ def test_threshold_and_mask_by_hand():
 
 
 def test_masked_token_gets_zero_gradient_through_policy_loss():
-    # the mask enters policy_loss as token weights: masked tokens get exactly zero gradient, the normaliser still
+    # the mask enters the policy loss as token weights: masked tokens get exactly zero gradient, the normaliser still
     # counts every completion token (TRL's placement)
-    from mmgrpo.core.losses import policy_loss
+    from mmgrpo.vlm.config import AlgoConfig
+    from mmgrpo.vlm.methods.base import LossInputs, grpo_loss
 
     lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     ent = torch.tensor([[0.2, 1.5, 0.1]])
     mask = torch.ones(1, 3)
     keep = high_entropy_mask(ent, mask, rho=0.34)
     assert keep.tolist() == [[False, True, False]]
-    out = policy_loss(lp, lp.detach(), torch.tensor([1.0]), mask, token_weights=keep.float())
+    out = grpo_loss(LossInputs(lp, lp.detach(), torch.tensor([1.0]), mask, token_weights=keep.float(),
+                               algo=AlgoConfig()))
     out.loss.backward()
     assert lp.grad.tolist() == [[0.0, pytest.approx(-1 / 3), 0.0]]

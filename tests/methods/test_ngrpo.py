@@ -53,10 +53,11 @@ def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny
         z = torch.zeros(len(texts))
         return {"acc": z, "total": z.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
+    import mmgrpo.core.losses as L
+
     clips = []
-    real = T.policy_loss
-    monkeypatch.setattr(T, "policy_loss", lambda *a, **kw: (clips.append((kw["clip_low"], kw["clip_high"])),
-                                                            real(*a, **kw))[1])
+    real = L.clipped_surrogate
+    monkeypatch.setattr(L, "clipped_surrogate", lambda *a: (clips.append((a[3], a[4])), real(*a))[1])
     runs = {}
     for name, extra in (("grpo", []), ("ngrpo", ["methods.ngrpo.enabled=true"])):
         cfg = th.make_cfg(tmp_path / name, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", *extra)
@@ -68,7 +69,7 @@ def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny
                 tr.train()
         else:
             tr.train()
-        runs[name] = (tr.last_batch.advantages.clone(), any(not torch.equal(v, w0[k])
+        runs[name] = (tr.state.batch.advantages.clone(), any(not torch.equal(v, w0[k])
                                                             for k, v in th.trainable(tr).items()))
     assert torch.equal(runs["grpo"][0], torch.zeros(8)) and not runs["grpo"][1]  # GRPO: nothing to learn
     want = -0.2 / (math.sqrt(0.2) + 1e-4)  # G = 4 zeros + one virtual 1 (algo.adv_eps = 1e-4)
@@ -80,9 +81,9 @@ def test_tiny_trainer_all_wrong_groups_train_with_asymmetric_clip(tmp_path, tiny
 def test_config_refuses_a_second_estimator_before_loading_the_model(tmp_path, th):
     from mmgrpo.vlm.train.trainer import GRPOTrainer
 
-    cfg = th.make_cfg(tmp_path, tmp_path / "no-model", "methods.ngrpo.enabled=true", "tempsamp.enabled=true",
-                      "tempsamp.mode=anchor")
-    with pytest.raises(ValueError, match="tempsamp.mode=anchor"):
+    cfg = th.make_cfg(tmp_path, tmp_path / "no-model", "methods.ngrpo.enabled=true", "methods.tempsamp_r1.enabled=true",
+                      "methods.tempsamp_r1.mode=anchor")
+    with pytest.raises(ValueError, match="methods.tempsamp_r1.mode=anchor"):
         GRPOTrainer(cfg, samples=th.image_samples(2))
     with pytest.raises(ValueError, match="num_virtual must be >= 1"):
         th.make_cfg(tmp_path, tmp_path / "no-model", "methods.ngrpo.enabled=true", "methods.ngrpo.num_virtual=0")

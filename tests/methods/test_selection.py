@@ -38,8 +38,8 @@ def test_single_draw_probabilities_match_hand_computed_gaussian_weights():
 
 
 def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_dirs, th):
-    """Trainer path: selection.key=auto reads the IoU (not the total, which the format term keeps above 0), IoU-0
-    samples are dropped, and selection.greedy scores argmax answers (K copies agree)."""
+    """Trainer path: methods.selection.key=auto reads the IoU (not the total, which the format term keeps above 0), IoU-0
+    samples are dropped, and methods.selection.greedy scores argmax answers (K copies agree)."""
     import json
 
     from mmgrpo.vlm.train.trainer import GRPOTrainer
@@ -51,10 +51,11 @@ def test_trainer_gaussian_selection_uses_iou_and_greedy_answers(tmp_path, tiny_d
                             for t, s in zip(texts, samples)])
         return {"iou": iou, "total": iou + 0.5, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "selection.enabled=true",
-                      "selection.num_inferences=2", "selection.criterion=gaussian", "selection.greedy=true")
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "methods.selection.enabled=true",
+                      "methods.selection.num_inferences=2", "methods.selection.criterion=gaussian", "methods.selection.greedy=true")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=by_id)
-    assert tr.select_data() == [1, 2]
+    sel = next(m for m in tr.methods if m.name == "selection")
+    assert sel.select(0) == [1, 2]
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert rows[0]["rewards"] == [0.0, 0.0] and not rows[0]["kept"]
     assert all(r["rewards"][0] == r["rewards"][1] for r in rows)  # greedy: the two answers are the same

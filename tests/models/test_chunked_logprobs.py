@@ -1,4 +1,4 @@
-"""Chunked log-probs / entropy / TW-GRPO weights (mmgrpo.vlm.models.chunked) against the full-logits computation.
+"""Chunked log-probs / entropy (mmgrpo.vlm.models.chunked) and TW-GRPO weights (mmgrpo.vlm.methods.tw_grpo) against the full-logits computation.
 
 The reference is ``torch.distributions.Categorical`` on the full (N, T, V) logits, written here independently of
 the chunked kernel (its analytic backward is checked against autograd through Categorical)."""
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.distributions import Categorical
 
-from mmgrpo.vlm.models.chunked import chunked_token_logprobs, chunked_tw_token_weights
+from mmgrpo.vlm.methods.tw_grpo import chunked_tw_token_weights
+from mmgrpo.vlm.models.chunked import chunked_token_logprobs
 
 
 def _ref(hidden, weight, bias, ids, temperature=1.0, suppress=(), dtype=torch.float32):
@@ -118,7 +119,7 @@ def test_bad_inputs():
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_tw_weights_equal_full(chunk):
-    from mmgrpo.vlm.train.methods import tw_token_weights
+    from mmgrpo.vlm.methods.tw_grpo import tw_token_weights
 
     h, w, b, _ = _leaves(N=6, T=7, dtype=torch.float32)
     mask = torch.ones(6, 7, dtype=torch.long)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mmgrpo.vlm.models.adapters import LoraSpec, load_policy
-from mmgrpo.vlm.models.chunked import HeadInputs, chunkable_head, tw_token_weights_from
+from mmgrpo.vlm.methods.tw_grpo import tw_token_weights_from
+from mmgrpo.vlm.models.chunked import HeadInputs, chunkable_head
 from mmgrpo.vlm.models.inputs import build_prompt_item
 from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs, grouped_token_logprobs
 from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs

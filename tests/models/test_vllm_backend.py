@@ -381,7 +381,7 @@ def _serve(server):
 
 
 def test_server_client_http_requests():
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
     _RecordingHandler.log = []
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingHandler)
@@ -420,7 +420,8 @@ def test_server_client_http_requests():
 def test_server_round_trip_with_fake_llm():
     from PIL import Image
 
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient, make_server
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_server import make_server
 
     tok = _tok()
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -480,12 +481,15 @@ def test_truncated_is_weights_by_hand():
 
 
 def test_is_weights_multiply_the_policy_term_like_trl():
-    """policy_loss(token_weights=w) at ratio 1: per-token loss -A*w, token-mean (TRL: per_token_loss * is_ratio)."""
-    from mmgrpo.core import policy_loss
+    """The policy loss with token_weights=w at ratio 1: per-token loss -A*w, token-mean (TRL: per_token_loss *
+    is_ratio)."""
+    from mmgrpo.vlm.config import AlgoConfig
+    from mmgrpo.vlm.methods.base import LossInputs, grpo_loss
 
     lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     w = torch.tensor([[0.5, 2.0, 1.0]])
-    out = policy_loss(lp, lp.detach(), torch.tensor([1.5]), torch.ones(1, 3), token_weights=w, agg="token_mean")
+    out = grpo_loss(LossInputs(lp, lp.detach(), torch.tensor([1.5]), torch.ones(1, 3), token_weights=w,
+                               algo=AlgoConfig()))
     assert torch.allclose(out.loss, torch.tensor(-(1.5 * 0.5 + 1.5 * 2.0 + 1.5 * 1.0) / 3))
 
 
@@ -620,7 +624,7 @@ def test_vllm_server_refuses_foreign_host_non_json_and_unsigned_requests(monkeyp
         code, r = _raw(port, _init_head(port, len(body), extra="\r\nAuthorization: Bearer s3cret"), body)
         assert code == 401
         assert llm.calls == []
-        from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+        from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
         url = f"http://127.0.0.1:{port}"
         with pytest.raises(RuntimeError, match="HTTP 401.*set MMGRPO_VLLM_TOKEN"):
@@ -658,7 +662,7 @@ def test_vllm_client_deadline_and_reply_cap(fake_http, monkeypatch):
     timeout=3), and a reply above ``max_reply_mb`` is refused before it is read (400 MB -> ~800 MB before)."""
     import time
 
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
     monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
     reply = fake_http.reply({"outputs": [{"prompt_token_ids": [1], "token_ids": [2], "logprobs": [-0.5]}]})
@@ -680,7 +684,7 @@ def test_vllm_client_deadline_and_reply_cap(fake_http, monkeypatch):
 
 
 def test_vllm_client_refuses_unsigned_replies_when_it_has_a_token(fake_http, monkeypatch):
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
     monkeypatch.setenv("MMGRPO_VLLM_TOKEN", "s3cret")
     with fake_http.serve(fake_http.reply({"world_size": 4})) as (url, heads):
@@ -735,7 +739,7 @@ def test_vocab_size_is_the_embedding_size_when_given():
     ({"nothing": 1}, r"None for 1 requests"),
 ])
 def test_malformed_server_replies_are_failed_calls(fake_http, monkeypatch, reply, match):
-    from mmgrpo.vlm.models.vllm_server import VLLMServerClient
+    from mmgrpo.vlm.models.vllm_client import VLLMServerClient
 
     monkeypatch.delenv("MMGRPO_VLLM_TOKEN", raising=False)
     with fake_http.serve(fake_http.reply(reply)) as (url, _):

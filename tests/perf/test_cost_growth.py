@@ -24,7 +24,8 @@ def test_cost_growth_smoke(tmp_path, capsys):
         out = cg.main(["--smoke", "--G", "2", "--out-dir", str(tmp_path), "--model-dir", str(tmp_path / "vlm")])
     finally:
         torch.set_num_threads(n)
-    last = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()][-1]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    last = lines[-1]
     assert last.startswith("cost_growth_max_speedup=")
     res = json.loads((tmp_path / "cost_growth_smoke.json").read_text())
     assert (tmp_path / "cost_growth_vlm_smoke.png").stat().st_size > 1000
@@ -37,6 +38,12 @@ def test_cost_growth_smoke(tmp_path, capsys):
     paired = [a / b for a, b in zip(cell["naive_wall_s"], cell["ours_wall_s"])]
     assert cell["speedup"] == pytest.approx(statistics.median(paired))
     assert float(last.split("=")[1]) == pytest.approx(out["extra_keys"]["cost_growth_max_speedup"], abs=0.006)
+    # the headline's operating point is the best cell's, printed just before it (issue #42)
+    best = max(res["vlm"]["cells"].values(), key=lambda d: d["speedup"])
+    op = res["operating_point"]
+    assert lines[-2] == f"operating point: {op['text']}"
+    assert (op["G"], op["new_tokens"], op["prompt_tokens"]) == (best["G"], best["T"], best["prompt_tokens"])
+    assert f"prompt {best['prompt_tokens']} tokens ({best['video_tokens']} video)" in op["text"]
     # the completion-length sweep (issue #42): G=2, T in {2, 4} at the smoke prompt; each cell paired, with the
     # loss's token-count ratio G(P+T) / (P+G(T-1)) computed from its own prompt length
     assert (tmp_path / "cost_growth_lengths_smoke.png").stat().st_size > 1000

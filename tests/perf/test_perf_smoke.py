@@ -83,12 +83,12 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
 def test_flow_train_fails_loudly_when_the_trainer_path_breaks(monkeypatch, torch_single_thread):
     """A broken trainer path is an error (run.py then records it, value null), never a silent fallback."""
     mod = _load("flow_train")
-    from flow_grpo.trainer import FlowGRPOTrainer
+    import flow_grpo.steps as steps
 
-    def moved(self, *a, **k):  # what a refactor of the trainer does to the stand-in: an attribute it lacks
-        return self.some_new_attribute
+    def moved(run, *a, **k):  # what a refactor of the recipe does to the stand-in: an attribute it lacks
+        return run.some_new_attribute
 
-    monkeypatch.setattr(FlowGRPOTrainer, "_column_loss", moved)
+    monkeypatch.setattr(steps, "column_loss", moved)
     with pytest.raises(RuntimeError, match="trainer path of flow_train_overhead broke .*some_new_attribute"):
         mod.main(["--smoke"])
 
@@ -163,4 +163,21 @@ def test_prefix_benchmark_prints_its_operating_point(module, name, tmp_path, cap
     assert op["new_tokens"] in (8, 16) and op["G"] == 8 and op["hidden"] == 64 and op["layers"] == 2
     assert op["media_tokens"] > 0 and op["prompt_tokens"] > op["media_tokens"]
     assert f"prompt {op['prompt_tokens']} tokens ({op['media_tokens']} video)" in op["text"]
+    assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op
+
+
+def test_data_prefetch_reports_the_fraction_with_and_without_step_1(tmp_path, capsys, torch_single_thread):
+    """``data_wait_fraction`` leaves step 1 out (nothing can be prefetched before it); the fraction counting it is
+    printed and kept beside it (issue #42 item 4), with the operating point; the headline is the last line."""
+    mod = _load("data_prefetch")
+    out = mod.main(["--smoke", "--json", str(tmp_path / "r.json")])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert LINE.match(lines[-1]) and lines[-1].startswith("data_wait_fraction=")
+    assert float(lines[-1].split("=")[1]) == pytest.approx(out["data_wait_fraction"], abs=0.006)
+    ahead = out["prefetched"]
+    assert lines[-2] == f"data_wait_fraction_incl_step1={ahead['fraction_all']:.2f}"
+    assert out["extra_keys"] == {"data_wait_fraction_incl_step1": ahead["fraction_all"]}
+    assert ahead["fraction_all"] >= ahead["fraction_after_first"]  # step 1 waits: nothing was prefetched yet
+    op = out["operating_point"]
+    assert f"| at {op['text']}" in lines[-3] and "data.prefetch=" in op["text"] and "3 steps" in op["text"]
     assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op

@@ -74,3 +74,31 @@ def test_sampling_work_by_hand(tc):
     # a vision tower shared but the LLM prompt repeated is caught too
     with pytest.raises(SystemExit):
         tc.check_sampling("ours", dict(shared, sampling_llm_tokens=800 + 72), 2, 4)
+
+
+@pytest.mark.slow
+def test_the_run_prints_its_operating_point_and_target(tc, model_dir, tmp_path, capsys):
+    """The whole harness on the tiny model (issue #42): each worker's sampling is checked, the ratio's operating
+    point is printed and kept in the JSON, the target is restated at its own operating point, and the headline is
+    the last line."""
+    import json
+    import re
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    n = torch.get_num_threads()
+    try:
+        res = tc.main(["--smoke", "--B", "1", "--G", "2", "--T", "2", "--image-size", "56", "--model-dir", model_dir,
+                       "--json", str(tmp_path / "r.json")])
+    finally:
+        torch.set_num_threads(n)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert re.fullmatch(r"trl_speedup=\d+\.\d\d", lines[-1])
+    op = res["operating_point"]
+    assert f"operating point: {op['text']}" in lines
+    assert (op["new_tokens"], op["B"], op["G"], op["prompt_tokens"]) == (2, 1, 2, res["prompt_tokens"])
+    assert op["media_tokens"] == 4 and "tiny Qwen2.5-VL (hidden 64, 2 layers" in op["text"]
+    assert any(ln.startswith(f"target (CPU): trl_speedup >= {tc.TARGET_SPEEDUP} at {tc.TARGET_NEW_TOKENS} new tokens; "
+                             f"this run: ") and ln.endswith(" at 2") for ln in lines)
+    assert json.loads((tmp_path / "r.json").read_text())["operating_point"] == op
+    assert res["sampling_work"]["ours"]["prompt_prefills"] == 1.0 and res["sampling_work"]["trl"]["prompt_prefills"] == 2.0

@@ -134,7 +134,7 @@ def test_registry_multibox_and_ocr():
 def test_trainer_accuracy_key_follows_the_new_rewards():
     from types import SimpleNamespace
 
-    from mmgrpo.vlm.train.task import accuracy_key
+    from mmgrpo.vlm.rewards.registry import accuracy_key
 
     def cfg(w):
         return SimpleNamespace(accuracy_key="auto", weights=w)

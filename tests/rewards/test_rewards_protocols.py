@@ -228,7 +228,7 @@ def test_train_config_validates_reward_parse_mode_before_loading():
 
 def test_build_rewards_passes_the_mode_to_the_reward_function():
     from mmgrpo.vlm.config import RewardConfig
-    from mmgrpo.vlm.train.task import build_rewards
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     fn, _ = build_rewards(RewardConfig(weights={"iou": 1.0}, parse_mode="time_r1"), "tvg", "qwen2_5_vl", None,
                           prompt_mode="no_think")

@@ -144,7 +144,7 @@ def test_trainer_rewards_check_the_prompts_structure():
     """The trainer's reward builder gives format_exact the run's prompt mode and answer format; the demo's recipe
     (TempSamp-R1 parse mode + strict format) is accepted with a no-think prompt."""
     from mmgrpo.vlm.config import RewardConfig
-    from mmgrpo.vlm.train.task import build_rewards
+    from mmgrpo.vlm.rewards.registry import build_rewards
 
     json_answer = '<answer>{"start_time": 2.0, "end_time": 4.0}</answer>'
     fn, _ = build_rewards(RewardConfig(weights={"iou": 1.0, "format_exact": 0.1}), "tvg", "qwen2_5_vl", None,

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from mmgrpo.vlm.config import DataConfig
-from mmgrpo.vlm.train.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
+from mmgrpo.vlm.data.task import BadSampleError, TaskAdapter, load_samples, to_rgb_image
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
@@ -98,16 +98,14 @@ def test_trainer_skips_and_counts_bad_samples_or_raises(tmp_path, tiny_dirs, th)
             "data.max_prompt_tokens=400", "rollout.group_size=2", "rollout.max_new_tokens=3"]
     tr = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=samples,
                      reward_fn=th.text_reward)
-    tr._make_stream()
-    m = tr.train_step()
-    assert m["data/skipped_bad_samples"] == 3 and {s["id"] for s in tr.last_batch.samples} == {"gray", "rgba",
+    m = tr.train(steps=1)[-1]
+    assert m["data/skipped_bad_samples"] == 3 and {s["id"] for s in tr.state.batch.samples} == {"gray", "rgba",
                                                                                                 "pixel"}
-    assert tr.last_batch.n == 6 and torch.isfinite(tr.last_batch.advantages).all()
+    assert tr.state.batch.n == 6 and torch.isfinite(tr.state.batch.advantages).all()
     tr = GRPOTrainer(th.make_cfg(tmp_path / "e", tiny_dirs("qwen2_5_vl"), *args, "data.on_bad_sample=error"),
                      samples=samples, reward_fn=th.text_reward)
-    tr._make_stream()
     with pytest.raises(BadSampleError, match="sample thin"):
-        tr.train_step()
+        tr.train(steps=1)[-1]
 
 
 def test_non_utf8_annotation_file_names_file_and_line(tmp_path):
@@ -134,13 +132,11 @@ def test_a_decompression_bomb_in_the_train_file_is_dropped_or_skipped_not_fatal(
             "run.prompts_per_device=4", "data.shuffle=false", "rollout.group_size=2", "rollout.max_new_tokens=3"]
     tr = GRPOTrainer(th.make_cfg(tmp_path / "a", tiny_dirs("qwen2_5_vl"), *args), reward_fn=th.text_reward)
     assert [s.id for s in tr.samples] == ["ok0", "ok1", "ok2"] and tr.media_report.counts == {"media_too_large": 1}
-    tr._make_stream()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     assert m["data/dropped_at_load"] == 1 and m["data/skipped_missing_media"] == 0
     tr = GRPOTrainer(th.make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args, "data.media_check=exists"),
                      reward_fn=th.text_reward)
     assert len(tr.samples) == 4
-    tr._make_stream()
-    m = tr.train_step()
+    m = tr.train(steps=1)[-1]
     assert m["data/skipped_missing_media"] == 1
-    assert {getattr(s, "id", None) or s["id"] for s in tr.last_batch.samples} == {"ok0", "ok1", "ok2"}
+    assert {getattr(s, "id", None) or s["id"] for s in tr.state.batch.samples} == {"ok0", "ok1", "ok2"}

@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from mmgrpo.vlm.train.trainer import RolloutBatch, cat_batches, micro_batches
+from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, micro_batches
 
 
 def _batch(n: int, T: int, start: int) -> RolloutBatch:
@@ -13,11 +13,12 @@ def _batch(n: int, T: int, start: int) -> RolloutBatch:
     col = lambda v: (f[:, None] + v * torch.arange(T)).float()  # noqa: E731 - distinct (N, T) values per field
     return RolloutBatch(
         items=[{"i": int(i)} for i in r], samples=[f"s{i}" for i in r.tolist()], texts=[f"t{i}" for i in r.tolist()],
-        completion_ids=col(1).long(), completion_mask=torch.ones(n, T, dtype=torch.long), group_ids=r // 2,
+        completion_ids=col(1).long(), completion_mask=torch.ones(n, T, dtype=torch.long),
+        loss_mask=(col(1).long() % 3 != 0).long(), group_ids=r // 2,
         is_offpolicy=r % 2 == 0, truncated=r % 3 == 0, parse_failed=r % 5 == 0,
         rewards={"total": f.float(), "iou": -f.float()}, rollout_logp=col(0.5), advantages=f.float() * 2,
         reward_used=f.float() * 3, zero_std=r % 7 == 0, old_logp=col(0.25), ref_logp=col(0.125),
-        token_weights=col(2.0), info={"k": float(start)}, valid=r % 4 != 0)
+        token_weights=col(2.0), info={"k": float(start)}, valid=r % 4 != 0, prompts=[f"p{i}" for i in r.tolist()])
 
 
 def _same(a, b) -> bool:
@@ -30,7 +31,7 @@ def _same(a, b) -> bool:
 
 def test_select_and_cat_keep_every_field():
     names = [f.name for f in dataclasses.fields(RolloutBatch)]
-    assert len(names) == 19
+    assert len(names) == 21
     a, b = _batch(4, 3, 0), _batch(2, 3, 4)
     both = cat_batches([a, b], pad_id=0)
     whole = _batch(6, 3, 0)

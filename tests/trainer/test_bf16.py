@@ -16,28 +16,37 @@ import pytest
 import torch
 
 from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train import checkpointing, steps
+from mmgrpo.vlm.train.prompts import make_stream
 
 BF16 = torch.bfloat16
 
 
 class _Recorder:
-    """Wraps the trainer's ``policy_loss`` to record dtypes, first-iteration log-ratios and losses."""
+    """Wraps the run's policy loss (chosen at setup by ``policy_loss``) to record dtypes, first-iteration
+    log-ratios and losses."""
 
     def __init__(self, monkeypatch):
         import mmgrpo.vlm.train.trainer as T
+        from mmgrpo.vlm.methods.base import PolicyLoss
 
         self.calls = []
         real = T.policy_loss
 
-        def rec(logp, old_logp, advantages, mask, **kw):
-            out = real(logp, old_logp, advantages, mask, **kw)
-            m = mask.bool()
-            self.calls.append({"dtypes": (logp.dtype, old_logp.dtype, advantages.dtype, out.loss.dtype),
-                               "loss": float(out.loss.detach()), "log_ratio": (logp.detach() - old_logp)[m],
-                               "ref": None if kw.get("ref_logp") is None else kw["ref_logp"].dtype})
-            return out
+        def pick(methods):
+            pl = real(methods)
 
-        monkeypatch.setattr(T, "policy_loss", rec)
+            def rec(li):
+                out = pl.fn(li)
+                m = li.mask.bool()
+                self.calls.append({"dtypes": (li.logp.dtype, li.old_logp.dtype, li.advantages.dtype, out.loss.dtype),
+                                   "loss": float(out.loss.detach()), "log_ratio": (li.logp.detach() - li.old_logp)[m],
+                                   "ref": None if li.ref_logp is None else li.ref_logp.dtype})
+                return out
+
+            return PolicyLoss(rec, pl.share)
+
+        monkeypatch.setattr(T, "policy_loss", pick)
 
 
 def _hooks(model):
@@ -50,9 +59,8 @@ def _hooks(model):
     return seen
 
 
-def _train(tr, steps):
-    tr._make_stream()
-    return [tr.train_step() for _ in range(steps)]
+def _train(tr, n):
+    return tr.train(steps=n)
 
 
 def _check_losses_and_ratio(rec, iters):
@@ -83,7 +91,7 @@ def test_bf16_full_finetune_steps_and_resume(tmp_path, tiny_dirs, th, monkeypatc
     assert {p.dtype for p in tr.model.parameters()} == {BF16}
     assert seen == {"lm_head": {BF16}, "patch_embed": {BF16}}
     assert all(math.isfinite(m["train/loss"]) for m in hist)
-    rb = tr.last_batch
+    rb = tr.state.batch
     assert rb.advantages.dtype == rb.old_logp.dtype == rb.ref_logp.dtype == torch.float32
     _check_losses_and_ratio(rec, 2)
     # the bf16 weights are the rounded fp32 masters, and they moved
@@ -96,7 +104,7 @@ def test_bf16_full_finetune_steps_and_resume(tmp_path, tiny_dirs, th, monkeypatc
     tr2 = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "model.dtype=bfloat16", "algo.num_iterations=2",
                                   "algo.kl_coef=0.04", "optim.lr=1e-3", "run.resume_from=auto"),
                       samples=th.video_samples(2) + th.image_samples(2), reward_fn=th.text_reward)
-    assert tr2.resume()
+    assert checkpointing.resume(tr2)
     for n, p in tr2.model.named_parameters():
         if p.requires_grad:
             assert p.dtype == BF16 and torch.equal(p.detach(), after[n]), n
@@ -164,14 +172,14 @@ def test_bf16_logprob_floor(tmp_path, tiny_dirs, th, family):
     cfg = th.make_cfg(tmp_path, tiny_dirs(family), "model.dtype=bfloat16", "rollout.max_new_tokens=8",
                       "run.logprob_impl=naive")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
-    tr._make_stream()
-    rb = tr.collect(0)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
     idx = torch.arange(rb.n)
     m = rb.completion_mask.bool()
     with torch.no_grad():
-        lp16 = tr._logp(tr.model, rb, idx)
+        lp16 = steps.token_logprobs(tr, tr.model, rb, idx)
         tr.model.float()
-        lp32 = tr._logp(tr.model, rb, idx)
+        lp32 = steps.token_logprobs(tr, tr.model, rb, idx)
     assert lp16.dtype == lp32.dtype == torch.float32
     d = (lp16 - lp32)[m[:, :lp16.shape[1]]].abs()
     assert 0 < float(d.max()) < 2 ** -5, float(d.max())

@@ -5,14 +5,17 @@ import pytest
 import torch
 
 from mmgrpo.vlm.models.chunked import HeadInputs
-from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.train import steps
+from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train.prompts import make_stream
 
 
 def _state(tr, rb, mbs):
-    tr.precompute(rb, mbs)
+    steps.precompute(tr, rb, mbs)
     tr.model.train()
     tr.model.zero_grad(set_to_none=True)
-    lp = tr._logp(tr.model, rb, mbs[0])
+    lp = steps.token_logprobs(tr, tr.model, rb, mbs[0])
     (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
     grads = {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
     return rb.old_logp.clone(), rb.ref_logp.clone(), rb.token_weights.clone(), lp.detach(), grads
@@ -20,16 +23,16 @@ def _state(tr, rb, mbs):
 
 @pytest.mark.parametrize("impl", ["naive", "prefix_group"])
 def test_chunked_head_matches_full_logits_in_trainer(tmp_path, tiny_dirs, th, impl):
-    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "twgrpo.enabled=true", "algo.kl_coef=0.05",
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.tw_grpo.enabled=true", "algo.kl_coef=0.05",
                       f"run.logprob_impl={impl}", "algo.logprob_chunk_size=0")
     tr = GRPOTrainer(cfg, samples=th.video_samples(1) + th.image_samples(1), reward_fn=th.text_reward)
-    tr._make_stream()
-    rb = tr.collect(0)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
     mbs = micro_batches(rb.group_ids, 8)
     full = _state(tr, rb, mbs)
     tr.cfg.algo.logprob_chunk_size = 3
     with torch.no_grad():  # the chunked path is really taken
-        assert isinstance(tr._logp(tr.model, rb, mbs[0], return_logits=True)[1], HeadInputs)
+        assert isinstance(steps.token_logprobs(tr, tr.model, rb, mbs[0], return_logits=True)[1], HeadInputs)
     chunked = _state(tr, rb, mbs)
     for a, b in zip(full[:4], chunked[:4]):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)

@@ -16,7 +16,7 @@ def test_train_help_lists_every_option_without_torch():
     from mmgrpo.utils.config import iter_fields
 
     names = [f[0] if isinstance(f, tuple) else getattr(f, "name", str(f)) for f in iter_fields(TrainConfig)]
-    for key in ("tempsamp.mode", "tgrpo.mu", "algo.loss_type", "twgrpo.alpha", "selection.criterion",
+    for key in ("methods.tempsamp_r1.mode", "methods.t_grpo.mu", "algo.loss_type", "methods.tw_grpo.alpha", "methods.selection.criterion",
                 "run.resume_from", "data.on_missing_media", "rollout.mask_truncated_completions"):
         assert key in out, key
     assert len(names) > 60
@@ -51,7 +51,7 @@ def test_cli_train_from_jsonl_end_to_end(tmp_path, tiny_dirs, monkeypatch):
             f"data.train_file={tmp_path / 'train.jsonl'}", "data.task=mcq", "reward.weights={mcq: 1.0, format: 0.5}",
             "data.image_min_pixels=3136", "data.image_max_pixels=3136", "rollout.group_size=2",
             "rollout.max_new_tokens=4", "run.max_steps=2", "run.prompts_per_device=2", f"run.output_dir={out}",
-            "run.tensorboard=false", "tempsamp.enabled=false"]
+            "run.tensorboard=false", "methods.tempsamp_r1.enabled=false"]
     assert main(args) == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and "reward/mcq/mean" in metrics[0]

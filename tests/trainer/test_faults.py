@@ -8,7 +8,10 @@ import time
 import pytest
 import torch
 
-from mmgrpo.vlm.train.faults import CallStats, RewardCallFailed, TrainingStopped, call_with_retries, nonfinite_rows
+from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
+from mmgrpo.engine.reward_calls import CallStats
+from mmgrpo.vlm.train.faults import call_with_retries, nonfinite_rows
+from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
@@ -80,9 +83,8 @@ def test_nonfinite_rewards_dropped_from_groups_and_degenerate_groups_zero(tmp_pa
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "run.prompts_per_device=3",
                    "data.shuffle=false")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=_nan_reward(scored))
-    tr._make_stream()
-    m = tr.train_step()
-    rb = tr.last_batch
+    m = tr.train(steps=1)[-1]
+    rb = tr.state.batch
     # i0 keeps 2 rows, i1 keeps 1, i2 none: 3 rows enter the loss
     assert [s["id"] for s in rb.samples] == ["i0", "i0", "i1"] and bool(torch.isfinite(rb.rewards["total"]).all())
     r = scored[0][2:4].double()  # the two finite rewards of group i0, by hand: (r - mean) / (std + eps)
@@ -90,7 +92,7 @@ def test_nonfinite_rewards_dropped_from_groups_and_degenerate_groups_zero(tmp_pa
     expect = (r - r.mean()) / (sd + 1e-4) if r[0] != r[1] else torch.zeros(2)
     torch.testing.assert_close(rb.advantages[:2].double(), expect, atol=1e-6, rtol=0)
     assert rb.advantages[2] == 0.0  # one member left: no baseline
-    assert tr.counters["reward_nonfinite_rows"] == 9 and tr.counters["degenerate_groups"] == 2  # i1 and i2
+    assert tr.state.counters["reward_nonfinite_rows"] == 9 and tr.state.counters["degenerate_groups"] == 2  # i1 and i2
     assert m["faults/reward_nonfinite_rows"] == 9 and m["faults/degenerate_groups_step"] == 2
     row = _metrics(tmp_path)[-1]
     assert row["faults/reward_nonfinite_rows"] == 9 and row["data/groups"] == 2
@@ -121,14 +123,13 @@ def test_reward_call_retried_then_rows_dropped(tmp_path, tiny_dirs, th, caplog):
 
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.retries=1", "reward.retry_backoff=0")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=flaky_then_down)
-    tr._make_stream()
-    m1 = tr.train_step()
-    assert tr.last_batch.n == 8 and m1["faults/reward_retries"] == 1 and m1["faults/reward_failed_calls"] == 0
+    m1 = tr.train(steps=1)[-1]
+    assert tr.state.batch.n == 8 and m1["faults/reward_retries"] == 1 and m1["faults/reward_failed_calls"] == 0
     before = th.trainable(tr)
     with caplog.at_level(logging.WARNING, logger="mmgrpo"):
-        m2 = tr.train_step()
+        m2 = tr.train(steps=1)[-1]
     assert "dropping its 8 row(s)" in caplog.text
-    assert tr.last_batch.n == 0 and m2["faults/reward_failed_calls"] == 1 and m2["faults/reward_failed_rows"] == 8
+    assert tr.state.batch.n == 0 and m2["faults/reward_failed_calls"] == 1 and m2["faults/reward_failed_rows"] == 8
     assert all(torch.equal(before[k], v) for k, v in th.trainable(tr).items())  # nothing to learn from: no change
     assert _metrics(tmp_path)[-1]["faults/reward_failed_calls"] == 1
 
@@ -147,32 +148,33 @@ def test_reward_timeout_then_stop_writes_checkpoint(tmp_path, tiny_dirs, th):
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=hangs_on_step_2)
     with pytest.raises(TrainingStopped, match="no answer within 0.2 s.*on_failure=stop.*checkpoint written"):
         tr.train()
-    assert tr.counters["reward_timeouts"] == 2 and tr.counters["reward_failed_calls"] == 1
+    assert tr.state.counters["reward_timeouts"] == 2 and tr.state.counters["reward_failed_calls"] == 1
     ckpt = CheckpointManager(tmp_path / "run" / "checkpoints")
     st, path = ckpt.load_latest()
     assert path.name == "step-00000001" and st["trainer"]["stream"]["position"] == 2  # step 2 is redone on resume
 
 
 # ------------------------------------------------------------------------------------------------ non-finite updates
-def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, tiny_dirs, th, caplog):
+def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, tiny_dirs, th, caplog, monkeypatch):
     """Step 1: NaN advantage; step 2: NaN loss; step 3: NaN gradients -> each optimizer step skipped (weights and
     AdamW state untouched, counted, logged); 3 in a row = run.max_consecutive_skips -> checkpoint + stop."""
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=6", "run.max_consecutive_skips=3")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=_ok)
-    orig_adv, orig_logp = tr.advantages, tr._logp
+    orig_adv, orig_logp = steps.advantages, steps.token_logprobs
 
-    def adv(rb):
-        orig_adv(rb)
-        if tr.step == 0:
+    def adv(run, rb):
+        orig_adv(run, rb)
+        if tr.state.step == 0:
             rb.advantages[0] = float("nan")
 
-    def logp(model, rb, idx, return_logits=False):
-        out = orig_logp(model, rb, idx, return_logits)
-        return out * float("nan") if (tr.step == 1 and torch.is_grad_enabled()) else out
+    def logp(run, model, rb, idx, return_logits=False):
+        out = orig_logp(run, model, rb, idx, return_logits)
+        return out * float("nan") if (tr.state.step == 1 and torch.is_grad_enabled()) else out
 
-    tr.advantages, tr._logp = adv, logp
+    monkeypatch.setattr(steps, "advantages", adv)
+    monkeypatch.setattr(steps, "token_logprobs", logp)
     p = next(p for p in tr.model.parameters() if p.requires_grad)
-    p.register_hook(lambda g: g * float("nan") if tr.step == 2 else g)
+    p.register_hook(lambda g: g * float("nan") if tr.state.step == 2 else g)
     w0 = th.trainable(tr)
     with caplog.at_level(logging.WARNING, logger="mmgrpo"):
         with pytest.raises(TrainingStopped, match="3 consecutive optimizer steps were skipped.*checkpoint written"):
@@ -188,7 +190,8 @@ def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, ti
     st, path = CheckpointManager(tmp_path / "run" / "checkpoints").load_latest()
     assert path.name == "step-00000003" and st["trainer"]["step"] == 3 and st["trainer"]["consecutive_skips"] == 3
     # a good step resets the count
-    tr._logp, tr.advantages = orig_logp, orig_adv
-    m = tr.train_step()
+    monkeypatch.setattr(steps, "advantages", orig_adv)
+    monkeypatch.setattr(steps, "token_logprobs", orig_logp)
+    m = tr.train(steps=1)[-1]
     assert m["train/skipped_steps"] == 0 and m["faults/consecutive_skips"] == 0
     assert any(not torch.equal(v, w0[k]) for k, v in th.trainable(tr).items())

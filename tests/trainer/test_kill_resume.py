@@ -133,6 +133,6 @@ def test_sigkill_anywhere_and_during_checkpoint_write_then_exact_resume(tmp_path
     # resume through the trainer: latest valid = step 2, the torn temp dir of the dead writer is removed
     tr = GRPOTrainer(th.make_cfg(tmp_path / "b", model, *ARGS), samples=th.image_samples(3), reward_fn=th.text_reward)
     hist = tr.train()
-    assert len(hist) == 1 and tr.step == STEPS and not torn.exists()
+    assert len(hist) == 1 and tr.state.step == STEPS and not torn.exists()
     _assert_bitwise(_state(tr), want)
-    assert tr.stream.position == ref.stream.position
+    assert tr.state.stream.position == ref.state.stream.position

@@ -17,18 +17,18 @@ FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "method_golden.json"
 # name -> (config overrides, sample kind); 2 steps each, G=4, 2 prompts, 6 new tokens (conftest.make_cfg)
 CASES = {
     "grpo": ([], "video"),
-    "tempsamp_shape": (["tempsamp.enabled=true", "reward.weights={acc: 1.0}", "tempsamp.shape_reward=acc"], "video"),
-    "tempsamp_anchor": (["tempsamp.enabled=true", "tempsamp.mode=anchor"], "video"),
-    "tgrpo": (["tgrpo.enabled=true", "tgrpo.min_accuracy=0.0"], "video"),
-    "twgrpo": (["twgrpo.enabled=true"], "video"),
-    "tempsamp_tw_t": (["tempsamp.enabled=true", "tempsamp.shape_reward=total", "twgrpo.enabled=true", "tgrpo.enabled=true",
-                       "tgrpo.min_accuracy=0.0"], "video"),
+    "tempsamp_shape": (["methods.tempsamp_r1.enabled=true", "reward.weights={acc: 1.0}", "methods.tempsamp_r1.shape_reward=acc"], "video"),
+    "tempsamp_anchor": (["methods.tempsamp_r1.enabled=true", "methods.tempsamp_r1.mode=anchor"], "video"),
+    "tgrpo": (["methods.t_grpo.enabled=true", "methods.t_grpo.min_accuracy=0.0"], "video"),
+    "twgrpo": (["methods.tw_grpo.enabled=true"], "video"),
+    "tempsamp_tw_t": (["methods.tempsamp_r1.enabled=true", "methods.tempsamp_r1.shape_reward=total", "methods.tw_grpo.enabled=true", "methods.t_grpo.enabled=true",
+                       "methods.t_grpo.min_accuracy=0.0"], "video"),
     "dapo": (["algo.filter_zero_std=true", "algo.filter_max_rounds=2", "algo.clip_high=0.28", "algo.agg=token_mean"],
              "video_dead"),
     "overlong_mask": (["rollout.mask_truncated_completions=true", "rollout.max_new_tokens=24"], "video"),
     "reg_grpo": (["algo.loss_type=reg"], "video"),
-    "selection_variance": (["selection.enabled=true", "selection.num_inferences=3", "selection.criterion=variance",
-                            "run.max_steps=3", "selection.refilter_every_epoch=true"], "image"),
+    "selection_variance": (["methods.selection.enabled=true", "methods.selection.num_inferences=3", "methods.selection.criterion=variance",
+                            "run.max_steps=3", "methods.selection.refilter_every_epoch=true"], "image"),
     "iter2_kl": (["algo.num_iterations=2", "algo.kl_coef=0.05"], "video"),
 }
 
@@ -50,7 +50,7 @@ def run_case(name, tmp_path, model_dir, th):
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=reward)
     hist = tr.train()
     params = sorted((n, p.detach().double()) for n, p in tr.model.named_parameters() if p.requires_grad)
-    rb = tr.last_batch
+    rb = tr.state.batch
     return {
         "loss": [h.get("train/loss") for h in hist],
         "reward": [h.get("reward/total/mean") for h in hist],

@@ -73,7 +73,7 @@ def _worker(rank, port, model, root, th):
             tr.train()  # step 1, then a checkpoint via accelerator.save_state (sharded)
             tr = trainer(name, "run.resume_from=auto")
             tr.train()  # resumes from the sharded checkpoint, step 2
-            assert tr.step == 2
+            assert tr.state.step == 2
             sd = tr.accelerator.get_state_dict(tr.model)
             names = {n for n, p in tr.unwrapped.named_parameters() if p.requires_grad}
             w = {k: v for k, v in sd.items() if k in names}
@@ -81,7 +81,7 @@ def _worker(rank, port, model, root, th):
             tr = trainer(name)
             tr.train()
             w = tr.policy.trainable_state_dict()
-        torch.save({"w": w, "rows": tr.last_batch.n, "groups": tr.last_batch.group_ids.tolist()},
+        torch.save({"w": w, "rows": tr.state.batch.n, "groups": tr.state.batch.group_ids.tolist()},
                    root / f"{name}-rank{rank}.pt")
 
 
@@ -117,7 +117,7 @@ def test_two_processes_equal_one_process_with_split_group(tmp_path, tiny_dirs, t
                           samples=th.image_samples(3), reward_fn=th.text_reward)
         w0 = one.policy.trainable_state_dict()
         one.train()
-        assert one.world == 1 and not one.split_groups and one.last_batch.n == 12
+        assert one.world == 1 and not one.split_groups and one.state.batch.n == 12
         refs = {2: one.policy.trainable_state_dict(),
                 1: torch.load(tmp_path / "one" / "run" / "checkpoints" / "step-00000001" / "policy.pt")}
         t0, status = time.time(), {}

@@ -10,6 +10,7 @@ import torch
 
 from mmgrpo.engine.errors import TrainingStopped
 from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
+from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.onpolicy import ratio_statistics, tolerance
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
@@ -60,30 +61,36 @@ def test_normal_hf_run_passes(tmp_path, tiny_dirs, th):
     before = th.trainable(tr)
     tr.train()
     st = tr.onpolicy_stats
-    assert st["passed"] and st["tokens"] == float(tr.last_batch.completion_mask.sum())
+    assert st["passed"] and st["tokens"] == float(tr.state.batch.completion_mask.sum())
     assert st["max_abs"] < 1e-4  # fp32: KV-cached sampling vs the trainer's forward differ by rounding only
     assert any(not torch.equal(before[n], p) for n, p in th.trainable(tr).items())
 
 
-def _rollout_with_other_template(tr, mode: str) -> None:
+def _rollout_with_other_template(tr, mode: str, monkeypatch) -> None:
     """The backend samples from the prompt rendered with another prompt mode (another system turn), while the
     trainer scores its own rendering: a chat-template mismatch between engine and trainer."""
-    orig = tr._generate_part
+    other, orig_prepare, orig_generate = {}, steps.prepare, tr.backend.generate
 
-    def gen(step, part, k, gens_of):
-        return orig(step, [(pos, tr.task.rebuild(pp, mode=mode)) for pos, pp in part], k, gens_of)
+    def prepare(run, drawn):
+        preps = orig_prepare(run, drawn)
+        for _, pp, _ in preps:
+            other[id(pp.item)] = tr.task.rebuild(pp, mode=mode).item
+        return preps
 
-    tr._generate_part = gen
+    def generate(prompts, k, params, **kw):
+        return orig_generate([other.get(id(p), p) for p in prompts], k, params, **kw)
+
+    monkeypatch.setattr(steps, "prepare", prepare)
+    tr.backend.generate = generate
 
 
-def test_template_mismatch_stops_before_any_update(tmp_path, tiny_dirs, th):
+def test_template_mismatch_stops_before_any_update(tmp_path, tiny_dirs, th, monkeypatch):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"))
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
-    tr._make_stream()
     before = th.trainable(tr)
-    _rollout_with_other_template(tr, "think")
+    _rollout_with_other_template(tr, "think", monkeypatch)
     with pytest.raises(TrainingStopped) as e:
-        tr.train_step()
+        tr.train(steps=1)
     msg = str(e.value)
     assert "step-0 on-policy check failed" in msg and "max |ratio-1|" in msg
     assert msg.split("most likely first:")[1].lstrip().startswith("1. prompt")  # the template is named first
@@ -93,13 +100,12 @@ def test_template_mismatch_stops_before_any_update(tmp_path, tiny_dirs, th):
     assert all(torch.equal(before[n], p) for n, p in th.trainable(tr).items())  # no update was applied
 
 
-def test_switch_off_trains_despite_the_mismatch(tmp_path, tiny_dirs, th):
+def test_switch_off_trains_despite_the_mismatch(tmp_path, tiny_dirs, th, monkeypatch):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "rollout.onpolicy_check=false", "run.max_steps=1")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
-    tr._make_stream()
-    _rollout_with_other_template(tr, "think")
-    m = tr.train_step()
-    assert m["train/skipped_steps"] == 0 and not hasattr(tr, "onpolicy_stats")
+    _rollout_with_other_template(tr, "think", monkeypatch)
+    m = tr.train(steps=1)[-1]
+    assert m["train/skipped_steps"] == 0 and tr.onpolicy_stats is None
 
 
 # ------------------------------------------------------------------------------------------------ vLLM backend
@@ -143,12 +149,11 @@ def test_vllm_backend_consistent_engine_passes_made_up_logprobs_stop(tmp_path, t
     be, llm = _vllm_fakes()._backend(build_tiny_tokenizer())
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=be)
     be.tokenizer = tr.tok
-    tr._make_stream()
     if consistent:
         _scoring_engine(tr, be, llm)
-        tr.train_step()
+        tr.train(steps=1)
         assert tr.onpolicy_stats["passed"] and tr.onpolicy_stats["max_abs"] < 1e-4
     else:  # the fake's log-probs -(0.25 + 0.5 k) are another distribution than the policy's
         with pytest.raises(TrainingStopped, match="on-policy check failed"):
-            tr.train_step()
+            tr.train(steps=1)
         assert be.pusher.pushes == 0  # stopped before the update (and its weight push)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.utils.signals import EXIT_INTERRUPTED
+from mmgrpo.utils.exit_codes import INTERRUPTED as EXIT_INTERRUPTED
 
 STEPS = 3
 ARGS = ["model.freeze_vision=true", f"run.max_steps={STEPS}", "optim.lr=0.01", "optim.weight_decay=0.01",
@@ -62,18 +62,21 @@ def _fork_cli(th, cfg, stderr_path, hook, repeat_window=None):
 
 
 def _signal_in_step2(method, sig):
-    """Hook: the child sends itself ``sig`` right after ``method`` (collect / optimize) of step 2 returns."""
+    """Hook: the child sends itself ``sig`` right after the recipe's ``method`` (collect / optimize, functions of
+    :mod:`mmgrpo.vlm.train.steps` the loop calls) of this trainer's step 2 returns."""
 
     def hook(tr):
-        orig = getattr(tr, method)
+        import mmgrpo.vlm.train.trainer as tm
 
-        def wrapped(*a, **k):
-            out = orig(*a, **k)
-            if tr.step == 1:
+        orig = getattr(tm, method)
+
+        def wrapped(run, *a, **k):
+            out = orig(run, *a, **k)
+            if run is tr and tr.state.step == 1:
                 os.kill(os.getpid(), sig)
             return out
 
-        setattr(tr, method, wrapped)
+        setattr(tm, method, wrapped)
         return tr
 
     return hook
@@ -173,9 +176,9 @@ def test_sigterm_sigint_checkpoint_exit_4_and_exact_resume_second_signal_aborts(
     for name, start in (("a", 1), ("b", 2), ("c", 1)):
         tr = GRPOTrainer(cfg(name), samples=th.image_samples(3), reward_fn=th.text_reward)
         hist = tr.train()
-        assert len(hist) == STEPS - start and tr.step == STEPS, name
+        assert len(hist) == STEPS - start and tr.state.step == STEPS, name
         _assert_bitwise(_state(tr), want)
-        assert tr.stream.position == ref.stream.position, name
+        assert tr.state.stream.position == ref.state.stream.position, name
     assert not torn.exists()  # the dead writer's temp dir was removed
 
 
@@ -196,7 +199,7 @@ def _mp_worker(rank, port, model, root, th):
     from accelerate.state import AcceleratorState, GradientState
 
     from mmgrpo.vlm.train.trainer import GRPOTrainer
-    from mmgrpo.utils.signals import TrainingInterrupted
+    from mmgrpo.engine.errors import TrainingInterrupted
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the parent's single-process state
     GradientState._reset_state()
@@ -215,7 +218,7 @@ def _mp_worker(rank, port, model, root, th):
     try:
         tr.train()
     except TrainingInterrupted as e:
-        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, step=tr.step)
+        res.update(signame=e.signame, where=e.where, checkpoint=e.checkpoint, step=tr.state.step)
     again = make("run")
     res["resumed_steps"] = len(again.train())
     try:

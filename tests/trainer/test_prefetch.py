@@ -8,6 +8,8 @@ import torch
 
 from mmgrpo.vlm.data.prefetch import Prefetcher
 from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train import checkpointing, prompts
+from mmgrpo.vlm.train.prompts import make_stream
 
 
 def test_prefetcher_order_hits_misses_cancel_and_errors():
@@ -67,8 +69,8 @@ def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_di
     prefetched step waiting for most of a batch)."""
     cfg = th.make_cfg(tmp_path / "p1", tiny_dirs("qwen2_5_vl"), "data.prefetch=1", "run.max_steps=3")
     tr = GRPOTrainer(cfg, samples=th.video_samples(6), reward_fn=th.text_reward)
-    tr._make_stream()
-    pf = tr._get_prefetcher()
+    tr.state.stream = make_stream(tr)
+    pf = prompts.get_prefetcher(tr)
     worker_started = threading.Event()
     seen = []
     worker_prepare, inline_prepare = pf.prepare, tr.task.prepare
@@ -84,23 +86,23 @@ def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_di
 
     pf.prepare, tr.task.prepare = in_worker, inline
     try:
-        for _ in range(3):
-            tr.train_step()
+        tr.train(steps=3)
         first = seen[0]
         assert first[1] == [2, 3], seen  # the next batch was hinted before this one was prepared
         assert first[2], "the background thread did not start while the first batch was prepared inline"
         assert len(seen) == 2 and (pf.hits, pf.misses) == (4, 2)  # steps 2-3 from the thread
     finally:
-        tr._close_prefetch()
+        prompts.close_prefetch(tr)
 
 
-def _run(tr, steps):
-    tr._make_stream()
-    positions = []
-    for _ in range(steps):
-        tr.train_step()
-        positions.append(tr.state()["trainer"]["stream"])
-    return positions
+def _run(tr, n):
+    """n steps one by one: the checkpointed stream after each, and the run's prefetcher (closed when it ends)."""
+    positions, pf = [], None
+    for _ in range(n):
+        tr.train(steps=1)
+        pf = pf or tr.state.prefetcher
+        positions.append(checkpointing.state(tr)["trainer"]["stream"])
+    return positions, pf
 
 
 def test_prefetch_changes_nothing_but_the_waiting(tmp_path, tiny_dirs, th):
@@ -111,13 +113,13 @@ def test_prefetch_changes_nothing_but_the_waiting(tmp_path, tiny_dirs, th):
         torch.manual_seed(0)
         tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
         try:
-            runs[n] = (_run(tr, 3), th.trainable(tr), tr._get_prefetcher())
+            pos, pf = _run(tr, 3)
+            runs[n] = (pos, th.trainable(tr), pf)
             if n:
-                pf = tr._prefetcher
                 # step 1 prepared inline; steps 2 and 3 came from the background thread
                 assert (pf.hits, pf.misses) == (4, 2)
         finally:
-            tr._close_prefetch()
+            prompts.close_prefetch(tr)
     (pos0, w0, _), (pos2, w2, _) = runs[0], runs[2]
     # the checkpointed data position is the trained batch's, not the prefetched one's
     assert pos2 == pos0 and [p["position"] for p in pos2] == [2, 4, 6]

@@ -9,6 +9,7 @@ import pytest
 
 from mmgrpo.engine.errors import ConfigError, TrainingInterrupted
 from mmgrpo.utils import memory_plan as mp
+from mmgrpo.vlm.memory_plan import vlm_config
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
@@ -47,7 +48,7 @@ def _truncated_7b(tmp_path, layers=1):
     """A real-width, depth-truncated Qwen2.5-VL-7B folder (config only: the planner needs nothing else)."""
     d = tmp_path / f"qwen2.5-vl-7b_{layers}"
     d.mkdir()
-    mp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], layers).to_json_file(str(d / "config.json"))
+    vlm_config(mp.MODELS["qwen2.5-vl-7b"], layers).to_json_file(str(d / "config.json"))
     return d
 
 
@@ -83,7 +84,7 @@ def test_sigterm_during_a_rollout_ends_decoding_and_checkpoints(tmp_path, tiny_d
     with pytest.raises(TrainingInterrupted, match="SIGTERM received: stopped at step 0"):
         tr.train()
     assert len(calls) == 1  # decoding stopped at once (it would run up to 32 steps per chunk)
-    assert tr.step == 0 and list((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert tr.state.step == 0 and list((tmp_path / "run" / "checkpoints").glob("step-*"))
 
 
 def test_the_startup_line_names_device_distribution_dtypes_and_attention(tmp_path, tiny_dirs, th, caplog):

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from mmgrpo.vlm.cli import main
-from mmgrpo.vlm.train.faults import NothingTrained, TrainingStopped
+from mmgrpo.engine.errors import NothingTrained, OutputDirLocked, TrainingStopped
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager, verify_checkpoint
-from mmgrpo.utils.runlock import OutputDirLocked
 
 
 def _image_run(tmp_path, model_dir, *extra):
@@ -73,7 +72,7 @@ def test_failed_rewards_are_skipped_steps_and_stop_after_k(tmp_path, tiny_dirs, 
     with pytest.raises(TrainingStopped, match=r"2 consecutive optimizer steps were skipped \(no optimizer step of "
                                               r"this run was applied\) \(last cause: no valid group"):
         tr.train()
-    assert tr.counters["skipped_steps"] == 2 and tr.counters["reward_failed_calls"] == 2
+    assert tr.state.counters["skipped_steps"] == 2 and tr.state.counters["reward_failed_calls"] == 2
     assert all(torch.equal(v, w0[k]) for k, v in th.trainable(tr).items())
     assert tr.optimizer.state_dict()["state"] == {} and tr.scheduler.last_epoch == 0
 
@@ -96,21 +95,28 @@ time.sleep(600)
 """
 
 
-def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, capsys):
-    """Another (real) process holds run.output_dir: the trainer refuses before loading data or the model (the model
-    path does not even exist), naming the holder; the CLI exits 5."""
+def test_a_second_run_into_a_locked_folder_refuses_before_loading(tmp_path, capsys, tiny_dirs, monkeypatch):
+    """Another (real) process holds run.output_dir: the trainer refuses before loading data or the model (the data
+    file does not even exist), naming the holder; the CLI exits 5."""
+    import mmgrpo.vlm.train.setup as setup
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the lock was checked")
+
+    monkeypatch.setattr(setup, "load_policy", no_load)
+    model = tiny_dirs("qwen2_5_vl")  # a folder the preflight accepts: the lock is what refuses
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        rc = main(["train", "model.path=/nonexistent", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
+        rc = main(["train", f"model.path={model}", "data.train_file=/nonexistent.jsonl", f"run.output_dir={out}"])
         err = capsys.readouterr().err
         assert rc == 5 and f"in use by another run (pid {holder.pid} on host" in err
         from mmgrpo.vlm.config import TrainConfig
         from mmgrpo.utils.config import load_config
 
-        cfg = load_config(TrainConfig, None, ["model.path=/nonexistent", f"run.output_dir={out}"])
+        cfg = load_config(TrainConfig, None, [f"model.path={model}", f"run.output_dir={out}"])
         with pytest.raises(OutputDirLocked, match=f"pid {holder.pid}"):
             GRPOTrainer(cfg, samples=[{"id": "x"}])  # the trainer itself refuses (also without the CLI)
     finally:
@@ -132,7 +138,7 @@ def test_damaged_final_checkpoint_is_rewritten_by_resume(tmp_path, tiny_dirs, th
     del tr
     tr = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(2),
                      reward_fn=th.text_reward)
-    assert len(tr.train()) == 1 and tr.step == 2
+    assert len(tr.train()) == 1 and tr.state.step == 2
     verify_checkpoint(final)
     st = CheckpointManager(tmp_path / "run" / "checkpoints").load(final)
     assert st["trainer"]["step"] == 2

@@ -6,6 +6,8 @@ import torch
 from mmgrpo.vlm.models.rollout import RolloutOutput
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.seeding import sample_seed
+from mmgrpo.vlm.train import prompts, steps
+from mmgrpo.vlm.train.prompts import make_stream
 
 
 class Recording:
@@ -26,7 +28,7 @@ def _trainer(tmp_path, tiny_dirs, th, *over):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "rollout.max_new_tokens=8", *over)
     tr = GRPOTrainer(cfg, samples=th.video_samples(2) + th.image_samples(2), reward_fn=th.text_reward)
     tr.backend = Recording(tr.backend)
-    tr._make_stream()
+    tr.state.stream = make_stream(tr)
     return tr
 
 
@@ -55,9 +57,9 @@ def test_one_prefill_per_prompt_and_same_step_as_repeated(tmp_path, tiny_dirs, t
             return out
 
         tr.backend.inner.generate = gen
-        tr.train_step()
+        tr.train(steps=1)[-1]
         h.remove()
-        rb = tr.last_batch
+        rb = tr.state.batch
         prompt_patches = sum(int(it["pixel_values_videos" if "pixel_values_videos" in it else "pixel_values"]
                                  .shape[0]) for it in rb.items[::4])
         runs[shared] = dict(calls=tr.backend.calls, patches=gen.patches, prompt_patches=prompt_patches,
@@ -93,9 +95,9 @@ def test_split_groups_keep_rows_seeds_and_order(tmp_path, tiny_dirs, th):
 
     tr.backend = Fake()
     drawn = [(10, 0, [2, 3]), (11, 1, None), (12, 2, [0]), (13, 3, [1, 3])]
-    rows, info = tr._sample_rows(5, tr._prepare(drawn))
+    rb = steps.rollout(tr, 5, prompts.prepare(tr, drawn))
     assert sorted(Fake.calls) == [(1, 1), (1, 4), (2, 2)], Fake.calls
     want = [(pos, g) for pos, _, gens in drawn for g in (range(4) if gens is None else gens)]
-    assert [r["group"] for r in rows] == [pos for pos, _ in want]
-    assert [r["text"] for r in rows] == [str(sample_seed(tr.cfg.run.seed, 5, pos, g)) for pos, g in want]
-    assert info["gen_tokens"] == 2.0 * len(want)
+    assert rb.group_ids.tolist() == [pos for pos, _ in want]
+    assert rb.texts == [str(sample_seed(tr.cfg.run.seed, 5, pos, g)) for pos, g in want]
+    assert rb.info["gen_tokens"] == 2.0 * len(want)

@@ -5,7 +5,7 @@ import pytest
 
 from mmgrpo.vlm.config import DataConfig
 from mmgrpo.vlm.models.adapters import get_adapter
-from mmgrpo.vlm.train.task import TaskAdapter
+from mmgrpo.vlm.data.task import TaskAdapter
 
 TINY = "data/checkpoints/tiny_vlm"
 

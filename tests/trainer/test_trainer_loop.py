@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from mmgrpo.vlm.config import TrainConfig
-from mmgrpo.vlm.train.task import MissingMediaError
-from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.data.task import MissingMediaError
+from mmgrpo.vlm.train import checkpointing, steps
+from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.train.prompts import make_stream
+from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.config import load_config
 
 
@@ -31,10 +34,9 @@ def max_change(tr, before):
     return max(float((p.detach() - before[n]).abs().max()) for n, p in tr.model.named_parameters() if p.requires_grad)
 
 
-def run(tr, steps=None):
+def run(tr, n=None):
     before = trainable(tr)
-    tr._make_stream()
-    hist = [tr.train_step() for _ in range(steps or tr.cfg.run.max_steps)]
+    hist = tr.train(steps=n)
     return hist, max_change(tr, before)
 
 
@@ -53,13 +55,13 @@ def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, t
     samples = th.video_samples(2) + th.image_samples(2)
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
     # the trainer's old log-probs and its grad-enabled forward agree bit for bit: ratio exactly 1 on-policy
-    tr._make_stream()
-    rb = tr.collect(0)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
     assert rb.n == 8 and rb.group_ids.tolist() == [0] * 4 + [1] * 4  # explicit integer group ids, batch of 2
     mbs = micro_batches(rb.group_ids, 8)
-    tr.precompute(rb, mbs)
+    steps.precompute(tr, rb, mbs)
     tr.model.train()
-    lp = tr._logp(tr.model, rb, mbs[0])
+    lp = steps.token_logprobs(tr, tr.model, rb, mbs[0])
     assert lp.requires_grad and torch.equal(lp.detach(), rb.old_logp[:, :lp.shape[1]])
     # rollout (KV cache) log-probs agree with the trainer's up to float rounding
     torch.testing.assert_close(rb.old_logp * rb.completion_mask, rb.rollout_logp, atol=5e-5, rtol=0)
@@ -81,10 +83,10 @@ def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, t
 
 
 def test_tempsamp_injects_ground_truth_and_trains(tmp_path, tiny_dirs, th):
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tempsamp.enabled=true", "reward.weights={iou: 1.0}")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.tempsamp_r1.enabled=true", "reward.weights={iou: 1.0}")
     tr = GRPOTrainer(cfg, samples=th.video_samples(3))
     hist, change = run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     assert rb.n == 8 and rb.is_offpolicy.tolist() == [False, False, False, True] * 2
     gt = rb.is_offpolicy
     assert rb.texts[3] == "<answer>0.50 to 1.50</answer>"
@@ -98,13 +100,14 @@ def test_tempsamp_injects_ground_truth_and_trains(tmp_path, tiny_dirs, th):
     assert change > 1e-4
     sane(hist[-1])
     # anchoring: A_gt = 1.2 * max on-policy advantage (0 here: on-policy rewards are all equal)
-    tr.cfg.tempsamp.mode = "anchor"
-    tr.advantages(rb)
+    tr.cfg.methods.tempsamp_r1.mode = "anchor"
+    tr.estimator = steps.advantage_estimator(tr.methods)
+    steps.advantages(tr, rb)
     assert torch.all(rb.advantages == 0)
 
 
 def test_tgrpo_temporal_bonus_per_group(tmp_path, tiny_dirs, th):
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "tgrpo.enabled=true", "tgrpo.mu=0.5",
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.t_grpo.enabled=true", "methods.t_grpo.mu=0.5",
                    "reward.accuracy_key=acc")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2) + th.image_samples(1), reward_fn=th.text_reward)
     hist, change = run(tr)
@@ -112,7 +115,7 @@ def test_tgrpo_temporal_bonus_per_group(tmp_path, tiny_dirs, th):
     m = hist[-1]
     sane(m)
     assert {"tgrpo/acc_ordered", "tgrpo/acc_shuffled", "tgrpo/bonus_group_frac"} <= set(m)
-    rb = tr.last_batch
+    rb = tr.state.batch
     bonus = rb.rewards["temporal"]
     assert all(v == 0.0 or v == pytest.approx(0.3) for v in bonus.tolist())
     torch.testing.assert_close(rb.rewards["total"], rb.rewards["acc"] + bonus)
@@ -125,14 +128,14 @@ def test_tgrpo_temporal_bonus_per_group(tmp_path, tiny_dirs, th):
 
 @pytest.mark.parametrize("variant", ["reg", "twgrpo"])
 def test_reg_grpo_and_tw_grpo_train(tmp_path, tiny_dirs, variant, th):
-    extra = ["algo.loss_type=reg", "optim.max_grad_norm=1.0"] if variant == "reg" else ["twgrpo.enabled=true"]
+    extra = ["algo.loss_type=reg", "optim.max_grad_norm=1.0"] if variant == "reg" else ["methods.tw_grpo.enabled=true"]
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *extra)
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
     hist, change = run(tr)
     assert change > 1e-4
     sane(hist[-1])
     if variant == "twgrpo":
-        w = tr.last_batch.token_weights[tr.last_batch.completion_mask.bool()]
+        w = tr.state.batch.token_weights[tr.state.batch.completion_mask.bool()]
         assert float(w.min()) >= 1.0 and float(w.max()) == pytest.approx(1.7)
         assert 1.0 < hist[-1]["twgrpo/weight_mean"] < 1.7
 
@@ -155,11 +158,11 @@ def test_rec_ground_truth_box_in_resized_frame_scores_high(tmp_path, tiny_dirs, 
 
     samples = [{"id": "r0", "task": "rec", "query": "the red box", "image": synthetic_image(0, 84, 112),
                 "boxes": [[20, 12, 80, 60]], "image_size": [112, 84]}]
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.task=rec", "tempsamp.enabled=true",
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.task=rec", "methods.tempsamp_r1.enabled=true",
                    "reward.weights={box_iou: 1.0}", "run.prompts_per_device=1")
     tr = GRPOTrainer(cfg, samples=samples)
     run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     gt = rb.is_offpolicy
     assert rb.rewards["box_iou"][gt].item() > 0.85, rb.texts[-1]
     assert rb.samples[0]["id"] == "r0"
@@ -170,11 +173,11 @@ def test_all_equal_rewards_zero_advantage_flagged(tmp_path, tiny_dirs, th):
         return {"acc": torch.ones(len(texts)), "total": torch.ones(len(texts)),
                 "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2")  # the run is not over after 1 step
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=const)
-    hist, change = run(tr)
+    hist, change = run(tr, 1)
     assert hist[0]["frac_reward_zero_std"] == 1.0
-    assert torch.all(tr.last_batch.advantages == 0) and tr.last_batch.zero_std.all()
+    assert torch.all(tr.state.batch.advantages == 0) and tr.state.batch.zero_std.all()
     # a zero gradient: the step is skipped (counted), not taken (issue 32 item 2)
     assert hist[0]["train/skipped_steps"] == 1.0 and hist[0]["faults/zero_advantage_steps"] == 1.0
     assert math.isnan(hist[0]["train/grad_norm"]) and change == 0.0
@@ -190,7 +193,7 @@ def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
                    "algo.filter_max_rounds=3", "data.shuffle=false")
     tr = GRPOTrainer(cfg, samples=th.image_samples(4), reward_fn=half_const)
     hist, _ = run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     assert hist[0]["data/filtered_groups"] >= 1 and hist[0]["data/sampling_rounds"] >= 2
     assert rb.group_ids.unique().numel() == 2 and not rb.zero_std.any()
     assert all(int(s["id"][1:]) % 2 == 1 for s in rb.samples)
@@ -198,14 +201,14 @@ def test_filter_zero_std_groups_refills(tmp_path, tiny_dirs, th):
 
 def test_unparseable_completions_score_zero_and_are_counted(tmp_path, tiny_dirs, th):
     # registry reward on a random policy: nothing parses -> reward 0, counted; zero-variance groups flagged
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.prompt_mode=think",
-                   "reward.weights={iou: 1.0, format: 0.5}")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "data.prompt_mode=think",
+                   "reward.weights={iou: 1.0, format: 0.5}")  # the run (no reward signal: exit 4) is not over
     tr = GRPOTrainer(cfg, samples=th.video_samples(2))
-    hist, _ = run(tr)
+    hist, _ = run(tr, 1)
     m = hist[0]
     assert m["completions/parse_failures"] == 8 and m["completions/parse_failure_rate"] == 1.0
     assert m["reward/iou/mean"] == 0.0 and m["reward/format/mean"] == 0.0 and m["frac_reward_zero_std"] == 1.0
-    assert tr.last_batch.parse_failed.all()
+    assert tr.state.batch.parse_failed.all()
 
 
 @pytest.mark.parametrize("mask_truncated", [True, False])
@@ -215,9 +218,9 @@ def test_completions_hitting_max_length_flagged_and_optionally_masked(tmp_path, 
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     hist, change = run(tr)
     m = hist[0]
-    assert tr.last_batch.truncated.all() and m["completions/clipped_ratio"] == 1.0
+    assert tr.state.batch.truncated.all() and m["completions/clipped_ratio"] == 1.0
     assert m["completions/max_length"] == 3
-    assert tr.last_batch.advantages.abs().sum() > 0  # truncated rows still count in the group statistics
+    assert tr.state.batch.advantages.abs().sum() > 0  # truncated rows still count in the group statistics
     if mask_truncated:  # every row is truncated: nothing enters the loss
         assert m["train/grad_norm"] == 0.0 and change == 0.0
     else:
@@ -230,13 +233,12 @@ def test_missing_video_skipped_or_error(tmp_path, tiny_dirs, th):
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.shuffle=false")
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
     hist, _ = run(tr)
-    assert hist[0]["data/skipped_missing_media"] == 1.0 and tr.last_batch.n == 4
+    assert hist[0]["data/skipped_missing_media"] == 1.0 and tr.state.batch.n == 4
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "data.shuffle=false",
                    "data.on_missing_media=error")
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
-    tr._make_stream()
     with pytest.raises(MissingMediaError, match="nope.mp4"):
-        tr.train_step()
+        tr.train(steps=1)
 
 
 def test_data_selection_keeps_varying_samples(tmp_path, tiny_dirs, th):
@@ -245,11 +247,11 @@ def test_data_selection_keeps_varying_samples(tmp_path, tiny_dirs, th):
                           for t, s in zip(texts, samples)])
         return {"acc": r, "total": r, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "selection.enabled=true",
-                   "selection.num_inferences=3", "selection.criterion=nonconstant")
+    cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "methods.selection.enabled=true",
+                   "methods.selection.num_inferences=3", "methods.selection.criterion=nonconstant")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=by_id)
     tr.train()
-    assert tr.selected_indices == [1, 2] and [s["id"] for s in tr.samples] == ["i1", "i2"]
+    assert tr.state.selected == [1, 2] and [s["id"] for s in tr.samples] == ["i1", "i2"]
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert [r["kept"] for r in rows] == [False, True, True] and rows[0]["rewards"] == [1.0, 1.0, 1.0]
 
@@ -270,7 +272,7 @@ def test_resume_is_exact_and_lora_checkpoint_reloads(tmp_path, tiny_dirs, th, ro
     resumed = GRPOTrainer(make_cfg(tmp_path / "b", tiny_dirs("qwen2_5_vl"), *args, "run.resume_from=auto"),
                           samples=th.image_samples(3), reward_fn=th.text_reward)
     resumed.train()
-    assert resumed.step == 2 and resumed.stream.position == straight.stream.position
+    assert resumed.state.step == 2 and resumed.state.stream.position == straight.state.stream.position
     a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the saved adapter folder reloads to the same weights (bit for bit) and logits (to a tolerance: the reloaded
@@ -319,39 +321,41 @@ def test_prefix_group_is_the_default_with_a_logged_fallback(tmp_path, tiny_dirs,
     assert hist[0]["perf/prefix_group"] == 0.0
 
 
-def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, tiny_dirs, th):
+def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, tiny_dirs, th, monkeypatch):
     """Time-R1 multi-round: at the start of epoch 1 every sample is scored again by the policy as trained so far
     and re-selected; the next epoch draws from the new set only, and a resume restores that set exactly."""
     seen_weights = []
 
     def phase_reward(texts, samples):  # before training i0 is 'solved' (constant); afterwards i1 is
-        solved = "i0" if tr.step == 0 else "i1"
+        solved = "i0" if tr.state.step == 0 else "i1"
         r = torch.tensor([1.0 if s["id"] == solved else float(sum(map(ord, t)) % 7) / 6
                           for t, s in zip(texts, samples)])
         return {"acc": r, "total": r, "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
 
-    args = ["run.max_steps=2", "selection.enabled=true", "selection.num_inferences=3",
-            "selection.criterion=nonconstant", "selection.refilter_every_epoch=true", "run.save_every=1"]
+    args = ["run.max_steps=2", "methods.selection.enabled=true", "methods.selection.num_inferences=3",
+            "methods.selection.criterion=nonconstant", "methods.selection.refilter_every_epoch=true", "run.save_every=1"]
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args)
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=phase_reward)
     w0 = trainable(tr)
     score = tr.score_samples
     tr.score_samples = lambda *a, **k: (seen_weights.append(trainable(tr)), score(*a, **k))[1]
     drawn = []
-    draw = tr._draw
-    tr._draw = lambda: (lambda d: (drawn.append([tr.samples[i]["id"] for _, i, _ in d]), d)[1])(draw())
+    draw = steps.draw
+    monkeypatch.setattr(steps, "draw", lambda run: (lambda d: (
+        drawn.append([tr.samples[i]["id"] for _, i, _ in d]), d)[1])(draw(run)))
     tr.train()
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert [(r["round"], r["sample_id"], r["kept"]) for r in rows] == [
         (0, "i0", False), (0, "i1", True), (0, "i2", True), (1, "i0", True), (1, "i1", False), (1, "i2", True)]
     assert rows[3]["step"] == 1  # scored when epoch 1 began: after one update ...
     assert not all(torch.equal(seen_weights[1][k], w0[k]) for k in w0)  # ... with the weights of that moment
-    assert sorted(drawn[0]) == ["i1", "i2"] and sorted(drawn[1]) == ["i0", "i2"] and tr.selected_indices == [0, 2]
+    assert sorted(drawn[0]) == ["i1", "i2"] and sorted(drawn[1]) == ["i0", "i2"] and tr.state.selected == [0, 2]
     # resume from the step-2 checkpoint: the round-1 selection and the stream come back
     re = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args, "run.resume_from=" + str(
         tmp_path / "run" / "checkpoints" / "step-00000002")), samples=th.image_samples(3), reward_fn=phase_reward)
-    assert re.resume() and re.selected_indices == [0, 2] and re.stream.state_dict() == tr.stream.state_dict()
-    sd = tr.stream.state_dict()
+    assert checkpointing.resume(re) and re.state.selected == [0, 2]
+    assert re.state.stream.state_dict() == tr.state.stream.state_dict()
+    sd = tr.state.stream.state_dict()
     assert (sd["position"], sd["epoch"], sd["offset"], sd["num_samples"]) == (4, 1, 2, 2)
 
 
@@ -363,15 +367,16 @@ def test_time_budget_stops_saves_and_carries_over_resume(tmp_path, tiny_dirs, th
     args = ["run.max_steps=10", "run.max_train_seconds=2.5", "run.resume_from=auto"]
     tr = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(3),
                      reward_fn=th.text_reward)
-    tr.budget = TimeBudget(2.5, clock=tick_clock)
+    tr.guard.budget = TimeBudget(2.5, clock=tick_clock)
     hist = tr.train()
-    assert tr.budget_stopped and tr.step == 3 and len(hist) == 3  # 1 s, 2 s (< 2.5), 3 s -> stop
+    assert tr.guard.budget_stopped and tr.state.step == 3 and len(hist) == 3  # 1 s, 2 s (< 2.5), 3 s -> stop
     assert [m["perf/train_seconds"] for m in hist] == [1.0, 2.0, 3.0]
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
     assert ckpts and ckpts[-1].name.endswith("3")
     again = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args), samples=th.image_samples(3),
                         reward_fn=th.text_reward)
-    assert again.train() == [] and again.step == 3 and again.budget.spent == 3.0 and again.budget_stopped
+    assert again.train() == [] and again.state.step == 3 and again.guard.budget.spent == 3.0
+    assert again.guard.budget_stopped
 
 
 def test_strict_format_reward_with_no_think_prompt_is_refused(tmp_path, tiny_dirs, th):

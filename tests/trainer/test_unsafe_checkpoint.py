@@ -64,3 +64,22 @@ def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, tiny_dirs, th, cr
                                                     "BytesStorageMetadata item"):
         tr.train()
     assert not target.exists()
+
+
+def test_resume_auto_refuses_a_rank_metadata_file(tmp_path, tiny_dirs, th, craft_sharded_state):
+    """Issue 31 item 2 through the trainer: a ``state/`` whose ``.metadata`` is gone and whose ``__0.metadata`` is a
+    pickle that would create a file (DCP falls back to it with plain ``pickle.load``). Refused, naming the file."""
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    model = tiny_dirs("qwen2_5_vl")
+    args = ["data.task=mcq", "rollout.max_new_tokens=3", "run.resume_from=auto"]
+    first = GRPOTrainer(th.make_cfg(tmp_path, model, *args, "run.max_steps=1"), samples=th.image_samples(2),
+                        reward_fn=th.text_reward)
+    first.train()
+    step = tmp_path / "run" / "checkpoints" / "step-00000001"
+    target = tmp_path / "pwned"
+    name = craft_sharded_state(step, first.model, first.optimizer, target, how="rank_metadata")
+    tr = GRPOTrainer(th.make_cfg(tmp_path, model, *args), samples=th.image_samples(2), reward_fn=th.text_reward)
+    with pytest.raises(UnsafeCheckpointError, match=rf"{step / 'state'} refused: .*{name}"):
+        tr.train()
+    assert not target.exists()

@@ -19,17 +19,17 @@ PIX = ["data.video_min_pixels=3136", "data.video_max_pixels=3136", "data.video_t
 
 @pytest.fixture(scope="module")
 def tvg_data(tmp_path_factory):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     return generate(tmp_path_factory.mktemp("val_tvg"), n_train=2, n_eval=2, seed=0)
 
 
 def _cfg(tmp_path, model, data, *extra):
     return load_config(TrainConfig, None, [
-        f"model.path={model}", "model.dtype=float32", "model.lora.enabled=true", "model.lora.r=4", "data.task=tvg",
-        "data.prompt_mode=no_think", f"data.train_file={data['train']}", *PIX, "rollout.num_generations=3",
+        f"model.path={model}", "model.dtype=float32", "model.lora.enabled=true", "model.lora.rank=4", "data.task=tvg",
+        "data.prompt_mode=no_think", f"data.train_file={data['train']}", *PIX, "rollout.group_size=3",
         "rollout.max_new_tokens=8", "run.max_steps=2", "run.prompts_per_device=1", "optim.lr=0.05",
-        "reward.weights={iou: 1.0}", f"run.output_dir={tmp_path / 'run'}", "run.use_tensorboard=false",
+        "reward.weights={iou: 1.0}", f"run.output_dir={tmp_path / 'run'}", "run.tensorboard=false",
         "run.resume_from=none", "run.progress_bar=false",
         # the random tiny policy never writes a parsable span: no reward signal; these tests are about validation
         "run.allow_no_reward_signal=true", *extra])

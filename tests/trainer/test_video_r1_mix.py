@@ -40,6 +40,6 @@ def test_one_step_on_the_five_problem_types(tmp_path, monkeypatch):
     rec = _Recorder(tr.reward_fn)
     tr.reward_fn = rec
     hist = tr.train()
-    assert len(hist) == 1 and tr.step == 1
+    assert len(hist) == 1 and tr.state.step == 1
     assert {p for _, p in rec.seen} == {"multiple choice", "numerical", "OCR", "free-form", "regression"}
     assert {t for t, _ in rec.seen} == {"mcq", "qa"}

@@ -6,7 +6,10 @@ import pathlib
 import pytest
 import torch
 
-from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train import steps
+from mmgrpo.vlm.train.prompts import make_stream
 
 
 def _fakes():
@@ -39,14 +42,14 @@ def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_p
     be, llm = _backend(build_tiny_tokenizer())
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=be)
     be.tokenizer = tr.tok
-    tr._make_stream()
+    tr.state.stream = make_stream(tr)
     # the requests carry the clip's frames + metadata
-    rb = tr.collect(0)
+    rb = steps.collect(tr, 0)
     (_, prompts, sps), = [c for c in llm.calls if c[0] == "generate"]
     assert len(prompts) == 8 and all("video" in p["multi_modal_data"] for p in prompts)
     assert len({s.seed for s in sps}) == 8 and all(s.logprobs == 0 for s in sps)
     # IS weights = min(exp(old - engine), cap) on every completion token, by hand from the batch's own log-probs
-    tr.precompute(rb, micro_batches(rb.group_ids, cfg.run.micro_batch_size))
+    steps.precompute(tr, rb, micro_batches(rb.group_ids, cfg.run.micro_batch_size))
     m = rb.completion_mask.bool()
     want = torch.ones_like(rb.old_logp)
     want[m] = torch.minimum(torch.exp(rb.old_logp[m] - rb.rollout_logp[m]), torch.tensor(2.0))
@@ -56,9 +59,9 @@ def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_p
     # two training steps: one push each, after the update, carrying the trainer's current weights
     tr2 = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=_backend(tr.tok)[0])
     be2 = tr2.backend
-    tr2._make_stream()
+    tr2.state.stream = make_stream(tr2)
     for step in range(2):
-        met = tr2.train_step()
+        met = tr2.train(steps=1)[-1]
         assert be2.pusher.pushes == step + 1
         sent = be2.pusher.transfer.sent[-1]
         cur = {n: p.detach() for n, p in tr2.model.named_parameters() if p.requires_grad}
@@ -73,7 +76,7 @@ def test_vllm_refuses_tgrpo_before_loading(tmp_path, th):
     from mmgrpo.vlm.config import TrainConfig
     from mmgrpo.utils.config import load_config
 
-    with pytest.raises(ValueError, match="tgrpo.enabled needs rollout.backend=hf"):
-        load_config(TrainConfig, None, ["rollout.backend=vllm", "tgrpo.enabled=true"])
+    with pytest.raises(ValueError, match="methods.t_grpo.enabled needs rollout.backend=hf"):
+        load_config(TrainConfig, None, ["rollout.backend=vllm", "methods.t_grpo.enabled=true"])
     with pytest.raises(ValueError, match="vllm_is_cap"):
         load_config(TrainConfig, None, ["rollout.vllm_is_cap=-1"])

@@ -4,7 +4,10 @@ import math
 import pytest
 import torch
 
-from mmgrpo.vlm.train.trainer import GRPOTrainer, micro_batches
+from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.train.trainer import GRPOTrainer
+from mmgrpo.vlm.train import checkpointing, prompts, steps
+from mmgrpo.vlm.train.prompts import make_stream
 
 from .test_trainer_loop import make_cfg, run, sane, trainable
 
@@ -21,7 +24,7 @@ def test_dapo_overlong_penalty_in_total(tmp_path, tiny_dirs, th):
                    "methods.dapo_overlong.cache_len=4", "data.task=mcq")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
     hist, change = run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     L = rb.completion_mask.sum(1).double()  # max_len 6, cache 4: free up to 2 tokens, -1 at 6
     want = torch.where(L <= 2, torch.zeros_like(L), (2 - L) / 4)
     torch.testing.assert_close(rb.rewards["overlong"].double(), want)
@@ -38,7 +41,7 @@ def test_seed_grpo_scales_advantages(tmp_path, tiny_dirs, th):
                    "methods.seed_grpo.unparsed=own", "data.task=mcq")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
     hist, change = run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     r = rb.rewards["total"].double()
     plain = torch.zeros_like(r)
     for g in rb.group_ids.unique():
@@ -55,7 +58,7 @@ def test_gdpo_normalises_each_reward(tmp_path, tiny_dirs, th):
                    "data.task=mcq", "algo.adv_eps=0.0001")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=two_rewards)
     hist, change = run(tr)
-    rb = tr.last_batch
+    rb = tr.state.batch
     summed = torch.zeros(rb.n, dtype=torch.float64)
     for key, w in (("acc", 1.0), ("fmt", 2.0)):
         x = rb.rewards[key].double()
@@ -70,19 +73,22 @@ def test_gdpo_normalises_each_reward(tmp_path, tiny_dirs, th):
 
 
 def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, th):
-    from mmgrpo.core.losses import policy_loss
-    from mmgrpo.vlm.models.rollout import compute_token_logprobs
+    from mmgrpo.vlm.methods.base import LossInputs, grpo_loss
+    from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs
 
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true",
                    "methods.entropy.top_quantile=0.5", "data.task=mcq", "run.logprob_impl=naive")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
-    tr._make_stream()
-    rb = tr.collect(0)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
     mbs = micro_batches(rb.group_ids, 8)
-    tr.precompute(rb, mbs)
+    steps.precompute(tr, rb, mbs)
     mask = rb.completion_mask.bool()
     # entropy vs the full logits of the same forward, independently through torch.distributions
-    batch, ids, m, T = tr._mb_inputs(rb, mbs[0])
+    idx = mbs[0]
+    T = max(1, int(rb.completion_mask[idx].sum(1).max()))
+    batch = batch_to(collate_prompts([rb.items[i] for i in idx.tolist()], tr.pad_id), tr.device)
+    ids, m = rb.completion_ids[idx, :T], rb.completion_mask[idx, :T]
     with torch.no_grad():
         _, logits = compute_token_logprobs(tr.model, batch, ids, m, tr.sampling.temperature,
                                            tr.policy.suppress_token_ids, return_logits=True)
@@ -92,10 +98,10 @@ def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, t
     assert set(w.unique().tolist()) <= {0.0, 1.0} and 0.5 <= float(w.mean()) < 1.0
     # the trainer's loss with these weights: a masked token gets exactly zero gradient
     tr.model.train()
-    lp = tr._logp(tr.model, rb, mbs[0]).float()
+    lp = steps.token_logprobs(tr, tr.model, rb, mbs[0]).float()
     lp.retain_grad()
-    out = policy_loss(lp, rb.old_logp[:, :T], rb.advantages, rb.completion_mask[:, :T],
-                      token_weights=rb.token_weights[:, :T])
+    out = grpo_loss(LossInputs(lp, rb.old_logp[:, :T], rb.advantages, rb.completion_mask[:, :T],
+                               token_weights=rb.token_weights[:, :T], algo=tr.cfg.algo))
     out.loss.backward()
     g = lp.grad
     kept = rb.token_weights[:, :T] > 0
@@ -111,9 +117,9 @@ def test_entropy_with_shared_prefix_logprobs_matches_naive(tmp_path, tiny_dirs, 
         cfg = make_cfg(tmp_path / impl, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true", "data.task=mcq",
                        f"run.logprob_impl={impl}")
         tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
-        tr._make_stream()
-        rb = tr.collect(0)
-        tr.precompute(rb, micro_batches(rb.group_ids, 8))
+        tr.state.stream = make_stream(tr)
+        rb = steps.collect(tr, 0)
+        steps.precompute(tr, rb, micro_batches(rb.group_ids, 8))
         ents.append(rb.entropy)
     torch.testing.assert_close(ents[0], ents[1], atol=1e-4, rtol=1e-4)
     assert ents[0].abs().sum() > 0
@@ -128,7 +134,7 @@ def test_hybrid_cot_modes_and_format(tmp_path, tiny_dirs, th):
                    "data.task=mcq")
     tr = GRPOTrainer(cfg, samples=th.image_samples(4))
     hist, change = run(tr, 1)
-    rb = tr.last_batch
+    rb = tr.state.batch
     meth = next(m for m in tr.methods if m.name == "hybrid_cot")
     modes = [meth.modes[g] for g in rb.group_ids.tolist()]
     assert sorted(set(modes)) == ["no_think", "think"] and modes.count("think") == 4  # one of 2 groups
@@ -141,14 +147,14 @@ def test_hybrid_cot_modes_and_format(tmp_path, tiny_dirs, th):
 
 def test_difficulty_aug_perturbs_easy_and_hints_hard(tmp_path, tiny_dirs, th):
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.difficulty_aug.enabled=true",
-                   "reward.weights={iou: 1.0}")
+                   "reward.weights={iou: 1.0}", "run.max_steps=3")  # the 2 steps below do not end the run
     tr = GRPOTrainer(cfg, samples=th.video_samples(2, frames=8))  # 4 s clips, event at 0.5-1.5 s
     meth = next(m for m in tr.methods if m.name == "difficulty_aug")
     meth.window.push(torch.tensor([0.5]))
     meth.last_mean.update({"v0": 1.0, "v1": 0.0})  # v0 easy (+0.5), v1 hard (-0.5): strength 1
-    tr._make_stream()
-    preps = tr._prepare(tr._draw())
-    out = meth.prepare_prompts(0, preps)
+    tr.state.stream = make_stream(tr)
+    preps = prompts.prepare(tr, prompts.draw(tr))
+    out = meth.before_rollout(0, list(preps))
     by_id = {pp.sample["id"]: (old, pp) for (_, old, _), (_, pp, _) in zip(preps, out)}
     old, new = by_id["v0"]
     changed = (new.clip.frames != old.clip.frames).flatten(1).any(1)
@@ -206,14 +212,14 @@ def test_ref_sync_reference_survives_resume(tmp_path, tiny_dirs, th):
     ref1 = {n: p.detach().clone() for n, p in tr.policy.ref_model.named_parameters()}
     tr2 = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *over, "run.resume_from=auto"),
                       samples=th.image_samples(3), reward_fn=th.text_reward)
-    assert tr2.resume()
+    assert checkpointing.resume(tr2)
     for n, p in tr2.policy.ref_model.named_parameters():
         assert torch.equal(p, ref1[n]), n
     assert next(m for m in tr2.methods if m.name == "ref_sync").syncs == 1
 
 
 def test_gdpo_refuses_a_second_estimator(tmp_path, th):
-    for extra in (["methods.ngrpo.enabled=true"], ["tempsamp.enabled=true"]):
+    for extra in (["methods.ngrpo.enabled=true"], ["methods.tempsamp_r1.enabled=true"]):
         cfg = make_cfg(tmp_path, tmp_path / "no-model", "methods.gdpo.enabled=true", *extra)
         with pytest.raises(ValueError, match="gdpo"):
             GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
@@ -225,9 +231,9 @@ def test_difficulty_aug_adds_noise_to_easy_images(tmp_path, tiny_dirs, th):
     meth = next(m for m in tr.methods if m.name == "difficulty_aug")
     meth.window.push(torch.tensor([0.5]))
     meth.last_mean.update({"i0": 1.0, "i1": 0.5})  # i0 easy; i1 at the mean: unchanged
-    tr._make_stream()
-    preps = tr._prepare(tr._draw())
-    out = meth.prepare_prompts(0, preps)
+    tr.state.stream = make_stream(tr)
+    preps = prompts.prepare(tr, prompts.draw(tr))
+    out = meth.before_rollout(0, list(preps))
     for (_, old, _), (_, new, _) in zip(preps, out):
         same = torch.equal(new.item["pixel_values"], old.item["pixel_values"])
         assert same == (old.sample["id"] == "i1")
@@ -246,6 +252,6 @@ def test_disabled_methods_accept_any_config():
     from mmgrpo.vlm.methods import check_config
     from mmgrpo.utils.config import load_config
 
-    cfg = load_config(TrainConfig, None, ["data.task=ocr", "data.prompt_mode=hybrid", "tempsamp.enabled=true",
-                                          "methods.ngrpo.enabled=true", "tempsamp.mode=shape"])
+    cfg = load_config(TrainConfig, None, ["data.task=ocr", "data.prompt_mode=hybrid", "methods.tempsamp_r1.enabled=true",
+                                          "methods.ngrpo.enabled=true", "methods.tempsamp_r1.mode=shape"])
     check_config(cfg)

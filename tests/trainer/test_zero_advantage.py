@@ -24,7 +24,7 @@ def test_all_parse_failures_exit_4_with_the_reason(tmp_path, tiny_dirs, th, caps
     assert rc == exit_codes.NOTHING_TRAINED == 4, err
     assert "nothing was trained" in err and "no reward signal" in err
     assert "parse failures 8 = 100 %" in err and "std 0 over the step" in err
-    assert tr.counters["skipped_steps"] == 2 and tr.counters["zero_advantage_steps"] == 2
+    assert tr.state.counters["skipped_steps"] == 2 and tr.state.counters["zero_advantage_steps"] == 2
     assert all(torch.equal(p, before[n]) for n, p in th.trainable(tr).items())
     assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").iterdir())
 
@@ -39,7 +39,7 @@ def test_with_a_kl_term_steps_are_taken_but_a_run_without_any_signal_still_fails
     tr = _unparseable(tmp_path, tiny_dirs, th, "algo.kl_coef=0.04")
     with pytest.raises(NothingTrained, match="none of the run's 2 step\\(s\\) had a reward signal"):
         tr.train()
-    assert tr.counters["skipped_steps"] == 0 and tr.counters["zero_advantage_steps"] == 2
+    assert tr.state.counters["skipped_steps"] == 0 and tr.state.counters["zero_advantage_steps"] == 2
 
 
 def test_a_step_with_some_signal_trains(tmp_path, tiny_dirs, th):
@@ -47,12 +47,12 @@ def test_a_step_with_some_signal_trains(tmp_path, tiny_dirs, th):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     tr.train()
-    assert tr.counters["zero_advantage_steps"] == 0 and tr.counters["skipped_steps"] == 0
+    assert tr.state.counters["zero_advantage_steps"] == 0 and tr.state.counters["skipped_steps"] == 0
 
 
 def test_allow_no_reward_signal_takes_the_zero_gradient_steps_and_ends_0(tmp_path, tiny_dirs, th):
     """The switch back to the releases' behaviour (TRL takes zero-gradient steps), for pipeline rehearsals."""
     tr = _unparseable(tmp_path, tiny_dirs, th, "run.allow_no_reward_signal=true")
     assert exit_codes.run_training("mmgrpo train", tr.train) == 0
-    assert tr.counters["skipped_steps"] == 0 and tr.counters["zero_advantage_steps"] == 2
+    assert tr.state.counters["skipped_steps"] == 0 and tr.state.counters["zero_advantage_steps"] == 2
     assert list((tmp_path / "run" / "checkpoints").glob("step-00000002"))

@@ -2,13 +2,15 @@
 the per-component arithmetic against hand-computed bytes, the ``plan`` subcommands' exit codes."""
 import pytest
 
+from flow_grpo import memory_plan as fmp
 from mmgrpo.utils import memory_plan as mp
+from mmgrpo.vlm import memory_plan as vmp
 
 GiB = 1024 ** 3
 
 
 def test_qwen2_5_vl_7b_counts_match_hand_count_and_release():
-    n = mp.counts(mp.MODELS["qwen2.5-vl-7b"])
+    n = vmp.counts(mp.MODELS["qwen2.5-vl-7b"])
     h, kv, inter = 3584, 4 * 128, 18944
     # q/k/v have biases, o_proj and the MLP do not (Qwen2); two RMSNorm weights
     layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * inter + 2 * h
@@ -21,15 +23,15 @@ def test_qwen2_5_vl_7b_counts_match_hand_count_and_release():
 
 
 def test_flux_transformer_count_matches_release():
-    n = mp.counts(mp.MODELS["flux.1-dev"])
+    n = fmp.counts(mp.MODELS["flux.1-dev"])
     assert n["full"] == 11_901_408_320  # FLUX.1-dev transformer (the released "12B")
     assert n["layers"] == 19 + 38 and n["hidden"] == 3072
 
 
 def test_truncated_layouts_keep_a_full_attention_block():
-    assert mp._truncate([7, 15, 23, 31], 2) == [1]
-    assert mp._truncate([7, 15, 23, 31], 16) == [7, 15]
-    cfg = mp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], 3)
+    assert vmp._truncate([7, 15, 23, 31], 2) == [1]
+    assert vmp._truncate([7, 15, 23, 31], 16) == [7, 15]
+    cfg = vmp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], 3)
     assert cfg.vision_config.depth == 3 and cfg.vision_config.fullatt_block_indexes == [2]
     assert cfg.text_config.num_hidden_layers == 3 and cfg.text_config.hidden_size == 3584
 
@@ -106,12 +108,13 @@ def _fake_rehearsal(tmp_path, name, layers, act):
     per layer (``a_fixed`` = 0): what a real run would give if the model were exactly linear in depth."""
     import json
 
-    from mmgrpo.utils.memory_plan import MODELS, counts, plan_rehearsal, rehearsal_tokens
+    from mmgrpo.utils.memory_plan import MODELS, plan_rehearsal, rehearsal_tokens
 
     spec = MODELS[name]
+    n = (vmp if spec["type"] == "vlm" else fmp).counts(spec, layers)
     step = {"prompt_tokens": 371, "completion_len": 16}
-    static = plan_rehearsal(spec, layers, False, step, activation={"a_layer": 0.0, "a_fixed": 0.0})["total"]
-    measured = static + act * rehearsal_tokens(spec, step) * counts(spec, layers)["layers"]
+    static = plan_rehearsal(spec, n, False, step, activation={"a_layer": 0.0, "a_fixed": 0.0})["total"]
+    measured = static + act * rehearsal_tokens(spec, step) * n["layers"]
     p = tmp_path / f"{name}_{layers}.json"
     p.write_text(json.dumps({"model": name, "layers": layers, "mode": "lora", "step_ok": True,
                              "measured_peak_bytes": measured, "step": step}))

@@ -60,10 +60,11 @@ def test_plan_reads_a_depth_truncated_folder(tmp_path, capsys):
     """`mmgrpo plan` used to refuse the folders scripts/rehearse_real_scale.py builds (their depth is not the
     released one): now it plans the released widths at the folder's depth."""
     from mmgrpo.vlm.cli import main
+    from mmgrpo.vlm.memory_plan import vlm_config
 
     d = tmp_path / "m"
     d.mkdir()
-    mp.vlm_config(mp.MODELS["qwen2.5-vl-7b"], 2).to_json_file(str(d / "config.json"))
+    vlm_config(mp.MODELS["qwen2.5-vl-7b"], 2).to_json_file(str(d / "config.json"))
     rc = main(["plan", f"model.path={d}", "model.lora.enabled=true", "--gpu-gb", "80"])
     out = capsys.readouterr().out
     assert rc == 0 and "qwen2.5-vl-7b" in out and "truncated to 2 layers" in out
@@ -72,9 +73,13 @@ def test_plan_reads_a_depth_truncated_folder(tmp_path, capsys):
     from mmgrpo.vlm.config import TrainConfig
 
     c = load_config(TrainConfig, None, [])
-    kw = dict(full=False, lora_r=c.model.lora.rank, rows=c.run.micro_batch_size, prompt_tokens=1024,
+    kw = dict(full=False, rows=c.run.micro_batch_size, prompt_tokens=1024,
               completion_len=c.rollout.max_new_tokens, gpu_gb=80)
-    at2, at28 = mp.plan("qwen2.5-vl-7b", layers=2, **kw)["total"], mp.plan("qwen2.5-vl-7b", **kw)["total"]
+    from mmgrpo.vlm.memory_plan import counts
+
+    spec, r = mp.MODELS["qwen2.5-vl-7b"], c.model.lora.rank
+    at2 = mp.plan("qwen2.5-vl-7b", n=counts(spec, 2, r), **kw)["total"]
+    at28 = mp.plan("qwen2.5-vl-7b", n=counts(spec, None, r), **kw)["total"]
     assert printed == pytest.approx(at2 / mp.GiB, abs=0.006) and at2 < at28  # the folder's depth, not the release's
 
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from mmgrpo.utils.runlock import LOCK_NAME, OutputDirLocked, RunLock, acquire_run_lock
+from mmgrpo.engine.errors import OutputDirLocked
+from mmgrpo.utils.runlock import LOCK_NAME, RunLock, acquire_run_lock
 
 HOLDER = """
 import sys, time

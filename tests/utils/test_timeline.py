@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mmgrpo.utils import timeline as tl
+from mmgrpo.vlm import timeline as tl
 
 
 def _cols(img, top, colour):
@@ -36,7 +36,7 @@ def test_bars_sit_at_their_spans():
 
 
 def test_timelines_from_a_synthetic_video_and_prediction_files(tmp_path):
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
     from mmgrpo.video.clip import load_video
 
     g = generate(tmp_path / "syn", n_train=0, n_eval=2, seed=0)

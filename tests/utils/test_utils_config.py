@@ -134,7 +134,7 @@ def test_yaml_semantics_are_type_directed(tmp_path: Path):
         "model.name: no\n"            # YAML 1.1 would give False
         "train.resume_from: 'none'\n"  # quoted: the string, not None
         "train.max_norm: ~\n"
-        "train.ids: [1, 0x10]\n"
+        "train.ids: [1, 16]\n"
         "ema: {r: 3}\n"
         "model:\n"  # an empty section (everything commented out) keeps its defaults
         "  # name: other\n"

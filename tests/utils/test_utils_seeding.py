@@ -77,12 +77,3 @@ def test_torch_generator_and_numpy_rng():
     ref = torch.Generator().manual_seed(s)
     assert torch.equal(x, y) and torch.equal(x, torch.randn(3, generator=ref))
     assert numpy_rng(5).random() == np.random.default_rng(5).random()
-
-
-def test_package_lazy_exports_resolve():
-    import mmgrpo.utils as u
-
-    for name in u.__all__:
-        assert callable(getattr(u, name)), name
-    with pytest.raises(AttributeError):
-        u.does_not_exist  # noqa: B018

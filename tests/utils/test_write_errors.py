@@ -106,7 +106,7 @@ def test_metrics_disk_full_and_read_only(tmp_path, monkeypatch):
 def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
     from safetensors import SafetensorError
 
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.checkpointing import export_final
 
     def save_lora(path):  # what safetensors raises on a full disk (measured on a full tmpfs)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -114,13 +114,10 @@ def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
     fake = types.SimpleNamespace(ema=None, sharded=False, is_main=True, out=tmp_path / "run",
                                  cfg=types.SimpleNamespace(model=types.SimpleNamespace(
                                      lora=types.SimpleNamespace(enabled=True))),
-                                 adapter=types.SimpleNamespace(save_lora=save_lora), epoch=1, global_step=1)
-    fake._export_dir = types.MethodType(FlowGRPOTrainer._export_dir, fake)  # the atomic export's target and meta
-    fake._export_meta = types.MethodType(FlowGRPOTrainer._export_meta, fake)
-    fake._write_export = types.MethodType(FlowGRPOTrainer._write_export, fake)
-    fake._exports_ema = types.MethodType(FlowGRPOTrainer._exports_ema, fake)
+                                 adapter=types.SimpleNamespace(save_lora=save_lora),
+                                 state=types.SimpleNamespace(epoch=1, global_step=1, counters={"applied_steps": 1}))
     with pytest.raises(OutputWriteError) as ei:
-        FlowGRPOTrainer.export_final(fake)
+        export_final(fake)
     assert str(ei.value).startswith(f"cannot write the final weights export to {tmp_path / 'run'}: "
                                     "No space left on device (errno 28) [safetensors:")
     assert ei.value.errno == errno.ENOSPC

@@ -80,7 +80,7 @@ def test_trainer_task_same_model_inputs(textured_mp4, monkeypatch):
     from mmgrpo.vlm.models import tiny
     from mmgrpo.vlm.config import DataConfig
     from mmgrpo.vlm.models.adapters import get_adapter
-    from mmgrpo.vlm.train.task import TaskAdapter
+    from mmgrpo.vlm.data.task import TaskAdapter
 
     _, processor = tiny.build_tiny_model("qwen2_5_vl")
     assert DataConfig().decode_threads == 1

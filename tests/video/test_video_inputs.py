@@ -145,7 +145,7 @@ def test_contract_errors(video16, qwen25):
 def test_end_to_end_synthetic_sample(tmp_path, qwen25):
     """JSONL sample -> build_messages -> chat template -> load_video (clip) -> build_video_inputs -> forward."""
     from mmgrpo.vlm.data import build_messages, load_jsonl
-    from mmgrpo.synthetic.tvg import generate
+    from mmgrpo.vlm.synthetic.tvg import generate
 
     model, processor = qwen25
     res = generate(tmp_path, n_train=1, n_eval=0, seed=3)

@@ -23,6 +23,18 @@ Formats (``FORMATS`` maps the CLI names to functions):
 * ``refcoco``        -- RefCOCO-style REC JSON/JSONL (``image``, expression in ``normal_caption`` / ``sentence`` /
   ``expression`` / ``text`` / ``problem``, box in ``solution`` / ``bbox`` / ``box`` as xyxy (or COCO xywh),
   image size from ``width``/``height`` / ``image_size`` / a ``sizes`` dict / reading the image).
+* ``vsibench``       -- VSI-Bench (``id, dataset, scene_name, question_type, question, options, ground_truth``):
+  multiple-choice types -> mcq, numerical types -> qa (numerical).
+* ``qvhighlights``   -- QVHighlights JSONL (``qid, query, duration, vid, relevant_windows, relevant_clip_ids,
+  saliency_scores``) -> tvg with every relevant window; clip ids and saliency kept in ``meta``.
+* ``seed_bench_r1``  -- SEED-Bench-R1 / EgoPlan JSONL (``question, choice_a..d, golden_choice_idx`` or
+  ``answer, negative_answers``; ``video_source, video_basename, current_observation_basename``) -> mcq.
+* ``longvideobench`` -- LongVideoBench JSON (``question, candidates, correct_choice, video_path, duration_group,
+  question_category``) -> mcq.
+* ``mmvu``           -- MMVU JSON (``question_type, question, choices {A..E}, answer, video URL, metadata``) -> mcq
+  (multiple-choice) / qa free-form (open-ended).
+* ``clevrer``        -- CLEVRER question JSON (``scene_index, video_filename, questions``) -> qa (descriptive) and one
+  yes/no mcq per choice (explanatory / predictive / counterfactual).
 """
 from __future__ import annotations
 
@@ -179,6 +191,8 @@ def _records(data, source) -> list:
         for key in ("data", "annotations", "items"):
             if isinstance(data.get(key), list):
                 return data[key]
+        if str(source).endswith(".jsonl"):  # a one-line JSONL file parses as one JSON object: its only record
+            return [data]
         raise DataError("expected a list of records", path=source)
     if not isinstance(data, list):
         raise DataError(f"expected a list of records, got {type(data).__name__}", path=source)
@@ -820,6 +834,398 @@ def convert_refcoco(
     return ctx.finish()
 
 
+# ---------------------------------------------------------------------------------------------- VSI-Bench
+VSI_MCA_TYPES = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard",
+                 "object_rel_distance", "route_planning", "obj_appearance_order")
+VSI_NA_TYPES = ("object_abs_distance", "object_counting", "object_size_estimation", "room_size_estimation")
+
+
+def convert_vsibench(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    subset: str = "all",
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """VSI-Bench (``nyu-visionx/VSI-Bench``, its test split exported to JSON / JSONL) -> mcq and qa samples.
+
+    Record: ``id``, ``dataset`` (arkitscenes | scannet | scannetpp), ``scene_name``, ``question_type``,
+    ``question``, ``options`` (["A. left", ...]; multiple-choice types) and ``ground_truth`` (the letter, or the
+    number as text).  The release's video is ``DATASET/SCENE_NAME.mp4``.  Multiple-choice types
+    (``object_rel_direction_*``, ``object_rel_distance``, ``route_planning``, ``obj_appearance_order``) -> task
+    ``mcq``; numerical types (``object_counting``, ``object_abs_distance``, ``object_size_estimation``,
+    ``room_size_estimation``) -> task ``qa`` with ``meta.problem_type = "numerical"`` (scored with MRA by
+    ``eval/benchmarks.py vsibench``).  ``meta`` keeps ``question_type``, ``dataset``, ``scene_name``.
+    ``subset``: "all" (``eval/configs/vsibench.yaml`` evaluates both kinds in one run), "mca" (the
+    multiple-choice half) or "na" (the numerical half); the others are skipped and counted as ``other_subset``."""
+    if subset not in ("all", "mca", "na"):
+        raise ValueError(f"subset must be 'all', 'mca' or 'na', got {subset!r}")
+    ctx = _Ctx(src, on_error, False, 0.0)
+    for i, r in enumerate(ctx.records(src)):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", i))
+            for k in ("dataset", "scene_name", "question_type", "question", "ground_truth"):
+                if r.get(k) is None:
+                    raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
+            qtype = str(r["question_type"])
+            if (subset == "mca" and qtype in VSI_NA_TYPES) or (subset == "na" and qtype in VSI_MCA_TYPES):
+                ctx.skip("other_subset")
+                continue
+            video = f"{r['dataset']}/{r['scene_name']}.mp4"
+            video = os.path.join(video_dir, video) if video_dir else video
+            meta = {"source": "vsibench", "question_type": qtype, "dataset": str(r["dataset"]),
+                    "scene_name": str(r["scene_name"])}
+            if qtype in VSI_MCA_TYPES:
+                if not r.get("options"):
+                    raise DataError("multiple-choice question without options", field="options", sample_id=sid)
+                options = split_options(r["options"])
+                ctx.add(Sample(id=sid, task="mcq", query=str(r["question"]).strip(), video=video, options=options,
+                               answer=answer_letter(r["ground_truth"], options), meta=meta))
+            elif qtype in VSI_NA_TYPES:
+                gt = str(r["ground_truth"]).strip()
+                if _number(gt, "ground_truth", sid) == 0:
+                    raise DataError("numerical ground truth 0 has no relative error (MRA)", field="ground_truth",
+                                    sample_id=sid)
+                ctx.add(Sample(id=sid, task="qa", query=str(r["question"]).strip(), video=video, answer=gt,
+                               meta={**meta, "problem_type": "numerical"}))
+            else:
+                raise DataError(f"unknown question_type {qtype!r}; expected one of {VSI_MCA_TYPES + VSI_NA_TYPES}",
+                                field="question_type", sample_id=sid, kind="unsupported_problem_type")
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- QVHighlights
+def convert_qvhighlights(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    video_template: str = "{vid}.mp4",
+    on_error: str = "raise",
+    swap_reversed: bool = False,
+    clamp_tolerance: float = 5.0,
+) -> tuple[list[Sample], ConvertReport]:
+    """QVHighlights ``highlight_{train,val}_release.jsonl`` (jayleicn/moment_detr) -> tvg samples with every
+    relevant window as a span.
+
+    Line: ``qid``, ``query``, ``duration`` (150 for most clips), ``vid`` (``YOUTUBEID_START_END``, the clip file
+    name), ``relevant_windows`` ([[s, e], ...] seconds), ``relevant_clip_ids`` (2-second clip indices) and
+    ``saliency_scores`` ([[a, b, c], ...] per relevant clip, 3 annotators, 0-4).  id = ``qid``; ``meta`` keeps
+    ``qid``, ``vid``, ``relevant_clip_ids`` and ``saliency_scores`` (highlight detection in
+    ``eval/benchmarks.py qvhighlights``).  The test release has no windows: it is an error naming the line (its
+    ground truth is on the CodaLab server)."""
+    ctx = _Ctx(src, on_error, swap_reversed, clamp_tolerance)
+    for i, r in enumerate(ctx.records(src)):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            if r.get("qid") is None:
+                raise DataError("missing field", field="qid", kind="missing_field")
+            sid = str(r["qid"])
+            for k in ("query", "duration", "vid"):
+                if r.get(k) is None:
+                    raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
+            if not r.get("relevant_windows"):
+                raise DataError("no relevant_windows (the test release has no ground truth: it is scored on the "
+                                "CodaLab server)", field="relevant_windows", sample_id=sid, kind="missing_field")
+            dur = _number(r["duration"], "duration", sid)
+            clips, sal = r.get("relevant_clip_ids"), r.get("saliency_scores")
+            if clips is not None or sal is not None:
+                if not (isinstance(clips, list) and isinstance(sal, list) and len(clips) == len(sal)):
+                    raise DataError("relevant_clip_ids and saliency_scores must be lists of the same length",
+                                    field="saliency_scores", sample_id=sid)
+                if any(not (isinstance(x, list) and len(x) == 3) for x in sal):
+                    raise DataError("each saliency entry must hold 3 annotator scores", field="saliency_scores",
+                                    sample_id=sid)
+            meta = {"source": "qvhighlights", "qid": r["qid"], "vid": str(r["vid"]),
+                    **({"relevant_clip_ids": clips, "saliency_scores": sal} if clips is not None else {})}
+            spans = []
+            for j, w in enumerate(r["relevant_windows"]):
+                if not (isinstance(w, (list, tuple)) and len(w) == 2):
+                    raise DataError(f"must be [start, end], got {w!r}", field=f"relevant_windows[{j}]",
+                                    sample_id=sid)
+                spans.append(ctx.fix_span(w[0], w[1], dur, f"relevant_windows[{j}]", sid, meta))
+            ctx.add(Sample(id=sid, task="tvg", query=str(r["query"]).strip(),
+                           video=_video_path(video_dir, str(r["vid"]), video_template), duration=dur, spans=spans,
+                           meta=meta))
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- SEED-Bench-R1
+def _level_from_name(src) -> str | None:
+    if isinstance(src, (str, os.PathLike)):
+        m = re.search(r"(?:^|[_\-])(L[123])(?:\.|_|$)", os.path.basename(os.fspath(src)))
+        if m:
+            return m.group(1)
+    return None
+
+
+def convert_seed_bench_r1(
+    src: str | os.PathLike | list,
+    media_dir: str | None = None,
+    level: str | None = None,
+    seed: int = 0,
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """SEED-Bench-R1 (TencentARC/SEED-Bench-R1; EgoPlan-Bench / EgoPlan-Bench2 data) -> mcq samples.
+
+    Validation line (``validation_L{1,2,3}.jsonl``): ``sample_id`` (or ``id``), ``question``, ``choice_a`` ..
+    ``choice_d``, ``golden_choice_idx`` (the letter), ``answer`` (the golden text), ``video_source``,
+    ``video_basename``, ``current_observation_basename``, ``task_progress_metadata``.  Training line: ``answer``
+    and ``negative_answers`` instead of the choices: as the release, 3 negatives and the answer in a shuffled
+    order (here seeded: ``seed`` and the record index, so a rerun writes the same file).
+
+    Media as the release lays it out: the task-progress video ``videos/SOURCE/VIDEO_BASENAME`` when
+    ``task_progress_metadata`` is non-empty, and the current-observation frame ``images/SOURCE/BASENAME``.  The
+    canonical schema holds one medium: the video when there is one (the frame's path goes to
+    ``meta.current_observation``, not shown to the model by the project's prompts), else the frame as ``image``.
+    ``level`` (``L1`` | ``L2`` | ``L3``, in ``meta.level`` for the per-level accuracy) defaults to the one in the
+    file name."""
+    import random
+
+    level = level or _level_from_name(src)
+    ctx = _Ctx(src, on_error, False, 0.0)
+
+    def media(rel: str) -> str:
+        return os.path.join(media_dir, rel) if media_dir else rel
+
+    for i, r in enumerate(ctx.records(src)):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("sample_id", r.get("id", i)))
+            for k in ("question", "video_source", "current_observation_basename"):
+                if r.get(k) is None:
+                    raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
+            if "golden_choice_idx" in r:
+                options = [str(r.get(f"choice_{c}", "")).strip() for c in "abcd"]
+                if not all(options):
+                    raise DataError("choice_a .. choice_d must be non-empty", field="choice_a", sample_id=sid)
+                letter = answer_letter(r["golden_choice_idx"], options)
+                if r.get("answer") is not None and options[LETTERS.index(letter)] != str(r["answer"]).strip():
+                    raise DataError(f"golden_choice_idx {r['golden_choice_idx']!r} is not the answer text "
+                                    f"{r['answer']!r}", field="golden_choice_idx", sample_id=sid,
+                                    kind="answer_mismatch")
+            else:
+                neg = r.get("negative_answers")
+                if r.get("answer") is None or not isinstance(neg, list) or len(neg) < 3:
+                    raise DataError("needs choice_a..d + golden_choice_idx, or answer + >= 3 negative_answers",
+                                    field="negative_answers", sample_id=sid, kind="missing_field")
+                rng = random.Random(f"{seed}:{i}")
+                options = [str(x) for x in rng.sample(neg, 3)] + [str(r["answer"])]
+                rng.shuffle(options)
+                letter = LETTERS[options.index(str(r["answer"]))]
+            src_dir = str(r["video_source"])
+            frame = media(os.path.join("images", src_dir, str(r["current_observation_basename"])))
+            meta = {"source": "seed_bench_r1", **({"level": level} if level else {})}
+            meta.update({k: v for k, v in r.items() if k in ("video_source", "task_goal", "task_progress_metadata")})
+            if r.get("task_progress_metadata"):
+                if r.get("video_basename") is None:
+                    raise DataError("missing field", field="video_basename", sample_id=sid, kind="missing_field")
+                kw = {"video": media(os.path.join("videos", src_dir, str(r["video_basename"])))}
+                meta["current_observation"] = frame
+            else:
+                kw = {"image": frame}
+            ctx.add(Sample(id=sid, task="mcq", query=str(r["question"]).strip(), options=options, answer=letter,
+                           meta=meta, **kw))
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- LongVideoBench
+def convert_longvideobench(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """LongVideoBench ``lvb_val.json`` (longvideobench/LongVideoBench) -> mcq samples.
+
+    Record: ``id``, ``question``, ``candidates`` (4-5 option texts), ``correct_choice`` (0-based index),
+    ``video_path`` (under ``videos/``), ``duration``, ``duration_group`` (15 | 60 | 600 | 3600),
+    ``question_category``, ``topic_category``, ``level``, ``subtitle_path``,
+    ``starting_timestamp_for_subtitles``; those go to ``meta`` (the breakdowns of
+    ``eval/configs/longvideobench.yaml``).  Subtitles are not rendered by the project's prompts (the
+    SEED-Bench-R1 / Video-R1 setting: video + question); ``lvb_test_wo_gt.json`` has no ``correct_choice``: an
+    error naming the record."""
+    ctx = _Ctx(src, on_error, False, 0.0)
+    for i, r in enumerate(ctx.records(src)):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", i))
+            for k in ("question", "candidates", "video_path"):
+                if r.get(k) is None:
+                    raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
+            if r.get("correct_choice") is None:
+                raise DataError("no correct_choice (lvb_test_wo_gt.json has no ground truth)", field="correct_choice",
+                                sample_id=sid, kind="missing_field")
+            options = [str(c).strip() for c in r["candidates"]]
+            letter = answer_letter(_integer(r["correct_choice"], "correct_choice", sid), options)
+            dur = _number(r["duration"], "duration", sid) if r.get("duration") is not None else None
+            path = os.path.join("videos", str(r["video_path"]))
+            meta = {"source": "longvideobench", **{k: r[k] for k in (
+                "video_id", "duration_group", "question_category", "topic_category", "level", "subtitle_path",
+                "starting_timestamp_for_subtitles", "position") if k in r}}
+            ctx.add(Sample(id=sid, task="mcq", query=str(r["question"]).strip(),
+                           video=os.path.join(video_dir, path) if video_dir else path, duration=dur, options=options,
+                           answer=letter, meta=meta))
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- MMVU
+_MMVU_URL = re.compile(r"^https?://huggingface\.co/datasets/yale-nlp/MMVU/resolve/[^/]+/")
+
+
+def convert_mmvu(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    subset: str = "all",
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """MMVU ``validation.json`` (yale-nlp/MMVU) -> mcq (multiple-choice) and qa free-form (open-ended) samples.
+
+    Record: ``id``, ``video`` (a Hugging Face URL ``.../resolve/main/videos/SUBJECT/N.mp4``: the local path is
+    the part after ``resolve/main/``), ``question_type`` ("multiple-choice" | "open-ended"), ``question``,
+    ``choices`` ({"A": ..., "E": ...}; empty strings for open-ended), ``answer`` (the letter, or the answer
+    text), ``metadata`` (``subject``, ``textbook``, ``rationale``, ``knowledge``; ``subject`` is copied to
+    ``meta.subject`` for the breakdown).  ``subset``: "all" | "mc" | "open" (the others are skipped and counted
+    as ``other_subset``).  The release grades both kinds with a GPT-4o judge; Video-R1 reports the
+    multiple-choice part with exact letters (``eval/configs/mmvu_mc.yaml``)."""
+    if subset not in ("all", "mc", "open"):
+        raise ValueError(f"subset must be 'all', 'mc' or 'open', got {subset!r}")
+    ctx = _Ctx(src, on_error, False, 0.0)
+    for i, r in enumerate(ctx.records(src)):
+        ctx.report.n_in += 1
+        try:
+            if not isinstance(r, dict):
+                raise DataError("record must be an object", kind="malformed")
+            sid = str(r.get("id", i))
+            for k in ("video", "question_type", "question", "answer"):
+                if r.get(k) is None:
+                    raise DataError("missing field", field=k, sample_id=sid, kind="missing_field")
+            qtype = str(r["question_type"])
+            if qtype not in ("multiple-choice", "open-ended"):
+                raise DataError(f"question_type must be 'multiple-choice' or 'open-ended', got {qtype!r}",
+                                field="question_type", sample_id=sid)
+            if (subset == "mc" and qtype != "multiple-choice") or (subset == "open" and qtype != "open-ended"):
+                ctx.skip("other_subset")
+                continue
+            path = _MMVU_URL.sub("", str(r["video"]))
+            video = os.path.join(video_dir, path) if video_dir else path
+            md = r.get("metadata") if isinstance(r.get("metadata"), dict) else {}
+            meta = {"source": "mmvu", "question_type": qtype, "subject": md.get("subject"), "metadata": md}
+            if qtype == "multiple-choice":
+                choices = r.get("choices")
+                if not isinstance(choices, dict):
+                    raise DataError("multiple-choice needs a choices object", field="choices", sample_id=sid)
+                keys = [k for k in sorted(choices) if str(choices[k]).strip()]
+                if keys != list(LETTERS[:len(keys)]):
+                    raise DataError(f"choices must be A, B, ... without gaps, got {keys}", field="choices",
+                                    sample_id=sid)
+                options = [str(choices[k]).strip() for k in keys]
+                ctx.add(Sample(id=sid, task="mcq", query=str(r["question"]).strip(), video=video, options=options,
+                               answer=answer_letter(r["answer"], options), meta=meta))
+            else:
+                ctx.add(Sample(id=sid, task="qa", query=str(r["question"]).strip(), video=video,
+                               answer=str(r["answer"]).strip(), meta={**meta, "problem_type": "free-form"}))
+        except RECORD_ERRORS as ex:
+            ctx.fail(ex, record=i)
+    return ctx.finish()
+
+
+# ---------------------------------------------------------------------------------------------- CLEVRER
+CLEVRER_CHOICE_PROMPT = "{question}\nIs the following choice correct? {choice}"
+
+
+def convert_clevrer(
+    src: str | os.PathLike | list,
+    video_dir: str | None = None,
+    subset: str = "all",
+    on_error: str = "raise",
+) -> tuple[list[Sample], ConvertReport]:
+    """CLEVRER question files (``train.json`` / ``validation.json``) -> qa and mcq samples.
+
+    File: a list of videos ``{scene_index, video_filename, questions: [...]}``; a question has ``question_id``,
+    ``question``, ``question_type`` (descriptive | explanatory | predictive | counterfactual) and either
+    ``answer`` (descriptive: "yes", "2", "red", ...) or ``choices`` ([{choice_id, choice, answer: "correct" |
+    "wrong"}]; several may be correct).  Descriptive -> task ``qa`` (``problem_type`` numerical for counts,
+    free-form otherwise; scored by exact answer).  The other types are scored per option (the benchmark's
+    per-option and per-question accuracy), so each choice becomes one yes/no ``mcq`` sample (query:
+    :data:`CLEVRER_CHOICE_PROMPT`, options ["yes", "no"], id ``SCENE_QUESTION_CHOICE``) with ``meta.question_id``
+    grouping the choices of a question.  The test file has no answers: an error naming the question.  The video:
+    ``video_dir/VIDEO_FILENAME`` (the release sorts them into 1000-video folders: point ``video_dir`` at one or
+    flatten them).  ``subset``: "all", "mc" (the choice questions only: ``eval/configs/clevrer_mc.yaml``) or
+    "descriptive"; the others are skipped and counted as ``other_subset``."""
+    if subset not in ("all", "mc", "descriptive"):
+        raise ValueError(f"subset must be 'all', 'mc' or 'descriptive', got {subset!r}")
+    ctx = _Ctx(src, on_error, False, 0.0)
+    for i, scene in enumerate(ctx.records(src)):
+        try:
+            if not isinstance(scene, dict):
+                raise DataError("record must be an object", kind="malformed")
+            for k in ("scene_index", "video_filename", "questions"):
+                if scene.get(k) is None:
+                    raise DataError("missing field", field=k, kind="missing_field")
+        except RECORD_ERRORS as ex:
+            ctx.report.n_in += 1
+            ctx.fail(ex, record=i)
+            continue
+        scene_ix = scene["scene_index"]
+        fn = str(scene["video_filename"])
+        video = os.path.join(video_dir, fn) if video_dir else fn
+        for q in scene["questions"]:
+            ctx.report.n_in += 1
+            qid = q.get("question_id") if isinstance(q, dict) else None
+            sid = f"{scene_ix}_{qid}"
+            try:
+                if not isinstance(q, dict) or qid is None or not q.get("question"):
+                    raise DataError("question must be an object with question_id and question", sample_id=sid,
+                                    kind="malformed")
+                qtype = str(q.get("question_type"))
+                if (subset == "mc" and qtype == "descriptive") or (subset == "descriptive" and qtype != "descriptive"):
+                    ctx.skip("other_subset")
+                    continue
+                meta = {"source": "clevrer", "scene_index": scene_ix, "question_id": qid, "question_type": qtype,
+                        **({"question_subtype": q["question_subtype"]} if "question_subtype" in q else {})}
+                if qtype == "descriptive":
+                    if q.get("answer") is None:
+                        raise DataError("no answer (the test file has none)", field="answer", sample_id=sid,
+                                        kind="missing_field")
+                    ans = str(q["answer"]).strip()
+                    ptype = "numerical" if re.fullmatch(r"\d+", ans) else "free-form"
+                    ctx.add(Sample(id=sid, task="qa", query=str(q["question"]).strip(), video=video, answer=ans,
+                                   meta={**meta, "problem_type": ptype}))
+                    continue
+                if qtype not in ("explanatory", "predictive", "counterfactual"):
+                    raise DataError(f"unknown question_type {qtype!r}", field="question_type", sample_id=sid)
+                choices = q.get("choices")
+                if not isinstance(choices, list) or not choices:
+                    raise DataError("needs choices", field="choices", sample_id=sid, kind="missing_field")
+                for c in choices:
+                    verdict = str(c.get("answer", "")).lower() if isinstance(c, dict) else ""
+                    if verdict not in ("correct", "wrong"):
+                        raise DataError(f"choice answer must be 'correct' or 'wrong', got {verdict!r}",
+                                        field="choices", sample_id=sid)
+                    ctx.add(Sample(id=f"{sid}_{c.get('choice_id')}", task="mcq",
+                                   query=CLEVRER_CHOICE_PROMPT.format(question=str(q["question"]).strip(),
+                                                                      choice=str(c.get("choice", "")).strip()),
+                                   video=video, options=["yes", "no"], answer="A" if verdict == "correct" else "B",
+                                   meta={**meta, "choice_id": c.get("choice_id")}))
+            except RECORD_ERRORS as ex:
+                ctx.fail(ex, record=sid)
+    return ctx.finish()
+
+
 FORMATS: dict[str, Callable[..., tuple[list[Sample], ConvertReport]]] = {
     "charades_sta": convert_charades_sta,
     "dense_captions": convert_dense_captions,
@@ -830,4 +1236,10 @@ FORMATS: dict[str, Callable[..., tuple[list[Sample], ConvertReport]]] = {
     "video_r1": convert_video_r1,
     "tempsamp": convert_tempsamp,
     "refcoco": convert_refcoco,
+    "vsibench": convert_vsibench,
+    "qvhighlights": convert_qvhighlights,
+    "seed_bench_r1": convert_seed_bench_r1,
+    "longvideobench": convert_longvideobench,
+    "mmvu": convert_mmvu,
+    "clevrer": convert_clevrer,
 }

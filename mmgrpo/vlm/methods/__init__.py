@@ -1,13 +1,15 @@
-"""VLM methods as modules: one file per method, a hook API (``base.VLMMethod``) and this registry.
+"""VLM methods as modules: one file per method (the math as pure functions, the hooks of
+:class:`mmgrpo.engine.method.Method` that wire it to the batch) and this registry.
 
-``REGISTRY`` lists every method in the order the loop calls their hooks (the order is part of the behaviour:
-TW-GRPO's token weights exist before the vLLM importance weights multiply them; data selection runs before
-anything is sampled). Each entry says which config switch enables the method -- the existing config keys, so
-old configs keep working -- and where its class lives (imported only when enabled: the registry itself does not
-import torch).
+``REGISTRY`` lists every method in the order the recipe calls their hooks (the order is part of the behaviour:
+SEED-GRPO scales the advantages before DAPO drops groups; TW-GRPO's token weights exist before the vLLM importance
+weights multiply them; data selection runs before anything is sampled). Each entry names the method, where its class
+lives (imported only when enabled: the registry itself does not import torch), the switch that enables it and its
+options: a dataclass declared here, next to its entry, which becomes the config section ``methods.<name>`` (``mmgrpo
+train --help`` lists every option without importing torch).
 
-Adding a method: write ``mmgrpo/vlm/methods/<name>.py`` with a :class:`~mmgrpo.vlm.methods.base.VLMMethod` subclass,
-add one ``MethodSpec`` here, and a test (see CONTRIBUTING.md).
+Adding a method: write ``mmgrpo/vlm/methods/<name>.py``, add its options and one ``MethodSpec`` here, and a test
+(see CONTRIBUTING.md).
 """
 from __future__ import annotations
 
@@ -26,9 +28,65 @@ def _h(text: str) -> dict:
     return {"help": text}
 
 
-# Options of methods added after the registry existed: one dataclass each, a section ``methods.<name>`` of the
-# config (``methods.ngrpo.enabled=true``), declared here so that ``mmgrpo train --help`` lists them without
-# importing torch. The methods that predate the registry keep their own config sections (tempsamp, tgrpo, ...).
+# Options: one dataclass per method, the config section ``methods.<name>`` (``methods.ngrpo.enabled=true``).
+@dataclass
+class TempSampR1Options:
+    enabled: bool = field(default=False, metadata=_h("TempSamp-R1: inject the ground truth as one group member"))
+    mode: Literal["shape", "anchor", "none"] = field(
+        default="shape", metadata=_h("shape = soft non-linear reward shaping; anchor = A_gt = lambda*max A_on"))
+    tau: float = field(default=0.8, metadata=_h("shaping threshold"))
+    alpha1: float = field(default=0.01, metadata=_h("shaping slope above tau"))
+    alpha2: float = field(default=1.0, metadata=_h("shaping curvature below tau"))
+    shape_reward: str = field(
+        default="auto", metadata=_h("reward the shaping applies to: auto = the task's accuracy reward (tvg: iou; "
+                                    "see reward.accuracy_key), shaped before the weighted sum as the TempSamp-R1 "
+                                    "release does (total = w*f(iou) + the other terms); a reward name; or 'total' "
+                                    "= shape the weighted total"))
+    anchor_lambda: float = field(default=1.2, metadata=_h("anchoring factor lambda_off"))
+
+
+@dataclass
+class TGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h("T-GRPO: temporal bonus from a shuffled-frame group (videos)"))
+    num_shuffled: int = field(default=0, metadata=_h("completions on shuffled frames per prompt (0 = G/2)"))
+    alpha: float = field(default=0.3, metadata=_h("bonus added to correct ordered completions"))
+    mu: float = field(default=1.0, metadata=_h("bonus if acc(ordered) >= mu * acc(shuffled); Video-R1 code: 0.8"))
+    min_accuracy: float = field(default=0.1, metadata=_h("a completion counts as correct above this accuracy"))
+
+
+@dataclass
+class TWGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h("TW-GRPO token weights from intra-group divergence"))
+    alpha: float = field(default=1.7, metadata=_h("max token weight (weights in [1, alpha])"))
+    clamp: float = field(default=11.0, metadata=_h("clamp of log-prob differences"))
+
+
+@dataclass
+class SelectionOptions:
+    enabled: bool = field(default=False, metadata=_h("select training samples by K base-model inferences first"))
+    num_inferences: int = field(default=8, metadata=_h("K samples per prompt"))
+    criterion: Literal["variance", "gaussian", "nonconstant"] = field(
+        default="nonconstant",
+        metadata=_h("variance: keep var >= min_variance; gaussian: weight exp(-(m-mu)^2/2s^2) on mean reward "
+                    "(Time-R1); nonconstant: drop all-correct/all-wrong (equal rewards)"))
+    key: str = field(default="auto", metadata=_h(
+        "reward to select on: 'total' (weighted sum), a reward name, or auto = the task's accuracy reward (tvg: "
+        "iou) for criterion=gaussian (Time-R1's difficulty is the base model's IoU) and 'total' otherwise"))
+    min_variance: float = field(default=0.0, metadata=_h("variance threshold (criterion=variance)"))
+    num_keep: int = field(default=0, metadata=_h("keep at most this many (0 = all that pass)"))
+    gaussian_mu: float = field(default=0.3, metadata=_h("Gaussian centre on the mean reward"))
+    gaussian_sigma: float = field(default=0.2, metadata=_h("Gaussian std"))
+    greedy: bool = field(
+        default=False, metadata=_h("score with argmax decoding instead of rollout sampling (Time-R1's difficulty is "
+                                   "the IoU of one greedy answer: num_inferences=1 greedy=true)"))
+    gaussian_keep_zero: bool = field(
+        default=False, metadata=_h("criterion=gaussian: also draw samples whose mean reward is 0 (Time-R1 never "
+                                   "does: only IoU > 0 items are candidates)"))
+    refilter_every_epoch: bool = field(
+        default=False, metadata=_h("Time-R1 multi-round: re-score every sample with the current policy and "
+                                   "re-select at the start of each epoch"))
+
+
 @dataclass
 class NGRPOOptions:
     enabled: bool = field(default=False, metadata=_h(
@@ -145,6 +203,16 @@ class RefSyncOptions:
     mixup_alpha: float = field(default=0.6, metadata=_h("ref_model_mixup_alpha (TRL 0.6; 1 = hard copy)"))
 
 
+@dataclass
+class KimiLengthOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Kimi k1.5 length penalty added to the reward: within a group 0.5 - (len - min) / (max - min) for a correct "
+        "completion, min(0, that) for a wrong one; mmgrpo.vlm.methods.kimi_length"))
+    coef: float = field(default=1.0, metadata=_h("weight of the penalty in the total reward"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -155,12 +223,17 @@ class MethodSpec:
 
 
 REGISTRY: tuple[MethodSpec, ...] = (
-    MethodSpec("selection", "mmgrpo.vlm.methods.selection:DataSelection", lambda c: c.selection.enabled,
-               "Temporal-RLT / Time-R1 / DAPO offline data selection (selection.enabled)"),
-    MethodSpec("tempsamp_r1", "mmgrpo.vlm.methods.tempsamp_r1:TempSampR1", lambda c: c.tempsamp.enabled,
-               "TempSamp-R1 ground-truth injection + shaping / anchoring (tempsamp.enabled)"),
-    MethodSpec("t_grpo", "mmgrpo.vlm.methods.t_grpo:TGRPO", lambda c: c.tgrpo.enabled,
-               "T-GRPO (Video-R1) temporal bonus from shuffled-frame rollouts (tgrpo.enabled)"),
+    MethodSpec("selection", "mmgrpo.vlm.methods.selection:DataSelection", lambda c: c.methods.selection.enabled,
+               "Temporal-RLT / Time-R1 / DAPO offline data selection (methods.selection.enabled)",
+               options=SelectionOptions),
+    MethodSpec("tempsamp_r1", "mmgrpo.vlm.methods.tempsamp_r1:TempSampR1", lambda c: c.methods.tempsamp_r1.enabled,
+               "TempSamp-R1 ground-truth injection + shaping / anchoring (methods.tempsamp_r1.enabled)",
+               options=TempSampR1Options),
+    MethodSpec("seed_grpo", "mmgrpo.vlm.methods.seed_grpo:SeedGRPO", lambda c: c.methods.seed_grpo.enabled,
+               "SEED-GRPO semantic-entropy advantage scaling (methods.seed_grpo.enabled)", options=SeedGRPOOptions),
+    MethodSpec("t_grpo", "mmgrpo.vlm.methods.t_grpo:TGRPO", lambda c: c.methods.t_grpo.enabled,
+               "T-GRPO (Video-R1) temporal bonus from shuffled-frame rollouts (methods.t_grpo.enabled)",
+               options=TGRPOOptions),
     MethodSpec("dapo_dynamic_sampling", "mmgrpo.vlm.methods.dapo:DynamicSampling", lambda c: c.algo.filter_zero_std,
                "DAPO dynamic sampling: drop zero-variance groups and refill (algo.filter_zero_std)"),
     MethodSpec("overlong_mask", "mmgrpo.vlm.methods.dapo:OverlongMask",
@@ -182,10 +255,9 @@ REGISTRY: tuple[MethodSpec, ...] = (
                options=DifficultyAugOptions),
     MethodSpec("gdpo", "mmgrpo.vlm.methods.gdpo:GDPO", lambda c: c.methods.gdpo.enabled,
                "GDPO per-reward group normalisation (methods.gdpo.enabled)", options=GDPOOptions),
-    MethodSpec("seed_grpo", "mmgrpo.vlm.methods.seed_grpo:SeedGRPO", lambda c: c.methods.seed_grpo.enabled,
-               "SEED-GRPO semantic-entropy advantage scaling (methods.seed_grpo.enabled)", options=SeedGRPOOptions),
-    MethodSpec("tw_grpo", "mmgrpo.vlm.methods.tw_grpo:TWGRPO", lambda c: c.twgrpo.enabled,
-               "TW-GRPO token weights from intra-group divergence (twgrpo.enabled)"),
+    MethodSpec("tw_grpo", "mmgrpo.vlm.methods.tw_grpo:TWGRPO", lambda c: c.methods.tw_grpo.enabled,
+               "TW-GRPO token weights from intra-group divergence (methods.tw_grpo.enabled)",
+               options=TWGRPOOptions),
     MethodSpec("entropy", "mmgrpo.vlm.methods.entropy_mask:TokenEntropy", lambda c: c.methods.entropy.enabled,
                "per-token entropy logging + high-entropy-token masking (methods.entropy.enabled)",
                options=EntropyOptions),
@@ -200,6 +272,8 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "Reg-GRPO (DeepVideo-R1) loss share per micro-batch (algo.loss_type=reg)"),
     MethodSpec("ref_sync", "mmgrpo.vlm.methods.ref_sync:RefSync", lambda c: c.methods.ref_sync.enabled,
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
+    MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
+               "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
 )
 
 
@@ -221,9 +295,9 @@ def _load(target: str) -> type[VLMMethod]:
 
 
 def check_config(cfg: Any) -> None:
-    """Every registered method's ``check_config`` (enabled or not), in registry order."""
+    """Every registered method's ``check`` (enabled or not), in registry order."""
     for s in REGISTRY:
-        _load(s.target).check_config(cfg)
+        _load(s.target).check(cfg)
 
 
 def enabled_classes(cfg: Any) -> list[type[VLMMethod]]:
@@ -231,6 +305,6 @@ def enabled_classes(cfg: Any) -> list[type[VLMMethod]]:
     return [_load(s.target) for s in REGISTRY if s.enabled(cfg)]
 
 
-def build_methods(cfg: Any, trainer: Any) -> list[VLMMethod]:
+def build_methods(cfg: Any, run: Any) -> list[VLMMethod]:
     """The enabled methods, constructed in registry (= hook) order."""
-    return [_load(s.target)(cfg, trainer) for s in REGISTRY if s.enabled(cfg)]
+    return [_load(s.target)(cfg, run) for s in REGISTRY if s.enabled(cfg)]

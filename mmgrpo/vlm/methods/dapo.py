@@ -2,7 +2,7 @@
 
 * :class:`DynamicSampling` (``algo.filter_zero_std``): groups whose on-policy rewards are all equal carry no
   gradient; they are dropped (counted in ``data/filtered_groups``) and up to ``algo.filter_max_rounds`` extra
-  sampling rounds refill the step, which keeps its first ``want`` groups (a fixed batch size);
+  sampling rounds refill the step, which keeps its first groups (a fixed batch size: the recipe trims refills);
 * :class:`OverlongMask` (``rollout.mask_truncated_completions``): completions cut at ``max_new_tokens`` leave
   the loss and its token / sequence counts.
 """
@@ -12,7 +12,7 @@ import torch
 
 from mmgrpo.vlm.methods.base import VLMMethod
 
-__all__ = ["DynamicSampling", "OverlongMask", "drop_zero_std_groups", "keep_first_groups"]
+__all__ = ["DynamicSampling", "OverlongMask", "drop_zero_std_groups", "overlong_filtered"]
 
 
 def drop_zero_std_groups(group_ids: torch.Tensor, zero_std: torch.Tensor,
@@ -22,34 +22,30 @@ def drop_zero_std_groups(group_ids: torch.Tensor, zero_std: torch.Tensor,
     return (~torch.isin(group_ids, dead)).nonzero().flatten(), int(dead.numel())
 
 
-def keep_first_groups(group_ids: torch.Tensor, want: int) -> torch.Tensor:
-    """Rows of the first ``want`` groups (in row order; a group's rows are contiguous)."""
-    first = torch.unique_consecutive(group_ids)[:want]
-    return torch.isin(group_ids, first).nonzero().flatten()
-
-
 class DynamicSampling(VLMMethod):
     name = "dapo_dynamic_sampling"
     needs_whole_groups = True
 
-    def extra_rounds(self) -> int:
-        return self.cfg.algo.filter_max_rounds
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
+        self.extra_rounds = cfg.algo.filter_max_rounds
 
-    def filter_batch(self, rb):
+    def on_advantages(self, rb):
         keep, n_dead = drop_zero_std_groups(rb.group_ids, rb.zero_std, rb.is_offpolicy)
-        self.trainer.counters["filtered_groups"] += n_dead
+        self.run.state.counters["filtered_groups"] += n_dead
         return rb.select(keep)
-
-    def finish_batch(self, rb, n_groups, want):
-        if n_groups <= want:
-            return rb, n_groups
-        return rb.select(keep_first_groups(rb.group_ids, want)), want
 
 
 class OverlongMask(VLMMethod):
     name = "overlong_mask"
 
-    def loss_mask(self, rb, mask):
-        mask = mask.clone()
-        mask[rb.truncated] = 0
-        return mask
+    def on_advantages(self, rb):
+        rb.loss_mask = overlong_filtered(rb.loss_mask, rb.truncated)
+        return rb
+
+
+def overlong_filtered(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """(N, T) loss mask without the rows of completions cut at ``max_new_tokens`` (``truncated`` (N,) bool)."""
+    mask = mask.clone()
+    mask[truncated] = 0
+    return mask

@@ -63,8 +63,8 @@ class DAPOOverlong(VLMMethod):
 
     name = "dapo_overlong"
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         o = cfg.methods.dapo_overlong
         self.max_len = o.max_len or cfg.rollout.max_new_tokens
         self.cache_len = o.cache_len or max(1, self.max_len // 5)
@@ -72,7 +72,7 @@ class DAPOOverlong(VLMMethod):
         overlong_penalty(torch.zeros(1), self.max_len, self.cache_len, self.factor)  # validates the options
         self._m: dict[str, float] = {}
 
-    def on_rewards(self, rb, ctx):
+    def on_rewards(self, rb):
         pen = overlong_penalty(completion_lengths(rb.completion_mask), self.max_len, self.cache_len, self.factor)
         pen = torch.where(rb.is_offpolicy, torch.zeros_like(pen), pen)
         rb.rewards["overlong"] = pen
@@ -82,5 +82,5 @@ class DAPOOverlong(VLMMethod):
             self._m = {"overlong/penalized_frac": float((pen[onp] < 0).float().mean()),
                        "overlong/penalty_mean": float(pen[onp].mean())}
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m.update(self._m)

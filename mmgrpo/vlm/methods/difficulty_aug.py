@@ -202,7 +202,7 @@ from mmgrpo.vlm.methods.base import VLMMethod  # noqa: E402  (the pure functions
 
 
 def _sample_key(sample) -> str:
-    from mmgrpo.vlm.train.task import sample_id
+    from mmgrpo.vlm.data.task import sample_id
 
     return str(sample_id(sample))
 
@@ -217,8 +217,8 @@ class DifficultyAug(VLMMethod):
 
     name = "difficulty_aug"
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         self.o = o = cfg.methods.difficulty_aug
         if not (0 <= o.max_mask_frac < 1 and o.max_noise >= 0 and 0 <= o.max_hint_frac <= 1):
             raise ValueError("methods.difficulty_aug: need 0 <= max_mask_frac < 1, max_noise >= 0, "
@@ -254,7 +254,7 @@ class DifficultyAug(VLMMethod):
                 return f"the event happens between {lo:.2f} and {hi:.2f} seconds."
         return ""
 
-    def prepare_prompts(self, step, preps):
+    def before_rollout(self, step, preps):
         keys = [_sample_key(pp.sample) for _, pp, _ in preps]
         hist = torch.tensor([self.last_mean.get(k, float("nan")) for k in keys], dtype=torch.float64)
         delta = torch.where(torch.isnan(hist), torch.zeros_like(hist), self.window.difficulty(hist))
@@ -268,7 +268,7 @@ class DifficultyAug(VLMMethod):
                 fr = torch.as_tensor(pp.clip.frames)
                 fr, _ = mask_frames(fr, plan.strength * self.o.max_mask_frac, gen)
                 fr = add_frame_noise(fr, plan.strength * self.o.max_noise, gen)
-                pp, n_hard = self.trainer.task.rebuild(pp, frames=fr), n_hard + 1
+                pp, n_hard = self.run.task.rebuild(pp, frames=fr), n_hard + 1
             elif plan.kind == "harden" and pp.images:
                 import numpy as np
                 from PIL import Image
@@ -276,20 +276,20 @@ class DifficultyAug(VLMMethod):
                 imgs = [Image.fromarray(add_frame_noise(torch.from_numpy(np.array(im))[None],
                                                         plan.strength * self.o.max_noise, gen)[0].numpy())
                         for im in pp.images]
-                pp, n_hard = self.trainer.task.rebuild(pp, images=imgs), n_hard + 1
+                pp, n_hard = self.run.task.rebuild(pp, images=imgs), n_hard + 1
             elif plan.kind == "ease":
                 hint = self._hint(pp, key, plan.strength, gen)
                 if hint:
-                    pp, n_ease = self.trainer.task.rebuild(pp, hint=hint), n_ease + 1
+                    pp, n_ease = self.run.task.rebuild(pp, hint=hint), n_ease + 1
             out.append((pos, pp, gens))
         self._m = {"aug/hardened": float(n_hard), "aug/eased": float(n_ease),
                    "aug/window_mean": self.window.mean() if self.window.mean() is not None else 0.0}
         return out
 
-    def on_rewards(self, rb, ctx):
+    def on_rewards(self, rb):
         use = rb.valid & ~rb.is_offpolicy
         r = rb.rewards["total"].double()
-        acc_key = getattr(self.trainer, "acc_key", "total")
+        acc_key = self.run.acc_key
         acc = rb.rewards.get(acc_key, rb.rewards["total"]).double()
         for g in torch.unique(rb.group_ids[use]).tolist():
             rows = (use & (rb.group_ids == g)).nonzero().flatten()
@@ -310,5 +310,5 @@ class DifficultyAug(VLMMethod):
         self.last_mean = {k: float(v) for k, v in sd["last_mean"].items()}
         self.best = {k: (float(v[0]), str(v[1])) for k, v in sd["best"].items()}
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m.update(self._m)

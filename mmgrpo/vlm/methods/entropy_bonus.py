@@ -22,8 +22,8 @@ __all__ = ["EntropyBonus", "entropy_bonus_term"]
 
 
 def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float, kw: dict) -> torch.Tensor:
-    """``-coef * aggregate_loss(entropy, mask, ...)`` with the aggregation settings of ``core.policy_loss``'s
-    keyword arguments ``kw`` (``agg``, ``max_len``, ``num_tokens``, ``num_sequences``)."""
+    """``-coef * aggregate_loss(entropy, mask, ...)`` with the policy loss's aggregation settings ``kw`` (``agg``,
+    ``max_len``, ``num_tokens``, ``num_sequences``)."""
     from mmgrpo.core.losses import aggregate_loss
 
     hbar = aggregate_loss(entropy, mask, kw.get("agg", "token_mean"), kw.get("max_len"), kw.get("num_tokens"),
@@ -33,28 +33,30 @@ def entropy_bonus_term(entropy: torch.Tensor, mask: torch.Tensor, coef: float, k
 
 class EntropyBonus(VLMMethod):
     """``methods.entropy_bonus.coef`` > 0: subtract ``coef`` x the aggregated current-policy entropy from every
-    micro-batch's loss (``extra_loss`` hook); logs ``entropy_bonus/entropy`` (token mean of the entropy over
+    micro-batch's loss (``on_loss`` hook); logs ``entropy_bonus/entropy`` (token mean of the entropy over
     the loss tokens of the step's updates)."""
 
     name = "entropy_bonus"
     needs_train_logits = True
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         self.coef = float(cfg.methods.entropy_bonus.coef)
         self.chunk = max(1, cfg.algo.logprob_chunk_size or 1024)
         self._sum = self._n = 0.0
 
-    def extra_loss(self, rb, idx, logits, mask, kw):
+    def on_loss(self, li, loss):
         from mmgrpo.vlm.models.chunked import token_entropy_with_grad
 
-        ent = token_entropy_with_grad(logits, mask, self.chunk)
-        mf = mask.to(ent.dtype)
+        ent = token_entropy_with_grad(li.logits, li.mask, self.chunk)
+        mf = li.mask.to(ent.dtype)
         self._sum += float((ent.detach() * mf).sum())
         self._n += float(mf.sum())
-        return entropy_bonus_term(ent, mask, self.coef, kw)
+        kw = dict(agg=li.algo.agg, max_len=li.max_len, num_tokens=li.totals["tokens"],
+                  num_sequences=li.totals["sequences"])
+        return loss + entropy_bonus_term(ent, li.mask, self.coef, kw)
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         if self._n:
             m["entropy_bonus/entropy"] = self._sum / self._n
         self._sum = self._n = 0.0

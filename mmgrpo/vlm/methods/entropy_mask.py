@@ -79,25 +79,26 @@ class TokenEntropy(VLMMethod):
     needs_old_logp = True
     needs_logits = True
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         self.rho = cfg.methods.entropy.top_quantile
         if not 0.0 < self.rho <= 1.0:
             raise ValueError(f"methods.entropy.top_quantile must be in (0, 1], got {self.rho}")
         self._m: dict[str, float] = {}
 
-    def before_precompute(self, rb):
-        rb.entropy = torch.zeros(rb.completion_ids.shape)
-
     def on_logits(self, rb, idx, logits, lp):
         from mmgrpo.vlm.models.chunked import token_entropy_from
 
+        if getattr(rb, "entropy", None) is None:  # the first micro-batch of the step
+            rb.entropy = torch.zeros(rb.completion_ids.shape)
         T = lp.shape[1]
         ent = token_entropy_from(logits, rb.completion_mask[idx, :T].to(lp.device),
                                  max(1, self.cfg.algo.logprob_chunk_size or 1024))
         rb.entropy[idx, :T] = ent.float().cpu()
 
-    def after_precompute(self, rb):
+    def on_logprobs(self, rb):
+        if getattr(rb, "entropy", None) is None:  # no row this step: nothing was forwarded
+            rb.entropy = torch.zeros(rb.completion_ids.shape)
         mask = rb.completion_mask.bool().clone()
         if self.cfg.rollout.mask_truncated_completions:
             mask[rb.truncated] = False
@@ -108,5 +109,5 @@ class TokenEntropy(VLMMethod):
             rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
         self._m = entropy_metrics(rb.entropy, mask, keep)
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m.update(self._m)

@@ -64,7 +64,7 @@ def gdpo_advantages(rewards: Mapping[str, Tensor], weights: Mapping[str, float],
 
 
 # ----------------------------------------------------------------------------------------------- trainer hook
-from mmgrpo.vlm.methods.base import VLMMethod  # noqa: E402  (the pure functions above need no trainer)
+from mmgrpo.vlm.methods.base import Estimator, VLMMethod  # noqa: E402  (the pure functions above need no trainer)
 
 #: additive reward terms other methods put into ``total``; GDPO normalises each as its own component
 ADDITIVE_TERMS = {"temporal": 1.0, "overlong": 1.0}
@@ -80,18 +80,22 @@ class GDPO(VLMMethod):
     needs_whole_groups = True
 
     @classmethod
-    def check_config(cls, cfg):
+    def check(cls, cfg):
         if not cfg.methods.gdpo.enabled:  # called for every registered method
             return
-        if cfg.tempsamp.enabled and cfg.tempsamp.mode != "none":
-            raise ValueError("methods.gdpo normalises every reward component itself; tempsamp.mode="
-                             f"{cfg.tempsamp.mode!r} shapes / anchors the weighted total, which GDPO does not use. "
-                             "Use tempsamp.mode=none with methods.gdpo")
+        ts = cfg.methods.tempsamp_r1
+        if ts.enabled and ts.mode != "none":
+            raise ValueError("methods.gdpo normalises every reward component itself; methods.tempsamp_r1.mode="
+                             f"{ts.mode!r} shapes / anchors the weighted total, which GDPO does not use. "
+                             "Use methods.tempsamp_r1.mode=none with methods.gdpo")
         if cfg.methods.ngrpo.enabled:
             raise ValueError("methods.gdpo and methods.ngrpo both replace the advantage estimator; enable one")
 
-    def local_advantages(self, rb, r, kw):
-        from mmgrpo.core.distributed import global_sum
+    def advantage_estimator(self) -> Estimator:
+        return Estimator(local=self._advantages)
+
+    def _advantages(self, rb, r, kw):
+        from mmgrpo.engine.dist import global_sum
 
         o, eps = self.cfg.methods.gdpo, kw.get("eps", 1e-4)
         valid = kw.get("valid")

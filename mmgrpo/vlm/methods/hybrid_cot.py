@@ -94,7 +94,7 @@ class HybridCoT(VLMMethod):
     name = "hybrid_cot"
 
     @classmethod
-    def check_config(cls, cfg):
+    def check(cls, cfg):
         if not cfg.methods.hybrid_cot.enabled:  # called for every registered method
             return
         if cfg.data.prompt_mode not in ("think", "no_think"):
@@ -103,13 +103,13 @@ class HybridCoT(VLMMethod):
         o = cfg.methods.hybrid_cot
         think_probability(0, o.stage1_steps, o.think_fraction, o.ramp_steps)  # validates the options
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         self.o = cfg.methods.hybrid_cot
         self.modes: dict[int, str] = {}  # stream position -> mode, for this step's rows
         self._m: dict[str, float] = {}
 
-    def prepare_prompts(self, step, preps):
+    def before_rollout(self, step, preps):
         o = self.o
         if step != getattr(self, "_step", None):  # modes of earlier steps are no longer needed
             self.modes, self._step = {}, step
@@ -119,12 +119,12 @@ class HybridCoT(VLMMethod):
         for (pos, pp, gens), mode in zip(preps, modes):
             self.modes[pos] = mode
             if mode != self.cfg.data.prompt_mode:
-                pp = self.trainer.task.rebuild(pp, mode=mode)
+                pp = self.run.task.rebuild(pp, mode=mode)
             out.append((pos, pp, gens))
         self._m = {"hybrid/think_prob": p}
         return out
 
-    def on_rewards(self, rb, ctx):
+    def on_rewards(self, rb):
         modes = [self.modes.get(g, self.cfg.data.prompt_mode) for g in rb.group_ids.tolist()]
         w = self.cfg.reward.weights.get("format")
         if w and "format" in rb.rewards:
@@ -140,5 +140,5 @@ class HybridCoT(VLMMethod):
             if sel.any():
                 self._m[f"hybrid/reward_{name}"] = float(rb.rewards["total"][sel].float().nanmean())
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m.update(self._m)

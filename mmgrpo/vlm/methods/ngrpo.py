@@ -25,7 +25,7 @@ std as ``torch.std``). Open choices and deviations, each with its switch:
 
 * epsilon: ``algo.adv_eps`` (house default 1e-4; the release adds 1e-6 -- set ``algo.adv_eps=1e-6``);
 * the estimator needs ``algo.adv_scale=group`` (the paper defines no batch / unscaled variant) and refuses
-  ``tempsamp.mode=anchor`` (two estimators for one group);
+  ``methods.tempsamp_r1.mode=anchor`` (two estimators for one group);
 * a valid reward above ``max_reward`` is an error, not a silent shift of the virtual sample: set
   ``max_reward`` to the task's largest weighted total (e.g. 1.1 for IoU + 0.1 format);
 * groups with fewer than 2 valid real members get advantage 0 as with every estimator of this trainer (the release
@@ -39,7 +39,7 @@ import functools
 import torch
 
 from mmgrpo.core import AdvantageOutput
-from mmgrpo.vlm.methods.base import VLMMethod
+from mmgrpo.vlm.methods.base import Estimator, PolicyLoss, VLMMethod, grpo_loss
 
 __all__ = ["NGRPO", "ngrpo_advantages"]
 
@@ -89,24 +89,23 @@ class NGRPO(VLMMethod):
     name = "ngrpo"
 
     @classmethod
-    def check_config(cls, cfg) -> None:
+    def check(cls, cfg) -> None:
         if not cfg.methods.ngrpo.enabled:
             return
         if cfg.algo.adv_scale != "group":
             raise ValueError(f"methods.ngrpo needs algo.adv_scale=group (got {cfg.algo.adv_scale!r})")
-        if cfg.tempsamp.enabled and cfg.tempsamp.mode == "anchor":
-            raise ValueError("methods.ngrpo and tempsamp.mode=anchor both replace the advantage estimator; "
-                             "use tempsamp.mode=shape or none")
+        if cfg.methods.tempsamp_r1.enabled and cfg.methods.tempsamp_r1.mode == "anchor":
+            raise ValueError("methods.ngrpo and methods.tempsamp_r1.mode=anchor both replace the advantage estimator; "
+                             "use methods.tempsamp_r1.mode=shape or none")
 
-    def advantage_fn(self):
+    def advantage_estimator(self) -> Estimator:
         o = self.cfg.methods.ngrpo
-        return functools.partial(ngrpo_advantages, max_reward=o.max_reward, num_virtual=o.num_virtual)
+        return Estimator(gathered=functools.partial(ngrpo_advantages, max_reward=o.max_reward,
+                                                    num_virtual=o.num_virtual))
 
-    def loss_kwargs(self, kw: dict) -> dict:
+    def loss(self) -> PolicyLoss | None:
+        """The default loss with NGRPO's asymmetric clip bounds (Reg-GRPO's loss, which has no clip, wins)."""
         o = self.cfg.methods.ngrpo
-        kw = dict(kw)
-        if o.clip_low is not None:
-            kw["clip_low"] = o.clip_low
-        if o.clip_high is not None:
-            kw["clip_high"] = o.clip_high
-        return kw
+        if self.cfg.algo.loss_type == "reg":
+            return None
+        return PolicyLoss(functools.partial(grpo_loss, clip_low=o.clip_low, clip_high=o.clip_high))

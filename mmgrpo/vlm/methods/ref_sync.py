@@ -85,7 +85,7 @@ class RefSync(VLMMethod):
     name = "ref_sync"
 
     @classmethod
-    def check_config(cls, cfg):
+    def check(cls, cfg):
         if not cfg.methods.ref_sync.enabled:  # called for every registered method
             return
         o = cfg.methods.ref_sync
@@ -100,9 +100,9 @@ class RefSync(VLMMethod):
                              "adapter; mixing into it would change the policy's own base weights. Use full "
                              "fine-tuning or drop methods.ref_sync")
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
-        if getattr(trainer, "sharded", False):
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
+        if run.sharded:
             raise ValueError("methods.ref_sync mixes whole parameter tensors; the policy is sharded (FSDP / "
                              "DeepSpeed), which it does not support yet")
         self.o = cfg.methods.ref_sync
@@ -110,19 +110,19 @@ class RefSync(VLMMethod):
         self.syncs = 0
 
     def _ref(self):
-        ref = self.trainer.policy.ref_model
+        ref = self.run.policy.ref_model
         if ref is None:
             raise RuntimeError("methods.ref_sync: the trainer has no reference model")
         return ref
 
     def _trained_names(self) -> set[str]:
-        return {n for n, p in getattr(self.trainer.model, "module", self.trainer.model).named_parameters()
+        return {n for n, p in getattr(self.run.model, "module", self.run.model).named_parameters()
                 if p.requires_grad}
 
-    def after_update(self):
+    def after_optimizer_step(self):
         self.updates += 1
         if sync_due(self.updates, self.o.sync_steps):
-            mix_models_(self._ref(), self.trainer.model, self.o.mixup_alpha, self._trained_names())
+            mix_models_(self._ref(), self.run.model, self.o.mixup_alpha, self._trained_names())
             self.syncs += 1
 
     def state_dict(self):
@@ -141,5 +141,5 @@ class RefSync(VLMMethod):
                 for k, v in sd["reference"].items():
                     params[k].copy_(v.to(params[k].device, params[k].dtype))
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m["ref_sync/syncs"] = float(self.syncs)

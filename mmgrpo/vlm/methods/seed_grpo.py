@@ -292,7 +292,7 @@ class SeedGRPO(VLMMethod):
     needs_whole_groups = True  # the entropy of a group needs all its answers
 
     @classmethod
-    def check_config(cls, cfg):
+    def check(cls, cfg):
         if not cfg.methods.seed_grpo.enabled:  # called for every registered method
             return
         if cfg.data.task not in CLUSTER_TASKS:
@@ -303,16 +303,16 @@ class SeedGRPO(VLMMethod):
         if not 0.0 < o.threshold <= 1.0:
             raise ValueError(f"methods.seed_grpo.threshold must be in (0, 1], got {o.threshold}")
 
-    def __init__(self, cfg, trainer):
-        super().__init__(cfg, trainer)
+    def __init__(self, cfg, run):
+        super().__init__(cfg, run)
         self.o = cfg.methods.seed_grpo
         self._m: dict[str, float] = {}
 
-    def after_advantages(self, rb, valid):
+    def on_advantages(self, rb):
         o = self.o
-        use = valid & ~rb.is_offpolicy
+        use = rb.valid & ~rb.is_offpolicy
         if not bool(use.any()):
-            return
+            return rb
         rows = use.nonzero().flatten()
         gid = rb.group_ids[rows]
         cid = cluster_texts([rb.texts[i] for i in rows.tolist()], self.cfg.data.task, gid, o.threshold, o.unparsed)
@@ -327,6 +327,7 @@ class SeedGRPO(VLMMethod):
         idx = torch.tensor(sorted(firsts.values()))
         self._m = {"seed/entropy_mean": float(se[idx].mean()), "seed/weight_mean": float(w[idx].mean()),
                    "seed/clusters_mean": len(torch.unique(cid)) / len(idx)}
+        return rb
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         m.update(self._m)

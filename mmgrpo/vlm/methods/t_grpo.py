@@ -1,7 +1,7 @@
 """T-GRPO (Video-R1): a temporal bonus for groups that answer better with ordered than with shuffled frames.
 
-``tgrpo.enabled``: for every video prompt the policy also answers ``tgrpo.num_shuffled`` (0 = G/2) times on the
-same clip with its frames shuffled (seeded by (seed, step, position)); those rows are only scored, never
+``methods.t_grpo.enabled``: for every video prompt the policy also answers ``methods.t_grpo.num_shuffled`` (0 =
+G/2) times on the same clip with its frames shuffled (seeded by (seed, step, position)); those rows are only scored, never
 trained. :func:`temporal_bonus` (per group, Video-R1 #96) adds ``alpha`` to the correct ordered rows, as the
 reward ``temporal`` (also added to ``total``). Rows whose accuracy is NaN (a failed reward call) leave the group.
 """
@@ -53,12 +53,13 @@ class TGRPO(VLMMethod):
     name = "t_grpo"
     needs_whole_groups = True
 
-    def on_rewards(self, rb, ctx):
-        tr, c, step = self.trainer, self.cfg.tgrpo, ctx["step"]
+    def on_rewards(self, rb):
+        run, c, step = self.run, self.cfg.methods.t_grpo, self.run.state.step
         bonus = torch.zeros(rb.n)
-        acc = tr._accuracy(rb.texts, ctx["reward_samples"], rb.rewards)
+        acc = run.accuracy(rb.texts, [pp.reward_sample for pp in rb.prompts], rb.rewards)
         rb.valid &= torch.isfinite(acc)
-        vids = [(pos, pp) for pos, pp, _ in ctx["preps"] if pp.clip is not None]
+        vids = [(g, rb.prompts[i]) for i, g in enumerate(rb.group_ids.tolist())  # one per group, in row order
+                if (i == 0 or rb.group_ids[i - 1] != g) and rb.prompts[i].clip is not None]
         if vids:
             Gs = c.num_shuffled or max(1, self.cfg.rollout.group_size // 2)
             acc_sh, sh_gids = self._shuffled_accuracy(vids, Gs, step)
@@ -75,18 +76,18 @@ class TGRPO(VLMMethod):
 
     def _shuffled_accuracy(self, vids, Gs: int, step: int) -> tuple[Tensor, Tensor]:
         """Accuracies and group ids of Gs shuffled-frame answers per video prompt (failed rows left out)."""
-        tr, seed = self.trainer, self.cfg.run.seed
-        items = [tr.task.shuffled(pp, torch.Generator().manual_seed(sample_seed(seed, step, pos, 104729)))
+        run, seed = self.run, self.cfg.run.seed
+        items = [run.task.shuffled(pp, torch.Generator().manual_seed(sample_seed(seed, step, pos, 104729)))
                  for pos, pp in vids]
         seeds = [s ^ 0x5A5A5A5A for s in make_seeds(seed, step, [p for p, _ in vids], Gs)]
-        with tr._generation_context():
-            sh = tr.backend.generate(items, Gs, tr.sampling, seeds=seeds)
-        acc_sh = tr._accuracy(sh.texts, [pp.reward_sample for _, pp in vids for _ in range(Gs)])
+        with run.generation_context():
+            sh = run.backend.generate(items, Gs, run.sampling, seeds=seeds)
+        acc_sh = run.accuracy(sh.texts, [pp.reward_sample for _, pp in vids for _ in range(Gs)])
         gids = torch.tensor([p for p, _ in vids for _ in range(Gs)])
         ok = torch.isfinite(acc_sh)  # failed shuffled rows do not enter p~_g
         return acc_sh[ok], gids[ok]
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         i = rb.info
         if "tgrpo/n_shuffled" in i:
             m["tgrpo/acc_ordered"] = i["tgrpo/acc_ordered_sum"] / max(i["tgrpo/n_ordered"], 1)

@@ -17,14 +17,14 @@ class VLLMImportanceSampling(VLMMethod):
     name = "vllm_is"
     needs_old_logp = True
 
-    def after_precompute(self, rb):
+    def on_logprobs(self, rb):
         cap = self.cfg.rollout.vllm_is_cap
         mask = rb.completion_mask * (~rb.is_offpolicy).long().unsqueeze(1)
         w = truncated_is_weights(rb.old_logp, rb.rollout_logp, mask, cap)
         rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
         rb.info.update(is_weight_metrics(w, mask, cap))
 
-    def metrics(self, rb, m):
+    def end_of_step(self, rb, m):
         for k, v in rb.info.items():
             if k.startswith("rollout/is_"):
                 m[k] = v

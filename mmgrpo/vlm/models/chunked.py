@@ -1,4 +1,4 @@
-"""Token log-probs, entropy and TW-GRPO divergence weights without materialising full-vocabulary logits.
+"""Token log-probs and entropy without materialising full-vocabulary logits.
 
 The LM head turns final hidden states (N, T, H) into logits (N, T, V); at Qwen's vocabulary (V = 151,936) the fp32
 logits of 8 completions x 512 tokens are 2.5 GB, and softmax / backward keep several tensors of that size.  Here the
@@ -24,7 +24,6 @@ FSDP's sharded DTensor weight), and callers then use the full logits.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 
 
 # ----------------------------------------------------------------------------------------------------- kernel
-def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+def head_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """dtype the model's lm_head matmul would run in: the autocast dtype if autocast is on, else the inputs'."""
     dev = hidden.device.type
     if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
@@ -41,7 +40,7 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-def _chunk_logits(h, weight, bias, temperature: float, suppress) -> torch.Tensor:
+def chunk_logits(h, weight, bias, temperature: float, suppress) -> torch.Tensor:
     """(c, V) fp32 temperature-scaled logits with suppressed ids at -inf (as ``token_logprobs_from_logits``)."""
     with torch.autocast(h.device.type, enabled=False):
         x = F.linear(h, weight, bias).float()
@@ -61,7 +60,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         lp = hidden.new_empty(M, dtype=torch.float32)
         ent = hidden.new_zeros(M, dtype=torch.float32)
         for s in range(0, M, chunk):
-            x = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature, suppress)
+            x = chunk_logits(hidden[s:s + chunk], weight, bias, temperature, suppress)
             lse = torch.logsumexp(x, -1)
             lp[s:s + chunk] = x.gather(-1, ids[s:s + chunk, None]).squeeze(-1) - lse
             if want_entropy:
@@ -91,7 +90,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
             h = hidden[s:s + chunk]
             c = h.shape[0]
             # in place on one (c, V) buffer where possible: x -> log p -> p -> gradient w.r.t. x
-            g = _chunk_logits(h, weight, bias, temperature, suppress)
+            g = chunk_logits(h, weight, bias, temperature, suppress)
             g -= torch.logsumexp(g, -1, keepdim=True)  # log p
             ent_term = None
             if g_ent is not None:  # d H / dx_v = -p_v (log p_v + H), 0 where p_v = 0
@@ -129,7 +128,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-def _suppress_index(suppress_token_ids, device):
+def suppress_index(suppress_token_ids, device):
     if not suppress_token_ids:
         return None
     return torch.as_tensor(sorted(set(int(i) for i in suppress_token_ids)), dtype=torch.long, device=device)
@@ -155,7 +154,7 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torc
         raise ValueError(f"weight {tuple(weight.shape)} must be (V, {hidden.shape[-1]})")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    cdt = _compute_dtype(hidden, weight)
+    cdt = head_dtype(hidden, weight)
     shape = ids.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     y = ids.reshape(-1).to(device=h.device, dtype=torch.long)
@@ -168,65 +167,13 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, ids: torc
     w = weight.to(cdt)
     b = None if bias is None else bias.to(cdt)
     lp, ent = _ChunkedLogProbs.apply(h.to(cdt), w, b, y, float(temperature),
-                                     _suppress_index(suppress_token_ids, h.device), int(chunk_size),
+                                     suppress_index(suppress_token_ids, h.device), int(chunk_size),
                                      bool(return_entropy))
     if sel is not None:  # scatter the computed rows back (masked rows: 0, no gradient)
         lp = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
         ent = torch.zeros(sel.shape, dtype=ent.dtype, device=ent.device).masked_scatter(sel, ent)
     lp, ent = lp.view(shape), ent.view(shape)
     return (lp, ent) if return_entropy else lp
-
-
-@torch.no_grad()
-def chunked_tw_token_weights(hidden: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, group_ids,
-                             alpha: float = 1.7, clamp: float = 11.0, bias: torch.Tensor | None = None,
-                             temperature: float = 1.0, suppress_token_ids: Sequence[int] | None = None,
-                             chunk_size: int = 1024, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``mmgrpo.vlm.train.methods.tw_token_weights`` from hidden states, one chunk of positions per group at a time.
-
-    hidden (N, T, H), mask (N, T), group_ids (N,).  The divergence at position t needs the G distributions of a
-    group at t together, so a chunk is G rows x ``chunk_size // G`` positions (at least one position).  Same
-    formula and float64 arithmetic as ``tw_token_weights``; its support V' (columns finite somewhere) is the
-    vocabulary minus ``suppress_token_ids`` here (the only columns that are -inf).  Returns (N, T) float32.
-    """
-    if hidden.dim() != 3 or hidden.shape[:2] != mask.shape:
-        raise ValueError(f"hidden must be (N, T, H) matching mask {tuple(mask.shape)}, got {tuple(hidden.shape)}")
-    cdt = compute_dtype or _compute_dtype(hidden, weight)
-    w = weight.to(cdt)
-    b = None if bias is None else bias.to(cdt)
-    sup = _suppress_index(suppress_token_ids, hidden.device)
-    keep = torch.ones(weight.shape[0], dtype=torch.bool, device=hidden.device)
-    if sup is not None:
-        keep[sup] = False
-    n_keep = int(keep.sum())
-    log_uniform = -math.log(n_keep)
-    gid = torch.as_tensor(group_ids, device=hidden.device)
-    maskb = mask.to(hidden.device).bool()
-    out = torch.ones(mask.shape, dtype=torch.float32, device=hidden.device)
-    for g in torch.unique(gid).tolist():
-        rows = (gid == g).nonzero().flatten()
-        mg_all = maskb[rows]
-        Tg = int(mg_all.sum(1).max().item()) if mg_all.any() else 0
-        if Tg == 0:
-            continue
-        step = max(1, int(chunk_size) // len(rows))
-        d = torch.empty(Tg, dtype=torch.float64, device=hidden.device)
-        for t0 in range(0, Tg, step):
-            t1 = min(Tg, t0 + step)
-            h = hidden[rows, t0:t1].to(cdt)  # (G, c, H)
-            x = _chunk_logits(h.reshape(-1, h.shape[-1]), w, b, temperature, sup)
-            lp = torch.log_softmax(x, -1)[:, keep].double().view(len(rows), t1 - t0, n_keep)
-            del x
-            mg = mg_all[:, t0:t1].unsqueeze(-1)
-            lp = torch.where(mg, lp, lp.new_full((), log_uniform))  # past a sequence's end: uniform
-            lp = torch.nan_to_num(lp, neginf=-1e4)
-            delta = (lp.mean(0, keepdim=True) - lp).clamp(-clamp, clamp)
-            d[t0:t1] = (torch.exp(delta) - delta - 1.0).sum(-1).mean(0)
-            del lp, delta
-        lo, hi = d.min(), d.max()
-        norm = (d - lo) / (hi - lo) if hi > lo else torch.zeros_like(d)
-        out[rows, :Tg] = (1.0 + (alpha - 1.0) * norm).float().unsqueeze(0).expand(len(rows), -1)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------- models
@@ -262,19 +209,6 @@ class HeadInputs:
         ids = torch.zeros(self.hidden.shape[:-1], dtype=torch.long, device=self.hidden.device)
         return self.token_logprobs(ids, mask, return_entropy=True)[1]
 
-    def tw_token_weights(self, mask, group_ids, alpha: float = 1.7, clamp: float = 11.0) -> torch.Tensor:
-        return chunked_tw_token_weights(self.hidden.detach(), self.weight.detach(), mask, group_ids, alpha, clamp,
-                                        None if self.bias is None else self.bias.detach(), self.temperature,
-                                        self.suppress_token_ids, self.chunk_size, self.dtype)
-
-
-def tw_token_weights_from(logits_or_head, mask, group_ids, alpha: float = 1.7, clamp: float = 11.0):
-    """TW-GRPO weights from either full (temperature-scaled, suppressed) logits or a ``HeadInputs``."""
-    if isinstance(logits_or_head, HeadInputs):
-        return logits_or_head.tw_token_weights(mask, group_ids, alpha, clamp)
-    from mmgrpo.vlm.train.methods import tw_token_weights
-
-    return tw_token_weights(torch.log_softmax(logits_or_head.float(), -1), mask, group_ids, alpha, clamp)
 
 
 @torch.no_grad()
@@ -346,10 +280,10 @@ def capture_head_inputs(model):
 def head_inputs(model, hidden, temperature, suppress_token_ids, chunk_size) -> HeadInputs:
     head = chunkable_head(model)
     return HeadInputs(hidden, head.weight, head.bias, float(temperature), tuple(suppress_token_ids or ()),
-                      int(chunk_size), _compute_dtype(hidden, head.weight))
+                      int(chunk_size), head_dtype(hidden, head.weight))
 
 
-__all__ = ["chunked_token_logprobs", "chunked_tw_token_weights", "HeadInputs", "tw_token_weights_from",
+__all__ = ["chunked_token_logprobs", "HeadInputs", "chunk_logits", "head_dtype", "suppress_index",
            "token_entropy_from", "token_entropy_with_grad",
            "chunkable_head", "capture_head_inputs", "head_inputs"]
 

@@ -673,23 +673,10 @@ def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_gen
 
 __all__ = [
     "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
-    "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend", "VLLMRolloutBackend",
+    "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend",
     "shared_prefix_sample", "multinomial_rows",
-    "completion_mask_from_ids", "make_seeds", "batch_to", "vllm_requests", "rollout_from_token_lists",
-    "VLLM_NEUTRAL_SAMPLING",
+    "completion_mask_from_ids", "make_seeds", "batch_to", "rollout_from_token_lists",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
     "greedy_generate",
 ]
 
-
-_VLLM_NAMES = ("VLLMRolloutBackend", "vllm_requests", "VLLM_NEUTRAL_SAMPLING")
-
-
-def __getattr__(name: str):
-    """The vLLM backend moved to :mod:`mmgrpo.vlm.models.vllm_backend`; the old import path still works (lazily, as
-    that module imports this one)."""
-    if name in _VLLM_NAMES:
-        from . import vllm_backend
-
-        return getattr(vllm_backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,14 +58,13 @@ Choices
   does; the engine's log-probs never replace the trainer's.
 * After each generate the engine's expanded prompt ids must equal the trainer's ``input_ids``: a different number
   of vision tokens (other resize / frame count) raises instead of training on mismatched prompts.
-* T-GRPO's shuffled-frame rollouts have no raw frames here: ``rollout.backend=vllm`` refuses ``tgrpo.enabled``.
+* T-GRPO's shuffled-frame rollouts have no raw frames here: ``rollout.backend=vllm`` refuses ``methods.t_grpo.enabled``.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterator, Sequence
 
@@ -73,6 +72,7 @@ import numpy as np
 import torch
 
 from .rollout import RolloutBackend, RolloutOutput, SamplingParams, rollout_from_token_lists
+from .vllm_client import EngineOutput, VLLMServerClient, nccl_transfer_factory
 
 VLLM_SOURCE_VERSION = "0.33.0"  # the vLLM release whose source every call here was checked against
 
@@ -195,15 +195,6 @@ def vllm_requests(prompts: Sequence[dict], raw_prompts: Sequence[dict] | None, n
 # ----------------------------------------------------------------------------------------------------------
 # outputs
 # ----------------------------------------------------------------------------------------------------------
-@dataclass
-class EngineOutput:
-    """One finished request: the engine's expanded prompt, sampled ids and their sampling log-probs."""
-
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float] | None
-
-
 def request_output_to_engine_output(o) -> EngineOutput:
     """``vllm.RequestOutput`` -> :class:`EngineOutput` (``logprobs=0``: the sampled token's entry per position)."""
     c = o.outputs[0]
@@ -507,8 +498,6 @@ def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 
 
     Every training process generates through the server; only the one with ``pushes=True`` (process 0) sends
     weights, and all processes wait at a barrier after the push."""
-    from .vllm_server import VLLMServerClient, nccl_transfer_factory
-
     client = VLLMServerClient(url, timeout=timeout)
     if wait_seconds > 0:
         client.wait_until_healthy(wait_seconds)
@@ -523,9 +512,9 @@ def server_backend(url: str, tokenizer, suppress_token_ids=(), timeout: float = 
 def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
     """The backend for ``rollout.backend=vllm`` (``rollout.vllm_mode`` colocate | server)."""
     r = cfg.rollout
-    if cfg.tgrpo.enabled:
-        raise ValueError("tgrpo.enabled with rollout.backend=vllm: T-GRPO's shuffled-frame rollouts are built from "
-                         "processed tensors the vLLM engine cannot take; use rollout.backend=hf")
+    if cfg.methods.t_grpo.enabled:
+        raise ValueError("methods.t_grpo.enabled with rollout.backend=vllm: T-GRPO's shuffled-frame rollouts are built "
+                         "from processed tensors the vLLM engine cannot take; use rollout.backend=hf")
     emb = policy.model.get_input_embeddings() if hasattr(policy.model, "get_input_embeddings") else None
     vocab = int(emb.num_embeddings) if emb is not None else None
     if r.vllm_mode == "server":
@@ -547,7 +536,7 @@ def backend_from_config(cfg, policy) -> VLLMRolloutBackend:
 __all__ = [
     "VLLM_SOURCE_VERSION", "check_vllm_version", "VLLM_NEUTRAL_SAMPLING", "VIDEO_MM_PROCESSOR_KWARGS", "VisionTokenMismatch",
     "BadEngineReply", "check_engine_outputs", "LOGPROB_SLACK",
-    "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests", "EngineOutput",
+    "collapse_vision_runs", "video_item", "sampling_kwargs", "vllm_requests",
     "request_output_to_engine_output", "check_prompt_expansion", "sync_parameter_names",
     "hf_named_weights", "make_weight_source", "LLMWeightSyncClient", "WeightPusher", "LocalEngine",
     "default_llm_kwargs", "engine_on_this_gpu", "VLLMRolloutBackend", "colocate_backend", "server_backend",

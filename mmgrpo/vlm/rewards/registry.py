@@ -56,7 +56,7 @@ from .protocols import check_parse_mode, is_strict, release_format
 from .temporal import threshold_reward
 from .video_r1 import make_stemmer, sample_problem_type, video_r1_accuracy
 
-__all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn"]
+__all__ = ["REWARDS", "TASKS", "build_reward_fn", "RewardFn", "build_rewards", "accuracy_key"]
 
 TASKS = ("tvg", "mcq", "gqa", "rec", "qa")
 
@@ -394,3 +394,48 @@ def build_reward_fn(names_and_weights: Mapping[str, float], task: str, **cfg: An
     if full["numeric_mode"] not in ("binary", "continuous"):
         raise ValueError(f"numeric_mode must be 'binary' or 'continuous', got {full['numeric_mode']!r}")
     return RewardFn(weights, task, full)
+
+
+# ------------------------------------------------------------------------------------------- trainer config
+def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: str = "think",
+                  answer_format: str = "seconds"):
+    """(reward_fn, accuracy_fn | None): the registry's batched reward function for the configured weights, and
+    one for the accuracy reward (T-GRPO) when it is not among the weighted rewards. ``format_exact`` checks the
+    structure ``prompt_mode`` and ``answer_format`` ask for (data.prompt_mode / data.answer_format)."""
+    answer_only_format = getattr(reward_cfg, "parse_mode", "lenient") == "tempsamp_r1"  # its check needs no <think>
+    if prompt_mode == "no_think" and reward_cfg.weights.get("format") and not answer_only_format:
+        # strict "format" requires a <think> block, which this prompt tells the model not to write: the reward
+        # would be 0 for every completion and silently shift every total
+        raise ValueError("reward.weights has 'format' (strict: <think>...</think><answer>...</answer>) but "
+                         "data.prompt_mode=no_think asks for a direct <answer>: it would score 0 for every "
+                         "completion. Use 'format_loose' (a closed <answer> block) or drop it, e.g. "
+                         "reward.weights='{iou: 1.0, format_loose: 0.5}'")
+    opts = dict(reward_cfg.options)
+    mode = getattr(reward_cfg, "parse_mode", "lenient")
+    if mode != "lenient":
+        if opts.get("parse_mode", mode) != mode:
+            raise ValueError(f"reward.parse_mode={mode!r} but reward.options sets parse_mode="
+                             f"{opts['parse_mode']!r}: set it in one place")
+        opts["parse_mode"] = mode
+    if task == "rec":
+        opts.setdefault("box_frame", family)
+    if "format_exact" in reward_cfg.weights:  # the prompt's own structure, unless the options say otherwise
+        opts.setdefault("prompt_mode", prompt_mode)
+        opts.setdefault("answer_format", answer_format)
+    if "length" in reward_cfg.weights:
+        opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
+    fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)
+    key = accuracy_key(reward_cfg, task)
+    acc_fn = None if key in reward_cfg.weights else build_reward_fn({key: 1.0}, task, **{
+        k: v for k, v in opts.items() if k != "token_counter"})
+    return fn, acc_fn
+
+
+def accuracy_key(reward_cfg, task: str) -> str:
+    if reward_cfg.accuracy_key != "auto":
+        return reward_cfg.accuracy_key
+    # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
+    for name, t in (("video_r1_accuracy", "mcq"), ("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
+        if task == t and name in reward_cfg.weights:
+            return name
+    return {"tvg": "iou", "mcq": "mcq", "gqa": "mcq", "rec": "box_iou"}.get(task, "total")

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["RolloutBatch", "cat_batches", "empty_batch", "micro_batches"]
+__all__ = ["RolloutBatch", "cat_batches", "empty_batch", "keep_first_groups", "micro_batches"]
 
 
 @dataclass
@@ -18,6 +18,7 @@ class RolloutBatch:
     texts: list[str]
     completion_ids: torch.Tensor  # (N, T)
     completion_mask: torch.Tensor  # (N, T) real tokens
+    loss_mask: torch.Tensor  # (N, T) the tokens that enter the loss and its counts (methods may narrow it)
     group_ids: torch.Tensor  # (N,) int64
     is_offpolicy: torch.Tensor  # (N,) bool (TempSamp ground-truth rows)
     truncated: torch.Tensor  # (N,) bool
@@ -32,14 +33,11 @@ class RolloutBatch:
     token_weights: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
     valid: torch.Tensor | None = None  # (N,) bool: False = reward failed / non-finite (dropped after advantages)
+    prompts: list | None = None  # per row: its PreparedPrompt (the group's prompt; methods read reward_sample, clip)
 
     @property
     def n(self) -> int:
         return self.completion_ids.shape[0]
-
-    @property
-    def loss_mask(self) -> torch.Tensor:
-        return self.completion_mask
 
     def select(self, rows: torch.Tensor) -> "RolloutBatch":
         idx = rows.tolist()
@@ -47,12 +45,13 @@ class RolloutBatch:
         return RolloutBatch(
             items=[self.items[i] for i in idx], samples=[self.samples[i] for i in idx],
             texts=[self.texts[i] for i in idx], completion_ids=self.completion_ids[rows],
-            completion_mask=self.completion_mask[rows], group_ids=self.group_ids[rows],
+            completion_mask=self.completion_mask[rows], loss_mask=self.loss_mask[rows], group_ids=self.group_ids[rows],
             is_offpolicy=self.is_offpolicy[rows], truncated=self.truncated[rows], parse_failed=self.parse_failed[rows],
             rewards={k: v[rows] for k, v in self.rewards.items()}, rollout_logp=self.rollout_logp[rows],
             advantages=pick(self.advantages), reward_used=pick(self.reward_used), zero_std=pick(self.zero_std),
             old_logp=pick(self.old_logp), ref_logp=pick(self.ref_logp), token_weights=pick(self.token_weights),
-            info=dict(self.info), valid=pick(self.valid))
+            info=dict(self.info), valid=pick(self.valid),
+            prompts=None if self.prompts is None else [self.prompts[i] for i in idx])
 
 
 def _pad_cols(t: torch.Tensor, T: int, value=0) -> torch.Tensor:
@@ -80,14 +79,16 @@ def cat_batches(bs: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
     return RolloutBatch(
         items=sum((b.items for b in bs), []), samples=sum((b.samples for b in bs), []),
         texts=sum((b.texts for b in bs), []), completion_ids=cat(lambda b: b.completion_ids, pad_id),
-        completion_mask=cat(lambda b: b.completion_mask), group_ids=cat(lambda b: b.group_ids),
+        completion_mask=cat(lambda b: b.completion_mask), loss_mask=cat(lambda b: b.loss_mask),
+        group_ids=cat(lambda b: b.group_ids),
         is_offpolicy=cat(lambda b: b.is_offpolicy), truncated=cat(lambda b: b.truncated),
         parse_failed=cat(lambda b: b.parse_failed),
         rewards={k: torch.cat([b.rewards[k] for b in bs]) for k in bs[0].rewards},
         rollout_logp=cat(lambda b: b.rollout_logp), advantages=cat(lambda b: b.advantages),
         reward_used=cat(lambda b: b.reward_used), zero_std=cat(lambda b: b.zero_std),
         old_logp=cat(lambda b: b.old_logp), ref_logp=cat(lambda b: b.ref_logp),
-        token_weights=cat(lambda b: b.token_weights, 1.0), info=info, valid=cat(lambda b: b.valid))
+        token_weights=cat(lambda b: b.token_weights, 1.0), info=info, valid=cat(lambda b: b.valid),
+        prompts=None if any(b.prompts is None for b in bs) else sum((b.prompts for b in bs), []))
 
 
 def micro_batches(group_ids: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
@@ -111,7 +112,14 @@ def empty_batch() -> RolloutBatch:
     z = torch.zeros(0, 1)
     no = torch.zeros(0, dtype=torch.bool)
     return RolloutBatch(items=[], samples=[], texts=[], completion_ids=z.long(), completion_mask=z.long(),
+                        loss_mask=z.long(), prompts=[],
                         group_ids=torch.zeros(0, dtype=torch.long), is_offpolicy=no, truncated=no.clone(),
                         parse_failed=no.clone(), rewards={"total": torch.zeros(0)}, rollout_logp=z,
                         advantages=torch.zeros(0), reward_used=torch.zeros(0), zero_std=no.clone(),
                         valid=no.clone())
+
+
+def keep_first_groups(group_ids: torch.Tensor, want: int) -> torch.Tensor:
+    """Rows of the first ``want`` groups (in row order; a group's rows are contiguous)."""
+    first = torch.unique_consecutive(group_ids)[:want]
+    return torch.isin(group_ids, first).nonzero().flatten()

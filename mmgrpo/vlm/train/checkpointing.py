@@ -1,147 +1,121 @@
-"""Checkpoint state of the VLM trainer: what is written (``state``), the save and the exact resume, in the one format
-of :mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
+"""Checkpoints of the VLM recipe: what is written (:func:`state`), the save and the exact resume, in the one format of
+:mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
 
 Entries: ``policy.pt`` (the trained tensors, gathered from the shards under FSDP: the portable copy that
 ``scripts/experiments/export_vlm.py`` and evaluation read), ``optimizer.pt`` (``optimizer.state_dict()``; under
-sharding only the param groups, the moments are in ``state/``), ``scheduler.pt``, ``trainer.pt`` (step, data
-position, counters, skip state, budget, selection, methods, config, reference), ``rng.pt`` (every process's RNG).
-Checkpoints of the two earlier formats still resume (:meth:`CheckpointMixin._load_legacy_accelerate`)."""
+sharding only the param groups, the moments are in ``state/``), ``scheduler.pt``, ``trainer.pt`` (the
+:class:`~mmgrpo.vlm.train.trainer.RunState`: step, data position, counters, selection; the guard's skip state and
+budget; every method's state; config, reference), ``rng.pt`` (every process's RNG)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from mmgrpo.engine.checkpoint import (STATE_DIR, gather_rng, load_sharded_state, restore_rng, save_checkpoint,
                                       sharded_writer)
-from mmgrpo.utils.checkpoint import capture_rng_state, refuse_unsafe_pickles
+from mmgrpo.utils.checkpoint import capture_rng_state
 from mmgrpo.utils.config import config_to_dict
 from mmgrpo.utils.logging import get_logger
+from mmgrpo.vlm.train.prompts import make_stream
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["CheckpointMixin"]
+__all__ = ["state", "save", "resume"]
 
 
-class CheckpointMixin:
-    """``GRPOTrainer.state`` / ``save`` / ``resume`` (through :mod:`mmgrpo.engine.checkpoint`)."""
+def state(run, full_state_dict: dict | None = None, rng: dict | None = None, optim_meta: dict | None = None) -> dict:
+    """The main process's entries. ``full_state_dict``: the gathered weights of a sharded model; ``optim_meta``: the
+    sharded optimizer's param groups (its moments are written to ``state/``); ``rng``: every process's RNG state
+    (:func:`~mmgrpo.engine.checkpoint.gather_rng`; default: this process's)."""
+    cfg, st = run.cfg, run.state
+    if full_state_dict is not None:
+        names = {n for n, p in run.unwrapped.named_parameters() if p.requires_grad}
+        pol = {k: v.detach().cpu() for k, v in full_state_dict.items() if k in names}
+    else:
+        pol = run.policy.trainable_state_dict()
+    scaler = getattr(run.accelerator, "scaler", None)  # fp16 mixed precision only
+    return {
+        "policy": pol,
+        "optimizer": optim_meta if optim_meta is not None else run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "trainer": {
+            "step": st.step, "stream": st.stream.state_dict(), "counters": dict(st.counters),
+            **run.guard.state_dict(), "config": config_to_dict(cfg), "world_size": run.world,
+            "reference": {"kind": "lora_disabled" if run.policy.lora else
+                          ("frozen_initial_copy" if run.policy.ref_model is not None else "none"),
+                          "model_path": cfg.model.path, "kl_coef": cfg.algo.kl_coef},
+            "selected": st.selected,
+            "methods": {m.name: sd for m in run.methods if (sd := m.state_dict()) is not None},
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        },
+        "rng": rng if rng is not None else {"per_rank": [capture_rng_state()], "world": 1},
+    }
 
-    def state(self, full_state_dict: dict | None = None, rng: dict | None = None,
-              optim_meta: dict | None = None) -> dict:
-        """The main process's entries. ``full_state_dict``: the gathered weights of a sharded model; ``optim_meta``:
-        the sharded optimizer's param groups (its moments are written to ``state/``); ``rng``: every process's
-        RNG state (:func:`~mmgrpo.engine.checkpoint.gather_rng`; default: this process's)."""
-        if full_state_dict is not None:
-            names = {n for n, p in self.unwrapped.named_parameters() if p.requires_grad}
-            pol = {k: v.detach().cpu() for k, v in full_state_dict.items() if k in names}
-        else:
-            pol = self.policy.trainable_state_dict()
-        return {
-            "policy": pol,
-            "optimizer": optim_meta if optim_meta is not None else self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "trainer": {
-                "step": self.step, "stream": self.stream.state_dict(), "counters": dict(self.counters),
-                **self.skips.state_dict(),
-                "config": config_to_dict(self.cfg), "world_size": self.world,
-                "reference": {"kind": "lora_disabled" if self.policy.lora else
-                              ("frozen_initial_copy" if self.policy.ref_model is not None else "none"),
-                              "model_path": self.cfg.model.path, "kl_coef": self.cfg.algo.kl_coef},
-                "selection": getattr(self, "selected_indices", None),
-                "budget": self.budget.state_dict(),
-                "methods": {m.name: sd for m in self.methods if (sd := m.state_dict()) is not None},
-                "scaler": self._scaler_state(),
-            },
-            "rng": rng if rng is not None else {"per_rank": [capture_rng_state()], "world": 1},
-        }
 
-    def _scaler_state(self):
-        scaler = getattr(self.accelerator, "scaler", None)  # fp16 mixed precision only
-        return scaler.state_dict() if scaler is not None else None
+def save(run) -> Path | None:
+    """Collective: every process calls it. Returns the checkpoint folder on the main process."""
+    rng = gather_rng()
+    full_sd = sharded = optim_meta = None
+    if run.sharded:
+        sharded, optim_meta = sharded_writer(run.model, run.optimizer, run.accelerator,
+                                             deepspeed=run.dist_kind == "DEEPSPEED")
+        full_sd = run.accelerator.get_state_dict(run.model)  # the portable copy of the weights (gathers the shards)
+    main = run.accelerator.is_main_process
+    extra = {}
+    if main and run.policy.lora and not run.sharded:
+        extra["adapter"] = lambda p: run.unwrapped.save_pretrained(str(p))
+    path = save_checkpoint(run.ckpt, run.state.step, lambda: state(run, full_sd, rng, optim_meta), is_main=main,
+                           sharded=sharded, metric=_best_metric(run) if main else None, extra_files=extra)
+    if path is not None:
+        log.info("saved checkpoint %s", path)
+    return path
 
-    def save(self) -> Path | None:
-        """Collective: every process calls it. Returns the checkpoint folder on the main process."""
-        rng = gather_rng()
-        full_sd = sharded = None
-        optim_meta = None
-        if self.sharded:
-            sharded, optim_meta = sharded_writer(self.model, self.optimizer, self.accelerator,
-                                                 deepspeed=self.dist_kind == "DEEPSPEED")
-            # the portable copy of the trained weights (collective: gathers the shards)
-            full_sd = self.accelerator.get_state_dict(self.model)
-        extra = {}
-        if self.accelerator.is_main_process and self.policy.lora and not self.sharded:
-            extra["adapter"] = lambda p: self.unwrapped.save_pretrained(str(p))
-        path = save_checkpoint(self.ckpt, self.step, lambda: self.state(full_sd, rng, optim_meta),
-                               is_main=self.accelerator.is_main_process, sharded=sharded,
-                               metric=self._best_metric() if self.accelerator.is_main_process else None,
-                               extra_files=extra)
-        if path is not None:
-            log.info("saved checkpoint %s", path)
-        self._last_save = (self.step, path)  # a stop right after this save does not write it again
-        return path
 
-    def _best_metric(self) -> float | None:
-        if not self.cfg.run.best_metric:
-            return None
-        metric = self._last_metrics.get(self.cfg.run.best_metric)
-        if metric is None:
-            log.warning("run.best_metric=%r is not among this step's metrics (e.g. %s); checkpoint %d has no metric",
-                        self.cfg.run.best_metric, sorted(self._last_metrics)[:5], self.step)
-        return metric
+def _best_metric(run) -> float | None:
+    key, last = run.cfg.run.best_metric, run.state.metrics
+    if not key:
+        return None
+    metric = last.get(key)
+    if metric is None:
+        log.warning("run.best_metric=%r is not among this step's metrics (e.g. %s); checkpoint %d has no metric", key,
+                    sorted(last)[:5], run.state.step)
+    return metric
 
-    def resume(self) -> bool:
-        path = self.ckpt.resolve(self.cfg.run.resume_from)
-        if path is None:
-            return False
-        st = self.ckpt.load(path)
-        tr = st["trainer"]
-        ref = tr["reference"]
-        if ref["kind"] == "frozen_initial_copy" and ref["model_path"] != self.cfg.model.path:
-            raise ValueError(f"resume: the reference was {ref['model_path']!r}, now model.path={self.cfg.model.path!r}")
-        self._load_weights_and_optimizer(path, st)
-        if tr.get("selection") is not None:
-            self.use_samples(tr["selection"])
-        self._make_stream()
-        self.stream.load_state_dict(tr["stream"])
-        self.step = int(tr["step"])
-        self.budget.load_state_dict(tr.get("budget"))
-        self.counters.update(tr["counters"])
-        self.skips.load_state_dict(tr)
-        if tr.get("scaler") is not None and getattr(self.accelerator, "scaler", None) is not None:
-            self.accelerator.scaler.load_state_dict(tr["scaler"])
-        for m in self.methods:
-            if m.name in tr.get("methods", {}):
-                m.load_state_dict(tr["methods"][m.name])
-        rng = st.get("rng")
-        if rng is None and "rng" in tr:  # older checkpoints: rank 0's state, restored on every process
-            w = int(tr.get("world_size", 1))
-            rng = {"per_rank": [tr["rng"]] * w, "world": w}
-        restore_rng(rng, self.rank, self.world)
-        log.info("resumed from %s at step %d", path, self.step)
-        self._last_save = (self.step, str(path))  # an interrupt before the next step need not rewrite it
-        return True
 
-    def _load_weights_and_optimizer(self, path: Path, st: dict) -> None:
-        """Sharded state (``state/``: any process count, sharded or not), the replicated entries, or a checkpoint of
-        the earlier accelerate format (``accelerate/``)."""
-        if (path / "accelerate").is_dir():
-            return self._load_legacy_accelerate(path)
-        if (path / STATE_DIR).is_dir():
-            load_sharded_state(path / STATE_DIR, self.model, self.optimizer, self.accelerator, st["optimizer"],
-                               deepspeed=self.dist_kind == "DEEPSPEED")
-        else:
-            if self.sharded:
-                raise ValueError(f"resume: {path} was written by a replicated run (no {STATE_DIR}/ folder); a "
-                                 f"{self.dist_kind} run resumes from sharded checkpoints only")
-            self.policy.load_trainable_state_dict(st["policy"])
-            self.optimizer.load_state_dict(st["optimizer"])
-        if st.get("scheduler"):
-            self.scheduler.load_state_dict(st["scheduler"])
-
-    def _load_legacy_accelerate(self, path: Path) -> None:
-        """Checkpoints written before the one format with ``run.grad_sync=accelerate``: ``accelerator.save_state``
-        in ``accelerate/`` (model, optimizer, scheduler, RNG); same number of processes and same setup only."""
-        if self.grad_sync != "accelerate":
-            raise ValueError(f"resume: {path} was written with run.grad_sync=accelerate (earlier format); resume "
-                             "with it")
-        refuse_unsafe_pickles(path / "accelerate")  # torch.distributed.checkpoint unpickles .metadata as is
-        self.accelerator.load_state(str(path / "accelerate"))
+def resume(run) -> bool:
+    """Restore the run from ``run.resume_from`` (auto: the newest valid checkpoint); False when there is none."""
+    cfg, st = run.cfg, run.state
+    path = run.ckpt.resolve(cfg.run.resume_from)
+    if path is None:
+        return False
+    ck = run.ckpt.load(path)
+    tr = ck["trainer"]
+    ref = tr["reference"]
+    if ref["kind"] == "frozen_initial_copy" and ref["model_path"] != cfg.model.path:
+        raise ValueError(f"resume: the reference was {ref['model_path']!r}, now model.path={cfg.model.path!r}")
+    if (path / STATE_DIR).is_dir():  # sharded state: any process count, sharded or not
+        load_sharded_state(path / STATE_DIR, run.model, run.optimizer, run.accelerator, ck["optimizer"],
+                           deepspeed=run.dist_kind == "DEEPSPEED")
+    else:
+        if run.sharded:
+            raise ValueError(f"resume: {path} was written by a replicated run (no {STATE_DIR}/ folder); a "
+                             f"{run.dist_kind} run resumes from sharded checkpoints only")
+        run.policy.load_trainable_state_dict(ck["policy"])
+        run.optimizer.load_state_dict(ck["optimizer"])
+    if ck.get("scheduler"):
+        run.scheduler.load_state_dict(ck["scheduler"])
+    if tr.get("selected") is not None:
+        run.use_samples(tr["selected"])
+    st.stream = make_stream(run)
+    st.stream.load_state_dict(tr["stream"])
+    st.step = int(tr["step"])
+    st.counters.update(tr["counters"])
+    run.guard.load_state_dict(tr)
+    if tr.get("scaler") is not None and getattr(run.accelerator, "scaler", None) is not None:
+        run.accelerator.scaler.load_state_dict(tr["scaler"])
+    for m in run.methods:
+        if m.name in tr.get("methods", {}):
+            m.load_state_dict(tr["methods"][m.name])
+    restore_rng(ck.get("rng"), run.rank, run.world)
+    log.info("resumed from %s at step %d", path, st.step)
+    st.last_save = (st.step, str(path))  # an interrupt before the next step need not rewrite it
+    return True

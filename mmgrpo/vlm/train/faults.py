@@ -9,7 +9,7 @@
 * :class:`NothingTrained` is raised at the end of a run none of whose optimizer steps was applied (every step
   skipped: no valid group / reward, non-finite values); no final weights are written (exit code 4).
 
-The exception classes live in :mod:`mmgrpo.engine.errors` (one family for both trainers); they are re-exported here.
+The exception classes are :mod:`mmgrpo.engine.errors` (one family for both trainers).
 """
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingStopped  # noqa: F401 - re-exported
-from mmgrpo.engine.reward_calls import CallStats, RetryPolicy  # noqa: F401 - CallStats re-exported
+from mmgrpo.engine.reward_calls import CallStats, RetryPolicy
 from mmgrpo.engine.reward_calls import call_with_retries as _call_with_retries
 from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train.faults")
 
-__all__ = ["TrainingStopped", "NothingTrained", "RewardCallFailed", "call_with_retries", "nonfinite_rows", "CallStats"]
+__all__ = ["call_with_retries", "nonfinite_rows"]
 
 
 def call_with_retries(fn: Callable[..., Any], args: tuple, retries: int = 2, backoff: float = 1.0,

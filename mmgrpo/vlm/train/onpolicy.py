@@ -11,7 +11,7 @@ template, processor pixels / frames), the engine reports log-probs of another di
 penalties, vLLM's raw log-probs), the training forward is random (LoRA dropout), or bf16 kernels differ more than
 rounding explains. Users of every peer report such mismatches; this check finds them before the first update.
 
-How: one no-grad forward of the step's rows through the trainer's own log-prob function (``GRPOTrainer._logp``,
+How: one no-grad forward of the step's rows through the trainer's own log-prob function (``steps.token_logprobs``,
 the function and padding the loss uses, on its micro-batch plan; the model in training mode, as the loss sees it),
 compared with ``rb.rollout_logp`` on the on-policy tokens of rows whose backend returned sampling log-probs (rows
 whose rollout log-probs are all exactly 0 had none and are left out). Statistics are reduced over processes:
@@ -105,11 +105,13 @@ def _likely_causes(cfg, stats: dict[str, float], backend: Any, which: str, bound
 
 @torch.no_grad()
 def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
-    """Run the check once per trainer object (its first :meth:`train_step`); returns the statistics (None when
-    off, already done, or when no row has rollout log-probs). Collective: every process calls it."""
-    if getattr(trainer, "_onpolicy_done", False):
+    """Run the check once per trainer object (its first step); returns the statistics (None when off, already done,
+    or when no row has rollout log-probs). Collective: every process calls it."""
+    from mmgrpo.vlm.train.steps import mb_plan, token_logprobs
+
+    if trainer.state.onpolicy_checked:
         return None
-    trainer._onpolicy_done = True
+    trainer.state.onpolicy_checked = True
     cfg = trainer.cfg
     if not cfg.rollout.onpolicy_check:
         return None
@@ -122,8 +124,8 @@ def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
     was = model.training
     model.train()  # as the loss sees it (LoRA dropout, if any, is active there)
     try:
-        for b, idx, w in trainer._mb_plan(rb, mbs):  # same forwards on every process (prepared models)
-            lp = trainer._logp(model, b, idx).float().cpu()
+        for b, idx, w in mb_plan(trainer, rb, mbs):  # same forwards on every process (prepared models)
+            lp = token_logprobs(trainer, model, b, idx).float().cpu()
             if not w:
                 continue
             T = lp.shape[1]

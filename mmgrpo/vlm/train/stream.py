@@ -7,7 +7,7 @@ import torch
 
 from mmgrpo.utils.seeding import sample_seed
 
-__all__ = ["PromptStream", "chain_epoch_hooks"]
+__all__ = ["PromptStream"]
 
 
 class PromptStream:
@@ -69,19 +69,6 @@ class PromptStream:
             raise ValueError(f"resume: the checkpoint's data stream had {sd['num_samples']} samples, the current "
                              f"training set has {self.n}; same data (and selection) is required for an exact resume")
         self.position = int(sd["position"])
-        if "epoch" in sd:
-            self._epoch, self.offset = int(sd["epoch"]), int(sd["offset"])
-        else:  # older checkpoints: a constant n
-            self._epoch, self.offset = divmod(self.position, self.n)
+        self._epoch, self.offset = int(sd["epoch"]), int(sd["offset"])
         self._perm_epoch = -1
 
-
-def chain_epoch_hooks(hooks: list[Callable[[int], int | None]]) -> Callable[[int], int | None]:
-    """One ``PromptStream.on_epoch`` calling every method's hook in order; the last new sample count wins."""
-    def on_epoch(epoch: int) -> int | None:
-        n = None
-        for h in hooks:
-            r = h(epoch)
-            n = n if r is None else r
-        return n
-    return on_epoch

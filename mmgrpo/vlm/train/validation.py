@@ -5,7 +5,7 @@ The held-out metric of a GRPO run can move a lot between nearby steps while the 
 that is neither trained on nor reported: ``validation.file``. At step 0 (``validation.at_start``, a fresh run),
 every ``validation.every`` steps and after the last step, the current policy decodes every validation prompt
 greedily -- with :func:`mmgrpo.vlm.models.rollout.greedy_generate`, the function ``eval/generate_vlm.py`` uses, on
-inputs prepared by the trainer's own :class:`~mmgrpo.vlm.train.task.TaskAdapter`, in fixed consecutive batches of
+inputs prepared by the trainer's own :class:`~mmgrpo.vlm.data.task.TaskAdapter`, in fixed consecutive batches of
 ``validation.batch_size`` -- so a point of the curve equals an evaluation of the checkpoint saved at that step
 with the same data settings and batch size.
 
@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
 from mmgrpo.utils.logging import get_logger
 
@@ -50,7 +48,7 @@ class Validator:
     """Holds the validation samples of one run and appends points to its curve."""
 
     def __init__(self, trainer) -> None:
-        from mmgrpo.vlm.train.task import load_samples
+        from mmgrpo.vlm.data.task import load_samples
 
         v = trainer.cfg.validation
         self.cfg = trainer.cfg
@@ -80,7 +78,9 @@ class Validator:
         max_new = v.max_new_tokens or self.cfg.rollout.max_new_tokens
         texts: list[str] = []
         rsamples: list[Any] = []
-        with trainer._generation_context():
+        from mmgrpo.vlm.train.distributed import generation_context
+
+        with generation_context(trainer):
             for s in range(0, len(self.samples), v.batch_size):
                 preps = [self._prepare(trainer, x) for x in self.samples[s:s + v.batch_size]]
                 ok = [p for p in preps if p is not None]
@@ -93,7 +93,7 @@ class Validator:
     def _prepare(self, trainer, sample):
         """The sample as the trainer prepares it; None (scored as an empty answer, counted) if its media cannot be
         read and data.on_missing_media / on_bad_sample say skip -- the set stays fixed across points."""
-        from mmgrpo.vlm.train.task import BadSampleError, MissingMediaError, sample_id
+        from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 
         try:
             return trainer.task.prepare(sample)
@@ -106,7 +106,9 @@ class Validator:
             return None
 
     def score(self, trainer, texts: list[str], rsamples: list[Any]) -> dict[str, float]:
-        scored = trainer._score(texts, rsamples)
+        from mmgrpo.vlm.train.steps import accuracy, score
+
+        scored = score(trainer, texts, rsamples)
         failed = scored.pop("_failed").bool()
         scored.pop("parse_failed", None)
         m: dict[str, float] = {}
@@ -114,7 +116,7 @@ class Validator:
         for k, t in scored.items():
             t = t.float()
             m[f"val/reward/{k}"] = float(t[ok].mean()) if bool(ok.any()) else float("nan")
-        acc = trainer._accuracy(texts, rsamples, scored)
+        acc = accuracy(trainer, texts, rsamples, scored)
         m["val/accuracy"] = 100.0 * float(acc[ok].mean()) if bool(ok.any()) else float("nan")
         if self.cfg.data.task == "tvg":
             from mmgrpo.vlm.sft import score_tvg_outputs
@@ -148,7 +150,7 @@ class Validator:
         return m
 
     def _write(self, step: int, texts: list[str], m: dict[str, float]) -> None:
-        from mmgrpo.vlm.train.task import sample_id
+        from mmgrpo.vlm.data.task import sample_id
 
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / f"step-{step:08d}.jsonl", "w", encoding="utf-8") as f:
@@ -182,33 +184,34 @@ def load(trainer) -> Validator | None:
 def _validator(trainer) -> Validator | None:
     if not trainer.cfg.validation.every:
         return None
-    if getattr(trainer, "_validator", None) is None:
-        trainer._validator = Validator(trainer)
-    return trainer._validator
+    if trainer.validator is None:
+        trainer.validator = Validator(trainer)
+    return trainer.validator
 
 
 def on_train_start(trainer, resumed: bool) -> None:
     """Step-0 point of a fresh run (the starting weights)."""
     val = _validator(trainer)
-    if val is None or resumed or not trainer.cfg.validation.at_start or trainer.step != 0:
+    if val is None or resumed or not trainer.cfg.validation.at_start or trainer.state.step != 0:
         return
     m = val.run(trainer, 0)
     trainer.logger.log(m, 0)
 
 
 def on_step_end(trainer, metrics: dict[str, float], logged: bool) -> dict[str, float]:
-    """After optimizer step ``trainer.step``: a validation point when one is due. The ``val/*`` values are added to
-    ``metrics`` (the step's row, and what ``run.best_metric`` reads); logged here when the step's row is not."""
+    """After optimizer step ``trainer.state.step``: a validation point when one is due. The ``val/*`` values are added
+    to ``metrics`` (the step's row, and what ``run.best_metric`` reads); logged here when the step's row is not."""
     val = _validator(trainer)
-    if val is None or not val.due(trainer.step):
+    step = trainer.state.step
+    if val is None or not val.due(step):
         return metrics
-    m = val.run(trainer, trainer.step)
+    m = val.run(trainer, step)
     metrics.update(m)
     if not logged:
-        trainer.logger.log(m, trainer.step)
+        trainer.logger.log(m, step)
     c = trainer.cfg
     # select_best: the weights of every validation step are kept as a checkpoint (the loop saves the others)
-    loop_saves = (c.run.save_every and trainer.step % c.run.save_every == 0) or trainer.step >= c.run.max_steps
+    loop_saves = (c.run.save_every and step % c.run.save_every == 0) or step >= c.run.max_steps
     if c.validation.select_best and not loop_saves:
         trainer.save()
     return metrics

@@ -21,7 +21,7 @@ def _trainer(kind, out, backbone=None, **extra):
 
 
 def _head(tr):
-    return {k: v.detach().clone() for k, v in tr.method_runtime.model.head.state_dict().items()}
+    return {k: v.detach().clone() for k, v in tr.credit.model.head.state_dict().items()}
 
 
 def test_schedules_by_hand():
@@ -53,18 +53,18 @@ def test_preset_is_the_release_setting():
 def test_reward_model_update_is_the_hinge_step_on_the_epochs_images_and_references(tmp_path):
     """One epoch through the trainer = one Adam step (own lr/betas) by hand on the rollout's images (negatives) and
     reference ``member % refs_per_prompt`` of each sample's prompt, rendered by Mini-GenEval (positives)."""
-    from flow_grpo.rewards.base import to_uint8_nhwc
+    from flow_grpo.media import to_uint8_nhwc
     from mmgrpo.synthetic import t2i as bench
 
     tr = _trainer("sd3", tmp_path)
     head0 = _head(tr)
-    gen0 = torch.Generator().set_state(tr.method_runtime.generator.get_state())
+    gen0 = torch.Generator().set_state(tr.credit.generator.get_state())
     tr.train()
-    traj = tr._last_traj
+    traj = tr.state.last_traj
     neg = to_uint8_nhwc(traj.images)
     pos = torch.stack([torch.from_numpy(bench.render(bench.parse_prompt(p), size=neg.shape[1], seed=int(m) % 2))
                        for p, m in zip(traj.prompts, traj.members)]).numpy()
-    m = tr.method_runtime.model
+    m = tr.credit.model
     ref = AdversarialDinoReward(backbone=m.backbone, head_hidden=16)
     ref.head.load_state_dict(head0)
     opt = torch.optim.Adam(ref.head.parameters(), lr=1e-2, betas=(0.5, 0.999))
@@ -87,7 +87,7 @@ def test_trains_the_policy_and_the_reward_model(kind, tmp_path):
     hist = tr.train()
     assert [h["adv_grpo/reward_updates"] for h in hist] == [1.0, 2.0]
     assert all(h["adv_grpo/policy_epoch"] == 1.0 and "adv_grpo/d_loss" in h for h in hist)
-    assert "reward/adv_dino/mean" in hist[-1] and tr.counters["applied_steps"] == 2
+    assert "reward/adv_dino/mean" in hist[-1] and tr.state.counters["applied_steps"] == 2
     assert any(not torch.equal(p.detach(), lora0[n]) for n, p in tr.named_params)
     assert not torch.equal(_head(tr)["2.weight"], head0["2.weight"])
 
@@ -95,16 +95,15 @@ def test_trains_the_policy_and_the_reward_model(kind, tmp_path):
 def test_alternate_schedule_steps_either_the_reward_model_or_the_policy(tmp_path):
     tr = _trainer("sd3", tmp_path, **{"run.num_epochs": 2, "methods.adv_grpo.schedule": "alternate",
                                       "methods.adv_grpo.every": 2})
-    rt = tr.method_runtime
+    rt = tr.credit
     snaps = [({n: p.detach().clone() for n, p in tr.named_params}, _head(tr))]
-    end_epoch = rt.end_epoch
+    end_of_step = rt.end_of_step
 
-    def snapshot(traj=None):
-        out = end_epoch(traj)
+    def snapshot(traj, metrics):
+        end_of_step(traj, metrics)
         snaps.append(({n: p.detach().clone() for n, p in tr.named_params}, _head(tr)))
-        return out
 
-    rt.end_epoch = snapshot
+    rt.end_of_step = snapshot
     hist = tr.train()
     (l0, h0), (l1, h1), (l2, h2) = snaps
     # epoch 0: the reward model only (the policy's update is empty: no optimizer step)
@@ -112,7 +111,7 @@ def test_alternate_schedule_steps_either_the_reward_model_or_the_policy(tmp_path
     # epoch 1: the policy only
     assert any(not torch.equal(l2[n], l1[n]) for n in l1) and all(torch.equal(h2[k], h1[k]) for k in h1)
     assert [h["adv_grpo/policy_epoch"] for h in hist] == [0.0, 1.0]
-    assert tr.counters["empty_updates"] == 1 and tr.counters["applied_steps"] == 1
+    assert tr.state.counters["empty_updates"] == 1 and tr.state.counters["applied_steps"] == 1
 
 
 def test_alternate_run_shorter_than_one_cycle_trained_nothing(tmp_path):
@@ -136,7 +135,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
     assert [h["epoch"] for h in hist] == [1]
     for (n, a), (_, b) in zip(full.named_params, second.named_params):
         assert torch.equal(a, b), n
-    a, b = full.method_runtime, second.method_runtime
+    a, b = full.credit, second.credit
     assert all(torch.equal(v, _head(second)[k]) for k, v in _head(full).items())
     assert torch.equal(a.generator.get_state(), b.generator.get_state()) and a.updates == b.updates == 2
     sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
@@ -149,7 +148,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
 
     lost = _trainer("sd3", tmp_path / "split", bb, **{**kw, "run.num_epochs": 2, "run.resume_from":
                                                       str(tmp_path / "split" / "checkpoints" / "epoch-00000001")})
-    lost.method_runtime.__class__ = Forgetful
+    lost.credit.__class__ = Forgetful
     lost.train()
     assert not all(torch.equal(v, _head(lost)[k]) for k, v in _head(full).items())
 

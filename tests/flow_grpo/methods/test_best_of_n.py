@@ -1,12 +1,12 @@
-"""DanceGRPO best-of-n as a train-mask function (flow_grpo.methods.best_of_n): a hand-computed golden case, the
+"""DanceGRPO best-of-n as a train-mask method (flow_grpo.methods.best_of_n): a hand-computed golden case, the
 split-group case through a two-"process" gather, option errors, and a tiny trainer run end to end."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from flow_grpo.methods import CreditInputs, apply_train_masks
-from flow_grpo.methods.best_of_n import best_of_n_mask
+from flow_grpo.methods.base import CreditInputs
+from flow_grpo.methods.best_of_n import BestOfN, best_of_n_mask
 
 
 def _cfg(n, drop_zero=False):
@@ -60,32 +60,34 @@ def test_ranks_a_group_split_across_processes_on_the_gathered_batch():
 
 @pytest.mark.parametrize("n", [3, -2])
 def test_refuses_odd_or_negative_n(n):
-    mask = torch.ones(2, 1, dtype=torch.bool)
     with pytest.raises(ValueError, match="optim.best_of_n"):
-        apply_train_masks(_cfg(n), torch.ones(2, 1), mask, _inputs([0, 0], mask))
+        BestOfN.check(_cfg(n))
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
-def test_tiny_trainer_trains_only_the_extremes_of_each_group(kind, tmp_path):
+def test_tiny_trainer_trains_only_the_extremes_of_each_group(kind, tmp_path, monkeypatch):
     from ..conftest import make_trainer
 
     tr = make_trainer(kind, "flow", tmp_path, **{"optim.best_of_n": 2, "data.group_size": 4,
                                                   "sample.batch_size": 8, "sample.cfg": "false"})
     try:
-        seen = {}
-        orig = tr.compute_advantages
+        import flow_grpo.steps as S
 
-        def adv_fn(traj):
-            seen["adv"], st = orig(traj)
+        seen = {}
+        orig = S.advantages
+
+        def adv_fn(run, traj):
+            seen["adv"], st = orig(run, traj)
             return seen["adv"], st
 
-        tr.compute_advantages = adv_fn
+        monkeypatch.setattr(S, "advantages", adv_fn)
         m = tr.train()[-1]
-        trained = tr._last_traj.train_mask.any(1)
+        last = tr.state.last_traj
+        trained = last.train_mask.any(1)
         a = seen["adv"][:, 0]
         assert m["actual_batch_size"] == 4.0 and int(trained.sum()) == 4  # 2 of 4 in each of the 2 groups
-        for g in tr._last_traj.group_ids.unique():
-            idx = torch.nonzero(tr._last_traj.group_ids == g).flatten()
+        for g in last.group_ids.unique():
+            idx = torch.nonzero(last.group_ids == g).flatten()
             want = {int(idx[a[idx].argmax()]), int(idx[a[idx].argmin()])}
             assert set(torch.nonzero(trained[idx]).flatten().add(idx[0]).tolist()) == want
     finally:

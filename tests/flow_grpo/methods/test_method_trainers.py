@@ -1,5 +1,6 @@
 """The wave-2 methods registered in the flow credit table, run by the trainer on the tiny SD3 and the tiny FLUX (a
 couple of epochs each), and their advantages through the trainer checked against hand values (on SD3)."""
+from flow_grpo import checkpointing, steps
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from ..conftest import block_reward, make_trainer
 
 
 def _traj(tr):
-    prompts, meta, gids, xs, ns, ps = tr._epoch_samples(0)
+    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)
 
 
@@ -26,12 +27,12 @@ def _train_two_epochs(method, tmp_path, kind="sd3", **extra):
 
 # ------------------------------------------------------------------------------------------------------ VGPO
 def test_vgpo_advantages_through_the_trainer_by_hand(tmp_path):
-    tr = make_trainer("sd3", "vgpo", tmp_path, **{"sample.cfg": "false", "sample.vgpo_tau": 0.1})
+    tr = make_trainer("sd3", "vgpo", tmp_path, **{"sample.cfg": "false", "methods.vgpo.tau": 0.1})
     traj = _traj(tr)
     assert traj.step_rewards.shape == (4, 3)  # window of 2 SDE steps: V_0, V_1, V_2 = R
     # group 0: identical trajectories (no spread: absolute term only); group 1: G = R - V_{k-1}
     traj.step_rewards = torch.tensor([[0.5, 0.5, 0.7], [0.5, 0.5, 0.7], [0.0, 0.3, 0.2], [0.0, 0.1, 0.4]])
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     got = torch.stack([adv[i][traj.train_mask[i]] for i in range(4)])
     assert got[0].tolist() == pytest.approx([2.0, 2.0]) and got[1].tolist() == pytest.approx([2.0, 2.0])
     # group 1, step 1: G = [0.2, 0.4], step 2: G = [-0.1, 0.3]; population std 0.1 and 0.2
@@ -75,17 +76,17 @@ def test_nft_loss_through_the_trainer_matches_forward_loss(tmp_path):
     tr = make_trainer("sd3", "nft", tmp_path, **{"optim.kl_coef": 0.0, "sample.cfg": "false"})
     traj = _traj(tr)
     traj.rewards["total"] = torch.tensor([0.0, 1.0, 2.0, 4.0])
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     col = int(traj.train_mask.sum(0).argmax())  # the timestep most samples train
     mask = traj.train_mask[:, col].float()
-    loss, metrics, _, cnt = tr._column_loss(traj, traj.chunks[0], col, adv, n_global=7.0)
+    loss, metrics, _, cnt = tr.loss(traj, traj.chunks[0], col, adv, n_global=7.0)
     # by hand: r from the advantages, the same noise, then 5 * sum_i mask_i l_i / 7
     k = int(traj.step_indices[col])
     noise = torch.stack([torch.randn(traj.final_latents.shape[1:], generator=torch.Generator().manual_seed(
-        sample_seed(int(traj.noise_seeds[i]), 11, k, tr.global_step))) for i in range(4)])
+        sample_seed(int(traj.noise_seeds[i]), 11, k, tr.state.global_step))) for i in range(4)])
     r = nft.reward_weight(adv[:, col])
     out = nft.forward_loss(tr.adapter, traj.final_latents, float(traj.sigmas[col]), tr.adapter.encode_prompts(
-        traj.prompts), noise, r, tr.method_runtime.old)
+        traj.prompts), noise, r, tr.credit.old)
     ref = 5.0 * float((out.per_sample.detach() * mask).sum()) / 7.0
     assert mask.sum() >= 2 and ref > 0
     assert float(loss.detach()) == pytest.approx(ref, rel=1e-5) and cnt == int(mask.sum())
@@ -96,7 +97,7 @@ def test_nft_loss_through_the_trainer_matches_forward_loss(tmp_path):
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
 def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(kind, tmp_path):
-    tr, hist = _train_two_epochs("nft", tmp_path, kind, **{"sample.nft_decay_type": 1})
+    tr, hist = _train_two_epochs("nft", tmp_path, kind, **{"methods.nft.decay_type": 1})
     m = hist[-1]
     assert "train/nft_policy_loss" in m and "train/ratio_mean" not in m
     # decay type 1: d = min(0.001 * step, 0.5); after epoch 2 the optimizer step is 2 -> d = 0.002
@@ -104,32 +105,32 @@ def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(kind, tm
     assert m["nft/old_decay"] == pytest.approx(0.002)
     # the old weights are the EMA of the current ones: not equal to them (d > 0), but close
     cur = [p.detach() for p in tr.params]
-    old = tr.method_runtime.old.shadow
+    old = tr.credit.old.shadow
     assert any(not torch.equal(a.float(), b) for a, b in zip(cur, old))
-    assert tr.method_runtime.state_dict()["old"]["decay"] == pytest.approx(0.002)
+    assert tr.credit.state_dict()["old"]["decay"] == pytest.approx(0.002)
 
 
 def test_nft_resume_restores_the_old_adapter(tmp_path):
     tr, _ = _train_two_epochs("nft", tmp_path, **{"run.save_every": 1})
-    sd = tr.state_dict()
+    sd = checkpointing.state_dict(tr)
     tr2 = make_trainer("sd3", "nft", tmp_path / "b", **{"sample.cfg": "false"})
-    tr2.load_state_dict(sd)
-    for a, b in zip(tr.method_runtime.old.shadow, tr2.method_runtime.old.shadow):
+    checkpointing.load_state_dict(tr2, sd)
+    for a, b in zip(tr.credit.old.shadow, tr2.credit.old.shadow):
         assert torch.equal(a, b)
-    sd.pop("method")
+    sd.pop("methods")
     with pytest.raises(ValueError, match="credit=nft"):
-        tr2.load_state_dict(sd)
+        checkpointing.load_state_dict(tr2, sd)
 
 
 # ------------------------------------------------------------------------------------------------------ BranchGRPO
 TREE = {"sample.cfg": "false", "data.group_size": 4, "data.groups_per_epoch": 1, "sample.num_steps": 4,
-        "sample.tree_split_points": "[0,1]"}  # 4 steps, splits at steps 0 and 1: leaves 0,1 | 2,3 share step 0
+        "methods.branch_grpo.split_points": "[0,1]"}  # 4 steps, splits at steps 0 and 1: leaves 0,1 | 2,3 share step 0
 
 
 def _traj_with_members(tr, epoch=0):
-    prompts, meta, gids, xs, ns, ps = tr._epoch_samples(epoch)
+    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, epoch)
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward,
-                               iteration=epoch, members=tr._epoch_members())
+                               iteration=epoch, members=steps.epoch_members(tr), method=tr.credit)
 
 
 def test_tree_rollout_shares_each_prefix_and_trains_each_edge_once(tmp_path):
@@ -149,7 +150,7 @@ def test_tree_advantages_through_the_trainer_by_hand(tmp_path):
     tr = make_trainer("sd3", "branch_grpo", tmp_path, **TREE)
     traj = _traj_with_members(tr)
     traj.rewards["total"] = torch.tensor([1.0, 2.0, 3.0, 6.0])
-    adv, stats = tr.compute_advantages(traj)
+    adv, stats = steps.advantages(tr, traj)
     s1, s2 = math.sqrt(2 * 1.5 ** 2), math.sqrt(14 / 3)  # unbiased stds of (1.5, 4.5) and (1, 2, 3, 6)
     assert adv[:, 0].tolist() == pytest.approx([-1.5 / s1, 0.0, 1.5 / s1, 0.0], rel=1e-5)
     for c in (1, 2):  # after the last split: the leaves' own z-scores at every depth
@@ -158,16 +159,17 @@ def test_tree_advantages_through_the_trainer_by_hand(tmp_path):
 
 
 def test_tree_width_pruning_through_the_trainer_by_hand(tmp_path):
-    from flow_grpo.methods import apply_train_masks
-
-    kw = {**TREE, "data.group_size": 2, "sample.tree_split_points": "[0]", "sample.tree_width_pruning": 2}
+    kw = {**TREE, "data.group_size": 2, "methods.branch_grpo.split_points": "[0]", "methods.branch_grpo.width_pruning": 2}
     tr = make_trainer("sd3", "branch_grpo", tmp_path, **kw)
     traj = _traj_with_members(tr)
     traj.rewards["total"] = torch.tensor([0.2, 0.9])
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     assert traj.train_mask.tolist() == [[True] * 3, [True] * 3]  # each leaf owns its chain; last step excluded
     assert adv[:, 1].tolist() == pytest.approx([-2 ** -0.5, 2 ** -0.5], rel=1e-5)  # +-1/sqrt(2) at every depth
-    mask = apply_train_masks(tr.cfg, adv, traj.train_mask.clone(), tr.credit_inputs(traj))
+    traj.advantages = adv
+    for m in tr.methods:  # the train masks, as the recipe applies them
+        traj = m.on_advantages(traj)
+    mask = traj.train_mask
     # 4 edges after the split (steps 1, 2 of both leaves), keep max(2, int(4 * 0.5)) = 2: the best (leaf 1, step
     # 1: node 4 comes first among the equal advantages) and the worst (leaf 0, step 2: node 5 comes last)
     assert mask.tolist() == [[True, False, True], [True, True, False]]
@@ -180,18 +182,18 @@ def test_branch_grpo_trains_two_epochs(kind, tmp_path):
 
 
 def test_tree_refuses_a_group_size_that_is_not_the_leaf_count(tmp_path):
-    tr = make_trainer("sd3", "branch_grpo", tmp_path, **{**TREE, "sample.tree_split_points": "[0,1,2]"})
+    tr = make_trainer("sd3", "branch_grpo", tmp_path, **{**TREE, "methods.branch_grpo.split_points": "[0,1,2]"})
     traj = _traj_with_members(tr)  # 4 of the 8 leaves sampled
     with pytest.raises(ValueError, match="data.group_size=8"):
-        tr.compute_advantages(traj)
-    tr = make_trainer("sd3", "branch_grpo", tmp_path / "b", **{**TREE, "sample.tree_split_points": "[0]"})
+        steps.advantages(tr, traj)
+    tr = make_trainer("sd3", "branch_grpo", tmp_path / "b", **{**TREE, "methods.branch_grpo.split_points": "[0]"})
     with pytest.raises(ValueError, match="data.group_size=2"):
         _traj_with_members(tr)  # members 2, 3 have no leaf
 
 
 # ------------------------------------------------------------------------------------------------------ B2-DiffuRL
 B2 = {"sample.cfg": "false", "data.group_size": 3, "data.groups_per_epoch": 1, "sample.num_steps": 4,
-      "sample.b2_num_stages": 2, "sample.b2_split_left": 2, "sample.b2_split_right": 3}
+      "methods.b2_diffurl.num_stages": 2, "methods.b2_diffurl.split_left": 2, "methods.b2_diffurl.split_right": 3}
 
 
 def test_b2_branches_share_the_prefix_and_the_segment_grows_backward(tmp_path):
@@ -209,21 +211,21 @@ def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
     tr = make_trainer("sd3", "b2", tmp_path, **B2)
     traj = _traj_with_members(tr)
     traj.rewards["total"] = torch.tensor([0.1, 0.5, 0.3])  # z = (-1, 1, 0): unbiased std 0.2
-    adv, stats = tr.compute_advantages(traj)
+    adv, stats = steps.advantages(tr, traj)
     assert adv[:, 0].tolist() == pytest.approx([-1.0, 1.0, 0.0], rel=1e-6)
     assert stats["b2/selected_fraction"] == pytest.approx(2 / 3)
     # next epoch, same prompt: z over {0.1, 0.5, 0.3} (history) and {0.3, 0.3, 0.9}: mean 0.4, unbiased std
     # sqrt(0.38 / 5); only the best branch passes a threshold (the worst has z = -0.36 > -0.5)
     traj.rewards["total"] = torch.tensor([0.3, 0.3, 0.9])
-    adv, _ = tr.compute_advantages(traj)
+    adv, _ = steps.advantages(tr, traj)
     sd = math.sqrt(0.38 / 5)
     assert adv[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.5 / sd], rel=1e-5)
     # the history is the credit's checkpointed state
     tr2 = make_trainer("sd3", "b2", tmp_path / "b", **B2)
-    tr2.load_state_dict(tr.state_dict())
-    assert [{k: v.tolist() for k, v in h.items()} for h in tr2.method_runtime.history] == \
-        [{k: v.tolist() for k, v in h.items()} for h in tr.method_runtime.history]
-    assert len(tr.method_runtime.history) == 2
+    checkpointing.load_state_dict(tr2, checkpointing.state_dict(tr))
+    assert [{k: v.tolist() for k, v in h.items()} for h in tr2.credit.history] == \
+        [{k: v.tolist() for k, v in h.items()} for h in tr.credit.history]
+    assert len(tr.credit.history) == 2
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
@@ -244,6 +246,6 @@ def test_nft_checkpoint_resume_is_exact(tmp_path):
     assert [h["epoch"] for h in hist] == [1]
     for (n, a), (_, b) in zip(full.named_params, second.named_params):
         assert torch.equal(a, b), n
-    assert all(torch.equal(a, b) for a, b in zip(full.method_runtime.old.shadow, second.method_runtime.old.shadow))
+    assert all(torch.equal(a, b) for a, b in zip(full.credit.old.shadow, second.credit.old.shadow))
     # and the old adapter is not trivially equal to the weights (the check would not see a lost state)
-    assert any(not torch.equal(a.float(), b) for a, b in zip(second.params, second.method_runtime.old.shadow))
+    assert any(not torch.equal(a.float(), b) for a, b in zip(second.params, second.credit.old.shadow))

@@ -16,7 +16,8 @@ import pytest
 from flow_grpo.rewards import RewardError
 from flow_grpo.rewards.remote import RemoteReward, encode_images
 from flow_grpo.rewards.server import make_server
-from flow_grpo.trainer import ResilientReward, RewardCallFailed
+from flow_grpo.scoring import ResilientReward
+from mmgrpo.engine.errors import RewardCallFailed
 
 IMGS = np.zeros((2, 8, 8, 3), dtype=np.uint8)
 

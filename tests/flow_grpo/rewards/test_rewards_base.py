@@ -19,9 +19,9 @@ from flow_grpo.rewards import (
     available_rewards,
     build_reward,
     register_reward,
-    to_uint8_nhwc,
     win_rate,
 )
+from flow_grpo.media import to_uint8_nhwc
 from flow_grpo.rewards.async_runner import AsyncRewardRunner
 
 
@@ -294,3 +294,32 @@ def test_async_runner_propagates_errors():
         fut = runner.submit(_imgs(2), ["a", "b"])
         with pytest.raises(RewardError, match="'bad'"):
             fut.result(timeout=5)
+
+
+def test_pairwise_scorer_may_flag_failed_judgements():
+    """A scorer returning {"pref", "failed"}: the given preferences are used (a failed one as the tie it gives) and
+    <name>/judge_failures counts, per sample, the failed judgements among its pairs (both orders when symmetric)."""
+    import numpy as np
+    import pytest
+
+    from flow_grpo.rewards import PairwisePreferenceReward, RewardError
+
+    imgs = np.stack([np.full((4, 4, 3), v, dtype=np.uint8) for v in (10, 20, 30)])
+
+    def scorer(a, b, prompts, md):  # pairs (0,1), (0,2), (1,2) in order; the pair with image 20 first fails
+        pref = np.where(a[:, 0, 0, 0] > b[:, 0, 0, 0], 1.0, 0.0)
+        failed = a[:, 0, 0, 0] == 20
+        return {"pref": np.where(failed, 0.5, pref), "failed": failed}
+
+    out = PairwisePreferenceReward(scorer, symmetric=False)(imgs, ["p"] * 3, [{"group_id": 0}] * 3)
+    # (0,1): 1 wins; (0,2): 2 wins; (1,2): judged with image 20 first, failed -> the tie 0.5 (kept by hard=True)
+    # win rates: 0 -> 0/2; 1 -> (1 + 0.5)/2; 2 -> (1 + 0.5)/2
+    np.testing.assert_allclose(out["pref_win_rate"].numpy(), [0.0 / 2, (1.0 + 0.5) / 2, (1.0 + 0.5) / 2])
+    assert out["pref_win_rate/judge_failures"].tolist() == [0, 1, 1]
+    sym = PairwisePreferenceReward(scorer, symmetric=True)(imgs, ["p"] * 3, [{"group_id": 0}] * 3)
+    assert sym["pref_win_rate/judge_failures"].tolist() == [1, 2, 1]  # (1,0) and (1,2) fail in the reversed order
+    with pytest.raises(RewardError, match="'pref'"):
+        PairwisePreferenceReward(lambda *a: {"p": [0.5]})(imgs[:2], ["p"] * 2, [{"group_id": 0}] * 2)
+    with pytest.raises(RewardError, match="failure flags"):
+        PairwisePreferenceReward(lambda *a: {"pref": [0.5], "failed": [True, False]})(
+            imgs[:2], ["p"] * 2, [{"group_id": 0}] * 2)

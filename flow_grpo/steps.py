@@ -1,0 +1,316 @@
+"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.trainer.FlowGRPOTrainer`), in
+the order the loop calls them:
+
+* :func:`rollout`: the epoch's samples of this process, trajectories (SDE on the plan's steps, exact log-probs;
+  the credit method's ``rollout_context`` around it, its plan and step rewards inside it), rewards (each chunk
+  scored in a background thread while the next one is sampled); Pref-GRPO win rates;
+* :func:`advantages`: the credit method's advantage estimator on the whole gathered batch (group statistics with
+  explicit group ids; invalid samples leave their groups), then the methods' ``on_advantages`` (train masks);
+* :func:`run_updates`: ``optim.inner_epochs`` x ``optim.updates_per_epoch`` optimizer steps (:func:`update`), each
+  over whole rollout chunks: per micro-batch (chunk x trained column) :func:`column_loss` (PPO-clip on the exact
+  log-prob ratio + beta KL, or the credit method's own ``loss``), gradients summed over processes, the step skipped
+  when anything is non-finite (counted in the run guard), EMA;
+* :func:`count_epoch`: the run totals of dropped samples, failed reward calls and degenerate groups.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import time
+from typing import Optional
+
+import torch
+
+from mmgrpo.engine.dist import all_reduce, gather_rows
+from mmgrpo.engine.errors import RewardCallFailed
+from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
+from mmgrpo.utils.logging import get_logger
+
+from .data import epoch_samples as _epoch_samples
+from .distributed import sync_failure
+from .epoch_metrics import REWARD_COUNTERS
+from .methods.base import AdvOptions, CreditInputs, advantage_stats, group_stats
+from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
+from .scoring import apply_win_rates
+
+log = get_logger("flow_grpo.trainer")
+
+__all__ = ["epoch_samples", "rollout", "sampling_progress", "credit_inputs", "advantages", "column_loss", "update", "run_updates",
+           "count_epoch"]
+
+
+def prompt_keys(prompts) -> torch.Tensor:
+    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
+    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
+                         for p in prompts], dtype=torch.int64)
+
+
+# ------------------------------------------------------------------ rollout
+def epoch_samples(run, epoch: int, lo: Optional[int] = None, hi: Optional[int] = None):
+    """Samples ``[lo, hi)`` of the epoch (default: this process's slice): :func:`flow_grpo.data.epoch_samples`."""
+    if lo is None:
+        per = run.cfg.data.group_size * run.cfg.data.groups_per_epoch // run.world
+        lo, hi = run.rank * per, (run.rank + 1) * per
+    return _epoch_samples(run.cfg, run.prompts, run.metadata, epoch, lo, hi)
+
+
+def epoch_members(run) -> list[int]:
+    """Index of each of this process's samples in its group (the layout of :func:`epoch_samples`)."""
+    G = run.cfg.data.group_size
+    per = G * run.cfg.data.groups_per_epoch // run.world
+    return [s % G for s in range(run.rank * per, (run.rank + 1) * per)]
+
+
+def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
+    """Sample and score the epoch's trajectories (rewards in a background thread per chunk); returns them and
+    the reward call counters. A failed reward call (``on_failure=stop``) or a signal abandons the epoch: its RNG
+    is rolled back so that it is redrawn on resume."""
+    rng_at_start = capture_rng_state()
+    prompts, meta, gids, xs, ns, ps = epoch_samples(run, epoch)
+    run.model.eval()
+    traj, err = None, None
+    try:
+        with contextlib.ExitStack() as stack:
+            for m in run.methods:  # e.g. DiffusionNFT samples with its old adapter
+                stack.enter_context(m.rollout_context())
+            traj = sample_trajectories(run.adapter, prompts, run.cfg.sample, xs, ns, ps, gids, meta, run.reward_fn,
+                                       None, iteration=epoch, reward_runner=run.runner, members=epoch_members(run),
+                                       method=run.credit, on_chunk=sampling_progress(run))
+    except RewardCallFailed as exc:
+        err = exc
+    except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
+        pass
+    try:
+        sync_failure(err)
+    except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
+        restore_rng_state(rng_at_start)
+        run.stop_on_reward_failure(exc, epoch)
+    if run.guard.signalled():  # before any update of the epoch
+        restore_rng_state(rng_at_start)
+        run.interrupt(f"epoch {epoch} (its samples were discarded before any update)")
+    rc = run.rewards.take_counters()
+    if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates
+        _win_rates(run, traj)
+        rc2 = run.rewards.take_counters()
+        rc = {k: rc[k] + rc2[k] for k in rc}
+    return traj, rc
+
+
+def sampling_progress(run):
+    """``on_chunk`` of the epoch's sampling: a progress line every 30 s (main process) and, on replicated runs,
+    the end of sampling when SIGTERM / SIGINT arrived (sharded runs finish the epoch's sampling: their forwards
+    are collectives every process must run)."""
+    t0 = last = time.monotonic()
+
+    def hook(done: int, total: int) -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if run.is_main and now - last >= 30.0:
+            log.info("epoch %d: sampled %d of %d chunks in %.0f s", run.state.epoch, done, total, now - t0)
+            last = now
+        sig = run.guard.signals
+        if sig is not None and sig.requested and not run.sharded:
+            log.warning("%s received while sampling: the epoch's samples are discarded", sig.name)
+            return True
+        return False
+
+    return hook
+
+
+def _win_rates(run, traj: Trajectories) -> None:
+    """Pref-GRPO win rates of the gathered batch (:func:`flow_grpo.scoring.apply_win_rates`)."""
+    n_all = len(traj) * run.world
+    prompts, meta, *_ = epoch_samples(run, run.state.epoch, 0, n_all) if run.world > 1 else (traj.prompts,
+                                                                                             traj.metadata)
+    rc = run.cfg.reward
+    apply_win_rates(traj, run.rewards.pairwise, prompts, meta, run.rank, run.world, run.device,
+                    win_rate_weight=rc.win_rate_weight, pointwise_weight=rc.pointwise_weight)
+
+
+# ------------------------------------------------------------------ advantages
+def credit_inputs(run, traj: Trajectories) -> CreditInputs:
+    """The explicit tensors a credit function reads (this process's rows; ``gather`` reaches all processes)."""
+    valid = traj.rewards.get("valid")
+    valid = torch.ones(len(traj), dtype=torch.bool) if valid is None else valid.bool()
+    return CreditInputs(rewards=traj.rewards, group_ids=traj.group_ids, valid=valid, train_mask=traj.train_mask,
+                        step_indices=traj.step_indices, sigmas=traj.sigmas, weights=run.rewards.weights,
+                        opts=AdvOptions.from_optim(run.cfg.optim), step_rewards=traj.step_rewards, device=run.device,
+                        gather=lambda ts: gather_rows(ts, run.device), sampling=traj.sampling,
+                        members=traj.members, prompt_keys=prompt_keys(traj.prompts))
+
+
+def advantages(run, traj: Trajectories) -> tuple[torch.Tensor, dict]:
+    """(N, T) advantages of the trained columns (0 where not trained or invalid) from the credit method's estimator
+    and statistics of the whole gathered batch (all processes)."""
+    inp = credit_inputs(run, traj)
+    stats = group_stats(inp)
+    out = run.estimator(inp)
+    stats.update(out.stats)
+    mask = inp.train_mask & inp.valid.unsqueeze(1)
+    adv = out.advantages * mask.float()
+    stats.update(advantage_stats(adv, mask, inp.gather))
+    return adv, stats
+
+
+# ------------------------------------------------------------------ loss of one column
+def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_global: float, dummy: bool = False):
+    """The default loss of one micro-batch (rollout chunk x trained column): PPO's clipped surrogate on the exact
+    log-prob ratio of the recorded transition, token-mean over the global pair count, plus ``optim.kl_coef`` times
+    the KL to the reference (on the mean, the velocity or the full Gaussian: ``optim.kl_type``). ``dummy``: same
+    forward(s) with a zero mask (equalises micro-batch counts across processes)."""
+    from mmgrpo.core.losses import aggregate_loss, clipped_surrogate, log_ratio, ratio_metrics
+
+    from .sde import kl_on_mean, kl_on_velocity, sde_step
+
+    c = run.cfg
+    c0, c1 = chunk
+    mask = traj.train_mask[c0:c1, col].to(run.adapter.device)
+    if dummy:
+        mask = torch.zeros_like(mask)
+    with run.accelerator.autocast():
+        out, v = score_column(run.adapter, traj, chunk, col, return_velocity=True)
+    logp = out.log_prob.float().unsqueeze(1)
+    old = traj.log_probs[c0:c1, col].to(logp.device).unsqueeze(1)
+    a = adv[c0:c1, col].to(logp.device).unsqueeze(1)
+    m2 = mask.unsqueeze(1).bool()
+    lr = log_ratio(logp, old, m2)
+    pg, metrics = clipped_surrogate(lr, a, m2, c.optim.clip_low)
+    loss = aggregate_loss(torch.where(m2, pg, torch.zeros_like(pg)), m2, "token_mean", num_tokens=n_global)
+    metrics.update(ratio_metrics(lr, m2))
+    kl_val = 0.0
+    if c.optim.kl_coef > 0:
+        s = traj.sampling
+        with torch.no_grad(), run.adapter.reference(), run.accelerator.autocast():
+            v_ref = run.adapter.predict_velocity(traj.latents[c0:c1, col], traj.sigmas[col].item(),
+                                                 run.adapter.encode_prompts(traj.prompts[c0:c1]),
+                                                 s.guidance_scale, s.cfg)
+        if c.optim.kl_type == "velocity":
+            kl = kl_on_velocity(v, v_ref)
+        else:
+            ref = sde_step(v_ref, traj.latents[c0:c1, col], traj.sigmas[col].item(), traj.sigmas_next[col].item(),
+                           kind=s.sde_kind, noise_level=s.noise_level, noise=torch.zeros_like(v_ref))
+            std = out.noise_scale if c.optim.kl_type == "mean" else out.std
+            kl = kl_on_mean(out.mean, ref.mean, std)
+        m = mask.float()
+        loss = loss + c.optim.kl_coef * (kl * m).sum() / n_global
+        kl_val = float((kl.detach() * m).sum() / m.sum().clamp_min(1))
+    if dummy:
+        # zero-weight pass: keeps every parameter in the graph (DDP/FSDP hooks fire) without contributing
+        loss = loss * 0.0 + 0.0 * v.sum()
+    return loss, metrics, kl_val, int(mask.sum())
+
+
+# ------------------------------------------------------------------ optimizer steps
+def update(run, traj: Trajectories, adv: torch.Tensor, chunk_ids, acc_metrics: dict, per_col: dict,
+           kls: list) -> tuple[str, float]:
+    """One optimizer step over the given rollout chunks. Returns (status, grad_norm) with status ``applied`` |
+    ``skipped`` (non-finite loss or gradient norm on any process) | ``empty`` (no trained pair on any process)."""
+    acc, train_mask = run.accelerator, traj.train_mask
+    micro = []
+    local_pairs = 0
+    for i in chunk_ids:
+        c0, c1 = traj.chunks[i]
+        for col in range(train_mask.shape[1]):
+            cnt = int(train_mask[c0:c1, col].sum())
+            if cnt:
+                micro.append((traj.chunks[i], col))
+                local_pairs += cnt
+    n_global = all_reduce([float(local_pairs)], "sum", run.device)[0]  # loss normaliser: global pair count
+    m_max = int(all_reduce([float(len(micro))], "max", run.device)[0])  # every process runs this many passes
+    if n_global == 0:
+        return "empty", 0.0
+    run.model.train()
+    loss_ok = True
+    for j in range(m_max):
+        last = j == m_max - 1
+        dummy = j >= len(micro)
+        ch, col = (traj.chunks[0], 0) if dummy else micro[j]
+        acc.sync_gradients = last  # DeepSpeed: gradient-accumulation boundary only on the last micro-batch
+        with contextlib.nullcontext() if last else acc.no_sync(run.model):
+            loss, m, kl_val, _ = run.loss(traj, ch, col, adv, n_global, dummy)
+            loss_ok &= bool(torch.isfinite(loss.detach()).all())
+            # the backends average gradients over processes; * world turns that into the global sum
+            acc.backward(loss * run.world)
+        if not dummy:
+            for k, v in m.items():
+                s_, n_ = acc_metrics.get(k, (0.0, 0))
+                acc_metrics[k] = (s_ + float(v), n_ + 1)
+            per_col.setdefault(int(traj.step_indices[col]), []).append(float(m.get("ratio_mean", 1.0)))
+            if run.cfg.optim.kl_coef > 0:
+                kls.append(kl_val)
+    acc.sync_gradients = True
+    max_norm = run.cfg.optim.max_grad_norm if run.cfg.optim.max_grad_norm > 0 else float("inf")
+    gn = acc.clip_grad_norm_(run.model.parameters(), max_norm)
+    gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn) if gn is not None else float("nan")
+    bad = all_reduce([0.0 if (loss_ok and math.isfinite(gn)) else 1.0], "max", run.device)[0] > 0
+    if bad and not run.deepspeed:
+        run.optimizer.zero_grad(set_to_none=True)
+        return "skipped", gn
+    run.optimizer.step()
+    run.lr_scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return ("skipped" if bad else "applied"), gn
+
+
+def run_updates(run, traj: Trajectories, adv: torch.Tensor, skip_cause: Optional[str]) -> dict:
+    """The epoch's optimizer steps: the rollout chunks (whole trajectories, all their steps) split into
+    ``updates_per_epoch`` groups, ``inner_epochs`` passes. ``skip_cause``: skip every step (counted) for it."""
+    c = run.cfg
+    n_chunks = len(traj.chunks)
+    n_upd = max(1, min(c.optim.updates_per_epoch, n_chunks))
+    bounds = [round(i * n_chunks / n_upd) for i in range(n_upd + 1)]
+    upd = {"per_col": {}, "acc_metrics": {}, "kls": [], "grad_norms": [],
+           "status": {"applied": 0, "skipped": 0, "empty": 0}}
+    for _ in range(c.optim.inner_epochs):
+        for u in range(n_upd):
+            if skip_cause is not None:
+                status, gn = "skipped", float("nan")
+            else:
+                status, gn = update(run, traj, adv, range(bounds[u], bounds[u + 1]), upd["acc_metrics"],
+                                    upd["per_col"], upd["kls"])
+            upd["status"][status] += 1
+            _after_update(run, status, gn, u, skip_cause or f"non-finite loss/gradients (grad norm {gn})",
+                          upd["grad_norms"])
+    return upd
+
+
+def _after_update(run, status: str, gn: float, u: int, what: str, grad_norms: list) -> None:
+    """Counters, EMA and the halt after ``optim.max_consecutive_skips`` skipped steps in a row."""
+    st, guard = run.state, run.guard
+    if status == "empty":
+        st.counters["empty_updates"] += 1
+        return
+    st.global_step += 1
+    if status == "applied":
+        grad_norms.append(gn)
+        st.counters["applied_steps"] += 1
+        guard.applied()
+        if run.ema is not None and st.global_step % run.cfg.ema.update_every == 0:
+            run.ema.update(st.global_step)
+        for m in run.methods:
+            m.after_optimizer_step()
+        return
+    st.counters["skipped_steps"] += 1
+    halt = guard.skipped(what)
+    log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)", st.epoch, u, what,
+                guard.consecutive_skips)
+    if halt:
+        run.halt(what)
+
+
+def count_epoch(run, stats: dict, reward_counts: dict) -> list[float]:
+    """Run totals of dropped samples, failed reward calls and degenerate groups; returns the epoch's reward call
+    counters (:data:`~flow_grpo.epoch_metrics.REWARD_COUNTERS`) summed over processes."""
+    n = run.state.counters
+    rsum = all_reduce([reward_counts.get(k, 0) for k in REWARD_COUNTERS], "sum", run.device)
+    n["reward_invalid"] += int(stats["reward/invalid"])
+    n["reward_failed_calls"] += int(rsum[3])
+    n["reward_dropped"] += int(rsum[4])
+    n["groups_empty"] += int(stats["adv/groups_empty"])
+    n["groups_singleton"] += int(stats["adv/groups_singleton"])
+    if stats["reward/invalid"] or stats["adv/groups_empty"] or stats["adv/groups_singleton"]:
+        log.warning("epoch %d: %d samples dropped (invalid reward: non-finite or failed call), %d groups empty, "
+                    "%d groups with one member (advantage 0)", run.state.epoch, int(stats["reward/invalid"]),
+                    int(stats["adv/groups_empty"]), int(stats["adv/groups_singleton"]))
+    return rsum

@@ -1,0 +1,76 @@
+"""Launched by test_sequence_parallel.py: ``python -m torch.distributed.run --nproc_per_node 2 _sp_worker.py OUT``
+(CPU, gloo). For each tiny video kind, every rank builds the same adapter with the same LoRA, computes a rollout
+step's velocity, its SDE log-prob and the LoRA gradient of a loss on them in one process (the reference), then
+shards the transformer(s) over both ranks (Ulysses) and computes them again; the gradients are summed over the
+group. Rank 0 writes the largest differences to OUT/result.json."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+
+import torch.distributed as dist  # noqa: E402
+
+from flow_grpo.models import adapter_from_pipeline  # noqa: E402
+from flow_grpo.models.sequence_parallel import enable_sequence_parallel, sum_gradients  # noqa: E402
+from flow_grpo.models.tiny import TINY_BUILDERS  # noqa: E402
+from flow_grpo.sde import sde_step  # noqa: E402
+
+# kind: (size, adapter settings, sigma pair, guidance, cfg); wan22's sigmas straddle its boundary (both experts)
+CASES = {
+    "wan": (32, {"num_frames": 5, "max_sequence_length": 16}, [(0.9, 0.7)], 5.0, True),
+    "wan22": (32, {"num_frames": 5, "max_sequence_length": 16}, [(0.95, 0.8), (0.5, 0.3)], 5.0, True),
+}
+
+
+def run(ad, size, sigmas, gs, cfg):
+    """(velocities, log-probs, LoRA grads) of SDE steps of 2 samples of one prompt at each sigma pair."""
+    ad.set_resolution(size, size)
+    emb = ad.encode_prompts(["a cat", "a cat"])
+    x = ad.initial_noise([1, 2], size, size)
+    gen = torch.Generator().manual_seed(7)
+    vs, lps, loss = [], [], 0.0
+    for s, s_next in sigmas:
+        v = ad.predict_velocity(x, s, emb, gs, cfg)
+        noise = torch.randn(x.shape, generator=gen)
+        out = sde_step(v.detach(), x, s, s_next, kind="flow", noise=noise)
+        lp = sde_step(v, x, s, s_next, kind="flow", prev_sample=out.prev_sample).log_prob
+        vs.append(v.detach())
+        lps.append(lp.detach())
+        loss = loss + lp.sum() + v.square().mean()
+    params = [p for p in ad.transformer.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    loss.backward()
+    return torch.cat([v.flatten() for v in vs]), torch.cat(lps), params
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    res = {}
+    for kind, (size, kw, sigmas, gs, cfg) in CASES.items():
+        ad = adapter_from_pipeline(TINY_BUILDERS[kind](seed=0), **kw)
+        torch.manual_seed(3)
+        ad.add_lora(rank=4, alpha=8)
+        with torch.no_grad():
+            for n, p in ad.transformer.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)  # a non-zero LoRA: its gradients all flow
+        v1, lp1, params = run(ad, size, sigmas, gs, cfg)
+        g1 = [p.grad.clone() for p in params]
+        enable_sequence_parallel(ad, 2)
+        v2, lp2, params = run(ad, size, sigmas, gs, cfg)
+        sum_gradients(params)
+        g2 = [p.grad for p in params]
+        res[kind] = {"velocity": float((v2 - v1).abs().max()), "log_prob": float((lp2 - lp1).abs().max()),
+                     "grad": max(float((b - a).abs().max()) for a, b in zip(g1, g2)),
+                     "grad_scale": max(float(a.abs().max()) for a in g1), "n_params": len(g1)}
+    if dist.get_rank() == 0:
+        (out / "result.json").write_text(json.dumps(res, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
