@@ -120,6 +120,7 @@ class FlowModelAdapter:
         self.model = self.transformer
         self.vae = pipe.vae
         self._embed_cache: dict[str, PromptEmbeds] = {}
+        self._neg: tuple[torch.Tensor, torch.Tensor] | None = None  # see _embeds_with_negative
         self.lora_enabled = False
         pipe.to(self.device)
         if self.transformer.dtype != dtype:
@@ -219,6 +220,17 @@ class FlowModelAdapter:
 
     def clear_prompt_cache(self) -> None:
         self._embed_cache.clear()
+        self._neg = None
+
+    def _embeds_with_negative(self, prompt: str) -> PromptEmbeds:
+        """One prompt's masked embeddings and the negative prompt's, for adapters whose ``_encode_one(prompt)``
+        returns ``(embeds, mask)``; the negative prompt is encoded once until the prompt cache is cleared."""
+        pe, mask = self._encode_one(prompt)
+        if self._neg is None:
+            self._neg = self._encode_one(self.negative_prompt)
+        npe, nmask = self._neg
+        return PromptEmbeds(prompt_embeds=pe, pooled=None, neg_prompt_embeds=npe, prompt_mask=mask,
+                            neg_prompt_mask=nmask)
 
     # ----------------------------------------------------------------- latents
     def latent_hw(self, height: int, width: int) -> tuple[int, int]:

@@ -36,7 +36,6 @@ class QwenImage21Adapter(FlowModelAdapter):
                  negative_prompt: str = " "):
         super().__init__(pipe, device=device, dtype=dtype, max_sequence_length=max_sequence_length)
         self.negative_prompt = negative_prompt
-        self._neg: tuple[torch.Tensor, torch.Tensor] | None = None
         self._current_hw: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- prompts
@@ -53,16 +52,7 @@ class QwenImage21Adapter(FlowModelAdapter):
 
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
         (prompt,) = prompts
-        pe, mask = self._encode_one(prompt)
-        if self._neg is None:
-            self._neg = self._encode_one(self.negative_prompt)
-        npe, nmask = self._neg
-        return PromptEmbeds(prompt_embeds=pe, pooled=None, neg_prompt_embeds=npe, prompt_mask=mask,
-                            neg_prompt_mask=nmask)
-
-    def clear_prompt_cache(self) -> None:
-        super().clear_prompt_cache()
-        self._neg = None
+        return self._embeds_with_negative(prompt)
 
     # ----------------------------------------------------------------- latents
     def latent_hw(self, height: int, width: int) -> tuple[int, int]:

@@ -36,7 +36,6 @@ class ZImageAdapter(FlowModelAdapter):
         self.negative_prompt = negative_prompt  # the pipeline's default negative prompt is ""
         self.cfg_normalization = float(cfg_normalization)
         self.cfg_truncation = float(cfg_truncation)
-        self._neg: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ----------------------------------------------------------------- prompts
     def _encode_one(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,16 +49,7 @@ class ZImageAdapter(FlowModelAdapter):
 
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:
         (prompt,) = prompts
-        pe, mask = self._encode_one(prompt)
-        if self._neg is None:
-            self._neg = self._encode_one(self.negative_prompt)
-        npe, nmask = self._neg
-        return PromptEmbeds(prompt_embeds=pe, pooled=None, neg_prompt_embeds=npe, prompt_mask=mask,
-                            neg_prompt_mask=nmask)
-
-    def clear_prompt_cache(self) -> None:
-        super().clear_prompt_cache()
-        self._neg = None
+        return self._embeds_with_negative(prompt)
 
     # ----------------------------------------------------------------- latents / schedule
     def noise_shape(self, height: int, width: int) -> tuple[int, ...]:
