@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -74,6 +74,11 @@ from .epoch_metrics import epoch_metrics
 from .methods import build_methods, credit_method
 from .sampler import Trajectories
 from .scoring import RewardStack
+
+if TYPE_CHECKING:
+    from .ema import EMA
+    from .methods.base import FlowMethod
+    from .models.base import FlowModelAdapter
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
@@ -110,6 +115,11 @@ class FlowGRPOTrainer:
     ``reward_fn``: optional ``{name: reward callable}`` used instead of building ``reward.weights`` from the
     registry (each still wrapped with the fault handling of ``reward.*``).
     ``accelerator``: optional ready ``accelerate.Accelerator`` (tests force FSDP on CPU this way)."""
+
+    adapter: FlowModelAdapter  # the model (flow_grpo.models): prompt encoding, velocity, latents <-> pixels
+    ema: Optional[EMA]  # an exponential moving average of the trained weights (ema.enabled)
+    methods: list[FlowMethod]  # the enabled methods (flow_grpo.methods), in registry (= hook) order
+    credit: FlowMethod  # the one credit method among them: advantages, sampling plan, step rewards
 
     def __init__(self, cfg: TrainConfig, adapter=None, reward_fn: Optional[Mapping[str, Callable]] = None,
                  accelerator=None):
