@@ -54,8 +54,8 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    # a registry name (flow_grpo.methods.PLANS), checked when the trainer is built: new plans need no config edit
-    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single | "
+    # a registry name (flow_grpo.methods.plan_names()), checked when the trainer is built: new plans need no config edit
+    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods plan (plan_names()): all | fraction | window | single | "
                         "nft (no SDE step; DiffusionNFT's trained timesteps) | tree (BranchGRPO tree rollout, one tree "
                         "per group) | b2 (B2-DiffuRL: one trunk per group branching K - s steps before the end)")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
@@ -75,8 +75,8 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    # a registry name (flow_grpo.methods.CREDITS), checked when the trainer is built: new credits need no config edit
-    credit: str = _f("outcome", "credit function, a flow_grpo.methods.CREDITS entry: outcome | tp_grpo (turning points "
+    # a registry name (flow_grpo.methods.credit_names()), checked when the trainer is built: new credits need no config edit
+    credit: str = _f("outcome", "credit function, a flow_grpo.methods credit (credit_names()): outcome | tp_grpo (turning points "
                      "from ODE completions) | g2rpo (multi-granularity) | vgpo (value-anchored per-step credit from "
                      "ODE completions) | nft (DiffusionNFT: forward-process loss, needs step_mode=nft) | branch_grpo "
                      "(tree reward fusion, depth-wise advantages; step_mode=tree) | b2_diffurl (best/worst branch of "
