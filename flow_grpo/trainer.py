@@ -193,7 +193,11 @@ class FlowGRPOTrainer:
         """Train to ``run.num_epochs`` (or ``num_epochs`` more); once ``run.num_epochs`` are done (or the time budget
         is spent) the run ends: nothing-trained check, export, reward curves. SIGTERM / SIGINT stop it at the next
         epoch boundary (or abandon the epoch if its samples are still being drawn) after a checkpoint:
-        :class:`TrainingInterrupted`."""
+        :class:`TrainingInterrupted`.
+
+        The first call resumes (``run.resume_from``) or begins the run; a later call on the same object continues
+        from its state in memory, which is ahead of any checkpoint (re-reading one would undo epochs), and a call
+        after the run ended does nothing. The VLM recipe's ``train`` behaves the same."""
         from tqdm.auto import tqdm
 
         from mmgrpo.utils.config import save_config
@@ -210,7 +214,7 @@ class FlowGRPOTrainer:
                 for mt in self.methods:
                     mt.on_train_start(resumed is not None)
             st.started = True
-            end = c.run.num_epochs if num_epochs is None else st.epoch + num_epochs
+            end = c.run.num_epochs if num_epochs is None else min(c.run.num_epochs, st.epoch + num_epochs)
             if guard.out_of_budget(f"epoch {st.epoch}"):  # a resumed run whose budget is already spent
                 end = st.epoch
             history = []
@@ -247,10 +251,10 @@ class FlowGRPOTrainer:
                 st.epoch += 1
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}", refresh=False)
-                if guard.out_of_budget(f"epoch {st.epoch}"):  # the last epoch: final eval, checkpoint, export
+                if guard.out_of_budget(f"epoch {st.epoch}"):  # the time budget is spent: the run's last epoch
                     end = st.epoch
                 # -- eval (if due), log, sample grid; checkpoint if due or the eval is the best so far
-                final = st.epoch == end
+                final = st.epoch == c.run.num_epochs or guard.budget_stopped  # the run's last epoch (not the call's)
                 ev = evaluation.evaluate(self) if evaluation.eval_due(self, final) else None
                 metrics.update(ev or {})
                 if self.logger is not None:
