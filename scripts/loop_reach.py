@@ -392,11 +392,12 @@ def _loop(fn: ast.AST) -> ast.While:
     raise SystemExit(f"loop_reach: no while loop in {fn.name}")
 
 
-def in_recipe(kind: str, module: str) -> bool:
-    """The recipe's own package: ``mmgrpo.vlm.train`` / the top-level modules of ``flow_grpo``."""
+def in_recipe(kind: str, module: Module) -> bool:
+    """The recipe's own package: ``mmgrpo.vlm.train`` / the top-level modules of ``flow_grpo`` (not its
+    subpackages ``methods``, ``models``, ``rewards``)."""
     if kind == "vlm":
-        return module.startswith("mmgrpo.vlm.train.")
-    return module.startswith("flow_grpo.") and module.count(".") == 1
+        return module.name.startswith("mmgrpo.vlm.train.")
+    return module.name.startswith("flow_grpo.") and module.name.count(".") == 1 and not module.is_pkg
 
 
 def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
@@ -451,14 +452,14 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
         if f.qual in reached:
             continue
         reached[f.qual] = f
-        if only_recipe and not in_recipe(kind, f.module.name):
+        if only_recipe and not in_recipe(kind, f.module):
             continue  # an entry point into another part of the project: counted, not followed
         env = Env(ix, f.module, f.cls, f.node, run_cls)
         todo.extend(visit(f.node.body, env, f.qual))
     by_file: dict[str, list[str]] = {}
     for q, f in sorted(reached.items()):
         by_file.setdefault(str(f.module.path.relative_to(REPO)), []).append(q)
-    own = {p: fs for p, fs in by_file.items() if in_recipe(kind, reached[fs[0]].module.name)}
+    own = {p: fs for p, fs in by_file.items() if in_recipe(kind, reached[fs[0]].module)}
     return {"recipe_functions": sum(map(len, own.values())), "recipe_files": len(own),
             "entry_points": len(reached) - sum(map(len, own.values())), "recipe": f"{m.path.relative_to(REPO)}::{cls_name}.train",
             "train_lines": train.end_lineno - train.lineno + 1, "loop_lines": loop.end_lineno - loop.lineno + 1,
