@@ -75,7 +75,8 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    # a registry name (flow_grpo.methods.credit_names()), checked when the trainer is built: new credits need no config edit
+    # a registry name (flow_grpo.methods.credit_names()), checked when the trainer is built: new credits need no
+    # config edit
     credit: str = _f("outcome", "credit function, a flow_grpo.methods credit (credit_names()): outcome | tp_grpo (turning points "
                      "from ODE completions) | g2rpo (multi-granularity) | vgpo (value-anchored per-step credit from "
                      "ODE completions) | nft (DiffusionNFT: forward-process loss, needs step_mode=nft) | branch_grpo "

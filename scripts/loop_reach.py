@@ -26,9 +26,9 @@ The counting rule
 * **How calls are resolved**, statically: names through each module's imports (relative ones too); ``obj.attr``
   through the type of ``obj``, taken from annotations (parameters, returns, dataclass fields), from
   ``x = Class(...)`` / ``x = f(...)`` (``f``'s return annotation) and ``self.x = ...`` assignments, from iteration
-  over ``list[X]``; an unannotated parameter named ``run`` is the recipe's trainer (the stage functions take the run
-  object as ``run`` or ``trainer``). Methods are looked up along the base classes. A call the walk cannot type is not counted but
-  listed (``--list``, "untyped calls") so that a reader can check nothing of ours hides there.
+  over ``list[X]``; an unannotated parameter named ``run`` or ``trainer`` is the recipe's trainer (the stage
+  functions take the run object so). Methods are looked up along the base classes. A call the walk cannot type is
+  not counted but listed (``--list``, "untyped calls") so that a reader can check nothing of ours hides there.
 
 The targets (issue #34): the loop function of about 150 lines, one step reaching about 15 functions in at most 3
 files besides the method modules (torchtune's GRPO recipe: 3-7 functions in 1 file).
@@ -461,7 +461,8 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
         by_file.setdefault(str(f.module.path.relative_to(REPO)), []).append(q)
     own = {p: fs for p, fs in by_file.items() if in_recipe(kind, reached[fs[0]].module)}
     return {"recipe_functions": sum(map(len, own.values())), "recipe_files": len(own),
-            "entry_points": len(reached) - sum(map(len, own.values())), "recipe": f"{m.path.relative_to(REPO)}::{cls_name}.train",
+            "entry_points": len(reached) - sum(map(len, own.values())),
+            "recipe": f"{m.path.relative_to(REPO)}::{cls_name}.train",
             "train_lines": train.end_lineno - train.lineno + 1, "loop_lines": loop.end_lineno - loop.lineno + 1,
             "functions": len(reached), "files": len(by_file), "by_file": by_file,
             "boundary": {k: sorted(v) for k, v in sorted(boundary.items())},

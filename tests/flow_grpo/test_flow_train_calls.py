@@ -1,7 +1,8 @@
 """``train()`` called several times on one flow trainer object, as the VLM recipe's twin
-(tests/trainer/test_train_calls.py): the first call resumes, later calls continue from the object's state (never from
-the older checkpoint on disk), and a call after the run ended writes nothing (no checkpoint, no export). A call's last epoch is not the run's: eval and
-the final checkpoint come at ``run.num_epochs`` only, as in the VLM recipe. 4 tiny epochs, 2 trainers."""
+(tests/trainer/test_train_calls.py): the first call resumes, later calls continue from the object's state (never
+from the older checkpoint on disk), and a call after the run ended writes nothing (no checkpoint, no export). A call's
+last epoch is not the run's: eval and the final checkpoint come at ``run.num_epochs`` only, as in the VLM recipe.
+4 tiny epochs, 2 trainers (a few CPU seconds)."""
 from flow_grpo import checkpointing
 
 from .conftest import make_trainer
@@ -15,7 +16,7 @@ def _written(out):
 
 
 def test_train_resumes_once_per_object_and_continues(tmp_path, monkeypatch):
-    make_trainer("sd3", "flow", tmp_path, **SMALL, **{"run.num_epochs": 1}).train()  # epoch 1, checkpointed and exported
+    make_trainer("sd3", "flow", tmp_path, **SMALL, **{"run.num_epochs": 1}).train()  # epoch 1: checkpoint, export
     resumes = []
     real = checkpointing.resume
     monkeypatch.setattr(checkpointing, "resume", lambda run: resumes.append(run.state.epoch) or real(run))

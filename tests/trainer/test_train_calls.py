@@ -1,7 +1,8 @@
-"""``train()`` called several times on one trainer object (the flow recipe's twin: tests/flow_grpo/test_flow_train_calls.py):
-the first call resumes, later calls continue from the object's state (never from the older checkpoint on disk), and a
-call after the run ended writes nothing. About 30 s on 2 loaded cores (4 tiny steps, 2 trainers): it also covers a resumed
-object trained by ``train(steps=n)``, whose end was computed before the resume (it trained nothing)."""
+"""``train()`` called several times on one trainer object (the flow recipe's twin:
+tests/flow_grpo/test_flow_train_calls.py): the first call resumes, later calls continue from the object's state (never
+from the older checkpoint on disk), and a call after the run ended writes nothing. 4 tiny steps, 2 trainers (a few
+CPU seconds): it also covers a resumed object trained by ``train(steps=n)``, whose end was computed before the resume
+(it trained nothing)."""
 from mmgrpo.vlm.train import checkpointing
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 

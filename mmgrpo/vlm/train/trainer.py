@@ -186,7 +186,8 @@ class GRPOTrainer:
         bar = None
         with guard.watching_signals():
             try:
-                self._start()  # resume or begin (once per trainer object): the methods' on_train_start, step-0 validation
+                # resume or begin (once per trainer object): the methods' on_train_start, step-0 validation
+                self._start()
                 end = cfg.run.max_steps if steps is None else min(cfg.run.max_steps, st.step + steps)  # after resuming
                 bar = tqdm(total=cfg.run.max_steps, initial=st.step, desc="GRPO", unit="step", dynamic_ncols=True,
                            disable=not (cfg.run.progress_bar and self.rank == 0))
