@@ -70,7 +70,7 @@ def test_two_turn_mask_and_logprob_sum_by_hand(tiny, scripted):
         info = out.turn_info[r]
         assert (info["turns"], info["tool_calls"], info["tool_failures"], info["stop"]) == (2, 1, 0, "answer")
         assert info["visual_tokens"] == int((ref_ids[P:] == tiny.tok.convert_tokens_to_ids("<|image_pad|>")).sum())
-        assert out.texts[r] == TURN1 + "\n" + TURN2
+        assert out.texts[r] == TURN2 and info["turn_texts"] == [TURN1, TURN2]  # rewards read the answer turn
     # log-probs: the trainer's one forward over the row, summed over the loss mask, = turn 1 scored after the prompt
     # + turn 2 scored after the independently processed conversation (vision tokens and MRoPE positions included)
     with torch.no_grad():

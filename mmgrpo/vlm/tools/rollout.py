@@ -31,8 +31,9 @@ One rollout row, in tokens (P = the first prompt, shared by the group)::
 * **Prefix sharing**: the first turn goes to the wrapped backend as one prompt with G generations (the HF backend
   prefills it once); later turns are one prompt per row (their histories differ), each prefilled whole.
 * Per row ``RolloutOutput.turn_info[r]``: turns, tool calls, failed calls, vision tokens added, policy and tool
-  tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the policy turns joined by a newline
-  (what rewards read; tool outputs are not the model's words).
+  tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the LAST policy turn (the answer: what
+  the rewards and the evaluation's scorer read, so single-turn answer / format rewards apply unchanged; the earlier
+  turns are in ``turn_info[r]["turn_texts"]``).
 """
 from __future__ import annotations
 
@@ -386,7 +387,7 @@ class MultiTurnBackend(RolloutBackend):
                 lps[r, t:t + n] = s["lp"]
                 t += n
             items.append({**prompts[row.prompt], **self._media(prompts[row.prompt], row)})
-            texts.append("\n".join(row.info["turn_texts"]))
+            texts.append(row.info["turn_texts"][-1])
             infos.append(row.info)
         return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts,
                              truncated=torch.tensor([r.truncated for r in rows]), logprobs=lps * loss,
