@@ -45,3 +45,29 @@ def test_multiturn_resume_is_bitwise(tmp_path, tiny_dir, forced, kit):
     assert resumed.state.step == 2
     a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_validation_decodes_through_the_tool_loop(tmp_path, tiny_dir, forced, kit):
+    import json
+
+    rows = []
+    for i, s in enumerate(kit.samples(2)):
+        s["image"].save(tmp_path / f"v{i}.png")
+        rows.append({**s, "id": f"v{i}", "image": f"v{i}.png"})
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = kit.cfg(tmp_path, tiny_dir, f"validation.file={tmp_path / 'val.jsonl'}", "validation.every=1",
+                f"data.media_root={tmp_path}")
+    tr = GRPOTrainer(c, samples=kit.samples(3), reward_fn=kit.reward)
+    seen = []
+
+    class Spy:  # records what validation asks the backend for: greedy, through the tool loop
+        def __init__(self, inner):
+            self.inner = inner
+
+        def generate(self, prompts, g, params, seeds=None, raw_prompts=None):
+            seen.append(params.greedy)
+            return self.inner.generate(prompts, g, params, seeds=seeds, raw_prompts=raw_prompts)
+
+    tr.backend.inner = Spy(tr.backend.inner)
+    texts, _ = tr.validator.decode(tr)
+    assert len(texts) == 2 and seen and all(seen)
