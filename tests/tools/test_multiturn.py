@@ -235,3 +235,43 @@ def test_instruction_is_inserted_at_the_end_of_the_user_turn(tiny, scripted):
     assert got == want
     n = out.items[0]["input_ids"].shape[1]
     assert out.items[0]["attention_mask"].tolist() == [[1] * n] and out.items[0]["mm_token_type_ids"].shape[1] == n
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_two_turn_logprobs_other_families(family, scripted):
+    """The same hand check on Qwen2-VL and Qwen3-VL (0-1000 box frame; Qwen3-VL's interleaved MRoPE)."""
+    import types
+
+    from mmgrpo.vlm.models.tiny import build_tiny_model, synthetic_image, vision_token_ids
+
+    model, proc = build_tiny_model(family)
+    img = synthetic_image(3, 96, 128)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "which colour?"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in proc(text=[text], images=[img], return_tensors="pt").items()
+            if isinstance(v, torch.Tensor)}
+    t = types.SimpleNamespace(model=model, proc=proc, tok=proc.tokenizer, suppress=vision_token_ids(proc.tokenizer))
+    call = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 500, 500]}}</tool_call>'
+    opts = ToolsConfig(enabled=True, names=["crop"], max_total_tokens=400, instruction="none")
+    out = MultiTurnBackend(scripted(t, [call, TURN2]), proc, opts, family=family).generate(
+        [item], 1, SamplingParams(max_new_tokens=100), seeds=[1], raw_prompts=[{"images": [img]}])
+    assert out.turn_info[0]["stop"] == "answer" and out.turn_info[0]["tool_failures"] == 0
+    patch = proc.image_processor.patch_size
+    g = item["image_grid_thw"][0]
+    ctx = ToolContext(images=[img], family=family, resized_sizes=[(int(g[2]) * patch, int(g[1]) * patch)],
+                      image_factor=2 * patch, options=opts)
+    res = call_tool("crop", ctx, {"bbox_2d": [0, 0, 500, 500]})
+    assert "[0, 0, 64, 48]" in res.text  # half of 128 x 96 on the 0-1000 grid
+    conv = msgs + [{"role": "assistant", "content": [{"type": "text", "text": call}]},
+                   {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, {"type": "image"},
+                                                {"type": "text", "text": res.text + "\n</tool_response>"}]}]
+    full = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    ref = {k: v for k, v in proc(text=[full], images=[img, res.images[0]], return_tensors="pt").items()
+           if isinstance(v, torch.Tensor)}
+    t2 = _ids(t, TURN2)
+    L = int(out.completion_mask[0].sum())
+    assert torch.equal(torch.cat([item["input_ids"][0], out.completion_ids[0, :L - len(t2)]]), ref["input_ids"][0])
+    with torch.no_grad():
+        joint = compute_token_logprobs(model, collate_prompts(out.items, t.tok.pad_token_id), out.completion_ids[:, :L],
+                                       out.completion_mask[:, :L], 1.0, t.suppress)[0]
+    torch.testing.assert_close(joint[L - len(t2):], _lp(t, ref, t2), atol=1e-5, rtol=0)
