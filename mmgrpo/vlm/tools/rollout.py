@@ -48,11 +48,24 @@ from mmgrpo.vlm.models.rollout import CAT_KEYS, RolloutBackend, RolloutOutput, S
 from mmgrpo.vlm.tools.base import ToolContext, ToolResult, call_tool
 from mmgrpo.vlm.tools.parse import get_call_format
 
-__all__ = ["ToolTurnRenderer", "MultiTurnBackend", "encode_turn", "tool_context"]
+__all__ = ["ToolTurnRenderer", "MultiTurnBackend", "encode_turn", "tool_context", "turn_spans"]
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 _MARK = "\u2063mmgrpo-turn-end\u2063"  # an assistant content no template alters
+
+
+def turn_spans(loss_mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in a row's loss mask: one policy turn each (tool turns are the 0 runs)."""
+    m = loss_mask_row.long().tolist() + [0]
+    out, start = [], None
+    for t, v in enumerate(m):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            out.append((start, t))
+            start = None
+    return out
 
 
 class ToolTurnRenderer:
@@ -331,7 +344,7 @@ class MultiTurnBackend(RolloutBackend):
         row.info["tool_tokens"] += n
 
     def _encode(self, results: list[ToolResult]) -> dict:
-        if self.format.result_suffix:
+        if self.format.result_suffix and results[-1].ok:  # the fixed template's text follows a served call
             results = results[:-1] + [dataclasses.replace(results[-1], text=results[-1].text + "\n"
                                                           + self.format.result_suffix)]
         text = self.renderer.text(results)
