@@ -275,3 +275,44 @@ def test_two_turn_logprobs_other_families(family, scripted):
         joint = compute_token_logprobs(model, collate_prompts(out.items, t.tok.pad_token_id), out.completion_ids[:, :L],
                                        out.completion_mask[:, :L], 1.0, t.suppress)[0]
     torch.testing.assert_close(joint[L - len(t2):], _lp(t, ref, t2), atol=1e-5, rtol=0)
+
+
+def test_scripted_turns_make_training_rows_from_written_traces(tiny):
+    """Written tool traces -> rows (e.g. SFT targets): the tools run, the loss mask covers the written turns."""
+    from mmgrpo.vlm.tools.rollout import ScriptedTurns
+
+    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, max_total_tokens=400, instruction="none")
+    traces = [[TURN1, TURN2], [TURN2]]
+    mt = MultiTurnBackend(ScriptedTurns(tiny.tok, traces), tiny.proc, opts)
+    out = mt.generate([tiny.item, tiny.item], 2, SamplingParams(max_new_tokens=100), seeds=None,
+                      raw_prompts=[{"images": [tiny.img]}] * 2)
+    assert [i["turn_texts"] for i in out.turn_info] == [[TURN1, TURN2]] * 2 + [[TURN2]] * 2
+    assert [i["tool_calls"] for i in out.turn_info] == [1, 1, 0, 0]
+    n1, n2 = len(_ids(tiny, TURN1)), len(_ids(tiny, TURN2))
+    assert out.loss_mask.sum(1).tolist() == [n1 + n2] * 2 + [n2] * 2
+    assert out.items[0]["image_grid_thw"].shape[0] == 2 and out.items[2]["image_grid_thw"].shape[0] == 1
+
+
+def test_a_template_with_a_tool_role_renders_tool_messages():
+    """tools.tool_role=auto picks the template's own tool branch when it has one (a Qwen3-style ChatML here)."""
+    from mmgrpo.vlm.tools import ToolResult
+
+    class Proc:
+        chat_template = "has 'tool'"
+
+        def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
+            out = ""
+            for m in msgs:
+                body = "".join("<|vision_start|><|image_pad|><|vision_end|>" if c["type"] == "image" else c["text"]
+                               for c in m["content"])
+                if m["role"] == "tool":
+                    out += f"<|im_start|>user\n<tool_response>\n{body}\n</tool_response><|im_end|>\n"
+                else:
+                    out += f"<|im_start|>{m['role']}\n{body}<|im_end|>\n"
+            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    r = ToolTurnRenderer(Proc(), "auto")
+    assert r.role == "tool"
+    assert r.text([ToolResult(text="ok", images=[object()])]) == (
+        "\n<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>ok\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n")
