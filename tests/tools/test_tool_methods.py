@@ -140,3 +140,14 @@ def test_turn_shaping_by_hand():
     term.backward()
     # d/dlogp of -v * e^{logp-old} / N
     torch.testing.assert_close(logp.grad, torch.tensor([[0.2, 0.2, 0, 0, 0, 0, 0, 0]]))
+
+
+def test_single_turn_token_methods_are_refused_with_tools():
+    from mmgrpo.utils.config import load_config
+    from mmgrpo.vlm.config import TrainConfig
+
+    for m in ("tw_grpo", "entropy", "seed_grpo", "kimi_length", "dapo_overlong"):
+        with pytest.raises(ValueError, match=f"'{m}'.*tool-turn tokens"):
+            load_config(TrainConfig, None, ["tools.enabled=true", f"methods.{m}.enabled=true"])
+    with pytest.raises(ValueError, match="single-turn"):
+        load_config(TrainConfig, None, ["tools.enabled=true", "methods.t_grpo.enabled=true"])
