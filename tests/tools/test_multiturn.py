@@ -316,3 +316,23 @@ def test_a_template_with_a_tool_role_renders_tool_messages():
     assert r.text([ToolResult(text="ok", images=[object()])]) == (
         "\n<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>ok\n</tool_response>"
         "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_each_row_generates_within_its_own_budget(tiny, scripted):
+    """Later turns: a row's token limit is its own budget's (rows with less room do not cut the others)."""
+    long_call = "look closely here " + CALL
+    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, instruction="none")
+    probe = scripted(tiny, [lambda r: [CALL, long_call][r], TURN2])
+    mt = MultiTurnBackend(probe, tiny.proc, opts)
+    n_short, n_long = len(_ids(tiny, CALL)), len(_ids(tiny, long_call))
+    out = mt.generate([tiny.item], 2, SamplingParams(max_new_tokens=100), seeds=[1, 2],
+                      raw_prompts=[{"images": [tiny.img]}])
+    tool = int((out.loss_mask[0] == 0)[:int(out.completion_mask[0].sum())].sum())
+    # a budget that leaves the short row 30 tokens and the long row 30 - (n_long - n_short) for turn 2
+    budget = n_short + tool + 30
+    opts.max_total_tokens = budget
+    probe = scripted(tiny, [lambda r: [CALL, long_call][r], TURN2, TURN2])
+    MultiTurnBackend(probe, tiny.proc, opts).generate([tiny.item], 2, SamplingParams(max_new_tokens=100),
+                                                      seeds=[1, 2], raw_prompts=[{"images": [tiny.img]}])
+    limits = sorted(c[2].max_new_tokens for c in probe.calls[1:])
+    assert limits == [30 - (n_long - n_short), 30]

@@ -269,14 +269,17 @@ class MultiTurnBackend(RolloutBackend):
             live = [r for r in live if not rows[r].done]
             if not live:
                 break
-            left = min(budget - rows[r].length for r in live)
-            sp = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, left)))
-            items = [self._item(prompts[rows[r].prompt], rows[r]) for r in live]
-            raws = [self._raw(raw_prompts[rows[r].prompt], rows[r]) for r in live]
-            for r, raw in zip(live, raws):  # which prompt and turn this row is at (ScriptedTurns reads them)
-                raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
-            rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in live]
-            self._take(rows, live, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
+            # each row generates at most what its own budget leaves: one call per distinct limit
+            limit = {r: max(1, min(params.max_new_tokens, budget - rows[r].length)) for r in live}
+            for n in sorted(set(limit.values()), reverse=True):
+                part = [r for r in live if limit[r] == n]
+                items = [self._item(prompts[rows[r].prompt], rows[r]) for r in part]
+                raws = [self._raw(raw_prompts[rows[r].prompt], rows[r]) for r in part]
+                for r, raw in zip(part, raws):  # which prompt and turn this row is at (ScriptedTurns reads them)
+                    raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
+                rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
+                sp = dataclasses.replace(params, max_new_tokens=n)
+                self._take(rows, part, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
         return self._output(prompts, rows, G)
 
     def _take(self, rows: list[_Row], which: list[int], out: RolloutOutput) -> None:
