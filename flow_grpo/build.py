@@ -170,10 +170,11 @@ def reference_settings(adapter, cfg) -> dict:
             "kl_type": cfg.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
 
 
-def setup_model(cfg, acc, adapter, sharded: bool) -> SimpleNamespace:
+def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> SimpleNamespace:
     """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
     for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns model,
-    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info."""
+    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info. ``before_prepare(adapter)``
+    runs between the two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
     from accelerate.utils import DistributedType
 
     if cfg.model.lora.enabled:
@@ -186,6 +187,8 @@ def setup_model(cfg, acc, adapter, sharded: bool) -> SimpleNamespace:
     reference_info = reference_settings(adapter, cfg)
     if not any(p.requires_grad for p in adapter.transformer.parameters()):
         raise ValueError("no trainable parameters")
+    if before_prepare is not None:
+        before_prepare(adapter)
     if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:
         # FSDP1 replaces the parameters while wrapping and accelerate does not remap an optimizer built before
         # (it does for FSDP2 / DeepSpeed, which need both in one prepare call): wrap first, then build it

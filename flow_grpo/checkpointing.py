@@ -74,7 +74,7 @@ def check_replicas_in_sync(run) -> None:
     """Replicated backends: every process must hold the same trainable weights (DanceGRPO#110 guard). Compares
     per-tensor float64 sums and sums of squares computed on the device (cheap even for full fine-tunes);
     replicas that diverged in any entry would have to collide in both sums of every tensor to pass."""
-    if run.sharded or run.world == 1:
+    if run.sharded or run.accelerator.num_processes == 1:
         return
     with torch.no_grad():
         fp = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()])
@@ -161,7 +161,7 @@ def load_state_dict(run, st: dict, path: Optional[Path] = None) -> None:
     scaler = getattr(run.accelerator, "scaler", None)
     if tr.get("scaler") is not None and scaler is not None:
         scaler.load_state_dict(tr["scaler"])
-    restore_rng(st.get("rng"), run.rank, run.world)
+    restore_rng(st.get("rng"), run.accelerator.process_index, run.accelerator.num_processes)
 
 
 def _load_replicated(run, st: dict) -> None:

@@ -34,15 +34,8 @@ def _transformers(adapter) -> list[torch.nn.Module]:
     return list(experts.values()) if experts else [adapter.transformer]
 
 
-def enable_sequence_parallel(adapter, degree: int, mesh=None) -> None:
-    """Shard the adapter's transformer(s) over a ``degree``-rank Ulysses group (the whole process group unless
-    ``mesh``, a ("ring", "ulysses") ``DeviceMesh``, is given). Every rank calls it, before any DDP/FSDP wrapping;
-    LoRA may already be attached (the test does).
-    Without an accelerator (the CPU tests) the mesh is built on CPU: diffusers' own resolution assumes a device."""
-    import torch.distributed as dist
-    from diffusers import ContextParallelConfig
-    from diffusers.models._modeling_parallel import ParallelConfig
-
+def check_supported(adapter, degree: int) -> None:
+    """``ValueError`` naming the reason when ``adapter`` cannot run sequence parallel over ``degree`` processes."""
     if degree < 2:
         raise ValueError(f"sequence-parallel degree must be >= 2, got {degree}")
     if adapter.kind in UNSUPPORTED:
@@ -54,6 +47,18 @@ def enable_sequence_parallel(adapter, degree: int, mesh=None) -> None:
         heads = tr.config.num_attention_heads
         if heads % degree:
             raise ValueError(f"{type(tr).__name__}: {heads} attention heads are not divisible by degree {degree}")
+
+
+def enable_sequence_parallel(adapter, degree: int, mesh=None) -> None:
+    """Shard the adapter's transformer(s) over a ``degree``-rank Ulysses group (the whole process group unless
+    ``mesh``, a ("ring", "ulysses") ``DeviceMesh``, is given). Every rank calls it, before any DDP/FSDP wrapping;
+    LoRA may already be attached (the test does).
+    Without an accelerator (the CPU tests) the mesh is built on CPU: diffusers' own resolution assumes a device."""
+    import torch.distributed as dist
+    from diffusers import ContextParallelConfig
+    from diffusers.models._modeling_parallel import ParallelConfig
+
+    check_supported(adapter, degree)
     if not dist.is_initialized():
         raise RuntimeError("sequence parallelism needs an initialised torch.distributed process group")
     on_cpu = torch.accelerator.device_count() == 0  # a CUDA build without a device counts as CPU
