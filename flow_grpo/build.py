@@ -187,6 +187,13 @@ def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> Simple
     reference_info = reference_settings(adapter, cfg)
     if not any(p.requires_grad for p in adapter.transformer.parameters()):
         raise ValueError("no trainable parameters")
+    if (acc.num_processes > 1 and not sharded and getattr(adapter.transformer, "partial_forward", False)
+            and not cfg.run.ddp_find_unused_parameters):
+        from mmgrpo.engine.errors import ConfigError
+
+        raise ConfigError(f"model.kind={adapter.kind} trains modules a forward does not all use (e.g. the two Wan2.2 "
+                          "experts, one per step): DDP over several processes needs "
+                          "run.ddp_find_unused_parameters=true")
     if before_prepare is not None:
         before_prepare(adapter)
     if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:

@@ -266,9 +266,13 @@ def _write_export(run, dst: Path, weights: str) -> Optional[Path]:
                   if not run.cfg.model.lora.enabled or "lora_" in k}
 
             def write(d: Path) -> None:
-                # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
-                save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
-                run.unwrapped.save_config(str(d))
+                # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``; Wan2.2
+                # A14B's two experts: one folder each (``ExpertPair.export_parts``)
+                split = getattr(run.unwrapped, "export_parts", None)
+                for sub, (module, part) in (split(sd) if split else {"": (run.unwrapped, sd)}).items():
+                    (d / sub).mkdir(exist_ok=True)
+                    save_file(part, str(d / sub / "diffusion_pytorch_model.safetensors"))
+                    module.save_config(str(d / sub))
 
             target = publish_dir(dst, write, meta)
     barrier()

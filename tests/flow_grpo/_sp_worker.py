@@ -9,7 +9,8 @@
    log-probs / rewards and history to OUT/dumps: ``sp2`` (run.sequence_parallel=2: one group of 2, DDP over both),
    ``sp1to2`` (epoch 1 at sequence_parallel=1, i.e. 2 data-parallel processes; epoch 2 resumed at 2), ``sp2to1``
    (epoch 2 resumed at 1 from sp2's epoch-1 checkpoint), ``fsdp_sp2`` (sequence_parallel=2 under FSDP2 forced on
-   CPU, as _dist_worker.py does).
+   CPU, as _dist_worker.py does); and Wan2.2 A14B with both experts trained on 2 data-parallel processes: refused
+   under DDP without ``run.ddp_find_unused_parameters``, ``ddp_wan22`` with it, ``fsdp_wan22`` under FSDP2.
 """
 import importlib.util
 import json
@@ -97,16 +98,26 @@ def trainer_cases(out: Path) -> None:
     dumps = out / "dumps"
     dumps.mkdir(exist_ok=True)
     res = {}
-    for case, sp, epochs, resume, fsdp in (("sp2", 2, 2, None, False),
-                                          ("sp1to2", 1, 1, None, False), ("sp1to2", 2, 2, "sp1to2", False),
-                                          ("sp2to1", 1, 2, "sp2", False),
-                                          ("fsdp_sp2", 2, 2, None, True)):
+    from mmgrpo.engine.errors import ConfigError
+
+    try:  # Wan2.2 A14B, both experts, under DDP without find_unused_parameters: refused
+        conf.sp_train_case(out / "refused", 1, 1, kind="wan22")
+        res["wan22_refused"] = ""
+    except ConfigError as exc:
+        res["wan22_refused"] = str(exc)
+    unused = {"run.ddp_find_unused_parameters": "true"}
+    for case, sp, epochs, resume, fsdp, kw in (("sp2", 2, 2, None, False, {}),
+                                              ("sp1to2", 1, 1, None, False, {}), ("sp1to2", 2, 2, "sp1to2", False, {}),
+                                              ("sp2to1", 1, 2, "sp2", False, {}),
+                                              ("ddp_wan22", 1, 2, None, False, {"kind": "wan22", **unused}),
+                                              ("fsdp_wan22", 1, 2, None, True, {"kind": "wan22"}),
+                                              ("fsdp_sp2", 2, 2, None, True, {})):
         resume_from = None if resume is None else out / resume / "checkpoints" / "epoch-00000001"
         tr, hist, calls = conf.sp_train_case(out / case, sp, epochs, resume_from,
                                              accelerator=dw.fsdp_accelerator() if fsdp else None,
                                              dump=lambda run, traj, case=case: torch.save(
                                                  {"log_probs": traj.log_probs, "rewards": traj.rewards},
-                                                 dumps / f"{case}_traj_e{run.state.epoch}_r{rank}.pt"))
+                                                 dumps / f"{case}_traj_e{run.state.epoch}_r{rank}.pt"), **kw)
         w = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in tr.named_params}
         torch.save(w, dumps / f"{case}_final_r{rank}.pt")
         res[case] = {"history": hist, "reward_calls": calls, "type": type(tr.model).__name__, "world": tr.world,

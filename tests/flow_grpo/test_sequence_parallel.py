@@ -7,7 +7,9 @@ the background at collection: conftest.DIST_JOBS["sp"]):
 * the trainer (``run.sequence_parallel=2``, tiny Wan2.1, LoRA, KL, eval, 2 epochs) against the same run in this
   process: rollout log-probs and rewards bitwise, the group's second process made no reward call, final weights
   within 1e-6; the same under FSDP2 (forced on CPU); and across sequence-parallel sizes: a checkpoint written at 2
-  resumed at 1 (2 data-parallel processes) and one written at 1 resumed at 2 end at the same weights."""
+  resumed at 1 (2 data-parallel processes) and one written at 1 resumed at 2 end at the same weights;
+* Wan2.2 A14B with both experts trained on 2 data-parallel processes (a step uses one expert): refused under DDP
+  without ``run.ddp_find_unused_parameters``, equal to one process with it and under FSDP2."""
 import json
 import time
 
@@ -27,6 +29,9 @@ def test_two_processes_match_one(tmp_path):
         run.state.epoch, (traj.log_probs.clone(), traj.rewards["total"].clone())))
     ref = {n: p.detach().clone() for n, p in tr.named_params}
     tr.close()
+    tr22, _, _ = sp_train_case(tmp_path / "ref22", 1, 2, kind="wan22")
+    ref22 = {n: p.detach().clone() for n, p in tr22.named_params}
+    tr22.close()
     try:
         rc = job["proc"].wait(timeout=max(30.0, 540 - (time.time() - job["t0"])))
     except Exception:
@@ -63,6 +68,22 @@ def test_two_processes_match_one(tmp_path):
     assert trained[0]["sp2"]["type"] == "DistributedDataParallel" and trained[0]["fsdp_sp2"]["sharded"]
     assert trained[0]["sp2to1"]["world"] == 2 and [t["sp2to1"]["reward_calls"] for t in trained] == [2, 2]
     assert [t["sp1to2"]["reward_calls"] for t in trained] == [2, 0]  # the resumed epoch at sequence_parallel=2
+
+    # Wan2.2 A14B, both experts trained, 2 data-parallel processes (each step uses one expert)
+    assert "run.ddp_find_unused_parameters=true" in trained[0]["wan22_refused"]
+    for e in ("high.", "low."):  # both experts moved, far beyond the tolerance
+        assert max(float(w.abs().max()) for n, w in ref22.items() if "lora_B" in n and n.startswith(e)) > 1e-3
+    for case in ("ddp_wan22", "fsdp_wan22"):
+        for r in (0, 1):
+            w = torch.load(dumps / f"{case}_final_r{r}.pt")
+            for n, p in ref22.items():
+                torch.testing.assert_close(w[n], p, rtol=0, atol=1e-6, msg=f"{case} rank {r}: {n}")
+    from safetensors.torch import load_file
+
+    export = out / "fsdp_wan22" / "lora_final_state"  # one diffusers model folder per expert
+    for sub, e in (("", "high."), ("transformer_2", "low.")):
+        got = load_file(str(export / sub / "diffusion_pytorch_model.safetensors"))
+        assert (export / sub / "config.json").is_file() and got.keys() == {n[len(e):] for n in ref22 if n.startswith(e)}
 
 
 @pytest.mark.parametrize("kind,kw,match", [
