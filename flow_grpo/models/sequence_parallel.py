@@ -8,13 +8,13 @@ of the group, the transformer output, hence the adapter's velocity and an SDE st
 one-process value; each rank's parameter gradient is the contribution of its token shard, so the gradients **summed
 over the group** (:func:`sum_gradients`) equal the one-process gradient within float tolerance.
 
-What a training loop has to do with it (not wired into ``flow_grpo.trainer`` yet): give every rank of a
-sequence-parallel group the same samples (same prompts, seeds and noise), sum the gradients over the group before
-the data-parallel average (or scale the loss by the group size under DDP/FSDP averaging over all ranks), and count
-samples per group rather than per rank. Supported kinds: those whose diffusers transformer declares a ``_cp_plan``
-(tested: Wan2.1 T2V and Wan2.2 A14B with both experts; the FLUX/FLUX.2/Qwen-Image image models have plans too,
-untested here); HunyuanVideo 1.5's transformer has no plan in diffusers 0.42 and LTX-2's fails (both refused). Token
-and head counts must be divisible by the degree; resuming on another degree is untested.
+What a training loop has to do with it (the flow trainer's ``run.sequence_parallel``, :mod:`flow_grpo.seq_parallel`):
+give every rank of a sequence-parallel group the same samples (same prompts, seeds and noise), sum the gradients over
+the group before the data-parallel average (or scale the loss by the number of processes under DDP/FSDP averaging
+over all ranks), and count samples per group rather than per rank. Supported kinds: those whose diffusers transformer
+declares a ``_cp_plan`` (tested: Wan2.1 T2V and Wan2.2 A14B with both experts; the FLUX/FLUX.2/Qwen-Image image
+models have plans too, untested here); HunyuanVideo 1.5's transformer has no plan in diffusers 0.42 and LTX-2's
+fails (both refused). Token and head counts must be divisible by the degree.
 """
 from __future__ import annotations
 
