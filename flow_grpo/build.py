@@ -231,6 +231,18 @@ def set_shift(adapter, shift) -> None:
         adapter.set_shift(shift)
 
 
+def set_vae_memory(adapter, m) -> None:
+    """``model.vae_slicing`` / ``model.vae_tiling`` -> the VAE's own ``enable_slicing`` / ``enable_tiling``."""
+    for flag, method in ((m.vae_slicing, "enable_slicing"), (m.vae_tiling, "enable_tiling")):
+        if not flag:
+            continue
+        fn = getattr(adapter.vae, method, None)
+        if fn is None:
+            raise ValueError(f"model.{method.replace('enable', 'vae')}=true: the {type(adapter.vae).__name__} of "
+                             f"model.kind={adapter.kind} has no {method}")
+        fn()
+
+
 def set_num_frames(adapter, num_frames: int) -> None:
     """``sample.num_frames`` -> the video adapter (0 keeps its default); an image generator refuses frames."""
     if not num_frames:

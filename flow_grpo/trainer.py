@@ -136,6 +136,7 @@ class FlowGRPOTrainer:
         self.adapter = adapter if adapter is not None else build.load_adapter(cfg, acc.device)
         build.set_num_frames(self.adapter, cfg.sample.num_frames)
         build.set_shift(self.adapter, cfg.sample.shift)
+        build.set_vae_memory(self.adapter, cfg.model)
         # run.sequence_parallel > 1: rank / world index the data-parallel groups (flow_grpo.seq_parallel)
         self.sp = seq_parallel.setup(cfg, acc, self.adapter)
         if self.sp is not None:
