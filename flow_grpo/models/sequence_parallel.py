@@ -14,7 +14,8 @@ the group before the data-parallel average (or scale the loss by the number of p
 over all ranks), and count samples per group rather than per rank. Supported kinds: those whose diffusers transformer
 declares a ``_cp_plan`` (tested: Wan2.1 T2V and Wan2.2 A14B with both experts; the FLUX/FLUX.2/Qwen-Image image
 models have plans too, untested here); HunyuanVideo 1.5's transformer has no plan in diffusers 0.42 and LTX-2's
-fails (both refused). Token and head counts must be divisible by the degree.
+fails (both refused; docs/generators.md, "Sequence parallelism: HunyuanVideo 1.5 and LTX-2", says what a plan of
+our own needs). Token and head counts must be divisible by the degree.
 """
 from __future__ import annotations
 
