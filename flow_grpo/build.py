@@ -243,6 +243,37 @@ def set_vae_memory(adapter, m) -> None:
         fn()
 
 
+TEXT_MODULES = ("text_encoder", "text_encoder_2", "text_encoder_3", "image_encoder", "connectors")
+
+
+def set_text_encoder_offload(adapter, enabled: bool, host: str = "cpu") -> None:
+    """``model.offload_text_encoders``: the pipeline's text encoders (and CLIP image encoder, LTX-2's text
+    connectors) live on ``host``; ``adapter.encode_prompts`` moves them to the adapter's device only for a call that
+    meets a prompt not in its embedding cache, and back afterwards. Embeddings are unchanged (same modules, same
+    device during encoding)."""
+    if not enabled:
+        return
+    mods = [m for m in (getattr(adapter.pipe, n, None) for n in TEXT_MODULES) if isinstance(m, torch.nn.Module)]
+    if not mods:
+        raise ValueError(f"model.offload_text_encoders=true: model.kind={adapter.kind} has no text encoder module")
+    for m in mods:
+        m.to(host)
+    encode = adapter.encode_prompts
+
+    def encode_prompts(prompts, *args, **kwargs):
+        if all(p in adapter._embed_cache for p in prompts):
+            return encode(prompts, *args, **kwargs)
+        for m in mods:
+            m.to(adapter.device)
+        try:
+            return encode(prompts, *args, **kwargs)
+        finally:
+            for m in mods:
+                m.to(host)
+
+    adapter.encode_prompts = encode_prompts
+
+
 def set_num_frames(adapter, num_frames: int) -> None:
     """``sample.num_frames`` -> the video adapter (0 keeps its default); an image generator refuses frames."""
     if not num_frames:

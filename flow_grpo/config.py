@@ -121,6 +121,9 @@ class ModelConfig:
         None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})
     gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
+    offload_text_encoders: bool = _f(False, "keep the frozen text encoders (and image encoder / text connectors) on "
+                                     "the CPU, moved to the device only to encode prompts not yet cached (each "
+                                     "distinct prompt is encoded once per run)")
     vae_slicing: bool = _f(False, "decode the rollout / eval media one sample at a time (the VAE's enable_slicing: "
                            "the decode peak divided by the chunk size; same frames)")
     vae_tiling: bool = _f(False, "decode in overlapping spatial tiles, blended (the VAE's enable_tiling, its default "

@@ -137,6 +137,7 @@ class FlowGRPOTrainer:
         build.set_num_frames(self.adapter, cfg.sample.num_frames)
         build.set_shift(self.adapter, cfg.sample.shift)
         build.set_vae_memory(self.adapter, cfg.model)
+        build.set_text_encoder_offload(self.adapter, cfg.model.offload_text_encoders)
         # run.sequence_parallel > 1: rank / world index the data-parallel groups (flow_grpo.seq_parallel)
         self.sp = seq_parallel.setup(cfg, acc, self.adapter)
         if self.sp is not None:

@@ -78,3 +78,27 @@ def test_activation_checkpointing_keeps_velocity_and_gradients(kind, sigmas):
     assert scale > 1e-3
     for a, b in zip(g0, g1):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6 * scale)
+
+
+def test_text_encoders_go_to_the_device_only_for_new_prompts():
+    """On this CPU-only machine host and device are both the CPU: the test checks the moves (spied) and that the
+    embeddings are those of an adapter without offload; the memory saving itself needs a GPU (not run)."""
+    from flow_grpo.build import set_text_encoder_offload
+
+    ad = tiny_adapter("wan", num_frames=5, max_sequence_length=16)
+    ref = tiny_adapter("wan", num_frames=5, max_sequence_length=16).encode_prompts(["a cat", "a dog"])
+    moves = []
+    enc = ad.pipe.text_encoder
+    orig = enc.to
+    # the adapter's device object (a move there) or the host string (a move back)
+    enc.to = lambda *a, **k: moves.append("device" if a[0] is ad.device else a[0]) or orig(*a, **k)
+    set_text_encoder_offload(ad, True, host="cpu")
+    assert moves == ["cpu"]
+    moves.clear()
+    out = ad.encode_prompts(["a cat", "a dog"])
+    assert moves == ["device", "cpu"]
+    moves.clear()
+    again = ad.encode_prompts(["a dog"])  # cached: the encoder stays where it is
+    assert moves == []
+    torch.testing.assert_close(out.prompt_embeds, ref.prompt_embeds, rtol=0, atol=0)
+    torch.testing.assert_close(again.prompt_embeds, ref.prompt_embeds[1:], rtol=0, atol=0)
