@@ -19,7 +19,7 @@ over the groups:
 Nothing of it enters a checkpoint: a run resumes on another sequence-parallel size (or on one process).
 Not supported with it: ``reward.mode=win_rate`` (the judge's split over processes would count a group P times) and
 ``reward.async_workers > 1`` (a group's processes must receive the shared rewards in the same order).
-Verified on CPU only (2 gloo processes; tests/flow_grpo/test_sequence_parallel.py).
+Verified on CPU only (2 gloo processes, Wan2.1; tests/flow_grpo/test_sequence_parallel.py).
 """
 from __future__ import annotations
 

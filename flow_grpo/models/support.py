@@ -8,7 +8,8 @@ the adapter contract alone (``flow_grpo/models/base.py``), so the column names t
 with. LoRA: every adapter (``add_lora``); full fine-tuning (``enable_full_finetune``) is tested on FLUX only; FSDP2
 (2 gloo processes on CPU) on FLUX (full), Wan2.1 (LoRA, with sequence parallelism) and Wan2.2 A14B (LoRA, both
 experts); sequence parallelism (:mod:`flow_grpo.models.sequence_parallel`, the trainer's ``run.sequence_parallel``)
-at the model level on Wan2.1 / Wan2.2 and in the trainer on Wan2.1 (``FSDP2_TESTED``, ``SP_TESTED``).
+at the model level on Wan2.1 / Wan2.2 / HunyuanVideo 1.5 (our own plan) and in the trainer on Wan2.1
+(``FSDP2_TESTED``, ``SP_TESTED``).
 
 Regenerate: ``python -m flow_grpo.models.support --write docs/generators.md``.
 """
@@ -77,7 +78,8 @@ EVIDENCE: dict[str, tuple[str, str, str, str]] = {
 
 # tests/flow_grpo/test_sequence_parallel.py (2 gloo processes against one)
 SP_TESTED = {"wan": "Ulysses, tested: model + trainer (DDP, FSDP2, resume 1<->2; 2 CPU procs)",
-             "wan22": "Ulysses, tested: model level, both experts (2 CPU procs)"}
+             "wan22": "Ulysses, tested: model level, both experts (2 CPU procs)",
+             "hunyuan_video15": "Ulysses with our own plan, tested: model level (2 CPU procs, within 1e-5)"}
 FSDP2_TESTED = {"flux": "tested: full fine-tune (2 CPU procs)", "wan": "tested: LoRA + seq. parallel (2 CPU procs)",
                 "wan22": "tested: LoRA, both experts (2 CPU procs)"}
 

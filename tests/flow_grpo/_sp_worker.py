@@ -43,6 +43,7 @@ def _load(name):
 CASES = {
     "wan": (32, {"num_frames": 5, "max_sequence_length": 16}, [(0.9, 0.7)], 5.0, True),
     "wan22": (32, {"num_frames": 5, "max_sequence_length": 16}, [(0.95, 0.8), (0.5, 0.3)], 5.0, True),
+    "hunyuan_video15": (64, {"num_frames": 5}, [(0.9, 0.7)], 6.0, True),  # our own plan (diffusers has none)
 }
 
 
@@ -79,12 +80,13 @@ def model_level(out: Path) -> None:
                 if "lora_B" in n:
                     p.normal_(0, 0.1)  # a non-zero LoRA: its gradients all flow
         v1, lp1, params = run(ad, size, sigmas, gs, cfg)
-        g1 = [p.grad.clone() for p in params]
+        g1 = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]  # unused: none
         enable_sequence_parallel(ad, 2)
         v2, lp2, params = run(ad, size, sigmas, gs, cfg)
         sum_gradients(params)
-        g2 = [p.grad for p in params]
-        res[kind] = {"velocity": float((v2 - v1).abs().max()), "log_prob": float((lp2 - lp1).abs().max()),
+        g2 = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        res[kind] = {"velocity": float((v2 - v1).abs().max()), "v_scale": float(v1.abs().max()),
+                     "log_prob": float((lp2 - lp1).abs().max()),
                      "grad": max(float((b - a).abs().max()) for a, b in zip(g1, g2)),
                      "grad_scale": max(float(a.abs().max()) for a in g1), "n_params": len(g1)}
     if dist.get_rank() == 0:
