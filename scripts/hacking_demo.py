@@ -209,8 +209,11 @@ def main() -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--step0-images", type=int, default=4, help="base images per train prompt (step-0 correlation)")
-    p.add_argument("--eval-images", type=int, default=2, help="images per held-out prompt of the final evals")
+    p.add_argument("--eval-images", type=int, default=4, help="images per held-out prompt of the final evals")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value trainer overrides for every run")
+    p.add_argument("--stage", choices=["all", "setup", "runs", "report"], default="all",
+                   help="setup = prompts, step-0 correlation, base eval; runs = the training runs (seeds may run "
+                        "in parallel processes after setup); report = results.md and curves.png from what exists")
     args = p.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -224,15 +227,19 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     if not (out / "base_eval" / "images.jsonl").exists():
         run(eval_cmd(heldout, out / "base_eval", args), out / "logs" / "base_eval.log")
-    for seed in seeds:  # seed-major: a partial run still has every method's first seed
+    if args.stage == "setup":
+        return 0
+    for seed in seeds if args.stage != "report" else []:  # seed-major: a partial run still has every method's first seed
         for name in names:
             d = out / name / f"seed{seed}"
             if (d / "final_eval" / "images.jsonl").exists():
                 continue
             run(train_cmd(name, seed, train, heldout, d, args), out / "logs" / f"{name}_s{seed}.log")
             run(eval_cmd(heldout, d / "final_eval", args, d / "lora_final"), out / "logs" / f"{name}_s{seed}_eval.log")
-            summarize(out, names, seeds, s0)
-    print(summarize(out, names, seeds, s0))
+            if args.stage == "all":
+                summarize(out, names, seeds, s0)
+    if args.stage in ("all", "report"):
+        print(summarize(out, names, seeds, s0))
     return 0
 
 
