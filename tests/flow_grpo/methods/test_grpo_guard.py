@@ -54,3 +54,25 @@ def test_tiny_trainer_records_old_means(tmp_path):
         assert torch.allclose(out.mean, traj.old_means[c0:c1, 0], atol=1e-5)
     finally:
         tr.close()
+
+
+def test_on_policy_gradient_is_std_times_the_plain_one():
+    # at mu = mu_old (one optimizer step per rollout) d g / d theta = s * d Delta / d theta (finite differences)
+    g = torch.Generator().manual_seed(1)
+    mu_old, direction = torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, 4, generator=g,
+                                                                                        dtype=torch.float64)
+    s = torch.tensor([0.4, 0.07], dtype=torch.float64)
+    x = mu_old + s[:, None] * torch.randn(2, 4, generator=g, dtype=torch.float64)
+
+    def plain(t):
+        mu = mu_old + t * direction
+        return (torch.distributions.Normal(mu, s[:, None]).log_prob(x).mean(1)
+                - torch.distributions.Normal(mu_old, s[:, None]).log_prob(x).mean(1))
+
+    def guard(t):
+        return guard_log_ratio(plain(t), mu_old + t * direction, mu_old, s).double()
+
+    h = 1e-4
+    d_plain = (plain(h) - plain(-h)) / (2 * h)
+    d_guard = (guard(h) - guard(-h)) / (2 * h)
+    assert torch.allclose(d_guard, s * d_plain, rtol=1e-3)
