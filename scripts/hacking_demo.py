@@ -127,6 +127,17 @@ def train_cmd(name: str, seed: int, train: Path, heldout: Path, d: Path, args) -
             *args.set]
 
 
+def claim(d: Path) -> bool:
+    """Take run folder ``d`` for this process (several ``--stage runs`` workers may share ``--out``); a re-run of
+    the script after an interruption removes the stale claim of an unfinished run first (``--reclaim``)."""
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(d / "CLAIMED", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
 def read(d: Path) -> list[dict]:
     p = d / "metrics.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
@@ -211,6 +222,7 @@ def main() -> int:
     p.add_argument("--step0-images", type=int, default=4, help="base images per train prompt (step-0 correlation)")
     p.add_argument("--eval-images", type=int, default=4, help="images per held-out prompt of the final evals")
     p.add_argument("--set", nargs="*", default=[], help="extra key=value trainer overrides for every run")
+    p.add_argument("--reclaim", action="store_true", help="drop the claims of unfinished runs (after a crash)")
     p.add_argument("--stage", choices=["all", "setup", "runs", "report"], default="all",
                    help="setup = prompts, step-0 correlation, base eval; runs = the training runs (seeds may run "
                         "in parallel processes after setup); report = results.md and curves.png from what exists")
@@ -229,11 +241,15 @@ def main() -> int:
         run(eval_cmd(heldout, out / "base_eval", args), out / "logs" / "base_eval.log")
     if args.stage == "setup":
         return 0
+    if args.reclaim:  # an interrupted earlier run: its unfinished claims are stale
+        for c in out.glob("*/seed*/CLAIMED"):
+            if not (c.parent / "final_eval" / "images.jsonl").exists():
+                c.unlink()
     for seed in seeds if args.stage != "report" else []:  # seed-major: a partial run still has every method's first seed
         for name in names:
             d = out / name / f"seed{seed}"
-            if (d / "final_eval" / "images.jsonl").exists():
-                continue
+            if (d / "final_eval" / "images.jsonl").exists() or not claim(d):
+                continue  # done, or another worker process (--stage runs) has it
             run(train_cmd(name, seed, train, heldout, d, args), out / "logs" / f"{name}_s{seed}.log")
             run(eval_cmd(heldout, d / "final_eval", args, d / "lora_final"), out / "logs" / f"{name}_s{seed}_eval.log")
             if args.stage == "all":
