@@ -99,16 +99,34 @@ def worker(layers: int, frames: int, size: int, ckpt: bool, full: bool, lora_fp3
             "attention_backend": "torch sdpa (CPU)"}
 
 
-def predict(layers: int, tokens: int, full: bool) -> dict:
+def predict(layers: int, tokens: int, full: bool, activation: dict | None = None) -> dict:
     """The planner's bytes for one setting: ``weights`` (transformer bf16 + LoRA fp32) and ``step`` (activations +
-    gradients), from :func:`mmgrpo.utils.memory_plan.plan` with the counts of the model cut to ``layers``."""
+    gradients), from :func:`mmgrpo.utils.memory_plan.plan` with the counts of the model cut to ``layers``;
+    ``activation``: constants to use instead of the planner's (e.g. the meta-device count)."""
     from flow_grpo.memory_plan import counts
     from mmgrpo.utils.memory_plan import get_spec, plan
 
     n = counts(get_spec(MODEL), layers, LORA_R, ("to_q", "to_k", "to_v", "to_out.0"))
-    p = plan(MODEL, full=full, rows=1, flow_tokens=tokens, gpu=False, n=n)
+    p = plan(MODEL, full=full, rows=1, flow_tokens=tokens, gpu=False, n=n, activation=activation)
     return {"weights": n["full"] * 2 + (0 if full else p["lora_weights"]),
             "step": p["activations"] + p["grads"], "activations": p["activations"], "grads": p["grads"]}
+
+
+def fit(rows: list[dict]) -> dict:
+    """Least squares of ``step = c + tokens x (a_fixed + layers x a_layer)`` over the checkpointed LoRA settings:
+    the measured activation constants (bytes per video token; ``c``: what does not grow with the clip, e.g. the 512
+    text tokens' projections, which the planner leaves out) and each setting's residual."""
+    import numpy as np
+
+    pts = [r for r in rows if r["ckpt"] and r["mode"] == "lora"]
+    a = np.array([[1.0, r["tokens"], r["tokens"] * r["layers"]] for r in pts])
+    y = np.array([r["step_peak_bytes"] - r["grad_bytes"] for r in pts], dtype=float)
+    (c, a_fixed, a_layer), *_ = np.linalg.lstsq(a, y, rcond=None)
+    res = [{"layers": r["layers"], "tokens": r["tokens"], "residual": round(float((a @ [c, a_fixed, a_layer])[i]
+                                                                                  / y[i] - 1), 4)}
+           for i, r in enumerate(pts)]
+    return {"a_layer": round(float(a_layer), 1), "a_fixed": round(float(a_fixed), 1), "c": round(float(c)),
+            "residuals": res}
 
 
 GRID = [  # (layers, frames, size, ckpt, full): 2 depths x 2 token counts with checkpointing, then without, then full
@@ -128,26 +146,37 @@ def main(argv=None) -> int:
     ap.add_argument("--lora-fp32", type=int, default=1, help="adapters in fp32 as the trainer (0: bf16)")
     ap.add_argument("--only", type=str, default="", help="comma-separated indices of GRID to run (default all)")
     ap.add_argument("--json", type=str, default="", help="append results (one JSON object a line) here")
+    ap.add_argument("--fit", type=str, default="", help="fit the activation constants to a --json file and exit")
     a = ap.parse_args(argv)
+    if a.fit:
+        with open(a.fit) as f:
+            print(json.dumps(fit([json.loads(line) for line in f if line.strip()]), indent=1))
+        return 0
     if a.worker:
         print(json.dumps(worker(a.layers, a.frames, a.size, bool(a.ckpt), bool(a.full), bool(a.lora_fp32))))
         return 0
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=ROOT)
     grid = [GRID[int(i)] for i in a.only.split(",")] if a.only else GRID
     print(f"{'L':>2} {'tokens':>6} {'ckpt':>4} {'mode':>4} {'meas step MiB':>13} {'pred step MiB':>13} "
-          f"{'err':>7} {'meas w MiB':>10} {'pred w MiB':>10} {'cpu s':>6}")
+          f"{'err':>7} {'counted':>8} {'err':>7} {'meas w MiB':>10} {'pred w MiB':>10} {'cpu s':>6}")
     for layers, frames, size, ckpt, full in grid:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--layers", str(layers), "--frames",
                str(frames), "--size", str(size), "--ckpt", str(int(ckpt)), "--full", str(int(full))]
         r = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        from mmgrpo.utils.memory_plan import ACTIVATION_COUNTED
+
         p = predict(layers, r["tokens"], full)
+        pc = predict(layers, r["tokens"], full, ACTIVATION_COUNTED[MODEL])
+        r.update(counted_step_bytes=round(pc["step"]),
+                 counted_step_error=round((pc["step"] - r["step_peak_bytes"]) / r["step_peak_bytes"], 4))
         r.update(pred_step_bytes=round(p["step"]), pred_weights_bytes=round(p["weights"]),
                  pred_activation_bytes=round(p["activations"]),
                  step_error=round((p["step"] - r["step_peak_bytes"]) / r["step_peak_bytes"], 4),
                  weights_error=round((p["weights"] - r["weights_bytes"]) / r["weights_bytes"], 4),
                  load=os.getloadavg()[0])
         print(f"{layers:>2} {r['tokens']:>6} {int(ckpt):>4} {r['mode']:>4} {r['step_peak_bytes'] / MiB:>13.1f} "
-              f"{p['step'] / MiB:>13.1f} {r['step_error']:>+7.1%} {r['weights_bytes'] / MiB:>10.1f} "
+              f"{p['step'] / MiB:>13.1f} {r['step_error']:>+7.1%} {pc['step'] / MiB:>8.1f} {r['counted_step_error']:>+7.1%} "
+              f"{r['weights_bytes'] / MiB:>10.1f} "
               f"{p['weights'] / MiB:>10.1f} {r['cpu_seconds']:>6}", flush=True)
         if a.json:
             with open(a.json, "a") as f:
