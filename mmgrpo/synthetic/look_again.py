@@ -1,18 +1,18 @@
 """Look-again: a synthetic image benchmark where the first view cannot answer and a crop of the source can.
 
-A **source** image (``SOURCE`` x ``SOURCE`` px, default 448) holds one small striped object (``OBJECT`` px square,
-default 16) on a dark grey background, in one cell of a ``GRID`` x ``GRID`` grid (default 4 x 4, cells of 112 px).
-The object is made of vertical stripes ``STRIPE`` px wide (default 4) alternating between a colour and its
+A **source** image (:class:`Layout`; default 448 x 448 px) holds one small striped object (default 16 px square)
+on a dark grey background, in one cell of a 4 x 4 grid (cells of 112 px). The object is made of vertical stripes
+(default 2 px wide) alternating between a colour and its
 *complement around mid-grey* (``c' = 2 * MID - c``): red / cyan, green / magenta, blue / yellow. The question asks
 for the colour of the object's leftmost stripe (6 options, one per colour; chance 1/6).
 
-The model's first view is the source **area-downsampled by** ``FACTOR`` (default 8: 56 x 56 px): every view pixel is
-the exact mean of an 8 x 8 block of the source. The object is aligned to that block grid and every block of it
+The model's first view is the source **area-downsampled by** ``Layout.factor`` (default 4: 112 x 112 px, one
+Qwen2.5-VL visual token of 28 x 28 px per cell): every view pixel is the exact mean of a 4 x 4 block of the source. The object is aligned to that block grid and every block of it
 holds whole stripe pairs, so each of its blocks averages to ``MID`` exactly, whatever the colours and their order:
 **the view is the same image for all six answers** (:func:`view_is_answer_free` checks this by rendering all six).
-The view still shows *where* the object is (a 2 x 2 px mid-grey square on the dark background), so a model can ask
-for a crop there. A crop of the source at the object's cell, resized to the view's size (factor 2), shows the
-stripes (:func:`crop_oracle` reads the answer back from such a crop: 100 %).
+The view still shows *where* the object is (a 4 x 4 px mid-grey square on the dark background), so a model can ask
+for a crop there. A crop of the source at the object's cell at the view's token budget (112 x 112 px: full
+resolution) shows the stripes (:func:`crop_oracle` reads the answer back from such a crop: 100 %).
 
 Samples are canonical ``mcq`` samples of the VLM front-end (``mmgrpo.vlm.data.schema``): ``image`` = the view,
 ``options`` = the six colour names, ``answer`` = the letter; ``meta`` holds the tool's ground: ``source`` (the
@@ -64,10 +64,10 @@ class Layout:
     number of stripe pairs)."""
 
     source: int = 448
-    factor: int = 8
+    factor: int = 4
     grid: int = 4
     object: int = 16
-    stripe: int = 4
+    stripe: int = 2
     margin_blocks: int = 3  # the object stays this many view pixels inside its cell
 
     def __post_init__(self) -> None:

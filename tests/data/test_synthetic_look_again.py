@@ -11,13 +11,13 @@ def test_object_blocks_average_to_mid_grey_by_hand():
     lay = la.Layout()
     content = {"colour": "red", "cell": [0, 0], "object_box_source": [24, 32, 40, 48]}
     src = la.render_source(content, lay)
-    # stripes of 4 px: red, cyan, red, cyan; red = (220, 40, 40), cyan = 260 - red = (40, 220, 220)
-    assert tuple(src[32, 24]) == (220, 40, 40) and tuple(src[32, 28]) == (40, 220, 220)
-    assert tuple(src[47, 32]) == (220, 40, 40) and tuple(src[0, 0]) == la.BACKGROUND
-    view = la.downsample(src, 8)
-    # each 8x8 object block: 32 px red + 32 px cyan -> (130, 130, 130) per channel
-    assert view.shape == (56, 56, 3)
-    assert (view[4:6, 3:5] == 130).all() and (view[:4] == 60).all()
+    # stripes of 2 px: red, cyan, red, ...; red = (220, 40, 40), cyan = 260 - red = (40, 220, 220)
+    assert tuple(src[32, 24]) == (220, 40, 40) and tuple(src[32, 26]) == (40, 220, 220)
+    assert tuple(src[47, 37]) == (220, 40, 40) and tuple(src[0, 0]) == la.BACKGROUND
+    view = la.downsample(src, 4)
+    # each 4x4 object block: 8 px red + 8 px cyan -> (130, 130, 130) per channel
+    assert view.shape == (112, 112, 3)
+    assert (view[8:12, 6:10] == 130).all() and (view[:8] == 60).all() and (view[8:12, 10] == 60).all()
 
 
 def test_view_is_the_same_for_every_answer_and_the_crop_is_not():
@@ -63,7 +63,7 @@ def test_write_split_and_small_probe(tmp_path):
     Sample.from_dict(rows[0]).validate()
     view = np.asarray(Image.open(tmp_path / rows[0]["image"]))
     src = np.asarray(Image.open(tmp_path / rows[0]["meta"]["source"]))
-    assert view.shape == (56, 56, 3) and src.shape == (448, 448, 3)
-    assert np.array_equal(view, la.downsample(src, 8))
+    assert view.shape == (112, 112, 3) and src.shape == (448, 448, 3)
+    assert np.array_equal(view, la.downsample(src, 4))
     r = la.probe(seed=0, n_train=24, n_test=12)
     assert r["view_answer_free"] == 100.0 and r["crop_oracle_acc"] == 100.0

@@ -13,7 +13,7 @@ view), and the result comes back as a ``tool`` message rendered ``<|im_start|>us
 ``box * meta.scale`` and resized to the view's size (:func:`run_crop`).
 
 Two prompts per sample (:func:`first_messages`): ``tools=True`` adds the tool to the system turn; ``tools=False`` is
-the project's plain ``no_think`` mcq prompt. The answer is ``<answer>LETTER</answer>`` in both.
+a plain prompt (short system turns: the tiny model pays for every prompt token). The answer is ``<answer>LETTER</answer>`` in both.
 """
 from __future__ import annotations
 
@@ -25,13 +25,10 @@ from typing import Any, Sequence
 from mmgrpo.synthetic import look_again as bench
 
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-SYSTEM_PLAIN = ("You are a helpful assistant that watches videos and images carefully. Give only the final answer "
-                "inside <answer> </answer> tags, with no reasoning, i.e. <answer> answer here </answer>.")
-SYSTEM_TOOLS = ("You are a helpful assistant that watches videos and images carefully. The image is small; to see a "
-                "region of it at full resolution, call the tool crop once: <tool_call>\n{\"name\": \"crop\", "
-                "\"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> with the box in the image's pixels. "
-                "Give only the final answer inside <answer> </answer> tags, with no reasoning, i.e. "
-                "<answer> answer here </answer>.")
+SYSTEM_PLAIN = "Answer inside <answer> </answer> tags."
+SYSTEM_TOOLS = ("The image is small. To see a region at full resolution, call crop once: <tool_call>\n"
+                "{\"name\": \"crop\", \"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> (image "
+                "pixels). Answer inside <answer> </answer> tags.")
 
 # Qwen ChatML (mmgrpo.vlm.models.tiny.CHAT_TEMPLATE) plus the released Qwen2.5 rendering of tool messages: a
 # ``tool`` turn is a user turn wrapped in <tool_response> tags (consecutive tool messages share one user turn).
