@@ -26,9 +26,9 @@ from mmgrpo.synthetic import look_again as bench
 
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 SYSTEM_PLAIN = "Answer inside <answer> </answer> tags."
-SYSTEM_TOOLS = ("The image is small. To see a region at full resolution, call crop once: <tool_call>\n"
-                "{\"name\": \"crop\", \"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> (image "
-                "pixels). Answer inside <answer> </answer> tags.")
+SYSTEM_TOOLS = ("The image is small. To see a region at full resolution, call crop_source once: <tool_call>\n"
+                "{\"name\": \"crop_source\", \"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> "
+                "(image pixels). Answer inside <answer> </answer> tags.")
 
 # Qwen ChatML (mmgrpo.vlm.models.tiny.CHAT_TEMPLATE) plus the released Qwen2.5 rendering of tool messages: a
 # ``tool`` turn is a user turn wrapped in <tool_response> tags (consecutive tool messages share one user turn).
@@ -101,8 +101,9 @@ def first_messages(sample: dict, tools: bool, image: Any = None) -> list[dict]:
 
 
 def tool_call_text(box: Sequence[int]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "crop", "arguments": {"bbox_2d": [int(v) for v in box]}}) + \
-        "\n</tool_call>"
+    from mmgrpo.vlm.tools import format_tool_call
+
+    return format_tool_call(TOOL_NAME, {"bbox_2d": [int(v) for v in box]})
 
 
 def answer_text(letter: str) -> str:
@@ -120,7 +121,7 @@ def parse_tool_call(text: str) -> tuple[list[int] | None, str]:
     except json.JSONDecodeError:
         return None, "bad_json"
     box = obj.get("arguments", {}).get("bbox_2d") if isinstance(obj, dict) else None
-    if obj.get("name") != "crop" or not (isinstance(box, list) and len(box) == 4
+    if obj.get("name") != TOOL_NAME or not (isinstance(box, list) and len(box) == 4
                                          and all(isinstance(v, (int, float)) for v in box)):
         return None, "bad_args"
     return [int(round(v)) for v in box], "ok"
@@ -131,21 +132,50 @@ def parse_letter(text: str) -> str | None:
     return m.group(1).upper() if m else None
 
 
-def run_crop(sample: dict, box_view: Sequence[int], source_img: Any = None):
-    """The crop tool for traces and evaluation: ``box_view`` (view pixels, clamped to the view; an empty box is an
-    error) times ``meta.scale`` cut from the source and resized to the view's size (PIL box filter = area
-    average). Returns a PIL image; raises ValueError on an empty box."""
+def tool_context(sample: dict, options: Any = None):
+    """The :class:`mmgrpo.vlm.tools.ToolContext` of a sample for :func:`crop_source`: the full-resolution source
+    as the image to crop, the view's size as the model-input size (the box frame: view pixels x ``meta.scale``)."""
     from PIL import Image
 
-    w, h = sample["image_size"]
-    x1, y1, x2, y2 = (int(v) for v in box_view)
-    x1, x2 = sorted((max(0, min(w, x1)), max(0, min(w, x2))))
-    y1, y2 = sorted((max(0, min(h, y1)), max(0, min(h, y2))))
-    if x2 <= x1 or y2 <= y1:
-        raise ValueError(f"crop: empty box {list(box_view)} in a {w}x{h} image")
-    s = int(sample["meta"]["scale"])
-    src = source_img if source_img is not None else Image.open(sample["meta"]["source"]).convert("RGB")
-    return src.crop((x1 * s, y1 * s, x2 * s, y2 * s)).resize((w, h), Image.BOX)
+    from mmgrpo.vlm.tools import ToolContext, ToolsConfig
+
+    src = Image.open(sample["meta"]["source"]).convert("RGB")
+    return ToolContext(sample=sample, images=[src], family="qwen2_5_vl", resized_sizes=[tuple(sample["image_size"])],
+                       image_factor=28, options=options if options is not None else ToolsConfig())
+
+
+def crop_source(ctx, args: dict):
+    """Tool ``crop_source``: the built-in ``crop`` (:func:`mmgrpo.vlm.tools.builtin.crop`: box in the model's frame,
+    clamped, cut from the source, resized to the first view's token budget) applied to the sample's full-resolution
+    source file ``meta.source`` instead of the prompt image (which here is the downsampled view)."""
+    import dataclasses
+
+    from mmgrpo.vlm.tools.builtin import crop
+
+    sample = ctx.sample if isinstance(ctx.sample, dict) else ctx.sample.to_dict()
+    if not ctx.images or ctx.images[0].size != tuple(sample["meta"]["source_size"]):
+        ctx = dataclasses.replace(ctx, images=tool_context(sample).images,
+                                  resized_sizes=[tuple(sample["image_size"])])
+    return crop(ctx, args)
+
+
+def _register() -> None:
+    from mmgrpo.vlm.tools import TOOLS, register_tool
+
+    if TOOL_NAME not in TOOLS:
+        register_tool(TOOL_NAME, crop_source)
+
+
+TOOL_NAME = "crop_source"
+_register()
+
+
+def run_crop(sample: dict, box_view: Sequence[int], ctx: Any = None):
+    """Call the tool on ``box_view`` (view pixels): the ToolResult (``ok=False`` with the error text for a bad
+    box, never an exception)."""
+    from mmgrpo.vlm.tools import call_tool
+
+    return call_tool(TOOL_NAME, ctx or tool_context(sample), {"bbox_2d": [int(v) for v in box_view]})
 
 
 def trace_messages(sample: dict, box_view: Sequence[int] | None = None) -> tuple[list[dict], list]:
@@ -155,7 +185,10 @@ def trace_messages(sample: dict, box_view: Sequence[int] | None = None) -> tuple
 
     box = list(box_view) if box_view is not None else sample["meta"]["cell_box_view"]
     view = Image.open(sample["image"]).convert("RGB")
-    crop = run_crop(sample, box)
+    res = run_crop(sample, box)
+    if not res.ok:
+        raise ValueError(f"sample {sample['id']}: {res.text}")
+    crop = res.images[0]
     msgs = first_messages(sample, tools=True, image=view)
     msgs += [{"role": "assistant", "content": tool_call_text(box)},
              {"role": "tool", "content": [{"type": "image", "image": crop}]}]
