@@ -1,0 +1,177 @@
+"""Multi-turn tool rollouts (mmgrpo.vlm.tools.rollout): the two-turn sequence, its loss mask and log-prob sum
+against an independent construction (the whole conversation rendered by the chat template and processed in one
+processor call, each turn scored by the single-turn path); HF generation after a tool turn; budgets; the vLLM
+request path."""
+import json
+
+import pytest
+import torch
+
+from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams, collate_prompts, compute_token_logprobs
+from mmgrpo.vlm.tools import ToolContext, ToolsConfig, call_tool
+from mmgrpo.vlm.tools.rollout import MultiTurnBackend, ToolTurnRenderer
+
+CALL = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 56, 28]}}</tool_call>'
+TURN1 = "look " + CALL
+TURN2 = "<answer>B</answer>"
+
+
+def _lp(t, item, ids):
+    ids = torch.tensor([ids])
+    with torch.no_grad():
+        return compute_token_logprobs(t.model, collate_prompts([item], t.tok.pad_token_id), ids,
+                                      torch.ones_like(ids), 1.0, t.suppress)[0]
+
+
+def _ids(t, text):
+    return t.tok(text, add_special_tokens=False)["input_ids"] + [t.tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_renderer_matches_the_template_and_the_text_convention(tiny):
+    r = ToolTurnRenderer(tiny.proc, "auto")
+    assert r.role == "user" and r.eot == "<|im_end|>"  # the tiny (and released Qwen2.5-VL) template: no tool branch
+    from mmgrpo.vlm.tools import ToolResult
+
+    txt = r.text([ToolResult(text="hi", images=[object()]), ToolResult(text="no")])
+    assert txt == ("\n<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>hi\n"
+                   "</tool_response>\n<tool_response>\nno\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_two_turn_mask_and_logprob_sum_by_hand(tiny, scripted):
+    opts = ToolsConfig(enabled=True, names=["crop"], max_turns=3, crop_pixels=56 * 56, max_total_tokens=400)
+    mt = MultiTurnBackend(scripted(tiny, [TURN1, TURN2]), tiny.proc, opts)
+    out = mt.generate([tiny.item], 2, SamplingParams(max_new_tokens=64), seeds=[1, 2],
+                      raw_prompts=[{"images": [tiny.img], "sample": {"id": "s"}}])
+    # independent construction: the tool's result, the whole conversation through the chat template + processor
+    ctx = ToolContext(images=[tiny.img], resized_sizes=[(112, 84)], options=opts)
+    res = call_tool("crop", ctx, json.loads(CALL[len("<tool_call>"):-len("</tool_call>")])["arguments"])
+    assert res.ok and "[0, 0, 56, 28]" in res.text  # the 112x84 image is its own model-input size
+    conv = tiny.msgs + [
+        {"role": "assistant", "content": [{"type": "text", "text": TURN1}]},
+        {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, {"type": "image"},
+                                     {"type": "text", "text": res.text + "\n</tool_response>"}]}]
+    full_text = tiny.proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    ref = {k: v for k, v in tiny.proc(text=[full_text], images=[tiny.img, res.images[0]], return_tensors="pt").items()
+           if isinstance(v, torch.Tensor)}
+    P = tiny.item["input_ids"].shape[1]
+    t1, t2 = _ids(tiny, TURN1), _ids(tiny, TURN2)
+    ref_ids = ref["input_ids"][0]
+    n_tool = ref_ids.numel() - P - len(t1)
+    L = len(t1) + n_tool + len(t2)
+    for r in range(2):
+        # the row = prompt ++ turn 1 ++ tool turn ++ turn 2, token for token the template's conversation
+        assert torch.equal(torch.cat([tiny.item["input_ids"][0], out.completion_ids[r, :L - len(t2)]]), ref_ids)
+        assert out.completion_ids[r, L - len(t2):L].tolist() == t2
+        assert out.loss_mask[r, :L].tolist() == [1] * len(t1) + [0] * n_tool + [1] * len(t2)
+        assert out.completion_mask[r, :L].tolist() == [1] * L and out.completion_mask[r, L:].sum() == 0
+        assert torch.equal(out.items[r]["pixel_values"], ref["pixel_values"])  # both images, token order
+        assert torch.equal(out.items[r]["image_grid_thw"], ref["image_grid_thw"])
+        info = out.turn_info[r]
+        assert (info["turns"], info["tool_calls"], info["tool_failures"], info["stop"]) == (2, 1, 0, "answer")
+        assert info["visual_tokens"] == int((ref_ids[P:] == tiny.tok.convert_tokens_to_ids("<|image_pad|>")).sum())
+        assert out.texts[r] == TURN1 + "\n" + TURN2
+    # log-probs: the trainer's one forward over the row, summed over the loss mask, = turn 1 scored after the prompt
+    # + turn 2 scored after the independently processed conversation (vision tokens and MRoPE positions included)
+    with torch.no_grad():
+        joint = compute_token_logprobs(tiny.model, collate_prompts(out.items[:1], tiny.tok.pad_token_id),
+                                       out.completion_ids[:1, :L], out.completion_mask[:1, :L], 1.0, tiny.suppress)[0]
+    want = _lp(tiny, tiny.item, t1).sum() + _lp(tiny, ref, t2).sum()
+    got = (joint * out.loss_mask[0, :L]).sum()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(joint[L - len(t2):], _lp(tiny, ref, t2), atol=1e-5, rtol=0)
+    # the rollout's log-probs are the policy tokens' only (0 on the tool turn)
+    assert out.logprobs[0, len(t1):len(t1) + n_tool].abs().sum() == 0
+    torch.testing.assert_close(out.logprobs[0, :L] * out.loss_mask[0, :L], joint * out.loss_mask[0, :L],
+                               atol=1e-5, rtol=0)
+
+
+def test_hf_generation_after_a_tool_turn_is_on_policy_and_seeded(tiny, scripted):
+    """Turn 1 scripted (a random model never calls a tool), turn 2 sampled by the HF backend from the prefilled
+    conversation: its sampling log-probs equal the trainer's joint forward; same seeds, same tokens."""
+    opts = ToolsConfig(enabled=True, names=["crop"], max_turns=2, crop_pixels=56 * 56, max_total_tokens=300)
+    hf = HFRolloutBackend(tiny.model, tiny.proc, tiny.suppress, max_batch_size=8)
+    outs = []
+    for _ in range(2):
+        mt = MultiTurnBackend(scripted(tiny, [TURN1], then=hf), tiny.proc, opts)
+        outs.append(mt.generate([tiny.item], 2, SamplingParams(max_new_tokens=5), seeds=[7, 8],
+                                raw_prompts=[{"images": [tiny.img]}]))
+    a, b = outs
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    n1 = len(_ids(tiny, TURN1))
+    assert not torch.equal(a.completion_ids[0], a.completion_ids[1])  # turn-2 seeds differ per row
+    with torch.no_grad():
+        joint = compute_token_logprobs(tiny.model, collate_prompts(a.items, tiny.tok.pad_token_id), a.completion_ids,
+                                       a.completion_mask, 1.0, tiny.suppress)
+    m = a.loss_mask.bool()
+    assert int(m[:, n1:].sum()) > 0
+    torch.testing.assert_close(a.logprobs[m], joint[m], atol=5e-5, rtol=0)
+    assert all(i["stop"] in ("max_turns", "turn_token_limit", "no_call", "answer", "eos") for i in a.turn_info)
+
+
+def test_budgets_and_failures_are_counted(tiny, scripted):
+    two = CALL + CALL.replace("[0, 0, 56, 28]", "[0, 0, 28, 28]")
+    bad = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [1, 2]}}</tool_call>'
+
+    def run(script, **kw):
+        o = ToolsConfig(**{"enabled": True, "names": ["crop"], "crop_pixels": 56 * 56, "max_total_tokens": 400,
+                           **kw})
+        return MultiTurnBackend(scripted(tiny, script), tiny.proc, o).generate(
+            [tiny.item], 1, SamplingParams(max_new_tokens=64), seeds=[1], raw_prompts=[{"images": [tiny.img]}])
+
+    out = run([two, TURN2], max_tool_calls=1)  # the second parallel call is refused
+    i = out.turn_info[0]
+    assert (i["tool_calls"], i["tool_failures"], i["tools_called"]) == (1, 1, ["crop"])
+    assert "budget of 1 calls" in tiny.tok.decode(out.completion_ids[0][out.loss_mask[0] == 0])
+    out = run([bad, TURN2])  # bad arguments: the error is the tool turn, the rollout goes on
+    i = out.turn_info[0]
+    assert (i["turns"], i["tool_calls"], i["tool_failures"], i["visual_tokens"], i["stop"]) == (2, 1, 1, 0, "answer")
+    assert "Error: crop: 'bbox_2d' must be a list of 4 numbers" in tiny.tok.decode(out.completion_ids[0])
+    out = run([CALL, TURN2], max_visual_tokens=1)  # the crop's vision tokens exceed the budget: refused
+    i = out.turn_info[0]
+    assert (i["visual_tokens"], i["tool_failures"]) == (0, 1) and "visual token budget" in out.texts[0] + \
+        tiny.tok.decode(out.completion_ids[0])
+    out = run([CALL, CALL], max_turns=2)  # the last allowed turn calls again: the rollout ends there
+    assert (out.turn_info[0]["turns"], out.turn_info[0]["stop"]) == (2, "max_turns")
+    out = run([CALL, TURN2], max_total_tokens=40)  # no room for the tool turn
+    assert (out.turn_info[0]["turns"], out.turn_info[0]["stop"]) == (1, "token_budget")
+    out = run([TURN2])  # answers at once: the single-turn rollout
+    assert out.loss_mask[0].tolist() == out.completion_mask[0].tolist() and out.turn_info[0]["turns"] == 1
+
+
+def test_vllm_requests_carry_the_conversation_and_its_images(tiny, scripted):
+    """The vLLM backend gets each later turn as the whole conversation: ids with vision runs collapsed, the
+    prompt's and the tool's images in token order; a fake engine expanding each image as vLLM's processor would
+    (grid tokens) must give back exactly the trainer's ids (check_prompt_expansion). The engine itself: not run
+    (no vLLM on CPU)."""
+    from mmgrpo.vlm.models.vllm_backend import VLLMRolloutBackend
+    from mmgrpo.vlm.models.vllm_client import EngineOutput
+
+    img_id = tiny.tok.convert_tokens_to_ids("<|image_pad|>")
+    seen = []
+
+    class Engine:
+        def run(self, reqs):
+            outs = []
+            for prompt, kw in reqs:
+                seen.append(prompt)
+                grids = [tiny.proc.image_processor(images=[im], return_tensors="pt")["image_grid_thw"][0]
+                         for im in prompt.get("multi_modal_data", {}).get("image", [])]
+                ids, k = [], 0
+                for t in prompt["prompt_token_ids"]:
+                    if t == img_id:
+                        ids += [t] * (int(grids[k].prod()) // 4)
+                        k += 1
+                    else:
+                        ids.append(t)
+                toks = _ids(tiny, TURN1 if len(seen) <= 1 else TURN2)
+                outs.append(EngineOutput(ids, toks, [-0.5] * len(toks)))
+            return outs
+
+    be = VLLMRolloutBackend(Engine(), tiny.tok, suppress_token_ids=tiny.suppress)
+    mt = MultiTurnBackend(be, tiny.proc, ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56,
+                                                     max_total_tokens=400))
+    out = mt.generate([tiny.item], 1, SamplingParams(max_new_tokens=100), seeds=[3],
+                      raw_prompts=[{"images": [tiny.img]}])
+    assert len(seen) == 2 and len(seen[1]["multi_modal_data"]["image"]) == 2
+    assert seen[1]["prompt_token_ids"].count(img_id) == 2
+    assert out.turn_info[0]["turns"] == 2 and out.turn_info[0]["stop"] == "answer"
