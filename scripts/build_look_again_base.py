@@ -8,7 +8,8 @@
    heldout);
 2. a byte-level BPE tokenizer on the training prompts and traces, with the answer tokens of
    ``scripts/build_tiny_vlm.py`` and Qwen2.5's tool tokens (``<tool_call>`` ...) as added tokens; the Qwen2.5-VL
-   processor with :data:`mmgrpo.vlm.synthetic.look_again.TOOL_CHAT_TEMPLATE`;
+   processor (the tiny ChatML template; the rollout engine renders tool turns as Qwen2.5's user turn with
+   ``<tool_response>``);
 3. a randomly initialised small Qwen2.5-VL;
 4. SFT (``mmgrpo.vlm.sft.train_sft``, fixed steps) on a mixture: ``--traces`` tool traces (first turn -> the crop
    call on the object's cell; the trace with the crop -> the answer) and ``--plain`` plain-prompt examples (the
@@ -55,30 +56,28 @@ def parse_args(argv=None):
 
 
 def build_tok_proc(train: list[dict]):
-    from PIL import Image
+    """Tokenizer (BPE on the training prompts of both variants, the calls and answers) and processor (Qwen2.5-VL,
+    4..16 visual tokens per image: the 112 x 112 view and crops are 16)."""
+    from tokenizers import AddedToken
 
+    from mmgrpo.vlm.data import prompts
     from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
     from mmgrpo.vlm.synthetic import look_again as la
     from scripts.build_tiny_vlm import build_processor, build_tokenizer
 
     tmp = build_tiny_tokenizer()
-    tmp.chat_template = la.TOOL_CHAT_TEMPLATE
-    blank = Image.new("RGB", (8, 8))
     corpus = []
     for s in train:
         for tools in (True, False):
-            corpus.append(tmp.apply_chat_template(la.first_messages(s, tools, image=blank), tokenize=False,
-                                                  add_generation_prompt=True) + la.answer_text(s["answer"]))
-        corpus.append(la.tool_call_text(s["meta"]["cell_box_view"]))
+            msgs = prompts.build_messages(la.variant(s, tools), mode="no_think")
+            corpus.append(tmp.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+                          + la.answer_text(s["answer"]))
+        corpus.append(la.tool_call_text(s["meta"]["cell_box_view"]) + "Crop of image 0: source pixels [0, 0, 112, "
+                      "112], shown at 112x112.")
     tok = build_tokenizer(corpus)
-    from tokenizers import AddedToken
-
     tok.add_tokens([AddedToken(t, normalized=False, single_word=False) for t in la.TOOL_TOKENS])
-    tok.chat_template = la.TOOL_CHAT_TEMPLATE
     f2 = 28 * 28
-    proc = build_processor(tok, 4 * f2, 16 * f2)
-    proc.chat_template = la.TOOL_CHAT_TEMPLATE
-    return tok, proc
+    return tok, build_processor(tok, 4 * f2, 16 * f2)
 
 
 def main(argv=None) -> dict:
@@ -98,6 +97,7 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     data = out / "data"
     bench.generate(str(data), a.n_train, a.n_val, a.n_heldout, a.seed)
+    la.write_variants(str(data))
     train = la.load_split(str(data / "train.jsonl"))
     val = la.load_split(str(data / "val.jsonl"))
     tok, proc = build_tok_proc(train)
@@ -106,11 +106,12 @@ def main(argv=None) -> dict:
     model.generation_config.max_new_tokens = 40
     params = count_params(model)
     print(f"[model] params {params} vocab {len(tok)}", flush=True)
+    ta = la.task_adapter(proc)
     exs = []
     for s in train[:a.traces]:
-        exs += la.trace_examples(proc, s)
+        exs += la.trace_examples(ta, s)
     for s in train[a.traces:a.traces + a.plain] if a.traces + a.plain <= len(train) else train[:a.plain]:
-        exs.append(la.first_turn_example(proc, s, False, la.answer_text(s["answer"])))
+        exs.append(la.plain_example(ta, s))
     e = exs[0]
     print(f"[prep] {len(exs)} examples in {time.perf_counter() - t0:.0f}s; first-turn prompt "
           f"{e.prompt['input_ids'].shape[-1]} tokens, call {len(e.answer_ids)} tokens: {e.answer_text!r}; "
@@ -122,10 +123,10 @@ def main(argv=None) -> dict:
                         log=lambda r: print(f"[sft] step {r['step']:4d} loss {r['loss']:.3f} {r['seconds']:.0f}s",
                                             flush=True))
     cpu_sft = time.process_time() - c0
-    ev = la.evaluate(model, proc, val)
+    ev = la.evaluate(model, proc, val, ta=ta)
     print("[eval val] " + json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in ev.items()
-                                      if k != "examples"}), flush=True)
-    for x in ev["examples"][:3]:
+                                      if k != "trajectories"}), flush=True)
+    for x in ev["trajectories"][:3]:
         print(f"  {x}", flush=True)
     model.save_pretrained(out)
     proc.save_pretrained(out)

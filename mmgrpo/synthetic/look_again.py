@@ -16,7 +16,7 @@ resolution) shows the stripes (:func:`crop_oracle` reads the answer back from su
 
 Samples are canonical ``mcq`` samples of the VLM front-end (``mmgrpo.vlm.data.schema``): ``image`` = the view,
 ``options`` = the six colour names, ``answer`` = the letter; ``meta`` holds the tool's ground: ``source`` (the
-full-resolution image, relative to the split's folder like ``image``), ``scale`` (source px per view px), the
+full-resolution image, a file name beside ``image``), ``scale`` (source px per view px), the
 object's ``cell`` ``[column, row]``, ``cell_box_view`` / ``cell_box_source`` ([x1, y1, x2, y2] of the cell) and
 ``object_box_source``.
 
@@ -199,7 +199,8 @@ def make_samples(n: int, split: str, seed: int, layout: Layout | None = None) ->
 
 def write_split(out_dir: str, split: str, n: int, seed: int, layout: Layout | None = None) -> str:
     """Render ``split`` into ``out_dir``: ``images/{id}_view.png``, ``images/{id}_source.png`` and
-    ``{split}.jsonl`` (paths relative to ``out_dir``); returns the JSONL path."""
+    ``{split}.jsonl`` (``image`` relative to ``out_dir``, ``meta.source`` relative to the image's folder: a loader
+    that resolves ``image`` finds the source beside it); returns the JSONL path."""
     from PIL import Image
 
     lay = layout or Layout()
@@ -211,7 +212,7 @@ def write_split(out_dir: str, split: str, n: int, seed: int, layout: Layout | No
             view_rel, src_rel = f"images/{s['id']}_view.png", f"images/{s['id']}_source.png"
             Image.fromarray(downsample(src, lay.factor)).save(os.path.join(out_dir, view_rel))
             Image.fromarray(src).save(os.path.join(out_dir, src_rel))
-            s = dict(s, image=view_rel, meta=dict(s["meta"], source=src_rel))
+            s = dict(s, image=view_rel, meta=dict(s["meta"], source=os.path.basename(src_rel)))
             f.write(json.dumps(s) + "\n")
     return path
 

@@ -23,7 +23,7 @@ def test_crop_source_on_the_cell_shows_the_answer_at_full_resolution(rows):
         # 112 source px at 112 px: the crop is the source region itself
         from PIL import Image
 
-        src = np.asarray(Image.open(s["meta"]["source"]))
+        src = np.asarray(Image.open(la.source_path(s)))
         assert np.array_equal(np.asarray(res.images[0]), src[y1:y1 + 112, x1:x1 + 112])
         assert bench.crop_oracle(np.asarray(res.images[0])) == s["meta"]["colour"]
 
@@ -44,13 +44,49 @@ def test_tool_call_text_parses_back():
     assert la.parse_letter("x <answer> c </answer>") == "C"
 
 
-def test_template_renders_the_tool_turn_as_qwen25():
-    from jinja2 import Template
+class _Inner:
+    """A rollout backend that writes ``texts[k]`` (+ <|im_end|>) on its k-th call and records the prompts."""
 
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]},
-            {"role": "assistant", "content": "CALL"}, {"role": "tool", "content": [{"type": "image"}]}]
-    out = Template(la.TOOL_CHAT_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
-    img = "<|vision_start|><|image_pad|><|vision_end|>"
-    assert out == (f"<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n{img}Q<|im_end|>\n"
-                   f"<|im_start|>assistant\nCALL<|im_end|>\n<|im_start|>user\n<tool_response>\n{img}\n"
-                   f"</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    def __init__(self, tok, texts):
+        self.tok, self.texts, self.prompts = tok, texts, []
+
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None):
+        import torch
+
+        from mmgrpo.vlm.models.rollout import RolloutOutput
+
+        text = self.texts[len(self.prompts)]
+        self.prompts.append(prompts)
+        ids = torch.tensor([self.tok(text, add_special_tokens=False)["input_ids"]
+                            + [self.tok.convert_tokens_to_ids("<|im_end|>")]])
+        return RolloutOutput(ids, torch.ones_like(ids), [text], torch.zeros(1, dtype=torch.bool), None,
+                             torch.zeros(1, dtype=torch.long))
+
+    def sync_weights(self, model):
+        pass
+
+
+def test_trace_is_token_exact_with_the_rollout_engine(rows):
+    """The SFT trace's second prompt is the conversation the multi-turn engine builds after the same call."""
+    import torch
+
+    from mmgrpo.vlm.models.rollout import SamplingParams
+    from mmgrpo.vlm.models.tiny import build_tiny_processor
+    from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+
+    proc = build_tiny_processor("qwen2_5_vl")
+    ta = la.task_adapter(proc)
+    s = rows[1]
+    first, second = la.trace_examples(ta, s)
+    assert first.answer_text == la.tool_call_text(s["meta"]["cell_box_view"])
+    inner = _Inner(proc.tokenizer, [first.answer_text, "<answer>A</answer>"])
+    pp = la.prepare(ta, s, True)
+    # the tiny test tokenizer spells the call and the tool turn out byte by byte: 82 + 125 tokens
+    out = MultiTurnBackend(inner, proc, la.tools_options(max_total_tokens=400), "qwen2_5_vl").generate(
+        [pp.item], 1, SamplingParams(max_new_tokens=64), raw_prompts=[{"sample": pp.sample, "images": pp.images}])
+    assert out.turn_info[0]["tool_calls"] == 1 and out.turn_info[0]["tool_failures"] == 0
+    got = inner.prompts[1][0]
+    for k in ("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw"):
+        assert torch.equal(got[k], second.prompt[k]), k
+    assert torch.equal(first.prompt["input_ids"], pp.item["input_ids"])
+    assert second.prompt["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 8]]

@@ -62,7 +62,7 @@ def test_write_split_and_small_probe(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "heldout.jsonl").read_text().splitlines()]
     Sample.from_dict(rows[0]).validate()
     view = np.asarray(Image.open(tmp_path / rows[0]["image"]))
-    src = np.asarray(Image.open(tmp_path / rows[0]["meta"]["source"]))
+    src = np.asarray(Image.open(tmp_path / "images" / rows[0]["meta"]["source"]))
     assert view.shape == (112, 112, 3) and src.shape == (448, 448, 3)
     assert np.array_equal(view, la.downsample(src, 4))
     r = la.probe(seed=0, n_train=24, n_test=12)

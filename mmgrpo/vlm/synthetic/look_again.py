@@ -1,19 +1,21 @@
-"""The look-again benchmark (:mod:`mmgrpo.synthetic.look_again`) on the VLM side: prompts with and without the
-crop tool, tool traces for SFT, and the scoring of (possibly two-turn) outputs.
+"""The look-again benchmark (:mod:`mmgrpo.synthetic.look_again`) on the VLM side: the crop tool on the
+full-resolution source, the with-tools / plain variants of the data, tool traces for SFT, and greedy evaluation
+through the multi-turn rollout engine (:mod:`mmgrpo.vlm.tools.rollout`).
 
-The tool-call format is Qwen2.5-VL's (Hermes, as in the released chat template): the assistant writes
-
-    <tool_call>
-    {"name": "crop", "arguments": {"bbox_2d": [x1, y1, x2, y2]}}
-    </tool_call>
-
-with the box in the **model's box frame** (Qwen2.5-VL: pixels of the image as the model sees it, here the 56 x 56
-view), and the result comes back as a ``tool`` message rendered ``<|im_start|>user\\n<tool_response>\\n<image>
-\\n</tool_response><|im_end|>`` (:data:`TOOL_CHAT_TEMPLATE`). The crop is taken from the full-resolution source at
-``box * meta.scale`` and resized to the view's size (:func:`run_crop`).
-
-Two prompts per sample (:func:`first_messages`): ``tools=True`` adds the tool to the system turn; ``tools=False`` is
-a plain prompt (short system turns: the tiny model pays for every prompt token). The answer is ``<answer>LETTER</answer>`` in both.
+* **Tool** ``crop_source`` (:func:`crop_source`, registered on import): the built-in ``crop`` (box in the model's
+  frame -- Qwen2.5-VL: pixels of the 112 x 112 view -- cut from the source and resized to the view's token budget)
+  applied to the sample's full-resolution file ``meta.source``. The built-in crop cuts from the prompt image, which
+  here is the downsampled view on purpose (an exact area average, so the answer is provably not in it; a processor
+  resize of the source would be bicubic and leak a little).
+* **Variants** (:func:`write_variants`): ``{split}_tools.jsonl`` (the query starts with :data:`TOOL_HINT`, which
+  offers the tool in the model family's own call format) and ``{split}_plain.jsonl`` (the question alone). Both go
+  through the trainer's prompt path unchanged (``data.task=mcq``, ``data.prompt_mode=no_think``: the project's
+  system turn, the image, the question, the options, ``<answer>LETTER</answer>``), so GRPO with tools
+  (``tools.enabled=true tools.names=[crop_source]`` on the tools file) and without (the plain file) differ only in
+  the tool.
+* **Traces** (:func:`trace_examples`): the first turn -> the call on the object's cell; the conversation with the
+  tool turn exactly as the rollout engine encodes it (:class:`~mmgrpo.vlm.tools.rollout.ToolTurnRenderer`,
+  :func:`~mmgrpo.vlm.tools.rollout.encode_turn`) -> the answer.
 """
 from __future__ import annotations
 
@@ -25,55 +27,17 @@ from typing import Any, Sequence
 from mmgrpo.synthetic import look_again as bench
 
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-SYSTEM_PLAIN = "Answer inside <answer> </answer> tags."
-SYSTEM_TOOLS = ("The image is small. To see a region at full resolution, call crop_source once: <tool_call>\n"
-                "{\"name\": \"crop_source\", \"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> "
-                "(image pixels). Answer inside <answer> </answer> tags.")
-
-# Qwen ChatML (mmgrpo.vlm.models.tiny.CHAT_TEMPLATE) plus the released Qwen2.5 rendering of tool messages: a
-# ``tool`` turn is a user turn wrapped in <tool_response> tags (consecutive tool messages share one user turn).
-TOOL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'tool' -%}"
-    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- endif -%}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for content in message['content'] -%}"
-    "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif content['type'] == 'video' or 'video' in content -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif 'text' in content -%}"
-    "{{- content['text'] -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'tool' -%}"
-    "{{- '\\n</tool_response>' -}}"
-    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- else -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- endif -%}"
-)
+TOOL_HINT = ("The image is small. To see a region of it at full resolution, call crop_source once: <tool_call>\n"
+             "{\"name\": \"crop_source\", \"arguments\": {\"bbox_2d\": [x1, y1, x2, y2]}}\n</tool_call> "
+             "with the box in the image's pixels.")
 
 _CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _ANSWER_RE = re.compile(r"<answer>\s*([A-Za-z])\s*</answer>")
 
 
 def load_split(path: str) -> list[dict]:
-    """The JSONL rows of a split with ``image`` and ``meta.source`` made absolute (relative to the file)."""
+    """The JSONL rows of a split with ``image`` made absolute (relative to the file); ``meta.source`` stays
+    relative to the image's folder (:func:`source_path`)."""
     base = os.path.dirname(os.path.abspath(path))
     rows = []
     with open(path) as f:
@@ -81,23 +45,36 @@ def load_split(path: str) -> list[dict]:
             if line.strip():
                 r = json.loads(line)
                 r["image"] = os.path.join(base, r["image"])
-                r["meta"] = dict(r["meta"], source=os.path.join(base, r["meta"]["source"]))
                 rows.append(r)
     return rows
 
 
-def question_text(sample: dict) -> str:
-    opts = "\n".join(f"({bench.LETTERS[i]}) {o}" for i, o in enumerate(sample["options"]))
-    return f"{sample['query']}\nOptions:\n{opts}\nAnswer with the option's letter from the given choices."
+def source_path(sample: dict) -> str:
+    src = sample["meta"]["source"]
+    return src if os.path.isabs(src) else os.path.join(os.path.dirname(sample["image"]), src)
 
 
-def first_messages(sample: dict, tools: bool, image: Any = None) -> list[dict]:
-    """System + user turn (the view, then the question); ``image`` replaces the path (a PIL image; ``False`` = no
-    image at all: the no-image baseline)."""
-    content = [] if image is False else [{"type": "image", "image": sample["image"] if image is None else image}]
-    content.append({"type": "text", "text": question_text(sample)})
-    return [{"role": "system", "content": SYSTEM_TOOLS if tools else SYSTEM_PLAIN},
-            {"role": "user", "content": content}]
+def variant(sample: dict, tools: bool) -> dict:
+    """The sample with the tool offered in its query (``tools=True``) or the question alone."""
+    q = bench.QUESTION
+    return dict(sample, query=f"{TOOL_HINT}\n{q}" if tools else q)
+
+
+def write_variants(data_dir: str, splits: Sequence[str] = ("train", "val", "heldout")) -> dict:
+    """``{split}_tools.jsonl`` / ``{split}_plain.jsonl`` beside ``{split}.jsonl`` (same relative paths)."""
+    out = {}
+    for sp in splits:
+        src = os.path.join(data_dir, f"{sp}.jsonl")
+        if not os.path.exists(src):
+            continue
+        rows = [json.loads(x) for x in open(src) if x.strip()]
+        for tools in (True, False):
+            path = os.path.join(data_dir, f"{sp}_{'tools' if tools else 'plain'}.jsonl")
+            with open(path, "w") as f:
+                for r in rows:
+                    f.write(json.dumps(variant(r, tools)) + "\n")
+            out[f"{sp}_{'tools' if tools else 'plain'}"] = path
+    return out
 
 
 def tool_call_text(box: Sequence[int]) -> str:
@@ -112,7 +89,7 @@ def answer_text(letter: str) -> str:
 
 def parse_tool_call(text: str) -> tuple[list[int] | None, str]:
     """(box, status) of the first tool call in ``text``: status ``ok`` | ``none`` (no call) | ``bad_json`` |
-    ``bad_args`` (not a crop with 4 numbers)."""
+    ``bad_args`` (not a crop_source call with 4 numbers)."""
     m = _CALL_RE.search(text or "")
     if m is None:
         return None, "none" if "<tool_call>" not in (text or "") else "bad_json"
@@ -122,14 +99,15 @@ def parse_tool_call(text: str) -> tuple[list[int] | None, str]:
         return None, "bad_json"
     box = obj.get("arguments", {}).get("bbox_2d") if isinstance(obj, dict) else None
     if obj.get("name") != TOOL_NAME or not (isinstance(box, list) and len(box) == 4
-                                         and all(isinstance(v, (int, float)) for v in box)):
+                                            and all(isinstance(v, (int, float)) for v in box)):
         return None, "bad_args"
     return [int(round(v)) for v in box], "ok"
 
 
 def parse_letter(text: str) -> str | None:
-    m = _ANSWER_RE.search(text or "")
-    return m.group(1).upper() if m else None
+    """The letter of the last ``<answer>X</answer>`` of ``text``."""
+    m = _ANSWER_RE.findall(text or "")
+    return m[-1].upper() if m else None
 
 
 def tool_context(sample: dict, options: Any = None):
@@ -139,7 +117,7 @@ def tool_context(sample: dict, options: Any = None):
 
     from mmgrpo.vlm.tools import ToolContext, ToolsConfig
 
-    src = Image.open(sample["meta"]["source"]).convert("RGB")
+    src = Image.open(source_path(sample)).convert("RGB")
     return ToolContext(sample=sample, images=[src], family="qwen2_5_vl", resized_sizes=[tuple(sample["image_size"])],
                        image_factor=28, options=options if options is not None else ToolsConfig())
 
@@ -178,21 +156,160 @@ def run_crop(sample: dict, box_view: Sequence[int], ctx: Any = None):
     return call_tool(TOOL_NAME, ctx or tool_context(sample), {"bbox_2d": [int(v) for v in box_view]})
 
 
-def trace_messages(sample: dict, box_view: Sequence[int] | None = None) -> tuple[list[dict], list]:
-    """The full tool trace of ``sample`` (the cell box unless ``box_view``): messages and the two images (view,
-    crop) in placeholder order."""
-    from PIL import Image
+# ------------------------------------------------------------------------------------------------------------
+# the trainer's prompt path, SFT traces, evaluation through the multi-turn engine
+# ------------------------------------------------------------------------------------------------------------
+def task_adapter(processor, **data_kw):
+    """The trainer's :class:`~mmgrpo.vlm.data.task.TaskAdapter` for these samples (``data.task=mcq``,
+    ``data.prompt_mode=no_think``, other DataConfig fields from ``data_kw``)."""
+    from mmgrpo.vlm.config import DataConfig
+    from mmgrpo.vlm.data.task import TaskAdapter
+    from mmgrpo.vlm.models.adapters import get_adapter
 
+    return TaskAdapter(processor, get_adapter("qwen2_5_vl"), DataConfig(**{"task": "mcq", "prompt_mode": "no_think",
+                                                                          **data_kw}))
+
+
+def _sample_obj(sample: dict):
+    from mmgrpo.vlm.data.schema import Sample
+
+    return Sample.from_dict(sample)
+
+
+def prepare(ta, sample: dict, tools: bool):
+    """The trainer's PreparedPrompt of the ``tools`` / plain variant of ``sample``."""
+    return ta.prepare(_sample_obj(variant(sample, tools)))
+
+
+def _example(prompt: dict, target_ids, sample: dict, text: str, target: str):
+    import torch
+
+    from mmgrpo.vlm.sft import SFTExample
+
+    return SFTExample(sample=sample, prompt=prompt, answer_ids=torch.tensor(target_ids, dtype=torch.long),
+                      prompt_text=text, answer_text=target)
+
+
+def _target_ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"] + [int(tok.convert_tokens_to_ids("<|im_end|>"))]
+
+
+def plain_example(ta, sample: dict):
+    """SFT example: the plain prompt -> ``<answer>LETTER</answer>``."""
+    pp = prepare(ta, sample, False)
+    t = answer_text(sample["answer"])
+    return _example(pp.item, _target_ids(ta.processor.tokenizer, t), sample, pp.text, t)
+
+
+def trace_examples(ta, sample: dict, box_view: Sequence[int] | None = None, renderer: Any = None) -> list:
+    """The two SFT examples of a tool trace: (tools prompt -> the call on ``box_view``, default the object's cell),
+    (tools prompt + call + the tool turn, encoded as the rollout engine does -> the answer)."""
+    import torch
+
+    from mmgrpo.vlm.tools.rollout import ToolTurnRenderer, encode_turn
+
+    proc, tok = ta.processor, ta.processor.tokenizer
     box = list(box_view) if box_view is not None else sample["meta"]["cell_box_view"]
-    view = Image.open(sample["image"]).convert("RGB")
+    pp = prepare(ta, sample, True)
+    call = tool_call_text(box)
+    call_ids = _target_ids(tok, call)
     res = run_crop(sample, box)
     if not res.ok:
         raise ValueError(f"sample {sample['id']}: {res.text}")
-    crop = res.images[0]
-    msgs = first_messages(sample, tools=True, image=view)
-    msgs += [{"role": "assistant", "content": tool_call_text(box)},
-             {"role": "tool", "content": [{"type": "image", "image": crop}]}]
-    return msgs, [view, crop]
+    renderer = renderer or ToolTurnRenderer(proc, "auto")
+    turn = encode_turn(proc, renderer.text([res]), res.images, (), "qwen2_5_vl", ta.image_size_kwargs())
+    item = pp.item
+    ids = torch.cat([item["input_ids"].reshape(-1), torch.tensor(call_ids), turn["input_ids"]])
+    mm = torch.cat([item["mm_token_type_ids"].reshape(-1), torch.zeros(len(call_ids), dtype=torch.long),
+                    turn["mm_token_type_ids"].to(torch.long)])
+    second = {"input_ids": ids[None], "attention_mask": torch.ones_like(ids)[None], "mm_token_type_ids": mm[None]}
+    for k in ("pixel_values", "image_grid_thw"):
+        second[k] = torch.cat([item[k], turn[k]])
+    ans = answer_text(sample["answer"])
+    return [_example(item, call_ids, sample, pp.text, call),
+            _example(second, _target_ids(tok, ans), sample, pp.text + call + "<|im_end|>" +
+                     renderer.text([res]), ans)]
+
+
+def tools_options(**kw):
+    """The demo's ``tools.*``: crop_source only, one call, two assistant turns, 200 tokens after the prompt (the
+    tool turn included)."""
+    from mmgrpo.vlm.tools import ToolsConfig
+
+    return ToolsConfig(**{"enabled": True, "names": [TOOL_NAME], "max_turns": 2, "max_tool_calls": 1,
+                          "max_total_tokens": 200, **kw})
+
+
+def generate(model, ta, samples: Sequence[dict], tools: bool, *, image: bool = True, max_new_tokens: int = 48,
+             batch_size: int = 32, greedy: bool = True, options: Any = None):
+    """Rollouts of ``samples`` (one each): with ``tools`` through :class:`~mmgrpo.vlm.tools.rollout.MultiTurnBackend`
+    around the HF backend (the trainer's engine), else single-turn on the plain prompt (``image=False``: the
+    image's tokens removed from the prompt -- the no-image baseline). Returns the RolloutOutput."""
+    from mmgrpo.vlm.models.adapters import vision_token_ids
+    from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
+
+    proc = ta.processor
+    backend = HFRolloutBackend(model, proc, suppress_token_ids=vision_token_ids(proc.tokenizer),
+                               max_batch_size=batch_size)
+    pps = [prepare(ta, s, tools) for s in samples]
+    items = [pp.item for pp in pps]
+    if not image:
+        items = [_without_image(proc, pp.text) for pp in pps]
+    raws = [{"sample": pp.sample, "images": pp.images, "clip": None, "text": pp.text} for pp in pps]
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=greedy)
+    if tools:
+        from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+
+        backend = MultiTurnBackend(backend, proc, options or tools_options(), "qwen2_5_vl", ta.image_size_kwargs())
+    return backend.generate(items, 1, params, raw_prompts=raws)
+
+
+def _without_image(proc, text: str) -> dict:
+    import torch
+
+    t = text.replace("<|vision_start|><|image_pad|><|vision_end|>", "")
+    return {k: v for k, v in dict(proc(text=[t], return_tensors="pt")).items() if isinstance(v, torch.Tensor)}
+
+
+def evaluate(model, processor, samples: Sequence[dict], batch_size: int = 32, ta: Any = None,
+             baselines: bool = True) -> dict:
+    """Greedy accuracies (percent) on ``samples``:
+
+    * ``tools``: the tools prompt through the multi-turn engine; ``call_rate``, ``cell_hit_rate`` (a call whose box
+      covers the object), ``acc_called`` / ``acc_not_called`` (accuracy on the samples where the tool was / was not
+      called), ``tool_failures``, ``turns`` (mean);
+    * ``plain``: the plain prompt (one turn); ``no_image``: the plain prompt without the image (``baselines``).
+    """
+    import torch
+
+    ta = ta or task_adapter(processor)
+    res: dict[str, Any] = {"n": len(samples)}
+    with torch.no_grad():
+        out = generate(model, ta, samples, True, batch_size=batch_size)
+        letters = [parse_letter(t) for t in out.texts]
+        info = out.turn_info
+        called = [i["tool_calls"] > 0 and i["tool_failures"] == 0 for i in info]
+        hits = []
+        for s, i in zip(samples, info):
+            box, st = parse_tool_call(i["turn_texts"][0]) if i["turn_texts"] else (None, "none")
+            ob = [v // int(s["meta"]["scale"]) for v in s["meta"]["object_box_source"]]
+            hits.append(st == "ok" and box[0] <= ob[0] and box[1] <= ob[1] and box[2] >= ob[2] and box[3] >= ob[3])
+        sub = lambda flag: [s for s, c in zip(samples, called) if c == flag]  # noqa: E731
+        subl = lambda flag: [a for a, c in zip(letters, called) if c == flag]  # noqa: E731
+        res.update(tools=score(letters, samples), call_rate=100.0 * sum(called) / max(1, len(samples)),
+                   cell_hit_rate=100.0 * sum(hits) / max(1, len(samples)),
+                   acc_called=score(subl(True), sub(True)), acc_not_called=score(subl(False), sub(False)),
+                   tool_failures=sum(i["tool_failures"] for i in info),
+                   turns=sum(i["turns"] for i in info) / max(1, len(info)))
+        res["trajectories"] = [{"id": s["id"], "answer": s["answer"], "turn_texts": i["turn_texts"],
+                                "tool_calls": i["tool_calls"], "tool_failures": i["tool_failures"]}
+                               for s, i in zip(samples, info)]
+        if baselines:
+            res["plain"] = score([parse_letter(t) for t in generate(model, ta, samples, False,
+                                                                    batch_size=batch_size).texts], samples)
+            res["no_image"] = score([parse_letter(t) for t in generate(model, ta, samples, False, image=False,
+                                                                       batch_size=batch_size).texts], samples)
+    return res
 
 
 def score(letters: Sequence[str | None], samples: Sequence[dict]) -> float:
@@ -200,105 +317,3 @@ def score(letters: Sequence[str | None], samples: Sequence[dict]) -> float:
     if not samples:
         return float("nan")
     return 100.0 * sum(a is not None and a == s["answer"] for a, s in zip(letters, samples)) / len(samples)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# examples and greedy evaluation (single-turn generations chained by hand; the GRPO demo's rollouts are the VLM
-# loop's multi-turn engine)
-# ------------------------------------------------------------------------------------------------------------
-def example(processor, messages: list[dict], images: list, target: str | None = None, sample: dict | None = None):
-    """An :class:`mmgrpo.vlm.sft.SFTExample` of ``messages`` (+ generation prompt) with ``images`` in placeholder
-    order; ``target`` = the assistant text to learn (``None``: a prompt for generation only)."""
-    import torch
-
-    from mmgrpo.vlm.sft import SFTExample
-
-    tok = processor.tokenizer
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    out = processor(text=[text], images=images or None, return_tensors="pt")
-    prompt = {k: v for k, v in dict(out).items() if isinstance(v, torch.Tensor)}
-    eot = tok.convert_tokens_to_ids("<|im_end|>")
-    ids = (tok(target, add_special_tokens=False)["input_ids"] if target else []) + [int(eot)]
-    return SFTExample(sample=sample or {}, prompt=prompt, answer_ids=torch.tensor(ids, dtype=torch.long),
-                      prompt_text=text, answer_text=target or "")
-
-
-def first_turn_example(processor, sample: dict, tools: bool, target: str | None = None, image: Any = None):
-    from PIL import Image
-
-    if image is None:
-        image = Image.open(sample["image"]).convert("RGB")
-    msgs = first_messages(sample, tools, image=image)
-    return example(processor, msgs, [] if image is False else [image], target, sample)
-
-
-def trace_examples(processor, sample: dict, box_view: Sequence[int] | None = None) -> list:
-    """The two SFT examples of a tool trace: (first turn -> the tool call), (trace with the crop -> the answer)."""
-    msgs, images = trace_messages(sample, box_view)
-    box = list(box_view) if box_view is not None else sample["meta"]["cell_box_view"]
-    return [example(processor, msgs[:2], images[:1], tool_call_text(box), sample),
-            example(processor, msgs, images, answer_text(sample["answer"]), sample)]
-
-
-def greedy_texts(model, processor, examples: Sequence, max_new_tokens: int = 40, batch_size: int = 32) -> list[str]:
-    from mmgrpo.vlm.sft import generate_greedy
-
-    if not examples:
-        return []
-    return generate_greedy(model, processor, examples, batch_size=batch_size, max_new_tokens=max_new_tokens)["texts"]
-
-
-def evaluate(model, processor, samples: Sequence[dict], batch_size: int = 32) -> dict:
-    """Greedy accuracies (percent) on ``samples``:
-
-    * ``tools``: the tool prompt; a first turn that calls crop gets the crop and a second turn; the answer is the
-      last turn's letter. Also ``call_rate``, ``cell_hit_rate`` (the box covers the object), ``acc_called`` /
-      ``acc_not_called`` (accuracy on the samples where the tool was / was not called) and ``tool_errors``;
-    * ``gold_crop``: second turn after the trace with the true cell's crop (reading alone);
-    * ``plain``: the plain prompt (one turn); ``no_image``: the plain prompt without the image.
-    """
-    import torch
-
-    res: dict[str, Any] = {"n": len(samples)}
-    with torch.no_grad():
-        t1 = greedy_texts(model, processor, [first_turn_example(processor, s, True) for s in samples],
-                          batch_size=batch_size)
-        calls = [parse_tool_call(t) for t in t1]
-        second, idx, errors = [], [], 0
-        for i, (s, (box, st)) in enumerate(zip(samples, calls)):
-            if st != "ok":
-                continue
-            try:
-                msgs, images = trace_messages(s, box)
-            except ValueError:
-                errors += 1
-                continue
-            msgs[2]["content"] = t1[i]  # the assistant turn: the model's own call text
-            second.append(example(processor, msgs, images, None, s))
-            idx.append(i)
-        t2 = greedy_texts(model, processor, second, batch_size=batch_size)
-        final = [parse_letter(t) for t in t1]
-        for i, t in zip(idx, t2):
-            final[i] = parse_letter(t)
-        called = [st == "ok" for _, st in calls]
-        hits = []
-        for s, (box, st) in zip(samples, calls):
-            ob = [v // int(s["meta"]["scale"]) for v in s["meta"]["object_box_source"]]
-            hits.append(st == "ok" and box[0] <= ob[0] and box[1] <= ob[1] and box[2] >= ob[2] and box[3] >= ob[3])
-        gold = greedy_texts(model, processor, [example(processor, *trace_messages(s), None, s) for s in samples],
-                            batch_size=batch_size)
-        plain = greedy_texts(model, processor, [first_turn_example(processor, s, False) for s in samples],
-                             batch_size=batch_size)
-        blind = greedy_texts(model, processor, [first_turn_example(processor, s, False, image=False)
-                                                for s in samples], batch_size=batch_size)
-    sub = lambda flag: [s for s, c in zip(samples, called) if c == flag]  # noqa: E731
-    subl = lambda flag: [a for a, c in zip(final, called) if c == flag]  # noqa: E731
-    res.update(tools=score(final, samples), call_rate=100.0 * sum(called) / max(1, len(samples)),
-               cell_hit_rate=100.0 * sum(hits) / max(1, len(samples)),
-               acc_called=score(subl(True), sub(True)), acc_not_called=score(subl(False), sub(False)),
-               tool_errors=errors, gold_crop=score([parse_letter(t) for t in gold], samples),
-               plain=score([parse_letter(t) for t in plain], samples),
-               no_image=score([parse_letter(t) for t in blind], samples))
-    res["examples"] = [{"id": s["id"], "answer": s["answer"], "turn1": a, "turn2": t2[idx.index(i)] if i in idx else None}
-                       for i, (s, a) in enumerate(zip(samples[:6], t1[:6]))]
-    return res
