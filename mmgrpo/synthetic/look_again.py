@@ -1,7 +1,8 @@
 """Look-again: a synthetic image benchmark where the first view cannot answer and a crop of the source can.
 
-A **source** image (:class:`Layout`; default 448 x 448 px) holds one small striped object (default 16 px square)
-on a dark grey background, in one cell of a 4 x 4 grid (cells of 112 px). The object is made of vertical stripes
+A **source** image (:class:`Layout`; default 448 x 448 px) holds one small striped object (default 16 px square,
+centred in its cell unless ``jitter``) in one cell of a 4 x 4 grid (cells of 112 px, each with its own dark
+background tint, :func:`cell_background`, so a cell's place is readable from its pixels). The object is made of vertical stripes
 (default 2 px wide) alternating between a colour and its
 *complement around mid-grey* (``c' = 2 * MID - c``): red / cyan, green / magenta, blue / yellow. The question asks
 for the colour of the object's leftmost stripe (6 options, one per colour; chance 1/6).
@@ -10,7 +11,7 @@ The model's first view is the source **area-downsampled by** ``Layout.factor`` (
 Qwen2.5-VL visual token of 28 x 28 px per cell): every view pixel is the exact mean of a 4 x 4 block of the source. The object is aligned to that block grid and every block of it
 holds whole stripe pairs, so each of its blocks averages to ``MID`` exactly, whatever the colours and their order:
 **the view is the same image for all six answers** (:func:`view_is_answer_free` checks this by rendering all six).
-The view still shows *where* the object is (a 4 x 4 px mid-grey square on the dark background), so a model can ask
+The view still shows *where* the object is (a 4 x 4 px mid-grey square on the dark tinted background), so a model can ask
 for a crop there. A crop of the source at the object's cell at the view's token budget (112 x 112 px: full
 resolution) shows the stripes (:func:`crop_oracle` reads the answer back from such a crop: 100 %).
 
@@ -43,7 +44,8 @@ __all__ = ["Layout", "COLOURS", "COMPLEMENT", "OPTIONS", "BACKGROUND", "MID", "S
            "write_split", "generate", "probe", "main"]
 
 MID = 130  # the grey every object block averages to
-BACKGROUND = (60, 60, 60)
+BACKGROUND = (40, 40, 70)  # cell (0, 0); cell (c, r) adds CELL_TINT * (c, r, 0)
+CELL_TINT = 16
 _BASE = {"red": (220, 40, 40), "green": (40, 220, 40), "blue": (40, 40, 220)}
 COLOURS: dict[str, tuple[int, int, int]] = {}
 COMPLEMENT: dict[str, str] = {}
@@ -69,6 +71,7 @@ class Layout:
     object: int = 16
     stripe: int = 2
     margin_blocks: int = 3  # the object stays this many view pixels inside its cell
+    jitter: int = 0  # the object's offset from the cell centre: uniform in [-jitter, jitter] view pixels per axis
 
     def __post_init__(self) -> None:
         f, s = self.factor, self.stripe
@@ -79,9 +82,9 @@ class Layout:
             problems.append(f"factor {f} not a multiple of 2*stripe = {2 * s} (view pixels would carry the order)")
         if self.object % f:
             problems.append(f"object {self.object} not a multiple of factor {f}")
-        if self.cell_blocks - 2 * self.margin_blocks < self.object // f:
-            problems.append(f"cell of {self.cell_blocks} view px too small for the object and margin "
-                            f"{self.margin_blocks}")
+        if self.cell_blocks - 2 * self.margin_blocks < self.object // f + 2 * self.jitter:
+            problems.append(f"cell of {self.cell_blocks} view px too small for the object, margin "
+                            f"{self.margin_blocks} and jitter {self.jitter}")
         if problems:
             raise ValueError("look_again.Layout: " + "; ".join(problems))
 
@@ -105,22 +108,30 @@ class Layout:
 
 def draw(rng: np.random.Generator, layout: Layout, colour: str | None = None) -> dict:
     """One sample's content: the leftmost stripe's colour (uniform unless given), the cell and the object's
-    top-left corner in source px (block aligned, ``margin_blocks`` inside the cell)."""
+    top-left corner in source px (block aligned; centred in the cell up to ``jitter`` view px)."""
     lay = layout
     if colour is None:
         colour = OPTIONS[int(rng.integers(len(OPTIONS)))]
     col, row = (int(v) for v in rng.integers(lay.grid, size=2))
-    span = lay.cell_blocks - 2 * lay.margin_blocks - lay.object // lay.factor
-    ox, oy = (lay.margin_blocks + int(v) for v in rng.integers(span + 1, size=2))
+    centre = (lay.cell_blocks - lay.object // lay.factor) // 2
+    ox, oy = (centre + int(v) for v in rng.integers(-lay.jitter, lay.jitter + 1, size=2))
     x0, y0 = col * lay.cell + ox * lay.factor, row * lay.cell + oy * lay.factor
     return {"colour": colour, "cell": [col, row], "object_box_source": [x0, y0, x0 + lay.object, y0 + lay.object]}
 
 
+def cell_background(col: int, row: int) -> tuple[int, int, int]:
+    """The background colour of cell (col, row): a tint that makes the cell's place readable in its pixels (the
+    grounding benchmark's clock does the same for time), like a map's grid."""
+    return (BACKGROUND[0] + CELL_TINT * col, BACKGROUND[1] + CELL_TINT * row, BACKGROUND[2])
+
+
 def render_source(content: dict, layout: Layout) -> np.ndarray:
-    """(source, source, 3) uint8: background + the striped object (leftmost stripe = ``content['colour']``)."""
+    """(source, source, 3) uint8: the tinted cells + the striped object (leftmost stripe = ``content['colour']``)."""
     lay = layout
     img = np.empty((lay.source, lay.source, 3), np.uint8)
-    img[:] = BACKGROUND
+    for r in range(lay.grid):
+        for c in range(lay.grid):
+            img[r * lay.cell:(r + 1) * lay.cell, c * lay.cell:(c + 1) * lay.cell] = cell_background(c, r)
     x0, y0, x1, y1 = content["object_box_source"]
     a, b = np.array(COLOURS[content["colour"]], np.uint8), np.array(COLOURS[COMPLEMENT[content["colour"]]], np.uint8)
     for k, x in enumerate(range(x0, x1, lay.stripe)):
@@ -158,7 +169,7 @@ def crop_oracle(crop_img: np.ndarray) -> str:
     """The answer read from a crop's pixels: the colour of the leftmost column whose pixels are farthest from the
     background, matched to the nearest palette colour. Used on the cell crop (:func:`make_samples`' probe)."""
     x = crop_img.astype(np.float64)
-    dist = np.abs(x - np.array(BACKGROUND)).sum(-1)  # (H, W)
+    dist = np.abs(x - x[0, 0]).sum(-1)  # (H, W): distance to the crop's background (its corner pixel)
     cols = np.nonzero(dist.max(0) > 60)[0]
     if len(cols) == 0:
         return ""
