@@ -91,3 +91,35 @@ class ForcedFirstTurn:
 @pytest.fixture(scope="session")
 def forced():
     return ForcedFirstTurn
+
+
+def _samples(n):
+    from mmgrpo.vlm.models.tiny import synthetic_image
+
+    return [{"id": f"i{i}", "task": "mcq", "query": "which colour?", "image": synthetic_image(i, 56, 56),
+             "options": ["red", "green", "blue"], "answer": "B"} for i in range(n)]
+
+
+def _reward(texts, samples):
+    """Deterministic, varies within a group: (sum of code points mod 7) / 6."""
+    acc = torch.tensor([float(sum(map(ord, t)) % 7) / 6.0 for t in texts])
+    return {"acc": acc, "total": acc.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
+
+
+def _cfg(tmp_path, model_dir, *over):
+    """A small trainer config with tools on (tiny model, 2 prompts x G=4, 6 new tokens per turn, 2 turns)."""
+    from mmgrpo.utils.config import load_config
+    from mmgrpo.vlm.config import TrainConfig
+
+    base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=mcq", "data.prompt_mode=no_think",
+            "data.image_min_pixels=3136", "data.image_max_pixels=3136", "rollout.group_size=4",
+            "rollout.max_new_tokens=6", "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8",
+            "optim.lr=0.01", "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
+            "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "tools.enabled=true",
+            "tools.names=[crop]", "tools.max_turns=2", "tools.max_total_tokens=200", "tools.crop_pixels=3136"]
+    return load_config(TrainConfig, None, base + list(over))
+
+
+@pytest.fixture(scope="session")
+def kit():
+    return types.SimpleNamespace(cfg=_cfg, samples=_samples, reward=_reward)

@@ -38,7 +38,8 @@ def test_renderer_matches_the_template_and_the_text_convention(tiny):
 
 
 def test_two_turn_mask_and_logprob_sum_by_hand(tiny, scripted):
-    opts = ToolsConfig(enabled=True, names=["crop"], max_turns=3, crop_pixels=56 * 56, max_total_tokens=400)
+    opts = ToolsConfig(enabled=True, names=["crop"], max_turns=3, crop_pixels=56 * 56, max_total_tokens=400,
+                       instruction="none")
     mt = MultiTurnBackend(scripted(tiny, [TURN1, TURN2]), tiny.proc, opts)
     out = mt.generate([tiny.item], 2, SamplingParams(max_new_tokens=64), seeds=[1, 2],
                       raw_prompts=[{"images": [tiny.img], "sample": {"id": "s"}}])
@@ -69,7 +70,7 @@ def test_two_turn_mask_and_logprob_sum_by_hand(tiny, scripted):
         info = out.turn_info[r]
         assert (info["turns"], info["tool_calls"], info["tool_failures"], info["stop"]) == (2, 1, 0, "answer")
         assert info["visual_tokens"] == int((ref_ids[P:] == tiny.tok.convert_tokens_to_ids("<|image_pad|>")).sum())
-        assert out.texts[r] == TURN1 + "\n" + TURN2
+        assert out.texts[r] == TURN2 and info["turn_texts"] == [TURN1, TURN2]  # rewards read the answer turn
     # log-probs: the trainer's one forward over the row, summed over the loss mask, = turn 1 scored after the prompt
     # + turn 2 scored after the independently processed conversation (vision tokens and MRoPE positions included)
     with torch.no_grad():
@@ -175,3 +176,62 @@ def test_vllm_requests_carry_the_conversation_and_its_images(tiny, scripted):
     assert len(seen) == 2 and len(seen[1]["multi_modal_data"]["image"]) == 2
     assert seen[1]["prompt_token_ids"].count(img_id) == 2
     assert out.turn_info[0]["turns"] == 2 and out.turn_info[0]["stop"] == "answer"
+
+
+def test_seek_turn_through_the_video_contract(tiny, scripted):
+    """A seek's frames enter as a second video with its own fps: ids, grids and second_per_grid_ts equal the whole
+    two-video conversation processed in one call, and turn 2's log-probs equal its single-turn scoring."""
+    import numpy as np
+
+    from mmgrpo.video.clip import load_video
+    from mmgrpo.video.processor import build_video_inputs
+    from mmgrpo.video.testing import index_frame
+
+    frames = np.stack([index_frame(i, 56, 56) for i in range(40)])  # 10 s at 4 fps
+    clip = load_video(frames, fps=0.5, video_fps=4.0, min_frames=2, image_factor=28, min_pixels=784,
+                      max_pixels=3136)
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "when?"}]}]
+    text = tiny.proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in build_video_inputs(tiny.proc, clip, text).items() if isinstance(v, torch.Tensor)}
+    call = '<tool_call>{"name": "seek", "arguments": {"start": 3, "end": 5}}</tool_call>'
+    opts = ToolsConfig(enabled=True, names=["seek"], seek_fps=2.0, seek_max_frames=8, max_total_tokens=400,
+                       instruction="none")
+    out = MultiTurnBackend(scripted(tiny, [call, TURN2]), tiny.proc, opts).generate(
+        [item], 1, SamplingParams(max_new_tokens=100), seeds=[1],
+        raw_prompts=[{"clip": clip, "sample": {"video": frames}}])
+    assert out.turn_info[0]["stop"] == "answer" and out.turn_info[0]["tool_failures"] == 0
+    res = call_tool("seek", ToolContext(sample={"video": frames}, clip=clip, options=opts), {"start": 3, "end": 5})
+    c2 = res.clips[0]
+    conv = msgs + [{"role": "assistant", "content": [{"type": "text", "text": call}]},
+                   {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, {"type": "video"},
+                                                {"type": "text", "text": res.text + "\n</tool_response>"}]}]
+    full = tiny.proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    ref = tiny.proc(text=[full], videos=[clip.frames, c2.frames], return_tensors="pt", do_sample_frames=False,
+                    do_resize=False, input_data_format="channels_last", cap_pixels_per_frame=False,
+                    video_metadata=[clip.video_metadata(), c2.video_metadata()])
+    ref = {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)}
+    t2 = _ids(tiny, TURN2)
+    L = int(out.completion_mask[0].sum())
+    assert torch.equal(torch.cat([item["input_ids"][0], out.completion_ids[0, :L - len(t2)]]), ref["input_ids"][0])
+    for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
+        assert torch.equal(out.items[0][k], ref[k]), k
+    # 4 frames over 10 s (0.4 fps) then 4 frames over 2.25 s (1.78 fps): 2 / sample_fps per grid step
+    torch.testing.assert_close(out.items[0]["second_per_grid_ts"], torch.tensor([5.0, 1.125]))
+    with torch.no_grad():
+        joint = compute_token_logprobs(tiny.model, collate_prompts(out.items, tiny.tok.pad_token_id),
+                                       out.completion_ids[:, :L], out.completion_mask[:, :L], 1.0, tiny.suppress)[0]
+    torch.testing.assert_close(joint[L - len(t2):], _lp(tiny, ref, t2), atol=1e-5, rtol=0)
+
+
+def test_instruction_is_inserted_at_the_end_of_the_user_turn(tiny, scripted):
+    opts = ToolsConfig(enabled=True, names=["crop", "seek"], max_total_tokens=400)
+    mt = MultiTurnBackend(scripted(tiny, [TURN2]), tiny.proc, opts)
+    assert "<tool_call>" in mt.instruction and "in pixels of the image as you see it" in mt.instruction
+    out = mt.generate([tiny.item], 1, SamplingParams(max_new_tokens=64), seeds=[1],
+                      raw_prompts=[{"images": [tiny.img]}])
+    got = tiny.tok.decode(out.items[0]["input_ids"][0])
+    want = tiny.tok.decode(tiny.item["input_ids"][0]).replace(
+        "which colour?<|im_end|>", "which colour?\n" + mt.instruction + "<|im_end|>")
+    assert got == want
+    n = out.items[0]["input_ids"].shape[1]
+    assert out.items[0]["attention_mask"].tolist() == [[1] * n] and out.items[0]["mm_token_type_ids"].shape[1] == n

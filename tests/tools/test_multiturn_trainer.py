@@ -3,9 +3,6 @@ loss mask over policy tokens, the step-0 on-policy check passes over both turns,
 resumed run ends on the same weights bit for bit."""
 import torch
 
-from mmgrpo.utils.config import load_config
-from mmgrpo.vlm.config import TrainConfig
-from mmgrpo.vlm.models.tiny import synthetic_image
 from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.prompts import make_stream
 from mmgrpo.vlm.train.trainer import GRPOTrainer
@@ -14,34 +11,14 @@ CALL = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 28, 28]}}</t
 FIRST = [CALL, "<answer>B</answer>", "look " + CALL, '<tool_call>{"name": "crop"}</tool_call>']
 
 
-def samples(n):
-    return [{"id": f"i{i}", "task": "mcq", "query": "which colour?", "image": synthetic_image(i, 56, 56),
-             "options": ["red", "green", "blue"], "answer": "B"} for i in range(n)]
-
-
-def reward(texts, samples):
-    acc = torch.tensor([float(sum(map(ord, t)) % 7) / 6.0 for t in texts])
-    return {"acc": acc, "total": acc.clone(), "parse_failed": torch.zeros(len(texts), dtype=torch.bool)}
-
-
-def cfg(tmp_path, model_dir, *over):
-    base = [f"model.path={model_dir}", "model.dtype=float32", "data.task=mcq", "data.prompt_mode=no_think",
-            "data.image_min_pixels=3136", "data.image_max_pixels=3136", "rollout.group_size=4",
-            "rollout.max_new_tokens=6", "run.max_steps=2", "run.prompts_per_device=2", "run.micro_batch_size=8",
-            "optim.lr=0.01", "optim.weight_decay=0", "optim.max_grad_norm=0", f"run.output_dir={tmp_path / 'run'}",
-            "run.tensorboard=false", "run.save_every=0", "run.resume_from=none", "tools.enabled=true",
-            "tools.names=[crop]", "tools.max_turns=2", "tools.max_total_tokens=200", "tools.crop_pixels=3136"]
-    return load_config(TrainConfig, None, base + list(over))
-
-
-def trainer(c, forced):
-    tr = GRPOTrainer(c, samples=samples(3), reward_fn=reward)
+def trainer(c, forced, kit):
+    tr = GRPOTrainer(c, samples=kit.samples(3), reward_fn=kit.reward)
     tr.backend.inner = forced(tr.backend.inner, tr.policy, FIRST)
     return tr
 
 
-def test_multiturn_step_masks_tool_turns_and_trains(tmp_path, tiny_dir, forced):
-    tr = trainer(cfg(tmp_path, tiny_dir, "algo.kl_coef=0.05"), forced)
+def test_multiturn_step_masks_tool_turns_and_trains(tmp_path, tiny_dir, forced, kit):
+    tr = trainer(kit.cfg(tmp_path, tiny_dir, "algo.kl_coef=0.05"), forced, kit)
     assert tr.logprob_impl == "naive"  # rows of a group have their own items
     tr.state.stream = make_stream(tr)
     rb = steps.collect(tr, 0)
@@ -58,13 +35,39 @@ def test_multiturn_step_masks_tool_turns_and_trains(tmp_path, tiny_dir, forced):
     assert hist[-1]["reward/tools/tool_calls/mean"] == 0.75 and hist[-1]["train/grad_norm"] > 0
 
 
-def test_multiturn_resume_is_bitwise(tmp_path, tiny_dir, forced):
-    straight = trainer(cfg(tmp_path / "a", tiny_dir), forced)
+def test_multiturn_resume_is_bitwise(tmp_path, tiny_dir, forced, kit):
+    straight = trainer(kit.cfg(tmp_path / "a", tiny_dir), forced, kit)
     straight.train()
-    first = trainer(cfg(tmp_path / "b", tiny_dir, "run.max_steps=1"), forced)
+    first = trainer(kit.cfg(tmp_path / "b", tiny_dir, "run.max_steps=1"), forced, kit)
     first.train()
-    resumed = trainer(cfg(tmp_path / "b", tiny_dir, "run.resume_from=auto"), forced)
+    resumed = trainer(kit.cfg(tmp_path / "b", tiny_dir, "run.resume_from=auto"), forced, kit)
     resumed.train()
     assert resumed.state.step == 2
     a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_validation_decodes_through_the_tool_loop(tmp_path, tiny_dir, forced, kit):
+    import json
+
+    rows = []
+    for i, s in enumerate(kit.samples(2)):
+        s["image"].save(tmp_path / f"v{i}.png")
+        rows.append({**s, "id": f"v{i}", "image": f"v{i}.png"})
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = kit.cfg(tmp_path, tiny_dir, f"validation.file={tmp_path / 'val.jsonl'}", "validation.every=1",
+                f"data.media_root={tmp_path}")
+    tr = GRPOTrainer(c, samples=kit.samples(3), reward_fn=kit.reward)
+    seen = []
+
+    class Spy:  # records what validation asks the backend for: greedy, through the tool loop
+        def __init__(self, inner):
+            self.inner = inner
+
+        def generate(self, prompts, g, params, seeds=None, raw_prompts=None):
+            seen.append(params.greedy)
+            return self.inner.generate(prompts, g, params, seeds=seeds, raw_prompts=raw_prompts)
+
+    tr.backend.inner = Spy(tr.backend.inner)
+    texts, _ = tr.validator.decode(tr)
+    assert len(texts) == 2 and seen and all(seen)

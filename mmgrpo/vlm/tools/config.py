@@ -38,6 +38,12 @@ class ToolsConfig:
     seek_max_frames: int = field(default=8, metadata=_h("seek: at most this many frames (even)"))
     seek_max_pixels: int = field(default=0, metadata=_h(
         "seek: per-frame pixel cap (0 = the first turn's frame size)"))
+    call_format: str = field(default="qwen", metadata=_h(
+        "how the policy calls tools (mmgrpo.vlm.tools.parse.CALL_FORMATS): qwen = <tool_call>{json}</tool_call> "
+        "blocks; mgpo = MGPO's fixed two-turn grounding (the first turn's box is cropped, the second answers)"))
+    instruction: str = field(default="auto", metadata=_h(
+        "text the rollout appends to the first prompt's user turn: auto = the call format's (lists the tools), "
+        "none = nothing, else this text"))
     answer_pattern: str = field(default="<answer>", metadata=_h(
         "a turn containing this string is the final answer (ends the rollout even if it also calls a tool); a turn "
         "with no tool call ends it too"))

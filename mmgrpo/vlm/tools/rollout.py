@@ -31,8 +31,9 @@ One rollout row, in tokens (P = the first prompt, shared by the group)::
 * **Prefix sharing**: the first turn goes to the wrapped backend as one prompt with G generations (the HF backend
   prefills it once); later turns are one prompt per row (their histories differ), each prefilled whole.
 * Per row ``RolloutOutput.turn_info[r]``: turns, tool calls, failed calls, vision tokens added, policy and tool
-  tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the policy turns joined by a newline
-  (what rewards read; tool outputs are not the model's words).
+  tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the LAST policy turn (the answer: what
+  the rewards and the evaluation's scorer read, so single-turn answer / format rewards apply unchanged; the earlier
+  turns are in ``turn_info[r]["turn_texts"]``).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ import torch
 from mmgrpo.utils.seeding import sample_seed
 from mmgrpo.vlm.models.rollout import CAT_KEYS, RolloutBackend, RolloutOutput, SamplingParams
 from mmgrpo.vlm.tools.base import ToolContext, ToolResult, call_tool
-from mmgrpo.vlm.tools.parse import parse_tool_calls
+from mmgrpo.vlm.tools.parse import get_call_format
 
 __all__ = ["ToolTurnRenderer", "MultiTurnBackend", "encode_turn", "tool_context"]
 
@@ -202,6 +203,31 @@ class MultiTurnBackend(RolloutBackend):
                                                                                           "<|video_pad|>"))
                            if i is not None}
         self.allowed = list(options.names)
+        self.format = get_call_format(options.call_format)
+        instr = options.instruction
+        if instr == "auto":
+            instr = self.format.instruction(self.allowed, family)
+        self.instruction = "" if instr in ("", "none") else instr
+
+    def with_instruction(self, item: dict) -> dict:
+        """The prompt item with ``"\n" + instruction`` tokens inserted before the end of its last user turn (the
+        last end-of-turn token); the item itself when there is no instruction."""
+        if not self.instruction:
+            return item
+        ids = item["input_ids"].reshape(-1)
+        ends = (ids == self.eot_id).nonzero().flatten()
+        if not ends.numel():
+            raise ValueError("tools.instruction: the prompt has no end-of-turn token to insert the instruction before")
+        k = int(ends[-1])
+        ins = torch.tensor(self.tokenizer("\n" + self.instruction, add_special_tokens=False)["input_ids"],
+                           dtype=ids.dtype)
+        out = dict(item)
+        for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+            if key in item:
+                x = item[key].reshape(-1)
+                fill = ins if key == "input_ids" else torch.full_like(ins, int(key == "attention_mask"))
+                out[key] = torch.cat([x[:k], fill.to(x.dtype), x[k:]])[None]
+        return out
 
     def __getattr__(self, name):  # step_hook, model, ... of the wrapped backend
         if name == "inner":
@@ -218,6 +244,7 @@ class MultiTurnBackend(RolloutBackend):
         G, o = int(num_generations), self.options
         budget = o.max_total_tokens or o.max_turns * params.max_new_tokens
         ctxs = [tool_context(rp, it, self.family, self.image_factor, o) for rp, it in zip(raw_prompts, prompts)]
+        prompts = [self.with_instruction(it) for it in prompts]
         rows = [_Row(i, None if seeds is None else int(seeds[i * G + g])) for i in range(len(prompts))
                 for g in range(G)]
         first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts)
@@ -257,7 +284,7 @@ class MultiTurnBackend(RolloutBackend):
         """Run the last policy turn's tool calls and append the tool turn, or end the row."""
         o = self.options
         text = row.info["turn_texts"][-1]
-        calls = parse_tool_calls(text)
+        calls = self.format.parse(text, turn)
         if o.answer_pattern and o.answer_pattern in text:
             row.done, row.info["stop"] = True, "answer"
             return
@@ -304,6 +331,9 @@ class MultiTurnBackend(RolloutBackend):
         row.info["tool_tokens"] += n
 
     def _encode(self, results: list[ToolResult]) -> dict:
+        if self.format.result_suffix:
+            results = results[:-1] + [dataclasses.replace(results[-1], text=results[-1].text + "\n"
+                                                          + self.format.result_suffix)]
         text = self.renderer.text(results)
         return encode_turn(self.processor, text, [im for r in results for im in r.images],
                            [c for r in results for c in r.clips], self.family, self.image_kwargs)
@@ -357,7 +387,7 @@ class MultiTurnBackend(RolloutBackend):
                 lps[r, t:t + n] = s["lp"]
                 t += n
             items.append({**prompts[row.prompt], **self._media(prompts[row.prompt], row)})
-            texts.append("\n".join(row.info["turn_texts"]))
+            texts.append(row.info["turn_texts"][-1])
             infos.append(row.info)
         return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts,
                              truncated=torch.tensor([r.truncated for r in rows]), logprobs=lps * loss,

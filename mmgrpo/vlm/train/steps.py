@@ -541,7 +541,8 @@ def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: 
         li = LossInputs(logp=lp, old_logp=lp.detach() if b.old_logp is None or not wgt else pick(b.old_logp),
                         advantages=b.advantages[idx].to(lp.device), mask=m, group_ids=b.group_ids[idx].to(lp.device),
                         token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), logits=logits,
-                        totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens)
+                        totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens,
+                        index=idx if b is rb else None)
         out = run.loss.fn(li)
         loss = out.loss
         if not wgt:  # a padding forward (weight 0): the methods' terms see no loss token
