@@ -1,8 +1,8 @@
 """Look-again: a synthetic image benchmark where the first view cannot answer and a crop of the source can.
 
 A **source** image (:class:`Layout`; default 448 x 448 px) holds one small striped object (default 16 px square,
-centred in its cell unless ``jitter``) in one cell of a 4 x 4 grid (cells of 112 px, each with its own dark
-background tint, :func:`cell_background`, so a cell's place is readable from its pixels). The object is made of vertical stripes
+centred in its cell unless ``jitter``) in one cell of a 4 x 4 grid (cells of 112 px) on a dark background; the
+object's cell has a dark tint that encodes its grid position (:func:`cell_background`). The object is made of vertical stripes
 (default 2 px wide) alternating between a colour and its
 *complement around mid-grey* (``c' = 2 * MID - c``): red / cyan, green / magenta, blue / yellow. The question asks
 for the colour of the object's leftmost stripe (6 options, one per colour; chance 1/6).
@@ -44,8 +44,8 @@ __all__ = ["Layout", "COLOURS", "COMPLEMENT", "OPTIONS", "BACKGROUND", "MID", "S
            "write_split", "generate", "probe", "main"]
 
 MID = 130  # the grey every object block averages to
-BACKGROUND = (40, 40, 70)  # cell (0, 0); cell (c, r) adds CELL_TINT * (c, r, 0)
-CELL_TINT = 16
+BACKGROUND = (40, 40, 70)  # every cell but the object's
+CELL_TINT = 16  # the object's cell (c, r): BACKGROUND + CELL_TINT * (c + 1, r + 1, 0)
 _BASE = {"red": (220, 40, 40), "green": (40, 220, 40), "blue": (40, 40, 220)}
 COLOURS: dict[str, tuple[int, int, int]] = {}
 COMPLEMENT: dict[str, str] = {}
@@ -120,18 +120,21 @@ def draw(rng: np.random.Generator, layout: Layout, colour: str | None = None) ->
 
 
 def cell_background(col: int, row: int) -> tuple[int, int, int]:
-    """The background colour of cell (col, row): a tint that makes the cell's place readable in its pixels (the
-    grounding benchmark's clock does the same for time), like a map's grid."""
-    return (BACKGROUND[0] + CELL_TINT * col, BACKGROUND[1] + CELL_TINT * row, BACKGROUND[2])
+    """The background of the object's cell when it is cell (col, row): a tint that makes the cell's place readable
+    in its pixels (as the grounding benchmark's clock makes time readable), the other cells stay ``BACKGROUND``.
+    Why only that cell: a tiny model's language half reads the visual tokens first as a mean; with one tinted cell
+    the mean already carries the object's place, which a randomly initialised model learns to use in a few hundred
+    SFT steps (with every cell tinted, 400 steps left the box at the most frequent one)."""
+    return (BACKGROUND[0] + CELL_TINT * (col + 1), BACKGROUND[1] + CELL_TINT * (row + 1), BACKGROUND[2])
 
 
 def render_source(content: dict, layout: Layout) -> np.ndarray:
     """(source, source, 3) uint8: the tinted cells + the striped object (leftmost stripe = ``content['colour']``)."""
     lay = layout
     img = np.empty((lay.source, lay.source, 3), np.uint8)
-    for r in range(lay.grid):
-        for c in range(lay.grid):
-            img[r * lay.cell:(r + 1) * lay.cell, c * lay.cell:(c + 1) * lay.cell] = cell_background(c, r)
+    img[:] = BACKGROUND
+    c, r = content["cell"]
+    img[r * lay.cell:(r + 1) * lay.cell, c * lay.cell:(c + 1) * lay.cell] = cell_background(c, r)
     x0, y0, x1, y1 = content["object_box_source"]
     a, b = np.array(COLOURS[content["colour"]], np.uint8), np.array(COLOURS[COMPLEMENT[content["colour"]]], np.uint8)
     for k, x in enumerate(range(x0, x1, lay.stripe)):

@@ -13,13 +13,14 @@ def test_object_blocks_average_to_mid_grey_by_hand():
     src = la.render_source(content, lay)
     # stripes of 2 px: red, cyan, red, ...; red = (220, 40, 40), cyan = 260 - red = (40, 220, 220)
     assert tuple(src[32, 24]) == (220, 40, 40) and tuple(src[32, 26]) == (40, 220, 220)
-    assert tuple(src[47, 37]) == (220, 40, 40) and tuple(src[0, 0]) == la.BACKGROUND == (40, 40, 70)
-    assert tuple(src[447, 120]) == (40 + 16, 40 + 3 * 16, 70)  # cell (1, 3)
+    # the object's cell (0, 0) is tinted 16 * (0 + 1, 0 + 1, 0); the others keep the background
+    assert tuple(src[47, 37]) == (220, 40, 40) and tuple(src[0, 0]) == (56, 56, 70)
+    assert tuple(src[447, 120]) == la.BACKGROUND == (40, 40, 70)
     view = la.downsample(src, 4)
     # each 4x4 object block: 8 px red + 8 px cyan -> (130, 130, 130) per channel
     assert view.shape == (112, 112, 3)
-    assert (view[8:12, 6:10] == 130).all() and (view[:8, :28] == (40, 40, 70)).all()
-    assert (view[8:12, 10] == (40, 40, 70)).all()
+    assert (view[8:12, 6:10] == 130).all() and (view[:8, :28] == (56, 56, 70)).all()
+    assert (view[8:12, 10] == (56, 56, 70)).all() and (view[:, 28:] == (40, 40, 70)).all()
 
 
 def test_view_is_the_same_for_every_answer_and_the_crop_is_not():
