@@ -231,6 +231,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "scripts/build_look_again_base.py", "--out", str(base)] + (["--smoke"] if a.smoke else [])
         log(" ".join(cmd))
         subprocess.run(cmd, cwd=REPO, check=True)
+    if not (base / "base_report.json").exists():
+        raise SystemExit(f"[demo_tools] no base at {base} (base_report.json missing): build one with "
+                         "scripts/build_look_again_base.py --out DIR and pass --base DIR, or run with --rebuild")
     extra = dict(kv.split("=", 1) for kv in a.set)
     if a.smoke:
         a.seeds = a.seeds[:1]
