@@ -46,8 +46,10 @@ GRPO = {
     "run.budget_clock": "cpu", "run.save_every": "0", "run.tensorboard": "false", "run.resume_from": "none",
     "validation.every": "0",
 }
+# as mmgrpo.vlm.synthetic.look_again.tools_options (the evaluation's); the query of the tools variant offers the tool,
+# so the rollout appends no instruction of its own
 TOOLS = {"tools.enabled": "true", "tools.names": "[crop_source]", "tools.max_turns": "2", "tools.max_tool_calls": "1",
-         "tools.max_total_tokens": "200"}
+         "tools.max_total_tokens": "200", "tools.instruction": "none"}
 CONDITIONS = ("tools", "plain")
 
 

@@ -233,11 +233,11 @@ def trace_examples(ta, sample: dict, box_view: Sequence[int] | None = None, rend
 
 def tools_options(**kw):
     """The demo's ``tools.*``: crop_source only, one call, two assistant turns, 200 tokens after the prompt (the
-    tool turn included)."""
+    tool turn included), no instruction appended by the rollout (the tools variant's query offers the tool)."""
     from mmgrpo.vlm.tools import ToolsConfig
 
     return ToolsConfig(**{"enabled": True, "names": [TOOL_NAME], "max_turns": 2, "max_tool_calls": 1,
-                          "max_total_tokens": 200, **kw})
+                          "max_total_tokens": 200, "instruction": "none", **kw})
 
 
 def generate(model, ta, samples: Sequence[dict], tools: bool, *, image: bool = True, max_new_tokens: int = 48,
