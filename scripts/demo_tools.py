@@ -85,7 +85,7 @@ def data_for(base: Path, out: Path, smoke: bool) -> tuple[Path, dict]:
 
     rep = json.loads((base / "base_report.json").read_text())
     a = rep["args"]
-    sizes = (a["n_train"], a["n_val"], a["n_heldout"]) if not smoke else (16, 8, 8)
+    sizes = (a["n_train"], a["n_val"], a["n_heldout"]) if not smoke else (8, 4, 4)
     d = out / "data"
     if not (d / "heldout_plain.jsonl").exists():
         bench.generate(str(d), *sizes, seed=a["seed"])
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     data_dir, rep = data_for(base, out, a.smoke)
     rows = la.load_split(str(data_dir / f"{a.eval_split}.jsonl"))
     log(f"data {data_dir}: {len(rows)} {a.eval_split} samples")
-    probe = bench.probe(rep["args"]["seed"], n_train=60 if a.smoke else 300, n_test=len(rows),
+    probe = bench.probe(rep["args"]["seed"], n_train=24 if a.smoke else 300, n_test=len(rows),
                         test_split=a.eval_split)
     log(f"probe {probe}")
     model, proc = load_base(base)

@@ -5,9 +5,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the one end-to-end check of the demo (base build, both GRPO conditions through the trainer)
 def test_demo_tools_smoke(tmp_path):
     sys.path.insert(0, str(REPO))
     from scripts import build_look_again_base, demo_tools
