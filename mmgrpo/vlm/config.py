@@ -429,6 +429,16 @@ class TrainConfig:
             if self.methods.t_grpo.enabled or self.methods.tempsamp_r1.enabled:
                 raise ValueError("tools.enabled: T-GRPO's shuffled rollouts and TempSamp-R1's injected ground truth "
                                  "are single-turn; disable them for multi-turn tool rollouts")
+            # methods whose token statistics read completion_mask as the policy's tokens (a multi-turn row's
+            # completion also holds its tool turns): not verified with tool rollouts yet
+            m = self.methods
+            unverified = [n for n, on in (("tw_grpo", m.tw_grpo.enabled), ("entropy", m.entropy.enabled),
+                                          ("seed_grpo", m.seed_grpo.enabled), ("kimi_length", m.kimi_length.enabled),
+                                          ("dapo_overlong", m.dapo_overlong.enabled)) if on]
+            if unverified:
+                raise ValueError(f"tools.enabled with methods {unverified}: their per-token statistics / lengths "
+                                 "count a multi-turn row's tool-turn tokens as the policy's (completion_mask); not "
+                                 "supported with tool rollouts yet")
 
     def _check_numbers(self) -> None:
         """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""

@@ -235,3 +235,104 @@ def test_instruction_is_inserted_at_the_end_of_the_user_turn(tiny, scripted):
     assert got == want
     n = out.items[0]["input_ids"].shape[1]
     assert out.items[0]["attention_mask"].tolist() == [[1] * n] and out.items[0]["mm_token_type_ids"].shape[1] == n
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_two_turn_logprobs_other_families(family, scripted):
+    """The same hand check on Qwen2-VL and Qwen3-VL (0-1000 box frame; Qwen3-VL's interleaved MRoPE)."""
+    import types
+
+    from mmgrpo.vlm.models.tiny import build_tiny_model, synthetic_image, vision_token_ids
+
+    model, proc = build_tiny_model(family)
+    img = synthetic_image(3, 96, 128)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "which colour?"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in proc(text=[text], images=[img], return_tensors="pt").items()
+            if isinstance(v, torch.Tensor)}
+    t = types.SimpleNamespace(model=model, proc=proc, tok=proc.tokenizer, suppress=vision_token_ids(proc.tokenizer))
+    call = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 500, 500]}}</tool_call>'
+    opts = ToolsConfig(enabled=True, names=["crop"], max_total_tokens=400, instruction="none")
+    out = MultiTurnBackend(scripted(t, [call, TURN2]), proc, opts, family=family).generate(
+        [item], 1, SamplingParams(max_new_tokens=100), seeds=[1], raw_prompts=[{"images": [img]}])
+    assert out.turn_info[0]["stop"] == "answer" and out.turn_info[0]["tool_failures"] == 0
+    patch = proc.image_processor.patch_size
+    g = item["image_grid_thw"][0]
+    ctx = ToolContext(images=[img], family=family, resized_sizes=[(int(g[2]) * patch, int(g[1]) * patch)],
+                      image_factor=2 * patch, options=opts)
+    res = call_tool("crop", ctx, {"bbox_2d": [0, 0, 500, 500]})
+    assert "[0, 0, 64, 48]" in res.text  # half of 128 x 96 on the 0-1000 grid
+    conv = msgs + [{"role": "assistant", "content": [{"type": "text", "text": call}]},
+                   {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, {"type": "image"},
+                                                {"type": "text", "text": res.text + "\n</tool_response>"}]}]
+    full = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    ref = {k: v for k, v in proc(text=[full], images=[img, res.images[0]], return_tensors="pt").items()
+           if isinstance(v, torch.Tensor)}
+    t2 = _ids(t, TURN2)
+    L = int(out.completion_mask[0].sum())
+    assert torch.equal(torch.cat([item["input_ids"][0], out.completion_ids[0, :L - len(t2)]]), ref["input_ids"][0])
+    with torch.no_grad():
+        joint = compute_token_logprobs(model, collate_prompts(out.items, t.tok.pad_token_id), out.completion_ids[:, :L],
+                                       out.completion_mask[:, :L], 1.0, t.suppress)[0]
+    torch.testing.assert_close(joint[L - len(t2):], _lp(t, ref, t2), atol=1e-5, rtol=0)
+
+
+def test_scripted_turns_make_training_rows_from_written_traces(tiny):
+    """Written tool traces -> rows (e.g. SFT targets): the tools run, the loss mask covers the written turns."""
+    from mmgrpo.vlm.tools.rollout import ScriptedTurns
+
+    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, max_total_tokens=400, instruction="none")
+    traces = [[TURN1, TURN2], [TURN2]]
+    mt = MultiTurnBackend(ScriptedTurns(tiny.tok, traces), tiny.proc, opts)
+    out = mt.generate([tiny.item, tiny.item], 2, SamplingParams(max_new_tokens=100), seeds=None,
+                      raw_prompts=[{"images": [tiny.img]}] * 2)
+    assert [i["turn_texts"] for i in out.turn_info] == [[TURN1, TURN2]] * 2 + [[TURN2]] * 2
+    assert [i["tool_calls"] for i in out.turn_info] == [1, 1, 0, 0]
+    n1, n2 = len(_ids(tiny, TURN1)), len(_ids(tiny, TURN2))
+    assert out.loss_mask.sum(1).tolist() == [n1 + n2] * 2 + [n2] * 2
+    assert out.items[0]["image_grid_thw"].shape[0] == 2 and out.items[2]["image_grid_thw"].shape[0] == 1
+
+
+def test_a_template_with_a_tool_role_renders_tool_messages():
+    """tools.tool_role=auto picks the template's own tool branch when it has one (a Qwen3-style ChatML here)."""
+    from mmgrpo.vlm.tools import ToolResult
+
+    class Proc:
+        chat_template = "has 'tool'"
+
+        def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
+            out = ""
+            for m in msgs:
+                body = "".join("<|vision_start|><|image_pad|><|vision_end|>" if c["type"] == "image" else c["text"]
+                               for c in m["content"])
+                if m["role"] == "tool":
+                    out += f"<|im_start|>user\n<tool_response>\n{body}\n</tool_response><|im_end|>\n"
+                else:
+                    out += f"<|im_start|>{m['role']}\n{body}<|im_end|>\n"
+            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    r = ToolTurnRenderer(Proc(), "auto")
+    assert r.role == "tool"
+    assert r.text([ToolResult(text="ok", images=[object()])]) == (
+        "\n<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>ok\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_each_row_generates_within_its_own_budget(tiny, scripted):
+    """Later turns: a row's token limit is its own budget's (rows with less room do not cut the others)."""
+    long_call = "look closely here " + CALL
+    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, instruction="none")
+    probe = scripted(tiny, [lambda r: [CALL, long_call][r], TURN2])
+    mt = MultiTurnBackend(probe, tiny.proc, opts)
+    n_short, n_long = len(_ids(tiny, CALL)), len(_ids(tiny, long_call))
+    out = mt.generate([tiny.item], 2, SamplingParams(max_new_tokens=100), seeds=[1, 2],
+                      raw_prompts=[{"images": [tiny.img]}])
+    tool = int((out.loss_mask[0] == 0)[:int(out.completion_mask[0].sum())].sum())
+    # a budget that leaves the short row 30 tokens and the long row 30 - (n_long - n_short) for turn 2
+    budget = n_short + tool + 30
+    opts.max_total_tokens = budget
+    probe = scripted(tiny, [lambda r: [CALL, long_call][r], TURN2, TURN2])
+    MultiTurnBackend(probe, tiny.proc, opts).generate([tiny.item], 2, SamplingParams(max_new_tokens=100),
+                                                      seeds=[1, 2], raw_prompts=[{"images": [tiny.img]}])
+    limits = sorted(c[2].max_new_tokens for c in probe.calls[1:])
+    assert limits == [30 - (n_long - n_short), 30]

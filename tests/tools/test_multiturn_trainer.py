@@ -71,3 +71,33 @@ def test_validation_decodes_through_the_tool_loop(tmp_path, tiny_dir, forced, ki
     tr.backend.inner = Spy(tr.backend.inner)
     texts, _ = tr.validator.decode(tr)
     assert len(texts) == 2 and seen and all(seen)
+
+
+def test_vllm_backend_with_tools_in_the_trainer(tmp_path, tiny_dir, forced, kit):
+    """rollout.backend=vllm over the fake engine (tests/models/test_vllm_backend.py): later turns go to the engine
+    as the whole conversation with the crop among its images; the IS weights and the loss cover policy tokens only.
+    The engine's log-probs are made up, so the step-0 check is off (as in tests/trainer/test_vllm_trainer.py)."""
+    import importlib.util
+    import pathlib
+
+    from mmgrpo.vlm.models.vllm_backend import LocalEngine, VLLMRolloutBackend
+    from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+    from mmgrpo.vlm.train.batch import micro_batches
+
+    path = pathlib.Path(__file__).parents[1] / "models" / "test_vllm_backend.py"
+    spec = importlib.util.spec_from_file_location("_vllm_fakes_tools", path)
+    f = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(f)
+    c = kit.cfg(tmp_path, tiny_dir, "rollout.backend=vllm", "rollout.vllm_is_cap=2.0", "rollout.onpolicy_check=false")
+    tr = GRPOTrainer(c, samples=kit.samples(3), reward_fn=kit.reward, backend=object())  # the engine: set below
+    llm = f.FakeLLM(eos=tr.tok.convert_tokens_to_ids("<|im_end|>"), vocab=(40, 41, 42, 43))
+    vllm = VLLMRolloutBackend(LocalEngine(llm, f.FakeSamplingParams), tr.tok, check_prompts=False)
+    tr.backend = MultiTurnBackend(forced(vllm, tr.policy, FIRST), tr.policy.processor, c.tools, tr.policy.family)
+    tr.state.stream = make_stream(tr)
+    rb = steps.collect(tr, 0)
+    (_, prompts, _), = [x for x in llm.calls if x[0] == "generate"]  # one engine call: the second turns
+    assert len(prompts) == 6 and sorted(len(p["multi_modal_data"]["image"]) for p in prompts) == [1, 1] + [2] * 4
+    steps.precompute(tr, rb, micro_batches(rb.group_ids, c.run.micro_batch_size))
+    tool_tok = (rb.completion_mask > 0) & (rb.loss_mask == 0)
+    assert tool_tok.any() and bool((rb.token_weights[tool_tok] == 1).all())  # no IS weight on tool turns
+    assert tr.train(steps=1)[-1]["train/grad_norm"] > 0

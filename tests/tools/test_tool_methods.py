@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mmgrpo.vlm.methods.mgpo import grounding_box, mgpo_calls
-from mmgrpo.vlm.methods.para_grpo import (frame_budget, structure_mask, structure_term, subsample_clip, turn_spans,
-                                          well_formed)
+from mmgrpo.vlm.methods.para_grpo import frame_budget, structure_mask, structure_term, subsample_clip, well_formed
+from mmgrpo.vlm.tools.rollout import turn_spans
 
 CALL = '<tool_call>{"name": "seek", "arguments": {"start": 1, "end": 2}}</tool_call>'
 
@@ -112,9 +112,42 @@ def test_para_grpo_and_mgpo_in_a_trainer_step(tmp_path, tiny_dir, forced, kit):
     assert m["reward/format_structure/mean"] == 0.5 and m["para_grpo/format_rate"] == 0.5
     assert m["para_grpo/structure_tokens"] > 0
     # MGPO: its first-turn box is the crop
-    c = cfg(tmp_path / "m", tiny_dir, "methods.mgpo.enabled=true", "tools.call_format=mgpo", "run.max_steps=1")
+    c = cfg(tmp_path / "m", tiny_dir, "methods.mgpo.enabled=true", "tools.call_format=mgpo", "run.max_steps=1",
+            "methods.turn_shaping.enabled=true", "tools.max_total_tokens=600")
     tr = GRPOTrainer(c, samples=samples(2), reward_fn=reward)
     tr.backend.inner = forced(tr.backend.inner, tr.policy, ["[0, 0, 28, 28]", "nothing"])
     m = tr.train()[-1]
     assert m["mgpo/grounded"] == 0.5 and m["reward/tools/tool_calls/mean"] == 0.5
     assert m["reward/tools/tool_failures/mean"] == 0.5  # no box: a counted failure, not a call
+    assert m["turn_shaping/penalised_turns"] == 4.0  # the 4 rows without a box (2 prompts x G/2)
+
+
+def test_turn_shaping_by_hand():
+    from mmgrpo.vlm.methods.turn_shaping import shaping_values, token_pg_term, turn_failures
+
+    # tokens: turn 1 (0-1), tool turn with two failures (2), turn 2 (3-4), tool turn ok (5), turn 3 (6), padding (7)
+    pieces = ["a", "b", "Error: x Error: y", "c", "d", "fine", "e", "<pad>"]
+    ids = torch.arange(8)
+    loss = torch.tensor([1, 1, 0, 1, 1, 0, 1, 0])
+    comp = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0])
+    turns = turn_failures(ids, loss, comp, lambda xs: "".join(pieces[i] for i in xs))
+    assert turns == [((0, 2), 2), ((3, 5), 0), ((6, 7), 0)]
+    v = shaping_values(turns, 8, 0.5)
+    assert v.tolist() == [-1.0, -1.0, 0, 0, 0, 0, 0, 0]
+    logp = torch.full((1, 8), -1.0, requires_grad=True)
+    term = token_pg_term(logp, logp.detach(), v[None], loss[None], n_total=5.0)
+    assert abs(float(term) - 2 * 1.0 / 5.0) < 1e-7  # -(1/5) * (-1 -1)
+    term.backward()
+    # d/dlogp of -v * e^{logp-old} / N
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.2, 0.2, 0, 0, 0, 0, 0, 0]]))
+
+
+def test_single_turn_token_methods_are_refused_with_tools():
+    from mmgrpo.utils.config import load_config
+    from mmgrpo.vlm.config import TrainConfig
+
+    for m in ("tw_grpo", "entropy", "seed_grpo", "kimi_length", "dapo_overlong"):
+        with pytest.raises(ValueError, match=f"'{m}'.*tool-turn tokens"):
+            load_config(TrainConfig, None, ["tools.enabled=true", f"methods.{m}.enabled=true"])
+    with pytest.raises(ValueError, match="single-turn"):
+        load_config(TrainConfig, None, ["tools.enabled=true", "methods.t_grpo.enabled=true"])

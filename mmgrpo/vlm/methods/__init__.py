@@ -236,6 +236,14 @@ class ParaGRPOOptions:
     max_frames: int = field(default=0, metadata=_h("upper end of the frame budget (0 = the clip's frames)"))
 
 
+@dataclass
+class TurnShapingOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "per-turn shaping of tool rollouts: a policy turn whose tool calls failed is penalised on its own tokens "
+        "(an extra policy-gradient term); mmgrpo.vlm.methods.turn_shaping"))
+    failure_penalty: float = field(default=0.1, metadata=_h("shaping value -penalty per failed call of the turn"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -303,6 +311,10 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("para_grpo", "mmgrpo.vlm.methods.para_grpo:ParaGRPO", lambda c: c.methods.para_grpo.enabled,
                "PARA-GRPO structure-token format term + frame-budget randomisation (methods.para_grpo.enabled)",
                options=ParaGRPOOptions),
+    MethodSpec("turn_shaping", "mmgrpo.vlm.methods.turn_shaping:TurnShaping",
+               lambda c: c.methods.turn_shaping.enabled,
+               "per-turn shaping of tool rollouts: failed calls penalise their turn's tokens "
+               "(methods.turn_shaping.enabled)", options=TurnShapingOptions),
 )
 
 

@@ -35,6 +35,7 @@ import torch
 
 from mmgrpo.vlm.methods.base import VLMMethod
 from mmgrpo.vlm.tools.parse import parse_tool_calls
+from mmgrpo.vlm.tools.rollout import turn_spans
 
 __all__ = ["well_formed", "structure_mask", "structure_term", "frame_budget", "subsample_clip", "turn_spans",
            "ParaGRPO"]
@@ -51,19 +52,6 @@ def well_formed(turns: Sequence[str]) -> bool:
     last = turns[-1]
     return (last.count("<answer>") == 1 and last.count("</answer>") == 1
             and last.index("<answer>") < last.index("</answer>") and "<tool_call>" not in last)
-
-
-def turn_spans(loss_mask_row: torch.Tensor) -> list[tuple[int, int]]:
-    """[start, end) of each run of 1s (one policy turn each) in a row's loss mask."""
-    m = loss_mask_row.long().tolist() + [0]
-    out, start = [], None
-    for t, v in enumerate(m):
-        if v and start is None:
-            start = t
-        elif not v and start is not None:
-            out.append((start, t))
-            start = None
-    return out
 
 
 def structure_mask(ids: torch.Tensor, spans: Sequence[tuple[int, int]], tokenizer,

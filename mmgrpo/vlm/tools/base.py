@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["ToolError", "ToolResult", "ToolContext", "TOOLS", "register_tool", "get_tool", "call_tool",
-           "tool_names"]
+__all__ = ["ToolError", "ToolResult", "ToolContext", "TOOLS", "BUILTIN_TOOLS", "register_tool", "get_tool",
+           "call_tool", "tool_names"]
 
 
 class ToolError(ValueError):
@@ -60,35 +60,35 @@ class ToolContext:
     options: Any = None  # the run's ToolsConfig (tools.*)
 
 
-TOOLS: dict[str, Callable[[ToolContext, dict], ToolResult]] = {}
+TOOLS: dict[str, Callable[[ToolContext, dict], ToolResult]] = {}  # user tools (register_tool)
+BUILTIN_TOOLS = {"crop": "mmgrpo.vlm.tools.builtin:crop", "zoom": "mmgrpo.vlm.tools.builtin:zoom",
+                 "seek": "mmgrpo.vlm.tools.builtin:seek"}  # imported when first used
 
 
 def register_tool(name: str, fn: Callable | None = None):
-    """Register ``fn`` under ``name`` (usable as a decorator); a second registration of a name raises."""
+    """Register ``fn`` under ``name`` (usable as a decorator); a name already taken raises."""
     def add(f):
-        if name in TOOLS and TOOLS[name] is not f:
-            raise ValueError(f"tool {name!r} is already registered ({TOOLS[name].__module__})")
+        if name in BUILTIN_TOOLS or (name in TOOLS and TOOLS[name] is not f):
+            raise ValueError(f"tool {name!r} is already registered")
         TOOLS[name] = f
         return f
 
     return add(fn) if fn is not None else add
 
 
-def _load_builtins() -> None:
-    from mmgrpo.vlm.tools import builtin  # noqa: F401  (registers crop / zoom / seek)
-
-
 def tool_names() -> list[str]:
-    _load_builtins()
-    return sorted(TOOLS)
+    return sorted(set(TOOLS) | set(BUILTIN_TOOLS))
 
 
 def get_tool(name: str) -> Callable:
-    """The registered tool ``name``; ValueError listing the registered names otherwise."""
-    _load_builtins()
+    """The tool ``name`` (a built-in or a registered one); ValueError listing the names otherwise."""
+    if name in BUILTIN_TOOLS:
+        import importlib
+
+        mod, attr = BUILTIN_TOOLS[name].split(":")
+        return getattr(importlib.import_module(mod), attr)
     if name not in TOOLS:
-        raise ValueError(f"unknown tool {name!r}; registered: {sorted(TOOLS)} (register_tool in "
-                         "mmgrpo.vlm.tools.base)")
+        raise ValueError(f"unknown tool {name!r}; known: {tool_names()} (register_tool in mmgrpo.vlm.tools.base)")
     return TOOLS[name]
 
 

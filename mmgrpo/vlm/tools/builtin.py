@@ -1,5 +1,5 @@
 """Built-in tools: ``crop`` / ``zoom`` (images) and ``seek`` (videos). Each is a pure function of the sample and
-its arguments (:mod:`mmgrpo.vlm.tools.base`).
+its arguments (:mod:`mmgrpo.vlm.tools.base`, whose ``BUILTIN_TOOLS`` names them).
 
 * ``crop {"bbox_2d": [x1, y1, x2, y2], "image": 0}``: the box is in the model's box frame
   (:mod:`mmgrpo.vlm.rewards.box`: Qwen2.5-VL absolute pixels of the resized model-input image, Qwen2-VL / Qwen3-VL
@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from mmgrpo.vlm.rewards.box import as_box, frame_scale
-from mmgrpo.vlm.tools.base import ToolContext, ToolError, ToolResult, register_tool
+from mmgrpo.vlm.tools.base import ToolContext, ToolError, ToolResult
 
 __all__ = ["crop", "zoom", "seek", "source_box", "crop_size"]
 
@@ -84,14 +84,12 @@ def _crop_result(ctx: ToolContext, k: int, im, box: tuple[int, int, int, int], w
                            f"{out.width}x{out.height}.", images=[out])
 
 
-@register_tool("crop")
 def crop(ctx: ToolContext, args: dict) -> ToolResult:
     k, im = _image(ctx, args)
     box = source_box(ctx, k, im, _number_list(args, "bbox_2d", 4))
     return _crop_result(ctx, k, im, box, "Crop")
 
 
-@register_tool("zoom")
 def zoom(ctx: ToolContext, args: dict) -> ToolResult:
     k, im = _image(ctx, args)
     if "bbox_2d" in args:
@@ -128,7 +126,6 @@ def _video_source(ctx: ToolContext) -> tuple[Any, float | None]:
     return frames, float(clip.video_fps)
 
 
-@register_tool("seek")
 def seek(ctx: ToolContext, args: dict) -> ToolResult:
     from mmgrpo.video import VideoError
     from mmgrpo.video.clip import load_video

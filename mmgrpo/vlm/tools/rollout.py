@@ -48,11 +48,24 @@ from mmgrpo.vlm.models.rollout import CAT_KEYS, RolloutBackend, RolloutOutput, S
 from mmgrpo.vlm.tools.base import ToolContext, ToolResult, call_tool
 from mmgrpo.vlm.tools.parse import get_call_format
 
-__all__ = ["ToolTurnRenderer", "MultiTurnBackend", "encode_turn", "tool_context"]
+__all__ = ["ToolTurnRenderer", "MultiTurnBackend", "ScriptedTurns", "encode_turn", "tool_context", "turn_spans"]
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 _MARK = "\u2063mmgrpo-turn-end\u2063"  # an assistant content no template alters
+
+
+def turn_spans(loss_mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in a row's loss mask: one policy turn each (tool turns are the 0 runs)."""
+    m = loss_mask_row.long().tolist() + [0]
+    out, start = [], None
+    for t, v in enumerate(m):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            out.append((start, t))
+            start = None
+    return out
 
 
 class ToolTurnRenderer:
@@ -256,12 +269,17 @@ class MultiTurnBackend(RolloutBackend):
             live = [r for r in live if not rows[r].done]
             if not live:
                 break
-            left = min(budget - rows[r].length for r in live)
-            sp = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, left)))
-            items = [self._item(prompts[rows[r].prompt], rows[r]) for r in live]
-            raws = [self._raw(raw_prompts[rows[r].prompt], rows[r]) for r in live]
-            rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in live]
-            self._take(rows, live, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
+            # each row generates at most what its own budget leaves: one call per distinct limit
+            limit = {r: max(1, min(params.max_new_tokens, budget - rows[r].length)) for r in live}
+            for n in sorted(set(limit.values()), reverse=True):
+                part = [r for r in live if limit[r] == n]
+                items = [self._item(prompts[rows[r].prompt], rows[r]) for r in part]
+                raws = [self._raw(raw_prompts[rows[r].prompt], rows[r]) for r in part]
+                for r, raw in zip(part, raws):  # which prompt and turn this row is at (ScriptedTurns reads them)
+                    raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
+                rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
+                sp = dataclasses.replace(params, max_new_tokens=n)
+                self._take(rows, part, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
         return self._output(prompts, rows, G)
 
     def _take(self, rows: list[_Row], which: list[int], out: RolloutOutput) -> None:
@@ -331,7 +349,7 @@ class MultiTurnBackend(RolloutBackend):
         row.info["tool_tokens"] += n
 
     def _encode(self, results: list[ToolResult]) -> dict:
-        if self.format.result_suffix:
+        if self.format.result_suffix and results[-1].ok:  # the fixed template's text follows a served call
             results = results[:-1] + [dataclasses.replace(results[-1], text=results[-1].text + "\n"
                                                           + self.format.result_suffix)]
         text = self.renderer.text(results)
@@ -393,3 +411,33 @@ class MultiTurnBackend(RolloutBackend):
                              truncated=torch.tensor([r.truncated for r in rows]), logprobs=lps * loss,
                              prompt_index=torch.tensor([r.prompt for r in rows]), loss_mask=loss, items=items,
                              turn_info=infos)
+
+
+
+class ScriptedTurns(RolloutBackend):
+    """A backend that "samples" written turns: the first call returns ``turns[i][0]`` for every generation of prompt
+    i, a later call ``turns[i][k]`` for a row of prompt i at its turn k (``raw_prompts[j]["prompt_index"]`` /
+    ``["turn"]``, which :class:`MultiTurnBackend` passes), each tokenised + the end-of-turn token, no log-probs.
+    Wrapped in :class:`MultiTurnBackend` it turns written tool traces into training rows -- the tools really run, the
+    tool turns come from the processor, ``loss_mask`` covers the written turns: e.g. SFT targets for a cold start on
+    tool use, or trajectories for a test. A trace shorter than the rollout repeats its last turn."""
+
+    def __init__(self, tokenizer, turns: Sequence[Sequence[str]], eot: str = "<|im_end|>"):
+        self.tokenizer, self.turns = tokenizer, [list(t) for t in turns]
+        self.eot_id = tokenizer.convert_tokens_to_ids(eot)
+        if any(not t for t in self.turns):
+            raise ValueError("ScriptedTurns: every trace needs at least one turn")
+
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:
+        G = int(num_generations)
+        rps = list(raw_prompts or [{}] * len(prompts))
+        picks = [(rp.get("prompt_index", i), rp.get("turn", 0)) for i, rp in enumerate(rps) for _ in range(G)]
+        texts = [self.turns[i][min(k, len(self.turns[i]) - 1)] for i, k in picks]
+        seqs = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + [self.eot_id] for t in texts]
+        T = max(map(len, seqs))
+        ids = torch.full((len(seqs), T), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(seqs), T, dtype=torch.long)
+        for r, x in enumerate(seqs):
+            ids[r, :len(x)], mask[r, :len(x)] = torch.tensor(x), 1
+        return RolloutOutput(ids, mask, texts, torch.zeros(len(seqs), dtype=torch.bool), None,
+                             torch.arange(len(prompts)).repeat_interleave(G))
