@@ -48,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--vision-hidden", type=int, default=64)
     p.add_argument("--vision-depth", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--init", default="", help="continue from this build's folder (its tokenizer, processor, weights)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and 3 steps: wiring only")
     a = p.parse_args(argv)
     if a.smoke:
@@ -100,9 +101,15 @@ def main(argv=None) -> dict:
     la.write_variants(str(data))
     train = la.load_split(str(data / "train.jsonl"))
     val = la.load_split(str(data / "val.jsonl"))
-    tok, proc = build_tok_proc(train)
-    model = build_model(tok, seed=a.seed, hidden=a.hidden, layers=a.layers, heads=4, kv_heads=2,
-                        intermediate=3 * a.hidden, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth)
+    if a.init:
+        from scripts.demo_tools import load_base
+
+        model, proc = load_base(Path(a.init))
+        tok = proc.tokenizer
+    else:
+        tok, proc = build_tok_proc(train)
+        model = build_model(tok, seed=a.seed, hidden=a.hidden, layers=a.layers, heads=4, kv_heads=2,
+                            intermediate=3 * a.hidden, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth)
     model.generation_config.max_new_tokens = 40
     params = count_params(model)
     print(f"[model] params {params} vocab {len(tok)}", flush=True)
