@@ -658,18 +658,24 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     device = logits.device
     eos_t = torch.tensor(list(eos_ids), device=device)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)
+    # the suppressed ids as a boolean row: one masked_fill per token (the values of _suppress's clone + index put)
+    blocked = None
+    if suppress_token_ids:
+        blocked = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        blocked[list(suppress_token_ids)] = True
+    pad_t = torch.tensor(pad_id, device=device)
     toks, lps = [], []
     for t in range(params.max_new_tokens):
         # suppressed and scaled once: the sampler draws from it and the log-probs are read from it, the values of
         # token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids) bit for bit (x / 1.0 == x)
-        x = _suppress(logits, suppress_token_ids)
+        x = logits if blocked is None else logits.masked_fill(blocked, float("-inf"))
         if temp != 1.0:
             x = x / temp
         nxt = x.argmax(-1) if sampler is None else sampler.sample_scaled(x).to(device)
-        nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
+        nxt = torch.where(unfinished, nxt, pad_t)
         toks.append(nxt)
         lps.append(x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1))
-        n_new = int(unfinished.sum())
+        n_new = int(unfinished.sum()) if step_hook is not None else 0
         unfinished = unfinished & ~torch.isin(nxt, eos_t)
         if step_hook is not None and step_hook(n_new, int(unfinished.sum())):
             break  # e.g. SIGTERM: the caller discards these cut-short completions
