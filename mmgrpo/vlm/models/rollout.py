@@ -59,9 +59,25 @@ def batch_to(batch: dict, device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor,
-                           completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Model inputs for (left-padded prompt) ++ (right-padded completion); (N, P+T)."""
+def vision_token_types(model) -> dict[int, int]:
+    """``{image_token_id: 1, video_token_id: 2}`` of a Qwen-VL model (its ``mm_token_type_ids`` codes); {} for a
+    model without them."""
+    cfg = getattr(getattr(model, "module", model), "config", None)
+    out = {}
+    for key, code in (("image_token_id", 1), ("video_token_id", 2)):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int):
+            out[v] = code
+    return out
+
+
+def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                           vision_types: dict[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Model inputs for (left-padded prompt) ++ (right-padded completion); (N, P+T).
+
+    ``mm_token_type_ids`` of the completion: 0, except vision tokens (``vision_types``: token id -> type code) at
+    real positions -- a multi-turn completion holds tool turns with images / frames (the policy's own tokens never
+    are vision tokens: the backends suppress them)."""
     if completion_ids.shape != completion_mask.shape:
         raise ValueError(f"completion_ids {tuple(completion_ids.shape)} vs mask {tuple(completion_mask.shape)}")
     N = completion_ids.shape[0]
@@ -73,7 +89,10 @@ def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor,
     full["attention_mask"] = torch.cat([am, completion_mask.to(am.dtype)], 1)
     if "mm_token_type_ids" in prompt_batch:
         mm = prompt_batch["mm_token_type_ids"]
-        full["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(completion_ids.shape)], 1)
+        cmm = mm.new_zeros(completion_ids.shape)
+        for tid, code in (vision_types or {}).items():
+            cmm = cmm.masked_fill((completion_ids.to(mm.device) == tid) & (completion_mask.to(mm.device) > 0), code)
+        full["mm_token_type_ids"] = torch.cat([mm, cmm], 1)
     return full
 
 
@@ -118,8 +137,14 @@ def compute_token_logprobs(
     ``chunked.HeadInputs`` (hidden states + head) instead of the logits.  Falls back to the full logits for a
     model whose output head is not a plain ``nn.Linear``.
     """
-    full = join_prompt_completion(batch, completion_ids, completion_mask)
+    vt = vision_token_types(model)
+    full = join_prompt_completion(batch, completion_ids, completion_mask, vt)
     T = completion_ids.shape[1]
+    # a tool turn's vision tokens (multi-turn rollouts: <|vision_start|>, <|image_pad|>, ...) are suppressed for the
+    # policy: log-prob -inf, never in the loss; set to 0 by masked_fill so no -inf * 0 = NaN reaches values or
+    # gradients
+    never = sorted(set(vt) | {int(t) for t in (suppress_token_ids or ())})
+    vis = torch.isin(completion_ids, torch.tensor(never, device=completion_ids.device)) if never else None
     if chunk_size > 0:
         from .chunked import capture_head_inputs, chunkable_head, head_inputs
 
@@ -127,11 +152,14 @@ def compute_token_logprobs(
             with capture_head_inputs(model) as store:
                 model(**full, use_cache=False, logits_to_keep=T + 1)
             head = head_inputs(model, store[-1][:, :T], temperature, suppress_token_ids, chunk_size)
-            lp = head.token_logprobs(completion_ids, completion_mask)
+            lp = head.token_logprobs(completion_ids, completion_mask * (~vis if vis is not None else 1))
+            lp = lp.masked_fill(vis.to(lp.device), 0.0) if vis is not None else lp
             return (lp, head) if return_logits else lp
     out = model(**full, use_cache=False, logits_to_keep=T + 1)
     logits = out.logits[:, :T]  # position P-1+t predicts completion token t
     lp = token_logprobs_from_logits(logits, completion_ids, temperature, suppress_token_ids)
+    if vis is not None:
+        lp = lp.masked_fill(vis.to(lp.device), 0.0)
     lp = lp * completion_mask.to(lp.dtype)
     if return_logits:
         return lp, _suppress(logits.float() / float(temperature), suppress_token_ids)
@@ -169,6 +197,11 @@ class RolloutOutput:
     truncated: torch.Tensor  # (N,) bool: no EOS within max_new_tokens
     logprobs: torch.Tensor | None = None  # (N, T) float32 sampling log-probs (0 where masked), if available
     prompt_index: torch.Tensor | None = None  # (N,) int64: which input prompt each row belongs to
+    # multi-turn rollouts (mmgrpo.vlm.tools.rollout): the tokens the loss sees (policy turns; tool turns are 0),
+    # each row's prompt item with the tool turns' media appended, and per-row turn / tool-call counts
+    loss_mask: torch.Tensor | None = None  # (N, T) int64, None = completion_mask
+    items: list[dict] | None = None
+    turn_info: list[dict] | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -722,7 +755,8 @@ def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_gen
 
 
 __all__ = [
-    "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
+    "collate_prompts", "join_prompt_completion", "vision_token_types", "compute_token_logprobs",
+    "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend",
     "shared_prefix_sample", "multinomial_rows",
     "completion_mask_from_ids", "make_seeds", "batch_to", "rollout_from_token_lists",
