@@ -20,7 +20,6 @@ __all__ = ["KLSchedule"]
 
 class KLSchedule(VLMMethod):
     name = "kl_schedule"
-    needs_train_logits = False
 
     @classmethod
     def check(cls, cfg) -> None:
