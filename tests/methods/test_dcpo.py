@@ -23,6 +23,10 @@ def test_trainer_advantages_and_dynamic_clip(tmp_path, tiny_dirs, th):
     assert hist[-1]["dcpo/prompts_tracked"] == 2.0
     sd = tr.methods[0].state_dict()
     assert sd["table"]["i0"][:2] == [1.0, 4.0]  # one visit, four rewards
+    # a resumed method continues the history
+    m2 = type(tr.methods[0])(cfg, tr)
+    m2.load_state_dict(sd)
+    assert m2.stats.table == tr.methods[0].stats.table
 
 
 def test_refuses_batch_scale(tmp_path, tiny_dirs, th):
