@@ -177,7 +177,16 @@ class RolloutConfig:
 class RewardConfig:
     weights: dict[str, float] = field(
         default_factory=lambda: {"iou": 1.0, "format": 0.5},
-        metadata=_h("reward names (mmgrpo.vlm.rewards.registry.REWARDS) and weights: total = sum w_k r_k"))
+        metadata=_h("reward names and weights, total = sum w_k r_k: the built-in rewards "
+                    "(mmgrpo.vlm.rewards.registry.REWARDS), 'judge' (a model-based judge of free-form answers, "
+                    "mmgrpo.vlm.rewards.judge) or your own reward as an import path 'package.module:factory': "
+                    "factory(**reward.kwargs[name]) returns reward(completions, samples) -> N floats "
+                    "(docs/rewards.md). An import path IMPORTS AND RUNS THAT CODE (your explicit choice): only use "
+                    "configs and overrides you trust"))
+    kwargs: dict[str, dict] = field(
+        default_factory=dict,
+        metadata=_h("constructor arguments of the open rewards: reward.kwargs.judge (model, template, scale, "
+                    "batch_size, ...) or reward.kwargs.'package.module:factory' (YAML mapping per reward)"))
     accuracy_key: str = field(
         default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
