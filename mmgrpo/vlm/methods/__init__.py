@@ -213,6 +213,58 @@ class KimiLengthOptions:
         "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
 
 
+@dataclass
+class PassRateFilterOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "online difficulty filtering (DAPO / EasyR1 dynamic sampling on the pass rate): drop groups whose pass rate "
+        "is outside [low, high] and refill the step; mmgrpo.vlm.methods.pass_rate_filter"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate kept (0.01: drops all-wrong groups)"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate kept (0.99: drops all-right groups)"))
+    correct_threshold: float = field(default=0.5, metadata=_h(
+        "a completion passes when its accuracy reward (reward.accuracy_key; tvg: IoU) is at least this"))
+    max_rounds: int = field(default=2, metadata=_h("extra sampling rounds per step to refill dropped groups"))
+
+
+@dataclass
+class PromptReplayOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Prompt Replay: medium-difficulty prompts (pass rate in [low, high]) enter a buffer prioritised by "
+        "|pass rate - 0.5| and replace a share of each step's prompts (fresh rollouts: on-policy); "
+        "mmgrpo.vlm.methods.prompt_replay"))
+    fraction: float = field(default=0.25, metadata=_h("share of each step's prompts taken from the buffer"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate that enters the buffer"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate that enters the buffer"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    capacity: int = field(default=256, metadata=_h("prompts in the buffer (worst priority leaves first)"))
+    cooldown: int = field(default=1, metadata=_h("steps a replayed prompt waits before it may be replayed again"))
+    max_reuse: int = field(default=2, metadata=_h("replays of one prompt before it leaves the buffer"))
+
+
+@dataclass
+class SampleBufferOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Skywork R1V2 selective sample buffer: groups with non-zero advantages are kept; each zero-advantage group "
+        "of a step brings back one buffered group (drawn by mean |A|) with its stored advantages; "
+        "mmgrpo.vlm.methods.sample_buffer"))
+    capacity: int = field(default=64, metadata=_h("groups kept (the most recent)"))
+    max_share: float = field(default=0.5, metadata=_h("at most this share of the step's groups is appended"))
+    max_reuse: int = field(default=1, metadata=_h("replays of one buffered group before it leaves"))
+
+
+@dataclass
+class IoUCurriculumOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "MedLoc-R1-style IoU-threshold curriculum: the accuracy reward becomes 1[IoU >= theta_k] (or gated IoU), "
+        "theta_k tightened when a sliding window of hit rates says the policy is ready; "
+        "mmgrpo.vlm.methods.iou_curriculum"))
+    thresholds: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7], metadata=_h(
+        "increasing IoU thresholds, one per level"))
+    mode: Literal["binary", "gated"] = field(default="binary", metadata=_h(
+        "binary: 1[IoU >= theta]; gated: IoU * 1[IoU >= theta]"))
+    window: int = field(default=5, metadata=_h("steps in the sliding window (and at least at each level)"))
+    advance_at: float = field(default=0.6, metadata=_h("window mean hit rate needed to advance a level"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -274,6 +326,21 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
     MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
                "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
+    MethodSpec("iou_curriculum", "mmgrpo.vlm.methods.iou_curriculum:IoUCurriculum",
+               lambda c: c.methods.iou_curriculum.enabled,
+               "MedLoc-R1-style IoU-threshold reward curriculum (methods.iou_curriculum.enabled)",
+               options=IoUCurriculumOptions),
+    MethodSpec("prompt_replay", "mmgrpo.vlm.methods.prompt_replay:PromptReplay",
+               lambda c: c.methods.prompt_replay.enabled,
+               "Prompt Replay of medium-difficulty prompts (methods.prompt_replay.enabled)",
+               options=PromptReplayOptions),
+    MethodSpec("pass_rate_filter", "mmgrpo.vlm.methods.pass_rate_filter:PassRateFilter",
+               lambda c: c.methods.pass_rate_filter.enabled,
+               "online difficulty filtering on a pass-rate window, with refill (methods.pass_rate_filter.enabled)",
+               options=PassRateFilterOptions),
+    MethodSpec("sample_buffer", "mmgrpo.vlm.methods.sample_buffer:SampleBuffer",
+               lambda c: c.methods.sample_buffer.enabled,
+               "Skywork R1V2 selective sample buffer (methods.sample_buffer.enabled)", options=SampleBufferOptions),
 )
 
 
