@@ -265,6 +265,27 @@ class IoUCurriculumOptions:
     advance_at: float = field(default=0.6, metadata=_h("window mean hit rate needed to advance a level"))
 
 
+@dataclass
+class LUFFYOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "LUFFY: the ground truth joins each group as an expert trace (group advantages over the mixed group); its "
+        "tokens are trained with policy shaping -A p/(p+gamma), no clipping; mmgrpo.vlm.methods.luffy"))
+    gamma: float = field(default=0.1, metadata=_h("shaping constant gamma of f(p) = p/(p+gamma) (the paper: 0.1)"))
+
+
+@dataclass
+class CHORDOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "CHORD: loss = (1-mu) RL + mu SFT on the ground truth (expert rows out of the group advantages), token "
+        "weights phi = p(1-p), mu annealed (warmup, cosine decay); mmgrpo.vlm.methods.chord"))
+    mu_peak: float = field(default=0.5, metadata=_h("mu after the warmup"))
+    mu_valley: float = field(default=0.02, metadata=_h("mu after the decay"))
+    warmup_steps: int = field(default=0, metadata=_h("steps of the linear rise 0 -> mu_peak"))
+    decay_steps: int = field(default=50, metadata=_h("steps of the cosine decay mu_peak -> mu_valley"))
+    token_weight: Literal["phi", "none"] = field(default="phi", metadata=_h(
+        "phi: CHORD-phi token weights p(1-p); none: plain SFT tokens (CHORD-mu)"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -338,6 +359,11 @@ REGISTRY: tuple[MethodSpec, ...] = (
                lambda c: c.methods.pass_rate_filter.enabled,
                "online difficulty filtering on a pass-rate window, with refill (methods.pass_rate_filter.enabled)",
                options=PassRateFilterOptions),
+    MethodSpec("luffy", "mmgrpo.vlm.methods.luffy:LUFFY", lambda c: c.methods.luffy.enabled,
+               "LUFFY off-policy expert traces in the group with policy shaping (methods.luffy.enabled)",
+               options=LUFFYOptions),
+    MethodSpec("chord", "mmgrpo.vlm.methods.chord:CHORD", lambda c: c.methods.chord.enabled,
+               "CHORD annealed SFT auxiliary loss with token weights (methods.chord.enabled)", options=CHORDOptions),
     MethodSpec("sample_buffer", "mmgrpo.vlm.methods.sample_buffer:SampleBuffer",
                lambda c: c.methods.sample_buffer.enabled,
                "Skywork R1V2 selective sample buffer (methods.sample_buffer.enabled)", options=SampleBufferOptions),

@@ -56,6 +56,9 @@ class SampleBuffer(VLMMethod):
         o = cfg.methods.sample_buffer
         if o.enabled and (o.capacity < 1 or o.max_reuse < 1 or not 0.0 <= o.max_share <= 1.0):
             raise ValueError("methods.sample_buffer: need capacity >= 1, max_reuse >= 1, 0 <= max_share <= 1")
+        if o.enabled and (cfg.methods.luffy.enabled or cfg.methods.chord.enabled):
+            raise ValueError("methods.sample_buffer marks replayed rows off-policy, which methods.luffy / "
+                             "methods.chord would train as expert traces: enable one of them")
 
     def __init__(self, cfg, run):
         super().__init__(cfg, run)

@@ -445,9 +445,13 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
       micro-batch counts are padded (``mb_plan``).
     """
     a = run.cfg.algo
+    off = rb.is_offpolicy.bool()
     totals = {"tokens": global_sum(float(rb.loss_mask.sum())),
               "sequences": global_sum(float((rb.loss_mask.sum(1) > 0).sum())),
-              "rows": global_sum(float(rb.n)), "micro_batches": global_sum(float(len(mbs)))}
+              "rows": global_sum(float(rb.n)), "micro_batches": global_sum(float(len(mbs))),
+              # what of it is off-policy (injected / replayed rows): methods that train them apart (LUFFY, CHORD)
+              "offpolicy_tokens": global_sum(float(rb.loss_mask[off].sum())),
+              "offpolicy_sequences": global_sum(float((rb.loss_mask[off].sum(1) > 0).sum()))}
     unusable = _unusable_step(run, rb)
     if unusable:
         _record_skip(run, unusable, a.num_iterations)
@@ -540,6 +544,7 @@ def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: 
         li = LossInputs(logp=lp, old_logp=lp.detach() if b.old_logp is None or not wgt else pick(b.old_logp),
                         advantages=b.advantages[idx].to(lp.device), mask=m, group_ids=b.group_ids[idx].to(lp.device),
                         token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), logits=logits,
+                        offpolicy=b.is_offpolicy[idx].to(lp.device),
                         totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens)
         out = run.loss.fn(li)
         loss = out.loss
