@@ -106,3 +106,37 @@ def test_trainer_chord_keeps_the_expert_out_of_the_advantages(tmp_path, tiny_dir
     # the mu of steps 1 and 2 (t = 0, 1): cosine from 0.4 to 0.1 over 2 steps: 0.4, 0.1 + 0.3 (1 + cos(pi/2)) / 2
     assert [h["chord/mu"] for h in hist] == pytest.approx([0.4, 0.25])
     assert all(math.isfinite(h["train/chord/sft_loss"]) for h in hist)
+
+
+def test_relift_hardest_groups_by_hand():
+    from mmgrpo.vlm.methods.relift import hardest_groups
+
+    assert hardest_groups({3: 0.0, 1: 0.5, 2: 0.0}, 0.0) == [2, 3]
+    assert hardest_groups({3: 0.0, 1: 0.25}, 0.25) == [1, 3]
+
+
+def test_trainer_relift_sft_on_the_hardest_prompts(tmp_path, tiny_dirs, th):
+    """Every answer of sample i0 is wrong (pass rate 0), the others pass: i0 enters the buffer; with sft_batch=1
+    its ground truth joins the same step's update as one SFT row (advantage 0), with mu = sft_coef."""
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    def reward(texts, samples):
+        out = th.text_reward(texts, samples)
+        hard = torch.tensor([s["id"] == "i0" for s in samples])
+        out["acc"] = torch.where(hard, torch.zeros_like(out["acc"]), 0.5 + out["acc"] / 2)
+        out["total"] = out["acc"].clone()
+        return out
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "reward.accuracy_key=acc",
+                      "data.check_samples=0", "methods.relift.enabled=true", "methods.relift.sft_batch=1",
+                      "methods.relift.sft_coef=0.5")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=reward)
+    hist = tr.train()
+    for h in hist:  # both samples every step (2 prompts per step)
+        assert h["relift/hard_groups"] == 1 and h["relift/sft_rows"] == 1 and h["relift/buffer"] == 0
+    rb = tr.state.batch
+    off = rb.is_offpolicy
+    assert int(off.sum()) == 1 and rb.texts[int(off.nonzero())] == "<answer>B</answer>"
+    assert rb.samples[int(off.nonzero())]["id"] == "i0" and float(rb.advantages[off]) == 0.0
+    assert int((rb.group_ids < 0).sum()) == 1
+    assert all(math.isfinite(h["train/chord/sft_loss"]) and h["train/chord/sft_loss"] > 0 for h in hist)

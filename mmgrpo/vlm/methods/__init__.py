@@ -286,6 +286,18 @@ class CHORDOptions:
         "phi: CHORD-phi token weights p(1-p); none: plain SFT tokens (CHORD-mu)"))
 
 
+@dataclass
+class ReLIFTOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "ReLIFT: prompts whose groups all fail enter a buffer; every sft_batch of them, their ground truths join "
+        "the next update as SFT rows, loss = (1-sft_coef) RL + sft_coef SFT; mmgrpo.vlm.methods.relift"))
+    hard_threshold: float = field(default=0.0, metadata=_h("a group is among the hardest at pass rate <= this"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    sft_batch: int = field(default=2, metadata=_h("buffered prompts per SFT term"))
+    sft_coef: float = field(default=0.5, metadata=_h("mu: weight of the SFT term in an update that has one"))
+    capacity: int = field(default=64, metadata=_h("hardest prompts kept (oldest out)"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -364,6 +376,8 @@ REGISTRY: tuple[MethodSpec, ...] = (
                options=LUFFYOptions),
     MethodSpec("chord", "mmgrpo.vlm.methods.chord:CHORD", lambda c: c.methods.chord.enabled,
                "CHORD annealed SFT auxiliary loss with token weights (methods.chord.enabled)", options=CHORDOptions),
+    MethodSpec("relift", "mmgrpo.vlm.methods.relift:ReLIFT", lambda c: c.methods.relift.enabled,
+               "ReLIFT SFT on the hardest prompts, interleaved with RL (methods.relift.enabled)", options=ReLIFTOptions),
     MethodSpec("sample_buffer", "mmgrpo.vlm.methods.sample_buffer:SampleBuffer",
                lambda c: c.methods.sample_buffer.enabled,
                "Skywork R1V2 selective sample buffer (methods.sample_buffer.enabled)", options=SampleBufferOptions),

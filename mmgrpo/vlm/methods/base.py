@@ -42,6 +42,9 @@ class VLMMethod(Method["RolloutBatch"]):
     extra_rounds: int = 0
     #: ``on_epoch`` may change the trained samples (media prefetching then stops at epoch boundaries)
     reselects_data: bool = False
+    #: this step's loss has a term that needs no advantage (an SFT term: CHORD, ReLIFT), so a step whose advantages
+    #: are all 0 is still taken (read every step: a method may set it per step)
+    trains_without_advantages: bool = False
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class CHORD(VLMMethod):
     name = "chord"
     needs_whole_groups = True
     injected_per_group = 1
+    trains_without_advantages = True  # the SFT term
 
     @classmethod
     def check(cls, cfg) -> None:

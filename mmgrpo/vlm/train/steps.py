@@ -525,8 +525,10 @@ def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
     if run.cfg.run.allow_no_reward_signal:
         log.warning("step %d: %s; its zero-gradient step is taken (run.allow_no_reward_signal=true)", st.step + 1, why)
         return None
-    if run.cfg.algo.kl_coef > 0 or any(m.needs_train_logits for m in run.methods):
-        log.warning("step %d: %s; the KL / entropy terms are still applied", st.step + 1, why)
+    # (a method's per-step SFT term may exist on some processes only: decided over all of them)
+    if run.cfg.algo.kl_coef > 0 or global_max(float(any(m.needs_train_logits or m.trains_without_advantages
+                                                        for m in run.methods))) > 0:
+        log.warning("step %d: %s; the KL / entropy / SFT terms are still applied", st.step + 1, why)
         return None
     return why
 
