@@ -5,7 +5,8 @@ Questions", arXiv 2506.07527): RL, with supervised fine-tuning on the questions 
 After each step's advantages, every group whose pass rate (share of its on-policy rows with accuracy >=
 ``correct_threshold``; :func:`mmgrpo.vlm.methods.pass_rate_filter.group_pass_rates`) is at most ``hard_threshold``
 (default 0: every answer wrong) puts its prompt in a buffer of hardest questions (once per sample; at most
-``capacity``, oldest out). Whenever the buffer holds ``sft_batch`` prompts, those prompts leave it and their
+``capacity``, oldest out). Whenever the buffer holds ``sft_batch`` prompts, the ``sft_batch`` oldest leave it (one
+batch per update; the rest wait for the next) and their
 demonstrations (the ground-truth completion as the prompt asks for it) join the *current* update as expert rows with
 advantage 0, and that update's loss is
 
