@@ -140,3 +140,30 @@ def test_trainer_relift_sft_on_the_hardest_prompts(tmp_path, tiny_dirs, th):
     assert rb.samples[int(off.nonzero())]["id"] == "i0" and float(rb.advantages[off]) == 0.0
     assert int((rb.group_ids < 0).sum()) == 1
     assert all(math.isfinite(h["train/chord/sft_loss"]) and h["train/chord/sft_loss"] > 0 for h in hist)
+
+
+def test_trainer_chord_trains_a_step_whose_advantages_are_all_zero(tmp_path, tiny_dirs, th):
+    """Step 1: every reward equal, no advantage anywhere; plain GRPO skips such a step, CHORD's SFT term still trains
+    it (VLMMethod.trains_without_advantages). Step 2 has a reward signal (a run with none at all still fails)."""
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    calls = []
+
+    def flat_then_mixed(texts, samples):
+        calls.append(1)
+        out = th.text_reward(texts, samples)
+        if len(calls) == 1:
+            out["acc"] = torch.full_like(out["acc"], 0.5)
+            out["total"] = out["acc"].clone()
+        return out
+
+    cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "reward.accuracy_key=acc",
+                      "data.check_samples=0", "methods.chord.enabled=true")
+    tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=flat_then_mixed)
+    before = {k: v.detach().clone() for k, v in tr.policy.model.named_parameters() if v.requires_grad}
+    hist = tr.train(steps=1)
+    assert hist[-1]["faults/zero_advantage_steps"] == 1 and hist[-1]["train/skipped_steps"] == 0
+    assert bool((tr.state.batch.advantages == 0).all()) and hist[-1]["train/chord/sft_loss"] > 0
+    after = dict(tr.policy.model.named_parameters())
+    assert any(not torch.equal(before[k], after[k].detach()) for k in before)
+    tr.train(steps=1)
