@@ -170,10 +170,11 @@ def reference_settings(adapter, cfg) -> dict:
             "kl_type": cfg.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
 
 
-def setup_model(cfg, acc, adapter, sharded: bool) -> SimpleNamespace:
+def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> SimpleNamespace:
     """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
     for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns model,
-    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info."""
+    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info. ``before_prepare(adapter)``
+    runs between the two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
     from accelerate.utils import DistributedType
 
     if cfg.model.lora.enabled:
@@ -186,6 +187,15 @@ def setup_model(cfg, acc, adapter, sharded: bool) -> SimpleNamespace:
     reference_info = reference_settings(adapter, cfg)
     if not any(p.requires_grad for p in adapter.transformer.parameters()):
         raise ValueError("no trainable parameters")
+    if (acc.num_processes > 1 and not sharded and getattr(adapter.transformer, "partial_forward", False)
+            and not cfg.run.ddp_find_unused_parameters):
+        from mmgrpo.engine.errors import ConfigError
+
+        raise ConfigError(f"model.kind={adapter.kind} trains modules a forward does not all use (e.g. the two Wan2.2 "
+                          "experts, one per step): DDP over several processes needs "
+                          "run.ddp_find_unused_parameters=true")
+    if before_prepare is not None:
+        before_prepare(adapter)
     if acc.distributed_type == DistributedType.FSDP and not acc.is_fsdp2:
         # FSDP1 replaces the parameters while wrapping and accelerate does not remap an optimizer built before
         # (it does for FSDP2 / DeepSpeed, which need both in one prepare call): wrap first, then build it
@@ -219,6 +229,49 @@ def set_shift(adapter, shift) -> None:
     """``sample.shift`` -> the adapter's sigma schedule (None keeps the folder scheduler's shift)."""
     if shift is not None:
         adapter.set_shift(shift)
+
+
+def set_vae_memory(adapter, m) -> None:
+    """``model.vae_slicing`` / ``model.vae_tiling`` -> the VAE's own ``enable_slicing`` / ``enable_tiling``."""
+    for flag, method in ((m.vae_slicing, "enable_slicing"), (m.vae_tiling, "enable_tiling")):
+        if not flag:
+            continue
+        fn = getattr(adapter.vae, method, None)
+        if fn is None:
+            raise ValueError(f"model.{method.replace('enable', 'vae')}=true: the {type(adapter.vae).__name__} of "
+                             f"model.kind={adapter.kind} has no {method}")
+        fn()
+
+
+TEXT_MODULES = ("text_encoder", "text_encoder_2", "text_encoder_3", "image_encoder", "connectors")
+
+
+def set_text_encoder_offload(adapter, enabled: bool, host: str = "cpu") -> None:
+    """``model.offload_text_encoders``: the pipeline's text encoders (and CLIP image encoder, LTX-2's text
+    connectors) live on ``host``; ``adapter.encode_prompts`` moves them to the adapter's device only for a call that
+    meets a prompt not in its embedding cache, and back afterwards. Embeddings are unchanged (same modules, same
+    device during encoding)."""
+    if not enabled:
+        return
+    mods = [m for m in (getattr(adapter.pipe, n, None) for n in TEXT_MODULES) if isinstance(m, torch.nn.Module)]
+    if not mods:
+        raise ValueError(f"model.offload_text_encoders=true: model.kind={adapter.kind} has no text encoder module")
+    for m in mods:
+        m.to(host)
+    encode = adapter.encode_prompts
+
+    def encode_prompts(prompts, *args, **kwargs):
+        if all(p in adapter._embed_cache for p in prompts):
+            return encode(prompts, *args, **kwargs)
+        for m in mods:
+            m.to(adapter.device)
+        try:
+            return encode(prompts, *args, **kwargs)
+        finally:
+            for m in mods:
+                m.to(host)
+
+    adapter.encode_prompts = encode_prompts
 
 
 def set_num_frames(adapter, num_frames: int) -> None:

@@ -74,7 +74,7 @@ def check_replicas_in_sync(run) -> None:
     """Replicated backends: every process must hold the same trainable weights (DanceGRPO#110 guard). Compares
     per-tensor float64 sums and sums of squares computed on the device (cheap even for full fine-tunes);
     replicas that diverged in any entry would have to collide in both sums of every tensor to pass."""
-    if run.sharded or run.world == 1:
+    if run.sharded or run.accelerator.num_processes == 1:
         return
     with torch.no_grad():
         fp = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().pow(2).sum()])
@@ -161,7 +161,7 @@ def load_state_dict(run, st: dict, path: Optional[Path] = None) -> None:
     scaler = getattr(run.accelerator, "scaler", None)
     if tr.get("scaler") is not None and scaler is not None:
         scaler.load_state_dict(tr["scaler"])
-    restore_rng(st.get("rng"), run.rank, run.world)
+    restore_rng(st.get("rng"), run.accelerator.process_index, run.accelerator.num_processes)
 
 
 def _load_replicated(run, st: dict) -> None:
@@ -266,9 +266,13 @@ def _write_export(run, dst: Path, weights: str) -> Optional[Path]:
                   if not run.cfg.model.lora.enabled or "lora_" in k}
 
             def write(d: Path) -> None:
-                # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``
-                save_file(sd, str(d / "diffusion_pytorch_model.safetensors"))
-                run.unwrapped.save_config(str(d))
+                # a diffusers model folder (config.json + weights): ``<ModelClass>.from_pretrained(target)``; Wan2.2
+                # A14B's two experts: one folder each (``ExpertPair.export_parts``)
+                split = getattr(run.unwrapped, "export_parts", None)
+                for sub, (module, part) in (split(sd) if split else {"": (run.unwrapped, sd)}).items():
+                    (d / sub).mkdir(exist_ok=True)
+                    save_file(part, str(d / sub / "diffusion_pytorch_model.safetensors"))
+                    module.save_config(str(d / sub))
 
             target = publish_dir(dst, write, meta)
     barrier()

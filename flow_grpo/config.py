@@ -121,6 +121,14 @@ class ModelConfig:
         None, "T5 text tokens; none = the release's (FLUX.1 512, SD3 256; CLIP always 77)")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter (the KL reference is the model with the adapter disabled)"})
     gradient_checkpointing: bool = _f(False, "activation checkpointing in the transformer")
+    offload_text_encoders: bool = _f(False, "keep the frozen text encoders (and image encoder / text connectors) on "
+                                     "the CPU, moved to the device only to encode prompts not yet cached (each "
+                                     "distinct prompt is encoded once per run)")
+    vae_slicing: bool = _f(False, "decode the rollout / eval media one sample at a time (the VAE's enable_slicing: "
+                           "the decode peak divided by the chunk size; same frames)")
+    vae_tiling: bool = _f(False, "decode in overlapping spatial tiles, blended (the VAE's enable_tiling, its default "
+                          "tile sizes: lower decode peak for large frames; frames differ slightly from an untiled "
+                          "decode where tiles overlap)")
 
 
 @dataclass
@@ -239,6 +247,10 @@ class RunConfig:
     allow_no_reward_signal: bool = _f(False, "let a run without any reward signal (every advantage 0 at every step: all groups' rewards equal, e.g. no reward tells the images apart) take its zero-gradient optimizer steps and end with exit code 0, as TRL / the releases do; default false: those steps are skipped steps and such a run exits 4 (use it only to rehearse the pipeline with a model that cannot answer the task, e.g. the smoke mode's tiny models)")
     ddp_find_unused_parameters: bool = _f(False, "DDP: find_unused_parameters (needed if some trainable weights get no "
                                           "gradient in a forward, e.g. partial full fine-tunes)")
+    sequence_parallel: int = _f(1, "processes per sequence-parallel group (Ulysses over the video tokens, "
+                                "flow_grpo/seq_parallel.py): the processes of a group share its samples and its "
+                                "rewards, data parallelism runs over the groups; must divide the number of processes; "
+                                "1 = off")
 
 
 @dataclass
@@ -284,6 +296,7 @@ def check_numbers(c: "TrainConfig") -> None:
     at_least("optim.inner_epochs", c.optim.inner_epochs, 1)
     at_least("optim.max_consecutive_skips", c.optim.max_consecutive_skips, 1)
     at_least("ema.update_every", c.ema.update_every, 1)
+    at_least("run.sequence_parallel", c.run.sequence_parallel, 1)
     for name, v in (("optim.warmup_steps", c.optim.warmup_steps), ("run.save_every", c.run.save_every),
                     ("run.eval_every", c.run.eval_every), ("run.image_grid_every", c.run.image_grid_every)):
         at_least(name, v, 0)

@@ -99,8 +99,8 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
 
 def sampling_progress(run):
     """``on_chunk`` of the epoch's sampling: a progress line every 30 s (main process) and, on replicated runs,
-    the end of sampling when SIGTERM / SIGINT arrived (sharded runs finish the epoch's sampling: their forwards
-    are collectives every process must run)."""
+    the end of sampling when SIGTERM / SIGINT arrived (sharded and sequence-parallel runs finish the epoch's
+    sampling: their forwards are collectives every process must run)."""
     t0 = last = time.monotonic()
 
     def hook(done: int, total: int) -> bool:
@@ -110,7 +110,7 @@ def sampling_progress(run):
             log.info("epoch %d: sampled %d of %d chunks in %.0f s", run.state.epoch, done, total, now - t0)
             last = now
         sig = run.guard.signals
-        if sig is not None and sig.requested and not run.sharded:
+        if sig is not None and sig.requested and not (run.sharded or getattr(run, "sp", None)):
             log.warning("%s received while sampling: the epoch's samples are discarded", sig.name)
             return True
         return False
@@ -230,8 +230,9 @@ def update(run, traj: Trajectories, adv: torch.Tensor, chunk_ids, acc_metrics: d
         with contextlib.nullcontext() if last else acc.no_sync(run.model):
             loss, m, kl_val, _ = run.loss(traj, ch, col, adv, n_global, dummy)
             loss_ok &= bool(torch.isfinite(loss.detach()).all())
-            # the backends average gradients over processes; * world turns that into the global sum
-            acc.backward(loss * run.world)
+            # the backends average gradients over processes; * processes turns that into the global sum (with
+            # sequence parallelism too: a group's processes hold token shards whose gradients add up)
+            acc.backward(loss * acc.num_processes)
         if not dummy:
             for k, v in m.items():
                 s_, n_ = acc_metrics.get(k, (0.0, 0))

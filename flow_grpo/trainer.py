@@ -67,7 +67,7 @@ from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 
-from . import build, checkpointing, evaluation, steps
+from . import build, checkpointing, evaluation, seq_parallel, steps
 from .config import TrainConfig
 from .data import eval_prompts, train_prompts
 from .epoch_metrics import epoch_metrics
@@ -136,8 +136,15 @@ class FlowGRPOTrainer:
         self.adapter = adapter if adapter is not None else build.load_adapter(cfg, acc.device)
         build.set_num_frames(self.adapter, cfg.sample.num_frames)
         build.set_shift(self.adapter, cfg.sample.shift)
+        build.set_vae_memory(self.adapter, cfg.model)
+        build.set_text_encoder_offload(self.adapter, cfg.model.offload_text_encoders)
+        # run.sequence_parallel > 1: rank / world index the data-parallel groups (flow_grpo.seq_parallel)
+        self.sp = seq_parallel.setup(cfg, acc, self.adapter)
+        if self.sp is not None:
+            self.rank, self.world = self.sp.dp_rank, self.sp.dp_world
         build.validate(cfg, self.adapter, self.world, self.sharded)
-        m = build.setup_model(cfg, acc, self.adapter, self.sharded)
+        m = build.setup_model(cfg, acc, self.adapter, self.sharded,
+                              before_prepare=self.sp.enable if self.sp is not None else None)
         self.model, self.optimizer, self.lr_scheduler = m.model, m.optimizer, m.lr_scheduler
         self.unwrapped, self.named_params, self.params, self.ema = m.unwrapped, m.named_params, m.params, m.ema
         self.reference_info = m.reference_info
@@ -150,6 +157,8 @@ class FlowGRPOTrainer:
         self.loss = next((fn for mt in self.methods if (fn := mt.loss()) is not None),
                          partial(steps.column_loss, self))
         self.rewards = RewardStack(cfg.reward, reward_fn)
+        if self.sp is not None:  # one reward call per sequence-parallel group, its result sent to the others
+            self.rewards.pointwise = self.sp.shared(self.rewards.pointwise)
         self.reward_fn = self.rewards.pointwise
         self.runner = None
         if cfg.reward.async_workers > 0:
@@ -406,6 +415,8 @@ class FlowGRPOTrainer:
             self.runner = None
         if self.logger is not None:
             self.logger.close()
+        if self.sp is not None:
+            self.sp.close()
 
 
 def train_from_config(cfg: TrainConfig) -> list[dict]:

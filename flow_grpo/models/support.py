@@ -5,9 +5,11 @@ One row per ``ADAPTERS`` kind: its pipeline class and media (from the adapter cl
 the trainer test that exercise it (``EVIDENCE``; tests/flow_grpo/test_support_matrix.py checks each named test
 exists, every kind has an entry, and the docs table is this module's output). Methods: every method preset runs on
 the adapter contract alone (``flow_grpo/models/base.py``), so the column names the preset(s) a test trains the kind
-with. LoRA: every adapter (``add_lora``); full fine-tuning (``enable_full_finetune``) and FSDP2 are tested on FLUX
-only (2 gloo processes on CPU); sequence parallelism (:mod:`flow_grpo.models.sequence_parallel`) is tested at the
-model level on Wan2.1 / Wan2.2 and is not wired into the trainer.
+with. LoRA: every adapter (``add_lora``); full fine-tuning (``enable_full_finetune``) is tested on FLUX only; FSDP2
+(2 gloo processes on CPU) on FLUX (full), Wan2.1 (LoRA, with sequence parallelism) and Wan2.2 A14B (LoRA, both
+experts); sequence parallelism (:mod:`flow_grpo.models.sequence_parallel`, the trainer's ``run.sequence_parallel``)
+at the model level on Wan2.1 / Wan2.2 / HunyuanVideo 1.5 (our own plan) and in the trainer on Wan2.1
+(``FSDP2_TESTED``, ``SP_TESTED``).
 
 Regenerate: ``python -m flow_grpo.models.support --write docs/generators.md``.
 """
@@ -55,7 +57,7 @@ EVIDENCE: dict[str, tuple[str, str, str, str]] = {
              "no resolution binning"),
     "wan22": (T + "test_models_wan22.py::test_wan22_a14b_matches_pipeline_call_bitwise",
               T + "test_trainer_generators.py::test_generator_trains_lora_two_epochs", "flow",
-              "A14B T2V (both experts trained) and TI2V-5B T2V"),
+              "A14B T2V (both experts trained; DDP needs run.ddp_find_unused_parameters=true) and TI2V-5B T2V"),
     "wan22_high": (T + "test_models_wan22.py::test_wan22_one_expert_trained",
                    T + "test_trainer_generators.py::test_wan22_trains_only_one_expert", "flow, window",
                    "A14B, high-noise expert only: train its steps"),
@@ -74,7 +76,12 @@ EVIDENCE: dict[str, tuple[str, str, str, str]] = {
 }
 
 
-SP_TESTED = ("wan", "wan22")  # tests/flow_grpo/test_sequence_parallel.py
+# tests/flow_grpo/test_sequence_parallel.py (2 gloo processes against one)
+SP_TESTED = {"wan": "Ulysses, tested: model + trainer (DDP, FSDP2, resume 1<->2; 2 CPU procs)",
+             "wan22": "Ulysses, tested: model level, both experts (2 CPU procs)",
+             "hunyuan_video15": "Ulysses with our own plan, tested: model level (2 CPU procs, within 1e-5)"}
+FSDP2_TESTED = {"flux": "tested: full fine-tune (2 CPU procs)", "wan": "tested: LoRA + seq. parallel (2 CPU procs)",
+                "wan22": "tested: LoRA, both experts (2 CPU procs)"}
 
 
 def tiny_kinds() -> dict[str, list[str]]:
@@ -99,7 +106,7 @@ def _sequence_parallel(kind: str, tiny: dict[str, list[str]]) -> str:
 
     base = "wan22" if kind in _KIND_ONLY else kind
     if kind in SP_TESTED:
-        return "Ulysses, tested (2 CPU procs)"
+        return SP_TESTED[kind]
     if base in UNSUPPORTED:
         return "refused (fails in diffusers)"
     return "plan exists, untested" if base in tiny["_cp_plan"] else "no (no diffusers plan)"
@@ -116,7 +123,7 @@ def rows(tiny: dict[str, list[str]] | None = None) -> list[list[str]]:
         lora_full = "LoRA; full (FSDP2) tested" if kind == "flux" else "LoRA; full untested"
         out.append([f"`{kind}`", f"`{cls.pipeline_cls_name}`", cls.media, tinies, f"`{eq.split('::')[1]}`",
                     f"`{trainer.split('::')[1]}` ({methods})", lora_full,
-                    "tested (2 CPU procs)" if kind == "flux" else "untested", _sequence_parallel(kind, tiny), notes])
+                    FSDP2_TESTED.get(kind, "untested"), _sequence_parallel(kind, tiny), notes])
     return out
 
 

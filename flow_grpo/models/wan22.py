@@ -25,9 +25,10 @@ decode are :class:`~flow_grpo.models.wan.WanAdapter`'s.
 Not covered: TI2V-5B with an image (``WanImageToVideoPipeline(expand_timesteps=True)`` overwrites the first latent
 frame with the image's at every step, so the SDE's log-prob would have to leave those dimensions out).
 
-Untested: multi-process training of ``wan22`` (both experts). A step batch uses one expert, so under DDP the other
-expert's trainable parameters get no gradient in that backward: DDP then needs ``find_unused_parameters=True``
-(accelerate's ``DistributedDataParallelKwargs``); FSDP2 on :class:`ExpertPair` has not been run.
+Several processes with both experts trained (``wan22``, ``wan22_i2v``): a step batch uses one expert, so under DDP
+the other expert's trainable parameters get no gradient in that backward; DDP then needs
+``run.ddp_find_unused_parameters=true`` (refused without it: DDP would leave the replicas apart). DDP with it and FSDP2
+(forced on CPU) train as one process does (2 gloo processes, tests/flow_grpo/test_sequence_parallel.py).
 
 LoRA files (:meth:`Wan22Adapter.save_lora`): the high-noise expert's in ``pytorch_lora_weights.safetensors``, the
 low-noise expert's in ``pytorch_lora_weights_transformer_2.safetensors``; load them with
@@ -58,7 +59,13 @@ def is_wan22(config) -> bool:
 class ExpertPair(torch.nn.Module):
     """The two A14B experts as one module (what the trainer prepares and the optimizer sees when both are trained):
     ``forward(..., expert="high" | "low")`` runs one of them. ``high`` is the pipeline's ``transformer``, ``low`` its
-    ``transformer_2`` (the same objects: sampling through the pipeline sees the trained weights)."""
+    ``transformer_2`` (the same objects: sampling through the pipeline sees the trained weights).
+
+    A forward runs one expert, so the other's trainable weights get no gradient from it: under DDP the trainer
+    needs ``run.ddp_find_unused_parameters=true`` (``partial_forward``; without it DDP silently leaves the replicas
+    apart). A full export writes one diffusers model folder per expert (:meth:`export_parts`)."""
+
+    partial_forward = True  # a forward uses part of the trainable weights (flow_grpo.build.setup_model checks DDP)
 
     def __init__(self, high: torch.nn.Module, low: torch.nn.Module):
         super().__init__()
@@ -70,6 +77,12 @@ class ExpertPair(torch.nn.Module):
     @property
     def config(self):
         return self.high.config
+
+    def export_parts(self, state: dict) -> dict:
+        """``{subfolder: (expert, its state)}`` of a state dict of this module (keys ``high.*`` / ``low.*``): the
+        high-noise expert in the export folder itself, the low-noise one in ``transformer_2/``."""
+        return {sub: (getattr(self, e), {k[len(e) + 1:]: v for k, v in state.items() if k.startswith(e + ".")})
+                for sub, e in (("", "high"), ("transformer_2", "low"))}
 
     @property
     def dtype(self) -> torch.dtype:

@@ -4,6 +4,12 @@
 Every function is collective: all processes call it in the same order.  Floats are reduced in float64; the
 reduction tensor goes to ``device`` if given, else to CUDA when the backend is NCCL (which needs CUDA tensors),
 else stays on the CPU.
+
+Replicated rows (sequence parallelism, :func:`set_row_source`): the processes of a sequence-parallel group hold the
+same samples. A process whose rows are another process's copy contributes nothing to sums (``all_reduce(op="sum")``,
+:func:`global_sum`) and no rows to gathers (:func:`gather_groups`, :func:`gather_rows`), so each sample counts once;
+it still receives the results, and its gather slice is its source's rows. Max reductions (stop flags, budgets),
+broadcasts, object gathers and barriers are unchanged: they run over every process.
 """
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-__all__ = ["process_group", "world_info", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
+__all__ = ["process_group", "world_info", "set_row_source", "row_source", "all_reduce", "global_sum", "global_max", "any_process", "all_gather_object",
            "broadcast_object", "barrier", "gather_groups", "gather_rows"]
 
 
@@ -31,6 +37,25 @@ def world_info() -> tuple[int, int]:
     return 0, 1
 
 
+_ROW_SOURCE: Optional[int] = None  # the process whose rows this process holds (None: its own)
+
+
+def set_row_source(rank: Optional[int]) -> None:
+    """Declare this process's rows a copy of process ``rank``'s (a sequence-parallel group's first process), or its
+    own (``None``, the default): see the module docstring. Every process of the group calls it with the same rank."""
+    global _ROW_SOURCE
+    _ROW_SOURCE = None if rank is None else int(rank)
+
+
+def row_source() -> Optional[int]:
+    """The rank given to :func:`set_row_source` (None: this process's rows are its own)."""
+    return _ROW_SOURCE
+
+
+def _is_copy(d) -> bool:
+    return _ROW_SOURCE is not None and _ROW_SOURCE != d.get_rank()
+
+
 def _device(d, device):
     if device is not None:
         return device
@@ -45,6 +70,8 @@ def all_reduce(values: Sequence[float], op: str = "sum", device=None) -> list[fl
     if d is None:
         return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device(d, device))
+    if op == "sum" and _is_copy(d):
+        t.zero_()  # replicated rows: counted by their source process only
     d.all_reduce(t, op=d.ReduceOp.SUM if op == "sum" else d.ReduceOp.MAX)
     return t.cpu().tolist()
 
@@ -136,6 +163,9 @@ def gather_groups(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], 
         return list(tensors), slice(0, n_local)
     import torch.distributed as d
 
+    source = rank if _ROW_SOURCE is None else _ROW_SOURCE
+    if source != rank:  # replicated rows: gathered from their source process only
+        tensors = [t[:0] for t in tensors]
     dev = tensors[0].device
     mine = _layout(tensors).to(dev)
     layouts_t = [torch.empty_like(mine) for _ in range(world)]
@@ -149,15 +179,15 @@ def gather_groups(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], 
                              "only the number of rows may differ")
     sizes = [int(x[0, 2]) for x in layouts]
     max_n = max(sizes)
-    offset = sum(sizes[:rank])
     out = []
     for t in tensors:
-        pad = torch.zeros((max_n - n_local,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        pad = torch.zeros((max_n - t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
         padded = torch.cat([t.contiguous(), pad], dim=0)
         parts = [torch.empty_like(padded) for _ in range(world)]
         d.all_gather(parts, padded)
         out.append(torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0))
-    return out, slice(offset, offset + n_local)
+    offset = sum(sizes[:source])
+    return out, slice(offset, offset + sizes[source])
 
 
 def gather_rows(tensors: list[torch.Tensor], device: Optional[Any] = None) -> tuple[list[torch.Tensor], slice]:

@@ -106,6 +106,19 @@ MODELS: dict[str, dict[str, Any]] = {
                  use_post_quant_conv=False),
         scheduler=dict(shift=3.0)),
 }
+# Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json; text_encoder: UMT5-XXL (google/umt5-xxl); vae:
+# AutoencoderKLWan's defaults (z_dim 16, stride 4 x 8 x 8). Wan2.2-T2V-A14B: two experts of this transformer
+# (transformer = high-noise, transformer_2 = low-noise, boundary_ratio 0.875), same text encoder and VAE.
+MODELS["wan2.1-t2v-14b"] = dict(
+    type="flow", kind="wan", source="Wan-AI/Wan2.1-T2V-14B-Diffusers */config.json", max_sequence_length=512,
+    experts=1, frames=81, height=480, width=832,
+    transformer=dict(patch_size=[1, 2, 2], num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                     out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+                     cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024),
+    t5=dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vocab_size=256384,
+            feed_forward_proj="gated-gelu"))
+MODELS["wan2.2-t2v-a14b"] = copy.deepcopy(MODELS["wan2.1-t2v-14b"])
+MODELS["wan2.2-t2v-a14b"].update(source="Wan-AI/Wan2.2-T2V-A14B-Diffusers */config.json", experts=2)
 MODELS["sd3.5-large"] = copy.deepcopy(MODELS["sd3.5-medium"])
 MODELS["sd3.5-large"].update(source="stabilityai/stable-diffusion-3.5-large */config.json")
 MODELS["sd3.5-large"]["transformer"].update(num_layers=38, num_attention_heads=38, caption_projection_dim=2432,
@@ -162,12 +175,24 @@ ACTIVATION_BYTES: dict[str, dict[str, float]] = {
 # (SD3.5-large scaled from FLUX: +8.8 %; from the measured SD3.5-medium, whose first 13 blocks are dual-attention
 # MMDiT-X blocks that large does not have: +43 %.)
 _REFERENCE = {"vlm": "qwen2.5-vl-7b", "flow": "flux.1-dev"}
+# Wan 14B (per expert; bf16, LoRA r=16 on to_q/k/v/out, gradient checkpointing per block), *counted*, not measured:
+# the bytes autograd saves for backward, on the meta device at real width (flow_grpo.memory_plan.count_wan_activations;
+# python -c "from flow_grpo.memory_plan import count_wan_activations as c; print(c())"): a_layer = what each
+# checkpointed block keeps (its bf16 input), a_fixed = the rest with checkpointing + the working set of the one block
+# recomputed in backward (frozen weights and math attention's n^2 scores left out: flash attention keeps O(n)).
+# No CPU measurement at truncated depth backs them yet (issue 39 item 3).
+ACTIVATION_COUNTED: dict[str, dict[str, float]] = {
+    "wan2.1-t2v-14b": {"a_layer": 10401.9, "a_fixed": 602572.3},
+}
+ACTIVATION_COUNTED["wan2.2-t2v-a14b"] = ACTIVATION_COUNTED["wan2.1-t2v-14b"]  # one expert runs per forward
 
 
 def activation_for(name: str) -> tuple[dict[str, float], str]:
-    """(constants, provenance) for ``name``: measured, or scaled from the reference model of its type."""
+    """(constants, provenance) for ``name``: measured, counted, or scaled from the reference model of its type."""
     if name in ACTIVATION_BYTES:
         return ACTIVATION_BYTES[name], "measured"
+    if name in ACTIVATION_COUNTED:
+        return ACTIVATION_COUNTED[name], "counted on the meta device, not measured"
     spec = get_spec(name)
     ref = _REFERENCE[spec["type"]]
     if ref not in ACTIVATION_BYTES:
@@ -207,14 +232,15 @@ def plan(spec_name: str, *, full: bool = False, world: int = 1,
          strategy: str = "ddp", rows: int = 8, prompt_tokens: int = 0, completion_len: int = 256,
          flow_tokens: int = 0, fp32_master_weights: bool = True, logprob_chunk: int = 0,
          vllm_fraction: float = 0.0, gpu_gb: float = 0.0, gpu: bool = True, activation: dict | None = None,
-         n: dict, reference: bool = False) -> dict:
+         n: dict, reference: bool = False, sequence_parallel: int = 1) -> dict:
     """Per-device bytes, by component, and ``total``; ``fits`` when ``gpu_gb`` is given.
 
     ``n``: the parameter counts of the model (``counts`` of its front-end's planner, at ``layers`` and ``lora_r``).
     ``rows``: sequences per micro-batch (VLM: rollouts per forward/backward; flow: images per chunk);
     ``prompt_tokens`` (VLM, per row) / ``flow_tokens`` (flow: image + text tokens per image); ``reference``: a full
     fine-tune keeps a frozen bf16 copy of the model as the KL reference (VLM ``algo.kl_coef > 0``: ``load_policy``'s
-    ``need_reference``; LoRA uses the model with the adapter off, no copy)."""
+    ``need_reference``; LoRA uses the model with the adapter off, no copy). ``sequence_parallel`` (flow): each process
+    of a group holds 1/P of the tokens' activations (``run.sequence_parallel``)."""
     spec = get_spec(spec_name)
     sharded = strategy in ("fsdp2", "zero3")
     div = world if sharded else 1
@@ -250,7 +276,7 @@ def plan(spec_name: str, *, full: bool = False, world: int = 1,
         else:
             out["rollout_engine"] = n["layers"] * n["kv"] * rows * (prompt_tokens + completion_len)
     else:
-        tokens = rows * flow_tokens
+        tokens = rows * flow_tokens / max(1, sequence_parallel)
         out["activations"] = tokens * (n["layers"] * a["a_layer"] + a["a_fixed"])
     total = sum(out.values())
     if gpu:
@@ -286,9 +312,13 @@ def plan_rehearsal(spec: dict, n: dict, full: bool, tokens: dict, activation: di
     return plan(name, full=full, rows=rows, flow_tokens=flow_tokens(spec), gpu=False, activation=activation, n=n)
 
 
-def flow_tokens(spec: dict, height: int = 512, width: int = 512) -> int:
+def flow_tokens(spec: dict, height: int = 512, width: int = 512, frames: int = 0) -> int:
     """Image + text tokens per image in the transformer (FLUX: 2x2-packed latents + 512 T5 tokens; SD3: patch-2
-    latents + 77 CLIP + 256 T5 tokens)."""
+    latents + 77 CLIP + 256 T5 tokens); Wan: the video tokens, ``(frames - 1) / 4 + 1`` latent frames of
+    ``height / 16 x width / 16`` patches (the text enters by cross-attention; ``frames`` 0 = the release's 81)."""
+    if spec["kind"] in ("wan", "wan22"):
+        f = frames or spec["frames"]
+        return ((f - 1) // 4 + 1) * (height // 16) * (width // 16)
     img = (height // 16) * (width // 16)
     return img + (spec["max_sequence_length"] + (77 if spec["kind"] == "sd3" else 0))
 
@@ -349,8 +379,10 @@ def _match_model(kind: str, cfg_dict: dict) -> tuple[str, int | None] | None:
                 return name, (n if n and n != spec["text"]["num_hidden_layers"] else None)
         if spec["type"] == "flow" and kind == "flow":
             c = spec["transformer"]
+            cls = cfg_dict.get("_class_name", "")
             if all(cfg_dict.get(k) == c[k] for k in ("num_attention_heads", "attention_head_dim")) \
-                    and cfg_dict.get("_class_name", "").startswith("Flux") == (spec["kind"] == "flux"):
+                    and cls.startswith("Flux") == (spec["kind"] == "flux") \
+                    and cls.startswith("Wan") == (spec["kind"] == "wan"):
                 n = cfg_dict.get("num_layers")
                 return name, (n if n and n != c["num_layers"] else None)
     return None
@@ -376,6 +408,7 @@ def plan_for_config(kind: str, cfg: Any, counts: Callable[..., dict], *, world: 
     ``counts(spec, layers, lora_r)``: the front-end's exact parameter counts (``mmgrpo.vlm.memory_plan.counts``,
     ``flow_grpo.memory_plan.counts``). Raises OSError when the config.json cannot be read."""
     import json
+    import os
 
     layers = None
     if model is None:
@@ -384,6 +417,9 @@ def plan_for_config(kind: str, cfg: Any, counts: Callable[..., dict], *, world: 
         if m is None:
             return None
         model, layers = m
+    if model == "wan2.1-t2v-14b" and os.path.isfile(os.path.join(cfg.model.pipeline_dir, "transformer_2",
+                                                                  "config.json")):
+        model = "wan2.2-t2v-a14b"  # the same transformer widths, two experts
     spec = MODELS[model]
     if spec["type"] != kind:
         raise ValueError(f"{model} is not a {'Qwen-VL' if kind == 'vlm' else 'flow'} model")
@@ -401,8 +437,9 @@ def plan_for_config(kind: str, cfg: Any, counts: Callable[..., dict], *, world: 
         s = dict(spec, max_sequence_length=cfg.model.max_sequence_length or spec["max_sequence_length"])
         p = plan(model, full=not lora.enabled, world=world, strategy=strategy,
                  rows=cfg.sample.batch_size * (2 if cfg.sample.cfg else 1),
-                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width),
-                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu, n=n)
+                 flow_tokens=flow_tokens(s, cfg.sample.height, cfg.sample.width, cfg.sample.num_frames),
+                 fp32_master_weights=cfg.optim.fp32_master_weights, gpu_gb=gpu_gb, gpu=gpu, n=n,
+                 sequence_parallel=cfg.run.sequence_parallel)
     return model, layers, p
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from mmgrpo.vlm.methods import MethodsConfig
+from mmgrpo.vlm.tools.config import ToolsConfig
 from mmgrpo.utils.config import check_choices
 
 
@@ -390,6 +391,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     format_guard: FormatGuardConfig = field(default_factory=FormatGuardConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)  # multi-turn tool rollouts (mmgrpo.vlm.tools)
 
     def __post_init__(self):
         check_choices(self)
@@ -438,6 +440,21 @@ class TrainConfig:
         self._check_numbers()
         self.validation.check(self.run, self.data.task)
         self.format_guard.check()
+        if self.tools.enabled:
+            self.tools.check()
+            if self.methods.t_grpo.enabled or self.methods.tempsamp_r1.enabled:
+                raise ValueError("tools.enabled: T-GRPO's shuffled rollouts and TempSamp-R1's injected ground truth "
+                                 "are single-turn; disable them for multi-turn tool rollouts")
+            # methods whose token statistics read completion_mask as the policy's tokens (a multi-turn row's
+            # completion also holds its tool turns): not verified with tool rollouts yet
+            m = self.methods
+            unverified = [n for n, on in (("tw_grpo", m.tw_grpo.enabled), ("entropy", m.entropy.enabled),
+                                          ("seed_grpo", m.seed_grpo.enabled), ("kimi_length", m.kimi_length.enabled),
+                                          ("dapo_overlong", m.dapo_overlong.enabled)) if on]
+            if unverified:
+                raise ValueError(f"tools.enabled with methods {unverified}: their per-token statistics / lengths "
+                                 "count a multi-turn row's tool-turn tokens as the policy's (completion_mask); not "
+                                 "supported with tool rollouts yet")
 
     def _check_numbers(self) -> None:
         """Values that would only fail after the model loaded (or silently train nothing): checked at parse time."""

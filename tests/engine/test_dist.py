@@ -42,6 +42,14 @@ def _worker(rank: int, init: str, out: str) -> None:
         }
         rows, sl = D.gather_rows([torch.arange(rank + 1) + 10 * rank], "cpu")  # ragged: 1 row, then 2 rows
         res["rows"], res["slice"] = rows[0].tolist(), [sl.start, sl.stop]
+        # rank 1's rows declared a copy of rank 0's (a sequence-parallel group): counted and gathered once
+        D.set_row_source(0)
+        try:
+            rows, sl = D.gather_rows([torch.arange(2) + 10 * rank], "cpu")
+            res["sp"] = {"sum": D.global_sum(rank + 1.5), "max": D.global_max(10.0 + 3 * rank),
+                         "rows": rows[0].tolist(), "slice": [sl.start, sl.stop], "src": D.row_source()}
+        finally:
+            D.set_row_source(None)
         D.barrier()
         with open(f"{out}.{rank}", "w") as f:
             json.dump(res, f)
@@ -61,3 +69,5 @@ def test_two_gloo_processes(tmp_path):
         assert res["world"] == [k, 2] and res["any"] == [True, False, True]
         assert res["rows"] == [0, 10, 11]
     assert r[0]["slice"] == [0, 1] and r[1]["slice"] == [1, 3]
+    for res in r:  # rank 0's sum and rows only; the max still over both; both get rank 0's slice
+        assert res["sp"] == {"sum": 1.5, "max": 13.0, "rows": [0, 1], "slice": [0, 2], "src": 0}

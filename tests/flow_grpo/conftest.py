@@ -186,6 +186,46 @@ def dist_case(case: str, out) -> tuple[list[str], dict]:
     return train_overrides("flux", "fast", out, **base), rewards
 
 
+# ------------------------------------------------------------------------------------------------ sequence parallel
+def sp_train_case(out, sp: int, epochs: int, resume_from=None, accelerator=None, dump=None, kind="wan", **extra):
+    """The trainer on a tiny Wan (``kind``: wan = Wan2.1, wan22 = Wan2.2 A14B, both experts; LoRA, 2 groups of 2,
+    4 steps, CFG) at ``run.sequence_parallel=sp`` up to epoch ``epochs`` (resumed from ``resume_from`` if given), in
+    this process group; the reward (a block of every frame) counts its calls. ``dump(run, traj)`` runs after each
+    epoch's updates. Returns (trainer, history, calls) (_sp_worker.py on 2 processes, test_sequence_parallel.py on
+    one)."""
+    from flow_grpo.config import load_train_config
+    from flow_grpo.trainer import FlowGRPOTrainer
+    import flow_grpo.trainer as T
+
+    calls = [0]
+
+    def video_block(videos, prompts, metadata):
+        calls[0] += 1
+        return {"vblock": torch.as_tensor(videos).float()[:, :, :8, :8].mean(dim=(1, 2, 3, 4)) / 255.0}
+
+    ov = {"model.tiny": kind, "sample.num_frames": 5, "sample.height": 32, "sample.width": 32,
+          "sample.guidance_scale": 5.0, "sample.cfg": "true", "model.max_sequence_length": 16, "optim.eps": 1e-3,
+          "reward.weights": "{vblock: 1.0}", "run.num_epochs": epochs, "run.save_every": 1, "run.keep_last": 5,
+          "run.device": "cpu", "run.sequence_parallel": sp, "optim.kl_coef": 0.01, "run.eval_every": 1,
+          "data.eval_prompts": "[a red cube, a cat]",
+          **({"run.resume_from": str(resume_from)} if resume_from is not None else {}), **extra}
+    tr = FlowGRPOTrainer(load_train_config(None, train_overrides("wan", "flow", out, **ov)),
+                         reward_fn={"vblock": video_block}, accelerator=accelerator)
+    orig = T.epoch_metrics
+
+    def metrics_and_dump(run, traj, *a, **k):
+        if dump is not None:
+            dump(run, traj)
+        return orig(run, traj, *a, **k)
+
+    T.epoch_metrics = metrics_and_dump
+    try:
+        hist = tr.train()
+    finally:
+        T.epoch_metrics = orig
+    return tr, hist, calls[0]
+
+
 # ------------------------------------------------------------------------------------------------ every preset, 2 processes
 # test_distributed_presets.py: every preset trains PRESET_EPOCHS epochs on 2 processes (_dist_presets_worker.py) and
 # in one process; 2 groups of 2 per epoch = 1 group per process, so per-group plans (fast, g2rpo, tp_grpo, vgpo) and
@@ -235,6 +275,7 @@ def run_preset_case(name: str, out) -> list[dict]:
 DIST_JOBS = {  # name: (worker script, test module that waits for it)
     "main": ("_dist_worker.py", "test_trainer_distributed"),
     "presets": ("_dist_presets_worker.py", "test_distributed_presets"),
+    "sp": ("_sp_worker.py", "test_sequence_parallel"),
 }
 _DIST_JOBS: dict = {}
 

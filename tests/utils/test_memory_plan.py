@@ -137,3 +137,33 @@ def test_fit_recovers_constants_for_cfg_models(tmp_path):
         assert abs(res["activation"]["a_layer"] - 1000.0) < 1.0, (name, res["activation"])
         assert abs(res["activation"]["a_fixed"]) < 1.0, (name, res["activation"])
         assert all(abs(r["error"]) < 1e-4 for r in res["runs"].values()), (name, res["runs"])
+
+
+def test_wan_14b_rows_by_hand(capsys):
+    """Wan2.1-T2V-14B / Wan2.2-T2V-A14B at 480x832x81: a block's parameters counted by hand, the video tokens, the
+    activation term (counted constants, divided by the sequence-parallel size) and the plan command's row."""
+    from flow_grpo.cli import main
+
+    n = fmp.counts(mp.MODELS["wan2.1-t2v-14b"])
+    h, ffn = 5120, 13824
+    attn = 4 * (h * h + h) + 2 * h  # q, k, v, out (+ biases), RMS norms of q and k across heads
+    block = 2 * attn + (h * ffn + ffn) + (ffn * h + h) + 2 * h + 6 * h  # self + cross attention, FFN, norm2, table
+    assert n["per_layer"] == block == 351_394_304 and n["layers"] == 40
+    assert n["encoders"] == 5_680_910_336  # UMT5-XXL encoder
+    n2 = fmp.counts(mp.MODELS["wan2.2-t2v-a14b"])
+    assert n2["full"] == 2 * n["full"] and n2["lora"] == 2 * n["lora"] and n2["layers"] == 40
+    tokens = mp.flow_tokens(mp.MODELS["wan2.1-t2v-14b"], 480, 832, 81)
+    assert tokens == 21 * 30 * 52  # (81 - 1) / 4 + 1 latent frames of 60 x 104, 2 x 2 patches
+    a = mp.activation_for("wan2.1-t2v-14b")
+    assert a[1].startswith("counted")
+    for sp in (1, 4):
+        p = mp.plan("wan2.1-t2v-14b", world=8, rows=2, flow_tokens=tokens, n=n, sequence_parallel=sp, gpu=False)
+        assert p["activations"] == pytest.approx(2 * tokens / sp * (40 * a[0]["a_layer"] + a[0]["a_fixed"]))
+    # FSDP2 on 8 x 80 GB, one video per micro-batch with CFG's two passes in the loss: 2 x 32,760 tokens of
+    # activations per device do not fit; with sequence parallelism over 2 processes they do
+    fsdp = dict(world=8, strategy="fsdp2", rows=2, flow_tokens=tokens, n=n, gpu_gb=80)
+    assert not mp.plan("wan2.1-t2v-14b", **fsdp)["fits"] and mp.plan("wan2.1-t2v-14b", sequence_parallel=2, **fsdp)["fits"]
+    assert main(["plan", "--model", "wan2.1-t2v-14b", "--world", "8", "--strategy", "fsdp2", "sample.height=480",
+                 "sample.width=832", "sample.num_frames=81", "sample.batch_size=1", "sample.cfg=true",
+                 "run.sequence_parallel=2"]) == 0
+    assert "counted on the meta device" in capsys.readouterr().out

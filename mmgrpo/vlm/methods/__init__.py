@@ -298,6 +298,37 @@ class ReLIFTOptions:
     capacity: int = field(default=64, metadata=_h("hardest prompts kept (oldest out)"))
 
 
+@dataclass
+class MGPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "MGPO multi-turn grounding: checks tools.call_format=mgpo (first turn: a box, cropped from the source; second "
+        "turn: the answer) and logs mgpo/grounded, mgpo/acc_grounded; mmgrpo.vlm.methods.mgpo"))
+
+
+@dataclass
+class ParaGRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "PARA-GRPO-style frame requests (ParaVT / VITAL): a format term on structure tokens only and per-prompt "
+        "frame-budget randomisation; mmgrpo.vlm.methods.para_grpo"))
+    format_coef: float = field(default=0.1, metadata=_h(
+        "weight of the structure-token term (group-normalised 0/1 well-formedness, on structure tokens only)"))
+    structure_tokens: list[str] = field(default_factory=lambda: ["<tool_call>", "</tool_call>", "<answer>",
+                                                                 "</answer>"],
+                                        metadata=_h("the strings whose tokens carry the format term"))
+    min_frames: int = field(default=0, metadata=_h(
+        "frame-budget randomisation: each video prompt's first view keeps an even number of frames drawn uniformly "
+        "in [min_frames, max_frames] (0 = off); fewer frames make the seek tool pay"))
+    max_frames: int = field(default=0, metadata=_h("upper end of the frame budget (0 = the clip's frames)"))
+
+
+@dataclass
+class TurnShapingOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "per-turn shaping of tool rollouts: a policy turn whose tool calls failed is penalised on its own tokens "
+        "(an extra policy-gradient term); mmgrpo.vlm.methods.turn_shaping"))
+    failure_penalty: float = field(default=0.1, metadata=_h("shaping value -penalty per failed call of the turn"))
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -359,6 +390,16 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
     MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
                "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
+    MethodSpec("mgpo", "mmgrpo.vlm.methods.mgpo:MGPO", lambda c: c.methods.mgpo.enabled,
+               "MGPO multi-turn grounding with tool rollouts (methods.mgpo.enabled, tools.call_format=mgpo)",
+               options=MGPOOptions),
+    MethodSpec("para_grpo", "mmgrpo.vlm.methods.para_grpo:ParaGRPO", lambda c: c.methods.para_grpo.enabled,
+               "PARA-GRPO structure-token format term + frame-budget randomisation (methods.para_grpo.enabled)",
+               options=ParaGRPOOptions),
+    MethodSpec("turn_shaping", "mmgrpo.vlm.methods.turn_shaping:TurnShaping",
+               lambda c: c.methods.turn_shaping.enabled,
+               "per-turn shaping of tool rollouts: failed calls penalise their turn's tokens "
+               "(methods.turn_shaping.enabled)", options=TurnShapingOptions),
     MethodSpec("iou_curriculum", "mmgrpo.vlm.methods.iou_curriculum:IoUCurriculum",
                lambda c: c.methods.iou_curriculum.enabled,
                "MedLoc-R1-style IoU-threshold reward curriculum (methods.iou_curriculum.enabled)",

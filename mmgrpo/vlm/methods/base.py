@@ -81,6 +81,7 @@ class LossInputs:
     rows: int = 0  # rows of this micro-batch (0: logp's)
     algo: Any = None  # the run's AlgoConfig (required; a field with a default only for the field order)
     max_len: int | None = None  # rollout.max_new_tokens (Dr.GRPO's L; None: T)
+    index: "torch.Tensor | None" = None  # (n,) the micro-batch's rows in the step's batch (per-row method state)
 
     def __post_init__(self):
         if self.algo is None:  # not imported here: mmgrpo.vlm.config imports the method registry

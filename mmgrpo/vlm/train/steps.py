@@ -142,7 +142,7 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
                 seeds = [sample_seed(run.cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
                 out = run.backend.generate(
                     [pp.item for _, pp in part], k, run.sampling, seeds=seeds,
-                    raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip,
+                    raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip, "sample": pp.sample,
                                   "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
                 n_tok += int(out.completion_mask.sum())
                 T = out.completion_ids.shape[1]
@@ -150,7 +150,7 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
                     sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
                                          offpolicy=False, truncated=bool(out.truncated[r]),
                                          lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
-                                         pp=pp, group=pos)
+                                         pp=pp, group=pos, **_multiturn_fields(out, r))
                                     for r in range(i * k, (i + 1) * k)]
                 if overlap is not None:
                     overlap.submit([x for pos, _ in part for x in sampled[pos]])
@@ -163,6 +163,17 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
     for m in run.methods:
         m.on_rewards(rb)
     return rb
+
+
+def _multiturn_fields(out, r: int) -> dict:
+    """A multi-turn rollout's (mmgrpo.vlm.tools.rollout) row: its own prompt item (tool media appended), the loss
+    mask over its policy tokens and its turn / tool-call counts; nothing for a single-turn backend."""
+    if out.items is None:
+        return {}
+    return dict(item=out.items[r], loss_mask=out.loss_mask[r], turn_info=out.turn_info[r])
+
+
+TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens")
 
 
 def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOverlap | None = None) -> RolloutBatch:
@@ -180,11 +191,16 @@ def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOv
     parse_failed = scored.pop("parse_failed").bool()
     failed = scored.pop("_failed").bool()
     rewards = {k: v.float() for k, v in scored.items()}
+    if any("turn_info" in r for r in rows):  # per-row tool counts, logged as reward/tools/<count>/mean
+        for k in TOOL_COUNTS:
+            rewards[f"tools/{k}"] = torch.tensor([float(r.get("turn_info", {}).get(k, 0)) for r in rows])
     mask = torch.stack([pad1(r["mask"].long(), 0) for r in rows])
-    return RolloutBatch(items=[r["pp"].item for r in rows], samples=[r["pp"].sample for r in rows], texts=texts,
-                        prompts=[r["pp"] for r in rows],
+    loss_mask = torch.stack([pad1(r["loss_mask"].long(), 0) if "loss_mask" in r else pad1(r["mask"].long(), 0)
+                             for r in rows])
+    return RolloutBatch(items=[r.get("item", r["pp"].item) for r in rows], samples=[r["pp"].sample for r in rows],
+                        texts=texts, prompts=[r["pp"] for r in rows],
                         completion_ids=torch.stack([pad1(r["ids"], run.pad_id) for r in rows]),
-                        completion_mask=mask, loss_mask=mask.clone(),
+                        completion_mask=mask, loss_mask=loss_mask,
                         group_ids=torch.tensor([r["group"] for r in rows], dtype=torch.long),
                         is_offpolicy=torch.tensor([r["offpolicy"] for r in rows]),
                         truncated=torch.tensor([r["truncated"] for r in rows]), parse_failed=parse_failed,
@@ -547,7 +563,8 @@ def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: 
                         advantages=b.advantages[idx].to(lp.device), mask=m, group_ids=b.group_ids[idx].to(lp.device),
                         token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), logits=logits,
                         offpolicy=b.is_offpolicy[idx].to(lp.device),
-                        totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens)
+                        totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens,
+                        index=idx if b is rb else None)
         out = run.loss.fn(li)
         loss = out.loss
         if not wgt:  # a padding forward (weight 0): the methods' terms see no loss token
