@@ -225,8 +225,11 @@ class AlgoConfig:
     clip_high: Optional[float] = field(default=None, metadata=_h("clip-higher epsilon (DAPO 0.28); none = clip_low"))
     dual_clip: Optional[float] = field(default=None, metadata=_h("dual-clip cap c > 1 for A < 0 (EasyR1 3.0)"))
     ratio_level: Literal["token", "sequence"] = field(default="token", metadata=_h("sequence = GSPO ratio"))
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"] = field(
-        default="token_mean", metadata=_h("loss aggregation (sets the length bias)"))
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "local_token_mean"] = field(
+        default="token_mean", metadata=_h(
+            "loss aggregation (sets the length bias): token_mean = over the step's tokens (DAPO, TRL 'dapo'); "
+            "seq_mean_token_mean (GRPO); seq_mean_token_sum_norm (Dr.GRPO); local_token_mean = over each "
+            "micro-batch's tokens (TRL 'bnpo'; BNPO the paper is methods.bnpo)"))
     kl_coef: float = field(default=0.0, metadata=_h("beta of the KL to the frozen reference (0 = no reference)"))
     kl_estimator: Literal["k1", "k2", "k3"] = field(default="k3", metadata=_h("per-token KL estimator"))
     num_iterations: int = field(default=1, metadata=_h("optimizer updates per rollout batch (mu); >1 uses old log-probs"))
@@ -380,6 +383,10 @@ class TrainConfig:
     # sections that moved into ``methods`` (the old key is an error naming the new one)
     __config_moved__ = {"tempsamp": "methods.tempsamp_r1", "tgrpo": "methods.t_grpo", "twgrpo": "methods.tw_grpo",
                         "selection": "methods.selection"}
+    # values that were renamed (the old value is an error naming the new one)
+    __config_renamed_values__ = {"algo.agg": {"bnpo": (
+        "'bnpo' was renamed 'local_token_mean' (TRL's loss_type='bnpo': a token mean over each micro-batch); BNPO the "
+        "paper (Beta-normalised advantages) is methods.bnpo.enabled=true")}}
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

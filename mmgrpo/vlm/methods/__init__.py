@@ -213,6 +213,128 @@ class KimiLengthOptions:
         "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
 
 
+# ----------------------------------------------------------------------------- issue #38: loss, ratio, KL variants
+@dataclass
+class CISPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "CISPO (MiniMax-M1): the policy loss is -sg(clip(rho, min_ratio, max_ratio)) * A * log pi (every token keeps "
+        "a gradient; the clip bounds its weight); mmgrpo.vlm.methods.cispo"))
+    max_ratio: float = field(default=5.0, metadata=_h("cap of the detached ratio weight (TRL passes epsilon_high "
+                                                      "as this cap)"))
+    min_ratio: Optional[float] = field(default=None, metadata=_h("lower bound of the weight (none = no bound)"))
+
+
+@dataclass
+class SAPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "SAPO (Qwen): soft gate (4/tau) sigmoid(tau (rho - 1)) instead of PPO's hard clip; mmgrpo.vlm.methods.sapo"))
+    tau_pos: float = field(default=1.0, metadata=_h("gate temperature where A > 0 (the paper: 1.0)"))
+    tau_neg: float = field(default=1.05, metadata=_h("gate temperature where A < 0 (the paper: 1.05)"))
+
+
+@dataclass
+class DCPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DCPO: per-token clip bounds from the old token probability + smooth advantage standardisation with each "
+        "prompt's reward history; mmgrpo.vlm.methods.dcpo"))
+    dynamic_clip: bool = field(default=True, metadata=_h("the per-token bounds (off: algo.clip_low/high)"))
+    eps_low: float = field(default=0.16, metadata=_h("epsilon of the lower bound (the paper: 0.16)"))
+    eps_high: float = field(default=0.2, metadata=_h("epsilon of the upper bound (the paper: 0.2)"))
+    max_ratio: float = field(default=10.0, metadata=_h("hard cap of the upper bound (the paper: 10)"))
+    smooth_advantages: bool = field(default=True, metadata=_h(
+        "the smooth advantage standardisation (off: GRPO's group advantages)"))
+
+
+@dataclass
+class DHPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DHPO: the PPO surrogate on w * token ratio + (1 - w) * GSPO sequence ratio, each clipped in its own region "
+        "(averaging variant); mmgrpo.vlm.methods.dhpo"))
+    token_weight: float = field(default=0.5, metadata=_h("w (1 = GRPO, 0 = GSPO)"))
+    seq_clip_low: float = field(default=3e-4, metadata=_h("sequence-ratio clip epsilon below 1 (GSPO's 3e-4)"))
+    seq_clip_high: float = field(default=4e-4, metadata=_h("sequence-ratio clip epsilon above 1 (GSPO's 4e-4)"))
+
+
+@dataclass
+class BalancedAggOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Balanced Aggregation: token means over positive- and negative-advantage responses apart, mixed with their "
+        "sequence shares (replaces algo.agg for the policy term); mmgrpo.vlm.methods.balanced_agg"))
+
+
+@dataclass
+class BNPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "BNPO: advantages (s - p_g) / Beta(alpha, beta) density at the group's success rate p_g, (alpha, beta) "
+        "fitted to the batch's success rates every step; mmgrpo.vlm.methods.bnpo"))
+    min_reward: float = field(default=0.0, metadata=_h("smallest (weighted) total reward: mapped to 0"))
+    max_reward: float = field(default=1.0, metadata=_h("largest (weighted) total reward: mapped to 1"))
+    max_weight: float = field(default=1e6, metadata=_h("cap of 1 / density (the release: 1e6)"))
+
+
+@dataclass
+class KLScheduleOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GRPO-D (OThink-MR1) scheduled KL: the KL weight follows a schedule instead of the constant algo.kl_coef "
+        "(needs algo.kl_coef > 0 for the reference); mmgrpo.vlm.methods.kl_schedule"))
+    start: float = field(default=0.0, metadata=_h("KL weight at step 0"))
+    end: Optional[float] = field(default=None, metadata=_h("KL weight after the ramp (none = algo.kl_coef)"))
+    steps: int = field(default=100, metadata=_h("steps of the ramp"))
+    warmup: int = field(default=0, metadata=_h("steps held at start before the ramp"))
+    shape: Literal["linear", "cosine", "constant"] = field(default="linear", metadata=_h("ramp shape"))
+
+
+@dataclass
+class RefResetOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "ProRL periodic reference reset: every `every` applied updates the KL reference becomes a copy of the "
+        "policy and the optimizer state is cleared (full fine-tuning, algo.kl_coef > 0); "
+        "mmgrpo.vlm.methods.ref_reset"))
+    every: int = field(default=100, metadata=_h("applied optimizer updates between resets"))
+    reset_optimizer: bool = field(default=True, metadata=_h("also clear the optimizer's moments (ProRL does)"))
+
+
+# ----------------------------------------------------------------------------- issue #38: length and thinking
+@dataclass
+class GRPOLambdaOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GRPO-lambda: the Kimi length penalty only in groups whose correctness ratio is high (the others keep the "
+        "plain reward); mmgrpo.vlm.methods.grpo_lambda"))
+    ratio_threshold: float = field(default=0.5, metadata=_h(
+        "a group is penalised when its share of correct completions is at least this"))
+    top_fraction: float = field(default=0.0, metadata=_h(
+        "> 0: instead, penalise this fraction of the step's groups, those with the highest correctness ratios"))
+    coef: float = field(default=1.0, metadata=_h("weight of the length penalty in the total reward"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
+@dataclass
+class DRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DRPO: the positive advantages of correct completions are re-weighted by a length reward normalised "
+        "within the group's correct subset (weights mean 1, always > 0); mmgrpo.vlm.methods.drpo"))
+    temperature: float = field(default=1.0, metadata=_h(
+        "tau of the weights softmax(-z / tau) over the correct subset (z: length z-score there); small = strong"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
+@dataclass
+class TONOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "TON (think or not): a completion may skip its thought (an empty <think></think>, or a direct answer when "
+        "direct_is_skip); format reward accepting both; think ratio, lengths and accuracy per mode logged; "
+        "mmgrpo.vlm.methods.ton"))
+    format_weight: float = field(default=0.0, metadata=_h(
+        "weight of TON's format reward (<think>..</think><answer>..</answer>, the thought may be empty) added to "
+        "the total (0 = logging only)"))
+    direct_is_skip: bool = field(default=True, metadata=_h(
+        "a completion without a think block counts as a skip (and passes the format) instead of malformed"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
 @dataclass
 class PassRateFilterOptions:
     enabled: bool = field(default=False, metadata=_h(
@@ -390,6 +512,31 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
     MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
                "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
+    # issue #38: length and thinking control (rewards / advantages), then loss, ratio and KL variants
+    MethodSpec("grpo_lambda", "mmgrpo.vlm.methods.grpo_lambda:GRPOLambda", lambda c: c.methods.grpo_lambda.enabled,
+               "GRPO-lambda length penalty switched by the group's correctness ratio (methods.grpo_lambda.enabled)",
+               options=GRPOLambdaOptions),
+    MethodSpec("ton", "mmgrpo.vlm.methods.ton:TON", lambda c: c.methods.ton.enabled,
+               "TON think-or-not: skip-thought option, format and per-mode logs (methods.ton.enabled)",
+               options=TONOptions),
+    MethodSpec("drpo", "mmgrpo.vlm.methods.drpo:DRPO", lambda c: c.methods.drpo.enabled,
+               "DRPO length weights within the correct subset (methods.drpo.enabled)", options=DRPOOptions),
+    MethodSpec("bnpo", "mmgrpo.vlm.methods.bnpo:BNPO", lambda c: c.methods.bnpo.enabled,
+               "BNPO Beta-normalised advantages (methods.bnpo.enabled)", options=BNPOOptions),
+    MethodSpec("dcpo", "mmgrpo.vlm.methods.dcpo:DCPO", lambda c: c.methods.dcpo.enabled,
+               "DCPO dynamic clip + smooth advantage standardisation (methods.dcpo.enabled)", options=DCPOOptions),
+    MethodSpec("cispo", "mmgrpo.vlm.methods.cispo:CISPO", lambda c: c.methods.cispo.enabled,
+               "CISPO clipped-IS-weight REINFORCE loss (methods.cispo.enabled)", options=CISPOOptions),
+    MethodSpec("sapo", "mmgrpo.vlm.methods.sapo:SAPO", lambda c: c.methods.sapo.enabled,
+               "SAPO soft-gated loss (methods.sapo.enabled)", options=SAPOOptions),
+    MethodSpec("dhpo", "mmgrpo.vlm.methods.dhpo:DHPO", lambda c: c.methods.dhpo.enabled,
+               "DHPO token/sequence hybrid ratio (methods.dhpo.enabled)", options=DHPOOptions),
+    MethodSpec("balanced_agg", "mmgrpo.vlm.methods.balanced_agg:BalancedAgg", lambda c: c.methods.balanced_agg.enabled,
+               "Balanced Aggregation of the policy loss (methods.balanced_agg.enabled)", options=BalancedAggOptions),
+    MethodSpec("kl_schedule", "mmgrpo.vlm.methods.kl_schedule:KLSchedule", lambda c: c.methods.kl_schedule.enabled,
+               "GRPO-D scheduled KL weight (methods.kl_schedule.enabled)", options=KLScheduleOptions),
+    MethodSpec("ref_reset", "mmgrpo.vlm.methods.ref_reset:RefReset", lambda c: c.methods.ref_reset.enabled,
+               "ProRL periodic reference + optimizer reset (methods.ref_reset.enabled)", options=RefResetOptions),
     MethodSpec("mgpo", "mmgrpo.vlm.methods.mgpo:MGPO", lambda c: c.methods.mgpo.enabled,
                "MGPO multi-turn grounding with tool rollouts (methods.mgpo.enabled, tools.call_format=mgpo)",
                options=MGPOOptions),
