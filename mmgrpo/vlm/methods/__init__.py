@@ -336,6 +336,91 @@ class TONOptions:
 
 
 @dataclass
+class PassRateFilterOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "online difficulty filtering (DAPO / EasyR1 dynamic sampling on the pass rate): drop groups whose pass rate "
+        "is outside [low, high] and refill the step; mmgrpo.vlm.methods.pass_rate_filter"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate kept (0.01: drops all-wrong groups)"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate kept (0.99: drops all-right groups)"))
+    correct_threshold: float = field(default=0.5, metadata=_h(
+        "a completion passes when its accuracy reward (reward.accuracy_key; tvg: IoU) is at least this"))
+    max_rounds: int = field(default=2, metadata=_h("extra sampling rounds per step to refill dropped groups"))
+
+
+@dataclass
+class PromptReplayOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Prompt Replay: medium-difficulty prompts (pass rate in [low, high]) enter a buffer prioritised by "
+        "|pass rate - 0.5| and replace a share of each step's prompts (fresh rollouts: on-policy); "
+        "mmgrpo.vlm.methods.prompt_replay"))
+    fraction: float = field(default=0.25, metadata=_h("share of each step's prompts taken from the buffer"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate that enters the buffer"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate that enters the buffer"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    capacity: int = field(default=256, metadata=_h("prompts in the buffer (worst priority leaves first)"))
+    cooldown: int = field(default=1, metadata=_h("steps a replayed prompt waits before it may be replayed again"))
+    max_reuse: int = field(default=2, metadata=_h("replays of one prompt before it leaves the buffer"))
+
+
+@dataclass
+class SampleBufferOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Skywork R1V2 selective sample buffer: groups with non-zero advantages are kept; each zero-advantage group "
+        "of a step brings back one buffered group (drawn by mean |A|) with its stored advantages; "
+        "mmgrpo.vlm.methods.sample_buffer"))
+    capacity: int = field(default=64, metadata=_h("groups kept (the most recent)"))
+    max_share: float = field(default=0.5, metadata=_h("at most this share of the step's groups is appended"))
+    max_reuse: int = field(default=1, metadata=_h("replays of one buffered group before it leaves"))
+
+
+@dataclass
+class IoUCurriculumOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "MedLoc-R1-style IoU-threshold curriculum: the accuracy reward becomes 1[IoU >= theta_k] (or gated IoU), "
+        "theta_k tightened when a sliding window of hit rates says the policy is ready; "
+        "mmgrpo.vlm.methods.iou_curriculum"))
+    thresholds: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7], metadata=_h(
+        "increasing IoU thresholds, one per level"))
+    mode: Literal["binary", "gated"] = field(default="binary", metadata=_h(
+        "binary: 1[IoU >= theta]; gated: IoU * 1[IoU >= theta]"))
+    window: int = field(default=5, metadata=_h("steps in the sliding window (and at least at each level)"))
+    advance_at: float = field(default=0.6, metadata=_h("window mean hit rate needed to advance a level"))
+
+
+@dataclass
+class LUFFYOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "LUFFY: the ground truth joins each group as an expert trace (group advantages over the mixed group); its "
+        "tokens are trained with policy shaping -A p/(p+gamma), no clipping; mmgrpo.vlm.methods.luffy"))
+    gamma: float = field(default=0.1, metadata=_h("shaping constant gamma of f(p) = p/(p+gamma) (the paper: 0.1)"))
+
+
+@dataclass
+class CHORDOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "CHORD: loss = (1-mu) RL + mu SFT on the ground truth (expert rows out of the group advantages), token "
+        "weights phi = p(1-p), mu annealed (warmup, cosine decay); mmgrpo.vlm.methods.chord"))
+    mu_peak: float = field(default=0.5, metadata=_h("mu after the warmup"))
+    mu_valley: float = field(default=0.02, metadata=_h("mu after the decay"))
+    warmup_steps: int = field(default=0, metadata=_h("steps of the linear rise 0 -> mu_peak"))
+    decay_steps: int = field(default=50, metadata=_h("steps of the cosine decay mu_peak -> mu_valley"))
+    token_weight: Literal["phi", "none"] = field(default="phi", metadata=_h(
+        "phi: CHORD-phi token weights p(1-p); none: plain SFT tokens (CHORD-mu)"))
+
+
+@dataclass
+class ReLIFTOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "ReLIFT: prompts whose groups all fail enter a buffer; every sft_batch of them, their ground truths join "
+        "the next update as SFT rows, loss = (1-sft_coef) RL + sft_coef SFT; mmgrpo.vlm.methods.relift"))
+    hard_threshold: float = field(default=0.0, metadata=_h("a group is among the hardest at pass rate <= this"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    sft_batch: int = field(default=2, metadata=_h("buffered prompts per SFT term"))
+    sft_coef: float = field(default=0.5, metadata=_h("mu: weight of the SFT term in an update that has one"))
+    capacity: int = field(default=64, metadata=_h("hardest prompts kept (oldest out)"))
+
+
+@dataclass
 class MGPOOptions:
     enabled: bool = field(default=False, metadata=_h(
         "MGPO multi-turn grounding: checks tools.call_format=mgpo (first turn: a box, cropped from the source; second "
@@ -462,6 +547,28 @@ REGISTRY: tuple[MethodSpec, ...] = (
                lambda c: c.methods.turn_shaping.enabled,
                "per-turn shaping of tool rollouts: failed calls penalise their turn's tokens "
                "(methods.turn_shaping.enabled)", options=TurnShapingOptions),
+    MethodSpec("iou_curriculum", "mmgrpo.vlm.methods.iou_curriculum:IoUCurriculum",
+               lambda c: c.methods.iou_curriculum.enabled,
+               "MedLoc-R1-style IoU-threshold reward curriculum (methods.iou_curriculum.enabled)",
+               options=IoUCurriculumOptions),
+    MethodSpec("prompt_replay", "mmgrpo.vlm.methods.prompt_replay:PromptReplay",
+               lambda c: c.methods.prompt_replay.enabled,
+               "Prompt Replay of medium-difficulty prompts (methods.prompt_replay.enabled)",
+               options=PromptReplayOptions),
+    MethodSpec("pass_rate_filter", "mmgrpo.vlm.methods.pass_rate_filter:PassRateFilter",
+               lambda c: c.methods.pass_rate_filter.enabled,
+               "online difficulty filtering on a pass-rate window, with refill (methods.pass_rate_filter.enabled)",
+               options=PassRateFilterOptions),
+    MethodSpec("luffy", "mmgrpo.vlm.methods.luffy:LUFFY", lambda c: c.methods.luffy.enabled,
+               "LUFFY off-policy expert traces in the group with policy shaping (methods.luffy.enabled)",
+               options=LUFFYOptions),
+    MethodSpec("chord", "mmgrpo.vlm.methods.chord:CHORD", lambda c: c.methods.chord.enabled,
+               "CHORD annealed SFT auxiliary loss with token weights (methods.chord.enabled)", options=CHORDOptions),
+    MethodSpec("relift", "mmgrpo.vlm.methods.relift:ReLIFT", lambda c: c.methods.relift.enabled,
+               "ReLIFT SFT on the hardest prompts, interleaved with RL (methods.relift.enabled)", options=ReLIFTOptions),
+    MethodSpec("sample_buffer", "mmgrpo.vlm.methods.sample_buffer:SampleBuffer",
+               lambda c: c.methods.sample_buffer.enabled,
+               "Skywork R1V2 selective sample buffer (methods.sample_buffer.enabled)", options=SampleBufferOptions),
 )
 
 

@@ -42,6 +42,9 @@ class VLMMethod(Method["RolloutBatch"]):
     extra_rounds: int = 0
     #: ``on_epoch`` may change the trained samples (media prefetching then stops at epoch boundaries)
     reselects_data: bool = False
+    #: this step's loss has a term that needs no advantage (an SFT term: CHORD, ReLIFT), so a step whose advantages
+    #: are all 0 is still taken (read every step: a method may set it per step)
+    trains_without_advantages: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class LossInputs:
     token_weights: "torch.Tensor | None" = None  # (n, T) TW-GRPO / importance / entropy weights
     ref_logp: "torch.Tensor | None" = None  # (n, T) the KL reference (algo.kl_coef > 0)
     logits: Any = None  # the training forward's logits or HeadInputs, for methods with needs_train_logits
-    totals: dict = field(default_factory=dict)  # global counts of the step: tokens, sequences, rows, micro_batches
+    offpolicy: "torch.Tensor | None" = None  # (n,) bool: injected / replayed rows (LUFFY, CHORD train them apart)
+    # global counts of the step: tokens, sequences, rows, micro_batches, offpolicy_tokens, offpolicy_sequences
+    totals: dict = field(default_factory=dict)
     rows: int = 0  # rows of this micro-batch (0: logp's)
     algo: Any = None  # the run's AlgoConfig (required; a field with a default only for the field order)
     max_len: int | None = None  # rollout.max_new_tokens (Dr.GRPO's L; None: T)
