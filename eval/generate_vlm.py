@@ -49,6 +49,12 @@ next count would exceed ``rts.max_frames``; the recorded output is the majority 
 prediction row adds ``rts_frames``, ``rts_rounds``, ``rts_generate_calls``, ``rts_samples``,
 ``rts_completion_tokens``, ``rts_prompt_tokens`` (prompt tokens x samples, the visual-token compute) and
 ``rts_trace`` (per round: frames, tokens, parsed answers, agreed); ``metrics.json["generation"]["rts"]`` sums them.
+
+Multi-turn tool use (``tools.enabled=true``, ``tools.*`` as in training; docs/tools.md): each item runs the
+trainer's tool loop (:class:`mmgrpo.vlm.tools.rollout.MultiTurnBackend` around the HF backend, greedy or sampled);
+``output`` is the last turn (the answer) and each prediction row adds ``turns``, ``tool_calls``, ``tool_failures``,
+``visual_tokens``, ``policy_tokens`` (= ``n_tokens``), ``tool_tokens``, ``tools_called``, ``stop`` and
+``turn_texts``; ``metrics.json["generation"]["tools"]`` has their means per answer.
 Deviations from the release, deliberate: agreement compares parsed answers (the option letter set; tvg spans by
 pairwise IoU >= ``rts.tvg_iou``, the release has no tvg) where the release compares the raw ``<answer>`` strings
 ("B" vs "B." disagree there); sampling uses ``decoding.temperature/top_p/top_k`` with per-(item, round, sample)
@@ -84,6 +90,7 @@ from eval.harness import (  # noqa: E402
     sha256_file,
     write_json,
 )
+from mmgrpo.vlm.tools.config import ToolsConfig  # noqa: E402  (no torch import)
 
 PREDICTIONS = "predictions.jsonl"
 LIBRARIES = ("torch", "transformers", "tokenizers", "peft", "accelerate", "numpy", "pillow", "decord", "av",
@@ -223,6 +230,7 @@ class EvalVLMConfig:
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     score: ScoringConfig = field(default_factory=ScoringConfig)
     rts: RTSConfig = field(default_factory=RTSConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     hash_weights: Literal["sampled", "full", "none"] = field(
         default="sampled", metadata=_h("weights fingerprint: sampled (size + 64 chunks per file) | full | none"))
     overwrite: bool = field(default=False, metadata=_h("delete existing predictions/metrics in out_dir first"))
@@ -404,6 +412,8 @@ def build_settings(cfg: EvalVLMConfig, policy, base: str, adapter: Optional[str]
     }
     if cfg.rts.enabled:  # only then: runs without RTS keep their fingerprint
         s["rts"] = _rts_settings(cfg.rts)
+    if cfg.tools.enabled:  # likewise: the multi-turn loop's tools, budgets and call format
+        s["tools"] = config_to_dict(cfg.tools)
     s["fingerprint"] = settings_fingerprint(s)
     return s
 
@@ -755,6 +765,11 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                             temperature=dec.temperature, top_p=dec.top_p, top_k=dec.top_k, greedy=dec.greedy)
     backend = HFRolloutBackend(policy.model, policy.processor, policy.suppress_token_ids, max_batch_size=dec.batch_size,
                                device=next(policy.model.parameters()).device)
+    if cfg.tools.enabled:  # the trainer's multi-turn tool loop (mmgrpo.vlm.tools.rollout), greedy or sampled
+        from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+
+        backend = MultiTurnBackend(backend, policy.processor, cfg.tools, policy.family,
+                                   task_adapter.image_size_kwargs())
     patch = policy.adapter.patch_size
     batches = fixed_batches(len(samples), dec.batch_size)
     todo = [b for b in batches if any(str(_sample_attr(samples[i], "id")) not in writer.done for i in b)]
@@ -794,7 +809,17 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
             order = sorted(preps)
             t1 = time.perf_counter()
             texts: dict[int, tuple[str, int, bool]] = {}
-            if order and dec.greedy:
+            tool_rows: dict[int, dict] = {}
+            if order and cfg.tools.enabled:  # multi-turn: turns, tool calls and tokens per answer in the row
+                out = backend.generate([preps[i].item for i in order], 1, params,
+                                       seeds=[sample_seed(dec.seed, i) for i in order],
+                                       raw_prompts=[{"text": preps[i].text, "images": preps[i].images,
+                                                     "clip": preps[i].clip, "sample": preps[i].sample}
+                                                    for i in order])
+                for j, i in enumerate(order):
+                    texts[i] = (out.texts[j], int(out.turn_info[j]["policy_tokens"]), bool(out.truncated[j]))
+                    tool_rows[i] = tool_fields(out.turn_info[j])
+            elif order and dec.greedy:
                 t, lens, trunc = greedy_generate(policy, [preps[i].item for i in order], params.max_new_tokens)
                 for j, i in enumerate(order):
                     texts[i] = (t[j], int(lens[j]), bool(trunc[j]))
@@ -816,7 +841,8 @@ def generate(cfg: EvalVLMConfig, policy, task_adapter, samples: Sequence[Any], w
                     stats["n_media_error"] += 1
                 else:
                     t, n_tok, trunc = texts[i]
-                    rows.append(_prediction_row(samples[i], preps[i], t, n_tok, trunc, patch))
+                    rows.append({**_prediction_row(samples[i], preps[i], t, n_tok, trunc, patch),
+                                 **tool_rows.get(i, {})})
             writer.append(rows)
             stats["n_batches_generated"] += 1
             stats["n_generated"] += len(rows)
@@ -850,6 +876,28 @@ def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch,
             continue
         rows.append({**_prediction_row(samples[i], prep, text, n_tok, trunc, patch), **acc})
     return rows
+
+
+TOOL_FIELDS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "policy_tokens", "tool_tokens")
+
+
+def tool_fields(info: dict) -> dict:
+    """A multi-turn prediction's accounting: turns, tool calls (failed ones too), vision / policy / tool-turn tokens,
+    the tools called, why it stopped and every policy turn's text (``output`` is the last one, the answer)."""
+    row = {k: int(info[k]) for k in TOOL_FIELDS}
+    row.update(tools_called=list(info["tools_called"]), stop=info["stop"], turn_texts=list(info["turn_texts"]))
+    return row
+
+
+def tools_summary(rows: Sequence[dict]) -> Optional[dict]:
+    """Means per answer of the multi-turn fields (None without them) and the share of answers that called a tool."""
+    r = [x for x in rows if x.get("output") is not None and "turns" in x]
+    if not r:
+        return None
+    out = {f"mean_{k}": sum(x[k] for x in r) / len(r) for k in TOOL_FIELDS}
+    out["n"] = len(r)
+    out["fraction_with_tool_call"] = sum(x["tool_calls"] > 0 for x in r) / len(r)
+    return out
 
 
 def rts_summary(rows: Sequence[dict]) -> Optional[dict]:
@@ -905,6 +953,9 @@ def score_run(cfg: EvalVLMConfig, settings: dict, samples: Sequence[Any], out_di
     rts = rts_summary(rows)
     if rts is not None:
         gen["rts"] = rts
+    tools = tools_summary(rows)
+    if tools is not None:
+        gen["tools"] = tools
     m["generation"] = gen
     if cfg.score.benchmark:
         from eval.benchmarks import score_benchmark

@@ -41,7 +41,6 @@ Pairwise preference (Pref-GRPO)
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -336,10 +335,11 @@ def register_reward(name: str, factory: Callable[..., Any] | str | None = None, 
 
 
 def _resolve(spec: str) -> Callable[..., Any]:
-    mod, _, attr = spec.partition(":")
-    if not attr:
+    from mmgrpo.utils.plugins import import_object  # the plugin mechanism both front-ends share
+
+    if not spec.partition(":")[2]:
         raise KeyError(f"bad factory spec {spec!r}: expected 'package.module:attr'")
-    return getattr(importlib.import_module(mod), attr)
+    return import_object(spec, "reward factory")
 
 
 def available_rewards() -> list[str]:

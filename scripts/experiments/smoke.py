@@ -158,6 +158,40 @@ def _write_images(d: Path) -> None:
         write_jsonl(out, d / f"{split}_rec.jsonl")
 
 
+def _write_image_mcq(d: Path) -> None:
+    """Synthetic image multiple choice for recipes whose tools crop images (MGPO): 112x112 noise with one small
+    coloured square; the question asks its colour (4 options)."""
+    import numpy as np
+    from PIL import Image
+
+    from mmgrpo.vlm.data import Sample, write_jsonl
+
+    colours = {"red": (255, 0, 0), "green": (0, 200, 0), "blue": (0, 0, 255), "yellow": (255, 255, 0)}
+    names = list(colours)
+    (d / "images").mkdir(parents=True)
+    for split, n in (("train", 4), ("eval", 2)):
+        out = []
+        for k in range(n):
+            rng = np.random.RandomState(200 + 100 * (split == "eval") + k)
+            img = rng.randint(0, 80, (112, 112, 3), dtype=np.uint8)
+            name = names[k % len(names)]
+            x1, y1 = int(rng.randint(0, 100)), int(rng.randint(0, 100))
+            img[y1:y1 + 8, x1:x1 + 8] = colours[name]
+            rel = f"images/{split}_{k}.png"
+            Image.fromarray(img).save(d / rel)
+            out.append(Sample.from_dict({"id": f"imcq_{split}_{k}", "task": "mcq",
+                                         "query": "What colour is the small square?", "image": rel,
+                                         "options": names, "answer": "ABCD"[k % len(names)],
+                                         "meta": {"source": "smoke"}}))
+        write_jsonl(out, d / f"{split}_mcq.jsonl")
+
+
+def crops_images(cfg) -> bool:
+    """A recipe whose tools crop images (MGPO): its smoke data is image multiple choice, not videos."""
+    tools = getattr(cfg, "tools", None)
+    return bool(tools is not None and tools.enabled and {"crop", "zoom"} & set(tools.names))
+
+
 def _write_prompts(d: Path) -> None:
     """Mini-GenEval prompts (train + held-out), the tags the tiny SD3 was trained on."""
     from mmgrpo.synthetic.t2i import main as t2i_main
@@ -176,9 +210,13 @@ def video_r1_mix(cfg) -> bool:
     return cfg.data.prompt_template == "video_r1" and "video_r1_accuracy" in cfg.reward.weights
 
 
-def vlm_data(task: str, video_r1: bool = False) -> tuple[Path, Path, Path]:
+def vlm_data(task: str, video_r1: bool = False, images: bool = False) -> tuple[Path, Path, Path]:
     """(train file, eval file, media root) of the synthetic data of ``task``; ``video_r1``: Video-R1's five
-    problem types for training (the eval file stays multiple choice, as its benchmarks)."""
+    problem types for training (the eval file stays multiple choice, as its benchmarks); ``images``: image multiple
+    choice (recipes whose tools crop images)."""
+    if images and task == "mcq":
+        d = _atomic_dir(data_root() / "image_mcq", _write_image_mcq)
+        return d / "train_mcq.jsonl", d / "eval_mcq.jsonl", d
     if video_r1 and task == "mcq":
         d = _atomic_dir(data_root() / "video_r1", _write_video_r1)
         return d / "train_video_r1.jsonl", d / "eval_mcq.jsonl", d
@@ -201,7 +239,7 @@ def _tiny_vlm_video() -> dict:
 
 
 def vlm_train(cfg, run_dir: Path) -> list[str]:
-    train, _, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
+    train, _, media = vlm_data(cfg.data.task, video_r1_mix(cfg), crops_images(cfg))
     v = _tiny_vlm_video()
     g = min(cfg.rollout.group_size, MAX_GROUP)
     ov = [f"model.path={TINY_VLM}", "model.dtype=float32", "model.attn_implementation=sdpa",
@@ -234,14 +272,14 @@ def vlm_train(cfg, run_dir: Path) -> list[str]:
 
 
 def vlm_eval(cfg, run_dir: Path) -> list[str]:
-    _, ev, media = vlm_data(cfg.data.task, video_r1_mix(cfg))
+    _, ev, media = vlm_data(cfg.data.task, video_r1_mix(cfg), crops_images(cfg))
     v = _tiny_vlm_video()
     ov = [f"data.annotations={ev}", f"data.media_root={media}", "data.max_samples=2",
           "decoding.max_new_tokens=16", "decoding.batch_size=2", "device=cpu", "dtype=float32",
           f"data.video_fps={v['fps']}", f"data.max_frames={v['max_frames']}",
           f"data.video_min_pixels={v['min_pixels']}", f"data.video_max_pixels={v['max_pixels']}",
           f"data.video_total_pixels={v['max_pixels'] * v['max_frames']}", "overwrite=true", "progress=false", "hash_weights=none"]
-    if cfg.data.task == "rec":
+    if cfg.data.task == "rec" or crops_images(cfg):
         ov += [f"data.image_min_pixels={v['min_pixels']}", f"data.image_max_pixels={v['max_pixels']}"]
     return ov  # the script's model=<run>/final (export_vlm: a full model folder, or a LoRA adapter on the base)
 

@@ -19,7 +19,8 @@ class VLLMImportanceSampling(VLMMethod):
 
     def on_logprobs(self, rb):
         cap = self.cfg.rollout.vllm_is_cap
-        mask = rb.completion_mask * (~rb.is_offpolicy).long().unsqueeze(1)
+        # the engine's tokens that enter the loss: a multi-turn row's tool turns have no engine log-probs
+        mask = rb.completion_mask * rb.loss_mask.clamp(max=1) * (~rb.is_offpolicy).long().unsqueeze(1)
         w = truncated_is_weights(rb.old_logp, rb.rollout_logp, mask, cap)
         rb.token_weights = w if rb.token_weights is None else rb.token_weights * w
         rb.info.update(is_weight_metrics(w, mask, cap))

@@ -59,9 +59,25 @@ def batch_to(batch: dict, device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor,
-                           completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Model inputs for (left-padded prompt) ++ (right-padded completion); (N, P+T)."""
+def vision_token_types(model) -> dict[int, int]:
+    """``{image_token_id: 1, video_token_id: 2}`` of a Qwen-VL model (its ``mm_token_type_ids`` codes); {} for a
+    model without them."""
+    cfg = getattr(getattr(model, "module", model), "config", None)
+    out = {}
+    for key, code in (("image_token_id", 1), ("video_token_id", 2)):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int):
+            out[v] = code
+    return out
+
+
+def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                           vision_types: dict[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Model inputs for (left-padded prompt) ++ (right-padded completion); (N, P+T).
+
+    ``mm_token_type_ids`` of the completion: 0, except vision tokens (``vision_types``: token id -> type code) at
+    real positions -- a multi-turn completion holds tool turns with images / frames (the policy's own tokens never
+    are vision tokens: the backends suppress them)."""
     if completion_ids.shape != completion_mask.shape:
         raise ValueError(f"completion_ids {tuple(completion_ids.shape)} vs mask {tuple(completion_mask.shape)}")
     N = completion_ids.shape[0]
@@ -73,7 +89,10 @@ def join_prompt_completion(prompt_batch: dict, completion_ids: torch.Tensor,
     full["attention_mask"] = torch.cat([am, completion_mask.to(am.dtype)], 1)
     if "mm_token_type_ids" in prompt_batch:
         mm = prompt_batch["mm_token_type_ids"]
-        full["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(completion_ids.shape)], 1)
+        cmm = mm.new_zeros(completion_ids.shape)
+        for tid, code in (vision_types or {}).items():
+            cmm = cmm.masked_fill((completion_ids.to(mm.device) == tid) & (completion_mask.to(mm.device) > 0), code)
+        full["mm_token_type_ids"] = torch.cat([mm, cmm], 1)
     return full
 
 
@@ -118,8 +137,14 @@ def compute_token_logprobs(
     ``chunked.HeadInputs`` (hidden states + head) instead of the logits.  Falls back to the full logits for a
     model whose output head is not a plain ``nn.Linear``.
     """
-    full = join_prompt_completion(batch, completion_ids, completion_mask)
+    vt = vision_token_types(model)
+    full = join_prompt_completion(batch, completion_ids, completion_mask, vt)
     T = completion_ids.shape[1]
+    # a tool turn's vision tokens (multi-turn rollouts: <|vision_start|>, <|image_pad|>, ...) are suppressed for the
+    # policy: log-prob -inf, never in the loss; set to 0 by masked_fill so no -inf * 0 = NaN reaches values or
+    # gradients
+    never = sorted(set(vt) | {int(t) for t in (suppress_token_ids or ())})
+    vis = torch.isin(completion_ids, torch.tensor(never, device=completion_ids.device)) if never else None
     if chunk_size > 0:
         from .chunked import capture_head_inputs, chunkable_head, head_inputs
 
@@ -127,11 +152,14 @@ def compute_token_logprobs(
             with capture_head_inputs(model) as store:
                 model(**full, use_cache=False, logits_to_keep=T + 1)
             head = head_inputs(model, store[-1][:, :T], temperature, suppress_token_ids, chunk_size)
-            lp = head.token_logprobs(completion_ids, completion_mask)
+            lp = head.token_logprobs(completion_ids, completion_mask * (~vis if vis is not None else 1))
+            lp = lp.masked_fill(vis.to(lp.device), 0.0) if vis is not None else lp
             return (lp, head) if return_logits else lp
     out = model(**full, use_cache=False, logits_to_keep=T + 1)
     logits = out.logits[:, :T]  # position P-1+t predicts completion token t
     lp = token_logprobs_from_logits(logits, completion_ids, temperature, suppress_token_ids)
+    if vis is not None:
+        lp = lp.masked_fill(vis.to(lp.device), 0.0)
     lp = lp * completion_mask.to(lp.dtype)
     if return_logits:
         return lp, _suppress(logits.float() / float(temperature), suppress_token_ids)
@@ -169,6 +197,11 @@ class RolloutOutput:
     truncated: torch.Tensor  # (N,) bool: no EOS within max_new_tokens
     logprobs: torch.Tensor | None = None  # (N, T) float32 sampling log-probs (0 where masked), if available
     prompt_index: torch.Tensor | None = None  # (N,) int64: which input prompt each row belongs to
+    # multi-turn rollouts (mmgrpo.vlm.tools.rollout): the tokens the loss sees (policy turns; tool turns are 0),
+    # each row's prompt item with the tool turns' media appended, and per-row turn / tool-call counts
+    loss_mask: torch.Tensor | None = None  # (N, T) int64, None = completion_mask
+    items: list[dict] | None = None
+    turn_info: list[dict] | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -556,6 +589,50 @@ def _repeat_cache(cache, G: int, extra: int = 0) -> None:
                     "(use rollout.shared_prefix=false)")
 
 
+#: HF classes whose decode step is ``lm_head(model.language_model(...))`` and nothing else once the prompt is cached
+#: (no logit scaling, no per-step vision input): ``_decode_step`` may call those two parts directly.  Checked
+#: against the full forward for each family by ``tests/models/test_shared_prefix_rollout.py``.
+_LEAN_DECODE_CLASSES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+
+
+def _decode_step(gm, mm_dtype: torch.dtype | None = None, lean: bool | None = None):
+    """``step(ids (N, 1), attention_mask (N, L), position_ids, cache) -> logits (N, V) float32`` for one decoded
+    token (``mm_dtype``: the prompt had ``mm_token_type_ids``; the full forward then gets the step's, zeros, as
+    ``generate`` passes them).
+
+    For the Qwen-VL classes (``_LEAN_DECODE_CLASSES``) it runs ``gm.lm_head(gm.model.language_model(...))``: what
+    ``gm(...)`` computes for a text-only step with given position ids (the multimodal wrapper then only embeds the
+    tokens, passes the arguments through and builds two more output objects), without the two wrapper calls --
+    on a tiny model on CPU, where the per-token Python overhead dominates, about a sixth of the decode step.
+    Anything else (another model class, FSDP2-sharded modules whose root hook must gather the head and the
+    embeddings, ``lean=False``) takes the full forward."""
+    if lean is None:
+        lean = type(gm).__name__ in _LEAN_DECODE_CLASSES and not _fsdp_managed(gm)
+    inner = getattr(getattr(gm, "model", None), "language_model", None)
+    head = getattr(gm, "lm_head", None)
+    if lean and inner is not None and head is not None:
+        def step(ids, am, pos, cache):
+            h = inner(input_ids=ids, attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
+            return head(h.last_hidden_state[:, -1:]).float()[:, -1]
+        return step
+
+    def full(ids, am, pos, cache):
+        kw = dict(input_ids=ids, attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
+        if mm_dtype is not None:
+            kw["mm_token_type_ids"] = torch.zeros(ids.shape, dtype=mm_dtype, device=ids.device)
+        return gm(**kw).logits[:, -1].float()
+    return full
+
+
+def _fsdp_managed(model) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 class _HookCriteria:
     """``model.generate`` stopping criterion calling a backend's ``step_hook`` once per decoding step."""
 
@@ -571,7 +648,7 @@ class _HookCriteria:
 @torch.no_grad()
 def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds: Sequence[int],
                          eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None,
-                         step_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
+                         step_hook=None, lean: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions for each of the B left-padded prompts in ``batch`` with ONE prefill per prompt.
 
     gm: the HF generation model (``GenerationMixin``).  Returns (ids (B*G, T) with pad after the first EOS,
@@ -587,6 +664,8 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     * the prefill runs the vision tower and the prompt once (``logits_to_keep=1``), its ``DynamicCache`` is
       repeated G times along the batch into buffers with room for the new tokens (no per-token ``torch.cat`` of
       the whole cache: 1.3x faster decoding at 1k prompt tokens), the attention mask and positions likewise;
+    * each decode step runs ``_decode_step`` (for Qwen-VL: the language model and the head, without the
+      multimodal wrapper, whose work is done once the prompt is cached; ``lean=False``: the full forward);
     * each step: raw fp32 logits -> vision tokens suppressed -> ``_PerRowSampler`` (temperature, top-k, top-p,
       row r's generator) or argmax when greedy; finished rows get ``pad_id``; a row finishes at its first EOS.
     """
@@ -601,38 +680,42 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     _repeat_cache(cache, G, params.max_new_tokens)
     logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # (N, V): the G copies start identically
     pos = pos.repeat_interleave(G, dim=pos.dim() - 2)[..., -1:]  # (.., N, 1): each row's last prompt position
-    am = batch["attention_mask"].repeat_interleave(G, 0)
+    # the attention mask grows by one column per token: a buffer with room for all of them, read through views
+    P = batch["attention_mask"].shape[1]
+    am_buf = batch["attention_mask"].new_ones((N, P + params.max_new_tokens))
+    am_buf[:, :P] = batch["attention_mask"].repeat_interleave(G, 0)
     mm = batch.get("mm_token_type_ids")
+    decode = _decode_step(gm, None if mm is None else mm.dtype, lean=lean)
     sampler = None if params.greedy else _PerRowSampler(seeds, params.temperature, params.top_p, params.top_k)
     temp = 1.0 if params.greedy else params.temperature
     device = logits.device
     eos_t = torch.tensor(list(eos_ids), device=device)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)
+    # the suppressed ids as a boolean row: one masked_fill per token (the values of _suppress's clone + index put)
+    blocked = None
+    if suppress_token_ids:
+        blocked = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        blocked[list(suppress_token_ids)] = True
+    pad_t = torch.tensor(pad_id, device=device)
     toks, lps = [], []
     for t in range(params.max_new_tokens):
         # suppressed and scaled once: the sampler draws from it and the log-probs are read from it, the values of
         # token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids) bit for bit (x / 1.0 == x)
-        x = _suppress(logits, suppress_token_ids)
+        x = logits if blocked is None else logits.masked_fill(blocked, float("-inf"))
         if temp != 1.0:
             x = x / temp
         nxt = x.argmax(-1) if sampler is None else sampler.sample_scaled(x).to(device)
-        nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
+        nxt = torch.where(unfinished, nxt, pad_t)
         toks.append(nxt)
         lps.append(x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1))
-        n_new = int(unfinished.sum())
+        n_new = int(unfinished.sum()) if step_hook is not None else 0
         unfinished = unfinished & ~torch.isin(nxt, eos_t)
         if step_hook is not None and step_hook(n_new, int(unfinished.sum())):
             break  # e.g. SIGTERM: the caller discards these cut-short completions
         if not bool(unfinished.any()) or t == params.max_new_tokens - 1:
             break
         pos = pos + 1
-        am = torch.cat([am, am.new_ones((N, 1))], 1)
-        step = dict(input_ids=nxt[:, None], attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
-        if mm is not None:
-            step["mm_token_type_ids"] = mm.new_zeros((N, 1))
-        out = gm(**step)
-        cache = _output_cache(out)
-        logits = out.logits[:, -1].float()
+        logits = decode(nxt[:, None], am_buf[:, :P + t + 1], pos, cache)
     return torch.stack(toks, 1), torch.stack(lps, 1)
 
 
@@ -672,7 +755,8 @@ def make_seeds(base_seed: int, step: int, global_indices: Sequence[int], num_gen
 
 
 __all__ = [
-    "collate_prompts", "join_prompt_completion", "compute_token_logprobs", "token_logprobs_from_logits",
+    "collate_prompts", "join_prompt_completion", "vision_token_types", "compute_token_logprobs",
+    "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend",
     "shared_prefix_sample", "multinomial_rows",
     "completion_mask_from_ids", "make_seeds", "batch_to", "rollout_from_token_lists",

@@ -159,7 +159,8 @@ def vllm_requests(prompts: Sequence[dict], raw_prompts: Sequence[dict] | None, n
     """(``TokensPrompt`` dict, ``SamplingParams`` kwargs) per output row, prompt-major like ``HFRolloutBackend``.
 
     ``prompts``: the trainer's prompt items (their ``input_ids`` are sent, vision runs collapsed);
-    ``raw_prompts``: per prompt ``{"images": [PIL...], "clip": VideoClip}`` (the media the processor saw).
+    ``raw_prompts``: per prompt ``{"images": [PIL...], "clip": VideoClip}`` (the media the processor saw), or
+    ``"clips": [VideoClip, ...]`` for several videos in token order (multi-turn tool rollouts).
     A prompt item with pixel tensors but no raw media, or a video without its clip (no fps), is refused.
     """
     G = int(num_generations)
@@ -173,7 +174,10 @@ def vllm_requests(prompts: Sequence[dict], raw_prompts: Sequence[dict] | None, n
         mm: dict[str, Any] = {}
         if rp.get("images"):
             mm["image"] = list(rp["images"])
-        if rp.get("clip") is not None:
+        if rp.get("clips"):  # several videos in token order (a multi-turn prompt with tool-turn frames)
+            vids = [video_item(c) for c in rp["clips"]]
+            mm["video"] = vids[0] if len(vids) == 1 else vids
+        elif rp.get("clip") is not None:
             mm["video"] = video_item(rp["clip"])
         elif rp.get("video") is not None:
             raise ValueError(f"prompt {i}: a video without its VideoClip has no fps / frame indices; vLLM would "

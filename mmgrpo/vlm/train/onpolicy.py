@@ -129,7 +129,8 @@ def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
             if not w:
                 continue
             T = lp.shape[1]
-            mask = b.completion_mask[idx, :T] * rows_ok[idx].unsqueeze(1)
+            # the tokens the loss trains on: a multi-turn row's tool turns have no sampling log-probs
+            mask = b.completion_mask[idx, :T] * b.loss_mask[idx, :T] * rows_ok[idx].unsqueeze(1)
             st = ratio_statistics(lp, b.rollout_logp[idx, :T], mask)
             for k in sums:
                 sums[k] = max(sums[k], st[k]) if k == "max_abs" else sums[k] + st[k]

@@ -121,14 +121,26 @@ def make_backend(cfg, policy: Policy, device, signals: Callable[[], Any] = lambd
     if cfg.rollout.backend == "vllm":
         from mmgrpo.vlm.models.vllm_backend import backend_from_config
 
-        return backend_from_config(cfg, policy)
+        return with_tools(cfg, policy, backend_from_config(cfg, policy))
     from mmgrpo.utils.preflight import RolloutWatch
 
     backend = HFRolloutBackend(policy.model, policy.processor, policy.suppress_token_ids,
                                cfg.rollout.generation_batch_size, device=device,
                                shared_prefix=cfg.rollout.shared_prefix)
     backend.step_hook = RolloutWatch(signals, enabled=main)
-    return backend
+    return with_tools(cfg, policy, backend)
+
+
+def with_tools(cfg, policy: Policy, backend: RolloutBackend, image_kwargs: dict | None = None) -> RolloutBackend:
+    """``tools.enabled``: the backend wrapped in the multi-turn tool rollout (:mod:`mmgrpo.vlm.tools.rollout`)."""
+    if not cfg.tools.enabled:
+        return backend
+    from mmgrpo.vlm.data.task import TaskAdapter
+    from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+
+    if image_kwargs is None:
+        image_kwargs = TaskAdapter(policy.processor, policy.adapter, cfg.data).image_size_kwargs()
+    return MultiTurnBackend(backend, policy.processor, cfg.tools, policy.family, image_kwargs)
 
 
 def make_optimizer(cfg, policy: Policy, dist: SimpleNamespace) -> SimpleNamespace:
@@ -173,7 +185,10 @@ def choose_logprob_impl(cfg, policy: Policy, model, grad_sync: str, dist_kind: s
     from mmgrpo.vlm.models.prefix_group import VERIFIED_FAMILIES, supports_grouping
 
     reason = None
-    if grad_sync == "accelerate":
+    if cfg.tools.enabled:
+        # a multi-turn row has its own item (its tool media) and vision tokens inside the completion
+        reason = "multi-turn tool rollouts (tools.enabled): rows of a group no longer share one prompt item"
+    elif grad_sync == "accelerate":
         # a prepared module must see the same number of calls on every process (collectives per forward); the
         # shared-prefix path calls it once or twice depending on the completion length
         reason = f"not used with run.grad_sync=accelerate ({dist_kind})"

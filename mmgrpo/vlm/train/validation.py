@@ -71,7 +71,6 @@ class Validator:
 
     def decode(self, trainer) -> tuple[list[str], list[Any]]:
         """Greedy outputs for every validation sample (prepared as in training) and their reward samples."""
-        from mmgrpo.vlm.models.rollout import greedy_generate
         from mmgrpo.vlm.sft import sample_dict
 
         v = self.cfg.validation
@@ -84,11 +83,23 @@ class Validator:
             for s in range(0, len(self.samples), v.batch_size):
                 preps = [self._prepare(trainer, x) for x in self.samples[s:s + v.batch_size]]
                 ok = [p for p in preps if p is not None]
-                out = iter(greedy_generate(trainer.policy, [p.item for p in ok], max_new)[0] if ok else [])
+                out = iter(self._greedy(trainer, ok, max_new) if ok else [])
                 texts += ["" if p is None else next(out) for p in preps]  # unreadable media: an empty answer
                 rsamples += [sample_dict(x) if p is None else p.reward_sample
                              for x, p in zip(self.samples[s:s + v.batch_size], preps)]
         return texts, rsamples
+
+    @staticmethod
+    def _greedy(trainer, preps, max_new: int) -> list[str]:
+        """Greedy answers; with ``tools.enabled`` through the run's multi-turn tool loop (as ``eval/generate_vlm.py``
+        runs it), its last turn being the answer."""
+        from mmgrpo.vlm.models.rollout import SamplingParams, greedy_generate
+
+        if not trainer.cfg.tools.enabled:
+            return greedy_generate(trainer.policy, [p.item for p in preps], max_new)[0]
+        raw = [{"text": p.text, "images": p.images, "clip": p.clip, "sample": p.sample} for p in preps]
+        return trainer.backend.generate([p.item for p in preps], 1, SamplingParams(max_new_tokens=max_new, greedy=True),
+                                        seeds=[0] * len(preps), raw_prompts=raw).texts
 
     def _prepare(self, trainer, sample):
         """The sample as the trainer prepares it; None (scored as an empty answer, counted) if its media cannot be
