@@ -312,6 +312,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+    "blob_count": "flow_grpo.rewards.proxies:BlobCount",
     "motion_verifier": "flow_grpo.rewards.motion:MotionVerifierReward",
     "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
     "video_per_frame": "flow_grpo.rewards.video:PerFrameReward",
