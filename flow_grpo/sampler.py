@@ -133,6 +133,8 @@ class Trajectories:
     ode_next_latents: Optional[torch.Tensor] = None
     members: Optional[torch.Tensor] = None                # (N,) index of each sample in its group (if given)
     advantages: Optional[torch.Tensor] = None             # (N, T) set by the recipe (methods' on_advantages read it)
+    # (N, T, *latent) mean of each trained SDE step's Gaussian under the sampling policy (methods with keeps_means)
+    old_means: Optional[torch.Tensor] = None
     nfe_per_trajectory: float = 0.0
     seconds: float = 0.0
 
@@ -173,13 +175,21 @@ class _Columns:
     nxt: torch.Tensor                # (N, T, *latent) x_{k+1}
     onx: Optional[torch.Tensor]      # (N, T, *latent) Euler step from x_k (credits with keeps_ode_next)
     logp: torch.Tensor               # (N, T) log-probs of SDE steps (0 elsewhere)
+    mean: Optional[torch.Tensor] = None  # (N, T, *latent) mean of the SDE step's Gaussian (keep_means)
 
     @classmethod
-    def allocate(cls, cols: torch.Tensor, xt: torch.Tensor, keep_ode_next: bool) -> "_Columns":
+    def allocate(cls, cols: torch.Tensor, xt: torch.Tensor, keep_ode_next: bool,
+                 keep_means: bool = False) -> "_Columns":
         n, T = xt.shape[0], len(cols)
         lat = torch.zeros((n, T) + tuple(xt.shape[1:]), dtype=torch.float32, device=xt.device)
         return cls({int(k): j for j, k in enumerate(cols.tolist())}, lat, torch.zeros_like(lat),
-                   torch.zeros_like(lat) if keep_ode_next else None, torch.zeros(n, T, dtype=torch.float32))
+                   torch.zeros_like(lat) if keep_ode_next else None, torch.zeros(n, T, dtype=torch.float32),
+                   torch.zeros_like(lat) if keep_means else None)
+
+    def record_mean(self, k: int, c0: int, c1: int, mean: torch.Tensor) -> None:
+        j = self.col_of.get(k)
+        if j is not None and self.mean is not None:
+            self.mean[c0:c1, j] = mean
 
     def record(self, k: int, c0: int, c1: int, x, x_next, euler_next, log_prob) -> None:
         """Store step k of samples [c0, c1) if k is a trained column (also for a chunk that does not train it:
@@ -232,6 +242,7 @@ def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Co
                 if out.log_prob is None:
                     raise ValueError(f"step {k} (sigma_next={grid[k + 1].item()}) has zero std: cannot train it")
                 log_prob = torch.where(m, out.log_prob.cpu(), torch.zeros_like(out.log_prob.cpu()))
+                buf.record_mean(k, c0, c1, out.mean)
         else:
             x_next = ode_next
         buf.record(k, c0, c1, x, x_next, euler_next, log_prob)
@@ -311,6 +322,7 @@ def sample_trajectories(
     members: Optional[Sequence[int]] = None,
     method=None,
     on_chunk=None,
+    keep_means: bool = False,
 ) -> Trajectories:
     """Roll out N = len(prompts) trajectories (see the module docstring). ``xt`` optionally overrides the
     initial noise (N, *model-space latent). Rewards are computed if ``reward_fn`` is given (required for the
@@ -338,7 +350,8 @@ def sample_trajectories(
         xt = adapter.initial_noise(xt_seeds, cfg.height, cfg.width)
     elif xt.shape[0] != n:
         raise ValueError(f"xt has batch {xt.shape[0]} != {n}")
-    buf = _Columns.allocate(cols, xt, method.keeps_ode_next)  # TP-GRPO completions start with the Euler step
+    # TP-GRPO completions start with the Euler step; GRPO-Guard's ratio needs the old Gaussian's mean
+    buf = _Columns.allocate(cols, xt, method.keeps_ode_next, keep_means)
     final = torch.zeros(tuple(xt.shape), dtype=torch.float32, device=xt.device)
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
     rg = _rollout_grid(cfg, plan, sig, method)
@@ -361,6 +374,7 @@ def sample_trajectories(
         train_mask=plan.train_mask[:, cols].clone(), sde_mask=plan.sde_mask, window_start=plan.window_start,
         final_latents=final, images=torch.cat(chunk_images), chunks=chunks, sampling=cfg, ode_next_latents=buf.onx,
         members=None if members is None else torch.as_tensor(list(members), dtype=torch.long),
+        old_means=buf.mean,
     )
     nfe = len(rg.grid) - 1
     if reward_fn is not None:

@@ -178,12 +178,12 @@ class ResilientReward(Reward):
 
 
 def _import_factory(spec: str) -> Callable:
-    import importlib
+    from mmgrpo.utils.plugins import import_object  # the plugin mechanism both front-ends share
 
     mod, _, attr = spec.partition(":")
     if not mod or not attr:
         raise ValueError(f"reward.pairwise_scorer must be 'package.module:factory', got {spec!r}")
-    return getattr(importlib.import_module(mod), attr)
+    return import_object(spec, "reward.pairwise_scorer")
 
 
 class RewardStack:

@@ -30,7 +30,7 @@ from mmgrpo.utils.logging import get_logger
 from .data import epoch_samples as _epoch_samples
 from .distributed import sync_failure
 from .epoch_metrics import REWARD_COUNTERS
-from .methods.base import AdvOptions, CreditInputs, advantage_stats, group_stats
+from .methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
 from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
 from .scoring import apply_win_rates
 
@@ -76,7 +76,8 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
                 stack.enter_context(m.rollout_context())
             traj = sample_trajectories(run.adapter, prompts, run.cfg.sample, xs, ns, ps, gids, meta, run.reward_fn,
                                        None, iteration=epoch, reward_runner=run.runner, members=epoch_members(run),
-                                       method=run.credit, on_chunk=sampling_progress(run))
+                                       method=run.credit, on_chunk=sampling_progress(run),
+                                       keep_means=any(m.keeps_means for m in run.methods))
     except RewardCallFailed as exc:
         err = exc
     except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
@@ -175,6 +176,9 @@ def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_g
     a = adv[c0:c1, col].to(logp.device).unsqueeze(1)
     m2 = mask.unsqueeze(1).bool()
     lr = log_ratio(logp, old, m2)
+    ctx = ColumnContext(run, traj, chunk, col, out, v, mask.bool(), n_global)
+    for m in run.methods:  # e.g. GRPO-Guard's normalised ratio
+        lr = m.adjust_log_ratio(ctx, lr)
     pg, metrics = clipped_surrogate(lr, a, m2, c.optim.clip_low)
     loss = aggregate_loss(torch.where(m2, pg, torch.zeros_like(pg)), m2, "token_mean", num_tokens=n_global)
     metrics.update(ratio_metrics(lr, m2))
@@ -195,6 +199,8 @@ def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_g
         m = mask.float()
         loss = loss + c.optim.kl_coef * (kl * m).sum() / n_global
         kl_val = float((kl.detach() * m).sum() / m.sum().clamp_min(1))
+    for m in run.methods:  # a method's own loss term (e.g. GARDO's gated KL)
+        loss = m.on_loss(ctx, loss)
     if dummy:
         # zero-weight pass: keeps every parameter in the graph (DDP/FSDP hooks fire) without contributing
         loss = loss * 0.0 + 0.0 * v.sum()

@@ -238,6 +238,8 @@ class FlowGRPOTrainer:
                 t0 = time.perf_counter()
                 traj, reward_counts = steps.rollout(self, st.epoch)
                 t_sample = time.perf_counter() - t0
+                for mt in self.methods:  # reward shaping (ensembles, PAR, log-tamed aggregation)
+                    mt.on_rewards(traj)
                 # -- advantages (the credit), then the methods' train masks
                 adv, stats = steps.advantages(self, traj)
                 skip_cause = self._unusable(traj, adv, stats)

@@ -16,6 +16,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+
+# ------------------------------------------------------------------------------ the opt-in extended tier
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="also run the tests marked `extended` (deselected by default: they repeat, for more "
+                          "variants, a path another default test covers; `bash scripts/test.sh --full`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``extended`` run only with ``--full`` (or when ``-m`` names the marker): each repeats, for one
+    more variant, what a default test already exercises (see the marker's note in pytest.ini)."""
+    if config.getoption("--full") or "extended" in (config.option.markexpr or ""):
+        return
+    keep, drop = [], []
+    for it in items:
+        (drop if it.get_closest_marker("extended") else keep).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
 try:  # Property tests draw the same examples on every run: CI must not pass or fail by luck. Explore new
     # examples locally with HYPOTHESIS_PROFILE=explore (random draws, the hypothesis default).
     from hypothesis import settings as _hyp_settings

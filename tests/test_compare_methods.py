@@ -62,6 +62,20 @@ OLD_VLM_METHODS = {
     "difficulty_aug": ["methods.difficulty_aug.enabled=true"],
     "hybrid_cot": ["methods.hybrid_cot.enabled=true"],
     "ngrpo": ["methods.ngrpo.enabled=true", "methods.ngrpo.max_reward=1.1"],  # IoU + 0.1 format (issue #41)
+    # issue #38: loss / ratio / KL variants (the ratio variants with two updates per rollout) and length control
+    "grpo_mu2": ["algo.num_iterations=2"],
+    "cispo": ["algo.num_iterations=2", "methods.cispo.enabled=true"],
+    "sapo": ["algo.num_iterations=2", "methods.sapo.enabled=true"],
+    "dhpo": ["algo.num_iterations=2", "methods.dhpo.enabled=true"],
+    "dcpo": ["methods.dcpo.enabled=true"],
+    "balanced_agg": ["methods.balanced_agg.enabled=true"],
+    "bnpo": ["methods.bnpo.enabled=true", "methods.bnpo.max_reward=1.1"],
+    "grpo_kl": ["algo.kl_coef=0.04"],
+    "kl_schedule": ["algo.kl_coef=0.04", "methods.kl_schedule.enabled=true", "methods.kl_schedule.start=0.0",
+                    "methods.kl_schedule.steps=60"],
+    "grpo_lambda": ["methods.grpo_lambda.enabled=true", "methods.grpo_lambda.threshold=0.5"],
+    "drpo": ["methods.drpo.enabled=true", "methods.drpo.threshold=0.5"],
+    "ton": ["methods.ton.enabled=true", "methods.ton.format_weight=0.1", "methods.ton.threshold=0.5"],
 }
 OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],
@@ -169,7 +183,7 @@ def test_full_finetune_recipe_folder_strips_the_demo_lora_and_method_switch(tmp_
     cmds = [shlex.split(c) for c in (tmp_path / "commands.sh").read_text().splitlines()]
     train = {next(a for a in c if a.startswith("run.output_dir=")).split("/")[-3]: c[c.index("train") + 1:]
              for c in cmds if "mmgrpo.vlm.cli" in c and "train" in c}
-    assert set(train) == {"grpo", "ref_sync"}
+    assert set(train) == {"grpo", "ref_reset", "ref_sync"}
     monkeypatch.chdir(REPO)
     for name, argv in train.items():
         assert not any(a.split("=")[0] in {"methods.tempsamp_r1.enabled", "model.lora.enabled", "optim.lr"} for a in argv)
@@ -177,9 +191,10 @@ def test_full_finetune_recipe_folder_strips_the_demo_lora_and_method_switch(tmp_
         assert (cfg.model.lora.enabled, cfg.optim.lr, cfg.algo.kl_coef, cfg.methods.tempsamp_r1.enabled) == (False, 1e-4, 0.04,
                                                                                                    False)
         assert cfg.methods.ref_sync.enabled is (name == "ref_sync")
+        assert cfg.methods.ref_reset.enabled is (name == "ref_reset")
     evals = [c for c in cmds if "eval/generate_vlm.py" in c and any("/seed0/eval" in a for a in c)]
-    assert len(evals) == 2 and all(f"model={tmp_path}/{n}/seed0/model" in c for n, c in
-                                   zip(("grpo", "ref_sync"), evals))
+    assert len(evals) == 3 and all(f"model={tmp_path}/{n}/seed0/model" in c for n, c in
+                                   zip(("grpo", "ref_reset", "ref_sync"), evals))
     assert not any(a.startswith("adapter=") for c in evals for a in c)
 
 

@@ -1,7 +1,9 @@
 """Benchmark ``trl_speedup``: end-to-end VLM GRPO steps/s, mmgrpo vs TRL's ``GRPOTrainer`` (images; TRL has no video).
 
 Target (CPU): ``trl_speedup >= 2`` at 256 new tokens, the default ``--T`` (the recipes sample 256-1,024; until
-issue #42 the default was 64, where prefix sharing gains most: ``--T 64`` gives that point).  Every ratio is printed
+issue #42 the default was 64, where prefix sharing gains most: ``--T 64`` gives that point).  Measured 2.07-2.16
+(paired wall; 1.95-2.02 CPU time) in two ``--quick --rounds 8`` runs at load 13-24: at the target, without margin
+(docs/performance.md, "Operating points").  Every ratio is printed
 with its operating point (prompt and new tokens, B x G, model width / depth / vocabulary, dtype, threads).
 
 Workers (one subprocess each, so peak RSS is per trainer; they wait on stdin while another one runs):

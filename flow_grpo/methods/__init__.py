@@ -172,6 +172,78 @@ class PositiveOnlyOptions:
         "only samples with a positive advantage get a gradient (RAFT-style filter); flow_grpo.methods.positive_only"))
 
 
+@dataclass
+class GRPOGuardOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GRPO-Guard: the per-step log-ratio normalised (bias removed, scaled by the step's std) before PPO's clip; "
+        "flow_grpo.methods.grpo_guard"))
+
+
+@dataclass
+class GARDOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GARDO: KL to a periodically reset copy of the policy, on the uncertain samples only; "
+        "flow_grpo.methods.gardo"))
+    aux_rewards: list[str] = field(default_factory=list, metadata=_h(
+        "reward components whose ranks define the uncertainty rank(total) - mean rank(aux) (release: aesthetic, "
+        "imagereward); they must be in reward.weights (weight 0: scored, not trained on)"))
+    beta: float = field(default=0.04, metadata=_h("KL coefficient (release train.beta 0.04)"))
+    kl_thres: float = field(default=3e-4, metadata=_h(
+        "an optimizer step whose mean gated KL exceeds this resets the reference to the policy (release 3e-4)"))
+    reset_freq: int = field(default=15, metadata=_h("epochs after which the reference is reset anyway (release 15)"))
+    p_base: float = field(default=0.1, metadata=_h("initial gated fraction of the u >= 0 samples (release 0.1)"))
+    alpha: float = field(default=0.1, metadata=_h("multiplicative step of the gated fraction (release 0.1)"))
+    p_min: float = field(default=0.02, metadata=_h("lower bound of the gated fraction (release 0.02)"))
+    p_max: float = field(default=0.2, metadata=_h("upper bound of the gated fraction (release 0.2)"))
+
+    def __post_init__(self):
+        if not (self.beta >= 0 and self.kl_thres > 0 and self.reset_freq >= 1):
+            raise ValueError(f"methods.gardo: beta >= 0, kl_thres > 0, reset_freq >= 1 required, got {self.beta}, "
+                             f"{self.kl_thres}, {self.reset_freq}")
+        if not 0 < self.p_min <= self.p_base <= self.p_max <= 1 or not 0 <= self.alpha < 1:
+            raise ValueError(f"methods.gardo: need 0 < p_min <= p_base <= p_max <= 1 and 0 <= alpha < 1, got "
+                             f"{self.p_min}, {self.p_base}, {self.p_max}, {self.alpha}")
+
+
+@dataclass
+class RewardEnsembleOptions:
+    members: list[str] = field(default_factory=list, metadata=_h(
+        "reward components (in reward.weights) forming the ensemble; [] = off; flow_grpo.methods.reward_ensemble"))
+    mode: Literal["worst_case", "uncertainty"] = field(default="worst_case", metadata=_h(
+        "worst_case: min_k r_k (WCO) | uncertainty: mean_k r_k - lam var_k r_k (UWO)"))
+    lam: float = field(default=1.0, metadata=_h("UWO's variance coefficient lam"))
+    normalize: bool = field(default=False, metadata=_h(
+        "standardise each member with its mean / std over the run's first batch (the initial policy) first"))
+
+    def __post_init__(self):
+        if not self.lam >= 0:
+            raise ValueError(f"methods.reward_ensemble.lam must be >= 0, got {self.lam}")
+        if len(self.members) == 1:
+            raise ValueError("methods.reward_ensemble.members: an ensemble needs at least two members")
+
+
+@dataclass
+class PAROptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "PAR: the reward becomes sigmoid((r - r_ref) / tau), r_ref the prompt's first group mean; "
+        "flow_grpo.methods.par"))
+    tau: float = field(default=1.0, metadata=_h("temperature (the paper: 1)"))
+
+    def __post_init__(self):
+        if not self.tau > 0:
+            raise ValueError(f"methods.par.tau must be > 0, got {self.tau}")
+
+
+@dataclass
+class LogTamedOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "PaCo log-tamed aggregation: components with a coefficient of variation > delta become log(1 + R); "
+        "flow_grpo.methods.log_tamed"))
+    delta: str = field(default="mean", metadata=_h("threshold: a number (paper example 0.2) or 'mean' of the h_k"))
+    components: list[str] = field(default_factory=list, metadata=_h(
+        "components aggregated ([] = those of reward.weights with a non-zero weight)"))
+
+
 # ------------------------------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class MethodSpec:
@@ -216,6 +288,22 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("positive_only", "flow_grpo.methods.positive_only:PositiveOnly",
                "train only the samples with a positive advantage (methods.positive_only.enabled)",
                enabled=lambda c: c.methods.positive_only.enabled, options=PositiveOnlyOptions),
+    # guardrails against reward hacking: reward shaping (on_rewards, in this order), then the loss
+    MethodSpec("reward_ensemble", "flow_grpo.methods.reward_ensemble:RewardEnsemble",
+               "reward-model ensemble: worst case or uncertainty-weighted (methods.reward_ensemble.members)",
+               enabled=lambda c: bool(c.methods.reward_ensemble.members), options=RewardEnsembleOptions),
+    MethodSpec("log_tamed", "flow_grpo.methods.log_tamed:LogTamed",
+               "PaCo log-tamed multi-reward aggregation (methods.log_tamed.enabled)",
+               enabled=lambda c: c.methods.log_tamed.enabled, options=LogTamedOptions),
+    MethodSpec("par", "flow_grpo.methods.par:PAR",
+               "PAR bounded, reference-centred reward (methods.par.enabled)",
+               enabled=lambda c: c.methods.par.enabled, options=PAROptions),
+    MethodSpec("grpo_guard", "flow_grpo.methods.grpo_guard:GRPOGuard",
+               "GRPO-Guard per-step ratio normalisation (methods.grpo_guard.enabled)",
+               enabled=lambda c: c.methods.grpo_guard.enabled, options=GRPOGuardOptions),
+    MethodSpec("gardo", "flow_grpo.methods.gardo:GARDO",
+               "GARDO gated KL to an adaptive reference (methods.gardo.enabled)",
+               enabled=lambda c: c.methods.gardo.enabled, options=GARDOOptions),
 )
 
 #: the sampling plans of :mod:`flow_grpo.methods.plans` (``sample.step_mode``); methods add their own (``plan``)

@@ -75,6 +75,23 @@ class CreditInputs:
 
 
 @dataclass
+class ColumnContext:
+    """One micro-batch of the default policy loss (rollout chunk x trained column), handed to
+    :meth:`FlowMethod.adjust_log_ratio` and ``on_loss(ctx, loss)``: ``out`` the current policy's step Gaussian
+    (:class:`~flow_grpo.sde.SDEStepOutput`, B rows), ``velocity`` (B, *latent), ``mask`` (B,) bool trained pairs,
+    ``n_global`` the loss normaliser (trained pairs of the update over all processes)."""
+
+    run: Any
+    traj: Any
+    chunk: tuple
+    col: int
+    out: Any
+    velocity: torch.Tensor
+    mask: torch.Tensor
+    n_global: float
+
+
+@dataclass
 class CreditOutput:
     advantages: torch.Tensor  # (N, T) float32; masked afterwards by train_mask & valid
     stats: dict = field(default_factory=dict)
@@ -88,9 +105,17 @@ class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not
     has_step_rewards: ClassVar[bool] = False
     #: the rollout stores x_k + (s_{k+1} - s_k) v(x_k) per trained column (completions start from it)
     keeps_ode_next: ClassVar[bool] = False
+    #: the rollout stores the mean of each trained transition's Gaussian under the sampling policy
+    #: (``Trajectories.old_means``, (N, T, *latent)): GRPO-Guard's ratio needs the old mean
+    keeps_means: ClassVar[bool] = False
     #: ``on_advantages`` leaves out every trajectory whose advantages are all 0 (an epoch without any reward signal
     #: then has empty updates, not skipped optimizer steps)
     drops_zero_advantages: ClassVar[bool] = False
+
+    def adjust_log_ratio(self, ctx: "ColumnContext", log_ratio: torch.Tensor) -> torch.Tensor:
+        """The default policy loss (:func:`flow_grpo.steps.column_loss`): the (B, 1) log importance ratio of one
+        micro-batch before it is clipped; a method may replace it (GRPO-Guard's normalised ratio)."""
+        return log_ratio
 
     def check_sampling(self, s) -> None:
         """Refuse a rollout configuration (``SamplingConfig``) the method cannot use."""

@@ -30,6 +30,7 @@ Registered names (``build_reward(name, **kwargs)``; any ``"package.module:factor
 ``ocr``                              ``1 - Lev(ocr, target) / max len``, rapidocr             (:mod:`.ocr`)
 ``remote``                           HTTP client of ``python -m flow_grpo.rewards.server``    (:mod:`.remote`)
 ``mini_geneval``                     verifiable Mini-GenEval (strict / partial)              (:mod:`.mini_geneval`)
+``blob_count``                       ``1 - |n_blobs - k| / k``: hackable proxy of the count  (:mod:`.proxies`)
 ``motion_verifier``                  verifiable Mini-T2V over videos (strict / partial)      (:mod:`.motion`)
 ``vlm_judge_video``                  Qwen-VL judge over videos, fps through the video contract (:mod:`.vlm_judge_video`)
 ``geneval_official``                 GenEval's own scorer (mmdet), for the remote server     (:mod:`.geneval_official`)

@@ -41,7 +41,6 @@ Pairwise preference (Pref-GRPO)
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -313,6 +312,7 @@ _REGISTRY: dict[str, Callable[..., Any] | str] = {
     "ocr": "flow_grpo.rewards.ocr:OCRReward",
     "remote": "flow_grpo.rewards.remote:RemoteReward",
     "mini_geneval": "flow_grpo.rewards.mini_geneval:MiniGenEvalReward",
+    "blob_count": "flow_grpo.rewards.proxies:BlobCount",
     "motion_verifier": "flow_grpo.rewards.motion:MotionVerifierReward",
     "geneval_official": "flow_grpo.rewards.geneval_official:GenEvalOfficialReward",
     "video_per_frame": "flow_grpo.rewards.video:PerFrameReward",
@@ -335,10 +335,11 @@ def register_reward(name: str, factory: Callable[..., Any] | str | None = None, 
 
 
 def _resolve(spec: str) -> Callable[..., Any]:
-    mod, _, attr = spec.partition(":")
-    if not attr:
+    from mmgrpo.utils.plugins import import_object  # the plugin mechanism both front-ends share
+
+    if not spec.partition(":")[2]:
         raise KeyError(f"bad factory spec {spec!r}: expected 'package.module:attr'")
-    return getattr(importlib.import_module(mod), attr)
+    return import_object(spec, "reward factory")
 
 
 def available_rewards() -> list[str]:

@@ -19,8 +19,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "local_token_mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
+
+#: the pointer given for the old aggregation name ``bnpo`` (TRL's name for a local-batch token mean; BNPO the paper
+#: is a Beta normalisation of the advantages, ``methods.bnpo``)
+RENAMED_BNPO = ("the loss aggregation 'bnpo' is now 'local_token_mean' (TRL's loss_type='bnpo': a token mean over the "
+                "local batch); BNPO the paper (Beta-normalised advantages) is methods.bnpo.enabled=true")
 
 __all__ = ["PolicyLossOutput", "aggregate_loss", "kl_penalty", "masked_mean", "log_ratio", "sequence_log_ratio",
            "clipped_surrogate", "masked_kl", "reg_grpo_loss", "ratio_metrics"]
@@ -58,7 +63,9 @@ def aggregate_loss(
     * ``"token_mean"`` (DAPO; TRL ``dapo``): :math:`\sum_{i,t} m\ell / M` where M is ``num_tokens`` if given (the
       token count of the *global accumulated* batch, so that the sum of the per-micro-batch/per-process losses
       equals the loss of the whole batch) and the local token count otherwise. Every token weighs 1/M.
-    * ``"bnpo"``: the same over the local batch only (M = local token count, ``num_tokens`` ignored).
+    * ``"local_token_mean"`` (TRL ``loss_type="bnpo"``, which is not BNPO the paper): the same over the local batch
+      only (M = local token count, ``num_tokens`` ignored). Its old name here, ``bnpo``, is an error naming this one;
+      BNPO's Beta-normalised advantages are :func:`mmgrpo.core.advantage_variants.bnpo_advantages`.
     * ``"seq_mean_token_mean"`` (original GRPO; verl ``seq-mean-token-mean``):
       :math:`\frac1{N'}\sum_i \frac1{|o_i|}\sum_t m\ell` with N' = ``num_sequences`` or the number of local
       sequences with at least one token. Token weight 1/(N'|o_i|): short sequences weigh more per token.
@@ -70,7 +77,7 @@ def aggregate_loss(
     if mode == "token_mean":
         denom = m.sum() if num_tokens is None else torch.as_tensor(float(num_tokens), dtype=m.dtype)
         return masked.sum() / denom.clamp_min(1)
-    if mode == "bnpo":
+    if mode == "local_token_mean":
         return masked.sum() / m.sum().clamp_min(1)
     lens = m.sum(dim=1)
     n_seq = (lens > 0).sum().to(m.dtype) if num_sequences is None else torch.as_tensor(
@@ -81,6 +88,8 @@ def aggregate_loss(
     if mode == "seq_mean_token_sum_norm":
         L = float(max_len) if max_len is not None else float(per_token_loss.shape[1])
         return masked.sum() / (n_seq.clamp_min(1) * L)
+    if mode == "bnpo":
+        raise ValueError(RENAMED_BNPO)
     raise ValueError(f"unknown aggregation mode {mode!r}")
 
 

@@ -18,13 +18,15 @@ epoch start              ``on_epoch(epoch)``                            data sel
 before the rollout       ``before_rollout(step, prompts)``              hybrid CoT, DeepVideo-R1 augmentation / -
 around the rollout       ``rollout_context()``                          - / DiffusionNFT (old weights sample)
 after the rollout        ``after_rollout(rows)``                        TempSamp-R1 (ground-truth member) / -
-rewards                  ``on_rewards(batch)``                          T-GRPO, DAPO overlong, hybrid CoT, ... / -
+rewards                  ``on_rewards(batch)``                          T-GRPO, DAPO overlong, hybrid CoT, ... / reward
+                                                                        ensembles, PAR, log-tamed aggregation
 advantages               ``on_advantages(batch)``                       SEED-GRPO, DAPO filter, overlong mask / train
                                                                         masks (best-of-n, tree width, ...)
 old log-probs            ``on_logits(batch, rows, logits, logp)`` per   TW-GRPO, token entropy / -
                          micro-batch; ``on_logprobs(batch)``            token entropy, vLLM IS / -
-loss                     ``on_loss(inputs, loss)``                      entropy bonus / -
-optimizer step           ``after_optimizer_step()``                     reference sync / -
+loss                     ``on_loss(inputs, loss)``                      entropy bonus / GARDO's gated KL (flow's
+                                                                        ``adjust_log_ratio``: GRPO-Guard)
+optimizer step           ``after_optimizer_step()``                     reference sync / GARDO (reference reset check)
 end of step              ``end_of_step(batch, metrics)``                every method's metrics / DiffusionNFT old
                                                                         adapter, Adv-GRPO reward model
 checkpoint               ``state_dict()`` / ``load_state_dict(sd)``     augmentation, reference sync / NFT, Adv-GRPO,

@@ -595,6 +595,12 @@ def _set_path(
     try:
         tree.values[name] = _coerce(raw, tp, from_cli)
     except _BadValue as exc:
+        # values that were renamed: the root config's ``__config_renamed_values__`` maps a key to {old value: the
+        # message naming the new one}; the old value is an error with that pointer, never an alias
+        moved = getattr(root_cls, "__config_renamed_values__", {}).get(full_key, {})
+        if isinstance(raw, str) and str(raw) in moved:
+            where = f"{source}: " if source else ""
+            raise ValueError(f"{where}config key '{full_key}': {moved[str(raw)]}") from None
         raise _bad_value_error(full_key, raw, tp, exc, source) from None
     except RecursionError:
         raise _bad_value_error(full_key, raw, tp, _BadValue("nested too deeply"), source) from None

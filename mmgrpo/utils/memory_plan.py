@@ -175,16 +175,23 @@ ACTIVATION_BYTES: dict[str, dict[str, float]] = {
 # (SD3.5-large scaled from FLUX: +8.8 %; from the measured SD3.5-medium, whose first 13 blocks are dual-attention
 # MMDiT-X blocks that large does not have: +43 %.)
 _REFERENCE = {"vlm": "qwen2.5-vl-7b", "flow": "flux.1-dev"}
-# Wan 14B (per expert; bf16, LoRA r=16 on to_q/k/v/out, gradient checkpointing per block), *counted*, not measured:
-# the bytes autograd saves for backward, on the meta device at real width (flow_grpo.memory_plan.count_wan_activations;
-# python -c "from flow_grpo.memory_plan import count_wan_activations as c; print(c())"): a_layer = what each
-# checkpointed block keeps (its bf16 input), a_fixed = the rest with checkpointing + the working set of the one block
-# recomputed in backward (frozen weights and math attention's n^2 scores left out: flash attention keeps O(n)).
-# No CPU measurement at truncated depth backs them yet (issue 39 item 3).
+# Wan 14B (per expert; bf16 base, LoRA r=16 on to_q/k/v/out in fp32 as the trainer keeps them, gradient checkpointing
+# per block), measured at real width on CPU, 1-2 blocks x 512 / 2,048 video tokens + 512 text tokens, one step
+# (forward, loss, backward): step peak = c + tokens x (a_fixed + blocks x a_layer), least squares over the 4
+# settings (residuals within 1.9 %; c = 58 MiB, the text side, left out as it does not grow with the clip):
+#   OMP_NUM_THREADS=2 nice -n 5 python eval/perf/plan_check.py --json J; python eval/perf/plan_check.py --fit J
+# (docs/scaling.md, eval/perf/plan_check_wan14b.jsonl). The depth term rests on 2 depths: the 2-1 block difference
+# is 16.8 KB per token at 512 tokens and 30.8 KB at 2,048.
+ACTIVATION_BYTES["wan2.1-t2v-14b"] = {"a_layer": 26945.4, "a_fixed": 407152.5}
+ACTIVATION_BYTES["wan2.2-t2v-a14b"] = ACTIVATION_BYTES["wan2.1-t2v-14b"]  # one expert runs per forward
+# What the meta-device count gave before the measurement (flow_grpo.memory_plan.count_wan_activations: the bytes
+# autograd saves, bf16 adapters): a_layer 10.4 KB (the bf16 block input) and a_fixed 603 KB per token; against the
+# measurement it over-predicted the step by +8 % at 512 tokens and +26-32 % at 2,048 (a_fixed too large), and its
+# a_layer is a third of the measured one. Kept for eval/perf/plan_check.py's comparison; the planner uses the above.
 ACTIVATION_COUNTED: dict[str, dict[str, float]] = {
     "wan2.1-t2v-14b": {"a_layer": 10401.9, "a_fixed": 602572.3},
 }
-ACTIVATION_COUNTED["wan2.2-t2v-a14b"] = ACTIVATION_COUNTED["wan2.1-t2v-14b"]  # one expert runs per forward
+ACTIVATION_COUNTED["wan2.2-t2v-a14b"] = ACTIVATION_COUNTED["wan2.1-t2v-14b"]
 
 
 def activation_for(name: str) -> tuple[dict[str, float], str]:

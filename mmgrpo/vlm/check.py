@@ -169,7 +169,7 @@ def _rewards(task_adapter, reward_fn, prep, sc: SampleCheck) -> None:
     for name, w in reward_fn.weights.items():
         v = float(out[name][0])
         sc.rewards[name] = round(v, 6)
-        if name in UNCHECKED_REWARDS or w == 0:
+        if name in UNCHECKED_REWARDS or name in getattr(reward_fn, "unchecked", ()) or w == 0:
             continue
         if not math.isfinite(v) or v < 1.0 - REWARD_TOLERANCE:
             sc.problems.append(f"the ground truth written as the prompt asks ({gt!r}) gets reward {name}={v:.4g} "

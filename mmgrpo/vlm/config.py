@@ -178,7 +178,16 @@ class RolloutConfig:
 class RewardConfig:
     weights: dict[str, float] = field(
         default_factory=lambda: {"iou": 1.0, "format": 0.5},
-        metadata=_h("reward names (mmgrpo.vlm.rewards.registry.REWARDS) and weights: total = sum w_k r_k"))
+        metadata=_h("reward names and weights, total = sum w_k r_k: the built-in rewards "
+                    "(mmgrpo.vlm.rewards.registry.REWARDS), 'judge' (a model-based judge of free-form answers, "
+                    "mmgrpo.vlm.rewards.judge) or your own reward as an import path 'package.module:factory': "
+                    "factory(**reward.kwargs[name]) returns reward(completions, samples) -> N floats "
+                    "(docs/rewards.md). An import path IMPORTS AND RUNS THAT CODE (your explicit choice): only use "
+                    "configs and overrides you trust"))
+    kwargs: dict[str, dict] = field(
+        default_factory=dict,
+        metadata=_h("constructor arguments of the open rewards: reward.kwargs.judge (model, template, scale, "
+                    "batch_size, ...) or reward.kwargs.'package.module:factory' (YAML mapping per reward)"))
     accuracy_key: str = field(
         default="auto", metadata=_h("reward used as 'accuracy' by T-GRPO; auto = the task's primary "
                                     "(tvg: iou, mcq/gqa: mcq, rec: box_iou)"))
@@ -196,6 +205,11 @@ class RewardConfig:
     retries: int = field(default=2, metadata=_h("retries of a reward call that raises or times out"))
     retry_backoff: float = field(default=1.0, metadata=_h("seconds before the first retry (doubles each retry)"))
     timeout: float = field(default=0.0, metadata=_h("seconds per reward call, e.g. a remote judge (0 = no limit)"))
+    overlap_prompts: int = field(
+        default=0, metadata=_h("> 0: generate the step's prompts in chunks of this many and compute each chunk's "
+                               "rewards in a background thread while the next chunk generates (the same rewards; "
+                               "hides a slow judge / remote reward behind generation; mmgrpo.vlm.train."
+                               "reward_overlap); 0 = generate everything, then score"))
     on_failure: Literal["drop", "stop"] = field(
         default="drop", metadata=_h("a reward call still failing after the retries: drop its rows (counted, "
                                     "logged) or stop the run (a checkpoint is written first)"))
@@ -211,8 +225,11 @@ class AlgoConfig:
     clip_high: Optional[float] = field(default=None, metadata=_h("clip-higher epsilon (DAPO 0.28); none = clip_low"))
     dual_clip: Optional[float] = field(default=None, metadata=_h("dual-clip cap c > 1 for A < 0 (EasyR1 3.0)"))
     ratio_level: Literal["token", "sequence"] = field(default="token", metadata=_h("sequence = GSPO ratio"))
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"] = field(
-        default="token_mean", metadata=_h("loss aggregation (sets the length bias)"))
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "local_token_mean"] = field(
+        default="token_mean", metadata=_h(
+            "loss aggregation (sets the length bias): token_mean = over the step's tokens (DAPO, TRL 'dapo'); "
+            "seq_mean_token_mean (GRPO); seq_mean_token_sum_norm (Dr.GRPO); local_token_mean = over each "
+            "micro-batch's tokens (TRL 'bnpo'; BNPO the paper is methods.bnpo)"))
     kl_coef: float = field(default=0.0, metadata=_h("beta of the KL to the frozen reference (0 = no reference)"))
     kl_estimator: Literal["k1", "k2", "k3"] = field(default="k3", metadata=_h("per-token KL estimator"))
     num_iterations: int = field(default=1, metadata=_h("optimizer updates per rollout batch (mu); >1 uses old log-probs"))
@@ -366,6 +383,10 @@ class TrainConfig:
     # sections that moved into ``methods`` (the old key is an error naming the new one)
     __config_moved__ = {"tempsamp": "methods.tempsamp_r1", "tgrpo": "methods.t_grpo", "twgrpo": "methods.tw_grpo",
                         "selection": "methods.selection"}
+    # values that were renamed (the old value is an error naming the new one)
+    __config_renamed_values__ = {"algo.agg": {"bnpo": (
+        "'bnpo' was renamed 'local_token_mean' (TRL's loss_type='bnpo': a token mean over each micro-batch); BNPO the "
+        "paper (Beta-normalised advantages) is methods.bnpo.enabled=true")}}
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -404,6 +425,8 @@ class TrainConfig:
             raise ValueError("run.prompts_per_device and run.micro_batch_size must be >= 1")
         if self.reward.retries < 0 or self.reward.retry_backoff < 0 or self.reward.timeout < 0:
             raise ValueError("reward.retries, reward.retry_backoff and reward.timeout must be >= 0")
+        if self.reward.overlap_prompts < 0:
+            raise ValueError(f"reward.overlap_prompts must be >= 0 (0 = off), got {self.reward.overlap_prompts}")
         if self.run.max_consecutive_skips < 0:
             raise ValueError("run.max_consecutive_skips must be >= 0")
         from mmgrpo.vlm.data.templates import check_template  # a template/task/mode mismatch fails before loading

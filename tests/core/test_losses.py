@@ -71,7 +71,7 @@ def test_gspo_sequence_ratio():
     assert out.loss.item() == pytest.approx(-1.2, abs=1e-9)
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "local_token_mean"])
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 def test_ratio_one_gradient_is_policy_gradient(agg, ratio_level):
     """At ratio 1 the clipped surrogate's gradient equals the plain policy gradient -A * grad log pi."""
@@ -99,7 +99,7 @@ def test_aggregation_weights_for_unequal_lengths():
     n = 3
     cases = {
         "token_mean": [1 / 7] * 3,
-        "bnpo": [1 / 7] * 3,
+        "local_token_mean": [1 / 7] * 3,
         "seq_mean_token_mean": [1 / (n * L) for L in lens],
         "seq_mean_token_sum_norm": [1 / (n * 4)] * 3,
     }
@@ -237,7 +237,7 @@ small = st.floats(min_value=-30, max_value=30, allow_nan=False)
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(small, small, st.floats(-10, 10), st.booleans()), min_size=1, max_size=12),
-       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "bnpo"]),
+       st.sampled_from(["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "local_token_mean"]),
        st.sampled_from(["token", "sequence"]), st.booleans())
 def test_losses_finite_for_finite_inputs(rows, agg, level, dual):
     lp = torch.tensor([[r[0] for r in rows]], dtype=torch.float32, requires_grad=True)

@@ -112,3 +112,21 @@ def test_repeated_cache_buffers_equal_repeat_then_concatenate():
         ok, ov = cache.update(nk, nv, 0)
         assert torch.equal(ok, ref_k) and torch.equal(ov, ref_v) and cache.get_seq_length() == 6 + t
     assert torch.equal(cache.layers[1].keys, (k + 1).repeat_interleave(3, 0))
+
+
+def test_lean_decode_step_equals_the_full_forward(case):
+    """Decoding through the language model and the head directly (``_decode_step``'s lean path, the default for
+    the Qwen-VL classes) samples the same tokens with the same log-probs as the full multimodal forward, for each
+    family (left padding, a video and an image in one batch)."""
+    from mmgrpo.vlm.models.rollout import _LEAN_DECODE_CLASSES, _eos_ids, collate_prompts, shared_prefix_sample
+
+    pol, items = case
+    assert type(pol.model).__name__ in _LEAN_DECODE_CLASSES  # the default path for this family is the lean one
+    tok = pol.processor.tokenizer
+    batch = collate_prompts(items, tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=12, temperature=0.9)
+    pol.model.eval()
+    got = {lean: shared_prefix_sample(pol.model, batch, 3, params, list(range(6)), _eos_ids(pol.model, tok),
+                                      tok.pad_token_id, pol.suppress_token_ids, lean=lean) for lean in (True, False)}
+    assert torch.equal(got[True][0], got[False][0])
+    torch.testing.assert_close(got[True][1], got[False][1], atol=1e-6, rtol=0)

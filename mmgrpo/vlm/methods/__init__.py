@@ -213,6 +213,213 @@ class KimiLengthOptions:
         "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
 
 
+# ----------------------------------------------------------------------------- issue #38: loss, ratio, KL variants
+@dataclass
+class CISPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "CISPO (MiniMax-M1): the policy loss is -sg(clip(rho, min_ratio, max_ratio)) * A * log pi (every token keeps "
+        "a gradient; the clip bounds its weight); mmgrpo.vlm.methods.cispo"))
+    max_ratio: float = field(default=5.0, metadata=_h("cap of the detached ratio weight (TRL passes epsilon_high "
+                                                      "as this cap)"))
+    min_ratio: Optional[float] = field(default=None, metadata=_h("lower bound of the weight (none = no bound)"))
+
+
+@dataclass
+class SAPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "SAPO (Qwen): soft gate (4/tau) sigmoid(tau (rho - 1)) instead of PPO's hard clip; mmgrpo.vlm.methods.sapo"))
+    tau_pos: float = field(default=1.0, metadata=_h("gate temperature where A > 0 (the paper: 1.0)"))
+    tau_neg: float = field(default=1.05, metadata=_h("gate temperature where A < 0 (the paper: 1.05)"))
+
+
+@dataclass
+class DCPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DCPO: per-token clip bounds from the old token probability + smooth advantage standardisation with each "
+        "prompt's reward history; mmgrpo.vlm.methods.dcpo"))
+    dynamic_clip: bool = field(default=True, metadata=_h("the per-token bounds (off: algo.clip_low/high)"))
+    eps_low: float = field(default=0.16, metadata=_h("epsilon of the lower bound (the paper: 0.16)"))
+    eps_high: float = field(default=0.2, metadata=_h("epsilon of the upper bound (the paper: 0.2)"))
+    max_ratio: float = field(default=10.0, metadata=_h("hard cap of the upper bound (the paper: 10)"))
+    smooth_advantages: bool = field(default=True, metadata=_h(
+        "the smooth advantage standardisation (off: GRPO's group advantages)"))
+
+
+@dataclass
+class DHPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DHPO: the PPO surrogate on w * token ratio + (1 - w) * GSPO sequence ratio, each clipped in its own region "
+        "(averaging variant); mmgrpo.vlm.methods.dhpo"))
+    token_weight: float = field(default=0.5, metadata=_h("w (1 = GRPO, 0 = GSPO)"))
+    seq_clip_low: float = field(default=3e-4, metadata=_h("sequence-ratio clip epsilon below 1 (GSPO's 3e-4)"))
+    seq_clip_high: float = field(default=4e-4, metadata=_h("sequence-ratio clip epsilon above 1 (GSPO's 4e-4)"))
+
+
+@dataclass
+class BalancedAggOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Balanced Aggregation: token means over positive- and negative-advantage responses apart, mixed with their "
+        "sequence shares (replaces algo.agg for the policy term); mmgrpo.vlm.methods.balanced_agg"))
+
+
+@dataclass
+class BNPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "BNPO: advantages (s - p_g) / Beta(alpha, beta) density at the group's success rate p_g, (alpha, beta) "
+        "fitted to the batch's success rates every step; mmgrpo.vlm.methods.bnpo"))
+    min_reward: float = field(default=0.0, metadata=_h("smallest (weighted) total reward: mapped to 0"))
+    max_reward: float = field(default=1.0, metadata=_h("largest (weighted) total reward: mapped to 1"))
+    max_weight: float = field(default=1e6, metadata=_h("cap of 1 / density (the release: 1e6)"))
+
+
+@dataclass
+class KLScheduleOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GRPO-D (OThink-MR1) scheduled KL: the KL weight follows a schedule instead of the constant algo.kl_coef "
+        "(needs algo.kl_coef > 0 for the reference); mmgrpo.vlm.methods.kl_schedule"))
+    start: float = field(default=0.0, metadata=_h("KL weight at step 0"))
+    end: Optional[float] = field(default=None, metadata=_h("KL weight after the ramp (none = algo.kl_coef)"))
+    steps: int = field(default=100, metadata=_h("steps of the ramp"))
+    warmup: int = field(default=0, metadata=_h("steps held at start before the ramp"))
+    shape: Literal["linear", "cosine", "constant"] = field(default="linear", metadata=_h("ramp shape"))
+
+
+@dataclass
+class RefResetOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "ProRL periodic reference reset: every `every` applied updates the KL reference becomes a copy of the "
+        "policy and the optimizer state is cleared (full fine-tuning, algo.kl_coef > 0); "
+        "mmgrpo.vlm.methods.ref_reset"))
+    every: int = field(default=100, metadata=_h("applied optimizer updates between resets"))
+    reset_optimizer: bool = field(default=True, metadata=_h("also clear the optimizer's moments (ProRL does)"))
+
+
+# ----------------------------------------------------------------------------- issue #38: length and thinking
+@dataclass
+class GRPOLambdaOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "GRPO-lambda: the Kimi length penalty only in groups whose correctness ratio is high (the others keep the "
+        "plain reward); mmgrpo.vlm.methods.grpo_lambda"))
+    ratio_threshold: float = field(default=0.5, metadata=_h(
+        "a group is penalised when its share of correct completions is at least this"))
+    top_fraction: float = field(default=0.0, metadata=_h(
+        "> 0: instead, penalise this fraction of the step's groups, those with the highest correctness ratios"))
+    coef: float = field(default=1.0, metadata=_h("weight of the length penalty in the total reward"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
+@dataclass
+class DRPOOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "DRPO: the positive advantages of correct completions are re-weighted by a length reward normalised "
+        "within the group's correct subset (weights mean 1, always > 0); mmgrpo.vlm.methods.drpo"))
+    temperature: float = field(default=1.0, metadata=_h(
+        "tau of the weights softmax(-z / tau) over the correct subset (z: length z-score there); small = strong"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
+@dataclass
+class TONOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "TON (think or not): a completion may skip its thought (an empty <think></think>, or a direct answer when "
+        "direct_is_skip); format reward accepting both; think ratio, lengths and accuracy per mode logged; "
+        "mmgrpo.vlm.methods.ton"))
+    format_weight: float = field(default=0.0, metadata=_h(
+        "weight of TON's format reward (<think>..</think><answer>..</answer>, the thought may be empty) added to "
+        "the total (0 = logging only)"))
+    direct_is_skip: bool = field(default=True, metadata=_h(
+        "a completion without a think block counts as a skip (and passes the format) instead of malformed"))
+    threshold: float = field(default=1.0, metadata=_h(
+        "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+
+
+@dataclass
+class PassRateFilterOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "online difficulty filtering (DAPO / EasyR1 dynamic sampling on the pass rate): drop groups whose pass rate "
+        "is outside [low, high] and refill the step; mmgrpo.vlm.methods.pass_rate_filter"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate kept (0.01: drops all-wrong groups)"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate kept (0.99: drops all-right groups)"))
+    correct_threshold: float = field(default=0.5, metadata=_h(
+        "a completion passes when its accuracy reward (reward.accuracy_key; tvg: IoU) is at least this"))
+    max_rounds: int = field(default=2, metadata=_h("extra sampling rounds per step to refill dropped groups"))
+
+
+@dataclass
+class PromptReplayOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Prompt Replay: medium-difficulty prompts (pass rate in [low, high]) enter a buffer prioritised by "
+        "|pass rate - 0.5| and replace a share of each step's prompts (fresh rollouts: on-policy); "
+        "mmgrpo.vlm.methods.prompt_replay"))
+    fraction: float = field(default=0.25, metadata=_h("share of each step's prompts taken from the buffer"))
+    low: float = field(default=0.01, metadata=_h("lowest pass rate that enters the buffer"))
+    high: float = field(default=0.99, metadata=_h("highest pass rate that enters the buffer"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    capacity: int = field(default=256, metadata=_h("prompts in the buffer (worst priority leaves first)"))
+    cooldown: int = field(default=1, metadata=_h("steps a replayed prompt waits before it may be replayed again"))
+    max_reuse: int = field(default=2, metadata=_h("replays of one prompt before it leaves the buffer"))
+
+
+@dataclass
+class SampleBufferOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "Skywork R1V2 selective sample buffer: groups with non-zero advantages are kept; each zero-advantage group "
+        "of a step brings back one buffered group (drawn by mean |A|) with its stored advantages; "
+        "mmgrpo.vlm.methods.sample_buffer"))
+    capacity: int = field(default=64, metadata=_h("groups kept (the most recent)"))
+    max_share: float = field(default=0.5, metadata=_h("at most this share of the step's groups is appended"))
+    max_reuse: int = field(default=1, metadata=_h("replays of one buffered group before it leaves"))
+
+
+@dataclass
+class IoUCurriculumOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "MedLoc-R1-style IoU-threshold curriculum: the accuracy reward becomes 1[IoU >= theta_k] (or gated IoU), "
+        "theta_k tightened when a sliding window of hit rates says the policy is ready; "
+        "mmgrpo.vlm.methods.iou_curriculum"))
+    thresholds: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7], metadata=_h(
+        "increasing IoU thresholds, one per level"))
+    mode: Literal["binary", "gated"] = field(default="binary", metadata=_h(
+        "binary: 1[IoU >= theta]; gated: IoU * 1[IoU >= theta]"))
+    window: int = field(default=5, metadata=_h("steps in the sliding window (and at least at each level)"))
+    advance_at: float = field(default=0.6, metadata=_h("window mean hit rate needed to advance a level"))
+
+
+@dataclass
+class LUFFYOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "LUFFY: the ground truth joins each group as an expert trace (group advantages over the mixed group); its "
+        "tokens are trained with policy shaping -A p/(p+gamma), no clipping; mmgrpo.vlm.methods.luffy"))
+    gamma: float = field(default=0.1, metadata=_h("shaping constant gamma of f(p) = p/(p+gamma) (the paper: 0.1)"))
+
+
+@dataclass
+class CHORDOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "CHORD: loss = (1-mu) RL + mu SFT on the ground truth (expert rows out of the group advantages), token "
+        "weights phi = p(1-p), mu annealed (warmup, cosine decay); mmgrpo.vlm.methods.chord"))
+    mu_peak: float = field(default=0.5, metadata=_h("mu after the warmup"))
+    mu_valley: float = field(default=0.02, metadata=_h("mu after the decay"))
+    warmup_steps: int = field(default=0, metadata=_h("steps of the linear rise 0 -> mu_peak"))
+    decay_steps: int = field(default=50, metadata=_h("steps of the cosine decay mu_peak -> mu_valley"))
+    token_weight: Literal["phi", "none"] = field(default="phi", metadata=_h(
+        "phi: CHORD-phi token weights p(1-p); none: plain SFT tokens (CHORD-mu)"))
+
+
+@dataclass
+class ReLIFTOptions:
+    enabled: bool = field(default=False, metadata=_h(
+        "ReLIFT: prompts whose groups all fail enter a buffer; every sft_batch of them, their ground truths join "
+        "the next update as SFT rows, loss = (1-sft_coef) RL + sft_coef SFT; mmgrpo.vlm.methods.relift"))
+    hard_threshold: float = field(default=0.0, metadata=_h("a group is among the hardest at pass rate <= this"))
+    correct_threshold: float = field(default=0.5, metadata=_h("a completion passes at accuracy >= this"))
+    sft_batch: int = field(default=2, metadata=_h("buffered prompts per SFT term"))
+    sft_coef: float = field(default=0.5, metadata=_h("mu: weight of the SFT term in an update that has one"))
+    capacity: int = field(default=64, metadata=_h("hardest prompts kept (oldest out)"))
+
+
 @dataclass
 class MGPOOptions:
     enabled: bool = field(default=False, metadata=_h(
@@ -305,6 +512,31 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "TR-DPO reference-model sync (methods.ref_sync.enabled)", options=RefSyncOptions),
     MethodSpec("kimi_length", "mmgrpo.vlm.methods.kimi_length:KimiLength", lambda c: c.methods.kimi_length.enabled,
                "Kimi k1.5 length penalty in the reward (methods.kimi_length.enabled)", options=KimiLengthOptions),
+    # issue #38: length and thinking control (rewards / advantages), then loss, ratio and KL variants
+    MethodSpec("grpo_lambda", "mmgrpo.vlm.methods.grpo_lambda:GRPOLambda", lambda c: c.methods.grpo_lambda.enabled,
+               "GRPO-lambda length penalty switched by the group's correctness ratio (methods.grpo_lambda.enabled)",
+               options=GRPOLambdaOptions),
+    MethodSpec("ton", "mmgrpo.vlm.methods.ton:TON", lambda c: c.methods.ton.enabled,
+               "TON think-or-not: skip-thought option, format and per-mode logs (methods.ton.enabled)",
+               options=TONOptions),
+    MethodSpec("drpo", "mmgrpo.vlm.methods.drpo:DRPO", lambda c: c.methods.drpo.enabled,
+               "DRPO length weights within the correct subset (methods.drpo.enabled)", options=DRPOOptions),
+    MethodSpec("bnpo", "mmgrpo.vlm.methods.bnpo:BNPO", lambda c: c.methods.bnpo.enabled,
+               "BNPO Beta-normalised advantages (methods.bnpo.enabled)", options=BNPOOptions),
+    MethodSpec("dcpo", "mmgrpo.vlm.methods.dcpo:DCPO", lambda c: c.methods.dcpo.enabled,
+               "DCPO dynamic clip + smooth advantage standardisation (methods.dcpo.enabled)", options=DCPOOptions),
+    MethodSpec("cispo", "mmgrpo.vlm.methods.cispo:CISPO", lambda c: c.methods.cispo.enabled,
+               "CISPO clipped-IS-weight REINFORCE loss (methods.cispo.enabled)", options=CISPOOptions),
+    MethodSpec("sapo", "mmgrpo.vlm.methods.sapo:SAPO", lambda c: c.methods.sapo.enabled,
+               "SAPO soft-gated loss (methods.sapo.enabled)", options=SAPOOptions),
+    MethodSpec("dhpo", "mmgrpo.vlm.methods.dhpo:DHPO", lambda c: c.methods.dhpo.enabled,
+               "DHPO token/sequence hybrid ratio (methods.dhpo.enabled)", options=DHPOOptions),
+    MethodSpec("balanced_agg", "mmgrpo.vlm.methods.balanced_agg:BalancedAgg", lambda c: c.methods.balanced_agg.enabled,
+               "Balanced Aggregation of the policy loss (methods.balanced_agg.enabled)", options=BalancedAggOptions),
+    MethodSpec("kl_schedule", "mmgrpo.vlm.methods.kl_schedule:KLSchedule", lambda c: c.methods.kl_schedule.enabled,
+               "GRPO-D scheduled KL weight (methods.kl_schedule.enabled)", options=KLScheduleOptions),
+    MethodSpec("ref_reset", "mmgrpo.vlm.methods.ref_reset:RefReset", lambda c: c.methods.ref_reset.enabled,
+               "ProRL periodic reference + optimizer reset (methods.ref_reset.enabled)", options=RefResetOptions),
     MethodSpec("mgpo", "mmgrpo.vlm.methods.mgpo:MGPO", lambda c: c.methods.mgpo.enabled,
                "MGPO multi-turn grounding with tool rollouts (methods.mgpo.enabled, tools.call_format=mgpo)",
                options=MGPOOptions),
@@ -315,6 +547,28 @@ REGISTRY: tuple[MethodSpec, ...] = (
                lambda c: c.methods.turn_shaping.enabled,
                "per-turn shaping of tool rollouts: failed calls penalise their turn's tokens "
                "(methods.turn_shaping.enabled)", options=TurnShapingOptions),
+    MethodSpec("iou_curriculum", "mmgrpo.vlm.methods.iou_curriculum:IoUCurriculum",
+               lambda c: c.methods.iou_curriculum.enabled,
+               "MedLoc-R1-style IoU-threshold reward curriculum (methods.iou_curriculum.enabled)",
+               options=IoUCurriculumOptions),
+    MethodSpec("prompt_replay", "mmgrpo.vlm.methods.prompt_replay:PromptReplay",
+               lambda c: c.methods.prompt_replay.enabled,
+               "Prompt Replay of medium-difficulty prompts (methods.prompt_replay.enabled)",
+               options=PromptReplayOptions),
+    MethodSpec("pass_rate_filter", "mmgrpo.vlm.methods.pass_rate_filter:PassRateFilter",
+               lambda c: c.methods.pass_rate_filter.enabled,
+               "online difficulty filtering on a pass-rate window, with refill (methods.pass_rate_filter.enabled)",
+               options=PassRateFilterOptions),
+    MethodSpec("luffy", "mmgrpo.vlm.methods.luffy:LUFFY", lambda c: c.methods.luffy.enabled,
+               "LUFFY off-policy expert traces in the group with policy shaping (methods.luffy.enabled)",
+               options=LUFFYOptions),
+    MethodSpec("chord", "mmgrpo.vlm.methods.chord:CHORD", lambda c: c.methods.chord.enabled,
+               "CHORD annealed SFT auxiliary loss with token weights (methods.chord.enabled)", options=CHORDOptions),
+    MethodSpec("relift", "mmgrpo.vlm.methods.relift:ReLIFT", lambda c: c.methods.relift.enabled,
+               "ReLIFT SFT on the hardest prompts, interleaved with RL (methods.relift.enabled)", options=ReLIFTOptions),
+    MethodSpec("sample_buffer", "mmgrpo.vlm.methods.sample_buffer:SampleBuffer",
+               lambda c: c.methods.sample_buffer.enabled,
+               "Skywork R1V2 selective sample buffer (methods.sample_buffer.enabled)", options=SampleBufferOptions),
 )
 
 

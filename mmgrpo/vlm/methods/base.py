@@ -42,6 +42,9 @@ class VLMMethod(Method["RolloutBatch"]):
     extra_rounds: int = 0
     #: ``on_epoch`` may change the trained samples (media prefetching then stops at epoch boundaries)
     reselects_data: bool = False
+    #: this step's loss has a term that needs no advantage (an SFT term: CHORD, ReLIFT), so a step whose advantages
+    #: are all 0 is still taken (read every step: a method may set it per step)
+    trains_without_advantages: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class LossInputs:
     token_weights: "torch.Tensor | None" = None  # (n, T) TW-GRPO / importance / entropy weights
     ref_logp: "torch.Tensor | None" = None  # (n, T) the KL reference (algo.kl_coef > 0)
     logits: Any = None  # the training forward's logits or HeadInputs, for methods with needs_train_logits
-    totals: dict = field(default_factory=dict)  # global counts of the step: tokens, sequences, rows, micro_batches
+    offpolicy: "torch.Tensor | None" = None  # (n,) bool: injected / replayed rows (LUFFY, CHORD train them apart)
+    # global counts of the step: tokens, sequences, rows, micro_batches, offpolicy_tokens, offpolicy_sequences
+    totals: dict = field(default_factory=dict)
     rows: int = 0  # rows of this micro-batch (0: logp's)
     algo: Any = None  # the run's AlgoConfig (required; a field with a default only for the field order)
     max_len: int | None = None  # rollout.max_new_tokens (Dr.GRPO's L; None: T)
@@ -84,10 +89,14 @@ class LossInputs:
         self.rows = self.rows or int(self.logp.shape[0])
 
 
-def grpo_loss(li: LossInputs, clip_low: float | None = None, clip_high: float | None = None) -> Any:
+def grpo_loss(li: LossInputs, clip_low: float | None = None, clip_high: float | None = None,
+              surrogate: Callable | None = None, policy_agg: Callable | None = None) -> Any:
     """The default policy loss: PPO's clipped surrogate on token (or GSPO sequence, ``algo.ratio_level``) ratios,
     times the token weights, plus ``algo.kl_coef`` times the ``algo.kl_estimator`` KL to the reference, aggregated as
     ``algo.agg`` over the step's global counts. ``clip_low`` / ``clip_high``: other bounds than ``algo.*`` (NGRPO).
+    ``surrogate(log_ratio, li) -> ((n, T) loss, metrics)`` replaces the clipped surrogate (CISPO, SAPO, DCPO, DHPO:
+    :mod:`mmgrpo.core.loss_variants`); ``policy_agg(per_token_policy_loss, li) -> scalar`` aggregates the policy term
+    instead of ``algo.agg`` (Balanced Aggregation), the KL term then being aggregated as ``algo.agg`` on its own.
     Returns a :class:`mmgrpo.core.PolicyLossOutput` (metrics: kl, clip fractions, ratios, approx_kl, num_tokens)."""
     import torch
 
@@ -108,23 +117,34 @@ def grpo_loss(li: LossInputs, clip_low: float | None = None, clip_high: float | 
         with torch.no_grad():
             metrics["kl"] = masked_mean(kl_penalty(li.logp, li.ref_logp, a.kl_estimator), maskb).item()
     used = sequence_log_ratio(lr, maskb) if a.ratio_level == "sequence" else lr
-    pg, clip_m = clipped_surrogate(used, li.advantages, maskb, a.clip_low if clip_low is None else clip_low,
-                                   a.clip_high if clip_high is None else clip_high, a.dual_clip)
+    if surrogate is None:
+        pg, clip_m = clipped_surrogate(used, li.advantages, maskb, a.clip_low if clip_low is None else clip_low,
+                                       a.clip_high if clip_high is None else clip_high, a.dual_clip)
+    else:
+        pg, clip_m = surrogate(used, li)
     metrics.update(clip_m)
     if li.token_weights is not None:
         pg = pg * li.token_weights.to(pg.dtype).detach()
+    t = li.totals
+    if policy_agg is not None:
+        pg = torch.where(maskb, pg, torch.zeros_like(pg))
+        loss = policy_agg(pg, li)
+        if kl_t is not None:
+            loss = loss + a.kl_coef * aggregate_loss(kl_t, maskb, a.agg, li.max_len, t.get("tokens"),
+                                                     t.get("sequences"))
+        return PolicyLossOutput(loss=loss, metrics={**metrics, **ratio_metrics(lr, maskb)},
+                                per_token_loss=pg if kl_t is None else pg + a.kl_coef * kl_t)
     per_token = pg if kl_t is None else pg + a.kl_coef * kl_t
     per_token = torch.where(maskb, per_token, torch.zeros_like(per_token))
-    t = li.totals
     loss = aggregate_loss(per_token, maskb, a.agg, li.max_len, t.get("tokens"), t.get("sequences"))
     metrics.update(ratio_metrics(lr, maskb))
     return PolicyLossOutput(loss=loss, metrics=metrics, per_token_loss=per_token)
 
 
 def grpo_share(loss: "torch.Tensor", li: LossInputs) -> "torch.Tensor":
-    """One micro-batch's loss as its share of the step's: ``bnpo`` (a local mean per micro-batch) averages over all
-    micro-batches; token / sequence means use global counts already."""
-    if li.algo.agg == "bnpo":
+    """One micro-batch's loss as its share of the step's: ``local_token_mean`` (a local mean per micro-batch)
+    averages over all micro-batches; token / sequence means use global counts already."""
+    if li.algo.agg == "local_token_mean":
         return loss / max(li.totals.get("micro_batches", 1.0), 1.0)
     return loss
 

@@ -20,7 +20,7 @@ from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["TempSampR1", "shape_key", "shaped_reward"]
+__all__ = ["TempSampR1", "ground_truth_row", "shape_key", "shaped_reward", "with_ground_truth"]
 
 
 def shape_key(ts, reward_weights: dict, acc_key: str, warn: bool = True) -> str:
@@ -34,6 +34,29 @@ def shape_key(ts, reward_weights: dict, acc_key: str, warn: bool = True) -> str:
             log.warning("tempsamp: the accuracy reward %r is not in reward.weights; shaping the weighted total", key)
         key = "total"
     return key
+
+
+def ground_truth_row(run, pp) -> dict:
+    """An off-policy row holding the sample's ground-truth completion as the prompt asks for it (+ EOS, never
+    truncated to max_new_tokens; sampling log-probs 0): the expert trace of TempSamp-R1, LUFFY and CHORD."""
+    ids = run.tok(run.task.gt_completion(pp.sample, pp.item), add_special_tokens=False).input_ids
+    ids = torch.tensor(ids + [run.eos_id])
+    return dict(ids=ids, mask=torch.ones_like(ids), text=run.tok.decode(ids, skip_special_tokens=True),
+                lp=torch.zeros(len(ids)), offpolicy=True, truncated=False, pp=pp)
+
+
+def with_ground_truth(run, rows: list[dict], want=lambda group_rows: True) -> list[dict]:
+    """``rows`` with the ground truth appended as the last member of every group (rows of a group are contiguous)
+    for which ``want(the group's rows)`` holds."""
+    out, cur = [], []
+    for i, r in enumerate(rows):
+        out.append(r)
+        cur.append(r)
+        if i + 1 == len(rows) or rows[i + 1]["group"] != r["group"]:
+            if want(cur):
+                out.append(dict(ground_truth_row(run, r["pp"]), group=r["group"]))
+            cur = []
+    return out
 
 
 def shaped_reward(rewards: dict[str, torch.Tensor], key: str, weight: float, ts) -> torch.Tensor:
@@ -70,19 +93,7 @@ class TempSampR1(VLMMethod):
 
     def after_rollout(self, rows: list[dict]) -> list[dict]:
         """The ground truth as the last member of every group (rows of a group are contiguous)."""
-        out = []
-        for i, r in enumerate(rows):
-            out.append(r)
-            if i + 1 == len(rows) or rows[i + 1]["group"] != r["group"]:
-                out.append(dict(self._gt_row(r["pp"]), pp=r["pp"], group=r["group"]))
-        return out
-
-    def _gt_row(self, pp) -> dict:
-        run = self.run
-        ids = run.tok(run.task.gt_completion(pp.sample, pp.item), add_special_tokens=False).input_ids
-        ids = torch.tensor(ids + [run.eos_id])  # never truncated to max_new_tokens
-        return dict(ids=ids, mask=torch.ones_like(ids), text=run.tok.decode(ids, skip_special_tokens=True),
-                    lp=torch.zeros(len(ids)), offpolicy=True, truncated=False)
+        return with_ground_truth(self.run, rows)
 
     def advantage_estimator(self) -> Estimator:
         if self.ts.mode == "shape":

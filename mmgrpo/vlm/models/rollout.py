@@ -589,6 +589,50 @@ def _repeat_cache(cache, G: int, extra: int = 0) -> None:
                     "(use rollout.shared_prefix=false)")
 
 
+#: HF classes whose decode step is ``lm_head(model.language_model(...))`` and nothing else once the prompt is cached
+#: (no logit scaling, no per-step vision input): ``_decode_step`` may call those two parts directly.  Checked
+#: against the full forward for each family by ``tests/models/test_shared_prefix_rollout.py``.
+_LEAN_DECODE_CLASSES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+
+
+def _decode_step(gm, mm_dtype: torch.dtype | None = None, lean: bool | None = None):
+    """``step(ids (N, 1), attention_mask (N, L), position_ids, cache) -> logits (N, V) float32`` for one decoded
+    token (``mm_dtype``: the prompt had ``mm_token_type_ids``; the full forward then gets the step's, zeros, as
+    ``generate`` passes them).
+
+    For the Qwen-VL classes (``_LEAN_DECODE_CLASSES``) it runs ``gm.lm_head(gm.model.language_model(...))``: what
+    ``gm(...)`` computes for a text-only step with given position ids (the multimodal wrapper then only embeds the
+    tokens, passes the arguments through and builds two more output objects), without the two wrapper calls --
+    on a tiny model on CPU, where the per-token Python overhead dominates, about a sixth of the decode step.
+    Anything else (another model class, FSDP2-sharded modules whose root hook must gather the head and the
+    embeddings, ``lean=False``) takes the full forward."""
+    if lean is None:
+        lean = type(gm).__name__ in _LEAN_DECODE_CLASSES and not _fsdp_managed(gm)
+    inner = getattr(getattr(gm, "model", None), "language_model", None)
+    head = getattr(gm, "lm_head", None)
+    if lean and inner is not None and head is not None:
+        def step(ids, am, pos, cache):
+            h = inner(input_ids=ids, attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
+            return head(h.last_hidden_state[:, -1:]).float()[:, -1]
+        return step
+
+    def full(ids, am, pos, cache):
+        kw = dict(input_ids=ids, attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
+        if mm_dtype is not None:
+            kw["mm_token_type_ids"] = torch.zeros(ids.shape, dtype=mm_dtype, device=ids.device)
+        return gm(**kw).logits[:, -1].float()
+    return full
+
+
+def _fsdp_managed(model) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 class _HookCriteria:
     """``model.generate`` stopping criterion calling a backend's ``step_hook`` once per decoding step."""
 
@@ -604,7 +648,7 @@ class _HookCriteria:
 @torch.no_grad()
 def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds: Sequence[int],
                          eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None,
-                         step_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
+                         step_hook=None, lean: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions for each of the B left-padded prompts in ``batch`` with ONE prefill per prompt.
 
     gm: the HF generation model (``GenerationMixin``).  Returns (ids (B*G, T) with pad after the first EOS,
@@ -620,6 +664,8 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     * the prefill runs the vision tower and the prompt once (``logits_to_keep=1``), its ``DynamicCache`` is
       repeated G times along the batch into buffers with room for the new tokens (no per-token ``torch.cat`` of
       the whole cache: 1.3x faster decoding at 1k prompt tokens), the attention mask and positions likewise;
+    * each decode step runs ``_decode_step`` (for Qwen-VL: the language model and the head, without the
+      multimodal wrapper, whose work is done once the prompt is cached; ``lean=False``: the full forward);
     * each step: raw fp32 logits -> vision tokens suppressed -> ``_PerRowSampler`` (temperature, top-k, top-p,
       row r's generator) or argmax when greedy; finished rows get ``pad_id``; a row finishes at its first EOS.
     """
@@ -634,38 +680,42 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     _repeat_cache(cache, G, params.max_new_tokens)
     logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # (N, V): the G copies start identically
     pos = pos.repeat_interleave(G, dim=pos.dim() - 2)[..., -1:]  # (.., N, 1): each row's last prompt position
-    am = batch["attention_mask"].repeat_interleave(G, 0)
+    # the attention mask grows by one column per token: a buffer with room for all of them, read through views
+    P = batch["attention_mask"].shape[1]
+    am_buf = batch["attention_mask"].new_ones((N, P + params.max_new_tokens))
+    am_buf[:, :P] = batch["attention_mask"].repeat_interleave(G, 0)
     mm = batch.get("mm_token_type_ids")
+    decode = _decode_step(gm, None if mm is None else mm.dtype, lean=lean)
     sampler = None if params.greedy else _PerRowSampler(seeds, params.temperature, params.top_p, params.top_k)
     temp = 1.0 if params.greedy else params.temperature
     device = logits.device
     eos_t = torch.tensor(list(eos_ids), device=device)
     unfinished = torch.ones(N, dtype=torch.bool, device=device)
+    # the suppressed ids as a boolean row: one masked_fill per token (the values of _suppress's clone + index put)
+    blocked = None
+    if suppress_token_ids:
+        blocked = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        blocked[list(suppress_token_ids)] = True
+    pad_t = torch.tensor(pad_id, device=device)
     toks, lps = [], []
     for t in range(params.max_new_tokens):
         # suppressed and scaled once: the sampler draws from it and the log-probs are read from it, the values of
         # token_logprobs_from_logits(logits, nxt, temp, suppress_token_ids) bit for bit (x / 1.0 == x)
-        x = _suppress(logits, suppress_token_ids)
+        x = logits if blocked is None else logits.masked_fill(blocked, float("-inf"))
         if temp != 1.0:
             x = x / temp
         nxt = x.argmax(-1) if sampler is None else sampler.sample_scaled(x).to(device)
-        nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
+        nxt = torch.where(unfinished, nxt, pad_t)
         toks.append(nxt)
         lps.append(x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1))
-        n_new = int(unfinished.sum())
+        n_new = int(unfinished.sum()) if step_hook is not None else 0
         unfinished = unfinished & ~torch.isin(nxt, eos_t)
         if step_hook is not None and step_hook(n_new, int(unfinished.sum())):
             break  # e.g. SIGTERM: the caller discards these cut-short completions
         if not bool(unfinished.any()) or t == params.max_new_tokens - 1:
             break
         pos = pos + 1
-        am = torch.cat([am, am.new_ones((N, 1))], 1)
-        step = dict(input_ids=nxt[:, None], attention_mask=am, position_ids=pos, cache=cache, use_cache=True)
-        if mm is not None:
-            step["mm_token_type_ids"] = mm.new_zeros((N, 1))
-        out = gm(**step)
-        cache = _output_cache(out)
-        logits = out.logits[:, -1].float()
+        logits = decode(nxt[:, None], am_buf[:, :P + t + 1], pos, cache)
     return torch.stack(toks, 1), torch.stack(lps, 1)
 
 

@@ -424,9 +424,18 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
         opts.setdefault("answer_format", answer_format)
     if "length" in reward_cfg.weights:
         opts.setdefault("token_counter", lambda s: len(tokenizer(s, add_special_tokens=False).input_ids))
-    fn = build_reward_fn(dict(reward_cfg.weights), task, **opts)
+    from .open import OpenRewardFn, build_open_rewards, split_weights
+
+    builtin, open_w = split_weights(reward_cfg.weights)
+    kwargs = dict(getattr(reward_cfg, "kwargs", None) or {})
+    if not open_w and kwargs:
+        raise ValueError(f"reward.kwargs has {sorted(kwargs)} but reward.weights weights no open reward (judge or "
+                         "'package.module:factory')")
+    fn = build_reward_fn(builtin, task, **opts) if builtin else None
+    if open_w:  # the judge and rewards by import path (mmgrpo.vlm.rewards.open): imports and runs their code
+        fn = OpenRewardFn(fn, build_open_rewards(list(open_w), kwargs), dict(reward_cfg.weights))
     key = accuracy_key(reward_cfg, task)
-    acc_fn = None if key in reward_cfg.weights else build_reward_fn({key: 1.0}, task, **{
+    acc_fn = None if key in reward_cfg.weights or key == "total" else build_reward_fn({key: 1.0}, task, **{
         k: v for k, v in opts.items() if k != "token_counter"})
     return fn, acc_fn
 
@@ -434,6 +443,11 @@ def build_rewards(reward_cfg, task: str, family: str, tokenizer, prompt_mode: st
 def accuracy_key(reward_cfg, task: str) -> str:
     if reward_cfg.accuracy_key != "auto":
         return reward_cfg.accuracy_key
+    from .open import split_weights
+
+    builtin, open_w = split_weights(reward_cfg.weights)
+    if open_w and not builtin:  # only open rewards: the judge's score, else the weighted total
+        return "judge" if "judge" in open_w else "total"
     # free-text (OCR) and multi-box samples have no letter / single box: their own reward is the accuracy
     for name, t in (("video_r1_accuracy", "mcq"), ("ocr_wer", "mcq"), ("box_iou_multi", "rec")):
         if task == t and name in reward_cfg.weights:

@@ -36,6 +36,7 @@ from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, keep_
 from mmgrpo.vlm.train.distributed import allreduce_grads, generation_context, prepared_grad_norm, sync_context
 from mmgrpo.vlm.train.format_guard import well_formed_rows
 from mmgrpo.vlm.train.prompts import draw, prefetch_ahead, prepare
+from mmgrpo.vlm.train.reward_overlap import RewardOverlap
 
 log = get_logger("mmgrpo.train")
 
@@ -127,30 +128,38 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
     sampled: dict[int, list[dict]] = {}
     n_tok = 0
     t0 = time.time()
+    # reward.overlap_prompts > 0: generate in chunks of that many prompts and score each chunk in the background
+    # while the next one generates (mmgrpo.vlm.train.reward_overlap; the same rewards, less wall time)
+    chunk = run.cfg.reward.overlap_prompts
+    overlap = RewardOverlap(lambda t, s: score(run, t, s)) if chunk > 0 else None
     with generation_context(run):  # once per step however the groups split: with FSDP it runs collectives
         for k in sorted({len(g) for g in gens_of.values()}, reverse=True):
-            part = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
+            part_k = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
             if not k:
                 continue
-            seeds = [sample_seed(run.cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
-            out = run.backend.generate(
-                [pp.item for _, pp in part], k, run.sampling, seeds=seeds,
-                raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip, "sample": pp.sample,
-                              "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
-            n_tok += int(out.completion_mask.sum())
-            T = out.completion_ids.shape[1]
-            for i, (pos, _) in enumerate(part):  # prompt-major: prompt i owns rows i*k .. i*k+k-1
-                sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
-                                     offpolicy=False, truncated=bool(out.truncated[r]),
-                                     lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
-                                     **_multiturn_fields(out, r))
-                                for r in range(i * k, (i + 1) * k)]
+            for c0 in range(0, len(part_k), chunk or len(part_k)):
+                part = part_k[c0:c0 + (chunk or len(part_k))]
+                seeds = [sample_seed(run.cfg.run.seed, step, pos, g) for pos, _ in part for g in gens_of[pos]]
+                out = run.backend.generate(
+                    [pp.item for _, pp in part], k, run.sampling, seeds=seeds,
+                    raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip, "sample": pp.sample,
+                                  "video": None if pp.clip is None else pp.clip.frames} for _, pp in part])
+                n_tok += int(out.completion_mask.sum())
+                T = out.completion_ids.shape[1]
+                for i, (pos, pp) in enumerate(part):  # prompt-major: prompt i owns rows i*k .. i*k+k-1
+                    sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
+                                         offpolicy=False, truncated=bool(out.truncated[r]),
+                                         lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
+                                         pp=pp, group=pos, **_multiturn_fields(out, r))
+                                    for r in range(i * k, (i + 1) * k)]
+                if overlap is not None:
+                    overlap.submit([x for pos, _ in part for x in sampled[pos]])
     gen_time = time.time() - t0
     run.state.counters["generated_tokens"] += n_tok
-    rows = [dict(x, pp=pp, group=pos) for pos, pp, _ in preps for x in sampled.get(pos, [])]
+    rows = [x for pos, _, _ in preps for x in sampled.get(pos, [])]
     for m in run.methods:
         rows = m.after_rollout(rows)
-    rb = _score_rows(run, rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)})
+    rb = _score_rows(run, rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)}, overlap)
     for m in run.methods:
         m.on_rewards(rb)
     return rb
@@ -167,12 +176,18 @@ def _multiturn_fields(out, r: int) -> dict:
 TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens")
 
 
-def _score_rows(run, rows: list[dict], info: dict[str, float]) -> RolloutBatch:
-    """Pad the rows into a batch and score them; ``valid`` marks rows whose rewards exist and are finite."""
+def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOverlap | None = None) -> RolloutBatch:
+    """Pad the rows into a batch and score them (or collect the background scores, ``overlap``); ``valid`` marks
+    rows whose rewards exist and are finite."""
     Tm = max(len(r["ids"]) for r in rows)
     pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
     texts = [r["text"] for r in rows]
-    scored = score(run, texts, [r["pp"].reward_sample for r in rows])
+    if overlap is not None:
+        t0 = time.time()
+        scored = overlap.collect(rows)
+        info = dict(info, reward_wait=time.time() - t0)  # what the step still waited for its rewards
+    else:
+        scored = score(run, texts, [r["pp"].reward_sample for r in rows])
     parse_failed = scored.pop("parse_failed").bool()
     failed = scored.pop("_failed").bool()
     rewards = {k: v.float() for k, v in scored.items()}
@@ -465,9 +480,13 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
       micro-batch counts are padded (``mb_plan``).
     """
     a = run.cfg.algo
+    off = rb.is_offpolicy.bool()
     totals = {"tokens": global_sum(float(rb.loss_mask.sum())),
               "sequences": global_sum(float((rb.loss_mask.sum(1) > 0).sum())),
-              "rows": global_sum(float(rb.n)), "micro_batches": global_sum(float(len(mbs)))}
+              "rows": global_sum(float(rb.n)), "micro_batches": global_sum(float(len(mbs))),
+              # what of it is off-policy (injected / replayed rows): methods that train them apart (LUFFY, CHORD)
+              "offpolicy_tokens": global_sum(float(rb.loss_mask[off].sum())),
+              "offpolicy_sequences": global_sum(float((rb.loss_mask[off].sum(1) > 0).sum()))}
     unusable = _unusable_step(run, rb)
     if unusable:
         _record_skip(run, unusable, a.num_iterations)
@@ -541,8 +560,10 @@ def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
     if run.cfg.run.allow_no_reward_signal:
         log.warning("step %d: %s; its zero-gradient step is taken (run.allow_no_reward_signal=true)", st.step + 1, why)
         return None
-    if run.cfg.algo.kl_coef > 0 or any(m.needs_train_logits for m in run.methods):
-        log.warning("step %d: %s; the KL / entropy terms are still applied", st.step + 1, why)
+    # (a method's per-step SFT term may exist on some processes only: decided over all of them)
+    if run.cfg.algo.kl_coef > 0 or global_max(float(any(m.needs_train_logits or m.trains_without_advantages
+                                                        for m in run.methods))) > 0:
+        log.warning("step %d: %s; the KL / entropy / SFT terms are still applied", st.step + 1, why)
         return None
     return why
 
@@ -560,6 +581,7 @@ def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: 
         li = LossInputs(logp=lp, old_logp=lp.detach() if b.old_logp is None or not wgt else pick(b.old_logp),
                         advantages=b.advantages[idx].to(lp.device), mask=m, group_ids=b.group_ids[idx].to(lp.device),
                         token_weights=pick(b.token_weights), ref_logp=pick(b.ref_logp), logits=logits,
+                        offpolicy=b.is_offpolicy[idx].to(lp.device),
                         totals=totals, rows=len(idx), algo=run.cfg.algo, max_len=run.cfg.rollout.max_new_tokens,
                         index=idx if b is rb else None)
         out = run.loss.fn(li)
