@@ -46,11 +46,12 @@ def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
     on CPU without downloads (docs/experiments.md, "CPU rehearsal")."""
     import argparse
 
-    from .config import TINY_KINDS as tiny_kinds  # the registry's kinds (kept equal by test_generator_registry)
+    from .models.tiny import TINY_BUILDERS
     p = argparse.ArgumentParser(prog=f"flow_grpo {cmd}")
     p.add_argument("dir", help="output folder")
     if cmd == "make-tiny":
-        p.add_argument("kind", nargs="?", default="sd3", choices=tiny_kinds, help="pipeline kind (default sd3)")
+        p.add_argument("kind", nargs="?", default="sd3", choices=sorted(TINY_BUILDERS),
+                       help="pipeline kind (default sd3)")
     else:
         p.add_argument("name", nargs="?", default="pickscore", choices=["pickscore"], help="reward (default pickscore)")
     p.add_argument("--seed", type=int, default=0, help="random-weight seed")

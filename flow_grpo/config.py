@@ -23,17 +23,6 @@ from mmgrpo.utils.config import check_choices
 
 from .methods import FlowMethodsConfig
 
-# The generator kinds of ``flow_grpo.models.ADAPTERS`` and the tiny pipelines of ``flow_grpo.models.tiny.TINY_BUILDERS``,
-# spelled out here so that ``--help`` needs no torch import (tests/flow_grpo/test_generator_registry.py keeps them
-# equal to the registries; docs/generators.md describes each).
-GENERATOR_KINDS = ("sd3", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image", "qwen_image_edit", "flux2",
-                   "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_high", "wan22_low",
-                   "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
-TINY_KINDS = ("sd3", "sd3_t5", "sd3_5_medium", "sd3_5_large", "flux", "flux_kontext", "wan", "wan_i2v", "qwen_image",
-              "qwen_image_edit", "flux2", "flux2_klein", "z_image", "qwen_image21", "wan22", "wan22_ti2v",
-              "wan22_i2v", "sana", "hunyuan_video15", "ltx2")
-
-
 def _f(default, help: str, **kw):
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
@@ -65,8 +54,8 @@ class SamplingConfig:
                                     "last SDE step, shared by all samples) is re-gridded to max(int((K-L)*ratio), 2) "
                                     "points: fewer NFEs (MixGRPO-Flash dpm_post_compress_ratio=0.4); 1 = no compression")
     cps_tempered: bool = _f(False, "cps: Flow-GRPO's tempered log-prob -mean((x-mu)^2) (drops 1/(2s^2)) instead of the exact one")
-    # a registry name (flow_grpo.methods.PLANS), checked when the trainer is built: new plans need no config edit
-    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods.PLANS entry: all | fraction | window | single | "
+    # a registry name (flow_grpo.methods.plan_names()), checked when the trainer is built: new plans need no config edit
+    step_mode: str = _f("window", "sampling plan, a flow_grpo.methods plan (plan_names()): all | fraction | window | single | "
                         "nft (no SDE step; DiffusionNFT's trained timesteps) | tree (BranchGRPO tree rollout, one tree "
                         "per group) | b2 (B2-DiffuRL: one trunk per group branching K - s steps before the end)")
     timestep_fraction: float = _f(0.6, "fraction mode: each sample trains int((K-1)*f) of the K-1 steps (rounded down, "
@@ -86,8 +75,9 @@ class SamplingConfig:
                                  "(MixGRPO iters_per_group; an epoch may hold several optimizer steps)")
     window_stride: int = _f(1, "sliding, sliding_wrap: steps the start moves per shift (MixGRPO prog_overlap_step)")
     single_steps: list[int] = _f([0, 1, 2, 3], "single mode: candidate SDE step indices (G2RPO eta_step_list), one per group")
-    # a registry name (flow_grpo.methods.CREDITS), checked when the trainer is built: new credits need no config edit
-    credit: str = _f("outcome", "credit function, a flow_grpo.methods.CREDITS entry: outcome | tp_grpo (turning points "
+    # a registry name (flow_grpo.methods.credit_names()), checked when the trainer is built: new credits need no
+    # config edit
+    credit: str = _f("outcome", "credit function, a flow_grpo.methods credit (credit_names()): outcome | tp_grpo (turning points "
                      "from ODE completions) | g2rpo (multi-granularity) | vgpo (value-anchored per-step credit from "
                      "ODE completions) | nft (DiffusionNFT: forward-process loss, needs step_mode=nft) | branch_grpo "
                      "(tree reward fusion, depth-wise advantages; step_mode=tree) | b2_diffurl (best/worst branch of "
@@ -113,8 +103,8 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     pipeline_dir: str = _f("", "diffusers pipeline folder (one of the pipeline classes of docs/generators.md, e.g. StableDiffusion3Pipeline, FluxPipeline, Flux2Pipeline, WanPipeline, QwenImagePipeline); empty + tiny=... builds a tiny one")
-    kind: Literal[("auto", *GENERATOR_KINDS)] = _f("auto", "auto (the pipeline class in model_index.json) | " + " | ".join(GENERATOR_KINDS) + " (docs/generators.md; video kinds take sample.num_frames; flux_kontext, wan_i2v and qwen_image_edit take JSONL prompt lines with an 'image' path)")
-    tiny: Literal[("", *TINY_KINDS)] = _f("", "build a tiny random pipeline instead (" + " | ".join(TINY_KINDS) + ") - for smoke tests")
+    kind: str = _f("auto", "auto (the pipeline class in model_index.json) | a kind of the adapter registry, flow_grpo.models.ADAPTERS: sd3, flux, wan, qwen_image, ... (docs/generators.md lists them; video kinds take sample.num_frames; flux_kontext, wan_i2v and qwen_image_edit take JSONL prompt lines with an 'image' path)")
+    tiny: str = _f("", "build a tiny random pipeline instead, a kind of flow_grpo.models.tiny.TINY_BUILDERS: sd3, flux, wan, ... - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(
@@ -275,7 +265,30 @@ class TrainConfig:
 
     def __post_init__(self):
         check_choices(self)
+        check_model_kinds(self.model)
         check_numbers(self)
+
+
+def check_model_kinds(m: ModelConfig) -> None:
+    """``model.kind`` / ``model.tiny`` name a registered generator: the registries (``flow_grpo.models.ADAPTERS``,
+    ``flow_grpo.models.tiny.TINY_BUILDERS``) are the only lists of kinds, so a new model is registered once. They are
+    imported (torch) only for a value other than the default."""
+    import difflib
+
+    def check(key: str, value: str, kinds: list[str]) -> None:
+        if value not in kinds:
+            close = difflib.get_close_matches(value, kinds, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"config key {key!r}: unknown generator {value!r}{hint}; the registered kinds: {kinds}")
+
+    if m.kind != "auto":
+        from .models import ADAPTERS
+
+        check("model.kind", m.kind, ["auto", *ADAPTERS])
+    if m.tiny:
+        from .models.tiny import TINY_BUILDERS
+
+        check("model.tiny", m.tiny, ["", *TINY_BUILDERS])
 
 
 def check_numbers(c: "TrainConfig") -> None:

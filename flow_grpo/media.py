@@ -131,7 +131,7 @@ def check_video(videos: Any, name: str = "videos") -> np.ndarray:
 def to_uint8_videos(videos: Any, name: str = "videos") -> np.ndarray:
     """A batch of videos as uint8 (B, F, H, W, 3), never aliasing the input: uint8 (B, F, H, W, 3|1) (checked by
     :func:`check_video`), float (B, F, 3|1, H, W) in [0, 1] (numpy or torch; converted frame by frame with the
-    image path's checks, :func:`flow_grpo.rewards.base.to_uint8_nhwc`), or a list of B clips of one shape.
+    image path's checks, :func:`to_uint8_nhwc`), or a list of B clips of one shape.
     ``name`` starts the error messages."""
     if isinstance(videos, (list, tuple)):
         arrs = [_numpy(v) for v in videos]

@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -74,6 +74,11 @@ from .epoch_metrics import epoch_metrics
 from .methods import build_methods, credit_method
 from .sampler import Trajectories
 from .scoring import RewardStack
+
+if TYPE_CHECKING:
+    from .ema import EMA
+    from .methods.base import FlowMethod
+    from .models.base import FlowModelAdapter
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
@@ -110,6 +115,11 @@ class FlowGRPOTrainer:
     ``reward_fn``: optional ``{name: reward callable}`` used instead of building ``reward.weights`` from the
     registry (each still wrapped with the fault handling of ``reward.*``).
     ``accelerator``: optional ready ``accelerate.Accelerator`` (tests force FSDP on CPU this way)."""
+
+    adapter: FlowModelAdapter  # the model (flow_grpo.models): prompt encoding, velocity, latents <-> pixels
+    ema: Optional[EMA]  # an exponential moving average of the trained weights (ema.enabled)
+    methods: list[FlowMethod]  # the enabled methods (flow_grpo.methods), in registry (= hook) order
+    credit: FlowMethod  # the one credit method among them: advantages, sampling plan, step rewards
 
     def __init__(self, cfg: TrainConfig, adapter=None, reward_fn: Optional[Mapping[str, Callable]] = None,
                  accelerator=None):
@@ -192,7 +202,11 @@ class FlowGRPOTrainer:
         """Train to ``run.num_epochs`` (or ``num_epochs`` more); once ``run.num_epochs`` are done (or the time budget
         is spent) the run ends: nothing-trained check, export, reward curves. SIGTERM / SIGINT stop it at the next
         epoch boundary (or abandon the epoch if its samples are still being drawn) after a checkpoint:
-        :class:`TrainingInterrupted`."""
+        :class:`TrainingInterrupted`.
+
+        The first call resumes (``run.resume_from``) or begins the run; a later call on the same object continues
+        from its state in memory, which is ahead of any checkpoint (re-reading one would undo epochs), and a call
+        after the run ended does nothing. The VLM recipe's ``train`` behaves the same."""
         from tqdm.auto import tqdm
 
         from mmgrpo.utils.config import save_config
@@ -209,7 +223,7 @@ class FlowGRPOTrainer:
                 for mt in self.methods:
                     mt.on_train_start(resumed is not None)
             st.started = True
-            end = c.run.num_epochs if num_epochs is None else st.epoch + num_epochs
+            end = c.run.num_epochs if num_epochs is None else min(c.run.num_epochs, st.epoch + num_epochs)
             if guard.out_of_budget(f"epoch {st.epoch}"):  # a resumed run whose budget is already spent
                 end = st.epoch
             history = []
@@ -248,10 +262,10 @@ class FlowGRPOTrainer:
                 st.epoch += 1
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total/mean', float('nan')):.3f}", refresh=False)
-                if guard.out_of_budget(f"epoch {st.epoch}"):  # the last epoch: final eval, checkpoint, export
+                if guard.out_of_budget(f"epoch {st.epoch}"):  # the time budget is spent: the run's last epoch
                     end = st.epoch
                 # -- eval (if due), log, sample grid; checkpoint if due or the eval is the best so far
-                final = st.epoch == end
+                final = st.epoch == c.run.num_epochs or guard.budget_stopped  # the run's last epoch (not the call's)
                 ev = evaluation.evaluate(self) if evaluation.eval_due(self, final) else None
                 metrics.update(ev or {})
                 if self.logger is not None:

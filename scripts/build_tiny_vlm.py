@@ -425,7 +425,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary before the number tokens")
     p.add_argument("--vision-pretrain-steps", type=int, default=0,
                    help="grounding: before SFT, pre-train the vision tower for this many steps to tag which "
-                        "colour+shape each temporal block shows (mmgrpo.sft.pretrain_vision_tags; 0 = off)")
+                        "colour+shape each temporal block shows (mmgrpo.vlm.sft.pretrain_vision_tags; 0 = off)")
     p.add_argument("--vision-pretrain-lr", type=float, default=2e-3, help="learning rate of that stage")
     p.add_argument("--freeze-vision", action="store_true",
                    help="keep the vision tower fixed during SFT (e.g. after --vision-pretrain-steps)")

@@ -4,8 +4,8 @@ For every trajectory i and every SDE step j of its window, TP-GRPO needs R_j = r
 state before the j-th SDE step)) (R_0 from the window start, i.e. from the trajectory's own x_T through the shared
 ODE prefix; R_n is the final reward and needs no completion).
 
-A = our sampler's batched path (:func:`flow_grpo.sampler._tp_grpo_rewards`, exactly what ``sample_trajectories``
-    runs for ``credit="tp_grpo"``; the trajectories are sampled with that credit, so A starts each completion from
+A = our sampler's batched path (:func:`flow_grpo.methods.tp_grpo.tp_grpo_step_rewards`, exactly what
+    ``sample_trajectories`` runs for ``credit="tp_grpo"``; the trajectories are sampled with that credit, so A starts each completion from
     the rollout's stored Euler step ``ode_next_latents`` at sigma_{k+1}): all n*N completions end-aligned in chunks
     of ``completion_batch_size``, one model call per round with a per-item sigma, one batched VAE decode per chunk,
     ONE reward call.
@@ -173,7 +173,8 @@ def main(argv: Optional[list[str]] = None) -> float:
     value = st["ratio_median"]
     details = {
         "description": "ODE completions R_0..R_{n-1} for TP-GRPO: time(one k at a time, released) / time(all k "
-                       "batched, flow_grpo.sampler._tp_grpo_rewards); both include VAE decode and reward calls",
+                       "batched, flow_grpo.methods.tp_grpo.tp_grpo_step_rewards); both include VAE decode and "
+                       "reward calls",
         "mode": args.mode, "machine": machine_info(), "model": model_info,
         "config": {"N": N, "steps": K, "window": n, "height": size, "width": size, "cfg": cfg.cfg,
                    "completion_batch_size": cb, "reps": args.reps, "warmup": args.warmup, "threads": args.threads},

@@ -296,7 +296,7 @@ class AdversarialDinoReward(Reward):
     (512), ``head_seed`` (head init, without touching the global RNG), ``cls_weight`` (0.7), ``reward_patches`` (0 =
     all patches; k > 0 = k per image, seeded by the image bytes), ``references`` / ``refs_per_prompt`` / ``ref_seed``
     (the positives, :class:`ReferenceImages`; 8 per prompt as the release's reference set). The head is updated by
-    :class:`flow_grpo.methods.adv_grpo.AdvGRPORuntime` (``sample.credit=adv_grpo``), never by scoring."""
+    :class:`flow_grpo.methods.adv_grpo.AdvGRPO` (``sample.credit=adv_grpo``), never by scoring."""
 
     name = "adv_dino"
 

@@ -8,7 +8,8 @@ TRL corrects this per token with
 
 and multiplies the per-token policy loss by :math:`w_t` (before the KL term is added), ``C`` being
 ``vllm_importance_sampling_cap``.  The weight is a constant (no gradient).  Here ``w`` is handed to
-:func:`mmgrpo.core.policy_loss` through ``token_weights``, which multiplies exactly that per-token policy term.
+the policy loss (:func:`mmgrpo.vlm.methods.base.grpo_loss`) through ``token_weights``, which multiplies exactly that
+per-token policy term.
 """
 from __future__ import annotations
 

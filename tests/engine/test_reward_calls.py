@@ -118,11 +118,13 @@ def test_policy_validation_and_thread_safe_counts():
 
 
 def test_both_trainers_use_the_engine_policy(monkeypatch):
-    """The VLM wrapper and the flow ResilientReward both go through the engine's call_with_retries."""
+    """The VLM reward calls and the flow ResilientReward both go through the engine's call_with_retries."""
+    from types import SimpleNamespace
+
     import numpy as np
 
     import flow_grpo.scoring as fs
-    import mmgrpo.vlm.train.faults as vf
+    import mmgrpo.vlm.train.steps as vs
     from mmgrpo.engine import reward_calls as rc
 
     used = []
@@ -131,9 +133,11 @@ def test_both_trainers_use_the_engine_policy(monkeypatch):
     def spy(*a, **k):
         used.append(1)
         return real(*a, **k)
-    monkeypatch.setattr(vf, "_call_with_retries", spy)
+    monkeypatch.setattr(vs, "call_with_retries", spy)
     monkeypatch.setattr(fs, "call_with_retries", spy)
-    assert vf.call_with_retries(lambda x: x + 1, (1,), retries=0) == 2
+    run = SimpleNamespace(cfg=SimpleNamespace(reward=SimpleNamespace(retries=0, retry_backoff=0.0, timeout=0.0)),
+                          state=SimpleNamespace(counters={"reward_retries": 0, "reward_timeouts": 0}))
+    assert vs._call_reward(run, lambda t, s: {"total": len(t)}, ["a", "b"], [{}, {}], "reward") == {"total": 2}
     r = fs.ResilientReward(lambda im, p, m: {"s": np.ones(len(p), dtype=np.float32)}, "s", retries=0)
     r(np.zeros((2, 4, 4, 3), dtype=np.uint8), ["a", "b"], [{}, {}])
     assert used == [1, 1]

@@ -74,7 +74,7 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
         assert res["config"]["recorded_transitions"] > 0
     if module == "flow_train":
         assert res["onpolicy_logprob_max_abs_diff"] == 0.0 and res["grad_norm_a"] > 0
-        assert res["path"] == "trainer"  # A timed FlowGRPOTrainer._column_loss itself, not a copy of it
+        assert res["path"] == "trainer"  # A timed flow_grpo.steps.column_loss itself, not a copy of it
     if module == "tp_completions":
         assert res["rewards_max_abs_diff"] <= 1e-4
         assert res["work"]["model_calls_batched"] < res["work"]["model_calls_sequential"]

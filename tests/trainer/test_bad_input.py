@@ -1,5 +1,5 @@
-"""Bad input through the trainer's input path (``TaskAdapter.prepare`` and ``GRPOTrainer._prepare``): images of
-odd modes and sizes, empty and enormous prompts, a non-UTF-8 annotation file read by the trainer's loader.
+"""Bad input through the trainer's input path (``TaskAdapter.prepare`` and ``mmgrpo.vlm.train.prompts.prepare``):
+images of odd modes and sizes, empty and enormous prompts, a non-UTF-8 annotation file read by the trainer's loader.
 
 Not repeated here (covered where the code lives): JSONL schema errors and the loader's per-line UTF-8 check
 (tests/data/test_data_jsonl.py), missing / undecodable videos (tests/video, tests/trainer/test_trainer_loop.py).

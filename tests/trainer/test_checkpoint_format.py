@@ -10,7 +10,7 @@ ARGS = ["model.freeze_vision=true", "run.save_every=1", "run.keep_last=5"]
 
 
 def test_skip_state_is_checkpointed_and_resumed(tmp_path, tiny_dirs, th):
-    """Skipped steps in a row count across a resume (mmgrpo.engine.checkpoint.SkipHalt, in trainer.pt)."""
+    """Skipped steps in a row count across a resume (mmgrpo.engine.guard.SkipHalt, in trainer.pt)."""
     model = tiny_dirs("qwen2_5_vl")
 
     def nan_after_step_1(texts, samples):  # step 1 trains; steps 2 and 3 get NaN rewards -> skipped

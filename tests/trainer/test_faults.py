@@ -10,7 +10,8 @@ import torch
 
 from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
 from mmgrpo.engine.reward_calls import CallStats
-from mmgrpo.vlm.train.faults import call_with_retries, nonfinite_rows
+from mmgrpo.engine.reward_calls import RetryPolicy, call_with_retries
+from mmgrpo.vlm.train.steps import nonfinite_rows
 from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
@@ -37,7 +38,7 @@ def test_call_with_retries_backoff_timeout_and_final_failure():
         return x * 2
 
     st = CallStats()
-    assert call_with_retries(flaky, (21,), retries=2, backoff=0.5, stats=st, sleep=waits.append) == 42
+    assert call_with_retries(lambda: flaky(21), RetryPolicy(2, 0.5), stats=st, sleep=waits.append) == 42
     assert waits == [0.5, 1.0] and st.retries == 2 and st.failures == 0  # exponential back-off
 
     def always(_):
@@ -45,13 +46,13 @@ def test_call_with_retries_backoff_timeout_and_final_failure():
 
     st = CallStats()
     with pytest.raises(RewardCallFailed, match="failed 3 time.*RuntimeError: boom"):
-        call_with_retries(always, (1,), retries=2, backoff=0.0, stats=st)
+        call_with_retries(lambda: always(1), RetryPolicy(2, 0.0), stats=st)
     assert st.failures == 1 and st.retries == 2
 
     st = CallStats()
     t0 = time.time()
     with pytest.raises(RewardCallFailed, match="TimeoutError"):
-        call_with_retries(lambda _: time.sleep(3), (1,), retries=1, backoff=0.0, timeout=0.1, stats=st)
+        call_with_retries(lambda: time.sleep(3), RetryPolicy(1, 0.0, 0.1), stats=st)
     assert st.timeouts == 2 and time.time() - t0 < 2.0  # a hung call does not block the caller
 
     r = {"total": torch.tensor([1.0, float("nan"), 0.0, float("inf")]), "x": torch.tensor([0.0, 0, float("nan"), 0])}

@@ -9,8 +9,6 @@ import pytest
 
 from mmgrpo.utils.config import check_choices, load_config
 
-from flow_grpo.config import GENERATOR_KINDS, TINY_KINDS
-
 
 @dataclass
 class Opt:
@@ -52,8 +50,6 @@ def _flow(overrides):
     ("sample.sde_kind", "ode", "['flow', 'dance', 'cps']"),
     ("sample.window_policy", "slide", "['fixed', 'random', 'sliding', 'sliding_wrap']"),
     ("sample.ode_solver", "heun", "['euler', 'dpmpp2m']"),
-    ("model.tiny", "sdxl", str(["", *TINY_KINDS])),
-    ("model.kind", "sdxl", str(["auto", *GENERATOR_KINDS])),
     ("model.dtype", "fp16", "['float32', 'bfloat16', 'float16']"),
     ("reward.mode", "sum", "['weighted_sum', 'per_reward', 'win_rate']"),
     ("reward.on_nonfinite", "raise", "['drop', 'error']"),

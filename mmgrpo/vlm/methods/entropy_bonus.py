@@ -6,7 +6,7 @@ r"""Entropy bonus in the policy loss (verl / EasyR1 ``entropy_coeff``; Temporal-
 :math:`H_{i,t}` is the entropy of the *current* policy's sampling distribution (temperature-scaled, suppressed
 ids excluded) at completion token t, computed in the training forward WITH gradient and chunked
 (:func:`mmgrpo.vlm.models.chunked.token_entropy_with_grad`: at most one (chunk, V) block of logits at a time).
-:math:`\bar H` aggregates it over the policy loss's tokens (the loss mask after the methods' ``loss_mask``)
+:math:`\bar H` aggregates it over the policy loss's tokens (the loss mask after the methods' ``on_advantages``)
 with the policy loss's own aggregation (``algo.agg`` and the step's global token / sequence counts,
 :func:`mmgrpo.core.losses.aggregate_loss`), and the micro-batch's share is taken like the policy loss's. With
 ``algo.agg=token_mean`` this is verl's ``agg_loss(entropy, response_mask, "token-mean")``. Token weights

@@ -8,16 +8,17 @@ in the order the loop calls them:
   over processes, the optimizer step (``after_optimizer_step``), or a skip when anything is non-finite;
 * :func:`step_metrics`: the step's metrics (``end_of_step``), reduced over processes.
 
-Faults (``reward.*``): a reward call that raises or times out is retried with back-off, then its rows are dropped
-(counted) or the run stops (the guard's stop request); NaN/inf rewards drop their rows (``valid``) or stop the run;
-groups left with < 2 members get advantage 0 (counted); NaN/inf advantages, loss or gradients skip the optimizer
-step (counted in the guard).
+Faults (``reward.*``): a reward call that raises or times out is retried with back-off (the shared policy of
+:func:`mmgrpo.engine.reward_calls.call_with_retries`; a hung remote judge cannot block the run), then its rows are
+dropped (counted) or the run stops (the guard's stop request); NaN/inf rewards drop their rows (``valid``,
+:func:`nonfinite_rows`) or stop the run; groups left with < 2 members get advantage 0 (counted); NaN/inf advantages,
+loss or gradients skip the optimizer step (counted in the guard).
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -25,7 +26,7 @@ from mmgrpo.core import AdvantageOutput, group_advantages
 from mmgrpo.engine.dist import gather_groups, global_max, global_sum
 from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.engine.groups import valid_member_counts
-from mmgrpo.engine.reward_calls import CallStats
+from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.seeding import sample_seed
 from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
@@ -33,7 +34,6 @@ from mmgrpo.vlm.methods.base import Estimator, LossInputs, PolicyLoss
 from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs, make_seeds
 from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, keep_first_groups
 from mmgrpo.vlm.train.distributed import allreduce_grads, generation_context, prepared_grad_norm, sync_context
-from mmgrpo.vlm.train.faults import call_with_retries, nonfinite_rows
 from mmgrpo.vlm.train.format_guard import well_formed_rows
 from mmgrpo.vlm.train.prompts import draw, prefetch_ahead, prepare
 from mmgrpo.vlm.train.reward_overlap import RewardOverlap
@@ -41,7 +41,7 @@ from mmgrpo.vlm.train.reward_overlap import RewardOverlap
 log = get_logger("mmgrpo.train")
 
 __all__ = ["advantage_estimator", "policy_loss", "collect", "advantages", "mb_plan", "precompute", "optimize",
-           "step_metrics", "log_completions", "score", "accuracy", "score_samples", "token_logprobs"]
+           "step_metrics", "log_completions", "score", "accuracy", "score_samples", "token_logprobs", "nonfinite_rows"]
 
 
 # ------------------------------------------------------------------------------------------- setup
@@ -208,6 +208,18 @@ def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOv
                         info=dict(info), valid=_valid_rows(run, rewards, failed, rows))
 
 
+def nonfinite_rows(rewards: Mapping[str, torch.Tensor], n: int, keys: list[str] | None = None) -> torch.Tensor:
+    """(n,) bool: rows where any of the given reward tensors (default: all float ones) is NaN or inf."""
+    bad = torch.zeros(n, dtype=torch.bool)
+    for k, v in rewards.items():
+        if keys is not None and k not in keys:
+            continue
+        v = torch.as_tensor(v)
+        if v.dtype.is_floating_point and v.shape[:1] == (n,):
+            bad |= ~torch.isfinite(v.reshape(n, -1)).all(1)
+    return bad
+
+
 def _valid_rows(run, rewards: dict[str, torch.Tensor], failed: torch.Tensor, rows: list[dict]) -> torch.Tensor:
     """A row takes part only if its reward call succeeded and its (weighted) rewards are finite."""
     cfg, counters = run.cfg, run.state.counters
@@ -235,8 +247,15 @@ def _call_reward(run, fn: Callable, texts: list[str], samples: list, what: str) 
     and, once every process has finished the same collectives, the step stops the run (``on_failure=stop``)."""
     rc, counters = run.cfg.reward, run.state.counters
     stats = CallStats()
+
+    def warn(attempt: int, e: BaseException, wait: float | None) -> None:
+        if wait is not None:
+            log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.3g s", what, attempt + 1, rc.retries + 1,
+                        type(e).__name__, e, wait)
+
     try:
-        return call_with_retries(fn, (texts, samples), rc.retries, rc.retry_backoff, rc.timeout, stats, what)
+        return call_with_retries(lambda: fn(texts, samples), RetryPolicy(rc.retries, rc.retry_backoff, rc.timeout),
+                                 stats=stats, on_attempt_failed=warn, what=what)
     except RewardCallFailed as e:
         counters["reward_failed_calls"] += 1
         if rc.on_failure == "stop":

@@ -174,17 +174,23 @@ class GRPOTrainer:
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Train to ``run.max_steps`` (or ``steps`` more; the run ends -- final checkpoint, nothing-trained check --
         only once ``run.max_steps`` is reached). SIGTERM / SIGINT stop it at the next step boundary, or discard the
-        step if its rollouts are still being collected, after writing a checkpoint (:class:`TrainingInterrupted`)."""
-        cfg, st, guard = self.cfg, self.state, self.guard
-        end = cfg.run.max_steps if steps is None else min(cfg.run.max_steps, st.step + steps)
-        history: list[dict[str, float]] = []
+        step if its rollouts are still being collected, after writing a checkpoint (:class:`TrainingInterrupted`).
+
+        The first call resumes (``run.resume_from``) or begins the run; a later call on the same object continues
+        from its state in memory, which is ahead of any checkpoint (re-reading one would undo steps), and a call
+        after the run ended does nothing. The flow recipe's ``train`` behaves the same."""
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.run.max_steps, initial=st.step, desc="GRPO", unit="step", dynamic_ncols=True,
-                   disable=not (cfg.run.progress_bar and self.rank == 0))
+        cfg, st, guard = self.cfg, self.state, self.guard
+        history: list[dict[str, float]] = []
+        bar = None
         with guard.watching_signals():
             try:
-                resumed = self._start()  # resume or begin (once): the methods' on_train_start, step-0 validation
+                # resume or begin (once per trainer object): the methods' on_train_start, step-0 validation
+                self._start()
+                end = cfg.run.max_steps if steps is None else min(cfg.run.max_steps, st.step + steps)  # after resuming
+                bar = tqdm(total=cfg.run.max_steps, initial=st.step, desc="GRPO", unit="step", dynamic_ncols=True,
+                           disable=not (cfg.run.progress_bar and self.rank == 0))
                 while st.step < end:
                     # -- stop points: SIGTERM / SIGINT (every process stops at this step), the time budget
                     if guard.signalled():
@@ -236,13 +242,14 @@ class GRPOTrainer:
                 if st.step >= cfg.run.max_steps or guard.budget_stopped:  # the run is over
                     close_prefetch(self)
                     self._check_trained()  # a run that trained nothing writes no final checkpoint
-                    if st.step > 0 and (not resumed or history):
-                        self.save()
+                    if st.step > 0 and (history or st.last_save is None or st.last_save[0] != st.step):
+                        self.save()  # unless this state is saved already (resumed at the end, a later call)
             except BaseException:
                 close_prefetch(self)
                 raise
             finally:
-                bar.close()
+                if bar is not None:
+                    bar.close()
                 self.logger.flush()
         return history
 

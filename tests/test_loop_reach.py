@@ -1,0 +1,47 @@
+"""scripts/loop_reach.py (issue #34's measure of how much code one training step reaches) follows what it should and
+stops where its counting rule says: the default losses are counted, method hooks / model adapters / the rollout
+backend are boundaries, the shared library is an entry point, not followed."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def reach():
+    spec = importlib.util.spec_from_file_location("loop_reach", REPO / "scripts" / "loop_reach.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["loop_reach"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    ix = mod.Index()
+    return {k: (mod.reach(ix, k, only_recipe=True), mod.reach(ix, k)) for k in ("vlm", "flow")}
+
+
+def _names(r):
+    return {q for fs in r["by_file"].values() for q in fs}
+
+
+def test_the_step_reaches_the_default_losses_and_stops_at_the_boundaries(reach):
+    vlm, vlm_all = reach["vlm"]
+    flow, flow_all = reach["flow"]
+    # the stages of a step and the defaults that run when no method replaces them
+    assert {"mmgrpo.vlm.train.steps.collect", "mmgrpo.vlm.train.steps.optimize",
+            "mmgrpo.vlm.methods.base.grpo_loss"} <= _names(vlm)  # grpo_loss: PolicyLoss.fn's default
+    assert {"flow_grpo.steps.rollout", "flow_grpo.steps.update", "flow_grpo.steps.column_loss",
+            "flow_grpo.sampler.sample_trajectories"} <= _names(flow)  # column_loss: through functools.partial
+    # method hooks, adapters and the rollout backend are boundaries: named, never followed
+    assert any(b.startswith("method hook: ") and b.endswith(".on_advantages") for b in flow["boundary"])
+    assert any(b.startswith("method hook: ") and b.endswith(".on_rewards") for b in vlm["boundary"])
+    assert any(b.startswith("rollout backend: ") for b in vlm["boundary"])
+    assert any(b.startswith("model adapter: FlowModelAdapter.") for b in flow["boundary"])
+    assert not any(q.startswith(("mmgrpo.vlm.methods.", "flow_grpo.methods.")) and q.rsplit(".", 1)[1] in
+                   ("on_rewards", "on_advantages", "end_of_step") for q in _names(vlm_all) | _names(flow_all))
+    # the shared library: an entry point counts (not followed); followed only in the whole count
+    assert "mmgrpo.core.advantages.group_advantages" in _names(vlm)
+    assert "mmgrpo.core.advantages._check_group_ids" not in _names(vlm)
+    assert "mmgrpo.core.advantages._check_group_ids" in _names(vlm_all)
+    for r, whole in ((vlm, vlm_all), (flow, flow_all)):
+        assert r["recipe_functions"] + r["entry_points"] == r["functions"] < whole["functions"]
