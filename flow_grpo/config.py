@@ -87,6 +87,9 @@ class SamplingConfig:
     eval_num_steps: int = _f(0, "denoising steps of the periodic eval (deterministic Euler ODE); 0 = num_steps")
     same_noise_per_group: bool = _f(False, "one x_T per group (DanceGRPO / MixGRPO --init_same_noise, G2RPO, TempFlow "
                                     "seed groups); seeded by the global group id, so identical on every process")
+    shared_prefix: bool = _f(True, "tree / branch plans (branch_grpo, b2_diffurl): evaluate the trunk a chunk's samples "
+                             "share once per step, not once per leaf (fewer NFEs; false = recompute it per leaf; the "
+                             "smaller model batch can move log-probs by float rounding)")
 
 
 @dataclass

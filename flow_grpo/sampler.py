@@ -33,7 +33,7 @@ Exactness: the model is called on the same chunks (``batch_size``) during rollou
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional, Sequence
 
 import torch
@@ -218,16 +218,48 @@ def _ode_next(v, x, grid: torch.Tensor, k: int, post: Optional[torch.Tensor], x0
     return torch.where(pm, dpm_next, euler_next), euler_next, x0
 
 
+def _embeds_row_keys(emb: PromptEmbeds) -> list[tuple]:
+    """One hashable key per row of ``emb``: the bytes of every per-row conditioning tensor (text, masks, reference
+    image latents...; ``text_ids`` is shared by the batch)."""
+    rows = [getattr(emb, f.name) for f in fields(emb) if f.name != "text_ids" and getattr(emb, f.name) is not None]
+    rows = [t.detach().cpu().contiguous() for t in rows]
+    return [tuple(t[i].numpy().tobytes() for t in rows) for i in range(len(emb))]
+
+
+def _unique_rows(x: torch.Tensor, emb_keys: list[tuple]) -> tuple[list[int], torch.Tensor]:
+    """Rows of ``x`` whose latent and conditioning are bitwise equal: (the first row of each class, the class of
+    every row as an index into that list)."""
+    first, inverse = {}, []
+    flat = x.detach().cpu().contiguous()
+    for i in range(x.shape[0]):
+        key = (emb_keys[i], flat[i].numpy().tobytes())
+        inverse.append(first.setdefault(key, len(first)))
+    uniq = [inverse.index(j) for j in range(len(first))]  # classes are numbered in order of first appearance
+    return uniq, torch.as_tensor(inverse, dtype=torch.long, device=x.device)
+
+
 def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Columns, c0: int, c1: int,
-                noise_seeds: Sequence[int], noise_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
+                noise_seeds: Sequence[int], noise_keys: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, int]:
     """Integrate samples [c0, c1) (one model batch) along the grid, SDE where the plan says, recording the trained
-    columns; returns the final latents. ``noise_keys`` (N, K), if the plan gives them, replace ``noise_seeds[i]``
-    as the base seed of sample i's step-k noise (tree / branch plans share a prefix this way)."""
+    columns; returns the final latents and the number of model evaluations (rows x steps, before CFG).
+    ``noise_keys`` (N, K), if the plan gives them, replace ``noise_seeds[i]`` as the base seed of sample i's step-k
+    noise (tree / branch plans share a prefix this way); with ``sample.shared_prefix`` the rows of such a plan whose
+    latent and conditioning are bitwise equal at a step (the shared trunk of a tree) are evaluated once."""
     shape, dev, grid = tuple(x.shape[1:]), x.device, rg.grid
     post = rg.post[c0:c1] if rg.post is not None else None
     x0_prev = None
+    share = noise_keys is not None and cfg.shared_prefix
+    emb_keys = _embeds_row_keys(emb) if share else None
+    evals = 0
     for k in range(len(grid) - 1):
-        v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+        uniq, inverse = _unique_rows(x, emb_keys) if share else (None, None)
+        if uniq is not None and len(uniq) < x.shape[0]:
+            v = adapter.predict_velocity(x[uniq], grid[k].item(), emb.index(uniq), cfg.guidance_scale,
+                                         cfg.cfg)[inverse]
+            evals += len(uniq)
+        else:
+            v = adapter.predict_velocity(x, grid[k].item(), emb, cfg.guidance_scale, cfg.cfg)
+            evals += x.shape[0]
         ode_next, euler_next, x0_prev = _ode_next(v, x, grid, k, post, x0_prev)
         m = rg.sde[c0:c1, k]
         log_prob = None
@@ -247,7 +279,7 @@ def _roll_chunk(adapter, cfg: SamplingConfig, x, emb, rg: _RolloutGrid, buf: _Co
             x_next = ode_next
         buf.record(k, c0, c1, x, x_next, euler_next, log_prob)
         x = x_next
-    return x
+    return x, evals
 
 
 def credit_for(cfg: SamplingConfig):
@@ -355,10 +387,11 @@ def sample_trajectories(
     final = torch.zeros(tuple(xt.shape), dtype=torch.float32, device=xt.device)
     chunks = [(c0, min(n, c0 + cfg.batch_size)) for c0 in range(0, n, cfg.batch_size)]
     rg = _rollout_grid(cfg, plan, sig, method)
-    chunk_images, futures = [], []
+    chunk_images, futures, evals = [], [], 0
     for c0, c1 in chunks:
-        x = _roll_chunk(adapter, cfg, xt[c0:c1].float().clone(), embeds.index(slice(c0, c1)), rg, buf, c0, c1,
-                        noise_seeds, plan.noise_keys)
+        x, e = _roll_chunk(adapter, cfg, xt[c0:c1].float().clone(), embeds.index(slice(c0, c1)), rg, buf, c0, c1,
+                           noise_seeds, plan.noise_keys)
+        evals += e
         final[c0:c1] = x
         chunk_images.append(adapter.decode(x, cfg.height, cfg.width).cpu())
         if reward_fn is not None and reward_runner is not None:
@@ -376,7 +409,7 @@ def sample_trajectories(
         members=None if members is None else torch.as_tensor(list(members), dtype=torch.long),
         old_means=buf.mean,
     )
-    nfe = len(rg.grid) - 1
+    nfe = evals / n  # len(rg.grid) - 1, less the shared trunk of tree plans evaluated once
     if reward_fn is not None:
         nfe += _score_rollout(adapter, traj, embeds, sig, method, reward_fn, reward_weights, futures)
     traj.nfe_per_trajectory = float(nfe * (2 if cfg.cfg else 1))

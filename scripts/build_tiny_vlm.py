@@ -57,7 +57,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99)
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
-    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS
+    from mmgrpo.vlm.models.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, vocab_and_merges
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -66,10 +66,11 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512, max_int: int = 99)
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     strip = re.compile(r"<\|[a-z_]+\|>|</?answer>|</?think>|\d")
     tk.train_from_iterator([strip.sub("", t) for t in corpus], trainer=trainer)
-    tk.add_tokens([AddedToken(t, normalized=False, single_word=False) for t in ANSWER_TOKENS + number_tokens(max_int)])
-    tok = Qwen2TokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    vocab, merges = vocab_and_merges(tk)  # Qwen's own pre-tokenizer, as from_pretrained rebuilds it
+    tok = Qwen2TokenizerFast(vocab=vocab, merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                              unk_token=None, bos_token=None, additional_special_tokens=SPECIAL_TOKENS[1:],
                              padding_side="left")
+    tok.add_tokens([AddedToken(t, normalized=False, single_word=False) for t in ANSWER_TOKENS + number_tokens(max_int)])
     tok.chat_template = CHAT_TEMPLATE
     for t in SPECIAL_TOKENS:
         assert tok.convert_tokens_to_ids(t) == SPECIAL_TOKENS.index(t), t

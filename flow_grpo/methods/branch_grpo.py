@@ -53,8 +53,12 @@ group's samples are its leaves in the flat layout (``data.group_size`` must equa
 is the group's :math:`x_T` (``same_noise_per_group``) and the plan's noise keys make every shared edge identical.
 Mean fusion, depth pruning (sliding by epoch; the release slides by optimizer step) and width pruning (the
 method's ``on_advantages``, every epoch: the release's ``pruning_step_ratio`` window is not wired) are wired; ``prob`` fusion
-exists here as a tested function but is not wired (the credit inputs carry no edge log-probs). Shared prefixes are recomputed per leaf, so the logged
-``nfe_per_trajectory`` is K; ``tree/rollout_nfe_per_leaf_shared`` gives the release's count.
+exists here as a tested function but is not wired (the credit inputs carry no edge log-probs). The sampler evaluates each
+node once (``sample.shared_prefix``, default on: rows of a rollout chunk whose latent and conditioning are bitwise
+equal at a step share one model call), so the logged ``nfe_per_trajectory`` is the tree's count (12.69 per leaf at the
+release setting) when a chunk (``sample.batch_size``) holds whole trees; ``tree/rollout_nfe_per_leaf_shared`` gives
+the release's count for comparison. ``sample.shared_prefix=false`` recomputes each prefix per leaf (K per leaf); the
+two agree to float rounding (the smaller model batch of a shared step), not bit for bit.
 
 Differences from the release, deliberate: ties in width pruning are broken by node number (the release's order is
 its depth-first transition list); mode 2 on a single edge keeps it once (the release lists it twice); the
@@ -435,8 +439,8 @@ def tree_credit(inp, o):
         A[idx] = node_adv[paths[m_all[idx]]]
         complete += 1
     adv = A[sl][:, inp.step_indices].float()
-    # NFE accounting: this flat layout recomputes each shared prefix (K forwards per leaf, the logged
-    # nfe_per_trajectory); a rollout that computes every node once (the release) needs rollout_nfe_per_leaf
+    # NFE accounting: the release's count, to compare with the logged nfe_per_trajectory (equal with
+    # sample.shared_prefix when a rollout chunk holds whole trees; K when prefixes are recomputed)
     cost = tree_cost(K, tree.split_points, o.branching)
     return CreditOutput(adv, {"tree/complete_trees": float(complete),
                               "tree/rollout_nfe_per_leaf_shared": cost.rollout_nfe_per_leaf})

@@ -110,3 +110,36 @@ def test_adapter_lora_regex_never_matches_vision():
     assert rx.fullmatch("base_model.model.model.language_model.layers.1.self_attn.q_proj")
     assert not rx.fullmatch("model.visual.blocks.0.mlp.gate_proj")
     assert not rx.fullmatch("model.language_model.layers.0.self_attn.q_proj.lora_A")
+
+
+_TOKENIZER_TEXTS = [
+    "10", "The answer is 10.5 seconds", "<think>x</think><answer>12.3 to 45</answer>", "He'S here\n\n  ok  Ä ñ 9999",
+    "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>when?<|im_end|>", "(A) 3,250 frames; B: 0.75s",
+]
+
+
+def test_tiny_tokenizer_in_memory_equals_saved_and_reloaded(tmp_path):
+    """The tokenizer a test builds in memory is the one its saved folder loads back: ``from_pretrained`` rebuilds
+    Qwen's own pre-tokenizer (one digit per pre-token, NFC), so the in-memory one must use it too (it once kept the
+    BPE trainer's GPT-2 regex: "10" was one pre-token in memory and two after a reload)."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from mmgrpo.vlm.models.tiny import build_tiny_tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import build_tiny_vlm
+
+    built = {"tiny": build_tiny_tokenizer(),
+             "grounding": build_tiny_vlm.build_tokenizer(["the person opens the door 1 2 to 3.5"] * 20, vocab_size=300)}
+    for name, tok in built.items():
+        tok.save_pretrained(tmp_path / name)
+        back = AutoTokenizer.from_pretrained(tmp_path / name)
+        assert len(back) == len(tok), name
+        for text in _TOKENIZER_TEXTS:
+            assert tok(text)["input_ids"] == back(text)["input_ids"], (name, text)
+    # Qwen's pre-tokenization: the BPE never merges across digits
+    tiny = built["tiny"]
+    assert tiny.convert_ids_to_tokens(tiny("10")["input_ids"]) == ["1", "0"]

@@ -81,12 +81,26 @@ def _bpe_tokenizer(vocab_size: int = 320):
     return tk
 
 
+def vocab_and_merges(tk) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The BPE vocabulary and merges of a trained ``tokenizers.Tokenizer``.
+
+    The tiny tokenizers are built from these with ``Qwen2TokenizerFast(vocab=..., merges=...)``, not around the
+    trained object (``tokenizer_object=``): that keeps the trainer's pre-tokenizer (GPT-2's regex, digits grouped),
+    while ``from_pretrained`` rebuilds Qwen's own (NFC, one digit per pre-token). A model built in memory and the
+    same model saved and reloaded would then tokenise "10" differently."""
+    import json
+
+    model = json.loads(tk.to_str())["model"]
+    return dict(model["vocab"]), [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+
+
 def build_tiny_tokenizer():
     """A Qwen2 tokenizer (fast) around the tiny byte-level BPE with Qwen's special tokens and ChatML template."""
     from transformers import Qwen2TokenizerFast
 
+    vocab, merges = vocab_and_merges(_bpe_tokenizer())
     tok = Qwen2TokenizerFast(
-        tokenizer_object=_bpe_tokenizer(),
+        vocab=vocab, merges=merges,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
