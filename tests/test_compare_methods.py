@@ -76,6 +76,21 @@ OLD_VLM_METHODS = {
     "grpo_lambda": ["methods.grpo_lambda.enabled=true", "methods.grpo_lambda.threshold=0.5"],
     "drpo": ["methods.drpo.enabled=true", "methods.drpo.threshold=0.5"],
     "ton": ["methods.ton.enabled=true", "methods.ton.format_weight=0.1", "methods.ton.threshold=0.5"],
+    # issue #38: curricula and replay, SFT + RL hybrids
+    "pass_rate_filter": ["methods.pass_rate_filter.enabled=true", "methods.pass_rate_filter.low=0.01",
+                         "methods.pass_rate_filter.high=0.99", "methods.pass_rate_filter.correct_threshold=0.5",
+                         "methods.pass_rate_filter.max_rounds=2"],
+    "prompt_replay": ["methods.prompt_replay.enabled=true", "methods.prompt_replay.fraction=0.25",
+                      "methods.prompt_replay.correct_threshold=0.5"],
+    "sample_buffer": ["methods.sample_buffer.enabled=true"],
+    "iou_curriculum": ["methods.iou_curriculum.enabled=true", "methods.iou_curriculum.thresholds=[0.3,0.5,0.7]",
+                       "methods.iou_curriculum.mode=binary", "methods.iou_curriculum.window=5",
+                       "methods.iou_curriculum.advance_at=0.6"],
+    "luffy": ["methods.luffy.enabled=true", "methods.luffy.gamma=0.1"],
+    "chord": ["methods.chord.enabled=true", "methods.chord.mu_peak=0.5", "methods.chord.mu_valley=0.05",
+              "methods.chord.warmup_steps=0", "methods.chord.decay_steps=60"],
+    "relift": ["methods.relift.enabled=true", "methods.relift.hard_threshold=0.0",
+               "methods.relift.correct_threshold=0.5", "methods.relift.sft_batch=2", "methods.relift.sft_coef=0.5"],
 }
 OLD_FLOW_METHODS = {
     "flow_grpo_sde": ["method=flow"],

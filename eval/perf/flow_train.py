@@ -52,7 +52,7 @@ def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
     credit = credit_method(tc)
     if credit.loss() is not None:
         raise RuntimeError(f"credit {credit.name!r} has its own loss; A times the default GRPO column loss")
-    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True))
+    stub = SimpleNamespace(cfg=tc, adapter=ad, accelerator=Accelerator(cpu=True), methods=[])  # no method hooks
 
     def step():
         loss, _m, _kl, _cnt = column_loss(stub, traj, chunk, col, adv, n_global)

@@ -191,7 +191,7 @@ def test_every_benchmark_config_loads():
     assert tasks == {"activitynet_captions": "tvg", "charades_sta": "tvg", "mvbench": "mcq", "nextgqa": "gqa",
                      "refcoco": "rec", "synthetic_tvg": "tvg", "vsibench": "mcq", "qvhighlights": "tvg",
                      "seed_bench_r1": "mcq", "longvideobench": "mcq", "mmvu_mc": "mcq",
-                     "clevrer_mc": "mcq"}
+                     "clevrer_mc": "mcq", "vstar_mcq": "mcq", "longvideo_seek": "mcq"}  # the last two: tool recipes
     from eval.benchmarks import check_benchmark
 
     for f in sorted((ROOT / "eval" / "configs").glob("*.yaml")):

@@ -170,7 +170,10 @@ def test_failing_reward_calls_are_retried_then_dropped_or_stop_the_run(tmp_path)
     assert m["adv/groups_empty"] == 1  # group 1 was exactly the dropped chunk
     assert tr.state.last_traj.rewards["valid"].tolist() == [True, True, False, False]
     # the same failure with on_failure=stop writes a checkpoint and stops the run (CLI exit 3) naming the reward
+    # (a new run: the first one has ended, and train() on an ended run does nothing)
     state.update(calls=1, attempt=0)
+    tr = make_trainer("flux", "fast", tmp_path / "stop", rewards={"flaky": flaky},
+                      **{"sample.batch_size": 2, "reward.retries": 2})
     tr.rewards.wrapped["flaky"].on_failure = "stop"
     from mmgrpo.engine.errors import TrainingStopped
 

@@ -321,7 +321,8 @@ def test_a_template_with_a_tool_role_renders_tool_messages():
 def test_each_row_generates_within_its_own_budget(tiny, scripted):
     """Later turns: a row's token limit is its own budget's (rows with less room do not cut the others)."""
     long_call = "look closely here " + CALL
-    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, instruction="none")
+    # the probe run measures the tool turn with a budget that binds neither row (one call for turn 2)
+    opts = ToolsConfig(enabled=True, names=["crop"], crop_pixels=56 * 56, instruction="none", max_total_tokens=10_000)
     probe = scripted(tiny, [lambda r: [CALL, long_call][r], TURN2])
     mt = MultiTurnBackend(probe, tiny.proc, opts)
     n_short, n_long = len(_ids(tiny, CALL)), len(_ids(tiny, long_call))
