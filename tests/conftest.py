@@ -21,12 +21,14 @@ import pytest  # noqa: E402
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="also run the tests marked `extended` (deselected by default: they repeat, for more "
-                          "variants, a path another default test covers; `bash scripts/test.sh --full`)")
+                          "variants, a path another default test covers, or run a builder / benchmark script end to "
+                          "end; `bash scripts/test.sh --full`)")
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``extended`` run only with ``--full`` (or when ``-m`` names the marker): each repeats, for one
-    more variant, what a default test already exercises (see the marker's note in pytest.ini)."""
+    more variant, what a default test already exercises, or runs a builder / benchmark script end to end (see the
+    marker's note in pytest.ini)."""
     if config.getoption("--full") or "extended" in (config.option.markexpr or ""):
         return
     keep, drop = [], []

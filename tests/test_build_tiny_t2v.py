@@ -277,6 +277,7 @@ def test_demo_recipe_is_the_shipped_build():
     assert b.parse_args(["--demo", "--steps", "7"]).steps == 7 and b.parse_args([]).width == 96
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 def test_text_encoder_warm_up_learns_word_order():
     """--text-pretrain-steps: the random tiny UMT5 maps "from left to right" and "from right to left" to the same
     bag of token outputs (their masked means differ by < 3 % of a token's norm); after the warm-up they differ

@@ -241,6 +241,7 @@ def test_wan_recipes_smoke_on_the_tiny_wan_with_a_per_frame_reward(name, tmp_pat
     assert name in [p.stem for p in SCRIPTS]  # smoke_all.sh runs every script of this folder
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 def test_smoke_overrides_are_the_only_stdout_when_the_tiny_models_are_built(tmp_path):
     """Building the tiny FLUX / Wan folders the first time printed blank lines to stdout (native code), which the
     scripts passed to the trainer as empty overrides ('' is not of the form key=value)."""

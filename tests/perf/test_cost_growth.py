@@ -13,6 +13,7 @@ import pytest
 PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "eval", "perf")
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 def test_cost_growth_smoke(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     pytest.importorskip("matplotlib")

@@ -7,6 +7,8 @@ import os
 import re
 import textwrap
 
+import pytest
+
 PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "eval", "perf")
 
 
@@ -21,6 +23,7 @@ def _load(name, alias):
     return mod
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 def test_logprob_memory_smoke(tmp_path, capsys):
     mod = _load("logprob_memory", "perf_logprob_memory_under_test")
     out_json = tmp_path / "r.json"

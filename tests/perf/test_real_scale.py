@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 @pytest.mark.slow
 def test_rehearsal_smallest_case(tmp_path):
     out = tmp_path / "r.json"
@@ -34,6 +35,7 @@ def test_rehearsal_smallest_case(tmp_path):
         assert r["full_depth"][k] > 0
 
 
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
 @pytest.mark.slow
 def test_build_only_writes_a_loadable_folder_and_refuses_a_used_one(tmp_path):
     """``--build-only DIR`` (issue 32 item 11, the CPU rehearsal's model folder; docs/experiments.md): the model at
