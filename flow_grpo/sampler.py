@@ -28,7 +28,9 @@ collected after the last chunk (a reward failure therefore surfaces only after e
 which keeps processes in step when forwards are collective, e.g. FSDP).
 
 Exactness: the model is called on the same chunks (``batch_size``) during rollout and during
-:func:`score_column` (the training path), so log-probs recomputed on-policy equal the rollout ones bit for bit.
+:func:`score_column` (the training path), so log-probs recomputed on-policy equal the rollout ones bit for bit --
+except on the steps a tree / branch plan shares (``sample.shared_prefix``): there the rollout evaluates each shared
+row once in a smaller batch, so the two agree to float rounding (ratio 1 +- ~1e-7), not bit for bit.
 """
 from __future__ import annotations
 
