@@ -47,7 +47,7 @@ from torch import Tensor
 
 from mmgrpo.core.advantages import group_advantages
 
-from .base import FlowMethod
+from .tp_grpo import TPGRPO
 
 __all__ = ["VGPOAdvantages", "instant_rewards", "temporal_credit", "dual_advantages", "vgpo_advantages"]
 
@@ -168,22 +168,11 @@ def vgpo_credit(inp, gamma: float = 1.0, tau: float = 0.1, anchor: str = "0"):
     return CreditOutput(adv, stats)
 
 
-class VGPO(FlowMethod):
-    """TP-GRPO's rollout (ODE completions before every SDE step of a window) with the VGPO credit."""
+class VGPO(TPGRPO):
+    """TP-GRPO's rollout (ODE completions before every SDE step of a window; its sampling check and step rewards,
+    inherited) with the VGPO credit."""
 
     name = "vgpo"
-    has_step_rewards = True
-    keeps_ode_next = True
-
-    def check_sampling(self, s) -> None:
-        from .tp_grpo import check_contiguous_plan
-
-        check_contiguous_plan(s)
-
-    def step_rewards(self, adapter, traj, embeds, sig, reward_fn, weights, r_final):
-        from .tp_grpo import tp_grpo_step_rewards
-
-        return tp_grpo_step_rewards(adapter, traj, embeds, sig, reward_fn, weights, r_final)
 
     def advantage_estimator(self):
         o = self.cfg.methods.vgpo
