@@ -87,6 +87,17 @@ def _floats(name: str, key: str, v: Any, n: int) -> list[float]:
     return vals
 
 
+def score_tensors(lists: Mapping[str, list]) -> dict[str, Any]:
+    """A ``score()`` result as the trainer takes it (both the built-in ``RewardFn`` and :class:`OpenRewardFn`):
+    float32 tensors, ``parse_failed`` a bool tensor. Here, not in ``registry``, because ``registry`` imports this
+    module."""
+    import torch  # only at the trainer boundary
+
+    res = {k: torch.tensor(v, dtype=torch.float32) for k, v in lists.items() if k != "parse_failed"}
+    res["parse_failed"] = torch.tensor(lists["parse_failed"], dtype=torch.bool)
+    return res
+
+
 class OpenRewardFn:
     """The run's reward: the built-in :class:`~mmgrpo.vlm.rewards.registry.RewardFn` (or None) plus the open rewards;
     ``score`` returns lists, ``__call__`` tensors, like ``RewardFn``."""
@@ -122,12 +133,7 @@ class OpenRewardFn:
         return out
 
     def __call__(self, completions: Sequence[Any], samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        import torch
-
-        lists = self.score(completions, samples)
-        res = {k: torch.tensor(v, dtype=torch.float32) for k, v in lists.items() if k != "parse_failed"}
-        res["parse_failed"] = torch.tensor(lists["parse_failed"], dtype=torch.bool)
-        return res
+        return score_tensors(self.score(completions, samples))
 
     def __repr__(self) -> str:
         return f"OpenRewardFn(builtin={self.builtin!r}, open={list(self.open)}, weights={self.weights})"

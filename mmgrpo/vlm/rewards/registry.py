@@ -319,12 +319,9 @@ class RewardFn:
         return out
 
     def __call__(self, completions: Sequence[Any], samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        import torch  # only at the trainer boundary
+        from .open import score_tensors
 
-        lists = self.score(completions, samples)
-        res = {k: torch.tensor(v, dtype=torch.float32) for k, v in lists.items() if k != "parse_failed"}
-        res["parse_failed"] = torch.tensor(lists["parse_failed"], dtype=torch.bool)
-        return res
+        return score_tensors(self.score(completions, samples))
 
     def __repr__(self) -> str:
         return f"RewardFn(task={self.task!r}, weights={self.weights})"
