@@ -231,12 +231,13 @@ def _embeds_row_keys(emb: PromptEmbeds) -> list[tuple]:
 def _unique_rows(x: torch.Tensor, emb_keys: list[tuple]) -> tuple[list[int], torch.Tensor]:
     """Rows of ``x`` whose latent and conditioning are bitwise equal: (the first row of each class, the class of
     every row as an index into that list)."""
-    first, inverse = {}, []
+    first, inverse, uniq = {}, [], []
     flat = x.detach().cpu().contiguous()
     for i in range(x.shape[0]):
-        key = (emb_keys[i], flat[i].numpy().tobytes())
-        inverse.append(first.setdefault(key, len(first)))
-    uniq = [inverse.index(j) for j in range(len(first))]  # classes are numbered in order of first appearance
+        j = first.setdefault((emb_keys[i], flat[i].numpy().tobytes()), len(first))
+        if j == len(uniq):  # a new class: row i is its first row
+            uniq.append(i)
+        inverse.append(j)
     return uniq, torch.as_tensor(inverse, dtype=torch.long, device=x.device)
 
 
