@@ -333,6 +333,9 @@ class TONOptions:
         "a completion without a think block counts as a skip (and passes the format) instead of malformed"))
     threshold: float = field(default=1.0, metadata=_h(
         "a completion is correct when its accuracy reward (reward.accuracy_key) is at least this"))
+    group_by: str = field(default="", metadata=_h(
+        "a key of the samples' meta (e.g. kind): also log think ratio, length and accuracy per value of it "
+        "(ton/<value>/think_ratio ...); empty = off"))
 
 
 @dataclass

@@ -11,7 +11,10 @@ module is the GRPO side:
   ``direct_is_skip``, exactly ``<answer>A</answer>``), else 0; ``format_weight`` times it is added to the total;
 * the reward split logged every step: ``ton/think_ratio`` (share of completions that think), mean length and mean
   accuracy of thinking and of skipping completions (``ton/length_think``, ``ton/length_skip``, ``ton/acc_think``,
-  ``ton/acc_skip``; -1 when a mode has no completion), so a run shows whether skipping costs accuracy.
+  ``ton/acc_skip``; -1 when a mode has no completion), so a run shows whether skipping costs accuracy;
+* with ``group_by`` (a key of the samples' ``meta``, e.g. the question's kind): the same split per value of that
+  key (:func:`group_stats`: ``ton/<value>/think_ratio``, ``ton/<value>/length`` -- mean completion length of
+  the value's completions --, ``ton/<value>/acc``), so a run shows *where* the policy thinks.
 
 Not here: the thought-dropout SFT stage (a data transform of SFT targets); a base that never writes a think block
 skips on every prompt, and TON then trains exactly as GRPO (plus the format term).
@@ -25,7 +28,7 @@ import torch
 
 from mmgrpo.vlm.methods.base import VLMMethod
 
-__all__ = ["TON", "thought_mode", "ton_format", "mode_stats"]
+__all__ = ["TON", "thought_mode", "ton_format", "mode_stats", "group_stats"]
 
 _FULL = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.S | re.I)
 _DIRECT = re.compile(r"\s*<answer>(.*?)</answer>\s*", re.S | re.I)
@@ -62,6 +65,26 @@ def mode_stats(modes: list[str], lengths: torch.Tensor, acc: torch.Tensor) -> di
     return out
 
 
+def group_stats(modes: list[str], lengths: torch.Tensor, acc: torch.Tensor, groups: list[str]) -> dict[str, float]:
+    """Per value ``g`` of ``groups`` (one per completion): ``ton/g/think_ratio``, ``ton/g/length`` (mean length of
+    all of g's completions) and ``ton/g/acc``."""
+    out: dict[str, float] = {}
+    L, a = lengths.float(), acc.float()
+    for g in sorted(set(groups)):
+        sel = [i for i, x in enumerate(groups) if x == g]
+        out[f"ton/{g}/think_ratio"] = sum(modes[i] == "think" for i in sel) / len(sel)
+        out[f"ton/{g}/length"] = float(L[sel].mean())
+        out[f"ton/{g}/acc"] = float(a[sel].mean())
+    return out
+
+
+def _meta(sample, key: str) -> str:
+    meta = sample.get("meta") if isinstance(sample, dict) else getattr(sample, "meta", None)
+    if not isinstance(meta, dict) or key not in meta:
+        raise KeyError(f"methods.ton.group_by={key!r}: sample {getattr(sample, 'id', '?')} has no meta.{key}")
+    return str(meta[key])
+
+
 class TON(VLMMethod):
     name = "ton"
 
@@ -75,7 +98,10 @@ class TON(VLMMethod):
         acc = torch.nan_to_num(self.run.accuracy(rb.texts, rb.samples, rb.rewards), nan=0.0)
         idx = rows.nonzero().flatten().tolist()
         modes = [thought_mode(rb.texts[i], o.direct_is_skip) for i in idx]
-        self._m = mode_stats(modes, rb.completion_mask.bool().sum(1)[idx], (acc >= o.threshold).float()[idx])
+        lengths, correct = rb.completion_mask.bool().sum(1)[idx], (acc >= o.threshold).float()[idx]
+        self._m = mode_stats(modes, lengths, correct)
+        if o.group_by and idx:
+            self._m.update(group_stats(modes, lengths, correct, [_meta(rb.samples[i], o.group_by) for i in idx]))
         self._m["ton/format"] = float(fmt[rows].mean()) if rows.any() else 0.0
 
     def end_of_step(self, rb, metrics: dict) -> None:
