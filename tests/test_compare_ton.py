@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # the one end-to-end check of the row (two base builds, two arms through the trainer)
+@pytest.mark.extended  # end to end: two base builds and two arms through the trainer (the parts have default tests)
 def test_compare_ton_smoke(tmp_path):
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "scripts"))
