@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=60.0, help="CPU seconds of training per run")
     p.add_argument("--arms", default="grpo,ton")
     p.add_argument("--eval-split", default="heldout", choices=("val", "heldout"))
+    p.add_argument("--collect", default="", help="comma-separated --out folders of other runs (e.g. one seed per "
+                   "process): their runs join this table")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -183,11 +185,15 @@ def main(argv=None) -> int:
     res = json.loads(res_path.read_text()) if res_path.exists() else {"runs": [], "before": {}}
     res.update(budget=a.budget, eval_split=a.eval_split, settings=GRPO, arms={k: ARMS[k] for k in arms})
     for name in sorted({ARMS[x][0] for x in arms}):
+        cached = bases / name / f"before_{a.eval_split}.json"  # one evaluation per base, shared by every --out
+        if name not in res["before"] and cached.exists():
+            res["before"][name] = json.loads(cached.read_text())
         if name not in res["before"]:
             model, proc = load_base(bases / name)
             rows = ton.load_split(str(bases / name / "data" / f"{a.eval_split}.jsonl"))
             ev = ton.evaluate(model, proc, rows)
             res["before"][name] = {k: ev[k] for k in ("all",) + ton.bench.KINDS}
+            cached.write_text(json.dumps(res["before"][name], indent=1))
             log(f"before {name}: {json.dumps(res['before'][name]['all'])}")
     for seed in [int(s) for s in a.seeds.split(",")]:
         for arm in arms:
@@ -204,6 +210,12 @@ def main(argv=None) -> int:
                                 "examples": ev["examples"], **info})
             log(f"{arm} seed {seed}: {info['steps']} steps, after {json.dumps(after['all'])}")
             res_path.write_text(json.dumps(res, indent=1))
+    for other in [Path(x) for x in a.collect.split(",") if x]:
+        o = json.loads((other / "results.json").read_text())
+        if o.get("budget") != a.budget or o.get("eval_split") != a.eval_split:
+            raise SystemExit(f"[compare_ton] --collect {other}: budget / eval split differ from this run's")
+        res["runs"] += [r for r in o["runs"] if not any(r["arm"] == x["arm"] and r["seed"] == x["seed"]
+                                                        for x in res["runs"])]
     md = write_table(out, res, arms)
     res_path.write_text(json.dumps(res, indent=1))
     print(md, flush=True)
