@@ -195,6 +195,12 @@ def main(argv=None) -> int:
             res["before"][name] = {k: ev[k] for k in ("all",) + ton.bench.KINDS}
             cached.write_text(json.dumps(res["before"][name], indent=1))
             log(f"before {name}: {json.dumps(res['before'][name]['all'])}")
+    for other in [Path(x) for x in a.collect.split(",") if x]:
+        o = json.loads((other / "results.json").read_text())
+        if o.get("budget") != a.budget or o.get("eval_split") != a.eval_split:
+            raise SystemExit(f"[compare_ton] --collect {other}: budget / eval split differ from this run's")
+        res["runs"] += [r for r in o["runs"] if not any(r["arm"] == x["arm"] and r["seed"] == x["seed"]
+                                                        for x in res["runs"])]
     for seed in [int(s) for s in a.seeds.split(",")]:
         for arm in arms:
             if any(r["arm"] == arm and r["seed"] == seed for r in res["runs"]):
@@ -210,12 +216,6 @@ def main(argv=None) -> int:
                                 "examples": ev["examples"], **info})
             log(f"{arm} seed {seed}: {info['steps']} steps, after {json.dumps(after['all'])}")
             res_path.write_text(json.dumps(res, indent=1))
-    for other in [Path(x) for x in a.collect.split(",") if x]:
-        o = json.loads((other / "results.json").read_text())
-        if o.get("budget") != a.budget or o.get("eval_split") != a.eval_split:
-            raise SystemExit(f"[compare_ton] --collect {other}: budget / eval split differ from this run's")
-        res["runs"] += [r for r in o["runs"] if not any(r["arm"] == x["arm"] and r["seed"] == x["seed"]
-                                                        for x in res["runs"])]
     md = write_table(out, res, arms)
     res_path.write_text(json.dumps(res, indent=1))
     print(md, flush=True)

@@ -91,6 +91,9 @@ def test_think_or_not_targets_dropout_and_forced_prefix(tiny_dirs):
     assert [thought_mode(e.answer_text) for e in vt.sft_examples(ta, s, 1.0)] == ["skip", "skip"]
     d = vt.dropped(2000, 0.5, seed=3)
     assert 900 <= sum(d) <= 1100 and d == vt.dropped(2000, 0.5, seed=3) != vt.dropped(2000, 0.5, seed=4)
+    nl = vt.newline_token_ids(tok)  # forced think: these are suppressed after "<think>"
+    assert tok("\n", add_special_tokens=False)["input_ids"][0] in nl
+    assert all("\n" in tok.decode([i]) for i in nl) and tok.convert_tokens_to_ids("</think>") not in nl
     e = vt.sft_examples(ta, s[:1], 0.0)[0]
     assert tok.decode(e.answer_ids) == e.answer_text + "<|im_end|>"
     with pytest.raises(ValueError, match="dropout"):

@@ -8,7 +8,8 @@ dropout, prompts with a forced mode, and greedy evaluation per question kind and
 * **Thought dropout** (:func:`sft_examples`, TON's SFT stage): each training example's thought is replaced by the
   empty one with probability ``dropout``, independently of its kind (0: the usual always-think cold start).
 * **Evaluation** (:func:`evaluate`): greedy, per kind: free (the model chooses; ``think_ratio``, mean completion
-  length, accuracy), forced think (the prompt ends with ``<think>``) and forced skip (it ends with the empty thought).
+  length, accuracy), forced think (the prompt ends with ``<think>`` and newline tokens are suppressed, so the thought
+  cannot be the empty one) and forced skip (the prompt ends with the empty thought).
 """
 from __future__ import annotations
 
@@ -98,12 +99,18 @@ def sft_examples(ta, samples: Sequence[dict], dropout: float, seed: int = 0) -> 
     return out
 
 
-def _generate(model, proc, items: list, max_new_tokens: int, batch_size: int):
+def newline_token_ids(tok) -> list[int]:
+    """Ids of every token whose text holds a newline. The empty thought starts ``<think>\n``; no thought or answer
+    of this benchmark holds one, so suppressing these after a forced ``<think>`` forces a non-empty thought."""
+    return [i for t, i in tok.get_vocab().items() if "\n" in tok.convert_tokens_to_string([t])]
+
+
+def _generate(model, proc, items: list, max_new_tokens: int, batch_size: int, no_newline: bool = False):
     from mmgrpo.vlm.models.adapters import vision_token_ids
     from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams
 
-    backend = HFRolloutBackend(model, proc, suppress_token_ids=vision_token_ids(proc.tokenizer),
-                               max_batch_size=batch_size)
+    suppress = list(vision_token_ids(proc.tokenizer)) + (newline_token_ids(proc.tokenizer) if no_newline else [])
+    backend = HFRolloutBackend(model, proc, suppress_token_ids=suppress, max_batch_size=batch_size)
     return backend.generate(items, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
 
 
@@ -125,7 +132,7 @@ def evaluate(model, processor, samples: Sequence[dict], ta: Any = None, batch_si
         if forced:
             for name, prefix in (("forced_think", "<think>"), ("forced_skip", SKIP_THOUGHT)):
                 o = _generate(model, processor, [prepare(ta, s, prefix)[0] for s in samples], max_new_tokens,
-                              batch_size)
+                              batch_size, no_newline=name == "forced_think")
                 runs[name] = (list(o.texts), o.lengths.tolist())
     res: dict[str, Any] = {"n": len(samples)}
     texts, lengths = runs[""]
