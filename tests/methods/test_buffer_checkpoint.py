@@ -74,3 +74,36 @@ def test_resume_with_a_full_buffer_is_exact(tmp_path, tiny_dirs, th, method):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = straight.state.batch, resumed.state.batch  # the last step's batch, replayed rows included
     assert sa.texts == sb.texts and torch.equal(sa.advantages, sb.advantages)
+
+
+class _Local:
+    """A method with a per-process state (what the trainer's checkpointing sees of it)."""
+    name, state_per_process = "buf", True
+
+    def __init__(self, sd=None):
+        self.sd, self.loaded = sd, None
+
+    def state_dict(self):
+        return self.sd
+
+    def load_state_dict(self, sd):
+        self.loaded = sd
+
+
+def test_per_process_states_are_gathered_and_each_process_resumes_its_own(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from mmgrpo.engine import dist
+    from mmgrpo.vlm.train import checkpointing
+
+    # two processes' buffers, as all_gather_object returns them on either process
+    monkeypatch.setattr(dist, "all_gather_object", lambda obj: [{"buf": {"entries": [0]}}, obj])
+    saved = checkpointing.gather_local_states(SimpleNamespace(methods=[_Local({"entries": [1, 2]})]))
+    assert saved == {"per_rank": [{"buf": {"entries": [0]}}, {"buf": {"entries": [1, 2]}}], "world": 2}
+    for rank in (0, 1):
+        m = _Local()
+        checkpointing._load_local_states(SimpleNamespace(methods=[m], world=2, rank=rank), saved)
+        assert m.loaded == saved["per_rank"][rank]["buf"]
+    m = _Local()  # another process count: the buffers start empty, logged
+    checkpointing._load_local_states(SimpleNamespace(methods=[m], world=3, rank=0), saved)
+    assert m.loaded is None and "start empty" in caplog.text
