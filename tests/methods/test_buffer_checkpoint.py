@@ -107,3 +107,39 @@ def test_per_process_states_are_gathered_and_each_process_resumes_its_own(monkey
     m = _Local()  # another process count: the buffers start empty, logged
     checkpointing._load_local_states(SimpleNamespace(methods=[m], world=3, rank=0), saved)
     assert m.loaded is None and "start empty" in caplog.text
+
+
+def test_a_stop_inside_the_rollout_rolls_the_buffer_back(tmp_path, tiny_dirs, th, monkeypatch):
+    """A stop requested while step 2 collects its rollouts abandons the step: its checkpoint (step 1) must hold the
+    buffer as step 1 left it, not with step 2's replays and prompts, so the resumed run equals the straight one."""
+    import mmgrpo.vlm.train.trainer as tm
+    from mmgrpo.engine.errors import TrainingStopped
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    opts, used, n = CASES["prompt_replay"]
+
+    def trainer(folder, first_step, *more):
+        cfg = th.make_cfg(tmp_path / folder, tiny_dirs("qwen2_5_vl"), "run.max_steps=2", "reward.accuracy_key=acc",
+                          "data.check_samples=0", "methods.prompt_replay.enabled=true", *opts, *more)
+        return GRPOTrainer(cfg, samples=th.image_samples(n), reward_fn=_step_reward(th, first_step, "prompt_replay"))
+
+    straight = trainer("a", 0)
+    assert straight.train()[1][used] > 0
+    stopped = trainer("b", 0)
+    collect = tm.collect
+
+    def collect_then_stop(run, step):
+        rb = collect(run, step)
+        if step == 1:  # step 2's rollouts are in (its prompts replayed, its groups in the buffer)
+            run.guard.request_stop("test")
+        return rb
+
+    monkeypatch.setattr(tm, "collect", collect_then_stop)
+    with pytest.raises(TrainingStopped):
+        stopped.train()
+    monkeypatch.setattr(tm, "collect", collect)
+    assert stopped.state.step == 1
+    resumed = trainer("b", 1, "run.resume_from=auto")
+    resumed.train()
+    a, b = straight.policy.trainable_state_dict(), resumed.policy.trainable_state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
