@@ -220,7 +220,7 @@ def grpo_judge(a, data: Path, base: Path, dst: Path) -> dict:
         hist = list(getattr(tr, "history", []) or [])
     cpu = time.process_time() - c0
     tr.policy.model.save_pretrained(dst)
-    tr.processor.save_pretrained(dst)
+    tr.policy.processor.save_pretrained(dst)
     keys = ("reward/total/mean", f"reward/{JUDGE_REWARD}/failed/mean", f"reward/{JUDGE_REWARD}/picks_1/mean")
     curve = [{k: h.get(k) for k in ("step",) + keys if k in h} for h in hist]
     rep = {"steps": tr.state.step, "cpu_s_train_call": cpu, "curve": curve, "command": "mmgrpo train " + " ".join(over)}

@@ -107,3 +107,22 @@ def test_trained_judge_composes_a_left_and_reads_the_verdict():
     assert set(seen) == {(32, 68, 3)} and len(seen) == 12  # 6 pairs x 2 orders, each one composite image
     with pytest.raises(ValueError, match="uint8"):
         judge(imgs.astype(np.float32), imgs, ["a"] * 4)
+
+
+@pytest.mark.extended  # slow script/benchmark check: bash scripts/test.sh --full
+def test_judge_loop_smoke(tmp_path):
+    """scripts/judge_loop.py --smoke: data, SFT base, GRPO through the trainer, both judges saved as loadable
+    folders (model + processor) and measured on the held-out pairs."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "jl"
+    r = subprocess.run([sys.executable, "scripts/judge_loop.py", "--out", str(out), "--smoke", "--stage", "judge"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "judge.json").read_text())
+    for k in ("base", "grpo"):
+        h = res[k]["heldout"]
+        assert h["n_pairs"] == 8 and 0.0 <= h["accuracy"] <= 1.0
+        assert (out / f"judge_{k}" / "processor_config.json").exists()
+    assert "| SFT base (untrained) |" in (out / "results.md").read_text()
