@@ -40,7 +40,9 @@ class ToolsConfig:
         "seek: per-frame pixel cap (0 = the first turn's frame size)"))
     call_format: str = field(default="qwen", metadata=_h(
         "how the policy calls tools (mmgrpo.vlm.tools.parse.CALL_FORMATS): qwen = <tool_call>{json}</tool_call> "
-        "blocks; mgpo = MGPO's fixed two-turn grounding (the first turn's box is cropped, the second answers)"))
+        "blocks; mgpo = MGPO's release (fixed two-turn template: the first turn's ```json bbox_2d block is cropped "
+        "by mgpo_crop, the second answers in \\boxed{}; data.prompt_template=mgpo); mgpo_plain = our earlier "
+        "reading (any [x1, y1, x2, y2] of the first turn, the crop tool, <answer>)"))
     instruction: str = field(default="auto", metadata=_h(
         "text the rollout appends to the first prompt's user turn: auto = the call format's (lists the tools), "
         "none = nothing, else this text"))

@@ -102,6 +102,8 @@ class ToolTurnRenderer:
         def media(r):
             return [{"type": "image"} for _ in r.images] + [{"type": "video"} for _ in r.clips]
 
+        if len(results) == 1 and results[0].content is not None:  # a fixed template's own user turn (MGPO's)
+            return [{"role": "user", "content": list(results[0].content)}]
         if self.role == "tool":
             return [{"role": "tool", "content": media(r) + [{"type": "text", "text": r.text}]} for r in results]
         content = []
@@ -302,6 +304,8 @@ class MultiTurnBackend(RolloutBackend):
         """Run the last policy turn's tool calls and append the tool turn, or end the row."""
         o = self.options
         text = row.info["turn_texts"][-1]
+        if self.format.cut is not None:
+            self._cut(row, self.format.cut(text, turn))
         calls = self.format.parse(text, turn)
         if o.answer_pattern and o.answer_pattern in text:
             row.done, row.info["stop"] = True, "answer"
@@ -347,6 +351,32 @@ class MultiTurnBackend(RolloutBackend):
         row.clips += [c for r in results for c in r.clips]
         row.info["visual_tokens"] += n_vis
         row.info["tool_tokens"] += n
+
+    def _cut(self, row: _Row, end: int | None) -> None:
+        """End the last policy turn at character ``end`` of its text: keep the sampled tokens up to the first one
+        whose decoded prefix reaches ``end`` (never re-tokenised) and close the turn with the end-of-turn token,
+        a template token (loss 0: it was not sampled there). Nothing happens when the turn already ends there."""
+        seg = row.segs[-1]
+        ids, text = seg["ids"], row.info["turn_texts"][-1]
+        if end is None or end >= len(text.rstrip()):
+            return
+        lo, hi = 1, int(ids.numel())  # smallest k with len(decode(ids[:k])) >= end (decoded length grows with k)
+        while lo < hi:
+            k = (lo + hi) // 2
+            if len(self.tokenizer.decode(ids[:k].tolist())) >= end:
+                hi = k
+            else:
+                lo = k + 1
+        if lo >= int(ids.numel()) - 1:
+            return
+        kept = ids[:lo]
+        row.info["policy_tokens"] -= int(ids.numel()) - lo
+        row.info["turn_texts"][-1] = self.tokenizer.decode(kept.tolist())
+        row.segs[-1] = dict(seg, ids=kept, mm=seg["mm"][:lo], lp=seg["lp"][:lo])
+        eot = torch.tensor([self.eot_id], dtype=ids.dtype)
+        row.segs.append({"ids": eot, "mm": torch.zeros_like(eot), "policy": False, "lp": torch.zeros(1), "media": {}})
+        row.info["tool_tokens"] += 1
+        row.info["cut_tokens"] = row.info.get("cut_tokens", 0) + int(ids.numel()) - lo
 
     def _encode(self, results: list[ToolResult]) -> dict:
         if self.format.result_suffix and results[-1].ok:  # the fixed template's text follows a served call
