@@ -46,6 +46,9 @@ class ToolsConfig:
     instruction: str = field(default="auto", metadata=_h(
         "text the rollout appends to the first prompt's user turn: auto = the call format's (lists the tools), "
         "none = nothing, else this text"))
+    generation_prefix: str = field(default="", metadata=_h(
+        "text put after every assistant generation prompt (the first prompt's and each tool turn's), as template "
+        "tokens (loss 0): e.g. ParaVT's constrained think prefix '<think>\\n'"))
     answer_pattern: str = field(default="<answer>", metadata=_h(
         "a turn containing this string is the final answer (ends the rollout even if it also calls a tool); a turn "
         "with no tool call ends it too"))

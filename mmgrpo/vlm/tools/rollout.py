@@ -224,6 +224,22 @@ class MultiTurnBackend(RolloutBackend):
             instr = self.format.instruction(self.allowed, family)
         self.instruction = "" if instr in ("", "none") else instr
 
+    def with_prefix(self, item: dict) -> dict:
+        """The prompt item with ``tools.generation_prefix`` tokens appended after its generation prompt (template
+        tokens: part of the prompt); the item itself when there is none."""
+        pre = self.options.generation_prefix
+        if not pre:
+            return item
+        ids = item["input_ids"].reshape(-1)
+        ins = torch.tensor(self.tokenizer(pre, add_special_tokens=False)["input_ids"], dtype=ids.dtype)
+        out = dict(item)
+        for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+            if key in item:
+                x = item[key].reshape(-1)
+                fill = ins if key == "input_ids" else torch.full_like(ins, int(key == "attention_mask"))
+                out[key] = torch.cat([x, fill.to(x.dtype)])[None]
+        return out
+
     def with_instruction(self, item: dict) -> dict:
         """The prompt item with ``"\n" + instruction`` tokens inserted before the end of its last user turn (the
         last end-of-turn token); the item itself when there is no instruction."""
@@ -259,7 +275,7 @@ class MultiTurnBackend(RolloutBackend):
         G, o = int(num_generations), self.options
         budget = o.max_total_tokens or o.max_turns * params.max_new_tokens
         ctxs = [tool_context(rp, it, self.family, self.image_factor, o) for rp, it in zip(raw_prompts, prompts)]
-        prompts = [self.with_instruction(it) for it in prompts]
+        prompts = [self.with_prefix(self.with_instruction(it)) for it in prompts]
         rows = [_Row(i, None if seeds is None else int(seeds[i * G + g])) for i in range(len(prompts))
                 for g in range(G)]
         first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts)
@@ -382,7 +398,7 @@ class MultiTurnBackend(RolloutBackend):
         if self.format.result_suffix and results[-1].ok:  # the fixed template's text follows a served call
             results = results[:-1] + [dataclasses.replace(results[-1], text=results[-1].text + "\n"
                                                           + self.format.result_suffix)]
-        text = self.renderer.text(results)
+        text = self.renderer.text(results) + self.options.generation_prefix
         return encode_turn(self.processor, text, [im for r in results for im in r.images],
                            [c for r in results for c in r.clips], self.family, self.image_kwargs)
 
