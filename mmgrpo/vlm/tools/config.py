@@ -49,6 +49,10 @@ class ToolsConfig:
     generation_prefix: str = field(default="", metadata=_h(
         "text put after every assistant generation prompt (the first prompt's and each tool turn's), as template "
         "tokens (loss 0): e.g. ParaVT's constrained think prefix '<think>\\n'"))
+    reuse_kv: bool = field(default=True, metadata=_h(
+        "HF backend: later turns continue from each row's cache of the earlier ones and prefill only the new tokens "
+        "(mmgrpo.vlm.models.turn_cache; same tokens and log-probs up to float rounding); false = prefill the whole "
+        "conversation at every turn. Other backends always prefill whole (vLLM's own prefix cache may serve it)"))
     answer_pattern: str = field(default="<answer>", metadata=_h(
         "a turn containing this string is the final answer (ends the rollout even if it also calls a tool); a turn "
         "with no tool call ends it too"))

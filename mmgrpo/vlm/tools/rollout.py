@@ -29,7 +29,10 @@ One rollout row, in tokens (P = the first prompt, shared by the group)::
   token for token); turn k >= 1 with ``sample_seed(seeds[r], k)``. Everything is a function of (weights, seeds,
   sample), so a resumed run samples the same trajectories.
 * **Prefix sharing**: the first turn goes to the wrapped backend as one prompt with G generations (the HF backend
-  prefills it once); later turns are one prompt per row (their histories differ), each prefilled whole.
+  prefills it once); later turns are one prompt per row (their histories differ). With the HF backend
+  (``tools.reuse_kv``) each row continues from its cache of the earlier turns and prefills only the new tokens
+  (:mod:`mmgrpo.vlm.models.turn_cache`); other backends prefill the whole conversation. ``turn_info`` counts the
+  later turns' ``later_prefill_tokens`` and ``later_reused_tokens``.
 * Per row ``RolloutOutput.turn_info[r]``: turns, tool calls, failed calls, vision tokens added, policy and tool
   tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the LAST policy turn (the answer: what
   the rewards and the evaluation's scorer read, so single-turn answer / format rewards apply unchanged; the earlier
@@ -191,6 +194,7 @@ class _Row:
                                                 "tools_called": [], "turn_texts": [], "stop": ""})
     done: bool = False
     truncated: bool = False
+    kv: Any = None  # the HF backend's cache of this row's conversation so far (mmgrpo.vlm.models.turn_cache)
 
     @property
     def length(self) -> int:
@@ -278,7 +282,9 @@ class MultiTurnBackend(RolloutBackend):
         prompts = [self.with_prefix(self.with_instruction(it)) for it in prompts]
         rows = [_Row(i, None if seeds is None else int(seeds[i * G + g])) for i in range(len(prompts))
                 for g in range(G)]
-        first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts)
+        reuse = bool(getattr(o, "reuse_kv", False)) and bool(getattr(self.inner, "supports_turn_cache", False))
+        kw = {"keep_state": True} if reuse and o.max_turns > 1 else {}
+        first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts, **kw)
         self._take(rows, list(range(len(rows))), first)
         for turn in range(1, o.max_turns + 1):
             live = [r for r, row in enumerate(rows) if not row.done]
@@ -297,13 +303,24 @@ class MultiTurnBackend(RolloutBackend):
                     raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
                 rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
                 sp = dataclasses.replace(params, max_new_tokens=n)
-                self._take(rows, part, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
+                kw = {"kv_states": [rows[r].kv for r in part]} if reuse else {}
+                out = self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws, **kw)
+                for j, r in enumerate(part):  # prefill accounting of the later turns
+                    n_item = int(items[j]["input_ids"].numel())
+                    ru = int(out.reused_tokens[j]) if reuse else 0
+                    rows[r].info["later_prefill_tokens"] = rows[r].info.get("later_prefill_tokens", 0) + n_item - ru
+                    rows[r].info["later_reused_tokens"] = rows[r].info.get("later_reused_tokens", 0) + ru
+                self._take(rows, part, out)
+        for row in rows:
+            row.kv = None
         return self._output(prompts, rows, G)
 
     def _take(self, rows: list[_Row], which: list[int], out: RolloutOutput) -> None:
-        """Append each sampled turn (ids up to and including EOS) as a policy segment."""
+        """Append each sampled turn (ids up to and including EOS) as a policy segment (and keep the row's cache
+        when the backend returned one)."""
         for j, r in enumerate(which):
             row = rows[r]
+            row.kv = out.kv_states[j] if out.kv_states is not None else None
             n = int(out.completion_mask[j].sum())
             ids = out.completion_ids[j, :n].clone()
             lp = (out.logprobs[j, :n].float().clone() if out.logprobs is not None else torch.zeros(n))
@@ -315,6 +332,8 @@ class MultiTurnBackend(RolloutBackend):
                 row.done, row.truncated, row.info["stop"] = True, True, "turn_token_limit"
             elif int(ids[-1]) != self.eot_id:
                 row.done, row.info["stop"] = True, "eos"  # ended by another EOS (e.g. <|endoftext|>): no turn follows
+            if row.done:
+                row.kv = None
 
     def _act(self, row: _Row, ctx: ToolContext, turn: int, budget: int) -> None:
         """Run the last policy turn's tool calls and append the tool turn, or end the row."""

@@ -1,0 +1,177 @@
+"""Later turns of a multi-turn rollout continue from the KV cache of the earlier ones (HF backend).
+
+A row's next prompt (:class:`mmgrpo.vlm.tools.rollout.MultiTurnBackend`) is its whole conversation so far: the first
+prompt, its sampled turns and the tool turns. Without this module the HF backend prefills all of it again at every
+turn. With it, the backend keeps each row's cache after sampling a turn (:func:`row_states`: the key/value columns
+of the row's real tokens, left padding and post-EOS steps dropped) and the next turn only prefills what is new
+(:func:`continue_sample`):
+
+* the cached token ids are compared with the new prompt's; the longest common prefix is reused (a turn cut short by
+  a call format -- MGPO's release -- or any other change simply shortens it), backed off to the start of a vision
+  block so an image or video is never split between cache and prefill;
+* the rest (the last sampled token, which the decode loop never fed, the tool turn with its new images / frames, the
+  generation prompt) is prefilled on top of the row's cache, with the new media only and with the MRoPE positions
+  the model computes for the whole conversation (sliced to the new part), one row at a time;
+* the rows are then stacked into one left-padded cache (room for the new tokens) and decoded together by the same
+  loop as the first turn (:func:`mmgrpo.vlm.models.rollout.decode_loop`).
+
+Exactness: the same tokens and sampling log-probs as prefilling the whole conversation, up to float rounding of a
+different batch layout (``tests/tools/test_turn_cache.py``); the trainer recomputes the log-probs either way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+__all__ = ["RowState", "row_states", "reusable_prefix", "continue_sample"]
+
+
+@dataclass
+class RowState:
+    """One row's cache: ``ids`` (L,) the token ids it holds (the conversation so far but its last sampled token),
+    ``kv`` per layer (keys, values), each (1, H, L, D), on the model's device."""
+
+    ids: torch.Tensor
+    kv: list
+
+
+def row_states(cache, prompt_mask: torch.Tensor, prompt_ids: torch.Tensor, toks: torch.Tensor,
+               eos_ids: Sequence[int]) -> list[RowState]:
+    """Each row's :class:`RowState` after a decode loop: the real prompt columns (``prompt_mask`` (N, P) = 1) and
+    the decoded tokens the loop fed (all but the last step's), cut at the row's first EOS (included when fed)."""
+    from mmgrpo.vlm.models.rollout import completion_mask_from_ids
+
+    N, P = prompt_mask.shape
+    fed = toks.shape[1] - 1
+    n = completion_mask_from_ids(toks.cpu(), eos_ids)[0].sum(1)
+    layers = cache.layers
+    out = []
+    for r in range(N):
+        keep = prompt_mask[r].bool()
+        m = min(int(n[r]), fed)
+        cols = torch.cat([keep.nonzero().flatten(), P + torch.arange(m, device=keep.device)])
+        ids = torch.cat([prompt_ids[r][keep].cpu(), toks[r, :m].cpu()])
+        kv = [(lay.keys[r:r + 1, :, cols].clone(), lay.values[r:r + 1, :, cols].clone()) for lay in layers]
+        out.append(RowState(ids, kv))
+    return out
+
+
+def reusable_prefix(cached: torch.Tensor, full: torch.Tensor, vstart: int, vend: int) -> int:
+    """How many leading tokens of ``full`` (L,) the cache of ``cached`` can serve: their common prefix, at most
+    L - 1 (the last position is prefilled for its logits), backed off to the start of a vision block
+    (``vstart`` ... ``vend``) that would be split."""
+    n = min(int(cached.numel()), int(full.numel()) - 1)
+    if n <= 0:
+        return 0
+    diff = (cached[:n] != full[:n]).nonzero()
+    c = int(diff[0]) if diff.numel() else n
+    starts = (full == vstart).nonzero().flatten().tolist()
+    ends = (full == vend).nonzero().flatten().tolist()
+    for s in starts:
+        e = next((x for x in ends if x > s), int(full.numel()))
+        if s < c <= e:  # the block [s, e] would be split (its end token is part of the block)
+            c = s
+            break
+    return c
+
+
+def _media_after(item: dict, full: torch.Tensor, c: int, image_pad: int | None, video_pad: int | None,
+                 vstart: int) -> dict:
+    """The media tensors of ``item`` whose vision blocks start at or after position ``c`` (token order)."""
+    starts = (full == vstart).nonzero().flatten().tolist()
+    kinds = []
+    for i, s in enumerate(starts):
+        nxt = starts[i + 1] if i + 1 < len(starts) else int(full.numel())
+        seg = full[s:nxt]
+        kinds.append(("image" if image_pad is not None and bool((seg == image_pad).any()) else "video", s))
+    out = {}
+    for kind, grid_key, pix_key in (("image", "image_grid_thw", "pixel_values"),
+                                    ("video", "video_grid_thw", "pixel_values_videos")):
+        if item.get(grid_key) is None:
+            continue
+        grids = item[grid_key]
+        k = sum(1 for kd, s in kinds if kd == kind and s < c)  # media of this kind already in the cache
+        if k >= grids.shape[0]:
+            continue
+        rows = int(grids[:k].prod(-1).sum()) if k else 0
+        out[grid_key] = grids[k:]
+        out[pix_key] = item[pix_key][rows:]
+        if kind == "video" and item.get("second_per_grid_ts") is not None:
+            out["second_per_grid_ts"] = item["second_per_grid_ts"].reshape(-1)[k:]
+    return out
+
+
+@torch.no_grad()
+def continue_sample(gm, items: Sequence[dict], states: Sequence[RowState], params, seeds: Sequence[int],
+                    eos_ids: Sequence[int], pad_id: int, tokenizer, suppress_token_ids=None, step_hook=None,
+                    lean: bool | None = None, device=None):
+    """One turn for each row (``items[r]``: its whole conversation, batch dim 1, unpadded) from its cache
+    ``states[r]``. Returns (ids (N, T), sampling log-probs (N, T), new states, reused (N,), prefilled (N,))."""
+    from transformers.cache_utils import DynamicCache
+
+    from mmgrpo.vlm.models.rollout import _decode_step, _output_cache, _preallocated_layer_class, decode_loop
+
+    tok = tokenizer
+    vstart, vend = tok.convert_tokens_to_ids("<|vision_start|>"), tok.convert_tokens_to_ids("<|vision_end|>")
+    image_pad, video_pad = tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>")
+    device = device or next(gm.parameters()).device
+    N = len(items)
+    logits, caches, positions, fulls, reused, prefilled = [], [], [], [], [], []
+    mm_dtype = None
+    for item, st in zip(items, states):
+        full = item["input_ids"].reshape(-1)
+        c = reusable_prefix(st.ids, full, vstart, vend)
+        kw = {"attention_mask": torch.ones(1, full.numel(), dtype=torch.long)}
+        for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids"):
+            if item.get(k) is not None:
+                kw[k] = item[k]
+        kw = {k: v.to(device) for k, v in kw.items()}
+        pos = gm._prepare_position_ids_for_generation(full[None].to(device), dict(kw))
+        fwd = {"input_ids": full[c:][None].to(device), "attention_mask": kw["attention_mask"],
+               "position_ids": pos[..., c:]}
+        if item.get("mm_token_type_ids") is not None:
+            mm = item["mm_token_type_ids"].reshape(-1)
+            fwd["mm_token_type_ids"] = mm[c:][None].to(device)
+            mm_dtype = mm.dtype
+        fwd.update({k: v.to(device) for k, v in _media_after(item, full, c, image_pad, video_pad, vstart).items()})
+        cache = DynamicCache(ddp_cache_data=[(k[:, :, :c], v[:, :, :c]) for k, v in st.kv]) if c else None
+        out = gm(**fwd, cache=cache, use_cache=True, logits_to_keep=1)
+        logits.append(out.logits[:, -1].float())
+        caches.append(_output_cache(out))
+        positions.append(pos[..., -1:])
+        fulls.append(full)
+        reused.append(c)
+        prefilled.append(int(full.numel()) - c)
+    # stack the rows into one left-padded cache with room for the new tokens, as the first turn's decode has
+    L = [int(f.numel()) for f in fulls]
+    Lmax, extra = max(L), params.max_new_tokens
+    cls = _preallocated_layer_class()
+    layers = []
+    for li in range(len(caches[0].layers)):
+        k0 = caches[0].layers[li].keys
+        H, D = k0.shape[1], k0.shape[-1]
+        kb = k0.new_zeros((N, H, Lmax + extra, D))
+        vb = caches[0].layers[li].values.new_zeros((N, H, Lmax + extra, caches[0].layers[li].values.shape[-1]))
+        for r, cch in enumerate(caches):
+            kb[r, :, Lmax - L[r]:Lmax] = cch.layers[li].keys[0]
+            vb[r, :, Lmax - L[r]:Lmax] = cch.layers[li].values[0]
+        lay = cls()
+        lay._k, lay._v, lay._len = kb, vb, Lmax
+        lay.keys, lay.values = kb[:, :, :Lmax], vb[:, :, :Lmax]
+        lay.device, lay.is_initialized = kb.device, True
+        layers.append(lay)
+    batch_cache = caches[0]
+    batch_cache.layers = layers
+    am_buf = torch.ones((N, Lmax + extra), dtype=torch.long, device=device)
+    ids_pad = torch.full((N, Lmax), pad_id, dtype=torch.long)
+    for r in range(N):
+        am_buf[r, :Lmax - L[r]] = 0
+        ids_pad[r, Lmax - L[r]:] = fulls[r]
+    pos = torch.cat(positions, dim=positions[0].dim() - 2)
+    decode = _decode_step(gm, mm_dtype, lean=lean)
+    ids, lps = decode_loop(decode, torch.cat(logits), batch_cache, am_buf, Lmax, pos, params, seeds, eos_ids, pad_id,
+                           suppress_token_ids, step_hook)
+    new = row_states(batch_cache, am_buf[:, :Lmax], ids_pad.to(device), ids, eos_ids)
+    return ids, lps, new, torch.tensor(reused), torch.tensor(prefilled)

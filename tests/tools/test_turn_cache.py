@@ -1,0 +1,67 @@
+"""Later turns from the cache of the earlier ones (mmgrpo.vlm.models.turn_cache, tools.reuse_kv): the reusable
+prefix by hand, and a two-turn HF rollout whose second turn (a new image in the tool turn) continues from the first
+turn's cache: the same tokens as prefilling the whole conversation, the same sampling log-probs within float
+tolerance, both equal to the trainer's recompute, and the prefill tokens saved counted."""
+import torch
+
+from mmgrpo.vlm.models.rollout import HFRolloutBackend, SamplingParams, collate_prompts, compute_token_logprobs
+from mmgrpo.vlm.models.turn_cache import reusable_prefix
+from mmgrpo.vlm.tools.config import ToolsConfig
+from mmgrpo.vlm.tools.rollout import MultiTurnBackend
+
+S, E, IMG, TXT = 90, 91, 92, 7  # vision start / end, image pad, a text token (values are arbitrary ids)
+
+
+def test_reusable_prefix_by_hand():
+    full = torch.tensor([1, 2, S, IMG, IMG, E, 3, 4, 5])
+    assert reusable_prefix(torch.tensor([1, 2, S, IMG, IMG, E, 3, 9]), full, S, E) == 7  # differs at 7
+    assert reusable_prefix(full, full, S, E) == 8  # at most L - 1: the last position is prefilled for its logits
+    assert reusable_prefix(torch.tensor([1, 2, S, IMG]), full, S, E) == 2  # would split the image: back to its start
+    assert reusable_prefix(torch.tensor([1, 2, S, IMG, IMG, E]), full, S, E) == 6  # whole block cached
+    assert reusable_prefix(torch.tensor([1, 2, S, IMG, IMG]), full, S, E) == 2  # its end token not cached yet
+    assert reusable_prefix(torch.tensor([9]), full, S, E) == 0
+
+
+def _run(tiny, reuse: bool, seeds):
+    from mmgrpo.vlm.data.templates import render_messages
+    from tests.tools.test_mgpo_release import SAMPLE
+
+    tok = tiny.tok
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    allowed = {eot} | set(tok("ab[]", add_special_tokens=False)["input_ids"])
+    suppress = [i for i in range(tiny.model.config.get_text_config().vocab_size) if i not in allowed]
+    backend = HFRolloutBackend(tiny.model, tiny.proc, suppress_token_ids=suppress)
+    # MGPO's release format: the first turn always gets a second (here: no JSON box -> the image again)
+    opts = ToolsConfig(enabled=True, names=["mgpo_crop"], call_format="mgpo", max_turns=2, max_tool_calls=1,
+                       max_total_tokens=2000, answer_pattern="", reuse_kv=reuse)
+    mt = MultiTurnBackend(backend, tiny.proc, opts, image_kwargs={"min_pixels": 3136, "max_pixels": 3136 * 4})
+    text = tiny.proc.apply_chat_template(render_messages(SAMPLE, "mgpo"), tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in tiny.proc(text=[text], images=[tiny.img], return_tensors="pt", min_pixels=3136,
+                                      max_pixels=3136 * 4).items() if isinstance(v, torch.Tensor)}
+    out = mt.generate([item], 4, SamplingParams(max_new_tokens=16, temperature=1.0), seeds=seeds,
+                      raw_prompts=[{"images": [tiny.img], "sample": SAMPLE}])
+    return out, suppress
+
+
+def test_second_turn_from_the_cache_equals_the_whole_prefill(tiny):
+    seeds = [11, 12, 13, 14]
+    a, suppress = _run(tiny, True, seeds)
+    b, _ = _run(tiny, False, seeds)
+    assert [i["turns"] for i in a.turn_info] == [2, 2, 2, 2]  # every row had a continued second turn
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
+    # the trainer's recompute over the whole row (both turns, the tool turn's image included)
+    with torch.no_grad():
+        lp = compute_token_logprobs(tiny.model, collate_prompts(a.items, tiny.tok.pad_token_id), a.completion_ids,
+                                    a.completion_mask, 1.0, suppress)
+    m = a.loss_mask.bool()
+    torch.testing.assert_close(lp[m], a.logprobs[m], atol=2e-5, rtol=0)
+    # what was saved: the later turn prefilled only the tool turn (and at most turn 1's last token)
+    for ia, ib, r in zip(a.turn_info, b.turn_info, range(4)):
+        n1 = a.loss_mask[r].tolist().index(0)  # turn 1's tokens
+        tool = ia["tool_tokens"]
+        prompt = int(a.items[r]["input_ids"].numel())
+        # the tool turn, plus turn 1's EOS when the decode loop stopped before feeding it (the row that ended last)
+        assert ia["later_prefill_tokens"] in (tool, tool + 1)
+        assert ia["later_reused_tokens"] + ia["later_prefill_tokens"] == prompt + n1 + tool
+        assert ib["later_prefill_tokens"] == prompt + n1 + tool and ib["later_reused_tokens"] == 0
