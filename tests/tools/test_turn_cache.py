@@ -65,3 +65,38 @@ def test_second_turn_from_the_cache_equals_the_whole_prefill(tiny):
         assert ia["later_prefill_tokens"] in (tool, tool + 1)
         assert ia["later_reused_tokens"] + ia["later_prefill_tokens"] == prompt + n1 + tool
         assert ib["later_prefill_tokens"] == prompt + n1 + tool and ib["later_reused_tokens"] == 0
+
+
+def _always_crop(text, turn):
+    from mmgrpo.vlm.tools.parse import ToolCall
+
+    return [ToolCall(name="crop", arguments={"bbox_2d": [0, 0, 28, 28]})]
+
+
+ALWAYS_CROP = None  # set in the test (a CallFormat that calls crop after every turn)
+
+
+def test_third_turn_continues_from_a_continued_cache(tiny, monkeypatch):
+    """Three turns, each later one from the cache the previous continuation left: equal to the whole prefill."""
+    import sys
+
+    from mmgrpo.vlm.tools.parse import CALL_FORMATS, CallFormat
+
+    monkeypatch.setattr(sys.modules[__name__], "ALWAYS_CROP", CallFormat(_always_crop, lambda names, family: ""))
+    monkeypatch.setitem(CALL_FORMATS, "always_crop", f"{__name__}:ALWAYS_CROP")
+    tok = tiny.tok
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    allowed = {eot} | set(tok("xyz", add_special_tokens=False)["input_ids"])
+    suppress = [i for i in range(tiny.model.config.get_text_config().vocab_size) if i not in allowed]
+    outs = []
+    for reuse in (True, False):
+        opts = ToolsConfig(enabled=True, names=["crop"], call_format="always_crop", max_turns=3, max_tool_calls=2,
+                           max_total_tokens=2000, crop_pixels=56 * 56, reuse_kv=reuse)
+        mt = MultiTurnBackend(HFRolloutBackend(tiny.model, tiny.proc, suppress_token_ids=suppress), tiny.proc, opts)
+        outs.append(mt.generate([tiny.item], 3, SamplingParams(max_new_tokens=12), seeds=[5, 6, 7],
+                                raw_prompts=[{"images": [tiny.img]}]))
+    a, b = outs
+    assert [i["turns"] for i in a.turn_info] == [3, 3, 3]
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
+    assert all(i["later_reused_tokens"] > j["later_reused_tokens"] == 0 for i, j in zip(a.turn_info, b.turn_info))

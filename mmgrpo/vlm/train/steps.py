@@ -173,7 +173,8 @@ def _multiturn_fields(out, r: int) -> dict:
     return dict(item=out.items[r], loss_mask=out.loss_mask[r], turn_info=out.turn_info[r])
 
 
-TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens")
+TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens", "later_prefill_tokens",
+               "later_reused_tokens")  # the last two: prefill of the later turns, and what their cache served
 
 
 def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOverlap | None = None) -> RolloutBatch:
