@@ -100,3 +100,42 @@ def test_third_turn_continues_from_a_continued_cache(tiny, monkeypatch):
     assert torch.equal(a.completion_ids, b.completion_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
     assert all(i["later_reused_tokens"] > j["later_reused_tokens"] == 0 for i, j in zip(a.turn_info, b.turn_info))
+
+
+def test_qwen3_vl_turns_from_the_cache(monkeypatch):
+    """Qwen3-VL (its own MRoPE layout and deepstack vision features; ParaVT's model): three turns from the cache
+    equal the whole prefill and the trainer's recompute. ~8 CPU-s, most of it building the tiny model."""
+    import sys
+
+    from mmgrpo.vlm.models.tiny import build_tiny_model, synthetic_image
+    from mmgrpo.vlm.tools.parse import CALL_FORMATS, CallFormat
+
+    monkeypatch.setattr(sys.modules[__name__], "ALWAYS_CROP", CallFormat(_always_crop, lambda names, family: ""))
+    monkeypatch.setitem(CALL_FORMATS, "always_crop", f"{__name__}:ALWAYS_CROP")
+    torch.manual_seed(0)
+    model, proc = build_tiny_model("qwen3_vl")
+    tok = proc.tokenizer
+    allowed = {tok.convert_tokens_to_ids("<|im_end|>")} | set(tok("xyz", add_special_tokens=False)["input_ids"])
+    suppress = [i for i in range(model.config.get_text_config().vocab_size) if i not in allowed]
+    img = synthetic_image(3, 128, 96)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "which colour?"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in proc(text=[text], images=[img], return_tensors="pt").items()
+            if isinstance(v, torch.Tensor)}
+    outs = []
+    for reuse in (True, False):
+        opts = ToolsConfig(enabled=True, names=["crop"], call_format="always_crop", max_turns=3, max_tool_calls=2,
+                           max_total_tokens=3000, crop_pixels=64 * 64, reuse_kv=reuse, instruction="none")
+        mt = MultiTurnBackend(HFRolloutBackend(model, proc, suppress_token_ids=suppress), proc, opts,
+                              family="qwen3_vl")
+        outs.append(mt.generate([item], 2, SamplingParams(max_new_tokens=8), seeds=[5, 6],
+                                raw_prompts=[{"images": [img]}]))
+    a, b = outs
+    assert [i["turns"] for i in a.turn_info] == [3, 3] and all(i["later_reused_tokens"] > 0 for i in a.turn_info)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
+    with torch.no_grad():
+        lp = compute_token_logprobs(model, collate_prompts(a.items, tok.pad_token_id), a.completion_ids,
+                                    a.completion_mask, 1.0, suppress)
+    m = a.loss_mask.bool()
+    torch.testing.assert_close(lp[m], a.logprobs[m], atol=2e-5, rtol=0)
