@@ -139,3 +139,92 @@ def test_qwen3_vl_turns_from_the_cache(monkeypatch):
                                     a.completion_mask, 1.0, suppress)
     m = a.loss_mask.bool()
     torch.testing.assert_close(lp[m], a.logprobs[m], atol=2e-5, rtol=0)
+
+
+def test_split_media_by_hand():
+    """Media after the reused prefix, and a video of two frame blocks (Qwen3-VL) never split."""
+    from mmgrpo.vlm.models.turn_cache import split_media
+
+    VID = 93
+    # image (2 tokens), text, a video of 2 frames (2 blocks of 1 token), text, another image (1 token)
+    full = torch.tensor([S, IMG, IMG, E, TXT, S, VID, E, TXT, S, VID, E, TXT, S, IMG, E, TXT])
+    item = {"image_grid_thw": torch.tensor([[1, 2, 4], [1, 2, 2]]),  # 8 and 4 patches: 2 and 1 tokens (merge 4)
+            "pixel_values": torch.arange(12)[:, None].float(),
+            "video_grid_thw": torch.tensor([[2, 2, 2]]), "pixel_values_videos": torch.arange(8)[:, None].float(),
+            "second_per_grid_ts": torch.tensor([1.0])}
+    c, m = split_media(item, full, 13, (IMG, VID), S)  # everything but the last image cached
+    assert c == 13 and m["image_grid_thw"].tolist() == [[1, 2, 2]] and m["pixel_values"][:, 0].tolist() == [8, 9, 10, 11]
+    assert "video_grid_thw" not in m
+    c, m = split_media(item, full, 9, (IMG, VID), S)  # inside the video (between its frame blocks): back to its start
+    assert c == 5 and m["video_grid_thw"].tolist() == [[2, 2, 2]] and m["pixel_values_videos"].shape[0] == 8
+    assert m["second_per_grid_ts"].tolist() == [1.0] and m["image_grid_thw"].tolist() == [[1, 2, 2]]
+    c, m = split_media(item, full, 4, (IMG, VID), S)
+    assert c == 4 and m["pixel_values"].shape[0] == 4 and m["pixel_values_videos"].shape[0] == 8
+
+
+def _always_seek(text, turn):
+    from mmgrpo.vlm.tools.parse import ToolCall
+
+    return [ToolCall(name="seek", arguments={"start": 2 * turn - 1, "end": 2 * turn + 1})]
+
+
+ALWAYS_SEEK = None
+
+
+def _seek_rollouts(family, monkeypatch, model, proc):
+    import sys
+
+    import numpy as np
+
+    from mmgrpo.video.clip import load_video
+    from mmgrpo.video.processor import build_video_inputs
+    from mmgrpo.video.testing import index_frame
+    from mmgrpo.vlm.tools.parse import CALL_FORMATS, CallFormat
+
+    monkeypatch.setattr(sys.modules[__name__], "ALWAYS_SEEK", CallFormat(_always_seek, lambda names, family: ""))
+    monkeypatch.setitem(CALL_FORMATS, "always_seek", f"{__name__}:ALWAYS_SEEK")
+    tok = proc.tokenizer
+    allowed = {tok.convert_tokens_to_ids("<|im_end|>")} | set(tok("xyz", add_special_tokens=False)["input_ids"])
+    suppress = [i for i in range(model.config.get_text_config().vocab_size) if i not in allowed]
+    frames = np.stack([index_frame(i, 56, 56) for i in range(40)])  # 10 s at 4 fps
+    factor = 32 if family == "qwen3_vl" else 28
+    clip = load_video(frames, fps=0.5, video_fps=4.0, min_frames=2, image_factor=factor, min_pixels=784,
+                      max_pixels=4096)
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "when?"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    item = {k: v for k, v in build_video_inputs(proc, clip, text, family).items() if isinstance(v, torch.Tensor)}
+    outs = []
+    for reuse in (True, False):
+        opts = ToolsConfig(enabled=True, names=["seek"], call_format="always_seek", seek_fps=2.0, seek_max_frames=4,
+                           max_turns=3, max_tool_calls=2, max_total_tokens=3000, reuse_kv=reuse, instruction="none")
+        mt = MultiTurnBackend(HFRolloutBackend(model, proc, suppress_token_ids=suppress), proc, opts, family=family)
+        outs.append(mt.generate([item], 2, SamplingParams(max_new_tokens=8), seeds=[3, 4],
+                                raw_prompts=[{"clip": clip, "sample": {"video": frames}}]))
+    return outs, suppress
+
+
+def test_seek_turns_from_the_cache_qwen2_5_vl(tiny, monkeypatch):
+    """New videos (seek windows, their own fps and time axis) in the continued prefill: equal to the whole prefill."""
+    (a, b), suppress = _seek_rollouts("qwen2_5_vl", monkeypatch, tiny.model, tiny.proc)
+    assert [i["turns"] for i in a.turn_info] == [3, 3] and [i["tool_failures"] for i in a.turn_info] == [0, 0]
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
+    assert all(i["later_reused_tokens"] > 0 for i in a.turn_info)
+
+
+def test_seek_turns_from_the_cache_qwen3_vl(monkeypatch):
+    """Qwen3-VL: a video is one vision block per frame (with its timestamp text); continued turns with new seek
+    videos equal the whole prefill and the trainer's recompute."""
+    from mmgrpo.vlm.models.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    model, proc = build_tiny_model("qwen3_vl")
+    (a, b), suppress = _seek_rollouts("qwen3_vl", monkeypatch, model, proc)
+    assert [i["turns"] for i in a.turn_info] == [3, 3] and [i["tool_failures"] for i in a.turn_info] == [0, 0]
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=2e-5, rtol=0)
+    with torch.no_grad():
+        lp = compute_token_logprobs(model, collate_prompts(a.items, proc.tokenizer.pad_token_id), a.completion_ids,
+                                    a.completion_mask, 1.0, suppress)
+    m = a.loss_mask.bool()
+    torch.testing.assert_close(lp[m], a.logprobs[m], atol=2e-5, rtol=0)

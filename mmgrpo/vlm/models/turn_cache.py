@@ -8,7 +8,8 @@ of the row's real tokens, left padding and post-EOS steps dropped) and the next 
 
 * the cached token ids are compared with the new prompt's; the longest common prefix is reused (a turn cut short by
   a call format -- MGPO's release -- or any other change simply shortens it), backed off to the start of a vision
-  block so an image or video is never split between cache and prefill;
+  block, and of the first block of a medium, so an image or video (a Qwen3-VL video is one block per frame) is
+  never split between cache and prefill (:func:`reusable_prefix`, :func:`split_media`);
 * the rest (the last sampled token, which the decode loop never fed, the tool turn with its new images / frames, the
   generation prompt) is prefilled on top of the row's cache, with the new media only and with the MRoPE positions
   the model computes for the whole conversation (sliced to the new part), one row at a time;
@@ -25,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["RowState", "row_states", "reusable_prefix", "continue_sample"]
+__all__ = ["RowState", "row_states", "reusable_prefix", "split_media", "continue_sample"]
 
 
 @dataclass
@@ -77,30 +78,46 @@ def reusable_prefix(cached: torch.Tensor, full: torch.Tensor, vstart: int, vend:
     return c
 
 
-def _media_after(item: dict, full: torch.Tensor, c: int, image_pad: int | None, video_pad: int | None,
-                 vstart: int) -> dict:
-    """The media tensors of ``item`` whose vision blocks start at or after position ``c`` (token order)."""
-    starts = (full == vstart).nonzero().flatten().tolist()
-    kinds = []
-    for i, s in enumerate(starts):
-        nxt = starts[i + 1] if i + 1 < len(starts) else int(full.numel())
-        seg = full[s:nxt]
-        kinds.append(("image" if image_pad is not None and bool((seg == image_pad).any()) else "video", s))
+_MEDIA = (("image_grid_thw", "pixel_values"), ("video_grid_thw", "pixel_values_videos"))
+
+
+def split_media(item: dict, full: torch.Tensor, c: int, pads: Sequence[int | None], vstart: int) -> tuple[int, dict]:
+    """(c', media) : ``c`` moved back (if needed) so that no image / video has tokens on both sides of it -- a
+    Qwen3-VL video is several vision blocks, one per frame -- and the media tensors of ``item`` whose tokens all lie
+    after ``c'`` (token order; ``pads`` = the image and video pad ids)."""
+    while True:
+        moved, spans = False, {}
+        for pad, (grid_key, _) in zip(pads, _MEDIA):
+            grids = item.get(grid_key)
+            if grids is None or pad is None:
+                continue
+            where = (full == pad).nonzero().flatten()
+            if not where.numel():
+                continue
+            per = grids.prod(-1)
+            toks = (per // (int(per.sum()) // int(where.numel()))).tolist()  # tokens per medium (patches / merge**2)
+            ends = torch.tensor(toks).cumsum(0).tolist()
+            before = int((where < c).sum())
+            k = sum(1 for e in ends if e <= before)  # media wholly before c
+            start = ends[k - 1] if k else 0
+            if before > start:  # medium k is split: back c off to the vision block holding its first token
+                first = int(where[start])
+                blocks = (full[:first] == vstart).nonzero().flatten()
+                c, moved = (int(blocks[-1]) if blocks.numel() else 0), True
+                break
+            spans[grid_key] = (k, sum(int(x) for x in per[:k]))
+        if not moved:
+            break
     out = {}
-    for kind, grid_key, pix_key in (("image", "image_grid_thw", "pixel_values"),
-                                    ("video", "video_grid_thw", "pixel_values_videos")):
-        if item.get(grid_key) is None:
+    for grid_key, pix_key in _MEDIA:
+        if grid_key not in spans or spans[grid_key][0] >= item[grid_key].shape[0]:
             continue
-        grids = item[grid_key]
-        k = sum(1 for kd, s in kinds if kd == kind and s < c)  # media of this kind already in the cache
-        if k >= grids.shape[0]:
-            continue
-        rows = int(grids[:k].prod(-1).sum()) if k else 0
-        out[grid_key] = grids[k:]
+        k, rows = spans[grid_key]
+        out[grid_key] = item[grid_key][k:]
         out[pix_key] = item[pix_key][rows:]
-        if kind == "video" and item.get("second_per_grid_ts") is not None:
+        if grid_key == "video_grid_thw" and item.get("second_per_grid_ts") is not None:
             out["second_per_grid_ts"] = item["second_per_grid_ts"].reshape(-1)[k:]
-    return out
+    return c, out
 
 
 @torch.no_grad()
@@ -122,7 +139,7 @@ def continue_sample(gm, items: Sequence[dict], states: Sequence[RowState], param
     mm_dtype = None
     for item, st in zip(items, states):
         full = item["input_ids"].reshape(-1)
-        c = reusable_prefix(st.ids, full, vstart, vend)
+        c, media = split_media(item, full, reusable_prefix(st.ids, full, vstart, vend), (image_pad, video_pad), vstart)
         kw = {"attention_mask": torch.ones(1, full.numel(), dtype=torch.long)}
         for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids"):
             if item.get(k) is not None:
@@ -135,7 +152,7 @@ def continue_sample(gm, items: Sequence[dict], states: Sequence[RowState], param
             mm = item["mm_token_type_ids"].reshape(-1)
             fwd["mm_token_type_ids"] = mm[c:][None].to(device)
             mm_dtype = mm.dtype
-        fwd.update({k: v.to(device) for k, v in _media_after(item, full, c, image_pad, video_pad, vstart).items()})
+        fwd.update({k: v.to(device) for k, v in media.items()})
         cache = DynamicCache(ddp_cache_data=[(k[:, :, :c], v[:, :, :c]) for k, v in st.kv]) if c else None
         out = gm(**fwd, cache=cache, use_cache=True, logits_to_keep=1)
         logits.append(out.logits[:, -1].float())

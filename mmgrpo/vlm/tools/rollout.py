@@ -303,11 +303,14 @@ class MultiTurnBackend(RolloutBackend):
                     raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
                 rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
                 sp = dataclasses.replace(params, max_new_tokens=n)
-                kw = {"kv_states": [rows[r].kv for r in part]} if reuse else {}
+                kw = {}
+                if reuse:  # continue from the rows' caches (a row without one: prefill whole, keep its cache)
+                    cached = all(rows[r].kv is not None for r in part)
+                    kw = {"kv_states": [rows[r].kv for r in part]} if cached else {"keep_state": True}
                 out = self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws, **kw)
                 for j, r in enumerate(part):  # prefill accounting of the later turns
                     n_item = int(items[j]["input_ids"].numel())
-                    ru = int(out.reused_tokens[j]) if reuse else 0
+                    ru = int(out.reused_tokens[j]) if out.reused_tokens is not None else 0
                     rows[r].info["later_prefill_tokens"] = rows[r].info.get("later_prefill_tokens", 0) + n_item - ru
                     rows[r].info["later_reused_tokens"] = rows[r].info.get("later_reused_tokens", 0) + ru
                 self._take(rows, part, out)
