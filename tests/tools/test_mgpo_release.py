@@ -54,7 +54,8 @@ def test_first_prompt_equals_the_release_text(tiny):
     bare = {k: v for k, v in SAMPLE.items() if k != "meta"}
     msgs = render_messages(bare, "mgpo")
     assert msgs[1]["content"][1]["text"] == ("What is the colour of the umbrella?\n(A) red\n(B) blue. Out the "
-                                             "coordinates of the key image area relevant to the problem in JSON format.")
+                                             "coordinates of the key image area relevant to the problem in JSON "
+                                             "format.")
 
 
 def test_release_json_box_validity_and_resize():

@@ -144,11 +144,11 @@ TW_GRPO_MIXED = ("{problem}  Output the thinking process in <think> </think> and
 # MGPO (examples/grpo_trainer/run_qwen2_5_vl-7b_mgpo.sh): data.system_prompt and data.post_prompt; the user text is
 # ensure_period(prompt) + " " + post_prompt (verl/utils/dataset/hf_dataset.py make_conversation). The two second-turn
 # texts (rollout.sub_image_token_prompt / ori_image_token_prompt) are in mmgrpo.vlm.methods.mgpo.
-MGPO_SYSTEM = ("You are a helpful assistant. Given an image and one question. First, identify the coordinates of the key "
-               "image area relevant to solving the problem. Append the coordinates in JSON format at the end of your "
-               "response and stop. This will trigger cropping of the corresponding area in the original image and "
-               "enlarge it for improved clarity. Once the enlarged image is available, provide the final answer (A, "
-               "B, C, D, or E) enclosed within \\boxed{}.")
+MGPO_SYSTEM = ("You are a helpful assistant. Given an image and one question. First, identify the coordinates of the "
+               "key image area relevant to solving the problem. Append the coordinates in JSON format at the end of "
+               "your response and stop. This will trigger cropping of the corresponding area in the original image "
+               "and enlarge it for improved clarity. Once the enlarged image is available, provide the final answer "
+               "(A, B, C, D, or E) enclosed within \\boxed{}.")
 MGPO_POST_PROMPT = "Out the coordinates of the key image area relevant to the problem in JSON format."
 
 TEMPLATES: dict[str, ReleaseTemplate] = {}

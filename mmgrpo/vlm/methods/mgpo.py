@@ -1,6 +1,6 @@
-r"""MGPO, multi-turn grounding-based policy optimisation (High-Resolution Visual Reasoning via Multi-Turn Grounding-Based
-RL; github.com/EvolvingLMMs-Lab/MGPO, training code in the verl fork xinyu1205/verl, branch ``mgpo``, read at
-994efbe611): the model first writes the box of the region that answers the question, the region is cropped from the
+r"""MGPO, multi-turn grounding-based policy optimisation (High-Resolution Visual Reasoning via Multi-Turn
+Grounding-Based RL; github.com/EvolvingLMMs-Lab/MGPO, training code in the verl fork xinyu1205/verl, branch
+``mgpo``, read at 994efbe611): the model first writes the box of the region that answers the question, the region is cropped from the
 full-resolution image and fed back in a second turn, and the model answers; the only reward is the binary answer
 accuracy, the loss covers the model's turns only.
 

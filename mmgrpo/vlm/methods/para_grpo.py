@@ -213,7 +213,8 @@ class ParaGRPO(VLMMethod):
             raise ValueError("methods.para_grpo: format_weight, anchor_weight, format_coef, min_frames and max_frames "
                              "must be >= 0")
         if any(int(k) < 1 for k in o.frame_choices):
-            raise ValueError(f"methods.para_grpo.frame_choices must be positive frame counts, got {list(o.frame_choices)}")
+            raise ValueError("methods.para_grpo.frame_choices must be positive frame counts, got "
+                             f"{list(o.frame_choices)}")
         if o.max_frames and o.min_frames > o.max_frames:
             raise ValueError(f"methods.para_grpo: min_frames {o.min_frames} > max_frames {o.max_frames}")
 

@@ -203,7 +203,7 @@ class RolloutOutput:
     items: list[dict] | None = None
     turn_info: list[dict] | None = None
     # HF backend, multi-turn (mmgrpo.vlm.models.turn_cache): each row's cache for its next turn, and per row the
-    # prompt tokens served from an earlier turn's cache / prefilled in this call
+    # prompt tokens served from an earlier turn's cache / prefilled in this call (continue_generate)
     kv_states: list | None = None
     reused_tokens: torch.Tensor | None = None
     prefill_tokens: torch.Tensor | None = None
@@ -450,8 +450,8 @@ class HFRolloutBackend(RolloutBackend):
 
     @property
     def supports_turn_cache(self) -> bool:
-        """``generate(..., keep_state=True)`` returns each row's cache and ``generate(..., kv_states=...)``
-        continues from them (mmgrpo.vlm.models.turn_cache): the shared-prefix path only."""
+        """``generate(..., keep_state=True)`` returns each row's cache, which
+        :func:`mmgrpo.vlm.models.turn_cache.continue_generate` continues from: the shared-prefix path only."""
         return self.shared_prefix
 
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
@@ -465,14 +465,12 @@ class HFRolloutBackend(RolloutBackend):
         self.shared_prefix = bool(shared_prefix)
 
     @torch.no_grad()
-    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None, keep_state: bool = False,
-                 kv_states=None) -> RolloutOutput:
-        """``keep_state``: also return each row's cache (``RolloutOutput.kv_states``); ``kv_states``: continue
-        each prompt (one generation each) from the cache of its earlier turns (mmgrpo.vlm.models.turn_cache)."""
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None,
+                 keep_state: bool = False) -> RolloutOutput:
+        """``keep_state`` (shared-prefix path): also return each row's cache (``RolloutOutput.kv_states``), for
+        :func:`mmgrpo.vlm.models.turn_cache.continue_generate` to continue a later turn from."""
         model = getattr(self.model, "module", self.model)  # unwrap DDP
         G = int(num_generations)
-        if kv_states is not None and (G != 1 or len(kv_states) != len(prompts) or not self.shared_prefix):
-            raise ValueError("kv_states: one cache per prompt, one generation each, shared-prefix sampling")
         prompt_index = torch.arange(len(prompts)).repeat_interleave(G)
         N = len(prompts) * G
         if seeds is None:
@@ -485,12 +483,9 @@ class HFRolloutBackend(RolloutBackend):
         device = self.device or next(model.parameters()).device
         was_training = model.training
         model.eval()
-        states, reused, prefilled = ([] if (keep_state or kv_states is not None) else None), [], []
+        states = [] if keep_state else None
         try:
-            if kv_states is not None:
-                ids_chunks, lp_chunks = self._continued_chunks(model, list(prompts), list(kv_states), params, seeds,
-                                                               pad, eos, device, states, reused, prefilled)
-            elif self.shared_prefix:
+            if self.shared_prefix:
                 ids_chunks, lp_chunks = self._shared_chunks(model, list(prompts), G, params, seeds, pad, eos, device,
                                                             states)
             else:
@@ -504,28 +499,7 @@ class HFRolloutBackend(RolloutBackend):
         ids = ids.masked_fill(mask == 0, pad)
         texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
         return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
-                             logprobs=lps * mask, prompt_index=prompt_index, kv_states=states,
-                             reused_tokens=torch.cat(reused) if reused else None,
-                             prefill_tokens=torch.cat(prefilled) if prefilled else None)
-
-    def _continued_chunks(self, model, prompts, states, params, seeds, pad, eos, device, new_states, reused,
-                          prefilled):
-        from mmgrpo.vlm.models.turn_cache import continue_sample
-
-        gm = _generation_modules(model)[0]
-        ids_chunks, lp_chunks = [], []
-        for s in range(0, len(prompts), self.max_batch_size):
-            e = s + self.max_batch_size
-            with explicit_decoding(model, "HFRolloutBackend"):
-                ids, lp, st, ru, pf = continue_sample(gm, prompts[s:e], states[s:e], params, seeds[s:e], eos, pad,
-                                                      self.tokenizer, self.suppress_token_ids, self.step_hook,
-                                                      device=device)
-            ids_chunks.append(ids.cpu())
-            lp_chunks.append(lp.cpu())
-            new_states.extend(st)
-            reused.append(ru)
-            prefilled.append(pf)
-        return ids_chunks, lp_chunks
+                             logprobs=lps * mask, prompt_index=prompt_index, kv_states=states)
 
     def _shared_chunks(self, model, prompts, G, params, seeds, pad, eos, device, states=None):
         gm = _generation_modules(model)[0]  # the HF model itself (under peft: the LoRA-injected base model)
@@ -734,10 +708,35 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     ids, lps = decode_loop(decode, logits, cache, am_buf, P, pos, params, seeds, eos_ids, pad_id, suppress_token_ids,
                            step_hook)
     if keep_state is not None:  # per-row caches for the next turn (mmgrpo.vlm.models.turn_cache)
-        from mmgrpo.vlm.models.turn_cache import row_states
-
         keep_state.extend(row_states(cache, am_buf[:, :P], batch["input_ids"].repeat_interleave(G, 0), ids, eos_ids))
     return ids, lps
+
+
+@dataclass
+class RowState:
+    """One row's cache after a turn: ``ids`` (L,) the token ids it holds (the conversation so far but its last
+    sampled token), ``kv`` per layer (keys, values), each (1, H, L, D), on the model's device."""
+
+    ids: torch.Tensor
+    kv: list
+
+
+def row_states(cache, prompt_mask: torch.Tensor, prompt_ids: torch.Tensor, toks: torch.Tensor,
+               eos_ids: Sequence[int]) -> list[RowState]:
+    """Each row's :class:`RowState` after a decode loop: the real prompt columns (``prompt_mask`` (N, P) = 1) and
+    the decoded tokens the loop fed (all but the last step's), cut at the row's first EOS (included when fed)."""
+    N, P = prompt_mask.shape
+    fed = toks.shape[1] - 1
+    n = completion_mask_from_ids(toks.cpu(), eos_ids)[0].sum(1)
+    out = []
+    for r in range(N):
+        keep = prompt_mask[r].bool()
+        m = min(int(n[r]), fed)
+        cols = torch.cat([keep.nonzero().flatten(), P + torch.arange(m, device=keep.device)])
+        ids = torch.cat([prompt_ids[r][keep].cpu(), toks[r, :m].cpu()])
+        kv = [(lay.keys[r:r + 1, :, cols].clone(), lay.values[r:r + 1, :, cols].clone()) for lay in cache.layers]
+        out.append(RowState(ids, kv))
+    return out
 
 
 def decode_loop(decode, logits, cache, am_buf, P: int, pos, params: SamplingParams, seeds, eos_ids, pad_id: int,
@@ -819,7 +818,7 @@ __all__ = [
     "collate_prompts", "join_prompt_completion", "vision_token_types", "compute_token_logprobs",
     "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend",
-    "shared_prefix_sample", "decode_loop", "multinomial_rows",
+    "shared_prefix_sample", "decode_loop", "RowState", "row_states", "multinomial_rows",
     "completion_mask_from_ids", "make_seeds", "batch_to", "rollout_from_token_lists",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
     "greedy_generate",

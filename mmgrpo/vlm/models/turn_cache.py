@@ -16,47 +16,24 @@ of the row's real tokens, left padding and post-EOS steps dropped) and the next 
 * the rows are then stacked into one left-padded cache (room for the new tokens) and decoded together by the same
   loop as the first turn (:func:`mmgrpo.vlm.models.rollout.decode_loop`).
 
+:func:`continue_generate` is the HF backend's ``generate`` for such a turn (the first turn keeps the caches with
+``generate(..., keep_state=True)``); :class:`mmgrpo.vlm.tools.rollout.MultiTurnBackend` calls it when
+``tools.reuse_kv`` is on and the backend ``supports_turn_cache``.
+
 Exactness: the same tokens and sampling log-probs as prefilling the whole conversation, up to float rounding of a
 different batch layout (``tests/tools/test_turn_cache.py``); the trainer recomputes the log-probs either way.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-__all__ = ["RowState", "row_states", "reusable_prefix", "split_media", "continue_sample"]
+from mmgrpo.vlm.models.rollout import (RolloutOutput, RowState, _decode_step, _eos_ids, _generation_modules,
+                                       _output_cache, _preallocated_layer_class, completion_mask_from_ids,
+                                       decode_loop, explicit_decoding, row_states)
 
-
-@dataclass
-class RowState:
-    """One row's cache: ``ids`` (L,) the token ids it holds (the conversation so far but its last sampled token),
-    ``kv`` per layer (keys, values), each (1, H, L, D), on the model's device."""
-
-    ids: torch.Tensor
-    kv: list
-
-
-def row_states(cache, prompt_mask: torch.Tensor, prompt_ids: torch.Tensor, toks: torch.Tensor,
-               eos_ids: Sequence[int]) -> list[RowState]:
-    """Each row's :class:`RowState` after a decode loop: the real prompt columns (``prompt_mask`` (N, P) = 1) and
-    the decoded tokens the loop fed (all but the last step's), cut at the row's first EOS (included when fed)."""
-    from mmgrpo.vlm.models.rollout import completion_mask_from_ids
-
-    N, P = prompt_mask.shape
-    fed = toks.shape[1] - 1
-    n = completion_mask_from_ids(toks.cpu(), eos_ids)[0].sum(1)
-    layers = cache.layers
-    out = []
-    for r in range(N):
-        keep = prompt_mask[r].bool()
-        m = min(int(n[r]), fed)
-        cols = torch.cat([keep.nonzero().flatten(), P + torch.arange(m, device=keep.device)])
-        ids = torch.cat([prompt_ids[r][keep].cpu(), toks[r, :m].cpu()])
-        kv = [(lay.keys[r:r + 1, :, cols].clone(), lay.values[r:r + 1, :, cols].clone()) for lay in layers]
-        out.append(RowState(ids, kv))
-    return out
+__all__ = ["reusable_prefix", "split_media", "continue_sample", "continue_generate", "RowState", "row_states"]
 
 
 def reusable_prefix(cached: torch.Tensor, full: torch.Tensor, vstart: int, vend: int) -> int:
@@ -128,8 +105,6 @@ def continue_sample(gm, items: Sequence[dict], states: Sequence[RowState], param
     ``states[r]``. Returns (ids (N, T), sampling log-probs (N, T), new states, reused (N,), prefilled (N,))."""
     from transformers.cache_utils import DynamicCache
 
-    from mmgrpo.vlm.models.rollout import _decode_step, _output_cache, _preallocated_layer_class, decode_loop
-
     tok = tokenizer
     vstart, vend = tok.convert_tokens_to_ids("<|vision_start|>"), tok.convert_tokens_to_ids("<|vision_end|>")
     image_pad, video_pad = tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>")
@@ -192,3 +167,45 @@ def continue_sample(gm, items: Sequence[dict], states: Sequence[RowState], param
                            suppress_token_ids, step_hook)
     new = row_states(batch_cache, am_buf[:, :Lmax], ids_pad.to(device), ids, eos_ids)
     return ids, lps, new, torch.tensor(reused), torch.tensor(prefilled)
+
+
+@torch.no_grad()
+def continue_generate(backend, prompts: Sequence[dict], states: Sequence[RowState], params,
+                      seeds: Sequence[int] | None = None) -> RolloutOutput:
+    """:meth:`HFRolloutBackend.generate` for one generation of each prompt, continued from ``states`` (the rows'
+    caches of their earlier turns): a ``RolloutOutput`` with the new ``kv_states``, ``reused_tokens`` and
+    ``prefill_tokens``; chunks of ``backend.max_batch_size`` rows."""
+    if len(states) != len(prompts) or not backend.supports_turn_cache:
+        raise ValueError("continue_generate: one cache per prompt, and a backend with shared-prefix sampling")
+    model = getattr(backend.model, "module", backend.model)
+    gm = _generation_modules(model)[0]
+    N = len(prompts)
+    seeds = list(seeds) if seeds is not None else torch.randint(0, 2**62, (N,)).tolist()
+    pad, eos = backend.tokenizer.pad_token_id, _eos_ids(model, backend.tokenizer)
+    device = backend.device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    ids_c, lp_c, new, reused, prefilled = [], [], [], [], []
+    try:
+        for s in range(0, N, backend.max_batch_size):
+            e = s + backend.max_batch_size
+            with explicit_decoding(model, "HFRolloutBackend"):
+                ids, lp, st, ru, pf = continue_sample(gm, prompts[s:e], states[s:e], params, seeds[s:e], eos, pad,
+                                                      backend.tokenizer, backend.suppress_token_ids,
+                                                      backend.step_hook, device=device)
+            ids_c.append(ids.cpu())
+            lp_c.append(lp.cpu())
+            new.extend(st)
+            reused.append(ru)
+            prefilled.append(pf)
+    finally:
+        model.train(was_training)
+    T = max(x.shape[1] for x in ids_c)
+    ids = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=pad) for x in ids_c])
+    lps = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=0.0) for x in lp_c])
+    mask, truncated = completion_mask_from_ids(ids, eos)
+    ids = ids.masked_fill(mask == 0, pad)
+    texts = backend.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
+                         logprobs=lps * mask, prompt_index=torch.arange(N), kv_states=new,
+                         reused_tokens=torch.cat(reused), prefill_tokens=torch.cat(prefilled))

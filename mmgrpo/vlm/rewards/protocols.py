@@ -39,8 +39,9 @@ mode               tasks   rules (release file)
 ``vlm_r1_eval``    rec     VLM-R1 REC evaluation (``src/eval/test_rec_r1.py``): the first closed answer block;
                            the **last** integer box that sits inside ``{…}``; Acc counts IoU **> 0.5**; a
                            missing answer scores as the box [0, 0, 0, 0].
-``mgpo``           mcq     MGPO training reward (xinyu1205/verl branch mgpo, ``verl/utils/reward_score/high_resolution.py``,
-                           mathruler's ``extract_boxed_content`` + ``grade_answer``): the content of the **last**
+``mgpo``           mcq     MGPO training reward (xinyu1205/verl branch mgpo,
+                           ``verl/utils/reward_score/high_resolution.py``, mathruler's ``extract_boxed_content``
+                           + ``grade_answer``): the content of the **last**
                            ``\\boxed{…}`` (braces balanced) of the response; right if, after mathruler's
                            normalisation as it acts on a letter (strip, ``\\text{…}`` unwrapped, spaces dropped,
                            case folded), it equals the ground-truth letter; no box = wrong.

@@ -303,11 +303,13 @@ class MultiTurnBackend(RolloutBackend):
                     raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
                 rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
                 sp = dataclasses.replace(params, max_new_tokens=n)
-                kw = {}
-                if reuse:  # continue from the rows' caches (a row without one: prefill whole, keep its cache)
-                    cached = all(rows[r].kv is not None for r in part)
-                    kw = {"kv_states": [rows[r].kv for r in part]} if cached else {"keep_state": True}
-                out = self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws, **kw)
+                if reuse and all(rows[r].kv is not None for r in part):  # continue from the rows' caches
+                    from mmgrpo.vlm.models.turn_cache import continue_generate
+
+                    out = continue_generate(self.inner, items, [rows[r].kv for r in part], sp, rs)
+                else:  # prefill whole (and keep the caches when the backend can)
+                    kw = {"keep_state": True} if reuse else {}
+                    out = self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws, **kw)
                 for j, r in enumerate(part):  # prefill accounting of the later turns
                     n_item = int(items[j]["input_ids"].numel())
                     ru = int(out.reused_tokens[j]) if out.reused_tokens is not None else 0
