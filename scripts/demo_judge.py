@@ -304,7 +304,7 @@ def build(a) -> dict:
 def train(a) -> None:
     import torch
 
-    from mmgrpo.engine.errors import NothingTrained
+    from mmgrpo.engine.errors import NothingTrained, TrainingStopped
     from mmgrpo.synthetic import caption as cap
     from mmgrpo.utils.config import load_config
     from mmgrpo.vlm.config import TrainConfig
@@ -336,16 +336,18 @@ def train(a) -> None:
             c0 = time.process_time()
             try:
                 hist = tr.train()
-            except NothingTrained as e:  # no group with a reward signal (the untrained judge can do this)
-                log(f"{arm} seed {seed}: {e}")
-                hist = []
+            except (NothingTrained, TrainingStopped) as e:  # no reward signal (the untrained judge: every reply
+                log(f"{arm} seed {seed}: {e}")                 # unparsed, every reward 0): evaluated as it stands
+                hist, stopped = [], f"{type(e).__name__}: {str(e)[:300]}"
+            else:
+                stopped = None
             cpu = time.process_time() - c0
             texts = generate_captions(tr.policy.model.eval(), ta, rows)
             acc = verifier_accuracy(texts, rows)
             curve = [{k: h.get(k) for k in ("step", "reward/total/mean", "reward/judge/parse_failed/mean")
                       if k in h} for h in hist]
             res = {"arm": arm, "seed": seed, "eval_split": a.eval_split, "accuracy": acc, "steps": tr.state.step,
-                   "cpu_s_train_call": cpu, "budget": a.budget, "curve": curve, "examples": texts[:8],
+                   "cpu_s_train_call": cpu, "budget": a.budget, "stopped": stopped, "curve": curve, "examples": texts[:8],
                    "load_start": load0, "load_end": os.getloadavg()}
             (rd / "result.json").write_text(json.dumps(res, indent=1))
             log(f"{arm} seed {seed}: {a.eval_split} accuracy {acc:.1f} % after {tr.state.step} steps "
