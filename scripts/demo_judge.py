@@ -355,6 +355,43 @@ def train(a) -> None:
             del tr
 
 
+def evaluate_stopped(a) -> None:
+    """A run whose process ended on ``TrainingStopped`` before this script caught it: its last checkpoint
+    (``policy.pt``: the trained tensors, the weights the run ended with, since skipped steps change nothing)
+    loaded into the base and evaluated like a finished run (``result.json`` says so)."""
+    import re
+
+    import torch
+
+    from mmgrpo.synthetic import caption as cap
+    from scripts.demo_tools import load_base
+
+    torch.set_num_threads(1)
+    out = Path(a.out)
+    rows = cap.load_split(str(out / "data" / f"{a.eval_split}.jsonl"))
+    for seed in a.seeds:
+        for arm in a.arms:
+            rd = out / "runs" / a.eval_split / arm / f"seed{seed}"
+            ck = sorted((rd / "checkpoints").glob("step-*"))
+            if (rd / "result.json").exists() or not ck:
+                continue
+            model, proc = load_base(out / "base")
+            sd = torch.load(ck[-1] / "policy.pt", map_location="cpu", weights_only=True)
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            if unexpected or not sd:
+                raise SystemExit(f"{ck[-1]}: unexpected keys {unexpected[:5]}")
+            texts = generate_captions(model.eval(), task_adapter(proc), rows)
+            hist = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            curve = [{k: h.get(k) for k in ("step", "reward/total/mean") if k in h} for h in hist]
+            step = int(re.sub(r"\D", "", ck[-1].name))
+            res = {"arm": arm, "seed": seed, "eval_split": a.eval_split, "accuracy": verifier_accuracy(texts, rows),
+                   "steps": step, "budget": a.budget, "curve": curve, "examples": texts[:8],
+                   "stopped": "TrainingStopped (no reward signal for 5 steps); evaluated from its checkpoint",
+                   "tensors_loaded": len(sd), "base_tensors_kept": len(missing)}
+            (rd / "result.json").write_text(json.dumps(res, indent=1))
+            log(f"{arm} seed {seed}: {a.eval_split} accuracy {res['accuracy']:.1f} % (checkpoint {ck[-1].name})")
+
+
 # ------------------------------------------------------------------------------------------------------ report
 def report(a) -> str:
     out = Path(a.out)
@@ -391,7 +428,7 @@ def report(a) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", choices=["build", "train", "report"])
+    p.add_argument("stage", choices=["build", "train", "evaluate_stopped", "report"])
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0, help="build: data / model seed")
     p.add_argument("--n-train", type=int, default=600)
@@ -417,7 +454,7 @@ def main(argv=None) -> int:
         p.error(f"--arms: unknown {bad}; choose from {list(ARMS)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    {"build": build, "train": train, "report": report}[a.stage](a)
+    {"build": build, "train": train, "evaluate_stopped": evaluate_stopped, "report": report}[a.stage](a)
     return 0
 
 
