@@ -34,7 +34,7 @@ from .shapes import BACKGROUND, COLOURS, SHAPES, _shape_mask
 __all__ = ["QUESTION", "SPLITS", "TEMPLATES", "draw", "make_samples", "write_split", "generate", "load_split",
            "caption_correct", "verifier_reward", "paraphrases", "judge_pairs"]
 
-QUESTION = "Describe the object in the image."
+QUESTION = "Describe the object in the image.\nAnswer in a few words."
 SPLITS = {"train": 0, "val": 1, "heldout": 2, "judge_train": 3, "judge_heldout": 4}
 # free-text forms of one description ({c} colour, {s} shape)
 TEMPLATES = ("a {c} {s}", "the {c} {s}", "{c} {s}", "a {s} that is {c}", "it is a {c} {s}", "one {c} {s}",

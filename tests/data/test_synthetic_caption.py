@@ -54,7 +54,7 @@ def test_qa_prompt_ground_truth_and_format():
 
     s = dict(cap.make_samples(1, "val", 0)[0][1], image="x.png")
     msgs = build_messages(s, mode="no_think")
-    assert msgs[-1]["content"][1]["text"] == "Describe the object in the image.\nAnswer in a few words."
+    assert msgs[-1]["content"][1]["text"] == "Describe the object in the image.\nAnswer in a few words."  # as written
     gt = format_ground_truth_answer(s, mode="no_think")
     assert gt == f"<answer>{s['answer']}</answer>" and well_formed(gt, "qa", mode="no_think")
     for bad in ("<answer></answer>", "<answer>  </answer>", "<answer>a\nb</answer>", "a red circle",

@@ -16,8 +16,8 @@ time axis encodes; the reward adds ``video_start`` back, ``clip_relative=True`` 
 Per-task answer contents: tvg -> one span; mcq -> the option letter; gqa -> the letter and the evidence span(s)
 inside the answer block as ``<answer>(C) <glue>3.00 to 7.50</glue></answer>``; rec -> ``[x1, y1, x2, y2]`` in the
 box frame the model family writes (``abs`` original pixels, ``qwen2_5_vl``/``resized_abs`` pixels of the resized
-model input, ``qwen2_vl``/``qwen3_vl``/``norm1000`` a 0-1000 grid, ``norm1``).; qa -> free text (the question, then
-"Answer in a few words."; a release's own qa prompt is in :mod:`mmgrpo.vlm.data.templates`).
+model input, ``qwen2_vl``/``qwen3_vl``/``norm1000`` a 0-1000 grid, ``norm1``); qa -> free text (the question as
+written; a release's own qa prompt is in :mod:`mmgrpo.vlm.data.templates`).
 """
 from __future__ import annotations
 
@@ -111,14 +111,14 @@ def user_prompt(sample: Sample | Mapping[str, Any], answer_format: str = "second
                 f"Answer with the option's letter, then give the time period of the video that supports the "
                 f"answer inside <glue> </glue> tags within the answer: {span_txt}. "
                 f"For example: <answer>(B) <glue>{example}</glue></answer>")
+    if s.task == "qa":  # open-answer question: shown as written (the system turn asks for the <answer> block)
+        return s.query.strip()
     if s.task == "rec":
         frame = _BOX_FRAMES.get(box_frame)
         if frame is None:
             raise ValueError(f"unknown box_frame {box_frame!r}; choose one of {sorted(_BOX_FRAMES)}")
         return (f'Locate "{s.query.strip()}" in the image. Output its bounding box as [x1, y1, x2, y2] '
                 f"{_BOX_FRAME_TEXT[frame]}.")
-    if s.task == "qa":  # open answer (free text, a number): the question as written
-        return f"{s.query.strip()}\nAnswer in a few words."
     raise ValueError(f"unknown task {s.task!r}")
 
 
