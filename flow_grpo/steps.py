@@ -85,11 +85,11 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
     try:
         sync_failure(err)
     except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
-        restore_rng_state(rng_at_start)
-        run.stop_on_reward_failure(exc, epoch)
-    if run.guard.signalled():  # before any update of the epoch
-        restore_rng_state(rng_at_start)
-        run.interrupt(f"epoch {epoch} (its samples were discarded before any update)")
+        run.guard.request_stop(f"a reward call failed: {exc} (reward.on_failure=stop); fix the reward, then resume")
+    # a stop request or a signal: the epoch is discarded before any update (RNG rolled back, redrawn on resume;
+    # nothing of it was counted yet, so the checkpoint before the epoch is reused if written)
+    run.guard.stop_if_asked(lambda signalled: restore_rng_state(rng_at_start),
+                            "its samples were discarded before any update", reuse=True)
     rc = run.rewards.take_counters()
     if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates
         _win_rates(run, traj)
@@ -302,8 +302,13 @@ def _after_update(run, status: str, gn: float, u: int, what: str, grad_norms: li
     halt = guard.skipped(what)
     log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)", st.epoch, u, what,
                 guard.consecutive_skips)
-    if halt:
-        run.halt(what)
+    if halt:  # the state goes to <output_dir>/halted (mid-epoch: resumed by its path)
+        if run.logger is not None:
+            run.logger.log({"halted": 1.0, "steps/skipped_total": float(st.counters["skipped_steps"])},
+                           st.global_step)
+        guard.halt("optim.max_consecutive_skips", st.counters["applied_steps"] > 0,
+                   "the skipped steps left the weights unchanged; fix the cause first (e.g. a lower optim.lr, "
+                   "optim.max_grad_norm, bf16 -> fp32, or a broken reward)", resume_by_path=True, halted=True)
 
 
 def count_epoch(run, stats: dict, reward_counts: dict) -> list[float]:

@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from mmgrpo.engine.dist import all_reduce, broadcast_object
-from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
+from mmgrpo.engine.dist import all_reduce
+from mmgrpo.engine.errors import NothingTrained
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
@@ -102,7 +102,6 @@ class RunState:
     global_step: int = 0  # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
     counters: dict[str, int] = field(default_factory=_new_counters)  # run totals
     best_eval: Optional[float] = None  # the best eval reward so far (keep_best)
-    last_save: Optional[tuple[int, Any]] = None  # (epoch, checkpoint) of the newest save: a stop need not rewrite it
     last_traj: Optional[Trajectories] = None  # the last epoch's rollouts
     last_zero_advantage: Optional[str] = None  # why the last epoch without a reward signal had none (the message)
     started: bool = False  # train() resumed / started the run (a second call continues it)
@@ -193,6 +192,9 @@ class FlowGRPOTrainer:
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=cfg.run.keep_best, best_mode="max", prefix="epoch")
         self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
+        # every early end (signal, reward failure, skipped steps) checkpoints through the guard: one path (engine)
+        self.guard.attach(save=self.save, position=lambda: self.state.epoch, unit="epoch",
+                          flush=self.logger.flush if self.logger is not None else lambda: None)
         if self.deepspeed and self.is_main:
             log.warning("DeepSpeed: the optimizer step runs inside the last backward (engine.step), so a non-finite "
                         "loss/gradient is counted but cannot be skipped by the trainer (this path is untested)")
@@ -232,7 +234,7 @@ class FlowGRPOTrainer:
             while st.epoch < end:
                 # -- stop point: SIGTERM / SIGINT (every process stops at the same epoch)
                 if guard.signalled():
-                    self.interrupt(f"epoch {st.epoch}")
+                    guard.interrupt()
                 guard.budget.start()  # only epochs count (not evals / checkpoint writes)
                 # -- rollout -> rewards (a failed reward call or a signal abandons the epoch here: RNG rolled back)
                 t0 = time.perf_counter()
@@ -336,50 +338,6 @@ class FlowGRPOTrainer:
     def save(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
         """Collective: every process calls it. Returns the checkpoint folder on the main process."""
         return checkpointing.save(self, metric=metric, halted=halted)
-
-    def halt(self, what: str) -> None:
-        """``optim.max_consecutive_skips`` optimizer steps skipped in a row: the state goes to ``halted/`` and the
-        run stops (:class:`TrainingStopped`)."""
-        st = self.state
-        path = self.save(halted=True)
-        path = broadcast_object(str(path) if path is not None else None)
-        k = self.cfg.optim.max_consecutive_skips
-        never = " (none of the run's optimizer steps was applied)" if not st.counters["applied_steps"] else ""
-        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps{never} (last cause: {what}) at "
-               f"epoch {st.epoch}, step {st.global_step}. Weights are unchanged by the skipped steps; the state "
-               f"was written to {path} (continue with run.resume_from={path} after fixing the cause, e.g. a lower "
-               "optim.lr, optim.max_grad_norm, bf16 -> fp32, or a broken reward).")
-        if self.logger is not None:
-            self.logger.log({"halted": 1.0, "steps/skipped_total": float(st.counters["skipped_steps"])},
-                            st.global_step)
-            self.logger.flush()
-        log.error(msg)
-        raise TrainingStopped(msg, path, resume_hint=False)  # msg names the halted folder to resume from
-
-    def stop_on_reward_failure(self, exc: RewardCallFailed, epoch: int) -> None:
-        """Collective. ``reward.on_failure=stop``: write a checkpoint of the state before ``epoch`` (its samples are
-        redrawn on resume, as after a signal) and raise :class:`TrainingStopped` (``flow_grpo train`` exits 3)."""
-        path = self._checkpoint_now()
-        msg = (f"flow_grpo: a reward call failed at epoch {epoch} and reward.on_failure=stop: {exc}. The state before "
-               f"the epoch was written to {path}; fix the reward, then resume with run.resume_from=auto.")
-        log.error(msg)
-        raise TrainingStopped(msg, path, resume_hint=False) from exc
-
-    def interrupt(self, where: str) -> None:
-        """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
-        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 6)."""
-        path = self._checkpoint_now()
-        log.warning("interrupted by %s at %s: checkpoint %s", self.guard.signal_name, where, path)
-        raise TrainingInterrupted(self.guard.signal_name, where, path)
-
-    def _checkpoint_now(self) -> Optional[str]:
-        """Collective: the checkpoint of the current epoch (written unless it already is), on every process."""
-        last = self.state.last_save
-        path = last[1] if last is not None and last[0] == self.state.epoch else self.save()
-        path = broadcast_object(str(path) if path is not None else None)
-        if self.logger is not None:
-            self.logger.flush()
-        return path
 
     def _finish(self, history: list[dict]) -> None:
         """Refuse a run that trained nothing, export the weights, plot the reward curves."""

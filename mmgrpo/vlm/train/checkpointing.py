@@ -117,5 +117,5 @@ def resume(run) -> bool:
             m.load_state_dict(tr["methods"][m.name])
     restore_rng(ck.get("rng"), run.rank, run.world)
     log.info("resumed from %s at step %d", path, st.step)
-    st.last_save = (st.step, str(path))  # an interrupt before the next step need not rewrite it
+    run.guard.saved(st.step, path)  # an interrupt before the next step need not rewrite it
     return True
