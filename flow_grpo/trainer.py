@@ -62,6 +62,7 @@ import torch
 
 from mmgrpo.engine.dist import all_reduce
 from mmgrpo.engine.errors import NothingTrained
+from mmgrpo.engine.groups import no_reward_signal
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
@@ -307,15 +308,12 @@ class FlowGRPOTrainer:
         the steps are taken, but a run none of whose epochs had a reward signal still fails (:meth:`_finish`)."""
         st = self.state
         valid = traj.rewards["valid"].bool()
-        nonzero = all_reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
-        if nonzero > 0:
+        signal = no_reward_signal(adv[valid], traj.rewards["total"][valid], self.device)
+        if signal is None:
             return None
+        n, mean, std = signal
         st.counters["zero_advantage_epochs"] += 1
-        r = traj.rewards["total"].double()[valid]
-        n, s1, s2 = all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", self.device)
-        mean = s1 / max(n, 1.0)
-        std = max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5
-        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
+        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({n} valid samples, "
                f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
         st.last_zero_advantage = why
         if self.cfg.run.allow_no_reward_signal:
