@@ -61,7 +61,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from mmgrpo.engine.dist import all_reduce
-from mmgrpo.engine.errors import NothingTrained
 from mmgrpo.engine.groups import no_reward_signal
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
@@ -351,31 +350,28 @@ class FlowGRPOTrainer:
 
     def _check_trained(self) -> None:
         """A run none of whose optimizer steps was applied, or none of whose epochs had a reward signal (every
-        advantage 0), fails instead of exporting "trained" weights."""
+        advantage 0), fails instead of exporting "trained" weights (:meth:`RunGuard.check_trained`)."""
         st, n = self.state, self.state.counters
-        if st.epoch == 0:
-            return
         zero = n["zero_advantage_epochs"]
-        if n["applied_steps"] > 0 and (zero < st.epoch or self.cfg.run.allow_no_reward_signal):
-            return
-        if self.logger is not None:
-            self.logger.flush()
-        if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
-            raise NothingTrained(
+
+        def nothing_applied() -> str:
+            cause = self.guard.skips.last_cause or (
+                "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
+                "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
+            return (f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
+                    f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward "
+                    f"signal; last cause: {cause}; {n['reward_invalid']} samples had an invalid reward, "
+                    f"{n['reward_failed_calls']} reward calls failed). No final weights were exported. Check the "
+                    "reward (server reachable? reward.weights / reward.kwargs) and the learning rate.")
+
+        self.guard.check_trained(
+            st.epoch, n["applied_steps"], zero, self.cfg.run.allow_no_reward_signal,
+            lambda: (  # steps were taken on the KL / method loss terms alone
                 f"flow_grpo: nothing was trained: none of the run's {st.epoch} epoch(s) had a reward signal (last: "
                 f"{st.last_zero_advantage or 'every advantage 0'}); only the KL / method loss terms were applied. No "
                 "final weights were exported. Check the reward (reward.weights / reward.kwargs: does it tell the "
-                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)")
-        cause = self.guard.skips.last_cause or (
-            "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
-            "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
-        raise NothingTrained(
-            f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
-            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward signal; "
-            f"last cause: {cause}; "
-            f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
-            f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
-            f"and the learning rate.")
+                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)"),
+            nothing_applied)
 
     def close(self) -> None:
         from mmgrpo.utils.runlock import release_run_lock

@@ -229,11 +229,16 @@ class RunGuard:
         return self.budget_stopped
 
     # ------------------------------------------------------------------ the end of a run
-    @staticmethod
-    def check_trained(steps_run: int, applied: int, message: str) -> None:
-        """A run of ``steps_run`` > 0 steps none of whose optimizer steps was applied fails (no final weights)."""
-        if steps_run > 0 and applied <= 0:
-            raise NothingTrained(message)
+    def check_trained(self, steps_run: int, applied: int, no_signal: int, allow_no_signal: bool,
+                      why_no_signal: Callable[[], str], why_nothing_applied: Callable[[], str]) -> None:
+        """The end of a run of ``steps_run`` > 0 steps / epochs: it fails (:class:`NothingTrained`, after a flush; no
+        final weights) if none of its ``applied`` optimizer steps was applied (``why_nothing_applied()``: the
+        message), or if every step had no reward signal (``no_signal`` of them; only KL / method terms were applied:
+        ``why_no_signal()``) unless ``allow_no_signal`` (``run.allow_no_reward_signal``: rehearsals)."""
+        if steps_run <= 0 or (applied > 0 and (no_signal < steps_run or allow_no_signal)):
+            return
+        self._flush()
+        raise NothingTrained(why_no_signal() if applied > 0 else why_nothing_applied())
 
     def state_dict(self) -> dict:
         return {**self.skips.state_dict(), "budget": self.budget.state_dict()}

@@ -92,3 +92,18 @@ def test_stop_if_asked_rolls_back_then_stops_or_interrupts():
 def test_a_guard_without_a_checkpoint_writer_says_so():
     with pytest.raises(RuntimeError, match="attach"):
         RunGuard(0).stop("x")
+
+
+def test_check_trained_fails_a_run_with_no_applied_step_or_no_reward_signal_at_all():
+    from mmgrpo.engine.errors import NothingTrained
+
+    r = Run()
+    no_signal, none_applied = (lambda: "only KL"), (lambda: "all skipped")
+    r.guard.check_trained(0, 0, 0, False, no_signal, none_applied)  # no step run: nothing to judge
+    r.guard.check_trained(3, 2, 2, False, no_signal, none_applied)  # one step of three had a signal
+    r.guard.check_trained(3, 2, 3, True, no_signal, none_applied)  # run.allow_no_reward_signal
+    with pytest.raises(NothingTrained, match="only KL"):
+        r.guard.check_trained(3, 2, 3, False, no_signal, none_applied)
+    with pytest.raises(NothingTrained, match="all skipped"):
+        r.guard.check_trained(3, 0, 0, True, no_signal, none_applied)
+    assert r.events == ["flush", "flush"] and r.writes == []  # flushed, never a checkpoint

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from mmgrpo.engine.errors import NothingTrained
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import save_config
@@ -317,28 +316,24 @@ class GRPOTrainer:
 
     def _check_trained(self) -> None:
         """A run none of whose optimizer steps was applied, or none of whose steps had a reward signal (all advantages
-        0), fails instead of saving "trained" weights."""
+        0), fails instead of saving "trained" weights (:meth:`RunGuard.check_trained`)."""
         st, c = self.state, self.state.counters
-        if st.step == 0:
-            return
         zero = int(c["zero_advantage_steps"])
-        if self._applied_updates() > 0 and (zero < st.step or self.cfg.run.allow_no_reward_signal):
-            return
-        self.logger.flush()
-        if self._applied_updates() > 0:  # steps were taken on the KL / entropy terms alone
-            raise NothingTrained(
+        self.guard.check_trained(
+            st.step, self._applied_updates(), zero, self.cfg.run.allow_no_reward_signal,
+            lambda: (  # steps were taken on the KL / entropy terms alone
                 f"nothing was trained: none of the run's {st.step} step(s) had a reward signal (last: "
                 f"{st.last_zero_advantage or 'all advantages 0'}); only the KL / entropy terms were applied; no "
                 "final checkpoint written. Check completions.jsonl: the answer format the reward parses "
                 "(reward.parse_mode, data.prompt_mode), the reward weights, and whether the task is too hard or too "
-                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)")
-        raise NothingTrained(
-            f"nothing was trained: all {c['skipped_steps']} optimizer step(s) of the run's {st.step} step(s) were "
-            f"skipped (last cause: {self.guard.last_skip_cause}; data/skipped_missing_media="
-            f"{c['skipped_missing_media']}, faults/reward_failed_calls={c['reward_failed_calls']}, "
-            f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}, zero-advantage steps={zero}); no final "
-            "checkpoint written. Check data.media_root / data.train_file, the reward function or server and the "
-            "answer format it parses (completions.jsonl), and the learning rate")
+                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)"),
+            lambda: (
+                f"nothing was trained: all {c['skipped_steps']} optimizer step(s) of the run's {st.step} step(s) were "
+                f"skipped (last cause: {self.guard.last_skip_cause}; data/skipped_missing_media="
+                f"{c['skipped_missing_media']}, faults/reward_failed_calls={c['reward_failed_calls']}, "
+                f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}, zero-advantage steps={zero}); no final "
+                "checkpoint written. Check data.media_root / data.train_file, the reward function or server and the "
+                "answer format it parses (completions.jsonl), and the learning rate"))
 
 
 def train_from_config(cfg: TrainConfig) -> list[dict[str, float]]:
