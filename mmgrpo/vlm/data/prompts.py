@@ -110,6 +110,8 @@ def user_prompt(sample: Sample | Mapping[str, Any], answer_format: str = "second
                 f"Answer with the option's letter, then give the time period of the video that supports the "
                 f"answer inside <glue> </glue> tags within the answer: {span_txt}. "
                 f"For example: <answer>(B) <glue>{example}</glue></answer>")
+    if s.task == "qa":  # open-answer question: shown as written (the system turn asks for the <answer> block)
+        return s.query.strip()
     if s.task == "rec":
         frame = _BOX_FRAMES.get(box_frame)
         if frame is None:
