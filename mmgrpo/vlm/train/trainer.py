@@ -200,8 +200,10 @@ class GRPOTrainer:
                     t0 = time.time()
                     guard.budget.start()  # only the step counts (not checkpoint writes between steps)
                     # what a stop inside the rollout rolls back to, so its checkpoint resumes exactly at this step
+                    # (and the buffers of the methods with per-process state, which the rollout's hooks fill)
                     undo = {"stream": st.stream.state_dict(), "rng": capture_rng_state(), "selected": st.selected,
-                            "counters": dict(st.counters)}
+                            "counters": dict(st.counters),
+                            "methods": {m.name: m.state_dict() for m in self.methods if m.state_per_process}}
                     # -- rollout -> rewards -> advantages (more rounds while methods drop groups: DAPO)
                     rb = collect(self, st.step)
                     # -- a fault policy or a signal during the rollout: the step did not happen; save and stop
@@ -299,15 +301,18 @@ class GRPOTrainer:
 
     def _undo(self, undo: dict, signalled: bool) -> None:
         """A step abandoned after its rollout (a stop request or a signal): stream, RNG (and a data re-selection
-        inside it) roll back, so a resume redraws its prompts; after a signal its counts go too (the resumed run
-        counts them)."""
+        inside it) roll back, so a resume redraws its prompts, and so do the per-process method buffers its hooks
+        filled; after a signal its counts go too (the resumed run counts them)."""
         st = self.state
         if undo["selected"] is not None:  # a data re-selection inside this step is redone too
             self.use_samples(undo["selected"])
             st.stream.n = len(self.samples)
         st.stream.load_state_dict(undo["stream"])
         restore_rng_state(undo["rng"])
-        if signalled:
+        for m in self.methods:  # the buffers as they were before this step's groups entered them
+            if undo["methods"].get(m.name) is not None:
+                m.load_state_dict(undo["methods"][m.name])
+        if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
             st.counters.update(undo["counters"])
 
     def _applied_updates(self) -> int:
