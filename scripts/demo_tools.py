@@ -48,7 +48,8 @@ GRPO = {
 }
 # as mmgrpo.vlm.synthetic.look_again.tools_options (the evaluation's); the query of the tools variant offers the tool,
 # so the rollout appends no instruction of its own
-TOOLS = {"tools.enabled": "true", "tools.names": "[crop_source]", "tools.max_turns": "2", "tools.max_tool_calls": "1",
+TOOLS = {"tools.enabled": "true", "tools.names": "[crop_source]", "tools.modules": "[mmgrpo.vlm.synthetic.look_again]",
+         "tools.max_turns": "2", "tools.max_tool_calls": "1",
          "tools.max_total_tokens": "200", "tools.instruction": "none"}
 CONDITIONS = ("tools", "plain")
 
@@ -102,8 +103,7 @@ def train_one(condition: str, data_dir: Path, base: Path, run_dir: Path, seed: i
 
     over = overrides(condition, data_dir, base, run_dir, seed, budget, extra)
     (run_dir).mkdir(parents=True, exist_ok=True)
-    (run_dir / "command.txt").write_text("python -c 'import mmgrpo.vlm.synthetic.look_again; from mmgrpo.vlm.cli "
-                                         "import main; main()' train " + " ".join(over) + "\n")
+    (run_dir / "command.txt").write_text("mmgrpo train " + " ".join(over) + "\n")
     from mmgrpo.engine.errors import NothingTrained
 
     tr = GRPOTrainer(load_config(TrainConfig, None, over))
