@@ -79,6 +79,13 @@ def load_base(path: Path):
     return model.eval(), proc
 
 
+def layout_of(rep: dict):
+    """The benchmark layout the base was built on (its report's ``layout``; the default for older reports)."""
+    from mmgrpo.synthetic import look_again as bench
+
+    return bench.Layout(**rep["layout"]) if "layout" in rep else bench.Layout()
+
+
 def data_for(base: Path, out: Path, smoke: bool) -> tuple[Path, dict]:
     """The benchmark the base was built on, regenerated from its report (seed, sizes)."""
     from mmgrpo.synthetic import look_again as bench
@@ -89,7 +96,7 @@ def data_for(base: Path, out: Path, smoke: bool) -> tuple[Path, dict]:
     sizes = (a["n_train"], a["n_val"], a["n_heldout"]) if not smoke else (8, 4, 4)
     d = out / "data"
     if not (d / "heldout_plain.jsonl").exists():
-        bench.generate(str(d), *sizes, seed=a["seed"])
+        bench.generate(str(d), *sizes, seed=a["seed"], layout=layout_of(rep))
         la.write_variants(str(d))
     return d, rep
 
@@ -192,6 +199,11 @@ def write_report(out: Path, m: dict) -> None:
             f"{t['tools']:.1f} | {pl['plain']:.1f} | {t['tools'] - pl['plain']:+.1f} | {t['call_rate']:.0f} % | "
             f"{t['cell_hit_rate']:.0f} % | {t['acc_called']:.1f} / {t['acc_not_called']:.1f} | "
             f"{t['plain']:.1f} / {t['no_image']:.1f} |")
+    if len(m["runs"]) > 1:
+        mean = lambda f: sum(f(r) for r in m["runs"].values()) / len(m["runs"])  # noqa: E731
+        lines.append(f"| mean | | {mean(lambda r: r['tools']['after']['tools']):.1f} | "
+                     f"{mean(lambda r: r['plain']['after']['plain']):.1f} | "
+                     f"{mean(lambda r: r['tools']['after']['tools'] - r['plain']['after']['plain']):+.1f} | | | | |")
     lines += ["", f"Target (with tools >= without + 10 on every seed): **{'met' if m['target_met'] else 'missed'}**.",
               "", "## Trajectories (first held-out samples, not picked)", "",
               "Top: the 112 x 112 view, the object's cell dotted, the box the model asked for in yellow. Bottom: the "
@@ -199,6 +211,29 @@ def write_report(out: Path, m: dict) -> None:
     for seed in m["runs"]:
         lines.append(f"![seed {seed}](trajectories_seed{seed}.png)")
     (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def merge(out: Path, parts: list[str]) -> dict:
+    """One report from runs of the same base and split in several processes (e.g. one seed each, run side by side
+    on a loaded machine): the runs' union, the first part's probe and base evaluation (identical in every part)."""
+    import shutil
+
+    ms = [json.loads((Path(d) / "metrics.json").read_text()) for d in parts]
+    for k in ("eval_split", "budget", "extra", "probe", "before"):
+        if any(x[k] != ms[0][k] for x in ms[1:]):
+            raise SystemExit(f"[demo_tools] --merge: the parts differ in {k!r}; merge runs of one setting only")
+    m = dict(ms[0], runs={s: r for x in ms for s, r in x["runs"].items()},
+             command=" ; ".join(x["command"] for x in ms),
+             load_start=[x["load_start"] for x in ms], load_end=[x["load_end"] for x in ms],
+             wall_s=max(x["wall_s"] for x in ms), cpu_s=sum(x["cpu_s"] for x in ms))
+    m["target_met"] = all(r["tools"]["after"]["tools"] >= r["plain"]["after"]["plain"] + 10 for r in m["runs"].values())
+    out.mkdir(parents=True, exist_ok=True)
+    for d in parts:
+        for png in Path(d).glob("trajectories_seed*.png"):
+            shutil.copyfile(png, out / png.name)
+    (out / "metrics.json").write_text(json.dumps(m, indent=1))
+    write_report(out, m)
+    return m
 
 
 def main(argv=None) -> int:
@@ -212,7 +247,13 @@ def main(argv=None) -> int:
                    help="val: for choosing settings; the demo's numbers are on heldout")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra trainer settings (both runs)")
     p.add_argument("--smoke", action="store_true", help="tiny data, 2 steps per run, one seed: wiring only")
+    p.add_argument("--merge", nargs="+", default=[], metavar="DIR",
+                   help="only write one report into --out from these finished demo folders (e.g. one per seed)")
     a = p.parse_args(argv)
+    if a.merge:
+        m = merge(Path(a.out), a.merge)
+        log(f"merged {len(m['runs'])} seeds; target {'met' if m['target_met'] else 'missed'}; {a.out}/report.md")
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -246,7 +287,7 @@ def main(argv=None) -> int:
     rows = la.load_split(str(data_dir / f"{a.eval_split}.jsonl"))
     log(f"data {data_dir}: {len(rows)} {a.eval_split} samples")
     probe = bench.probe(rep["args"]["seed"], n_train=24 if a.smoke else 300, n_test=len(rows),
-                        test_split=a.eval_split)
+                        test_split=a.eval_split, layout=layout_of(rep))
     log(f"probe {probe}")
     model, proc = load_base(base)
     before = la.evaluate(model, proc, rows)

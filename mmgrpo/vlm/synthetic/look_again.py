@@ -201,6 +201,21 @@ def plain_example(ta, sample: dict):
     return _example(pp.item, _target_ids(ta.processor.tokenizer, t), sample, pp.text, t)
 
 
+def crop_examples(ta, samples: Sequence[dict], out_dir: str) -> list:
+    """Single-turn SFT examples that teach the reading of a crop alone: the crop the tool returns for the object's
+    cell (written to ``out_dir``) as the prompt image, the plain question -> ``<answer>LETTER</answer>``."""
+    os.makedirs(out_dir, exist_ok=True)
+    exs = []
+    for s in samples:
+        res = run_crop(s, s["meta"]["cell_box_view"])
+        if not res.ok:
+            raise ValueError(f"sample {s['id']}: {res.text}")
+        path = os.path.join(out_dir, f"{s['id']}_crop.png")
+        res.images[0].save(path)
+        exs.append(plain_example(ta, dict(s, image=path, image_size=list(res.images[0].size))))
+    return exs
+
+
 def trace_examples(ta, sample: dict, box_view: Sequence[int] | None = None, renderer: Any = None) -> list:
     """The two SFT examples of a tool trace: (tools prompt -> the call on ``box_view``, default the object's cell),
     (tools prompt + call + the tool turn, encoded as the rollout engine does -> the answer)."""
