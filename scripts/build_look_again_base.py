@@ -48,6 +48,7 @@ def parse_args(argv=None):
                         "first turns: view -> call); then --steps on everything")
     p.add_argument("--marker", default="cell", choices=["cell", "image"], help="look_again.Layout.marker")
     p.add_argument("--tint", type=int, default=16, help="look_again.Layout.tint (marker colour step)")
+    p.add_argument("--object", type=int, default=16, help="look_again.Layout.object (side of the object, source px)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -106,7 +107,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     out = Path(a.out)
     data = out / "data"
-    layout = bench.Layout(marker=a.marker, tint=a.tint)
+    layout = bench.Layout(marker=a.marker, tint=a.tint, object=a.object)
     bench.generate(str(data), a.n_train, a.n_val, a.n_heldout, a.seed, layout)
     la.write_variants(str(data))
     train = la.load_split(str(data / "train.jsonl"))
