@@ -45,6 +45,9 @@ GRPO = {
     "rollout.max_new_tokens": "48", "rollout.temperature": "1.0", "optim.lr": "1e-3", "run.max_steps": "100000",
     "run.budget_clock": "cpu", "run.save_every": "0", "run.tensorboard": "false", "run.resume_from": "none",
     "validation.every": "0",
+    # a group whose rollouts all score the same gives no signal and its step is skipped; a base that already answers
+    # every training prompt right skips every step. Never stop for that: both conditions spend the whole budget
+    "run.max_consecutive_skips": "0",
 }
 # as mmgrpo.vlm.synthetic.look_again.tools_options (the evaluation's); the query of the tools variant offers the tool,
 # so the rollout appends no instruction of its own
@@ -242,7 +245,7 @@ def main(argv=None) -> int:
     p.add_argument("--base", default=str(BASE), help="base checkpoint (scripts/build_look_again_base.py)")
     p.add_argument("--rebuild", action="store_true", help="build the base into <out>/base first")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=120.0, help="CPU seconds of GRPO per run (both conditions)")
+    p.add_argument("--budget", type=float, default=20.0, help="CPU seconds of GRPO per run (both conditions)")
     p.add_argument("--eval-split", default="heldout", choices=["heldout", "val"],
                    help="val: for choosing settings; the demo's numbers are on heldout")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra trainer settings (both runs)")
