@@ -96,7 +96,7 @@ SHIPPED = bench.__file__.rsplit("/mmgrpo/", 1)[0] + "/data/checkpoints/look_agai
 
 
 @pytest.mark.skipif(not __import__("os").path.exists(SHIPPED + "/config.json"), reason="no shipped look-again base")
-def test_shipped_look_again_base_is_current_and_uses_the_tool():
+def test_shipped_look_again_base_is_current_and_uses_the_tool(tmp_path):
     """The demo's base (scripts/build_look_again_base.py) was built on today's generator (its validation samples
     regenerate with the same answers from its report's seed and layout), loads, and its own validation
     report shows tool use: calls on nearly every sample, the box on the object, and accuracy with the tool well above
@@ -115,3 +115,7 @@ def test_shipped_look_again_base_is_current_and_uses_the_tool():
     model, proc = load_base(__import__("pathlib").Path(SHIPPED))
     assert sum(p.numel() for p in model.parameters()) == rep["params"]["total"]
     assert "<tool_call>" in proc.tokenizer.get_vocab()
+    # the answer is read from the crop: right after its own cell's crop, not after another cell's (no object there)
+    bench.write_split(str(tmp_path), "val", 6, args["seed"], lay)
+    probe = la.crop_swap_probe(model, la.task_adapter(proc), la.load_split(str(tmp_path / "val.jsonl")))
+    assert probe["own"] == 100.0 and probe["other"] <= 50.0
