@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The look-again CPU demo (issue #37 item 4): GRPO with the crop tool vs without it, at equal CPU budget.
 
-    python scripts/demo_tools.py --out runs/demo_tools                  # 3 seeds (<= 15 min on 2 quiet cores)
+    python scripts/demo_tools.py --out runs/demo_tools                  # 3 seeds (~220 CPU s: ~4 min on a quiet core)
     python scripts/demo_tools.py --out /tmp/dt --smoke                  # wiring check (a minute or two)
 
 Stages (all in this process, one torch thread; the GRPO runs are the project's trainer, ``GRPOTrainer``, with the
@@ -21,8 +21,9 @@ multi-turn tool rollouts of ``mmgrpo.vlm.tools``):
 7. **report**: ``<out>/metrics.json``, ``<out>/report.md``, ``<out>/trajectories.png`` (held-out samples: the view
    with the box the model asked for, the crop it got back, its answer).
 
-Settings (``GRPO`` below, ``--budget``) were chosen on the validation split (``--eval-split val``), never on the
-held-out split.
+Settings (``GRPO`` below, ``--budget``) were fixed before any held-out run and not tuned (docs/results.md, "Look-again
+demo"); ``--eval-split val`` is there for choosing them, never the held-out split. ``--merge`` writes one report from
+several output folders (e.g. one seed per process, run side by side on a loaded machine).
 """
 from __future__ import annotations
 

@@ -15,6 +15,11 @@ The view still shows *where* the object is (a 4 x 4 px mid-grey square on the da
 for a crop there. A crop of the source at the object's cell at the view's token budget (112 x 112 px: full
 resolution) shows the stripes (:func:`crop_oracle` reads the answer back from such a crop: 100 %).
 
+The defaults above are the benchmark's original layout. The look-again demo (``scripts/build_look_again_base.py``,
+``scripts/demo_tools.py``) uses ``Layout(marker="image", tint=40, object=56)``: the whole background's colour encodes
+the object's cell (a location marker a tiny model reads from the mean of its visual tokens) and the object is 56 px
+(4 of the crop's 16 visual tokens show the stripes); the view is still the same image for all six answers.
+
 Samples are canonical ``mcq`` samples of the VLM front-end (``mmgrpo.vlm.data.schema``): ``image`` = the view,
 ``options`` = the six colour names, ``answer`` = the letter; ``meta`` holds the tool's ground: ``source`` (the
 full-resolution image, a file name beside ``image``), ``scale`` (source px per view px), the
