@@ -45,6 +45,9 @@ class VLMMethod(Method["RolloutBatch"]):
     #: this step's loss has a term that needs no advantage (an SFT term: CHORD, ReLIFT), so a step whose advantages
     #: are all 0 is still taken (read every step: a method may set it per step)
     trains_without_advantages: bool = False
+    #: ``state_dict()`` is this process's own (buffers of the groups it sampled: Prompt Replay, the sample buffer,
+    #: ReLIFT): checkpoints keep every process's, and a resume on as many processes gives each its own
+    state_per_process: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ seeds: the step is part of each row's seed), so training stays on-policy. The bu
 prompts (the worst priority leaves first).
 
 Choices: the batch size stays fixed, so a replayed prompt takes the place of the stream's prompt at that position
-(that prompt is not trained this epoch); the buffer is not checkpointed (a resumed run starts with an empty one).
+(that prompt is not trained this epoch). The buffer is checkpointed (each process's own, its prompts as references
+to their samples: :mod:`mmgrpo.vlm.train.buffer_state`), so a resumed run replays as the uninterrupted one would.
 Metrics: ``prompt_replay/replayed`` (prompts replayed this step), ``prompt_replay/buffer`` (its size).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from mmgrpo.vlm.data.task import sample_id
 from mmgrpo.vlm.methods.base import VLMMethod
 from mmgrpo.vlm.methods.pass_rate_filter import group_pass_rates
+from mmgrpo.vlm.train.buffer_state import PromptCodec
 
 __all__ = ["ReplayBuffer", "PromptReplay"]
 
@@ -64,6 +66,7 @@ class ReplayBuffer:
 class PromptReplay(VLMMethod):
     name = "prompt_replay"
     needs_whole_groups = True  # a group's pass rate
+    state_per_process = True  # the buffer holds this process's groups' prompts
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -110,3 +113,13 @@ class PromptReplay(VLMMethod):
     def end_of_step(self, rb, metrics: dict) -> None:
         metrics["prompt_replay/replayed"] = float(self._replayed)
         metrics["prompt_replay/buffer"] = float(len(self.buffer.entries))
+
+    def state_dict(self) -> dict:
+        codec = PromptCodec(self.run)
+        return {"entries": [[key, prio, codec.prompt_state(pp), last, uses]
+                            for key, (prio, pp, last, uses) in self.buffer.entries.items()]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        codec = PromptCodec(self.run)
+        self.buffer.entries = {key: [float(prio), codec.prompt_from_state(ps), None if last is None else int(last),
+                                     int(uses)] for key, prio, ps, last, uses in sd["entries"]}

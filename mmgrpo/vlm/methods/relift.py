@@ -19,7 +19,9 @@ rows' own counts, E the demonstration tokens, :math:`\mu` = ``sft_coef``); other
 Deviation (stated): the paper interleaves separate SFT optimizer steps on the buffered questions; here the SFT step
 is folded into the next RL update as the loss term above (one optimizer step, both terms), which needs no second
 optimizer loop in the recipe. The demonstrations are the data's ground truths (the paper collects high-quality
-solutions). Metrics: ``relift/hard_groups`` (this step), ``relift/buffer``, ``relift/sft_rows``.
+solutions). The buffer is checkpointed (each process's own, its prompts as references to their samples:
+:mod:`mmgrpo.vlm.train.buffer_state`). Metrics: ``relift/hard_groups`` (this step), ``relift/buffer``,
+``relift/sft_rows``.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from mmgrpo.vlm.methods.chord import chord_loss
 from mmgrpo.vlm.methods.pass_rate_filter import group_pass_rates
 from mmgrpo.vlm.methods.tempsamp_r1 import ground_truth_row
 from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches
+from mmgrpo.vlm.train.buffer_state import PromptCodec
 
 __all__ = ["hardest_groups", "ReLIFT"]
 
@@ -43,6 +46,7 @@ def hardest_groups(rates: dict[int, float], threshold: float) -> list[int]:
 class ReLIFT(VLMMethod):
     name = "relift"
     needs_whole_groups = True
+    state_per_process = True  # the buffer holds this process's hardest prompts
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -119,3 +123,12 @@ class ReLIFT(VLMMethod):
         metrics["relift/sft_rows"] = float(self._sft_rows)
         self._hard = self._sft_rows = 0
         self._mu, self.trains_without_advantages = 0.0, False  # the next step is plain RL unless it gets demos
+
+    def state_dict(self) -> dict:
+        codec = PromptCodec(self.run)
+        return {"buffer": [[key, codec.prompt_state(pp)] for key, pp in self.buffer.items()], "next_id": self._next_id}
+
+    def load_state_dict(self, sd: dict) -> None:
+        codec = PromptCodec(self.run)
+        self.buffer = {key: codec.prompt_from_state(ps) for key, ps in sd["buffer"]}  # in order: oldest first
+        self._next_id = int(sd["next_id"])

@@ -11,7 +11,9 @@ with probability proportional to its priority (seeded by ``run.seed`` and the st
 A replayed row is an old completion trained with its stored advantage: it is marked off-policy
 (``is_offpolicy``: out of the step's reward metrics and of the group statistics of later methods), its old log-prob
 is the current policy's (ratio 1 at the first update, as for every row without ``algo.num_iterations > 1``), i.e. no
-importance correction for its staleness (a choice, as R1V2 does not publish one). Metrics: ``sample_buffer/replayed``
+importance correction for its staleness (a choice, as R1V2 does not publish one). The buffer is checkpointed (each
+process's own; the stored rows' tensors, their prompts as references to their samples:
+:mod:`mmgrpo.vlm.train.buffer_state`). Metrics: ``sample_buffer/replayed``
 (groups appended this step), ``sample_buffer/buffer`` (its size), ``sample_buffer/zero_groups``.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from mmgrpo.utils.seeding import sample_seed
 from mmgrpo.vlm.methods.base import VLMMethod
 from mmgrpo.vlm.train.batch import cat_batches
+from mmgrpo.vlm.train.buffer_state import PromptCodec
 
 __all__ = ["group_priorities", "draw_weighted", "SampleBuffer"]
 
@@ -50,6 +53,7 @@ def draw_weighted(priorities: list[float], k: int, seed: int) -> list[int]:
 class SampleBuffer(VLMMethod):
     name = "sample_buffer"
     needs_whole_groups = True  # a group's advantages; replayed groups are whole
+    state_per_process = True  # the buffer holds this process's groups
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -116,3 +120,14 @@ class SampleBuffer(VLMMethod):
         metrics["sample_buffer/zero_groups"] = float(self._zero)
         metrics["sample_buffer/buffer"] = float(len(self.entries))
         self._replayed = self._zero = 0
+
+    def state_dict(self) -> dict:
+        codec = PromptCodec(self.run)
+        return {"entries": [[prio, codec.batch_state(b), stored, uses] for prio, b, stored, uses in self.entries],
+                "next_id": self._next_id}
+
+    def load_state_dict(self, sd: dict) -> None:
+        codec = PromptCodec(self.run)
+        self.entries = [[float(prio), codec.batch_from_state(b), int(stored), int(uses)]
+                        for prio, b, stored, uses in sd["entries"]]
+        self._next_id = int(sd["next_id"])

@@ -200,8 +200,10 @@ class GRPOTrainer:
                     t0 = time.time()
                     guard.budget.start()  # only the step counts (not checkpoint writes between steps)
                     # what a stop inside the rollout rolls back to, so its checkpoint resumes exactly at this step
+                    # (and the buffers of the methods with per-process state, which the rollout's hooks fill)
                     undo = {"stream": st.stream.state_dict(), "rng": capture_rng_state(), "selected": st.selected,
-                            "counters": dict(st.counters)}
+                            "counters": dict(st.counters),
+                            "methods": {m.name: m.state_dict() for m in self.methods if m.state_per_process}}
                     # -- rollout -> rewards -> advantages (more rounds while methods drop groups: DAPO)
                     rb = collect(self, st.step)
                     # -- a fault policy or a signal during the rollout: the step did not happen; save and stop
@@ -298,7 +300,7 @@ class GRPOTrainer:
     def _stop_if_asked(self, undo: dict) -> None:
         """After the rollout (the same collectives ran everywhere): stop on every process if any process asked to,
         or a SIGTERM / SIGINT reached one. The step is abandoned: stream, RNG (and a data re-selection inside it)
-        roll back, so a resume redraws its prompts."""
+        roll back, so a resume redraws its prompts, and so do the per-process method buffers its hooks filled."""
         st, guard = self.state, self.guard
         stop = guard.stop_requested()
         signalled = not stop and guard.signalled()
@@ -309,6 +311,9 @@ class GRPOTrainer:
             st.stream.n = len(self.samples)
         st.stream.load_state_dict(undo["stream"])
         restore_rng_state(undo["rng"])
+        for m in self.methods:  # the buffers as they were before this step's groups entered them
+            if undo["methods"].get(m.name) is not None:
+                m.load_state_dict(undo["methods"][m.name])
         if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
             st.counters.update(undo["counters"])
             self._interrupt(f"step {st.step} (its rollouts were discarded)")
