@@ -18,6 +18,10 @@ class ToolsConfig:
         "tool turn and generation continues (mmgrpo.vlm.tools.rollout; docs/tools.md)"))
     names: list[str] = field(default_factory=lambda: ["crop"], metadata=_h(
         "tools offered (registry mmgrpo.vlm.tools.base.TOOLS; built-ins crop, zoom, seek)"))
+    modules: list[str] = field(default_factory=list, metadata=_h(
+        "Python modules imported before the run (e.g. [mmgrpo.vlm.synthetic.look_again]): a user tool registered "
+        "on import (register_tool) becomes usable by name from the command line; every name in tools.names must "
+        "then be a built-in or registered"))
     max_turns: int = field(default=3, metadata=_h("assistant turns per rollout (the last one must answer)"))
     max_tool_calls: int = field(default=2, metadata=_h(
         "tool calls per rollout; calls beyond it are refused (counted as failures, the model is told)"))
@@ -68,3 +72,23 @@ class ToolsConfig:
             raise ValueError("tools.seek_fps must be > 0 and tools.seek_max_frames >= 2")
         if not self.names:
             raise ValueError("tools.enabled needs at least one tool in tools.names")
+        self.import_modules()
+
+    def import_modules(self) -> None:
+        """Import ``tools.modules`` (their ``register_tool`` calls run); with any listed, check that every name in
+        ``tools.names`` is known. Idempotent (Python imports a module once)."""
+        if not self.modules:
+            return
+        import importlib
+
+        for mod in self.modules:
+            try:
+                importlib.import_module(mod)
+            except ImportError as e:
+                raise ValueError(f"tools.modules: cannot import {mod!r}: {e}") from e
+        from mmgrpo.vlm.tools.base import tool_names
+
+        unknown = [n for n in self.names if n not in tool_names()]
+        if unknown:
+            raise ValueError(f"tools.names: {unknown} not registered after importing tools.modules={self.modules}; "
+                             f"known: {tool_names()}")

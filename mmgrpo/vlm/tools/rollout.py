@@ -212,6 +212,8 @@ class MultiTurnBackend(RolloutBackend):
     def __init__(self, inner: RolloutBackend, processor, options, family: str = "qwen2_5_vl",
                  image_kwargs: dict | None = None, eos_ids: Sequence[int] | None = None):
         self.inner, self.processor, self.options, self.family = inner, processor, options, family
+        if hasattr(options, "import_modules"):
+            options.import_modules()  # tools.modules (user tools registered on import), as the config check does
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.image_kwargs = dict(image_kwargs or {})
         self.renderer = ToolTurnRenderer(processor, options.tool_role)
