@@ -878,13 +878,14 @@ def _rts_batch(cfg, adapters, backend, params, samples, b, writer, stats, patch,
     return rows
 
 
-TOOL_FIELDS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "policy_tokens", "tool_tokens")
+TOOL_FIELDS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "policy_tokens", "tool_tokens",
+               "later_prefill_tokens", "later_reused_tokens")  # the last two: later turns' prefill / cache-served
 
 
 def tool_fields(info: dict) -> dict:
     """A multi-turn prediction's accounting: turns, tool calls (failed ones too), vision / policy / tool-turn tokens,
     the tools called, why it stopped and every policy turn's text (``output`` is the last one, the answer)."""
-    row = {k: int(info[k]) for k in TOOL_FIELDS}
+    row = {k: int(info.get(k, 0)) for k in TOOL_FIELDS}
     row.update(tools_called=list(info["tools_called"]), stop=info["stop"], turn_texts=list(info["turn_texts"]))
     return row
 

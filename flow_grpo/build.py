@@ -93,9 +93,9 @@ def load_adapter(cfg, device):
     m = cfg.model
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
     if m.tiny:
-        from .models import tiny
+        from .models import TINY_BUILDERS
 
-        builder = tiny.TINY_BUILDERS[m.tiny]
+        builder = TINY_BUILDERS[m.tiny]
         return adapter_from_pipeline(builder(seed=cfg.run.seed), device=device, dtype=dtype,
                                      max_sequence_length=m.max_sequence_length)
     if not m.pipeline_dir:

@@ -75,9 +75,9 @@ def build_light_adapter(cfg):
 
     m = cfg.model
     if m.tiny:
-        from .models import tiny
+        from .models import TINY_BUILDERS
 
-        ad = adapter_from_pipeline(tiny.TINY_BUILDERS[m.tiny](seed=cfg.run.seed),
+        ad = adapter_from_pipeline(TINY_BUILDERS[m.tiny](seed=cfg.run.seed),
                                    max_sequence_length=m.max_sequence_length)
     elif m.pipeline_dir:
         pipe, kind = _meta_pipeline(m.pipeline_dir, m.kind)

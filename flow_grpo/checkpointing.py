@@ -123,7 +123,7 @@ def save(run, metric: Optional[float] = None, halted: bool = False) -> Optional[
     path = save_checkpoint(mgr, step, entries, is_main=run.is_main, sharded=sharded, metric=metric,
                            extra_files=extra)
     if not halted:
-        run.state.last_save = (run.state.epoch, path)  # a stop right after this save does not write it again
+        run.guard.saved(run.state.epoch, path)  # a stop right after this save does not write it again
     return path
 
 
@@ -206,7 +206,7 @@ def resume(run) -> Optional[Path]:
     if path is None:
         return None
     load_state_dict(run, run.ckpt.load(path), Path(path))
-    run.state.last_save = (run.state.epoch, path)  # an interrupt before the next epoch need not rewrite it
+    run.guard.saved(run.state.epoch, path)  # an interrupt before the next epoch need not rewrite it
     return Path(path)
 
 

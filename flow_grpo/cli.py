@@ -46,7 +46,7 @@ def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
     on CPU without downloads (docs/experiments.md, "CPU rehearsal")."""
     import argparse
 
-    from .models.tiny import TINY_BUILDERS
+    from .models import TINY_BUILDERS
     p = argparse.ArgumentParser(prog=f"flow_grpo {cmd}")
     p.add_argument("dir", help="output folder")
     if cmd == "make-tiny":
@@ -57,7 +57,7 @@ def _make_tiny(cmd: str, rest: Sequence[str]) -> int:
     p.add_argument("--seed", type=int, default=0, help="random-weight seed")
     a = p.parse_args(list(rest))
     if cmd == "make-tiny":
-        from .models.tiny import save_tiny_pipeline
+        from .models import save_tiny_pipeline
 
         print(save_tiny_pipeline(a.dir, a.kind, seed=a.seed))
         print(f"use it with model.pipeline_dir={a.dir} (random weights: it generates noise)", file=sys.stderr)

@@ -107,7 +107,7 @@ class LoraConfig:
 class ModelConfig:
     pipeline_dir: str = _f("", "diffusers pipeline folder (one of the pipeline classes of docs/generators.md, e.g. StableDiffusion3Pipeline, FluxPipeline, Flux2Pipeline, WanPipeline, QwenImagePipeline); empty + tiny=... builds a tiny one")
     kind: str = _f("auto", "auto (the pipeline class in model_index.json) | a kind of the adapter registry, flow_grpo.models.ADAPTERS: sd3, flux, wan, qwen_image, ... (docs/generators.md lists them; video kinds take sample.num_frames; flux_kontext, wan_i2v and qwen_image_edit take JSONL prompt lines with an 'image' path)")
-    tiny: str = _f("", "build a tiny random pipeline instead, a kind of flow_grpo.models.tiny.TINY_BUILDERS: sd3, flux, wan, ... - for smoke tests")
+    tiny: str = _f("", "build a tiny random pipeline instead, a kind of flow_grpo.models.TINY_BUILDERS: sd3, flux, wan, ... - for smoke tests")
     dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "transformer dtype: float32 | bfloat16 | float16 (log-probs, latents, advantages and "
                     "the loss are always fp32; LoRA adapters fp32; full fine-tune: optim.fp32_master_weights)")
     max_sequence_length: Optional[int] = _f(
@@ -274,7 +274,7 @@ class TrainConfig:
 
 def check_model_kinds(m: ModelConfig) -> None:
     """``model.kind`` / ``model.tiny`` name a registered generator: the registries (``flow_grpo.models.ADAPTERS``,
-    ``flow_grpo.models.tiny.TINY_BUILDERS``) are the only lists of kinds, so a new model is registered once. They are
+    ``flow_grpo.models.TINY_BUILDERS``) are the only lists of kinds, so a new model is registered once. They are
     imported (torch) only for a value other than the default."""
     import difflib
 
@@ -289,7 +289,7 @@ def check_model_kinds(m: ModelConfig) -> None:
 
         check("model.kind", m.kind, ["auto", *ADAPTERS])
     if m.tiny:
-        from .models.tiny import TINY_BUILDERS
+        from .models import TINY_BUILDERS
 
         check("model.tiny", m.tiny, ["", *TINY_BUILDERS])
 

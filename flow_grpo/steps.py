@@ -28,7 +28,6 @@ from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
 from mmgrpo.utils.logging import get_logger
 
 from .data import epoch_samples as _epoch_samples
-from .distributed import sync_failure
 from .epoch_metrics import REWARD_COUNTERS
 from .methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
 from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
@@ -69,7 +68,7 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
     rng_at_start = capture_rng_state()
     prompts, meta, gids, xs, ns, ps = epoch_samples(run, epoch)
     run.model.eval()
-    traj, err = None, None
+    traj = None
     try:
         with contextlib.ExitStack() as stack:
             for m in run.methods:  # e.g. DiffusionNFT samples with its old adapter
@@ -78,18 +77,14 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
                                        None, iteration=epoch, reward_runner=run.runner, members=epoch_members(run),
                                        method=run.credit, on_chunk=sampling_progress(run),
                                        keep_means=any(m.keeps_means for m in run.methods))
-    except RewardCallFailed as exc:
-        err = exc
+    except RewardCallFailed as exc:  # reward.on_failure=stop: the epoch is discarded below, the run stops (exit 3)
+        run.guard.request_stop(f"a reward call failed: {exc} (reward.on_failure=stop); fix the reward, then resume")
     except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
         pass
-    try:
-        sync_failure(err)
-    except RewardCallFailed as exc:  # reward.on_failure=stop: checkpoint before the epoch, then stop (exit 3)
-        restore_rng_state(rng_at_start)
-        run.stop_on_reward_failure(exc, epoch)
-    if run.guard.signalled():  # before any update of the epoch
-        restore_rng_state(rng_at_start)
-        run.interrupt(f"epoch {epoch} (its samples were discarded before any update)")
+    # a stop request or a signal: the epoch is discarded before any update (RNG rolled back, redrawn on resume;
+    # nothing of it was counted yet, so the checkpoint before the epoch is reused if written)
+    run.guard.stop_if_asked(lambda signalled: restore_rng_state(rng_at_start),
+                            "its samples were discarded before any update", reuse=True)
     rc = run.rewards.take_counters()
     if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates
         _win_rates(run, traj)
@@ -302,8 +297,13 @@ def _after_update(run, status: str, gn: float, u: int, what: str, grad_norms: li
     halt = guard.skipped(what)
     log.warning("epoch %d update %d: %s: optimizer step skipped (%d in a row)", st.epoch, u, what,
                 guard.consecutive_skips)
-    if halt:
-        run.halt(what)
+    if halt:  # the state goes to <output_dir>/halted (mid-epoch: resumed by its path)
+        if run.logger is not None:
+            run.logger.log({"halted": 1.0, "steps/skipped_total": float(st.counters["skipped_steps"])},
+                           st.global_step)
+        guard.halt("optim.max_consecutive_skips", st.counters["applied_steps"] > 0,
+                   "the skipped steps left the weights unchanged; fix the cause first (e.g. a lower optim.lr, "
+                   "optim.max_grad_norm, bf16 -> fp32, or a broken reward)", resume_by_path=True, halted=True)
 
 
 def count_epoch(run, stats: dict, reward_counts: dict) -> list[float]:

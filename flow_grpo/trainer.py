@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from mmgrpo.engine.dist import all_reduce, broadcast_object
-from mmgrpo.engine.errors import NothingTrained, RewardCallFailed, TrainingInterrupted, TrainingStopped
+from mmgrpo.engine.dist import all_reduce
+from mmgrpo.engine.groups import no_reward_signal
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
@@ -102,7 +102,6 @@ class RunState:
     global_step: int = 0  # attempted optimizer steps (applied + skipped); drives the EMA updates and logging
     counters: dict[str, int] = field(default_factory=_new_counters)  # run totals
     best_eval: Optional[float] = None  # the best eval reward so far (keep_best)
-    last_save: Optional[tuple[int, Any]] = None  # (epoch, checkpoint) of the newest save: a stop need not rewrite it
     last_traj: Optional[Trajectories] = None  # the last epoch's rollouts
     last_zero_advantage: Optional[str] = None  # why the last epoch without a reward signal had none (the message)
     started: bool = False  # train() resumed / started the run (a second call continues it)
@@ -193,6 +192,9 @@ class FlowGRPOTrainer:
         self.ckpt = CheckpointManager(self.out / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=cfg.run.keep_best, best_mode="max", prefix="epoch")
         self.halt_ckpt = CheckpointManager(self.out / "halted", keep_last=None, keep_best=False)
+        # every early end (signal, reward failure, skipped steps) checkpoints through the guard: one path (engine)
+        self.guard.attach(save=self.save, position=lambda: self.state.epoch, unit="epoch",
+                          flush=self.logger.flush if self.logger is not None else lambda: None)
         if self.deepspeed and self.is_main:
             log.warning("DeepSpeed: the optimizer step runs inside the last backward (engine.step), so a non-finite "
                         "loss/gradient is counted but cannot be skipped by the trainer (this path is untested)")
@@ -232,7 +234,7 @@ class FlowGRPOTrainer:
             while st.epoch < end:
                 # -- stop point: SIGTERM / SIGINT (every process stops at the same epoch)
                 if guard.signalled():
-                    self.interrupt(f"epoch {st.epoch}")
+                    guard.interrupt()
                 guard.budget.start()  # only epochs count (not evals / checkpoint writes)
                 # -- rollout -> rewards (a failed reward call or a signal abandons the epoch here: RNG rolled back)
                 t0 = time.perf_counter()
@@ -305,15 +307,12 @@ class FlowGRPOTrainer:
         the steps are taken, but a run none of whose epochs had a reward signal still fails (:meth:`_finish`)."""
         st = self.state
         valid = traj.rewards["valid"].bool()
-        nonzero = all_reduce([float((adv[valid] != 0).sum())], "sum", self.device)[0]
-        if nonzero > 0:
+        signal = no_reward_signal(adv[valid], traj.rewards["total"][valid], self.device)
+        if signal is None:
             return None
+        n, mean, std = signal
         st.counters["zero_advantage_epochs"] += 1
-        r = traj.rewards["total"].double()[valid]
-        n, s1, s2 = all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", self.device)
-        mean = s1 / max(n, 1.0)
-        std = max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5
-        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n)} valid samples, "
+        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({n} valid samples, "
                f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
         st.last_zero_advantage = why
         if self.cfg.run.allow_no_reward_signal:
@@ -337,50 +336,6 @@ class FlowGRPOTrainer:
         """Collective: every process calls it. Returns the checkpoint folder on the main process."""
         return checkpointing.save(self, metric=metric, halted=halted)
 
-    def halt(self, what: str) -> None:
-        """``optim.max_consecutive_skips`` optimizer steps skipped in a row: the state goes to ``halted/`` and the
-        run stops (:class:`TrainingStopped`)."""
-        st = self.state
-        path = self.save(halted=True)
-        path = broadcast_object(str(path) if path is not None else None)
-        k = self.cfg.optim.max_consecutive_skips
-        never = " (none of the run's optimizer steps was applied)" if not st.counters["applied_steps"] else ""
-        msg = (f"flow_grpo: stopping after {k} consecutive skipped optimizer steps{never} (last cause: {what}) at "
-               f"epoch {st.epoch}, step {st.global_step}. Weights are unchanged by the skipped steps; the state "
-               f"was written to {path} (continue with run.resume_from={path} after fixing the cause, e.g. a lower "
-               "optim.lr, optim.max_grad_norm, bf16 -> fp32, or a broken reward).")
-        if self.logger is not None:
-            self.logger.log({"halted": 1.0, "steps/skipped_total": float(st.counters["skipped_steps"])},
-                            st.global_step)
-            self.logger.flush()
-        log.error(msg)
-        raise TrainingStopped(msg, path, resume_hint=False)  # msg names the halted folder to resume from
-
-    def stop_on_reward_failure(self, exc: RewardCallFailed, epoch: int) -> None:
-        """Collective. ``reward.on_failure=stop``: write a checkpoint of the state before ``epoch`` (its samples are
-        redrawn on resume, as after a signal) and raise :class:`TrainingStopped` (``flow_grpo train`` exits 3)."""
-        path = self._checkpoint_now()
-        msg = (f"flow_grpo: a reward call failed at epoch {epoch} and reward.on_failure=stop: {exc}. The state before "
-               f"the epoch was written to {path}; fix the reward, then resume with run.resume_from=auto.")
-        log.error(msg)
-        raise TrainingStopped(msg, path, resume_hint=False) from exc
-
-    def interrupt(self, where: str) -> None:
-        """Collective. SIGTERM / SIGINT: checkpoint the current state (unless this epoch's is already written) on
-        every process and raise :class:`TrainingInterrupted` (``flow_grpo train`` exits with code 6)."""
-        path = self._checkpoint_now()
-        log.warning("interrupted by %s at %s: checkpoint %s", self.guard.signal_name, where, path)
-        raise TrainingInterrupted(self.guard.signal_name, where, path)
-
-    def _checkpoint_now(self) -> Optional[str]:
-        """Collective: the checkpoint of the current epoch (written unless it already is), on every process."""
-        last = self.state.last_save
-        path = last[1] if last is not None and last[0] == self.state.epoch else self.save()
-        path = broadcast_object(str(path) if path is not None else None)
-        if self.logger is not None:
-            self.logger.flush()
-        return path
-
     def _finish(self, history: list[dict]) -> None:
         """Refuse a run that trained nothing, export the weights, plot the reward curves."""
         self._check_trained()  # raises (no export) if no optimizer step of the run was applied
@@ -395,31 +350,28 @@ class FlowGRPOTrainer:
 
     def _check_trained(self) -> None:
         """A run none of whose optimizer steps was applied, or none of whose epochs had a reward signal (every
-        advantage 0), fails instead of exporting "trained" weights."""
+        advantage 0), fails instead of exporting "trained" weights (:meth:`RunGuard.check_trained`)."""
         st, n = self.state, self.state.counters
-        if st.epoch == 0:
-            return
         zero = n["zero_advantage_epochs"]
-        if n["applied_steps"] > 0 and (zero < st.epoch or self.cfg.run.allow_no_reward_signal):
-            return
-        if self.logger is not None:
-            self.logger.flush()
-        if n["applied_steps"] > 0:  # steps were taken on the KL / method loss terms alone
-            raise NothingTrained(
+
+        def nothing_applied() -> str:
+            cause = self.guard.skips.last_cause or (
+                "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
+                "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
+            return (f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
+                    f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward "
+                    f"signal; last cause: {cause}; {n['reward_invalid']} samples had an invalid reward, "
+                    f"{n['reward_failed_calls']} reward calls failed). No final weights were exported. Check the "
+                    "reward (server reachable? reward.weights / reward.kwargs) and the learning rate.")
+
+        self.guard.check_trained(
+            st.epoch, n["applied_steps"], zero, self.cfg.run.allow_no_reward_signal,
+            lambda: (  # steps were taken on the KL / method loss terms alone
                 f"flow_grpo: nothing was trained: none of the run's {st.epoch} epoch(s) had a reward signal (last: "
                 f"{st.last_zero_advantage or 'every advantage 0'}); only the KL / method loss terms were applied. No "
                 "final weights were exported. Check the reward (reward.weights / reward.kwargs: does it tell the "
-                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)")
-        cause = self.guard.skips.last_cause or (
-            "every update was empty: no trajectory had a non-zero advantage (all groups' rewards tied; "
-            "optim.drop_zero_adv=true)" + (f"; {st.last_zero_advantage}" if st.last_zero_advantage else ""))
-        raise NothingTrained(
-            f"flow_grpo: nothing was trained in {st.epoch} epoch(s): no optimizer step was applied "
-            f"({n['skipped_steps']} skipped, {n['empty_updates']} empty, {zero} epoch(s) without a reward signal; "
-            f"last cause: {cause}; "
-            f"{n['reward_invalid']} samples had an invalid reward, {n['reward_failed_calls']} reward calls failed). "
-            f"No final weights were exported. Check the reward (server reachable? reward.weights / reward.kwargs) "
-            f"and the learning rate.")
+                "group's images apart?); run.allow_no_reward_signal=true accepts such a run (rehearsals)"),
+            nothing_applied)
 
     def close(self) -> None:
         from mmgrpo.utils.runlock import release_run_lock

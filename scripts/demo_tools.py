@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The look-again CPU demo (issue #37 item 4): GRPO with the crop tool vs without it, at equal CPU budget.
 
-    python scripts/demo_tools.py --out runs/demo_tools                  # 3 seeds (<= 15 min on 2 quiet cores)
+    python scripts/demo_tools.py --out runs/demo_tools                  # 3 seeds (~220 CPU s: ~4 min on a quiet core)
     python scripts/demo_tools.py --out /tmp/dt --smoke                  # wiring check (a minute or two)
 
 Stages (all in this process, one torch thread; the GRPO runs are the project's trainer, ``GRPOTrainer``, with the
@@ -21,8 +21,9 @@ multi-turn tool rollouts of ``mmgrpo.vlm.tools``):
 7. **report**: ``<out>/metrics.json``, ``<out>/report.md``, ``<out>/trajectories.png`` (held-out samples: the view
    with the box the model asked for, the crop it got back, its answer).
 
-Settings (``GRPO`` below, ``--budget``) were chosen on the validation split (``--eval-split val``), never on the
-held-out split.
+Settings (``GRPO`` below, ``--budget``) were fixed before any held-out run and not tuned (docs/results.md, "Look-again
+demo"); ``--eval-split val`` is there for choosing them, never the held-out split. ``--merge`` writes one report from
+several output folders (e.g. one seed per process, run side by side on a loaded machine).
 """
 from __future__ import annotations
 
@@ -45,10 +46,14 @@ GRPO = {
     "rollout.max_new_tokens": "48", "rollout.temperature": "1.0", "optim.lr": "1e-3", "run.max_steps": "100000",
     "run.budget_clock": "cpu", "run.save_every": "0", "run.tensorboard": "false", "run.resume_from": "none",
     "validation.every": "0",
+    # a group whose rollouts all score the same gives no signal and its step is skipped; a base that already answers
+    # every training prompt right skips every step. Never stop for that: both conditions spend the whole budget
+    "run.max_consecutive_skips": "0",
 }
 # as mmgrpo.vlm.synthetic.look_again.tools_options (the evaluation's); the query of the tools variant offers the tool,
 # so the rollout appends no instruction of its own
-TOOLS = {"tools.enabled": "true", "tools.names": "[crop_source]", "tools.max_turns": "2", "tools.max_tool_calls": "1",
+TOOLS = {"tools.enabled": "true", "tools.names": "[crop_source]", "tools.modules": "[mmgrpo.vlm.synthetic.look_again]",
+         "tools.max_turns": "2", "tools.max_tool_calls": "1",
          "tools.max_total_tokens": "200", "tools.instruction": "none"}
 CONDITIONS = ("tools", "plain")
 
@@ -78,6 +83,13 @@ def load_base(path: Path):
     return model.eval(), proc
 
 
+def layout_of(rep: dict):
+    """The benchmark layout the base was built on (its report's ``layout``; the default for older reports)."""
+    from mmgrpo.synthetic import look_again as bench
+
+    return bench.Layout(**rep["layout"]) if "layout" in rep else bench.Layout()
+
+
 def data_for(base: Path, out: Path, smoke: bool) -> tuple[Path, dict]:
     """The benchmark the base was built on, regenerated from its report (seed, sizes)."""
     from mmgrpo.synthetic import look_again as bench
@@ -88,7 +100,7 @@ def data_for(base: Path, out: Path, smoke: bool) -> tuple[Path, dict]:
     sizes = (a["n_train"], a["n_val"], a["n_heldout"]) if not smoke else (8, 4, 4)
     d = out / "data"
     if not (d / "heldout_plain.jsonl").exists():
-        bench.generate(str(d), *sizes, seed=a["seed"])
+        bench.generate(str(d), *sizes, seed=a["seed"], layout=layout_of(rep))
         la.write_variants(str(d))
     return d, rep
 
@@ -102,8 +114,7 @@ def train_one(condition: str, data_dir: Path, base: Path, run_dir: Path, seed: i
 
     over = overrides(condition, data_dir, base, run_dir, seed, budget, extra)
     (run_dir).mkdir(parents=True, exist_ok=True)
-    (run_dir / "command.txt").write_text("python -c 'import mmgrpo.vlm.synthetic.look_again; from mmgrpo.vlm.cli "
-                                         "import main; main()' train " + " ".join(over) + "\n")
+    (run_dir / "command.txt").write_text("mmgrpo train " + " ".join(over) + "\n")
     from mmgrpo.engine.errors import NothingTrained
 
     tr = GRPOTrainer(load_config(TrainConfig, None, over))
@@ -192,6 +203,11 @@ def write_report(out: Path, m: dict) -> None:
             f"{t['tools']:.1f} | {pl['plain']:.1f} | {t['tools'] - pl['plain']:+.1f} | {t['call_rate']:.0f} % | "
             f"{t['cell_hit_rate']:.0f} % | {t['acc_called']:.1f} / {t['acc_not_called']:.1f} | "
             f"{t['plain']:.1f} / {t['no_image']:.1f} |")
+    if len(m["runs"]) > 1:
+        mean = lambda f: sum(f(r) for r in m["runs"].values()) / len(m["runs"])  # noqa: E731
+        lines.append(f"| mean | | {mean(lambda r: r['tools']['after']['tools']):.1f} | "
+                     f"{mean(lambda r: r['plain']['after']['plain']):.1f} | "
+                     f"{mean(lambda r: r['tools']['after']['tools'] - r['plain']['after']['plain']):+.1f} | | | | |")
     lines += ["", f"Target (with tools >= without + 10 on every seed): **{'met' if m['target_met'] else 'missed'}**.",
               "", "## Trajectories (first held-out samples, not picked)", "",
               "Top: the 112 x 112 view, the object's cell dotted, the box the model asked for in yellow. Bottom: the "
@@ -201,18 +217,47 @@ def write_report(out: Path, m: dict) -> None:
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
+def merge(out: Path, parts: list[str]) -> dict:
+    """One report from runs of the same base and split in several processes (e.g. one seed each, run side by side
+    on a loaded machine): the runs' union, the first part's probe and base evaluation (identical in every part)."""
+    import shutil
+
+    ms = [json.loads((Path(d) / "metrics.json").read_text()) for d in parts]
+    for k in ("eval_split", "budget", "extra", "probe", "before"):
+        if any(x[k] != ms[0][k] for x in ms[1:]):
+            raise SystemExit(f"[demo_tools] --merge: the parts differ in {k!r}; merge runs of one setting only")
+    m = dict(ms[0], runs={s: r for x in ms for s, r in x["runs"].items()},
+             command=" ; ".join(x["command"] for x in ms),
+             load_start=[x["load_start"] for x in ms], load_end=[x["load_end"] for x in ms],
+             wall_s=max(x["wall_s"] for x in ms), cpu_s=sum(x["cpu_s"] for x in ms))
+    m["target_met"] = all(r["tools"]["after"]["tools"] >= r["plain"]["after"]["plain"] + 10 for r in m["runs"].values())
+    out.mkdir(parents=True, exist_ok=True)
+    for d in parts:
+        for png in Path(d).glob("trajectories_seed*.png"):
+            shutil.copyfile(png, out / png.name)
+    (out / "metrics.json").write_text(json.dumps(m, indent=1))
+    write_report(out, m)
+    return m
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--base", default=str(BASE), help="base checkpoint (scripts/build_look_again_base.py)")
     p.add_argument("--rebuild", action="store_true", help="build the base into <out>/base first")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=120.0, help="CPU seconds of GRPO per run (both conditions)")
+    p.add_argument("--budget", type=float, default=20.0, help="CPU seconds of GRPO per run (both conditions)")
     p.add_argument("--eval-split", default="heldout", choices=["heldout", "val"],
                    help="val: for choosing settings; the demo's numbers are on heldout")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra trainer settings (both runs)")
     p.add_argument("--smoke", action="store_true", help="tiny data, 2 steps per run, one seed: wiring only")
+    p.add_argument("--merge", nargs="+", default=[], metavar="DIR",
+                   help="only write one report into --out from these finished demo folders (e.g. one per seed)")
     a = p.parse_args(argv)
+    if a.merge:
+        m = merge(Path(a.out), a.merge)
+        log(f"merged {len(m['runs'])} seeds; target {'met' if m['target_met'] else 'missed'}; {a.out}/report.md")
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -246,7 +291,7 @@ def main(argv=None) -> int:
     rows = la.load_split(str(data_dir / f"{a.eval_split}.jsonl"))
     log(f"data {data_dir}: {len(rows)} {a.eval_split} samples")
     probe = bench.probe(rep["args"]["seed"], n_train=24 if a.smoke else 300, n_test=len(rows),
-                        test_split=a.eval_split)
+                        test_split=a.eval_split, layout=layout_of(rep))
     log(f"probe {probe}")
     model, proc = load_base(base)
     before = la.evaluate(model, proc, rows)

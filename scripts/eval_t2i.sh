@@ -13,7 +13,7 @@ prompts=${PROMPTS:-runs/data/mini_geneval_heldout.jsonl}
 [ -f $prompts ] || { mkdir -p "$(dirname $prompts)"; python data/synthetic_t2i.py --all --split heldout --out $prompts; }
 if [ "$pipe" = tiny ]; then
   pipe=runs/tiny_sd3
-  [ -f $pipe/model_index.json ] || python -c "from flow_grpo.models.tiny import save_tiny_pipeline; save_tiny_pipeline('$pipe')"
+  [ -f $pipe/model_index.json ] || python -c "from flow_grpo.models import save_tiny_pipeline; save_tiny_pipeline('$pipe')"
   set -- height=64 width=64 num_steps=8 max_prompts=8 "$@"
 fi
 extra=(); [ "$lora" = - ] || extra=(lora="$lora")

@@ -27,3 +27,8 @@ def test_demo_tools_smoke(tmp_path):
     assert "tools.enabled=false" in (tmp_path / "demo" / "seed0" / "plain" / "command.txt").read_text()
     assert (tmp_path / "demo" / "trajectories_seed0.png").stat().st_size > 0
     assert "Premise probe" in (tmp_path / "demo" / "report.md").read_text()
+    # one report from per-seed folders (the seeds run side by side)
+    assert demo_tools.main(["--out", str(tmp_path / "merged"), "--merge", str(tmp_path / "demo")]) == 0
+    merged = json.loads((tmp_path / "merged" / "metrics.json").read_text())
+    assert merged["runs"] == m["runs"] and merged["probe"] == m["probe"]
+    assert (tmp_path / "merged" / "trajectories_seed0.png").exists()

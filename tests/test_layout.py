@@ -35,6 +35,8 @@ FLOW_USES_VLM = {
     # FLUX.2-klein's and Z-Image's text encoders are Qwen3 models, Qwen-Image 2.1's a Qwen3-VL: the tiny text
     # encoders reuse the tiny-VLM tokenizer (Qwen's special tokens) and model builders.
     "flow_grpo/models/tiny_text.py": {"mmgrpo.vlm.models.tiny"},
+    # the judge trained by `mmgrpo train` (#40 item 4) must be asked exactly as the VLM trainer asked it in training
+    "flow_grpo/rewards/trained_judge.py": {"mmgrpo.vlm.data.prompts"},
 }
 SHARED = ("core", "engine", "utils", "video", "synthetic")
 

@@ -1,9 +1,13 @@
 """Thin per-architecture adapters over diffusers pipelines (the registry ``ADAPTERS``; docs/generators.md lists them
-with what each supports), plus hub-free tiny builders (``tiny.TINY_BUILDERS``)."""
+with what each supports), plus the hub-free tiny pipelines they declare (``TINY_BUILDERS``).
+
+A new model is one adapter file (the ``FlowModelAdapter`` subclass with its ``kind``, ``pipeline_cls_name``, ``tiny``
+builder and ``evidence``), its line in ``ADAPTERS`` and its test: everything else here is derived from the classes."""
 from __future__ import annotations
 
 import json
 import os
+from typing import Any, Callable
 
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
 from .flux import FluxAdapter
@@ -27,12 +31,14 @@ ADAPTERS = {"sd3": SD3Adapter, "flux": FluxAdapter, "flux_kontext": FluxKontextA
             "qwen_image21": QwenImage21Adapter, "wan22": Wan22Adapter, "wan22_high": Wan22HighAdapter,
             "wan22_low": Wan22LowAdapter, "wan22_i2v": Wan22I2VAdapter, "sana": SanaAdapter,
             "hunyuan_video15": HunyuanVideo15Adapter, "ltx2": LTX2Adapter}
-_PIPELINE_TO_KIND = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "FluxKontextPipeline": "flux_kontext",
-                     "WanPipeline": "wan", "WanImageToVideoPipeline": "wan_i2v", "QwenImagePipeline": "qwen_image",
-                     "QwenImageEditPipeline": "qwen_image_edit", "Flux2Pipeline": "flux2",
-                     "Flux2KleinPipeline": "flux2_klein", "ZImagePipeline": "z_image",
-                     "QwenImage21Pipeline": "qwen_image21", "SanaPipeline": "sana",
-                     "HunyuanVideo15Pipeline": "hunyuan_video15", "LTX2Pipeline": "ltx2"}
+# a pipeline class -> the first kind registered with it (``kind=auto``); the others are told apart by config below
+_PIPELINE_TO_KIND: dict[str, str] = {}
+for _kind, _cls in ADAPTERS.items():
+    if _cls.pipeline_cls_name:
+        _PIPELINE_TO_KIND.setdefault(_cls.pipeline_cls_name, _kind)
+# ``model.tiny=<name>``: the hub-free tiny random pipelines each adapter class declares next to it (``tiny``)
+TINY_BUILDERS: dict[str, Callable[..., Any]] = {
+    name: build for cls in ADAPTERS.values() for name, build in vars(cls).get("tiny", {}).items()}
 # kinds sharing a pipeline class with another, told apart by its config (model_index.json / pipe.config); the first
 # matching rule wins. wan22_high / wan22_low (one A14B expert trained) are chosen by model.kind only.
 _CONFIG_KINDS = {"WanPipeline": [("wan22", is_wan22)], "WanImageToVideoPipeline": [("wan22_i2v", is_wan22)]}
@@ -113,6 +119,15 @@ def load_adapter(pipeline_dir: str, kind: str = "auto", device="cpu", dtype=None
     return ADAPTERS[kind](pipe, device=device, dtype=dtype, **kw)
 
 
+def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
+    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``) and ``save_pretrained`` it into ``directory``."""
+    if kind not in TINY_BUILDERS:
+        raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(TINY_BUILDERS)}")
+    pipe = TINY_BUILDERS[kind](seed=seed)
+    pipe.save_pretrained(directory)
+    return directory
+
+
 def adapter_from_pipeline(pipe, **kwargs) -> FlowModelAdapter:
     return ADAPTERS[kind_of(type(pipe).__name__, pipe.config)](pipe, **kwargs)
 
@@ -122,4 +137,4 @@ __all__ = ["FlowModelAdapter", "PromptEmbeds", "SD3Adapter", "FluxAdapter", "Flu
            "Wan22Adapter", "Wan22HighAdapter", "Wan22LowAdapter", "Wan22I2VAdapter", "SanaAdapter", "HunyuanVideo15Adapter", "LTX2Adapter", "kind_of",
            "load_adapter",
            "adapter_from_pipeline",
-           "detect_kind", "DEFAULT_LORA_TARGETS"]
+           "detect_kind", "DEFAULT_LORA_TARGETS", "TINY_BUILDERS", "save_tiny_pipeline"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass, fields
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 import torch
 
@@ -99,6 +99,12 @@ class FlowModelAdapter:
 
     kind: str = "base"
     pipeline_cls_name: str = ""
+    # declared by each registered class itself (read with vars(cls), never inherited; flow_grpo.models collects them):
+    # tiny: its hub-free tiny random pipelines for tests and `model.tiny=<name>` smoke runs, {name: builder(seed=0)};
+    # evidence: (pipeline-equality test "file::function", trainer test "file::function", the methods a test trains it
+    # with, notes) for the support matrix of docs/generators.md (flow_grpo.models.support)
+    tiny: ClassVar[dict[str, Callable[..., Any]]] = {}
+    evidence: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")
     # T5 tokens the release's pipeline encodes by default (diffusers' __call__ default); the padded length is
     # part of the conditioning (FLUX attention has no text mask), so training and sampling must agree with it
     release_max_sequence_length: int = 256

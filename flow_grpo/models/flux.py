@@ -6,6 +6,7 @@ import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
 from .sd3 import _calculate_shift
+from .tiny import build_tiny_flux_pipeline
 
 
 class FluxAdapter(FlowModelAdapter):
@@ -14,6 +15,10 @@ class FluxAdapter(FlowModelAdapter):
 
     kind = "flux"
     pipeline_cls_name = "FluxPipeline"
+    tiny = {"flux": build_tiny_flux_pipeline}
+    evidence = ("tests/flow_grpo/test_models.py::test_adapter_ode_matches_diffusers_pipeline",
+                "tests/flow_grpo/test_distributed_presets.py::test_every_preset_on_two_processes_matches_one_process",
+                "every preset, 1 and 2 processes", "full fine-tune + FSDP2 tested (2 CPU processes)")
     release_max_sequence_length = 512  # FluxPipeline.__call__ default (FLUX.1-dev)
     supports_cfg = False  # embedded guidance (also FluxKontextAdapter, a subclass)
 

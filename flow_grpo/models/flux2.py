@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
+from .tiny import build_tiny_flux2_pipeline, build_tiny_flux2_klein_pipeline
 
 
 def _empirical_mu(image_seq_len: int, num_steps: int) -> float:
@@ -36,6 +37,10 @@ class Flux2Adapter(FlowModelAdapter):
 
     kind = "flux2"
     pipeline_cls_name = "Flux2Pipeline"
+    tiny = {"flux2": build_tiny_flux2_pipeline}
+    evidence = ("tests/flow_grpo/test_models_flux2.py::test_flux2_dev_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "FLUX.2-dev")
     release_max_sequence_length = 512  # Flux2Pipeline.__call__ default
     supports_cfg = False
 
@@ -157,6 +162,10 @@ class Flux2KleinAdapter(Flux2Adapter):
 
     kind = "flux2_klein"
     pipeline_cls_name = "Flux2KleinPipeline"
+    tiny = {"flux2_klein": build_tiny_flux2_klein_pipeline}
+    evidence = ("tests/flow_grpo/test_models_flux2.py::test_flux2_klein_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "FLUX.2-klein")
     release_max_sequence_length = 512  # Flux2KleinPipeline.__call__ default
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None):

@@ -21,6 +21,7 @@ import torch
 from .base import PromptEmbeds
 from .flux import FluxAdapter
 from .reference import ReferenceImages, load_reference_table, to_pil as _to_pil  # noqa: F401 (re-exported)
+from .tiny import build_tiny_flux_kontext_pipeline
 
 
 class FluxKontextAdapter(ReferenceImages, FluxAdapter):
@@ -34,6 +35,10 @@ class FluxKontextAdapter(ReferenceImages, FluxAdapter):
 
     kind = "flux_kontext"
     pipeline_cls_name = "FluxKontextPipeline"
+    tiny = {"flux_kontext": build_tiny_flux_kontext_pipeline}
+    evidence = ("tests/flow_grpo/test_models_t5_kontext.py::test_kontext_ode_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_models_t5_kontext.py::test_kontext_trains_from_a_jsonl_prompt_file_with_reference_images",
+                "fast", "reference image per prompt (JSONL)")
     reference_label = "FLUX-Kontext"
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,

@@ -22,6 +22,7 @@ import torch
 
 from .base import PromptEmbeds
 from .wan import WanAdapter
+from .tiny import build_tiny_hunyuan_video15_pipeline
 
 
 class HunyuanVideo15Adapter(WanAdapter):
@@ -30,6 +31,10 @@ class HunyuanVideo15Adapter(WanAdapter):
 
     kind = "hunyuan_video15"
     pipeline_cls_name = "HunyuanVideo15Pipeline"
+    tiny = {"hunyuan_video15": build_tiny_hunyuan_video15_pipeline}
+    evidence = ("tests/flow_grpo/test_models_hunyuan_video15.py::test_hunyuan_video15_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "T2V; I2V not covered")
     release_max_sequence_length = 1000  # the pipeline's tokenizer_max_length (fixed: not an adapter setting)
     release_num_frames = 121  # HunyuanVideo15Pipeline.__call__ default
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .base import DEFAULT_LORA_TARGETS, FlowModelAdapter, PromptEmbeds
+from .tiny import build_tiny_ltx2_pipeline
 
 _GUIDANCE = ("stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale", "audio_stg_scale",
              "audio_modality_scale", "audio_guidance_rescale", "use_cross_timestep", "frame_rate", "motion_speed")
@@ -44,6 +45,10 @@ VIDEO_LORA_SCOPES = ("attn1", "attn2")  # the video stream's self- and text cros
 class LTX2Adapter(FlowModelAdapter):
     kind = "ltx2"
     pipeline_cls_name = "LTX2Pipeline"
+    tiny = {"ltx2": build_tiny_ltx2_pipeline}
+    evidence = ("tests/flow_grpo/test_models_ltx2.py::test_ltx2_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "audio+video state, LoRA on the video stream only (audio branch frozen); video decoded")
     release_max_sequence_length = 1024  # LTX2Pipeline.__call__ default
     release_num_frames = 121  # the pipeline's fixed default without a duration head
     media = "video"

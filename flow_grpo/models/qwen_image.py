@@ -15,6 +15,7 @@ import torch
 
 from .base import PromptEmbeds
 from .flux import FluxAdapter
+from .tiny import build_tiny_qwen_image_pipeline
 
 
 class QwenImageAdapter(FluxAdapter):
@@ -29,6 +30,10 @@ class QwenImageAdapter(FluxAdapter):
 
     kind = "qwen_image"
     pipeline_cls_name = "QwenImagePipeline"
+    tiny = {"qwen_image": build_tiny_qwen_image_pipeline}
+    evidence = ("tests/flow_grpo/test_models_qwen_image.py::test_qwen_image_batched_loop_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_video.py::test_tiny_qwen_image_trains_lora",
+                "flow", "from the prompt string within 5e-6 (padding rounding)")
     release_max_sequence_length = 512  # QwenImagePipeline.__call__ default (it refuses more than 1024)
     max_sequence_length_cap = 1024
     supports_cfg = True

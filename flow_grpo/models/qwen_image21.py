@@ -25,11 +25,16 @@ import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
 from .sd3 import _calculate_shift
+from .tiny import build_tiny_qwen_image21_pipeline
 
 
 class QwenImage21Adapter(FlowModelAdapter):
     kind = "qwen_image21"
     pipeline_cls_name = "QwenImage21Pipeline"
+    tiny = {"qwen_image21": build_tiny_qwen_image21_pipeline}
+    evidence = ("tests/flow_grpo/test_models_qwen_image21.py::test_qwen_image21_matches_pipeline_call",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "per-prompt pipeline calls (its batched call pads)")
     release_max_sequence_length = 512  # a fixed text length of our own: the pipeline has no such setting
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,

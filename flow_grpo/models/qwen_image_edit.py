@@ -24,6 +24,7 @@ import torch
 from .base import PromptEmbeds
 from .qwen_image import QwenImageAdapter
 from .reference import ReferenceImages, to_pil
+from .tiny import build_tiny_qwen_image_edit_pipeline
 
 RELEASE_REFERENCE_AREA = 1024 * 1024  # QwenImageEditPipeline.__call__: calculate_dimensions(1024 * 1024, ratio)
 
@@ -38,6 +39,10 @@ class QwenImageEditAdapter(ReferenceImages, QwenImageAdapter):
 
     kind = "qwen_image_edit"
     pipeline_cls_name = "QwenImageEditPipeline"
+    tiny = {"qwen_image_edit": build_tiny_qwen_image_edit_pipeline}
+    evidence = ("tests/flow_grpo/test_models_qwen_image_edit.py::test_qwen_edit_batched_loop_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_models_qwen_image_edit.py::test_qwen_edit_trains_from_a_jsonl_prompt_file",
+                "flow", "reference image per prompt (JSONL)")
     reference_label = "Qwen-Image-Edit"
     release_max_sequence_length = 2048
     max_sequence_length_cap = 1 << 16

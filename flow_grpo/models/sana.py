@@ -22,6 +22,7 @@ import inspect
 import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
+from .tiny import build_tiny_sana_pipeline
 
 
 def _call_default(pipe, name: str):
@@ -31,6 +32,10 @@ def _call_default(pipe, name: str):
 class SanaAdapter(FlowModelAdapter):
     kind = "sana"
     pipeline_cls_name = "SanaPipeline"
+    tiny = {"sana": build_tiny_sana_pipeline}
+    evidence = ("tests/flow_grpo/test_models_sana.py::test_sana_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "no resolution binning")
     release_max_sequence_length = 300  # SanaPipeline.__call__ default
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
+from .tiny import (build_tiny_sd3_pipeline, build_tiny_sd3_t5_pipeline, build_tiny_sd3_5_medium_pipeline,
+                   build_tiny_sd3_5_large_pipeline)
 
 
 def _calculate_shift(image_seq_len: int, base_seq_len: int, max_seq_len: int, base_shift: float,
@@ -18,6 +20,14 @@ class SD3Adapter(FlowModelAdapter):
 
     kind = "sd3"
     pipeline_cls_name = "StableDiffusion3Pipeline"
+    tiny = {"sd3": build_tiny_sd3_pipeline,
+            "sd3_t5": build_tiny_sd3_t5_pipeline,
+            "sd3_5_medium": build_tiny_sd3_5_medium_pipeline,
+            "sd3_5_large": build_tiny_sd3_5_large_pipeline}
+    evidence = ("tests/flow_grpo/test_models_sd35.py::test_sd35_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer.py::test_each_method_trains_lora",
+                "flow, fast, tp_grpo, g2rpo",
+                "SD3-medium, SD3.5-medium (MMDiT-X) and SD3.5-large tiny variants; T5 optional")
     release_max_sequence_length = 256  # T5 tokens (StableDiffusion3Pipeline.__call__); CLIP always takes 77
 
     def _encode_uncached(self, prompts: list[str]) -> PromptEmbeds:

@@ -224,26 +224,3 @@ def build_tiny_qwen_image21_pipeline(seed: int = 0):
     from .tiny_qwen_image21 import build_tiny_qwen_image21_pipeline as build
 
     return build(seed)
-
-
-TINY_BUILDERS: dict[str, Any] = {
-    "sd3": build_tiny_sd3_pipeline, "sd3_t5": build_tiny_sd3_t5_pipeline, "sd3_5_medium": build_tiny_sd3_5_medium_pipeline,
-    "sd3_5_large": build_tiny_sd3_5_large_pipeline, "flux": build_tiny_flux_pipeline,
-    "flux_kontext": build_tiny_flux_kontext_pipeline, "wan": build_tiny_wan_pipeline,
-    "wan_i2v": build_tiny_wan_i2v_pipeline, "wan22": build_tiny_wan22_pipeline,
-    "wan22_ti2v": build_tiny_wan22_ti2v_pipeline, "wan22_i2v": build_tiny_wan22_i2v_pipeline, "qwen_image": build_tiny_qwen_image_pipeline,
-    "qwen_image_edit": build_tiny_qwen_image_edit_pipeline, "flux2": build_tiny_flux2_pipeline,
-    "flux2_klein": build_tiny_flux2_klein_pipeline, "z_image": build_tiny_z_image_pipeline,
-    "qwen_image21": build_tiny_qwen_image21_pipeline, "sana": build_tiny_sana_pipeline,
-    "hunyuan_video15": build_tiny_hunyuan_video15_pipeline, "ltx2": build_tiny_ltx2_pipeline,
-}
-
-
-def save_tiny_pipeline(directory: str, kind: str = "sd3", seed: int = 0) -> str:
-    """Build a tiny pipeline of ``kind`` (a key of ``TINY_BUILDERS``) and ``save_pretrained`` it into ``directory``."""
-    builders = TINY_BUILDERS
-    if kind not in builders:
-        raise ValueError(f"unknown tiny pipeline kind {kind!r}; expected one of {sorted(builders)}")
-    pipe = builders[kind](seed=seed)
-    pipe.save_pretrained(directory)
-    return directory

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
+from .tiny import build_tiny_wan_pipeline
 
 
 class WanAdapter(FlowModelAdapter):
@@ -28,6 +29,10 @@ class WanAdapter(FlowModelAdapter):
 
     kind = "wan"
     pipeline_cls_name = "WanPipeline"
+    tiny = {"wan": build_tiny_wan_pipeline}
+    evidence = ("tests/flow_grpo/test_models_wan.py::test_wan_ode_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_video.py::test_tiny_wan_trains_lora_on_video_rewards",
+                "flow", "Wan2.1 T2V")
     release_max_sequence_length = 512  # WanPipeline.__call__ default (UMT5 tokens, zero-padded past the prompt)
     release_num_frames = 81  # WanPipeline.__call__ default
     media = "video"

@@ -44,6 +44,7 @@ import torch
 from .base import FlowModelAdapter, PromptEmbeds
 from .wan import WanAdapter
 from .wan_i2v import WanI2VAdapter
+from .tiny import build_tiny_wan22_pipeline, build_tiny_wan22_ti2v_pipeline, build_tiny_wan22_i2v_pipeline
 
 LOW_NOISE_LORA_FILE = "pytorch_lora_weights_transformer_2.safetensors"
 
@@ -96,6 +97,11 @@ class Wan22Adapter(WanAdapter):
 
     kind = "wan22"
     pipeline_cls_name = "WanPipeline"
+    tiny = {"wan22": build_tiny_wan22_pipeline, "wan22_ti2v": build_tiny_wan22_ti2v_pipeline}
+    evidence = ("tests/flow_grpo/test_models_wan22.py::test_wan22_a14b_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow",
+                "A14B T2V (both experts trained; DDP needs run.ddp_find_unused_parameters=true) and TI2V-5B T2V")
     wan22 = True
     train_experts = "both"
 
@@ -257,6 +263,9 @@ class Wan22HighAdapter(Wan22Adapter):
     """Wan2.2 A14B, only the high-noise expert trained (``model.kind=wan22_high``)."""
 
     kind = "wan22_high"
+    evidence = ("tests/flow_grpo/test_models_wan22.py::test_wan22_one_expert_trained",
+                "tests/flow_grpo/test_trainer_generators.py::test_wan22_trains_only_one_expert",
+                "flow, window", "A14B, high-noise expert only: train its steps")
     train_experts = "high"
 
 
@@ -264,6 +273,9 @@ class Wan22LowAdapter(Wan22Adapter):
     """Wan2.2 A14B, only the low-noise expert trained (``model.kind=wan22_low``)."""
 
     kind = "wan22_low"
+    evidence = ("tests/flow_grpo/test_models_wan22.py::test_wan22_one_expert_trained",
+                "tests/flow_grpo/test_trainer_generators.py::test_wan22_trains_only_one_expert",
+                "flow, window", "A14B, low-noise expert only: train its steps")
     train_experts = "low"
 
 
@@ -273,6 +285,10 @@ class Wan22I2VAdapter(Wan22Adapter, WanI2VAdapter):
 
     kind = "wan22_i2v"
     pipeline_cls_name = "WanImageToVideoPipeline"
+    tiny = {"wan22_i2v": build_tiny_wan22_i2v_pipeline}
+    evidence = ("tests/flow_grpo/test_models_wan22.py::test_wan22_i2v_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_wan22_i2v_trains_from_a_jsonl_prompt_file_with_reference_images",
+                "flow", "A14B I2V, both experts; TI2V-5B I2V refused")
     reference_label = "Wan2.2 I2V"
 
     def __init__(self, pipe, *args, **kwargs):

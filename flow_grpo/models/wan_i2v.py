@@ -28,6 +28,7 @@ import torch
 from .base import PromptEmbeds
 from .reference import ReferenceImages, to_pil
 from .wan import WanAdapter
+from .tiny import build_tiny_wan_i2v_pipeline
 
 # WanAttnProcessor splits the cross-attention context as "everything before the last 512 tokens is the image"
 # (diffusers' transformer_wan.py: image_context_length = len - 512), so the text must be exactly 512 tokens
@@ -41,6 +42,10 @@ class WanI2VAdapter(ReferenceImages, WanAdapter):
 
     kind = "wan_i2v"
     pipeline_cls_name = "WanImageToVideoPipeline"
+    tiny = {"wan_i2v": build_tiny_wan_i2v_pipeline}
+    evidence = ("tests/flow_grpo/test_models_wan_i2v.py::test_wan_i2v_ode_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_models_wan_i2v.py::test_wan_i2v_trains_from_a_jsonl_prompt_file_with_first_frames",
+                "flow", "Wan2.1 I2V, first frame per prompt (JSONL)")
     reference_label = "Wan2.1 I2V"
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,

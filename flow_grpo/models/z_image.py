@@ -23,11 +23,16 @@ import torch
 
 from .base import FlowModelAdapter, PromptEmbeds
 from .sd3 import _calculate_shift
+from .tiny import build_tiny_z_image_pipeline
 
 
 class ZImageAdapter(FlowModelAdapter):
     kind = "z_image"
     pipeline_cls_name = "ZImagePipeline"
+    tiny = {"z_image": build_tiny_z_image_pipeline}
+    evidence = ("tests/flow_grpo/test_models_z_image.py::test_z_image_matches_pipeline_call_bitwise",
+                "tests/flow_grpo/test_trainer_generators.py::test_generator_trains_lora_two_epochs",
+                "flow", "Z-Image(-Turbo)")
     release_max_sequence_length = 512  # ZImagePipeline.__call__ default
 
     def __init__(self, pipe, device="cpu", dtype=torch.float32, max_sequence_length: int | None = None,

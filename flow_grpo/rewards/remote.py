@@ -38,20 +38,16 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
-import os
-import time
 from typing import Any, Literal
 
 import numpy as np
 
-from mmgrpo.utils.http_guard import HTTPFailure, TooLarge, error_text, http_request
+from mmgrpo.utils.http_guard import TooLarge
+from mmgrpo.utils.score_service import ScoreClient
 
 from .base import NanPolicy, Reward, RewardError
 
 __all__ = ["RemoteReward", "encode_images", "decode_images", "TOKEN_ENV"]
-
-logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "MMGRPO_REWARD_TOKEN"  # shared secret: sent by the client, checked by the server (each when set)
 
@@ -103,10 +99,6 @@ def decode_images(encoded: list[str], max_pixels: int | None = None) -> np.ndarr
     return np.stack(arrs)
 
 
-class _Retryable(Exception):
-    pass
-
-
 class RemoteReward(Reward):
     """POST images + prompts + metadata to a reward server and read back the dict of scores.
 
@@ -124,7 +116,9 @@ class RemoteReward(Reward):
         video: also send video batches (B, F, H, W, 3) (frames as images plus ``frames_per_video``), for a
             server running a video reward; off, a video batch is refused here as by any image reward.
 
-    ``last_attempts`` holds how many attempts the previous call needed.
+    ``last_attempts`` holds how many attempts the previous call needed; ``stats`` counts calls, attempts, failed
+    attempts and failed calls. The retries, reply checks and renaming are the shared score client's
+    (:class:`mmgrpo.utils.score_service.ScoreClient`, also behind the VLM front-end's remote judge).
     """
 
     name = "remote"
@@ -134,53 +128,25 @@ class RemoteReward(Reward):
                  nan_policy: NanPolicy = "raise", max_reply_mb: float = 64.0, video: bool = False):
         super().__init__(name=name, nan_policy=nan_policy)
         self.accepts_video = bool(video)
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        if timeout <= 0 or retries < 0 or backoff < 0 or not max_reply_mb > 0:
-            raise ValueError("need timeout > 0, retries >= 0, backoff >= 0, max_reply_mb > 0")
-        self.url = url
-        self.timeout = float(timeout)
-        self.retries = int(retries)
-        self.backoff = float(backoff)
         if str(image_format).lower() not in ("png", "jpeg", "jpg"):
             raise ValueError(f"image_format must be 'png' (lossless, default) or 'jpeg' (lossy: changes the scores), "
                              f"got {image_format!r}")
+        self.client = ScoreClient(url, self.name, timeout=timeout, retries=retries, backoff=backoff,
+                                  max_reply_mb=max_reply_mb, token_env=TOKEN_ENV, what="reward", unit="images",
+                                  error=lambda msg: RewardError(msg, self.name))
+        self.url = url
+        self.timeout, self.retries, self.backoff = self.client.timeout, self.client.retries, self.client.backoff
         self.image_format = image_format
         self.jpeg_quality = int(jpeg_quality)
-        self.max_reply_bytes = int(max_reply_mb * 2**20)
         self.max_reply_mb = float(max_reply_mb)
-        self.last_attempts = 0
 
-    def _post_once(self, body: bytes) -> dict:
-        token = os.environ.get(TOKEN_ENV) or None
-        try:
-            reply = http_request(self.url, "POST", body, timeout=self.timeout, max_reply_bytes=self.max_reply_bytes,
-                                 token=token, what=f"reward server {self.url}")
-        except HTTPFailure as e:
-            if e.retryable:
-                raise _Retryable(str(e)) from None
-            cap = f" (max_reply_mb={self.max_reply_mb:g})" if "reply cap" in str(e) else ""
-            raise RewardError(f"reward {self.name!r}: {e}{cap}", self.name) from None
-        if reply.status >= 300:
-            self._raise_http_error(reply, token)
-        try:
-            return json.loads(reply.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise RewardError(f"reward {self.name!r}: the reply from {self.url} is not JSON ({e}): "
-                              f"{reply.body[:200]!r}", self.name) from e
+    @property
+    def last_attempts(self) -> int:
+        return self.client.last_attempts
 
-    def _raise_http_error(self, reply, token: str | None) -> None:
-        msg = error_text(reply)
-        if token and not reply.authenticated:
-            msg += " [unauthenticated reply]"
-        if reply.status >= 500 or reply.status == 429:
-            raise _Retryable(f"HTTP {reply.status}: {msg}")
-        hint = ""
-        if reply.status == 401:
-            hint = (f" (set {TOKEN_ENV} to the server's token)" if not token
-                    else f" ({TOKEN_ENV} differs from the server's)")
-        raise RewardError(f"reward {self.name!r}: server {self.url} rejected the request "
-                          f"(HTTP {reply.status}): {msg}{hint}", self.name)
+    @property
+    def stats(self):
+        return self.client.stats
 
     def score(self, images, prompts, metadata, **kwargs: Any):
         req: dict[str, Any] = {}
@@ -188,75 +154,14 @@ class RemoteReward(Reward):
         if images.ndim == 5:  # a video batch (accepts_video): its frames, video after video
             frames = images.reshape(-1, *images.shape[2:])
             req["frames_per_video"] = int(images.shape[1])
+        payload = {"images": encode_images(frames, self.image_format, self.jpeg_quality),
+                   "image_format": self.image_format, "prompts": prompts,
+                   "metadata": [dict(m) for m in metadata], "kwargs": kwargs, **req}
         try:
-            body = json.dumps({
-                "images": encode_images(frames, self.image_format, self.jpeg_quality),
-                "image_format": self.image_format,
-                "prompts": prompts,
-                "metadata": [dict(m) for m in metadata],
-                "kwargs": kwargs,
-                **req,
-            }).encode("utf-8")
-        except TypeError as e:
+            json.dumps(payload["metadata"]), json.dumps(kwargs)
+        except (TypeError, ValueError) as e:
             raise RewardError(f"reward {self.name!r}: metadata/kwargs are not JSON-serialisable ({e})",
                               self.name) from e
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            self.last_attempts = attempt + 1
-            try:
-                resp = self._post_once(body)
-                break
-            except _Retryable as e:
-                last = e
-                logger.warning("reward %r: attempt %d/%d to %s failed: %s", self.name, attempt + 1,
-                               self.retries + 1, self.url, e)
-                if attempt < self.retries:
-                    time.sleep(self.backoff * (2 ** attempt))
-        else:
-            raise RewardError(f"reward {self.name!r}: POST {self.url} failed after {self.retries + 1} "
-                              f"attempt(s): {last}", self.name)
-        return self._rename(resp, images.shape[0])
-
-    def _check_reply(self, resp: Any, n: int) -> None:
-        """Raise :class:`RewardError` unless ``resp`` is a well-typed reply for ``n`` images (see module doc)."""
-
-        def bad(what: str) -> RewardError:
-            return RewardError(f"reward {self.name!r}: malformed reply from {self.url}: {what}", self.name)
-
-        def show(x: Any) -> str:
-            return f"{x!r:.60} ({type(x).__name__})"
-
-        if not isinstance(resp, dict) or not isinstance(resp.get("scores"), dict):
-            raise bad(f"expected an object with a 'scores' object, got {str(resp)[:200]}")
-        if "reward" in resp and not isinstance(resp["reward"], str):
-            raise bad(f"'reward' is {show(resp['reward'])}, expected a string")
-        if "n" in resp and (type(resp["n"]) is not int or resp["n"] != n):
-            raise bad(f"'n' is {show(resp['n'])} for a request of {n} images")
-        for k, v in resp["scores"].items():
-            if not isinstance(v, list):
-                raise bad(f"scores[{k!r}] is {show(v)}, expected a list of {n} entries")
-            if len(v) != n:
-                raise bad(f"scores[{k!r}] has {len(v)} value(s) for a request of {n} images")
-            for i, x in enumerate(v):
-                if k == "valid" and type(x) is not bool:
-                    raise bad(f"scores['valid'][{i}] is {show(x)}, expected JSON true/false")
-                if k != "valid" and not (x is None or type(x) in (int, float)):
-                    raise bad(f"scores[{k!r}][{i}] is {show(x)}, expected a JSON number or null")
-
-    def _rename(self, resp: Any, n: int) -> dict:
-        self._check_reply(resp, n)
-        remote = str(resp.get("reward", self.name))
-        out = {}
-        for k, v in resp["scores"].items():
-            if k == "valid":
-                out[k] = np.asarray(v, dtype=bool)
-                continue
-            if k == remote:
-                k = self.name
-            elif k.startswith(remote + "/"):
-                k = self.name + k[len(remote):]
-            out[k] = np.asarray([np.nan if x is None else x for x in v], dtype=np.float64)
-        if self.name not in out:
-            raise RewardError(f"reward {self.name!r}: response from {self.url} has keys {sorted(out)} but not "
-                              f"the server reward's own key {remote!r}", self.name)
-        return out
+        self.client.name = self.name  # the key this reward answers under (a caller may rename it)
+        out = self.client.post(payload, images.shape[0])
+        return {k: np.asarray(v, dtype=bool if k == "valid" else np.float64) for k, v in out.items()}

@@ -6,13 +6,16 @@
     python -m flow_grpo.rewards.server --reward my_pkg.rewards:build_my_reward --port 0   # any factory
 
 On start it prints one line ``LISTENING http://HOST:PORT`` to stdout (``--port 0`` picks a free port).
-Endpoints: ``GET /health`` -> ``{"reward": name, "status": "ok"}``; ``POST /`` or ``POST /score`` -> scores
+Endpoints: ``GET /health`` -> ``{"reward": name, "status": "ok", "stats": {requests, scored calls / rows, failures
+by status}}``; ``POST /`` or ``POST /score`` -> scores
 (wire format in :mod:`flow_grpo.rewards.remote`; a video batch arrives as its frames plus ``frames_per_video``
 and is scored as (B, F, H, W, 3), the pixel cap counting every frame).  Calls to the reward are serialised with a lock (models are
 rarely thread-safe); ``/health`` still answers while a call runs.
 
-Security and limits (the server runs whatever reward it was started with on the images it is sent; shared with
-the vLLM rollout server, :mod:`mmgrpo.utils.http_guard`, guarantees in docs/reliability.md):
+Security and limits (the server runs whatever reward it was started with on the images it is sent; the request
+handling is :mod:`mmgrpo.utils.score_service`, shared with the VLM front-end's judge server
+:mod:`mmgrpo.vlm.rewards.server`; the transport guard is shared with the vLLM rollout server too,
+:mod:`mmgrpo.utils.http_guard`, guarantees in docs/reliability.md):
 
 * binds loopback addresses only, so only processes on this machine reach it;
 * ``Host`` header: only the bound address, ``localhost``, ``127.0.0.1``, ``::1`` (any port) and names given with
@@ -32,14 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import threading
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from mmgrpo.utils.http_guard import GuardedHandler, GuardedServer, add_server_arguments, is_loopback
+from mmgrpo.utils.http_guard import GuardedServer, add_server_arguments, is_loopback
 
 __all__ = ["make_server", "main"]
 
@@ -48,78 +48,37 @@ def make_server(reward: Any, host: str = "127.0.0.1", port: int = 0, max_body_mb
                 token: str | None = None, read_timeout: float = 30.0, max_connections: int = 64) -> GuardedServer:
     """An HTTP server scoring with ``reward`` (a reward callable); call ``serve_forever()`` on it.
 
+    The shared score service (:func:`mmgrpo.utils.score_service.make_score_server`, also behind the VLM front-end's
+    judge server) with this front-end's request: images (under the pixel cap), prompts, metadata, kwargs.
     ``allowed_hosts``: extra names accepted in the ``Host`` header. ``token``: shared secret requests are signed
     with; ``None`` reads ``MMGRPO_REWARD_TOKEN`` (unset or empty: no check). ``read_timeout`` / ``max_connections``:
-    see :class:`mmgrpo.utils.http_guard.GuardedServer`."""
-    if not is_loopback(host):
-        raise ValueError(f"refusing to bind {host!r}: the reward server listens on loopback addresses only")
+    see :class:`mmgrpo.utils.http_guard.GuardedServer`. ``server.stats`` counts requests and failures."""
+    from mmgrpo.utils.score_service import make_score_server
+
     from .base import RewardError
-    from .remote import TOKEN_ENV, TooLarge, decode_images
+    from .remote import TOKEN_ENV, decode_images
 
-    lock = threading.Lock()
-    name = str(getattr(reward, "name", "reward"))
     max_pixels = int(max_megapixels * 1e6)
-    token = os.environ.get(TOKEN_ENV) if token is None else token
 
-    class Handler(GuardedHandler):
-        log_prefix = "reward-server"
+    def decode(req: dict) -> tuple[tuple, dict, int]:
+        images = decode_images(req["images"], max_pixels)
+        f = req.get("frames_per_video")
+        if f is not None:  # a video batch: B*F frames, video after video -> (B, F, H, W, 3)
+            if type(f) is not int or f < 1 or images.shape[0] % f:
+                raise ValueError(f"'frames_per_video' must be a positive integer dividing the "
+                                 f"{images.shape[0]} frames, got {f!r}")
+            images = images.reshape(images.shape[0] // f, f, *images.shape[1:])
+        kwargs = req.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise ValueError("'kwargs' must be an object")
+        return (images, req["prompts"], req.get("metadata")), kwargs, int(images.shape[0])
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server naming
-            if self.admit(post=False) is None:
-                return
-            if self.path.rstrip("/") in ("/health", ""):
-                self.send_json(200, {"reward": name, "status": "ok"})
-            else:
-                self.send_json(404, {"error": f"unknown path {self.path}"})
-
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path.rstrip("/") not in ("", "/score"):
-                self.send_json(404, {"error": f"unknown path {self.path}"}, close=True)
-                return
-            if self.admit(post=True) is None:
-                return
-            try:
-                req = self.json_body()
-                if not isinstance(req, dict):
-                    raise ValueError("the request must be a JSON object")
-                images = decode_images(req["images"], max_pixels)
-                f = req.get("frames_per_video")
-                if f is not None:  # a video batch: B*F frames, video after video -> (B, F, H, W, 3)
-                    if type(f) is not int or f < 1 or images.shape[0] % f:
-                        raise ValueError(f"'frames_per_video' must be a positive integer dividing the "
-                                         f"{images.shape[0]} frames, got {f!r}")
-                    images = images.reshape(images.shape[0] // f, f, *images.shape[1:])
-                prompts = req["prompts"]
-                metadata = req.get("metadata")
-                kwargs = req.get("kwargs") or {}
-                if not isinstance(kwargs, dict):
-                    raise ValueError("'kwargs' must be an object")
-            except TooLarge as e:
-                self.send_json(413, {"error": str(e)})
-                return
-            except (KeyError, ValueError, TypeError, RecursionError) as e:
-                self.send_json(400, {"error": f"bad request: {type(e).__name__}: {e}"})
-                return
-            try:
-                with lock:
-                    # Reward.evaluate returns numpy: numpy-only rewards never import torch here.
-                    out = (reward.evaluate if hasattr(reward, "evaluate") else reward)(
-                        images, prompts, metadata, **kwargs)
-            except (RewardError, ValueError, TypeError) as e:  # deterministic: retrying cannot help
-                self.send_json(422, {"error": f"{type(e).__name__}: {e}"})
-                return
-            except Exception as e:  # noqa: BLE001 - report, keep serving; client may retry
-                if verbose:
-                    traceback.print_exc()
-                self.send_json(500, {"error": f"{type(e).__name__}: {e}"})
-                return
-            scores = {k: (v.detach().cpu().tolist() if hasattr(v, "detach") else
-                          v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in out.items()}
-            self.send_json(200, {"reward": name, "n": int(images.shape[0]), "scores": scores})
-
-    return GuardedServer((host, port), Handler, token=token, token_env=TOKEN_ENV, allowed_hosts=allowed_hosts,
-                         max_body_bytes=int(max_body_mb * 1024 * 1024), read_timeout=read_timeout,
-                         max_connections=max_connections, verbose=verbose)
+    # Reward.evaluate returns numpy: numpy-only rewards never import torch here.
+    score = reward.evaluate if hasattr(reward, "evaluate") else reward
+    return make_score_server(score, decode, name=str(getattr(reward, "name", "reward")), host=host, port=port,
+                             max_body_mb=max_body_mb, verbose=verbose, allowed_hosts=allowed_hosts, token=token,
+                             token_env=TOKEN_ENV, read_timeout=read_timeout, max_connections=max_connections,
+                             deterministic=(RewardError, ValueError, TypeError), log_prefix="reward-server")
 
 
 def main(argv: list[str] | None = None) -> int:

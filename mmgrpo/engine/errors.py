@@ -9,8 +9,8 @@ Every error a run raises on purpose derives from :class:`MMGRPOError`; the CLIs 
 * :class:`NothingTrained`: the run applied no optimizer step, every step was skipped (exit code 4);
 * :class:`OutputDirLocked`: another run holds ``<output_dir>/.lock`` (exit code 5);
 * :class:`TrainingInterrupted`: SIGTERM / SIGINT stopped the run at a step / epoch boundary (exit code 6);
-* :class:`RewardCallFailed`: a reward call kept failing after its retries (the VLM trainer turns it into
-  :class:`TrainingStopped` after writing a checkpoint; the flow trainer lets it propagate);
+* :class:`RewardCallFailed`: a reward call kept failing after its retries (in a rollout, both trainers turn it into
+  :class:`TrainingStopped` after writing a checkpoint: ``RunGuard.stop_if_asked``; elsewhere it propagates);
 * :class:`RewardTimeout`: one attempt of a (flow) reward call timed out (retried, then :class:`RewardCallFailed`).
 
 Each class also derives from the builtin its meaning fits (``RuntimeError``, ``TimeoutError``), so a generic

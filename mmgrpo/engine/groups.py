@@ -6,7 +6,10 @@
   for bit;
 * :func:`valid_member_counts`: how many valid members each group kept after rewards were dropped. A group with fewer
   than 2 valid members has no baseline (its advantage is 0): the VLM trainer counts those as ``degenerate_groups``;
-  the flow trainer splits them into ``groups_empty`` (0) and ``groups_singleton`` (1).
+  the flow trainer splits them into ``groups_empty`` (0) and ``groups_singleton`` (1);
+* :func:`no_reward_signal`: whether a step / epoch has any reward signal at all (some non-zero advantage on some
+  process), and if not the reward statistics its message names; both recipes then skip or take the step by the same
+  rules (a zero gradient is a skipped step unless a KL or a method's own loss term remains).
 
 Every process calls :func:`distributed_group_advantages` collectively; without a process group it is the plain
 computation.
@@ -17,9 +20,9 @@ import torch
 from torch import Tensor
 
 from mmgrpo.core.advantages import AdvantageOutput, group_advantages
-from mmgrpo.engine.dist import gather_groups
+from mmgrpo.engine.dist import all_reduce, gather_groups
 
-__all__ = ["distributed_group_advantages", "valid_member_counts"]
+__all__ = ["distributed_group_advantages", "valid_member_counts", "no_reward_signal"]
 
 
 def distributed_group_advantages(
@@ -58,3 +61,16 @@ def valid_member_counts(group_ids: torch.Tensor, valid: torch.Tensor) -> tuple[t
     counts = torch.zeros(len(gids), dtype=torch.long, device=g.device).scatter_add_(0, inv, v.long())
     return counts, inv
 
+
+def no_reward_signal(advantages: Tensor | None, rewards: Tensor | None,
+                     device=None) -> tuple[int, float, float] | None:
+    """Collective. ``None`` if some advantage of some process is non-zero (the step has a reward signal); else
+    ``(n, mean, std)`` of the rewards over every process (every advantage is 0: each group's rewards are equal).
+    Pass the valid rows only (``advantages``: any shape; ``rewards``: one value per row; ``None``: no rows here)."""
+    nonzero = all_reduce([float((advantages != 0).sum()) if advantages is not None else 0.0], "sum", device)[0]
+    if nonzero > 0:
+        return None
+    r = rewards.double() if rewards is not None else torch.zeros(0, dtype=torch.float64)
+    n, s1, s2 = all_reduce([float(r.numel()), float(r.sum()), float((r * r).sum())], "sum", device)
+    mean = s1 / max(n, 1.0)
+    return int(n), mean, max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5

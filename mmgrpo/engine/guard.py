@@ -12,18 +12,24 @@ A run stops before its last step when
 * the training-time budget is spent (``run.max_train_seconds``; :class:`mmgrpo.utils.budget.TimeBudget`,
   checkpointed): :meth:`RunGuard.out_of_budget`, collective, then the run ends normally.
 
-The recipe decides what is saved before it raises :class:`~mmgrpo.engine.errors.TrainingInterrupted` /
-:class:`~mmgrpo.engine.errors.TrainingStopped`; the guard keeps the state those decisions read and checkpoints it
-(:meth:`state_dict`). A run that applied no optimizer step never ends as a success: :meth:`check_trained` raises
-:class:`~mmgrpo.engine.errors.NothingTrained` (exit code 4).
+Every early end takes the same path, for both recipes: write a checkpoint of the current state (collective; its
+folder is then known on every process), flush the metrics, raise -- :meth:`RunGuard.interrupt` (a signal:
+:class:`~mmgrpo.engine.errors.TrainingInterrupted`, exit code 6; the checkpoint of this step / epoch is reused if
+one was written), :meth:`RunGuard.stop` (a fault policy: :class:`~mmgrpo.engine.errors.TrainingStopped`, exit
+code 3), :meth:`RunGuard.halt` (skipped steps in a row: a ``stop`` with the skip message), and
+:meth:`RunGuard.stop_if_asked` (after a rollout: a signal or a stop request discards the rollout -- the recipe's
+``rollback`` -- then interrupts or stops). The recipe hands the guard its checkpoint writer once
+(:meth:`RunGuard.attach`); its ``save`` reports each checkpoint back (:meth:`RunGuard.saved`). The guard's own state
+(skips, budget) is checkpointed (:meth:`state_dict`). A run that applied no optimizer step never ends as a success:
+:meth:`check_trained` raises :class:`~mmgrpo.engine.errors.NothingTrained` (exit code 4).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Union
 
-from mmgrpo.engine.dist import any_process, global_max
-from mmgrpo.engine.errors import NothingTrained
+from mmgrpo.engine.dist import any_process, broadcast_object, global_max
+from mmgrpo.engine.errors import NothingTrained, TrainingInterrupted, TrainingStopped
 from mmgrpo.utils.budget import TimeBudget
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.signals import StopOnSignal
@@ -78,6 +84,91 @@ class RunGuard:
         self.signals: Optional[StopOnSignal] = None
         self.stop_reason: Optional[str] = None
         self.device = device
+        # the recipe's checkpoint writer and where the run is (attach), the newest checkpoint (saved)
+        self._save: Optional[Callable[..., Any]] = None
+        self._position: Callable[[], int] = lambda: 0
+        self._flush: Callable[[], None] = lambda: None
+        self.unit = "step"
+        self.last_save: Optional[tuple[int, Optional[str]]] = None  # (position, folder) of the newest checkpoint
+
+    # ------------------------------------------------------------------ checkpoints
+    def attach(self, save: Callable[..., Any], position: Callable[[], int], unit: str,
+               flush: Callable[[], None] = lambda: None) -> None:
+        """The recipe's checkpoint writer (collective; returns the folder on the main process, keyword arguments
+        such as ``metric`` / ``halted`` pass through), where the run is (``position()``: the step / epoch counter,
+        ``unit``: its name in messages) and how its metrics are flushed."""
+        self._save, self._position, self.unit, self._flush = save, position, unit, flush
+
+    @property
+    def where(self) -> str:
+        return f"{self.unit} {self._position()}"
+
+    def saved(self, position: int, path: Any) -> None:
+        """The recipe wrote (or resumed from) the checkpoint of ``position``: a stop at the same position may reuse
+        it."""
+        self.last_save = (int(position), None if path is None else str(path))
+
+    def saved_here(self) -> bool:
+        """A checkpoint of the current position exists (written or resumed from)."""
+        return self.last_save is not None and self.last_save[0] == self._position()
+
+    def checkpoint(self, reuse: bool = True, **save_kw: Any) -> Optional[str]:
+        """Collective: the checkpoint of the current state (``reuse``: the one of this position if written already);
+        its folder on every process. The metrics are flushed."""
+        if self._save is None:
+            raise RuntimeError("RunGuard.attach(save=...) was not called: the guard cannot write a checkpoint")
+        path = self.last_save[1] if reuse and self.saved_here() and not save_kw else self._save(**save_kw)
+        path = broadcast_object(str(path) if path is not None else None)
+        self._flush()
+        return path
+
+    # ------------------------------------------------------------------ the ways a run ends early (one path)
+    def interrupt(self, note: str = "") -> NoReturn:
+        """SIGTERM / SIGINT: checkpoint (reused if this position's is written) and raise
+        :class:`TrainingInterrupted` on every process (exit code 6)."""
+        where = self.where + (f" ({note})" if note else "")
+        path = self.checkpoint()
+        log.warning("interrupted by %s at %s: checkpoint %s", self.signal_name, where, path)
+        raise TrainingInterrupted(self.signal_name, where, path)
+
+    def stop(self, reason: Union[str, Callable[[Optional[str]], str]], resume_hint: bool = True, reuse: bool = False,
+             **save_kw: Any) -> NoReturn:
+        """A fault policy: write a checkpoint of the current state and raise :class:`TrainingStopped` (exit code 3).
+        ``reason``: the message after "training stopped at <step / epoch>: ", or a function of the checkpoint
+        folder giving the whole message (then ``resume_hint=False``: it says how to resume). ``reuse``: the state is
+        the one of this position's checkpoint, if written (nothing counted since), else it is rewritten."""
+        path = self.checkpoint(reuse=reuse, **save_kw)
+        msg = reason(path) if callable(reason) else f"training stopped at {self.where}: {reason}"
+        log.error(msg)
+        raise TrainingStopped(msg, path, resume_hint=resume_hint)
+
+    def halt(self, limit_key: str, applied_any: bool, advice: str, resume_by_path: bool = False,
+             **save_kw: Any) -> NoReturn:
+        """``max_consecutive_skips`` optimizer steps skipped in a row: :meth:`stop` with a message naming the count,
+        the last cause and ``limit_key``. ``resume_by_path``: the state goes elsewhere than the resumable checkpoints
+        (the flow recipe's ``halted/``), the message names the folder to resume from."""
+        never = "" if applied_any else " (no optimizer step of this run was applied)"
+        msg = (f"training stopped at {self.where}: {self.consecutive_skips} consecutive optimizer steps were skipped"
+               f"{never} (last cause: {self.last_skip_cause}; {limit_key}={self.skips.limit}); {advice}")
+        if resume_by_path:
+            self.stop(lambda p: f"{msg}; the state was written to {p} (continue with run.resume_from={p} after "
+                                "fixing the cause)", resume_hint=False, **save_kw)
+        self.stop(msg, **save_kw)
+
+    def stop_if_asked(self, rollback: Callable[[bool], None], note: str, reuse: bool = False) -> None:
+        """Collective, after a rollout (the same collectives ran everywhere): if any process asked for a stop
+        (:meth:`request_stop`) or a signal reached one, the rollout is discarded -- ``rollback(signalled)`` restores
+        the state before it (``signalled``: nothing of it is kept, not even its counts) -- and the run stops
+        (:meth:`stop`; ``reuse``: the rolled-back state is the checkpointed one, nothing of the rollout is counted)
+        or is interrupted (:meth:`interrupt`, ``note`` says what was discarded)."""
+        stop = self.stop_requested()
+        signalled = not stop and self.signalled()
+        if not (stop or signalled):
+            return
+        rollback(signalled)
+        if signalled:
+            self.interrupt(note)
+        self.stop(self.stop_reason or "another process requested a stop (see its log)", reuse=reuse)
 
     # ------------------------------------------------------------------ signals
     @contextlib.contextmanager
@@ -138,11 +229,16 @@ class RunGuard:
         return self.budget_stopped
 
     # ------------------------------------------------------------------ the end of a run
-    @staticmethod
-    def check_trained(steps_run: int, applied: int, message: str) -> None:
-        """A run of ``steps_run`` > 0 steps none of whose optimizer steps was applied fails (no final weights)."""
-        if steps_run > 0 and applied <= 0:
-            raise NothingTrained(message)
+    def check_trained(self, steps_run: int, applied: int, no_signal: int, allow_no_signal: bool,
+                      why_no_signal: Callable[[], str], why_nothing_applied: Callable[[], str]) -> None:
+        """The end of a run of ``steps_run`` > 0 steps / epochs: it fails (:class:`NothingTrained`, after a flush; no
+        final weights) if none of its ``applied`` optimizer steps was applied (``why_nothing_applied()``: the
+        message), or if every step had no reward signal (``no_signal`` of them; only KL / method terms were applied:
+        ``why_no_signal()``) unless ``allow_no_signal`` (``run.allow_no_reward_signal``: rehearsals)."""
+        if steps_run <= 0 or (applied > 0 and (no_signal < steps_run or allow_no_signal)):
+            return
+        self._flush()
+        raise NothingTrained(why_no_signal() if applied > 0 else why_nothing_applied())
 
     def state_dict(self) -> dict:
         return {**self.skips.state_dict(), "budget": self.budget.state_dict()}

@@ -15,6 +15,11 @@ The view still shows *where* the object is (a 4 x 4 px mid-grey square on the da
 for a crop there. A crop of the source at the object's cell at the view's token budget (112 x 112 px: full
 resolution) shows the stripes (:func:`crop_oracle` reads the answer back from such a crop: 100 %).
 
+The defaults above are the benchmark's original layout. The look-again demo (``scripts/build_look_again_base.py``,
+``scripts/demo_tools.py``) uses ``Layout(marker="image", tint=40, object=56)``: the whole background's colour encodes
+the object's cell (a location marker a tiny model reads from the mean of its visual tokens) and the object is 56 px
+(4 of the crop's 16 visual tokens show the stripes); the view is still the same image for all six answers.
+
 Samples are canonical ``mcq`` samples of the VLM front-end (``mmgrpo.vlm.data.schema``): ``image`` = the view,
 ``options`` = the six colour names, ``answer`` = the letter; ``meta`` holds the tool's ground: ``source`` (the
 full-resolution image, a file name beside ``image``), ``scale`` (source px per view px), the
@@ -72,6 +77,9 @@ class Layout:
     stripe: int = 2
     margin_blocks: int = 3  # the object stays this many view pixels inside its cell
     jitter: int = 0  # the object's offset from the cell centre: uniform in [-jitter, jitter] view pixels per axis
+    tint: int = 16  # the location marker's step: the marker colour of cell (c, r) is BACKGROUND + tint*(c+1, r+1, 0)
+    marker: str = "cell"  # where the marker colour is painted: "cell" (the object's cell) or "image" (the whole
+    # background: the place is then in the mean of every visual token, which a tiny model reads first)
 
     def __post_init__(self) -> None:
         f, s = self.factor, self.stripe
@@ -85,6 +93,10 @@ class Layout:
         if self.cell_blocks - 2 * self.margin_blocks < self.object // f + 2 * self.jitter:
             problems.append(f"cell of {self.cell_blocks} view px too small for the object, margin "
                             f"{self.margin_blocks} and jitter {self.jitter}")
+        if self.marker not in ("cell", "image"):
+            problems.append(f"marker must be 'cell' or 'image', got {self.marker!r}")
+        if not 0 <= BACKGROUND[0] + self.tint * self.grid <= 255:
+            problems.append(f"tint {self.tint} x grid {self.grid} leaves the 0..255 range")
         if problems:
             raise ValueError("look_again.Layout: " + "; ".join(problems))
 
@@ -119,22 +131,25 @@ def draw(rng: np.random.Generator, layout: Layout, colour: str | None = None) ->
     return {"colour": colour, "cell": [col, row], "object_box_source": [x0, y0, x0 + lay.object, y0 + lay.object]}
 
 
-def cell_background(col: int, row: int) -> tuple[int, int, int]:
-    """The background of the object's cell when it is cell (col, row): a tint that makes the cell's place readable
-    in its pixels (as the grounding benchmark's clock makes time readable), the other cells stay ``BACKGROUND``.
-    Why only that cell: a tiny model's language half reads the visual tokens first as a mean; with one tinted cell
-    the mean already carries the object's place, which a randomly initialised model learns to use in a few hundred
-    SFT steps (with every cell tinted, 400 steps left the box at the most frequent one)."""
-    return (BACKGROUND[0] + CELL_TINT * (col + 1), BACKGROUND[1] + CELL_TINT * (row + 1), BACKGROUND[2])
+def cell_background(col: int, row: int, tint: int = CELL_TINT) -> tuple[int, int, int]:
+    """The location marker's colour when the object is in cell (col, row): a tint that makes the cell's place
+    readable in the pixels (as the grounding benchmark's clock makes time readable). ``Layout.marker="cell"`` paints
+    it on the object's cell only (the other cells stay ``BACKGROUND``), ``"image"`` on the whole background. It
+    depends on the place only, never on the answer, so the view stays the same under all six answers."""
+    return (BACKGROUND[0] + tint * (col + 1), BACKGROUND[1] + tint * (row + 1), BACKGROUND[2])
 
 
 def render_source(content: dict, layout: Layout) -> np.ndarray:
-    """(source, source, 3) uint8: the tinted cells + the striped object (leftmost stripe = ``content['colour']``)."""
+    """(source, source, 3) uint8: the background with the location marker + the striped object (leftmost stripe =
+    ``content['colour']``)."""
     lay = layout
     img = np.empty((lay.source, lay.source, 3), np.uint8)
     img[:] = BACKGROUND
     c, r = content["cell"]
-    img[r * lay.cell:(r + 1) * lay.cell, c * lay.cell:(c + 1) * lay.cell] = cell_background(c, r)
+    if lay.marker == "image":
+        img[:] = cell_background(c, r, lay.tint)
+    else:
+        img[r * lay.cell:(r + 1) * lay.cell, c * lay.cell:(c + 1) * lay.cell] = cell_background(c, r, lay.tint)
     x0, y0, x1, y1 = content["object_box_source"]
     a, b = np.array(COLOURS[content["colour"]], np.uint8), np.array(COLOURS[COMPLEMENT[content["colour"]]], np.uint8)
     for k, x in enumerate(range(x0, x1, lay.stripe)):

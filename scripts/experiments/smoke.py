@@ -368,7 +368,7 @@ def tiny_base(kind: str, cfg) -> Path:
 
 def tiny_wan_dir() -> Path:
     def write(d: Path) -> None:
-        from flow_grpo.models.tiny import save_tiny_pipeline
+        from flow_grpo.models import save_tiny_pipeline
 
         save_tiny_pipeline(str(d), "wan", seed=0)
 

@@ -90,3 +90,32 @@ def test_trace_is_token_exact_with_the_rollout_engine(rows):
         assert torch.equal(got[k], second.prompt[k]), k
     assert torch.equal(first.prompt["input_ids"], pp.item["input_ids"])
     assert second.prompt["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 8]]
+
+
+SHIPPED = bench.__file__.rsplit("/mmgrpo/", 1)[0] + "/data/checkpoints/look_again_base"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(SHIPPED + "/config.json"), reason="no shipped look-again base")
+def test_shipped_look_again_base_is_current_and_uses_the_tool(tmp_path):
+    """The demo's base (scripts/build_look_again_base.py) was built on today's generator (its validation samples
+    regenerate with the same answers from its report's seed and layout), loads, and its own validation
+    report shows tool use: calls on nearly every sample, the box on the object, and accuracy with the tool well above
+    the plain prompt's (which cannot beat chance: the view is the same under all answers)."""
+    import json
+
+    from scripts.demo_tools import load_base
+
+    rep = json.loads(open(SHIPPED + "/base_report.json").read())
+    lay = bench.Layout(**rep["layout"])
+    ev, args = rep["eval_val"], rep["args"]
+    now = bench.make_samples(args["n_val"], "val", args["seed"], lay)
+    assert [s["answer"] for _, s in now] == [t["answer"] for t in ev["trajectories"]], "stale base: rebuild it"
+    assert rep["params"]["total"] < 1_000_000 and args["pretrain_steps"] > 0
+    assert ev["call_rate"] >= 90 and ev["cell_hit_rate"] >= 80 and ev["tools"] >= ev["plain"] + 10
+    model, proc = load_base(__import__("pathlib").Path(SHIPPED))
+    assert sum(p.numel() for p in model.parameters()) == rep["params"]["total"]
+    assert "<tool_call>" in proc.tokenizer.get_vocab()
+    # the answer is read from the crop: right after its own cell's crop, not after another cell's (no object there)
+    bench.write_split(str(tmp_path), "val", 6, args["seed"], lay)
+    probe = la.crop_swap_probe(model, la.task_adapter(proc), la.load_split(str(tmp_path / "val.jsonl")))
+    assert probe["own"] == 100.0 and probe["other"] <= 50.0

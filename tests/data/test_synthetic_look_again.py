@@ -70,3 +70,19 @@ def test_write_split_and_small_probe(tmp_path):
     assert np.array_equal(view, la.downsample(src, 4))
     r = la.probe(seed=0, n_train=12, n_test=6)
     assert r["view_answer_free"] == 100.0 and r["crop_oracle_acc"] == 100.0
+
+
+def test_image_marker_paints_the_whole_background_with_the_place_code_and_the_view_stays_answer_free():
+    lay = la.Layout(marker="image", tint=40)
+    content = {"colour": "blue", "cell": [2, 1], "object_box_source": [272, 160, 288, 176]}
+    src = la.render_source(content, lay)
+    # BACKGROUND + 40 * (2 + 1, 1 + 1, 0) = (160, 120, 70), everywhere but the object
+    assert tuple(src[0, 0]) == tuple(src[447, 447]) == (160, 120, 70)
+    assert tuple(src[160, 272]) == (40, 40, 220) and tuple(src[160, 274]) == (220, 220, 40)
+    assert la.view_is_answer_free(content, lay)
+    other = dict(content, cell=[0, 3], object_box_source=[48, 384, 64, 400])
+    assert tuple(la.render_source(other, lay)[0, 0]) == (40 + 40, 40 + 160, 70)
+    with pytest.raises(ValueError, match="marker must be 'cell' or 'image'"):
+        la.Layout(marker="corner")
+    with pytest.raises(ValueError, match="tint 60 x grid 4 leaves the 0..255 range"):
+        la.Layout(tint=60)

@@ -1,4 +1,4 @@
-"""mmgrpo.engine.groups.valid_member_counts against counts written out by hand."""
+"""mmgrpo.engine.groups.valid_member_counts and no_reward_signal against values written out by hand."""
 import pytest
 import torch
 
@@ -17,3 +17,12 @@ def test_counts_per_sorted_group_and_inverse():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="2 validity flags for 3 group ids"):
         valid_member_counts(torch.tensor([0, 0, 1]), torch.tensor([True, True]))
+
+
+def test_no_reward_signal_is_none_with_any_nonzero_advantage_else_the_reward_statistics():
+    from mmgrpo.engine.groups import no_reward_signal
+
+    assert no_reward_signal(torch.tensor([[0.0, 0.0], [0.0, 1e-9]]), torch.tensor([1.0, 1.0])) is None
+    # every advantage 0: two groups of equal rewards 1, 1 and 3, 3 -> n 4, mean 2, population std 1 (by hand)
+    assert no_reward_signal(torch.zeros(4), torch.tensor([1.0, 1.0, 3.0, 3.0])) == (4, 2.0, 1.0)
+    assert no_reward_signal(None, None) == (0, 0.0, 0.0)  # no rows on this process (and no other process)

@@ -25,7 +25,7 @@ FAST = ["num_steps=3", "height=64", "width=64", "progress=false", "rewards=[mini
 def env(tmp_path_factory):
     from mmgrpo.synthetic.t2i import make_prompts
     from flow_grpo.models import load_adapter
-    from flow_grpo.models.tiny import save_tiny_pipeline
+    from flow_grpo.models import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("gen_t2i")
     pipe = save_tiny_pipeline(str(root / "sd3"), "sd3")

@@ -23,7 +23,7 @@ ARGS = ["num_steps=2", f"height={H}", f"width={H}", f"num_frames={F}", "max_sequ
 
 @pytest.fixture(scope="module")
 def wan_dir(tmp_path_factory):
-    from flow_grpo.models.tiny import save_tiny_pipeline
+    from flow_grpo.models import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("gen_t2v")
     (root / "prompts.txt").write_text("a red ball rolls\na cat jumps\n")

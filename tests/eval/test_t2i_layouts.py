@@ -41,7 +41,7 @@ T2I_LINES = "a green bench and a blue bowl\na red car and a yellow cat\t(extra f
 
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
-    from flow_grpo.models.tiny import save_tiny_pipeline
+    from flow_grpo.models import save_tiny_pipeline
 
     return save_tiny_pipeline(str(tmp_path_factory.mktemp("layouts") / "sd3"), "sd3")
 

@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 
 from flow_grpo.models import adapter_from_pipeline  # noqa: E402
 from flow_grpo.models.sequence_parallel import enable_sequence_parallel, sum_gradients  # noqa: E402
-from flow_grpo.models.tiny import TINY_BUILDERS  # noqa: E402
+from flow_grpo.models import TINY_BUILDERS  # noqa: E402
 from flow_grpo.sde import sde_step  # noqa: E402
 
 HERE = Path(__file__).parent

@@ -46,7 +46,7 @@ def make_adapter(kind: str, lora: bool = True, seed: int = 0):
 def tiny_adapter(kind: str, seed: int = 0, builder_kwargs=None, **adapter_kwargs):
     """The adapter over ``TINY_BUILDERS[kind](seed, **builder_kwargs)`` (``adapter_kwargs``: e.g. num_frames)."""
     from flow_grpo.models import adapter_from_pipeline
-    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models import TINY_BUILDERS
 
     return adapter_from_pipeline(TINY_BUILDERS[kind](seed=seed, **(builder_kwargs or {})), **adapter_kwargs)
 
@@ -72,7 +72,7 @@ def check_folder_roundtrip(roundtrip, tmp_path, kind, height, width, atol, pertu
     (a small weight change) must move the latents past ``atol`` (the tolerance catches a real bug). ``roundtrip``:
     the fixture of that name. Returns the measured distance."""
     from flow_grpo.models import load_adapter
-    from flow_grpo.models.tiny import save_tiny_pipeline
+    from flow_grpo.models import save_tiny_pipeline
 
     save_tiny_pipeline(str(tmp_path), kind=kind, seed=seed)
     ad = load_adapter(str(tmp_path), **adapter_kwargs)

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from flow_grpo.models.reference import ReferenceImages
-from flow_grpo.models.tiny import TINY_BUILDERS
+from flow_grpo.models import TINY_BUILDERS
 
 from .conftest import tiny_adapter
 
@@ -28,8 +28,11 @@ SETUP = {
 }
 
 
+DEFAULT = (64, {})  # a new model's tiny pipeline runs with these unless it needs a line in SETUP
+
+
 def test_every_tiny_kind_is_covered():
-    assert set(SETUP) == set(TINY_BUILDERS)
+    assert set(SETUP) <= set(TINY_BUILDERS)  # no stale entry; every tiny kind runs below (SETUP or DEFAULT)
 
 
 def _count_calls(ad, g, size):
@@ -57,9 +60,9 @@ def _count_calls(ad, g, size):
     return sizes, v
 
 
-@pytest.mark.parametrize("kind", sorted(SETUP))
+@pytest.mark.parametrize("kind", sorted(TINY_BUILDERS))
 def test_a_prompts_samples_are_one_batched_call_per_pass(kind):
-    size, kw = SETUP[kind]
+    size, kw = SETUP.get(kind, DEFAULT)
     ad = tiny_adapter(kind, **kw)
     one, v1 = _count_calls(ad, 1, size)
     four, v4 = _count_calls(ad, 4, size)

@@ -4,7 +4,7 @@ import pytest
 
 from flow_grpo.config import load_train_config
 from flow_grpo.models import _CONFIG_KINDS, _KIND_ONLY, _PIPELINE_TO_KIND, ADAPTERS
-from flow_grpo.models.tiny import TINY_BUILDERS
+from flow_grpo.models import TINY_BUILDERS
 
 
 def test_config_accepts_the_registries_kinds(monkeypatch):

@@ -6,7 +6,7 @@ import torch
 
 from flow_grpo.models import adapter_from_pipeline
 from flow_grpo.models.reference import ReferenceImages
-from flow_grpo.models.tiny import TINY_BUILDERS
+from flow_grpo.models import TINY_BUILDERS
 
 from .test_batched_rollouts import SETUP
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from flow_grpo.models import load_adapter
-from flow_grpo.models.tiny import save_tiny_pipeline
+from flow_grpo.models import save_tiny_pipeline
 from flow_grpo.sde import sde_step
 
 from .conftest import H, W, make_adapter

@@ -68,7 +68,7 @@ def test_hunyuan_video15_sigmas_by_hand_and_guider_checks():
     from diffusers import ClassifierFreeGuidance
 
     from flow_grpo.models import adapter_from_pipeline
-    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models import TINY_BUILDERS
 
     s = np.linspace(1.0, 0.0, STEPS + 1)[:-1]
     ref = torch.tensor(np.concatenate([5 * s / (1 + 4 * s), [0.0]]), dtype=torch.float32)
@@ -96,7 +96,7 @@ def test_hunyuan_video15_lora_reference_is_base_model():
 
 def test_hunyuan_video15_lora_file_loads_into_the_transformer(tmp_path):
     from flow_grpo.models import adapter_from_pipeline
-    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models import TINY_BUILDERS
 
     ad = check_lora_reference("hunyuan_video15", H, W, 6.0, True, num_frames=FRAMES)
     ad.save_lora(str(tmp_path))

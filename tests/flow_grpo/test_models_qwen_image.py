@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flow_grpo.models import load_adapter
-from flow_grpo.models.tiny import save_tiny_pipeline
+from flow_grpo.models import save_tiny_pipeline
 
 from .conftest import as_uint8 as _as_uint8, tiny_adapter, tiny_ode
 

@@ -78,7 +78,7 @@ def test_sana_dpm_solver_grid_and_integer_timesteps():
     from diffusers import DPMSolverMultistepScheduler
 
     from flow_grpo.models import adapter_from_pipeline
-    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models import TINY_BUILDERS
 
     pipe = TINY_BUILDERS["sana"](seed=0)
     pipe.scheduler = DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0, prediction_type="flow_prediction")

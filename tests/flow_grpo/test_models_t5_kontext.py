@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from flow_grpo.models import load_adapter
-from flow_grpo.models.tiny import build_tiny_sd3_t5_pipeline, save_tiny_pipeline
+from flow_grpo.models import save_tiny_pipeline
+from flow_grpo.models.tiny import build_tiny_sd3_t5_pipeline
 
 from .conftest import H, W, as_uint8 as _as_uint8, tiny_adapter, tiny_ode
 

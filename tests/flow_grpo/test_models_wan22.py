@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flow_grpo.models import WanAdapter, adapter_from_pipeline, detect_kind, load_adapter
-from flow_grpo.models.tiny import TINY_BUILDERS, save_tiny_pipeline
+from flow_grpo.models import TINY_BUILDERS, save_tiny_pipeline
 from flow_grpo.models.wan22 import LOW_NOISE_LORA_FILE, ExpertPair, Wan22HighAdapter, Wan22LowAdapter
 
 from .conftest import as_uint8, check_folder_roundtrip, check_lora_reference, tiny_adapter, tiny_ode
@@ -258,7 +258,7 @@ def test_wan22_i2v_folder_roundtrip_detection_and_ti2v_refusal(tmp_path, roundtr
         ad.set_reference_images({"a cat": img})
         ad.set_resolution(H, W)
 
-    from flow_grpo.models.tiny import save_tiny_pipeline as save
+    from flow_grpo.models import save_tiny_pipeline as save
 
     save(str(tmp_path), kind="wan22_i2v", seed=5)
     assert detect_kind(str(tmp_path)) == "wan22_i2v"

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from flow_grpo.models import load_adapter
-from flow_grpo.models.tiny import save_tiny_pipeline
+from flow_grpo.models import save_tiny_pipeline
 
 from .conftest import as_uint8, tiny_adapter, tiny_ode
 

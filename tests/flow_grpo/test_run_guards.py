@@ -87,8 +87,9 @@ def test_no_valid_reward_feeds_max_consecutive_skips_and_nothing_is_exported(tmp
 
     tr = make_trainer("flux", "fast", tmp_path / "k", rewards={"block": failing},
                       **{"run.num_epochs": 5, "optim.max_consecutive_skips": 2})
-    with pytest.raises(TrainingStopped, match="2 consecutive skipped optimizer steps \\(none of the run's optimizer "
-                                             "steps was applied\\) \\(last cause: no valid reward"):
+    with pytest.raises(TrainingStopped, match="training stopped at epoch 1: 2 consecutive optimizer steps were "
+                                             "skipped \\(no optimizer step of this run was applied\\) \\(last cause: "
+                                             "no valid reward.*the state was written to .*halted"):
         tr.train()
     tr.close()
 

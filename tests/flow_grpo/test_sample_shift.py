@@ -10,7 +10,7 @@ import torch
 
 from flow_grpo.models import adapter_from_pipeline
 from flow_grpo.models.base import shifted_scheduler_config
-from flow_grpo.models.tiny import TINY_BUILDERS
+from flow_grpo.models import TINY_BUILDERS
 
 
 def _f(x, s):

@@ -58,7 +58,7 @@ def test_generator_trains_lora_two_epochs(kind, size, cfg, gs, extra, tmp_path):
 def test_wan22_trains_only_one_expert(expert, window, tmp_path):
     """model.kind=wan22_low / wan22_high: LoRA on one expert only, trained on its steps (the 4-step grid's step 0 is
     the high-noise expert's, steps 1-3 the low-noise one's: a fixed window inside them); the other does not move."""
-    from flow_grpo.models.tiny import TINY_BUILDERS
+    from flow_grpo.models import TINY_BUILDERS
     from flow_grpo.models.wan22 import Wan22HighAdapter, Wan22LowAdapter
 
     lo, hi = (int(v) for v in window.strip("[]").split(","))

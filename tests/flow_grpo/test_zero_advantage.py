@@ -33,7 +33,7 @@ def test_zero_advantage_epochs_feed_max_consecutive_skips(tmp_path):
     tr = make_trainer("flux", "fast", tmp_path, rewards={"const": const_reward},
                       **{"run.num_epochs": 4, "optim.max_consecutive_skips": 2, "optim.kl_coef": 0.0,
                          "optim.drop_zero_adv": "false"})
-    with pytest.raises(TrainingStopped, match="2 consecutive skipped optimizer steps .*no reward signal"):
+    with pytest.raises(TrainingStopped, match="2 consecutive optimizer steps were skipped .*no reward signal"):
         tr.train()
     tr.close()
 

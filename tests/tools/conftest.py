@@ -7,7 +7,7 @@ import torch
 torch.set_num_threads(1)  # the machine is shared
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once (~6 CPU-s): no test changes it
 def tiny():
     from mmgrpo.vlm.models.tiny import build_tiny_model, synthetic_image, vision_token_ids
 

@@ -33,7 +33,7 @@ def test_mgpo_check_names_what_is_missing():
     with pytest.raises(ValueError, match="tools.call_format=mgpo"):
         check_config(cfg)
     check_config(load_config(TrainConfig, None, ["methods.mgpo.enabled=true", "tools.enabled=true",
-                                                 "tools.call_format=mgpo"]))
+                                                 "tools.call_format=mgpo_plain"]))
 
 
 def test_well_formed_rollouts():
@@ -111,8 +111,11 @@ def test_para_grpo_and_mgpo_in_a_trainer_step(tmp_path, tiny_dir, forced, kit):
     # rows alternate: a call whose random second turn does not answer (0), a direct answer (1)
     assert m["reward/format_structure/mean"] == 0.5 and m["para_grpo/format_rate"] == 0.5
     assert m["para_grpo/structure_tokens"] > 0
+    # the release's format reward on the policy tokens: "<answer>B</answer><|im_end|>" = 0.3 + 0.2 + 0.1 (balanced);
+    # a bare call then a random turn: 0 (no think, no answer)
+    assert abs(m["reward/paravt_format/mean"] - 0.3) < 1e-6
     # MGPO: its first-turn box is the crop
-    c = cfg(tmp_path / "m", tiny_dir, "methods.mgpo.enabled=true", "tools.call_format=mgpo", "run.max_steps=1",
+    c = cfg(tmp_path / "m", tiny_dir, "methods.mgpo.enabled=true", "tools.call_format=mgpo_plain", "run.max_steps=1",
             "methods.turn_shaping.enabled=true", "tools.max_total_tokens=600")
     tr = GRPOTrainer(c, samples=samples(2), reward_fn=reward)
     tr.backend.inner = forced(tr.backend.inner, tr.policy, ["[0, 0, 28, 28]", "nothing"])

@@ -134,3 +134,28 @@ def test_seek_resamples_the_window_with_its_time_axis():
     for args in ({"start": 6, "end": 5}, {"start": 11, "end": 12}, {"start": "a", "end": 2}):
         assert not call_tool("seek", ctx, args).ok
     assert not call_tool("seek", ToolContext(options=ToolsConfig()), {"start": 0, "end": 1}).ok
+
+
+def test_tools_modules_registers_user_tools_from_the_command_line(tmp_path, monkeypatch):
+    """``tools.modules`` imports a module whose import registers a tool, so ``mmgrpo train`` key=value settings alone
+    can offer it; a module that does not import or a name still unknown is a config error naming the field."""
+    from mmgrpo.utils.config import load_config
+    from mmgrpo.vlm.config import TrainConfig
+
+    (tmp_path / "my_tools_mod37.py").write_text(
+        "from mmgrpo.vlm.tools import register_tool, ToolResult\n"
+        "register_tool('echo37', lambda ctx, args: ToolResult(text=str(args)))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "echo37" not in TOOLS
+    over = ["tools.enabled=true", "tools.names=[echo37]", "tools.modules=[my_tools_mod37]"]
+    try:
+        cfg = load_config(TrainConfig, None, over)
+        assert cfg.tools.modules == ["my_tools_mod37"]
+        res = call_tool("echo37", ToolContext(sample={}), {"a": 1}, allowed=cfg.tools.names)
+        assert res.ok and res.text == "{'a': 1}"
+        with pytest.raises(ValueError, match=r"tools.names: \['nope37'\]"):
+            ToolsConfig(enabled=True, names=["echo37", "nope37"], modules=["my_tools_mod37"]).check()
+        with pytest.raises(ValueError, match="tools.modules: cannot import 'no_such_mod37'"):
+            ToolsConfig(enabled=True, names=["echo37"], modules=["no_such_mod37"]).check()
+    finally:
+        TOOLS.pop("echo37", None)

@@ -38,3 +38,33 @@ def test_tiny_trainer_with_a_user_reward_and_the_judge(tmp_path, tiny_dirs, th, 
     torch.testing.assert_close(rb.rewards["total"], rb.rewards["judge"] + lens)
     assert judge.replies - r0 == rb.n and judge.parse_failures - f0 == int(rb.rewards["judge/parse_failed"].sum())
     assert "reward/judge/parse_failed/mean" in hist[-1]
+
+
+def test_tiny_trainer_with_the_remote_reward(tmp_path, tiny_dirs, th):
+    """``reward.weights={remote: 1}``: the step's rewards are those the text-reward server computes on the step's
+    completions (a length reward behind mmgrpo.vlm.rewards.server on 127.0.0.1), its diagnostics logged."""
+    import threading
+
+    from mmgrpo.vlm.rewards.server import make_text_server
+    from mmgrpo.vlm.train.trainer import GRPOTrainer
+
+    def served(completions, samples):
+        return {"score": [0.01 * len(c or "") for c in completions], "short": [float(len(c or "") < 5)
+                                                                               for c in completions]}
+
+    srv = make_text_server(served, "len", "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        d = tiny_dirs("qwen2_5_vl")
+        url = f"http://127.0.0.1:{srv.server_address[1]}/score"
+        cfg = th.make_cfg(tmp_path, d, "run.max_steps=1", "data.task=mcq", "reward.weights={remote: 1.0}",
+                          f"reward.kwargs={{remote: {{url: '{url}', timeout: 30}}}}")
+        tr = GRPOTrainer(cfg, samples=th.image_samples(2))
+        hist = tr.train()
+        rb = tr.state.batch
+        torch.testing.assert_close(rb.rewards["remote"], torch.tensor([0.01 * len(t) for t in rb.texts]))
+        assert "reward/remote/short/mean" in hist[-1]
+        assert srv.stats["scored_rows"] >= rb.n and not any(k.startswith("failed") for k in srv.stats)
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -269,7 +269,7 @@ def test_two_processes_agree_to_stop_at_the_same_step_and_resume_exactly(tmp_pat
     # rank 1 got the signal, rank 0 learned it through the reduction: both stopped at step 1 (step 2 discarded)
     assert r1["signame"] == "SIGTERM" and r0["signame"] == "a signal on another process"
     assert r0["step"] == r1["step"] == 1 and r0["where"] == r1["where"] == "step 1 (its rollouts were discarded)"
-    assert r0["checkpoint"] == str(ck) and r1["checkpoint"] is None  # replicated weights: the main process writes
+    assert r0["checkpoint"] == r1["checkpoint"] == str(ck)  # written by rank 0, broadcast (RunGuard.checkpoint)
     assert r0["resumed_steps"] == r1["resumed_steps"] == STEPS - 1
     assert r0["bitwise"] and r1["bitwise"]
 

@@ -16,7 +16,8 @@ time axis encodes; the reward adds ``video_start`` back, ``clip_relative=True`` 
 Per-task answer contents: tvg -> one span; mcq -> the option letter; gqa -> the letter and the evidence span(s)
 inside the answer block as ``<answer>(C) <glue>3.00 to 7.50</glue></answer>``; rec -> ``[x1, y1, x2, y2]`` in the
 box frame the model family writes (``abs`` original pixels, ``qwen2_5_vl``/``resized_abs`` pixels of the resized
-model input, ``qwen2_vl``/``qwen3_vl``/``norm1000`` a 0-1000 grid, ``norm1``).
+model input, ``qwen2_vl``/``qwen3_vl``/``norm1000`` a 0-1000 grid, ``norm1``); qa -> free text (the question as
+written; a release's own qa prompt is in :mod:`mmgrpo.vlm.data.templates`).
 """
 from __future__ import annotations
 
@@ -235,6 +236,10 @@ def format_ground_truth_answer(sample: Sample | Mapping[str, Any], mode: str = "
             ans = "[" + ", ".join(f"{v:.4f}" for v in b) + "]"
         else:
             ans = "[" + ", ".join(str(int(round(v))) for v in b) + "]"
+    elif s.task == "qa":
+        if s.answer is None:
+            raise ValueError(f"sample {s.id!r}: no answer")
+        ans = s.answer
     else:
         raise ValueError(f"unknown task {s.task!r}")
     out = f"<answer>{ans}</answer>"

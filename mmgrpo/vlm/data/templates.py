@@ -63,6 +63,7 @@ class ReleaseTemplate:
     type_suffix: Mapping[str, str] = field(default_factory=dict)  # Video-R1: problem type -> instruction suffix
     problem: str = ""  # rebuilt "problem" when meta["problem"] is absent (str.format fields as ``text``)
     problem_clean: str = "raw"  # meta["problem"] as the release reads it: raw | drop_image | trim_drop_video
+    ensure_period: bool = False  # MGPO: the problem gets a final "." unless it ends with . ? ! or .'
     notes: str = ""
 
 
@@ -81,6 +82,8 @@ _RTS = "Ziyang412/Video-RTS"
 _RTS_AT = "432fb5e96d436e934b6bff4d9a6b4a8d74657e59"
 _TW = "longmalongma/TW-GRPO"
 _TW_AT = "aa529ffca7ae408e4f3df7ba71cb0dc58544c6b7"
+_MGPO = "xinyu1205/verl"  # branch mgpo, linked from EvolvingLMMs-Lab/MGPO's README
+_MGPO_AT = "994efbe611e89e5ba153d32c2461a58f45e72e24"
 
 # ---------------------------------------------------------------------------------------------------- strings
 # Time-R1 / VideoChat-R1 temporal grounding (the two releases share the first and last paragraphs)
@@ -137,6 +140,16 @@ VIDEO_RTS = ("A conversation between User and Assistant. The user asks a questio
 # TW-GRPO, question_type "mixed" (its training script's setting)
 TW_GRPO_MIXED = ("{problem}  Output the thinking process in <think> </think> and final answer (letters separated by , "
                  "if multiple) in <answer> </answer> tags.")
+
+# MGPO (examples/grpo_trainer/run_qwen2_5_vl-7b_mgpo.sh): data.system_prompt and data.post_prompt; the user text is
+# ensure_period(prompt) + " " + post_prompt (verl/utils/dataset/hf_dataset.py make_conversation). The two second-turn
+# texts (rollout.sub_image_token_prompt / ori_image_token_prompt) are in mmgrpo.vlm.methods.mgpo.
+MGPO_SYSTEM = ("You are a helpful assistant. Given an image and one question. First, identify the coordinates of the "
+               "key image area relevant to solving the problem. Append the coordinates in JSON format at the end of "
+               "your response and stop. This will trigger cropping of the corresponding area in the original image "
+               "and enlarge it for improved clarity. Once the enlarged image is available, provide the final answer "
+               "(A, B, C, D, or E) enclosed within \\boxed{}.")
+MGPO_POST_PROMPT = "Out the coordinates of the key image area relevant to the problem in JSON format."
 
 TEMPLATES: dict[str, ReleaseTemplate] = {}
 
@@ -234,6 +247,33 @@ _add(ReleaseTemplate(
     notes="The release's data hold the options inside the problem text; a sample without meta.problem gets "
           "'QUESTION\\n(A) x\\n(B) y' (chose)."))
 
+_add(ReleaseTemplate(
+    "mgpo", ("mcq",), "no_think", MGPO_SYSTEM, False, "{problem} " + MGPO_POST_PROMPT, "boxed",
+    options="paren_lines", problem="{question}\n{options}", problem_clean="drop_image", ensure_period=True,
+    sources=(Source(_MGPO, "examples/grpo_trainer/run_qwen2_5_vl-7b_mgpo.sh", _MGPO_AT,
+                    "data.system_prompt, data.post_prompt"),
+             Source(_MGPO, "verl/utils/dataset/hf_dataset.py", _MGPO_AT,
+                    "make_conversation: system turn, user = ensure_period(prompt) + ' ' + post_prompt; '<image>' in "
+                    "the prompt becomes the image")),
+    notes="MGPO's first turn (V* / MME-RealWorld multiple choice). The release's data (HF xinyu1205/"
+          "mme_realworld_train_21690) hold the user prompt with its '<image>' tag, the question and the choices as "
+          "fields; they are not readable here. A sample converted from them keeps the prompt in meta.problem (a "
+          "leading '<image>' is dropped: the image goes first), the question and choices in meta.question / "
+          "meta.choices (the second turn's {question} {choices}); otherwise the problem is rebuilt as "
+          "'QUESTION\\n(A) x\\n(B) y' and the choices as '(A) x\\n(B) y\\n' (chose). The answer goes in \\boxed{}."))
+
+
+def mgpo_question_choices(sample: Sample | Mapping[str, Any]) -> tuple[str, str]:
+    """The ``{question}`` and ``{choices}`` of MGPO's second-turn text: ``meta.question`` / ``meta.choices`` as the
+    release data hold them, else the query and one ``(A) x`` line per option, each ended by a newline (chose)."""
+    s = _as_sample(sample)
+    meta = s.meta or {}
+    q = meta.get("question") if isinstance(meta.get("question"), str) else s.query.strip()
+    c = meta.get("choices")
+    if not isinstance(c, str):
+        c = "".join(f"({LETTERS[i]}) {o}\n" for i, o in enumerate(s.options or []))
+    return q, c
+
 
 # ---------------------------------------------------------------------------------------------------- lookup
 def template_names() -> list[str]:
@@ -319,7 +359,10 @@ def user_text(sample: Sample | Mapping[str, Any], template: str | ReleaseTemplat
         return t.text.format(problem=problem) + t.type_suffix[ptype]
     if "{problem}" in t.text:
         problem = _meta_problem(t, s)
-        fields["problem"] = (t.problem or "{question}").format(**fields) if problem is None else problem
+        problem = (t.problem or "{question}").format(**fields) if problem is None else problem
+        if t.ensure_period and not problem.endswith((".", "?", "!", ".'")):
+            problem += "."
+        fields["problem"] = problem
     return t.text.format(**fields)
 
 
@@ -407,6 +450,7 @@ def ground_truth(sample: Sample | Mapping[str, Any], template: str = PROJECT, *,
     * ``think_answer``: ``<think></think><answer>X</answer>``, X = the option letter (mcq) or the reference answer
       as written (qa: number or text)
     * ``vlm_r1_box``: ``<think></think><answer>{"bbox_2d": [x1, y1, x2, y2]}</answer>``, integers in ``box_frame``
+    * ``boxed``: ``\\boxed{X}``, X = the option letter (MGPO's answer turn)
     """
     from .prompts import _box_in_frame, format_ground_truth_answer
 
@@ -428,6 +472,10 @@ def ground_truth(sample: Sample | Mapping[str, Any], template: str = PROJECT, *,
         off = (s.video_start or 0.0) if clip_relative else 0.0
         glue = ", ".join(f"({a - off:.2f}, {b - off:.2f})" for a, b in s.spans)
         return f"{think}<answer>{s.answer}</answer><glue>[{glue}]</glue>"
+    if t.answer == "boxed":
+        if s.answer is None:
+            raise ValueError(f"sample {s.id!r}: no answer")
+        return f"\\boxed{{{s.answer}}}"
     if t.answer == "think_answer":
         if s.answer is None:
             raise ValueError(f"sample {s.id!r}: no answer")

@@ -433,16 +433,28 @@ class MGPOOptions:
 @dataclass
 class ParaGRPOOptions:
     enabled: bool = field(default=False, metadata=_h(
-        "PARA-GRPO-style frame requests (ParaVT / VITAL): a format term on structure tokens only and per-prompt "
-        "frame-budget randomisation; mmgrpo.vlm.methods.para_grpo"))
-    format_coef: float = field(default=0.1, metadata=_h(
-        "weight of the structure-token term (group-normalised 0/1 well-formedness, on structure tokens only)"))
+        "PARA-GRPO (ParaVT's release): format + tool rewards on the policy tokens, exploration anchoring, per-prompt "
+        "nFrames gating; mmgrpo.vlm.methods.para_grpo"))
+    format_weight: float = field(default=1.0, metadata=_h(
+        "weight of ParaVT's format reward added to the total (release: paravt.reward.format_weight 1.0; 0 = off)"))
+    anchor_weight: float = field(default=0.5, metadata=_h(
+        "exploration anchoring weight inside the format reward (release: paravt.anchoring.weight 0.5)"))
+    answer_suffix: bool = field(default=True, metadata=_h(
+        "the format reward's answer-suffix weights (release: paravt.constrained.answer_suffix true)"))
+    tool_reward: bool = field(default=True, metadata=_h(
+        "add ParaVT's tool reward (0.1 parseable call, +0.5 with a right answer) to the total (release: always)"))
+    frame_choices: list[int] = field(default_factory=lambda: [4, 8, 16, 32, 64], metadata=_h(
+        "nFrames gating: each video prompt keeps K of its frames, K drawn once per sample from these (release: "
+        "{4, 8, 16, 32, 64}); [] = use min_frames / max_frames"))
+    format_coef: float = field(default=0.0, metadata=_h(
+        "our earlier reading (not the release): weight of a structure-token term (group-normalised 0/1 "
+        "well-formedness on structure tokens only); 0 = off"))
     structure_tokens: list[str] = field(default_factory=lambda: ["<tool_call>", "</tool_call>", "<answer>",
                                                                  "</answer>"],
-                                        metadata=_h("the strings whose tokens carry the format term"))
+                                        metadata=_h("the strings whose tokens carry the structure-token term"))
     min_frames: int = field(default=0, metadata=_h(
-        "frame-budget randomisation: each video prompt's first view keeps an even number of frames drawn uniformly "
-        "in [min_frames, max_frames] (0 = off); fewer frames make the seek tool pay"))
+        "with frame_choices=[]: each video prompt's first view keeps an even number of frames drawn per step "
+        "uniformly in [min_frames, max_frames] (0 = off; our earlier reading)"))
     max_frames: int = field(default=0, metadata=_h("upper end of the frame budget (0 = the clip's frames)"))
 
 
@@ -544,7 +556,7 @@ REGISTRY: tuple[MethodSpec, ...] = (
                "MGPO multi-turn grounding with tool rollouts (methods.mgpo.enabled, tools.call_format=mgpo)",
                options=MGPOOptions),
     MethodSpec("para_grpo", "mmgrpo.vlm.methods.para_grpo:ParaGRPO", lambda c: c.methods.para_grpo.enabled,
-               "PARA-GRPO structure-token format term + frame-budget randomisation (methods.para_grpo.enabled)",
+               "PARA-GRPO as released (ParaVT): format + tool rewards, anchoring, nFrames gating (methods.para_grpo.enabled)",
                options=ParaGRPOOptions),
     MethodSpec("turn_shaping", "mmgrpo.vlm.methods.turn_shaping:TurnShaping",
                lambda c: c.methods.turn_shaping.enabled,

@@ -202,6 +202,11 @@ class RolloutOutput:
     loss_mask: torch.Tensor | None = None  # (N, T) int64, None = completion_mask
     items: list[dict] | None = None
     turn_info: list[dict] | None = None
+    # HF backend, multi-turn (mmgrpo.vlm.models.turn_cache): each row's cache for its next turn, and per row the
+    # prompt tokens served from an earlier turn's cache / prefilled in this call (continue_generate)
+    kv_states: list | None = None
+    reused_tokens: torch.Tensor | None = None
+    prefill_tokens: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -443,6 +448,12 @@ class HFRolloutBackend(RolloutBackend):
     #: ends decoding early, e.g. on SIGTERM: the completions are then cut short and the caller discards them)
     step_hook = None
 
+    @property
+    def supports_turn_cache(self) -> bool:
+        """``generate(..., keep_state=True)`` returns each row's cache, which
+        :func:`mmgrpo.vlm.models.turn_cache.continue_generate` continues from: the shared-prefix path only."""
+        return self.shared_prefix
+
     def __init__(self, model, processor, suppress_token_ids: Sequence[int] | None = None,
                  max_batch_size: int = 64, device=None, shared_prefix: bool = True):
         self.model = model
@@ -454,7 +465,10 @@ class HFRolloutBackend(RolloutBackend):
         self.shared_prefix = bool(shared_prefix)
 
     @torch.no_grad()
-    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None) -> RolloutOutput:
+    def generate(self, prompts, num_generations, params, seeds=None, raw_prompts=None,
+                 keep_state: bool = False) -> RolloutOutput:
+        """``keep_state`` (shared-prefix path): also return each row's cache (``RolloutOutput.kv_states``), for
+        :func:`mmgrpo.vlm.models.turn_cache.continue_generate` to continue a later turn from."""
         model = getattr(self.model, "module", self.model)  # unwrap DDP
         G = int(num_generations)
         prompt_index = torch.arange(len(prompts)).repeat_interleave(G)
@@ -469,9 +483,13 @@ class HFRolloutBackend(RolloutBackend):
         device = self.device or next(model.parameters()).device
         was_training = model.training
         model.eval()
+        states = [] if keep_state else None
         try:
-            run = self._shared_chunks if self.shared_prefix else self._repeated_chunks
-            ids_chunks, lp_chunks = run(model, list(prompts), G, params, seeds, pad, eos, device)
+            if self.shared_prefix:
+                ids_chunks, lp_chunks = self._shared_chunks(model, list(prompts), G, params, seeds, pad, eos, device,
+                                                            states)
+            else:
+                ids_chunks, lp_chunks = self._repeated_chunks(model, list(prompts), G, params, seeds, pad, eos, device)
         finally:
             model.train(was_training)
         T = max(x.shape[1] for x in ids_chunks)
@@ -481,9 +499,9 @@ class HFRolloutBackend(RolloutBackend):
         ids = ids.masked_fill(mask == 0, pad)
         texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
         return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
-                             logprobs=lps * mask, prompt_index=prompt_index)
+                             logprobs=lps * mask, prompt_index=prompt_index, kv_states=states)
 
-    def _shared_chunks(self, model, prompts, G, params, seeds, pad, eos, device):
+    def _shared_chunks(self, model, prompts, G, params, seeds, pad, eos, device, states=None):
         gm = _generation_modules(model)[0]  # the HF model itself (under peft: the LoRA-injected base model)
         per_chunk = max(1, self.max_batch_size // G)
         ids_chunks, lp_chunks = [], []
@@ -492,7 +510,7 @@ class HFRolloutBackend(RolloutBackend):
             batch = batch_to(collate_prompts(chunk, pad), device)
             with explicit_decoding(model, "HFRolloutBackend"):  # only for its warning: we never call generate
                 ids, lp = shared_prefix_sample(gm, batch, G, params, seeds[s * G:(s + len(chunk)) * G], eos, pad,
-                                               self.suppress_token_ids, step_hook=self.step_hook)
+                                               self.suppress_token_ids, step_hook=self.step_hook, keep_state=states)
             ids_chunks.append(ids.cpu())
             lp_chunks.append(lp.cpu())
         return ids_chunks, lp_chunks
@@ -648,7 +666,8 @@ class _HookCriteria:
 @torch.no_grad()
 def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds: Sequence[int],
                          eos_ids: Sequence[int], pad_id: int, suppress_token_ids: Sequence[int] | None = None,
-                         step_hook=None, lean: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         step_hook=None, lean: bool | None = None,
+                         keep_state: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample G completions for each of the B left-padded prompts in ``batch`` with ONE prefill per prompt.
 
     gm: the HF generation model (``GenerationMixin``).  Returns (ids (B*G, T) with pad after the first EOS,
@@ -686,6 +705,47 @@ def shared_prefix_sample(gm, batch: dict, G: int, params: SamplingParams, seeds:
     am_buf[:, :P] = batch["attention_mask"].repeat_interleave(G, 0)
     mm = batch.get("mm_token_type_ids")
     decode = _decode_step(gm, None if mm is None else mm.dtype, lean=lean)
+    ids, lps = decode_loop(decode, logits, cache, am_buf, P, pos, params, seeds, eos_ids, pad_id, suppress_token_ids,
+                           step_hook)
+    if keep_state is not None:  # per-row caches for the next turn (mmgrpo.vlm.models.turn_cache)
+        keep_state.extend(row_states(cache, am_buf[:, :P], batch["input_ids"].repeat_interleave(G, 0), ids, eos_ids))
+    return ids, lps
+
+
+@dataclass
+class RowState:
+    """One row's cache after a turn: ``ids`` (L,) the token ids it holds (the conversation so far but its last
+    sampled token), ``kv`` per layer (keys, values), each (1, H, L, D), on the model's device."""
+
+    ids: torch.Tensor
+    kv: list
+
+
+def row_states(cache, prompt_mask: torch.Tensor, prompt_ids: torch.Tensor, toks: torch.Tensor,
+               eos_ids: Sequence[int]) -> list[RowState]:
+    """Each row's :class:`RowState` after a decode loop: the real prompt columns (``prompt_mask`` (N, P) = 1) and
+    the decoded tokens the loop fed (all but the last step's), cut at the row's first EOS (included when fed)."""
+    N, P = prompt_mask.shape
+    fed = toks.shape[1] - 1
+    n = completion_mask_from_ids(toks.cpu(), eos_ids)[0].sum(1)
+    out = []
+    for r in range(N):
+        keep = prompt_mask[r].bool()
+        m = min(int(n[r]), fed)
+        cols = torch.cat([keep.nonzero().flatten(), P + torch.arange(m, device=keep.device)])
+        ids = torch.cat([prompt_ids[r][keep].cpu(), toks[r, :m].cpu()])
+        kv = [(lay.keys[r:r + 1, :, cols].clone(), lay.values[r:r + 1, :, cols].clone()) for lay in cache.layers]
+        out.append(RowState(ids, kv))
+    return out
+
+
+def decode_loop(decode, logits, cache, am_buf, P: int, pos, params: SamplingParams, seeds, eos_ids, pad_id: int,
+                suppress_token_ids=None, step_hook=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token-by-token sampling after a prefill: ``logits`` (N, V) of each row's last prompt position, the
+    ``cache`` holding the prompts (P columns of ``am_buf``, which has room for the new tokens), ``pos`` each row's
+    last prompt position; returns (ids (N, T), sampling log-probs (N, T)). Shared by the one-prefill group rollout
+    and the continued later turns (:mod:`mmgrpo.vlm.models.turn_cache`)."""
+    N = logits.shape[0]
     sampler = None if params.greedy else _PerRowSampler(seeds, params.temperature, params.top_p, params.top_k)
     temp = 1.0 if params.greedy else params.temperature
     device = logits.device
@@ -758,7 +818,7 @@ __all__ = [
     "collate_prompts", "join_prompt_completion", "vision_token_types", "compute_token_logprobs",
     "token_logprobs_from_logits",
     "SamplingParams", "RolloutOutput", "RolloutBackend", "HFRolloutBackend",
-    "shared_prefix_sample", "multinomial_rows",
+    "shared_prefix_sample", "decode_loop", "RowState", "row_states", "multinomial_rows",
     "completion_mask_from_ids", "make_seeds", "batch_to", "rollout_from_token_lists",
     "NEUTRAL_DECODING_FIELDS", "checkpoint_decoding_overrides", "explicit_decoding", "decoding_generation_config",
     "greedy_generate",

@@ -37,9 +37,11 @@ _CONTENT = {
                       + _SP + "</glue>" + _SP),
     # "[x1, y1, x2, y2]"
     "rec": re.compile(_SP + r"\[" + _SP + _NUM + "(?:" + _SP + "," + _SP + _NUM + "){3}" + _SP + r"\]" + _SP),
+    # free text (an open answer): one line, something besides spaces, no tag
+    "qa": re.compile(r"[^\n<>]*[^\s<>][^\n<>]*"),
 }
 _TAG = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
-WELL_FORMED_TASKS = ("tvg", "mcq", "gqa", "rec", "numeric")
+WELL_FORMED_TASKS = ("tvg", "mcq", "gqa", "rec", "numeric", "qa")
 
 
 _GQA_JSON = re.compile(_SP + r"\(?[A-Z]\)?" + _SP + "<glue>(.*)</glue>" + _SP)
@@ -79,6 +81,7 @@ def well_formed(text: Any, task: str, *, mode: str = "think", answer_format: str
     * mcq / numeric: option letters (``C``, ``A, C``) or one number;
     * gqa: ``(C) <glue>A to B</glue>`` (more spans comma separated; json: a span object or a list of them);
     * rec: ``[x1, y1, x2, y2]`` (four unsigned numbers).
+    * qa: free text, one non-blank line without ``<`` or ``>``.
 
     Text after the closing tag, a second answer block, a missing closing tag (a completion cut at the token cap),
     trailing characters inside the block ("2.00 to 4.00.00.00") or a newline inside it all make it malformed.

@@ -21,8 +21,11 @@ in Python), ``template`` / ``template_file``, ``scale`` (10), ``batch_size`` (8)
 the prompt in the tokenizer's chat template when it has one).
 
 Cost: one greedy generation per completion (G x prompts per step), on the trainer's process. For a judge in
-another process or machine, serve it with your own endpoint and call it from a user reward by import path
-(``reward.weights.'my_pkg.judge:factory'``; the call gets the trainer's retries / timeout, ``reward.*``).
+another process (its own GPU, its own environment), serve it with ``python -m mmgrpo.vlm.rewards.server --reward
+judge --reward-kwargs '{"model": ...}'`` and weight the ``remote`` open reward (:mod:`mmgrpo.vlm.rewards.remote`).
+
+Loading runs no code from the folder: ``trust_remote_code`` is off, files are local only, and the weights must be
+safetensors (a pickled ``pytorch_model.bin`` is refused with an error naming the folder).
 """
 from __future__ import annotations
 
@@ -154,7 +157,7 @@ class _TransformersJudge:
         if not os.path.isdir(path):
             raise ValueError(f"reward.kwargs.judge.model: {path!r} is not a folder")
         self.torch = torch
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
         tok.padding_side = "left"
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
@@ -176,17 +179,28 @@ class _TransformersJudge:
         return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+SAFE_LOAD = {"trust_remote_code": False, "local_files_only": True, "use_safetensors": True}
+
+
 def _load_model(path: str, dtype: Any) -> Any:
+    """The folder's model, loaded without running code from it (:data:`SAFE_LOAD`)."""
+    import glob
+    import os
+
     import transformers
 
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        raise ValueError(f"reward.kwargs.judge.model: {path!r} holds no .safetensors weights; pickled weights "
+                         "(pytorch_model.bin) are not loaded, since unpickling can run code (convert them with "
+                         "save_pretrained(safe_serialization=True))")
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **SAFE_LOAD)
     except ValueError:  # a VLM config (e.g. Qwen2.5-VL) is not a causal-LM one
         for name in ("AutoModelForImageTextToText", "AutoModelForVision2Seq"):
             cls = getattr(transformers, name, None)
             if cls is not None:
                 try:
-                    return cls.from_pretrained(path, torch_dtype=dtype)
+                    return cls.from_pretrained(path, dtype=dtype, **SAFE_LOAD)
                 except ValueError:
                     continue
         raise

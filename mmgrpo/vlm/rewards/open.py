@@ -3,6 +3,8 @@
 
 * ``judge``: the model-based judge of free-form answers (:mod:`mmgrpo.vlm.rewards.judge`, options
   ``reward.kwargs.judge.*``);
+* ``remote``: a text reward (the judge) served by :mod:`mmgrpo.vlm.rewards.server`
+  (:mod:`mmgrpo.vlm.rewards.remote`, options ``reward.kwargs.remote.*``: ``url``, ``timeout``, ``retries``, ...);
 * **your own reward by import path**, ``'package.module:factory'`` (the flow front-end's plugin mechanism,
   :mod:`mmgrpo.utils.plugins`): ``factory(**reward.kwargs['package.module:factory'])`` is called once at setup and
   returns the reward, a callable with this signature::
@@ -30,7 +32,8 @@ from mmgrpo.utils.plugins import import_object, is_import_path
 __all__ = ["OPEN_REWARDS", "OpenRewardFn", "is_open_reward", "split_weights", "build_open_rewards"]
 
 # built-in open rewards: name -> factory (import path, loaded only when weighted)
-OPEN_REWARDS: dict[str, str] = {"judge": "mmgrpo.vlm.rewards.judge:JudgeReward"}
+OPEN_REWARDS: dict[str, str] = {"judge": "mmgrpo.vlm.rewards.judge:JudgeReward",
+                                  "remote": "mmgrpo.vlm.rewards.remote:RemoteTextReward"}
 
 
 def is_open_reward(name: str) -> bool:

@@ -39,6 +39,12 @@ mode               tasks   rules (release file)
 ``vlm_r1_eval``    rec     VLM-R1 REC evaluation (``src/eval/test_rec_r1.py``): the first closed answer block;
                            the **last** integer box that sits inside ``{…}``; Acc counts IoU **> 0.5**; a
                            missing answer scores as the box [0, 0, 0, 0].
+``mgpo``           mcq     MGPO training reward (xinyu1205/verl branch mgpo,
+                           ``verl/utils/reward_score/high_resolution.py``, mathruler's ``extract_boxed_content``
+                           + ``grade_answer``): the content of the **last**
+                           ``\\boxed{…}`` (braces balanced) of the response; right if, after mathruler's
+                           normalisation as it acts on a letter (strip, ``\\text{…}`` unwrapped, spaces dropped,
+                           case folded), it equals the ground-truth letter; no box = wrong.
 ``nextgqa``        gqa     NExT-GQA grounding evaluation (doc-doc/NExT-GQA ``code/TempGQA/eval_ground.py``)
                            for the evidence span, with the answer letter read as VideoChat-R1's GQA evaluation
                            does (OpenGVLab/VideoChat-R1 ``src_eval/evaluate_gqa.py``: the first closed answer
@@ -74,6 +80,8 @@ __all__ = [
     "strict_box",
     "release_format",
     "videochat_r1_letter",
+    "last_boxed",
+    "mgpo_letter",
     "videochat_r1_glue",
     "release_temporal_iou",
     "release_boundary_iou",
@@ -107,6 +115,8 @@ PARSE_MODES: dict[str, ParseMode] = {
                                   "(reward)", "first closed <answer>, first integer box, no corner fixing"),
     "vlm_r1_eval": ParseMode(("rec",), "om-ai-lab/VLM-R1 src/eval/test_rec_r1.py",
                              "first closed <answer>, last integer box inside {...}, Acc counts IoU > 0.5"),
+    "mgpo": ParseMode(("mcq",), "xinyu1205/verl@mgpo verl/utils/reward_score/high_resolution.py (reward)",
+                      "last \\boxed{...} of the response, mathruler-normalised letter equals the ground truth"),
     "nextgqa": ParseMode(("gqa",), "doc-doc/NExT-GQA code/TempGQA/eval_ground.py (grounding) + "
                                    "OpenGVLab/VideoChat-R1 src_eval/evaluate_gqa.py (answer letter)",
                          "IoP of a point inside the GT = 1, no clamp, missing predictions skipped"),
@@ -315,6 +325,42 @@ def videochat_r1_letter(s: Optional[str]) -> str:
     return "" if m is None else m.group(0)
 
 
+_BOXED = "\\boxed{"
+
+
+def last_boxed(text: Optional[str]) -> Optional[str]:
+    """The content of the last ``\\boxed{...}`` of ``text`` (nested braces balanced), None if there is none or it
+    is not closed (mathruler's ``extract_boxed_content`` returns "None" then, which grades as wrong)."""
+    if not text:
+        return None
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth, body = 0, text[start + len(_BOXED):]
+    for i, ch in enumerate(body):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            if depth == 0:
+                return body[:i].strip()
+            depth -= 1
+    return None
+
+
+_TEXT_WRAP = re.compile(r"^\\text\{(.+?)\}$")
+
+
+def mgpo_letter(text: Optional[str]) -> str:
+    """The option letter MGPO's reward reads: the last boxed content, ``\\text{...}`` unwrapped, spaces removed,
+    upper-cased ("" when there is no box or the content is not one letter A-Z)."""
+    b = last_boxed(text)
+    if b is None:
+        return ""
+    m = _TEXT_WRAP.match(b.strip())
+    b = (m.group(1) if m else b).replace(" ", "").upper()
+    return b if len(b) == 1 and "A" <= b <= "Z" else ""
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Format rewards as released (the "format" reward in a release mode)
 # --------------------------------------------------------------------------------------------------------------
@@ -357,6 +403,8 @@ def release_format(output: Any, mode: str, strict: bool = False) -> float:
             return 1.0 if ok else 0.0
         blk = _first_block(text)
         return 1.0 if blk is not None and _TS_FORMAT_PAIR.search(blk) else 0.0
+    if mode == "mgpo":  # the release has no format reward; "a closed \\boxed{} exists" stands in for it
+        return 1.0 if last_boxed(text) is not None else 0.0
     if mode == "nextgqa":
         if not _THINK_ANSWER_GLUE.fullmatch(text.strip()):
             return 0.0

@@ -37,6 +37,7 @@ from .parsing import (
     ParseStatus,
     Parsed,
     Which,
+    completion_text,
     extract_block,
     find_choices,
     parse_box,
@@ -46,6 +47,7 @@ from .parsing import (
 )
 from .protocols import (
     is_strict,
+    mgpo_letter,
     nextgqa_iou_iop,
     release_boundary_iou,
     release_temporal_iou,
@@ -392,6 +394,12 @@ def prepare_choice(output: Any, sample: Mapping[str, Any], cfg: ParseConfig = Pa
     it with the ground-truth letter for equality, so anything else is wrong; a multi-letter ground truth can
     then never be matched). ``nextgqa``: VideoChat-R1's letter rule (``protocols.videochat_r1_letter``)."""
     mode = cfg.parse_mode
+    if mode == "mgpo":  # MGPO: the last \\boxed{} of the answer turn (protocols.mgpo_letter)
+        text = completion_text(output)
+        if text is None or not text.strip():
+            return Parsed(None, ParseStatus.EMPTY, None)
+        letter = mgpo_letter(text)
+        return Parsed((letter,), ParseStatus.OK, "text") if letter else Parsed(None, ParseStatus.NO_MATCH, "text")
     if mode in ("video_r1", "video_r1_eval", "nextgqa"):
         text, status, source = strict_answer_text(output, mode)
         if text is None:

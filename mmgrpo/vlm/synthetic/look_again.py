@@ -201,6 +201,21 @@ def plain_example(ta, sample: dict):
     return _example(pp.item, _target_ids(ta.processor.tokenizer, t), sample, pp.text, t)
 
 
+def crop_examples(ta, samples: Sequence[dict], out_dir: str) -> list:
+    """Single-turn SFT examples that teach the reading of a crop alone: the crop the tool returns for the object's
+    cell (written to ``out_dir``) as the prompt image, the plain question -> ``<answer>LETTER</answer>``."""
+    os.makedirs(out_dir, exist_ok=True)
+    exs = []
+    for s in samples:
+        res = run_crop(s, s["meta"]["cell_box_view"])
+        if not res.ok:
+            raise ValueError(f"sample {s['id']}: {res.text}")
+        path = os.path.join(out_dir, f"{s['id']}_crop.png")
+        res.images[0].save(path)
+        exs.append(plain_example(ta, dict(s, image=path, image_size=list(res.images[0].size))))
+    return exs
+
+
 def trace_examples(ta, sample: dict, box_view: Sequence[int] | None = None, renderer: Any = None) -> list:
     """The two SFT examples of a tool trace: (tools prompt -> the call on ``box_view``, default the object's cell),
     (tools prompt + call + the tool turn, encoded as the rollout engine does -> the answer)."""
@@ -317,3 +332,36 @@ def score(letters: Sequence[str | None], samples: Sequence[dict]) -> float:
     if not samples:
         return float("nan")
     return 100.0 * sum(a is not None and a == s["answer"] for a, s in zip(letters, samples)) / len(samples)
+
+
+def crop_swap_probe(model, ta, samples: Sequence[dict], batch_size: int = 16) -> dict:
+    """Does the answer come from the crop? The written trace (prompt, the call, the tool turn) is fed with the crop
+    of the object's cell (``own``) or of another cell (``other``: the next cell to the right, wrapping; no object in
+    it), and the model's letter after ``<answer>`` is read greedily (argmax over A-F). Percent correct per
+    condition: with the answer only in the crop, ``own`` stays high and ``other`` falls to chance."""
+    import dataclasses
+
+    import torch
+
+    from mmgrpo.vlm.sft import collate_sft
+
+    tok = ta.processor.tokenizer
+    letters = [tok(x, add_special_tokens=False)["input_ids"][0] for x in bench.LETTERS]
+    res = {}
+    for cond in ("own", "other"):
+        right = 0
+        for i in range(0, len(samples), batch_size):
+            chunk, exs = samples[i:i + batch_size], []
+            for s in chunk:
+                box = list(s["meta"]["cell_box_view"])
+                if cond == "other":
+                    side, n = box[2] - box[0], s["image_size"][0]
+                    box = [(box[0] + side) % n, box[1], (box[0] + side) % n + side, box[3]]
+                ex = trace_examples(ta, s, box)[1]
+                exs.append(dataclasses.replace(ex, answer_ids=ex.answer_ids[:1]))  # up to "<answer>"
+            batch, _ = collate_sft(exs, tok.pad_token_id, "left")
+            with torch.no_grad():
+                logits = model(**batch, use_cache=False).logits[:, -1, letters]
+            right += sum(bench.LETTERS[int(k)] == s["answer"] for k, s in zip(logits.argmax(-1), chunk))
+        res[cond] = 100.0 * right / max(1, len(samples))
+    return res

@@ -45,6 +45,9 @@ class ToolResult:
     clips: list = field(default_factory=list)
     ok: bool = True  # False: a failed call (bad arguments, over budget); text is the error message
     name: str = ""
+    # a fixed template's whole user turn instead of the <tool_response> block: chat-template content items
+    # ({"type": "text", "text": ...} / {"type": "image"} / {"type": "video"}, media in the order of images + clips)
+    content: list | None = None
 
 
 @dataclass
@@ -62,7 +65,8 @@ class ToolContext:
 
 TOOLS: dict[str, Callable[[ToolContext, dict], ToolResult]] = {}  # user tools (register_tool)
 BUILTIN_TOOLS = {"crop": "mmgrpo.vlm.tools.builtin:crop", "zoom": "mmgrpo.vlm.tools.builtin:zoom",
-                 "seek": "mmgrpo.vlm.tools.builtin:seek"}  # imported when first used
+                 "seek": "mmgrpo.vlm.tools.builtin:seek",
+                 "mgpo_crop": "mmgrpo.vlm.methods.mgpo:mgpo_crop"}  # MGPO's release crop (call_format mgpo)  # imported when first used
 
 
 def register_tool(name: str, fn: Callable | None = None):

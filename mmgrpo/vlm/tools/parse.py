@@ -80,11 +80,14 @@ class CallFormat:
     """How a run's policy asks for tools (``tools.call_format``): ``parse(text, turn) -> [ToolCall]`` reads the calls
     of policy turn ``turn`` (1-based); ``instruction(tool_names, family) -> str`` is appended to the first prompt's
     user turn by the rollout (the same in training and evaluation); ``result_suffix`` closes every tool turn's text
-    (a fixed multi-turn template's second-turn instruction, e.g. MGPO's)."""
+    (a fixed multi-turn template's second-turn instruction, e.g. MGPO's); ``cut(text, turn) -> int | None``, if
+    set, is where the policy turn ends for the conversation (MGPO's release keeps the first turn up to its JSON
+    block: the rollout drops the sampled tokens after the one that completes it and closes the turn)."""
 
     parse: Any
     instruction: Any
     result_suffix: str = ""
+    cut: Any = None
 
 
 def _box_frame_text(family: str) -> str:
@@ -119,7 +122,9 @@ def _qwen_parse(text: str, turn: int) -> list[ToolCall]:
 
 
 QWEN = CallFormat(_qwen_parse, qwen_instruction)
-CALL_FORMATS: dict[str, str] = {"qwen": "mmgrpo.vlm.tools.parse:QWEN", "mgpo": "mmgrpo.vlm.methods.mgpo:MGPO_FORMAT"}
+CALL_FORMATS: dict[str, str] = {"qwen": "mmgrpo.vlm.tools.parse:QWEN",
+                                "mgpo": "mmgrpo.vlm.methods.mgpo:MGPO_RELEASE_FORMAT",
+                                "mgpo_plain": "mmgrpo.vlm.methods.mgpo:MGPO_FORMAT"}
 
 
 def get_call_format(name: str) -> CallFormat:

@@ -29,7 +29,10 @@ One rollout row, in tokens (P = the first prompt, shared by the group)::
   token for token); turn k >= 1 with ``sample_seed(seeds[r], k)``. Everything is a function of (weights, seeds,
   sample), so a resumed run samples the same trajectories.
 * **Prefix sharing**: the first turn goes to the wrapped backend as one prompt with G generations (the HF backend
-  prefills it once); later turns are one prompt per row (their histories differ), each prefilled whole.
+  prefills it once); later turns are one prompt per row (their histories differ). With the HF backend
+  (``tools.reuse_kv``) each row continues from its cache of the earlier turns and prefills only the new tokens
+  (:mod:`mmgrpo.vlm.models.turn_cache`); other backends prefill the whole conversation. ``turn_info`` counts the
+  later turns' ``later_prefill_tokens`` and ``later_reused_tokens``.
 * Per row ``RolloutOutput.turn_info[r]``: turns, tool calls, failed calls, vision tokens added, policy and tool
   tokens, the policy turns' texts and the tool names called. ``texts[r]`` is the LAST policy turn (the answer: what
   the rewards and the evaluation's scorer read, so single-turn answer / format rewards apply unchanged; the earlier
@@ -102,6 +105,8 @@ class ToolTurnRenderer:
         def media(r):
             return [{"type": "image"} for _ in r.images] + [{"type": "video"} for _ in r.clips]
 
+        if len(results) == 1 and results[0].content is not None:  # a fixed template's own user turn (MGPO's)
+            return [{"role": "user", "content": list(results[0].content)}]
         if self.role == "tool":
             return [{"role": "tool", "content": media(r) + [{"type": "text", "text": r.text}]} for r in results]
         content = []
@@ -189,6 +194,7 @@ class _Row:
                                                 "tools_called": [], "turn_texts": [], "stop": ""})
     done: bool = False
     truncated: bool = False
+    kv: Any = None  # the HF backend's cache of this row's conversation so far (mmgrpo.vlm.models.turn_cache)
 
     @property
     def length(self) -> int:
@@ -206,6 +212,8 @@ class MultiTurnBackend(RolloutBackend):
     def __init__(self, inner: RolloutBackend, processor, options, family: str = "qwen2_5_vl",
                  image_kwargs: dict | None = None, eos_ids: Sequence[int] | None = None):
         self.inner, self.processor, self.options, self.family = inner, processor, options, family
+        if hasattr(options, "import_modules"):
+            options.import_modules()  # tools.modules (user tools registered on import), as the config check does
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.image_kwargs = dict(image_kwargs or {})
         self.renderer = ToolTurnRenderer(processor, options.tool_role)
@@ -221,6 +229,22 @@ class MultiTurnBackend(RolloutBackend):
         if instr == "auto":
             instr = self.format.instruction(self.allowed, family)
         self.instruction = "" if instr in ("", "none") else instr
+
+    def with_prefix(self, item: dict) -> dict:
+        """The prompt item with ``tools.generation_prefix`` tokens appended after its generation prompt (template
+        tokens: part of the prompt); the item itself when there is none."""
+        pre = self.options.generation_prefix
+        if not pre:
+            return item
+        ids = item["input_ids"].reshape(-1)
+        ins = torch.tensor(self.tokenizer(pre, add_special_tokens=False)["input_ids"], dtype=ids.dtype)
+        out = dict(item)
+        for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
+            if key in item:
+                x = item[key].reshape(-1)
+                fill = ins if key == "input_ids" else torch.full_like(ins, int(key == "attention_mask"))
+                out[key] = torch.cat([x, fill.to(x.dtype)])[None]
+        return out
 
     def with_instruction(self, item: dict) -> dict:
         """The prompt item with ``"\n" + instruction`` tokens inserted before the end of its last user turn (the
@@ -257,10 +281,12 @@ class MultiTurnBackend(RolloutBackend):
         G, o = int(num_generations), self.options
         budget = o.max_total_tokens or o.max_turns * params.max_new_tokens
         ctxs = [tool_context(rp, it, self.family, self.image_factor, o) for rp, it in zip(raw_prompts, prompts)]
-        prompts = [self.with_instruction(it) for it in prompts]
+        prompts = [self.with_prefix(self.with_instruction(it)) for it in prompts]
         rows = [_Row(i, None if seeds is None else int(seeds[i * G + g])) for i in range(len(prompts))
                 for g in range(G)]
-        first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts)
+        reuse = bool(getattr(o, "reuse_kv", False)) and bool(getattr(self.inner, "supports_turn_cache", False))
+        kw = {"keep_state": True} if reuse and o.max_turns > 1 else {}
+        first = self.inner.generate(prompts, G, params, seeds=seeds, raw_prompts=raw_prompts, **kw)
         self._take(rows, list(range(len(rows))), first)
         for turn in range(1, o.max_turns + 1):
             live = [r for r, row in enumerate(rows) if not row.done]
@@ -279,13 +305,29 @@ class MultiTurnBackend(RolloutBackend):
                     raw["prompt_index"], raw["turn"] = rows[r].prompt, rows[r].info["turns"]
                 rs = None if seeds is None else [sample_seed(rows[r].seed, turn) for r in part]
                 sp = dataclasses.replace(params, max_new_tokens=n)
-                self._take(rows, part, self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws))
+                if reuse and all(rows[r].kv is not None for r in part):  # continue from the rows' caches
+                    from mmgrpo.vlm.models.turn_cache import continue_generate
+
+                    out = continue_generate(self.inner, items, [rows[r].kv for r in part], sp, rs)
+                else:  # prefill whole (and keep the caches when the backend can)
+                    kw = {"keep_state": True} if reuse else {}
+                    out = self.inner.generate(items, 1, sp, seeds=rs, raw_prompts=raws, **kw)
+                for j, r in enumerate(part):  # prefill accounting of the later turns
+                    n_item = int(items[j]["input_ids"].numel())
+                    ru = int(out.reused_tokens[j]) if out.reused_tokens is not None else 0
+                    rows[r].info["later_prefill_tokens"] = rows[r].info.get("later_prefill_tokens", 0) + n_item - ru
+                    rows[r].info["later_reused_tokens"] = rows[r].info.get("later_reused_tokens", 0) + ru
+                self._take(rows, part, out)
+        for row in rows:
+            row.kv = None
         return self._output(prompts, rows, G)
 
     def _take(self, rows: list[_Row], which: list[int], out: RolloutOutput) -> None:
-        """Append each sampled turn (ids up to and including EOS) as a policy segment."""
+        """Append each sampled turn (ids up to and including EOS) as a policy segment (and keep the row's cache
+        when the backend returned one)."""
         for j, r in enumerate(which):
             row = rows[r]
+            row.kv = out.kv_states[j] if out.kv_states is not None else None
             n = int(out.completion_mask[j].sum())
             ids = out.completion_ids[j, :n].clone()
             lp = (out.logprobs[j, :n].float().clone() if out.logprobs is not None else torch.zeros(n))
@@ -297,11 +339,15 @@ class MultiTurnBackend(RolloutBackend):
                 row.done, row.truncated, row.info["stop"] = True, True, "turn_token_limit"
             elif int(ids[-1]) != self.eot_id:
                 row.done, row.info["stop"] = True, "eos"  # ended by another EOS (e.g. <|endoftext|>): no turn follows
+            if row.done:
+                row.kv = None
 
     def _act(self, row: _Row, ctx: ToolContext, turn: int, budget: int) -> None:
         """Run the last policy turn's tool calls and append the tool turn, or end the row."""
         o = self.options
         text = row.info["turn_texts"][-1]
+        if self.format.cut is not None:
+            self._cut(row, self.format.cut(text, turn))
         calls = self.format.parse(text, turn)
         if o.answer_pattern and o.answer_pattern in text:
             row.done, row.info["stop"] = True, "answer"
@@ -348,11 +394,37 @@ class MultiTurnBackend(RolloutBackend):
         row.info["visual_tokens"] += n_vis
         row.info["tool_tokens"] += n
 
+    def _cut(self, row: _Row, end: int | None) -> None:
+        """End the last policy turn at character ``end`` of its text: keep the sampled tokens up to the first one
+        whose decoded prefix reaches ``end`` (never re-tokenised) and close the turn with the end-of-turn token,
+        a template token (loss 0: it was not sampled there). Nothing happens when the turn already ends there."""
+        seg = row.segs[-1]
+        ids, text = seg["ids"], row.info["turn_texts"][-1]
+        if end is None or end >= len(text.rstrip()):
+            return
+        lo, hi = 1, int(ids.numel())  # smallest k with len(decode(ids[:k])) >= end (decoded length grows with k)
+        while lo < hi:
+            k = (lo + hi) // 2
+            if len(self.tokenizer.decode(ids[:k].tolist())) >= end:
+                hi = k
+            else:
+                lo = k + 1
+        if lo >= int(ids.numel()) - 1:
+            return
+        kept = ids[:lo]
+        row.info["policy_tokens"] -= int(ids.numel()) - lo
+        row.info["turn_texts"][-1] = self.tokenizer.decode(kept.tolist())
+        row.segs[-1] = dict(seg, ids=kept, mm=seg["mm"][:lo], lp=seg["lp"][:lo])
+        eot = torch.tensor([self.eot_id], dtype=ids.dtype)
+        row.segs.append({"ids": eot, "mm": torch.zeros_like(eot), "policy": False, "lp": torch.zeros(1), "media": {}})
+        row.info["tool_tokens"] += 1
+        row.info["cut_tokens"] = row.info.get("cut_tokens", 0) + int(ids.numel()) - lo
+
     def _encode(self, results: list[ToolResult]) -> dict:
         if self.format.result_suffix and results[-1].ok:  # the fixed template's text follows a served call
             results = results[:-1] + [dataclasses.replace(results[-1], text=results[-1].text + "\n"
                                                           + self.format.result_suffix)]
-        text = self.renderer.text(results)
+        text = self.renderer.text(results) + self.options.generation_prefix
         return encode_turn(self.processor, text, [im for r in results for im in r.images],
                            [c for r in results for c in r.clips], self.family, self.image_kwargs)
 

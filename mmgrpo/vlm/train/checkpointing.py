@@ -152,5 +152,5 @@ def resume(run) -> bool:
     _load_local_states(run, tr.get("methods_per_process"))
     restore_rng(ck.get("rng"), run.rank, run.world)
     log.info("resumed from %s at step %d", path, st.step)
-    st.last_save = (st.step, str(path))  # an interrupt before the next step need not rewrite it
+    run.guard.saved(st.step, path)  # an interrupt before the next step need not rewrite it
     return True

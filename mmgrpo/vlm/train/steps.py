@@ -25,7 +25,7 @@ import torch
 from mmgrpo.core import AdvantageOutput, group_advantages
 from mmgrpo.engine.dist import gather_groups, global_max, global_sum
 from mmgrpo.engine.errors import RewardCallFailed
-from mmgrpo.engine.groups import valid_member_counts
+from mmgrpo.engine.groups import no_reward_signal, valid_member_counts
 from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.seeding import sample_seed
@@ -173,7 +173,8 @@ def _multiturn_fields(out, r: int) -> dict:
     return dict(item=out.items[r], loss_mask=out.loss_mask[r], turn_info=out.turn_info[r])
 
 
-TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens")
+TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens", "later_prefill_tokens",
+               "later_reused_tokens")  # the last two: prefill of the later turns, and what their cache served
 
 
 def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOverlap | None = None) -> RolloutBatch:
@@ -543,17 +544,14 @@ def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
     KL or entropy term the step is taken, but a run none of whose steps had a reward signal still fails (the
     recipe's nothing-trained check)."""
     st = run.state
-    n_rows = global_sum(float(rb.n))
-    nonzero = global_sum(float((rb.advantages != 0).sum()) if rb.advantages is not None and rb.n else 0.0)
-    if nonzero > 0:
+    signal = no_reward_signal(rb.advantages if rb.advantages is not None and rb.n else None,
+                              rb.rewards["total"] if rb.n else None)
+    if signal is None:
         return None
+    n_rows, mean, std = signal
     st.counters["zero_advantage_steps"] += 1
-    r = rb.rewards["total"].double() if rb.n else torch.zeros(0, dtype=torch.float64)
-    s1, s2 = global_sum(float(r.sum())), global_sum(float((r * r).sum()))
     fails = global_sum(float(rb.parse_failed.sum()) if rb.n else 0.0)
-    mean = s1 / max(n_rows, 1.0)
-    std = max(s2 / max(n_rows, 1.0) - mean * mean, 0.0) ** 0.5
-    why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({int(n_rows)} rows, parse "
+    why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({n_rows} rows, parse "
            f"failures {int(fails)} = {100 * fails / max(n_rows, 1.0):.0f} %, reward mean {mean:.4g}, std {std:.3g} "
            "over the step)")
     st.last_zero_advantage = why

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from mmgrpo.engine.errors import NothingTrained, TrainingInterrupted, TrainingStopped
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import save_config
@@ -91,7 +90,6 @@ class RunState:
     counters: dict[str, int] = field(default_factory=_new_counters)  # run totals (data/*, faults/*)
     selected: list[int] | None = None  # data selection: the indices of the trainer's samples that are trained on
     started: bool = False  # train() resumed / started the run (a second call continues it)
-    last_save: tuple[int, Any] | None = None  # (step, checkpoint) of the newest save: a stop need not rewrite it
     metrics: dict[str, float] = field(default_factory=dict)  # the last step's (what run.best_metric reads)
     batch: RolloutBatch | None = None  # the last step's rollout batch
     data_wait: float = 0.0  # seconds spent preparing prompts in this step
@@ -167,6 +165,8 @@ class GRPOTrainer:
         # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last,
                                       keep_best=bool(cfg.run.best_metric), best_mode=cfg.run.best_mode)
+        # every early end (signal, fault policy, skipped steps) checkpoints through the guard: one path (engine)
+        self.guard.attach(save=self.save, position=lambda: self.state.step, unit="step", flush=self.logger.flush)
         if main:
             save_config(cfg, self.run_dir / "config.yaml")
 
@@ -194,7 +194,7 @@ class GRPOTrainer:
                 while st.step < end:
                     # -- stop points: SIGTERM / SIGINT (every process stops at this step), the time budget
                     if guard.signalled():
-                        self._interrupt(f"step {st.step}")
+                        guard.interrupt()
                     if guard.out_of_budget(f"step {st.step}"):
                         break
                     t0 = time.time()
@@ -207,7 +207,7 @@ class GRPOTrainer:
                     # -- rollout -> rewards -> advantages (more rounds while methods drop groups: DAPO)
                     rb = collect(self, st.step)
                     # -- a fault policy or a signal during the rollout: the step did not happen; save and stop
-                    self._stop_if_asked(undo)
+                    guard.stop_if_asked(lambda signalled: self._undo(undo, signalled), "its rollouts were discarded")
                     # -- old / reference log-probs and the methods' per-token tensors, on whole-group micro-batches
                     mbs = micro_batches(rb.group_ids, cfg.run.micro_batch_size) if rb.n else []
                     precompute(self, rb, mbs)
@@ -231,10 +231,12 @@ class GRPOTrainer:
                     if collapse:
                         if not log_now:
                             self.logger.log(m, st.step)
-                        self._stop(collapse + " (format_guard.action=stop)")
+                        guard.stop(collapse + " (format_guard.action=stop)")
                     if guard.skips.halt_due:
                         self.logger.log(m, st.step)
-                        self._halt()
+                        guard.halt("run.max_consecutive_skips", self._applied_updates() > 0,
+                                   "check the data and media, the rewards, the learning rate and mixed precision "
+                                   "before resuming")
                     history.append(m)
                     bar.update(1)
                     bar.set_postfix(progress_fields(m), refresh=False)
@@ -244,7 +246,7 @@ class GRPOTrainer:
                 if st.step >= cfg.run.max_steps or guard.budget_stopped:  # the run is over
                     close_prefetch(self)
                     self._check_trained()  # a run that trained nothing writes no final checkpoint
-                    if st.step > 0 and (history or st.last_save is None or st.last_save[0] != st.step):
+                    if st.step > 0 and (history or not guard.saved_here()):
                         self.save()  # unless this state is saved already (resumed at the end, a later call)
             except BaseException:
                 close_prefetch(self)
@@ -294,18 +296,14 @@ class GRPOTrainer:
     def save(self) -> Path | None:
         """Collective: every process calls it. Returns the checkpoint folder on the main process."""
         path = checkpointing.save(self)
-        self.state.last_save = (self.state.step, path)  # a stop right after this save does not write it again
+        self.guard.saved(self.state.step, path)  # a stop right after this save does not write it again
         return path
 
-    def _stop_if_asked(self, undo: dict) -> None:
-        """After the rollout (the same collectives ran everywhere): stop on every process if any process asked to,
-        or a SIGTERM / SIGINT reached one. The step is abandoned: stream, RNG (and a data re-selection inside it)
-        roll back, so a resume redraws its prompts, and so do the per-process method buffers its hooks filled."""
-        st, guard = self.state, self.guard
-        stop = guard.stop_requested()
-        signalled = not stop and guard.signalled()
-        if not (stop or signalled):
-            return
+    def _undo(self, undo: dict, signalled: bool) -> None:
+        """A step abandoned after its rollout (a stop request or a signal): stream, RNG (and a data re-selection
+        inside it) roll back, so a resume redraws its prompts, and so do the per-process method buffers its hooks
+        filled; after a signal its counts go too (the resumed run counts them)."""
+        st = self.state
         if undo["selected"] is not None:  # a data re-selection inside this step is redone too
             self.use_samples(undo["selected"])
             st.stream.n = len(self.samples)
@@ -316,36 +314,6 @@ class GRPOTrainer:
                 m.load_state_dict(undo["methods"][m.name])
         if signalled:  # nothing of this step is kept, not even its counts (the resumed run counts them)
             st.counters.update(undo["counters"])
-            self._interrupt(f"step {st.step} (its rollouts were discarded)")
-        self._stop(guard.stop_reason or "another process requested a stop (see its log)")
-
-    def _stop(self, reason: str) -> None:
-        """Write a checkpoint of the current state and raise :class:`TrainingStopped` (the run is not lost)."""
-        path = self.save()
-        self.logger.flush()
-        raise TrainingStopped(f"training stopped at step {self.state.step}: {reason}", str(path) if path else None)
-
-    def _interrupt(self, where: str) -> None:
-        """SIGTERM / SIGINT: checkpoint the current state (unless this step's is already written) and raise
-        :class:`TrainingInterrupted` (``mmgrpo train`` exits with code 6)."""
-        last = self.state.last_save
-        path = last[1] if last is not None and last[0] == self.state.step else self.save()
-        self.logger.flush()
-        if path is not None:
-            log.info("interrupted by %s: checkpoint %s", self.guard.signal_name, path)
-        raise TrainingInterrupted(self.guard.signal_name, where, str(path) if path else None)
-
-    def _halt(self) -> None:
-        """``run.max_consecutive_skips`` optimizer steps skipped in a row: checkpoint, then :class:`TrainingStopped`."""
-        g, st, K = self.guard, self.state, self.cfg.run.max_consecutive_skips
-        never = " (no optimizer step of this run was applied)" if self._applied_updates() <= 0 else ""
-        path = self.save()
-        self.logger.flush()
-        raise TrainingStopped(
-            f"training stopped at step {st.step}: {g.consecutive_skips} consecutive optimizer steps were skipped"
-            f"{never} (last cause: {g.last_skip_cause}; run.max_consecutive_skips={K});"
-            f" check the data and media, the rewards, the learning rate and mixed precision before resuming",
-            str(path) if path else None)
 
     def _applied_updates(self) -> int:
         """Optimizer updates applied so far (every step attempts algo.num_iterations; skips are counted)."""
@@ -353,28 +321,24 @@ class GRPOTrainer:
 
     def _check_trained(self) -> None:
         """A run none of whose optimizer steps was applied, or none of whose steps had a reward signal (all advantages
-        0), fails instead of saving "trained" weights."""
+        0), fails instead of saving "trained" weights (:meth:`RunGuard.check_trained`)."""
         st, c = self.state, self.state.counters
-        if st.step == 0:
-            return
         zero = int(c["zero_advantage_steps"])
-        if self._applied_updates() > 0 and (zero < st.step or self.cfg.run.allow_no_reward_signal):
-            return
-        self.logger.flush()
-        if self._applied_updates() > 0:  # steps were taken on the KL / entropy terms alone
-            raise NothingTrained(
+        self.guard.check_trained(
+            st.step, self._applied_updates(), zero, self.cfg.run.allow_no_reward_signal,
+            lambda: (  # steps were taken on the KL / entropy terms alone
                 f"nothing was trained: none of the run's {st.step} step(s) had a reward signal (last: "
                 f"{st.last_zero_advantage or 'all advantages 0'}); only the KL / entropy terms were applied; no "
                 "final checkpoint written. Check completions.jsonl: the answer format the reward parses "
                 "(reward.parse_mode, data.prompt_mode), the reward weights, and whether the task is too hard or too "
-                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)")
-        raise NothingTrained(
-            f"nothing was trained: all {c['skipped_steps']} optimizer step(s) of the run's {st.step} step(s) were "
-            f"skipped (last cause: {self.guard.last_skip_cause}; data/skipped_missing_media="
-            f"{c['skipped_missing_media']}, faults/reward_failed_calls={c['reward_failed_calls']}, "
-            f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}, zero-advantage steps={zero}); no final "
-            "checkpoint written. Check data.media_root / data.train_file, the reward function or server and the "
-            "answer format it parses (completions.jsonl), and the learning rate")
+                "easy for the base model (run.allow_no_reward_signal=true accepts such a run: pipeline rehearsals)"),
+            lambda: (
+                f"nothing was trained: all {c['skipped_steps']} optimizer step(s) of the run's {st.step} step(s) were "
+                f"skipped (last cause: {self.guard.last_skip_cause}; data/skipped_missing_media="
+                f"{c['skipped_missing_media']}, faults/reward_failed_calls={c['reward_failed_calls']}, "
+                f"faults/reward_nonfinite_rows={c['reward_nonfinite_rows']}, zero-advantage steps={zero}); no final "
+                "checkpoint written. Check data.media_root / data.train_file, the reward function or server and the "
+                "answer format it parses (completions.jsonl), and the learning rate"))
 
 
 def train_from_config(cfg: TrainConfig) -> list[dict[str, float]]:

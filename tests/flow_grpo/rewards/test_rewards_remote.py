@@ -92,7 +92,9 @@ def test_health_endpoint(jpeg_url):
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore any HTTP_PROXY
     with opener.open(jpeg_url + "/health", timeout=10) as r:
-        assert json.loads(r.read()) == {"reward": "jpeg_compressibility", "status": "ok"}
+        h = json.loads(r.read())
+    assert {k: h[k] for k in ("reward", "status")} == {"reward": "jpeg_compressibility", "status": "ok"}
+    assert isinstance(h["stats"], dict)  # counted requests and failures (mmgrpo.utils.score_service)
 
 
 def test_remote_png_equals_local_and_jpeg_transport_is_close(jpeg_url):
