@@ -77,7 +77,7 @@ def train_one(arm: str, base: Path, data_dir: Path, run_dir: Path, seed: int, bu
     over = overrides(arm, base, data_dir, run_dir, seed, budget)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "command.txt").write_text("mmgrpo train " + " ".join(over) + "\n")
-    from mmgrpo.engine.errors import NothingTrained
+    from mmgrpo.engine.errors import NothingTrained, TrainingStopped
 
     tr = GRPOTrainer(load_config(TrainConfig, None, over))
     c0 = time.process_time()
@@ -86,6 +86,9 @@ def train_one(arm: str, base: Path, data_dir: Path, run_dir: Path, seed: int, bu
     except NothingTrained as e:  # every step without reward signal (a smoke base): evaluated as it stands
         log(f"{arm}: {e}")
         hist = []
+    except TrainingStopped as e:  # the trainer's guard (e.g. 5 steps in a row without reward signal): evaluated as it
+        log(f"{arm}: {e}")        # stands, its steps and curve up to the stop
+        hist = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     curve = [{k: h[k] for k in ("step",) + CURVE_KEYS if k in h} for h in hist]
     return tr, {"steps": tr.state.step, "cpu_seconds_train_call": time.process_time() - c0, "curve": curve}
 
