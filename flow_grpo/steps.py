@@ -78,7 +78,7 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
                                        method=run.credit, on_chunk=sampling_progress(run),
                                        keep_means=any(m.keeps_means for m in run.methods))
     except RewardCallFailed as exc:  # reward.on_failure=stop: the epoch is discarded below, the run stops (exit 3)
-        run.guard.request_stop(f"a reward call failed: {exc} (reward.on_failure=stop); fix the reward, then resume")
+        run.guard.request_stop(f"a reward call failed: {exc}; fix the reward, then resume", cause=exc)
     except SamplingInterrupted:  # a signal during sampling: the epoch is discarded below (every process)
         pass
     # a stop request or a signal: the epoch is discarded before any update (RNG rolled back, redrawn on resume;

@@ -162,7 +162,8 @@ def main(argv=None) -> dict:
         print(f"  {x}", flush=True)
     model.save_pretrained(out)
     proc.save_pretrained(out)
-    report = {"args": vars(a), "params": params, "vocab_size": len(tok), "n_examples": len(exs),
+    report = {"args": {**vars(a), "out": Path(a.out).name},  # no machine path in a shipped file
+               "params": params, "vocab_size": len(tok), "n_examples": len(exs),
               "layout": layout.__dict__,
               "sft": {n: {k: v for k, v in r.items() if k != "history"} for n, r in stages.items()},
               "sft_cpu_seconds": cpu_sft,

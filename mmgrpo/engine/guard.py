@@ -83,6 +83,7 @@ class RunGuard:
         self.budget_stopped = False
         self.signals: Optional[StopOnSignal] = None
         self.stop_reason: Optional[str] = None
+        self.stop_cause: Optional[BaseException] = None  # the error behind a requested stop, chained onto it
         self.device = device
         # the recipe's checkpoint writer and where the run is (attach), the newest checkpoint (saved)
         self._save: Optional[Callable[..., Any]] = None
@@ -132,15 +133,16 @@ class RunGuard:
         raise TrainingInterrupted(self.signal_name, where, path)
 
     def stop(self, reason: Union[str, Callable[[Optional[str]], str]], resume_hint: bool = True, reuse: bool = False,
-             **save_kw: Any) -> NoReturn:
+             cause: Optional[BaseException] = None, **save_kw: Any) -> NoReturn:
         """A fault policy: write a checkpoint of the current state and raise :class:`TrainingStopped` (exit code 3).
         ``reason``: the message after "training stopped at <step / epoch>: ", or a function of the checkpoint
         folder giving the whole message (then ``resume_hint=False``: it says how to resume). ``reuse``: the state is
-        the one of this position's checkpoint, if written (nothing counted since), else it is rewritten."""
+        the one of this position's checkpoint, if written (nothing counted since), else it is rewritten. ``cause``:
+        the error behind the stop, chained (``raise ... from``) so its traceback stays with the stop."""
         path = self.checkpoint(reuse=reuse, **save_kw)
         msg = reason(path) if callable(reason) else f"training stopped at {self.where}: {reason}"
         log.error(msg)
-        raise TrainingStopped(msg, path, resume_hint=resume_hint)
+        raise TrainingStopped(msg, path, resume_hint=resume_hint) from cause
 
     def halt(self, limit_key: str, applied_any: bool, advice: str, resume_by_path: bool = False,
              **save_kw: Any) -> NoReturn:
@@ -168,7 +170,8 @@ class RunGuard:
         rollback(signalled)
         if signalled:
             self.interrupt(note)
-        self.stop(self.stop_reason or "another process requested a stop (see its log)", reuse=reuse)
+        self.stop(self.stop_reason or "another process requested a stop (see its log)", reuse=reuse,
+                  cause=self.stop_cause)
 
     # ------------------------------------------------------------------ signals
     @contextlib.contextmanager
@@ -189,10 +192,11 @@ class RunGuard:
         return self.signals.name if self.signals is not None else "no signal"
 
     # ------------------------------------------------------------------ fault policies
-    def request_stop(self, reason: str) -> None:
-        """Ask for a stop (this process); the loop stops once every process has finished the same collectives."""
+    def request_stop(self, reason: str, cause: Optional[BaseException] = None) -> None:
+        """Ask for a stop (this process); the loop stops once every process has finished the same collectives.
+        ``cause``: the error behind it (the first request's is chained onto the :class:`TrainingStopped`)."""
         if self.stop_reason is None:
-            self.stop_reason = reason
+            self.stop_reason, self.stop_cause = reason, cause
         log.error("stop requested: %s", reason)
 
     def stop_requested(self) -> bool:

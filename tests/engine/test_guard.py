@@ -107,3 +107,14 @@ def test_check_trained_fails_a_run_with_no_applied_step_or_no_reward_signal_at_a
     with pytest.raises(NothingTrained, match="all skipped"):
         r.guard.check_trained(3, 0, 0, True, no_signal, none_applied)
     assert r.events == ["flush", "flush"] and r.writes == []  # flushed, never a checkpoint
+
+
+def test_a_requested_stop_keeps_its_cause_and_the_first_request_wins():
+    r = Run()
+    first, second = RuntimeError("reward server down"), ValueError("later")
+    r.guard.request_stop("a reward call failed", cause=first)
+    r.guard.request_stop("something else", cause=second)
+    rolled = []
+    with pytest.raises(TrainingStopped, match="training stopped at step 0: a reward call failed") as e:
+        r.guard.stop_if_asked(rolled.append, note="")
+    assert e.value.__cause__ is first and rolled == [False]  # the traceback of the failure stays with the stop

@@ -177,7 +177,7 @@ def test_failing_reward_calls_are_retried_then_dropped_or_stop_the_run(tmp_path)
     tr.rewards.wrapped["flaky"].on_failure = "stop"
     from mmgrpo.engine.errors import TrainingStopped
 
-    with pytest.raises(TrainingStopped, match="flaky.*bad batch.*was written to") as ei:
+    with pytest.raises(TrainingStopped, match=r"flaky.*bad batch \(reward.on_failure=stop\); fix the reward.*checkpoint written") as ei:
         tr.train(num_epochs=1)
     assert isinstance(ei.value.__cause__, RewardCallFailed)
 
@@ -225,7 +225,7 @@ def test_nonfinite_advantages_loss_grads_skip_step_then_halt_with_checkpoint(tmp
 
     monkeypatch.setattr(steps, "count_epoch", count_fn)
     p0 = [p.detach().clone() for p in tr.params]
-    with pytest.raises(TrainingStopped, match="2 consecutive skipped") as ei:
+    with pytest.raises(TrainingStopped, match="2 consecutive optimizer steps were skipped") as ei:
         tr.train()
     assert tr.state.counters["applied_steps"] == 1 and tr.state.counters["skipped_steps"] == 3
     assert all(torch.equal(a, b) for a, b in zip(p0, snap[0]))           # epoch 0 skipped: unchanged

@@ -260,7 +260,7 @@ def _call_reward(run, fn: Callable, texts: list[str], samples: list, what: str) 
     except RewardCallFailed as e:
         counters["reward_failed_calls"] += 1
         if rc.on_failure == "stop":
-            run.guard.request_stop(f"{e} (reward.on_failure=stop)")
+            run.guard.request_stop(f"{e} (reward.on_failure=stop)", cause=e)
         else:
             log.warning("%s; dropping its %d row(s) (reward.on_failure=drop)", e, len(texts))
         return None
