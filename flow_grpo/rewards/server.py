@@ -34,12 +34,11 @@ handling is :mod:`mmgrpo.utils.score_service`, shared with the VLM front-end's j
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 from typing import Any
 
-from mmgrpo.utils.http_guard import GuardedServer, add_server_arguments, is_loopback
+from mmgrpo.utils.http_guard import GuardedServer, add_server_arguments
 
 __all__ = ["make_server", "main"]
 
@@ -99,14 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                                                              "always are")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    try:
-        kwargs = json.loads(args.reward_kwargs)
-        if not isinstance(kwargs, dict):
-            raise ValueError("not an object")
-    except ValueError as e:
-        p.error(f"--reward-kwargs must be a JSON object: {e}")
-    if not is_loopback(args.host):
-        p.error(f"--host {args.host!r} is not a loopback address")
+    from mmgrpo.utils.score_service import checked_server_args, serve_until_interrupted
+
+    kwargs = checked_server_args(p, args)
 
     from .base import build_reward, check_reward_settings
 
@@ -117,15 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     server = make_server(reward, args.host, args.port, args.max_body_mb, args.verbose,
                          max_megapixels=args.max_megapixels, allowed_hosts=args.allow_host,
                          read_timeout=args.read_timeout, max_connections=args.max_connections)
-    host, port = server.server_address[:2]
-    print(f"LISTENING http://{host}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve_until_interrupted(server)
 
 
 if __name__ == "__main__":

@@ -37,11 +37,38 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from .http_guard import GuardedHandler, GuardedServer, HTTPFailure, TooLarge, error_text, http_request, is_loopback
 
-__all__ = ["make_score_server", "ScoreClient", "to_lists", "TooLarge"]
+__all__ = ["make_score_server", "ScoreClient", "to_lists", "TooLarge", "checked_server_args", "serve_until_interrupted"]
 
 logger = logging.getLogger(__name__)
 
 Decode = Callable[[dict], "tuple[tuple, dict, int]"]
+
+
+def checked_server_args(parser, args) -> dict:
+    """The checks both servers' ``main`` run after parsing: ``--reward-kwargs`` is a JSON object (returned) and
+    ``--host`` a loopback address; either failing is a ``parser.error`` (usage + message, exit 2)."""
+    try:
+        kwargs = json.loads(args.reward_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        parser.error(f"--reward-kwargs must be a JSON object: {e}")
+    if not is_loopback(args.host):
+        parser.error(f"--host {args.host!r} is not a loopback address")
+    return kwargs
+
+
+def serve_until_interrupted(server) -> int:
+    """Print ``LISTENING http://HOST:PORT`` (the line clients and tests wait for), serve until Ctrl-C, close."""
+    host, port = server.server_address[:2]
+    print(f"LISTENING http://{host}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
 
 
 def to_lists(out: Mapping[str, Any]) -> dict[str, list]:

@@ -31,7 +31,7 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from mmgrpo.utils.http_guard import GuardedServer, TooLarge, add_server_arguments, is_loopback
+from mmgrpo.utils.http_guard import GuardedServer, TooLarge, add_server_arguments
 
 __all__ = ["make_text_server", "decode_text_request", "main", "TOKEN_ENV"]
 
@@ -113,14 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                                                             "always are")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
-    try:
-        kwargs = json.loads(args.reward_kwargs)
-        if not isinstance(kwargs, dict):
-            raise ValueError("not an object")
-    except ValueError as e:
-        p.error(f"--reward-kwargs must be a JSON object: {e}")
-    if not is_loopback(args.host):
-        p.error(f"--host {args.host!r} is not a loopback address")
+    from mmgrpo.utils.score_service import checked_server_args, serve_until_interrupted
+
+    kwargs = checked_server_args(p, args)
     from .open import build_open_rewards, is_open_reward
 
     if not is_open_reward(args.reward):
@@ -134,15 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_rows=args.max_rows, max_chars=args.max_chars, verbose=args.verbose,
                               allowed_hosts=args.allow_host, read_timeout=args.read_timeout,
                               max_connections=args.max_connections)
-    host, port = server.server_address[:2]
-    print(f"LISTENING http://{host}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve_until_interrupted(server)
 
 
 if __name__ == "__main__":
