@@ -44,6 +44,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._cli import write_splits
+
 __all__ = ["Layout", "COLOURS", "COMPLEMENT", "OPTIONS", "BACKGROUND", "MID", "SPLITS", "QUESTION", "draw",
            "render_source", "downsample", "crop", "view_is_answer_free", "crop_oracle", "make_samples",
            "write_split", "generate", "probe", "main"]
@@ -295,35 +297,16 @@ def generate(out_dir: str, n_train: int = 600, n_val: int = 60, n_heldout: int =
              layout: Layout | None = None) -> dict:
     """Write the three splits and ``info.json`` (sizes, layout, the probe on val); returns the info."""
     lay = layout or Layout()
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {sp: write_split(out_dir, sp, n, seed, lay)
-             for sp, n in (("train", n_train), ("val", n_val), ("heldout", n_heldout)) if n > 0}
-    info = {"benchmark": "look_again", "seed": seed, "sizes": {"train": n_train, "val": n_val, "heldout": n_heldout},
-            "layout": lay.__dict__, "options": list(OPTIONS), "question": QUESTION,
-            "files": {k: os.path.basename(v) for k, v in paths.items()}}
-    with open(os.path.join(out_dir, "info.json"), "w") as f:
-        json.dump(info, f, indent=1)
-    return info
+    return write_splits(out_dir, lambda sp, n: write_split(out_dir, sp, n, seed, lay),
+                        {"train": n_train, "val": n_val, "heldout": n_heldout},
+                        {"benchmark": "look_again", "seed": seed},
+                        {"layout": lay.__dict__, "options": list(OPTIONS), "question": QUESTION})
 
 
 def main(argv=None) -> int:
-    import argparse
+    from ._cli import split_benchmark_main
 
-    from ._cli import int_in
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", help="output folder")
-    p.add_argument("--n-train", type=int_in(1), default=600)
-    p.add_argument("--n-val", type=int_in(0), default=60)
-    p.add_argument("--n-heldout", type=int_in(0), default=120)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--probe", action="store_true", help="also print the premise probe (val split)")
-    a = p.parse_args(argv)
-    info = generate(a.out, a.n_train, a.n_val, a.n_heldout, a.seed)
-    print(json.dumps(info["sizes"]))
-    if a.probe:
-        print(json.dumps(probe(a.seed, test_split="val")))
-    return 0
+    return split_benchmark_main(argv, __doc__, generate, probe, "premise probe")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ._cli import write_splits
+
 __all__ = ["COLOURS", "OPTIONS", "LETTERS", "SPLITS", "KINDS", "QUESTIONS", "draw_table", "table_text", "thought",
            "render", "make_samples", "write_split", "generate", "probe", "oracle", "main"]
 
@@ -164,35 +166,16 @@ def oracle(sample: dict) -> str:
 def generate(out_dir: str, n_train: int = 600, n_val: int = 60, n_heldout: int = 120, seed: int = 0,
              size: int = 56) -> dict:
     """Write the three splits and ``info.json`` (sizes, the probe on val); returns the info."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {sp: write_split(out_dir, sp, n, seed, size)
-             for sp, n in (("train", n_train), ("val", n_val), ("heldout", n_heldout)) if n > 0}
-    info = {"benchmark": "think_or_not", "seed": seed, "sizes": {"train": n_train, "val": n_val, "heldout": n_heldout},
-            "image_size": size, "options": list(OPTIONS), "questions": QUESTIONS,
-            "files": {k: os.path.basename(v) for k, v in paths.items()}}
-    with open(os.path.join(out_dir, "info.json"), "w") as f:
-        json.dump(info, f, indent=1)
-    return info
+    return write_splits(out_dir, lambda sp, n: write_split(out_dir, sp, n, seed, size),
+                        {"train": n_train, "val": n_val, "heldout": n_heldout},
+                        {"benchmark": "think_or_not", "seed": seed},
+                        {"image_size": size, "options": list(OPTIONS), "questions": QUESTIONS})
 
 
 def main(argv=None) -> int:
-    import argparse
+    from ._cli import split_benchmark_main
 
-    from ._cli import int_in
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", help="output folder")
-    p.add_argument("--n-train", type=int_in(1), default=600)
-    p.add_argument("--n-val", type=int_in(0), default=60)
-    p.add_argument("--n-heldout", type=int_in(0), default=120)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--probe", action="store_true", help="also print the data probe (val split)")
-    a = p.parse_args(argv)
-    info = generate(a.out, a.n_train, a.n_val, a.n_heldout, a.seed)
-    print(json.dumps(info["sizes"]))
-    if a.probe:
-        print(json.dumps(probe(a.seed, test_split="val")))
-    return 0
+    return split_benchmark_main(argv, __doc__, generate, probe, "data probe")
 
 
 if __name__ == "__main__":
