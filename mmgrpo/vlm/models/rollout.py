@@ -422,6 +422,20 @@ def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple
     return texts, mask.sum(1).tolist(), truncated.tolist()
 
 
+def output_from_chunks(ids_chunks, lp_chunks, pad: int, eos, tokenizer, **fields) -> RolloutOutput:
+    """Decoded chunks (``[rows, T_i]`` token ids and their log-probs) -> one :class:`RolloutOutput`: right-padded to the
+    longest, masked after each row's first EOS (ids -> ``pad``, log-probs -> 0), decoded; ``fields`` are the output's
+    other fields (prompt index, KV states, counters)."""
+    T = max(x.shape[1] for x in ids_chunks)
+    ids = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=pad) for x in ids_chunks])
+    lps = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=0.0) for x in lp_chunks])
+    mask, truncated = completion_mask_from_ids(ids, eos)
+    ids = ids.masked_fill(mask == 0, pad)
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
+                         logprobs=lps * mask, **fields)
+
+
 class HFRolloutBackend(RolloutBackend):
     """KV-cached sampling with the HF model, left padding, several prompts per call, G per prompt.
 
@@ -492,14 +506,8 @@ class HFRolloutBackend(RolloutBackend):
                 ids_chunks, lp_chunks = self._repeated_chunks(model, list(prompts), G, params, seeds, pad, eos, device)
         finally:
             model.train(was_training)
-        T = max(x.shape[1] for x in ids_chunks)
-        ids = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=pad) for x in ids_chunks])
-        lps = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=0.0) for x in lp_chunks])
-        mask, truncated = completion_mask_from_ids(ids, eos)
-        ids = ids.masked_fill(mask == 0, pad)
-        texts = self.tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True)
-        return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
-                             logprobs=lps * mask, prompt_index=prompt_index, kv_states=states)
+        return output_from_chunks(ids_chunks, lp_chunks, pad, eos, self.tokenizer, prompt_index=prompt_index,
+                                  kv_states=states)
 
     def _shared_chunks(self, model, prompts, G, params, seeds, pad, eos, device, states=None):
         gm = _generation_modules(model)[0]  # the HF model itself (under peft: the LoRA-injected base model)

@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 
 from mmgrpo.vlm.models.rollout import (RolloutOutput, RowState, _decode_step, _eos_ids, _generation_modules,
-                                       _output_cache, _preallocated_layer_class, completion_mask_from_ids,
+                                       _output_cache, _preallocated_layer_class, output_from_chunks,
                                        decode_loop, explicit_decoding, row_states)
 
 __all__ = ["reusable_prefix", "split_media", "continue_sample", "continue_generate", "RowState", "row_states"]
@@ -200,12 +200,5 @@ def continue_generate(backend, prompts: Sequence[dict], states: Sequence[RowStat
             prefilled.append(pf)
     finally:
         model.train(was_training)
-    T = max(x.shape[1] for x in ids_c)
-    ids = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=pad) for x in ids_c])
-    lps = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1]), value=0.0) for x in lp_c])
-    mask, truncated = completion_mask_from_ids(ids, eos)
-    ids = ids.masked_fill(mask == 0, pad)
-    texts = backend.tokenizer.batch_decode(ids, skip_special_tokens=True)
-    return RolloutOutput(completion_ids=ids, completion_mask=mask, texts=texts, truncated=truncated,
-                         logprobs=lps * mask, prompt_index=torch.arange(N), kv_states=new,
-                         reused_tokens=torch.cat(reused), prefill_tokens=torch.cat(prefilled))
+    return output_from_chunks(ids_c, lp_c, pad, eos, backend.tokenizer, prompt_index=torch.arange(N), kv_states=new,
+                              reused_tokens=torch.cat(reused), prefill_tokens=torch.cat(prefilled))
