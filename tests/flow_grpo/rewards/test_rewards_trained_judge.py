@@ -21,12 +21,64 @@ def test_pairs_are_verified_balanced_and_split_by_caption(tmp_path):
 
     for r in rows:
         assert r["meta"]["caption"] in held and r["task"] == "qa" and r["meta"]["problem_type"] == "free-form"
-        im = np.asarray(Image.open(r["image"]).convert("RGB"))
-        assert im.shape == (32, 32 + jp.GAP + 32, 3) and (im[:, 32:32 + jp.GAP] == jp.GAP_GREY).all()
-        left, right = im[:, :32], im[:, 32 + jp.GAP:]
+        left, right = jp.unstrip(np.asarray(Image.open(r["meta"]["pair"]).convert("RGB")))
+        assert left.shape == right.shape == (32, 32, 3)
         meta = t2i.parse_prompt(r["meta"]["caption"])
         good, bad = (left, right) if r["answer"] == "1" else (right, left)
         assert t2i.verify(good, meta)["correct"] and not t2i.verify(bad, meta)["correct"]
+        # the composite the judge sees is compose() of the two images; the tags are what each image shows
+        im = np.asarray(Image.open(r["image"]).convert("RGB"))
+        np.testing.assert_array_equal(im, jp.compose(left, right))
+        assert r["meta"]["tags"] == [jp.image_tags(left), jp.image_tags(right)]
+        e = meta["include"][0]
+        key = f"{e['color']} {e['class']}" if e.get("color") else e["class"]
+        assert r["meta"]["tags"][int(r["answer"]) - 1][jp.TAG_HEADS.index(key)] == e["count"]
+
+
+def test_compose_upscales_and_veils_image_2_by_hand():
+    a = np.full((32, 32, 3), 255, dtype=np.uint8)
+    a[0:4, 0:4] = (220, 40, 40)  # one red 4 x 4 block in the top-left corner
+    c = jp.compose(a, a)
+    assert c.shape == (112, 252, 3) == jp.COMPOSITE_HW + (3,)
+    # nearest neighbour x 3.5: source pixel i covers output columns floor(3.5 i) .. ; the block ends at 14
+    assert (c[:14, :14] == (220, 40, 40)).all() and (c[14:, :112] == 255).all() and (c[:14, 14:112] == 255).all()
+    assert (c[:, 112:140] == jp.GAP_GREY).all()
+    # Image 2 = 0.75 x + 0.25 x 128: white -> 223.25 -> 223, red (220, 40, 40) -> (197, 62, 62)
+    assert (c[:14, 140:154] == (197, 62, 62)).all() and (c[14:, 140:] == 223).all()
+    s = jp.pair_strip(a, a)
+    assert s.shape == (32, 32 + jp.GAP + 32, 3)
+    l, r = jp.unstrip(s)
+    np.testing.assert_array_equal(l, a) and np.testing.assert_array_equal(r, a)
+    with pytest.raises(ValueError, match="square"):
+        jp.compose(np.zeros((32, 30, 3), np.uint8), np.zeros((32, 30, 3), np.uint8))
+
+
+def _tags(**counts):
+    t = [0] * len(jp.TAG_HEADS)
+    for k, n in counts.items():
+        t[jp.TAG_HEADS.index(k.replace("_", " "))] = n
+    return t
+
+
+def test_describe_in_the_captions_words_by_hand():
+    t = _tags(red_square=2, blue_circle=1)
+    assert jp.describe(t, "three red squares") == "two red squares and a blue circle"
+    assert jp.describe(t, "a blue circle") == "a blue circle and two red squares"
+    assert jp.describe(t, "a square") == "two squares and a circle"  # no colour in the caption: none said
+    assert jp.describe(_tags(red_circle=1, green_circle=2), "a circle") == "three circles"
+    assert jp.describe(_tags(), "a circle") == "nothing"
+    assert jp.describe(_tags(yellow_triangle=4), "two yellow triangles") == "four yellow triangles"
+    assert (jp.think_text("a red square", [_tags(red_square=1), _tags(red_circle=1)])
+            == "Image 1: a red square. Image 2: a red circle.")
+    assert jp.answer_text(2, "x") == "<think>x</think><answer>Image 2 is better</answer>"
+    with pytest.raises(ValueError, match="one-entry"):
+        jp.describe(t, "a red circle and a blue square")
+
+
+def test_image_tags_count_what_is_drawn():
+    img = t2i.render(t2i.parse_prompt("three blue triangles"), size=32, seed=1)
+    t = jp.image_tags(img)
+    assert t == _tags(triangle=3, blue=3, blue_triangle=3)
 
 
 def test_perturb_changes_what_it_says():
@@ -76,6 +128,22 @@ def test_scorer_chat_is_the_trainers_chat(tmp_path):
     mine = proc.apply_chat_template(judge_messages(row["meta"]["caption"]), add_generation_prompt=True,
                                     tokenize=False)
     assert mine == pp.text and jp.query(row["meta"]["caption"]) in mine
+    # a judge trained with the caption before the image: its folder says so and the scorer follows
+    ta = TaskAdapter(proc, get_adapter("qwen2_5_vl"), DataConfig(task="mcq", prompt_mode="no_think",
+                                                                 query_position="before"))
+    before = ta.prepare(Sample.from_dict(row)).text
+    (tmp_path / "judge").mkdir()
+    (tmp_path / "judge" / "judge_config.json").write_text('{"query_position": "before", "max_new_tokens": 40}')
+    from flow_grpo.rewards.trained_judge import read_judge_config
+
+    cfg = read_judge_config(str(tmp_path / "judge"))
+    assert cfg == {"query_position": "before", "max_new_tokens": 40}
+    mine = proc.apply_chat_template(judge_messages(row["meta"]["caption"], cfg["query_position"]),
+                                    add_generation_prompt=True, tokenize=False)
+    assert mine == before != pp.text and mine.index("Caption") < mine.index("<|vision_start|>")
+    (tmp_path / "judge" / "judge_config.json").write_text('{"query_postion": "before"}')
+    with pytest.raises(ValueError, match="unknown keys"):
+        read_judge_config(str(tmp_path / "judge"))
 
 
 def test_trained_judge_composes_a_left_and_reads_the_verdict():
@@ -93,7 +161,7 @@ def test_trained_judge_composes_a_left_and_reads_the_verdict():
         for conv, (im,) in zip(conversations, images):
             a = np.asarray(im)
             seen.append(a.shape)
-            left, right = a[:, :32].mean(), a[:, 32 + jp.GAP:].mean()
+            left, right = a[:, :jp.CELL].mean(), (a[:, jp.CELL + jp.GAP:].mean() - 32) / 0.75  # undo the veil
             texts.append("no verdict" if left == right else f"<answer>Image {1 if left > right else 2} is better</answer>")
         return texts, [False] * len(texts)
 
@@ -104,7 +172,7 @@ def test_trained_judge_composes_a_left_and_reads_the_verdict():
     # 0 beats all; 1 loses all; 2 and 3 beat 1, lose to 0, tie (unreadable) with each other
     np.testing.assert_allclose(out["wr"].numpy(), [1.0, 0.0, 1.5 / 3, 1.5 / 3])
     assert out["wr/judge_failures"].tolist() == [0, 0, 2, 2]
-    assert set(seen) == {(32, 68, 3)} and len(seen) == 12  # 6 pairs x 2 orders, each one composite image
+    assert set(seen) == {(112, 252, 3)} and len(seen) == 12  # 6 pairs x 2 orders, each one composite image
     with pytest.raises(ValueError, match="uint8"):
         judge(imgs.astype(np.float32), imgs, ["a"] * 4)
 
