@@ -389,7 +389,6 @@ def flow_cmd(arm: str, seed: int, train: Path, heldout: Path, d: Path, a) -> lis
             "data.eval_num_prompts=0", *reward, *a.set]
 
 
-XX
 
 
 def run_flow(cmd: list[str], log_path: Path, d: Path) -> bool:

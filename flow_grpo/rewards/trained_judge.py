@@ -23,6 +23,7 @@ and a judge that always prefers the reference gives every sample the same score.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -63,11 +64,24 @@ def read_judge_config(path: str | None) -> dict:
     return cfg
 
 
+#: the whole completion of a well-formed verdict: an optional reasoning block, then exactly one answer block
+_STRICT = re.compile(r"\s*(?:<think>.*?</think>\s*)?<answer>\s*Image ([12]) is better\s*</answer>\s*", re.S)
+
+
 class PairVerdictReward:
     """VLM open reward: ``1[verdict == sample answer]`` (module docstring); diagnostics ``failed`` (1 = the verdict
-    could not be read) and ``picks_1`` (1 = the verdict names Image 1: a position bias shows here)."""
+    could not be read) and ``picks_1`` (1 = the verdict names Image 1: a position bias shows here).
 
-    def __init__(self):
+    ``strict=True`` (default) also fails a completion that is not exactly ``[<think>...</think>]<answer>Image k is
+    better</answer>`` (whitespace aside): failure ``not_strict``. Why: a tiny judge under GRPO learned to repeat
+    the answer block up to the token cap, which :func:`parse_think_pair` accepts (one winner named throughout).
+    The UnifiedReward-Think release's GRPO rewards accept that too (its accuracy reward reads the first
+    ``<answer>`` block only, its format reward ``re.match`` es ``<think>.*?</think>\\s*<answer>.*?</answer>``
+    from the start and ignores what follows); this is the deviation, and the release's ``<think>`` is optional
+    here (the judge may answer at once)."""
+
+    def __init__(self, strict: bool = True):
+        self.strict = bool(strict)
         self.stats: dict[str, int] = {}
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> dict:
@@ -77,11 +91,13 @@ class PairVerdictReward:
             if want not in ("1", "2"):
                 raise ValueError(f"sample {s.get('id')!r}: a judge-pair answer must be '1' or '2', got {want!r}")
             v = parse_think_pair(text)
-            reason = v.failure or "ok"
+            winner, reason = v.winner, v.failure or "ok"
+            if winner is not None and self.strict and not _STRICT.fullmatch(text):
+                winner, reason = None, "not_strict"
             self.stats[reason] = self.stats.get(reason, 0) + 1
-            score.append(float(v.winner is not None and v.winner == int(want)))
-            failed.append(float(v.failure is not None))
-            picks_1.append(float(v.winner == 1))
+            score.append(float(winner is not None and winner == int(want)))
+            failed.append(float(winner is None))
+            picks_1.append(float(winner == 1))
         return {"score": score, "failed": failed, "picks_1": picks_1}
 
 

@@ -111,6 +111,13 @@ def test_pair_verdict_reward_by_hand():
     assert r.stats == {"ok": 3, "ambiguous": 1, "no_answer": 1, "truncated": 1}
     with pytest.raises(ValueError, match="'1' or '2'"):
         r(["<answer>Image 1 is better</answer>"], [{"id": "x", "answer": "A"}])
+    # strict (default): the answer block once, nothing after it; the lenient reader accepts the repeats
+    rep = ["<answer>Image 1 is better</answer><answer>Image 1 is better</answer>",
+           "<answer>Image 1 is better</answer> and more", " <think> a </think>\n<answer> Image 1 is better </answer>\n"]
+    one = [{"id": "r", "answer": "1"}] * 3
+    strict, lenient = PairVerdictReward(), PairVerdictReward(strict=False)
+    assert strict(rep, one)["score"] == [0.0, 0.0, 1.0] and strict.stats == {"not_strict": 2, "ok": 1}
+    assert lenient(rep, one)["score"] == [1.0, 1.0, 1.0]
 
 
 def test_scorer_chat_is_the_trainers_chat(tmp_path):
