@@ -196,8 +196,19 @@ def test_judge_loop_smoke(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "judge.json").read_text())
-    for k in ("base", "grpo"):
+    for k in ("untrained", "sft", "grpo"):
         h = res[k]["heldout"]
         assert h["n_pairs"] == 8 and 0.0 <= h["accuracy"] <= 1.0
         assert (out / f"judge_{k}" / "processor_config.json").exists()
-    assert "| SFT base (untrained) |" in (out / "results.md").read_text()
+        assert json.loads((out / f"judge_{k}" / "judge_config.json").read_text())["query_position"] == "before"
+    assert "vision_heldout" in res["sft"]["build"] and (out / "judge_tower" / "tower_report.json").exists()
+    assert "| untrained (tower pre-trained, format-only SFT) |" in (out / "results.md").read_text()
+
+
+def test_two_se_by_hand():
+    from scripts.judge_loop import two_se
+
+    # means 2 and 1; variances (ddof 1) 1 and 1, n 3 each: SE = sqrt(1/3 + 1/3) = 0.8165, 2 SE = 1.633
+    assert two_se([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]) == "+1.000 (2 SE 1.633: within)"
+    assert two_se([3.0, 3.1, 2.9], [1.0, 1.1, 0.9]).endswith("exceeds)")
+    assert two_se([1.0], [0.0, 1.0]) == "–"
