@@ -63,9 +63,12 @@ def parse_args(argv=None):
     p.add_argument("--sft-steps", type=int, default=300, help="SFT steps on labelled pairs")
     p.add_argument("--format-steps", type=int, default=40, help="SFT steps of the untrained judge (random labels)")
     p.add_argument("--sft-lr", type=float, default=2e-3)
-    p.add_argument("--think", choices=["none", "describe"], default="describe",
+    p.add_argument("--think", choices=["none", "describe", "describe_mark", "describe_check"],
+                   default="describe_check",
                    help="describe: the labelled SFT answers first say what each image shows, in the caption's words "
-                        "(<think>Image 1: ... Image 2: ...</think>), then the verdict")
+                        "(<think>Image 1: ... Image 2: ...</think>), then the verdict; describe_mark: each "
+                        "description followed by (match) or (no match); describe_check: every word marked + / - "
+                        "(in the caption or not), then the mark (mmgrpo.synthetic.judge_pairs.think_text)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="the judge's generation cap")
     p.add_argument("--query-position", choices=["before", "after"], default="before",
                    help="the caption before the image (its visual tokens attend to it) or after")
@@ -146,9 +149,14 @@ def build_tower(a, data: Path) -> tuple:
         from mmgrpo.vlm.models.tiny import model_class
 
         proc = AutoProcessor.from_pretrained(tower_dir)
-        model = model_class("qwen2_5_vl").from_pretrained(tower_dir, torch_dtype=torch.float32)
-        log(f"tower: loaded {tower_dir}")
-        return proc.tokenizer, proc, model, json.loads((tower_dir / "tower_report.json").read_text())
+        tower = model_class("qwen2_5_vl").from_pretrained(tower_dir, torch_dtype=torch.float32)
+        model = build_model(proc.tokenizer, seed=a.seed, hidden=a.hidden, layers=a.layers, heads=4, kv_heads=2,
+                            intermediate=3 * a.hidden, vision_hidden=a.vision_hidden, vision_depth=a.vision_depth)
+        model.generation_config.max_new_tokens = a.max_new_tokens
+        model.model.visual.load_state_dict(tower.model.visual.state_dict())  # the LM is new (--hidden/--layers)
+        log(f"tower: loaded the vision tower of {tower_dir}")
+        rep = json.loads((tower_dir / "tower_report.json").read_text())
+        return proc.tokenizer, proc, model, dict(rep, params=count_params(model))
     torch.manual_seed(a.seed)
     train = load_rows(data / "train.jsonl")
     tmp = build_tiny_tokenizer()
@@ -217,8 +225,8 @@ def sft_judge(a, data: Path, tok, proc, model, labels: str, dst: Path, tower_rep
     for r in train[:a.sft_pairs]:
         pp = ta0.prepare(Sample.from_dict(r))
         w = int(r["answer"]) if labels == "true" else rng.choice([1, 2])
-        think = think_text(r["meta"]["caption"], r["meta"]["tags"]) if a.think == "describe" and labels == "true" \
-            else None
+        think = think_text(r["meta"]["caption"], r["meta"]["tags"], a.think) \
+            if a.think != "none" and labels == "true" else None
         t = answer_text(w, think)
         ids = tok(t, add_special_tokens=False)["input_ids"] + [int(tok.convert_tokens_to_ids("<|im_end|>"))]
         exs.append(sft.SFTExample(sample=r, prompt=pp.item, answer_ids=torch.tensor(ids), prompt_text=pp.text,
@@ -276,10 +284,13 @@ def judge_accuracy(path: Path, rows: list[dict], batch_size: int = 64) -> dict:
     from mmgrpo.synthetic.judge_pairs import think_text
 
     said = [t.split("</think>")[0].split("<think>")[-1].strip() if "<think>" in t else None for t in judge.last_texts]
+    think_style = ("describe_check" if any(x and "+" in x for x in said) else
+                   "describe_mark" if any(x and "match)" in x for x in said) else "describe")
     truth = []
     for r in rows:
         t1, t2 = r["meta"]["tags"]
-        truth += [think_text(r["meta"]["caption"], [t1, t2]), think_text(r["meta"]["caption"], [t2, t1])]
+        truth += [think_text(r["meta"]["caption"], [t1, t2], think_style),
+                  think_text(r["meta"]["caption"], [t2, t1], think_style)]
     thinks = [x for x in said if x is not None]
     think_exact = float(np.mean([x == y for x, y in zip(said, truth)])) if thinks else None
     return {"n_pairs": len(rows), "accuracy": float(ok.mean()), "both_orders_right": float(both.mean()),

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from . import t2i
 
-__all__ = ["QUERY", "query", "answer_text", "compose", "pair_strip", "unstrip", "image_tags", "describe", "think_text", "TAG_HEADS", "TAG_LEVELS", "perturb",
+__all__ = ["QUERY", "query", "answer_text", "compose", "pair_strip", "unstrip", "image_tags", "describe", "think_text", "THINK_STYLES", "TAG_HEADS", "TAG_LEVELS", "perturb",
            "make_pair", "write_split"]
 
 #: the judge's question (the project's no-think system turn asks for the ``<answer>`` block)
@@ -142,9 +142,28 @@ def describe(tags: Sequence[int], caption: str) -> str:
     return " and ".join(t2i._phrase(k[0], k[1], min(counts[k], TAG_LEVELS - 1)) for k in order)
 
 
-def think_text(caption: str, tags: Sequence[Sequence[int]]) -> str:
-    """The judge's reasoning: what each image shows, in the caption's words (:func:`describe`)."""
-    return " ".join(f"Image {k + 1}: {describe(t, caption)}." for k, t in enumerate(tags))
+THINK_STYLES = ("describe", "describe_mark", "describe_check")
+
+
+def think_text(caption: str, tags: Sequence[Sequence[int]], style: str = "describe") -> str:
+    """The judge's reasoning: what each image shows, in the caption's words (:func:`describe`).
+
+    ``style``: ``describe`` -- ``Image 1: two red squares. Image 2: ...``; ``describe_mark`` -- each description
+    followed by ``(match)`` if it is the caption itself, else ``(no match)``; ``describe_check`` -- every word of
+    the description followed by ``+`` if the caption has that word, else ``-``, then the mark (a description
+    matches exactly when all its words are the caption's: descriptions use the caption's grammar)."""
+    if style not in THINK_STYLES:
+        raise ValueError(f"think style must be one of {THINK_STYLES}, got {style!r}")
+    words = set(caption.split())
+    out = []
+    for k, t in enumerate(tags):
+        d = describe(t, caption)
+        if style == "describe_check":
+            d = " ".join(f"{w}{'+' if w in words else '-'}" for w in d.split())
+        if style != "describe":
+            d += " (match)" if describe(t, caption) == caption else " (no match)"
+        out.append(f"Image {k + 1}: {d}.")
+    return " ".join(out)
 
 
 def answer_text(winner: int, think: str | None = None) -> str:

@@ -70,6 +70,13 @@ def test_describe_in_the_captions_words_by_hand():
     assert jp.describe(_tags(yellow_triangle=4), "two yellow triangles") == "four yellow triangles"
     assert (jp.think_text("a red square", [_tags(red_square=1), _tags(red_circle=1)])
             == "Image 1: a red square. Image 2: a red circle.")
+    two = [_tags(red_square=1), _tags(red_square=2, blue_circle=1)]
+    assert (jp.think_text("a red square", two, "describe_mark")
+            == "Image 1: a red square (match). Image 2: two red squares and a blue circle (no match).")
+    assert (jp.think_text("a red square", two, "describe_check")
+            == "Image 1: a+ red+ square+ (match). Image 2: two- red+ squares- and- a+ blue- circle- (no match).")
+    with pytest.raises(ValueError, match="think style"):
+        jp.think_text("a red square", two, "long")
     assert jp.answer_text(2, "x") == "<think>x</think><answer>Image 2 is better</answer>"
     with pytest.raises(ValueError, match="one-entry"):
         jp.describe(t, "a red circle and a blue square")
