@@ -43,7 +43,7 @@ SCORER = "flow_grpo.rewards.trained_judge:TrainedPairJudge"
 #: flow arm -> (label, the judge folder under --out or None for the verifier)
 ARMS = {"verifier": ("Mini-GenEval verifier (partial)", None),
         "judge_untrained": ("untrained judge (format only), win rate", "judge_untrained"),
-        "judge_trained": ("trained judge (SFT + GRPO), win rate", "judge_grpo")}
+        "judge_trained": ("trained judge, win rate", "judge_sft")}  # folder: --trained-judge
 
 
 def log(msg: str) -> None:
@@ -55,37 +55,41 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path("runs/judge_loop"))
     p.add_argument("--stage", choices=["all", "judge", "flow", "report"], default="all")
     p.add_argument("--seed", type=int, default=0, help="data and judge seed")
-    p.add_argument("--n-train", type=int, default=1500)
+    p.add_argument("--n-train", type=int, default=3000)
     p.add_argument("--n-heldout", type=int, default=300)
-    p.add_argument("--vision-steps", type=int, default=300, help="vision-tower pre-training steps (0 = none)")
+    p.add_argument("--vision-steps", type=int, default=1500, help="vision-tower pre-training steps (0 = none)")
     p.add_argument("--vision-lr", type=float, default=2e-3)
-    p.add_argument("--sft-pairs", type=int, default=1500, help="train pairs the SFT sees")
-    p.add_argument("--sft-steps", type=int, default=300, help="SFT steps on labelled pairs")
+    p.add_argument("--sft-pairs", type=int, default=3000, help="train pairs the SFT sees")
+    p.add_argument("--sft-steps", type=int, default=1500, help="SFT steps on labelled pairs")
     p.add_argument("--format-steps", type=int, default=40, help="SFT steps of the untrained judge (random labels)")
-    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--think", choices=["none", "describe", "describe_mark", "describe_check"],
                    default="describe_check",
                    help="describe: the labelled SFT answers first say what each image shows, in the caption's words "
                         "(<think>Image 1: ... Image 2: ...</think>), then the verdict; describe_mark: each "
                         "description followed by (match) or (no match); describe_check: every word marked + / - "
                         "(in the caption or not), then the mark (mmgrpo.synthetic.judge_pairs.think_text)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="the judge's generation cap")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="the judge's generation cap")
     p.add_argument("--query-position", choices=["before", "after"], default="before",
                    help="the caption before the image (its visual tokens attend to it) or after")
     p.add_argument("--sft-freeze-vision", action="store_true", help="SFT leaves the pre-trained tower as it is")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vision-hidden", type=int, default=64)
     p.add_argument("--vision-depth", type=int, default=2)
     p.add_argument("--grpo-from-format", action="store_true", help="also GRPO the untrained judge (no SFT labels)")
-    p.add_argument("--judge-budget", type=float, default=300.0, help="GRPO CPU seconds of the judge")
+    p.add_argument("--judge-budget", type=float, default=150.0, help="GRPO CPU seconds of the judge")
     p.add_argument("--judge-lr", type=float, default=1e-3)
     p.add_argument("--judge-group", type=int, default=8)
     p.add_argument("--judge-prompts", type=int, default=8, help="pairs per GRPO step")
+    p.add_argument("--trained-judge", default="judge_sft", choices=["judge_sft", "judge_grpo"],
+                   help="the judge folder of the trained-judge flow arm (the better one on held-out pairs: GRPO at "
+                        "lr 1e-3 collapsed the SFT judge to one position)")
     p.add_argument("--seeds", default="0,1,2", help="flow seeds")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--budget", type=float, default=30.0, help="flow: process CPU seconds of training per run")
-    p.add_argument("--lr", type=float, default=3e-3, help="flow lr")
+    p.add_argument("--budget", type=float, default=60.0, help="flow: process CPU seconds of training per run")
+    p.add_argument("--lr", type=float, default=1e-3, help="flow lr (3e-3, the hacking demo's, collapses the "
+                   "verifier's own training reward after about 50 epochs)")
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--eval-every", type=int, default=5)
@@ -312,7 +316,9 @@ def grpo_judge(a, data: Path, base: Path, dst: Path) -> dict:
           "rollout.group_size": str(a.judge_group), "run.prompts_per_device": str(a.judge_prompts),
           "rollout.max_new_tokens": str(a.max_new_tokens), "rollout.temperature": "1.0", "optim.lr": str(a.judge_lr),
           "run.max_steps": "100000", "run.budget_clock": "cpu", "run.max_train_seconds": str(a.judge_budget),
-          "run.save_every": "0", "run.tensorboard": "false", "run.resume_from": "none", "validation.every": "0",
+          "run.save_every": "0", "run.tensorboard": "false",
+          # a judge near the top leaves many steps unanimous (every sample right): skipped, not a failure
+          "run.max_consecutive_skips": "1000", "run.resume_from": "none", "validation.every": "0",
           "data.check_samples": "0",  # its ground-truth check writes the project's "<answer>1</answer>", not a verdict
           "run.output_dir": str(dst / "run"), "run.seed": str(a.seed)}
     over = [f"{k}={v}" for k, v in kv.items()]
@@ -382,7 +388,7 @@ def stage_judge(a) -> dict:
 # flow
 # ------------------------------------------------------------------------------------------------------------
 def flow_cmd(arm: str, seed: int, train: Path, heldout: Path, d: Path, a) -> list[str]:
-    judge = ARMS[arm][1]
+    judge = a.trained_judge if arm == "judge_trained" else ARMS[arm][1]
     if judge is None:
         reward = ["reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}"]
     else:
@@ -467,8 +473,7 @@ def judge_agreement(judge: Path, eval_dir: Path, batch_size: int = 64) -> dict:
             dv = float(x["rewards"]["mini_geneval/partial"]) - float(y["rewards"]["mini_geneval/partial"])
             if abs(dv) < 1e-9:
                 continue
-            ix, iy = (np.asarray(Image.open(eval_dir / z["path"] if not Path(z["path"]).is_absolute() else
-                                            z["path"]).convert("RGB")) for z in (x, y))
+            ix, iy = (np.asarray(Image.open(eval_dir / z["image"]).convert("RGB")) for z in (x, y))
             a_img += [ix, iy]
             b_img += [iy, ix]
             caps += [prompt, prompt]
@@ -503,7 +508,7 @@ def agreement(a) -> dict:
     flow = a.out / "flow"
     path = flow / "agreement.json"
     got = json.loads(path.read_text()) if path.exists() else {}
-    judge = a.out / ARMS["judge_trained"][1]
+    judge = a.out / a.trained_judge
     if not (judge / "config.json").exists():
         return got
     todo = [("base", flow / "base_eval")] + [
