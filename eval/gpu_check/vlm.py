@@ -57,7 +57,7 @@ def _model_shape(model) -> dict:
 def _grpo_steps(ctx: Ctx, mode: str) -> None:
     import torch
 
-    import mmgrpo.vlm.train.onpolicy as onpolicy
+    import mmgrpo.vlm.monitor.onpolicy as onpolicy
     import mmgrpo.vlm.train.steps as stages
     import mmgrpo.vlm.train.trainer as recipe
     from mmgrpo.utils.config import load_config

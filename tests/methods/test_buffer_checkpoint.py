@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.vlm.train.batch import RolloutBatch
-from mmgrpo.vlm.train.buffer_state import TENSOR_FIELDS
+from mmgrpo.vlm.data.batch import RolloutBatch
+from mmgrpo.vlm.data.buffer_state import TENSOR_FIELDS
 
 
 def test_every_batch_field_is_written():

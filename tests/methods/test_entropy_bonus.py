@@ -84,7 +84,7 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
     import mmgrpo.vlm.train.trainer as T
     from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs
     from mmgrpo.vlm.train import steps
-    from mmgrpo.vlm.train.batch import micro_batches
+    from mmgrpo.vlm.data.batch import micro_batches
     from mmgrpo.vlm.train.prompts import make_stream
 
     c = 0.5

@@ -82,7 +82,7 @@ def test_vllm_backend_with_tools_in_the_trainer(tmp_path, tiny_dir, forced, kit)
 
     from mmgrpo.vlm.models.vllm_backend import LocalEngine, VLLMRolloutBackend
     from mmgrpo.vlm.tools.rollout import MultiTurnBackend
-    from mmgrpo.vlm.train.batch import micro_batches
+    from mmgrpo.vlm.data.batch import micro_batches
 
     path = pathlib.Path(__file__).parents[1] / "models" / "test_vllm_backend.py"
     spec = importlib.util.spec_from_file_location("_vllm_fakes_tools", path)

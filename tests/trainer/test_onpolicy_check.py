@@ -1,4 +1,4 @@
-"""Step-0 on-policy check (mmgrpo.vlm.train.onpolicy, issue #33 item 5): the statistics by hand, a normal run that
+"""Step-0 on-policy check (mmgrpo.vlm.monitor.onpolicy, issue #33 item 5): the statistics by hand, a normal run that
 passes with the HF and the (fake) vLLM backend, and mismatches that stop the run before any update: a rollout that
 samples from another chat template (system turn) and an engine whose log-probs are not the policy's."""
 import importlib.util
@@ -11,7 +11,7 @@ import torch
 from mmgrpo.engine.errors import TrainingStopped
 from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
 from mmgrpo.vlm.train import steps
-from mmgrpo.vlm.train.onpolicy import ratio_statistics, tolerance
+from mmgrpo.vlm.monitor.onpolicy import ratio_statistics, tolerance
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
@@ -38,7 +38,7 @@ def test_tolerance_by_dtype_and_explicit():
 def test_compute_dtype_follows_autocast():
     import types
 
-    from mmgrpo.vlm.train.onpolicy import compute_dtype
+    from mmgrpo.vlm.monitor.onpolicy import compute_dtype
 
     cfg = lambda d, mp: types.SimpleNamespace(model=types.SimpleNamespace(dtype=d), run=types.SimpleNamespace(  # noqa
         mixed_precision=mp))

@@ -10,7 +10,7 @@ import torch
 from mmgrpo.vlm.config import TrainConfig
 from mmgrpo.vlm.data.task import MissingMediaError
 from mmgrpo.vlm.train import checkpointing, steps
-from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.data.batch import micro_batches
 from mmgrpo.vlm.train.prompts import make_stream
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.config import load_config

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.data.batch import micro_batches
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.prompts import make_stream

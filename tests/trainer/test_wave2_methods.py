@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.data.batch import micro_batches
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.vlm.train import checkpointing, prompts, steps
 from mmgrpo.vlm.train.prompts import make_stream

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, PreparedPrompt, sample_id
-from mmgrpo.vlm.train.stream import PromptStream
+from mmgrpo.vlm.data.stream import PromptStream
 
 log = get_logger("mmgrpo.train")
 

@@ -32,11 +32,11 @@ from mmgrpo.utils.seeding import sample_seed
 from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 from mmgrpo.vlm.methods.base import Estimator, LossInputs, PolicyLoss
 from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs, make_seeds
-from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, keep_first_groups
+from mmgrpo.vlm.data.batch import RolloutBatch, cat_batches, empty_batch, keep_first_groups
 from mmgrpo.vlm.train.distributed import allreduce_grads, generation_context, prepared_grad_norm, sync_context
-from mmgrpo.vlm.train.format_guard import well_formed_rows
+from mmgrpo.vlm.monitor.format_guard import well_formed_rows
 from mmgrpo.vlm.train.prompts import draw, prefetch_ahead, prepare
-from mmgrpo.vlm.train.reward_overlap import RewardOverlap
+from mmgrpo.vlm.rewards.overlap import RewardOverlap
 
 log = get_logger("mmgrpo.train")
 
@@ -129,7 +129,7 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
     n_tok = 0
     t0 = time.time()
     # reward.overlap_prompts > 0: generate in chunks of that many prompts and score each chunk in the background
-    # while the next one generates (mmgrpo.vlm.train.reward_overlap; the same rewards, less wall time)
+    # while the next one generates (mmgrpo.vlm.rewards.overlap; the same rewards, less wall time)
     chunk = run.cfg.reward.overlap_prompts
     overlap = RewardOverlap(lambda t, s: score(run, t, s)) if chunk > 0 else None
     with generation_context(run):  # once per step however the groups split: with FSDP it runs collectives

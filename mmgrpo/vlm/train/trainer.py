@@ -12,13 +12,13 @@ One step (:meth:`GRPOTrainer.train`, inside the ``while`` loop):
    groups, with the same function and padding as the loss, so on-policy ratios are exactly 1 (the output head runs
    ``algo.logprob_chunk_size`` tokens at a time: no full-vocabulary logits exist); on a process's first step the
    trainer's log-probs must also equal the rollout backend's (``rollout.onpolicy_check``,
-   :mod:`mmgrpo.vlm.train.onpolicy`: otherwise the run stops before any update, naming the likely cause);
+   :mod:`mmgrpo.vlm.monitor.onpolicy`: otherwise the run stops before any update, naming the likely cause);
 3. **loss and optimizer step(s)** (:func:`~mmgrpo.vlm.train.steps.optimize`): ``algo.num_iterations`` AdamW updates
    over the micro-batches with the policy loss (:func:`mmgrpo.vlm.methods.base.grpo_loss` unless a method provides
    another), normalised by *global* token / sequence counts, gradients summed across processes: the update does not
    depend on the number of processes or micro-batches;
 4. **log** (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
-   completions to ``completions.jsonl``; validation points, ``mmgrpo.vlm.train.validation``) and **maybe
+   completions to ``completions.jsonl``; validation points, ``mmgrpo.vlm.monitor.validation``) and **maybe
    checkpoint** (the last ``run.keep_last`` plus the best by ``run.best_metric``; :mod:`.checkpointing`); the
    format guard (:mod:`.format_guard`) watches the share of well-formed completions and of those at the token cap.
 
@@ -56,14 +56,15 @@ from mmgrpo.vlm.methods import build_methods
 from mmgrpo.vlm.models.adapters import Policy
 from mmgrpo.vlm.models.rollout import RolloutBackend, SamplingParams
 from mmgrpo.vlm.rewards.registry import accuracy_key, build_rewards
-from mmgrpo.vlm.train import checkpointing, onpolicy, setup, validation
-from mmgrpo.vlm.train.batch import RolloutBatch, micro_batches
+from mmgrpo.vlm.monitor import onpolicy, validation
+from mmgrpo.vlm.train import checkpointing, setup
+from mmgrpo.vlm.data.batch import RolloutBatch, micro_batches
 from mmgrpo.vlm.train.prompts import close_prefetch, make_stream
 from mmgrpo.vlm.train.distributed import generation_context
-from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
+from mmgrpo.vlm.monitor.format_guard import FormatGuard, progress_fields
 from mmgrpo.vlm.train.steps import (accuracy, advantage_estimator, collect, log_completions, optimize, policy_loss,
                                     precompute, score_samples, step_metrics)
-from mmgrpo.vlm.train.stream import PromptStream
+from mmgrpo.vlm.data.stream import PromptStream
 
 log = get_logger("mmgrpo.train")
 

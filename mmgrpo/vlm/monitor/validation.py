@@ -134,7 +134,7 @@ class Validator:
 
             tv = score_tvg_outputs(texts, self.samples)
             m.update({f"val/{k}": float(tv[k]) for k in TVG_KEYS})
-        from mmgrpo.vlm.train.format_guard import well_formed_rows
+        from mmgrpo.vlm.monitor.format_guard import well_formed_rows
 
         wf = well_formed_rows(texts, self.cfg)  # exactly the answer the prompt asks for (the format guard's rule)
         m["val/well_formed"] = 100.0 * sum(wf) / max(1, len(wf))

@@ -9,7 +9,7 @@ and read back by preparing that sample again through the run's task adapter: the
 gives the same tensors, bit for bit. The one thing not restored: video frames a method replaced in the prompt
 (DeepVideo-R1's augmentation) come back as the sample's own frames.
 
-A :class:`~mmgrpo.vlm.train.batch.RolloutBatch` is written as its tensors, texts, rewards and info, with each
+A :class:`~mmgrpo.vlm.data.batch.RolloutBatch` is written as its tensors, texts, rewards and info, with each
 distinct prompt once (rows of a group share one prompt object, and share it again after the restore); a row's
 ``item`` is rebuilt from its prompt unless it had its own (a multi-turn row's, with tool media appended), which is
 stored as is.
@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any
 
 from mmgrpo.vlm.data.task import PreparedPrompt, sample_id
-from mmgrpo.vlm.train.batch import RolloutBatch
+from mmgrpo.vlm.data.batch import RolloutBatch
 
 __all__ = ["PromptCodec", "TENSOR_FIELDS"]
 
