@@ -115,11 +115,11 @@ class PromptReplay(VLMMethod):
         metrics["prompt_replay/buffer"] = float(len(self.buffer.entries))
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"entries": [[key, prio, codec.prompt_state(pp), last, uses]
                             for key, (prio, pp, last, uses) in self.buffer.entries.items()]}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.buffer.entries = {key: [float(prio), codec.prompt_from_state(ps), None if last is None else int(last),
                                      int(uses)] for key, prio, ps, last, uses in sd["entries"]}

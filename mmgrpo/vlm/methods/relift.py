@@ -125,10 +125,10 @@ class ReLIFT(VLMMethod):
         self._mu, self.trains_without_advantages = 0.0, False  # the next step is plain RL unless it gets demos
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"buffer": [[key, codec.prompt_state(pp)] for key, pp in self.buffer.items()], "next_id": self._next_id}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.buffer = {key: codec.prompt_from_state(ps) for key, ps in sd["buffer"]}  # in order: oldest first
         self._next_id = int(sd["next_id"])

@@ -122,12 +122,12 @@ class SampleBuffer(VLMMethod):
         self._replayed = self._zero = 0
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"entries": [[prio, codec.batch_state(b), stored, uses] for prio, b, stored, uses in self.entries],
                 "next_id": self._next_id}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.entries = [[float(prio), codec.batch_from_state(b), int(stored), int(uses)]
                         for prio, b, stored, uses in sd["entries"]]
         self._next_id = int(sd["next_id"])
