@@ -385,5 +385,5 @@ def test_strict_format_reward_with_no_think_prompt_is_refused(tmp_path, tiny_dir
         GRPOTrainer(cfg, samples=th.video_samples(2))
     ok = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.weights={iou: 1.0, format_loose: 0.5}")
     tr = GRPOTrainer(ok, samples=th.video_samples(2))
-    out = tr.reward_fn(["<answer>0.5 to 1.5</answer>"], th.video_samples(1))
+    out = tr.scorer.reward_fn(["<answer>0.5 to 1.5</answer>"], th.video_samples(1))
     assert float(out["format_loose"][0]) == 1.0 and float(out["iou"][0]) == 1.0

@@ -152,11 +152,10 @@ class GRPOTrainer:
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
                                                    cfg.data.prompt_mode, cfg.data.answer_format)
-        self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
         from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
 
-        start_of_run_check(self.task, self.samples, self.reward_fn, cfg.data.check_samples,
+        start_of_run_check(self.task, self.samples, reward_fn, cfg.data.check_samples,
                            log if self.accelerator.is_main_process else None)
         self.state = RunState(counters=_new_counters())
         self.methods = build_methods(cfg, self)  # mmgrpo.vlm.methods: their hooks, in registry order
@@ -170,16 +169,17 @@ class GRPOTrainer:
         self.model, self.unwrapped, self.params = opt.model, opt.unwrapped, opt.params
         self.optimizer, self.scheduler = opt.optimizer, opt.scheduler
         # what a checkpoint writes and restores of them (mmgrpo.vlm.checkpoint)
-        self.trainables = checkpoint.Trainables(self.policy, self.model, self.unwrapped, self.optimizer, self.scheduler)
+        self.trainables = checkpoint.Trainables(self.policy, self.model, self.unwrapped, self.optimizer,
+                                                self.scheduler)
         self.logprob_impl = setup.choose_logprob_impl(cfg, self.policy, self.model, self.grad_sync, self.dist_kind)
         # old, reference and current log-probs all go through this one function (on-policy ratios exactly 1)
         self.logprobs = TokenLogprobs(self.logprob_impl, self.pad_id, cfg.rollout.temperature,
                                       self.policy.suppress_token_ids, self.device, cfg.algo.logprob_chunk_size,
                                       self.accelerator.autocast)
         self.guard = RunGuard(cfg.run.max_consecutive_skips, cfg.run.max_train_seconds, cfg.run.budget_clock)
-        # the reward calls (retries, timeouts, reward.on_failure / on_nonfinite), counted in the run's counters
-        self.scorer = RewardScorer(self.reward_fn, self.accuracy_fn, self.acc_key, cfg.reward, self.state.counters,
-                                   self.guard)
+        # the reward functions and their calls (retries, timeouts, reward.on_failure / on_nonfinite), counted in
+        # the run's counters
+        self.scorer = RewardScorer(reward_fn, accuracy_fn, self.acc_key, cfg.reward, self.state.counters, self.guard)
         self.format_guard = FormatGuard(cfg.format_guard, cfg.rollout.max_new_tokens)  # format collapse: warn / stop
         self.onpolicy = OnPolicyCheck(cfg)  # the step-0 on-policy check (rollout.onpolicy_check)
         self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.tensorboard, is_main_process=main)
