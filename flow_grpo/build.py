@@ -1,4 +1,4 @@
-"""Setup of the flow recipe, plain functions :class:`flow_grpo.trainer.FlowGRPOTrainer` calls in order: accelerator
+"""Setup of the flow recipe, plain functions :class:`flow_grpo.train.trainer.FlowGRPOTrainer` calls in order: accelerator
 and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model, optimizer and
 LR schedule, EMA, the KL reference fingerprint and reference images."""
 from __future__ import annotations

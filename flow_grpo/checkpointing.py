@@ -1,4 +1,4 @@
-"""Checkpoints and the final export of the flow recipe (functions of :class:`flow_grpo.trainer.FlowGRPOTrainer`), in
+"""Checkpoints and the final export of the flow recipe (functions of :class:`flow_grpo.train.trainer.FlowGRPOTrainer`), in
 the one format of :mod:`mmgrpo.engine.checkpoint` (layout: docs/checkpoints.md).
 
 Atomic ``checkpoints/epoch-XXXXXXXX`` folders (:class:`mmgrpo.utils.checkpoint.CheckpointManager`); halted runs write ``halted/step-XXXXXXXX`` (the optimizer step they stopped
@@ -225,7 +225,7 @@ def export_final(run) -> Optional[Path]:
 
     Written atomically (temp folder + rename, ``mmgrpo.utils.export``) with an ``export.json`` naming the epoch
     and step it holds: a resumed run with no epochs left rewrites an export that is missing, damaged or older
-    than its checkpoint (see :meth:`~flow_grpo.trainer.FlowGRPOTrainer.train`)."""
+    than its checkpoint (see :meth:`~flow_grpo.train.trainer.FlowGRPOTrainer.train`)."""
     st = run.state
     target = _write_export(run, _export_dir(run), "trained")
     ema_target = None

@@ -52,7 +52,7 @@ def _update_metrics(upd: dict, beta: float) -> dict:
 
 def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float, t_train: float) -> dict:
     """``rsum``: the reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
-    :func:`~flow_grpo.steps.run_updates` collected."""
+    :func:`~flow_grpo.train.steps.run_updates` collected."""
     rewards, n_images, n_trained = _reward_metrics(tr, traj)
     # NFEs per trajectory of the whole batch: each process's mean depends on its own step plans (TP-GRPO's and
     # G2RPO's completions start at each sample's window)

@@ -1,5 +1,5 @@
 """Evaluation, sample grids and reward curves of the flow recipe (functions of
-:class:`flow_grpo.trainer.FlowGRPOTrainer`)."""
+:class:`flow_grpo.train.trainer.FlowGRPOTrainer`)."""
 from __future__ import annotations
 
 import contextlib

@@ -30,7 +30,7 @@ def test_the_step_reaches_the_default_losses_and_stops_at_the_boundaries(reach):
     # the stages of a step and the defaults that run when no method replaces them
     assert {"mmgrpo.vlm.train.steps.collect", "mmgrpo.vlm.train.steps.optimize",
             "mmgrpo.vlm.methods.base.grpo_loss"} <= _names(vlm)  # grpo_loss: PolicyLoss.fn's default
-    assert {"flow_grpo.steps.rollout", "flow_grpo.steps.update", "flow_grpo.steps.column_loss",
+    assert {"flow_grpo.train.steps.rollout", "flow_grpo.train.steps.update", "flow_grpo.train.steps.column_loss",
             "flow_grpo.sampler.sample_trajectories"} <= _names(flow)  # column_loss: through functools.partial
     # method hooks, adapters and the rollout backend are boundaries: named, never followed
     assert any(b.startswith("method hook: ") and b.endswith(".on_advantages") for b in flow["boundary"])

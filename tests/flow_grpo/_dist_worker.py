@@ -24,7 +24,7 @@ _spec.loader.exec_module(conf)
 
 from flow_grpo import checkpointing  # noqa: E402
 from flow_grpo.config import load_train_config  # noqa: E402
-from flow_grpo.trainer import FlowGRPOTrainer  # noqa: E402
+from flow_grpo.train.trainer import FlowGRPOTrainer  # noqa: E402
 
 
 def fsdp_accelerator():
@@ -58,7 +58,7 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
         return {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone() for n, p in tr.named_params}
 
     torch.save(local_weights(), dumps / f"{case}_init_r{rank}.pt")
-    import flow_grpo.trainer as T
+    import flow_grpo.train.trainer as T
 
     orig = T.epoch_metrics
 

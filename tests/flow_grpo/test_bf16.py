@@ -33,7 +33,7 @@ def _bf16_adapter(kind):
 
 
 class _Recorder:
-    """Wraps the loss pieces of the recipe's column loss (``flow_grpo.steps.column_loss`` imports them from
+    """Wraps the loss pieces of the recipe's column loss (``flow_grpo.train.steps.column_loss`` imports them from
     ``mmgrpo.core.losses`` per call) to record dtypes, ratios and losses of each micro-batch."""
 
     def __init__(self, monkeypatch):
@@ -63,7 +63,7 @@ class _Recorder:
 
 def _trainer(kind, method, out, **extra):
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = load_train_config(None, train_overrides(kind, method, out, **{"model.dtype": "bfloat16", **extra}))
     return FlowGRPOTrainer(cfg, adapter=_bf16_adapter(kind), reward_fn={"block": block_reward})

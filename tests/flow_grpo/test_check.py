@@ -71,7 +71,7 @@ def test_folder_is_read_without_weights_and_sigmas_match_the_trainer_adapter(tmp
 
 
 def test_first_epoch_plan_is_the_trainers_rollout_plan(tmp_path):
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = _cfg(tmp_path, "run.tensorboard=false", "ema.enabled=false", "reward.async_workers=0",
                "run.progress_bar=false")

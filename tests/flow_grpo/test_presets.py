@@ -105,7 +105,7 @@ def test_bad_ddof_is_a_clear_error(tmp_path):
 def test_a_config_edited_after_parsing_is_checked_by_the_trainer(tmp_path):
     """The hand-written kl_type / reward.mode checks gave way to the declared Literal choices, checked again when
     the trainer starts: a config edited in Python after it was built still fails naming the key and the choices."""
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import make_adapter, train_overrides
 

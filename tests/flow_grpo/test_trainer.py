@@ -11,7 +11,7 @@ from flow_grpo import steps
 from flow_grpo.config import TrainConfig, load_train_config
 from flow_grpo.sampler import generate_images, sample_trajectories
 from flow_grpo.data import load_prompts
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 
 from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 

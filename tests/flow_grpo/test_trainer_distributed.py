@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flow_grpo.config import load_train_config
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 from .conftest import dist_case, make_adapter, start_dist_job

@@ -1,4 +1,4 @@
-"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.trainer.FlowGRPOTrainer`), in
+"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.train.trainer.FlowGRPOTrainer`), in
 the order the loop calls them:
 
 * :func:`rollout`: the epoch's samples of this process, trajectories (SDE on the plan's steps, exact log-probs;
@@ -27,11 +27,11 @@ from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
 from mmgrpo.utils.logging import get_logger
 
-from .data import epoch_samples as _epoch_samples
-from .epoch_metrics import REWARD_COUNTERS
-from .methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
-from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
-from .scoring import apply_win_rates
+from flow_grpo.data import epoch_samples as _epoch_samples
+from flow_grpo.epoch_metrics import REWARD_COUNTERS
+from flow_grpo.methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
+from flow_grpo.sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
+from flow_grpo.scoring import apply_win_rates
 
 log = get_logger("flow_grpo.trainer")
 
@@ -157,7 +157,7 @@ def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_g
     forward(s) with a zero mask (equalises micro-batch counts across processes)."""
     from mmgrpo.core.losses import aggregate_loss, clipped_surrogate, log_ratio, ratio_metrics
 
-    from .sde import kl_on_mean, kl_on_velocity, sde_step
+    from flow_grpo.sde import kl_on_mean, kl_on_velocity, sde_step
 
     c = run.cfg
     c0, c1 = chunk

@@ -19,7 +19,7 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
-Where the pieces live: the epoch's stages in :mod:`flow_grpo.steps`; the methods (credits, sampling plans, train
+Where the pieces live: the epoch's stages in :mod:`flow_grpo.train.steps`; the methods (credits, sampling plans, train
 masks, their hooks) in :mod:`flow_grpo.methods` (a registry looked up by config value: the recipe names no method);
 reward calls in :mod:`flow_grpo.scoring`; setup in :mod:`flow_grpo.build`; checkpoints and export in
 :mod:`flow_grpo.checkpointing`; eval and grids in :mod:`flow_grpo.evaluation`; signals, skipped steps and the budget
@@ -67,18 +67,19 @@ from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 
-from . import build, checkpointing, evaluation, seq_parallel, steps
-from .config import TrainConfig
-from .data import eval_prompts, train_prompts
-from .epoch_metrics import epoch_metrics
-from .methods import build_methods, credit_method
-from .sampler import Trajectories
-from .scoring import RewardStack
+from flow_grpo import build, checkpointing, evaluation, seq_parallel
+from flow_grpo.train import steps
+from flow_grpo.config import TrainConfig
+from flow_grpo.data import eval_prompts, train_prompts
+from flow_grpo.epoch_metrics import epoch_metrics
+from flow_grpo.methods import build_methods, credit_method
+from flow_grpo.sampler import Trajectories
+from flow_grpo.scoring import RewardStack
 
 if TYPE_CHECKING:
-    from .ema import EMA
-    from .methods.base import FlowMethod
-    from .models.base import FlowModelAdapter
+    from flow_grpo.ema import EMA
+    from flow_grpo.methods.base import FlowMethod
+    from flow_grpo.models.base import FlowModelAdapter
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
