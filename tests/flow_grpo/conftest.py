@@ -213,10 +213,10 @@ def sp_train_case(out, sp: int, epochs: int, resume_from=None, accelerator=None,
                          reward_fn={"vblock": video_block}, accelerator=accelerator)
     orig = T.epoch_metrics
 
-    def metrics_and_dump(run, traj, *a, **k):
+    def metrics_and_dump(traj, *a, **k):
         if dump is not None:
-            dump(run, traj)
-        return orig(run, traj, *a, **k)
+            dump(tr, traj)
+        return orig(traj, *a, **k)
 
     T.epoch_metrics = metrics_and_dump
     try:

@@ -1,7 +1,7 @@
 """``flow_grpo check`` (issue #33 item 6): the tokens it prints are the ids the text encoders receive (hooked on the
 trainer's adapter), truncation at the configured length, the sigma schedule of the trainer's adapter from a folder
 read without weights, and the epoch-0 step plan the trainer's own rollout uses."""
-from flow_grpo import steps
+from flow_grpo.train import steps
 import json
 
 import pytest
