@@ -1,6 +1,6 @@
-"""Setup of the flow recipe, plain functions :class:`flow_grpo.train.trainer.FlowGRPOTrainer` calls in order: accelerator
-and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model, optimizer and
-LR schedule, EMA, the KL reference fingerprint and reference images."""
+"""Setup of the flow recipe, plain functions :class:`flow_grpo.train.trainer.FlowGRPOTrainer` calls in order:
+accelerator and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model,
+optimizer and LR schedule, EMA, the KL reference fingerprint and reference images."""
 from __future__ import annotations
 
 import hashlib
@@ -198,7 +198,8 @@ def reference_settings(adapter, cfg) -> dict:
 def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> TrainedModel:
     """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
     for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns them with
-    the EMA and the reference fingerprint as a :class:`TrainedModel`. ``before_prepare(adapter)`` runs between the two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
+    the EMA and the reference fingerprint as a :class:`TrainedModel`. ``before_prepare(adapter)`` runs between the
+    two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
     from accelerate.utils import DistributedType
 
     if cfg.model.lora.enabled:

@@ -8,15 +8,24 @@
 The counting rule
 -----------------
 * **The step** is the body of the ``while`` loop of the recipe's ``train()``: ``GRPOTrainer.train``
-  (``mmgrpo/vlm/train/trainer.py``) and ``FlowGRPOTrainer.train`` (``flow_grpo/train/trainer.py``). What ``train()`` does
-  before the loop (resume, the methods' ``on_train_start``) and after it (the final checkpoint, the export) runs once
-  per run and is not counted; ``train()`` itself is reported by its line count.
+  (``mmgrpo/vlm/train/trainer.py``) and ``FlowGRPOTrainer.train`` (``flow_grpo/train/trainer.py``). What ``train()``
+  does before the loop (resume, the methods' ``on_train_start``) and after it (the final checkpoint, the export) runs
+  once per run and is not counted; ``train()`` itself is reported by its line count.
 * **Counted**: every function or method defined in this repository (``mmgrpo/``, ``flow_grpo/``) that the step can
   reach, transitively, on any path (error and stop paths included): called, passed as a value (a callback, a
   ``functools.partial``), entered as a context manager, or read as a ``@property``. A nested function or lambda is
   part of the function that defines it. A class's constructor counts when the class defines ``__init__`` or
   ``__post_init__``. A call through an attribute whose default is one of our functions (``PolicyLoss.fn`` =
   ``grpo_loss``, the flow default ``column_loss``) counts that default: it is what runs when no method replaces it.
+* **The recipe and the rest.** The recipe is the code a researcher reads to follow one step: its package,
+  ``mmgrpo/vlm/train/`` and ``flow_grpo/train/``, plus any function elsewhere that takes the recipe's trainer (a
+  parameter named ``run`` / ``trainer`` without annotation or annotated with the trainer class): such a function
+  reads the run's state, so it is recipe code wherever it lives. Recipe functions are counted and followed. A
+  function of the rest of the project (data, models, rewards, the flow library of sampler, scoring, checkpoints,
+  evaluation and epoch metrics, the shared ``mmgrpo`` library) that the recipe calls is an *entry point*: it takes
+  explicit arguments, so it is counted once and not followed (like ``torchtune.generation`` seen from a torchtune
+  recipe). The second line of the output follows every entry point too ("everything reached"), so that moving code
+  out of the recipe never hides it.
 * **Not followed** (the protocol boundaries, where a researcher plugs in): the hooks of a method (any attribute of
   :class:`mmgrpo.engine.method.Method` or a subclass: ``VLMMethod``, ``FlowMethod`` and every method module), a model
   adapter (``ModelAdapter`` / ``Policy`` for Qwen-VL, ``FlowModelAdapter`` for diffusers pipelines), the VLM rollout

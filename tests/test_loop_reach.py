@@ -45,3 +45,20 @@ def test_the_step_reaches_the_default_losses_and_stops_at_the_boundaries(reach):
     assert "mmgrpo.core.advantages._check_group_ids" in _names(vlm_all)
     for r, whole in ((vlm, vlm_all), (flow, flow_all)):
         assert r["recipe_functions"] + r["entry_points"] == r["functions"] < whole["functions"]
+
+
+def test_a_function_that_takes_the_run_is_recipe_code_wherever_it_lives(reach):
+    import ast
+
+    mod = sys.modules["loop_reach"]
+    run_cls = "flow_grpo.train.trainer.FlowGRPOTrainer"
+    src = ("def stage(run, traj): ...\ndef typed(t: 'FlowGRPOTrainer'): ...\n"
+           "def explicit(adapter, rewards, prompts): ...\ndef named_trainer(trainer, x=1): ...\n")
+    fns = {n.name: n for n in ast.parse(src).body}
+    m = mod.Module("flow_grpo.scoring", REPO / "flow_grpo" / "scoring.py", ast.parse(src))
+    took = {k for k, n in fns.items() if mod.takes_run(mod.Func(f"flow_grpo.scoring.{k}", m, n), run_cls)}
+    assert took == {"stage", "typed", "named_trainer"}
+    # the flow recipe is its package; what it calls elsewhere takes explicit arguments (an entry point)
+    flow, _ = reach["flow"]
+    assert all(p.startswith("flow_grpo/train/") for p in flow["recipe_by_file"])
+    assert flow["recipe_functions"] <= 15 and flow["recipe_files"] <= 3  # issue #34's target, kept

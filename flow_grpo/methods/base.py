@@ -99,7 +99,8 @@ class CreditOutput:
 
 class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not imported: it imports the plans)
     """A flow method. ``cfg``: the run's TrainConfig (its options: ``cfg.methods.<name>``); ``run``: the
-    :class:`~flow_grpo.train.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests, scripts)."""
+    :class:`~flow_grpo.train.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests,
+    scripts)."""
 
     #: the sampler scores ODE completions of intermediate states: :meth:`step_rewards`
     has_step_rewards: ClassVar[bool] = False

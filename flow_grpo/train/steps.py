@@ -1,5 +1,5 @@
-"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.train.trainer.FlowGRPOTrainer`), in
-the order the loop calls them:
+"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.train.trainer.FlowGRPOTrainer`),
+in the order the loop calls them:
 
 * :func:`rollout`: the epoch's samples of this process, trajectories (SDE on the plan's steps, exact log-probs;
   the credit method's ``rollout_context`` around it, its plan and step rewards inside it), rewards (each chunk

@@ -19,8 +19,9 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
-Where the pieces live: the recipe is this package (``flow_grpo/train/``): the loop here, the epoch's stages in
-:mod:`flow_grpo.train.steps`, the run state (:class:`RunState`, :meth:`FlowGRPOTrainer.run_entries`) here. The
+Where the pieces live: the recipe is this package (``flow_grpo/train/``): the loop and the run state here
+(:class:`RunState`, its checkpoint entries :meth:`FlowGRPOTrainer.run_entries`), the epoch's stages in
+:mod:`flow_grpo.train.steps`. The
 methods (credits, sampling plans, train masks, their hooks) are :mod:`flow_grpo.methods` (a registry looked up by
 config value: the recipe names no method). The library it calls with explicit arguments: sampling in
 :mod:`flow_grpo.sampler`, reward calls in :mod:`flow_grpo.scoring`, setup in :mod:`flow_grpo.build`, checkpoints
@@ -362,7 +363,8 @@ class FlowGRPOTrainer:
                 continue
             if m.name not in saved:
                 raise ValueError(f"checkpoint has no state of the method {m.name} (sample.credit="
-                                 f"{self.cfg.sample.credit}; written by another method?): refusing to resume without it")
+                                 f"{self.cfg.sample.credit}; written by another method?): refusing to resume "
+                                 "without it")
             m.load_state_dict(saved[m.name])
         rs = self.state
         rs.epoch = int(tr["epoch"])
