@@ -77,6 +77,11 @@ def process_slice(d, rank: int, world: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
+def prompts_sha256(prompts: list[str]) -> str:
+    """The hex SHA-256 of the prompt list (one per line): a checkpoint records it, a resume warns when it differs."""
+    return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
+
+
 def prompt_keys(prompts) -> torch.Tensor:
     """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
     return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)

@@ -53,7 +53,6 @@ are wired the standard accelerate way but were not run here - no GPU, no deepspe
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Mapping
@@ -72,7 +71,7 @@ from mmgrpo.utils.runlock import acquire_run_lock
 
 from flow_grpo import build, checkpointing, evaluation, seq_parallel
 from flow_grpo.config import TrainConfig
-from flow_grpo.data import eval_prompts, train_prompts
+from flow_grpo.data import eval_prompts, prompts_sha256, train_prompts
 from flow_grpo.epoch_metrics import epoch_metrics
 from flow_grpo.methods import build_methods, credit_method
 from flow_grpo.sampler import Trajectories
@@ -337,13 +336,11 @@ class FlowGRPOTrainer:
         trainer = {"epoch": st.epoch, "global_step": st.global_step, "world": self.world,
                    "counters": dict(st.counters), **self.guard.state_dict(), "best_eval": st.best_eval,
                    "scaler": scaler.state_dict() if scaler is not None else None,
-                   "data": {"epoch": st.epoch, "num_prompts": len(self.prompts), "prompts_sha256": self._prompts_sha(),
-                            "group_size": d.group_size, "groups_per_epoch": d.groups_per_epoch}}
+                   "data": {"epoch": st.epoch, "num_prompts": len(self.prompts),
+                            "prompts_sha256": prompts_sha256(self.prompts), "group_size": d.group_size,
+                            "groups_per_epoch": d.groups_per_epoch}}
         return {"trainer": trainer, "methods": {m.name: sd for m in self.methods if (sd := m.state_dict()) is not None},
                 "config": config_to_dict(self.cfg), "reference": dict(self.reference_info)}
-
-    def _prompts_sha(self) -> str:
-        return hashlib.sha256("\n".join(self.prompts).encode()).hexdigest()
 
     def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
         """A loaded checkpoint ``st`` (folder ``path``): the trained model (:func:`flow_grpo.checkpointing.load`),
@@ -354,7 +351,7 @@ class FlowGRPOTrainer:
                              "resume onto another model")
         tr = st["trainer"]
         data = tr.get("data", {})
-        if data and data.get("prompts_sha256") != self._prompts_sha():
+        if data and data.get("prompts_sha256") != prompts_sha256(self.prompts):
             log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
         checkpointing.load(self.trained, st, path)
         saved = st.get("methods") or {}
