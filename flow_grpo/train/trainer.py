@@ -59,9 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Callable, Optional
 
 from mmgrpo.engine.checkpoint import restore_rng
 from mmgrpo.engine.guard import RunGuard
@@ -79,6 +77,7 @@ from flow_grpo.scoring import RewardStack
 from flow_grpo.train import steps
 
 if TYPE_CHECKING:
+    from flow_grpo.build import TrainedModel
     from flow_grpo.ema import EMA
     from flow_grpo.methods.base import FlowMethod
     from flow_grpo.models.base import FlowModelAdapter
@@ -119,6 +118,7 @@ class FlowGRPOTrainer:
     ``accelerator``: optional ready ``accelerate.Accelerator`` (tests force FSDP on CPU this way)."""
 
     adapter: FlowModelAdapter  # the model (flow_grpo.models): prompt encoding, velocity, latents <-> pixels
+    trained: TrainedModel  # the trained weights, optimizer, schedule, EMA: what checkpoints and exports take
     ema: Optional[EMA]  # an exponential moving average of the trained weights (ema.enabled)
     methods: list[FlowMethod]  # the enabled methods (flow_grpo.methods), in registry (= hook) order
     credit: FlowMethod  # the one credit method among them: advantages, sampling plan, step rewards
