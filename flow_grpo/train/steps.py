@@ -70,9 +70,10 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
                             "its samples were discarded before any update", reuse=True)
     rc = run.rewards.take_counters()
     if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates of the gathered batch
-        every = (epoch_samples(c, run.prompts, run.metadata, epoch, 0, len(traj) * run.world) if run.world > 1
-                 else (traj.prompts, traj.metadata))
-        apply_win_rates(traj, run.rewards.pairwise, every[0], every[1], run.rank, run.world, run.device,
+        prompts_all, meta_all = traj.prompts, traj.metadata
+        if run.world > 1:  # the prompts of the gathered batch: every process's samples, in process order
+            prompts_all, meta_all = epoch_samples(c, run.prompts, run.metadata, epoch, 0, len(traj) * run.world)[:2]
+        apply_win_rates(traj, run.rewards.pairwise, prompts_all, meta_all, run.rank, run.world, run.device,
                         win_rate_weight=c.reward.win_rate_weight, pointwise_weight=c.reward.pointwise_weight)
         rc2 = run.rewards.take_counters()
         rc = {k: rc[k] + rc2[k] for k in rc}
