@@ -11,13 +11,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def reach():
+def index():
     spec = importlib.util.spec_from_file_location("loop_reach", REPO / "scripts" / "loop_reach.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["loop_reach"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
-    ix = mod.Index()
-    return {k: (mod.reach(ix, k, only_recipe=True), mod.reach(ix, k)) for k in ("vlm", "flow")}
+    return mod.Index()
+
+
+@pytest.fixture(scope="module")
+def reach(index):
+    mod = sys.modules["loop_reach"]
+    return {k: (mod.reach(index, k, only_recipe=True), mod.reach(index, k)) for k in ("vlm", "flow")}
 
 
 def _names(r):
@@ -62,3 +67,21 @@ def test_a_function_that_takes_the_run_is_recipe_code_wherever_it_lives(reach):
     flow, _ = reach["flow"]
     assert all(p.startswith("flow_grpo/train/") for p in flow["recipe_by_file"])
     assert flow["recipe_functions"] <= 15 and flow["recipe_files"] <= 3  # issue #34's target, kept
+
+
+def test_the_flow_library_never_takes_the_run(index):
+    """Every function of flow_grpo outside the recipe (train/) and the methods (their protocol hands them the run)
+    takes explicit arguments, whether one step reaches it or not (resume, export, setup)."""
+    import ast
+
+    mod = sys.modules["loop_reach"]
+    run_cls = "flow_grpo.train.trainer.FlowGRPOTrainer"
+    found = []
+    for m in index.modules.values():
+        if not m.name.startswith("flow_grpo.") or m.name.startswith(("flow_grpo.train", "flow_grpo.methods")):
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
+                    found.append(f"{m.name}.{node.name}")
+    assert found == []
