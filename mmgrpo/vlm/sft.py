@@ -165,6 +165,7 @@ def prepare_example(
     clip = key = None
     if frames is not None or _get(sample, "video") is not None:
         from mmgrpo.video import build_video_inputs, load_video
+        from mmgrpo.vlm.models.adapters import get_adapter
 
         vs = video or VideoSettings()
         src = frames if frames is not None else _get(sample, "video")
@@ -180,7 +181,7 @@ def prepare_example(
                               video_end=_get(sample, "video_end"), **kw)
             if key is not None:
                 clip_cache[key] = clip
-        out = build_video_inputs(processor, clip, text, family)
+        out = build_video_inputs(processor, clip, text, family, video_time=get_adapter(family).video_time)
     elif _get(sample, "image") is not None:
         from PIL import Image
 

@@ -59,3 +59,23 @@ def test_a_registered_family_gets_its_tiny_checkpoint_from_the_adapter(monkeypat
     assert tiny.model_class("my_vl").__name__ == "Qwen3VLForConditionalGeneration"
     with pytest.raises(ValueError, match=r"unknown model family 'qwen9'.*did you mean"):
         tiny.build_tiny_processor("qwen9")
+
+
+def test_every_entry_declares_what_the_shared_code_reads(monkeypatch):
+    """The box frame and video time contract of each entry are ones the reward and video code know, and the video
+    code's processor classes follow the contract the entry declares; a family's name is an alias of its box frame."""
+    from mmgrpo.video.processor import PROCESSOR_TIME, TIME_CONTRACTS
+    from mmgrpo.vlm.data.prompts import build_messages
+    from mmgrpo.vlm.rewards.box import FRAMES, resolve_box_frame
+
+    for family, a in ADAPTERS.items():
+        assert a.family == family and a.box_frame in FRAMES and a.video_time in TIME_CONTRACTS
+        assert [t for p, t in PROCESSOR_TIME.items() if a.processor_class_name.startswith(p)] == [a.video_time]
+    monkeypatch.setitem(ADAPTERS, "my_vl", dataclasses.replace(ADAPTERS["qwen2_5_vl"], family="my_vl"))
+    assert resolve_box_frame("my_vl") == "resized_abs"
+    rec = {"id": "r", "task": "rec", "query": "the cup", "image": "x.png", "boxes": [[1, 2, 3, 4]],
+           "image_size": [10, 10]}
+    assert build_messages(rec, box_frame="my_vl") == build_messages(rec, box_frame="qwen2_5_vl") != \
+        build_messages(rec, box_frame="norm1000")
+    with pytest.raises(ValueError, match="unknown box frame 'my_vl2'"):
+        resolve_box_frame("my_vl2")
