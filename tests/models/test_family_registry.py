@@ -79,3 +79,12 @@ def test_every_entry_declares_what_the_shared_code_reads(monkeypatch):
         build_messages(rec, box_frame="norm1000")
     with pytest.raises(ValueError, match="unknown box frame 'my_vl2'"):
         resolve_box_frame("my_vl2")
+
+
+def test_make_tiny_names_the_registered_families(tmp_path, capsys):
+    from mmgrpo.vlm.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "t"), "qwen3vl"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model family 'qwen3vl' (did you mean 'qwen3_vl'?)" in err and str(list(ADAPTERS)) in err
+    assert not (tmp_path / "t").exists()
