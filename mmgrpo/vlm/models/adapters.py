@@ -135,6 +135,15 @@ ADAPTERS: dict[str, ModelAdapter] = {
         box_frame="norm1000", video_time="timestamps", patch_size=16,
         video_processor_class_name="Qwen3VLVideoProcessor", tiny_processor_kwargs=_QWEN3_TINY_PROCESSOR,
         tiny_text=_QWEN3_TINY_TEXT, tiny_vision=_QWEN3_TINY_VISION),
+    # Qwen3-VL-30B-A3B / 235B-A22B: Qwen3-VL's vision tower and processor, a sparse-MoE language model (every layer
+    # routes each token to num_experts_per_tok of num_experts fused experts; those are 3-D parameters, not Linear
+    # layers, so LoRA adapts the attention projections only)
+    "qwen3_vl_moe": ModelAdapter(
+        "qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig", "Qwen3VLProcessor",
+        box_frame="norm1000", video_time="timestamps", patch_size=16,
+        video_processor_class_name="Qwen3VLVideoProcessor", tiny_processor_kwargs=_QWEN3_TINY_PROCESSOR,
+        tiny_text={**_QWEN3_TINY_TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        tiny_vision=_QWEN3_TINY_VISION),
 }
 
 
