@@ -91,3 +91,24 @@ def test_make_tiny_names_the_registered_families(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown model family 'qwen3vl' (did you mean 'qwen3_vl'?)" in err and str(list(ADAPTERS)) in err
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_a_registry_error_names_the_yaml_file_that_set_the_key(tmp_path, nested):
+    """The family is checked after the config is built (in __post_init__); the error still names the file, as a
+    parse error does, unless a key=value override replaced the file's value."""
+    from flow_grpo.config import TrainConfig as FlowConfig
+
+    y = tmp_path / "bad.yaml"
+    y.write_text("model:\n  family: qwen3vl\n" if nested else "model.family: qwen3vl\n")
+    with pytest.raises(ValueError) as e:
+        load_config(TrainConfig, y)
+    assert str(e.value).startswith(f"{y}: config key 'model.family': unknown model family 'qwen3vl'")
+    with pytest.raises(ValueError) as e:  # the bad value comes from the command line: no file to name
+        load_config(TrainConfig, y, ["model.family=qwen9"])
+    assert str(e.value).startswith("config key 'model.family': unknown model family 'qwen9'")
+    # the flow front-end's registry check gets the same
+    y.write_text("model:\n  kind: sd33\n" if nested else "model.kind: sd33\n")
+    with pytest.raises(ValueError) as e:
+        load_config(FlowConfig, y)
+    assert str(e.value).startswith(f"{y}: config key 'model.kind': unknown generator 'sd33'")
