@@ -22,7 +22,7 @@ total-pixel budget) and the recipes' G = 8.  Prefix sharing saves the prompt's r
 completions (decoded and scored on both sides) grow; each cell also records the loss's token-count ratio
 G(P+T) / (P + G(T-1)) for comparison.  ``--parts lengths`` runs this part alone.
 
-**Flow** (one epoch of ``flow_grpo.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
+**Flow** (one epoch of ``flow_grpo.train.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
 SDE sampler, rewards, advantages, PPO updates over the trained steps), against sampling steps K and resolution.
 There is no naive twin here; cells are interleaved in rounds and each is reported as a paired ratio to the
 smallest cell of the same round (plus medians of wall and CPU time).
@@ -296,7 +296,7 @@ def run_flow(args) -> dict:
     from flow_rollout import build_adapter
 
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     ad, info = build_adapter(args.flow_model, "flux")
     common.set_threads(args.threads)

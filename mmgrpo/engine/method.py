@@ -1,4 +1,4 @@
-"""One method protocol for both recipes (:mod:`mmgrpo.vlm.train.trainer`, :mod:`flow_grpo.trainer`).
+"""One method protocol for both recipes (:mod:`mmgrpo.vlm.train.trainer`, :mod:`flow_grpo.train.trainer`).
 
 A method is a :class:`Method` subclass in its own module that overrides the hooks it needs; every hook is a no-op
 by default, so each recipe calls every enabled method at every named stage, in registry order, without knowing

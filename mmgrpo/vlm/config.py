@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from mmgrpo.vlm.methods import MethodsConfig
+from mmgrpo.vlm.models.adapters import ADAPTERS, check_family
 from mmgrpo.vlm.tools.config import ToolsConfig
 from mmgrpo.utils.config import check_choices
 
@@ -41,8 +42,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: str = field(default="", metadata=_h("local model folder (from_pretrained), e.g. a Qwen2.5-VL-7B checkpoint"))
-    family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
-        default="auto", metadata=_h("model family; auto = config.json model_type"))
+    family: str = field(default="auto", metadata=_h(
+        f"model family: auto (config.json's model_type) | a family of the adapter registry "
+        f"mmgrpo.vlm.models.adapters.ADAPTERS: {' | '.join(ADAPTERS)}"))
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="bfloat16", metadata=_h(
         "weights dtype; with bfloat16 LoRA adapters stay fp32 (peft), full fine-tuning updates through fp32 masters "
         "(optim.fp32_master_weights), log-probs / advantages / loss are always fp32"))
@@ -402,6 +404,7 @@ class TrainConfig:
 
     def __post_init__(self):
         check_choices(self)
+        check_family(self.model.family)  # the registry is the only list of families
         G = self.rollout.group_size
         if G < 2:
             raise ValueError(f"rollout.group_size must be >= 2 (a group needs a baseline), got {G}")

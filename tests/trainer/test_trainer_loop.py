@@ -9,8 +9,9 @@ import torch
 
 from mmgrpo.vlm.config import TrainConfig
 from mmgrpo.vlm.data.task import MissingMediaError
-from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.data.batch import micro_batches
+from mmgrpo.vlm.models.adapters import ADAPTERS
+from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.config import load_config
 
@@ -139,9 +140,9 @@ def test_reg_grpo_and_tw_grpo_train(tmp_path, tiny_dirs, variant, th):
         assert 1.0 < hist[-1]["twgrpo/weight_mean"] < 1.7
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", [f for f in ADAPTERS if f != "qwen2_5_vl"])  # every other registered family
 def test_other_families_plain_grpo(tmp_path, tiny_dirs, th, family):
-    px = 4096 if family == "qwen3_vl" else 3136  # one 2x2 merged patch grid: (2*16)^2 or (2*14)^2 * 4
+    px = (2 * ADAPTERS[family].patch_size) ** 2 * 4  # one 2x2 grid of merged patches: 3136 (patch 14), 4096 (16)
     cfg = make_cfg(tmp_path, tiny_dirs(family), "run.max_steps=1", "algo.agg=seq_mean_token_mean",
                    f"data.video_min_pixels={px}", f"data.video_max_pixels={px}", f"data.image_min_pixels={px}",
                    f"data.image_max_pixels={px}")
