@@ -9,7 +9,7 @@ hands over -- plus every method's state, per process for the methods whose state
 reference), ``rng.pt`` (every process's RNG).
 
 :func:`save` and :func:`resume` take what they write and restore explicitly: the checkpoint manager, the run's
-config, its methods, the trained objects (:class:`Trainables`) and the process layout
+config, its methods, the trained objects (:class:`TrainedModel`) and the process layout
 (:class:`~mmgrpo.engine.parallel.Parallel`)."""
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ from mmgrpo.vlm.models.adapters import Policy
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["Trainables", "state", "save", "resume", "gather_local_states"]
+__all__ = ["TrainedModel", "state", "save", "resume", "gather_local_states"]
 
 
 @dataclass
-class Trainables:
-    """What a checkpoint writes of the model and its optimizer: the ``policy`` (its trainable tensors, LoRA adapter,
+class TrainedModel:
+    """The weights being trained (as :class:`flow_grpo.build.TrainedModel` for flow), what a checkpoint writes of the
+    model and its optimizer: the ``policy`` (its trainable tensors, LoRA adapter,
     reference), ``model`` (the module forwards go through: ``accelerator.prepare``d or the policy's own),
     ``unwrapped`` (the module itself), ``optimizer``, ``scheduler``."""
 
@@ -44,7 +45,7 @@ class Trainables:
     scheduler: Any
 
 
-def state(cfg, run_state: dict, methods: Sequence[Any], tr: Trainables, par: Parallel,
+def state(cfg, run_state: dict, methods: Sequence[Any], tr: TrainedModel, par: Parallel,
           full_state_dict: dict | None = None, rng: dict | None = None, optim_meta: dict | None = None,
           local: dict | None = None) -> dict:
     """The main process's entries. ``run_state``: the recipe's part of ``trainer.pt``; ``full_state_dict``: the
@@ -86,7 +87,7 @@ def gather_local_states(methods: Sequence[Any]) -> dict:
     return {"per_rank": per_rank, "world": len(per_rank)}
 
 
-def save(ckpt: CheckpointManager, cfg, step: int, run_state: dict, methods: Sequence[Any], tr: Trainables,
+def save(ckpt: CheckpointManager, cfg, step: int, run_state: dict, methods: Sequence[Any], tr: TrainedModel,
          par: Parallel, metrics: dict[str, float]) -> Path | None:
     """Collective: every process calls it. Writes checkpoint ``step``; ``metrics``: the step's, from which
     ``run.best_metric`` is read for retention. Returns the checkpoint folder on the main process."""
@@ -136,7 +137,7 @@ def _load_local_states(methods: Sequence[Any], saved: dict | None, par: Parallel
             m.load_state_dict(per[par.rank][m.name])
 
 
-def resume(ckpt: CheckpointManager, cfg, methods: Sequence[Any], tr: Trainables, par: Parallel,
+def resume(ckpt: CheckpointManager, cfg, methods: Sequence[Any], tr: TrainedModel, par: Parallel,
            restore_run_state: Callable[[dict], None]) -> Path | None:
     """Restore a run from ``run.resume_from`` (auto: the newest valid checkpoint); None when there is none. The
     weights, optimizer, scheduler, mixed-precision scaler, the methods' states and the RNG are restored here;

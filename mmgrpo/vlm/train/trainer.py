@@ -169,8 +169,7 @@ class GRPOTrainer:
         self.model, self.unwrapped, self.params = opt.model, opt.unwrapped, opt.params
         self.optimizer, self.scheduler = opt.optimizer, opt.scheduler
         # what a checkpoint writes and restores of them (mmgrpo.vlm.checkpoint)
-        self.trainables = checkpoint.Trainables(self.policy, self.model, self.unwrapped, self.optimizer,
-                                                self.scheduler)
+        self.trained = checkpoint.TrainedModel(self.policy, self.model, self.unwrapped, self.optimizer, self.scheduler)
         self.logprob_impl = setup.choose_logprob_impl(cfg, self.policy, self.model, self.grad_sync, self.dist_kind)
         # old, reference and current log-probs all go through this one function (on-policy ratios exactly 1)
         self.logprobs = TokenLogprobs(self.logprob_impl, self.pad_id, cfg.rollout.temperature,
@@ -288,7 +287,7 @@ class GRPOTrainer:
         if st.started:
             return False
         st.started = True
-        path = checkpoint.resume(self.ckpt, self.cfg, self.methods, self.trainables, self.parallel,
+        path = checkpoint.resume(self.ckpt, self.cfg, self.methods, self.trained, self.parallel,
                                  self._restore_run_state)
         resumed = path is not None
         if resumed:
@@ -363,7 +362,7 @@ class GRPOTrainer:
         st = self.state
         run_state = {"step": st.step, "stream": st.stream.state_dict(), "counters": dict(st.counters),
                      **self.guard.state_dict(), "selected": st.selected}
-        path = checkpoint.save(self.ckpt, self.cfg, st.step, run_state, self.methods, self.trainables,
+        path = checkpoint.save(self.ckpt, self.cfg, st.step, run_state, self.methods, self.trained,
                                self.parallel, st.metrics)
         self.guard.saved(st.step, path)  # a stop right after this save does not write it again
         return path
