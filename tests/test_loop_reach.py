@@ -85,3 +85,25 @@ def test_the_flow_library_never_takes_the_run(index):
                 if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
                     found.append(f"{m.name}.{node.name}")
     assert found == []
+
+
+def test_the_vlm_recipe_is_its_package_and_its_library_never_takes_the_run(reach, index):
+    """The VLM recipe (issue #34's target, kept): one step reaches <= 15 functions of ``mmgrpo/vlm/train/`` in <= 3
+    files; every function of ``mmgrpo.vlm`` outside the recipe and the methods (their protocol hands them the run)
+    takes explicit arguments, whether one step reaches it or not (validation, checkpoints, the prompt feed)."""
+    import ast
+
+    vlm, _ = reach["vlm"]
+    assert all(p.startswith("mmgrpo/vlm/train/") for p in vlm["recipe_by_file"])
+    assert vlm["recipe_functions"] <= 15 and vlm["recipe_files"] <= 3
+    mod = sys.modules["loop_reach"]
+    run_cls = "mmgrpo.vlm.train.trainer.GRPOTrainer"
+    found = []
+    for m in index.modules.values():
+        if not m.name.startswith("mmgrpo.vlm.") or m.name.startswith(("mmgrpo.vlm.train", "mmgrpo.vlm.methods")):
+            continue
+        for node in ast.walk(m.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
+                    found.append(f"{m.name}.{node.name}")
+    assert found == []

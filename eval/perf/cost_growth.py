@@ -191,7 +191,6 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
     import torch
 
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.train.prompts import make_stream
 
     own = None
     if not args.model_dir:
@@ -221,7 +220,7 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
     def step(tr, n):
         def fn():
             tr.samples = tr.all_samples = [samples[n]]
-            tr.state.stream = make_stream(tr)
+            tr.state.stream = tr.new_stream()
             return tr.train(steps=1)[-1]
         return fn
 

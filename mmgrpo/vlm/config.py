@@ -166,7 +166,7 @@ class RolloutConfig:
     onpolicy_check: bool = field(default=True, metadata=_h(
         "step-0 on-policy check: at the first step, before any update, the trainer's log-probs of the sampled "
         "completions must equal the rollout backend's (ratio 1 up to rounding), else the run stops naming the "
-        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.train.onpolicy"))
+        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.monitor.onpolicy"))
     onpolicy_tol: float = field(default=0.0, metadata=_h(
         "bound of the step-0 check on max |ratio-1|; 0 = by the compute precision (model.dtype, or the autocast "
         "dtype of run.mixed_precision): float32 max <= 1e-3, bfloat16 mean <= 2e-2, float16 mean <= 5e-3 "
@@ -319,7 +319,7 @@ class RunConfig:
 
 @dataclass
 class ValidationConfig:
-    """Greedy evaluation on a fixed validation set during training (mmgrpo.vlm.train.validation)."""
+    """Greedy evaluation on a fixed validation set during training (mmgrpo.vlm.monitor.validation)."""
 
     file: str = field(default="", metadata=_h(
         "validation JSONL (canonical format, same task as data.train_file); never the held-out test split "
@@ -356,7 +356,7 @@ class ValidationConfig:
 
 @dataclass
 class FormatGuardConfig:
-    """Format-collapse guard (mmgrpo.vlm.train.format_guard): per step, the share of well-formed completions and
+    """Format-collapse guard (mmgrpo.vlm.monitor.format_guard): per step, the share of well-formed completions and
     the share that ran to the token cap, averaged over a window of steps."""
 
     action: Literal["warn", "stop", "off"] = field(default="warn", metadata=_h(
