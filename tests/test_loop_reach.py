@@ -107,3 +107,42 @@ def test_the_vlm_recipe_is_its_package_and_its_library_never_takes_the_run(reach
                 if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
                     found.append(f"{m.name}.{node.name}")
     assert found == []
+
+
+def test_a_callee_handed_the_run_is_recipe_code_and_a_callable_object_runs_its_call(monkeypatch):
+    """Two ways code could hide from the count: a library function that gets the trainer under another name
+    (``def f(tr)`` called as ``f(self)``) is recipe code, followed and counted; calling an instance of one of our
+    classes (``scorer(x)``) reaches its ``__call__``."""
+    import ast
+
+    mod = sys.modules["loop_reach"]
+    ix = mod.Index.__new__(mod.Index)
+    ix.modules, ix._attr_types = {}, {}
+    sources = {
+        "flow_grpo.train.fake": ("from flow_grpo.fakelib import helper, Scorer\n"
+                                 "class Run:\n"
+                                 "    def train(self):\n"
+                                 "        scorer = Scorer()\n"
+                                 "        while True:\n"
+                                 "            helper(1, self)\n"
+                                 "            scorer(2)\n"),
+        "flow_grpo.fakelib": ("def helper(x, tr):\n    return inner(tr)\n"
+                              "def inner(tr):\n    return 0\n"
+                              "class Scorer:\n    def __call__(self, x):\n        return _score(x)\n"
+                              "def _score(x):\n    return x\n"),
+    }
+    for name, src in sources.items():
+        m = mod.Module(name, REPO / (name.replace(".", "/") + ".py"), ast.parse(src))
+        m.is_pkg = False
+        ix.modules[name] = m
+    for m in ix.modules.values():
+        ix._read_module(m)
+    ix.names = {n.name for m in ix.modules.values() for n in ast.walk(m.tree) if isinstance(n, ast.FunctionDef)}
+    monkeypatch.setitem(mod.RECIPES, "flow", ("flow_grpo.train.fake", "Run"))
+    r = mod.reach(ix, "flow", only_recipe=True)
+    recipe = {q for fs in r["recipe_by_file"].values() for q in fs}
+    # helper takes the run as `tr`: recipe code, followed (so inner, handed the run too, is counted)
+    assert recipe == {"flow_grpo.fakelib.helper", "flow_grpo.fakelib.inner"}
+    # Scorer.__call__ is an entry point (it takes no run): counted, not followed
+    assert _names(r) == recipe | {"flow_grpo.fakelib.Scorer.__call__"}
+    assert "flow_grpo.fakelib._score" in _names(mod.reach(ix, "flow"))
