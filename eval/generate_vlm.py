@@ -90,6 +90,7 @@ from eval.harness import (  # noqa: E402
     sha256_file,
     write_json,
 )
+from mmgrpo.vlm.models.adapters import ADAPTERS, check_family  # noqa: E402  (no torch import)
 from mmgrpo.vlm.tools.config import ToolsConfig  # noqa: E402  (no torch import)
 
 PREDICTIONS = "predictions.jsonl"
@@ -218,8 +219,9 @@ class EvalVLMConfig:
                        metadata=_h("model folder, LoRA-merged folder, adapter folder or trainer checkpoint"))
     adapter: str = field(default="", metadata=_h("optional LoRA adapter folder applied on top of model"))
     merge_adapter: bool = field(default=True, metadata=_h("merge the adapter into the weights before generating"))
-    family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
-        default="auto", metadata=_h("model family; auto = config.json model_type"))
+    family: str = field(default="auto", metadata=_h(
+        f"model family: auto (config.json's model_type) | a family of mmgrpo.vlm.models.adapters.ADAPTERS: "
+        f"{' | '.join(ADAPTERS)}"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata=_h("weights dtype; auto = bfloat16 on GPU, float32 on CPU"))
     attn_implementation: str = field(default="sdpa", metadata=_h("sdpa | flash_attention_2 | eager"))
@@ -244,6 +246,9 @@ class EvalVLMConfig:
     export: list[str] = field(default_factory=list, metadata=_h(
         EXPORT_HELP + "; written to out_dir/export/"))
     export_split: str = field(default="test", metadata=_h("nextgqa export: split prefix of the file names"))
+
+    def __post_init__(self):
+        check_family(self.family, "family")  # the adapter registry is the only list of families
 
 
 # ------------------------------------------------------------------------------------------------ model

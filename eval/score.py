@@ -61,6 +61,7 @@ if __package__ in (None, ""):  # executed as a script: make the repository root 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.metrics import DEFAULT_DURATION_BUCKETS, breakdown, group_value, mean_pct, pct, rate_at  # noqa: E402
+from mmgrpo.vlm.models.adapters import ADAPTERS  # noqa: E402
 from mmgrpo.vlm.rewards.box import BOX_FRAMES, resolve_box_frame, smart_resize  # noqa: E402
 from mmgrpo.vlm.rewards.choice import mcq_exact, mcq_soft  # noqa: E402
 from mmgrpo.vlm.rewards.numeric import mean_relative_accuracy, numeric_reward  # noqa: E402
@@ -480,7 +481,9 @@ def _options(task: str, **opts: Any) -> dict:
             raise ValueError("rec scoring needs box_frame (qwen2_vl | qwen2_5_vl | qwen3_vl | norm1000 | ...)")
         kind = resolve_box_frame(o["box_frame"])
         if o["patch_factor"] is None:
-            o["patch_factor"] = 32 if o["box_frame"] == "qwen3_vl" else 28
+            # a family's merged-patch side (its adapter's 2 x patch_size: 28, Qwen3-VL 32); 28 for a bare frame
+            ad = ADAPTERS.get(o["box_frame"])
+            o["patch_factor"] = 2 * ad.patch_size if ad is not None else 28
         o["box_frame_kind"] = kind
     return o
 

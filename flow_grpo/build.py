@@ -1,12 +1,13 @@
-"""Setup of the flow recipe, plain functions :class:`flow_grpo.trainer.FlowGRPOTrainer` calls in order: accelerator
-and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model, optimizer and
-LR schedule, EMA, the KL reference fingerprint and reference images."""
+"""Setup of the flow recipe, plain functions :class:`flow_grpo.train.trainer.FlowGRPOTrainer` calls in order:
+accelerator and launch check, adapter, config validation, LoRA / full fine-tune, ``accelerator.prepare`` of model,
+optimizer and LR schedule, EMA, the KL reference fingerprint and reference images."""
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
-from types import SimpleNamespace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -16,7 +17,31 @@ from mmgrpo.utils.schedule import LRFactor
 
 from .ema import EMA
 
+if TYPE_CHECKING:
+    from .models.base import FlowModelAdapter
+
 log = get_logger("flow_grpo.trainer")
+
+
+@dataclass
+class TrainedModel:
+    """What :func:`setup_model` returns: the weights being trained and how they are distributed, the explicit
+    argument of the checkpoint and export functions (:mod:`flow_grpo.checkpointing`). No run state (epoch, counters,
+    methods) lives here."""
+
+    adapter: FlowModelAdapter  # ``adapter.model`` is the prepared module
+    accelerator: Any
+    model: torch.nn.Module  # the prepared transformer (DDP / FSDP / DeepSpeed wrapper): every forward goes through it
+    unwrapped: torch.nn.Module  # accelerator.unwrap_model(model): its parameters feed EMA, saving and export
+    optimizer: Any
+    lr_scheduler: Any
+    named_params: list  # [(name, parameter)] of the trainable parameters
+    params: list
+    ema: Optional[EMA]
+    reference_info: dict  # what the KL reference is + the fingerprint of the frozen base weights
+    sharded: bool  # FSDP / DeepSpeed: every process holds shards
+    deepspeed: bool
+    lora: bool  # model.lora.enabled
 
 
 def _peft_init(v: str):
@@ -170,11 +195,11 @@ def reference_settings(adapter, cfg) -> dict:
             "kl_type": cfg.optim.kl_type, "base_fingerprint": h.hexdigest(), "base_tensors": n}
 
 
-def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> SimpleNamespace:
+def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> TrainedModel:
     """LoRA (or full fine-tune), then the standard accelerate way: DDP / FSDP / DeepSpeed per the launch config
-    for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns model,
-    optimizer, lr_scheduler, unwrapped, named_params, params, ema and reference_info. ``before_prepare(adapter)``
-    runs between the two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
+    for the transformer, the optimizer and the LR schedule; every forward uses the prepared module. Returns them with
+    the EMA and the reference fingerprint as a :class:`TrainedModel`. ``before_prepare(adapter)`` runs between the
+    two (sequence parallelism's hooks go on the LoRA-wrapped modules, under DDP / FSDP)."""
     from accelerate.utils import DistributedType
 
     if cfg.model.lora.enabled:
@@ -209,8 +234,10 @@ def setup_model(cfg, acc, adapter, sharded: bool, before_prepare=None) -> Simple
     named_params = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
     params = [p for _, p in named_params]
     ema = EMA(params, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
-    return SimpleNamespace(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, unwrapped=unwrapped,
-                           named_params=named_params, params=params, ema=ema, reference_info=reference_info)
+    return TrainedModel(adapter=adapter, accelerator=acc, model=model, unwrapped=unwrapped, optimizer=optimizer,
+                        lr_scheduler=lr_scheduler, named_params=named_params, params=params, ema=ema,
+                        reference_info=reference_info, sharded=sharded,
+                        deepspeed=acc.distributed_type == DistributedType.DEEPSPEED, lora=cfg.model.lora.enabled)
 
 
 def make_optim(cfg, module, sharded: bool):

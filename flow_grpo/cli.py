@@ -118,7 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     def train() -> None:
-        from .trainer import train_from_config
+        from .train.trainer import train_from_config
 
         train_from_config(cfg)
 

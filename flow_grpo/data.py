@@ -1,6 +1,7 @@
 """Prompt files and the per-epoch sample layout of the flow trainer."""
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 from typing import Optional
@@ -69,14 +70,33 @@ def eval_prompts(d) -> tuple[list[str], list[dict]]:
     return prompts, meta
 
 
-def epoch_samples(cfg, prompts: list[str], metadata: list[dict], epoch: int, lo: int, hi: Optional[int]):
-    """Samples ``[lo, hi)`` of the epoch: prompts, metadata, global group ids and the three seed lists (x_T, SDE
-    noise, step plan). A pure function of (seed, epoch, prompt list): the data-sampler position is the epoch
-    counter."""
+def process_slice(d, rank: int, world: int) -> range:
+    """The sample indices of an epoch that process ``rank`` of ``world`` draws (``d``: the ``data`` config): an equal
+    contiguous share of the ``group_size * groups_per_epoch`` samples (a group may span processes)."""
+    per = d.group_size * d.groups_per_epoch // world
+    return range(rank * per, (rank + 1) * per)
+
+
+def prompts_sha256(prompts: list[str]) -> str:
+    """The hex SHA-256 of the prompt list (one per line): a checkpoint records it, a resume warns when it differs."""
+    return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
+
+
+def prompt_keys(prompts) -> torch.Tensor:
+    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
+    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
+                         for p in prompts], dtype=torch.int64)
+
+
+def epoch_samples(cfg, prompts: list[str], metadata: list[dict], epoch: int, lo: int = 0, hi: Optional[int] = None):
+    """Samples ``[lo, hi)`` of the epoch (default: all of them): prompts, metadata, global group ids and the three
+    seed lists (x_T, SDE noise, step plan). A pure function of (seed, epoch, prompt list): the data-sampler position
+    is the epoch counter."""
     from mmgrpo.utils.seeding import sample_seed
 
     c = cfg
     G, n_groups = c.data.group_size, c.data.groups_per_epoch
+    hi = G * n_groups if hi is None else hi
     g = torch.Generator().manual_seed(sample_seed(c.run.seed, epoch, 0))
     order = torch.randperm(len(prompts), generator=g)
     out_p, meta, gids, xs, ns, ps = [], [], [], [], [], []

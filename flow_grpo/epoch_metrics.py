@@ -1,4 +1,6 @@
-"""The metrics row of one flow training epoch, over the whole gathered batch (all processes)."""
+"""The metrics row of one flow training epoch, over the whole gathered batch (all processes): rewards, group and
+advantage statistics, reward call counters, NFEs, timings, gradient norms and loss statistics. Functions of explicit
+arguments; the recipe adds its run totals (epoch, LR, skipped steps)."""
 from __future__ import annotations
 
 import torch
@@ -8,14 +10,13 @@ from mmgrpo.engine.dist import all_gather_object, all_reduce, gather_rows
 REWARD_COUNTERS = ("calls", "retries", "timeouts", "failed_calls", "dropped")
 
 
-def _reward_metrics(tr, traj) -> tuple[dict, float, float]:
+def _reward_metrics(traj, names: list[str], win_rate: bool, device) -> tuple[dict, float, float]:
     """Reward means (total, components, win rates) of the valid samples; also the image count and the number of
     samples with a trained step."""
-    names = list(tr.rewards.weights)
-    extra = ["win_rate", "pointwise_total"] if tr.rewards.pairwise is not None else []
+    extra = ["win_rate", "pointwise_total"] if win_rate else []
     valid = traj.rewards["valid"]
     cols = torch.stack([traj.rewards["total"].float()] + [traj.rewards[k].float() for k in names + extra], 1)
-    (cols_all, v_all, tm_all), _ = gather_rows([cols, valid, traj.train_mask.any(1)], tr.device)
+    (cols_all, v_all, tm_all), _ = gather_rows([cols, valid, traj.train_mask.any(1)], device)
     vcols = cols_all[v_all]
     out = {
         "reward/total/mean": float(vcols[:, 0].mean()) if len(vcols) else float("nan"),
@@ -50,16 +51,20 @@ def _update_metrics(upd: dict, beta: float) -> dict:
     return out
 
 
-def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float, t_train: float) -> dict:
-    """``rsum``: the reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
-    :func:`~flow_grpo.steps.run_updates` collected."""
-    rewards, n_images, n_trained = _reward_metrics(tr, traj)
+def epoch_metrics(traj, stats: dict, rsum: list, upd: dict, t_sample: float, t_train: float, *,
+                  reward_names: list[str], win_rate: bool, kl_coef: float, device) -> dict:
+    """``traj``: the epoch's rollouts (this process's); ``stats``: the advantage / group statistics; ``rsum``: the
+    reward call counters (:data:`REWARD_COUNTERS`) summed over processes; ``upd``: what
+    :func:`~flow_grpo.train.steps.run_updates` collected; ``reward_names``: the reward components; ``win_rate``: the
+    totals are Pref-GRPO win rates (``reward.mode=win_rate``); ``kl_coef``: ``optim.kl_coef`` (a KL is logged when
+    > 0)."""
+    rewards, n_images, n_trained = _reward_metrics(traj, reward_names, win_rate, device)
     # NFEs per trajectory of the whole batch: each process's mean depends on its own step plans (TP-GRPO's and
     # G2RPO's completions start at each sample's window)
-    nfe_sum, n_traj = all_reduce([traj.nfe_per_trajectory * len(traj), float(len(traj))], "sum", tr.device)
+    nfe_sum, n_traj = all_reduce([traj.nfe_per_trajectory * len(traj), float(len(traj))], "sum", device)
     grad_norms, status = upd["grad_norms"], upd["status"]
     out = {
-        "epoch": tr.state.epoch, **rewards,
+        **rewards,
         "reward/calls": rsum[0], "reward/retries": rsum[1], "reward/timeouts": rsum[2],
         "reward/failed_calls": rsum[3], "reward/dropped_by_failure": rsum[4],
         **stats,
@@ -68,11 +73,8 @@ def epoch_metrics(tr, traj, stats: dict, rsum: list, upd: dict, t_sample: float,
         "images_per_s": n_images / max(t_sample + t_train, 1e-9),
         "actual_batch_size": n_trained,
         "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
-        "lr": float(tr.lr_scheduler.get_last_lr()[0]),
         "steps/applied": float(status["applied"]), "steps/skipped": float(status["skipped"]),
         "steps/empty": float(status["empty"]),
-        "steps/skipped_total": float(tr.state.counters["skipped_steps"]),
-        "steps/consecutive_skips": float(tr.guard.consecutive_skips),
     }
-    out.update(_update_metrics(upd, tr.cfg.optim.kl_coef))
+    out.update(_update_metrics(upd, kl_coef))
     return out

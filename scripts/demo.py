@@ -351,7 +351,7 @@ def raw_outputs(out: Path, n: int) -> list[dict]:
 
 
 def validation_curve(train_dir: Path) -> list[dict]:
-    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.vlm.train.validation)."""
+    """The GRPO run's validation points (``<run>/validation/curve.jsonl``, mmgrpo.vlm.monitor.validation)."""
     path = train_dir / "validation" / "curve.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     return [{"step": r["step"], **{k: r.get(f"val/{k}") for k in ("mIoU", "R1@0.5", "parse_rate", "well_formed")}}

@@ -8,15 +8,26 @@
 The counting rule
 -----------------
 * **The step** is the body of the ``while`` loop of the recipe's ``train()``: ``GRPOTrainer.train``
-  (``mmgrpo/vlm/train/trainer.py``) and ``FlowGRPOTrainer.train`` (``flow_grpo/trainer.py``). What ``train()`` does
-  before the loop (resume, the methods' ``on_train_start``) and after it (the final checkpoint, the export) runs once
-  per run and is not counted; ``train()`` itself is reported by its line count.
+  (``mmgrpo/vlm/train/trainer.py``) and ``FlowGRPOTrainer.train`` (``flow_grpo/train/trainer.py``). What ``train()``
+  does before the loop (resume, the methods' ``on_train_start``) and after it (the final checkpoint, the export) runs
+  once per run and is not counted; ``train()`` itself is reported by its line count.
 * **Counted**: every function or method defined in this repository (``mmgrpo/``, ``flow_grpo/``) that the step can
   reach, transitively, on any path (error and stop paths included): called, passed as a value (a callback, a
-  ``functools.partial``), entered as a context manager, or read as a ``@property``. A nested function or lambda is
+  ``functools.partial``), entered as a context manager, read as a ``@property``, or run as the ``__call__`` of
+  an instance of one of our classes (``scorer(x)``). A nested function or lambda is
   part of the function that defines it. A class's constructor counts when the class defines ``__init__`` or
   ``__post_init__``. A call through an attribute whose default is one of our functions (``PolicyLoss.fn`` =
   ``grpo_loss``, the flow default ``column_loss``) counts that default: it is what runs when no method replaces it.
+* **The recipe and the rest.** The recipe is the code a researcher reads to follow one step: its package,
+  ``mmgrpo/vlm/train/`` and ``flow_grpo/train/``, plus any function elsewhere that takes the recipe's trainer (a
+  parameter named ``run`` / ``trainer`` without annotation or annotated with the trainer class, or any parameter
+  a reached call hands the trainer to: ``f(self)``, ``f(x, tr=run)``): such a function reads the run's state, so it
+  is recipe code wherever it lives. Recipe functions are counted and followed. A
+  function of the rest of the project (data, models, rewards, the flow library of sampler, scoring, checkpoints,
+  evaluation and epoch metrics, the shared ``mmgrpo`` library) that the recipe calls is an *entry point*: it takes
+  explicit arguments, so it is counted once and not followed (like ``torchtune.generation`` seen from a torchtune
+  recipe). The second line of the output follows every entry point too ("everything reached"), so that moving code
+  out of the recipe never hides it.
 * **Not followed** (the protocol boundaries, where a researcher plugs in): the hooks of a method (any attribute of
   :class:`mmgrpo.engine.method.Method` or a subclass: ``VLMMethod``, ``FlowMethod`` and every method module), a model
   adapter (``ModelAdapter`` / ``Policy`` for Qwen-VL, ``FlowModelAdapter`` for diffusers pipelines), the VLM rollout
@@ -44,7 +55,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("mmgrpo", "flow_grpo")
-RECIPES = {"vlm": ("mmgrpo.vlm.train.trainer", "GRPOTrainer"), "flow": ("flow_grpo.trainer", "FlowGRPOTrainer")}
+RECIPES = {"vlm": ("mmgrpo.vlm.train.trainer", "GRPOTrainer"), "flow": ("flow_grpo.train.trainer", "FlowGRPOTrainer")}
 BOUNDARY_CLASSES = {
     "mmgrpo.engine.method.Method": "method hook",
     "mmgrpo.vlm.models.adapters.ModelAdapter": "model adapter",
@@ -265,7 +276,8 @@ class Index:
 class Env:
     """The local types of one function."""
 
-    def __init__(self, ix: Index, m: Module, cls: str | None, fn: ast.AST, run_cls: str | None = None):
+    def __init__(self, ix: Index, m: Module, cls: str | None, fn: ast.AST, run_cls: str | None = None,
+                 run_params: frozenset = frozenset()):
         self.ix, self.m, self.cls = ix, m, cls
         self.vars: dict[str, object] = {}
         args = fn.args
@@ -273,7 +285,7 @@ class Env:
             t = ix.annotation(m, a.annotation)
             if t is None and a.arg == "self" and cls:
                 t = ("inst", cls)
-            if t is None and a.arg in ("run", "trainer") and run_cls:
+            if t is None and (a.arg in ("run", "trainer") or a.arg in run_params) and run_cls:
                 t = ("inst", run_cls)
             self.vars[a.arg] = t
         for _ in range(2):  # twice: an assignment may use a name assigned below it in the walk order
@@ -393,11 +405,24 @@ def _loop(fn: ast.AST) -> ast.While:
 
 
 def in_recipe(kind: str, module: Module) -> bool:
-    """The recipe's own package: ``mmgrpo.vlm.train`` / the top-level modules of ``flow_grpo`` (not its
-    subpackages ``methods``, ``models``, ``rewards``)."""
-    if kind == "vlm":
-        return module.name.startswith("mmgrpo.vlm.train.")
-    return module.name.startswith("flow_grpo.") and module.name.count(".") == 1 and not module.is_pkg
+    """The recipe's own package: ``mmgrpo.vlm.train`` / ``flow_grpo.train``."""
+    return module.name.startswith({"vlm": "mmgrpo.vlm.train.", "flow": "flow_grpo.train."}[kind])
+
+
+def takes_run(f: Func, run_cls: str) -> bool:
+    """``f`` takes the recipe's trainer object: a parameter named ``run`` / ``trainer`` (unannotated) or annotated
+    with the trainer class, or ``self`` of a trainer method. Such a function reads the recipe's state: it is recipe
+    code wherever it lives (counted and followed), never an entry point."""
+    if f.cls == run_cls:
+        return True
+    args = f.node.args
+    for a in args.posonlyargs + args.args + args.kwonlyargs:
+        if a.annotation is None and a.arg in ("run", "trainer"):
+            return True
+        if a.annotation is not None and (ast.unparse(a.annotation).strip("'\"").rsplit(".", 1)[-1]
+                                         == run_cls.rsplit(".", 1)[-1]):
+            return True
+    return False
 
 
 def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
@@ -409,10 +434,35 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
     reached: dict[str, Func] = {}
     boundary: dict[str, set] = {}
     untyped: dict[str, set] = {}
+    # functions some reached call hands the trainer object to -> the parameters it binds to (whatever their names)
+    handed_run: dict[str, set[str]] = {}
 
     def visit(nodes: list[ast.AST], env: Env, where: str) -> list[Func]:
         found = []
         calls = {id(n.func) for stmt in nodes for n in ast.walk(stmt) if isinstance(n, ast.Call)}
+        for stmt in nodes:
+            for c in ast.walk(stmt):
+                if not isinstance(c, ast.Call):
+                    continue
+                # a call handed the trainer (`f(self)`, `f(x, trainer=run)`): the callee reads the recipe's state
+                pos = [i for i, a in enumerate(c.args) if env.type_of(a) == ("inst", run_cls)]
+                kws = [k.arg for k in c.keywords if k.arg and env.type_of(k.value) == ("inst", run_cls)]
+                if pos or kws:
+                    s = env.symbol(c.func)
+                    if s and s[0] in ("func", "prop") and not (s[1].cls and ix.boundary(s[1].cls)):
+                        fa = s[1].node.args
+                        params = [a.arg for a in fa.posonlyargs + fa.args]
+                        if s[1].cls and isinstance(c.func, ast.Attribute) and params[:1] == ["self"]:
+                            params = params[1:]  # obj.method(run): the first parameter after self
+                        handed_run.setdefault(s[1].qual, set()).update(
+                            [params[i] for i in pos if i < len(params)] + kws)
+                # calling an instance of one of our classes runs its __call__
+                if not isinstance(c.func, (ast.Name, ast.Attribute)) or (env.symbol(c.func) or ("",))[0] == "value":
+                    t = env.type_of(c.func)
+                    if t and t[0] == "inst" and not ix.boundary(t[1]):
+                        mem = ix.member(t[1], "__call__")
+                        if mem and mem[0] == "func":
+                            found.append(mem[1])
         for stmt in nodes:
             for n in ast.walk(stmt):
                 if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(n.ctx, ast.Load):
@@ -446,22 +496,33 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
                             found.append(mem[1])
         return found
 
+    def recipe_code(f: Func) -> bool:
+        return in_recipe(kind, f.module) or takes_run(f, run_cls) or f.qual in handed_run
+
     todo = visit(loop.body, Env(ix, m, run_cls, train, run_cls), "train")
+    followed: dict[str, frozenset] = {}  # function -> the parameters known to hold the run when it was followed
     while todo:
         f = todo.pop()
-        if f.qual in reached:
-            continue
-        reached[f.qual] = f
-        if only_recipe and not in_recipe(kind, f.module):
-            continue  # an entry point into another part of the project: counted, not followed
-        env = Env(ix, f.module, f.cls, f.node, run_cls)
+        reached.setdefault(f.qual, f)
+        params = frozenset(handed_run.get(f.qual, ()))
+        if followed.get(f.qual) == params or (only_recipe and not recipe_code(f)):
+            continue  # followed already, or an entry point into another part of the project: counted, not followed
+        followed[f.qual] = params
+        env = Env(ix, f.module, f.cls, f.node, run_cls, params)
         todo.extend(visit(f.node.body, env, f.qual))
+        # a function reached earlier that a call here hands the run to (again, or under another parameter): follow
+        # it (again) as recipe code
+        todo.extend(reached[q] for q, ps in handed_run.items() if q in reached and followed.get(q) != frozenset(ps))
     by_file: dict[str, list[str]] = {}
     for q, f in sorted(reached.items()):
         by_file.setdefault(str(f.module.path.relative_to(REPO)), []).append(q)
-    own = {p: fs for p, fs in by_file.items() if in_recipe(kind, reached[fs[0]].module)}
-    return {"recipe_functions": sum(map(len, own.values())), "recipe_files": len(own),
-            "entry_points": len(reached) - sum(map(len, own.values())),
+    own: dict[str, list[str]] = {}  # the recipe's functions: its package's and any function that takes the run
+    for q, f in sorted(reached.items()):
+        if recipe_code(f):
+            own.setdefault(str(f.module.path.relative_to(REPO)), []).append(q)
+    n_own = sum(map(len, own.values()))
+    return {"recipe_functions": n_own, "recipe_files": len(own), "entry_points": len(reached) - n_own,
+            "recipe_by_file": own,
             "recipe": f"{m.path.relative_to(REPO)}::{cls_name}.train",
             "train_lines": train.end_lineno - train.lineno + 1, "loop_lines": loop.end_lineno - loop.lineno + 1,
             "functions": len(reached), "files": len(by_file), "by_file": by_file,
@@ -494,10 +555,11 @@ def main(argv: list[str] | None = None) -> int:
               f"  everything reached, every entry point followed: {r['all']['functions']} functions in"
               f" {r['all']['files']} files")
         if args.list:
+            own = {q for fs in r["recipe_by_file"].values() for q in fs}
             for path, fs in r["by_file"].items():
                 print(f"  {path} ({len(fs)})")
                 for q in fs:
-                    print(f"    {q}")
+                    print(f"    {q}{'' if q in own else '    (entry point)'}")
             if args.all:
                 print("  everything reached:")
                 for path, fs in r["all"]["by_file"].items():

@@ -192,7 +192,7 @@ def step_flow(spec: dict, folder: Path, run_dir: Path, full: bool, steps: int) -
 
     from flow_grpo.config import load_train_config
     from flow_grpo.models import load_adapter
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     kind = spec["kind"]
     ad = load_adapter(str(folder), kind=kind, dtype=torch.bfloat16, max_sequence_length=spec["max_sequence_length"])
@@ -245,7 +245,7 @@ def _stage(a) -> dict:
         info["shards"] = sorted(p.name for p in folder.rglob("*.safetensors"))
         info["build_seconds"] = time.perf_counter() - t0
         return info
-    import flow_grpo.trainer  # noqa: F401  (the imports count in the baseline, not in the peak)
+    import flow_grpo.train.trainer  # noqa: F401  (the imports count in the baseline, not in the peak)
     import mmgrpo.vlm.train.trainer  # noqa: F401
     import peft  # noqa: F401
     base = rss_bytes()

@@ -77,7 +77,7 @@ def _trainer(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0)
 
     from flow_grpo.config import load_train_config
     from flow_grpo.models import adapter_from_pipeline
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     t0 = time.perf_counter()
     pipe, dtype, msl, spec_name = _pipeline(ctx, kind)
@@ -121,7 +121,7 @@ def _epochs(ctx: Ctx, kind: str, res: tuple[int, int], G: int, frames: int = 0, 
             planner: bool = True) -> None:
     import torch
 
-    import flow_grpo.steps as stages
+    import flow_grpo.train.steps as stages
     from flow_grpo.memory_plan import counts
     from flow_grpo.sampler import sample_trajectories
     from mmgrpo.utils.memory_plan import MODELS, flow_tokens, plan

@@ -57,7 +57,6 @@ def _model_shape(model) -> dict:
 def _grpo_steps(ctx: Ctx, mode: str) -> None:
     import torch
 
-    import mmgrpo.vlm.train.onpolicy as onpolicy
     import mmgrpo.vlm.train.steps as stages
     import mmgrpo.vlm.train.trainer as recipe
     from mmgrpo.utils.config import load_config
@@ -91,10 +90,10 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
     tr.backend.generate = timer.wrap("generation", tr.backend.generate)
     # the recipe's stage functions, timed where the loop looks them up (restored below)
     real = {(recipe, "precompute"): recipe.precompute, (stages, "_micro_step"): stages._micro_step,
-            (stages, "_apply_update"): stages._apply_update, (onpolicy, "check_first_step"): onpolicy.check_first_step}
+            (stages, "_apply_update"): stages._apply_update, (tr.onpolicy, "check"): tr.onpolicy.check}
     for (mod, name), fn in real.items():
         label = {"precompute": "old_ref_logprobs", "_micro_step": "forward_backward", "_apply_update": "optimizer",
-                 "check_first_step": "onpolicy_check"}[name]
+                 "check": "onpolicy_check"}[name]
         setattr(mod, name, timer.wrap(label, fn))
     try:
         shape = _model_shape(tr.model)
@@ -134,7 +133,7 @@ def _grpo_steps(ctx: Ctx, mode: str) -> None:
                         gpu=on_gpu)
             rec["planner"] = planner_comparison(pred, rec["memory"], on_gpu)
             steps.append(rec)
-            ctx.put(steps=steps, onpolicy=getattr(tr, "onpolicy_stats", None), model_shape=shape)
+            ctx.put(steps=steps, onpolicy=tr.onpolicy.stats, model_shape=shape)
             ctx.log(f"step {step}: {wall['step']:.1f} s " + ", ".join(f"{k} {s:.2f}" for k, s in ph.items())
                     + (f"; MFU {rec['mfu']:.3f}" if rec["mfu"] is not None else ""))
         last = steps[-1]

@@ -202,10 +202,11 @@ def save_bench_vlm(directory: str, size: str = "tiny", family: str = "qwen2_5_vl
     merged tokens (448x448 -> 256)."""
     import torch
 
+    from mmgrpo.vlm.models.adapters import get_adapter
     from mmgrpo.vlm.models.tiny import build_tiny_model, build_tiny_processor, model_class, tiny_config
 
     proc = build_tiny_processor(family)
-    f = 28 if family != "qwen3_vl" else 32
+    f = 2 * get_adapter(family).patch_size  # a merged token's side: 28, Qwen3-VL 32
     proc.video_processor.size = {"shortest_edge": 4 * f * f, "longest_edge": video_max_tokens_per_frame * f * f}
     proc.image_processor.size = {"shortest_edge": 4 * f * f, "longest_edge": image_max_tokens * f * f}
     if size == "tiny":

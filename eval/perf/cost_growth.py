@@ -22,7 +22,7 @@ total-pixel budget) and the recipes' G = 8.  Prefix sharing saves the prompt's r
 completions (decoded and scored on both sides) grow; each cell also records the loss's token-count ratio
 G(P+T) / (P + G(T-1)) for comparison.  ``--parts lengths`` runs this part alone.
 
-**Flow** (one epoch of ``flow_grpo.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
+**Flow** (one epoch of ``flow_grpo.train.trainer.FlowGRPOTrainer.train``: sample groups_per_epoch x group_size images with the
 SDE sampler, rewards, advantages, PPO updates over the trained steps), against sampling steps K and resolution.
 There is no naive twin here; cells are interleaved in rounds and each is reported as a paired ratio to the
 smallest cell of the same round (plus medians of wall and CPU time).
@@ -191,7 +191,6 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
     import torch
 
     from mmgrpo.vlm.models.adapters import load_policy
-    from mmgrpo.vlm.train.prompts import make_stream
 
     own = None
     if not args.model_dir:
@@ -221,7 +220,7 @@ def _vlm_grid(args, cells: list[tuple[int, int, int]], name, tag: str) -> dict:
     def step(tr, n):
         def fn():
             tr.samples = tr.all_samples = [samples[n]]
-            tr.state.stream = make_stream(tr)
+            tr.state.stream = tr.new_stream()
             return tr.train(steps=1)[-1]
         return fn
 
@@ -297,7 +296,7 @@ def run_flow(args) -> dict:
     from flow_rollout import build_adapter
 
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     ad, info = build_adapter(args.flow_model, "flux")
     common.set_threads(args.threads)

@@ -5,7 +5,7 @@ decoded through decord (``FORCE_QWENVL_VIDEO_READER=decord``) at ``data.video_fp
 (``data.max_frames=16``), resized by the processor (``data.video_max_pixels``) and trained on by ``GRPOTrainer``
 (the ``mid`` model of common.VLM_SIZES, fp32, 2 prompts x G=4 per step, 32 new tokens, one optimizer step).
 
-The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``_prepare``: with
+The waiting time of a step is the trainer's ``perf/data_wait`` metric (seconds spent in ``PromptFeed.prepare``: with
 ``data.prefetch=0`` the decoding + preprocessing itself, with prefetching only the wait for the background thread);
 the step time is ``perf/step_time``.  Headline = sum(wait) / sum(step time) over the steps after the first with
 ``data.prefetch`` at its default (2; ``--prefetch N`` for another depth): the steady state of a run.  The first step is excluded because nothing can be prefetched
@@ -179,12 +179,10 @@ def _own_cpu_s() -> float:
 
 
 def run_mode(model_dir, root, paths, prefetch, args) -> dict:
-    from mmgrpo.vlm.train.prompts import close_prefetch, get_prefetcher
-
     tr = make_trainer(model_dir, os.path.join(root, f"run{prefetch}"), paths, prefetch, args)
     prefetch = tr.cfg.data.prefetch
     waits, steps, work = [], [], []
-    pf = get_prefetcher(tr)
+    pf = tr.feed.get_prefetcher()
     if pf is not None:  # wall time of each background preparation (stretched when it competes with the step)
         prepare = pf.prepare
 
@@ -205,7 +203,7 @@ def run_mode(model_dir, root, paths, prefetch, args) -> dict:
             waits.append(float(m["perf/data_wait"]))
             steps.append(float(m["perf/step_time"]))
     finally:
-        close_prefetch(tr)
+        tr.feed.close()
     busy1, own1, w1 = _cpu_busy_s(), _own_cpu_s(), time.perf_counter()
     counts = None if pf is None else {"prefetched": pf.hits, "inline": pf.misses}
     others = None if busy0 is None else max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)

@@ -1,8 +1,8 @@
 """Benchmark ``flow_train_overhead``: time per trained denoising step, our training path vs a bare transformer step.
 
-A = the trainer's per-column step: :func:`flow_grpo.steps.column_loss` (recompute the Gaussian
+A = the trainer's per-column step: :func:`flow_grpo.train.steps.column_loss` (recompute the Gaussian
     of a recorded transition with the current model via :func:`flow_grpo.sampler.score_column`, exact fp32
-    log-prob, PPO-clip loss, :func:`flow_grpo.steps.column_loss`) + ``backward()`` through the adapter.
+    log-prob, PPO-clip loss, :func:`flow_grpo.train.steps.column_loss`) + ``backward()`` through the adapter.
     If that path breaks (the private step's signature or the attributes it reads change), the benchmark fails
     (non-zero exit, the error in ``run.py``'s JSON) instead of timing something else; ``--path direct`` times the
     same calls composed here, for diagnosis only.
@@ -33,7 +33,7 @@ NAME = "flow_train_overhead"
 
 
 def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
-    """The recipe's own column loss (:func:`flow_grpo.steps.column_loss`) on a minimal stand-in of the run (cfg,
+    """The recipe's own column loss (:func:`flow_grpo.train.steps.column_loss`) on a minimal stand-in of the run (cfg,
     adapter, accelerator): the code that runs in training, without building a full trainer (logger, checkpoints,
     prompts)."""
     from types import SimpleNamespace
@@ -42,7 +42,7 @@ def _trainer_step_fn(ad, traj, chunk, col, adv, n_global, clip_range: float):
 
     from flow_grpo.config import TrainConfig
     from flow_grpo.methods import credit_method
-    from flow_grpo.steps import column_loss
+    from flow_grpo.train.steps import column_loss
 
     tc = TrainConfig()
     tc.sample = traj.sampling

@@ -1,4 +1,4 @@
-"""What the flow recipe (:mod:`flow_grpo.trainer`) hands to a method, on top of the shared protocol
+"""What the flow recipe (:mod:`flow_grpo.train.trainer`) hands to a method, on top of the shared protocol
 (:class:`mmgrpo.engine.method.Method`, whose docstring lists the stage hooks and which methods use each):
 
 * :class:`FlowMethod`: the protocol with the flow's batch (:class:`~flow_grpo.sampler.Trajectories`, N samples, T
@@ -99,7 +99,8 @@ class CreditOutput:
 
 class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not imported: it imports the plans)
     """A flow method. ``cfg``: the run's TrainConfig (its options: ``cfg.methods.<name>``); ``run``: the
-    :class:`~flow_grpo.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests, scripts)."""
+    :class:`~flow_grpo.train.trainer.FlowGRPOTrainer`, or None when a method serves the sampler alone (tests,
+    scripts)."""
 
     #: the sampler scores ODE completions of intermediate states: :meth:`step_rewards`
     has_step_rewards: ClassVar[bool] = False
@@ -113,7 +114,7 @@ class FlowMethod(Method[Any]):  # the batch: flow_grpo.sampler.Trajectories (not
     drops_zero_advantages: ClassVar[bool] = False
 
     def adjust_log_ratio(self, ctx: "ColumnContext", log_ratio: torch.Tensor) -> torch.Tensor:
-        """The default policy loss (:func:`flow_grpo.steps.column_loss`): the (B, 1) log importance ratio of one
+        """The default policy loss (:func:`flow_grpo.train.steps.column_loss`): the (B, 1) log importance ratio of one
         micro-batch before it is clipped; a method may replace it (GRPO-Guard's normalised ratio)."""
         return log_ratio
 

@@ -33,7 +33,7 @@ class PAR(FlowMethod):
         self.ref: dict[int, float] = {}  # prompt key -> reference reward
 
     def on_rewards(self, traj) -> None:
-        from ..steps import prompt_keys
+        from ..data import prompt_keys
 
         r = traj.rewards["total"].double()
         valid = traj.rewards.get("valid", torch.ones(len(r), dtype=torch.bool)).bool()

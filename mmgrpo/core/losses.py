@@ -9,7 +9,7 @@ generator it is the denoising step k (one Gaussian action per step). Shapes:
 A GRPO loss is ``aggregate_loss(clipped_surrogate(log_ratio(...), A, ...) [* token weights] [+ beta * masked_kl],
 mask, agg)``; GSPO replaces the token log-ratio by :func:`sequence_log_ratio`; Reg-GRPO is :func:`reg_grpo_loss`.
 The compositions live with their users: the VLM default loss in :mod:`mmgrpo.vlm.methods.base`, the flow column
-loss in :mod:`flow_grpo.trainer`, Reg-GRPO in :mod:`mmgrpo.vlm.methods.reg_grpo`.
+loss in :mod:`flow_grpo.train.trainer`, Reg-GRPO in :mod:`mmgrpo.vlm.methods.reg_grpo`.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ flow-matching generators): functions and small classes, not a base trainer class
   without a process group;
 * :mod:`mmgrpo.engine.reward_calls` - reward calls with retries, per-attempt timeouts and exponential back-off;
 * :mod:`mmgrpo.engine.groups` - valid members per group (degenerate-group counting).
+* :mod:`mmgrpo.engine.parallel` - gradient exchange over accelerate (hand-summed or through the prepared
+  engine: DDP / FSDP2 / DeepSpeed) and the sampling context for sharded parameters.
 * :mod:`mmgrpo.engine.checkpoint` - the one checkpoint format (replicated entries + sharded tensors through
   torch.distributed.checkpoint, resumable on another process count) and the skip-and-halt state.
 

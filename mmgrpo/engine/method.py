@@ -1,9 +1,9 @@
-"""One method protocol for both recipes (:mod:`mmgrpo.vlm.train.trainer`, :mod:`flow_grpo.trainer`).
+"""One method protocol for both recipes (:mod:`mmgrpo.vlm.train.trainer`, :mod:`flow_grpo.train.trainer`).
 
 A method is a :class:`Method` subclass in its own module that overrides the hooks it needs; every hook is a no-op
 by default, so each recipe calls every enabled method at every named stage, in registry order, without knowing
 which methods exist (and never probes for a hook). The batch type ``B`` is the front-end's: a
-:class:`~mmgrpo.vlm.train.batch.RolloutBatch` (VLM: N completions, T tokens) or a
+:class:`~mmgrpo.vlm.data.batch.RolloutBatch` (VLM: N completions, T tokens) or a
 :class:`~flow_grpo.sampler.Trajectories` (flow: N images, T trained denoising steps).
 
 =======================  =============================================  ==============================================

@@ -1,5 +1,5 @@
 """Reward calls with retries, a per-attempt timeout and exponential back-off: the one policy both trainers use
-(the VLM trainer through ``mmgrpo.vlm.train.steps`` (its reward calls), the flow trainer through
+(the VLM trainer through :class:`mmgrpo.vlm.rewards.scoring.RewardScorer`, the flow trainer through
 :class:`flow_grpo.scoring.ResilientReward`).
 
 Schedule: a call is tried ``1 + retries`` times; attempt ``k`` (0-based) fails if it raises, exceeds ``timeout``

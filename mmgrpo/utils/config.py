@@ -673,14 +673,36 @@ def load_config(
     if isinstance(overrides, str):
         overrides = [overrides]
     tree = _Tree.from_instance(_default_instance(cls))
+    from_file: set[str] = set()
     if yaml_path is not None and str(yaml_path) != "":
-        _apply_mapping(tree, _read_yaml_file(yaml_path), prefix="", source=str(yaml_path))
+        mapping = _read_yaml_file(yaml_path)
+        _apply_mapping(tree, mapping, prefix="", source=str(yaml_path))
+        from_file = _dotted_keys(mapping)
     for item in overrides:
         key, value = _split_override(item)
         _set_path(
             tree, key.split("."), _Scalar(value), root_cls=cls, full_key=key, source=None, from_cli=True
         )
-    return tree.build()
+        from_file.discard(key)
+    try:
+        return tree.build()
+    except ValueError as exc:
+        # a check in a __post_init__ (a registry lookup, a range) names only its key: add the file that set it
+        m = re.match(r"config key '([^']+)'", str(exc))
+        if m and m.group(1) in from_file:
+            raise ValueError(f"{yaml_path}: {exc}") from exc
+        raise
+
+
+def _dotted_keys(mapping: dict, prefix: str = "") -> set[str]:
+    """Every key a YAML mapping sets, dotted (``train: {lr: 1}`` and ``train.lr: 1`` both give ``train.lr``)."""
+    out = set()
+    for k, v in mapping.items():
+        full = f"{prefix}{k}"
+        out.add(full)
+        if isinstance(v, dict):
+            out |= _dotted_keys(v, full + ".")
+    return out
 
 
 def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:

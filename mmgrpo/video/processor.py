@@ -22,7 +22,14 @@ from typing import Any, Sequence
 
 from .clip import VideoClip
 
-MODEL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# The time contracts (what the processor needs to place frames in time; see above), the processor classes that
+# follow each (by class-name prefix), and the families this module knows by name.  A caller that has a model
+# family's adapter (mmgrpo.vlm.models.adapters: ``ModelAdapter.video_time``) passes its contract as ``video_time=``,
+# so a family registered there needs no line here.
+TIME_CONTRACTS = ("none", "second_per_grid_ts", "timestamps")
+PROCESSOR_TIME = {"Qwen2VL": "none", "Qwen2_5_VL": "second_per_grid_ts", "Qwen3VL": "timestamps"}
+FAMILY_TIME = {"qwen2_vl": "none", "qwen2_5_vl": "second_per_grid_ts", "qwen3_vl": "timestamps"}
+MODEL_FAMILIES = tuple(FAMILY_TIME)
 
 
 class TimeAxisError(AssertionError):
@@ -72,6 +79,7 @@ def build_video_inputs(
     model_family: str = "qwen2_5_vl",
     return_tensors: str = "pt",
     padding: bool = True,
+    video_time: str | None = None,
     **processor_kwargs: Any,
 ):
     """Run ``processor`` on sampled clip(s) and prompt text(s) with the correct time axis; verify it.
@@ -82,7 +90,10 @@ def build_video_inputs(
         text: prompt string(s) already rendered with the chat template, each with exactly one video placeholder
             (``<|vision_start|><|video_pad|><|vision_end|>``); or one chat-message list (rendered here with
             ``add_generation_prompt=True``).
-        model_family: "qwen2_5_vl" | "qwen2_vl" | "qwen3_vl".
+        model_family: "qwen2_5_vl" | "qwen2_vl" | "qwen3_vl" (decides the time contract); with ``video_time``
+            any name (it only appears in errors).
+        video_time: the time contract, "second_per_grid_ts" | "timestamps" | "none" (a VLM family adapter's
+            ``video_time``); ``None`` = ``model_family``'s.
         processor_kwargs: passed through (e.g. ``padding_side``).
 
     Returns:
@@ -91,16 +102,21 @@ def build_video_inputs(
         ``second_per_grid_ts`` (B,) = temporal_patch_size / sample_fps.  Model-ready: ``model(**inputs)``.
 
     Raises:
-        ValueError: unknown family, clip resized with the wrong ``image_factor``, odd frame count, text/clip
-            count mismatch.
+        ValueError: unknown family or contract, a processor of another contract, clip resized with the wrong
+            ``image_factor``, odd frame count, text/clip count mismatch.
         TimeAxisError: the processor's grid / second_per_grid_ts disagree with the clip's time axis.
     """
-    if model_family not in MODEL_FAMILIES:
-        raise ValueError(f"model_family must be one of {MODEL_FAMILIES}, got {model_family!r}")
+    if video_time is None:
+        if model_family not in FAMILY_TIME:
+            raise ValueError(f"model_family must be one of {MODEL_FAMILIES} (or pass its video_time=), got "
+                             f"{model_family!r}")
+        video_time = FAMILY_TIME[model_family]
+    elif video_time not in TIME_CONTRACTS:
+        raise ValueError(f"video_time must be one of {TIME_CONTRACTS}, got {video_time!r}")
     pname = type(processor).__name__
-    want = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}[model_family]
-    if pname.startswith("Qwen") and not pname.startswith(want):
-        raise ValueError(f"model_family={model_family!r} but the processor is a {pname}")
+    if pname.startswith("Qwen") and not any(pname.startswith(p) for p, t in PROCESSOR_TIME.items() if t == video_time):
+        raise ValueError(f"model_family={model_family!r} (video time contract {video_time!r}) but the processor is "
+                         f"a {pname}")
     clips = [clip] if isinstance(clip, VideoClip) else list(clip)
     if isinstance(text, str):
         texts = [text]
@@ -133,9 +149,9 @@ def build_video_inputs(
         # transformers >= 5.x: qwen-vl-utils' per-frame pixel cap lives inside the processor's resize, which we
         # skip (load_video already sized the frames), so False changes nothing and silences its warning
         kwargs["cap_pixels_per_frame"] = False
-    if _transformers_major() >= 5 or model_family == "qwen3_vl":
+    if _transformers_major() >= 5 or video_time == "timestamps":
         kwargs["video_metadata"] = [c.video_metadata() for c in clips]
-    if _transformers_major() < 5 and model_family != "qwen3_vl":
+    if _transformers_major() < 5 and video_time != "timestamps":
         kwargs["fps"] = [c.sample_fps for c in clips]  # 4.x reads second_per_grid_ts from fps
     kwargs.update(processor_kwargs)
     out = processor(text=texts, videos=[c.frames for c in clips], return_tensors=return_tensors,
@@ -150,7 +166,7 @@ def build_video_inputs(
             raise TimeAxisError(f"clip {i}: processor produced grid_T={gt} for {c.num_frames} frames "
                                 f"(expected {c.num_frames // tps}); frames were resampled or padded")
         check_time_axis(gt, tps, c.sample_fps, c.covered_duration, c.video_fps,
-                        None if spg is None or model_family != "qwen2_5_vl" else float(spg[i]))
-    if model_family == "qwen2_5_vl" and spg is None:
+                        None if spg is None or video_time != "second_per_grid_ts" else float(spg[i]))
+    if video_time == "second_per_grid_ts" and spg is None:
         raise TimeAxisError("Qwen2.5-VL processor returned no second_per_grid_ts")
     return out

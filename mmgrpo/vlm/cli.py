@@ -7,14 +7,17 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-USAGE = """usage: mmgrpo <command> [options]
+from mmgrpo.vlm.models.adapters import ADAPTERS, unknown_family  # no torch import
+
+USAGE = f"""usage: mmgrpo <command> [options]
 
 commands:
   train      GRPO fine-tuning of a Qwen2/2.5/3-VL policy (mmgrpo train --help lists every option)
   plan       predicted peak memory per device for a train config (mmgrpo plan --help)
   check      see what the model sees: rendered prompts, tokens, frames, pixel budget, the ground truth's reward,
              for the first samples of a recipe's data (mmgrpo check --help); exit 1 on a contradiction
-  make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [qwen2_5_vl|qwen2_vl|qwen3_vl]
+  make-tiny  write a tiny random Qwen-VL checkpoint for smoke runs: mmgrpo make-tiny DIR [family], family one of
+             {' | '.join(ADAPTERS)} (default qwen2_5_vl)
 """
 
 
@@ -63,9 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rest:
             print("usage: mmgrpo make-tiny DIR [family]", file=sys.stderr)
             return 2
+        family = rest[1] if len(rest) > 1 else "qwen2_5_vl"
+        if family not in ADAPTERS:
+            print(f"mmgrpo make-tiny: {unknown_family(family)}", file=sys.stderr)
+            return 2
         from mmgrpo.vlm.models.tiny import save_tiny_model
 
-        print(save_tiny_model(rest[0], rest[1] if len(rest) > 1 else "qwen2_5_vl"))
+        print(save_tiny_model(rest[0], family))
         return 0
     print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2

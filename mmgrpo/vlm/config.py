@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from mmgrpo.vlm.methods import MethodsConfig
+from mmgrpo.vlm.models.adapters import ADAPTERS, check_family
 from mmgrpo.vlm.tools.config import ToolsConfig
 from mmgrpo.utils.config import check_choices
 
@@ -41,8 +42,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: str = field(default="", metadata=_h("local model folder (from_pretrained), e.g. a Qwen2.5-VL-7B checkpoint"))
-    family: Literal["auto", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = field(
-        default="auto", metadata=_h("model family; auto = config.json model_type"))
+    family: str = field(default="auto", metadata=_h(
+        f"model family: auto (config.json's model_type) | a family of the adapter registry "
+        f"mmgrpo.vlm.models.adapters.ADAPTERS: {' | '.join(ADAPTERS)}"))
     dtype: Literal["float32", "bfloat16", "float16"] = field(default="bfloat16", metadata=_h(
         "weights dtype; with bfloat16 LoRA adapters stay fp32 (peft), full fine-tuning updates through fp32 masters "
         "(optim.fp32_master_weights), log-probs / advantages / loss are always fp32"))
@@ -164,7 +166,7 @@ class RolloutConfig:
     onpolicy_check: bool = field(default=True, metadata=_h(
         "step-0 on-policy check: at the first step, before any update, the trainer's log-probs of the sampled "
         "completions must equal the rollout backend's (ratio 1 up to rounding), else the run stops naming the "
-        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.train.onpolicy"))
+        "likely cause (template / processor, generation config, dtype); mmgrpo.vlm.monitor.onpolicy"))
     onpolicy_tol: float = field(default=0.0, metadata=_h(
         "bound of the step-0 check on max |ratio-1|; 0 = by the compute precision (model.dtype, or the autocast "
         "dtype of run.mixed_precision): float32 max <= 1e-3, bfloat16 mean <= 2e-2, float16 mean <= 5e-3 "
@@ -317,7 +319,7 @@ class RunConfig:
 
 @dataclass
 class ValidationConfig:
-    """Greedy evaluation on a fixed validation set during training (mmgrpo.vlm.train.validation)."""
+    """Greedy evaluation on a fixed validation set during training (mmgrpo.vlm.monitor.validation)."""
 
     file: str = field(default="", metadata=_h(
         "validation JSONL (canonical format, same task as data.train_file); never the held-out test split "
@@ -354,7 +356,7 @@ class ValidationConfig:
 
 @dataclass
 class FormatGuardConfig:
-    """Format-collapse guard (mmgrpo.vlm.train.format_guard): per step, the share of well-formed completions and
+    """Format-collapse guard (mmgrpo.vlm.monitor.format_guard): per step, the share of well-formed completions and
     the share that ran to the token cap, averaged over a window of steps."""
 
     action: Literal["warn", "stop", "off"] = field(default="warn", metadata=_h(
@@ -402,6 +404,7 @@ class TrainConfig:
 
     def __post_init__(self):
         check_choices(self)
+        check_family(self.model.family)  # the registry is the only list of families
         G = self.rollout.group_size
         if G < 2:
             raise ValueError(f"rollout.group_size must be >= 2 (a group needs a baseline), got {G}")

@@ -4,6 +4,7 @@ no memory), and the ``plan`` subcommand."""
 from __future__ import annotations
 
 from mmgrpo.utils.memory_plan import PLAN_HELP, _linear_lora, _meta, plan_main as _plan_main
+from mmgrpo.vlm.models.adapters import get_adapter
 from mmgrpo.vlm.models.real_tokenizer import QWEN_IDS
 
 # the released token ids, from the one table the real-tokenizer builder uses (that module imports nothing heavy)
@@ -38,13 +39,7 @@ def vlm_config(spec: dict, layers: int | None = None, vision_layers: int | None 
     if t.pop("mrope_interleaved", False):
         rope["mrope_interleaved"] = True
     t.update(rope_parameters=rope, **_QWEN_IDS)
-    fam = spec["family"]
-    if fam == "qwen3_vl":
-        from transformers import Qwen3VLConfig as C
-    elif fam == "qwen2_vl":
-        from transformers import Qwen2VLConfig as C
-    else:
-        from transformers import Qwen2_5_VLConfig as C
+    C = get_adapter(spec["family"]).config_class()
     tie = t["tie_word_embeddings"]
     return C(text_config=t, vision_config=v, tie_word_embeddings=tie, **_QWEN_TOP)
 

@@ -116,13 +116,14 @@ def _patch_factor(processor) -> int:
 
 
 def _family_of(processor) -> str:
+    """The first registered family whose adapter names this processor class (families that share a processor, as
+    Qwen3-VL and Qwen3-VL-MoE do, share its video time contract: all the SFT inputs need)."""
+    from mmgrpo.vlm.models.adapters import ADAPTERS
+
     name = type(processor).__name__
-    if name.startswith("Qwen3VL"):
-        return "qwen3_vl"
-    if name.startswith("Qwen2_5_VL"):
-        return "qwen2_5_vl"
-    if name.startswith("Qwen2VL"):
-        return "qwen2_vl"
+    for family, adapter in ADAPTERS.items():
+        if adapter.processor_class_name == name:
+            return family
     raise ValueError(f"cannot tell the model family of processor {name}; pass model_family=")
 
 
@@ -165,6 +166,7 @@ def prepare_example(
     clip = key = None
     if frames is not None or _get(sample, "video") is not None:
         from mmgrpo.video import build_video_inputs, load_video
+        from mmgrpo.vlm.models.adapters import get_adapter
 
         vs = video or VideoSettings()
         src = frames if frames is not None else _get(sample, "video")
@@ -180,7 +182,7 @@ def prepare_example(
                               video_end=_get(sample, "video_end"), **kw)
             if key is not None:
                 clip_cache[key] = clip
-        out = build_video_inputs(processor, clip, text, family)
+        out = build_video_inputs(processor, clip, text, family, video_time=get_adapter(family).video_time)
     elif _get(sample, "image") is not None:
         from PIL import Image
 

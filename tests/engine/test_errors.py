@@ -33,7 +33,7 @@ CASES = [(E.TrainingStopped("s", "/c"), exit_codes.STOPPED), (E.TrainingStopped(
 
 @pytest.mark.parametrize("exc,code", CASES, ids=lambda x: type(x).__name__ if isinstance(x, Exception) else str(x))
 def test_both_clis_map_each_error_to_its_exit_code(monkeypatch, capsys, tmp_path, exc, code):
-    import flow_grpo.trainer as ft
+    import flow_grpo.train.trainer as ft
     import mmgrpo.vlm.train.trainer as tm
     import mmgrpo.utils.config as uc
     from flow_grpo.cli import main as flow_main

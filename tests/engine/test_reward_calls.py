@@ -124,7 +124,7 @@ def test_both_trainers_use_the_engine_policy(monkeypatch):
     import numpy as np
 
     import flow_grpo.scoring as fs
-    import mmgrpo.vlm.train.steps as vs
+    import mmgrpo.vlm.rewards.scoring as vs
     from mmgrpo.engine import reward_calls as rc
 
     used = []
@@ -135,9 +135,9 @@ def test_both_trainers_use_the_engine_policy(monkeypatch):
         return real(*a, **k)
     monkeypatch.setattr(vs, "call_with_retries", spy)
     monkeypatch.setattr(fs, "call_with_retries", spy)
-    run = SimpleNamespace(cfg=SimpleNamespace(reward=SimpleNamespace(retries=0, retry_backoff=0.0, timeout=0.0)),
-                          state=SimpleNamespace(counters={"reward_retries": 0, "reward_timeouts": 0}))
-    assert vs._call_reward(run, lambda t, s: {"total": len(t)}, ["a", "b"], [{}, {}], "reward") == {"total": 2}
+    scorer = vs.RewardScorer(None, None, "total", SimpleNamespace(retries=0, retry_backoff=0.0, timeout=0.0),
+                             {"reward_retries": 0, "reward_timeouts": 0}, guard=None)
+    assert scorer.call(lambda t, s: {"total": len(t)}, ["a", "b"], [{}, {}], "reward") == {"total": 2}
     r = fs.ResilientReward(lambda im, p, m: {"s": np.ones(len(p), dtype=np.float32)}, "s", retries=0)
     r(np.zeros((2, 4, 4, 3), dtype=np.uint8), ["a", "b"], [{}, {}])
     assert used == [1, 1]

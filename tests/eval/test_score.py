@@ -251,3 +251,11 @@ def test_script_runs_without_torch(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mIoU"] == pytest.approx(100 * sum(IOUS) / 9)
+
+
+def test_rec_patch_factor_is_the_familys_merged_patch():
+    """A family's box frame alias brings its merged-patch side (its adapter's 2 x patch_size) for resized boxes."""
+    from eval.score import _options
+
+    assert [_options("rec", box_frame=f)["patch_factor"] for f in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "norm1000",
+                                                                    "resized_abs")] == [28, 28, 32, 28, 28]

@@ -22,9 +22,8 @@ _spec = importlib.util.spec_from_file_location("flow_conftest", HERE / "conftest
 conf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(conf)
 
-from flow_grpo import checkpointing  # noqa: E402
 from flow_grpo.config import load_train_config  # noqa: E402
-from flow_grpo.trainer import FlowGRPOTrainer  # noqa: E402
+from flow_grpo.train.trainer import FlowGRPOTrainer  # noqa: E402
 
 
 def fsdp_accelerator():
@@ -58,15 +57,15 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
         return {n: (p.to_local() if hasattr(p, "to_local") else p).detach().clone() for n, p in tr.named_params}
 
     torch.save(local_weights(), dumps / f"{case}_init_r{rank}.pt")
-    import flow_grpo.trainer as T
+    import flow_grpo.train.trainer as T
 
     orig = T.epoch_metrics
 
-    def metrics_and_dump(run, traj, *a, **k):  # after the epoch's updates: its weights and rollout
-        torch.save(local_weights(), dumps / f"{case}_e{run.state.epoch}_r{rank}.pt")
+    def metrics_and_dump(traj, *a, **k):  # after the epoch's updates: its weights and rollout
+        torch.save(local_weights(), dumps / f"{case}_e{tr.state.epoch}_r{rank}.pt")
         torch.save({"rewards": traj.rewards, "gids": traj.group_ids},
-                   dumps / f"{case}_traj_e{run.state.epoch}_r{rank}.pt")
-        return orig(run, traj, *a, **k)
+                   dumps / f"{case}_traj_e{tr.state.epoch}_r{rank}.pt")
+        return orig(traj, *a, **k)
 
     T.epoch_metrics = metrics_and_dump
     hist = tr.train()
@@ -76,7 +75,7 @@ def run(case: str, out: Path, rank: int, accelerator=None) -> dict:
         final = local_weights()
         ema = [s.clone() for s in tr.ema.shadow]
         tr.cfg.run.resume_from = str(out / case / "checkpoints" / "epoch-00000001")
-        checkpointing.resume(tr)  # train() resumes once per trainer; this one continues from the older checkpoint
+        tr.resume()  # train() resumes once per trainer; this one continues from the older checkpoint
         tr.train(num_epochs=1)
         res["resume_equal"] = all(torch.equal(final[n], w) for n, w in local_weights().items())
         res["resume_ema_equal"] = all(torch.equal(a, b) for a, b in zip(ema, tr.ema.shadow))

@@ -62,7 +62,7 @@ def run_case(name: str, preset: str, extra: dict, out) -> dict:
         return backward(loss, **kw)
 
     tr.accelerator.backward = record
-    import flow_grpo.trainer as T
+    import flow_grpo.train.trainer as T
 
     metrics_of = T.epoch_metrics
 

@@ -135,7 +135,7 @@ def train_overrides(kind: str, method: str, out, **extra) -> list[str]:
 def make_trainer(kind: str, method: str, out, rewards=None, **extra):
     """A FlowGRPOTrainer on a tiny pipeline with injected reward components (default: ``block``)."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = load_train_config(None, train_overrides(kind, method, out, **extra))
     return FlowGRPOTrainer(cfg, adapter=make_adapter(kind, lora=False), reward_fn=rewards or {"block": block_reward})
@@ -194,8 +194,8 @@ def sp_train_case(out, sp: int, epochs: int, resume_from=None, accelerator=None,
     epoch's updates. Returns (trainer, history, calls) (_sp_worker.py on 2 processes, test_sequence_parallel.py on
     one)."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
-    import flow_grpo.trainer as T
+    from flow_grpo.train.trainer import FlowGRPOTrainer
+    import flow_grpo.train.trainer as T
 
     calls = [0]
 
@@ -213,10 +213,10 @@ def sp_train_case(out, sp: int, epochs: int, resume_from=None, accelerator=None,
                          reward_fn={"vblock": video_block}, accelerator=accelerator)
     orig = T.epoch_metrics
 
-    def metrics_and_dump(run, traj, *a, **k):
+    def metrics_and_dump(traj, *a, **k):
         if dump is not None:
-            dump(run, traj)
-        return orig(run, traj, *a, **k)
+            dump(tr, traj)
+        return orig(traj, *a, **k)
 
     T.epoch_metrics = metrics_and_dump
     try:
@@ -253,7 +253,7 @@ def run_preset_case(name: str, out) -> list[dict]:
     """Train preset case ``name`` (tiny FLUX, LoRA) for PRESET_EPOCHS epochs in this process group; returns the
     numeric metrics of every epoch."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     _, preset, extra = next(c for c in PRESET_CASES if c[0] == name)
     ov = {"data.group_size": 2, "data.groups_per_epoch": 2, "sample.batch_size": 2, "optim.eps": 1e-3,

@@ -9,8 +9,7 @@ embeddings, so the same kernels run on the same inputs; CPU kernels are determin
 different attention kernel for the no-grad rollout forward and the grad forward would break exactness; its
 deviation is then of the order of the bf16 rounding of the velocity, measured in ``test_bf16_velocity_floor``.
 """
-from flow_grpo import checkpointing
-from flow_grpo import steps
+from flow_grpo.train import steps
 import math
 
 import pytest
@@ -33,7 +32,7 @@ def _bf16_adapter(kind):
 
 
 class _Recorder:
-    """Wraps the loss pieces of the recipe's column loss (``flow_grpo.steps.column_loss`` imports them from
+    """Wraps the loss pieces of the recipe's column loss (``flow_grpo.train.steps.column_loss`` imports them from
     ``mmgrpo.core.losses`` per call) to record dtypes, ratios and losses of each micro-batch."""
 
     def __init__(self, monkeypatch):
@@ -63,7 +62,7 @@ class _Recorder:
 
 def _trainer(kind, method, out, **extra):
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = load_train_config(None, train_overrides(kind, method, out, **{"model.dtype": "bfloat16", **extra}))
     return FlowGRPOTrainer(cfg, adapter=_bf16_adapter(kind), reward_fn={"block": block_reward})
@@ -123,7 +122,7 @@ def test_bf16_full_finetune_fp32_masters_and_checkpoint(tmp_path, monkeypatch):
     # resume (a new trainer on the same output dir) restores the bf16 weights and the fp32 masters bit for bit
     tr.close()
     tr2 = _trainer("flux", "fast", tmp_path, **{**extra, "run.resume_from": "auto"})
-    assert checkpointing.resume(tr2) is not None
+    assert tr2.resume() is not None
     opt2 = tr2.optimizer.optimizer
     for (n, p), p2 in zip(tr.named_params, [p for _, p in tr2.named_params]):
         assert p2.dtype == BF16 and torch.equal(p.detach(), p2.detach()), n

@@ -1,7 +1,7 @@
 """``flow_grpo check`` (issue #33 item 6): the tokens it prints are the ids the text encoders receive (hooked on the
 trainer's adapter), truncation at the configured length, the sigma schedule of the trainer's adapter from a folder
 read without weights, and the epoch-0 step plan the trainer's own rollout uses."""
-from flow_grpo import steps
+from flow_grpo.train import steps
 import json
 
 import pytest
@@ -71,7 +71,7 @@ def test_folder_is_read_without_weights_and_sigmas_match_the_trainer_adapter(tmp
 
 
 def test_first_epoch_plan_is_the_trainers_rollout_plan(tmp_path):
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = _cfg(tmp_path, "run.tensorboard=false", "ema.enabled=false", "reward.async_workers=0",
                "run.progress_bar=false")

@@ -3,7 +3,7 @@
 from the older checkpoint on disk), and a call after the run ended writes nothing (no checkpoint, no export). A call's
 last epoch is not the run's: eval and the final checkpoint come at ``run.num_epochs`` only, as in the VLM recipe.
 4 tiny epochs, 2 trainers (a few CPU seconds)."""
-from flow_grpo import checkpointing
+from flow_grpo.train.trainer import FlowGRPOTrainer
 
 from .conftest import make_trainer
 
@@ -18,8 +18,8 @@ def _written(out):
 def test_train_resumes_once_per_object_and_continues(tmp_path, monkeypatch):
     make_trainer("sd3", "flow", tmp_path, **SMALL, **{"run.num_epochs": 1}).train()  # epoch 1: checkpoint, export
     resumes = []
-    real = checkpointing.resume
-    monkeypatch.setattr(checkpointing, "resume", lambda run: resumes.append(run.state.epoch) or real(run))
+    real = FlowGRPOTrainer.resume
+    monkeypatch.setattr(FlowGRPOTrainer, "resume", lambda run: resumes.append(run.state.epoch) or real(run))
     tr = make_trainer("sd3", "flow", tmp_path, **SMALL, **{"run.num_epochs": 3, "run.resume_from": "auto"})
     assert len(tr.train(num_epochs=1)) == 1 and tr.state.epoch == 2 and resumes == [0]  # resumed at 1, one epoch
     ckpts = lambda: sorted(p.name for p in (tmp_path / "checkpoints").glob("epoch-*"))  # noqa: E731

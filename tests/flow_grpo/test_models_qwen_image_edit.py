@@ -168,7 +168,7 @@ def test_qwen_edit_trains_from_a_jsonl_prompt_file(tmp_path):
     """The trainer binds each JSONL line's ``image`` and trains the LoRA on edits (adapter injected: the tiny
     reference area is an adapter argument)."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import block_reward, train_overrides
 

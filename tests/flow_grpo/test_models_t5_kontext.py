@@ -306,7 +306,7 @@ def test_folder_roundtrip_through_load_adapter(kind, tmp_path, roundtrip):
 def test_kontext_trains_from_a_jsonl_prompt_file_with_reference_images(tmp_path):
     """The trainer binds each JSONL line's ``image`` (relative to the file) and trains the LoRA on edits."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import block_reward, train_overrides
 

@@ -148,7 +148,7 @@ def test_wan_i2v_trains_from_a_jsonl_prompt_file_with_first_frames(tmp_path):
     """model.tiny=wan_i2v: the trainer binds each JSONL line's ``image`` (relative to the file) and trains the LoRA
     on videos started from those frames, with a video reward."""
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import train_overrides
 

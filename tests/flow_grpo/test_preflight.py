@@ -68,7 +68,7 @@ def test_sigterm_while_sampling_stops_at_the_next_chunk_and_checkpoints(tmp_path
     import os
     import signal
 
-    from flow_grpo import steps
+    from flow_grpo.train import steps
     from mmgrpo.engine.errors import TrainingInterrupted
 
     from .conftest import make_trainer

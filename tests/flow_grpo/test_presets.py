@@ -1,7 +1,8 @@
 """Each flow preset reproduces its release (issue #23, items 1-3). Expected values are derived by hand from the
 releases' code (read for facts only): advantage statistics, MixGRPO's sliding window, DanceGRPO's step subsets,
 shared initial noise and last step."""
-from flow_grpo import steps
+from flow_grpo.data import epoch_samples
+from flow_grpo.train import steps
 import math
 import re
 
@@ -24,7 +25,7 @@ TORCH_STD_ADV = [-0.5 / (2 ** -0.5 + 1e-8), 0.5 / (2 ** -0.5 + 1e-8), -1 / (2 **
 
 
 def _traj(tr):
-    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(tr.cfg, tr.prompts, tr.metadata, 0)
     assert gids == [0, 0, 1, 1]
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)
 
@@ -105,7 +106,7 @@ def test_bad_ddof_is_a_clear_error(tmp_path):
 def test_a_config_edited_after_parsing_is_checked_by_the_trainer(tmp_path):
     """The hand-written kl_type / reward.mode checks gave way to the declared Literal choices, checked again when
     the trainer starts: a config edited in Python after it was built still fails naming the key and the choices."""
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import make_adapter, train_overrides
 
@@ -236,7 +237,7 @@ def test_dance_preset_draws_a_subset_per_sample_and_shares_x_T_per_group(tmp_pat
     tr = make_trainer("sd3", "dance", tmp_path, **{"sample.cfg": "false", "sample.num_steps": 16,
                                                   "data.group_size": 4})
     assert tr.cfg.sample.plan_per_sample and tr.cfg.sample.same_noise_per_group
-    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(tr.cfg, tr.prompts, tr.metadata, 0)
     assert gids == [0, 0, 0, 0, 1, 1, 1, 1]
     plan = make_step_plan(tr.cfg.sample, ps)
     assert (plan.train_mask.sum(1) == 9).all()  # int(15 * 0.6)

@@ -162,7 +162,7 @@ def test_two_real_runs_into_one_folder_then_stale_lock_and_resume(tmp_path):
     import multiprocessing as mp
 
     import flow_grpo.models.tiny  # noqa: F401 - imported before the forks
-    import flow_grpo.trainer  # noqa: F401
+    import flow_grpo.train.trainer  # noqa: F401
 
     out = tmp_path / "run"
     ctx = mp.get_context("fork")

@@ -71,7 +71,7 @@ def test_unipc_config_gets_flow_shift_and_bad_values_are_refused(sd3):
 
 def test_trainer_applies_sample_shift(tmp_path):
     from flow_grpo.config import load_train_config
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     cfg = load_train_config(None, ["model.tiny=sd3", "sample.shift=5.0", "sample.height=64", "sample.width=64",
                                    "run.device=cpu", f"run.output_dir={tmp_path}", "data.prompts=[a]",

@@ -7,11 +7,12 @@ import sys
 import pytest
 import torch
 
-from flow_grpo import steps
+from flow_grpo.data import epoch_samples
+from flow_grpo.train import steps
 from flow_grpo.config import TrainConfig, load_train_config
 from flow_grpo.sampler import generate_images, sample_trajectories
 from flow_grpo.data import load_prompts
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 
 from .conftest import block_reward, make_adapter, make_trainer, train_overrides
 
@@ -51,7 +52,7 @@ def test_outcome_advantages_use_group_ids_not_prompts(tmp_path):
     # group std (not the flow preset's batch std) so that both statistics would pool a wrong group
     tr = _trainer("sd3", "flow", tmp_path, **{"sample.cfg": "false", "optim.adv_scale": "group",
                                               "optim.adv_std_ddof": 1})
-    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(tr.cfg, tr.prompts, tr.metadata, 0)
     # same prompt text in two different groups must not be pooled: force identical prompts
     prompts = ["same"] * len(prompts)
     traj = sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)

@@ -8,7 +8,6 @@ One launch runs three cases (conftest.dist_case) while this process computes the
 plus: NaN-dropped samples of a split group, Pref-GRPO win rates of split groups, resume from a sharded (FSDP)
 checkpoint reproduces the weights bit for bit. Verified only on CPU (FSDP2 is forced on CPU in the worker).
 """
-from flow_grpo import checkpointing
 import json
 import time
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from flow_grpo.config import load_train_config
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
 
 from .conftest import dist_case, make_adapter, start_dist_job
@@ -121,7 +120,7 @@ def test_two_processes_equal_one_process_ddp_and_fsdp(tmp_path):
     ov, rewards = dist_case("fsdp", tmp_path / "one")
     one = FlowGRPOTrainer(load_train_config(None, ov + [f"run.resume_from={ck}"]),
                           adapter=make_adapter("flux", lora=False), reward_fn=rewards)
-    assert checkpointing.resume(one) == ck and one.state.epoch == 1 and not one.sharded
+    assert one.resume() == ck and one.state.epoch == 1 and not one.sharded
     e0 = load("fsdp_e0_r0.pt"), load("fsdp_e0_r1.pt")  # dumped at the end of epoch index 0 = checkpoint 1
     for n, p in one.named_params:
         full = torch.cat([e0[0][n], e0[1][n]]) if e0[0][n].shape != p.shape else e0[0][n]

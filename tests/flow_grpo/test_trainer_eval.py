@@ -1,6 +1,5 @@
 """Evaluation inside training: periodic + final, deterministic ODE images from fixed per-prompt seeds with the EMA
 weights, reward means per component, PNG grid, tensorboard/JSONL, reward curves, best checkpoint kept."""
-from flow_grpo import evaluation
 import json
 
 import pytest
@@ -35,7 +34,7 @@ def test_eval_periodic_and_final_with_ema_fixed_seeds_grid_curves_best(tmp_path)
     assert last["eval/reward/brightness/mean"] == pytest.approx(float(br.mean()), abs=1e-6)
     assert last["eval/reward/total/mean"] == pytest.approx(float((b + 0.5 * br).mean()), abs=1e-6)
     assert not torch.equal(imgs, generate_images(tr.adapter, prompts, seeds, tr.cfg.sample, num_steps=3))  # EMA != raw
-    e1, e2 = evaluation.evaluate(tr), evaluation.evaluate(tr)  # fixed seeds: the same weights give the same eval
+    e1, e2 = tr.evaluate(), tr.evaluate()  # fixed seeds: the same weights give the same eval
     e1.pop("time/eval_s"), e2.pop("time/eval_s")
     assert e1 == e2 and e1["eval/reward/total/mean"] == last["eval/reward/total/mean"]
     # grids, curves

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flow_grpo.config import load_train_config
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 
 from .conftest import train_overrides
 

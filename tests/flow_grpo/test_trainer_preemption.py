@@ -42,7 +42,7 @@ def _fork_cli(out, stderr_path, hook, repeat_window=None, **extra):
         fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
         sys.stderr = os.fdopen(2, "w", buffering=1)  # pytest's capture object otherwise
-        import flow_grpo.trainer as ft
+        import flow_grpo.train.trainer as ft
         import mmgrpo.utils.signals as sg
         from flow_grpo.cli import main
 
@@ -65,7 +65,7 @@ def _signal_in_epoch2(where, sig):
 
     def hook(tr):
         if where == "sampling":
-            import flow_grpo.steps as fs
+            import flow_grpo.train.steps as fs
 
             orig = fs.sample_trajectories
 
@@ -77,7 +77,7 @@ def _signal_in_epoch2(where, sig):
 
             fs.sample_trajectories = sampled
         else:
-            import flow_grpo.steps as fs
+            import flow_grpo.train.steps as fs
 
             orig = fs.update
 
@@ -267,7 +267,7 @@ def test_two_processes_agree_to_stop_at_the_same_epoch_and_resume_exactly(tmp_pa
 
 
 def test_ctrl_c_before_the_loop_exits_130_and_halted_exits_3(monkeypatch, capsys):
-    import flow_grpo.trainer as ft
+    import flow_grpo.train.trainer as ft
     from flow_grpo.cli import main
 
     def loading(cfg):

@@ -1,7 +1,7 @@
 """Rewards through MultiReward (weighted sum, GDPO per-reward, Pref-GRPO win rate) and fault handling: NaN rewards
 dropped from their groups, reward calls retried / timed out / dropped / stopping the run, non-finite advantages,
 loss and gradients skipping the optimizer step, halting with a checkpoint. Expected values are computed by hand."""
-from flow_grpo import steps
+from flow_grpo.train import steps
 import json
 import math
 import socket

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from flow_grpo.config import load_train_config
-from flow_grpo.trainer import FlowGRPOTrainer
+from flow_grpo.train.trainer import FlowGRPOTrainer
 
 from .conftest import train_overrides
 

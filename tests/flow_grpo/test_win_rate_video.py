@@ -52,7 +52,7 @@ def test_image_only_pairwise_scorer_refuses_videos():
 
 def test_trainer_win_rate_mode_on_tiny_wan(tmp_path):
     """End to end: the trainer's win rates on its own videos equal the in-group ranks of their pointwise totals."""
-    from flow_grpo.trainer import FlowGRPOTrainer
+    from flow_grpo.train.trainer import FlowGRPOTrainer
 
     from .conftest import train_overrides
 

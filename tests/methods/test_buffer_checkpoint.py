@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
-from mmgrpo.vlm.train.batch import RolloutBatch
-from mmgrpo.vlm.train.buffer_state import TENSOR_FIELDS
+from mmgrpo.vlm.data.batch import RolloutBatch
+from mmgrpo.vlm.data.buffer_state import TENSOR_FIELDS
 
 
 def test_every_batch_field_is_written():
@@ -94,18 +94,18 @@ def test_per_process_states_are_gathered_and_each_process_resumes_its_own(monkey
     from types import SimpleNamespace
 
     from mmgrpo.engine import dist
-    from mmgrpo.vlm.train import checkpointing
+    from mmgrpo.vlm import checkpoint
 
     # two processes' buffers, as all_gather_object returns them on either process
     monkeypatch.setattr(dist, "all_gather_object", lambda obj: [{"buf": {"entries": [0]}}, obj])
-    saved = checkpointing.gather_local_states(SimpleNamespace(methods=[_Local({"entries": [1, 2]})]))
+    saved = checkpoint.gather_local_states([_Local({"entries": [1, 2]})])
     assert saved == {"per_rank": [{"buf": {"entries": [0]}}, {"buf": {"entries": [1, 2]}}], "world": 2}
     for rank in (0, 1):
         m = _Local()
-        checkpointing._load_local_states(SimpleNamespace(methods=[m], world=2, rank=rank), saved)
+        checkpoint._load_local_states([m], saved, SimpleNamespace(world=2, rank=rank))
         assert m.loaded == saved["per_rank"][rank]["buf"]
     m = _Local()  # another process count: the buffers start empty, logged
-    checkpointing._load_local_states(SimpleNamespace(methods=[m], world=3, rank=0), saved)
+    checkpoint._load_local_states([m], saved, SimpleNamespace(world=3, rank=0))
     assert m.loaded is None and "start empty" in caplog.text
 
 

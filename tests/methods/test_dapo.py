@@ -5,7 +5,7 @@ import types
 import torch
 
 from mmgrpo.vlm.methods.dapo import OverlongMask, drop_zero_std_groups
-from mmgrpo.vlm.train.batch import keep_first_groups
+from mmgrpo.vlm.data.batch import keep_first_groups
 
 
 def test_zero_std_groups_are_dropped_whole_and_counted():

@@ -84,15 +84,14 @@ def test_tiny_trainer_bonus_adds_minus_coef_grad_entropy(tmp_path, tiny_dirs, th
     import mmgrpo.vlm.train.trainer as T
     from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs
     from mmgrpo.vlm.train import steps
-    from mmgrpo.vlm.train.batch import micro_batches
-    from mmgrpo.vlm.train.prompts import make_stream
+    from mmgrpo.vlm.data.batch import micro_batches
 
     c = 0.5
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "run.micro_batch_size=4",
                       f"algo.logprob_chunk_size={chunk}", f"methods.entropy_bonus.coef={c}")
     tr = T.GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
     assert [m.name for m in tr.methods] == ["entropy_bonus"]
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     mbs = micro_batches(rb.group_ids, cfg.run.micro_batch_size)
     assert len(mbs) == 2

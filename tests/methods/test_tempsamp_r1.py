@@ -7,7 +7,6 @@ import torch
 
 from mmgrpo.vlm.methods.tempsamp_r1 import shape_key
 from mmgrpo.vlm.train import steps
-from mmgrpo.vlm.train.prompts import make_stream
 
 
 def f_release(iou, tau=0.8):
@@ -19,7 +18,7 @@ def f_release(iou, tau=0.8):
 
 
 def _batch(tr, th):
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     return steps.collect(tr, 0)
 
 

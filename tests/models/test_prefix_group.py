@@ -87,7 +87,7 @@ def _compare(pol, prompt_items):
 
 
 @pytest.mark.parametrize("family,mode", [("qwen2_5_vl", "lora"), ("qwen2_5_vl", "full"), ("qwen2_vl", "lora"),
-                                         ("qwen2_vl", "full"), ("qwen3_vl", "full")])
+                                         ("qwen2_vl", "full"), ("qwen3_vl", "full"), ("qwen3_vl_moe", "full")])
 def test_grouped_equals_naive_logprobs_and_grads(tiny_dirs, family, mode):
     pol = _policy(tiny_dirs, family, mode)
     its = _items(pol)

@@ -74,7 +74,7 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
         assert res["config"]["recorded_transitions"] > 0
     if module == "flow_train":
         assert res["onpolicy_logprob_max_abs_diff"] == 0.0 and res["grad_norm_a"] > 0
-        assert res["path"] == "trainer"  # A timed flow_grpo.steps.column_loss itself, not a copy of it
+        assert res["path"] == "trainer"  # A timed flow_grpo.train.steps.column_loss itself, not a copy of it
     if module == "tp_completions":
         assert res["rewards_max_abs_diff"] <= 1e-4
         assert res["work"]["model_calls_batched"] < res["work"]["model_calls_sequential"]
@@ -83,7 +83,7 @@ def test_benchmark_smoke(module, name, tmp_path, capsys, torch_single_thread):
 def test_flow_train_fails_loudly_when_the_trainer_path_breaks(monkeypatch, torch_single_thread):
     """A broken trainer path is an error (run.py then records it, value null), never a silent fallback."""
     mod = _load("flow_train")
-    import flow_grpo.steps as steps
+    import flow_grpo.train.steps as steps
 
     def moved(run, *a, **k):  # what a refactor of the recipe does to the stand-in: an attribute it lacks
         return run.some_new_attribute

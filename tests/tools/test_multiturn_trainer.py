@@ -4,7 +4,6 @@ resumed run ends on the same weights bit for bit."""
 import torch
 
 from mmgrpo.vlm.train import steps
-from mmgrpo.vlm.train.prompts import make_stream
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 CALL = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 28, 28]}}</tool_call>'
@@ -20,7 +19,7 @@ def trainer(c, forced, kit):
 def test_multiturn_step_masks_tool_turns_and_trains(tmp_path, tiny_dir, forced, kit):
     tr = trainer(kit.cfg(tmp_path, tiny_dir, "algo.kl_coef=0.05"), forced, kit)
     assert tr.logprob_impl == "naive"  # rows of a group have their own items
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     calls = rb.rewards["tools/tool_calls"]
     assert calls.tolist() == [1.0, 0.0, 1.0, 1.0] * 2  # the 4th: a call without arguments, a counted failure
@@ -31,7 +30,7 @@ def test_multiturn_step_masks_tool_turns_and_trains(tmp_path, tiny_dir, forced, 
     # a tool row's item holds the prompt image and the crop
     assert all(rb.items[i]["image_grid_thw"].shape[0] == (2 if tool_rows[i] else 1) for i in range(rb.n))
     hist = tr.train()
-    assert tr.onpolicy_stats["passed"] == 1.0 and tr.onpolicy_stats["max_abs"] < 1e-4
+    assert tr.onpolicy.stats["passed"] == 1.0 and tr.onpolicy.stats["max_abs"] < 1e-4
     assert hist[-1]["reward/tools/tool_calls/mean"] == 0.75 and hist[-1]["train/grad_norm"] > 0
 
 
@@ -69,7 +68,7 @@ def test_validation_decodes_through_the_tool_loop(tmp_path, tiny_dir, forced, ki
             return self.inner.generate(prompts, g, params, seeds=seeds, raw_prompts=raw_prompts)
 
     tr.backend.inner = Spy(tr.backend.inner)
-    texts, _ = tr.validator.decode(tr)
+    texts, _ = tr.validator.decode(tr.task, tr.policy, tr.backend, tr.generation_context)
     assert len(texts) == 2 and seen and all(seen)
 
 
@@ -82,7 +81,7 @@ def test_vllm_backend_with_tools_in_the_trainer(tmp_path, tiny_dir, forced, kit)
 
     from mmgrpo.vlm.models.vllm_backend import LocalEngine, VLLMRolloutBackend
     from mmgrpo.vlm.tools.rollout import MultiTurnBackend
-    from mmgrpo.vlm.train.batch import micro_batches
+    from mmgrpo.vlm.data.batch import micro_batches
 
     path = pathlib.Path(__file__).parents[1] / "models" / "test_vllm_backend.py"
     spec = importlib.util.spec_from_file_location("_vllm_fakes_tools", path)
@@ -93,7 +92,7 @@ def test_vllm_backend_with_tools_in_the_trainer(tmp_path, tiny_dir, forced, kit)
     llm = f.FakeLLM(eos=tr.tok.convert_tokens_to_ids("<|im_end|>"), vocab=(40, 41, 42, 43))
     vllm = VLLMRolloutBackend(LocalEngine(llm, f.FakeSamplingParams), tr.tok, check_prompts=False)
     tr.backend = MultiTurnBackend(forced(vllm, tr.policy, FIRST), tr.policy.processor, c.tools, tr.policy.family)
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     (_, prompts, _), = [x for x in llm.calls if x[0] == "generate"]  # one engine call: the second turns
     assert len(prompts) == 6 and sorted(len(p["multi_modal_data"]["image"]) for p in prompts) == [1, 1] + [2] * 4

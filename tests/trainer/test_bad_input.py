@@ -1,4 +1,4 @@
-"""Bad input through the trainer's input path (``TaskAdapter.prepare`` and ``mmgrpo.vlm.train.prompts.prepare``):
+"""Bad input through the trainer's input path (``TaskAdapter.prepare`` and ``mmgrpo.vlm.data.feed.PromptFeed.prepare``):
 images of odd modes and sizes, empty and enormous prompts, a non-UTF-8 annotation file read by the trainer's loader.
 
 Not repeated here (covered where the code lives): JSONL schema errors and the loader's per-line UTF-8 check

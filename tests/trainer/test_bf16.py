@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from mmgrpo.vlm.train.trainer import GRPOTrainer
-from mmgrpo.vlm.train import checkpointing, steps
-from mmgrpo.vlm.train.prompts import make_stream
+from mmgrpo.vlm.train import steps
 
 BF16 = torch.bfloat16
 
@@ -104,7 +103,7 @@ def test_bf16_full_finetune_steps_and_resume(tmp_path, tiny_dirs, th, monkeypatc
     tr2 = GRPOTrainer(th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "model.dtype=bfloat16", "algo.num_iterations=2",
                                   "algo.kl_coef=0.04", "optim.lr=1e-3", "run.resume_from=auto"),
                       samples=th.video_samples(2) + th.image_samples(2), reward_fn=th.text_reward)
-    assert checkpointing.resume(tr2)
+    assert tr2._start()
     for n, p in tr2.model.named_parameters():
         if p.requires_grad:
             assert p.dtype == BF16 and torch.equal(p.detach(), after[n]), n
@@ -172,14 +171,14 @@ def test_bf16_logprob_floor(tmp_path, tiny_dirs, th, family):
     cfg = th.make_cfg(tmp_path, tiny_dirs(family), "model.dtype=bfloat16", "rollout.max_new_tokens=8",
                       "run.logprob_impl=naive")
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     idx = torch.arange(rb.n)
     m = rb.completion_mask.bool()
     with torch.no_grad():
-        lp16 = steps.token_logprobs(tr, tr.model, rb, idx)
+        lp16 = tr.logprobs.rows(tr.model, rb, idx)
         tr.model.float()
-        lp32 = steps.token_logprobs(tr, tr.model, rb, idx)
+        lp32 = tr.logprobs.rows(tr.model, rb, idx)
     assert lp16.dtype == lp32.dtype == torch.float32
     d = (lp16 - lp32)[m[:, :lp16.shape[1]]].abs()
     assert 0 < float(d.max()) < 2 ** -5, float(d.max())

@@ -4,7 +4,6 @@ import torch
 
 from mmgrpo.utils.checkpoint import CheckpointManager
 from mmgrpo.vlm.train.trainer import GRPOTrainer
-from mmgrpo.vlm.train import checkpointing
 
 ARGS = ["model.freeze_vision=true", "run.save_every=1", "run.keep_last=5"]
 
@@ -32,5 +31,5 @@ def test_skip_state_is_checkpointed_and_resumed(tmp_path, tiny_dirs, th):
     runs.append(GRPOTrainer(th.make_cfg(tmp_path, model, *args, "run.max_steps=4", "run.resume_from=auto"),
                             samples=th.image_samples(3), reward_fn=nan_after_step_1))
     re = runs[-1]
-    assert checkpointing.resume(re) and re.guard.skips.consecutive == 2 and re.guard.skips.last_cause == tr.guard.skips.last_cause
+    assert re._start() and re.guard.skips.consecutive == 2 and re.guard.skips.last_cause == tr.guard.skips.last_cause
     assert re.guard.skips.skipped("x")  # the 3rd in a row (the 1st after the resume) reaches the limit

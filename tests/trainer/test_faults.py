@@ -11,7 +11,7 @@ import torch
 from mmgrpo.engine.errors import RewardCallFailed, TrainingStopped
 from mmgrpo.engine.reward_calls import CallStats
 from mmgrpo.engine.reward_calls import RetryPolicy, call_with_retries
-from mmgrpo.vlm.train.steps import nonfinite_rows
+from mmgrpo.vlm.rewards.scoring import nonfinite_rows
 from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.checkpoint import CheckpointManager
@@ -161,19 +161,20 @@ def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, ti
     AdamW state untouched, counted, logged); 3 in a row = run.max_consecutive_skips -> checkpoint + stop."""
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=6", "run.max_consecutive_skips=3")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=_ok)
-    orig_adv, orig_logp = steps.advantages, steps.token_logprobs
+    orig_adv, orig_logp = steps.advantages, tr.logprobs
 
     def adv(run, rb):
         orig_adv(run, rb)
         if tr.state.step == 0:
             rb.advantages[0] = float("nan")
 
-    def logp(run, model, rb, idx, return_logits=False):
-        out = orig_logp(run, model, rb, idx, return_logits)
-        return out * float("nan") if (tr.state.step == 1 and torch.is_grad_enabled()) else out
+    class NaNLogprobs:  # the loss's log-probs NaN at step 2 (not the no-grad old / reference ones)
+        def rows(self, model, rb, idx, return_logits=False):
+            out = orig_logp.rows(model, rb, idx, return_logits)
+            return out * float("nan") if (tr.state.step == 1 and torch.is_grad_enabled()) else out
 
     monkeypatch.setattr(steps, "advantages", adv)
-    monkeypatch.setattr(steps, "token_logprobs", logp)
+    monkeypatch.setattr(tr, "logprobs", NaNLogprobs())
     p = next(p for p in tr.model.parameters() if p.requires_grad)
     p.register_hook(lambda g: g * float("nan") if tr.state.step == 2 else g)
     w0 = th.trainable(tr)
@@ -192,7 +193,7 @@ def test_nonfinite_advantages_loss_and_grads_skip_then_stop_after_k(tmp_path, ti
     assert path.name == "step-00000003" and st["trainer"]["step"] == 3 and st["trainer"]["consecutive_skips"] == 3
     # a good step resets the count
     monkeypatch.setattr(steps, "advantages", orig_adv)
-    monkeypatch.setattr(steps, "token_logprobs", orig_logp)
+    monkeypatch.setattr(tr, "logprobs", orig_logp)
     m = tr.train(steps=1)[-1]
     assert m["train/skipped_steps"] == 0 and m["faults/consecutive_skips"] == 0
     assert any(not torch.equal(v, w0[k]) for k, v in th.trainable(tr).items())

@@ -1,4 +1,4 @@
-"""The format-collapse guard (``format_guard.*``, ``mmgrpo.vlm.train.format_guard``) on the real trainer loop.
+"""The format-collapse guard (``format_guard.*``, ``mmgrpo.vlm.monitor.format_guard``) on the real trainer loop.
 
 The policy's rollouts are scripted (an injected rollout backend, the only fake part): answers well formed for the
 first steps, then the issue #41 collapse (the answer, then ``.00`` repeated until the token cap, no EOS) on a
@@ -123,7 +123,7 @@ def test_a_minority_of_garbage_and_off(tmp_path, tiny_dirs, th):
 def test_progress_bar_and_config_checks():
     from mmgrpo.utils.config import apply_overrides
     from mmgrpo.vlm.config import TrainConfig
-    from mmgrpo.vlm.train.format_guard import progress_fields
+    from mmgrpo.vlm.monitor.format_guard import progress_fields
 
     assert progress_fields({"reward/total/mean": 0.25, "completions/well_formed": 0.5, "completions/mean_length": 9.25,
                             "completions/clipped_ratio": 0.125}) == {"reward": "0.250", "wf": "50%", "len": "9.2",

@@ -1,4 +1,4 @@
-"""Step-0 on-policy check (mmgrpo.vlm.train.onpolicy, issue #33 item 5): the statistics by hand, a normal run that
+"""Step-0 on-policy check (mmgrpo.vlm.monitor.onpolicy, issue #33 item 5): the statistics by hand, a normal run that
 passes with the HF and the (fake) vLLM backend, and mismatches that stop the run before any update: a rollout that
 samples from another chat template (system turn) and an engine whose log-probs are not the policy's."""
 import importlib.util
@@ -10,8 +10,7 @@ import torch
 
 from mmgrpo.engine.errors import TrainingStopped
 from mmgrpo.vlm.models.rollout import collate_prompts, compute_token_logprobs
-from mmgrpo.vlm.train import steps
-from mmgrpo.vlm.train.onpolicy import ratio_statistics, tolerance
+from mmgrpo.vlm.monitor.onpolicy import ratio_statistics, tolerance
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
@@ -38,7 +37,7 @@ def test_tolerance_by_dtype_and_explicit():
 def test_compute_dtype_follows_autocast():
     import types
 
-    from mmgrpo.vlm.train.onpolicy import compute_dtype
+    from mmgrpo.vlm.monitor.onpolicy import compute_dtype
 
     cfg = lambda d, mp: types.SimpleNamespace(model=types.SimpleNamespace(dtype=d), run=types.SimpleNamespace(  # noqa
         mixed_precision=mp))
@@ -60,7 +59,7 @@ def test_normal_hf_run_passes(tmp_path, tiny_dirs, th):
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
     before = th.trainable(tr)
     tr.train()
-    st = tr.onpolicy_stats
+    st = tr.onpolicy.stats
     assert st["passed"] and st["tokens"] == float(tr.state.batch.completion_mask.sum())
     assert st["max_abs"] < 1e-4  # fp32: KV-cached sampling vs the trainer's forward differ by rounding only
     assert any(not torch.equal(before[n], p) for n, p in th.trainable(tr).items())
@@ -69,10 +68,10 @@ def test_normal_hf_run_passes(tmp_path, tiny_dirs, th):
 def _rollout_with_other_template(tr, mode: str, monkeypatch) -> None:
     """The backend samples from the prompt rendered with another prompt mode (another system turn), while the
     trainer scores its own rendering: a chat-template mismatch between engine and trainer."""
-    other, orig_prepare, orig_generate = {}, steps.prepare, tr.backend.generate
+    other, orig_prepare, orig_generate = {}, tr.feed.prepare, tr.backend.generate
 
-    def prepare(run, drawn):
-        preps = orig_prepare(run, drawn)
+    def prepare(drawn, samples, counters):
+        preps = orig_prepare(drawn, samples, counters)
         for _, pp, _ in preps:
             other[id(pp.item)] = tr.task.rebuild(pp, mode=mode).item
         return preps
@@ -80,7 +79,7 @@ def _rollout_with_other_template(tr, mode: str, monkeypatch) -> None:
     def generate(prompts, k, params, **kw):
         return orig_generate([other.get(id(p), p) for p in prompts], k, params, **kw)
 
-    monkeypatch.setattr(steps, "prepare", prepare)
+    monkeypatch.setattr(tr.feed, "prepare", prepare)
     tr.backend.generate = generate
 
 
@@ -96,7 +95,7 @@ def test_template_mismatch_stops_before_any_update(tmp_path, tiny_dirs, th, monk
     assert msg.split("most likely first:")[1].lstrip().startswith("1. prompt")  # the template is named first
     assert "checkpoint written" not in msg and not (tmp_path / "run" / "checkpoints").exists()
     # a random tiny model's next-token distribution is flat, so the change is small, yet far above fp32 rounding
-    assert tr.onpolicy_stats["max_abs"] > 1e-2 and not tr.onpolicy_stats["passed"]
+    assert tr.onpolicy.stats["max_abs"] > 1e-2 and not tr.onpolicy.stats["passed"]
     assert all(torch.equal(before[n], p) for n, p in th.trainable(tr).items())  # no update was applied
 
 
@@ -105,7 +104,7 @@ def test_switch_off_trains_despite_the_mismatch(tmp_path, tiny_dirs, th, monkeyp
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward)
     _rollout_with_other_template(tr, "think", monkeypatch)
     m = tr.train(steps=1)[-1]
-    assert m["train/skipped_steps"] == 0 and tr.onpolicy_stats is None
+    assert m["train/skipped_steps"] == 0 and tr.onpolicy.stats is None
 
 
 # ------------------------------------------------------------------------------------------------ vLLM backend
@@ -152,7 +151,7 @@ def test_vllm_backend_consistent_engine_passes_made_up_logprobs_stop(tmp_path, t
     if consistent:
         _scoring_engine(tr, be, llm)
         tr.train(steps=1)
-        assert tr.onpolicy_stats["passed"] and tr.onpolicy_stats["max_abs"] < 1e-4
+        assert tr.onpolicy.stats["passed"] and tr.onpolicy.stats["max_abs"] < 1e-4
     else:  # the fake's log-probs -(0.25 + 0.5 k) are another distribution than the policy's
         with pytest.raises(TrainingStopped, match="on-policy check failed"):
             tr.train(steps=1)

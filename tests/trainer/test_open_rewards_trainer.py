@@ -29,7 +29,7 @@ def test_tiny_trainer_with_a_user_reward_and_the_judge(tmp_path, tiny_dirs, th, 
                       f"reward.kwargs={{judge: {{model: '{d}', max_new_tokens: 4, batch_size: 3}}, "
                       f"'{user_module}:make': {{scale: 0.01}}}}")
     tr = GRPOTrainer(cfg, samples=th.image_samples(2))
-    judge = tr.reward_fn.open["judge"]
+    judge = tr.scorer.reward_fn.open["judge"]
     r0, f0 = judge.replies, judge.parse_failures  # the start-of-run check scored the ground truths
     hist = tr.train()
     rb = tr.state.batch

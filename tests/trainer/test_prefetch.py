@@ -8,8 +8,6 @@ import torch
 
 from mmgrpo.vlm.data.prefetch import Prefetcher
 from mmgrpo.vlm.train.trainer import GRPOTrainer
-from mmgrpo.vlm.train import checkpointing, prompts
-from mmgrpo.vlm.train.prompts import make_stream
 
 
 def test_prefetcher_order_hits_misses_cancel_and_errors():
@@ -69,8 +67,8 @@ def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_di
     prefetched step waiting for most of a batch)."""
     cfg = th.make_cfg(tmp_path / "p1", tiny_dirs("qwen2_5_vl"), "data.prefetch=1", "run.max_steps=3")
     tr = GRPOTrainer(cfg, samples=th.video_samples(6), reward_fn=th.text_reward)
-    tr.state.stream = make_stream(tr)
-    pf = prompts.get_prefetcher(tr)
+    tr.state.stream = tr.new_stream()
+    pf = tr.feed.get_prefetcher()
     worker_started = threading.Event()
     seen = []
     worker_prepare, inline_prepare = pf.prepare, tr.task.prepare
@@ -92,7 +90,7 @@ def test_next_batch_decodes_while_the_first_is_prepared_inline(tmp_path, tiny_di
         assert first[2], "the background thread did not start while the first batch was prepared inline"
         assert len(seen) == 2 and (pf.hits, pf.misses) == (4, 2)  # steps 2-3 from the thread
     finally:
-        prompts.close_prefetch(tr)
+        tr.feed.close()
 
 
 def _run(tr, n):
@@ -100,8 +98,8 @@ def _run(tr, n):
     positions, pf = [], None
     for _ in range(n):
         tr.train(steps=1)
-        pf = pf or tr.state.prefetcher
-        positions.append(checkpointing.state(tr)["trainer"]["stream"])
+        pf = pf or tr.feed.prefetcher
+        positions.append(tr.state.stream.state_dict())  # what the checkpoint writes
     return positions, pf
 
 
@@ -119,7 +117,7 @@ def test_prefetch_changes_nothing_but_the_waiting(tmp_path, tiny_dirs, th):
                 # step 1 prepared inline; steps 2 and 3 came from the background thread
                 assert (pf.hits, pf.misses) == (4, 2)
         finally:
-            prompts.close_prefetch(tr)
+            tr.feed.close()
     (pos0, w0, _), (pos2, w2, _) = runs[0], runs[2]
     # the checkpointed data position is the trained batch's, not the prefetched one's
     assert pos2 == pos0 and [p["position"] for p in pos2] == [2, 4, 6]

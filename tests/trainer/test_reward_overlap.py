@@ -1,11 +1,11 @@
-"""reward.overlap_prompts (mmgrpo.vlm.train.reward_overlap): the rewards of chunk i are computed while chunk i+1
+"""reward.overlap_prompts (mmgrpo.vlm.rewards.overlap): the rewards of chunk i are computed while chunk i+1
 generates, and the step is exactly the synchronous one (same completions, rewards, trained weights)."""
 import threading
 import time
 
 import torch
 
-from mmgrpo.vlm.train.reward_overlap import merge_scores
+from mmgrpo.vlm.rewards.overlap import merge_scores
 
 
 def test_merge_scores_by_hand():

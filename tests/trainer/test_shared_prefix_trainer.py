@@ -6,8 +6,7 @@ import torch
 from mmgrpo.vlm.models.rollout import RolloutOutput
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.seeding import sample_seed
-from mmgrpo.vlm.train import prompts, steps
-from mmgrpo.vlm.train.prompts import make_stream
+from mmgrpo.vlm.train import steps
 
 
 class Recording:
@@ -28,7 +27,7 @@ def _trainer(tmp_path, tiny_dirs, th, *over):
     cfg = th.make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "run.max_steps=1", "rollout.max_new_tokens=8", *over)
     tr = GRPOTrainer(cfg, samples=th.video_samples(2) + th.image_samples(2), reward_fn=th.text_reward)
     tr.backend = Recording(tr.backend)
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     return tr
 
 
@@ -95,7 +94,7 @@ def test_split_groups_keep_rows_seeds_and_order(tmp_path, tiny_dirs, th):
 
     tr.backend = Fake()
     drawn = [(10, 0, [2, 3]), (11, 1, None), (12, 2, [0]), (13, 3, [1, 3])]
-    rb = steps.rollout(tr, 5, prompts.prepare(tr, drawn))
+    rb = steps.rollout(tr, 5, tr.feed.prepare(drawn, tr.samples, tr.state.counters))
     assert sorted(Fake.calls) == [(1, 1), (1, 4), (2, 2)], Fake.calls
     want = [(pos, g) for pos, _, gens in drawn for g in (range(4) if gens is None else gens)]
     assert rb.group_ids.tolist() == [pos for pos, _ in want]

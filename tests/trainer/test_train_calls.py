@@ -3,7 +3,7 @@ tests/flow_grpo/test_flow_train_calls.py): the first call resumes, later calls c
 from the older checkpoint on disk), and a call after the run ended writes nothing. 4 tiny steps, 2 trainers (a few
 CPU seconds): it also covers a resumed object trained by ``train(steps=n)``, whose end was computed before the resume
 (it trained nothing)."""
-from mmgrpo.vlm.train import checkpointing
+from mmgrpo.vlm import checkpoint
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 
 
@@ -18,10 +18,10 @@ def test_train_resumes_once_per_object_and_continues(tmp_path, tiny_dirs, th, mo
                         reward_fn=th.text_reward)
     first.train()  # step 1, checkpointed
     resumes = []
-    real = checkpointing.resume
-    monkeypatch.setattr(checkpointing, "resume", lambda run: resumes.append(run.state.step) or real(run))
+    real = checkpoint.resume
     tr = GRPOTrainer(th.make_cfg(tmp_path, model, "run.max_steps=3", "run.resume_from=auto"),
                      samples=th.image_samples(3), reward_fn=th.text_reward)
+    monkeypatch.setattr(checkpoint, "resume", lambda *a: resumes.append(tr.state.step) or real(*a))
     assert len(tr.train(steps=1)) == 1 and tr.state.step == 2 and resumes == [0]  # resumed at 1, one step
     # the step-1 checkpoint is still the newest on disk: a second resume would undo step 2
     assert [n for n, _ in _ckpts(tmp_path)] == ["step-00000001"]

@@ -9,9 +9,9 @@ import torch
 
 from mmgrpo.vlm.config import TrainConfig
 from mmgrpo.vlm.data.task import MissingMediaError
-from mmgrpo.vlm.train import checkpointing, steps
-from mmgrpo.vlm.train.batch import micro_batches
-from mmgrpo.vlm.train.prompts import make_stream
+from mmgrpo.vlm.data.batch import micro_batches
+from mmgrpo.vlm.models.adapters import ADAPTERS
+from mmgrpo.vlm.train import steps
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.utils.config import load_config
 
@@ -55,13 +55,13 @@ def test_plain_grpo_mixed_video_image_batch_and_ratio_one(tmp_path, tiny_dirs, t
     samples = th.video_samples(2) + th.image_samples(2)
     tr = GRPOTrainer(cfg, samples=samples, reward_fn=th.text_reward)
     # the trainer's old log-probs and its grad-enabled forward agree bit for bit: ratio exactly 1 on-policy
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     assert rb.n == 8 and rb.group_ids.tolist() == [0] * 4 + [1] * 4  # explicit integer group ids, batch of 2
     mbs = micro_batches(rb.group_ids, 8)
     steps.precompute(tr, rb, mbs)
     tr.model.train()
-    lp = steps.token_logprobs(tr, tr.model, rb, mbs[0])
+    lp = tr.logprobs.rows(tr.model, rb, mbs[0])
     assert lp.requires_grad and torch.equal(lp.detach(), rb.old_logp[:, :lp.shape[1]])
     # rollout (KV cache) log-probs agree with the trainer's up to float rounding
     torch.testing.assert_close(rb.old_logp * rb.completion_mask, rb.rollout_logp, atol=5e-5, rtol=0)
@@ -140,9 +140,9 @@ def test_reg_grpo_and_tw_grpo_train(tmp_path, tiny_dirs, variant, th):
         assert 1.0 < hist[-1]["twgrpo/weight_mean"] < 1.7
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", [f for f in ADAPTERS if f != "qwen2_5_vl"])  # every other registered family
 def test_other_families_plain_grpo(tmp_path, tiny_dirs, th, family):
-    px = 4096 if family == "qwen3_vl" else 3136  # one 2x2 merged patch grid: (2*16)^2 or (2*14)^2 * 4
+    px = (2 * ADAPTERS[family].patch_size) ** 2 * 4  # one 2x2 grid of merged patches: 3136 (patch 14), 4096 (16)
     cfg = make_cfg(tmp_path, tiny_dirs(family), "run.max_steps=1", "algo.agg=seq_mean_token_mean",
                    f"data.video_min_pixels={px}", f"data.video_max_pixels={px}", f"data.image_min_pixels={px}",
                    f"data.image_max_pixels={px}")
@@ -340,9 +340,9 @@ def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, 
     score = tr.score_samples
     tr.score_samples = lambda *a, **k: (seen_weights.append(trainable(tr)), score(*a, **k))[1]
     drawn = []
-    draw = steps.draw
-    monkeypatch.setattr(steps, "draw", lambda run: (lambda d: (
-        drawn.append([tr.samples[i]["id"] for _, i, _ in d]), d)[1])(draw(run)))
+    draw = tr.feed.draw
+    monkeypatch.setattr(tr.feed, "draw", lambda stream: (lambda d: (
+        drawn.append([tr.samples[i]["id"] for _, i, _ in d]), d)[1])(draw(stream)))
     tr.train()
     rows = [json.loads(x) for x in (tmp_path / "run" / "selection.jsonl").read_text().splitlines()]
     assert [(r["round"], r["sample_id"], r["kept"]) for r in rows] == [
@@ -353,7 +353,7 @@ def test_data_selection_refiltered_every_epoch_with_the_current_model(tmp_path, 
     # resume from the step-2 checkpoint: the round-1 selection and the stream come back
     re = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *args, "run.resume_from=" + str(
         tmp_path / "run" / "checkpoints" / "step-00000002")), samples=th.image_samples(3), reward_fn=phase_reward)
-    assert checkpointing.resume(re) and re.state.selected == [0, 2]
+    assert re._start() and re.state.selected == [0, 2]
     assert re.state.stream.state_dict() == tr.state.stream.state_dict()
     sd = tr.state.stream.state_dict()
     assert (sd["position"], sd["epoch"], sd["offset"], sd["num_samples"]) == (4, 1, 2, 2)
@@ -386,5 +386,5 @@ def test_strict_format_reward_with_no_think_prompt_is_refused(tmp_path, tiny_dir
         GRPOTrainer(cfg, samples=th.video_samples(2))
     ok = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "reward.weights={iou: 1.0, format_loose: 0.5}")
     tr = GRPOTrainer(ok, samples=th.video_samples(2))
-    out = tr.reward_fn(["<answer>0.5 to 1.5</answer>"], th.video_samples(1))
+    out = tr.scorer.reward_fn(["<answer>0.5 to 1.5</answer>"], th.video_samples(1))
     assert float(out["format_loose"][0]) == 1.0 and float(out["iou"][0]) == 1.0

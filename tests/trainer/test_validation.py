@@ -1,4 +1,4 @@
-"""Validation during training (mmgrpo.vlm.train.validation): each point of the curve equals an independent
+"""Validation during training (mmgrpo.vlm.monitor.validation): each point of the curve equals an independent
 eval/generate_vlm.py evaluation of the checkpoint saved at that step; validation does not change training; the
 config switch chooses the best checkpoint on validation only."""
 import json
@@ -112,7 +112,7 @@ def test_select_best_chooses_on_validation_only(tmp_path, tvg_data):
 def test_select_best_keeps_the_best_validation_checkpoint(tmp_path, tiny_dirs, tvg_data, monkeypatch):
     """Checkpoints at every validation step; the one kept as best is the step with the highest val/mIoU, even
     when it is neither the last nor among the run.keep_last most recent ones."""
-    from mmgrpo.vlm.train import validation
+    from mmgrpo.vlm.monitor import validation
 
     scores = iter([10.0, 50.0, 20.0, 30.0, 40.0])  # steps 0..4: step 1 is the best
     monkeypatch.setattr(validation.Validator, "score",

@@ -37,8 +37,8 @@ def test_one_step_on_the_five_problem_types(tmp_path, monkeypatch):
     assert "Please provide only the single option letter" in texts[0]
     assert "Please transcribe text from the image/video clearly" in texts[2]
     assert sum("Please provide the numerical value (e.g., 42 or 3.14)" in t for t in texts) == 2  # numerical, regr.
-    rec = _Recorder(tr.reward_fn)
-    tr.reward_fn = rec
+    rec = _Recorder(tr.scorer.reward_fn)
+    tr.scorer.reward_fn = rec
     hist = tr.train()
     assert len(hist) == 1 and tr.state.step == 1
     assert {p for _, p in rec.seen} == {"multiple choice", "numerical", "OCR", "free-form", "regression"}

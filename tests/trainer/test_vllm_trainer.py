@@ -6,10 +6,9 @@ import pathlib
 import pytest
 import torch
 
-from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.data.batch import micro_batches
 from mmgrpo.vlm.train.trainer import GRPOTrainer
 from mmgrpo.vlm.train import steps
-from mmgrpo.vlm.train.prompts import make_stream
 
 
 def _fakes():
@@ -42,7 +41,7 @@ def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_p
     be, llm = _backend(build_tiny_tokenizer())
     tr = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=be)
     be.tokenizer = tr.tok
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     # the requests carry the clip's frames + metadata
     rb = steps.collect(tr, 0)
     (_, prompts, sps), = [c for c in llm.calls if c[0] == "generate"]
@@ -59,7 +58,7 @@ def test_vllm_backend_in_the_trainer_pushes_each_step_and_weights_the_loss(tmp_p
     # two training steps: one push each, after the update, carrying the trainer's current weights
     tr2 = GRPOTrainer(cfg, samples=th.video_samples(2), reward_fn=th.text_reward, backend=_backend(tr.tok)[0])
     be2 = tr2.backend
-    tr2.state.stream = make_stream(tr2)
+    tr2.state.stream = tr2.new_stream()
     for step in range(2):
         met = tr2.train(steps=1)[-1]
         assert be2.pusher.pushes == step + 1

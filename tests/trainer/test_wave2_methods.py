@@ -4,10 +4,9 @@ import math
 import pytest
 import torch
 
-from mmgrpo.vlm.train.batch import micro_batches
+from mmgrpo.vlm.data.batch import micro_batches
 from mmgrpo.vlm.train.trainer import GRPOTrainer
-from mmgrpo.vlm.train import checkpointing, prompts, steps
-from mmgrpo.vlm.train.prompts import make_stream
+from mmgrpo.vlm.train import steps
 
 from .test_trainer_loop import make_cfg, run, sane, trainable
 
@@ -79,7 +78,7 @@ def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, t
     cfg = make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true",
                    "methods.entropy.top_quantile=0.5", "data.task=mcq", "run.logprob_impl=naive")
     tr = GRPOTrainer(cfg, samples=th.image_samples(3), reward_fn=th.text_reward)
-    tr.state.stream = make_stream(tr)
+    tr.state.stream = tr.new_stream()
     rb = steps.collect(tr, 0)
     mbs = micro_batches(rb.group_ids, 8)
     steps.precompute(tr, rb, mbs)
@@ -98,7 +97,7 @@ def test_entropy_logged_and_masked_tokens_get_no_gradient(tmp_path, tiny_dirs, t
     assert set(w.unique().tolist()) <= {0.0, 1.0} and 0.5 <= float(w.mean()) < 1.0
     # the trainer's loss with these weights: a masked token gets exactly zero gradient
     tr.model.train()
-    lp = steps.token_logprobs(tr, tr.model, rb, mbs[0]).float()
+    lp = tr.logprobs.rows(tr.model, rb, mbs[0]).float()
     lp.retain_grad()
     out = grpo_loss(LossInputs(lp, rb.old_logp[:, :T], rb.advantages, rb.completion_mask[:, :T],
                                token_weights=rb.token_weights[:, :T], algo=tr.cfg.algo))
@@ -117,7 +116,7 @@ def test_entropy_with_shared_prefix_logprobs_matches_naive(tmp_path, tiny_dirs, 
         cfg = make_cfg(tmp_path / impl, tiny_dirs("qwen2_5_vl"), "methods.entropy.enabled=true", "data.task=mcq",
                        f"run.logprob_impl={impl}")
         tr = GRPOTrainer(cfg, samples=th.image_samples(2), reward_fn=th.text_reward)
-        tr.state.stream = make_stream(tr)
+        tr.state.stream = tr.new_stream()
         rb = steps.collect(tr, 0)
         steps.precompute(tr, rb, micro_batches(rb.group_ids, 8))
         ents.append(rb.entropy)
@@ -152,8 +151,8 @@ def test_difficulty_aug_perturbs_easy_and_hints_hard(tmp_path, tiny_dirs, th):
     meth = next(m for m in tr.methods if m.name == "difficulty_aug")
     meth.window.push(torch.tensor([0.5]))
     meth.last_mean.update({"v0": 1.0, "v1": 0.0})  # v0 easy (+0.5), v1 hard (-0.5): strength 1
-    tr.state.stream = make_stream(tr)
-    preps = prompts.prepare(tr, prompts.draw(tr))
+    tr.state.stream = tr.new_stream()
+    preps = tr.feed.prepare(tr.feed.draw(tr.state.stream), tr.samples, tr.state.counters)
     out = meth.before_rollout(0, list(preps))
     by_id = {pp.sample["id"]: (old, pp) for (_, old, _), (_, pp, _) in zip(preps, out)}
     old, new = by_id["v0"]
@@ -212,7 +211,7 @@ def test_ref_sync_reference_survives_resume(tmp_path, tiny_dirs, th):
     ref1 = {n: p.detach().clone() for n, p in tr.policy.ref_model.named_parameters()}
     tr2 = GRPOTrainer(make_cfg(tmp_path, tiny_dirs("qwen2_5_vl"), *over, "run.resume_from=auto"),
                       samples=th.image_samples(3), reward_fn=th.text_reward)
-    assert checkpointing.resume(tr2)
+    assert tr2._start()
     for n, p in tr2.policy.ref_model.named_parameters():
         assert torch.equal(p, ref1[n]), n
     assert next(m for m in tr2.methods if m.name == "ref_sync").syncs == 1
@@ -231,8 +230,8 @@ def test_difficulty_aug_adds_noise_to_easy_images(tmp_path, tiny_dirs, th):
     meth = next(m for m in tr.methods if m.name == "difficulty_aug")
     meth.window.push(torch.tensor([0.5]))
     meth.last_mean.update({"i0": 1.0, "i1": 0.5})  # i0 easy; i1 at the mean: unchanged
-    tr.state.stream = make_stream(tr)
-    preps = prompts.prepare(tr, prompts.draw(tr))
+    tr.state.stream = tr.new_stream()
+    preps = tr.feed.prepare(tr.feed.draw(tr.state.stream), tr.samples, tr.state.counters)
     out = meth.before_rollout(0, list(preps))
     for (_, old, _), (_, new, _) in zip(preps, out):
         same = torch.equal(new.item["pixel_values"], old.item["pixel_values"])

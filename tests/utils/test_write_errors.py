@@ -111,13 +111,11 @@ def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
     def save_lora(path):  # what safetensors raises on a full disk (measured on a full tmpfs)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    fake = types.SimpleNamespace(ema=None, sharded=False, is_main=True, out=tmp_path / "run",
-                                 cfg=types.SimpleNamespace(model=types.SimpleNamespace(
-                                     lora=types.SimpleNamespace(enabled=True))),
-                                 adapter=types.SimpleNamespace(save_lora=save_lora),
-                                 state=types.SimpleNamespace(epoch=1, global_step=1, counters={"applied_steps": 1}))
+    trained = types.SimpleNamespace(ema=None, sharded=False, lora=True,  # a flow_grpo.build.TrainedModel's fields
+                                    accelerator=types.SimpleNamespace(is_main_process=True),
+                                    adapter=types.SimpleNamespace(save_lora=save_lora))
     with pytest.raises(OutputWriteError) as ei:
-        export_final(fake)
+        export_final(trained, tmp_path / "run", epoch=1, global_step=1, applied_steps=1, ema_update_every=1)
     assert str(ei.value).startswith(f"cannot write the final weights export to {tmp_path / 'run'}: "
                                     "No space left on device (errno 28) [safetensors:")
     assert ei.value.errno == errno.ENOSPC

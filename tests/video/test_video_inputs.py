@@ -140,6 +140,13 @@ def test_contract_errors(video16, qwen25):
     a = build_video_inputs(processor, clip, msgs, "qwen2_5_vl")
     b = build_video_inputs(processor, clip, _prompt(processor), "qwen2_5_vl")
     assert torch.equal(a["input_ids"], b["input_ids"])
+    # a family this module does not know by name (one registered with the VLM adapters) passes its time contract
+    c = build_video_inputs(processor, clip, _prompt(processor), "my_vl", video_time="second_per_grid_ts")
+    assert c.keys() == b.keys() and all(torch.equal(c[k], b[k]) for k in b)
+    with pytest.raises(ValueError, match="video_time must be one of"):
+        build_video_inputs(processor, clip, _prompt(processor), "my_vl", video_time="fps")
+    with pytest.raises(ValueError, match="'timestamps'.*Qwen2_5_VLProcessor"):  # the contract of another processor
+        build_video_inputs(processor, clip, _prompt(processor), "my_vl", video_time="timestamps")
 
 
 def test_end_to_end_synthetic_sample(tmp_path, qwen25):

@@ -27,6 +27,10 @@ Converters (:mod:`mmgrpo.vlm.data.converters`, CLI ``python data/convert.py FORM
 ActivityNet-style dense captions, Time-R1 / TVGBench, NExT-GQA, Video-R1 (five problem types), RefCOCO-style REC.
 Prompt templates by name (the project's and the releases', ``data.prompt_template``):
 :mod:`mmgrpo.vlm.data.templates`.
+What a training step reads, with explicit arguments: the seeded, resumable prompt stream
+(:mod:`mmgrpo.vlm.data.stream`), this process's prompts of a step, prepared and prefetched
+(:mod:`mmgrpo.vlm.data.feed`), the rollout batch and its micro-batches (:mod:`mmgrpo.vlm.data.batch`), and the
+checkpoint codec of prompts that methods keep across steps (:mod:`mmgrpo.vlm.data.buffer_state`).
 Synthetic benchmark (:mod:`mmgrpo.vlm.synthetic.tvg`, CLI ``python data/synthetic_tvg.py``): generated mp4s with
 exactly known event spans.  Mini-GenEval (:mod:`mmgrpo.synthetic.t2i`, CLI ``python data/synthetic_t2i.py``):
 synthetic text-to-image prompts with a programmatic verifier (the ``mini_geneval`` reward of ``flow_grpo``).

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from mmgrpo.vlm.rewards.box import resolve_box_frame
+
 from .schema import LETTERS, Sample
 
 MODES = ("think", "no_think", "hybrid")
@@ -60,8 +62,6 @@ _BOX_FRAME_TEXT = {
     "norm1000": "in coordinates normalised to a 0-1000 grid",
     "norm1": "in coordinates normalised to [0, 1]",
 }
-_BOX_FRAMES = {"abs": "abs", "resized_abs": "resized_abs", "qwen2_5_vl": "resized_abs", "norm1000": "norm1000",
-               "qwen2_vl": "norm1000", "qwen3_vl": "norm1000", "norm1": "norm1"}
 
 
 def _check(mode: str, answer_format: str) -> None:
@@ -114,9 +114,7 @@ def user_prompt(sample: Sample | Mapping[str, Any], answer_format: str = "second
     if s.task == "qa":  # open-answer question: shown as written (the system turn asks for the <answer> block)
         return s.query.strip()
     if s.task == "rec":
-        frame = _BOX_FRAMES.get(box_frame)
-        if frame is None:
-            raise ValueError(f"unknown box_frame {box_frame!r}; choose one of {sorted(_BOX_FRAMES)}")
+        frame = resolve_box_frame(box_frame)  # a frame, or a model family's (its adapter's box_frame)
         return (f'Locate "{s.query.strip()}" in the image. Output its bounding box as [x1, y1, x2, y2] '
                 f"{_BOX_FRAME_TEXT[frame]}.")
     raise ValueError(f"unknown task {s.task!r}")
@@ -172,9 +170,7 @@ def format_span(start: float, end: float, answer_format: str = "seconds") -> str
 
 def _box_in_frame(box: Sequence[float], frame: str, image_size: Sequence[int],
                   resized_size: Sequence[int] | None) -> list[float]:
-    kind = _BOX_FRAMES.get(frame)
-    if kind is None:
-        raise ValueError(f"unknown box_frame {frame!r}; choose one of {sorted(_BOX_FRAMES)}")
+    kind = resolve_box_frame(frame)
     w, h = image_size
     if kind == "abs":
         sx, sy = 1.0, 1.0
@@ -231,7 +227,7 @@ def format_ground_truth_answer(sample: Sample | Mapping[str, Any], mode: str = "
         if not s.boxes or s.image_size is None:
             raise ValueError(f"sample {s.id!r}: rec needs boxes and image_size")
         b = _box_in_frame(s.boxes[0], box_frame, s.image_size, resized_size)
-        kind = _BOX_FRAMES[box_frame]
+        kind = resolve_box_frame(box_frame)
         if kind == "norm1":
             ans = "[" + ", ".join(f"{v:.4f}" for v in b) + "]"
         else:

@@ -290,7 +290,8 @@ class TaskAdapter:
             from mmgrpo.video.processor import build_video_inputs
 
             clip = self._load_clip(sample)
-            item = build_video_inputs(self.processor, clip, text, self.adapter.family)
+            item = build_video_inputs(self.processor, clip, text, self.adapter.family,
+                                        video_time=self.adapter.video_time)
             return PreparedPrompt(sample, _tensors(item), clip=clip, text=text)
         if _get(sample, "image") is not None:
             imgs = self._load_images(sample)
@@ -321,7 +322,8 @@ class TaskAdapter:
             from mmgrpo.video.processor import build_video_inputs
 
             clip = prep.clip if frames is None else dataclasses.replace(prep.clip, frames=frames)
-            item = _tensors(build_video_inputs(self.processor, clip, text, self.adapter.family))
+            item = _tensors(build_video_inputs(self.processor, clip, text, self.adapter.family,
+                                               video_time=self.adapter.video_time))
             return dataclasses.replace(prep, item=item, clip=clip, text=text, mode=mode, hint=hint)
         if prep.images:
             imgs = prep.images if images is None else images
@@ -344,7 +346,8 @@ class TaskAdapter:
         perm = torch.randperm(prep.clip.num_frames, generator=generator)
         frames = prep.clip.frames[perm] if isinstance(prep.clip.frames, torch.Tensor) else prep.clip.frames[perm.numpy()]
         clip = dataclasses.replace(prep.clip, frames=frames)
-        return _tensors(build_video_inputs(self.processor, clip, prep.text, self.adapter.family))
+        return _tensors(build_video_inputs(self.processor, clip, prep.text, self.adapter.family,
+                                           video_time=self.adapter.video_time))
 
 
 def _tensors(batch) -> dict:

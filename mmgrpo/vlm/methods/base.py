@@ -1,7 +1,7 @@
 """What the VLM recipe (:mod:`mmgrpo.vlm.train.trainer`) hands to a method, on top of the shared protocol
 (:class:`mmgrpo.engine.method.Method`, whose docstring lists the stage hooks and which methods use each):
 
-* :class:`VLMMethod`: the protocol with the VLM's batch (:class:`~mmgrpo.vlm.train.batch.RolloutBatch`, N rows,
+* :class:`VLMMethod`: the protocol with the VLM's batch (:class:`~mmgrpo.vlm.data.batch.RolloutBatch`, N rows,
   group ids (N,) int64, T completion positions) and the declarations the recipe reads once at setup (which rows,
   log-probs and logits it must provide);
 * :class:`Estimator`: what ``advantage_estimator()`` returns, the parts of the advantage a method replaces;
@@ -20,7 +20,7 @@ from mmgrpo.engine.method import Method
 if TYPE_CHECKING:  # torch stays out of the import of the registry (``mmgrpo train --help``)
     import torch
 
-    from mmgrpo.vlm.train.batch import RolloutBatch
+    from mmgrpo.vlm.data.batch import RolloutBatch
 
 __all__ = ["VLMMethod", "Estimator", "LossInputs", "PolicyLoss", "grpo_loss", "grpo_share"]
 

@@ -252,7 +252,8 @@ class ParaGRPO(VLMMethod):
                 self._frames.append(n)
                 if n < pp.clip.num_frames:
                     clip = subsample_clip(pp.clip, n)
-                    item = build_video_inputs(self.run.task.processor, clip, pp.text, self.run.policy.family)
+                    item = build_video_inputs(self.run.task.processor, clip, pp.text, self.run.policy.family,
+                                              video_time=self.run.policy.adapter.video_time)
                     pp = dataclasses.replace(pp, clip=clip, item={k: v for k, v in dict(item).items()
                                                                   if isinstance(v, torch.Tensor)})
             out.append((pos, pp, gens))

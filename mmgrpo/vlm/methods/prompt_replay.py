@@ -12,7 +12,7 @@ prompts (the worst priority leaves first).
 
 Choices: the batch size stays fixed, so a replayed prompt takes the place of the stream's prompt at that position
 (that prompt is not trained this epoch). The buffer is checkpointed (each process's own, its prompts as references
-to their samples: :mod:`mmgrpo.vlm.train.buffer_state`), so a resumed run replays as the uninterrupted one would.
+to their samples: :mod:`mmgrpo.vlm.data.buffer_state`), so a resumed run replays as the uninterrupted one would.
 Metrics: ``prompt_replay/replayed`` (prompts replayed this step), ``prompt_replay/buffer`` (its size).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from mmgrpo.vlm.data.task import sample_id
 from mmgrpo.vlm.methods.base import VLMMethod
 from mmgrpo.vlm.methods.pass_rate_filter import group_pass_rates
-from mmgrpo.vlm.train.buffer_state import PromptCodec
+from mmgrpo.vlm.data.buffer_state import PromptCodec
 
 __all__ = ["ReplayBuffer", "PromptReplay"]
 
@@ -115,11 +115,11 @@ class PromptReplay(VLMMethod):
         metrics["prompt_replay/buffer"] = float(len(self.buffer.entries))
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"entries": [[key, prio, codec.prompt_state(pp), last, uses]
                             for key, (prio, pp, last, uses) in self.buffer.entries.items()]}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.buffer.entries = {key: [float(prio), codec.prompt_from_state(ps), None if last is None else int(last),
                                      int(uses)] for key, prio, ps, last, uses in sd["entries"]}

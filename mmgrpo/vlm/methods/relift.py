@@ -20,7 +20,7 @@ Deviation (stated): the paper interleaves separate SFT optimizer steps on the bu
 is folded into the next RL update as the loss term above (one optimizer step, both terms), which needs no second
 optimizer loop in the recipe. The demonstrations are the data's ground truths (the paper collects high-quality
 solutions). The buffer is checkpointed (each process's own, its prompts as references to their samples:
-:mod:`mmgrpo.vlm.train.buffer_state`). Metrics: ``relift/hard_groups`` (this step), ``relift/buffer``,
+:mod:`mmgrpo.vlm.data.buffer_state`). Metrics: ``relift/hard_groups`` (this step), ``relift/buffer``,
 ``relift/sft_rows``.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from mmgrpo.vlm.methods.base import LossInputs, PolicyLoss, VLMMethod
 from mmgrpo.vlm.methods.chord import chord_loss
 from mmgrpo.vlm.methods.pass_rate_filter import group_pass_rates
 from mmgrpo.vlm.methods.tempsamp_r1 import ground_truth_row
-from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches
-from mmgrpo.vlm.train.buffer_state import PromptCodec
+from mmgrpo.vlm.data.batch import RolloutBatch, cat_batches
+from mmgrpo.vlm.data.buffer_state import PromptCodec
 
 __all__ = ["hardest_groups", "ReLIFT"]
 
@@ -125,10 +125,10 @@ class ReLIFT(VLMMethod):
         self._mu, self.trains_without_advantages = 0.0, False  # the next step is plain RL unless it gets demos
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"buffer": [[key, codec.prompt_state(pp)] for key, pp in self.buffer.items()], "next_id": self._next_id}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.buffer = {key: codec.prompt_from_state(ps) for key, ps in sd["buffer"]}  # in order: oldest first
         self._next_id = int(sd["next_id"])

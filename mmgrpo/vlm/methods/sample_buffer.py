@@ -13,7 +13,7 @@ A replayed row is an old completion trained with its stored advantage: it is mar
 is the current policy's (ratio 1 at the first update, as for every row without ``algo.num_iterations > 1``), i.e. no
 importance correction for its staleness (a choice, as R1V2 does not publish one). The buffer is checkpointed (each
 process's own; the stored rows' tensors, their prompts as references to their samples:
-:mod:`mmgrpo.vlm.train.buffer_state`). Metrics: ``sample_buffer/replayed``
+:mod:`mmgrpo.vlm.data.buffer_state`). Metrics: ``sample_buffer/replayed``
 (groups appended this step), ``sample_buffer/buffer`` (its size), ``sample_buffer/zero_groups``.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 
 from mmgrpo.utils.seeding import sample_seed
 from mmgrpo.vlm.methods.base import VLMMethod
-from mmgrpo.vlm.train.batch import cat_batches
-from mmgrpo.vlm.train.buffer_state import PromptCodec
+from mmgrpo.vlm.data.batch import cat_batches
+from mmgrpo.vlm.data.buffer_state import PromptCodec
 
 __all__ = ["group_priorities", "draw_weighted", "SampleBuffer"]
 
@@ -122,12 +122,12 @@ class SampleBuffer(VLMMethod):
         self._replayed = self._zero = 0
 
     def state_dict(self) -> dict:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         return {"entries": [[prio, codec.batch_state(b), stored, uses] for prio, b, stored, uses in self.entries],
                 "next_id": self._next_id}
 
     def load_state_dict(self, sd: dict) -> None:
-        codec = PromptCodec(self.run)
+        codec = PromptCodec(self.run.all_samples, self.run.task)
         self.entries = [[float(prio), codec.batch_from_state(b), int(stored), int(uses)]
                         for prio, b, stored, uses in sd["entries"]]
         self._next_id = int(sd["next_id"])

@@ -1,9 +1,11 @@
-"""Thin per-family adapters for Qwen2-VL / Qwen2.5-VL / Qwen3-VL and ``load_policy``.
+"""Thin per-family adapters for the Qwen-VL families (the registry ``ADAPTERS``) and ``load_policy``.
 
-An adapter only records what differs between families (model class, vision module keyword used for freezing
-and LoRA exclusion, the multimodal keys the processor emits, the box coordinate frame the model was trained on,
-and how the video time axis reaches the processor).  Everything else (rollouts, log-probs, the trainer) is
-family-agnostic and talks to the model only through ``model(**inputs)`` and ``model.generate(**inputs)``.
+An adapter only records what differs between families (its transformers classes, the vision module keyword used for
+freezing and LoRA exclusion, the multimodal keys the processor emits, the box coordinate frame the model was trained
+on, how the video time axis reaches the processor, its patch size, and the settings of its hub-free tiny random
+checkpoint).  Everything else (rollouts, log-probs, the trainer, ``mmgrpo.vlm.models.tiny``, the config's check of
+``model.family``) is family-agnostic: it reads the adapter and talks to the model only through ``model(**inputs)`` and
+``model.generate(**inputs)``.  A new family is one ``ADAPTERS`` entry and its test (CONTRIBUTING.md, "Add a model").
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import copy
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -22,17 +24,31 @@ LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 class ModelAdapter:
     """What differs between Qwen-VL families.
 
-    box_frame: coordinate frame of boxes the model emits --
-      ``"abs_resized"``: absolute pixels of the *processor-resized* image (Qwen2.5-VL; W = grid_w * patch);
+    model_class_name / config_class_name / processor_class_name: its ``transformers`` classes (the model loads
+      with the first; the tiny builders and memory planning build configs with the second).
+    box_frame: coordinate frame of boxes the model emits (a frame of ``mmgrpo.vlm.rewards.box``, where the family
+      name is an alias of it) --
+      ``"resized_abs"``: absolute pixels of the *processor-resized* image (Qwen2.5-VL; W = grid_w * patch);
       ``"norm1000"``: integers in [0, 1000) relative to the image (Qwen2-VL and Qwen3-VL).
-    video_time: how the processor learns the sampled frame rate --
+    video_time: how the processor learns the sampled frame rate (``mmgrpo.video.build_video_inputs(video_time=)``) --
       ``"second_per_grid_ts"``: Qwen2.5-VL MRoPE time axis, = temporal_patch_size / sample_fps;
       ``"timestamps"``: Qwen3-VL writes ``<t seconds>`` text per temporal patch from ``video_metadata``;
       ``"none"``: Qwen2-VL has no absolute time axis (temporal index = grid slice).
+    patch_size: the ViT patch side in pixels (a merged token covers ``2 * patch_size`` square).
+
+    The hub-free tiny random checkpoint of the family (``mmgrpo.vlm.models.tiny``: tests, ``mmgrpo make-tiny``,
+    smoke runs) is declared here too; the builder adds only what every family shares (the tokenizer, the ~0.2M-
+    parameter text model, the special-token ids, the pixel bounds):
+    tiny_text: the family's text-config keys on top of the shared ones (rope, head_dim, MoE sizes);
+    tiny_vision: its whole vision-tower config;
+    image_processor_class_name / video_processor_class_name / tiny_processor_kwargs: the processor parts and the
+      keyword arguments both take besides ``size`` and ``patch_size``.
     """
 
     family: str
     model_class_name: str
+    config_class_name: str
+    processor_class_name: str
     vision_keywords: tuple[str, ...] = ("visual",)
     multimodal_keys: tuple[str, ...] = (
         "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids",
@@ -41,12 +57,23 @@ class ModelAdapter:
     video_time: str = "none"
     patch_size: int = 14
     temporal_patch_size: int = 2
+    image_processor_class_name: str = "Qwen2VLImageProcessor"
+    video_processor_class_name: str = "Qwen2VLVideoProcessor"
+    tiny_text: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    tiny_vision: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    tiny_processor_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     # --- helpers -------------------------------------------------------------------------------------------
     def model_class(self):
-        import transformers
+        return _transformers_class(self.model_class_name)
 
-        return getattr(transformers, self.model_class_name)
+    def config_class(self):
+        return _transformers_class(self.config_class_name)
+
+    def processor_classes(self) -> tuple[Any, Any, Any]:
+        """(processor, image processor, video processor) classes."""
+        return tuple(_transformers_class(n) for n in (self.processor_class_name, self.image_processor_class_name,
+                                                       self.video_processor_class_name))
 
     def is_vision_param(self, name: str) -> bool:
         return any(k in name.split(".") for k in self.vision_keywords)
@@ -72,22 +99,75 @@ class ModelAdapter:
         return {"do_sample_frames": False, "video_metadata": [md]}
 
 
+def _transformers_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+_MROPE = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
+# the same tiny Qwen3-VL vision tower and text settings serve its dense and MoE members
+_QWEN3_TINY_TEXT = {"head_dim": 16, "rope_parameters": {**_MROPE, "mrope_interleaved": True}}
+_QWEN3_TINY_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                          patch_size=16, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[1],
+                          num_position_embeddings=64, in_channels=3)
+_QWEN3_TINY_PROCESSOR = dict(merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+# The registry: a family's name is its config.json ``model_type`` (``family=auto``) and ``model.family``'s value.
 ADAPTERS: dict[str, ModelAdapter] = {
-    "qwen2_vl": ModelAdapter("qwen2_vl", "Qwen2VLForConditionalGeneration", box_frame="norm1000",
-                             video_time="none"),
+    "qwen2_vl": ModelAdapter(
+        "qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLConfig", "Qwen2VLProcessor",
+        box_frame="norm1000", video_time="none",
+        tiny_text={"rope_parameters": _MROPE},
+        tiny_vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                         spatial_merge_size=2, temporal_patch_size=2, in_channels=3)),
     "qwen2_5_vl": ModelAdapter(
-        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", box_frame="abs_resized", video_time="second_per_grid_ts",
+        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", "Qwen2_5_VLProcessor",
+        box_frame="resized_abs", video_time="second_per_grid_ts",
         multimodal_keys=("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
                          "second_per_grid_ts", "mm_token_type_ids"),
-    ),
-    "qwen3_vl": ModelAdapter("qwen3_vl", "Qwen3VLForConditionalGeneration", box_frame="norm1000",
-                             video_time="timestamps", patch_size=16),
+        tiny_text={"rope_parameters": _MROPE},
+        tiny_vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                         patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                         fullatt_block_indexes=[1], tokens_per_second=2, in_channels=3)),
+    "qwen3_vl": ModelAdapter(
+        "qwen3_vl", "Qwen3VLForConditionalGeneration", "Qwen3VLConfig", "Qwen3VLProcessor",
+        box_frame="norm1000", video_time="timestamps", patch_size=16,
+        video_processor_class_name="Qwen3VLVideoProcessor", tiny_processor_kwargs=_QWEN3_TINY_PROCESSOR,
+        tiny_text=_QWEN3_TINY_TEXT, tiny_vision=_QWEN3_TINY_VISION),
+    # Qwen3-VL-30B-A3B / 235B-A22B: Qwen3-VL's vision tower and processor, a sparse-MoE language model (every layer
+    # routes each token to num_experts_per_tok of num_experts fused experts; those are 3-D parameters, not Linear
+    # layers, so LoRA adapts the attention projections only)
+    "qwen3_vl_moe": ModelAdapter(
+        "qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig", "Qwen3VLProcessor",
+        box_frame="norm1000", video_time="timestamps", patch_size=16,
+        video_processor_class_name="Qwen3VLVideoProcessor", tiny_processor_kwargs=_QWEN3_TINY_PROCESSOR,
+        tiny_text={**_QWEN3_TINY_TEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+        tiny_vision=_QWEN3_TINY_VISION),
 }
+
+
+def unknown_family(family: str, key: str = "") -> ValueError:
+    """The error for a family the registry lacks: it names the registered families and the nearest one."""
+    import difflib
+
+    known = ["auto", *ADAPTERS] if key else list(ADAPTERS)
+    close = difflib.get_close_matches(str(family), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = f"config key {key!r}: " if key else ""
+    return ValueError(f"{where}unknown model family {family!r}{hint}; the registered families "
+                      f"(mmgrpo.vlm.models.adapters.ADAPTERS): {known}")
+
+
+def check_family(family: str, key: str = "model.family") -> None:
+    """A config's family is ``"auto"`` or registered (checked when the config is parsed, before anything loads)."""
+    if family != "auto" and family not in ADAPTERS:
+        raise unknown_family(family, key)
 
 
 def get_adapter(family: str) -> ModelAdapter:
     if family not in ADAPTERS:
-        raise ValueError(f"unknown model family {family!r}; supported: {sorted(ADAPTERS)}")
+        raise unknown_family(family)
     return ADAPTERS[family]
 
 

@@ -30,10 +30,12 @@ Masks.  Prefix: the prompt's own ``attention_mask`` (left padding excluded from 
 with the usual causal mask.  Suffix: [prompt mask ++ completion mask], causal over the completion part; every
 suffix query sees its whole prefix.
 
-Tested families (``VERIFIED_FAMILIES``): Qwen2.5-VL, Qwen2-VL and Qwen3-VL (``tests/models/test_prefix_group.py``:
-log-probs within 1e-5 and gradients within 1e-4 relative of the naive path, fp32 CPU, images and videos, LoRA and
-full fine-tuning incl. the vision tower; Qwen3-VL's deepstack features only touch prefix positions).  The trainer
-uses this path by default for these families (``run.logprob_impl=prefix_group``) and falls back, logged, otherwise.
+Tested families (``VERIFIED_FAMILIES``): Qwen2.5-VL, Qwen2-VL, Qwen3-VL and Qwen3-VL-MoE
+(``tests/models/test_prefix_group.py``: log-probs within 1e-5 and gradients within 1e-4 relative of the naive path,
+fp32 CPU, images and videos, LoRA and full fine-tuning incl. the vision tower; Qwen3-VL's deepstack features only
+touch prefix positions; the MoE routes each token by its own hidden state, so a suffix token meets the same
+experts).  The trainer uses this path by default for these families (``run.logprob_impl=prefix_group``) and falls
+back, logged, otherwise.
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ import torch
 
 from .rollout import _suppress, token_logprobs_from_logits
 
-VERIFIED_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # exactness checked in tests/models/test_prefix_group.py
+# exactness checked in tests/models/test_prefix_group.py
+VERIFIED_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 # ----------------------------------------------------------------------------------------------------- helpers

@@ -404,7 +404,7 @@ def greedy_generate(policy, items: Sequence[dict], max_new_tokens: int) -> tuple
     ``greedy=True`` (same collation, EOS / pad ids, suppressed vision tokens) without keeping the per-step logits,
     which cost B x T x V floats (gigabytes for a 152k vocabulary and 1024 tokens).  Returns (texts, number of
     completion tokens incl. EOS, truncated).  Used by ``eval/generate_vlm.py`` and by the trainer's validation
-    (``mmgrpo.vlm.train.validation``), so a validation point and an evaluation of the same weights decode alike."""
+    (``mmgrpo.vlm.monitor.validation``), so a validation point and an evaluation of the same weights decode alike."""
     model, tok = policy.model, policy.tokenizer
     pad = tok.pad_token_id
     eos = _eos_ids(model, tok)

@@ -1,15 +1,21 @@
-"""Hub-free tiny Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) for CPU tests and smoke runs.
+"""Hub-free tiny Qwen-VL models of every registered family (``mmgrpo.vlm.models.adapters.ADAPTERS``) for CPU tests
+and smoke runs.
 
 Everything is built from configs: a byte-level BPE tokenizer (256 byte symbols plus a few merges, so any text
 tokenises), a Qwen ChatML chat template that emits ``<|vision_start|><|image_pad|><|vision_end|>`` /
 ``<|vision_start|><|video_pad|><|vision_end|>`` for image / video content items, the family's processor and a
 randomly initialised model of ~0.2M parameters.  ``save_tiny_model`` writes a folder that loads back through
-``from_pretrained`` -- the same code path a user's 7B checkpoint takes.
+``from_pretrained`` -- the same code path a user's 7B checkpoint takes.  Nothing here names a family: what differs
+(the classes, the vision tower, the rope / MoE settings, the processor's keyword arguments) is read from the
+family's adapter.
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
+
+from .adapters import ADAPTERS, get_adapter
 
 # Special tokens in Qwen's order.  ids are assigned 0..len-1 by the BPE trainer.
 SPECIAL_TOKENS = [
@@ -24,7 +30,7 @@ SPECIAL_TOKENS = [
 ]
 VISION_SPECIAL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = tuple(ADAPTERS)  # every registered family has a tiny checkpoint
 
 # Qwen ChatML, the structure of the released Qwen2-VL/2.5-VL template: a default system turn, content lists
 # with {"type": "image"|"video"|"text"} items, and the generation prompt.
@@ -116,45 +122,28 @@ def build_tiny_tokenizer():
 
 def _pixel_bounds(family: str) -> tuple[int, int, int]:
     """(patch_size, min_pixels, max_pixels) for the tiny processors: 4..16 merged tokens per image/frame."""
-    patch = 16 if family == "qwen3_vl" else 14
+    patch = get_adapter(family).patch_size
     f = patch * 2
     return patch, 4 * f * f, 16 * f * f
 
 
 def build_tiny_processor(family: str = "qwen2_5_vl"):
-    """The family's real processor class around the tiny tokenizer and small pixel bounds."""
-    _check_family(family)
+    """The family's real processor classes (its adapter's) around the tiny tokenizer and small pixel bounds."""
+    adapter = get_adapter(family)
+    processor_cls, image_cls, video_cls = adapter.processor_classes()
     tok = build_tiny_tokenizer()
     patch, min_px, max_px = _pixel_bounds(family)
-    if family == "qwen3_vl":
-        from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-        size = {"shortest_edge": min_px, "longest_edge": max_px}
-        ip = Qwen2VLImageProcessor(size=size, patch_size=patch, merge_size=2, temporal_patch_size=2,
-                                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        vp = Qwen3VLVideoProcessor(size=size, patch_size=patch, merge_size=2, temporal_patch_size=2,
-                                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        return Qwen3VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
-    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
     size = {"shortest_edge": min_px, "longest_edge": max_px}
-    ip = Qwen2VLImageProcessor(size=size, patch_size=patch)
-    vp = Qwen2VLVideoProcessor(size=size, patch_size=patch)
-    if family == "qwen2_vl":
-        from transformers import Qwen2VLProcessor as P
-    else:
-        from transformers import Qwen2_5_VLProcessor as P
-    return P(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
-
-
-def _check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; expected one of {FAMILIES}")
+    kw = copy.deepcopy(dict(adapter.tiny_processor_kwargs))
+    ip = image_cls(size=size, patch_size=patch, **kw)
+    vp = video_cls(size=size, patch_size=patch, **copy.deepcopy(kw))
+    return processor_cls(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
 
 
 def tiny_config(family: str, tokenizer) -> Any:
-    """Config of a ~0.2M-parameter model whose special-token ids match ``tokenizer``."""
-    _check_family(family)
+    """Config of a ~0.2M-parameter model whose special-token ids match ``tokenizer``: the text settings every
+    family shares, updated with the adapter's ``tiny_text``, and its ``tiny_vision`` tower."""
+    adapter = get_adapter(family)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = dict(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -167,41 +156,14 @@ def tiny_config(family: str, tokenizer) -> Any:
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=False,
     )
-    if family == "qwen2_vl":
-        from transformers import Qwen2VLConfig
-
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
-        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
-                      spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
-        return Qwen2VLConfig(text_config=text, vision_config=vision, **top)
-    if family == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
-
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}
-        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                      fullatt_block_indexes=[1], tokens_per_second=2, in_channels=3)
-        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **top)
-    from transformers import Qwen3VLConfig
-
-    text["head_dim"] = 16
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3],
-                               "mrope_interleaved": True}
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[1],
-                  num_position_embeddings=64, in_channels=3)
-    return Qwen3VLConfig(text_config=text, vision_config=vision, **top)
+    text.update(copy.deepcopy(dict(adapter.tiny_text)))  # copies: a config may keep (and change) what it gets
+    vision = copy.deepcopy(dict(adapter.tiny_vision))
+    return adapter.config_class()(text_config=text, vision_config=vision, **top)
 
 
 def model_class(family: str):
-    _check_family(family)
-    import transformers
-
-    return {
-        "qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
-        "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-        "qwen3_vl": transformers.Qwen3VLForConditionalGeneration,
-    }[family]
+    """The family's transformers model class (its adapter's ``model_class_name``)."""
+    return get_adapter(family).model_class()
 
 
 def vision_token_ids(tokenizer) -> list[int]:

@@ -17,6 +17,9 @@ frame (and aliases)       meaning of the numbers the model writes
 ``norm1``                 relative coordinates in [0, 1]: x·W, y·H.
 ========================  ============================================================================
 
+Every registered model family (``mmgrpo.vlm.models.adapters.ADAPTERS``) is an alias of the frame its adapter
+declares (``box_frame``), so a family added there needs no line here.
+
 Pixel convention: by default coordinates are **continuous** (``inclusive=False``): area = (x2−x1)(y2−y1), as in
 torchvision/COCO -- and as in VLM-R1's REC reward and evaluation, whose IoU is the continuous one (intersection
 min(x2)−max(x1) by min(y2)−max(y1), union from (x2−x1)(y2−y1)); its only difference is that an overlap at most
@@ -30,6 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+from mmgrpo.vlm.models.adapters import ADAPTERS  # no torch import
+
 __all__ = [
     "BOX_FRAMES",
     "resolve_box_frame",
@@ -41,23 +46,19 @@ __all__ = [
     "smart_resize",
 ]
 
-BOX_FRAMES: dict[str, str] = {
-    "norm1000": "norm1000",
-    "qwen2_vl": "norm1000",
-    "qwen3_vl": "norm1000",
-    "resized_abs": "resized_abs",
-    "qwen2_5_vl": "resized_abs",
-    "abs": "abs",
-    "norm1": "norm1",
-}
+FRAMES = ("norm1000", "resized_abs", "abs", "norm1")
+# the frames and the family aliases registered at import time (choices of command lines); resolve_box_frame reads
+# the registry itself
+BOX_FRAMES: dict[str, str] = {**{f: f for f in FRAMES}, **{fam: a.box_frame for fam, a in ADAPTERS.items()}}
 
 
 def resolve_box_frame(frame: str) -> str:
     """Canonical frame name for a frame or model-family alias; ValueError listing the choices otherwise."""
-    try:
-        return BOX_FRAMES[frame]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown box frame {frame!r}; choose one of {sorted(BOX_FRAMES)}") from None
+    if isinstance(frame, str) and frame in FRAMES:
+        return frame
+    if isinstance(frame, str) and frame in ADAPTERS:
+        return ADAPTERS[frame].box_frame
+    raise ValueError(f"unknown box frame {frame!r}; choose one of {sorted([*FRAMES, *ADAPTERS])}")
 
 
 def as_box(x: Any) -> tuple[float, float, float, float]:

@@ -47,6 +47,7 @@ from typing import Any, Sequence
 import torch
 
 from mmgrpo.utils.seeding import sample_seed
+from mmgrpo.vlm.models.adapters import get_adapter
 from mmgrpo.vlm.models.rollout import CAT_KEYS, RolloutBackend, RolloutOutput, SamplingParams
 from mmgrpo.vlm.tools.base import ToolContext, ToolResult, call_tool
 from mmgrpo.vlm.tools.parse import get_call_format
@@ -145,13 +146,14 @@ def encode_turn(processor, text: str, images: Sequence = (), clips: Sequence = (
     each; ``build_video_inputs`` checks every clip's time axis)."""
     from mmgrpo.video.processor import build_video_inputs
 
+    video_time = get_adapter(family).video_time
     imgs, vids = list(images), list(clips)
     ids, mm, media = [], [], {k: [] for k in CAT_KEYS}
     for piece in _placeholder_pieces(text):
         if IMAGE_PLACEHOLDER in piece:
             out = processor(text=[piece], images=[imgs.pop(0)], return_tensors="pt", **(image_kwargs or {}))
         elif VIDEO_PLACEHOLDER in piece:
-            out = build_video_inputs(processor, vids.pop(0), piece, family)
+            out = build_video_inputs(processor, vids.pop(0), piece, family, video_time=video_time)
         else:
             out = processor(text=[piece], return_tensors="pt")
         x = out["input_ids"].reshape(-1)

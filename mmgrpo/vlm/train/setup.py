@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from mmgrpo.engine.parallel import Parallel
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.master_weights import make_adamw
 from mmgrpo.utils.schedule import LRFactor
@@ -22,7 +23,7 @@ __all__ = ["make_accelerator", "global_batch", "load_run_policy", "make_backend"
            "choose_logprob_impl"]
 
 
-def make_accelerator(cfg) -> SimpleNamespace:
+def make_accelerator(cfg) -> Parallel:
     """The accelerator and how gradients meet across processes (``run.grad_sync``): ``accelerator``, ``rank``,
     ``world``, ``device``, ``sharded`` (FSDP / DeepSpeed), ``dist_kind``, ``grad_sync``."""
     from accelerate import Accelerator
@@ -43,8 +44,8 @@ def make_accelerator(cfg) -> SimpleNamespace:
     if kind == "FSDP" and getattr(acc.state.fsdp_plugin, "fsdp_version", 1) != 2:
         raise ValueError("mmgrpo runs FSDP as FSDP2 (fully_shard): set fsdp_version: 2 in the accelerate config "
                          "(fsdp_config); FSDP1 is not supported by this trainer")
-    return SimpleNamespace(accelerator=acc, rank=acc.process_index, world=acc.num_processes, device=acc.device,
-                           sharded=sharded, dist_kind=kind, grad_sync=grad_sync)
+    return Parallel(accelerator=acc, rank=acc.process_index, world=acc.num_processes, device=acc.device,
+                    sharded=sharded, dist_kind=kind, grad_sync=grad_sync)
 
 
 def global_batch(cfg, world: int) -> tuple[int, bool]:
@@ -89,7 +90,7 @@ def eos_id_of(tok) -> int:
     return tok.eos_token_id if eos is None or eos == tok.unk_token_id else eos
 
 
-def preflight(cfg, dist: SimpleNamespace, loading: bool) -> None:
+def preflight(cfg, dist: Parallel, loading: bool) -> None:
     """Before any data or model loads (``mmgrpo.utils.preflight``): settings that would only fail after loading
     raise ``ConfigError`` (exit code 2) naming them; the planner's estimate against the device's memory; the
     startup line. ``loading``: the trainer loads the model itself (not an injected policy)."""
@@ -143,7 +144,7 @@ def with_tools(cfg, policy: Policy, backend: RolloutBackend, image_kwargs: dict 
     return MultiTurnBackend(backend, policy.processor, cfg.tools, policy.family, image_kwargs)
 
 
-def make_optimizer(cfg, policy: Policy, dist: SimpleNamespace) -> SimpleNamespace:
+def make_optimizer(cfg, policy: Policy, dist: Parallel) -> SimpleNamespace:
     """AdamW (fp32 master weights for bf16), the LR schedule, and ``accelerator.prepare`` when engines exchange
     gradients: ``model`` (the module every forward goes through), ``unwrapped`` (the module itself: saving, the
     reference, rollouts), ``optimizer``, ``scheduler``, ``params`` (the trained ones)."""

@@ -8,40 +8,41 @@ in the order the loop calls them:
   over processes, the optimizer step (``after_optimizer_step``), or a skip when anything is non-finite;
 * :func:`step_metrics`: the step's metrics (``end_of_step``), reduced over processes.
 
-Faults (``reward.*``): a reward call that raises or times out is retried with back-off (the shared policy of
-:func:`mmgrpo.engine.reward_calls.call_with_retries`; a hung remote judge cannot block the run), then its rows are
-dropped (counted) or the run stops (the guard's stop request); NaN/inf rewards drop their rows (``valid``,
-:func:`nonfinite_rows`) or stop the run; groups left with < 2 members get advantage 0 (counted); NaN/inf advantages,
-loss or gradients skip the optimizer step (counted in the guard).
+What they call is library code with explicit arguments: the prompt feed (:mod:`mmgrpo.vlm.data.feed`), the rollout
+batch (:mod:`mmgrpo.vlm.data.batch`), the reward scorer with its retries and fault policy
+(:mod:`mmgrpo.vlm.rewards.scoring`), the log-prob function (:mod:`mmgrpo.vlm.models.logprobs`), gradient exchange
+(:mod:`mmgrpo.engine.parallel`), the metric reduction (:mod:`mmgrpo.vlm.monitor.metrics`).
+
+Faults: failed or non-finite rewards drop their rows or stop the run (``reward.*``, the scorer); groups left with
+< 2 members get advantage 0 (counted); a step without a usable update (:func:`_skip_cause`: no valid group, NaN/inf
+advantages, no reward signal) and NaN/inf loss or gradients skip the optimizer step (counted in the guard).
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from mmgrpo.core import AdvantageOutput, group_advantages
 from mmgrpo.engine.dist import gather_groups, global_max, global_sum
-from mmgrpo.engine.errors import RewardCallFailed
 from mmgrpo.engine.groups import no_reward_signal, valid_member_counts
-from mmgrpo.engine.reward_calls import CallStats, RetryPolicy, call_with_retries
+from mmgrpo.engine.parallel import allreduce_grads, generation_context, prepared_grad_norm, sync_context
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.seeding import sample_seed
+from mmgrpo.vlm.data.batch import RolloutBatch, batch_from_rows, cat_batches, empty_batch, keep_first_groups
 from mmgrpo.vlm.data.task import BadSampleError, MissingMediaError, sample_id
 from mmgrpo.vlm.methods.base import Estimator, LossInputs, PolicyLoss
-from mmgrpo.vlm.models.rollout import batch_to, collate_prompts, compute_token_logprobs, make_seeds
-from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, empty_batch, keep_first_groups
-from mmgrpo.vlm.train.distributed import allreduce_grads, generation_context, prepared_grad_norm, sync_context
-from mmgrpo.vlm.train.format_guard import well_formed_rows
-from mmgrpo.vlm.train.prompts import draw, prefetch_ahead, prepare
-from mmgrpo.vlm.train.reward_overlap import RewardOverlap
+from mmgrpo.vlm.models.rollout import make_seeds
+from mmgrpo.vlm.monitor.format_guard import well_formed_rows
+from mmgrpo.vlm.monitor.metrics import reduce_metrics
+from mmgrpo.vlm.rewards.overlap import RewardOverlap
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["advantage_estimator", "policy_loss", "collect", "advantages", "mb_plan", "precompute", "optimize",
-           "step_metrics", "log_completions", "score", "accuracy", "score_samples", "token_logprobs", "nonfinite_rows"]
+__all__ = ["advantage_estimator", "policy_loss", "collect", "rollout", "advantages", "mb_plan", "precompute",
+           "optimize", "step_metrics", "score_samples"]
 
 
 # ------------------------------------------------------------------------------------------- setup
@@ -77,12 +78,15 @@ def collect(run, step: int) -> RolloutBatch:
     batches, n_groups, zero_frac_first = [], 0, None
     valid_groups = 0.0  # summed over rounds, also from empty batches (statistics may be global)
     extra = sum(m.extra_rounds for m in run.methods)
+    st, feed = run.state, run.feed
     for rnd in range(1 + extra):
-        drawn = draw(run)
+        drawn = feed.draw(st.stream)
         # hint the next draws before preparing this one: the background thread decodes them while this batch is
-        # prepared (inline on the first step and after a resume) and while this step generates and trains
-        prefetch_ahead(run, current=drawn)
-        preps = prepare(run, drawn)
+        # prepared (inline on the first step and after a resume) and while this step generates and trains; not
+        # past an epoch boundary where a method may re-select the data
+        feed.prefetch_ahead(st.stream, run.samples, current=drawn,
+                            stop_at_epoch=any(m.reselects_data for m in run.methods))
+        preps = feed.prepare(drawn, run.samples, st.counters)
         for m in run.methods:
             preps = m.before_rollout(step, preps)
         # a group is counted by the process holding its generation 0 (split groups are counted once)
@@ -117,7 +121,7 @@ def collect(run, step: int) -> RolloutBatch:
 
 def rollout(run, step: int, preps: list) -> RolloutBatch:
     """Sample each prompt's members (minus the ones methods inject), the methods' ``after_rollout``, score the rows
-    into a batch, then the methods' ``on_rewards``."""
+    into a batch (``valid`` marks rows whose rewards exist and are finite), then the methods' ``on_rewards``."""
     G_on = run.cfg.rollout.group_size - sum(m.injected_per_group for m in run.methods)
     # one row per owned (prompt, generation index); seed = f(seed, step, position, g), so a row's sample does not
     # depend on which process draws it
@@ -129,10 +133,11 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
     n_tok = 0
     t0 = time.time()
     # reward.overlap_prompts > 0: generate in chunks of that many prompts and score each chunk in the background
-    # while the next one generates (mmgrpo.vlm.train.reward_overlap; the same rewards, less wall time)
+    # while the next one generates (mmgrpo.vlm.rewards.overlap; the same rewards, less wall time)
     chunk = run.cfg.reward.overlap_prompts
-    overlap = RewardOverlap(lambda t, s: score(run, t, s)) if chunk > 0 else None
-    with generation_context(run):  # once per step however the groups split: with FSDP it runs collectives
+    overlap = RewardOverlap(run.scorer.score) if chunk > 0 else None
+    # once per step however the groups split: with FSDP it runs collectives
+    with generation_context(run.accelerator, run.model, run.sharded, run.dist_kind):
         for k in sorted({len(g) for g in gens_of.values()}, reverse=True):
             part_k = [(pos, pp) for pos, pp, _ in preps if len(gens_of[pos]) == k]
             if not k:
@@ -147,10 +152,14 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
                 n_tok += int(out.completion_mask.sum())
                 T = out.completion_ids.shape[1]
                 for i, (pos, pp) in enumerate(part):  # prompt-major: prompt i owns rows i*k .. i*k+k-1
+                    # a multi-turn rollout's row (mmgrpo.vlm.tools.rollout) also has its own prompt item (tool media
+                    # appended), the loss mask over its policy tokens and its turn / tool-call counts
                     sampled[pos] = [dict(ids=out.completion_ids[r], mask=out.completion_mask[r], text=out.texts[r],
                                          offpolicy=False, truncated=bool(out.truncated[r]),
                                          lp=out.logprobs[r] if out.logprobs is not None else torch.zeros(T),
-                                         pp=pp, group=pos, **_multiturn_fields(out, r))
+                                         pp=pp, group=pos, **({} if out.items is None else dict(
+                                             item=out.items[r], loss_mask=out.loss_mask[r],
+                                             turn_info=out.turn_info[r])))
                                     for r in range(i * k, (i + 1) * k)]
                 if overlap is not None:
                     overlap.submit([x for pos, _ in part for x in sampled[pos]])
@@ -159,150 +168,26 @@ def rollout(run, step: int, preps: list) -> RolloutBatch:
     rows = [x for pos, _, _ in preps for x in sampled.get(pos, [])]
     for m in run.methods:
         rows = m.after_rollout(rows)
-    rb = _score_rows(run, rows, {"gen_time": gen_time, "gen_tokens": float(n_tok)}, overlap)
+    info = {"gen_time": gen_time, "gen_tokens": float(n_tok)}
+    if overlap is not None:  # the background scores
+        t0 = time.time()
+        scored = overlap.collect(rows)
+        info["reward_wait"] = time.time() - t0  # what the step still waited for its rewards
+    else:
+        scored = run.scorer.score([r["text"] for r in rows], [r["pp"].reward_sample for r in rows])
+    parse_failed, failed = scored.pop("parse_failed").bool(), scored.pop("_failed").bool()
+    rb = batch_from_rows(rows, run.pad_id, {k: v.float() for k, v in scored.items()}, parse_failed, info)
+    rb.valid = run.scorer.valid_rows(rb.rewards, failed, rb.samples)
     for m in run.methods:
         m.on_rewards(rb)
     return rb
-
-
-def _multiturn_fields(out, r: int) -> dict:
-    """A multi-turn rollout's (mmgrpo.vlm.tools.rollout) row: its own prompt item (tool media appended), the loss
-    mask over its policy tokens and its turn / tool-call counts; nothing for a single-turn backend."""
-    if out.items is None:
-        return {}
-    return dict(item=out.items[r], loss_mask=out.loss_mask[r], turn_info=out.turn_info[r])
-
-
-TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens", "later_prefill_tokens",
-               "later_reused_tokens")  # the last two: prefill of the later turns, and what their cache served
-
-
-def _score_rows(run, rows: list[dict], info: dict[str, float], overlap: RewardOverlap | None = None) -> RolloutBatch:
-    """Pad the rows into a batch and score them (or collect the background scores, ``overlap``); ``valid`` marks
-    rows whose rewards exist and are finite."""
-    Tm = max(len(r["ids"]) for r in rows)
-    pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
-    texts = [r["text"] for r in rows]
-    if overlap is not None:
-        t0 = time.time()
-        scored = overlap.collect(rows)
-        info = dict(info, reward_wait=time.time() - t0)  # what the step still waited for its rewards
-    else:
-        scored = score(run, texts, [r["pp"].reward_sample for r in rows])
-    parse_failed = scored.pop("parse_failed").bool()
-    failed = scored.pop("_failed").bool()
-    rewards = {k: v.float() for k, v in scored.items()}
-    if any("turn_info" in r for r in rows):  # per-row tool counts, logged as reward/tools/<count>/mean
-        for k in TOOL_COUNTS:
-            rewards[f"tools/{k}"] = torch.tensor([float(r.get("turn_info", {}).get(k, 0)) for r in rows])
-    mask = torch.stack([pad1(r["mask"].long(), 0) for r in rows])
-    loss_mask = torch.stack([pad1(r["loss_mask"].long(), 0) if "loss_mask" in r else pad1(r["mask"].long(), 0)
-                             for r in rows])
-    return RolloutBatch(items=[r.get("item", r["pp"].item) for r in rows], samples=[r["pp"].sample for r in rows],
-                        texts=texts, prompts=[r["pp"] for r in rows],
-                        completion_ids=torch.stack([pad1(r["ids"], run.pad_id) for r in rows]),
-                        completion_mask=mask, loss_mask=loss_mask,
-                        group_ids=torch.tensor([r["group"] for r in rows], dtype=torch.long),
-                        is_offpolicy=torch.tensor([r["offpolicy"] for r in rows]),
-                        truncated=torch.tensor([r["truncated"] for r in rows]), parse_failed=parse_failed,
-                        rewards=rewards, rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]),
-                        info=dict(info), valid=_valid_rows(run, rewards, failed, rows))
-
-
-def nonfinite_rows(rewards: Mapping[str, torch.Tensor], n: int, keys: list[str] | None = None) -> torch.Tensor:
-    """(n,) bool: rows where any of the given reward tensors (default: all float ones) is NaN or inf."""
-    bad = torch.zeros(n, dtype=torch.bool)
-    for k, v in rewards.items():
-        if keys is not None and k not in keys:
-            continue
-        v = torch.as_tensor(v)
-        if v.dtype.is_floating_point and v.shape[:1] == (n,):
-            bad |= ~torch.isfinite(v.reshape(n, -1)).all(1)
-    return bad
-
-
-def _valid_rows(run, rewards: dict[str, torch.Tensor], failed: torch.Tensor, rows: list[dict]) -> torch.Tensor:
-    """A row takes part only if its reward call succeeded and its (weighted) rewards are finite."""
-    cfg, counters = run.cfg, run.state.counters
-    keys = ["total"] + [k for k in cfg.reward.weights if k in rewards]
-    nonfinite = nonfinite_rows(rewards, len(rows), keys) & ~failed
-    counters["reward_failed_rows"] += int(failed.sum())
-    if nonfinite.any():
-        counters["reward_nonfinite_rows"] += int(nonfinite.sum())
-        bad = nonfinite.nonzero().flatten().tolist()
-        which = sorted({k for k in keys if not torch.isfinite(rewards[k][nonfinite]).all()})
-        ids = [sample_id(rows[i]["pp"].sample) for i in bad[:10]]
-        msg = f"non-finite reward(s) {which} for {len(bad)} row(s) of sample(s) {ids}"
-        if cfg.reward.on_nonfinite == "error":
-            run.guard.request_stop(msg + " (reward.on_nonfinite=error)")
-        else:
-            log.warning("%s: dropped from their groups (reward.on_nonfinite=drop)", msg)
-    return ~failed & ~nonfinite
-
-
-# ------------------------------------------------------------------------------------------- rewards
-def _call_reward(run, fn: Callable, texts: list[str], samples: list, what: str) -> dict | None:
-    """``fn(texts, samples)`` with retries / timeout (``reward.*``); None if it failed for good.
-
-    A failed call never raises here: its rows are dropped (``reward.on_failure=drop``), or the failure is recorded
-    and, once every process has finished the same collectives, the step stops the run (``on_failure=stop``)."""
-    rc, counters = run.cfg.reward, run.state.counters
-    stats = CallStats()
-
-    def warn(attempt: int, e: BaseException, wait: float | None) -> None:
-        if wait is not None:
-            log.warning("%s failed (attempt %d/%d: %s: %s); retrying in %.3g s", what, attempt + 1, rc.retries + 1,
-                        type(e).__name__, e, wait)
-
-    try:
-        return call_with_retries(lambda: fn(texts, samples), RetryPolicy(rc.retries, rc.retry_backoff, rc.timeout),
-                                 stats=stats, on_attempt_failed=warn, what=what)
-    except RewardCallFailed as e:
-        counters["reward_failed_calls"] += 1
-        if rc.on_failure == "stop":
-            run.guard.request_stop(f"{e} (reward.on_failure=stop)", cause=e)
-        else:
-            log.warning("%s; dropping its %d row(s) (reward.on_failure=drop)", e, len(texts))
-        return None
-    finally:
-        counters["reward_retries"] += stats.retries
-        counters["reward_timeouts"] += stats.timeouts
-
-
-def score(run, texts: list[str], samples: list[dict]) -> dict[str, torch.Tensor]:
-    """Rewards of the rows; ``out["_failed"]`` (bool) marks rows whose reward call failed (rewards NaN)."""
-    n = len(texts)
-    out = _call_reward(run, run.reward_fn, texts, samples, "reward function")
-    if out is None:
-        return {"total": torch.full((n,), float("nan")), "parse_failed": torch.zeros(n, dtype=torch.bool),
-                "_failed": torch.ones(n, dtype=torch.bool)}
-    out = {k: torch.as_tensor(v) for k, v in out.items()}
-    if "total" not in out:
-        out["total"] = sum(run.cfg.reward.weights[k] * out[k].float() for k in run.cfg.reward.weights)
-    if "parse_failed" not in out:
-        out["parse_failed"] = torch.zeros(n, dtype=torch.bool)
-    for k, v in out.items():
-        if v.shape[:1] != (n,):
-            raise ValueError(f"reward function returned {k!r} with shape {tuple(v.shape)} for {n} completions")
-    out["_failed"] = torch.zeros(n, dtype=torch.bool)
-    return out
-
-
-def accuracy(run, texts: list[str], samples: list[Any], scored: dict | None = None) -> torch.Tensor:
-    """Accuracy per row (``reward.accuracy_key``); NaN where the reward failed."""
-    if scored is not None and run.acc_key in scored:
-        return scored[run.acc_key].float()
-    res = _call_reward(run, run.accuracy_fn or run.reward_fn, texts, samples, "accuracy reward")
-    if res is None:
-        return torch.full((len(texts),), float("nan"))
-    return torch.as_tensor(res[run.acc_key] if run.acc_key in res else res["total"]).float()
 
 
 @torch.no_grad()
 def score_samples(run, samples: Sequence[Any], K: int, key: str = "total", round: int = 0,
                   greedy: bool = False) -> torch.Tensor:
     """(S, K) rewards of K sampled (``greedy``: argmax) completions per sample (this process's share, gathered);
-    missing media give a row of NaN. Data selection scores the training set with it."""
+    missing media give a row of NaN. Data selection scores the training set with it (``run.score_samples``)."""
     from dataclasses import replace
 
     from accelerate.utils import gather_object
@@ -324,15 +209,15 @@ def score_samples(run, samples: Sequence[Any], K: int, key: str = "total", round
                 res.append((i, [float("nan")] * K))
         if not preps:
             continue
-        with generation_context(run):
+        with generation_context(run.accelerator, run.model, run.sharded, run.dist_kind):
             sampling = replace(run.sampling, greedy=True) if greedy else run.sampling
             out = run.backend.generate([pp.item for _, pp in preps], K, sampling,
                                        seeds=make_seeds(run.cfg.run.seed, -1 - round, [i for i, _ in preps], K),
                                        raw_prompts=[{"text": pp.text, "images": pp.images, "clip": pp.clip}
                                                     for _, pp in preps])
         rs = [pp.reward_sample for _, pp in preps for _ in range(K)]
-        sc = score(run, out.texts, rs)
-        r = sc[key] if key in sc else accuracy(run, out.texts, rs)
+        sc = run.scorer.score(out.texts, rs)
+        r = sc[key] if key in sc else run.scorer.accuracy(out.texts, rs)
         r = r.float().view(len(preps), K)
         res.extend((i, r[j].tolist()) for j, (i, _) in enumerate(preps))
     allres = gather_object(res) if run.world > 1 else res
@@ -386,25 +271,6 @@ def advantages(run, rb: RolloutBatch) -> None:
 
 
 # ------------------------------------------------------------------------------------------- log-probs
-def token_logprobs(run, model, rb: RolloutBatch, idx: torch.Tensor, return_logits: bool = False):
-    """Log-probs of the micro-batch ``idx``; old, reference and current policy all go through here."""
-    T = max(1, int(rb.completion_mask[idx].sum(1).max()))
-    chunk = run.cfg.algo.logprob_chunk_size
-    if run.logprob_impl == "prefix_group":
-        from mmgrpo.vlm.models.prefix_group import grouped_rows_token_logprobs
-
-        with run.accelerator.autocast():
-            return grouped_rows_token_logprobs(
-                model, [rb.items[i] for i in idx.tolist()], rb.completion_ids[idx, :T], rb.completion_mask[idx, :T],
-                run.pad_id, run.sampling.temperature, run.policy.suppress_token_ids, return_logits=return_logits,
-                device=run.device, chunk_size=chunk)
-    batch = batch_to(collate_prompts([rb.items[i] for i in idx.tolist()], run.pad_id), run.device)
-    ids, mask = rb.completion_ids[idx, :T].to(run.device), rb.completion_mask[idx, :T].to(run.device)
-    with run.accelerator.autocast():
-        return compute_token_logprobs(model, batch, ids, mask, run.sampling.temperature,
-                                      run.policy.suppress_token_ids, return_logits=return_logits, chunk_size=chunk)
-
-
 def mb_plan(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> list[tuple[RolloutBatch, torch.Tensor, float]]:
     """(batch, rows, weight) per forward. With a prepared model every process must run the same number of forwards
     (DDP buffer broadcasts, FSDP all-gathers) and backwards (one synchronising backward per update): processes with
@@ -445,7 +311,7 @@ def precompute(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
         try:
             for b, idx, w in mb_plan(run, rb, mbs):  # weight 0 = a padding forward (collectives only), unused
                 if need_old:
-                    res = token_logprobs(run, run.model, b, idx, return_logits=bool(logits_to))
+                    res = run.logprobs.rows(run.model, b, idx, return_logits=bool(logits_to))
                     lp, logits = res if logits_to else (res, None)
                     if w:
                         rb.old_logp[idx, :lp.shape[1]] = lp.float().cpu()
@@ -454,7 +320,7 @@ def precompute(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> None:
                     del logits
                 if cfg.algo.kl_coef > 0:
                     with run.policy.reference(run.model) as ref:
-                        lp = token_logprobs(run, ref, b, idx)
+                        lp = run.logprobs.rows(ref, b, idx)
                     if w:
                         rb.ref_logp[idx, :lp.shape[1]] = lp.float().cpu()
         finally:
@@ -480,7 +346,14 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
       Those engines AVERAGE gradients, so the loss is scaled by the number of processes to keep the sum semantics;
       micro-batch counts are padded (``mb_plan``).
     """
-    a = run.cfg.algo
+    a, st = run.cfg.algo, run.state
+
+    def skip(why: str, n: int = 1) -> None:  # a skipped optimizer step: counted, feeds run.max_consecutive_skips
+        st.counters["skipped_steps"] += n
+        run.guard.skipped(why, n)
+        log.warning("step %d: %s -> optimizer step skipped (%d skipped in a row, %d in total)", st.step + 1, why,
+                    run.guard.consecutive_skips, st.counters["skipped_steps"])
+
     off = rb.is_offpolicy.bool()
     totals = {"tokens": global_sum(float(rb.loss_mask.sum())),
               "sequences": global_sum(float((rb.loss_mask.sum(1) > 0).sum())),
@@ -488,9 +361,9 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
               # what of it is off-policy (injected / replayed rows): methods that train them apart (LUFFY, CHORD)
               "offpolicy_tokens": global_sum(float(rb.loss_mask[off].sum())),
               "offpolicy_sequences": global_sum(float((rb.loss_mask[off].sum(1) > 0).sum()))}
-    unusable = _unusable_step(run, rb)
-    if unusable:
-        _record_skip(run, unusable, a.num_iterations)
+    why = _skip_cause(run, rb)
+    if why:
+        skip(why, a.num_iterations)
         return {"grad_norm": float("nan"), "lr": run.scheduler.get_last_lr()[0],
                 "skipped_steps": float(a.num_iterations)}
     plan = mb_plan(run, rb, mbs)
@@ -512,8 +385,10 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
                     acc[k] = acc.get(k, 0.0) + v * n_tok
             if math.isfinite(lval):
                 acc["loss"] = acc.get("loss", 0.0) + lval * (1.0 / a.num_iterations)
-        grad_norm, applied = _apply_update(run, loss_bad, max_norm)
-        skipped += not applied
+        grad_norm, why = _apply_update(run, loss_bad, max_norm)
+        if why:
+            skip(why)
+            skipped += 1
     metrics = {k: (v if k == "loss" else v / max(wsum, 1.0)) for k, v in acc.items() if k != "num_tokens"}
     metrics["grad_norm"] = grad_norm
     metrics["lr"] = run.scheduler.get_last_lr()[0]
@@ -521,28 +396,22 @@ def optimize(run, rb: RolloutBatch, mbs: list[torch.Tensor]) -> dict[str, float]
     return metrics
 
 
-def _unusable_step(run, rb: RolloutBatch) -> str | None:
-    """Why no update of this step can be applied (decided on every process alike), or None."""
-    # no group with a baseline on any process (every sample's media missing, every reward call failed or
-    # non-finite): nothing to learn from -> a skipped step, like a non-finite one (feeds max_consecutive_skips)
+def _skip_cause(run, rb: RolloutBatch) -> str | None:
+    """Collective: why no update of this step can be applied (decided on every process alike), or None.
+
+    * no group with a baseline on any process (every sample's media missing, every reward call failed or
+      non-finite): nothing to learn from;
+    * a NaN/inf advantage: it would poison every update of the step;
+    * no reward signal: every advantage of every process is 0 (all groups' rewards are equal, e.g. every completion
+      fails to parse; counted in ``zero_advantage_steps``). Its gradient is exactly 0 unless a KL term
+      (``algo.kl_coef``) or a method's own loss term (entropy bonus, SFT) applies -- then the step is taken; an
+      optimizer step on a zero gradient would only apply AdamW's momentum and weight decay (TRL / verl take it; we
+      do not). A run none of whose steps had a reward signal still fails (the recipe's nothing-trained check)."""
     if global_sum(rb.info.get("valid_groups", 0.0)) == 0:
         return "no valid group (missing media / failed or non-finite rewards)"
-    # a NaN/inf advantage would poison every update of this step: skip them all
     adv_bad = rb.advantages is not None and rb.n > 0 and not bool(torch.isfinite(rb.advantages).all())
     if global_sum(float(adv_bad)) > 0:
         return "non-finite advantages"
-    return _zero_advantage_cause(run, rb)  # every advantage 0: a zero gradient
-
-
-def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
-    """Collective. Why this step has no reward signal (every advantage of every process is 0: all groups' rewards
-    are equal, e.g. every completion fails to parse), or None. Counted in ``zero_advantage_steps``.
-
-    Such a step is a *skipped step* (counted, feeds ``run.max_consecutive_skips``) when its gradient is exactly 0:
-    no KL term (``algo.kl_coef=0``) and no method adding a loss term of its own (entropy bonus). An optimizer step
-    on a zero gradient would only apply AdamW's momentum and weight decay (TRL / verl take it; we do not). With a
-    KL or entropy term the step is taken, but a run none of whose steps had a reward signal still fails (the
-    recipe's nothing-trained check)."""
     st = run.state
     signal = no_reward_signal(rb.advantages if rb.advantages is not None and rb.n else None,
                               rb.rewards["total"] if rb.n else None)
@@ -568,9 +437,9 @@ def _zero_advantage_cause(run, rb: RolloutBatch) -> str | None:
 
 def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: float, last: bool, totals: dict):
     """Forward + backward of one planned micro-batch: (loss output, weighted loss value, its token count)."""
-    with sync_context(run, last):
+    with sync_context(run.accelerator, run.model, run.grad_sync, run.dist_kind, last):
         want_logits = any(m.needs_train_logits for m in run.methods)
-        res = token_logprobs(run, run.model, b, idx, return_logits=want_logits)
+        res = run.logprobs.rows(run.model, b, idx, return_logits=want_logits)
         lp, logits = res if want_logits else (res, None)
         lp = lp.float()
         Tm = lp.shape[1]
@@ -601,33 +470,24 @@ def _micro_step(run, rb: RolloutBatch, b: RolloutBatch, idx: torch.Tensor, wgt: 
     return out, lval, float(m.sum())
 
 
-def _apply_update(run, loss_bad: bool, max_norm: float) -> tuple[float, bool]:
+def _apply_update(run, loss_bad: bool, max_norm: float) -> tuple[float, str | None]:
     """Sum / clip the gradients and step, unless the loss or the norm is non-finite on any process:
-    (gradient norm, applied)."""
+    (gradient norm, why the step was skipped or None)."""
     if run.grad_sync == "accelerate":
-        grad_norm = prepared_grad_norm(run, max_norm)
+        grad_norm = prepared_grad_norm(run.accelerator, run.model, max_norm)
     else:
-        allreduce_grads(run)
+        allreduce_grads(run.params, run.world)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, max_norm))
     # the norm is the same on every process (gradients were summed); the loss flag is local -> reduce it
     if global_sum(float(loss_bad or not math.isfinite(grad_norm))) > 0:
         run.optimizer.zero_grad(set_to_none=True)
-        _record_skip(run, "non-finite loss" if loss_bad else "non-finite gradients")
-        return grad_norm, False
+        return grad_norm, "non-finite loss" if loss_bad else "non-finite gradients"
     run.guard.applied()
     run.optimizer.step()
     run.scheduler.step()
     for m in run.methods:
         m.after_optimizer_step()
-    return grad_norm, True
-
-
-def _record_skip(run, why: str, n: int = 1) -> None:
-    st = run.state
-    st.counters["skipped_steps"] += n
-    run.guard.skipped(why, n)
-    log.warning("step %d: %s -> optimizer step skipped (%d skipped in a row, %d in total)", st.step + 1, why,
-                run.guard.consecutive_skips, st.counters["skipped_steps"])
+    return grad_norm, None
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -651,7 +511,7 @@ def step_metrics(run, rb: RolloutBatch, upd: dict[str, float], t0: float) -> dic
         m["completions/parse_failures"] = float(rb.parse_failed[onp].sum())
         m["completions/parse_failure_rate"] = float(rb.parse_failed[onp].float().mean())
         # exactly the answer the prompt asks for (the format guard's signal; clipped_ratio = share at the cap)
-        wf = torch.tensor(well_formed_rows(rb.texts, run.cfg), dtype=torch.bool)
+        wf = torch.tensor(well_formed_rows(rb.texts, run.cfg.data), dtype=torch.bool)
         m["completions/well_formed"] = float(wf[onp].float().mean())
     if rb.advantages is not None and rb.n:
         m["advantages/abs_mean"] = float(rb.advantages[onp].abs().mean()) if onp.any() else 0.0
@@ -684,44 +544,6 @@ def step_metrics(run, rb: RolloutBatch, upd: dict[str, float], t0: float) -> dic
     m["faults/consecutive_skips"] = float(run.guard.consecutive_skips)
     m["faults/zero_advantage_steps"] = float(st.counters["zero_advantage_steps"])
     m["perf/step_time"] = time.time() - t0
-    m["perf/data_wait"], st.data_wait = st.data_wait, 0.0  # s spent preparing prompts this step
+    m["perf/data_wait"], run.feed.wait = run.feed.wait, 0.0  # s spent preparing prompts this step
     m["perf/train_seconds"] = run.guard.budget.lap()  # budget clock, summed over resumes
-    return _reduce_metrics(run, m)
-
-
-def _reduce_metrics(run, m: dict[str, float]) -> dict[str, float]:
-    """Average metrics over processes (max for ``*max*`` keys, sum for counters of this step).
-
-    Cumulative counters (``data/skipped_missing_media``, ``data/filtered_groups``) are per process and summed;
-    per-process means are averaged with equal weight (processes hold equally many prompts)."""
-    if run.world == 1:
-        return m
-    from accelerate.utils import gather_object
-
-    allm = gather_object([m])
-    out: dict[str, float] = {}
-    for k in sorted({k for d in allm for k in d}):
-        vals = [d[k] for d in allm if k in d]
-        if "max" in k:
-            out[k] = max(vals)
-        elif "min" in k:
-            out[k] = min(vals)
-        elif k in ("faults/skipped_steps", "faults/consecutive_skips", "train/skipped_steps"):
-            out[k] = vals[0]  # decided globally: the same on every process
-        elif k in ("data/skipped_missing_media", "data/skipped_bad_samples", "data/filtered_groups", "data/groups",
-                   "data/valid_groups", "completions/parse_failures") or k.startswith(("perf/tokens", "faults/")):
-            out[k] = float(sum(vals))
-        else:
-            out[k] = sum(vals) / len(vals)
-    return out
-
-
-def log_completions(run, rb: RolloutBatch, step: int) -> None:
-    rows = []
-    for i in range(min(rb.n, run.cfg.run.num_completions_to_log)):
-        rows.append({"step": step, "sample_id": sample_id(rb.samples[i]), "group": int(rb.group_ids[i]),
-                     "completion": rb.texts[i], "offpolicy": bool(rb.is_offpolicy[i]),
-                     "truncated": bool(rb.truncated[i]), "parse_failed": bool(rb.parse_failed[i]),
-                     "advantage": float(rb.advantages[i]) if rb.advantages is not None else None,
-                     **{f"reward/{k}": float(v[i]) for k, v in rb.rewards.items()}})
-    run.logger.log_jsonl("completions.jsonl", rows)
+    return reduce_metrics(m, run.world)

@@ -12,15 +12,21 @@ One step (:meth:`GRPOTrainer.train`, inside the ``while`` loop):
    groups, with the same function and padding as the loss, so on-policy ratios are exactly 1 (the output head runs
    ``algo.logprob_chunk_size`` tokens at a time: no full-vocabulary logits exist); on a process's first step the
    trainer's log-probs must also equal the rollout backend's (``rollout.onpolicy_check``,
-   :mod:`mmgrpo.vlm.train.onpolicy`: otherwise the run stops before any update, naming the likely cause);
+   :mod:`mmgrpo.vlm.monitor.onpolicy`: otherwise the run stops before any update, naming the likely cause);
 3. **loss and optimizer step(s)** (:func:`~mmgrpo.vlm.train.steps.optimize`): ``algo.num_iterations`` AdamW updates
    over the micro-batches with the policy loss (:func:`mmgrpo.vlm.methods.base.grpo_loss` unless a method provides
    another), normalised by *global* token / sequence counts, gradients summed across processes: the update does not
    depend on the number of processes or micro-batches;
 4. **log** (every reward, zero-std fraction, clip fractions, KL, lengths, parse failures, tokens/s; sampled
-   completions to ``completions.jsonl``; validation points, ``mmgrpo.vlm.train.validation``) and **maybe
-   checkpoint** (the last ``run.keep_last`` plus the best by ``run.best_metric``; :mod:`.checkpointing`); the
-   format guard (:mod:`.format_guard`) watches the share of well-formed completions and of those at the token cap.
+   completions to ``completions.jsonl``; validation points, :mod:`mmgrpo.vlm.monitor.validation`) and **maybe
+   checkpoint** (the last ``run.keep_last`` plus the best by ``run.best_metric``; :mod:`mmgrpo.vlm.checkpoint`);
+   the format guard (:mod:`mmgrpo.vlm.monitor.format_guard`) watches the share of well-formed completions and of
+   those at the token cap.
+
+The recipe is this file and :mod:`.steps` (with :mod:`.setup`, which builds the run); everything they call is
+library code taking explicit arguments: data (:mod:`mmgrpo.vlm.data`: stream, prompt feed, rollout batch), rewards
+(:mod:`mmgrpo.vlm.rewards.scoring`), models (:mod:`mmgrpo.vlm.models.logprobs`), monitoring
+(:mod:`mmgrpo.vlm.monitor`), checkpoints (:mod:`mmgrpo.vlm.checkpoint`) and the shared engine.
 
 What changes during a run is in :class:`RunState` (checkpointed with the methods' state and the guard's); what
 can end it early is the :class:`~mmgrpo.engine.guard.RunGuard` shared with the flow recipe: a reward call that
@@ -41,29 +47,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mmgrpo.engine.guard import RunGuard
+from mmgrpo.engine.parallel import generation_context
 from mmgrpo.utils.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from mmgrpo.utils.config import save_config
 from mmgrpo.utils.logging import MetricLogger, get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 from mmgrpo.utils.seeding import seed_everything
+from mmgrpo.vlm import checkpoint
 from mmgrpo.vlm.config import TrainConfig
+from mmgrpo.vlm.data.batch import RolloutBatch, micro_batches
+from mmgrpo.vlm.data.feed import PromptFeed
+from mmgrpo.vlm.data.media import MediaScreen
+from mmgrpo.vlm.data.stream import PromptStream
 from mmgrpo.vlm.data.task import TaskAdapter, load_samples
 from mmgrpo.vlm.methods import build_methods
 from mmgrpo.vlm.models.adapters import Policy
+from mmgrpo.vlm.models.logprobs import TokenLogprobs
 from mmgrpo.vlm.models.rollout import RolloutBackend, SamplingParams
+from mmgrpo.vlm.monitor.format_guard import FormatGuard, progress_fields
+from mmgrpo.vlm.monitor.metrics import completion_rows
+from mmgrpo.vlm.monitor.onpolicy import OnPolicyCheck
+from mmgrpo.vlm.monitor.validation import Validator
 from mmgrpo.vlm.rewards.registry import accuracy_key, build_rewards
-from mmgrpo.vlm.train import checkpointing, onpolicy, setup, validation
-from mmgrpo.vlm.train.batch import RolloutBatch, micro_batches
-from mmgrpo.vlm.train.prompts import close_prefetch, make_stream
-from mmgrpo.vlm.train.distributed import generation_context
-from mmgrpo.vlm.train.format_guard import FormatGuard, progress_fields
-from mmgrpo.vlm.train.steps import (accuracy, advantage_estimator, collect, log_completions, optimize, policy_loss,
-                                    precompute, score_samples, step_metrics)
-from mmgrpo.vlm.train.stream import PromptStream
+from mmgrpo.vlm.rewards.scoring import RewardScorer
+from mmgrpo.vlm.train import setup
+from mmgrpo.vlm.train.steps import (advantage_estimator, collect, mb_plan, optimize, policy_loss, precompute,
+                                    score_samples, step_metrics)
 
 log = get_logger("mmgrpo.train")
 
@@ -92,11 +106,8 @@ class RunState:
     started: bool = False  # train() resumed / started the run (a second call continues it)
     metrics: dict[str, float] = field(default_factory=dict)  # the last step's (what run.best_metric reads)
     batch: RolloutBatch | None = None  # the last step's rollout batch
-    data_wait: float = 0.0  # seconds spent preparing prompts in this step
     pad_rows: tuple | None = None  # (batch, rows) repeated with weight 0 to equalise micro-batch counts
-    prefetcher: Any = None  # the background media preparation (data.prefetch)
     last_zero_advantage: str | None = None  # why the last step without a reward signal had none (the end's message)
-    onpolicy_checked: bool = False  # the step-0 on-policy check ran (once per trainer object: onpolicy.py)
 
 
 class GRPOTrainer:
@@ -107,7 +118,7 @@ class GRPOTrainer:
                  reward_fn: Callable | None = None, accuracy_fn: Callable | None = None,
                  backend: RolloutBackend | None = None):
         self.cfg = cfg
-        dist = setup.make_accelerator(cfg)
+        self.parallel = dist = setup.make_accelerator(cfg)
         self.accelerator, self.rank, self.world, self.device = dist.accelerator, dist.rank, dist.world, dist.device
         self.sharded, self.dist_kind, self.grad_sync = dist.sharded, dist.dist_kind, dist.grad_sync
         self.prompts_per_step, self.split_groups = setup.global_batch(cfg, self.world)
@@ -124,26 +135,27 @@ class GRPOTrainer:
         if samples is not None:
             self.all_samples = list(samples)
         else:
-            from mmgrpo.vlm.data.media import MediaScreen
-
             self.all_samples, self.media_report = load_samples(
                 cfg.data.train_file, cfg.data.max_samples, cfg.data.media_root,
                 check_media=cfg.data.on_missing_media == "error", screen=MediaScreen.from_config(cfg.data),
                 with_report=True)
         self.samples = self.all_samples  # the trained ones (data selection narrows them; see use_samples)
-        self.validator = validation.load(self)  # validation.file read now: a bad file fails before the model loads
+        # the validation curve (validation.every): validation.file read now, a bad file fails before the model loads
+        main = self.accelerator.is_main_process
+        self.validator = Validator(cfg, self.run_dir, main) if cfg.validation.every else None
         self.policy = policy if policy is not None else setup.load_run_policy(cfg, self.device)
         self.tok = self.policy.tokenizer
         self.pad_id, self.eos_id = self.tok.pad_token_id, setup.eos_id_of(self.tok)
         self.task = TaskAdapter(self.policy.processor, self.policy.adapter, cfg.data)
+        self.feed = PromptFeed(self.task, cfg.data, self.prompts_per_step, cfg.rollout.group_size, self.rank,
+                               self.world, self.split_groups)  # this process's prompts of each step
         if reward_fn is None:
             reward_fn, accuracy_fn = build_rewards(cfg.reward, cfg.data.task, self.policy.family, self.tok,
                                                    cfg.data.prompt_mode, cfg.data.answer_format)
-        self.reward_fn, self.accuracy_fn = reward_fn, accuracy_fn
         self.acc_key = accuracy_key(cfg.reward, cfg.data.task)
         from mmgrpo.vlm.check import start_of_run_check  # what the model sees, checked before anything trains
 
-        start_of_run_check(self.task, self.samples, self.reward_fn, cfg.data.check_samples,
+        start_of_run_check(self.task, self.samples, reward_fn, cfg.data.check_samples,
                            log if self.accelerator.is_main_process else None)
         self.state = RunState(counters=_new_counters())
         self.methods = build_methods(cfg, self)  # mmgrpo.vlm.methods: their hooks, in registry order
@@ -156,11 +168,19 @@ class GRPOTrainer:
         opt = setup.make_optimizer(cfg, self.policy, dist)
         self.model, self.unwrapped, self.params = opt.model, opt.unwrapped, opt.params
         self.optimizer, self.scheduler = opt.optimizer, opt.scheduler
+        # what a checkpoint writes and restores of them (mmgrpo.vlm.checkpoint)
+        self.trained = checkpoint.TrainedModel(self.policy, self.model, self.unwrapped, self.optimizer, self.scheduler)
         self.logprob_impl = setup.choose_logprob_impl(cfg, self.policy, self.model, self.grad_sync, self.dist_kind)
+        # old, reference and current log-probs all go through this one function (on-policy ratios exactly 1)
+        self.logprobs = TokenLogprobs(self.logprob_impl, self.pad_id, cfg.rollout.temperature,
+                                      self.policy.suppress_token_ids, self.device, cfg.algo.logprob_chunk_size,
+                                      self.accelerator.autocast)
         self.guard = RunGuard(cfg.run.max_consecutive_skips, cfg.run.max_train_seconds, cfg.run.budget_clock)
-        self.format_guard = FormatGuard(cfg)  # format collapse (format_guard.*): warn / stop
-        self.onpolicy_stats: dict[str, float] | None = None  # the step-0 on-policy check's (onpolicy.py)
-        main = self.accelerator.is_main_process
+        # the reward functions and their calls (retries, timeouts, reward.on_failure / on_nonfinite), counted in
+        # the run's counters
+        self.scorer = RewardScorer(reward_fn, accuracy_fn, self.acc_key, cfg.reward, self.state.counters, self.guard)
+        self.format_guard = FormatGuard(cfg.format_guard, cfg.rollout.max_new_tokens)  # format collapse: warn / stop
+        self.onpolicy = OnPolicyCheck(cfg)  # the step-0 on-policy check (rollout.onpolicy_check)
         self.logger = MetricLogger(self.run_dir, use_tensorboard=cfg.run.tensorboard, is_main_process=main)
         # retention: the last run.keep_last checkpoints plus the best by run.best_metric (a logged metric)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last,
@@ -211,21 +231,24 @@ class GRPOTrainer:
                     # -- old / reference log-probs and the methods' per-token tensors, on whole-group micro-batches
                     mbs = micro_batches(rb.group_ids, cfg.run.micro_batch_size) if rb.n else []
                     precompute(self, rb, mbs)
-                    onpolicy.check_first_step(self, rb, mbs)  # first step of this process: ratio 1 before any update
+                    if self.onpolicy.pending:  # first step of this trainer: ratio 1 before any update
+                        self.onpolicy.check(self.model, rb, mb_plan(self, rb, mbs), self.logprobs.rows, self.backend)
                     # -- loss and optimizer step(s)
                     upd = optimize(self, rb, mbs)
                     self.backend.sync_weights(self.model)  # no-op for the HF backend (it samples from the model)
                     st.step += 1
                     # -- log: the step's metrics (the methods' from end_of_step), validation points, completions
                     m = step_metrics(self, rb, upd, t0)
-                    collapse = self.format_guard.update(st.step, m, rb.texts, cfg)  # format collapse: warn / stop
+                    collapse = self.format_guard.update(st.step, m, rb.texts, cfg.data)  # format collapse
                     st.metrics, st.batch = m, rb
                     log_now = st.step % cfg.run.log_every == 0 or st.step == cfg.run.max_steps
-                    validation.on_step_end(self, m, logged=log_now)  # val/* points when due (validation.every)
+                    if self.validator is not None and self.validator.due(st.step):  # a val/* point (validation.every)
+                        self._validate(m, logged=log_now)
                     if log_now:
                         self.logger.log(m, st.step)
                         if rb.n:
-                            log_completions(self, rb, st.step)
+                            self.logger.log_jsonl("completions.jsonl",
+                                                  completion_rows(rb, st.step, cfg.run.num_completions_to_log))
                     # -- format collapse (format_guard.action=stop) or too many skipped optimizer steps in a row:
                     #    save and stop (exit code 3)
                     if collapse:
@@ -244,12 +267,12 @@ class GRPOTrainer:
                     if cfg.run.save_every and st.step % cfg.run.save_every == 0 and st.step < cfg.run.max_steps:
                         self.save()
                 if st.step >= cfg.run.max_steps or guard.budget_stopped:  # the run is over
-                    close_prefetch(self)
+                    self.feed.close()
                     self._check_trained()  # a run that trained nothing writes no final checkpoint
                     if st.step > 0 and (history or not guard.saved_here()):
                         self.save()  # unless this state is saved already (resumed at the end, a later call)
             except BaseException:
-                close_prefetch(self)
+                self.feed.close()
                 raise
             finally:
                 if bar is not None:
@@ -264,13 +287,54 @@ class GRPOTrainer:
         if st.started:
             return False
         st.started = True
-        resumed = checkpointing.resume(self)
+        path = checkpoint.resume(self.ckpt, self.cfg, self.methods, self.trained, self.parallel,
+                                 self._restore_run_state)
+        resumed = path is not None
+        if resumed:
+            log.info("resumed from %s at step %d", path, st.step)
+            self.guard.saved(st.step, path)  # an interrupt before the next step need not rewrite it
         for m in self.methods:
             m.on_train_start(resumed)  # data selection picks the trained samples here
         if not resumed:
-            st.stream = make_stream(self)
-        validation.on_train_start(self, resumed)
+            st.stream = self.new_stream()
+        if self.validator is not None and not resumed and self.cfg.validation.at_start and st.step == 0:
+            self._validate({}, logged=False)  # the step-0 point of a fresh run (the starting weights)
         return resumed
+
+    def new_stream(self) -> PromptStream:
+        """A fresh stream over the run's (selected) samples. When an epoch begins, the methods' ``on_epoch`` hooks
+        run (data selection may re-select: the new epoch then permutes the new set)."""
+        def epoch_start(epoch: int) -> int:
+            for m in self.methods:
+                m.on_epoch(epoch)
+            return len(self.samples)
+
+        return PromptStream(len(self.samples), self.cfg.run.seed, self.cfg.data.shuffle, on_epoch=epoch_start)
+
+    def _restore_run_state(self, entry: dict) -> None:
+        """The recipe's part of a checkpoint (what :meth:`save` hands over as ``run_state``), at resume."""
+        st = self.state
+        if entry.get("selected") is not None:
+            self.use_samples(entry["selected"])
+        st.stream = self.new_stream()
+        st.stream.load_state_dict(entry["stream"])
+        st.step = int(entry["step"])
+        st.counters.update(entry["counters"])
+        self.guard.load_state_dict(entry)
+
+    def _validate(self, metrics: dict[str, float], logged: bool) -> None:
+        """A validation point after step ``state.step`` (0: the starting weights): its ``val/*`` values join
+        ``metrics`` (the step's row, and what ``run.best_metric`` reads) and are logged here when the step's row is
+        not; with ``validation.select_best`` the weights of every validation step are kept as a checkpoint."""
+        step, c = self.state.step, self.cfg
+        m = self.validator.run(step, self.task, self.policy, self.backend, self.scorer,
+                               partial(generation_context, self.accelerator, self.model, self.sharded, self.dist_kind))
+        metrics.update(m)
+        if not logged:
+            self.logger.log(m, step)
+        loop_saves = (c.run.save_every and step % c.run.save_every == 0) or step >= c.run.max_steps
+        if step > 0 and c.validation.select_best and not loop_saves:  # (the loop saves the others)
+            self.save()
 
     # ------------------------------------------------------------------------------------------- for the methods
     def use_samples(self, keep: list[int]) -> None:
@@ -287,16 +351,20 @@ class GRPOTrainer:
 
     def accuracy(self, texts: list[str], samples: list[Any], scored: dict | None = None):
         """The task's accuracy of each completion (T-GRPO, augmentation hints)."""
-        return accuracy(self, texts, samples, scored)
+        return self.scorer.accuracy(texts, samples, scored)
 
     def generation_context(self):
         """The context extra sampling by a method runs in (the model's generation mode, unsharded weights)."""
-        return generation_context(self)
+        return generation_context(self.accelerator, self.model, self.sharded, self.dist_kind)
 
     def save(self) -> Path | None:
         """Collective: every process calls it. Returns the checkpoint folder on the main process."""
-        path = checkpointing.save(self)
-        self.guard.saved(self.state.step, path)  # a stop right after this save does not write it again
+        st = self.state
+        run_state = {"step": st.step, "stream": st.stream.state_dict(), "counters": dict(st.counters),
+                     **self.guard.state_dict(), "selected": st.selected}
+        path = checkpoint.save(self.ckpt, self.cfg, st.step, run_state, self.methods, self.trained,
+                               self.parallel, st.metrics)
+        self.guard.saved(st.step, path)  # a stop right after this save does not write it again
         return path
 
     def _undo(self, undo: dict, signalled: bool) -> None:

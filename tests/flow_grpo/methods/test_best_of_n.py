@@ -71,7 +71,7 @@ def test_tiny_trainer_trains_only_the_extremes_of_each_group(kind, tmp_path, mon
     tr = make_trainer(kind, "flow", tmp_path, **{"optim.best_of_n": 2, "data.group_size": 4,
                                                   "sample.batch_size": 8, "sample.cfg": "false"})
     try:
-        import flow_grpo.steps as S
+        import flow_grpo.train.steps as S
 
         seen = {}
         orig = S.advantages

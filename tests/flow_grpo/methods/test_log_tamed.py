@@ -4,7 +4,7 @@ import torch
 
 
 def test_tiny_trainer_log_tamed_reward(tmp_path, monkeypatch):
-    import flow_grpo.steps as S
+    import flow_grpo.train.steps as S
 
     from ..conftest import block_reward, make_trainer
 

@@ -1,6 +1,8 @@
 """The wave-2 methods registered in the flow credit table, run by the trainer on the tiny SD3 and the tiny FLUX (a
 couple of epochs each), and their advantages through the trainer checked against hand values (on SD3)."""
-from flow_grpo import checkpointing, steps
+from flow_grpo import checkpointing
+from flow_grpo.data import epoch_samples
+from flow_grpo.train import steps
 import math
 
 import pytest
@@ -12,7 +14,7 @@ from ..conftest import block_reward, make_trainer
 
 
 def _traj(tr):
-    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, 0)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(tr.cfg, tr.prompts, tr.metadata, 0)
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward)
 
 
@@ -112,14 +114,14 @@ def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(kind, tm
 
 def test_nft_resume_restores_the_old_adapter(tmp_path):
     tr, _ = _train_two_epochs("nft", tmp_path, **{"run.save_every": 1})
-    sd = checkpointing.state_dict(tr)
+    sd = {**checkpointing.state_dict(tr.trained), **tr.run_entries()}
     tr2 = make_trainer("sd3", "nft", tmp_path / "b", **{"sample.cfg": "false"})
-    checkpointing.load_state_dict(tr2, sd)
+    tr2.load_state_dict(sd)
     for a, b in zip(tr.credit.old.shadow, tr2.credit.old.shadow):
         assert torch.equal(a, b)
     sd.pop("methods")
     with pytest.raises(ValueError, match="credit=nft"):
-        checkpointing.load_state_dict(tr2, sd)
+        tr2.load_state_dict(sd)
 
 
 # ------------------------------------------------------------------------------------------------------ BranchGRPO
@@ -128,9 +130,10 @@ TREE = {"sample.cfg": "false", "data.group_size": 4, "data.groups_per_epoch": 1,
 
 
 def _traj_with_members(tr, epoch=0):
-    prompts, meta, gids, xs, ns, ps = steps.epoch_samples(tr, epoch)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(tr.cfg, tr.prompts, tr.metadata, epoch)
     return sample_trajectories(tr.adapter, prompts, tr.cfg.sample, xs, ns, ps, gids, meta, block_reward,
-                               iteration=epoch, members=steps.epoch_members(tr), method=tr.credit)
+                               iteration=epoch, members=[s % tr.cfg.data.group_size for s in range(len(prompts))],
+                               method=tr.credit)
 
 
 def test_tree_rollout_shares_each_prefix_and_trains_each_edge_once(tmp_path):
@@ -225,7 +228,7 @@ def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
     assert adv[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.5 / sd], rel=1e-5)
     # the history is the credit's checkpointed state
     tr2 = make_trainer("sd3", "b2", tmp_path / "b", **B2)
-    checkpointing.load_state_dict(tr2, checkpointing.state_dict(tr))
+    tr2.load_state_dict({**checkpointing.state_dict(tr.trained), **tr.run_entries()})
     assert [{k: v.tolist() for k, v in h.items()} for h in tr2.credit.history] == \
         [{k: v.tolist() for k, v in h.items()} for h in tr.credit.history]
     assert len(tr.credit.history) == 2

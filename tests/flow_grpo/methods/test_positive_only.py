@@ -24,7 +24,7 @@ def test_tiny_trainer_trains_only_positive_samples(tmp_path, monkeypatch):
     tr = make_trainer("sd3", "flow", tmp_path, **{"methods.positive_only.enabled": "true", "data.group_size": 4,
                                                   "sample.batch_size": 8, "sample.cfg": "false"})
     try:
-        import flow_grpo.steps as S
+        import flow_grpo.train.steps as S
 
         assert [m.name for m in tr.methods][-1] == "positive_only"
         seen = {}

@@ -6,7 +6,7 @@ import torch
 
 
 def _run(tmp_path, monkeypatch, mode):
-    import flow_grpo.steps as S
+    import flow_grpo.train.steps as S
 
     from ..conftest import block_reward, brightness_reward, make_trainer
 

@@ -11,9 +11,9 @@ template, processor pixels / frames), the engine reports log-probs of another di
 penalties, vLLM's raw log-probs), the training forward is random (LoRA dropout), or bf16 kernels differ more than
 rounding explains. Users of every peer report such mismatches; this check finds them before the first update.
 
-How: one no-grad forward of the step's rows through the trainer's own log-prob function (``steps.token_logprobs``,
-the function and padding the loss uses, on its micro-batch plan; the model in training mode, as the loss sees it),
-compared with ``rb.rollout_logp`` on the on-policy tokens of rows whose backend returned sampling log-probs (rows
+How: one no-grad forward of the step's rows through the trainer's own log-prob function
+(:class:`mmgrpo.vlm.models.logprobs.TokenLogprobs`, the function and padding the loss uses, on its micro-batch plan;
+the model in training mode, as the loss sees it), compared with ``rb.rollout_logp`` on the on-policy tokens of rows whose backend returned sampling log-probs (rows
 whose rollout log-probs are all exactly 0 had none and are left out). Statistics are reduced over processes:
 
 * ``max |r - 1|`` and ``mean |r - 1|`` over the tokens, and the mean over the first completion tokens only (which
@@ -26,11 +26,11 @@ whose rollout log-probs are all exactly 0 had none and are left out). Statistics
 A failed check raises :class:`mmgrpo.engine.errors.TrainingStopped` before any update (``mmgrpo train`` exits
 with code 3; nothing was trained, so no checkpoint is written) with the statistics and the likely causes, most
 likely first. ``rollout.onpolicy_check=false`` turns it off. The statistics go to the log (one INFO line on
-every run) and stay in ``trainer.onpolicy_stats``.
+every run) and stay in :attr:`OnPolicyCheck.stats`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,7 +40,7 @@ from mmgrpo.utils.logging import get_logger
 
 log = get_logger("mmgrpo.train")
 
-__all__ = ["AUTO_TOLERANCE", "ratio_statistics", "tolerance", "check_first_step"]
+__all__ = ["AUTO_TOLERANCE", "ratio_statistics", "tolerance", "compute_dtype", "OnPolicyCheck"]
 
 # model.dtype -> (statistic decided on, bound) when rollout.onpolicy_tol = 0
 AUTO_TOLERANCE: dict[str, tuple[str, float]] = {"float32": ("max", 1e-3), "bfloat16": ("mean", 2e-2),
@@ -103,61 +103,68 @@ def _likely_causes(cfg, stats: dict[str, float], backend: Any, which: str, bound
     return causes
 
 
-@torch.no_grad()
-def check_first_step(trainer, rb, mbs: list) -> dict[str, float] | None:
-    """Run the check once per trainer object (its first step); returns the statistics (None when off, already done,
-    or when no row has rollout log-probs). Collective: every process calls it."""
-    from mmgrpo.vlm.train.steps import mb_plan, token_logprobs
+class OnPolicyCheck:
+    """The check of one trainer object: runs at its first step (:attr:`pending` until then, unless
+    ``rollout.onpolicy_check=false``); ``cfg``: the run's config (``rollout.onpolicy_check`` / ``onpolicy_tol``, the
+    precision and LoRA settings the likely causes name). The statistics stay in :attr:`stats`."""
 
-    if trainer.state.onpolicy_checked:
-        return None
-    trainer.state.onpolicy_checked = True
-    cfg = trainer.cfg
-    if not cfg.rollout.onpolicy_check:
-        return None
-    sums = {"n": 0.0, "sum_abs": 0.0, "max_abs": 0.0, "first_n": 0.0, "first_sum_abs": 0.0}
-    rows_ok = None
-    if rb.n:
-        has_lp = (rb.rollout_logp * rb.completion_mask).abs().sum(1) > 0  # all exactly 0: the backend gave none
-        rows_ok = ~rb.is_offpolicy & has_lp & (rb.valid if rb.valid is not None else True)
-    model = trainer.model
-    was = model.training
-    model.train()  # as the loss sees it (LoRA dropout, if any, is active there)
-    try:
-        for b, idx, w in mb_plan(trainer, rb, mbs):  # same forwards on every process (prepared models)
-            lp = token_logprobs(trainer, model, b, idx).float().cpu()
-            if not w:
-                continue
-            T = lp.shape[1]
-            # the tokens the loss trains on: a multi-turn row's tool turns have no sampling log-probs
-            mask = b.completion_mask[idx, :T] * b.loss_mask[idx, :T] * rows_ok[idx].unsqueeze(1)
-            st = ratio_statistics(lp, b.rollout_logp[idx, :T], mask)
-            for k in sums:
-                sums[k] = max(sums[k], st[k]) if k == "max_abs" else sums[k] + st[k]
-    finally:
-        model.train(was)
-    n, first_n = global_sum(sums["n"]), global_sum(sums["first_n"])
-    if n == 0:
-        log.info("step-0 on-policy check skipped: no on-policy row has sampling log-probs from the rollout backend")
-        return None
-    stats = {"max_abs": float(global_max(sums["max_abs"])), "mean_abs": global_sum(sums["sum_abs"]) / n,
-             "first_mean_abs": global_sum(sums["first_sum_abs"]) / max(first_n, 1.0), "tokens": n}
-    dtype = compute_dtype(cfg)
-    which, bound = tolerance(dtype, cfg.rollout.onpolicy_tol)
-    stats["tolerance"], stats["passed"] = bound, float(stats[f"{which}_abs"] <= bound)
-    trainer.onpolicy_stats = stats
-    log.info("step-0 on-policy check: max |ratio-1| = %.3g, mean = %.3g over %d tokens (first tokens %.3g); "
-             "%s <= %g: %s", stats["max_abs"], stats["mean_abs"], int(n), stats["first_mean_abs"], which, bound,
-             "passed" if stats["passed"] else "FAILED")
-    if not stats["passed"]:
-        causes = _likely_causes(cfg, stats, trainer.backend, which, bound)
-        causes = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(causes))
-        raise TrainingStopped(
-            f"step-0 on-policy check failed before any update: the trainer's log-probs of the first step's "
-            f"completions are not the rollout's (max |ratio-1| = {stats['max_abs']:.4g}, mean = "
-            f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} in {dtype}). The same "
-            f"weights sampled and score these tokens, so the ratio must be 1: training "
-            f"now would be off-policy from the first step. Likely causes, most likely first:\n{causes}\n"
-            "Nothing was trained and no checkpoint was written. rollout.onpolicy_check=false turns the check off; "
-            "rollout.onpolicy_tol=X sets the bound on max |ratio-1|")
-    return stats
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.pending = bool(cfg.rollout.onpolicy_check)
+        self.stats: dict[str, float] | None = None
+
+    @torch.no_grad()
+    def check(self, model, rb, plan: list, logprobs: Callable, backend: Any) -> dict[str, float] | None:
+        """Compare the trainer's log-probs of ``rb``'s completions with the rollout's; returns the statistics (None
+        when no row has rollout log-probs). ``plan``: the step's micro-batch plan, (batch, rows, weight) per forward
+        (weight 0: a padding forward, run for the collectives only); ``logprobs(model, batch, rows)``: the loss's
+        log-prob function; ``backend``: the rollout backend (named in the message). Collective: every process
+        calls it."""
+        self.pending = False
+        cfg = self.cfg
+        sums = {"n": 0.0, "sum_abs": 0.0, "max_abs": 0.0, "first_n": 0.0, "first_sum_abs": 0.0}
+        rows_ok = None
+        if rb.n:
+            has_lp = (rb.rollout_logp * rb.completion_mask).abs().sum(1) > 0  # all exactly 0: the backend gave none
+            rows_ok = ~rb.is_offpolicy & has_lp & (rb.valid if rb.valid is not None else True)
+        was = model.training
+        model.train()  # as the loss sees it (LoRA dropout, if any, is active there)
+        try:
+            for b, idx, w in plan:  # same forwards on every process (prepared models)
+                lp = logprobs(model, b, idx).float().cpu()
+                if not w:
+                    continue
+                T = lp.shape[1]
+                # the tokens the loss trains on: a multi-turn row's tool turns have no sampling log-probs
+                mask = b.completion_mask[idx, :T] * b.loss_mask[idx, :T] * rows_ok[idx].unsqueeze(1)
+                st = ratio_statistics(lp, b.rollout_logp[idx, :T], mask)
+                for k in sums:
+                    sums[k] = max(sums[k], st[k]) if k == "max_abs" else sums[k] + st[k]
+        finally:
+            model.train(was)
+        n, first_n = global_sum(sums["n"]), global_sum(sums["first_n"])
+        if n == 0:
+            log.info("step-0 on-policy check skipped: no on-policy row has sampling log-probs from the rollout "
+                     "backend")
+            return None
+        stats = {"max_abs": float(global_max(sums["max_abs"])), "mean_abs": global_sum(sums["sum_abs"]) / n,
+                 "first_mean_abs": global_sum(sums["first_sum_abs"]) / max(first_n, 1.0), "tokens": n}
+        dtype = compute_dtype(cfg)
+        which, bound = tolerance(dtype, cfg.rollout.onpolicy_tol)
+        stats["tolerance"], stats["passed"] = bound, float(stats[f"{which}_abs"] <= bound)
+        self.stats = stats
+        log.info("step-0 on-policy check: max |ratio-1| = %.3g, mean = %.3g over %d tokens (first tokens %.3g); "
+                 "%s <= %g: %s", stats["max_abs"], stats["mean_abs"], int(n), stats["first_mean_abs"], which, bound,
+                 "passed" if stats["passed"] else "FAILED")
+        if not stats["passed"]:
+            causes = _likely_causes(cfg, stats, backend, which, bound)
+            causes = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(causes))
+            raise TrainingStopped(
+                f"step-0 on-policy check failed before any update: the trainer's log-probs of the first step's "
+                f"completions are not the rollout's (max |ratio-1| = {stats['max_abs']:.4g}, mean = "
+                f"{stats['mean_abs']:.4g} over {int(n)} tokens; {which} must be <= {bound:g} in {dtype}). The same "
+                f"weights sampled and score these tokens, so the ratio must be 1: training "
+                f"now would be off-policy from the first step. Likely causes, most likely first:\n{causes}\n"
+                "Nothing was trained and no checkpoint was written. rollout.onpolicy_check=false turns the check "
+                "off; rollout.onpolicy_tol=X sets the bound on max |ratio-1|")
+        return stats

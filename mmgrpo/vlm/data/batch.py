@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["RolloutBatch", "cat_batches", "empty_batch", "keep_first_groups", "micro_batches"]
+__all__ = ["RolloutBatch", "batch_from_rows", "cat_batches", "empty_batch", "keep_first_groups", "micro_batches"]
 
 
 @dataclass
@@ -123,3 +123,33 @@ def keep_first_groups(group_ids: torch.Tensor, want: int) -> torch.Tensor:
     """Rows of the first ``want`` groups (in row order; a group's rows are contiguous)."""
     first = torch.unique_consecutive(group_ids)[:want]
     return torch.isin(group_ids, first).nonzero().flatten()
+
+
+TOOL_COUNTS = ("turns", "tool_calls", "tool_failures", "visual_tokens", "tool_tokens", "later_prefill_tokens",
+               "later_reused_tokens")  # the last two: prefill of the later turns, and what their cache served
+
+
+def batch_from_rows(rows: list[dict], pad_id: int, rewards: dict[str, torch.Tensor], parse_failed: torch.Tensor,
+                    info: dict[str, float]) -> RolloutBatch:
+    """The sampled ``rows`` (dicts: ``ids``, ``mask``, ``text``, ``lp``, ``pp`` = its prepared prompt, ``group``,
+    ``offpolicy``, ``truncated``; a multi-turn row also ``item``, ``loss_mask``, ``turn_info``) padded into one
+    batch with their ``rewards`` (name -> (N,) float) and ``parse_failed``. A multi-turn row's tool counts become
+    rewards ``tools/<count>`` (logged as reward/tools/<count>/mean); ``valid`` is left to the caller."""
+    Tm = max(len(r["ids"]) for r in rows)
+    pad1 = lambda x, v: torch.nn.functional.pad(x, (0, Tm - x.shape[0]), value=v)  # noqa: E731
+    rewards = dict(rewards)
+    if any("turn_info" in r for r in rows):
+        for k in TOOL_COUNTS:
+            rewards[f"tools/{k}"] = torch.tensor([float(r.get("turn_info", {}).get(k, 0)) for r in rows])
+    mask = torch.stack([pad1(r["mask"].long(), 0) for r in rows])
+    loss_mask = torch.stack([pad1(r["loss_mask"].long(), 0) if "loss_mask" in r else pad1(r["mask"].long(), 0)
+                             for r in rows])
+    return RolloutBatch(items=[r.get("item", r["pp"].item) for r in rows], samples=[r["pp"].sample for r in rows],
+                        texts=[r["text"] for r in rows], prompts=[r["pp"] for r in rows],
+                        completion_ids=torch.stack([pad1(r["ids"], pad_id) for r in rows]),
+                        completion_mask=mask, loss_mask=loss_mask,
+                        group_ids=torch.tensor([r["group"] for r in rows], dtype=torch.long),
+                        is_offpolicy=torch.tensor([r["offpolicy"] for r in rows]),
+                        truncated=torch.tensor([r["truncated"] for r in rows]), parse_failed=parse_failed,
+                        rewards=rewards, rollout_logp=torch.stack([pad1(r["lp"].float(), 0.0) for r in rows]),
+                        info=dict(info))

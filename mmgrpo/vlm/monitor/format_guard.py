@@ -22,18 +22,17 @@ from collections import deque
 from typing import Optional, Sequence
 
 from mmgrpo.utils.logging import get_logger
+from mmgrpo.vlm.rewards.format import well_formed
 
 log = get_logger("mmgrpo.train")
 
 __all__ = ["well_formed_rows", "progress_fields", "FormatGuard"]
 
 
-def well_formed_rows(texts: Sequence[Optional[str]], cfg) -> list[bool]:
-    """Per completion: is it exactly the answer the run's prompt asks for (``data.task``, ``data.prompt_mode``,
-    ``data.answer_format``)?"""
-    from mmgrpo.vlm.rewards.format import well_formed
-
-    d = cfg.data
+def well_formed_rows(texts: Sequence[Optional[str]], data_cfg) -> list[bool]:
+    """Per completion: is it exactly the answer the run's prompt asks for (``data_cfg``: the ``data`` section;
+    ``task``, ``prompt_mode``, ``answer_format``)?"""
+    d = data_cfg
     return [well_formed(t, d.task, mode=d.prompt_mode, answer_format=d.answer_format) for t in texts]
 
 
@@ -50,19 +49,21 @@ def progress_fields(m: dict[str, float]) -> dict[str, str]:
 
 
 class FormatGuard:
-    """Windowed check of ``completions/well_formed`` and ``completions/clipped_ratio`` after each step."""
+    """Windowed check of ``completions/well_formed`` and ``completions/clipped_ratio`` after each step.
+    ``options``: the ``format_guard`` config section; ``max_new_tokens``: the rollout's token cap (for the message)."""
 
-    def __init__(self, cfg) -> None:
-        self.o = cfg.format_guard
-        self.cap = cfg.rollout.max_new_tokens
+    def __init__(self, options, max_new_tokens: int) -> None:
+        self.o = options
+        self.cap = max_new_tokens
         self.wf: deque[float] = deque(maxlen=max(1, self.o.window))
         self.at_cap: deque[float] = deque(maxlen=max(1, self.o.window))
         self.alarm = False
 
-    def update(self, step: int, m: dict[str, float], texts: Sequence[str] = (), cfg=None) -> Optional[str]:
+    def update(self, step: int, m: dict[str, float], texts: Sequence[str] = (), data_cfg=None) -> Optional[str]:
         """Add this step's values (from the step's metrics ``m``; adds ``guard/format_alarm``); returns the reason
         to stop the run, or None. Every process gets the same reduced metrics, so all decide alike; ``texts`` (this
-        process's completions) and ``cfg`` only provide an example of a malformed one for the message."""
+        process's completions) and ``data_cfg`` (the ``data`` section) only provide an example of a malformed one
+        for the message."""
         if self.o.action == "off" or "completions/well_formed" not in m:
             return None
         self.wf.append(m["completions/well_formed"])
@@ -85,7 +86,8 @@ class FormatGuard:
                          "mean of the last %d steps)", step, 100 * wf, 100 * cap, len(self.wf))
             self.alarm = False
             return None
-        example = next((t for t, ok in zip(texts, well_formed_rows(texts, cfg)) if not ok), None) if cfg else None
+        example = (next((t for t, ok in zip(texts, well_formed_rows(texts, data_cfg)) if not ok), None)
+                   if data_cfg else None)
         reason = (f"format collapse at step {step}: " + " and ".join(problems) + f", mean of the last {len(self.wf)} "
                   f"steps; mean length {m.get('completions/mean_length', float('nan')):.1f} tokens"
                   + (f"; e.g. {example!r}" if example is not None else ""))

@@ -19,12 +19,15 @@ Per epoch::
         AdamW step, LR schedule step, EMA update
     eval (periodic and at the end), log, PNG grids, checkpoint (last N + best eval)
 
-Where the pieces live: the epoch's stages in :mod:`flow_grpo.steps`; the methods (credits, sampling plans, train
-masks, their hooks) in :mod:`flow_grpo.methods` (a registry looked up by config value: the recipe names no method);
-reward calls in :mod:`flow_grpo.scoring`; setup in :mod:`flow_grpo.build`; checkpoints and export in
-:mod:`flow_grpo.checkpointing`; eval and grids in :mod:`flow_grpo.evaluation`; signals, skipped steps and the budget
-in the :class:`~mmgrpo.engine.guard.RunGuard` shared with the VLM recipe; prompt files and the sample layout in
-:mod:`flow_grpo.data`; epoch metrics in :mod:`flow_grpo.epoch_metrics`.
+Where the pieces live: the recipe is this package (``flow_grpo/train/``): the loop and the run state here
+(:class:`RunState`, its checkpoint entries :meth:`FlowGRPOTrainer.run_entries`), the epoch's stages in
+:mod:`flow_grpo.train.steps`. The
+methods (credits, sampling plans, train masks, their hooks) are :mod:`flow_grpo.methods` (a registry looked up by
+config value: the recipe names no method). The library it calls with explicit arguments: sampling in
+:mod:`flow_grpo.sampler`, reward calls in :mod:`flow_grpo.scoring`, setup in :mod:`flow_grpo.build`, checkpoints
+and export of the trained model in :mod:`flow_grpo.checkpointing`, eval and grids in :mod:`flow_grpo.evaluation`,
+epoch metrics in :mod:`flow_grpo.epoch_metrics`, prompt files and the sample layout in :mod:`flow_grpo.data`;
+signals, skipped steps and the budget in the :class:`~mmgrpo.engine.guard.RunGuard` shared with the VLM recipe.
 
 SIGTERM / SIGINT (:mod:`mmgrpo.utils.signals`): polled by every process through a max-reduction after the epoch's
 sampling (no update yet: the epoch is discarded, RNG rolled back) and before each epoch (the epoch in progress,
@@ -56,29 +59,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import torch
-
-from mmgrpo.engine.dist import all_reduce
-from mmgrpo.engine.groups import no_reward_signal
+from mmgrpo.engine.checkpoint import restore_rng
 from mmgrpo.engine.guard import RunGuard
 from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 
-from . import build, checkpointing, evaluation, seq_parallel, steps
-from .config import TrainConfig
-from .data import eval_prompts, train_prompts
-from .epoch_metrics import epoch_metrics
-from .methods import build_methods, credit_method
-from .sampler import Trajectories
-from .scoring import RewardStack
+from flow_grpo import build, checkpointing, evaluation, seq_parallel
+from flow_grpo.config import TrainConfig
+from flow_grpo.data import eval_prompts, prompts_sha256, train_prompts
+from flow_grpo.epoch_metrics import epoch_metrics
+from flow_grpo.methods import build_methods, credit_method
+from flow_grpo.sampler import Trajectories
+from flow_grpo.scoring import RewardStack
+from flow_grpo.train import steps
 
 if TYPE_CHECKING:
-    from .ema import EMA
-    from .methods.base import FlowMethod
-    from .models.base import FlowModelAdapter
+    from flow_grpo.build import TrainedModel
+    from flow_grpo.ema import EMA
+    from flow_grpo.methods.base import FlowMethod
+    from flow_grpo.models.base import FlowModelAdapter
 
 # get_logger gives the "flow_grpo" logger a stderr handler at INFO (unless the root logger is configured): with a
 # bare logging.getLogger, info lines such as "resumed from ..." were never printed
@@ -116,6 +118,7 @@ class FlowGRPOTrainer:
     ``accelerator``: optional ready ``accelerate.Accelerator`` (tests force FSDP on CPU this way)."""
 
     adapter: FlowModelAdapter  # the model (flow_grpo.models): prompt encoding, velocity, latents <-> pixels
+    trained: TrainedModel  # the trained weights, optimizer, schedule, EMA: what checkpoints and exports take
     ema: Optional[EMA]  # an exponential moving average of the trained weights (ema.enabled)
     methods: list[FlowMethod]  # the enabled methods (flow_grpo.methods), in registry (= hook) order
     credit: FlowMethod  # the one credit method among them: advantages, sampling plan, step rewards
@@ -152,8 +155,9 @@ class FlowGRPOTrainer:
         if self.sp is not None:
             self.rank, self.world = self.sp.dp_rank, self.sp.dp_world
         build.validate(cfg, self.adapter, self.world, self.sharded)
-        m = build.setup_model(cfg, acc, self.adapter, self.sharded,
-                              before_prepare=self.sp.enable if self.sp is not None else None)
+        # the trained model: what checkpoints, exports and evaluation take (no run state in it)
+        self.trained = m = build.setup_model(cfg, acc, self.adapter, self.sharded,
+                                             before_prepare=self.sp.enable if self.sp is not None else None)
         self.model, self.optimizer, self.lr_scheduler = m.model, m.optimizer, m.lr_scheduler
         self.unwrapped, self.named_params, self.params, self.ema = m.unwrapped, m.named_params, m.params, m.ema
         self.reference_info = m.reference_info
@@ -218,7 +222,7 @@ class FlowGRPOTrainer:
             if self.is_main:
                 self.out.mkdir(parents=True, exist_ok=True)
                 save_config(c, self.out / "config.yaml")
-            resumed = checkpointing.resume(self) if not st.started else None  # once per trainer object
+            resumed = self.resume() if not st.started else None  # once per trainer object
             if resumed is not None and self.is_main:
                 log.info("resumed from %s at epoch %d (step %d)", resumed, st.epoch, st.global_step)
             if not st.started:
@@ -244,7 +248,7 @@ class FlowGRPOTrainer:
                     mt.on_rewards(traj)
                 # -- advantages (the credit), then the methods' train masks
                 adv, stats = steps.advantages(self, traj)
-                skip_cause = self._unusable(traj, adv, stats)
+                skip_cause = steps.skip_cause(self, traj, adv, stats)  # None, or why no step can be applied
                 traj.train_mask, traj.advantages = traj.train_mask & traj.rewards["valid"].unsqueeze(1), adv
                 for mt in self.methods:
                     traj = mt.on_advantages(traj)
@@ -257,8 +261,12 @@ class FlowGRPOTrainer:
                 t_train = time.perf_counter() - t1
                 # -- the epoch's metrics over the whole gathered batch
                 rsum = steps.count_epoch(self, stats, reward_counts)
-                metrics = epoch_metrics(self, traj, stats, rsum, upd, t_sample, t_train)
-                metrics.update(extra)
+                metrics = {"epoch": st.epoch, **epoch_metrics(
+                    traj, stats, rsum, upd, t_sample, t_train, reward_names=list(self.rewards.weights),
+                    win_rate=self.rewards.pairwise is not None, kl_coef=c.optim.kl_coef, device=self.device),
+                    "lr": float(self.lr_scheduler.get_last_lr()[0]),
+                    "steps/skipped_total": float(st.counters["skipped_steps"]),
+                    "steps/consecutive_skips": float(guard.consecutive_skips), **extra}
                 st.last_traj = traj
                 metrics["time/train_budget_s"] = guard.budget.lap()
                 st.epoch += 1
@@ -268,11 +276,15 @@ class FlowGRPOTrainer:
                     end = st.epoch
                 # -- eval (if due), log, sample grid; checkpoint if due or the eval is the best so far
                 final = st.epoch == c.run.num_epochs or guard.budget_stopped  # the run's last epoch (not the call's)
-                ev = evaluation.evaluate(self) if evaluation.eval_due(self, final) else None
+                ev = None
+                if self.eval_prompts and (final or (c.run.eval_every and st.epoch % c.run.eval_every == 0)):
+                    ev = self.evaluate()
                 metrics.update(ev or {})
                 if self.logger is not None:
                     self.logger.log(metrics, st.global_step)
-                    evaluation.save_train_grid(self)
+                    if c.run.image_grid_every and st.epoch % c.run.image_grid_every == 0:
+                        evaluation.save_train_grid(traj, self.out / "samples" / f"epoch_{st.epoch:05d}.png",
+                                                   c.data.group_size)
                 metric = ev["eval/reward/total/mean"] if ev is not None else None
                 metric = metric if metric is not None and math.isfinite(metric) else None
                 new_best = metric is not None and (st.best_eval is None or metric > st.best_eval)
@@ -287,64 +299,103 @@ class FlowGRPOTrainer:
         return history
 
     # ------------------------------------------------------------------------------------------- run pieces
-    def _unusable(self, traj: Trajectories, adv: torch.Tensor, stats: dict) -> Optional[str]:
-        """Why no update of this epoch can be applied (the same on every process), or None: no group kept >= 2 valid
-        samples (every reward call failed / non-finite; the statistics are global), or non-finite advantages. The
-        updates then count as skipped steps (they feed optim.max_consecutive_skips)."""
-        adv_ok = all_reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", self.device)[0] == 0
-        no_group = stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= self.cfg.data.groups_per_epoch
-        if no_group:
-            return "no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
-        return self._zero_advantage_cause(traj, adv) if adv_ok else "non-finite advantages"
-
-    def _zero_advantage_cause(self, traj: Trajectories, adv: torch.Tensor) -> Optional[str]:
-        """Collective. Why this epoch has no reward signal (every advantage of every process is 0: all groups' rewards
-        are equal), or None; counted in ``zero_advantage_epochs``. With a method that drops zero-advantage
-        trajectories (``optim.drop_zero_adv``, the default) such an epoch's updates are already empty (no trajectory left to train: not an optimizer step). Without it, the
-        epoch's optimizer steps are *skipped steps* (counted, feed ``optim.max_consecutive_skips``) when their
-        gradient is exactly 0: no KL term (``optim.kl_coef=0``) and no method with a loss of its own
-        (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight decay. With a KL term
-        the steps are taken, but a run none of whose epochs had a reward signal still fails (:meth:`_finish`)."""
-        st = self.state
-        valid = traj.rewards["valid"].bool()
-        signal = no_reward_signal(adv[valid], traj.rewards["total"][valid], self.device)
-        if signal is None:
-            return None
-        n, mean, std = signal
-        st.counters["zero_advantage_epochs"] += 1
-        why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({n} valid samples, "
-               f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
-        st.last_zero_advantage = why
-        if self.cfg.run.allow_no_reward_signal:
-            if self.is_main:
-                log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
-                            st.epoch, why)
-            return None
-        if any(mt.drops_zero_advantages for mt in self.methods):  # every trajectory leaves the update: empty updates
-            return None
-        if self.cfg.optim.kl_coef > 0 or any(mt.loss() is not None for mt in self.methods):
-            if self.is_main:
-                log.warning("epoch %d: %s; the KL / method loss terms are still applied", st.epoch, why)
-            return None
-        return why
-
     def credit_inputs(self, traj: Trajectories):
-        """The explicit tensors a credit or train-mask function reads (for the methods)."""
+        """The explicit tensors a credit or train-mask function reads (for the methods: :func:`steps.credit_inputs`)."""
         return steps.credit_inputs(self, traj)
 
+    def evaluate(self) -> dict:
+        """Collective. The eval prompts' rewards under the current (EMA, if on) weights; the main process writes the
+        grid ``samples/eval_epoch_XXXXX.png`` (:func:`flow_grpo.evaluation.evaluate`)."""
+        c, st = self.cfg, self.state
+        return evaluation.evaluate(
+            self.adapter, self.rewards, self.eval_prompts, self.eval_metadata, c.sample, c.run.seed, ema=self.ema,
+            rank=self.rank, world=self.world, device=self.device,
+            grid=self.out / "samples" / f"eval_epoch_{st.epoch:05d}.png" if self.is_main else None,
+            logger=self.logger if c.run.tensorboard else None, step=st.global_step)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
     def save(self, metric: Optional[float] = None, halted: bool = False) -> Optional[Path]:
-        """Collective: every process calls it. Returns the checkpoint folder on the main process."""
-        return checkpointing.save(self, metric=metric, halted=halted)
+        """Collective: every process calls it. Writes the trained model and :meth:`run_entries` to
+        ``checkpoints/epoch-XXXXXXXX`` (``halted/step-XXXXXXXX`` for a halted run); returns the folder on the main
+        process."""
+        st = self.state
+        path = checkpointing.save(self.halt_ckpt if halted else self.ckpt, st.global_step if halted else st.epoch,
+                                  self.trained, self.run_entries, metric=metric)
+        if not halted:
+            self.guard.saved(st.epoch, path)  # a stop right after this save does not write it again
+        return path
+
+    def run_entries(self) -> dict:
+        """The run's checkpoint entries (beside the trained model's): ``trainer`` (the :class:`RunState`, the guard's
+        skip / budget state, the fp16 scaler, the data position), ``methods`` (every method's own state: DiffusionNFT's
+        old adapter, B²-DiffuRL's history, Adv-GRPO's reward model), ``config``, ``reference``."""
+        from mmgrpo.utils.config import config_to_dict
+
+        st, d = self.state, self.cfg.data
+        scaler = getattr(self.accelerator, "scaler", None)  # fp16 mixed precision only
+        trainer = {"epoch": st.epoch, "global_step": st.global_step, "world": self.world,
+                   "counters": dict(st.counters), **self.guard.state_dict(), "best_eval": st.best_eval,
+                   "scaler": scaler.state_dict() if scaler is not None else None,
+                   "data": {"epoch": st.epoch, "num_prompts": len(self.prompts),
+                            "prompts_sha256": prompts_sha256(self.prompts), "group_size": d.group_size,
+                            "groups_per_epoch": d.groups_per_epoch}}
+        return {"trainer": trainer, "methods": {m.name: sd for m in self.methods if (sd := m.state_dict()) is not None},
+                "config": config_to_dict(self.cfg), "reference": dict(self.reference_info)}
+
+    def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
+        """A loaded checkpoint ``st`` (folder ``path``): the trained model (:func:`flow_grpo.checkpointing.load`),
+        then the run state, the methods' state and this process's RNG."""
+        ref = st.get("reference")
+        if ref and ref.get("base_fingerprint") != self.reference_info["base_fingerprint"]:
+            raise ValueError("checkpoint was trained on different base weights (fingerprint mismatch): refusing to "
+                             "resume onto another model")
+        tr = st["trainer"]
+        data = tr.get("data", {})
+        if data and data.get("prompts_sha256") != prompts_sha256(self.prompts):
+            log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
+        checkpointing.load(self.trained, st, path)
+        saved = st.get("methods") or {}
+        for m in self.methods:
+            if m.state_dict() is None:
+                continue
+            if m.name not in saved:
+                raise ValueError(f"checkpoint has no state of the method {m.name} (sample.credit="
+                                 f"{self.cfg.sample.credit}; written by another method?): refusing to resume "
+                                 "without it")
+            m.load_state_dict(saved[m.name])
+        rs = self.state
+        rs.epoch = int(tr["epoch"])
+        rs.global_step = int(tr["global_step"])
+        rs.counters.update(tr.get("counters", {}))
+        self.guard.load_state_dict(tr)
+        rs.best_eval = tr.get("best_eval")
+        scaler = getattr(self.accelerator, "scaler", None)
+        if tr.get("scaler") is not None and scaler is not None:
+            scaler.load_state_dict(tr["scaler"])
+        restore_rng(st.get("rng"), self.accelerator.process_index, self.accelerator.num_processes)
+
+    def resume(self) -> Optional[Path]:
+        """Collective. ``run.resume_from``: auto (latest valid checkpoint, if any) | none | a path; returns the
+        checkpoint resumed from, or None."""
+        path = checkpointing.find_checkpoint(self.ckpt, self.cfg.run.resume_from, self.is_main)
+        if path is None:
+            return None
+        self.load_state_dict(self.ckpt.load(path), path)
+        self.guard.saved(self.state.epoch, path)  # an interrupt before the next epoch need not rewrite it
+        return path
 
     def _finish(self, history: list[dict]) -> None:
         """Refuse a run that trained nothing, export the weights, plot the reward curves."""
         self._check_trained()  # raises (no export) if no optimizer step of the run was applied
         # a resumed run with no epochs left still repairs a missing / damaged / outdated export
-        if history or (self.state.epoch > 0 and checkpointing.export_outdated(self)):
-            checkpointing.check_replicas_in_sync(self)
-            checkpointing.export_final(self)
+        st, every = self.state, self.cfg.ema.update_every
+        if history or (st.epoch > 0 and checkpointing.export_outdated(self.trained, self.out, st.epoch, st.global_step,
+                                                                      every)):
+            checkpointing.check_replicas_in_sync(self.trained)
+            checkpointing.export_final(self.trained, self.out, st.epoch, st.global_step, st.counters["applied_steps"],
+                                       every)
         if history and self.is_main and self.cfg.run.reward_curves:
-            evaluation.reward_curves(self)
+            evaluation.reward_curves(self.out, list(self.rewards.weights))
         if self.logger is not None:
             self.logger.flush()
 

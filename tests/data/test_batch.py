@@ -1,10 +1,10 @@
-"""The rollout batch (mmgrpo.vlm.train.batch): RolloutBatch.select / cat_batches carry every field (built by keyword
+"""The rollout batch (mmgrpo.vlm.data.batch): RolloutBatch.select / cat_batches carry every field (built by keyword
 now; a field added later without updating them would be caught here); micro-batches keep groups whole."""
 import dataclasses
 
 import torch
 
-from mmgrpo.vlm.train.batch import RolloutBatch, cat_batches, micro_batches
+from mmgrpo.vlm.data.batch import RolloutBatch, cat_batches, micro_batches
 
 
 def _batch(n: int, T: int, start: int) -> RolloutBatch:

@@ -9,7 +9,7 @@ and read back by preparing that sample again through the run's task adapter: the
 gives the same tensors, bit for bit. The one thing not restored: video frames a method replaced in the prompt
 (DeepVideo-R1's augmentation) come back as the sample's own frames.
 
-A :class:`~mmgrpo.vlm.train.batch.RolloutBatch` is written as its tensors, texts, rewards and info, with each
+A :class:`~mmgrpo.vlm.data.batch.RolloutBatch` is written as its tensors, texts, rewards and info, with each
 distinct prompt once (rows of a group share one prompt object, and share it again after the restore); a row's
 ``item`` is rebuilt from its prompt unless it had its own (a multi-turn row's, with tool media appended), which is
 stored as is.
@@ -17,10 +17,10 @@ stored as is.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
-from mmgrpo.vlm.data.task import PreparedPrompt, sample_id
-from mmgrpo.vlm.train.batch import RolloutBatch
+from mmgrpo.vlm.data.task import PreparedPrompt, TaskAdapter, sample_id
+from mmgrpo.vlm.data.batch import RolloutBatch
 
 __all__ = ["PromptCodec", "TENSOR_FIELDS"]
 
@@ -32,26 +32,26 @@ TENSOR_FIELDS = ("completion_ids", "completion_mask", "loss_mask", "group_ids", 
 
 
 class PromptCodec:
-    """Writes prompts and batches of one run as checkpoint state and reads them back (``run``: the trainer, for
-    ``all_samples`` and ``task``). One codec per ``state_dict`` / ``load_state_dict`` call: it indexes the samples
-    once."""
+    """Writes prompts and batches of one run as checkpoint state and reads them back. ``all_samples``: the run's full
+    data set (prompts are written as indices into it); ``task``: the run's task adapter (prepares them again). One
+    codec per ``state_dict`` / ``load_state_dict`` call: it indexes the samples once."""
 
-    def __init__(self, run: Any):
-        self.run = run
+    def __init__(self, all_samples: Sequence[Any], task: TaskAdapter):
+        self.all_samples, self.task = all_samples, task
         self._by_object: dict[int, int] | None = None
         self._by_id: dict[str, int] | None = None
 
     # ------------------------------------------------------------------------------------------ prompts
     def sample_index(self, sample: Any) -> int:
-        """The index of ``sample`` in ``run.all_samples``: the same object, else the one sample with its id."""
+        """The index of ``sample`` in ``all_samples``: the same object, else the one sample with its id."""
         if self._by_object is None:
-            self._by_object = {id(s): i for i, s in enumerate(self.run.all_samples)}
+            self._by_object = {id(s): i for i, s in enumerate(self.all_samples)}
         i = self._by_object.get(id(sample))
         if i is not None:
             return i
         if self._by_id is None:
             ids: dict[str, list[int]] = {}
-            for j, s in enumerate(self.run.all_samples):
+            for j, s in enumerate(self.all_samples):
                 ids.setdefault(sample_id(s), []).append(j)
             self._by_id = {k: v[0] for k, v in ids.items() if len(v) == 1}
         key = sample_id(sample)
@@ -64,8 +64,8 @@ class PromptCodec:
         return {"index": self.sample_index(pp.sample), "mode": pp.mode, "hint": pp.hint}
 
     def prompt_from_state(self, sd: dict) -> PreparedPrompt:
-        task = self.run.task
-        pp = task.prepare(self.run.all_samples[int(sd["index"])])
+        task = self.task
+        pp = task.prepare(self.all_samples[int(sd["index"])])
         if sd.get("mode") or sd.get("hint"):
             pp = task.rebuild(pp, mode=sd.get("mode"), hint=sd.get("hint") or "")
         return pp

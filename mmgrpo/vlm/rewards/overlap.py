@@ -2,7 +2,8 @@
 
 The rollout generates the step's prompts in chunks of ``reward.overlap_prompts`` prompts; each chunk's rows are
 handed to :meth:`RewardOverlap.submit`, which scores them in one background thread (the same
-:func:`mmgrpo.vlm.train.steps.score` call, with its retries / timeout / drop policy) while the next chunk generates.
+:meth:`mmgrpo.vlm.rewards.scoring.RewardScorer.score` call, with its retries / timeout / drop policy) while the next
+chunk generates.
 :meth:`RewardOverlap.collect` waits for the chunks and returns the rewards of the final rows in their order; rows a
 method added after the rollout (``after_rollout``: e.g. TempSamp-R1's ground-truth member) are scored then, in one
 synchronous call. The rewards are the ones the synchronous path computes (a reward is a function of the completion

@@ -1,11 +1,12 @@
-"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.trainer.FlowGRPOTrainer`), in
-the order the loop calls them:
+"""The stages of one flow GRPO epoch, plain functions of the run (:class:`~flow_grpo.train.trainer.FlowGRPOTrainer`),
+in the order the loop calls them:
 
 * :func:`rollout`: the epoch's samples of this process, trajectories (SDE on the plan's steps, exact log-probs;
   the credit method's ``rollout_context`` around it, its plan and step rewards inside it), rewards (each chunk
   scored in a background thread while the next one is sampled); Pref-GRPO win rates;
 * :func:`advantages`: the credit method's advantage estimator on the whole gathered batch (group statistics with
-  explicit group ids; invalid samples leave their groups), then the methods' ``on_advantages`` (train masks);
+  explicit group ids; invalid samples leave their groups); :func:`skip_cause`: whether the epoch's steps can be
+  applied at all (the skip rules in one place);
 * :func:`run_updates`: ``optim.inner_epochs`` x ``optim.updates_per_epoch`` optimizer steps (:func:`update`), each
   over whole rollout chunks: per micro-batch (chunk x trained column) :func:`column_loss` (PPO-clip on the exact
   log-prob ratio + beta KL, or the credit method's own ``loss``), gradients summed over processes, the step skipped
@@ -15,7 +16,6 @@ the order the loop calls them:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import time
 from typing import Optional
@@ -24,58 +24,41 @@ import torch
 
 from mmgrpo.engine.dist import all_reduce, gather_rows
 from mmgrpo.engine.errors import RewardCallFailed
+from mmgrpo.engine.groups import no_reward_signal
 from mmgrpo.utils.checkpoint import capture_rng_state, restore_rng_state
 from mmgrpo.utils.logging import get_logger
 
-from .data import epoch_samples as _epoch_samples
-from .epoch_metrics import REWARD_COUNTERS
-from .methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
-from .sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
-from .scoring import apply_win_rates
+from flow_grpo.data import epoch_samples, process_slice, prompt_keys
+from flow_grpo.epoch_metrics import REWARD_COUNTERS
+from flow_grpo.methods.base import AdvOptions, ColumnContext, CreditInputs, advantage_stats, group_stats
+from flow_grpo.sampler import SamplingInterrupted, Trajectories, sample_trajectories, score_column
+from flow_grpo.scoring import apply_win_rates
 
 log = get_logger("flow_grpo.trainer")
 
-__all__ = ["epoch_samples", "rollout", "sampling_progress", "credit_inputs", "advantages", "column_loss", "update", "run_updates",
-           "count_epoch"]
-
-
-def prompt_keys(prompts) -> torch.Tensor:
-    """(N,) int64: a stable (process- and run-independent) hash of each prompt text."""
-    return torch.tensor([int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little", signed=True)
-                         for p in prompts], dtype=torch.int64)
+__all__ = ["rollout", "sampling_progress", "credit_inputs", "advantages", "skip_cause", "column_loss", "update",
+           "run_updates", "count_epoch"]
 
 
 # ------------------------------------------------------------------ rollout
-def epoch_samples(run, epoch: int, lo: Optional[int] = None, hi: Optional[int] = None):
-    """Samples ``[lo, hi)`` of the epoch (default: this process's slice): :func:`flow_grpo.data.epoch_samples`."""
-    if lo is None:
-        per = run.cfg.data.group_size * run.cfg.data.groups_per_epoch // run.world
-        lo, hi = run.rank * per, (run.rank + 1) * per
-    return _epoch_samples(run.cfg, run.prompts, run.metadata, epoch, lo, hi)
-
-
-def epoch_members(run) -> list[int]:
-    """Index of each of this process's samples in its group (the layout of :func:`epoch_samples`)."""
-    G = run.cfg.data.group_size
-    per = G * run.cfg.data.groups_per_epoch // run.world
-    return [s % G for s in range(run.rank * per, (run.rank + 1) * per)]
-
-
 def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
-    """Sample and score the epoch's trajectories (rewards in a background thread per chunk); returns them and
-    the reward call counters. A failed reward call (``on_failure=stop``) or a signal abandons the epoch: its RNG
-    is rolled back so that it is redrawn on resume."""
+    """Sample and score this process's trajectories of the epoch (rewards in a background thread per chunk; Pref-GRPO
+    win rates over the gathered batch); returns them and the reward call counters. A failed reward call
+    (``on_failure=stop``) or a signal abandons the epoch: its RNG is rolled back so that it is redrawn on resume."""
+    c = run.cfg
     rng_at_start = capture_rng_state()
-    prompts, meta, gids, xs, ns, ps = epoch_samples(run, epoch)
+    own = process_slice(c.data, run.rank, run.world)
+    prompts, meta, gids, xs, ns, ps = epoch_samples(c, run.prompts, run.metadata, epoch, own.start, own.stop)
     run.model.eval()
     traj = None
     try:
         with contextlib.ExitStack() as stack:
             for m in run.methods:  # e.g. DiffusionNFT samples with its old adapter
                 stack.enter_context(m.rollout_context())
-            traj = sample_trajectories(run.adapter, prompts, run.cfg.sample, xs, ns, ps, gids, meta, run.reward_fn,
-                                       None, iteration=epoch, reward_runner=run.runner, members=epoch_members(run),
-                                       method=run.credit, on_chunk=sampling_progress(run),
+            traj = sample_trajectories(run.adapter, prompts, c.sample, xs, ns, ps, gids, meta, run.reward_fn,
+                                       None, iteration=epoch, reward_runner=run.runner,
+                                       members=[s % c.data.group_size for s in own], method=run.credit,
+                                       on_chunk=sampling_progress(run),
                                        keep_means=any(m.keeps_means for m in run.methods))
     except RewardCallFailed as exc:  # reward.on_failure=stop: the epoch is discarded below, the run stops (exit 3)
         run.guard.request_stop(f"a reward call failed: {exc}; fix the reward, then resume", cause=exc)
@@ -86,8 +69,12 @@ def rollout(run, epoch: int) -> tuple[Trajectories, dict]:
     run.guard.stop_if_asked(lambda signalled: restore_rng_state(rng_at_start),
                             "its samples were discarded before any update", reuse=True)
     rc = run.rewards.take_counters()
-    if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates
-        _win_rates(run, traj)
+    if run.rewards.pairwise is not None:  # reward.mode=win_rate: the totals become win rates of the gathered batch
+        prompts_all, meta_all = traj.prompts, traj.metadata
+        if run.world > 1:  # the prompts of the gathered batch: every process's samples, in process order
+            prompts_all, meta_all = epoch_samples(c, run.prompts, run.metadata, epoch, 0, len(traj) * run.world)[:2]
+        apply_win_rates(traj, run.rewards.pairwise, prompts_all, meta_all, run.rank, run.world, run.device,
+                        win_rate_weight=c.reward.win_rate_weight, pointwise_weight=c.reward.pointwise_weight)
         rc2 = run.rewards.take_counters()
         rc = {k: rc[k] + rc2[k] for k in rc}
     return traj, rc
@@ -112,16 +99,6 @@ def sampling_progress(run):
         return False
 
     return hook
-
-
-def _win_rates(run, traj: Trajectories) -> None:
-    """Pref-GRPO win rates of the gathered batch (:func:`flow_grpo.scoring.apply_win_rates`)."""
-    n_all = len(traj) * run.world
-    prompts, meta, *_ = epoch_samples(run, run.state.epoch, 0, n_all) if run.world > 1 else (traj.prompts,
-                                                                                             traj.metadata)
-    rc = run.cfg.reward
-    apply_win_rates(traj, run.rewards.pairwise, prompts, meta, run.rank, run.world, run.device,
-                    win_rate_weight=rc.win_rate_weight, pointwise_weight=rc.pointwise_weight)
 
 
 # ------------------------------------------------------------------ advantages
@@ -149,6 +126,48 @@ def advantages(run, traj: Trajectories) -> tuple[torch.Tensor, dict]:
     return adv, stats
 
 
+def skip_cause(run, traj: Trajectories, adv: torch.Tensor, stats: dict) -> Optional[str]:
+    """Collective. Why no optimizer step of this epoch can be applied (the same on every process), or None; the
+    epoch's steps are then counted as skipped (they feed ``optim.max_consecutive_skips``). The rules, in order:
+
+    * no group kept >= 2 valid samples (every reward call failed / non-finite; the statistics are global);
+    * non-finite advantages;
+    * no reward signal (every advantage of every process is 0: all groups' rewards are equal; counted in
+      ``zero_advantage_epochs``), and the gradient would be exactly 0: no KL term (``optim.kl_coef=0``) and no method
+      with a loss of its own (DiffusionNFT); a step on a zero gradient would only apply AdamW's momentum and weight
+      decay. Not a skip: with a method that drops zero-advantage trajectories (``optim.drop_zero_adv``, the default)
+      the updates are already empty (no trajectory left: not an optimizer step); with a KL term the steps are taken
+      (a run none of whose epochs had a reward signal still fails at its end); ``run.allow_no_reward_signal``
+      takes the zero-gradient steps."""
+    st, c = run.state, run.cfg
+    adv_ok = all_reduce([0.0 if bool(torch.isfinite(adv).all()) else 1.0], "max", run.device)[0] == 0
+    if stats["adv/groups_empty"] + stats["adv/groups_singleton"] >= c.data.groups_per_epoch:
+        return "no valid reward (no group kept two valid samples: failed or non-finite reward calls)"
+    if not adv_ok:
+        return "non-finite advantages"
+    valid = traj.rewards["valid"].bool()
+    signal = no_reward_signal(adv[valid], traj.rewards["total"][valid], run.device)
+    if signal is None:
+        return None
+    n, mean, std = signal
+    st.counters["zero_advantage_epochs"] += 1
+    why = (f"no reward signal: every advantage is 0, every group's rewards are equal ({n} valid samples, "
+           f"reward mean {mean:.4g}, std {std:.3g} over the epoch)")
+    st.last_zero_advantage = why
+    if c.run.allow_no_reward_signal:
+        if run.is_main:
+            log.warning("epoch %d: %s; its zero-gradient steps are taken (run.allow_no_reward_signal=true)",
+                        st.epoch, why)
+        return None
+    if any(mt.drops_zero_advantages for mt in run.methods):  # every trajectory leaves the update: empty updates
+        return None
+    if c.optim.kl_coef > 0 or any(mt.loss() is not None for mt in run.methods):
+        if run.is_main:
+            log.warning("epoch %d: %s; the KL / method loss terms are still applied", st.epoch, why)
+        return None
+    return why
+
+
 # ------------------------------------------------------------------ loss of one column
 def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_global: float, dummy: bool = False):
     """The default loss of one micro-batch (rollout chunk x trained column): PPO's clipped surrogate on the exact
@@ -157,7 +176,7 @@ def column_loss(run, traj: Trajectories, chunk, col: int, adv: torch.Tensor, n_g
     forward(s) with a zero mask (equalises micro-batch counts across processes)."""
     from mmgrpo.core.losses import aggregate_loss, clipped_surrogate, log_ratio, ratio_metrics
 
-    from .sde import kl_on_mean, kl_on_velocity, sde_step
+    from flow_grpo.sde import kl_on_mean, kl_on_velocity, sde_step
 
     c = run.cfg
     c0, c1 = chunk

@@ -1,7 +1,7 @@
-"""The prompt stream (mmgrpo.vlm.train.stream)."""
+"""The prompt stream (mmgrpo.vlm.data.stream)."""
 import pytest
 
-from mmgrpo.vlm.train.stream import PromptStream
+from mmgrpo.vlm.data.stream import PromptStream
 
 
 def test_prompt_stream_deterministic_resumable_and_unique():
