@@ -82,9 +82,12 @@ def parse_args(argv=None):
     p.add_argument("--judge-lr", type=float, default=1e-3)
     p.add_argument("--judge-group", type=int, default=8)
     p.add_argument("--judge-prompts", type=int, default=8, help="pairs per GRPO step")
-    p.add_argument("--trained-judge", default="judge_sft", choices=["judge_sft", "judge_grpo"],
-                   help="the judge folder of the trained-judge flow arm (the better one on held-out pairs: GRPO at "
-                        "lr 1e-3 collapsed the SFT judge to one position)")
+    p.add_argument("--trained-judge", default="judge_sft",
+                   help="the trained-judge flow arm's judge: a folder name under --out (judge_sft, judge_grpo) or a "
+                        "path (the shipped data/checkpoints/pair_judge); judge_sft is the better one on held-out "
+                        "pairs (GRPO at lr 1e-3 collapsed it to one position)")
+    p.add_argument("--ship", type=Path, default=None,
+                   help="after --stage judge: copy the SFT judge and its report there (data/checkpoints/pair_judge)")
     p.add_argument("--seeds", default="0,1,2", help="flow seeds")
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--budget", type=float, default=60.0, help="flow: process CPU seconds of training per run")
@@ -387,14 +390,43 @@ def stage_judge(a) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # flow
 # ------------------------------------------------------------------------------------------------------------
+def judge_dir(a, name: str | None) -> Path | None:
+    """A judge folder: ``name`` under ``--out`` if it is there, else ``name`` as a path."""
+    if name is None:
+        return None
+    return a.out / name if (a.out / name).exists() else Path(name)
+
+
+def ship(a) -> None:
+    """Copy the SFT judge (the trained judge of the flow rows) to ``--ship`` with ``judge_report.json``: the
+    settings (``args``), the tower's and the SFT's build report and the held-out accuracy of every judge stage."""
+    import shutil
+
+    res = json.loads((a.out / "judge.json").read_text())
+    dst = a.ship
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(a.out / "judge_sft", dst, ignore=shutil.ignore_patterns("build_report.json"))
+    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k not in ("ship", "out")}
+    rep = {"args": args, "build": res["sft"]["build"],
+           "heldout": {k: {x: v for x, v in r["heldout"].items() if x != "example"} for k, r in res.items()},
+           "example": res["sft"]["heldout"]["example"],
+           # the first held-out pairs as generated (a test regenerates them: the judge was built on today's data)
+           "heldout_head": [{k: r[k] for k in ("id", "answer")} | {"caption": r["meta"]["caption"],
+                                                                   "tags": r["meta"]["tags"]}
+                            for r in sorted(load_rows(a.out / "data" / "heldout.jsonl"), key=lambda r: r["id"])[:8]]}
+    (dst / "judge_report.json").write_text(json.dumps(rep, indent=1) + "\n")
+    log(f"shipped the SFT judge to {dst}")
+
+
 def flow_cmd(arm: str, seed: int, train: Path, heldout: Path, d: Path, a) -> list[str]:
-    judge = a.trained_judge if arm == "judge_trained" else ARMS[arm][1]
+    judge = judge_dir(a, a.trained_judge if arm == "judge_trained" else ARMS[arm][1])
     if judge is None:
         reward = ["reward.weights={mini_geneval: 1.0}", "reward.kwargs={mini_geneval: {mode: partial}}"]
     else:
         reward = ["reward.mode=win_rate", f"reward.pairwise_scorer={SCORER}", "reward.pairwise_symmetric=true",
                   "reward.weights={mini_geneval: 0.0}",
-                  "reward.kwargs={mini_geneval: {mode: partial}, win_rate: {path: " + str(a.out / judge) + "}}"]
+                  "reward.kwargs={mini_geneval: {mode: partial}, win_rate: {path: " + str(judge) + "}}"]
     return [PY, "-m", "flow_grpo.cli", "train", f"model.pipeline_dir={BASE}", f"data.train_path={train}",
             f"data.eval_path={heldout}", "method=fast", "run.device=cpu", "sample.num_steps=10",
             "sample.height=32", "sample.width=32", "sample.cfg=false", "sample.guidance_scale=1.0",
@@ -508,13 +540,13 @@ def agreement(a) -> dict:
     flow = a.out / "flow"
     path = flow / "agreement.json"
     got = json.loads(path.read_text()) if path.exists() else {}
-    judge = a.out / a.trained_judge
+    judge = judge_dir(a, a.trained_judge)
     if not (judge / "config.json").exists():
         return got
     todo = [("base", flow / "base_eval")] + [
         (f"{arm}/seed{s}", flow / arm / f"seed{s}" / "final_eval") for arm in ARMS for s in a.seeds.split(",")]
     for key, d in todo:
-        if key not in got and (d / "images.jsonl").exists():
+        if key not in got and (d / "metrics.json").exists():  # a finished evaluation only
             got[key] = judge_agreement(judge, d)
             path.write_text(json.dumps(got, indent=1))
     return got
@@ -593,6 +625,8 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.stage in ("all", "judge"):
         stage_judge(a)
+        if a.ship:
+            ship(a)
     if a.stage in ("all", "flow"):
         stage_flow(a)
     print(report(a))
