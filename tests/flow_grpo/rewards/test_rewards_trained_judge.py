@@ -199,8 +199,8 @@ def test_judge_loop_smoke(tmp_path):
     import sys
 
     out = tmp_path / "jl"
-    r = subprocess.run([sys.executable, "scripts/judge_loop.py", "--out", str(out), "--smoke", "--stage", "judge"],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "scripts/judge_loop.py", "--out", str(out), "--smoke", "--stage", "judge",
+                        "--ship", str(tmp_path / "shipped")], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "judge.json").read_text())
     for k in ("untrained", "sft", "grpo"):
@@ -210,6 +210,9 @@ def test_judge_loop_smoke(tmp_path):
         assert json.loads((out / f"judge_{k}" / "judge_config.json").read_text())["query_position"] == "before"
     assert "vision_heldout" in res["sft"]["build"] and (out / "judge_tower" / "tower_report.json").exists()
     assert "| untrained (tower pre-trained, format-only SFT) |" in (out / "results.md").read_text()
+    rep = json.loads((tmp_path / "shipped" / "judge_report.json").read_text())
+    assert rep["args"]["smoke"] and set(rep["heldout"]) == {"untrained", "sft", "grpo"} and len(rep["heldout_head"]) == 8
+    assert (tmp_path / "shipped" / "judge_config.json").exists() and (tmp_path / "shipped" / "config.json").exists()
 
 
 def test_two_se_by_hand():
@@ -249,3 +252,18 @@ def test_shipped_pair_judge_is_current_and_judges(tmp_path):
         want += [1.0, 0.0] if r["answer"] == "1" else [0.0, 1.0]
     out = TrainedPairJudge(str(SHIPPED))(np.stack(a), np.stack(b), caps)
     assert np.mean(np.asarray(out["pref"]) == np.asarray(want)) >= 0.8
+
+
+def test_flow_run_without_reward_signal_is_recorded_not_fatal(tmp_path):
+    """scripts/judge_loop.run_flow: exit status 4 with the trainer's 'nothing was trained' line (every group tied:
+    a position-only judge in both orders) is a result (the policy stays the base), any other failure stops."""
+    import sys
+
+    from scripts.judge_loop import run_flow
+
+    say = "print('flow_grpo: nothing was trained in 3 epoch(s)'); raise SystemExit({})"
+    assert run_flow([sys.executable, "-c", say.format(4)], tmp_path / "a.log", tmp_path) is False
+    assert (tmp_path / "nothing_trained.txt").read_text().startswith("flow_grpo: nothing was trained")
+    assert run_flow([sys.executable, "-c", "print('ok')"], tmp_path / "b.log", tmp_path) is True
+    with pytest.raises(SystemExit, match="failed"):
+        run_flow([sys.executable, "-c", say.format(1)], tmp_path / "c.log", tmp_path)
