@@ -26,7 +26,7 @@ log = get_logger("flow_grpo.trainer")
 @dataclass
 class TrainedModel:
     """What :func:`setup_model` returns: the weights being trained and how they are distributed, the explicit
-    argument of the checkpoint and export functions (:mod:`flow_grpo.checkpointing`). No run state (epoch, counters,
+    argument of the checkpoint and export functions (:mod:`flow_grpo.checkpoint`). No run state (epoch, counters,
     methods) lives here."""
 
     adapter: FlowModelAdapter  # ``adapter.model`` is the prepared module

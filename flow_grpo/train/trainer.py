@@ -25,7 +25,7 @@ Where the pieces live: the recipe is this package (``flow_grpo/train/``): the lo
 methods (credits, sampling plans, train masks, their hooks) are :mod:`flow_grpo.methods` (a registry looked up by
 config value: the recipe names no method). The library it calls with explicit arguments: sampling in
 :mod:`flow_grpo.sampler`, reward calls in :mod:`flow_grpo.scoring`, setup in :mod:`flow_grpo.build`, checkpoints
-and export of the trained model in :mod:`flow_grpo.checkpointing`, eval and grids in :mod:`flow_grpo.evaluation`,
+and export of the trained model in :mod:`flow_grpo.checkpoint`, eval and grids in :mod:`flow_grpo.evaluation`,
 epoch metrics in :mod:`flow_grpo.epoch_metrics`, prompt files and the sample layout in :mod:`flow_grpo.data`;
 signals, skipped steps and the budget in the :class:`~mmgrpo.engine.guard.RunGuard` shared with the VLM recipe.
 
@@ -67,7 +67,7 @@ from mmgrpo.utils.export import clean_stale_exports
 from mmgrpo.utils.logging import get_logger
 from mmgrpo.utils.runlock import acquire_run_lock
 
-from flow_grpo import build, checkpointing, evaluation, seq_parallel
+from flow_grpo import build, checkpoint, evaluation, seq_parallel
 from flow_grpo.config import TrainConfig
 from flow_grpo.data import eval_prompts, prompts_sha256, train_prompts
 from flow_grpo.epoch_metrics import epoch_metrics
@@ -319,7 +319,7 @@ class FlowGRPOTrainer:
         ``checkpoints/epoch-XXXXXXXX`` (``halted/step-XXXXXXXX`` for a halted run); returns the folder on the main
         process."""
         st = self.state
-        path = checkpointing.save(self.halt_ckpt if halted else self.ckpt, st.global_step if halted else st.epoch,
+        path = checkpoint.save(self.halt_ckpt if halted else self.ckpt, st.global_step if halted else st.epoch,
                                   self.trained, self.run_entries, metric=metric)
         if not halted:
             self.guard.saved(st.epoch, path)  # a stop right after this save does not write it again
@@ -343,7 +343,7 @@ class FlowGRPOTrainer:
                 "config": config_to_dict(self.cfg), "reference": dict(self.reference_info)}
 
     def load_state_dict(self, st: dict, path: Optional[Path] = None) -> None:
-        """A loaded checkpoint ``st`` (folder ``path``): the trained model (:func:`flow_grpo.checkpointing.load`),
+        """A loaded checkpoint ``st`` (folder ``path``): the trained model (:func:`flow_grpo.checkpoint.load`),
         then the run state, the methods' state and this process's RNG."""
         ref = st.get("reference")
         if ref and ref.get("base_fingerprint") != self.reference_info["base_fingerprint"]:
@@ -353,7 +353,7 @@ class FlowGRPOTrainer:
         data = tr.get("data", {})
         if data and data.get("prompts_sha256") != prompts_sha256(self.prompts):
             log.warning("resume: the prompt list differs from the checkpoint's; the data order will not reproduce")
-        checkpointing.load(self.trained, st, path)
+        checkpoint.load(self.trained, st, path)
         saved = st.get("methods") or {}
         for m in self.methods:
             if m.state_dict() is None:
@@ -377,7 +377,7 @@ class FlowGRPOTrainer:
     def resume(self) -> Optional[Path]:
         """Collective. ``run.resume_from``: auto (latest valid checkpoint, if any) | none | a path; returns the
         checkpoint resumed from, or None."""
-        path = checkpointing.find_checkpoint(self.ckpt, self.cfg.run.resume_from, self.is_main)
+        path = checkpoint.find_checkpoint(self.ckpt, self.cfg.run.resume_from, self.is_main)
         if path is None:
             return None
         self.load_state_dict(self.ckpt.load(path), path)
@@ -389,10 +389,10 @@ class FlowGRPOTrainer:
         self._check_trained()  # raises (no export) if no optimizer step of the run was applied
         # a resumed run with no epochs left still repairs a missing / damaged / outdated export
         st, every = self.state, self.cfg.ema.update_every
-        if history or (st.epoch > 0 and checkpointing.export_outdated(self.trained, self.out, st.epoch, st.global_step,
+        if history or (st.epoch > 0 and checkpoint.export_outdated(self.trained, self.out, st.epoch, st.global_step,
                                                                       every)):
-            checkpointing.check_replicas_in_sync(self.trained)
-            checkpointing.export_final(self.trained, self.out, st.epoch, st.global_step, st.counters["applied_steps"],
+            checkpoint.check_replicas_in_sync(self.trained)
+            checkpoint.export_final(self.trained, self.out, st.epoch, st.global_step, st.counters["applied_steps"],
                                        every)
         if history and self.is_main and self.cfg.run.reward_curves:
             evaluation.reward_curves(self.out, list(self.rewards.weights))

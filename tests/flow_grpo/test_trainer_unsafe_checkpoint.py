@@ -1,6 +1,6 @@
 """A crafted checkpoint file never runs code: flow_grpo's resume_from=auto refuses it, naming the file (the manifest
 was rewritten to match, as whoever writes the folder can)."""
-from flow_grpo import checkpointing
+from flow_grpo import checkpoint
 import hashlib
 import json
 import os
@@ -48,7 +48,7 @@ def test_resume_auto_refuses_a_crafted_sharded_state(tmp_path, craft_sharded_sta
     first.close()
     step = tmp_path / "checkpoints" / "epoch-00000001"
     target = tmp_path / "pwned"
-    entry = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": checkpointing.ema_sharded(first.trained)})
+    entry = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": checkpoint.ema_sharded(first.trained)})
     tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
     with pytest.raises(UnsafeCheckpointError, match=f"{step / 'state'} refused: entry '{entry}' is a "
                                                     "BytesStorageMetadata item"):
@@ -66,7 +66,7 @@ def test_resume_auto_refuses_a_rank_metadata_file(tmp_path, craft_sharded_state)
     first.close()
     step = tmp_path / "checkpoints" / "epoch-00000001"
     target = tmp_path / "pwned"
-    name = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": checkpointing.ema_sharded(first.trained)},
+    name = craft_sharded_state(step, first.model, first.optimizer, target, extra={"ema": checkpoint.ema_sharded(first.trained)},
                                how="rank_metadata")
     tr = make_trainer("flux", "fast", tmp_path, **{**extra, "run.num_epochs": 2})
     with pytest.raises(UnsafeCheckpointError, match=rf"{step / 'state'} refused: .*{name}"):

@@ -106,7 +106,7 @@ def test_metrics_disk_full_and_read_only(tmp_path, monkeypatch):
 def test_flow_final_export_disk_full_names_the_output_dir(tmp_path):
     from safetensors import SafetensorError
 
-    from flow_grpo.checkpointing import export_final
+    from flow_grpo.checkpoint import export_final
 
     def save_lora(path):  # what safetensors raises on a full disk (measured on a full tmpfs)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

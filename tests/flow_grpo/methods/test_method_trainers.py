@@ -1,6 +1,6 @@
 """The wave-2 methods registered in the flow credit table, run by the trainer on the tiny SD3 and the tiny FLUX (a
 couple of epochs each), and their advantages through the trainer checked against hand values (on SD3)."""
-from flow_grpo import checkpointing
+from flow_grpo import checkpoint
 from flow_grpo.data import epoch_samples
 from flow_grpo.train import steps
 import math
@@ -114,7 +114,7 @@ def test_nft_trains_two_epochs_and_the_old_adapter_follows_the_schedule(kind, tm
 
 def test_nft_resume_restores_the_old_adapter(tmp_path):
     tr, _ = _train_two_epochs("nft", tmp_path, **{"run.save_every": 1})
-    sd = {**checkpointing.state_dict(tr.trained), **tr.run_entries()}
+    sd = {**checkpoint.state_dict(tr.trained), **tr.run_entries()}
     tr2 = make_trainer("sd3", "nft", tmp_path / "b", **{"sample.cfg": "false"})
     tr2.load_state_dict(sd)
     for a, b in zip(tr.credit.old.shadow, tr2.credit.old.shadow):
@@ -228,7 +228,7 @@ def test_b2_selects_the_best_and_worst_branch_by_hand(tmp_path):
     assert adv[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.5 / sd], rel=1e-5)
     # the history is the credit's checkpointed state
     tr2 = make_trainer("sd3", "b2", tmp_path / "b", **B2)
-    tr2.load_state_dict({**checkpointing.state_dict(tr.trained), **tr.run_entries()})
+    tr2.load_state_dict({**checkpoint.state_dict(tr.trained), **tr.run_entries()})
     assert [{k: v.tolist() for k, v in h.items()} for h in tr2.credit.history] == \
         [{k: v.tolist() for k, v in h.items()} for h in tr.credit.history]
     assert len(tr.credit.history) == 2

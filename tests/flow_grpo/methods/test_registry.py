@@ -14,7 +14,7 @@ from flow_grpo.methods.base import AdvOptions, CreditInputs, CreditOutput, FlowM
 from mmgrpo.engine.method import Method
 
 RECIPE = [pathlib.Path(__file__).parents[3] / "flow_grpo" / f"{m}.py"
-          for m in ("train/trainer", "train/steps", "build", "checkpointing", "evaluation", "epoch_metrics", "sampler")]
+          for m in ("train/trainer", "train/steps", "build", "checkpoint", "evaluation", "epoch_metrics", "sampler")]
 
 
 def _inputs(rewards, gids, mask, opts, step_rewards=None):
