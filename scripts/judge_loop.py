@@ -1,26 +1,34 @@
 #!/usr/bin/env python
 """The VLM front-end trains the judge, the flow front-end uses it (issue #40 item 4), on CPU.
 
-    python scripts/judge_loop.py --out runs/judge_loop --stage judge          # data, base (SFT), GRPO, accuracies
-    python scripts/judge_loop.py --out runs/judge_loop --stage flow --seeds 0,1,2 --budget 30
+    python scripts/judge_loop.py --out runs/judge_loop --stage judge     # pairs, tower, judges, GRPO, accuracies
+    python scripts/judge_loop.py --out runs/judge_loop --stage judge --ship data/checkpoints/pair_judge
+    python scripts/judge_loop.py --out runs/judge_loop --stage flow      # 3 rewards x 3 seeds, 60 CPU-s each
     python scripts/judge_loop.py --out runs/judge_loop --stage report
-    python scripts/judge_loop.py --out /tmp/jl --smoke                         # wiring only, tiny sizes
+    python scripts/judge_loop.py --out /tmp/jl --smoke                    # wiring only, tiny sizes
+
+The defaults are the settings of ``docs/results.md`` ("Trained-judge loop").
 
 1. **Data** (:mod:`mmgrpo.synthetic.judge_pairs`): pairs of 32 px Mini-GenEval images (tags single_object, colors,
-   counting), one drawn by the renderer for the caption, one for a perturbed caption; the answer ("1" / "2") is
-   the renderer's. ``train`` pairs use the benchmark's train captions, ``heldout`` pairs its held-out captions.
-2. **Base judge**: a randomly initialised tiny Qwen2.5-VL (its own BPE tokenizer on the judge chats), SFT for
-   ``--sft-steps`` steps on ``--sft-pairs`` train pairs, the verdict in UnifiedReward-Think's answer format
-   (``<answer>Image k is better</answer>``). ``--sft-labels random`` teaches the format only (labels drawn at
-   random: a judge at chance that writes the format).
-3. **GRPO** (``mmgrpo.vlm.train.trainer.GRPOTrainer``, the trainer of ``mmgrpo train``) on the train pairs with
-   the verifiable reward :class:`flow_grpo.rewards.trained_judge.PairVerdictReward`, ``--judge-budget`` CPU
-   seconds.
-4. **Accuracy** of both judges on the held-out pairs (greedy, through the flow reward's own scorer
+   counting), one drawn by the renderer for the caption, one for a perturbed caption, shown to the judge as one
+   composite (each image upscaled to 112 px, Image 2 under a grey veil); the answer ("1" / "2") is the renderer's.
+   ``train`` pairs use the benchmark's train captions, ``heldout`` pairs its held-out captions.
+2. **Tower**: a randomly initialised tiny Qwen2.5-VL (its own BPE tokenizer on the judge chats) whose vision tower
+   is pre-trained to count the shapes and colours of each image (:mod:`mmgrpo.vlm.vision_pretrain`; the stand-in
+   for a real VLM's pre-training); saved in ``judge_tower`` and reused by later invocations.
+3. **Judges**: the *untrained* judge is ``--format-steps`` of SFT on the verdict format with random labels (a judge
+   at chance that writes the format); the *SFT* judge is ``--sft-steps`` on labelled train pairs, the answer in
+   UnifiedReward-Think's format, reasoning first (``--think``: what each image shows in the caption's words, each
+   word checked against the caption, then ``<answer>Image k is better</answer>``).
+4. **GRPO** (``mmgrpo.vlm.train.trainer.GRPOTrainer``, the trainer of ``mmgrpo train``) from the SFT judge on the
+   train pairs with the verifiable reward :class:`flow_grpo.rewards.trained_judge.PairVerdictReward`,
+   ``--judge-budget`` CPU seconds (``--grpo-from-format``: also from the untrained judge).
+5. **Accuracy** of every judge on the held-out pairs (greedy, through the flow reward's own scorer
    :class:`~flow_grpo.rewards.trained_judge.TrainedPairJudge`), in both orders of each pair.
-5. **Flow GRPO** (tiny SD3 base, the hacking demo's settings) with three rewards at equal CPU budget: the
-   Mini-GenEval verifier (partial score), the untrained judge (the SFT base) and the trained judge (both as
-   Pref-GRPO win rates over the group, judged in both orders); the held-out verifier score of each.
+6. **Flow GRPO** (tiny SD3 base, Flow-GRPO-Fast) with three rewards at equal CPU budget: the Mini-GenEval verifier
+   (partial score), the untrained judge and the trained judge (``--trained-judge``; both as Pref-GRPO win rates
+   over the group, judged in both orders); the held-out verifier score of each, and how often the trained judge
+   agrees with the verifier on each run's own held-out images.
 """
 from __future__ import annotations
 
