@@ -23,30 +23,65 @@ and a judge that always prefers the reference gives every sample the same score.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .unified_reward import UnifiedRewardThinkPairwise, parse_think_pair
 
-__all__ = ["PairVerdictReward", "TrainedPairJudge", "judge_messages"]
+__all__ = ["PairVerdictReward", "TrainedPairJudge", "judge_messages", "read_judge_config", "JUDGE_CONFIG"]
 
 
-def judge_messages(caption: str) -> list[dict]:
+#: the file in a judge folder that names its chat convention (``{"query_position": "before" | "after"}``)
+JUDGE_CONFIG = "judge_config.json"
+
+
+def judge_messages(caption: str, query_position: str = "after") -> list[dict]:
     """The judge's chat for ``caption``: exactly what ``mmgrpo train`` renders for a judge-pair sample (the
-    project template, ``prompt_mode=no_think``)."""
+    project template, ``prompt_mode=no_think``, ``data.query_position=query_position``)."""
     from mmgrpo.synthetic.judge_pairs import query
     from mmgrpo.vlm.data.prompts import build_messages
 
     return build_messages({"id": "judge", "task": "qa", "image": "pair.png", "query": query(caption),
-                           "answer": "1", "meta": {"problem_type": "free-form"}}, mode="no_think")
+                           "answer": "1", "meta": {"problem_type": "free-form"}}, mode="no_think",
+                          query_position=query_position)
+
+
+def read_judge_config(path: str | None) -> dict:
+    """``path/judge_config.json`` (written next to a judge trained by ``scripts/judge_loop.py``), or ``{}``."""
+    import json
+    import os
+
+    if not path or not os.path.isfile(os.path.join(path, JUDGE_CONFIG)):
+        return {}
+    with open(os.path.join(path, JUDGE_CONFIG)) as f:
+        cfg = json.load(f)
+    bad = set(cfg) - {"query_position", "max_new_tokens"}
+    if bad:
+        raise ValueError(f"{os.path.join(path, JUDGE_CONFIG)}: unknown keys {sorted(bad)} "
+                         "(known: query_position, max_new_tokens)")
+    return cfg
+
+
+#: the whole completion of a well-formed verdict: an optional reasoning block, then exactly one answer block
+_STRICT = re.compile(r"\s*(?:<think>.*?</think>\s*)?<answer>\s*Image ([12]) is better\s*</answer>\s*", re.S)
 
 
 class PairVerdictReward:
     """VLM open reward: ``1[verdict == sample answer]`` (module docstring); diagnostics ``failed`` (1 = the verdict
-    could not be read) and ``picks_1`` (1 = the verdict names Image 1: a position bias shows here)."""
+    could not be read) and ``picks_1`` (1 = the verdict names Image 1: a position bias shows here).
 
-    def __init__(self):
+    ``strict=True`` (default) also fails a completion that is not exactly ``[<think>...</think>]<answer>Image k is
+    better</answer>`` (whitespace aside): failure ``not_strict``. Why: a tiny judge under GRPO learned to repeat
+    the answer block up to the token cap, which :func:`parse_think_pair` accepts (one winner named throughout).
+    The UnifiedReward-Think release's GRPO rewards accept that too (its accuracy reward reads the first
+    ``<answer>`` block only, its format reward ``re.match`` es ``<think>.*?</think>\\s*<answer>.*?</answer>``
+    from the start and ignores what follows); this is the deviation, and the release's ``<think>`` is optional
+    here (the judge may answer at once)."""
+
+    def __init__(self, strict: bool = True):
+        self.strict = bool(strict)
         self.stats: dict[str, int] = {}
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> dict:
@@ -56,11 +91,13 @@ class PairVerdictReward:
             if want not in ("1", "2"):
                 raise ValueError(f"sample {s.get('id')!r}: a judge-pair answer must be '1' or '2', got {want!r}")
             v = parse_think_pair(text)
-            reason = v.failure or "ok"
+            winner, reason = v.winner, v.failure or "ok"
+            if winner is not None and self.strict and not _STRICT.fullmatch(text):
+                winner, reason = None, "not_strict"
             self.stats[reason] = self.stats.get(reason, 0) + 1
-            score.append(float(v.winner is not None and v.winner == int(want)))
-            failed.append(float(v.failure is not None))
-            picks_1.append(float(v.winner == 1))
+            score.append(float(winner is not None and winner == int(want)))
+            failed.append(float(winner is None))
+            picks_1.append(float(winner == 1))
         return {"score": score, "failed": failed, "picks_1": picks_1}
 
 
@@ -68,15 +105,21 @@ class TrainedPairJudge(UnifiedRewardThinkPairwise):
     """Pairwise scorer of a judge folder trained on :mod:`mmgrpo.synthetic.judge_pairs` (module docstring).
 
     Args: ``path`` (or ``model=`` + ``processor=``), ``batch_size``, ``max_new_tokens`` (the verdict is ~12 tokens),
-    ``device`` / ``dtype`` / ``family`` (:class:`~flow_grpo.rewards.unified_reward.GenerativeJudge`)."""
+    ``device`` / ``dtype`` / ``family`` (:class:`~flow_grpo.rewards.unified_reward.GenerativeJudge`),
+    ``query_position`` (where the caption sits in the chat, as the judge was trained). ``max_new_tokens`` and
+    ``query_position`` default to the folder's ``judge_config.json``, else 24 and ``"after"``."""
 
     def __init__(self, path: str | None = None, *, model=None, processor=None, family: str = "auto",
-                 dtype: Any = "float32", device: str = "cpu", batch_size: int = 32, max_new_tokens: int = 24):
+                 dtype: Any = "float32", device: str = "cpu", batch_size: int = 32, max_new_tokens: int | None = None,
+                 query_position: str | None = None):
+        cfg = read_judge_config(path)
         super().__init__(path, model=model, processor=processor, template="{prompt}", family=family, dtype=dtype,
-                         device=device, batch_size=batch_size, max_new_tokens=max_new_tokens)
+                         device=device, batch_size=batch_size,
+                         max_new_tokens=int(max_new_tokens or cfg.get("max_new_tokens", 24)))
+        self.query_position = query_position or cfg.get("query_position", "after")
 
     def messages(self, prompt: str) -> list[dict]:
-        return judge_messages(prompt)
+        return judge_messages(prompt, self.query_position)
 
     def __call__(self, images_a, images_b, prompts, metadata=None):
         from PIL import Image
