@@ -480,6 +480,13 @@ class _Tree:
         self.values = values
         self.hints = _type_hints(cls)
         self.fields = {f.name: f for f in _init_fields(cls)}
+        self.sources: dict[str, str | None] = {}  # field -> the file that set it (None: a key=value override)
+
+    def source_of(self, key: str) -> str | None:
+        """The file that set the dotted ``key`` last (None: a default or a ``key=value`` override)."""
+        name, _, rest = key.partition(".")
+        sub = self.values.get(name)
+        return sub.source_of(rest) if rest and isinstance(sub, _Tree) else self.sources.get(name)
 
     @classmethod
     def from_instance(cls, obj: Any) -> "_Tree":
@@ -570,6 +577,7 @@ def _set_path(
             except _BadValue as exc:
                 raise _bad_value_error(full_key, raw, vt, exc, source) from None
             tree.values[name] = cur
+            tree.sources[name] = source
             return
         prefix = full_key[: len(full_key) - len(".".join(parts[1:])) - 1]
         raise _unknown_key_error(full_key, root_cls, source, [f"{prefix} is a {type_name(tp)}, not a section"])
@@ -578,6 +586,7 @@ def _set_path(
         if _plain_null(raw):
             if optional:
                 tree.values[name] = None
+                tree.sources[name] = source
             # else: an empty section (`train:` with only comments under it) keeps its current values
             return
         try:
@@ -594,6 +603,7 @@ def _set_path(
         raise _bad_value_error(full_key, raw, tp, _BadValue(f"expected a mapping of {inner.__name__} fields"), source)
     try:
         tree.values[name] = _coerce(raw, tp, from_cli)
+        tree.sources[name] = source
     except _BadValue as exc:
         # values that were renamed: the root config's ``__config_renamed_values__`` maps a key to {old value: the
         # message naming the new one}; the old value is an error with that pointer, never an alias
@@ -673,36 +683,21 @@ def load_config(
     if isinstance(overrides, str):
         overrides = [overrides]
     tree = _Tree.from_instance(_default_instance(cls))
-    from_file: set[str] = set()
     if yaml_path is not None and str(yaml_path) != "":
-        mapping = _read_yaml_file(yaml_path)
-        _apply_mapping(tree, mapping, prefix="", source=str(yaml_path))
-        from_file = _dotted_keys(mapping)
+        _apply_mapping(tree, _read_yaml_file(yaml_path), prefix="", source=str(yaml_path))
     for item in overrides:
         key, value = _split_override(item)
         _set_path(
             tree, key.split("."), _Scalar(value), root_cls=cls, full_key=key, source=None, from_cli=True
         )
-        from_file.discard(key)
     try:
         return tree.build()
     except ValueError as exc:
         # a check in a __post_init__ (a registry lookup, a range) names only its key: add the file that set it
         m = re.match(r"config key '([^']+)'", str(exc))
-        if m and m.group(1) in from_file:
-            raise ValueError(f"{yaml_path}: {exc}") from exc
+        if m and (source := tree.source_of(m.group(1))):
+            raise ValueError(f"{source}: {exc}") from exc
         raise
-
-
-def _dotted_keys(mapping: dict, prefix: str = "") -> set[str]:
-    """Every key a YAML mapping sets, dotted (``train: {lr: 1}`` and ``train.lr: 1`` both give ``train.lr``)."""
-    out = set()
-    for k, v in mapping.items():
-        full = f"{prefix}{k}"
-        out.add(full)
-        if isinstance(v, dict):
-            out |= _dotted_keys(v, full + ".")
-    return out
 
 
 def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
