@@ -69,44 +69,36 @@ def test_a_function_that_takes_the_run_is_recipe_code_wherever_it_lives(reach):
     assert flow["recipe_functions"] <= 15 and flow["recipe_files"] <= 3  # issue #34's target, kept
 
 
-def test_the_flow_library_never_takes_the_run(index):
-    """Every function of flow_grpo outside the recipe (train/) and the methods (their protocol hands them the run)
-    takes explicit arguments, whether one step reaches it or not (resume, export, setup)."""
+def _library_functions_taking_the_run(index, front_end: str, run_cls: str) -> list[str]:
+    """Every function of the front-end package outside its recipe (train/) and its methods (their protocol hands them
+    the run) that takes the trainer, whether one step reaches it or not (resume, export, setup, validation)."""
     import ast
 
     mod = sys.modules["loop_reach"]
-    run_cls = "flow_grpo.train.trainer.FlowGRPOTrainer"
     found = []
     for m in index.modules.values():
-        if not m.name.startswith("flow_grpo.") or m.name.startswith(("flow_grpo.train", "flow_grpo.methods")):
+        if not m.name.startswith(f"{front_end}.") or m.name.startswith((f"{front_end}.train", f"{front_end}.methods")):
             continue
         for node in ast.walk(m.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
                     found.append(f"{m.name}.{node.name}")
-    assert found == []
+    return found
+
+
+def test_the_flow_library_never_takes_the_run(index):
+    """Every function of flow_grpo outside the recipe and the methods takes explicit arguments."""
+    assert _library_functions_taking_the_run(index, "flow_grpo", "flow_grpo.train.trainer.FlowGRPOTrainer") == []
 
 
 def test_the_vlm_recipe_is_its_package_and_its_library_never_takes_the_run(reach, index):
     """The VLM recipe (issue #34's target, kept): one step reaches <= 15 functions of ``mmgrpo/vlm/train/`` in <= 3
-    files; every function of ``mmgrpo.vlm`` outside the recipe and the methods (their protocol hands them the run)
-    takes explicit arguments, whether one step reaches it or not (validation, checkpoints, the prompt feed)."""
-    import ast
-
+    files; every function of ``mmgrpo.vlm`` outside the recipe and the methods takes explicit arguments (validation,
+    checkpoints, the prompt feed)."""
     vlm, _ = reach["vlm"]
     assert all(p.startswith("mmgrpo/vlm/train/") for p in vlm["recipe_by_file"])
     assert vlm["recipe_functions"] <= 15 and vlm["recipe_files"] <= 3
-    mod = sys.modules["loop_reach"]
-    run_cls = "mmgrpo.vlm.train.trainer.GRPOTrainer"
-    found = []
-    for m in index.modules.values():
-        if not m.name.startswith("mmgrpo.vlm.") or m.name.startswith(("mmgrpo.vlm.train", "mmgrpo.vlm.methods")):
-            continue
-        for node in ast.walk(m.tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if mod.takes_run(mod.Func(f"{m.name}.{node.name}", m, node), run_cls):
-                    found.append(f"{m.name}.{node.name}")
-    assert found == []
+    assert _library_functions_taking_the_run(index, "mmgrpo.vlm", "mmgrpo.vlm.train.trainer.GRPOTrainer") == []
 
 
 def test_a_callee_handed_the_run_is_recipe_code_and_a_callable_object_runs_its_call(monkeypatch):
