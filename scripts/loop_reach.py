@@ -444,11 +444,11 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
             for c in ast.walk(stmt):
                 if not isinstance(c, ast.Call):
                     continue
+                s = env.symbol(c.func)
                 # a call handed the trainer (`f(self)`, `f(x, trainer=run)`): the callee reads the recipe's state
                 pos = [i for i, a in enumerate(c.args) if env.type_of(a) == ("inst", run_cls)]
                 kws = [k.arg for k in c.keywords if k.arg and env.type_of(k.value) == ("inst", run_cls)]
                 if pos or kws:
-                    s = env.symbol(c.func)
                     if s and s[0] in ("func", "prop") and not (s[1].cls and ix.boundary(s[1].cls)):
                         fa = s[1].node.args
                         params = [a.arg for a in fa.posonlyargs + fa.args]
@@ -457,7 +457,7 @@ def reach(ix: Index, kind: str, only_recipe: bool = False) -> dict:
                         handed_run.setdefault(s[1].qual, set()).update(
                             [params[i] for i in pos if i < len(params)] + kws)
                 # calling an instance of one of our classes runs its __call__
-                if not isinstance(c.func, (ast.Name, ast.Attribute)) or (env.symbol(c.func) or ("",))[0] == "value":
+                if s is None or s[0] == "value":
                     t = env.type_of(c.func)
                     if t and t[0] == "inst" and not ix.boundary(t[1]):
                         mem = ix.member(t[1], "__call__")
